@@ -1,0 +1,70 @@
+/* The C ABI of every kernel library fact builds: a dispatch table of GEMM variants, found by index
+ * or by name. Rust binds this header with bindgen (build.rs); the generated torch op calls it too.
+ * The problem is stated in torch's terms: out[batch][m][n] = a[batch][m][k] . B + bias[n], all
+ * row-major and packed, where B is b[batch][k][n] for layout rrr and b[batch][n][k] for rcr. */
+#ifndef FACT_KERNELS_H
+#define FACT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FACT_ABI_VERSION 1
+
+typedef struct FactGemmArgs {
+  int32_t m;
+  int32_t n;
+  int32_t k;
+  int32_t batch;
+  const void* a;
+  const void* b;
+  /* NULL when the kernel has no bias epilogue. */
+  const void* bias;
+  void* out;
+} FactGemmArgs;
+
+typedef enum FactStatus {
+  FACT_OK = 0,
+  FACT_BAD_INDEX = 1,
+  FACT_CANNOT_IMPLEMENT = 2,
+  FACT_WORKSPACE_TOO_SMALL = 3,
+  FACT_INIT_FAILED = 4,
+  FACT_LAUNCH_FAILED = 5
+} FactStatus;
+
+typedef struct FactKernelInfo {
+  /* The kernel's identity (KernelSpec::name in Rust): symbol, pattern-table value, cache key. */
+  const char* name;
+  /* The KernelSpec the kernel was rendered from, as one line of JSON. */
+  const char* spec_json;
+  /* Element type of a, b, bias and out: "f32", "bf16" or "f16". */
+  const char* dtype;
+  /* "rcr" (b is [n,k], as in linear) or "rrr" (b is [k,n], as in mm). */
+  const char* layout;
+  /* 1 when the kernel adds bias[n] and needs FactGemmArgs::bias. */
+  int32_t bias;
+} FactKernelInfo;
+
+int32_t fact_abi_version(void);
+int32_t fact_kernel_count(void);
+/* NULL for a bad index. */
+const FactKernelInfo* fact_kernel_info(int32_t index);
+/* The index of the named kernel, or -1. */
+int32_t fact_kernel_find(const char* name);
+/* FACT_OK when the kernel can run this problem (alignment, sizes), else FACT_CANNOT_IMPLEMENT. */
+int32_t fact_kernel_can_implement(int32_t index, const FactGemmArgs* args);
+size_t fact_kernel_workspace_size(int32_t index, const FactGemmArgs* args);
+/* Launches asynchronously on `stream` (a cudaStream_t; NULL is the legacy default stream). */
+int32_t fact_kernel_run(int32_t index, const FactGemmArgs* args, void* workspace, size_t workspace_size,
+                        void* stream);
+/* The last CUDA error text seen by this library on this thread, for messages. */
+const char* fact_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

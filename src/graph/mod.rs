@@ -1,0 +1,301 @@
+//! The graph IR every later stage reads: nodes in program order, values with dtype and shape when
+//! known, constants decoded. It never touches libtorch, the GPU or the disk: src/torch fills it from
+//! an archive, and tests write it as text (`Graph::parse`) in a TorchScript-like notation.
+
+use std::collections::HashMap;
+use thiserror::Error;
+
+pub type ValueId = usize;
+pub type NodeId = usize;
+
+#[derive(Debug, Error)]
+pub enum GraphError {
+    #[error("graph text line {line}: {msg}")]
+    Parse { line: usize, msg: String },
+}
+
+/// A decoded `prim::Constant`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Const {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Ints(Vec<i64>),
+    Other(String),
+}
+
+impl Const {
+    /// Decodes the bridge's constant notation (torch's IValue printing).
+    pub fn parse(s: &str) -> Const {
+        let s = s.trim();
+        match s {
+            "None" => return Const::None,
+            "True" => return Const::Bool(true),
+            "False" => return Const::Bool(false),
+            _ => {}
+        }
+        if let Ok(i) = s.parse::<i64>() {
+            return Const::Int(i);
+        }
+        if let Ok(f) = s.parse::<f64>() {
+            return Const::Float(f);
+        }
+        if s.len() >= 2 && s.starts_with('"') && s.ends_with('"') {
+            return Const::Str(s[1..s.len() - 1].to_string());
+        }
+        if s.starts_with('[') && s.ends_with(']') {
+            let inner = &s[1..s.len() - 1];
+            let ints: Result<Vec<i64>, _> =
+                inner.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect();
+            if let Ok(v) = ints {
+                return Const::Ints(v);
+            }
+        }
+        Const::Other(s.to_string())
+    }
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Const::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Const::Int(i) => Some(*i as f64),
+            Const::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
+}
+
+/// Dtype and shape of a tensor value, as seen when the graph ran on the example inputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    /// The bridge's dtype name (`f32`, `bf16`, `i64`, ...).
+    pub dtype: String,
+    pub shape: Vec<i64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub name: String,
+    /// TorchScript type, e.g. `Tensor`, `int`, `__torch__.Model`.
+    pub ty: String,
+    pub tensor: Option<TensorInfo>,
+    pub producer: Option<NodeId>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub kind: String,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    pub constant: Option<Const>,
+    /// 0 for the top-level block; nodes inside If/Loop bodies are deeper.
+    pub depth: u32,
+    /// The module path the node came from (`fc1`, `blocks.0.attn`), empty when unknown.
+    pub scope: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub values: Vec<Value>,
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    /// What shape propagation had to fall back on, if anything.
+    pub note: String,
+}
+
+impl Graph {
+    pub fn tensor(&self, v: ValueId) -> Option<&TensorInfo> {
+        self.values[v].tensor.as_ref()
+    }
+
+    /// The constant behind a value, when a `prim::Constant` produced it.
+    pub fn constant(&self, v: ValueId) -> Option<&Const> {
+        let n = self.values[v].producer?;
+        self.nodes[n].constant.as_ref()
+    }
+
+    /// How many nodes read each value.
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut uses = vec![0; self.values.len()];
+        for n in &self.nodes {
+            for &i in &n.inputs {
+                uses[i] += 1;
+            }
+        }
+        for &o in &self.outputs {
+            uses[o] += 1;
+        }
+        uses
+    }
+
+    /// Parses the test notation:
+    /// ```text
+    /// graph(%self: Model, %x: f32[8,16], %w: f32[32,16]):
+    ///   %none = prim::Constant[None]()
+    ///   %y = aten::linear(%x, %w, %none) : f32[8,32]
+    ///   return (%y)
+    /// ```
+    /// A value's annotation is `dtype[d0,d1,...]` for tensors or a bare type name otherwise.
+    pub fn parse(text: &str) -> Result<Graph, GraphError> {
+        let mut g = Graph::default();
+        let mut names: HashMap<String, ValueId> = HashMap::new();
+        let err = |line: usize, msg: String| GraphError::Parse { line, msg };
+        for (ln, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            let ln = ln + 1;
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("graph(") {
+                let inner = rest.trim_end_matches(':').trim_end_matches(')');
+                for decl in split_top(inner) {
+                    let id = declare(&mut g, &mut names, &decl, None).map_err(|m| err(ln, m))?;
+                    g.inputs.push(id);
+                }
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("return") {
+                let inner = rest.trim().trim_start_matches('(').trim_end_matches(')');
+                for name in split_top(inner) {
+                    let id = *names.get(name.trim()).ok_or_else(|| err(ln, format!("unknown value {name}")))?;
+                    g.outputs.push(id);
+                }
+                continue;
+            }
+            let (lhs, rhs) = line.split_once(" = ").ok_or_else(|| err(ln, "expected `outs = kind(args)`".into()))?;
+            let (call, annot) = match rhs.rsplit_once(") : ") {
+                Some((c, a)) => (format!("{c})"), Some(a.trim().to_string())),
+                None => (rhs.to_string(), None),
+            };
+            let open = call.find('(').ok_or_else(|| err(ln, "missing `(`".into()))?;
+            let mut kind = call[..open].trim().to_string();
+            let mut constant = None;
+            if let Some(b) = kind.find('[') {
+                constant = Some(Const::parse(&kind[b + 1..kind.len() - 1]));
+                kind.truncate(b);
+            }
+            let args = call[open + 1..call.len() - 1].trim();
+            let mut inputs = Vec::new();
+            for a in split_top(args) {
+                let id = *names.get(a.trim()).ok_or_else(|| err(ln, format!("unknown value {a}")))?;
+                inputs.push(id);
+            }
+            let node_id = g.nodes.len();
+            let annots: Vec<String> = annot.map(|a| split_top(&a)).unwrap_or_default();
+            let mut outputs = Vec::new();
+            for (i, o) in split_top(lhs).into_iter().enumerate() {
+                let decl = match annots.get(i) {
+                    Some(a) => format!("{o}: {a}"),
+                    None => o,
+                };
+                outputs.push(declare(&mut g, &mut names, &decl, Some(node_id)).map_err(|m| err(ln, m))?);
+            }
+            g.nodes.push(Node { kind, inputs, outputs, constant, depth: 0, scope: String::new() });
+        }
+        Ok(g)
+    }
+}
+
+fn split_top(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut depth = 0;
+    let mut cur = String::new();
+    for c in s.chars() {
+        match c {
+            '[' | '(' => depth += 1,
+            ']' | ')' => depth -= 1,
+            ',' if depth == 0 => {
+                if !cur.trim().is_empty() {
+                    out.push(cur.trim().to_string());
+                }
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
+}
+
+fn declare(
+    g: &mut Graph,
+    names: &mut HashMap<String, ValueId>,
+    decl: &str,
+    producer: Option<NodeId>,
+) -> Result<ValueId, String> {
+    let (name, annot) = match decl.split_once(':') {
+        Some((n, a)) => (n.trim(), Some(a.trim())),
+        None => (decl.trim(), None),
+    };
+    if !name.starts_with('%') {
+        return Err(format!("value names start with %: {name}"));
+    }
+    let (ty, tensor) = match annot {
+        Some(a) if a.contains('[') => {
+            let (dt, shape) = a.split_once('[').unwrap();
+            let dims: Result<Vec<i64>, _> = shape
+                .trim_end_matches(']')
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::parse)
+                .collect();
+            let dims = dims.map_err(|e| format!("bad shape in {a}: {e}"))?;
+            ("Tensor".to_string(), Some(TensorInfo { dtype: dt.trim().to_string(), shape: dims }))
+        }
+        Some(a) => (a.to_string(), None),
+        None => ("Tensor".to_string(), None),
+    };
+    let id = g.values.len();
+    g.values.push(Value { name: name.trim_start_matches('%').to_string(), ty, tensor, producer });
+    names.insert(name.to_string(), id);
+    Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_text_graph_with_shapes_and_constants() {
+        let g = Graph::parse(
+            "graph(%self: M, %x: f32[8,16], %w: f32[32,16]):
+               %none = prim::Constant[None]()
+               %two = prim::Constant[[0, 1]]()
+               %y = aten::linear(%x, %w, %none) : f32[8,32]
+               return (%y)",
+        )
+        .unwrap();
+        assert_eq!(g.inputs.len(), 3);
+        assert_eq!(g.nodes.len(), 3);
+        assert_eq!(g.nodes[1].constant, Some(Const::Ints(vec![0, 1])));
+        let y = g.outputs[0];
+        assert_eq!(g.tensor(y).unwrap().shape, vec![8, 32]);
+        assert_eq!(g.constant(g.nodes[2].inputs[2]), Some(&Const::None));
+        assert_eq!(g.use_counts()[y], 1);
+    }
+
+    #[test]
+    fn unknown_value_is_an_error_with_line() {
+        let e = Graph::parse("graph(%x: f32[2,2]):\n  %y = aten::mm(%x, %z)\n").unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn constants_decode_like_torch_prints_them() {
+        assert_eq!(Const::parse("1"), Const::Int(1));
+        assert_eq!(Const::parse("0.5"), Const::Float(0.5));
+        assert_eq!(Const::parse("\"tanh\""), Const::Str("tanh".into()));
+        assert_eq!(Const::parse("cpu"), Const::Other("cpu".into()));
+    }
+}

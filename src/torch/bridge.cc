@@ -1,0 +1,347 @@
+// Implementation of the TorchScript bridge (see bridge.h and src/torch/mod.rs).
+// Values and nodes are numbered in one deterministic walk of the inlined graph, so a later call
+// that loads the same archive again can find the node a Rust rule matched by its index.
+#include "fact/src/torch/bridge.h"
+#include "fact/src/torch/mod.rs.h"
+
+#include <torch/script.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/inliner.h>
+#include <ATen/Context.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/import_read.h>
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace fact::bridge {
+namespace {
+
+using torch::jit::Block;
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+std::string to_std(rust::Str s) { return std::string(s.data(), s.size()); }
+
+// Runs f and turns every exception into std::runtime_error with a readable first line, since
+// c10::Error's what() carries a C++ backtrace that would drown the user's message.
+template <typename F>
+auto guarded(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(std::string(what) + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string(what) + ": " + e.what());
+  }
+}
+
+// A deterministic numbering of the inlined graph: graph inputs first, then every node's outputs in
+// program order, descending into sub-blocks (If/Loop) before moving on.
+struct Numbering {
+  std::vector<Value*> values;
+  std::vector<Node*> nodes;
+  std::vector<uint32_t> depth;
+  std::unordered_map<const Value*, uint32_t> id;
+
+  explicit Numbering(Graph& g) {
+    for (Value* v : g.inputs()) add(v);
+    walk(g.block(), 0);
+  }
+  void add(Value* v) {
+    id.emplace(v, static_cast<uint32_t>(values.size()));
+    values.push_back(v);
+  }
+  void walk(Block* b, uint32_t d) {
+    for (Node* n : b->nodes()) {
+      nodes.push_back(n);
+      depth.push_back(d);
+      for (Value* v : n->outputs()) add(v);
+      for (Block* sub : n->blocks()) {
+        for (Value* v : sub->inputs()) add(v);
+        walk(sub, d + 1);
+      }
+    }
+  }
+  uint32_t of(const Value* v) const {
+    auto it = id.find(v);
+    if (it == id.end()) throw std::runtime_error("internal: value outside the numbering");
+    return it->second;
+  }
+};
+
+std::shared_ptr<Graph> inlined_forward(torch::jit::Module& m) {
+  auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
+  auto g = fn.graph()->copy();
+  torch::jit::Inline(*g);
+  return g;
+}
+
+at::ScalarType parse_dtype(const std::string& s) {
+  if (s == "f32") return at::kFloat;
+  if (s == "f64") return at::kDouble;
+  if (s == "bf16") return at::kBFloat16;
+  if (s == "f16") return at::kHalf;
+  if (s == "i64") return at::kLong;
+  if (s == "i32") return at::kInt;
+  if (s == "bool") return at::kBool;
+  throw std::runtime_error("unsupported input dtype '" + s + "': use f32, bf16, f16, f64, i64, i32 or bool");
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "f32";
+    case at::kDouble: return "f64";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "f16";
+    case at::kLong: return "i64";
+    case at::kInt: return "i32";
+    case at::kBool: return "bool";
+    default: return std::string("other:") + c10::toString(t);
+  }
+}
+
+std::string ivalue_repr(const c10::IValue& v) {
+  std::ostringstream os;
+  if (v.isNone()) return "None";
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  if (v.isString()) {
+    os << '"' << v.toStringRef() << '"';
+    return os.str();
+  }
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    os << "tensor" << t.sizes() << ":" << dtype_name(t.scalar_type());
+    return os.str();
+  }
+  if (v.isDevice()) return v.toDevice().str();
+  os << v;
+  return os.str();
+}
+
+at::Tensor as_meta(const at::Tensor& t) {
+  if (t.is_meta()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+}
+
+c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
+    return out;
+  }
+  return v;
+}
+
+// Interprets the inlined graph node by node on meta tensors (sizes and dtypes, no data) and records
+// every tensor's shape. libtorch has meta kernels for the structured ops (mm, addmm, bmm, ...) but
+// not for all (relu has none), so a node whose meta run fails runs once on uninitialised CPU
+// tensors of the same sizes. Nodes with sub-blocks, and everything downstream of them, stay unknown.
+std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& module, Graph& g,
+                                                             const rust::Vec<InputSpec>& inputs,
+                                                             std::string& note) {
+  std::unordered_map<const Value*, c10::IValue> env;
+  env[g.inputs()[0]] = module._ivalue();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<int64_t> shape(inputs[i].shape.begin(), inputs[i].shape.end());
+    auto dt = parse_dtype(std::string(inputs[i].dtype));
+    env[g.inputs()[i + 1]] = at::empty(shape, at::TensorOptions().dtype(dt).device(at::kMeta));
+  }
+  std::vector<std::string> cpu_ops, unknown_ops;
+  for (Node* n : g.nodes()) {
+    bool ready = n->blocks().empty();
+    for (Value* v : n->inputs()) ready = ready && env.count(v);
+    if (!ready) {
+      unknown_ops.push_back(n->kind().toQualString());
+      continue;
+    }
+    if (n->kind() == c10::prim::Constant) {
+      if (auto iv = torch::jit::toIValue(n->output())) env[n->output()] = map_tensors(*iv, as_meta);
+      continue;
+    }
+    if (n->kind() == c10::prim::GetAttr) {
+      const auto& obj = env.at(n->input());
+      if (obj.isObject()) {
+        env[n->output()] = map_tensors(obj.toObject()->getAttr(n->s(c10::attr::name)), as_meta);
+      }
+      continue;
+    }
+    auto run = [&](const std::function<at::Tensor(const at::Tensor&)>& f) {
+      torch::jit::Stack stack;
+      for (Value* v : n->inputs()) stack.push_back(map_tensors(env.at(v), f));
+      n->getOperation()(stack);
+      for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]] = map_tensors(stack[i], as_meta);
+    };
+    try {
+      run(as_meta);
+    } catch (const std::exception&) {
+      try {
+        run([](const at::Tensor& t) {
+          return t.is_meta() ? at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU)) : t;
+        });
+        cpu_ops.push_back(n->kind().toQualString());
+      } catch (const std::exception&) {
+        unknown_ops.push_back(n->kind().toQualString());
+      }
+    }
+  }
+  auto list = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  if (!unknown_ops.empty()) note += "shapes unknown after: " + list(unknown_ops) + "; ";
+  if (!cpu_ops.empty()) note += "ran on CPU for shapes (no meta kernel): " + list(cpu_ops);
+  std::unordered_map<const Value*, at::Tensor> shapes;
+  for (const auto& [v, iv] : env) {
+    if (iv.isTensor()) shapes.emplace(v, iv.toTensor());
+  }
+  return shapes;
+}
+
+}  // namespace
+
+rust::Vec<InputSpec> traced_inputs(rust::Str path) {
+  return guarded("cannot read the traced inputs", [&] {
+    // torch::jit::load does not restore traced inputs, so the archive record is read directly.
+    caffe2::serialize::PyTorchStreamReader reader(to_std(path));
+    rust::Vec<InputSpec> out;
+    if (!reader.hasRecord("traced_inputs.pkl")) return out;
+    c10::IValue all = torch::jit::readArchiveAndTensors("traced_inputs", "", "traced_inputs/", std::nullopt,
+                                                        std::nullopt, at::Device(at::kCPU), reader);
+    if (!all.isGenericDict()) return out;
+    for (const auto& entry : all.toGenericDict()) {
+      if (!entry.key().isString() || entry.key().toStringRef() != "forward") continue;
+      if (!entry.value().isList()) throw std::runtime_error("traced inputs of forward are not a list");
+      for (const c10::IValue& v : entry.value().toListRef()) {
+        if (!v.isTensor()) {
+          throw std::runtime_error("a traced input is not a tensor; give the inputs with --input");
+        }
+        const auto& t = v.toTensor();
+        InputSpec s;
+        for (auto d : t.sizes()) s.shape.push_back(d);
+        s.dtype = dtype_name(t.scalar_type());
+        out.push_back(std::move(s));
+      }
+    }
+    return out;
+  });
+}
+
+GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
+  return guarded("cannot load the TorchScript graph", [&] {
+    auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    m.eval();
+    auto g = inlined_forward(m);
+    Numbering num(*g);
+    GraphDump dump;
+    if (g->inputs().size() != inputs.size() + 1) {
+      throw std::runtime_error("forward takes " + std::to_string(g->inputs().size() - 1) + " inputs, " +
+                               std::to_string(inputs.size()) + " given: pass one --input per forward input");
+    }
+    std::string note;
+    auto shapes = capture_shapes(m, *g, inputs, note);
+    dump.note = rust::String(note);
+    for (Value* v : num.values) {
+      ValueInfo vi;
+      vi.name = v->debugName();
+      vi.ty = v->type()->repr_str();
+      vi.has_shape = false;
+      auto it = shapes.find(v);
+      if (it != shapes.end()) {
+        vi.has_shape = true;
+        for (auto d : it->second.sizes()) vi.shape.push_back(d);
+        vi.dtype = dtype_name(it->second.scalar_type());
+      }
+      dump.values.push_back(std::move(vi));
+    }
+    for (size_t i = 0; i < num.nodes.size(); ++i) {
+      Node* n = num.nodes[i];
+      NodeInfo ni;
+      ni.kind = n->kind().toQualString();
+      ni.depth = num.depth[i];
+      for (Value* v : n->inputs()) ni.inputs.push_back(num.of(v));
+      for (Value* v : n->outputs()) ni.outputs.push_back(num.of(v));
+      if (n->kind() == c10::prim::Constant) {
+        auto iv = torch::jit::toIValue(n->output());
+        ni.constant = iv ? rust::String(ivalue_repr(*iv)) : rust::String("?");
+      }
+      ni.scope = n->scopeName();
+      dump.nodes.push_back(std::move(ni));
+    }
+    for (Value* v : g->inputs()) dump.inputs.push_back(num.of(v));
+    for (Value* v : g->outputs()) dump.outputs.push_back(num.of(v));
+    return dump;
+  });
+}
+
+rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits) {
+  return guarded("cannot rewrite the TorchScript graph", [&] {
+    auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
+    // Rewrite the method's own graph in place so that saving prints the new code.
+    std::shared_ptr<Graph> g = fn.graph();
+    torch::jit::Inline(*g);
+    Numbering num(*g);
+    for (const Edit& e : edits) {
+      if (e.node >= num.nodes.size()) throw std::runtime_error("edit names node beyond the graph");
+      Node* old = num.nodes[e.node];
+      if (std::string(old->kind().toQualString()) != std::string(e.expect_kind)) {
+        throw std::runtime_error("node " + std::to_string(e.node) + " is " + old->kind().toQualString() +
+                                 ", expected " + std::string(e.expect_kind) + " (the archive changed?)");
+      }
+      torch::jit::WithInsertPoint guard(old);
+      std::vector<Value*> args;
+      for (const Operand& o : e.operands) {
+        switch (o.kind) {
+          case OperandKind::Value: args.push_back(num.values.at(o.value)); break;
+          case OperandKind::Str: args.push_back(g->insertConstant(std::string(o.text))); break;
+          case OperandKind::Int: args.push_back(g->insertConstant(o.int_value)); break;
+          case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
+        }
+      }
+      Node* call = g->create(c10::Symbol::fromQualString(std::string(e.op)), args, 1);
+      call->insertBefore(old);
+      call->output()->setType(old->output()->type());
+      call->copyMetadata(old);
+      old->output()->replaceAllUsesWith(call->output());
+      old->destroy();
+    }
+    torch::jit::EliminateDeadCode(g);
+    m.save(to_std(out_path));
+    return rust::String(g->toString());
+  });
+}
+
+rust::String graph_text(rust::Str path) {
+  return guarded("cannot load the TorchScript graph", [&] {
+    auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    return rust::String(inlined_forward(m)->toString());
+  });
+}
+
+void set_float32_matmul_precision(rust::Str mode) {
+  guarded("cannot set the matmul precision", [&] {
+    at::globalContext().setFloat32MatmulPrecision(to_std(mode));
+    return 0;
+  });
+}
+
+rust::String float32_matmul_precision() {
+  switch (at::globalContext().float32MatmulPrecision()) {
+    case at::Float32MatmulPrecision::HIGHEST: return "highest";
+    case at::Float32MatmulPrecision::HIGH: return "high";
+    case at::Float32MatmulPrecision::MEDIUM: return "medium";
+  }
+  return "unknown";
+}
+
+}  // namespace fact::bridge

@@ -1,0 +1,19 @@
+// The C++ side of the TorchScript bridge: loads archives with libtorch, inlines `forward`, exports its
+// IR with shapes, and rewrites matched nodes into custom-op calls. Every entry point catches C++
+// exceptions and rethrows them as std::runtime_error so cxx turns them into Rust errors.
+#pragma once
+#include "rust/cxx.h"
+#include <cstdint>
+
+namespace fact::bridge {
+struct InputSpec;
+struct GraphDump;
+struct Edit;
+
+rust::Vec<InputSpec> traced_inputs(rust::Str path);
+GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs);
+rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits);
+rust::String graph_text(rust::Str path);
+void set_float32_matmul_precision(rust::Str mode);
+rust::String float32_matmul_precision();
+}  // namespace fact::bridge

@@ -1,0 +1,292 @@
+//! The boundary to libtorch: the cxx bridge that reads and rewrites TorchScript graphs, shape
+//! propagation from example inputs, and the process-wide CUDA set-up (libtorch_cuda, op libraries).
+//! All C++ lives behind this module; nothing above it sees a C++ type.
+
+use crate::graph::{Const, Graph, Node, TensorInfo, Value};
+use std::path::Path;
+use std::sync::OnceLock;
+use thiserror::Error;
+
+#[cxx::bridge(namespace = "fact::bridge")]
+mod ffi {
+    struct InputSpec {
+        shape: Vec<i64>,
+        dtype: String,
+    }
+    struct ValueInfo {
+        name: String,
+        ty: String,
+        has_shape: bool,
+        shape: Vec<i64>,
+        dtype: String,
+    }
+    struct NodeInfo {
+        kind: String,
+        inputs: Vec<u32>,
+        outputs: Vec<u32>,
+        constant: String,
+        depth: u32,
+        scope: String,
+    }
+    struct GraphDump {
+        values: Vec<ValueInfo>,
+        nodes: Vec<NodeInfo>,
+        inputs: Vec<u32>,
+        outputs: Vec<u32>,
+        note: String,
+    }
+    enum OperandKind {
+        Value,
+        Str,
+        Int,
+        None,
+    }
+    struct Operand {
+        kind: OperandKind,
+        value: u32,
+        text: String,
+        int_value: i64,
+    }
+    struct Edit {
+        node: u32,
+        expect_kind: String,
+        op: String,
+        operands: Vec<Operand>,
+    }
+    unsafe extern "C++" {
+        include!("fact/src/torch/bridge.h");
+        fn traced_inputs(path: &str) -> Result<Vec<InputSpec>>;
+        fn load_graph(path: &str, inputs: &Vec<InputSpec>) -> Result<GraphDump>;
+        fn rewrite_and_save(path: &str, out_path: &str, edits: &Vec<Edit>) -> Result<String>;
+        fn graph_text(path: &str) -> Result<String>;
+        fn set_float32_matmul_precision(mode: &str) -> Result<()>;
+        fn float32_matmul_precision() -> String;
+    }
+}
+
+pub use ffi::{Edit, InputSpec, Operand, OperandKind};
+
+#[derive(Debug, Error)]
+pub enum TorchError {
+    #[error("{path}: not a TorchScript archive ({detail}); save the model with torch.jit.trace(...).save(path)")]
+    NotTorchScript { path: String, detail: String },
+    #[error("{path}: no example inputs stored in the archive; pass the shapes with --input, e.g. --input 4096x4096:f32 (once per forward input)")]
+    MissingShapes { path: String },
+    #[error("{0}")]
+    Bridge(String),
+    #[error("cannot load op library {path}: {detail}")]
+    OpLibrary { path: String, detail: String },
+}
+
+/// Shape and dtype of one forward input, from the archive's traced inputs or `--input`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct InputShape {
+    pub shape: Vec<i64>,
+    pub dtype: String,
+}
+
+impl InputShape {
+    /// Parses `4096x4096:f32` (dtype defaults to f32).
+    pub fn parse(s: &str) -> Result<InputShape, String> {
+        let (dims, dtype) = s.split_once(':').unwrap_or((s, "f32"));
+        let shape: Result<Vec<i64>, _> = dims.split('x').map(|d| d.trim().parse::<i64>()).collect();
+        let shape = shape.map_err(|_| format!("bad --input '{s}': write dims joined by x, e.g. 4096x4096:f32"))?;
+        if shape.iter().any(|&d| d < 0) {
+            return Err(format!("bad --input '{s}': dims must not be negative"));
+        }
+        if !["f32", "bf16", "f16", "f64", "i64", "i32", "bool"].contains(&dtype) {
+            return Err(format!("bad --input '{s}': dtype '{dtype}' is not one of f32, bf16, f16, f64, i64, i32, bool"));
+        }
+        Ok(InputShape { shape, dtype: dtype.to_string() })
+    }
+    pub fn display(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
+        format!("{}:{}", dims.join("x"), self.dtype)
+    }
+}
+
+fn check_archive(path: &Path) -> Result<String, TorchError> {
+    let p = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| TorchError::NotTorchScript { path: p.clone(), detail: e.to_string() })?;
+    if !bytes.starts_with(b"PK") {
+        return Err(TorchError::NotTorchScript { path: p, detail: "not a zip archive".into() });
+    }
+    Ok(p)
+}
+
+fn bridge_err(path: &str, e: cxx::Exception) -> TorchError {
+    let msg = e.what().to_string();
+    if msg.contains("PytorchStreamReader") || msg.contains("constants.pkl") || msg.contains("code/") {
+        TorchError::NotTorchScript { path: path.to_string(), detail: first_line(&msg) }
+    } else {
+        TorchError::Bridge(first_line(&msg))
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().take(3).collect::<Vec<_>>().join(" ").trim().to_string()
+}
+
+/// The example inputs a traced archive carries (empty when it carries none).
+pub fn traced_inputs(path: &Path) -> Result<Vec<InputShape>, TorchError> {
+    let p = check_archive(path)?;
+    let specs = ffi::traced_inputs(&p).map_err(|e| bridge_err(&p, e))?;
+    Ok(specs.into_iter().map(|s| InputShape { shape: s.shape, dtype: s.dtype }).collect())
+}
+
+/// Loads `forward` of a TorchScript archive, inlined, with every tensor's shape and dtype from one
+/// run on the given inputs (or the traced ones when `inputs` is empty).
+pub fn load_graph(path: &Path, inputs: &[InputShape]) -> Result<(Graph, Vec<InputShape>), TorchError> {
+    let p = check_archive(path)?;
+    let inputs = if inputs.is_empty() {
+        let traced = traced_inputs(path)?;
+        if traced.is_empty() {
+            return Err(TorchError::MissingShapes { path: p });
+        }
+        traced
+    } else {
+        inputs.to_vec()
+    };
+    let specs: Vec<InputSpec> =
+        inputs.iter().map(|i| InputSpec { shape: i.shape.clone(), dtype: i.dtype.clone() }).collect();
+    let dump = ffi::load_graph(&p, &specs).map_err(|e| bridge_err(&p, e))?;
+    Ok((graph_from_dump(dump), inputs))
+}
+
+fn graph_from_dump(d: ffi::GraphDump) -> Graph {
+    let mut values: Vec<Value> = d
+        .values
+        .into_iter()
+        .map(|v| Value {
+            name: v.name,
+            ty: v.ty,
+            tensor: v.has_shape.then_some(TensorInfo { dtype: v.dtype, shape: v.shape }),
+            producer: None,
+        })
+        .collect();
+    let nodes: Vec<Node> = d
+        .nodes
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            for &o in &n.outputs {
+                values[o as usize].producer = Some(i);
+            }
+            Node {
+                constant: (n.kind == "prim::Constant").then(|| Const::parse(&n.constant)),
+                kind: n.kind,
+                inputs: n.inputs.iter().map(|&v| v as usize).collect(),
+                outputs: n.outputs.iter().map(|&v| v as usize).collect(),
+                depth: n.depth,
+                scope: n.scope,
+            }
+        })
+        .collect();
+    Graph {
+        values,
+        nodes,
+        inputs: d.inputs.iter().map(|&v| v as usize).collect(),
+        outputs: d.outputs.iter().map(|&v| v as usize).collect(),
+        note: d.note,
+    }
+}
+
+/// Replaces nodes of `forward` by custom-op calls and saves the module; returns the new graph's text.
+pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<String, TorchError> {
+    let p = check_archive(path)?;
+    let edits: Vec<Edit> = edits
+        .iter()
+        .map(|e| Edit {
+            node: e.node,
+            expect_kind: e.expect_kind.clone(),
+            op: e.op.clone(),
+            operands: e
+                .operands
+                .iter()
+                .map(|o| Operand { kind: o.kind, value: o.value, text: o.text.clone(), int_value: o.int_value })
+                .collect(),
+        })
+        .collect();
+    ffi::rewrite_and_save(&p, &out.display().to_string(), &edits).map_err(|e| bridge_err(&p, e))
+}
+
+/// The inlined `forward` graph of an archive as TorchScript prints it.
+pub fn graph_text(path: &Path) -> Result<String, TorchError> {
+    let p = check_archive(path)?;
+    ffi::graph_text(&p).map_err(|e| bridge_err(&p, e))
+}
+
+/// Sets torch.set_float32_matmul_precision for this process ("highest", "high", "medium").
+pub fn set_float32_matmul_precision(mode: &str) -> Result<(), TorchError> {
+    ffi::set_float32_matmul_precision(mode).map_err(|e| TorchError::Bridge(e.what().to_string()))
+}
+
+pub fn float32_matmul_precision() -> String {
+    ffi::float32_matmul_precision()
+}
+
+/// Makes CUDA usable from tch: rustc links with --as-needed, which drops libtorch_cuda, so it is
+/// opened by hand before the first CUDA call. Returns whether a CUDA device is usable.
+pub fn cuda_available() -> bool {
+    static CUDA: OnceLock<bool> = OnceLock::new();
+    *CUDA.get_or_init(|| {
+        // SAFETY: libtorch_cuda's initialisers only register CUDA kernels and hooks with the
+        // libtorch already loaded in this process; the handle is leaked so they stay registered.
+        let loaded = unsafe { libloading::os::unix::Library::open(Some("libtorch_cuda.so"), libc_flags()) };
+        match loaded {
+            Ok(lib) => {
+                std::mem::forget(lib);
+                tch::Cuda::is_available()
+            }
+            Err(_) => false,
+        }
+    })
+}
+
+fn libc_flags() -> i32 {
+    libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL
+}
+
+/// Loads a fact op library (registers fact::gemm with torch) for the rest of the process. A process
+/// holds at most one: torch allows one TORCH_LIBRARY(fact) registration.
+pub fn load_op_library(path: &Path) -> Result<(), TorchError> {
+    static LOADED: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let canon = path.canonicalize().map_err(|e| TorchError::OpLibrary {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })?;
+    if let Some(prev) = LOADED.get() {
+        if *prev == canon {
+            return Ok(());
+        }
+        return Err(TorchError::OpLibrary {
+            path: path.display().to_string(),
+            detail: format!("this process already loaded {}", prev.display()),
+        });
+    }
+    cuda_available();
+    // SAFETY: the library's static initialisers register fact::gemm with the torch already in
+    // this process; the handle is leaked because unloading would leave dangling op registrations.
+    let lib = unsafe { libloading::os::unix::Library::open(Some(&canon), libc_flags()) }.map_err(|e| {
+        TorchError::OpLibrary { path: path.display().to_string(), detail: e.to_string() }
+    })?;
+    std::mem::forget(lib);
+    let _ = LOADED.set(canon);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_shapes_parse_and_reject_bad_text() {
+        assert_eq!(
+            InputShape::parse("4096x1024:bf16").unwrap(),
+            InputShape { shape: vec![4096, 1024], dtype: "bf16".into() }
+        );
+        assert_eq!(InputShape::parse("8x8").unwrap().dtype, "f32");
+        assert!(InputShape::parse("8xa:f32").unwrap_err().contains("dims joined by x"));
+        assert!(InputShape::parse("8x8:f8").unwrap_err().contains("not one of"));
+    }
+}
