@@ -70,7 +70,15 @@ pub fn render_torch_op(arch: crate::types::Arch) -> Source {
         crate::types::Arch::Sm90 => (9, 0),
     };
     let text = registry()
-        .render("torch_op", &json!({ "arch": arch.short_name(), "cc_major": major, "cc_minor": minor }))
+        .render(
+            "torch_op",
+            &json!({
+                "arch": arch.short_name(),
+                "cc_major": major,
+                "cc_minor": minor,
+                "gemm_schema": crate::torch::GEMM_OP_SCHEMA,
+            }),
+        )
         .expect("torch op renders");
     Source { file_name: "fact_torch_op.cpp".into(), text }
 }

@@ -4,11 +4,12 @@
 #include "fact/src/torch/bridge.h"
 #include "fact/src/torch/mod.rs.h"
 
+#include <torch/library.h>
 #include <torch/script.h>
 #include <torch/csrc/jit/api/function_impl.h>
-#include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <ATen/Context.h>
+#include <torch/headeronly/version.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 
@@ -283,8 +284,25 @@ GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
   });
 }
 
-rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits) {
+// Saving prints the graph as code, which needs the schema of every op it calls. The op libraries
+// define fact's schemas only where nothing did before, so defining them here first is compatible
+// with loading an op library into this process later.
+void ensure_schemas(const rust::Vec<rust::String>& schemas) {
+  static std::vector<std::unique_ptr<torch::Library>> libs;
+  for (const auto& schema : schemas) {
+    std::string s(schema);
+    std::string name = s.substr(0, s.find('('));
+    if (c10::Dispatcher::singleton().findSchema({"fact::" + name, ""}).has_value()) continue;
+    libs.push_back(std::make_unique<torch::Library>(torch::Library::FRAGMENT, "fact", std::nullopt, __FILE__,
+                                                    static_cast<uint32_t>(__LINE__)));
+    libs.back()->def(torch::schema(s.c_str()));
+  }
+}
+
+rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
+                              const rust::Vec<rust::String>& schemas) {
   return guarded("cannot rewrite the TorchScript graph", [&] {
+    ensure_schemas(schemas);
     auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
     auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
     // Rewrite the method's own graph in place so that saving prints the new code.
@@ -313,9 +331,14 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
       call->output()->setType(old->output()->type());
       call->copyMetadata(old);
       old->output()->replaceAllUsesWith(call->output());
+      std::vector<Value*> former(old->inputs().begin(), old->inputs().end());
       old->destroy();
+      // Dead-code elimination would run alias analysis, which needs fact::gemm registered in this
+      // process; only the constants the old node alone used can have died, so remove those.
+      for (Value* v : former) {
+        if (v->uses().empty() && v->node()->kind() == c10::prim::Constant) v->node()->destroy();
+      }
     }
-    torch::jit::EliminateDeadCode(g);
     m.save(to_std(out_path));
     return rust::String(g->toString());
   });
@@ -344,4 +367,8 @@ rust::String float32_matmul_precision() {
   return "unknown";
 }
 
+}  // namespace fact::bridge
+
+namespace fact::bridge {
+rust::String torch_version() { return rust::String(TORCH_VERSION); }
 }  // namespace fact::bridge

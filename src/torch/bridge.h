@@ -12,8 +12,10 @@ struct Edit;
 
 rust::Vec<InputSpec> traced_inputs(rust::Str path);
 GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs);
-rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits);
+rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
+                              const rust::Vec<rust::String>& schemas);
 rust::String graph_text(rust::Str path);
 void set_float32_matmul_precision(rust::Str mode);
 rust::String float32_matmul_precision();
+rust::String torch_version();
 }  // namespace fact::bridge

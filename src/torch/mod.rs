@@ -57,10 +57,11 @@ mod ffi {
         include!("fact/src/torch/bridge.h");
         fn traced_inputs(path: &str) -> Result<Vec<InputSpec>>;
         fn load_graph(path: &str, inputs: &Vec<InputSpec>) -> Result<GraphDump>;
-        fn rewrite_and_save(path: &str, out_path: &str, edits: &Vec<Edit>) -> Result<String>;
+        fn rewrite_and_save(path: &str, out_path: &str, edits: &Vec<Edit>, schemas: &Vec<String>) -> Result<String>;
         fn graph_text(path: &str) -> Result<String>;
         fn set_float32_matmul_precision(mode: &str) -> Result<()>;
         fn float32_matmul_precision() -> String;
+        fn torch_version() -> String;
     }
 }
 
@@ -77,6 +78,9 @@ pub enum TorchError {
     #[error("cannot load op library {path}: {detail}")]
     OpLibrary { path: String, detail: String },
 }
+
+/// The schema of the op composed graphs call; the op library template renders the same string.
+pub const GEMM_OP_SCHEMA: &str = "gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor";
 
 /// Shape and dtype of one forward input, from the archive's traced inputs or `--input`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -116,7 +120,7 @@ fn check_archive(path: &Path) -> Result<String, TorchError> {
 
 fn bridge_err(path: &str, e: cxx::Exception) -> TorchError {
     let msg = e.what().to_string();
-    if msg.contains("PytorchStreamReader") || msg.contains("constants.pkl") || msg.contains("code/") {
+    if msg.contains("PytorchStreamReader") {
         TorchError::NotTorchScript { path: path.to_string(), detail: first_line(&msg) }
     } else {
         TorchError::Bridge(first_line(&msg))
@@ -207,7 +211,8 @@ pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<Strin
                 .collect(),
         })
         .collect();
-    ffi::rewrite_and_save(&p, &out.display().to_string(), &edits).map_err(|e| bridge_err(&p, e))
+    let schemas = vec![GEMM_OP_SCHEMA.to_string()];
+    ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas).map_err(|e| TorchError::Bridge(first_line(e.what())))
 }
 
 /// The inlined `forward` graph of an archive as TorchScript prints it.
@@ -219,6 +224,11 @@ pub fn graph_text(path: &Path) -> Result<String, TorchError> {
 /// Sets torch.set_float32_matmul_precision for this process ("highest", "high", "medium").
 pub fn set_float32_matmul_precision(mode: &str) -> Result<(), TorchError> {
     ffi::set_float32_matmul_precision(mode).map_err(|e| TorchError::Bridge(e.what().to_string()))
+}
+
+/// The libtorch version this process runs, e.g. "2.11.0".
+pub fn torch_version() -> String {
+    ffi::torch_version()
 }
 
 pub fn float32_matmul_precision() -> String {

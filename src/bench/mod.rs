@@ -1,0 +1,154 @@
+//! Bench: the original and the composed module, timed in the same run under the same precision
+//! policy, their outputs checked against an fp64 run of the original. Same protocol as the tuner:
+//! warm-up, L2 flushed before each forward, CUDA events, median and spread.
+
+use crate::torch::{self, InputShape};
+use crate::tune::cuda::{Cuda, DeviceInfo};
+use crate::tune::gpu::relative_error;
+use crate::tune::{Protocol, Timing};
+use crate::types::Precision;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tch::{CModule, Device, Kind, Tensor};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BenchReport {
+    pub workload: String,
+    pub device: DeviceInfo,
+    pub torch: String,
+    pub cuda: String,
+    pub cutlass: String,
+    pub precision: Precision,
+    pub inputs: Vec<InputShape>,
+    pub baseline_ms: f64,
+    pub fact_ms: f64,
+    pub speedup: f64,
+    /// Composed output against the fp64 original.
+    pub max_rel_err: f64,
+    /// The original (same precision policy) against the fp64 original, for scale.
+    pub baseline_rel_err: f64,
+    pub baseline: Timing,
+    pub fact: Timing,
+    /// FLOPs of the substituted GEMMs, and their rate over the whole composed forward.
+    pub gemm_flops: f64,
+    pub fact_tflops: f64,
+    pub baseline_tflops: f64,
+    pub date: String,
+    pub command: String,
+}
+
+pub struct BenchOptions {
+    pub workload: String,
+    pub original: PathBuf,
+    pub composed: PathBuf,
+    pub library: PathBuf,
+    pub inputs: Vec<InputShape>,
+    pub precision: Precision,
+    pub protocol: Protocol,
+    pub gemm_flops: f64,
+    pub cutlass: String,
+    pub cuda: String,
+    pub command: String,
+}
+
+fn kind_of(dtype: &str) -> Kind {
+    match dtype {
+        "f64" => Kind::Double,
+        "bf16" => Kind::BFloat16,
+        "f16" => Kind::Half,
+        "i64" => Kind::Int64,
+        "i32" => Kind::Int,
+        "bool" => Kind::Bool,
+        _ => Kind::Float,
+    }
+}
+
+/// Fresh random inputs: normal floats, small non-negative integers (indices), random booleans.
+pub fn random_inputs(shapes: &[InputShape], device: Device) -> Vec<Tensor> {
+    shapes
+        .iter()
+        .map(|s| match kind_of(&s.dtype) {
+            k @ (Kind::Int64 | Kind::Int) => Tensor::randint(2, s.shape.as_slice(), (k, device)),
+            Kind::Bool => Tensor::randint(2, s.shape.as_slice(), (Kind::Int64, device)).to_kind(Kind::Bool),
+            k => Tensor::randn(s.shape.as_slice(), (Kind::Float, device)).to_kind(k),
+        })
+        .collect()
+}
+
+fn time_forward(m: &CModule, inputs: &[Tensor], protocol: &Protocol, cuda: &Cuda) -> Result<Timing, String> {
+    let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, Device::Cuda(0)));
+    for _ in 0..protocol.warmup {
+        let _ = m.forward_ts(inputs).map_err(|e| e.to_string())?;
+    }
+    cuda.sync()?;
+    let mut samples = Vec::new();
+    for i in 0..protocol.iterations {
+        let _ = flush.shallow_clone().fill_(i as f64);
+        let ms = cuda.time_ms(&mut || m.forward_ts(inputs).map(|_| ()).map_err(|e| e.to_string()))?;
+        samples.push(ms);
+    }
+    Timing::from_samples(samples).ok_or_else(|| "no valid timings".to_string())
+}
+
+pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
+    if !torch::cuda_available() {
+        return Err("no CUDA device: bench needs a GPU".into());
+    }
+    let cuda = Cuda::get()?;
+    torch::load_op_library(&opts.library).map_err(|e| e.to_string())?;
+    torch::set_float32_matmul_precision(opts.precision.torch_matmul_precision()).map_err(|e| e.to_string())?;
+    let device = Device::Cuda(0);
+    let load = |p: &Path| -> Result<CModule, String> {
+        let mut m = CModule::load_on_device(p, device).map_err(|e| format!("{}: {e}", p.display()))?;
+        m.set_eval();
+        Ok(m)
+    };
+    let original = load(&opts.original)?;
+    let composed = load(&opts.composed)?;
+    let mut reference = load(&opts.original)?;
+    reference.to(device, Kind::Double, false);
+
+    tch::no_grad(|| {
+        // Verify first, on fresh inputs each time; keep the worst error.
+        let (mut worst, mut worst_base) = (0f64, 0f64);
+        for _ in 0..opts.protocol.verify_inputs.max(1) {
+            let inputs = random_inputs(&opts.inputs, device);
+            let up: Vec<Tensor> =
+                inputs.iter().map(|t| if t.is_floating_point() { t.to_kind(Kind::Double) } else { t.shallow_clone() }).collect();
+            let r = reference.forward_ts(&up).map_err(|e| e.to_string())?;
+            let o = original.forward_ts(&inputs).map_err(|e| e.to_string())?;
+            let c = composed.forward_ts(&inputs).map_err(|e| e.to_string())?;
+            cuda.sync()?;
+            worst = worst.max(relative_error(&c, &r));
+            worst_base = worst_base.max(relative_error(&o, &r));
+            if worst.is_nan() {
+                break;
+            }
+        }
+        let inputs = random_inputs(&opts.inputs, device);
+        let baseline = time_forward(&original, &inputs, &opts.protocol, cuda)?;
+        let fact = time_forward(&composed, &inputs, &opts.protocol, cuda)?;
+        let rate = |t: &Timing| opts.gemm_flops / (t.median_ms * 1e-3) / 1e12;
+        Ok(BenchReport {
+            workload: opts.workload.clone(),
+            device: cuda.device_info(0),
+            torch: torch::torch_version(),
+            cuda: opts.cuda.clone(),
+            cutlass: opts.cutlass.clone(),
+            precision: opts.precision,
+            inputs: opts.inputs.clone(),
+            baseline_ms: baseline.median_ms,
+            fact_ms: fact.median_ms,
+            speedup: baseline.median_ms / fact.median_ms,
+            max_rel_err: worst,
+            baseline_rel_err: worst_base,
+            fact_tflops: rate(&fact),
+            baseline_tflops: rate(&baseline),
+            baseline,
+            fact,
+            gemm_flops: opts.gemm_flops,
+            date: crate::table::today(),
+            command: opts.command.clone(),
+        })
+    })
+}

@@ -1,0 +1,157 @@
+//! The real bench: a kernel library's variants and torch's own op on the GPU, with tch tensors.
+//! Verification draws fresh random inputs, poisons the output with NaN and compares against an
+//! fp64 reference; timing flushes L2 before every run and brackets only the op with CUDA events.
+
+use super::cuda::Cuda;
+use super::{Bench, BenchError, Protocol};
+use crate::nvcc::library::{FactGemmArgs, KernelLibrary};
+use crate::rules::{GemmLayout, GemmProblem};
+use tch::{Device, Kind, Tensor};
+
+pub struct Operands {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Operands {
+    /// Fresh random operands for `p` on the GPU.
+    pub fn random(p: &GemmProblem, device: Device) -> Operands {
+        let kind = p.dtype.tch_kind();
+        let rand = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, device)).to_kind(kind);
+        let b_shape = match p.layout {
+            GemmLayout::Rcr => [p.n, p.k],
+            GemmLayout::Rrr => [p.k, p.n],
+        };
+        Operands { a: rand(&[p.m, p.k]), b: rand(&b_shape), bias: p.bias.then(|| rand(&[p.n])) }
+    }
+
+    /// torch's op for the problem, in the tensors' dtype (fp32 follows the matmul precision).
+    pub fn torch_op(&self, layout: GemmLayout) -> Tensor {
+        match (layout, &self.bias) {
+            (GemmLayout::Rcr, bias) => self.a.linear(&self.b, bias.as_ref()),
+            (GemmLayout::Rrr, Some(bias)) => bias.addmm(&self.a, &self.b),
+            (GemmLayout::Rrr, None) => self.a.mm(&self.b),
+        }
+    }
+
+    /// The fp64 reference.
+    pub fn reference(&self, layout: GemmLayout) -> Tensor {
+        let up = |t: &Tensor| t.to_kind(Kind::Double);
+        Operands { a: up(&self.a), b: up(&self.b), bias: self.bias.as_ref().map(up) }.torch_op(layout)
+    }
+}
+
+/// ‖out − ref‖ / ‖ref‖ in fp64; NaN if any element of `out` is NaN.
+pub fn relative_error(out: &Tensor, reference: &Tensor) -> f64 {
+    let diff = (out.to_kind(Kind::Double) - reference).norm().double_value(&[]);
+    let norm = reference.norm().double_value(&[]);
+    if norm == 0.0 {
+        return if diff == 0.0 { 0.0 } else { f64::INFINITY };
+    }
+    diff / norm
+}
+
+pub struct GpuBench<'a> {
+    lib: &'a KernelLibrary,
+    p: GemmProblem,
+    protocol: Protocol,
+    cuda: &'static Cuda,
+    device: Device,
+    flush: Tensor,
+    timed: Operands,
+    out: Tensor,
+}
+
+impl<'a> GpuBench<'a> {
+    pub fn new(lib: &'a KernelLibrary, p: GemmProblem, protocol: Protocol) -> Result<GpuBench<'a>, String> {
+        let cuda = Cuda::get()?;
+        let device = Device::Cuda(0);
+        let timed = Operands::random(&p, device);
+        let out = Tensor::empty([p.m, p.n], (p.dtype.tch_kind(), device));
+        let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, device));
+        Ok(GpuBench { lib, p, protocol, cuda, device, flush, timed, out })
+    }
+
+    fn args(&self, ops: &Operands, out: &Tensor) -> FactGemmArgs {
+        FactGemmArgs {
+            m: self.p.m as i32,
+            n: self.p.n as i32,
+            k: self.p.k as i32,
+            batch: 1,
+            a: ops.a.data_ptr(),
+            b: ops.b.data_ptr(),
+            bias: ops.bias.as_ref().map_or(std::ptr::null_mut(), |t| t.data_ptr()),
+            out: out.data_ptr(),
+        }
+    }
+
+    fn launch(&self, index: usize, args: &FactGemmArgs) -> Result<(), BenchError> {
+        if !self.lib.can_implement(index, args) {
+            return Err(BenchError::CannotImplement);
+        }
+        let ws_size = self.lib.workspace_size(index, args);
+        let ws = Tensor::empty([ws_size.max(1) as i64], (Kind::Uint8, self.device));
+        // SAFETY: the operands, output and workspace are live device tensors of the problem's
+        // sizes; `ws` and `args`' tensors outlive the launch because callers synchronize before
+        // dropping them (the caching allocator would also keep the memory valid on this stream).
+        unsafe { self.lib.run(index, args, ws.data_ptr(), ws_size) }.map_err(BenchError::Launch)
+    }
+}
+
+impl Bench for GpuBench<'_> {
+    fn verify(&mut self, index: usize) -> Result<f64, BenchError> {
+        let ops = Operands::random(&self.p, self.device);
+        let out = Tensor::empty([self.p.m, self.p.n], (self.p.dtype.tch_kind(), self.device));
+        let _ = out.shallow_clone().fill_(f64::NAN);
+        self.launch(index, &self.args(&ops, &out))?;
+        self.cuda.sync().map_err(BenchError::Launch)?;
+        Ok(relative_error(&out, &ops.reference(self.p.layout)))
+    }
+
+    fn time(&mut self, index: usize) -> Result<Vec<f64>, BenchError> {
+        let args = self.args(&self.timed, &self.out);
+        for _ in 0..self.protocol.warmup {
+            self.launch(index, &args)?;
+        }
+        self.cuda.sync().map_err(BenchError::Launch)?;
+        let mut samples = Vec::with_capacity(self.protocol.iterations);
+        for i in 0..self.protocol.iterations {
+            let _ = self.flush.shallow_clone().fill_(i as f64);
+            let mut err = None;
+            let ms = self
+                .cuda
+                .time_ms(&mut || {
+                    self.launch(index, &args).map_err(|e| {
+                        err = Some(e.clone());
+                        format!("{e:?}")
+                    })
+                })
+                .map_err(|e| err.clone().unwrap_or(BenchError::Launch(e)))?;
+            samples.push(ms);
+        }
+        self.cuda.sync().map_err(BenchError::Launch)?;
+        Ok(samples)
+    }
+
+    fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError> {
+        let layout = self.p.layout;
+        for _ in 0..self.protocol.warmup {
+            let _ = self.timed.torch_op(layout);
+        }
+        self.cuda.sync().map_err(BenchError::Launch)?;
+        let mut samples = Vec::with_capacity(self.protocol.iterations);
+        for i in 0..self.protocol.iterations {
+            let _ = self.flush.shallow_clone().fill_(i as f64);
+            let ms = self
+                .cuda
+                .time_ms(&mut || {
+                    let _ = self.timed.torch_op(layout);
+                    Ok(())
+                })
+                .map_err(BenchError::Launch)?;
+            samples.push(ms);
+        }
+        Ok(samples)
+    }
+}

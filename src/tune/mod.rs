@@ -1,0 +1,225 @@
+//! The tuner: verifies every variant against torch, then times the correct ones, and picks the
+//! fastest. The harness is fixed code: templates never time themselves, and nothing an agent
+//! proposes changes how correctness or speed are judged. `Bench` is the seam between the judging
+//! logic here and the GPU (`gpu::GpuBench`), so the logic is tested with a fake bench.
+
+pub mod cuda;
+pub mod gpu;
+pub mod worker;
+
+use crate::rules::GemmProblem;
+use crate::types::MathType;
+use serde::{Deserialize, Serialize};
+
+/// Measuring protocol. Fixed defaults; tests shrink them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Protocol {
+    /// Fresh random inputs each variant is checked on.
+    pub verify_inputs: usize,
+    pub warmup: usize,
+    pub iterations: usize,
+    /// Bytes written between timed runs to flush L2 (≥ 2× the H100's 50 MB).
+    pub flush_bytes: usize,
+}
+
+impl Default for Protocol {
+    fn default() -> Self {
+        Protocol { verify_inputs: 3, warmup: 5, iterations: 30, flush_bytes: 256 << 20 }
+    }
+}
+
+/// Robust summary of repeated timings.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    /// (p90 - p10) / median.
+    pub spread: f64,
+    pub samples: usize,
+}
+
+impl Timing {
+    pub fn from_samples(mut ms: Vec<f64>) -> Option<Timing> {
+        if ms.is_empty() || ms.iter().any(|v| !v.is_finite()) {
+            return None;
+        }
+        ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let q = |f: f64| ms[((ms.len() - 1) as f64 * f).round() as usize];
+        let median = q(0.5);
+        Some(Timing {
+            median_ms: median,
+            min_ms: ms[0],
+            max_ms: ms[ms.len() - 1],
+            spread: if median > 0.0 { (q(0.9) - q(0.1)) / median } else { 0.0 },
+            samples: ms.len(),
+        })
+    }
+}
+
+/// What happened to one candidate.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    Ok { max_rel_err: f64, timing: Timing, tflops: f64 },
+    CompileFailed { log: String },
+    CannotImplement,
+    LaunchFailed { error: String },
+    /// Wrong numbers: relative error over the tolerance, or NaN (an unwritten, poisoned output).
+    Numeric { max_rel_err: f64, tolerance: f64 },
+    /// The variant took down its tuning process (illegal address, sticky CUDA error).
+    Fault { error: String },
+}
+
+impl Outcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Ok { .. } => "ok",
+            Outcome::CompileFailed { .. } => "compile_failed",
+            Outcome::CannotImplement => "cannot_implement",
+            Outcome::LaunchFailed { .. } => "launch_failed",
+            Outcome::Numeric { .. } => "numeric",
+            Outcome::Fault { .. } => "fault",
+        }
+    }
+    pub fn median_ms(&self) -> Option<f64> {
+        match self {
+            Outcome::Ok { timing, .. } => Some(timing.median_ms),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CandidateResult {
+    pub kernel: String,
+    pub spec: crate::space::KernelSpec,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// Why a bench call failed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BenchError {
+    CannotImplement,
+    Launch(String),
+}
+
+/// The GPU as the tuner sees it: a kernel library's variants by index, and torch's own op.
+pub trait Bench {
+    /// Runs variant `index` on fresh random inputs (output poisoned first) and returns the relative
+    /// error (Frobenius norm) against an fp64 reference; NaN when any output was not written.
+    fn verify(&mut self, index: usize) -> Result<f64, BenchError>;
+    /// Timings of variant `index`, one per iteration, L2 flushed before each.
+    fn time(&mut self, index: usize) -> Result<Vec<f64>, BenchError>;
+    /// Timings of torch's op for the same problem under the same precision policy.
+    fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError>;
+}
+
+/// Judges variant `index`: verification on every input first, timing only if all pass.
+pub fn judge(bench: &mut dyn Bench, index: usize, p: &GemmProblem, math: MathType, protocol: &Protocol) -> Outcome {
+    let tolerance = math.tolerance();
+    let mut worst: f64 = 0.0;
+    for _ in 0..protocol.verify_inputs.max(1) {
+        match bench.verify(index) {
+            Ok(err) if err.is_nan() || err > tolerance => return Outcome::Numeric { max_rel_err: err, tolerance },
+            Ok(err) => worst = worst.max(err),
+            Err(BenchError::CannotImplement) => return Outcome::CannotImplement,
+            Err(BenchError::Launch(e)) => return Outcome::LaunchFailed { error: e },
+        }
+    }
+    match bench.time(index) {
+        Ok(samples) => match Timing::from_samples(samples) {
+            Some(timing) => {
+                let tflops = p.flops() / (timing.median_ms * 1e-3) / 1e12;
+                Outcome::Ok { max_rel_err: worst, timing, tflops }
+            }
+            None => Outcome::LaunchFailed { error: "no valid timing samples".into() },
+        },
+        Err(BenchError::CannotImplement) => Outcome::CannotImplement,
+        Err(BenchError::Launch(e)) => Outcome::LaunchFailed { error: e },
+    }
+}
+
+/// The fastest correct candidate, if any.
+pub fn winner(results: &[CandidateResult]) -> Option<&CandidateResult> {
+    results
+        .iter()
+        .filter(|r| r.outcome.median_ms().is_some())
+        .min_by(|a, b| a.outcome.median_ms().partial_cmp(&b.outcome.median_ms()).unwrap())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::GemmLayout;
+    use crate::space::gemm_candidates;
+    use crate::types::{Arch, DType};
+
+    /// A scripted GPU: per variant an error, a time, or a failure.
+    struct FakeBench {
+        errs: Vec<Result<f64, BenchError>>,
+        times: Vec<f64>,
+        verified: Vec<usize>,
+        timed: Vec<usize>,
+    }
+
+    impl Bench for FakeBench {
+        fn verify(&mut self, i: usize) -> Result<f64, BenchError> {
+            self.verified.push(i);
+            self.errs[i].clone()
+        }
+        fn time(&mut self, i: usize) -> Result<Vec<f64>, BenchError> {
+            self.timed.push(i);
+            Ok(vec![self.times[i], self.times[i] * 1.1, self.times[i] * 0.95])
+        }
+        fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError> {
+            Ok(vec![1.0])
+        }
+    }
+
+    fn problem() -> GemmProblem {
+        GemmProblem { m: 1024, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false }
+    }
+
+    #[test]
+    fn fastest_correct_variant_wins_and_wrong_ones_are_never_timed() {
+        let specs = gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90);
+        let mut bench = FakeBench {
+            errs: vec![Ok(2e-4), Ok(5e-3), Ok(f64::NAN), Err(BenchError::CannotImplement), Ok(3e-4)],
+            times: vec![0.5, 0.1, 0.05, 0.01, 0.4],
+            verified: vec![],
+            timed: vec![],
+        };
+        let protocol = Protocol { verify_inputs: 3, ..Protocol::default() };
+        let results: Vec<CandidateResult> = (0..5)
+            .map(|i| CandidateResult {
+                kernel: specs[i].name(),
+                spec: specs[i].clone(),
+                outcome: judge(&mut bench, i, &problem(), MathType::Tf32, &protocol),
+            })
+            .collect();
+        assert_eq!(bench.timed, vec![0, 4], "only verified variants are timed");
+        assert_eq!(bench.verified.iter().filter(|&&i| i == 0).count(), 3, "three fresh inputs each");
+        assert_eq!(results[1].outcome.label(), "numeric");
+        assert_eq!(results[2].outcome.label(), "numeric", "NaN fails");
+        assert_eq!(results[3].outcome, Outcome::CannotImplement);
+        let w = winner(&results).unwrap();
+        assert_eq!(w.kernel, specs[4].name());
+        match &w.outcome {
+            Outcome::Ok { timing, tflops, .. } => {
+                assert_eq!(timing.median_ms, 0.4);
+                assert!((tflops - 2.0 * 1024f64.powi(3) / 0.4e-3 / 1e12).abs() < 1e-9);
+            }
+            o => panic!("{o:?}"),
+        }
+    }
+
+    #[test]
+    fn timing_summary_is_robust() {
+        let t = Timing::from_samples(vec![3.0, 1.0, 2.0, 100.0, 2.0]).unwrap();
+        assert_eq!((t.median_ms, t.min_ms, t.max_ms, t.samples), (2.0, 1.0, 100.0, 5));
+        assert!(Timing::from_samples(vec![]).is_none());
+        assert!(Timing::from_samples(vec![1.0, f64::NAN]).is_none());
+    }
+}

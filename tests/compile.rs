@@ -1,0 +1,135 @@
+//! The GPU-free half of the GPU path: CUTLASS sources rendered, compiled by the pinned pip nvcc and
+//! linked into a kernel library; the composed module rewritten to call fact::gemm and loaded from
+//! Python with the README's two lines.
+
+use crate::common::{cache_dir, fact, fixture, python};
+use fact::nvcc::{self, KernelLibrary, Toolchain};
+use fact::rules::{GemmLayout, GemmProblem};
+use fact::space::{gemm_candidates, KernelSchedule, KernelSpec};
+use fact::table::{Entry, Provenance, Table, TableKey};
+use fact::tune::cuda::DeviceInfo;
+use fact::tune::{CandidateResult, Outcome, Timing};
+use fact::types::{Arch, DType, MathType};
+use std::process::Command;
+
+/// The linear fixture's problem: out[32,128] = x[32,64] · w[128,64]ᵀ + b.
+fn linear_problem() -> GemmProblem {
+    GemmProblem { m: 32, n: 128, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true }
+}
+
+fn good_spec() -> KernelSpec {
+    gemm_candidates(&linear_problem(), MathType::Tf32, Arch::Sm90)
+        .into_iter()
+        .find(|k| k.tile == [128, 128, 32] && k.schedule == KernelSchedule::WsCooperative)
+        .expect("a 128x128 cooperative candidate")
+}
+
+#[test]
+fn library_compiles_and_a_failing_kernel_costs_only_itself() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let mut bad = good_spec();
+    // Cooperative kernels need tile M of 128 or more: CUTLASS static_asserts, nvcc fails.
+    bad.tile = [64, 128, 32];
+    assert!(bad.invalid_reason().is_some(), "the validity rules know this one");
+    let dir = tempfile::tempdir().unwrap();
+    let built = nvcc::build_library(&tc, &[good_spec(), bad.clone()], dir.path(), "libt.so", &cache_dir(), 2, false).unwrap();
+
+    assert_eq!(built.kernels, vec![good_spec()]);
+    assert_eq!(built.failures.len(), 1);
+    let f = &built.failures[0];
+    assert_eq!(f.kernel, bad.name());
+    assert!(f.source.is_file(), "the failing .cu stays on disk");
+    assert!(f.command.contains("nvcc") && f.command.contains("sm_90a"), "{}", f.command);
+    assert!(f.log.contains("error"), "{}", f.log);
+    assert!(f.to_string().contains("\n    "), "the log is indented");
+
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(lib.len(), 1);
+    assert_eq!(lib.name(0).unwrap(), good_spec().name());
+    assert_eq!(lib.find(&good_spec().name()), Some(0));
+    assert_eq!(lib.find(&bad.name()), None);
+    let generated = std::fs::read_to_string(dir.path().join("src").join(format!("{}.cu", good_spec().name()))).unwrap();
+    assert!(generated.contains(&good_spec().to_json()), "the source carries its spec");
+}
+
+fn table_with(spec: &KernelSpec) -> Table {
+    let timing = Timing { median_ms: 0.01, min_ms: 0.01, max_ms: 0.01, spread: 0.0, samples: 1 };
+    let mut t = Table::new();
+    t.insert(Entry {
+        key: TableKey::gemm(&linear_problem(), MathType::Tf32, Arch::Sm90),
+        problem: linear_problem(),
+        winner: spec.name(),
+        winner_spec: spec.clone(),
+        winner_ms: 0.01,
+        baseline: Some(timing.clone()),
+        candidates: vec![CandidateResult {
+            kernel: spec.name(),
+            spec: spec.clone(),
+            outcome: Outcome::Ok { max_rel_err: 0.0, timing, tflops: 0.0 },
+        }],
+        provenance: Provenance {
+            device: DeviceInfo {
+                name: "test table (not a measurement)".into(),
+                sm_count: 0,
+                compute_capability: "9.0".into(),
+                driver: "-".into(),
+                cuda_runtime: "-".into(),
+            },
+            torch: "2.11.0".into(),
+            nvcc: "13.0".into(),
+            cutlass: "4.2.0".into(),
+            fact: "test".into(),
+            date: "2026-11-22".into(),
+        },
+    });
+    t
+}
+
+#[test]
+fn table_hit_composes_a_module_that_calls_the_op_and_loads_in_python() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    table_with(&good_spec()).save(&user).unwrap();
+    let out_dir = dir.path().join("out");
+    let out = fact()
+        .env("FACT_TABLE", &user)
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["compose", "--json", "--out"])
+        .arg(&out_dir)
+        .arg(fixture("linear.pt"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["compose"]["patterns"][0];
+    assert_eq!(p["realization"], serde_json::json!({"how": "hit", "table": "user"}));
+    assert_eq!(p["kernel"], good_spec().name());
+    assert!(!out_dir.join("sweeps").exists(), "a hit compiles no sweep");
+    let lib = out_dir.join("libfact_ops.so");
+    let composed = out_dir.join("composed.pt");
+    assert!(lib.is_file() && composed.is_file());
+
+    // The README's two lines, then the composed module against the original (on CPU the op falls
+    // back to aten::linear, so the numbers must match exactly).
+    let script = format!(
+        r#"
+import torch
+torch.ops.load_library({lib:?})
+m = torch.jit.load({composed:?})
+graph = str(m.forward.graph)
+assert "fact::gemm" in graph and "aten::linear" not in graph, graph
+orig = torch.jit.load({orig:?})
+x = torch.randn(32, 64)
+with torch.no_grad():
+    a, b = m(x), orig(x)
+assert torch.equal(a, b), (a - b).abs().max()
+print("ok", tuple(a.shape))
+"#,
+        lib = lib.display().to_string(),
+        composed = composed.display().to_string(),
+        orig = fixture("linear.pt").display().to_string(),
+    );
+    let py = Command::new(python()).arg("-c").arg(script).output().unwrap();
+    assert!(py.status.success(), "{}\n{}", String::from_utf8_lossy(&py.stdout), String::from_utf8_lossy(&py.stderr));
+    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok (32, 128)");
+}

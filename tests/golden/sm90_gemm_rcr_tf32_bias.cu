@@ -1,0 +1,120 @@
+// generated from templates/sm90_gemm.cu.hbs; do not edit
+// spec: {"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,256,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4}
+//
+// sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4: out[m,n] = a[m,k] . B + bias[n] (torch layout rcr), computed as the
+// column-major CUTLASS problem out^T[n,m] = B^T . a^T, so a torch row-major output needs no transpose
+// and the bias is per row of the CUTLASS problem.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace {
+namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns {
+using namespace cute;
+
+using Element = float;
+using ElementAccumulator = float;
+using ElementCompute = float;
+// CUTLASS operand A is torch's b (transposed view), operand B is torch's a.
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::ColumnMajor;
+constexpr int Alignment = 4;
+
+using TileShape = Shape<_128, _256, _32>;
+using ClusterShape = Shape<_1, _2, _1>;
+
+using FusionOp = cutlass::epilogue::fusion::LinCombPerRowBias<Element, ElementCompute, Element, Element, ElementCompute, Alignment>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    Element, LayoutD, Alignment,
+    Element, LayoutD, Alignment,
+    cutlass::epilogue::TmaWarpSpecializedCooperative,
+    FusionOp>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, LayoutA, Alignment,
+    Element, LayoutB, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+int sm_count() {
+  // Querying the device costs more than a short GEMM, so it is done once per process.
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p) {
+  const int M = p.n, N = p.m, K = p.k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, K, L});
+  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {static_cast<const Element*>(p.b), stride_a, static_cast<const Element*>(p.a), stride_b},
+      { {}, static_cast<const Element*>(p.out), stride_d, static_cast<Element*>(p.out), stride_d},
+      hw};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+  args.epilogue.thread.bias_ptr = static_cast<const Element*>(p.bias);
+  return args;
+}
+}  // namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns
+}  // namespace
+
+extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_can_implement(const FactGemmArgs* p) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns;
+  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(*p);
+  return Gemm::can_implement(args) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+}
+
+extern "C" size_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_workspace_size(const FactGemmArgs* p) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns;
+  return Gemm::get_workspace_size(make_arguments(*p));
+}
+
+extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
+                                       void* stream) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns;
+  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(*p);
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
+  if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  Gemm gemm;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+  if (gemm.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  return FACT_OK;
+}

@@ -1,0 +1,91 @@
+//! Ingestion through the bridge and the GEMM rule on real TorchScript archives.
+
+use crate::common::{fact, fixture};
+use fact::rules::{match_gemms, GemmLayout, GemmOrigin};
+use fact::torch::{self, InputShape};
+use fact::types::DType;
+
+#[test]
+fn linear_fixture_gives_one_rcr_bias_gemm_with_traced_shapes() {
+    let (g, inputs) = torch::load_graph(&fixture("linear.pt"), &[]).unwrap();
+    assert_eq!(inputs, vec![InputShape { shape: vec![32, 64], dtype: "f32".into() }]);
+    let m = match_gemms(&g);
+    assert_eq!(m.len(), 1);
+    let p = &m[0].problem;
+    assert_eq!((p.m, p.n, p.k, p.layout, p.dtype, p.bias), (32, 128, 64, GemmLayout::Rcr, DType::F32, true));
+    assert_eq!(m[0].origin, GemmOrigin::Linear);
+}
+
+#[test]
+fn matmul_fixture_is_rrr_and_user_shapes_override_traced_ones() {
+    let (g, _) = torch::load_graph(&fixture("matmul.pt"), &[]).unwrap();
+    let m = match_gemms(&g);
+    assert_eq!((m[0].origin, m[0].problem.shape_key()), (GemmOrigin::Matmul, "32x16x64".to_string()));
+    let given = [InputShape::parse("256x512:bf16").unwrap(), InputShape::parse("512x128:bf16").unwrap()];
+    let (g, _) = torch::load_graph(&fixture("matmul.pt"), &given).unwrap();
+    let m = match_gemms(&g);
+    assert_eq!(m[0].problem.shape_key(), "256x128x512");
+    assert_eq!(m[0].problem.dtype, DType::Bf16);
+}
+
+#[test]
+fn mlp_fixture_gives_two_gemms_through_relu_with_leading_dims_folded() {
+    let (g, _) = torch::load_graph(&fixture("mlp.pt"), &[]).unwrap();
+    let m = match_gemms(&g);
+    let keys: Vec<(String, String)> = m.iter().map(|m| (m.problem.rule_id(), m.problem.shape_key())).collect();
+    assert_eq!(
+        keys,
+        vec![("gemm_rcr_bias".to_string(), "32x256x64".to_string()), ("gemm_rcr".to_string(), "32x64x256".to_string())]
+    );
+    let relu = g.nodes.iter().find(|n| n.kind == "aten::relu").unwrap();
+    assert_eq!(g.tensor(relu.outputs[0]).unwrap().shape, vec![4, 8, 256], "shape propagated through relu");
+}
+
+#[test]
+fn addmm_fixture_is_rrr_with_bias() {
+    let (g, _) = torch::load_graph(&fixture("addmm.pt"), &[]).unwrap();
+    let m = match_gemms(&g);
+    assert_eq!((m[0].problem.rule_id(), m[0].problem.shape_key()), ("gemm_rrr_bias".to_string(), "16x32x64".to_string()));
+}
+
+#[test]
+fn bad_inputs_get_errors_that_name_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_ts = dir.path().join("weights.pt");
+    std::fs::write(&not_ts, b"not a zip archive at all").unwrap();
+    let e = torch::load_graph(&not_ts, &[]).unwrap_err().to_string();
+    assert!(e.contains("not a TorchScript archive") && e.contains("torch.jit.trace"), "{e}");
+
+    let e = torch::load_graph(&fixture("no_inputs.pt"), &[]).unwrap_err().to_string();
+    assert!(e.contains("--input"), "{e}");
+
+    let one = [InputShape::parse("4x4:f32").unwrap()];
+    let e = torch::load_graph(&fixture("no_inputs.pt"), &one).unwrap_err().to_string();
+    assert!(e.contains("forward takes 2 inputs, 1 given"), "{e}");
+
+    let out = fact().args(["compose"]).arg(fixture("linear.pt")).args(["--input", "32x64:f8"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("dtype 'f8' is not one of"), "{err}");
+
+    let out = fact().args(["compose"]).arg(fixture("linear.pt")).args(["--precision", "fp8"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use tf32 or f32"));
+}
+
+#[test]
+fn strict_fp32_policy_leaves_gemms_to_torch_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fact()
+        .env("FACT_TABLE", dir.path().join("t.json"))
+        .args(["compose", "--precision", "f32", "--json", "--out"])
+        .arg(dir.path().join("o"))
+        .arg(fixture("linear.pt"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["compose"]["patterns"][0];
+    assert_eq!(p["realization"]["how"], "skipped");
+    assert!(p["realization"]["reason"].as_str().unwrap().contains("--precision tf32"));
+    assert!(v["compose"]["composed"].is_null());
+}

@@ -1,0 +1,6 @@
+//! Integration tests: one binary, so libtorch links once. Fixture models come from
+//! tests/fixtures/make_models.py, run once per test run with the project venv's torch.
+
+mod common;
+mod compile;
+mod ingest;
