@@ -43,6 +43,10 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     assert!(f.log.contains("error"), "{}", f.log);
     assert!(f.to_string().contains("\n    "), "the log is indented");
 
+    let again = tempfile::tempdir().unwrap();
+    let rebuilt = nvcc::build_library(&tc, &[good_spec()], again.path(), "libt.so", &cache_dir(), 2, false).unwrap();
+    assert_eq!((rebuilt.compiled, rebuilt.cached), (0, 1), "a kernel compiles once, whatever the output folder");
+
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!(lib.len(), 1);
     assert_eq!(lib.name(0).unwrap(), good_spec().name());

@@ -27,6 +27,8 @@ pub struct BenchReport {
     pub max_rel_err: f64,
     /// The original (same precision policy) against the fp64 original, for scale.
     pub baseline_rel_err: f64,
+    /// Composed against original, both under the policy: 0 means bit-identical outputs.
+    pub composed_vs_baseline: f64,
     pub baseline: Timing,
     pub fact: Timing,
     /// FLOPs of the substituted GEMMs, and their rate over the whole composed forward.
@@ -110,7 +112,7 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
 
     tch::no_grad(|| {
         // Verify first, on fresh inputs each time; keep the worst error.
-        let (mut worst, mut worst_base) = (0f64, 0f64);
+        let (mut worst, mut worst_base, mut worst_pair) = (0f64, 0f64, 0f64);
         for _ in 0..opts.protocol.verify_inputs.max(1) {
             let inputs = random_inputs(&opts.inputs, device);
             let up: Vec<Tensor> =
@@ -121,6 +123,7 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
             cuda.sync()?;
             worst = worst.max(relative_error(&c, &r));
             worst_base = worst_base.max(relative_error(&o, &r));
+            worst_pair = worst_pair.max(relative_error(&c, &o.to_kind(Kind::Double)));
             if worst.is_nan() {
                 break;
             }
@@ -142,6 +145,7 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
             speedup: baseline.median_ms / fact.median_ms,
             max_rel_err: worst,
             baseline_rel_err: worst_base,
+            composed_vs_baseline: worst_pair,
             fact_tflops: rate(&fact),
             baseline_tflops: rate(&baseline),
             baseline,

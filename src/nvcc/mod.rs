@@ -272,11 +272,18 @@ pub fn build_library(
     let start = std::time::Instant::now();
     let arch = specs.first().map(|k| k.arch).unwrap_or(Arch::Sm90);
     let src_dir = out_dir.join("src");
-    for d in [&src_dir, &cache.to_path_buf()] {
+    // The ABI header lives in the cache, not the output folder, so the compile command (part of
+    // each object's cache key) is the same whichever folder a library is built for.
+    let include = cache.join("include");
+    for d in [&src_dir, &include] {
         std::fs::create_dir_all(d).map_err(io(d))?;
     }
-    let header = src_dir.join("fact_kernels.h");
-    std::fs::write(&header, ABI_HEADER).map_err(io(&header))?;
+    let header = include.join("fact_kernels.h");
+    if std::fs::read_to_string(&header).ok().as_deref() != Some(ABI_HEADER) {
+        let tmp = include.join(format!("fact_kernels.h.tmp{}", std::process::id()));
+        std::fs::write(&tmp, ABI_HEADER).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &header).map_err(io(&header))?;
+    }
 
     let bar = if show_progress {
         let b = ProgressBar::new(specs.len() as u64);
@@ -301,7 +308,7 @@ pub fn build_library(
                 };
                 let Some(spec) = specs.get(i) else { break };
                 let source = codegen::render_kernel(spec);
-                let cmd = tc.nvcc_command(spec.arch, &src_dir);
+                let cmd = tc.nvcc_command(spec.arch, &include);
                 let line = command_line(&cmd);
                 let r = compile_cached(tc, &src_dir, cache, &source, cmd, &spec.name()).map_err(|e| {
                     let log = match e {
@@ -341,9 +348,9 @@ pub fn build_library(
         return Err(BuildError::AllFailed(first));
     }
     let dispatch = codegen::render_dispatch(&kernels);
-    let (dispatch_obj, _) = compile_cached(tc, &src_dir, cache, &dispatch, tc.nvcc_command(arch, &src_dir), "dispatch")?;
+    let (dispatch_obj, _) = compile_cached(tc, &src_dir, cache, &dispatch, tc.nvcc_command(arch, &include), "dispatch")?;
     let op = codegen::render_torch_op(arch);
-    let (op_obj, _) = compile_cached(tc, &src_dir, cache, &op, tc.cxx_command(&src_dir), "torch_op")?;
+    let (op_obj, _) = compile_cached(tc, &src_dir, cache, &op, tc.cxx_command(&include), "torch_op")?;
 
     let library = out_dir.join(lib_name);
     let torch_lib = tc.torch.join("lib");
