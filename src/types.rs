@@ -56,7 +56,7 @@ impl DType {
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.short_name())
+        f.pad(self.short_name())
     }
 }
 
@@ -99,7 +99,7 @@ impl FromStr for Precision {
 
 impl fmt::Display for Precision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.short_name())
+        f.pad(self.short_name())
     }
 }
 
@@ -173,6 +173,6 @@ impl Arch {
 
 impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.short_name())
+        f.pad(self.short_name())
     }
 }

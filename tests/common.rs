@@ -1,6 +1,12 @@
 //! Shared set-up: fixture models, the fact binary, and the one compiled kernel library the
 //! compile and compose tests share (compiling CUTLASS takes a minute; the cache makes reuse free).
 
+use fact::rules::GemmProblem;
+use fact::space::KernelSpec;
+use fact::table::{Entry, Provenance, Run, TableKey};
+use fact::tune::cuda::DeviceInfo;
+use fact::tune::{CandidateResult, Outcome, Timing};
+use fact::types::{Arch, MathType};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -41,4 +47,32 @@ pub fn fact() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fact"));
     c.env("FACT_CACHE_DIR", cache_dir());
     c
+}
+
+/// A table entry whose one run timed `spec` at `ms` on `device`: test data, never a measurement.
+pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &str) -> Entry {
+    let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
+    let run = Run {
+        provenance: Provenance {
+            device: DeviceInfo {
+                name: device.into(),
+                sm_count: 0,
+                compute_capability: "9.0".into(),
+                driver: "-".into(),
+                cuda_runtime: "-".into(),
+            },
+            torch: "2.11.0".into(),
+            nvcc: "13.0".into(),
+            cutlass: "4.2.0".into(),
+            fact: "test".into(),
+            date: "2026-11-22".into(),
+        },
+        baseline: Some(timing.clone()),
+        candidates: vec![CandidateResult {
+            kernel: spec.name(),
+            spec: spec.clone(),
+            outcome: Outcome::Ok { max_rel_err: 0.0, timing, tflops: 0.0 },
+        }],
+    };
+    Entry::from_runs(TableKey::gemm(problem, MathType::Tf32, Arch::Sm90), problem.clone(), vec![run]).expect("one timed candidate")
 }

@@ -2,13 +2,11 @@
 //! linked into a kernel library; the composed module rewritten to call fact::gemm and loaded from
 //! Python with the README's two lines.
 
-use crate::common::{cache_dir, fact, fixture, python};
+use crate::common::{cache_dir, fact, fixture, python, sample_entry};
 use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem};
 use fact::space::{gemm_candidates, KernelSchedule, KernelSpec};
-use fact::table::{Entry, Provenance, Table, TableKey};
-use fact::tune::cuda::DeviceInfo;
-use fact::tune::{CandidateResult, Outcome, Timing};
+use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 use std::process::Command;
 
@@ -57,35 +55,8 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
 }
 
 fn table_with(spec: &KernelSpec) -> Table {
-    let timing = Timing { median_ms: 0.01, min_ms: 0.01, max_ms: 0.01, spread: 0.0, samples: 1 };
     let mut t = Table::new();
-    t.insert(Entry {
-        key: TableKey::gemm(&linear_problem(), MathType::Tf32, Arch::Sm90),
-        problem: linear_problem(),
-        winner: spec.name(),
-        winner_spec: spec.clone(),
-        winner_ms: 0.01,
-        baseline: Some(timing.clone()),
-        candidates: vec![CandidateResult {
-            kernel: spec.name(),
-            spec: spec.clone(),
-            outcome: Outcome::Ok { max_rel_err: 0.0, timing, tflops: 0.0 },
-        }],
-        provenance: Provenance {
-            device: DeviceInfo {
-                name: "test table (not a measurement)".into(),
-                sm_count: 0,
-                compute_capability: "9.0".into(),
-                driver: "-".into(),
-                cuda_runtime: "-".into(),
-            },
-            torch: "2.11.0".into(),
-            nvcc: "13.0".into(),
-            cutlass: "4.2.0".into(),
-            fact: "test".into(),
-            date: "2026-11-22".into(),
-        },
-    });
+    t.insert_merged(sample_entry(&linear_problem(), spec, 0.01, "test table (not a measurement)"));
     t
 }
 
@@ -106,7 +77,8 @@ fn table_hit_composes_a_module_that_calls_the_op_and_loads_in_python() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let p = &v["compose"]["patterns"][0];
-    assert_eq!(p["realization"], serde_json::json!({"how": "hit", "table": "user"}));
+    assert_eq!(p["realization"]["how"], "hit");
+    assert_eq!(p["realization"]["table"], "user");
     assert_eq!(p["kernel"], good_spec().name());
     assert!(!out_dir.join("sweeps").exists(), "a hit compiles no sweep");
     let lib = out_dir.join("libfact_ops.so");

@@ -4,3 +4,4 @@
 mod common;
 mod compile;
 mod ingest;
+mod table_cli;

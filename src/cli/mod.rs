@@ -4,7 +4,9 @@
 use crate::bench::{self, BenchOptions, BenchReport};
 use crate::compose::{self, ComposeReport, Realization};
 use crate::nvcc::{self, Toolchain};
-use crate::table;
+use crate::rules::GemmProblem;
+use crate::table::{self, Entry, Table, Tables};
+use crate::types::DType;
 use crate::torch::{self, InputShape};
 use crate::tune::{worker, Protocol};
 use crate::types::{Arch, Precision};
@@ -60,11 +62,105 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Tune a rule for a shape and add the winner to the user pattern table, without a model.
+    Realize {
+        /// gemm_rcr, gemm_rcr_bias, gemm_rrr or gemm_rrr_bias.
+        #[arg(long)]
+        rule: String,
+        /// Tensor dtype: f32, bf16 or f16.
+        #[arg(long)]
+        dtype: String,
+        /// MxNxK.
+        #[arg(long)]
+        shape: String,
+        #[arg(long, default_value = "tf32")]
+        precision: String,
+        #[arg(long, default_value = "sm90")]
+        arch: String,
+        #[arg(long)]
+        candidates: Option<usize>,
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Folder for the sweep's sources and libraries (default out/realize).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect and share the pattern tables.
+    Table {
+        #[command(subcommand)]
+        command: TableCommand,
+    },
     /// Print the inlined forward graph of a TorchScript archive.
     Graph { model: PathBuf },
     /// Internal: judges kernel variants for the tuner in a child process.
     #[command(hide = true)]
     TuneWorker,
+}
+
+#[derive(clap::Args, Clone, Default)]
+struct Filter {
+    #[arg(long)]
+    rule: Option<String>,
+    #[arg(long)]
+    dtype: Option<String>,
+    #[arg(long)]
+    arch: Option<String>,
+}
+
+impl Filter {
+    fn keeps(&self, e: &Entry) -> bool {
+        self.rule.as_ref().is_none_or(|r| &e.key.rule == r)
+            && self.dtype.as_ref().is_none_or(|d| e.key.dtypes.a.short_name() == d)
+            && self.arch.as_ref().is_none_or(|a| e.key.arch.short_name() == a)
+    }
+}
+
+#[derive(Subcommand)]
+enum TableCommand {
+    /// The entries of the user and shipped tables (user first).
+    List {
+        #[command(flatten)]
+        filter: Filter,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One entry with every candidate of every run.
+    Show {
+        /// An entry id (or its first characters) from `fact table list`.
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the selected entries (user and shipped, merged) to a table file.
+    Export {
+        file: PathBuf,
+        #[command(flatten)]
+        filter: Filter,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Merge a table file into the user table.
+    Import {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Merge table files into OUT (OUT's own entries kept): both runs kept, the faster verified winner wins.
+    Merge {
+        files: Vec<PathBuf>,
+        #[arg(long, short)]
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an entry from the user table.
+    Remove {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn jobs(j: Option<usize>) -> usize {
@@ -84,8 +180,6 @@ pub fn main() -> Result<()> {
             let stem = model.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
             let out_dir = out.unwrap_or_else(|| PathBuf::from("out").join(stem));
             let opts = compose::Options {
-                model: model.clone(),
-                inputs,
                 out_dir: out_dir.clone(),
                 precision,
                 arch: Arch::Sm90,
@@ -98,7 +192,7 @@ pub fn main() -> Result<()> {
                 progress: !json,
                 max_candidates: candidates,
             };
-            let report = compose::compose(&opts).with_context(|| format!("composing {}", model.display()))?;
+            let report = compose::compose(&model, &inputs, &opts).with_context(|| format!("composing {}", model.display()))?;
             let bench = if report.gpu && report.composed.is_some() && !no_bench {
                 Some(run_bench(&report, &out_dir, save_report.as_deref())?)
             } else {
@@ -130,6 +224,56 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::Realize { rule, dtype, shape, precision, arch, candidates, jobs: j, out, json } => {
+            let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
+            let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
+            let arch = Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
+            let dims = table::parse_shape(&shape)
+                .filter(|d| d.len() == 3)
+                .with_context(|| format!("bad --shape '{shape}': write MxNxK, e.g. 4096x4096x4096"))?;
+            let problem = GemmProblem::from_rule(&rule, dims[0], dims[1], dims[2], dtype).map_err(anyhow::Error::msg)?;
+            let opts = compose::Options {
+                out_dir: out.unwrap_or_else(|| PathBuf::from("out/realize")),
+                precision,
+                arch,
+                jobs: jobs(j),
+                user_table: table::user_table_path(),
+                shipped_table: table::shipped_table_path(),
+                cache_dir: nvcc::default_cache_dir(),
+                exe: std::env::current_exe().context("cannot find the fact executable")?,
+                protocol: Protocol::default(),
+                progress: !json,
+                max_candidates: candidates,
+            };
+            let start = std::time::Instant::now();
+            let tc = Toolchain::discover()?;
+            let gpu = torch::cuda_available();
+            if !gpu {
+                bail!("no CUDA device: realize tunes on the GPU; run it on an sm90 machine (the sources go to {})", opts.out_dir.display());
+            }
+            let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
+            let r = compose::realize(&opts, &tc, &mut tables, &problem, gpu)?;
+            let seconds = start.elapsed().as_secs_f64();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "realization": r.how, "entry": r.entry, "seconds": seconds, "table": opts.user_table,
+                    }))?
+                );
+            } else {
+                println!("{} {} under {}: {}", problem.rule_id(), problem.shape_key(), precision, r.how.label());
+                if let Some(e) = &r.entry {
+                    println!("  winner {} at {:.4} ms (torch {})", e.winner, e.winner_ms, fmt_ms(e.baseline_ms()));
+                    println!("  entry {} in {}  ({seconds:.1} s)", e.key.id(), opts.user_table.display());
+                }
+                for f in &r.failures {
+                    print!("{f}");
+                }
+            }
+            Ok(())
+        }
+        Command::Table { command } => table_command(command),
         Command::Graph { model } => {
             print!("{}", torch::graph_text(&model)?);
             Ok(())
@@ -141,6 +285,124 @@ pub fn main() -> Result<()> {
             worker::serve(req).map_err(anyhow::Error::msg)
         }
     }
+}
+
+fn all_entries(tables: &Tables) -> Vec<(&'static str, &Entry)> {
+    let user = tables.user.entries.iter().map(|e| ("user", e));
+    let shipped = tables.shipped.entries.iter().filter(|e| tables.user.get(&e.key).is_none()).map(|e| ("shipped", e));
+    user.chain(shipped).collect()
+}
+
+fn entry_summary(from: &str, e: &Entry) -> serde_json::Value {
+    let p = e.winner_provenance();
+    serde_json::json!({
+        "id": e.key.id(), "table": from, "key": e.key, "bucket": e.key.bucket(), "winner": e.winner,
+        "winner_ms": e.winner_ms, "torch_ms": e.baseline_ms(), "runs": e.runs.len(),
+        "device": p.device.name, "cutlass": p.cutlass, "date": p.date,
+    })
+}
+
+fn table_command(command: TableCommand) -> Result<()> {
+    let user_path = table::user_table_path();
+    let shipped_path = table::shipped_table_path();
+    match command {
+        TableCommand::List { filter, json } => {
+            let tables = Tables::load(&user_path, &shipped_path)?;
+            let rows: Vec<_> = all_entries(&tables).into_iter().filter(|(_, e)| filter.keeps(e)).collect();
+            if json {
+                let v: Vec<_> = rows.iter().map(|(f, e)| entry_summary(f, e)).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            println!("user table: {}
+shipped table: {}", user_path.display(), shipped_path.display());
+            println!("{:<9} {:<8} {:<14} {:<5} {:<5} {:<6} {:<18} {:>10} {:>9}  {:<24} winner", "id", "table", "rule", "dtype", "math", "arch", "shape", "kernel ms", "torch ms", "device");
+            for (from, e) in rows {
+                println!(
+                    "{:<9} {:<8} {:<14} {:<5} {:<5} {:<6} {:<18} {:>10.4} {:>9}  {:<24} {}",
+                    e.key.id(), from, e.key.rule, e.key.dtypes.a, e.key.math.short_name(), e.key.arch, e.key.shape,
+                    e.winner_ms, fmt_ms(e.baseline_ms()), e.winner_provenance().device.name, e.winner
+                );
+            }
+            Ok(())
+        }
+        TableCommand::Show { id, json } => {
+            let tables = Tables::load(&user_path, &shipped_path)?;
+            let (from, e) = match tables.user.find_id(&id) {
+                Ok(e) => ("user", e),
+                Err(_) => ("shipped", tables.shipped.find_id(&id)?),
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "table": from, "entry": e }))?);
+                return Ok(());
+            }
+            println!("{} [{}] ({from} table), bucket {}", e.key, e.key.id(), e.key.bucket());
+            println!("winner {} at {:.4} ms", e.winner, e.winner_ms);
+            for (i, r) in e.runs.iter().enumerate() {
+                let p = &r.provenance;
+                println!(
+                    "run {i}: {} ({} SMs), torch {}, nvcc {}, CUTLASS {}, fact {}, {}; torch {} ms",
+                    p.device.name, p.device.sm_count, p.torch, p.nvcc, p.cutlass, p.fact, p.date,
+                    fmt_ms(r.baseline.as_ref().map(|b| b.median_ms))
+                );
+                for c in &r.candidates {
+                    println!("  {:<16} {:>10}  {}", c.outcome.label(), fmt_ms(c.outcome.median_ms()), c.kernel);
+                }
+            }
+            Ok(())
+        }
+        TableCommand::Export { file, filter, json } => {
+            let tables = Tables::load(&user_path, &shipped_path)?;
+            let mut out = Table::new();
+            for (_, e) in all_entries(&tables).into_iter().filter(|(_, e)| filter.keeps(e)) {
+                out.insert_merged(e.clone());
+            }
+            out.save(&file)?;
+            report_count(json, "exported", out.entries.len(), &file)
+        }
+        TableCommand::Import { file, json } => {
+            if !file.exists() {
+                bail!("{}: no such table file", file.display());
+            }
+            let incoming = Table::load(&file)?;
+            Table::update(&user_path, |t| t.merge(&incoming))?;
+            report_count(json, "imported", incoming.entries.len(), &user_path)
+        }
+        TableCommand::Merge { files, out, json } => {
+            let mut loaded = Vec::new();
+            for f in &files {
+                if !f.exists() {
+                    bail!("{}: no such table file", f.display());
+                }
+                loaded.push(Table::load(f)?);
+            }
+            let n = Table::update(&out, |t| {
+                for l in &loaded {
+                    t.merge(l);
+                }
+                t.entries.len()
+            })?;
+            report_count(json, "merged", n, &out)
+        }
+        TableCommand::Remove { id, json } => {
+            let removed = Table::update(&user_path, |t| t.remove_id(&id))??;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "removed": removed.key, "id": removed.key.id() }))?);
+            } else {
+                println!("removed {} [{}] from {}", removed.key, removed.key.id(), user_path.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn report_count(json: bool, what: &str, n: usize, path: &Path) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ what: n, "table": path }))?);
+    } else {
+        println!("{what} {n} entries: {}", path.display());
+    }
+    Ok(())
 }
 
 fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Path>) -> Result<BenchReport> {
@@ -185,12 +447,7 @@ fn print_compose(r: &ComposeReport, out_dir: &Path) {
     }
     println!("{:<4} {:<14} {:<16} {:<5} {:<22} {:>10} {:>10}  kernel", "id", "rule", "shape MxNxK", "dtype", "realized", "kernel ms", "torch ms");
     for p in &r.patterns {
-        let how = match &p.realization {
-            Realization::Hit { table } => format!("hit ({table} table)"),
-            Realization::Tuned { candidates, failed } => format!("tuned {}/{candidates} ok", candidates - failed),
-            Realization::Compiled { candidates, failed } => format!("compiled {}/{candidates}", candidates - failed),
-            Realization::Skipped { .. } => "left to torch".into(),
-        };
+        let how = p.realization.label();
         println!(
             "{:<4} {:<14} {:<16} {:<5} {:<22} {:>10} {:>10}  {}",
             p.id,

@@ -6,7 +6,7 @@
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::rules::{match_gemms, GemmMatch, GemmProblem};
 use crate::space::{gemm_candidates, KernelSpec};
-use crate::table::{self, Entry, Provenance, Table, TableKey};
+use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
 use crate::torch::{self, Edit, InputShape, Operand, OperandKind};
 use crate::tune::{self, worker, CandidateResult, Outcome, Protocol};
 use crate::types::{Arch, MathType, Precision};
@@ -38,10 +38,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ComposeError + '_ {
     move |e| ComposeError::Io { path: path.display().to_string(), detail: e.to_string() }
 }
 
+/// How to realize patterns: where things go and how hard to look.
 #[derive(Clone, Debug)]
 pub struct Options {
-    pub model: PathBuf,
-    pub inputs: Vec<InputShape>,
+    /// Output folder: sweeps/, the op library, the composed module, compose.json.
     pub out_dir: PathBuf,
     pub precision: Precision,
     pub arch: Arch,
@@ -61,14 +61,33 @@ pub struct Options {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "how", rename_all = "snake_case")]
 pub enum Realization {
-    /// Found in a pattern table ("user" or "shipped"): only the winner was built.
-    Hit { table: String },
+    /// Found in a pattern table ("user" or "shipped"): only the winner was built. `measured_on`
+    /// names another GPU or CUTLASS version the winner was measured with; it was re-verified here
+    /// when a GPU was present (`reverified`).
+    Hit { table: String, measured_on: Option<String>, reverified: bool },
+    /// The winner of a nearby shape in the same bucket, re-verified (and timed) on this shape.
+    Bucket { table: String, from_shape: String },
     /// Tuned here; the winner went into the user table.
     Tuned { candidates: usize, failed: usize },
     /// Compiled but not tuned (no GPU).
     Compiled { candidates: usize, failed: usize },
     /// Left to torch.
     Skipped { reason: String },
+}
+
+impl Realization {
+    pub fn label(&self) -> String {
+        match self {
+            Realization::Hit { table, measured_on: None, .. } => format!("hit ({table} table)"),
+            Realization::Hit { table, measured_on: Some(_), reverified } => {
+                format!("hit ({table}, other GPU{})", if *reverified { ", re-verified" } else { ", unverified" })
+            }
+            Realization::Bucket { from_shape, .. } => format!("bucket hit ({from_shape})"),
+            Realization::Tuned { candidates, failed } => format!("tuned {}/{candidates} ok", candidates - failed),
+            Realization::Compiled { candidates, failed } => format!("compiled {}/{candidates}", candidates - failed),
+            Realization::Skipped { .. } => "left to torch".into(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -137,14 +156,16 @@ fn provenance(tc: &Toolchain) -> Provenance {
     }
 }
 
-fn tune_problem(
+/// Compiles `candidates` into one library and judges every one on the GPU in child processes.
+/// Returns the run (all outcomes, compile failures included) and the compile failures.
+fn measure(
     opts: &Options,
     tc: &Toolchain,
     problem: &GemmProblem,
     math: MathType,
     candidates: &[KernelSpec],
     dir: &Path,
-) -> Result<(Entry, usize, usize, Vec<CompileFailure>), ComposeError> {
+) -> Result<(Run, Vec<CompileFailure>), ComposeError> {
     let key = TableKey::gemm(problem, math, opts.arch);
     let built = nvcc::build_library(tc, candidates, dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
     let bar = if opts.progress {
@@ -167,117 +188,177 @@ fn tune_problem(
     let sweep = worker::run_sweep(&opts.exe, req, built.kernels.len(), &|_| bar.inc(1))
         .map_err(|detail| ComposeError::Tune { key: key.to_string(), detail })?;
     bar.finish_and_clear();
-    let mut results: Vec<CandidateResult> = Vec::new();
+    let mut candidates_out: Vec<CandidateResult> = Vec::new();
     for (index, outcome) in sweep.outcomes {
         let spec = built.kernels[index].clone();
-        results.push(CandidateResult { kernel: spec.name(), spec, outcome });
+        candidates_out.push(CandidateResult { kernel: spec.name(), spec, outcome });
     }
     for f in &built.failures {
         let spec = candidates.iter().find(|k| k.name() == f.kernel).expect("failure names a candidate").clone();
-        results.push(CandidateResult { kernel: f.kernel.clone(), spec, outcome: Outcome::CompileFailed { log: f.log.clone() } });
+        candidates_out.push(CandidateResult { kernel: f.kernel.clone(), spec, outcome: Outcome::CompileFailed { log: f.log.clone() } });
     }
-    let failed = results.iter().filter(|r| r.outcome.median_ms().is_none()).count();
-    let w = tune::winner(&results).ok_or_else(|| ComposeError::Tune {
-        key: key.to_string(),
-        detail: format!(
-            "no candidate passed verification: {}",
-            results.iter().map(|r| format!("{} {}", r.kernel, r.outcome.label())).collect::<Vec<_>>().join(", ")
-        ),
-    })?;
-    let entry = Entry {
-        key,
-        problem: problem.clone(),
-        winner: w.kernel.clone(),
-        winner_spec: w.spec.clone(),
-        winner_ms: w.outcome.median_ms().expect("winner is timed"),
-        baseline: sweep.baseline,
-        candidates: results.clone(),
-        provenance: provenance(tc),
+    let run = Run { provenance: provenance(tc), baseline: sweep.baseline, candidates: candidates_out };
+    Ok((run, built.failures))
+}
+
+/// What realizing one problem produced.
+pub struct Realized {
+    pub how: Realization,
+    pub entry: Option<Entry>,
+    pub failures: Vec<CompileFailure>,
+}
+
+fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
+    opts.out_dir.join("sweeps").join(format!("{}_{}_{}{what}", key.rule, key.dtypes.a, key.shape))
+}
+
+/// Realizes one GEMM problem: a table hit (re-verified where it was measured elsewhere), a bucket
+/// hit re-verified on this shape, or a full sweep. Every new measurement goes into the user table
+/// at once, so a later failure loses no tuning result.
+pub fn realize(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    problem: &GemmProblem,
+    gpu: bool,
+) -> Result<Realized, ComposeError> {
+    let skipped = |reason: String| Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] };
+    let Some(math) = MathType::for_tensor(problem.dtype, opts.precision) else {
+        return Ok(skipped(format!(
+            "no kernel family computes {} under precision {}; use --precision tf32",
+            problem.dtype, opts.precision
+        )));
     };
-    Ok((entry, results.len(), failed, built.failures))
+    let key = TableKey::gemm(problem, math, opts.arch);
+    let here = if gpu { Some(provenance(tc)) } else { None };
+    match tables.lookup(&key) {
+        Lookup::Exact { entry, table } => {
+            let prov = entry.winner_provenance();
+            let elsewhere = here
+                .as_ref()
+                .filter(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
+                .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass));
+            if let Some(on) = elsewhere {
+                let dir = sweep_dir(opts, &key, "_reverify");
+                let (run, failures) = measure(opts, tc, problem, math, std::slice::from_ref(&entry.winner_spec), &dir)?;
+                return match Entry::from_runs(key.clone(), problem.clone(), vec![run]) {
+                    Some(fresh) => {
+                        tables.record(fresh)?;
+                        let merged = tables.user.get(&key).cloned();
+                        Ok(Realized {
+                            how: Realization::Hit { table: table.into(), measured_on: Some(on), reverified: true },
+                            entry: merged,
+                            failures,
+                        })
+                    }
+                    None => realize_sweep(opts, tc, tables, problem, math, key),
+                };
+            }
+            let how = Realization::Hit { table: table.into(), measured_on: None, reverified: false };
+            Ok(Realized { how, entry: Some(entry), failures: vec![] })
+        }
+        Lookup::Bucket { entry, table } if gpu => {
+            let dir = sweep_dir(opts, &key, "_bucket");
+            let (run, failures) = measure(opts, tc, problem, math, std::slice::from_ref(&entry.winner_spec), &dir)?;
+            match Entry::from_runs(key.clone(), problem.clone(), vec![run]) {
+                Some(fresh) => {
+                    tables.record(fresh.clone())?;
+                    Ok(Realized {
+                        how: Realization::Bucket { table: table.into(), from_shape: entry.key.shape.clone() },
+                        entry: Some(fresh),
+                        failures,
+                    })
+                }
+                None => realize_sweep(opts, tc, tables, problem, math, key),
+            }
+        }
+        _ => realize_sweep(opts, tc, tables, problem, math, key),
+    }
+}
+
+fn realize_sweep(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    problem: &GemmProblem,
+    math: MathType,
+    key: TableKey,
+) -> Result<Realized, ComposeError> {
+    let mut candidates = gemm_candidates(problem, math, opts.arch);
+    candidates.truncate(opts.max_candidates.unwrap_or(usize::MAX).max(1));
+    if candidates.is_empty() {
+        return Ok(Realized {
+            how: Realization::Skipped {
+                reason: format!(
+                    "no valid {} kernel for {} (alignment needs N and K divisible by {})",
+                    opts.arch,
+                    problem.shape_key(),
+                    16 / problem.dtype.bytes()
+                ),
+            },
+            entry: None,
+            failures: vec![],
+        });
+    }
+    let dir = sweep_dir(opts, &key, "");
+    if !torch::cuda_available() {
+        let built = nvcc::build_library(tc, &candidates, &dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
+        return Ok(Realized {
+            how: Realization::Compiled { candidates: candidates.len(), failed: built.failures.len() },
+            entry: None,
+            failures: built.failures,
+        });
+    }
+    let (run, failures) = measure(opts, tc, problem, math, &candidates, &dir)?;
+    let n = run.candidates.len();
+    let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
+    let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
+    let entry = Entry::from_runs(key.clone(), problem.clone(), vec![run]).ok_or_else(|| ComposeError::Tune {
+        key: key.to_string(),
+        detail: format!("no candidate passed verification: {summary}"),
+    })?;
+    tables.record(entry)?;
+    let merged = tables.user.get(&key).cloned();
+    Ok(Realized { how: Realization::Tuned { candidates: n, failed }, entry: merged, failures })
 }
 
 /// Runs discovery, realization and the rewrite. Returns the report (also written as compose.json).
-pub fn compose(opts: &Options) -> Result<ComposeReport, ComposeError> {
+pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<ComposeReport, ComposeError> {
     let start = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
-    let (graph, inputs) = torch::load_graph(&opts.model, &opts.inputs)?;
+    let (graph, inputs) = torch::load_graph(model, inputs)?;
     let matches = match_gemms(&graph);
     let tc = Toolchain::discover()?;
     let gpu = torch::cuda_available();
-    let mut user = Table::load(&opts.user_table)?;
-    let shipped = Table::load(&opts.shipped_table)?;
+    let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
 
     let mut patterns = Vec::new();
     let mut winners: BTreeMap<String, KernelSpec> = BTreeMap::new();
-    let mut tuned: BTreeMap<TableKey, (Entry, usize, usize)> = BTreeMap::new();
+    let mut done: BTreeMap<GemmProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
     let mut compile_failures = Vec::new();
     for (i, m) in matches.iter().enumerate() {
-        let id = format!("p{i}");
-        let mut report = PatternReport {
-            id: id.clone(),
+        let pk = GemmProblemKey::of(&m.problem);
+        if !done.contains_key(&pk) {
+            let r = realize(opts, &tc, &mut tables, &m.problem, gpu)?;
+            compile_failures.extend(r.failures);
+            done.insert(pk.clone(), (r.how, r.entry));
+        }
+        let (how, entry) = &done[&pk];
+        if let Some(e) = entry {
+            winners.insert(e.winner.clone(), e.winner_spec.clone());
+        }
+        patterns.push(PatternReport {
+            id: format!("p{i}"),
             node: m.node,
             origin: m.origin.name().into(),
             rule: m.problem.rule_id(),
             problem: m.problem.clone(),
-            key: None,
-            realization: Realization::Skipped { reason: String::new() },
-            kernel: None,
-            kernel_ms: None,
-            torch_ms: None,
-        };
-        let Some(math) = MathType::for_tensor(m.problem.dtype, opts.precision) else {
-            report.realization = Realization::Skipped {
-                reason: format!("no kernel family computes {} under precision {}; use --precision tf32", m.problem.dtype, opts.precision),
-            };
-            patterns.push(report);
-            continue;
-        };
-        let key = TableKey::gemm(&m.problem, math, opts.arch);
-        report.key = Some(key.clone());
-        if let Some((entry, from)) = table::lookup(&user, &shipped, &key) {
-            report.realization = Realization::Hit { table: from.into() };
-            report.kernel = Some(entry.winner.clone());
-            report.kernel_ms = Some(entry.winner_ms);
-            report.torch_ms = entry.baseline.as_ref().map(|b| b.median_ms);
-            winners.insert(entry.winner.clone(), entry.winner_spec.clone());
-            patterns.push(report);
-            continue;
-        }
-        let mut candidates = gemm_candidates(&m.problem, math, opts.arch);
-        candidates.truncate(opts.max_candidates.unwrap_or(usize::MAX).max(1));
-        if candidates.is_empty() {
-            report.realization = Realization::Skipped {
-                reason: format!("no valid {} kernel for {} (alignment needs N and K divisible by {})", opts.arch, m.problem.shape_key(), 16 / m.problem.dtype.bytes()),
-            };
-            patterns.push(report);
-            continue;
-        }
-        let dir = opts.out_dir.join("sweeps").join(format!("{}_{}_{}", key.rule, key.dtype, key.shape));
-        if !gpu {
-            let built = nvcc::build_library(&tc, &candidates, &dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
-            report.realization = Realization::Compiled { candidates: candidates.len(), failed: built.failures.len() };
-            compile_failures.extend(built.failures);
-            patterns.push(report);
-            continue;
-        }
-        if !tuned.contains_key(&key) {
-            let (entry, n, failed, failures) = tune_problem(opts, &tc, &m.problem, math, &candidates, &dir)?;
-            compile_failures.extend(failures);
-            // Saved at once, so a later failure loses no tuning result.
-            let mut fresh = Table::load(&opts.user_table)?;
-            fresh.insert(entry.clone());
-            fresh.save(&opts.user_table)?;
-            user = fresh;
-            tuned.insert(key.clone(), (entry, n, failed));
-        }
-        let (entry, n, failed) = &tuned[&key];
-        report.realization = Realization::Tuned { candidates: *n, failed: *failed };
-        report.kernel = Some(entry.winner.clone());
-        report.kernel_ms = Some(entry.winner_ms);
-        report.torch_ms = entry.baseline.as_ref().map(|b| b.median_ms);
-        winners.insert(entry.winner.clone(), entry.winner_spec.clone());
-        patterns.push(report);
+            key: entry.as_ref().map(|e| e.key.clone()),
+            realization: how.clone(),
+            kernel: entry.as_ref().map(|e| e.winner.clone()),
+            kernel_ms: entry.as_ref().map(|e| e.winner_ms),
+            torch_ms: entry.as_ref().and_then(Entry::baseline_ms),
+        });
     }
 
     let mut library = None;
@@ -293,12 +374,12 @@ pub fn compose(opts: &Options) -> Result<ComposeReport, ComposeError> {
             .filter_map(|(m, r)| r.kernel.as_ref().filter(|k| in_lib.contains(*k)).map(|k| gemm_edit(m, k)))
             .collect();
         let out = opts.out_dir.join(COMPOSED);
-        torch::rewrite_and_save(&opts.model, &out, &edits)?;
+        torch::rewrite_and_save(model, &out, &edits)?;
         library = Some(built.library);
         composed = Some(out);
     }
     let report = ComposeReport {
-        model: opts.model.clone(),
+        model: model.to_path_buf(),
         inputs,
         precision: opts.precision,
         arch: opts.arch,
@@ -313,4 +394,14 @@ pub fn compose(opts: &Options) -> Result<ComposeReport, ComposeError> {
     let path = opts.out_dir.join(REPORT);
     std::fs::write(&path, serde_json::to_string_pretty(&report).expect("report serializes")).map_err(io_err(&path))?;
     Ok(report)
+}
+
+/// Identity of a problem within one compose (patterns with equal problems realize once).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct GemmProblemKey(String);
+
+impl GemmProblemKey {
+    fn of(p: &GemmProblem) -> GemmProblemKey {
+        GemmProblemKey(serde_json::to_string(p).expect("problem serializes"))
+    }
 }

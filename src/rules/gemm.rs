@@ -100,6 +100,23 @@ impl GemmProblem {
         let (m, n, k) = (self.m as f64, self.n as f64, self.k as f64);
         e * (m * k + k * n + m * n + if self.bias { n } else { 0.0 })
     }
+    /// The problem a rule id names at a shape, e.g. (`gemm_rcr_bias`, 4096, 4096, 4096, f32).
+    pub fn from_rule(rule: &str, m: i64, n: i64, k: i64, dtype: DType) -> Result<GemmProblem, String> {
+        let rest = rule
+            .strip_prefix("gemm_")
+            .ok_or_else(|| format!("unknown rule '{rule}': use gemm_rcr, gemm_rcr_bias, gemm_rrr or gemm_rrr_bias"))?;
+        let (layout, bias) = match rest.strip_suffix("_bias") {
+            Some(l) => (l, true),
+            None => (rest, false),
+        };
+        let layout = GemmLayout::parse(layout)
+            .ok_or_else(|| format!("unknown rule '{rule}': use gemm_rcr, gemm_rcr_bias, gemm_rrr or gemm_rrr_bias"))?;
+        if m <= 0 || n <= 0 || k <= 0 {
+            return Err(format!("shape {m}x{n}x{k}: every dim must be positive"));
+        }
+        Ok(GemmProblem { m, n, k, layout, dtype, bias })
+    }
+
     pub fn shape_key(&self) -> String {
         format!("{}x{}x{}", self.m, self.n, self.k)
     }
@@ -246,6 +263,15 @@ mod tests {
         assert_eq!(m[0].problem.rule_id(), "gemm_rrr_bias");
         assert!(one(&text("0.5", "32")).is_empty(), "beta != 1 is not a plain bias");
         assert!(one(&text("1", "8,32")).is_empty(), "a 2-D C is not a bias");
+    }
+
+    #[test]
+    fn rule_ids_round_trip_through_problems() {
+        for rule in ["gemm_rcr", "gemm_rcr_bias", "gemm_rrr", "gemm_rrr_bias"] {
+            assert_eq!(GemmProblem::from_rule(rule, 8, 16, 32, DType::F32).unwrap().rule_id(), rule);
+        }
+        assert!(GemmProblem::from_rule("bmm_rrr", 8, 16, 32, DType::F32).unwrap_err().contains("use gemm_rcr"));
+        assert!(GemmProblem::from_rule("gemm_rcr", 0, 16, 32, DType::F32).is_err());
     }
 
     #[test]

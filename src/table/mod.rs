@@ -1,6 +1,9 @@
-//! The pattern table: tuned winners keyed by (rule, dtype, math, arch, shape), each with every
-//! candidate's measurement, the failures and the provenance. This module alone defines on-disk
-//! formats; every file carries a schema version, and writes are atomic (write, then rename).
+//! The pattern table: tuned winners keyed by (rule with its epilogue chain, dtypes of A, B, C and
+//! the accumulator, math, arch, shape), each with every run's measurements (all candidates,
+//! failures included) and provenance. This module alone defines on-disk formats; every file
+//! carries a schema version, older schemas are migrated on read, writes are atomic (write, then
+//! rename) and read-modify-write cycles hold a lock file, so concurrent fact runs never tear or
+//! drop each other's entries.
 
 use crate::rules::GemmProblem;
 use crate::space::KernelSpec;
@@ -8,43 +11,90 @@ use crate::tune::cuda::DeviceInfo;
 use crate::tune::{CandidateResult, Timing};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-pub const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 2;
 
 #[derive(Debug, Error)]
 pub enum TableError {
     #[error("{path}: cannot read the pattern table: {detail}")]
     Read { path: String, detail: String },
-    #[error("{path}: the pattern table is corrupt ({detail}); move it aside or fix it, nothing was changed")]
+    #[error("{path}: the pattern table is corrupt ({detail}); nothing was changed: restore it from a `fact table export`, or move it aside to start a new one")]
     Corrupt { path: String, detail: String },
-    #[error("{path}: schema {found} is newer than this fact understands ({SCHEMA}); upgrade fact")]
+    #[error("{path}: schema {found} is newer than this fact understands ({SCHEMA}); upgrade fact, nothing was changed")]
     Newer { path: String, found: u32 },
     #[error("{path}: cannot write the pattern table: {detail}")]
     Write { path: String, detail: String },
+    #[error("no entry matches '{0}'; `fact table list` shows the ids")]
+    NoEntry(String),
+    #[error("'{0}' matches several entries; give more of the id")]
+    Ambiguous(String),
+}
+
+/// Element types of the operands, the output and the accumulator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub struct Dtypes {
+    pub a: DType,
+    pub b: DType,
+    pub c: DType,
+    pub acc: DType,
+}
+
+impl Dtypes {
+    /// fact's GEMM kernels read and write one dtype and accumulate in fp32.
+    pub fn gemm(dtype: DType) -> Dtypes {
+        Dtypes { a: dtype, b: dtype, c: dtype, acc: DType::F32 }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 pub struct TableKey {
     /// Rule id with its epilogue chain, e.g. `gemm_rcr_bias`.
     pub rule: String,
-    pub dtype: DType,
+    pub dtypes: Dtypes,
     pub math: MathType,
     pub arch: Arch,
     /// Problem shape, `MxNxK`.
     pub shape: String,
 }
 
+/// Parses `MxNxK` into its dims.
+pub fn parse_shape(s: &str) -> Option<Vec<i64>> {
+    let dims: Result<Vec<i64>, _> = s.split('x').map(str::parse::<i64>).collect();
+    dims.ok().filter(|d| !d.is_empty() && d.iter().all(|&v| v > 0))
+}
+
 impl TableKey {
     pub fn gemm(p: &GemmProblem, math: MathType, arch: Arch) -> TableKey {
-        TableKey { rule: p.rule_id(), dtype: p.dtype, math, arch, shape: p.shape_key() }
+        TableKey { rule: p.rule_id(), dtypes: Dtypes::gemm(p.dtype), math, arch, shape: p.shape_key() }
+    }
+
+    /// The shape bucket: every dim rounded up to a power of two. Shapes in one bucket share tile
+    /// and wave behaviour closely enough that a winner is worth re-verifying before a full sweep.
+    pub fn bucket(&self) -> String {
+        match parse_shape(&self.shape) {
+            Some(dims) => dims.iter().map(|d| (*d as u64).next_power_of_two().to_string()).collect::<Vec<_>>().join("x"),
+            None => self.shape.clone(),
+        }
+    }
+
+    /// Same rule, dtypes, math and arch: entries that may serve each other through a bucket.
+    pub fn same_family(&self, other: &TableKey) -> bool {
+        self.rule == other.rule && self.dtypes == other.dtypes && self.math == other.math && self.arch == other.arch
+    }
+
+    /// A short stable id for the CLI: the first hex digits of the key's hash.
+    pub fn id(&self) -> String {
+        let json = serde_json::to_string(self).expect("key serializes");
+        Sha256::digest(json.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect()
     }
 }
 
 impl std::fmt::Display for TableKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} ({}) {} {}", self.rule, self.dtype, self.math.short_name(), self.arch, self.shape)
+        write!(f, "{} {} ({}) {} {}", self.rule, self.dtypes.a, self.math.short_name(), self.arch, self.shape)
     }
 }
 
@@ -58,17 +108,65 @@ pub struct Provenance {
     pub date: String,
 }
 
+/// One tuning run: every candidate it judged, and torch's time for the same problem.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub provenance: Provenance,
+    pub baseline: Option<Timing>,
+    pub candidates: Vec<CandidateResult>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     pub key: TableKey,
     pub problem: GemmProblem,
+    /// The fastest verified candidate over all runs.
     pub winner: String,
     pub winner_spec: KernelSpec,
     pub winner_ms: f64,
-    pub baseline: Option<Timing>,
-    /// Every candidate, failures included, as measured.
-    pub candidates: Vec<CandidateResult>,
-    pub provenance: Provenance,
+    /// Index into `runs` of the run that measured the winner.
+    pub winner_run: usize,
+    pub runs: Vec<Run>,
+}
+
+impl Entry {
+    /// An entry from its runs; None when no run has a verified candidate.
+    pub fn from_runs(key: TableKey, problem: GemmProblem, runs: Vec<Run>) -> Option<Entry> {
+        let (run, best) = runs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.candidates.iter().map(move |c| (i, c)))
+            .filter(|(_, c)| c.outcome.median_ms().is_some())
+            .min_by(|a, b| a.1.outcome.median_ms().partial_cmp(&b.1.outcome.median_ms()).unwrap())?;
+        Some(Entry {
+            winner: best.kernel.clone(),
+            winner_spec: best.spec.clone(),
+            winner_ms: best.outcome.median_ms().expect("filtered to timed"),
+            winner_run: run,
+            key,
+            problem,
+            runs,
+        })
+    }
+
+    /// Both entries' runs (identical ones once), the faster verified winner.
+    pub fn merged(&self, other: &Entry) -> Entry {
+        let mut runs = self.runs.clone();
+        for r in &other.runs {
+            if !runs.contains(r) {
+                runs.push(r.clone());
+            }
+        }
+        Entry::from_runs(self.key.clone(), self.problem.clone(), runs).expect("merging verified entries keeps a winner")
+    }
+
+    pub fn winner_provenance(&self) -> &Provenance {
+        &self.runs[self.winner_run].provenance
+    }
+
+    pub fn baseline_ms(&self) -> Option<f64> {
+        self.runs[self.winner_run].baseline.as_ref().map(|b| b.median_ms)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -77,12 +175,63 @@ pub struct Table {
     pub entries: Vec<Entry>,
 }
 
+/// Schema 1 (fact 0.1.0 before the table became a product): one run per entry, dtype in the key.
+mod v1 {
+    use super::*;
+    #[derive(Deserialize)]
+    pub struct Key {
+        pub rule: String,
+        pub dtype: DType,
+        pub math: MathType,
+        pub arch: Arch,
+        pub shape: String,
+    }
+    #[derive(Deserialize)]
+    pub struct Entry {
+        pub key: Key,
+        pub problem: GemmProblem,
+        pub baseline: Option<Timing>,
+        pub candidates: Vec<CandidateResult>,
+        pub provenance: Provenance,
+    }
+    #[derive(Deserialize)]
+    pub struct Table {
+        pub entries: Vec<Entry>,
+    }
+    pub fn migrate(t: Table) -> super::Table {
+        let mut out = super::Table::new();
+        for e in t.entries {
+            let key = TableKey {
+                rule: e.key.rule,
+                dtypes: Dtypes::gemm(e.key.dtype),
+                math: e.key.math,
+                arch: e.key.arch,
+                shape: e.key.shape,
+            };
+            let run = Run { provenance: e.provenance, baseline: e.baseline, candidates: e.candidates };
+            if let Some(entry) = super::Entry::from_runs(key, e.problem, vec![run]) {
+                out.insert_merged(entry);
+            }
+        }
+        out
+    }
+}
+
+/// Where a lookup found its winner.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Lookup {
+    Exact { entry: Entry, table: &'static str },
+    /// A winner for another shape of the same bucket: re-verify on this shape before use.
+    Bucket { entry: Entry, table: &'static str },
+    Miss,
+}
+
 impl Table {
     pub fn new() -> Table {
         Table { schema: SCHEMA, entries: Vec::new() }
     }
 
-    /// Reads a table; a missing file is an empty table.
+    /// Reads a table; a missing file is an empty table, an older schema is migrated.
     pub fn load(path: &Path) -> Result<Table, TableError> {
         let p = path.display().to_string();
         let text = match std::fs::read_to_string(path) {
@@ -90,20 +239,26 @@ impl Table {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Table::new()),
             Err(e) => return Err(TableError::Read { path: p, detail: e.to_string() }),
         };
-        let raw: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| TableError::Corrupt { path: p.clone(), detail: e.to_string() })?;
+        Table::parse(&text, &p)
+    }
+
+    pub fn parse(text: &str, origin: &str) -> Result<Table, TableError> {
+        let corrupt = |e: serde_json::Error| TableError::Corrupt { path: origin.to_string(), detail: e.to_string() };
+        let raw: serde_json::Value = serde_json::from_str(text).map_err(corrupt)?;
         let schema = raw.get("schema").and_then(|s| s.as_u64()).unwrap_or(0) as u32;
-        if schema > SCHEMA {
-            return Err(TableError::Newer { path: p, found: schema });
+        match schema {
+            s if s > SCHEMA => Err(TableError::Newer { path: origin.to_string(), found: s }),
+            1 => Ok(v1::migrate(serde_json::from_value(raw).map_err(corrupt)?)),
+            SCHEMA => serde_json::from_value(raw).map_err(corrupt),
+            s => Err(TableError::Corrupt { path: origin.to_string(), detail: format!("unknown schema {s}") }),
         }
-        serde_json::from_value(raw).map_err(|e| TableError::Corrupt { path: p, detail: e.to_string() })
     }
 
     /// Writes atomically: a reader sees the old table or the new one, never a torn file.
     pub fn save(&self, path: &Path) -> Result<(), TableError> {
         let p = path.display().to_string();
         let werr = |e: std::io::Error| TableError::Write { path: p.clone(), detail: e.to_string() };
-        if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(werr)?;
         }
         let tmp = path.with_extension(format!("json.tmp{}", std::process::id()));
@@ -112,15 +267,110 @@ impl Table {
         std::fs::rename(&tmp, path).map_err(werr)
     }
 
+    /// Loads, changes and saves the table at `path` while holding `path.lock`, so two fact
+    /// processes updating one table both land.
+    pub fn update<T>(path: &Path, f: impl FnOnce(&mut Table) -> T) -> Result<T, TableError> {
+        let werr = |e: std::io::Error| TableError::Write { path: path.display().to_string(), detail: e.to_string() };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(werr)?;
+        }
+        let lock_path = path.with_extension("json.lock");
+        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(werr)?;
+        lock.lock().map_err(werr)?;
+        let mut table = Table::load(path)?;
+        let out = f(&mut table);
+        table.save(path)?;
+        drop(lock);
+        Ok(out)
+    }
+
     pub fn get(&self, key: &TableKey) -> Option<&Entry> {
         self.entries.iter().find(|e| &e.key == key)
     }
 
-    /// Adds or replaces the entry for its key; keeps the table sorted by key for stable diffs.
-    pub fn insert(&mut self, entry: Entry) {
-        self.entries.retain(|e| e.key != entry.key);
-        self.entries.push(entry);
+    /// Adds the entry; an entry already under its key is merged with it (both runs kept, the
+    /// faster verified winner wins). Keeps the table sorted by key for stable diffs.
+    pub fn insert_merged(&mut self, entry: Entry) {
+        let merged = match self.entries.iter().position(|e| e.key == entry.key) {
+            Some(i) => self.entries.remove(i).merged(&entry),
+            None => entry,
+        };
+        self.entries.push(merged);
         self.entries.sort_by(|a, b| a.key.cmp(&b.key));
+    }
+
+    /// Merges every entry of `other` into this table.
+    pub fn merge(&mut self, other: &Table) {
+        for e in &other.entries {
+            self.insert_merged(e.clone());
+        }
+    }
+
+    /// The entry whose id starts with `prefix`.
+    pub fn find_id(&self, prefix: &str) -> Result<&Entry, TableError> {
+        let hits: Vec<&Entry> = self.entries.iter().filter(|e| e.key.id().starts_with(prefix)).collect();
+        match hits.len() {
+            0 => Err(TableError::NoEntry(prefix.to_string())),
+            1 => Ok(hits[0]),
+            _ => Err(TableError::Ambiguous(prefix.to_string())),
+        }
+    }
+
+    pub fn remove_id(&mut self, prefix: &str) -> Result<Entry, TableError> {
+        let key = self.find_id(prefix)?.key.clone();
+        let i = self.entries.iter().position(|e| e.key == key).expect("found above");
+        Ok(self.entries.remove(i))
+    }
+
+    /// The nearest entry in the same bucket (by log-distance of the shape), if any.
+    pub fn bucket_match(&self, key: &TableKey) -> Option<&Entry> {
+        let dims = parse_shape(&key.shape)?;
+        let distance = |e: &Entry| -> f64 {
+            parse_shape(&e.key.shape)
+                .map(|d| d.iter().zip(&dims).map(|(a, b)| ((*a as f64) / (*b as f64)).ln().abs()).sum())
+                .unwrap_or(f64::INFINITY)
+        };
+        self.entries
+            .iter()
+            .filter(|e| e.key.same_family(key) && e.key.bucket() == key.bucket() && e.key != *key)
+            .min_by(|a, b| distance(a).partial_cmp(&distance(b)).unwrap())
+    }
+}
+
+/// The user's table and the shipped one, looked up user first.
+pub struct Tables {
+    pub user_path: PathBuf,
+    pub user: Table,
+    pub shipped: Table,
+}
+
+impl Tables {
+    pub fn load(user_path: &Path, shipped_path: &Path) -> Result<Tables, TableError> {
+        Ok(Tables { user_path: user_path.to_path_buf(), user: Table::load(user_path)?, shipped: Table::load(shipped_path)? })
+    }
+
+    /// Exact hits first (user, then shipped), then bucket hits (user, then shipped).
+    pub fn lookup(&self, key: &TableKey) -> Lookup {
+        for (table, name) in [(&self.user, "user"), (&self.shipped, "shipped")] {
+            if let Some(e) = table.get(key) {
+                return Lookup::Exact { entry: e.clone(), table: name };
+            }
+        }
+        for (table, name) in [(&self.user, "user"), (&self.shipped, "shipped")] {
+            if let Some(e) = table.bucket_match(key) {
+                return Lookup::Bucket { entry: e.clone(), table: name };
+            }
+        }
+        Lookup::Miss
+    }
+
+    /// Adds an entry to the user table on disk (under its lock) and here.
+    pub fn record(&mut self, entry: Entry) -> Result<(), TableError> {
+        self.user = Table::update(&self.user_path, |t| {
+            t.insert_merged(entry);
+            t.clone()
+        })?;
+        Ok(())
     }
 }
 
@@ -140,11 +390,6 @@ pub fn shipped_table_path() -> PathBuf {
     std::env::var_os("FACT_SHIPPED_TABLE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("FACT_SOURCE_ROOT")).join("pattern-table/table.json"))
-}
-
-/// Looks `key` up in the user table first, then the shipped one.
-pub fn lookup(user: &Table, shipped: &Table, key: &TableKey) -> Option<(Entry, &'static str)> {
-    user.get(key).map(|e| (e.clone(), "user")).or_else(|| shipped.get(key).map(|e| (e.clone(), "shipped")))
 }
 
 /// Today's date (UTC), `YYYY-MM-DD`.
@@ -167,94 +412,4 @@ pub fn today() -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rules::GemmLayout;
-    use crate::space::gemm_candidates;
-    use crate::tune::Outcome;
-
-    pub(crate) fn entry(m: i64, ms: f64) -> Entry {
-        let problem = GemmProblem { m, n: 256, k: 512, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true };
-        let spec = gemm_candidates(&problem, MathType::Tf32, Arch::Sm90)[0].clone();
-        let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
-        Entry {
-            key: TableKey::gemm(&problem, MathType::Tf32, Arch::Sm90),
-            problem,
-            winner: spec.name(),
-            winner_spec: spec.clone(),
-            winner_ms: ms,
-            baseline: Some(timing.clone()),
-            candidates: vec![CandidateResult {
-                kernel: spec.name(),
-                spec,
-                outcome: Outcome::Ok { max_rel_err: 1e-4, timing, tflops: 1.0 },
-            }],
-            provenance: Provenance {
-                device: DeviceInfo {
-                    name: "NVIDIA H100 80GB HBM3".into(),
-                    sm_count: 132,
-                    compute_capability: "9.0".into(),
-                    driver: "13.0".into(),
-                    cuda_runtime: "13.0".into(),
-                },
-                torch: "2.11.0".into(),
-                nvcc: "13.0".into(),
-                cutlass: "4.2.0".into(),
-                fact: "0.1.0".into(),
-                date: "2026-11-22".into(),
-            },
-        }
-    }
-
-    #[test]
-    fn round_trip_keeps_every_field() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.json");
-        let mut t = Table::new();
-        t.insert(entry(128, 0.5));
-        t.insert(entry(64, 0.25));
-        t.insert(entry(128, 0.4));
-        t.save(&path).unwrap();
-        let back = Table::load(&path).unwrap();
-        assert_eq!(back, t);
-        assert_eq!(back.entries.len(), 2, "same key replaces");
-        assert_eq!(back.get(&entry(128, 0.0).key).unwrap().winner_ms, 0.4);
-        assert!(std::fs::read_dir(dir.path()).unwrap().count() == 1, "no temp file left behind");
-    }
-
-    #[test]
-    fn corrupt_and_newer_tables_are_refused_with_the_fix() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.json");
-        let mut t = Table::new();
-        t.insert(entry(128, 0.5));
-        t.save(&path).unwrap();
-        let text = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(&path, &text[..text.len() / 2]).unwrap();
-        let e = Table::load(&path).unwrap_err();
-        assert!(matches!(e, TableError::Corrupt { .. }), "{e}");
-        std::fs::write(&path, text.replace("\"schema\": 1", "\"schema\": 99")).unwrap();
-        assert!(Table::load(&path).unwrap_err().to_string().contains("upgrade fact"));
-        assert_eq!(Table::load(&dir.path().join("missing.json")).unwrap(), Table::new());
-    }
-
-    #[test]
-    fn user_entries_shadow_shipped_ones() {
-        let mut user = Table::new();
-        let mut shipped = Table::new();
-        shipped.insert(entry(128, 0.5));
-        let key = entry(128, 0.0).key;
-        assert_eq!(lookup(&user, &shipped, &key).unwrap().1, "shipped");
-        user.insert(entry(128, 0.3));
-        let (e, from) = lookup(&user, &shipped, &key).unwrap();
-        assert_eq!((from, e.winner_ms), ("user", 0.3));
-        assert!(lookup(&user, &shipped, &entry(64, 0.0).key).is_none());
-    }
-
-    #[test]
-    fn date_is_iso() {
-        let d = today();
-        assert_eq!(d.len(), 10);
-        assert!(d.starts_with("20"));
-    }
-}
+mod tests;

@@ -1,0 +1,165 @@
+use super::*;
+use crate::rules::GemmLayout;
+use crate::space::gemm_candidates;
+use crate::tune::Outcome;
+
+fn problem(m: i64) -> GemmProblem {
+    GemmProblem { m, n: 256, k: 512, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true }
+}
+
+fn provenance(device: &str) -> Provenance {
+    Provenance {
+        device: DeviceInfo {
+            name: device.into(),
+            sm_count: 132,
+            compute_capability: "9.0".into(),
+            driver: "13.0".into(),
+            cuda_runtime: "13.0".into(),
+        },
+        torch: "2.11.0".into(),
+        nvcc: "13.0".into(),
+        cutlass: "4.2.0".into(),
+        fact: "0.1.0".into(),
+        date: "2026-11-22".into(),
+    }
+}
+
+/// An entry for `problem(m)` whose run timed candidate `which` at `ms` and failed another.
+fn entry(m: i64, which: usize, ms: f64, device: &str) -> Entry {
+    let p = problem(m);
+    let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
+    let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
+    let ok = CandidateResult {
+        kernel: specs[which].name(),
+        spec: specs[which].clone(),
+        outcome: Outcome::Ok { max_rel_err: 1e-4, timing: timing.clone(), tflops: 1.0 },
+    };
+    let bad = CandidateResult {
+        kernel: specs[which + 1].name(),
+        spec: specs[which + 1].clone(),
+        outcome: Outcome::Numeric { max_rel_err: 0.5, tolerance: 1e-3 },
+    };
+    let run = Run { provenance: provenance(device), baseline: Some(timing), candidates: vec![ok, bad] };
+    Entry::from_runs(TableKey::gemm(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap()
+}
+
+#[test]
+fn round_trip_keeps_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let mut t = Table::new();
+    t.insert_merged(entry(128, 0, 0.5, "H100"));
+    t.insert_merged(entry(64, 0, 0.25, "H100"));
+    t.save(&path).unwrap();
+    let back = Table::load(&path).unwrap();
+    assert_eq!(back, t);
+    assert_eq!(back.schema, SCHEMA);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left behind");
+}
+
+#[test]
+fn keys_bucket_by_powers_of_two_within_one_family() {
+    let k = |m: i64| TableKey::gemm(&problem(m), MathType::Tf32, Arch::Sm90);
+    assert_eq!(k(3000).bucket(), "4096x256x512");
+    assert_eq!(k(4096).bucket(), k(3000).bucket());
+    assert_ne!(k(4097).bucket(), k(4096).bucket());
+    let mut bf16 = k(3000);
+    bf16.dtypes = Dtypes::gemm(DType::Bf16);
+    assert!(!bf16.same_family(&k(3000)));
+    assert_eq!(k(3000).id().len(), 8);
+    assert_ne!(k(3000).id(), k(4096).id());
+}
+
+#[test]
+fn lookup_prefers_exact_then_user_then_bucket() {
+    let mut tables = Tables { user_path: PathBuf::from("/unused"), user: Table::new(), shipped: Table::new() };
+    let key = |m| TableKey::gemm(&problem(m), MathType::Tf32, Arch::Sm90);
+    assert_eq!(tables.lookup(&key(3000)), Lookup::Miss);
+    tables.shipped.insert_merged(entry(4096, 0, 0.5, "H100"));
+    tables.shipped.insert_merged(entry(2048, 0, 0.5, "H100"));
+    match tables.lookup(&key(3000)) {
+        Lookup::Bucket { entry, table } => assert_eq!((entry.key.shape.as_str(), table), ("4096x256x512", "shipped")),
+        other => panic!("{other:?}"),
+    }
+    tables.user.insert_merged(entry(3000, 1, 0.4, "H100"));
+    assert!(matches!(tables.lookup(&key(3000)), Lookup::Exact { table: "user", .. }));
+    assert!(matches!(tables.lookup(&key(4096)), Lookup::Exact { table: "shipped", .. }));
+    assert_eq!(tables.lookup(&key(8192)), Lookup::Miss, "another bucket");
+}
+
+#[test]
+fn merge_keeps_both_runs_and_the_faster_verified_winner() {
+    let slow = entry(128, 0, 0.5, "H100 (a)");
+    let fast = entry(128, 2, 0.3, "H100 (b)");
+    let m = slow.merged(&fast);
+    assert_eq!(m.runs.len(), 2);
+    assert_eq!((m.winner.as_str(), m.winner_ms), (fast.winner.as_str(), 0.3));
+    assert_eq!(m.winner_provenance().device.name, "H100 (b)");
+    assert_eq!(m.merged(&fast), m, "merging a run twice keeps it once");
+    let mut t = Table::new();
+    t.insert_merged(fast.clone());
+    t.insert_merged(slow.clone());
+    assert_eq!(t.entries.len(), 1);
+    assert_eq!(t.entries[0].winner_ms, 0.3, "a slower run never displaces the winner");
+}
+
+#[test]
+fn truncated_and_newer_tables_are_refused_and_left_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let mut t = Table::new();
+    t.insert_merged(entry(128, 0, 0.5, "H100"));
+    t.save(&path).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, &text[..text.len() / 2]).unwrap();
+    let e = Table::load(&path).unwrap_err();
+    assert!(matches!(e, TableError::Corrupt { .. }), "{e}");
+    let e = Table::update(&path, |t| t.insert_merged(entry(64, 0, 0.1, "H100"))).unwrap_err();
+    assert!(matches!(e, TableError::Corrupt { .. }));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text[..text.len() / 2], "a failed update writes nothing");
+    std::fs::write(&path, text.replace("\"schema\": 2", "\"schema\": 99")).unwrap();
+    assert!(Table::load(&path).unwrap_err().to_string().contains("upgrade fact"));
+    assert_eq!(Table::load(&dir.path().join("missing.json")).unwrap(), Table::new());
+}
+
+#[test]
+fn schema_one_tables_are_migrated() {
+    let e = entry(128, 0, 0.5, "H100");
+    let run = &e.runs[0];
+    let v1 = serde_json::json!({
+        "schema": 1,
+        "entries": [{
+            "key": {"rule": e.key.rule, "dtype": "f32", "math": "tf32", "arch": "sm90", "shape": e.key.shape},
+            "problem": e.problem,
+            "winner": e.winner,
+            "winner_spec": e.winner_spec,
+            "winner_ms": e.winner_ms,
+            "baseline": run.baseline,
+            "candidates": run.candidates,
+            "provenance": run.provenance,
+        }]
+    });
+    let t = Table::parse(&v1.to_string(), "v1.json").unwrap();
+    assert_eq!(t.schema, SCHEMA);
+    assert_eq!(t.entries, vec![e]);
+}
+
+#[test]
+fn ids_find_and_remove_entries() {
+    let mut t = Table::new();
+    let e = entry(128, 0, 0.5, "H100");
+    t.insert_merged(e.clone());
+    t.insert_merged(entry(64, 0, 0.5, "H100"));
+    assert_eq!(t.find_id(&e.key.id()[..6]).unwrap().key, e.key);
+    assert!(matches!(t.find_id("zz"), Err(TableError::NoEntry(_))));
+    assert!(matches!(t.find_id(""), Err(TableError::Ambiguous(_))));
+    assert_eq!(t.remove_id(&e.key.id()).unwrap().key, e.key);
+    assert_eq!(t.entries.len(), 1);
+}
+
+#[test]
+fn date_is_iso() {
+    let d = today();
+    assert_eq!(d.len(), 10);
+    assert!(d.starts_with("20"));
+}

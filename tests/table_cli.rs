@@ -1,0 +1,150 @@
+//! The pattern table as users drive it: `fact table ...` on temporary tables.
+
+use crate::common::{fact, sample_entry};
+use fact::rules::{GemmLayout, GemmProblem};
+use fact::space::gemm_candidates;
+use fact::table::Table;
+use fact::types::{Arch, DType, MathType};
+use std::path::Path;
+
+fn problem(m: i64, dtype: DType) -> GemmProblem {
+    GemmProblem { m, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype, bias: false }
+}
+
+/// A table file with one entry for `problem(m, dtype)`, its candidate `which` timed at `ms`.
+fn table_file(dir: &Path, name: &str, m: i64, dtype: DType, which: usize, ms: f64) -> std::path::PathBuf {
+    let p = problem(m, dtype);
+    let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
+    let spec = gemm_candidates(&p, math, Arch::Sm90)[which].clone();
+    let mut t = Table::new();
+    let mut e = sample_entry(&p, &spec, ms, name);
+    e.key.math = math;
+    t.insert_merged(e);
+    let path = dir.join(format!("{name}.json"));
+    t.save(&path).unwrap();
+    path
+}
+
+fn run(user: &Path, args: &[&str]) -> (bool, serde_json::Value, String) {
+    let out = fact()
+        .env("FACT_TABLE", user)
+        .env("FACT_SHIPPED_TABLE", user.with_file_name("no-shipped.json"))
+        .args(args)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.success(), v, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn import_list_show_export_merge_remove() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("user.json");
+    let a = table_file(dir.path(), "a", 2048, DType::F32, 0, 0.5);
+    let b = table_file(dir.path(), "b", 4096, DType::Bf16, 0, 0.7);
+
+    for f in [&a, &b] {
+        let (ok, v, err) = run(&user, &["table", "import", f.to_str().unwrap(), "--json"]);
+        assert!(ok, "{err}");
+        assert_eq!(v["imported"], 1);
+    }
+    let (_, all, _) = run(&user, &["table", "list", "--json"]);
+    assert_eq!(all.as_array().unwrap().len(), 2);
+    let (_, bf16, _) = run(&user, &["table", "list", "--dtype", "bf16", "--json"]);
+    let rows = bf16.as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["key"]["shape"], "4096x1024x1024");
+    assert_eq!(rows[0]["table"], "user");
+    let id = rows[0]["id"].as_str().unwrap().to_string();
+
+    let (ok, shown, _) = run(&user, &["table", "show", &id[..5], "--json"]);
+    assert!(ok);
+    assert_eq!(shown["entry"]["runs"][0]["provenance"]["device"]["name"], "b");
+
+    let exported = dir.path().join("export.json");
+    let (ok, v, _) = run(&user, &["table", "export", exported.to_str().unwrap(), "--rule", "gemm_rrr", "--dtype", "f32", "--json"]);
+    assert!(ok);
+    assert_eq!(v["exported"], 1);
+    assert_eq!(Table::load(&exported).unwrap().entries[0].key.dtypes.a, DType::F32);
+
+    // A faster run of a's key from another machine: merge keeps both runs, the faster one wins.
+    let faster = table_file(dir.path(), "faster", 2048, DType::F32, 1, 0.3);
+    let merged = dir.path().join("merged.json");
+    let (ok, v, err) = run(&user, &["table", "merge", a.to_str().unwrap(), faster.to_str().unwrap(), "-o", merged.to_str().unwrap(), "--json"]);
+    assert!(ok, "{err}");
+    assert_eq!(v["merged"], 1);
+    let m = &Table::load(&merged).unwrap().entries[0];
+    assert_eq!((m.runs.len(), m.winner_ms), (2, 0.3));
+
+    let (ok, _, _) = run(&user, &["table", "remove", &id, "--json"]);
+    assert!(ok);
+    let (_, all, _) = run(&user, &["table", "list", "--json"]);
+    assert_eq!(all.as_array().unwrap().len(), 1);
+    let (ok, _, err) = run(&user, &["table", "remove", "ffffffff"]);
+    assert!(!ok && err.contains("fact table list"), "{err}");
+}
+
+#[test]
+fn concurrent_writers_all_land() {
+    // Four processes import disjoint tables of 200 entries each into one user table at once; a
+    // read-modify-write without the lock loses whole tables.
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("user.json");
+    let files: Vec<_> = (0..4)
+        .map(|w| {
+            let mut t = Table::new();
+            for i in 0..200 {
+                let one = table_file(dir.path(), "one", 8 * (1000 * w + i + 1), DType::F32, 0, 0.1);
+                t.merge(&Table::load(&one).unwrap());
+            }
+            let path = dir.path().join(format!("w{w}.json"));
+            t.save(&path).unwrap();
+            path
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for f in &files {
+            let user = &user;
+            s.spawn(move || {
+                for _ in 0..3 {
+                    let (ok, _, err) = run(user, &["table", "import", f.to_str().unwrap()]);
+                    assert!(ok, "{err}");
+                }
+            });
+        }
+    });
+    let t = Table::load(&user).unwrap();
+    assert_eq!(t.entries.len(), 800, "no writer's entries were lost");
+    assert!(t.entries.iter().all(|e| e.runs.len() == 1), "re-importing a run keeps it once");
+}
+
+#[test]
+fn a_truncated_user_table_is_reported_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("user.json");
+    let a = table_file(dir.path(), "a", 2048, DType::F32, 0, 0.5);
+    assert!(run(&user, &["table", "import", a.to_str().unwrap()]).0);
+    let text = std::fs::read_to_string(&user).unwrap();
+    std::fs::write(&user, &text[..text.len() - 40]).unwrap();
+    let (ok, _, err) = run(&user, &["table", "list"]);
+    assert!(!ok && err.contains("corrupt") && err.contains("nothing was changed"), "{err}");
+    let b = table_file(dir.path(), "b", 4096, DType::F32, 0, 0.5);
+    assert!(!run(&user, &["table", "import", b.to_str().unwrap()]).0);
+    assert_eq!(std::fs::read_to_string(&user).unwrap(), text[..text.len() - 40], "nothing overwritten");
+    assert_eq!(Table::load(&a).unwrap().entries.len(), 1, "the other tables are intact");
+}
+
+#[test]
+fn realize_without_a_gpu_says_so() {
+    if fact::torch::cuda_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("user.json");
+    let (ok, _, err) = run(&user, &["realize", "--rule", "gemm_rrr", "--dtype", "f32", "--shape", "256x256x256"]);
+    assert!(!ok && err.contains("no CUDA device"), "{err}");
+    let (ok, _, err) = run(&user, &["realize", "--rule", "gemm_xyz", "--dtype", "f32", "--shape", "256x256x256"]);
+    assert!(!ok && err.contains("use gemm_rcr"), "{err}");
+    let (ok, _, err) = run(&user, &["realize", "--rule", "gemm_rrr", "--dtype", "f32", "--shape", "256x256"]);
+    assert!(!ok && err.contains("MxNxK"), "{err}");
+}
