@@ -12,7 +12,7 @@ use std::process::Command;
 
 /// The linear fixture's problem: out[32,128] = x[32,64] · w[128,64]ᵀ + b.
 fn linear_problem() -> GemmProblem {
-    GemmProblem { m: 32, n: 128, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true }
+    GemmProblem { m: 32, n: 128, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1 }
 }
 
 fn good_spec() -> KernelSpec {

@@ -49,6 +49,26 @@ fn addmm_fixture_is_rrr_with_bias() {
 }
 
 #[test]
+fn bmm_fixture_is_batched_and_three_gemms_take_their_shapes_from_input() {
+    let (g, _) = torch::load_graph(&fixture("bmm.pt"), &[]).unwrap();
+    let m = match_gemms(&g);
+    assert_eq!((m[0].origin, m[0].problem.rule_id(), m[0].problem.shape_key()), (GemmOrigin::Bmm, "bmm_rrr".into(), "4x32x16x64".into()));
+
+    let shapes = ["4096x4096", "4096x4096", "128x512x1024", "128x1024x2048", "256x524288", "524288x256"];
+    let inputs: Vec<InputShape> = shapes.iter().map(|s| InputShape::parse(s).unwrap()).collect();
+    let (g, _) = torch::load_graph(&fixture("three_gemms.pt"), &inputs).unwrap();
+    let keys: Vec<(String, String)> = match_gemms(&g).iter().map(|m| (m.problem.rule_id(), m.problem.shape_key())).collect();
+    assert_eq!(
+        keys,
+        vec![
+            ("gemm_rrr".to_string(), "4096x4096x4096".to_string()),
+            ("bmm_rrr".to_string(), "128x512x2048x1024".to_string()),
+            ("gemm_rrr".to_string(), "256x256x524288".to_string()),
+        ]
+    );
+}
+
+#[test]
 fn bad_inputs_get_errors_that_name_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let not_ts = dir.path().join("weights.pt");

@@ -9,7 +9,7 @@ use crate::tune::{Protocol, Timing};
 use crate::types::Precision;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use tch::{CModule, Device, Kind, Tensor};
+use tch::{CModule, Device, IValue, Kind, Tensor};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BenchReport {
@@ -77,16 +77,53 @@ pub fn random_inputs(shapes: &[InputShape], device: Device) -> Vec<Tensor> {
         .collect()
 }
 
+/// Runs `forward` and returns every tensor of its output (a tensor, or tuples and lists of them).
+fn forward(m: &CModule, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
+    let args: Vec<IValue> = inputs.iter().map(|t| IValue::Tensor(t.shallow_clone())).collect();
+    let out = m.forward_is(&args).map_err(|e| e.to_string())?;
+    fn collect(v: IValue, into: &mut Vec<Tensor>) {
+        match v {
+            IValue::Tensor(t) => into.push(t),
+            IValue::Tuple(vs) | IValue::GenericList(vs) => vs.into_iter().for_each(|v| collect(v, into)),
+            IValue::TensorList(ts) => into.extend(ts),
+            _ => {}
+        }
+    }
+    let mut tensors = Vec::new();
+    collect(out, &mut tensors);
+    if tensors.is_empty() {
+        return Err("forward returned no tensor".into());
+    }
+    Ok(tensors)
+}
+
+/// The worst relative error over corresponding outputs.
+fn worst_error(outs: &[Tensor], refs: &[Tensor]) -> f64 {
+    if outs.len() != refs.len() {
+        return f64::NAN;
+    }
+    outs.iter().zip(refs).map(|(o, r)| relative_error(o, &r.to_kind(Kind::Double))).fold(0.0, nan_max)
+}
+
+/// max that keeps NaN (f64::max drops it): a NaN anywhere must fail the comparison.
+fn nan_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
 fn time_forward(m: &CModule, inputs: &[Tensor], protocol: &Protocol, cuda: &Cuda) -> Result<Timing, String> {
     let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, Device::Cuda(0)));
     for _ in 0..protocol.warmup {
-        let _ = m.forward_ts(inputs).map_err(|e| e.to_string())?;
+        forward(m, inputs)?;
     }
     cuda.sync()?;
     let mut samples = Vec::new();
     for i in 0..protocol.iterations {
         let _ = flush.shallow_clone().fill_(i as f64);
-        let ms = cuda.time_ms(&mut || m.forward_ts(inputs).map(|_| ()).map_err(|e| e.to_string()))?;
+        let ms = cuda.time_ms(&mut || forward(m, inputs).map(|_| ()))?;
         samples.push(ms);
     }
     Timing::from_samples(samples).ok_or_else(|| "no valid timings".to_string())
@@ -117,13 +154,13 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
             let inputs = random_inputs(&opts.inputs, device);
             let up: Vec<Tensor> =
                 inputs.iter().map(|t| if t.is_floating_point() { t.to_kind(Kind::Double) } else { t.shallow_clone() }).collect();
-            let r = reference.forward_ts(&up).map_err(|e| e.to_string())?;
-            let o = original.forward_ts(&inputs).map_err(|e| e.to_string())?;
-            let c = composed.forward_ts(&inputs).map_err(|e| e.to_string())?;
+            let r = forward(&reference, &up)?;
+            let o = forward(&original, &inputs)?;
+            let c = forward(&composed, &inputs)?;
             cuda.sync()?;
-            worst = worst.max(relative_error(&c, &r));
-            worst_base = worst_base.max(relative_error(&o, &r));
-            worst_pair = worst_pair.max(relative_error(&c, &o.to_kind(Kind::Double)));
+            worst = nan_max(worst, worst_error(&c, &r));
+            worst_base = nan_max(worst_base, worst_error(&o, &r));
+            worst_pair = nan_max(worst_pair, worst_error(&c, &o));
             if worst.is_nan() {
                 break;
             }

@@ -64,13 +64,13 @@ enum Command {
     },
     /// Tune a rule for a shape and add the winner to the user pattern table, without a model.
     Realize {
-        /// gemm_rcr, gemm_rcr_bias, gemm_rrr or gemm_rrr_bias.
+        /// gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias or bmm_rrr.
         #[arg(long)]
         rule: String,
         /// Tensor dtype: f32, bf16 or f16.
         #[arg(long)]
         dtype: String,
-        /// MxNxK.
+        /// MxNxK, or LxMxNxK for bmm_rrr.
         #[arg(long)]
         shape: String,
         #[arg(long, default_value = "tf32")]
@@ -229,9 +229,8 @@ pub fn main() -> Result<()> {
             let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
             let arch = Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
             let dims = table::parse_shape(&shape)
-                .filter(|d| d.len() == 3)
-                .with_context(|| format!("bad --shape '{shape}': write MxNxK, e.g. 4096x4096x4096"))?;
-            let problem = GemmProblem::from_rule(&rule, dims[0], dims[1], dims[2], dtype).map_err(anyhow::Error::msg)?;
+                .with_context(|| format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr), e.g. 4096x4096x4096"))?;
+            let problem = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
             let opts = compose::Options {
                 out_dir: out.unwrap_or_else(|| PathBuf::from("out/realize")),
                 precision,

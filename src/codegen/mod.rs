@@ -91,7 +91,7 @@ mod tests {
     use crate::types::{Arch, DType, MathType};
 
     fn spec(bias: bool) -> KernelSpec {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rcr, dtype: DType::F32, bias };
+        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rcr, dtype: DType::F32, bias, batch: 1 };
         gemm_candidates(&p, MathType::Tf32, Arch::Sm90)
             .into_iter()
             .find(|k| k.tile == [128, 256, 32])

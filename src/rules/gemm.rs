@@ -1,10 +1,11 @@
-//! GEMM rules: `gemm_rcr[_bias]` and `gemm_rrr[_bias]`.
+//! GEMM rules: `gemm_rcr[_bias]`, `gemm_rrr[_bias]` and the batched `bmm_rrr`.
 //!
 //! out[M,N] = a[M,K] · B (+ bias[N]), a row-major with any leading dims folded into M, where
 //! - rcr: B = w[N,K]ᵀ, as in `aten::linear(a, w, bias?)`;
-//! - rrr: B = b[K,N], as in `aten::mm(a, b)`, 2-D `aten::matmul(a, b)` (a may have leading dims),
-//!   and `aten::addmm(bias, a, b, beta=1, alpha=1)` with a 1-D bias.
-//! Batched operands (b with more than two dims) are not GEMMs here.
+//! - rrr: B = b[K,N], as in `aten::mm(a, b)`, `aten::matmul(a, b)` with a 2-D b (a may have
+//!   leading dims), and `aten::addmm(bias, a, b, beta=1, alpha=1)` with a 1-D bias.
+//! bmm_rrr: out[L,M,N] = a[L,M,K] · b[L,K,N], as in `aten::bmm` and `aten::matmul` whose operands
+//! carry the same batch dims (folded into L). Broadcast batch dims are not matched.
 
 use crate::graph::{Const, Graph, NodeId, ValueId};
 use crate::types::DType;
@@ -46,6 +47,7 @@ impl GemmLayout {
 pub enum GemmOrigin {
     Linear,
     Mm,
+    Bmm,
     Matmul,
     Addmm,
 }
@@ -55,6 +57,7 @@ impl GemmOrigin {
         match self {
             GemmOrigin::Linear => "aten::linear",
             GemmOrigin::Mm => "aten::mm",
+            GemmOrigin::Bmm => "aten::bmm",
             GemmOrigin::Matmul => "aten::matmul",
             GemmOrigin::Addmm => "aten::addmm",
         }
@@ -63,6 +66,7 @@ impl GemmOrigin {
         match self {
             GemmOrigin::Linear => "linear",
             GemmOrigin::Mm => "mm",
+            GemmOrigin::Bmm => "bmm",
             GemmOrigin::Matmul => "matmul",
             GemmOrigin::Addmm => "addmm",
         }
@@ -70,7 +74,7 @@ impl GemmOrigin {
     pub fn layout(self) -> GemmLayout {
         match self {
             GemmOrigin::Linear => GemmLayout::Rcr,
-            GemmOrigin::Mm | GemmOrigin::Matmul | GemmOrigin::Addmm => GemmLayout::Rrr,
+            GemmOrigin::Mm | GemmOrigin::Bmm | GemmOrigin::Matmul | GemmOrigin::Addmm => GemmLayout::Rrr,
         }
     }
 }
@@ -84,41 +88,64 @@ pub struct GemmProblem {
     pub layout: GemmLayout,
     pub dtype: DType,
     pub bias: bool,
+    /// Independent GEMMs of the same shape (L); 1 for a plain GEMM.
+    #[serde(default = "one")]
+    pub batch: i64,
+}
+
+fn one() -> i64 {
+    1
 }
 
 impl GemmProblem {
-    /// The rule id: math and layouts, e.g. `gemm_rcr_bias`.
+    /// The rule id: math and layouts, e.g. `gemm_rcr_bias`, `bmm_rrr`.
     pub fn rule_id(&self) -> String {
-        format!("gemm_{}{}", self.layout.short_name(), if self.bias { "_bias" } else { "" })
+        let kind = if self.batch > 1 { "bmm" } else { "gemm" };
+        format!("{kind}_{}{}", self.layout.short_name(), if self.bias { "_bias" } else { "" })
     }
     pub fn flops(&self) -> f64 {
-        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+        2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }
     /// Fewest bytes moved: each operand read once, the output written once.
     pub fn bytes(&self) -> f64 {
         let e = self.dtype.bytes() as f64;
-        let (m, n, k) = (self.m as f64, self.n as f64, self.k as f64);
-        e * (m * k + k * n + m * n + if self.bias { n } else { 0.0 })
+        let (m, n, k, l) = (self.m as f64, self.n as f64, self.k as f64, self.batch as f64);
+        e * (l * (m * k + k * n + m * n) + if self.bias { n } else { 0.0 })
     }
-    /// The problem a rule id names at a shape, e.g. (`gemm_rcr_bias`, 4096, 4096, 4096, f32).
-    pub fn from_rule(rule: &str, m: i64, n: i64, k: i64, dtype: DType) -> Result<GemmProblem, String> {
-        let rest = rule
-            .strip_prefix("gemm_")
-            .ok_or_else(|| format!("unknown rule '{rule}': use gemm_rcr, gemm_rcr_bias, gemm_rrr or gemm_rrr_bias"))?;
+    /// The problem a rule id names at a shape: `dims` is M,N,K, or L,M,N,K for `bmm_rrr`.
+    pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<GemmProblem, String> {
+        let unknown = || format!("unknown rule '{rule}': use gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias or bmm_rrr");
+        let (rest, batched) = match (rule.strip_prefix("gemm_"), rule.strip_prefix("bmm_")) {
+            (Some(r), _) => (r, false),
+            (None, Some(r)) => (r, true),
+            _ => return Err(unknown()),
+        };
+        let want = if batched { 4 } else { 3 };
+        if dims.len() != want {
+            return Err(format!("{rule} takes a shape of {want} dims ({})", if batched { "LxMxNxK" } else { "MxNxK" }));
+        }
+        let (batch, m, n, k) = if batched { (dims[0], dims[1], dims[2], dims[3]) } else { (1, dims[0], dims[1], dims[2]) };
         let (layout, bias) = match rest.strip_suffix("_bias") {
             Some(l) => (l, true),
             None => (rest, false),
         };
-        let layout = GemmLayout::parse(layout)
-            .ok_or_else(|| format!("unknown rule '{rule}': use gemm_rcr, gemm_rcr_bias, gemm_rrr or gemm_rrr_bias"))?;
-        if m <= 0 || n <= 0 || k <= 0 {
-            return Err(format!("shape {m}x{n}x{k}: every dim must be positive"));
+        let layout = GemmLayout::parse(layout).ok_or_else(unknown)?;
+        if batched && (layout != GemmLayout::Rrr || bias || batch < 2) {
+            return Err(format!("{rule}: the batched rule is bmm_rrr with a batch of 2 or more"));
         }
-        Ok(GemmProblem { m, n, k, layout, dtype, bias })
+        if dims.iter().any(|&d| d <= 0) {
+            return Err(format!("shape {dims:?}: every dim must be positive"));
+        }
+        Ok(GemmProblem { m, n, k, layout, dtype, bias, batch })
     }
 
+    /// `MxNxK`, or `LxMxNxK` when batched.
     pub fn shape_key(&self) -> String {
-        format!("{}x{}x{}", self.m, self.n, self.k)
+        if self.batch > 1 {
+            format!("{}x{}x{}x{}", self.batch, self.m, self.n, self.k)
+        } else {
+            format!("{}x{}x{}", self.m, self.n, self.k)
+        }
     }
 }
 
@@ -142,6 +169,7 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
     let origin = match n.kind.as_str() {
         "aten::linear" => GemmOrigin::Linear,
         "aten::mm" => GemmOrigin::Mm,
+        "aten::bmm" => GemmOrigin::Bmm,
         "aten::matmul" => GemmOrigin::Matmul,
         "aten::addmm" => GemmOrigin::Addmm,
         _ => return None,
@@ -152,7 +180,7 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
             let bias = if matches!(g.constant(bias), Some(Const::None)) { None } else { Some(bias) };
             (n.inputs[0], n.inputs[1], bias)
         }
-        GemmOrigin::Mm | GemmOrigin::Matmul => (n.inputs[0], n.inputs[1], None),
+        GemmOrigin::Mm | GemmOrigin::Bmm | GemmOrigin::Matmul => (n.inputs[0], n.inputs[1], None),
         GemmOrigin::Addmm => {
             let one = |v: ValueId| g.constant(v).and_then(Const::as_f64) == Some(1.0);
             if !one(n.inputs[3]) || !one(n.inputs[4]) {
@@ -164,10 +192,24 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
     let ta = g.tensor(a)?;
     let tb = g.tensor(b)?;
     let dtype = DType::parse(&ta.dtype)?;
-    if tb.dtype != ta.dtype || tb.shape.len() != 2 || ta.shape.len() < 2 {
+    if tb.dtype != ta.dtype || tb.shape.len() < 2 || ta.shape.len() < 2 {
         return None;
     }
-    if origin == GemmOrigin::Mm && ta.shape.len() != 2 {
+    if tb.shape.len() > 2 {
+        // Batched: only bmm and matmul, with identical batch dims on both sides.
+        let (ra, rb) = (ta.shape.len(), tb.shape.len());
+        if !matches!(origin, GemmOrigin::Bmm | GemmOrigin::Matmul) || ra != rb || ta.shape[..ra - 2] != tb.shape[..rb - 2] {
+            return None;
+        }
+        let batch: i64 = ta.shape[..ra - 2].iter().product();
+        let (m, k, n) = (ta.shape[ra - 2], ta.shape[ra - 1], tb.shape[rb - 1]);
+        if tb.shape[rb - 2] != k || batch == 0 || m == 0 || n == 0 || k == 0 {
+            return None;
+        }
+        let problem = GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false, batch };
+        return Some(GemmMatch { node: id, origin, a, b, bias: None, problem });
+    }
+    if matches!(origin, GemmOrigin::Mm | GemmOrigin::Bmm) && ta.shape.len() != 2 {
         return None;
     }
     let k = *ta.shape.last()?;
@@ -194,7 +236,7 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
         a,
         b,
         bias,
-        problem: GemmProblem { m, n: nn, k, layout: origin.layout(), dtype, bias: bias.is_some() },
+        problem: GemmProblem { m, n: nn, k, layout: origin.layout(), dtype, bias: bias.is_some(), batch: 1 },
     })
 }
 
@@ -268,16 +310,32 @@ mod tests {
     #[test]
     fn rule_ids_round_trip_through_problems() {
         for rule in ["gemm_rcr", "gemm_rcr_bias", "gemm_rrr", "gemm_rrr_bias"] {
-            assert_eq!(GemmProblem::from_rule(rule, 8, 16, 32, DType::F32).unwrap().rule_id(), rule);
+            assert_eq!(GemmProblem::from_rule(rule, &[8, 16, 32], DType::F32).unwrap().rule_id(), rule);
         }
-        assert!(GemmProblem::from_rule("bmm_rrr", 8, 16, 32, DType::F32).unwrap_err().contains("use gemm_rcr"));
-        assert!(GemmProblem::from_rule("gemm_rcr", 0, 16, 32, DType::F32).is_err());
+        let b = GemmProblem::from_rule("bmm_rrr", &[128, 512, 2048, 1024], DType::F32).unwrap();
+        assert_eq!((b.rule_id(), b.shape_key(), b.batch), ("bmm_rrr".to_string(), "128x512x2048x1024".to_string(), 128));
+        assert!(GemmProblem::from_rule("bmm_rrr", &[8, 16, 32], DType::F32).unwrap_err().contains("LxMxNxK"));
+        assert!(GemmProblem::from_rule("conv_rrr", &[8, 16, 32], DType::F32).unwrap_err().contains("use gemm_rcr"));
+        assert!(GemmProblem::from_rule("gemm_rcr", &[0, 16, 32], DType::F32).is_err());
     }
 
     #[test]
-    fn batched_unknown_and_unsupported_operands_do_not_match() {
+    fn bmm_and_batched_matmul_fold_batch_dims() {
+        let m = one(
+            "graph(%a: f32[128,512,1024], %b: f32[128,1024,2048], %c: f32[2,3,8,16], %d: f32[2,3,16,4]):
+               %y = aten::bmm(%a, %b) : f32[128,512,2048]
+               %z = aten::matmul(%c, %d) : f32[2,3,8,4]
+               return (%y, %z)",
+        );
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].origin, m[0].problem.rule_id(), m[0].problem.shape_key()), (GemmOrigin::Bmm, "bmm_rrr".into(), "128x512x2048x1024".into()));
+        assert_eq!((m[1].problem.batch, m[1].problem.m, m[1].problem.n, m[1].problem.k), (6, 8, 4, 16));
+    }
+
+    #[test]
+    fn broadcast_unknown_and_unsupported_operands_do_not_match() {
         assert!(one(
-            "graph(%a: f32[2,8,16], %b: f32[2,16,4]):
+            "graph(%a: f32[2,8,16], %b: f32[1,16,4]):
                %y = aten::matmul(%a, %b) : f32[2,8,4]
                return (%y)"
         )

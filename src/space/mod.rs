@@ -220,7 +220,7 @@ mod tests {
     use super::*;
 
     fn problem(m: i64, n: i64, k: i64, dtype: DType) -> GemmProblem {
-        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false }
+        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false, batch: 1 }
     }
 
     #[test]

@@ -4,7 +4,7 @@ use crate::space::gemm_candidates;
 use crate::tune::Outcome;
 
 fn problem(m: i64) -> GemmProblem {
-    GemmProblem { m, n: 256, k: 512, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true }
+    GemmProblem { m, n: 256, k: 512, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1 }
 }
 
 fn provenance(device: &str) -> Provenance {

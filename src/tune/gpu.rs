@@ -23,11 +23,30 @@ impl Operands {
             GemmLayout::Rcr => [p.n, p.k],
             GemmLayout::Rrr => [p.k, p.n],
         };
+        if p.batch > 1 {
+            return Operands {
+                a: rand(&[p.batch, p.m, p.k]),
+                b: rand(&[p.batch, b_shape[0], b_shape[1]]),
+                bias: p.bias.then(|| rand(&[p.n])),
+            };
+        }
         Operands { a: rand(&[p.m, p.k]), b: rand(&b_shape), bias: p.bias.then(|| rand(&[p.n])) }
+    }
+
+    /// The output shape of the problem.
+    pub fn out_shape(p: &GemmProblem) -> Vec<i64> {
+        if p.batch > 1 {
+            vec![p.batch, p.m, p.n]
+        } else {
+            vec![p.m, p.n]
+        }
     }
 
     /// torch's op for the problem, in the tensors' dtype (fp32 follows the matmul precision).
     pub fn torch_op(&self, layout: GemmLayout) -> Tensor {
+        if self.a.dim() == 3 {
+            return self.a.bmm(&self.b);
+        }
         match (layout, &self.bias) {
             (GemmLayout::Rcr, bias) => self.a.linear(&self.b, bias.as_ref()),
             (GemmLayout::Rrr, Some(bias)) => bias.addmm(&self.a, &self.b),
@@ -68,7 +87,7 @@ impl<'a> GpuBench<'a> {
         let cuda = Cuda::get()?;
         let device = Device::Cuda(0);
         let timed = Operands::random(&p, device);
-        let out = Tensor::empty([p.m, p.n], (p.dtype.tch_kind(), device));
+        let out = Tensor::empty(Operands::out_shape(&p), (p.dtype.tch_kind(), device));
         let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, device));
         Ok(GpuBench { lib, p, protocol, cuda, device, flush, timed, out })
     }
@@ -78,7 +97,7 @@ impl<'a> GpuBench<'a> {
             m: self.p.m as i32,
             n: self.p.n as i32,
             k: self.p.k as i32,
-            batch: 1,
+            batch: self.p.batch as i32,
             a: ops.a.data_ptr(),
             b: ops.b.data_ptr(),
             bias: ops.bias.as_ref().map_or(std::ptr::null_mut(), |t| t.data_ptr()),
@@ -102,7 +121,7 @@ impl<'a> GpuBench<'a> {
 impl Bench for GpuBench<'_> {
     fn verify(&mut self, index: usize) -> Result<f64, BenchError> {
         let ops = Operands::random(&self.p, self.device);
-        let out = Tensor::empty([self.p.m, self.p.n], (self.p.dtype.tch_kind(), self.device));
+        let out = Tensor::empty(Operands::out_shape(&self.p), (self.p.dtype.tch_kind(), self.device));
         let _ = out.shallow_clone().fill_(f64::NAN);
         self.launch(index, &self.args(&ops, &out))?;
         self.cuda.sync().map_err(BenchError::Launch)?;

@@ -179,7 +179,7 @@ mod tests {
     }
 
     fn problem() -> GemmProblem {
-        GemmProblem { m: 1024, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false }
+        GemmProblem { m: 1024, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 }
     }
 
     #[test]

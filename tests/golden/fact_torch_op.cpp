@@ -21,6 +21,7 @@ at::Tensor original(const at::Tensor& a, const at::Tensor& b, const std::optiona
   if (origin == "linear") return at::linear(a, b, bias);
   if (origin == "addmm") return at::addmm(*bias, a, b);
   if (origin == "mm") return at::mm(a, b);
+  if (origin == "bmm") return at::bmm(a, b);
   return at::matmul(a, b);
 }
 
@@ -39,7 +40,7 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
                 c10::string_view origin, c10::string_view kernel) {
   auto fallback = [&] { return original(a, b, bias, origin); };
   const bool has_bias = bias.has_value() && bias->defined();
-  if (origin != "linear" && origin != "addmm" && origin != "mm" && origin != "matmul") {
+  if (origin != "linear" && origin != "addmm" && origin != "mm" && origin != "bmm" && origin != "matmul") {
     TORCH_CHECK(false, "fact::gemm: unknown origin op '", std::string(origin), "'");
   }
   if (!a.is_cuda() || !b.is_cuda() || a.device() != b.device()) return fallback();
@@ -52,18 +53,29 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
   const FactKernelInfo* info = fact_kernel_info(index);
   const std::string layout = origin == "linear" ? "rcr" : "rrr";
   if (layout != info->layout || std::string(dtype_name(a.scalar_type())) != info->dtype) return fallback();
-  if (b.scalar_type() != a.scalar_type() || b.dim() != 2 || a.dim() < 2) return fallback();
-  if (origin == "mm" && a.dim() != 2) return fallback();
+  if (b.scalar_type() != a.scalar_type() || b.dim() < 2 || a.dim() < 2) return fallback();
   if (has_bias != (info->bias != 0)) return fallback();
+  // Batched: equal leading dims on both sides, folded into the kernel's L.
+  const bool batched = b.dim() > 2;
+  int64_t batch = 1;
+  if (batched) {
+    if (layout != "rrr" || has_bias || a.dim() != b.dim()) return fallback();
+    for (int64_t d = 0; d < a.dim() - 2; ++d) {
+      if (a.size(d) != b.size(d)) return fallback();
+      batch *= a.size(d);
+    }
+  } else if ((origin == "mm" || origin == "bmm") && a.dim() != 2) {
+    return fallback();
+  }
   const int64_t k = a.size(-1);
-  const int64_t n = layout == "rcr" ? b.size(0) : b.size(1);
-  if ((layout == "rcr" ? b.size(1) : b.size(0)) != k) return fallback();
+  const int64_t n = layout == "rcr" ? b.size(0) : b.size(-1);
+  if ((layout == "rcr" ? b.size(1) : b.size(-2)) != k) return fallback();
   if (has_bias && (bias->dim() != 1 || bias->size(0) != n || bias->scalar_type() != a.scalar_type() ||
                    bias->device() != a.device())) {
     return fallback();
   }
-  const int64_t m = a.numel() / k;
-  if (!fits_i32(m) || !fits_i32(n) || !fits_i32(k)) return fallback();
+  const int64_t m = batched ? a.size(-2) : a.numel() / k;
+  if (!fits_i32(m) || !fits_i32(n) || !fits_i32(k) || !fits_i32(batch)) return fallback();
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (props->major != 9 || props->minor != 0) return fallback();
 
@@ -79,7 +91,7 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
   args.m = static_cast<int32_t>(m);
   args.n = static_cast<int32_t>(n);
   args.k = static_cast<int32_t>(k);
-  args.batch = 1;
+  args.batch = static_cast<int32_t>(batch);
   args.a = ac.data_ptr();
   args.b = bc.data_ptr();
   args.bias = has_bias ? biasc.data_ptr() : nullptr;
