@@ -4,4 +4,5 @@
 mod common;
 mod compile;
 mod ingest;
+mod plan;
 mod table_cli;

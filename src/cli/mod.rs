@@ -4,6 +4,7 @@
 use crate::bench::{self, BenchOptions, BenchReport};
 use crate::compose::{self, ComposeReport, Realization};
 use crate::nvcc::{self, Toolchain};
+use crate::plan::{Plan, PlanOptions};
 use crate::rules::GemmProblem;
 use crate::table::{self, Entry, Table, Tables};
 use crate::types::DType;
@@ -22,8 +23,32 @@ struct Cli {
     command: Command,
 }
 
+#[derive(clap::Args, Clone)]
+struct AgentArgs {
+    /// An external agent: a command that speaks fact-agent/1 (one JSON request per line on its
+    /// stdin, one JSON reply per line on its stdout). Default: the built-in agent.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Seconds to wait for each agent reply before the built-in agent takes over.
+    #[arg(long, default_value_t = 30.0)]
+    agent_timeout: f64,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Print the plan: matched patterns ranked by estimated share of model time, with their
+    /// supporting CUTLASS examples, and the time left in unmatched regions.
+    Discover {
+        model: PathBuf,
+        #[arg(long = "input")]
+        inputs: Vec<String>,
+        #[arg(long, default_value = "tf32")]
+        precision: String,
+        #[command(flatten)]
+        agent: AgentArgs,
+        #[arg(long)]
+        json: bool,
+    },
     /// Discover, realize (table hit or compile + tune) and substitute GEMMs, then benchmark.
     Compose {
         /// A TorchScript archive (torch.jit.trace(...).save(path)).
@@ -47,6 +72,11 @@ enum Command {
         /// Skip the end-to-end benchmark.
         #[arg(long)]
         no_bench: bool,
+        /// Substitute winners even where torch measured faster.
+        #[arg(long)]
+        keep_slower: bool,
+        #[command(flatten)]
+        agent: AgentArgs,
         /// Write the benchmark report here too (e.g. benches/results/NAME.json).
         #[arg(long)]
         save_report: Option<PathBuf>,
@@ -84,6 +114,8 @@ enum Command {
         /// Folder for the sweep's sources and libraries (default out/realize).
         #[arg(long)]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        agent: AgentArgs,
         #[arg(long)]
         json: bool,
     },
@@ -174,7 +206,7 @@ fn command_line() -> String {
 pub fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Compose { model, inputs, out, precision, jobs: j, candidates, no_bench, save_report, json } => {
+        Command::Compose { model, inputs, out, precision, jobs: j, candidates, no_bench, keep_slower, agent, save_report, json } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let inputs = inputs.iter().map(|s| InputShape::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
             let stem = model.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
@@ -191,6 +223,9 @@ pub fn main() -> Result<()> {
                 protocol: Protocol::default(),
                 progress: !json,
                 max_candidates: candidates,
+                keep_slower,
+                agent: agent.agent.clone(),
+                agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
             };
             let report = compose::compose(&model, &inputs, &opts).with_context(|| format!("composing {}", model.display()))?;
             let bench = if report.gpu && report.composed.is_some() && !no_bench {
@@ -224,7 +259,7 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Realize { rule, dtype, shape, precision, arch, candidates, jobs: j, out, json } => {
+        Command::Realize { rule, dtype, shape, precision, arch, candidates, jobs: j, out, agent, json } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
             let arch = Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
@@ -243,6 +278,9 @@ pub fn main() -> Result<()> {
                 protocol: Protocol::default(),
                 progress: !json,
                 max_candidates: candidates,
+                keep_slower: true,
+                agent: agent.agent.clone(),
+                agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
             };
             let start = std::time::Instant::now();
             let tc = Toolchain::discover()?;
@@ -251,7 +289,11 @@ pub fn main() -> Result<()> {
                 bail!("no CUDA device: realize tunes on the GPU; run it on an sm90 machine (the sources go to {})", opts.out_dir.display());
             }
             let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
-            let r = compose::realize(&opts, &tc, &mut tables, &problem, gpu)?;
+            let mut steward = opts.steward();
+            let r = compose::realize(&opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
+            for n in &steward.notes {
+                eprintln!("agent: {n}");
+            }
             let seconds = start.elapsed().as_secs_f64();
             if json {
                 println!(
@@ -273,6 +315,38 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Table { command } => table_command(command),
+        Command::Discover { model, inputs, precision, agent, json } => {
+            let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
+            let inputs = inputs.iter().map(|s| InputShape::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
+            let (graph, inputs) = torch::load_graph(&model, &inputs).with_context(|| format!("discovering {}", model.display()))?;
+            let matches = crate::rules::match_gemms(&graph);
+            let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
+            let opts = compose::Options {
+                out_dir: PathBuf::new(),
+                precision,
+                arch: Arch::Sm90,
+                jobs: 1,
+                user_table: table::user_table_path(),
+                shipped_table: table::shipped_table_path(),
+                cache_dir: PathBuf::new(),
+                exe: PathBuf::new(),
+                protocol: Protocol::default(),
+                progress: false,
+                max_candidates: None,
+                keep_slower: false,
+                agent: agent.agent.clone(),
+                agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
+            };
+            let mut steward = opts.steward();
+            let plan_opts = PlanOptions { arch: Arch::Sm90, precision, assumed_speedup: 1.05 };
+            let plan = crate::plan::plan(&graph, &matches, &plan_opts, Some(&tables), &mut steward);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "model": model, "inputs": inputs, "plan": plan }))?);
+            } else {
+                print_plan(&model, &inputs, &plan);
+            }
+            Ok(())
+        }
         Command::Graph { model } => {
             print!("{}", torch::graph_text(&model)?);
             Ok(())
@@ -283,6 +357,36 @@ pub fn main() -> Result<()> {
             let req: worker::Request = serde_json::from_str(&body).context("bad tune-worker request")?;
             worker::serve(req).map_err(anyhow::Error::msg)
         }
+    }
+}
+
+fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
+    let shapes: Vec<String> = inputs.iter().map(InputShape::display).collect();
+    println!("plan for {} ({}) on {}, precision {}, agent: {}", model.display(), shapes.join(", "), plan.arch, plan.precision, plan.agent);
+    println!(
+        "cost model: {:.3} ms estimated (tf32 {} TFLOP/s, bf16 {} TFLOP/s, DRAM {} TB/s, {} us a launch)",
+        plan.total_est_ms, plan.ceilings.tf32_tflops, plan.ceilings.bf16_tflops, plan.ceilings.dram_tbps, plan.ceilings.launch_us
+    );
+    println!("{:<4} {:<4} {:<14} {:<22} {:>9} {:>7} {:>8} {:>9}  speedup source", "prio", "id", "rule", "shape", "est ms", "share", "speedup", "gain ms");
+    for p in &plan.patterns {
+        println!(
+            "{:<4} {:<4} {:<14} {:<22} {:>9.4} {:>6.1}% {:>7.2}x {:>9.4}  {}",
+            p.priority, p.id, p.rule, p.problem.shape_key(), p.est_ms, p.share * 100.0, p.expected_speedup, p.expected_gain_ms, p.speedup_source
+        );
+        println!("     {} ({}, {} {}), inputs {:?}", p.name, p.arch, p.dtype, p.math.map_or("-", |m| m.short_name()), p.input_shapes);
+        for n in &p.notes {
+            println!("     {n}");
+        }
+        for e in &p.examples {
+            println!("     example: {e}");
+        }
+    }
+    println!("unmatched: {:.1}% of the estimated time", plan.unmatched_share * 100.0);
+    for r in plan.unmatched.iter().take(8) {
+        println!("  {:>6.1}%  {:>9.4} ms  {} ({} nodes)", r.share * 100.0, r.est_ms, r.name, r.nodes.len());
+    }
+    for n in &plan.agent_notes {
+        println!("agent: {n}");
     }
 }
 

@@ -3,16 +3,19 @@
 //! the composed module, the winners-only op library and compose.json to the output folder. Without
 //! a GPU it still discovers, renders and compiles, and says what is left for a GPU.
 
+use crate::agent::external::ExternalAgent;
+use crate::agent::Steward;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
+use crate::plan::{self, PlanOptions};
 use crate::rules::{match_gemms, GemmMatch, GemmProblem};
-use crate::space::{gemm_candidates, KernelSpec};
+use crate::space::KernelSpec;
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
 use crate::torch::{self, Edit, InputShape, Operand, OperandKind};
 use crate::tune::{self, worker, CandidateResult, Outcome, Protocol};
 use crate::types::{Arch, MathType, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -55,6 +58,43 @@ pub struct Options {
     pub progress: bool,
     /// Cut each sweep to its first N candidates (they come ordered by the analytic estimate).
     pub max_candidates: Option<usize>,
+    /// Substitute a winner even when torch measured faster (for ablations).
+    pub keep_slower: bool,
+    /// An external agent command (`fact-agent/1` over stdin/stdout); None for the built-in one.
+    pub agent: Option<String>,
+    pub agent_timeout: std::time::Duration,
+}
+
+impl Options {
+    /// The agent this run consults: the external one when it starts, else the built-in one.
+    pub fn steward(&self) -> Steward {
+        match &self.agent {
+            None => Steward::builtin(),
+            Some(cmd) => match ExternalAgent::start(cmd, self.agent_timeout) {
+                Ok(a) => Steward::with(Box::new(a)),
+                Err(e) => {
+                    let mut s = Steward::builtin();
+                    s.notes.push(format!("{e}; the built-in agent is used"));
+                    s
+                }
+            },
+        }
+    }
+}
+
+/// Kernel names that failed to build or run (not numerics, which depend on the shape) in any
+/// run the tables remember, for the arch and dtype of `key`.
+fn failed_kernels(tables: &Tables, key: &TableKey) -> BTreeSet<String> {
+    tables
+        .user
+        .entries
+        .iter()
+        .chain(&tables.shipped.entries)
+        .filter(|e| e.key.arch == key.arch && e.key.dtypes == key.dtypes)
+        .flat_map(|e| e.runs.iter().flat_map(|r| r.candidates.iter()))
+        .filter(|c| matches!(c.outcome, Outcome::CompileFailed { .. } | Outcome::Fault { .. } | Outcome::LaunchFailed { .. }))
+        .map(|c| c.kernel.clone())
+        .collect()
 }
 
 /// How a pattern was realized.
@@ -116,6 +156,10 @@ pub struct ComposeReport {
     pub gpu: bool,
     pub compile_failures: Vec<CompileFailure>,
     pub graph_note: String,
+    /// Pattern ids in the order they were realized (the plan's priority).
+    pub order: Vec<String>,
+    pub agent: String,
+    pub agent_notes: Vec<String>,
     pub seconds: f64,
 }
 
@@ -219,6 +263,7 @@ pub fn realize(
     opts: &Options,
     tc: &Toolchain,
     tables: &mut Tables,
+    steward: &mut Steward,
     problem: &GemmProblem,
     gpu: bool,
 ) -> Result<Realized, ComposeError> {
@@ -251,7 +296,7 @@ pub fn realize(
                             failures,
                         })
                     }
-                    None => realize_sweep(opts, tc, tables, problem, math, key),
+                    None => realize_sweep(opts, tc, tables, steward, problem, math, key),
                 };
             }
             let how = Realization::Hit { table: table.into(), measured_on: None, reverified: false };
@@ -269,10 +314,10 @@ pub fn realize(
                         failures,
                     })
                 }
-                None => realize_sweep(opts, tc, tables, problem, math, key),
+                None => realize_sweep(opts, tc, tables, steward, problem, math, key),
             }
         }
-        _ => realize_sweep(opts, tc, tables, problem, math, key),
+        _ => realize_sweep(opts, tc, tables, steward, problem, math, key),
     }
 }
 
@@ -280,11 +325,13 @@ fn realize_sweep(
     opts: &Options,
     tc: &Toolchain,
     tables: &mut Tables,
+    steward: &mut Steward,
     problem: &GemmProblem,
     math: MathType,
     key: TableKey,
 ) -> Result<Realized, ComposeError> {
-    let mut candidates = gemm_candidates(problem, math, opts.arch);
+    let failed_before = failed_kernels(tables, &key);
+    let mut candidates = steward.propose(problem, math, opts.arch, &failed_before);
     candidates.truncate(opts.max_candidates.unwrap_or(usize::MAX).max(1));
     if candidates.is_empty() {
         return Ok(Realized {
@@ -309,14 +356,28 @@ fn realize_sweep(
             failures: built.failures,
         });
     }
-    let (run, failures) = measure(opts, tc, problem, math, &candidates, &dir)?;
+    let (mut run, mut failures) = measure(opts, tc, problem, math, &candidates, &dir)?;
+    if run.candidates.iter().all(|c| c.outcome.median_ms().is_none()) {
+        // Nothing survived: the agent may propose one more set.
+        let seen: Vec<(String, String)> = run.candidates.iter().map(|c| (c.kernel.clone(), c.outcome.label().to_string())).collect();
+        let mut avoid = failed_before.clone();
+        avoid.extend(seen.iter().map(|(k, _)| k.clone()));
+        if let Some(retry) = steward.after_failure(problem, math, opts.arch, &seen, &avoid) {
+            let (again, more) = measure(opts, tc, problem, math, &retry, &sweep_dir(opts, &key, "_retry"))?;
+            run.candidates.extend(again.candidates);
+            failures.extend(more);
+        }
+    }
     let n = run.candidates.len();
     let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
     let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
-    let entry = Entry::from_runs(key.clone(), problem.clone(), vec![run]).ok_or_else(|| ComposeError::Tune {
-        key: key.to_string(),
-        detail: format!("no candidate passed verification: {summary}"),
-    })?;
+    let Some(entry) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
+        return Ok(Realized {
+            how: Realization::Skipped { reason: format!("no candidate passed verification: {summary}") },
+            entry: None,
+            failures,
+        });
+    };
     tables.record(entry)?;
     let merged = tables.user.get(&key).cloned();
     Ok(Realized { how: Realization::Tuned { candidates: n, failed }, entry: merged, failures })
@@ -331,19 +392,39 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let tc = Toolchain::discover()?;
     let gpu = torch::cuda_available();
     let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
+    let mut steward = opts.steward();
+    let plan_opts = PlanOptions { arch: opts.arch, precision: opts.precision, assumed_speedup: 1.05 };
+    let the_plan = plan::plan(&graph, &matches, &plan_opts, Some(&tables), &mut steward);
+    let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
+
+    // Realize in the plan's order, so the patterns worth most are tuned first.
+    let mut done: BTreeMap<GemmProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
+    let mut compile_failures = Vec::new();
+    for id in &order {
+        let m = &matches[id[1..].parse::<usize>().expect("plan ids are p<index>")];
+        let pk = GemmProblemKey::of(&m.problem);
+        if !done.contains_key(&pk) {
+            let mut r = realize(opts, &tc, &mut tables, &mut steward, &m.problem, gpu)?;
+            if let Some(e) = r.entry.as_ref().filter(|e| !opts.keep_slower && e.baseline_ms().is_some_and(|b| b < e.winner_ms)) {
+                r.how = Realization::Skipped {
+                    reason: format!(
+                        "the winner {} ({:.4} ms) is slower than torch ({:.4} ms); --keep-slower substitutes it anyway",
+                        e.winner,
+                        e.winner_ms,
+                        e.baseline_ms().unwrap_or_default()
+                    ),
+                };
+                r.entry = None;
+            }
+            compile_failures.extend(r.failures);
+            done.insert(pk, (r.how, r.entry));
+        }
+    }
 
     let mut patterns = Vec::new();
     let mut winners: BTreeMap<String, KernelSpec> = BTreeMap::new();
-    let mut done: BTreeMap<GemmProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
-    let mut compile_failures = Vec::new();
     for (i, m) in matches.iter().enumerate() {
-        let pk = GemmProblemKey::of(&m.problem);
-        if !done.contains_key(&pk) {
-            let r = realize(opts, &tc, &mut tables, &m.problem, gpu)?;
-            compile_failures.extend(r.failures);
-            done.insert(pk.clone(), (r.how, r.entry));
-        }
-        let (how, entry) = &done[&pk];
+        let (how, entry) = &done[&GemmProblemKey::of(&m.problem)];
         if let Some(e) = entry {
             winners.insert(e.winner.clone(), e.winner_spec.clone());
         }
@@ -389,6 +470,9 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         gpu,
         compile_failures,
         graph_note: graph.note.clone(),
+        order,
+        agent: steward.name(),
+        agent_notes: steward.notes.clone(),
         seconds: start.elapsed().as_secs_f64(),
     };
     let path = opts.out_dir.join(REPORT);

@@ -125,8 +125,10 @@ std::string ivalue_repr(const c10::IValue& v) {
   return os.str();
 }
 
+// Large tensors become meta tensors (sizes only); 0-dim ones keep their value, because size
+// arithmetic in traced graphs flows through them (NumToTensor, floor_divide, Int).
 at::Tensor as_meta(const at::Tensor& t) {
-  if (t.is_meta()) return t;
+  if (t.is_meta() || t.dim() == 0) return t;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
 }
 
@@ -170,6 +172,35 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
       const auto& obj = env.at(n->input());
       if (obj.isObject()) {
         env[n->output()] = map_tensors(obj.toObject()->getAttr(n->s(c10::attr::name)), as_meta);
+      }
+      continue;
+    }
+    // List and tuple plumbing is built here: these nodes carry no registered operation.
+    if (n->kind() == c10::prim::ListConstruct) {
+      auto elem = n->output()->type()->expectRef<c10::ListType>().getElementType();
+      c10::impl::GenericList list(elem);
+      for (Value* v : n->inputs()) list.push_back(env.at(v));
+      env[n->output()] = c10::IValue(list);
+      continue;
+    }
+    if (n->kind() == c10::prim::TupleConstruct) {
+      std::vector<c10::IValue> elems;
+      for (Value* v : n->inputs()) elems.push_back(env.at(v));
+      env[n->output()] = c10::ivalue::Tuple::create(std::move(elems));
+      continue;
+    }
+    if (n->kind() == c10::prim::ListUnpack || n->kind() == c10::prim::TupleUnpack) {
+      const auto& in = env.at(n->input());
+      std::vector<c10::IValue> elems;
+      if (in.isTuple()) {
+        for (const auto& e : in.toTupleRef().elements()) elems.push_back(e);
+      } else if (in.isList()) {
+        for (const c10::IValue& e : in.toListRef()) elems.push_back(e);
+      }
+      if (elems.size() == n->outputs().size()) {
+        for (size_t i = 0; i < elems.size(); ++i) env[n->outputs()[i]] = elems[i];
+      } else {
+        unknown_ops.push_back(n->kind().toQualString());
       }
       continue;
     }

@@ -1,0 +1,128 @@
+//! Assembling the plan: costs, shares, expected gains, examples and the agent's ranking.
+
+use super::examples::index;
+use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
+use crate::agent::{RankItem, Steward};
+use crate::graph::{Graph, NodeId};
+use crate::rules::GemmMatch;
+use crate::table::{Lookup, TableKey, Tables};
+use crate::types::{Arch, MathType, Precision};
+use std::collections::{BTreeSet, HashMap};
+
+pub struct PlanOptions {
+    pub arch: Arch,
+    pub precision: Precision,
+    /// Speedup assumed for a pattern the tables hold no measurement of.
+    pub assumed_speedup: f64,
+}
+
+fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
+    let p = &m.problem;
+    let Some(math) = math else {
+        return vec![format!("no {arch} kernel family computes {} under this precision policy", p.dtype)];
+    };
+    // The default 128x256 tile of the transposed problem: waves over the 132 SMs of an H100.
+    let tiles = ((p.n as f64) / 128.0).ceil() * ((p.m as f64) / 256.0).ceil() * p.batch as f64;
+    let waves = tiles / 132.0;
+    let grid = if waves < 1.0 {
+        format!("{tiles:.0} tiles of 128x256 fill {:.0}% of one wave: Stream-K or smaller tiles", waves * 100.0)
+    } else {
+        format!("{tiles:.0} tiles of 128x256, {waves:.2} waves: persistent data-parallel, Stream-K to even out the last wave")
+    };
+    let k_note = if p.k >= 65536 { "; K of {k} favours splitting K (Stream-K) for accuracy and parallelism" } else { "" };
+    vec![
+        "pipelining: TMA loads into a multistage shared-memory ring (stage count carved from the epilogue's share), warp-specialized producer and consumer warpgroups".into(),
+        format!("grid: {grid}{}", k_note.replace("{k}", &p.k.to_string())),
+        format!(
+            "tensor cores: WGMMA (sm_90a) {} with fp32 accumulation{}",
+            math.short_name(),
+            if p.bias { ", bias added in the TMA epilogue" } else { "" }
+        ),
+    ]
+}
+
+/// The plan of a graph's matched GEMMs: shares from the cost model, gains from the tables where
+/// they hold a measurement, examples and order from the agent.
+pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option<&Tables>, steward: &mut Steward) -> Plan {
+    let costs = node_costs(g, opts.arch, opts.precision, matches);
+    let total: f64 = costs.iter().map(|c| c.ms).sum();
+    let cost_of: HashMap<NodeId, f64> = costs.iter().map(|c| (c.node, c.ms)).collect();
+    let idx = index();
+    let mut patterns: Vec<PlannedPattern> = Vec::new();
+    for (i, m) in matches.iter().enumerate() {
+        let p = &m.problem;
+        let math = MathType::for_tensor(p.dtype, opts.precision);
+        let est_ms = cost_of.get(&m.node).copied().unwrap_or(0.0);
+        let (speedup, source) = match (math, tables) {
+            (None, _) => (1.0, "left to torch under this precision".to_string()),
+            (Some(math), Some(t)) => match t.lookup(&TableKey::gemm(p, math, opts.arch)) {
+                Lookup::Exact { entry, table } => match entry.baseline_ms() {
+                    Some(b) => (b / entry.winner_ms, format!("measured ({table} table, {})", entry.winner_provenance().device.name)),
+                    None => (opts.assumed_speedup, "assumed".into()),
+                },
+                _ => (opts.assumed_speedup, "assumed (no measurement in the tables)".into()),
+            },
+            (Some(_), None) => (opts.assumed_speedup, "assumed".into()),
+        };
+        let shapes = [Some(m.a), Some(m.b), m.bias]
+            .into_iter()
+            .flatten()
+            .map(|v| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default())
+            .collect();
+        patterns.push(PlannedPattern {
+            id: format!("p{i}"),
+            name: format!("{} {}", m.origin.name(), p.shape_key()),
+            rule: p.rule_id(),
+            arch: opts.arch,
+            node: m.node,
+            origin: m.origin.name().into(),
+            input_shapes: shapes,
+            dtype: p.dtype,
+            math,
+            problem: p.clone(),
+            notes: notes(m, math, opts.arch),
+            examples: vec![],
+            est_ms,
+            share: if total > 0.0 { est_ms / total } else { 0.0 },
+            expected_speedup: speedup,
+            speedup_source: source,
+            expected_gain_ms: est_ms * (1.0 - 1.0 / speedup),
+            priority: 0,
+        });
+    }
+    for pat in &mut patterns {
+        let offered = idx.for_rule(&pat.rule, pat.arch, pat.math);
+        pat.examples = steward.examples(&pat.id, &pat.rule, pat.arch, &offered);
+    }
+    let items: Vec<RankItem> = patterns
+        .iter()
+        .map(|p| RankItem {
+            id: p.id.clone(),
+            rule: p.rule.clone(),
+            shape: p.problem.shape_key(),
+            est_ms: p.est_ms,
+            share: p.share,
+            expected_gain_ms: p.expected_gain_ms,
+        })
+        .collect();
+    let order = steward.rank(&items);
+    let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, id)| (id.as_str(), i + 1)).collect();
+    for p in &mut patterns {
+        p.priority = rank[p.id.as_str()];
+    }
+    patterns.sort_by_key(|p| p.priority);
+    let matched: BTreeSet<NodeId> = matches.iter().map(|m| m.node).collect();
+    let unmatched = unmatched_regions(g, &costs, &matched, total);
+    let unmatched_share = unmatched.iter().map(|r| r.share).sum();
+    Plan {
+        arch: opts.arch,
+        precision: opts.precision,
+        ceilings: super::ceilings(opts.arch),
+        total_est_ms: total,
+        patterns,
+        unmatched,
+        unmatched_share,
+        agent: steward.name(),
+        agent_notes: steward.notes.clone(),
+    }
+}

@@ -1,0 +1,305 @@
+//! Stage 1: the plan. A cost model of the whole graph (FLOPs and bytes per node against the arch's
+//! measured ceilings) estimates where the time goes; matched patterns get their share and an
+//! expected gain, and what no rule matched is grouped into regions so a user sees what is left on
+//! the table. Pure: no libtorch, GPU or disk.
+
+use crate::graph::{Graph, NodeId};
+use crate::rules::{GemmMatch, GemmProblem};
+use crate::types::{Arch, DType, MathType, Precision};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap};
+
+/// Ceilings measured on the arch's reference GPU, the denominators of the cost model.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Ceilings {
+    pub tf32_tflops: f64,
+    pub bf16_tflops: f64,
+    pub fp32_tflops: f64,
+    pub dram_tbps: f64,
+    /// Fixed cost of one kernel launch in eager execution.
+    pub launch_us: f64,
+}
+
+pub fn ceilings(arch: Arch) -> Ceilings {
+    match arch {
+        // H100 80GB HBM3, measured here: cuBLAS tf32 4096³ 0.347 ms (397 TFLOP/s), fp32 2.76 ms
+        // (50 TFLOP/s), bf16 8192³ 798 TFLOP/s, device-to-device copy about 3.0 TB/s.
+        Arch::Sm90 => Ceilings { tf32_tflops: 397.0, bf16_tflops: 790.0, fp32_tflops: 50.0, dram_tbps: 3.0, launch_us: 4.0 },
+    }
+}
+
+/// Ops that only make views, read sizes or build lists: no kernel, no traffic.
+fn is_free(kind: &str) -> bool {
+    kind.starts_with("prim::")
+        || matches!(
+            kind,
+            "aten::view" | "aten::reshape" | "aten::transpose" | "aten::permute" | "aten::t" | "aten::select"
+                | "aten::slice" | "aten::size" | "aten::Int" | "aten::split" | "aten::chunk" | "aten::unsqueeze"
+                | "aten::squeeze" | "aten::expand" | "aten::unbind" | "aten::detach" | "aten::alias"
+                | "aten::floor_divide" | "aten::pow" | "aten::ScalarImplicit" | "aten::dropout" | "aten::flatten"
+        )
+}
+
+fn numel(shape: &[i64]) -> f64 {
+    shape.iter().map(|&d| d as f64).product()
+}
+
+fn elem_bytes(dtype: &str) -> f64 {
+    match dtype {
+        "f64" | "i64" => 8.0,
+        "bf16" | "f16" => 2.0,
+        "bool" => 1.0,
+        _ => 4.0,
+    }
+}
+
+/// Estimated cost of one node.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeCost {
+    pub node: NodeId,
+    pub kind: String,
+    pub flops: f64,
+    pub bytes: f64,
+    pub ms: f64,
+}
+
+fn math_rate(c: &Ceilings, dtype: &str, precision: Precision) -> f64 {
+    match DType::parse(dtype).and_then(|d| MathType::for_tensor(d, precision)) {
+        Some(MathType::Tf32) => c.tf32_tflops,
+        Some(MathType::Bf16 | MathType::F16) => c.bf16_tflops,
+        None => c.fp32_tflops,
+    }
+}
+
+/// FLOPs and bytes of every node that launches work, and the time the roofline gives it.
+pub fn node_costs(g: &Graph, arch: Arch, precision: Precision, gemms: &[GemmMatch]) -> Vec<NodeCost> {
+    let c = ceilings(arch);
+    let gemm_at: HashMap<NodeId, &GemmProblem> = gemms.iter().map(|m| (m.node, &m.problem)).collect();
+    let mut out = Vec::new();
+    for (id, n) in g.nodes.iter().enumerate() {
+        if is_free(&n.kind) {
+            continue;
+        }
+        let tensors = |vs: &[usize]| -> f64 {
+            vs.iter().filter_map(|&v| g.tensor(v)).map(|t| numel(&t.shape) * elem_bytes(&t.dtype)).sum()
+        };
+        let bytes = tensors(&n.inputs) + tensors(&n.outputs);
+        if bytes == 0.0 {
+            continue;
+        }
+        let out_t = n.outputs.first().and_then(|&o| g.tensor(o));
+        let dtype = out_t.map(|t| t.dtype.clone()).unwrap_or_else(|| "f32".into());
+        let flops = match gemm_at.get(&id) {
+            Some(p) => p.flops(),
+            None if n.kind.contains("matmul") || n.kind.contains("linear") || n.kind.contains("mm") => {
+                // An unmatched GEMM-like node: 2·K per output element, K from the first input.
+                let k = n.inputs.first().and_then(|&v| g.tensor(v)).and_then(|t| t.shape.last().copied()).unwrap_or(1);
+                out_t.map_or(0.0, |t| 2.0 * numel(&t.shape) * k as f64)
+            }
+            None => out_t.map_or(0.0, |t| numel(&t.shape) * if n.kind.contains("softmax") { 5.0 } else { 1.0 }),
+        };
+        let rate = if gemm_at.contains_key(&id) { math_rate(&c, &dtype, precision) } else { c.fp32_tflops };
+        let mut roofline = (flops / (rate * 1e12)).max(bytes / (c.dram_tbps * 1e12));
+        if let Some(k) = gemm_k(g, id, &gemm_at) {
+            roofline /= tile_efficiency(k as f64, elem_bytes(&dtype));
+        }
+        let ms = roofline * 1e3 + c.launch_us * 1e-3;
+        out.push(NodeCost { node: id, kind: n.kind.clone(), flops, bytes, ms });
+    }
+    out
+}
+
+/// K of a GEMM-like node (matched, or an unmatched matmul/linear/bmm), if it is one.
+fn gemm_k(g: &Graph, id: NodeId, gemm_at: &HashMap<NodeId, &GemmProblem>) -> Option<i64> {
+    if let Some(p) = gemm_at.get(&id) {
+        return Some(p.k);
+    }
+    let n = &g.nodes[id];
+    if !(n.kind.contains("matmul") || n.kind.contains("linear") || n.kind.ends_with("mm")) {
+        return None;
+    }
+    n.inputs.first().and_then(|&v| g.tensor(v)).and_then(|t| t.shape.last().copied())
+}
+
+/// The fraction of a tile's time spent in its K loop. Each 128x256 output tile also fills its
+/// pipeline (about 4 stages of one K block) and writes its output through the epilogue; in bytes
+/// the epilogue equals (128·256·out) / ((128+256)·in) units of K. With K0 the sum of both, a
+/// tile's time scales as K + K0, so short-K GEMMs (attention's q·kᵀ, K = head dim) run far below
+/// the roofline while long-K ones approach it.
+fn tile_efficiency(k: f64, elem: f64) -> f64 {
+    let (tm, tn, stages) = (128.0, 256.0, 4.0);
+    let tk = 128.0 / elem;
+    let k0 = (tm * tn * elem) / ((tm + tn) * elem) + stages * tk;
+    k / (k + k0)
+}
+
+/// Nodes no rule matched, connected through data edges (views included), with their share.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Region {
+    pub name: String,
+    pub nodes: Vec<NodeId>,
+    pub kinds: Vec<String>,
+    pub est_ms: f64,
+    pub share: f64,
+}
+
+/// Groups the costed nodes outside `matched` into connected regions, largest first.
+pub fn unmatched_regions(g: &Graph, costs: &[NodeCost], matched: &BTreeSet<NodeId>, total_ms: f64) -> Vec<Region> {
+    let costed: HashMap<NodeId, &NodeCost> = costs.iter().map(|c| (c.node, c)).collect();
+    // Union-find over unmatched nodes joined by producer→consumer edges.
+    let n = g.nodes.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn find(p: &mut [usize], x: usize) -> usize {
+        let mut r = x;
+        while p[r] != r {
+            r = p[r];
+        }
+        let mut y = x;
+        while p[y] != r {
+            let next = p[y];
+            p[y] = r;
+            y = next;
+        }
+        r
+    }
+    let joinable = |id: NodeId| !matched.contains(&id) && g.nodes[id].kind != "prim::Constant" && g.nodes[id].kind != "prim::GetAttr";
+    for (id, node) in g.nodes.iter().enumerate() {
+        if !joinable(id) {
+            continue;
+        }
+        for &v in &node.inputs {
+            if let Some(p) = g.values[v].producer.filter(|&p| joinable(p)) {
+                let (a, b) = (find(&mut parent, id), find(&mut parent, p));
+                parent[a] = b;
+            }
+        }
+    }
+    let mut groups: HashMap<usize, Vec<NodeId>> = HashMap::new();
+    for &id in costed.keys() {
+        if !matched.contains(&id) {
+            let r = find(&mut parent, id);
+            groups.entry(r).or_default().push(id);
+        }
+    }
+    let mut regions: Vec<Region> = groups
+        .into_values()
+        .map(|mut nodes| {
+            nodes.sort();
+            let kinds: Vec<String> = nodes.iter().map(|&i| g.nodes[i].kind.clone()).collect();
+            let est_ms: f64 = nodes.iter().map(|i| costed[i].ms).sum();
+            let mut names: Vec<&str> = Vec::new();
+            for k in &kinds {
+                let short = k.trim_start_matches("aten::");
+                if names.last() != Some(&short) {
+                    names.push(short);
+                }
+            }
+            Region { name: names.join(" → "), nodes, kinds, est_ms, share: if total_ms > 0.0 { est_ms / total_ms } else { 0.0 } }
+        })
+        .collect();
+    regions.sort_by(|a, b| b.est_ms.partial_cmp(&a.est_ms).unwrap());
+    regions
+}
+
+pub mod examples;
+mod build;
+pub use build::{plan, PlanOptions};
+
+/// One pattern of the plan.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PlannedPattern {
+    pub id: String,
+    pub name: String,
+    pub rule: String,
+    pub arch: Arch,
+    pub node: NodeId,
+    pub origin: String,
+    /// Shapes of a, b (and bias) as the graph carries them.
+    pub input_shapes: Vec<Vec<i64>>,
+    pub dtype: DType,
+    pub math: Option<MathType>,
+    pub problem: GemmProblem,
+    /// Pipelining, grid schedule and tensor-core instruction a kernel for it would use.
+    pub notes: Vec<String>,
+    /// Supporting CUTLASS examples (paths in the installed CUTLASS tree).
+    pub examples: Vec<String>,
+    pub est_ms: f64,
+    pub share: f64,
+    /// Kernel speedup over torch: measured (a pattern-table entry) or estimated.
+    pub expected_speedup: f64,
+    pub speedup_source: String,
+    pub expected_gain_ms: f64,
+    /// 1 is tuned first.
+    pub priority: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Plan {
+    pub arch: Arch,
+    pub precision: Precision,
+    pub ceilings: Ceilings,
+    pub total_est_ms: f64,
+    pub patterns: Vec<PlannedPattern>,
+    pub unmatched: Vec<Region>,
+    pub unmatched_share: f64,
+    /// Which agent ranked and chose examples, and anything it had to fall back on.
+    pub agent: String,
+    pub agent_notes: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::match_gemms;
+
+    fn attention_like() -> Graph {
+        Graph::parse(
+            "graph(%x: f32[64,512,256], %w: f32[768,256], %b: f32[768], %q: f32[64,8,512,32], %k: f32[64,8,32,512], %m: bool[512,512]):
+               %y = aten::linear(%x, %w, %b) : f32[64,512,768]
+               %s = aten::matmul(%q, %k) : f32[64,8,512,512]
+               %d = aten::div(%s, %s) : f32[64,8,512,512]
+               %f = aten::masked_fill(%d, %m, %m) : f32[64,8,512,512]
+               %p = aten::softmax(%f) : f32[64,8,512,512]
+               %v = aten::view(%p) : f32[64,8,512,512]
+               %g = aten::gelu(%y) : f32[64,512,768]
+               return (%v, %g)",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn gemms_cost_by_flops_and_elementwise_by_bytes() {
+        let g = attention_like();
+        let m = match_gemms(&g);
+        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &m);
+        let linear = costs.iter().find(|c| c.kind == "aten::linear").unwrap();
+        assert_eq!(linear.flops, 2.0 * 64.0 * 512.0 * 768.0 * 256.0);
+        let roofline_ms = linear.flops / 397e12 * 1e3;
+        assert!(linear.ms > roofline_ms * 1.5, "K = 256 pays pipeline fill and epilogue: {} vs {roofline_ms}", linear.ms);
+        let softmax = costs.iter().find(|c| c.kind == "aten::softmax").unwrap();
+        assert_eq!(softmax.bytes, 2.0 * 4.0 * 64.0 * 8.0 * 512.0 * 512.0);
+        assert!(softmax.ms > 0.1, "a 0.5 GB read and write takes time: {}", softmax.ms);
+        assert!(costs.iter().all(|c| c.kind != "aten::view"), "views are free");
+    }
+
+    #[test]
+    fn long_k_approaches_the_roofline_and_short_k_does_not() {
+        assert!(tile_efficiency(8192.0, 4.0) > 0.95);
+        assert!(tile_efficiency(96.0, 4.0) < 0.35);
+        assert!(tile_efficiency(96.0, 4.0) < tile_efficiency(96.0, 2.0) * 1.5);
+    }
+
+    #[test]
+    fn unmatched_nodes_group_into_connected_regions() {
+        let g = attention_like();
+        let m = match_gemms(&g);
+        let matched: BTreeSet<NodeId> = m.iter().map(|m| m.node).collect();
+        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &m);
+        let total: f64 = costs.iter().map(|c| c.ms).sum();
+        let regions = unmatched_regions(&g, &costs, &matched, total);
+        assert_eq!(regions.len(), 2);
+        assert_eq!(regions[0].name, "div → masked_fill → softmax");
+        assert_eq!(regions[1].name, "gelu");
+        assert!(regions[0].share > regions[1].share);
+    }
+}

@@ -1,0 +1,153 @@
+//! Stage 1 on fixture models: the plan, the examples index, and an external agent driving fact
+//! through the fact-agent/1 protocol.
+
+use crate::common::{fact, fixture, python, root};
+use fact::plan::examples::index;
+use std::path::Path;
+
+fn discover(model: &Path, extra: &[&str]) -> (serde_json::Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fact()
+        .env("FACT_TABLE", dir.path().join("t.json"))
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .arg("discover")
+        .arg(model)
+        .arg("--json")
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (serde_json::from_slice(&out.stdout).unwrap(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn rules_in_order(plan: &serde_json::Value) -> Vec<(String, String)> {
+    plan["patterns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["rule"].as_str().unwrap().to_string(), p["problem"]["m"].to_string() + "/" + &p["problem"]["k"].to_string()))
+        .collect()
+}
+
+#[test]
+fn minigpt_plan_ranks_patterns_and_reports_the_unmatched_regions() {
+    let (v, _) = discover(&fixture("minigpt768.pt"), &["--input", "128x512x768"]);
+    let plan = &v["plan"];
+    let pats = plan["patterns"].as_array().unwrap();
+    assert_eq!(pats.len(), 6, "4 linears and 2 attention bmms");
+    // The cost model's order for this block: q·kᵀ (short K), then the MLP, then qkv and att·v.
+    let order: Vec<&str> = pats.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        order,
+        vec![
+            "matmul 1024x512x512x96",
+            "linear 65536x3072x768",
+            "linear 65536x768x3072",
+            "linear 65536x2304x768",
+            "matmul 1024x512x96x512",
+            "linear 65536x768x768"
+        ]
+    );
+    for (i, p) in pats.iter().enumerate() {
+        assert_eq!(p["priority"], i + 1);
+        assert!(!p["examples"].as_array().unwrap().is_empty(), "{}", p["name"]);
+        assert_eq!(p["notes"].as_array().unwrap().len(), 3);
+    }
+    let regions = plan["unmatched"].as_array().unwrap();
+    assert_eq!(regions[0]["name"], "div → bitwise_not → masked_fill → softmax → contiguous");
+    assert!(regions.iter().any(|r| r["name"] == "add → layer_norm → add"));
+    assert!(regions.iter().any(|r| r["name"] == "layer_norm"));
+    let shares: f64 = pats.iter().map(|p| p["share"].as_f64().unwrap()).sum::<f64>() + plan["unmatched_share"].as_f64().unwrap();
+    assert!((shares - 1.0).abs() < 1e-9, "patterns and regions account for all the time: {shares}");
+}
+
+#[test]
+fn mlp_and_bmm_plans() {
+    let (v, _) = discover(&fixture("mlp.pt"), &["--input", "4096x1024x64"]);
+    // fc1 (K = 64, N = 256) outweighs fc2 (K = 256, N = 64): a short K and a wider output.
+    assert_eq!(rules_in_order(&v["plan"]), vec![("gemm_rcr_bias".into(), "4194304/64".into()), ("gemm_rcr".into(), "4194304/256".into())]);
+    assert_eq!(v["plan"]["unmatched"][0]["name"], "relu");
+    let (v, _) = discover(&fixture("bmm.pt"), &[]);
+    assert_eq!(rules_in_order(&v["plan"]), vec![("bmm_rrr".into(), "32/64".into())]);
+}
+
+#[test]
+fn every_indexed_example_exists_in_the_installed_cutlass() {
+    let cutlass = std::env::var_os("CUTLASS_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| root().join(".fact/cutlass"));
+    let idx = index();
+    assert_eq!(idx.cutlass, "4.2.0");
+    assert!(!idx.paths().is_empty());
+    for p in idx.paths() {
+        assert!(cutlass.join(&p).is_file(), "{p} is not in {}", cutlass.display());
+    }
+}
+
+fn agent_cmd(mode: &str, log: &Path) -> String {
+    format!("{} {} {mode} {}", python().display(), root().join("tests/agents/scripted_agent.py").display(), log.display())
+}
+
+fn requests(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn an_external_agent_ranks_and_chooses_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.jsonl");
+    let (v, _) = discover(&fixture("mlp.pt"), &["--agent", &agent_cmd("reject-then-propose", &log)]);
+    let plan = &v["plan"];
+    assert!(plan["agent"].as_str().unwrap().contains("scripted_agent.py"));
+    // The agent reversed the built-in order and kept one example per pattern.
+    assert_eq!(plan["patterns"][0]["rule"], "gemm_rcr");
+    assert_eq!(plan["patterns"][0]["examples"].as_array().unwrap().len(), 1);
+    let kinds: Vec<String> = requests(&log).iter().map(|r| r["kind"].as_str().unwrap().to_string()).collect();
+    assert_eq!(kinds, vec!["examples", "examples", "rank"]);
+}
+
+#[test]
+fn a_silent_or_garbled_agent_times_out_and_the_builtin_takes_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.jsonl");
+    let started = std::time::Instant::now();
+    let (v, _) = discover(&fixture("mlp.pt"), &["--agent", &agent_cmd("sleep-on-rank", &log), "--agent-timeout", "1"]);
+    assert!(started.elapsed().as_secs() < 30, "the timeout bounds the wait");
+    let notes = v["plan"]["agent_notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("did not answer within")), "{notes:?}");
+    assert_eq!(v["plan"]["agent"], "builtin");
+    assert_eq!(v["plan"]["patterns"][0]["rule"], "gemm_rcr_bias", "the built-in order");
+
+    let (v, _) = discover(&fixture("mlp.pt"), &["--agent", &agent_cmd("garbage", &log)]);
+    let notes = v["plan"]["agent_notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("malformed")), "{notes:?}");
+    let (v, _) = discover(&fixture("mlp.pt"), &["--agent", "/nonexistent/agent-binary"]);
+    assert_eq!(v["plan"]["agent"], "builtin");
+}
+
+#[test]
+fn an_external_agent_drives_a_compose_through_a_rejected_proposal() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.jsonl");
+    let out = fact()
+        .env("FACT_TABLE", dir.path().join("t.json"))
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["compose", "--json", "--candidates", "1", "--out"])
+        .arg(dir.path().join("out"))
+        .arg(fixture("linear.pt"))
+        .args(["--agent", &agent_cmd("reject-then-propose", &log)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["compose"];
+    let notes: Vec<&str> = c["agent_notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(notes.iter().any(|n| n.contains("rejected a candidate") && n.contains("cooperative")), "{notes:?}");
+    let reqs = requests(&log);
+    let proposes: Vec<&serde_json::Value> = reqs.iter().filter(|r| r["kind"] == "propose").collect();
+    assert_eq!(proposes.len(), 2, "one proposal, one retry after the rejection");
+    assert!(proposes[1]["rejected"][0]["reason"].as_str().unwrap().contains("cooperative"));
+    // Without a GPU the agent's accepted candidate is what got compiled.
+    assert_eq!(c["patterns"][0]["realization"]["how"], "compiled");
+    let space0 = &proposes[0]["space"][0];
+    let name = fact::space::KernelSpec::name(&serde_json::from_value(space0.clone()).unwrap());
+    assert!(dir.path().join("out/sweeps").read_dir().unwrap().flatten().any(|d| d.path().join("src").join(format!("{name}.cu")).is_file()));
+}
