@@ -150,4 +150,22 @@ fn an_external_agent_drives_a_compose_through_a_rejected_proposal() {
     let space0 = &proposes[0]["space"][0];
     let name = fact::space::KernelSpec::name(&serde_json::from_value(space0.clone()).unwrap());
     assert!(dir.path().join("out/sweeps").read_dir().unwrap().flatten().any(|d| d.path().join("src").join(format!("{name}.cu")).is_file()));
+
+    // The same compose with an agent that stops answering: the built-in agent finishes the job.
+    let silent = dir.path().join("silent.jsonl");
+    let out = fact()
+        .env("FACT_TABLE", dir.path().join("t.json"))
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["compose", "--json", "--candidates", "1", "--agent-timeout", "1", "--out"])
+        .arg(dir.path().join("out2"))
+        .arg(fixture("linear.pt"))
+        .args(["--agent", &agent_cmd("sleep-on-rank", &silent)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["compose"];
+    assert_eq!(c["agent"], "builtin");
+    assert!(c["agent_notes"][0].as_str().unwrap().contains("did not answer within 1s while ranking"), "{}", c["agent_notes"]);
+    assert_eq!(c["patterns"][0]["realization"]["how"], "compiled", "the work went on");
 }

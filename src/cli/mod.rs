@@ -199,6 +199,26 @@ fn jobs(j: Option<usize>) -> usize {
     j.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
 }
 
+/// The realization options every command shares; the rest are defaults from the environment.
+fn options(out_dir: PathBuf, precision: Precision, arch: Arch, agent: &AgentArgs, json: bool) -> Result<compose::Options> {
+    Ok(compose::Options {
+        out_dir,
+        precision,
+        arch,
+        jobs: jobs(None),
+        user_table: table::user_table_path(),
+        shipped_table: table::shipped_table_path(),
+        cache_dir: nvcc::default_cache_dir(),
+        exe: std::env::current_exe().context("cannot find the fact executable")?,
+        protocol: Protocol::default(),
+        progress: !json,
+        max_candidates: None,
+        keep_slower: false,
+        agent: agent.agent.clone(),
+        agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
+    })
+}
+
 fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
 }
@@ -212,20 +232,10 @@ pub fn main() -> Result<()> {
             let stem = model.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
             let out_dir = out.unwrap_or_else(|| PathBuf::from("out").join(stem));
             let opts = compose::Options {
-                out_dir: out_dir.clone(),
-                precision,
-                arch: Arch::Sm90,
                 jobs: jobs(j),
-                user_table: table::user_table_path(),
-                shipped_table: table::shipped_table_path(),
-                cache_dir: nvcc::default_cache_dir(),
-                exe: std::env::current_exe().context("cannot find the fact executable")?,
-                protocol: Protocol::default(),
-                progress: !json,
                 max_candidates: candidates,
                 keep_slower,
-                agent: agent.agent.clone(),
-                agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
+                ..options(out_dir.clone(), precision, Arch::Sm90, &agent, json)?
             };
             let report = compose::compose(&model, &inputs, &opts).with_context(|| format!("composing {}", model.display()))?;
             let bench = if report.gpu && report.composed.is_some() && !no_bench {
@@ -267,20 +277,10 @@ pub fn main() -> Result<()> {
                 .with_context(|| format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr), e.g. 4096x4096x4096"))?;
             let problem = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
             let opts = compose::Options {
-                out_dir: out.unwrap_or_else(|| PathBuf::from("out/realize")),
-                precision,
-                arch,
                 jobs: jobs(j),
-                user_table: table::user_table_path(),
-                shipped_table: table::shipped_table_path(),
-                cache_dir: nvcc::default_cache_dir(),
-                exe: std::env::current_exe().context("cannot find the fact executable")?,
-                protocol: Protocol::default(),
-                progress: !json,
                 max_candidates: candidates,
                 keep_slower: true,
-                agent: agent.agent.clone(),
-                agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
+                ..options(out.unwrap_or_else(|| PathBuf::from("out/realize")), precision, arch, &agent, json)?
             };
             let start = std::time::Instant::now();
             let tc = Toolchain::discover()?;
@@ -321,23 +321,7 @@ pub fn main() -> Result<()> {
             let (graph, inputs) = torch::load_graph(&model, &inputs).with_context(|| format!("discovering {}", model.display()))?;
             let matches = crate::rules::match_gemms(&graph);
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
-            let opts = compose::Options {
-                out_dir: PathBuf::new(),
-                precision,
-                arch: Arch::Sm90,
-                jobs: 1,
-                user_table: table::user_table_path(),
-                shipped_table: table::shipped_table_path(),
-                cache_dir: PathBuf::new(),
-                exe: PathBuf::new(),
-                protocol: Protocol::default(),
-                progress: false,
-                max_candidates: None,
-                keep_slower: false,
-                agent: agent.agent.clone(),
-                agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
-            };
-            let mut steward = opts.steward();
+            let mut steward = options(PathBuf::new(), precision, Arch::Sm90, &agent, json)?.steward();
             let plan_opts = PlanOptions { arch: Arch::Sm90, precision, assumed_speedup: 1.05 };
             let plan = crate::plan::plan(&graph, &matches, &plan_opts, Some(&tables), &mut steward);
             if json {
@@ -574,12 +558,19 @@ fn print_compose(r: &ComposeReport, out_dir: &Path) {
     }
     if !r.gpu {
         let compiled = r.patterns.iter().filter(|p| matches!(p.realization, Realization::Compiled { .. })).count();
-        println!(
-            "\nno CUDA device: tuning needs a GPU. Discovered {} pattern(s); rendered and compiled the candidate kernels of {compiled} \
-             (sources and libraries under {}/sweeps/). Run the same command on an sm90 machine to tune, compose and benchmark.",
-            r.patterns.len(),
-            out_dir.display()
-        );
+        let hits = r.patterns.iter().filter(|p| p.kernel.is_some()).count();
+        println!("\nno CUDA device: tuning and benchmarking need an sm90 GPU.");
+        println!("  discovered {} pattern(s); {hits} realized from the pattern tables (winners built)", r.patterns.len());
+        if compiled > 0 {
+            println!(
+                "  {compiled} need tuning: their candidate kernels are rendered and compiled under {}/sweeps/; \
+                 run the same command on an sm90 machine to tune, compose and benchmark them",
+                out_dir.display()
+            );
+        }
+        if r.composed.is_some() {
+            println!("  the composed module runs fact's kernels on an sm90 GPU; elsewhere fact::gemm falls back to torch");
+        }
     }
     if let (Some(c), Some(l)) = (&r.composed, &r.library) {
         println!("\ncomposed module: {}\nop library:      {}", c.display(), l.display());
