@@ -2,6 +2,8 @@
 //! policy, their outputs checked against an fp64 run of the original. Same protocol as the tuner:
 //! warm-up, L2 flushed before each forward, CUDA events, median and spread.
 
+pub mod plot;
+
 use crate::torch::{self, InputShape};
 use crate::tune::cuda::{Cuda, DeviceInfo};
 use crate::tune::gpu::relative_error;

@@ -187,6 +187,11 @@ enum TableCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Write an entry's sweep as an SVG scatter plot (efficiency vs speedup over torch).
+    Plot {
+        id: String,
+        file: PathBuf,
+    },
     /// Remove an entry from the user table.
     Remove {
         id: String,
@@ -470,6 +475,13 @@ shipped table: {}", user_path.display(), shipped_path.display());
                 t.entries.len()
             })?;
             report_count(json, "merged", n, &out)
+        }
+        TableCommand::Plot { id, file } => {
+            let tables = Tables::load(&user_path, &shipped_path)?;
+            let e = tables.user.find_id(&id).or_else(|_| tables.shipped.find_id(&id))?;
+            std::fs::write(&file, crate::bench::plot::scatter_svg(e)).with_context(|| format!("writing {}", file.display()))?;
+            println!("{}: {} candidates of {}", file.display(), e.runs[e.winner_run].candidates.len(), e.key);
+            Ok(())
         }
         TableCommand::Remove { id, json } => {
             let removed = Table::update(&user_path, |t| t.remove_id(&id))??;

@@ -371,6 +371,9 @@ fn realize_sweep(
     let n = run.candidates.len();
     let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
     let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
+    // Every candidate with its status, and the scatter plot, next to the sweep's sources.
+    let record = serde_json::json!({ "key": key, "problem": problem, "run": run });
+    let _ = std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&record).expect("run serializes"));
     let Some(entry) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
         return Ok(Realized {
             how: Realization::Skipped { reason: format!("no candidate passed verification: {summary}") },
@@ -378,6 +381,7 @@ fn realize_sweep(
             failures,
         });
     };
+    let _ = std::fs::write(dir.join("scatter.svg"), crate::bench::plot::scatter_svg(&entry));
     tables.record(entry)?;
     let merged = tables.user.get(&key).cloned();
     Ok(Realized { how: Realization::Tuned { candidates: n, failed }, entry: merged, failures })

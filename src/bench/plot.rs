@@ -1,0 +1,123 @@
+//! The sweep scatter plot for people: one point per timed candidate, its efficiency (achieved
+//! TFLOP/s over the arch's datasheet peak for the math type) against its speedup over torch in the
+//! same run, the winner marked, failures counted in the caption. Plain SVG, no dependencies.
+
+use crate::table::Entry;
+use crate::tune::Outcome;
+use crate::types::{Arch, MathType};
+
+/// Dense tensor-core peak from the datasheet (H100 SXM5), TFLOP/s.
+pub fn peak_tflops(arch: Arch, math: MathType) -> f64 {
+    match (arch, math) {
+        (Arch::Sm90, MathType::Tf32) => 494.7,
+        (Arch::Sm90, MathType::Bf16 | MathType::F16) => 989.4,
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// The scatter plot of an entry's winning run.
+pub fn scatter_svg(e: &Entry) -> String {
+    let run = &e.runs[e.winner_run];
+    let peak = peak_tflops(e.key.arch, e.key.math);
+    let base = run.baseline.as_ref().map(|b| b.median_ms);
+    let points: Vec<(f64, f64, &str)> = run
+        .candidates
+        .iter()
+        .filter_map(|c| match &c.outcome {
+            Outcome::Ok { timing, tflops, .. } => Some((tflops / peak * 100.0, base.map_or(0.0, |b| b / timing.median_ms), c.kernel.as_str())),
+            _ => None,
+        })
+        .collect();
+    let failed = run.candidates.len() - points.len();
+    let (w, h, l, r, t, b) = (720.0, 460.0, 70.0, 30.0, 50.0, 70.0);
+    // Efficiency spans 0–100% of peak; speedup is rounded up to a quarter above the best point.
+    let xmax = 100.0;
+    let ymax = ((points.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1) * 4.0).ceil() / 4.0;
+    let x = |v: f64| l + v / xmax * (w - l - r);
+    let y = |v: f64| h - b - v / ymax * (h - t - b);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{l}\" y=\"20\" font-size=\"14\">{}</text>\n\
+         <text x=\"{l}\" y=\"38\" fill=\"#555\">{}: {} candidates timed, {failed} failed</text>\n",
+        esc(&e.key.to_string()),
+        esc(&run.provenance.device.name),
+        points.len()
+    );
+    for i in 0..=5 {
+        let xv = xmax * i as f64 / 5.0;
+        let yv = ymax * i as f64 / 5.0;
+        s += &format!(
+            "<line x1=\"{:.1}\" y1=\"{t}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{xv:.0}%</text>\n\
+             <line x1=\"{l}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{yv:.2}x</text>\n",
+            x(xv), x(xv), h - b, x(xv), h - b + 18.0, y(yv), w - r, y(yv), l - 6.0, y(yv) + 4.0
+        );
+    }
+    s += &format!(
+        "<line x1=\"{l}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"#999\" stroke-dasharray=\"5,4\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"#666\" text-anchor=\"end\">torch {}</text>\n",
+        y(1.0), w - r, y(1.0), w - r, y(1.0) - 5.0, base.map_or("-".to_string(), |b| format!("{b:.4} ms"))
+    );
+    s += &format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">efficiency: achieved TFLOP/s over the {} peak ({peak} TFLOP/s)</text>\n\
+         <text transform=\"translate(18,{:.1}) rotate(-90)\" text-anchor=\"middle\">speedup over torch (same run)</text>\n",
+        (l + w - r) / 2.0, h - 28.0, e.key.math.short_name(), (t + h - b) / 2.0
+    );
+    for (ex, sp, name) in &points {
+        let win = *name == e.winner;
+        s += &format!(
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"{}\" fill=\"{}\" fill-opacity=\"0.8\"><title>{} {ex:.1}% {sp:.3}x</title></circle>\n",
+            x(*ex), y(*sp), if win { 7 } else { 4 }, if win { "#d62728" } else { "#1f77b4" }, esc(name)
+        );
+        if win {
+            s += &format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#d62728\">winner {} ({:.4} ms)</text>\n",
+                l + 10.0,
+                t + 16.0,
+                esc(name),
+                e.winner_ms
+            );
+        }
+    }
+    s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{GemmLayout, GemmProblem};
+    use crate::space::gemm_candidates;
+    use crate::table::{Provenance, Run, TableKey};
+    use crate::tune::cuda::DeviceInfo;
+    use crate::tune::{CandidateResult, Timing};
+    use crate::types::DType;
+
+    #[test]
+    fn every_timed_candidate_is_a_point_and_the_winner_is_marked() {
+        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 };
+        let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
+        let t = |ms: f64| Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
+        let cands = vec![
+            CandidateResult { kernel: specs[0].name(), spec: specs[0].clone(), outcome: Outcome::Ok { max_rel_err: 1e-4, timing: t(0.5), tflops: 275.0 } },
+            CandidateResult { kernel: specs[1].name(), spec: specs[1].clone(), outcome: Outcome::Ok { max_rel_err: 1e-4, timing: t(0.4), tflops: 343.0 } },
+            CandidateResult { kernel: specs[2].name(), spec: specs[2].clone(), outcome: Outcome::CannotImplement },
+        ];
+        let prov = Provenance {
+            device: DeviceInfo { name: "H100".into(), sm_count: 132, compute_capability: "9.0".into(), driver: "-".into(), cuda_runtime: "-".into() },
+            torch: "2.11.0".into(),
+            nvcc: "13.0".into(),
+            cutlass: "4.2.0".into(),
+            fact: "0.1.0".into(),
+            date: "2026-11-22".into(),
+        };
+        let run = Run { provenance: prov, baseline: Some(t(0.35)), candidates: cands };
+        let e = Entry::from_runs(TableKey::gemm(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap();
+        let svg = scatter_svg(&e);
+        assert_eq!(svg.matches("<circle").count(), 2);
+        assert!(svg.contains(&format!("winner {}", specs[1].name())));
+        assert!(svg.contains("2 candidates timed, 1 failed"));
+        assert!(svg.contains("0.875x"), "speedup of the winner: 0.35/0.4");
+    }
+}
