@@ -6,7 +6,7 @@ pub mod plot;
 
 use crate::torch::{self, InputShape};
 use crate::tune::cuda::{Cuda, DeviceInfo};
-use crate::tune::gpu::relative_error;
+use crate::tune::gpu::{relative_error, sample};
 use crate::tune::{Protocol, Timing};
 use crate::types::Precision;
 use serde::{Deserialize, Serialize};
@@ -118,16 +118,7 @@ fn nan_max(a: f64, b: f64) -> f64 {
 
 fn time_forward(m: &CModule, inputs: &[Tensor], protocol: &Protocol, cuda: &Cuda) -> Result<Timing, String> {
     let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, Device::Cuda(0)));
-    for _ in 0..protocol.warmup {
-        forward(m, inputs)?;
-    }
-    cuda.sync()?;
-    let mut samples = Vec::new();
-    for i in 0..protocol.iterations {
-        let _ = flush.shallow_clone().fill_(i as f64);
-        let ms = cuda.time_ms(&mut || forward(m, inputs).map(|_| ()))?;
-        samples.push(ms);
-    }
+    let samples = sample(cuda, &flush, protocol, &mut || forward(m, inputs).map(|_| ()), |e| e)?;
     Timing::from_samples(samples).ok_or_else(|| "no valid timings".to_string())
 }
 

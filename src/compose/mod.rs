@@ -284,18 +284,12 @@ pub fn realize(
                 .filter(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
                 .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass));
             if let Some(on) = elsewhere {
-                let dir = sweep_dir(opts, &key, "_reverify");
-                let (run, failures) = measure(opts, tc, problem, math, std::slice::from_ref(&entry.winner_spec), &dir)?;
-                return match Entry::from_runs(key.clone(), problem.clone(), vec![run]) {
-                    Some(fresh) => {
-                        tables.record(fresh)?;
-                        let merged = tables.user.get(&key).cloned();
-                        Ok(Realized {
-                            how: Realization::Hit { table: table.into(), measured_on: Some(on), reverified: true },
-                            entry: merged,
-                            failures,
-                        })
-                    }
+                return match reverify(opts, tc, tables, problem, math, &key, &entry.winner_spec, "_reverify")? {
+                    Some((entry, failures)) => Ok(Realized {
+                        how: Realization::Hit { table: table.into(), measured_on: Some(on), reverified: true },
+                        entry: Some(entry),
+                        failures,
+                    }),
                     None => realize_sweep(opts, tc, tables, steward, problem, math, key),
                 };
             }
@@ -303,22 +297,39 @@ pub fn realize(
             Ok(Realized { how, entry: Some(entry), failures: vec![] })
         }
         Lookup::Bucket { entry, table } if gpu => {
-            let dir = sweep_dir(opts, &key, "_bucket");
-            let (run, failures) = measure(opts, tc, problem, math, std::slice::from_ref(&entry.winner_spec), &dir)?;
-            match Entry::from_runs(key.clone(), problem.clone(), vec![run]) {
-                Some(fresh) => {
-                    tables.record(fresh.clone())?;
-                    Ok(Realized {
-                        how: Realization::Bucket { table: table.into(), from_shape: entry.key.shape.clone() },
-                        entry: Some(fresh),
-                        failures,
-                    })
-                }
+            match reverify(opts, tc, tables, problem, math, &key, &entry.winner_spec, "_bucket")? {
+                Some((fresh, failures)) => Ok(Realized {
+                    how: Realization::Bucket { table: table.into(), from_shape: entry.key.shape.clone() },
+                    entry: Some(fresh),
+                    failures,
+                }),
                 None => realize_sweep(opts, tc, tables, steward, problem, math, key),
             }
         }
         _ => realize_sweep(opts, tc, tables, steward, problem, math, key),
     }
+}
+
+/// Builds and judges a winner from elsewhere on this problem. When it passes, the run goes into
+/// the user table and the entry as it stands there now comes back; None when it failed here.
+#[allow(clippy::too_many_arguments)]
+fn reverify(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    problem: &GemmProblem,
+    math: MathType,
+    key: &TableKey,
+    winner: &KernelSpec,
+    what: &str,
+) -> Result<Option<(Entry, Vec<CompileFailure>)>, ComposeError> {
+    let dir = sweep_dir(opts, key, what);
+    let (run, failures) = measure(opts, tc, problem, math, std::slice::from_ref(winner), &dir)?;
+    let Some(fresh) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
+        return Ok(None);
+    };
+    tables.record(fresh)?;
+    Ok(tables.user.get(key).cloned().map(|e| (e, failures)))
 }
 
 fn realize_sweep(

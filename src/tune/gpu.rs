@@ -130,47 +130,54 @@ impl Bench for GpuBench<'_> {
 
     fn time(&mut self, index: usize) -> Result<Vec<f64>, BenchError> {
         let args = self.args(&self.timed, &self.out);
-        for _ in 0..self.protocol.warmup {
-            self.launch(index, &args)?;
-        }
-        self.cuda.sync().map_err(BenchError::Launch)?;
-        let mut samples = Vec::with_capacity(self.protocol.iterations);
-        for i in 0..self.protocol.iterations {
-            let _ = self.flush.shallow_clone().fill_(i as f64);
-            let mut err = None;
-            let ms = self
-                .cuda
-                .time_ms(&mut || {
-                    self.launch(index, &args).map_err(|e| {
-                        err = Some(e.clone());
-                        format!("{e:?}")
-                    })
-                })
-                .map_err(|e| err.clone().unwrap_or(BenchError::Launch(e)))?;
-            samples.push(ms);
-        }
-        self.cuda.sync().map_err(BenchError::Launch)?;
-        Ok(samples)
+        sample(self.cuda, &self.flush, &self.protocol, &mut || self.launch(index, &args), BenchError::Launch)
     }
 
     fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError> {
-        let layout = self.p.layout;
-        for _ in 0..self.protocol.warmup {
-            let _ = self.timed.torch_op(layout);
-        }
-        self.cuda.sync().map_err(BenchError::Launch)?;
-        let mut samples = Vec::with_capacity(self.protocol.iterations);
-        for i in 0..self.protocol.iterations {
-            let _ = self.flush.shallow_clone().fill_(i as f64);
-            let ms = self
-                .cuda
-                .time_ms(&mut || {
-                    let _ = self.timed.torch_op(layout);
-                    Ok(())
-                })
-                .map_err(BenchError::Launch)?;
-            samples.push(ms);
-        }
-        Ok(samples)
+        let (timed, layout) = (&self.timed, self.p.layout);
+        sample(
+            self.cuda,
+            &self.flush,
+            &self.protocol,
+            &mut || {
+                let _ = timed.torch_op(layout);
+                Ok(())
+            },
+            BenchError::Launch,
+        )
     }
+}
+
+/// The fixed timing protocol, shared by the tuner and the module bench: `warmup` unmeasured runs,
+/// then `iterations` runs, each bracketed by CUDA events with L2 flushed (by writing `flush`)
+/// first. An error of `run` ends it as that error; a CUDA error becomes `cuda_err`.
+pub fn sample<E>(
+    cuda: &Cuda,
+    flush: &Tensor,
+    protocol: &Protocol,
+    run: &mut dyn FnMut() -> Result<(), E>,
+    cuda_err: fn(String) -> E,
+) -> Result<Vec<f64>, E> {
+    for _ in 0..protocol.warmup {
+        run()?;
+    }
+    cuda.sync().map_err(cuda_err)?;
+    let mut samples = Vec::with_capacity(protocol.iterations);
+    for i in 0..protocol.iterations {
+        let _ = flush.shallow_clone().fill_(i as f64);
+        let mut failed = None;
+        let ms = cuda.time_ms(&mut || {
+            run().map_err(|e| {
+                failed = Some(e);
+                "the timed run failed".to_string()
+            })
+        });
+        match (ms, failed) {
+            (_, Some(e)) => return Err(e),
+            (Ok(ms), None) => samples.push(ms),
+            (Err(e), None) => return Err(cuda_err(e)),
+        }
+    }
+    cuda.sync().map_err(cuda_err)?;
+    Ok(samples)
 }
