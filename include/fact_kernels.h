@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 1
+#define FACT_ABI_VERSION 2
 
 typedef struct FactGemmArgs {
   int32_t m;
@@ -24,6 +24,14 @@ typedef struct FactGemmArgs {
   /* NULL when the kernel has no bias epilogue. */
   const void* bias;
   void* out;
+  /* Launch knobs. Callers leave them 0; the dispatch index sets each variant's own before it
+   * calls the kernel, so variants of one compiled kernel differ only here. */
+  /* K splits: serial split-K (sm80 family) or split-K through the Stream-K scheduler (sm90). */
+  int32_t splits;
+  /* Tile raster order of the sm90 schedulers: 0 heuristic, 1 along M, 2 along N. */
+  int32_t raster;
+  /* Tile swizzle of the sm90 schedulers (max_swizzle_size): 1, 2, 4 or 8. */
+  int32_t swizzle;
 } FactGemmArgs;
 
 typedef enum FactStatus {
@@ -36,7 +44,7 @@ typedef enum FactStatus {
 } FactStatus;
 
 typedef struct FactKernelInfo {
-  /* The kernel's identity (KernelSpec::name in Rust): symbol, pattern-table value, cache key. */
+  /* The variant's identity (KernelSpec::name in Rust): the pattern-table value. */
   const char* name;
   /* The KernelSpec the kernel was rendered from, as one line of JSON. */
   const char* spec_json;

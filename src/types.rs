@@ -91,7 +91,7 @@ impl FromStr for Precision {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "tf32" => Ok(Precision::Tf32),
-            "f32" | "fp32" => Ok(Precision::F32),
+            "f32" | "fp32" | "f32-accurate" | "fp32-accurate" => Ok(Precision::F32),
             _ => Err(format!("unknown precision '{s}': use tf32 or f32")),
         }
     }
@@ -108,6 +108,9 @@ impl fmt::Display for Precision {
 #[serde(rename_all = "lowercase")]
 pub enum MathType {
     Tf32,
+    /// fp32-accurate: each fp32 operand split into a big and a small tf32 part, three tensor-core
+    /// products summed (CUTLASS's OpMultiplyAddFastF32, "3xTF32").
+    Tf32x3,
     Bf16,
     F16,
 }
@@ -117,7 +120,7 @@ impl MathType {
     pub fn for_tensor(dtype: DType, precision: Precision) -> Option<MathType> {
         match (dtype, precision) {
             (DType::F32, Precision::Tf32) => Some(MathType::Tf32),
-            (DType::F32, Precision::F32) => None,
+            (DType::F32, Precision::F32) => Some(MathType::Tf32x3),
             (DType::Bf16, _) => Some(MathType::Bf16),
             (DType::F16, _) => Some(MathType::F16),
         }
@@ -125,6 +128,7 @@ impl MathType {
     pub fn short_name(self) -> &'static str {
         match self {
             MathType::Tf32 => "tf32",
+            MathType::Tf32x3 => "tf32x3",
             MathType::Bf16 => "bf16",
             MathType::F16 => "f16",
         }
@@ -133,6 +137,8 @@ impl MathType {
     pub fn tolerance(self) -> f64 {
         match self {
             MathType::Tf32 => 1e-3,
+            // The fp32-accurate policy promises fp32-level results: 1e-4 relative.
+            MathType::Tf32x3 => 1e-4,
             MathType::Bf16 => 1e-2,
             MathType::F16 => 5e-3,
         }

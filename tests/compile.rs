@@ -5,7 +5,7 @@
 use crate::common::{cache_dir, fact, fixture, python, sample_entry};
 use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem};
-use fact::space::{gemm_candidates, KernelSchedule, KernelSpec};
+use fact::space::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, Knowledge, TileScheduler};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 use std::process::Command;
@@ -16,10 +16,26 @@ fn linear_problem() -> GemmProblem {
 }
 
 fn good_spec() -> KernelSpec {
-    gemm_candidates(&linear_problem(), MathType::Tf32, Arch::Sm90)
+    Knowledge::shipped()
+        .kernels(&linear_problem(), MathType::Tf32, Arch::Sm90)
         .into_iter()
-        .find(|k| k.tile == [128, 128, 32] && k.schedule == KernelSchedule::WsCooperative)
+        .find(|k| {
+            k.tile == [128, 128, 32]
+                && k.cluster == [1, 2, 1]
+                && k.schedule == KernelSchedule::WsCooperative
+                && k.scheduler == TileScheduler::Persistent
+                && k.epilogue == EpilogueKind::Tma
+        })
         .expect("a 128x128 cooperative candidate")
+}
+
+/// An fp32-accurate (3xTF32) sm80-family kernel for the same problem.
+fn accurate_spec() -> KernelSpec {
+    Knowledge::shipped()
+        .kernels(&linear_problem(), MathType::Tf32x3, Arch::Sm90)
+        .into_iter()
+        .find(|k| k.family == Family::Sm80Gemm && k.tile == [64, 64, 32] && k.scheduler == TileScheduler::Persistent)
+        .expect("a 64x64 3xTF32 candidate")
 }
 
 #[test]
@@ -29,14 +45,18 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     // Cooperative kernels need tile M of 128 or more: CUTLASS static_asserts, nvcc fails.
     bad.tile = [64, 128, 32];
     assert!(bad.invalid_reason().is_some(), "the validity rules know this one");
+    let split = accurate_spec().with_knobs(Knobs { splits: 2, ..Knobs::default() });
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(&tc, &[good_spec(), bad.clone()], dir.path(), "libt.so", &cache_dir(), 2, false).unwrap();
+    // Two jobs: the uncached kernels go into two translation units; a unit holding the bad kernel
+    // fails and is bisected, so the others still make it (the 3xTF32 one with both variants).
+    let variants = [good_spec(), accurate_spec(), bad.clone(), split.clone()];
+    let built = nvcc::build_library(&tc, &variants, dir.path(), "libt.so", &cache_dir(), 2, false).unwrap();
 
-    assert_eq!(built.kernels, vec![good_spec()]);
+    assert_eq!(built.kernels, vec![good_spec(), accurate_spec(), split.clone()]);
     assert_eq!(built.failures.len(), 1);
     let f = &built.failures[0];
     assert_eq!(f.kernel, bad.name());
-    assert!(f.source.is_file(), "the failing .cu stays on disk");
+    assert!(f.source.is_file(), "the failing kernel's own .cu stays on disk");
     assert!(f.command.contains("nvcc") && f.command.contains("sm_90a"), "{}", f.command);
     assert!(f.log.contains("error"), "{}", f.log);
     assert!(f.to_string().contains("\n    "), "the log is indented");
@@ -46,9 +66,9 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     assert_eq!((rebuilt.compiled, rebuilt.cached), (0, 1), "a kernel compiles once, whatever the output folder");
 
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!(lib.len(), 1);
+    assert_eq!(lib.len(), 3);
     assert_eq!(lib.name(0).unwrap(), good_spec().name());
-    assert_eq!(lib.find(&good_spec().name()), Some(0));
+    assert_eq!(lib.find(&split.name()), Some(2), "knob variants are dispatch entries of their kernel");
     assert_eq!(lib.find(&bad.name()), None);
     let generated = std::fs::read_to_string(dir.path().join("src").join(format!("{}.cu", good_spec().name()))).unwrap();
     assert!(generated.contains(&good_spec().to_json()), "the source carries its spec");

@@ -148,3 +148,49 @@ fn realize_without_a_gpu_says_so() {
     let (ok, _, err) = run(&user, &["realize", "--rule", "gemm_rrr", "--dtype", "f32", "--shape", "256x256"]);
     assert!(!ok && err.contains("MxNxK"), "{err}");
 }
+
+#[test]
+fn learned_rules_are_listed_with_scope_predicate_and_count() {
+    use fact::space::validity::{learn, FailureKind, Scope};
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    let p = problem(512, DType::F32);
+    let k = gemm_candidates(&p, MathType::Tf32, Arch::Sm90)[0].clone();
+    let scope = Scope::of(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
+    let mut t = Table::new();
+    learn(&mut t.rules, &scope, FailureKind::Compile, &k, "error: static assertion failed", &[]);
+    learn(&mut t.rules, &scope, FailureKind::Compile, &k, "error: static assertion failed", &[]);
+    t.save(&user).unwrap();
+    let (ok, v, err) = run(&user, &["table", "rules", "--json"]);
+    assert!(ok, "{err}");
+    assert_eq!(v[0]["kind"], "compile");
+    assert_eq!(v[0]["count"], 2);
+    assert_eq!(v[0]["scope"]["cutlass"], "4.2.0");
+    assert_eq!(v[0]["predicate"]["tile_m"], k.tile[0]);
+    let text = fact().env("FACT_TABLE", &user).env("FACT_SHIPPED_TABLE", dir.path().join("none.json")).args(["table", "rules"]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("compile") && text.contains("x2") && text.contains("static assertion"), "{text}");
+}
+
+#[test]
+fn knowledge_refresh_reproduces_the_shipped_knowledge_and_is_then_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fact().env("FACT_DATA_DIR", dir.path()).args(["knowledge", "refresh"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let show = fact().env("FACT_DATA_DIR", dir.path()).args(["knowledge", "show", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert!(v["origin"].as_str().unwrap().starts_with(&dir.path().display().to_string()), "{}", v["origin"]);
+    // The distiller run on the pinned CUTLASS gives exactly the rows the binary ships with.
+    let fresh = fact::space::Knowledge::read(Path::new(v["origin"].as_str().unwrap())).unwrap();
+    let shipped = fact::space::Knowledge::shipped();
+    assert_eq!((&fresh.sm90, &fresh.sm80), (&shipped.sm90, &shipped.sm80));
+    // And a derived space names its candidates and every pruned row's reason.
+    let show = fact()
+        .env("FACT_DATA_DIR", dir.path())
+        .args(["knowledge", "show", "--json", "--rule", "gemm_rrr", "--shape", "256x256x524288"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert!(!v["space"]["candidates"].as_array().unwrap().is_empty());
+    assert!(v["space"]["pruned"].as_array().unwrap().iter().all(|p| !p["reason"].as_str().unwrap().is_empty()));
+}

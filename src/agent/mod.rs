@@ -9,7 +9,7 @@ pub mod external;
 
 use crate::plan::examples::Example;
 use crate::rules::GemmProblem;
-use crate::space::{gemm_candidates, KernelSpec};
+use crate::space::KernelSpec;
 use crate::types::{Arch, MathType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -186,8 +186,9 @@ impl Steward {
     }
 
     /// Validated candidates: the agent gets one second try with the reasons for what was refused.
-    pub fn propose(&mut self, p: &GemmProblem, math: MathType, arch: Arch, failed: &BTreeSet<String>) -> Vec<KernelSpec> {
-        let space: Vec<KernelSpec> = gemm_candidates(p, math, arch).into_iter().filter(|k| !failed.contains(&k.name())).collect();
+    /// `space` is the derived sweep (knowledge base, learned rules and estimate applied).
+    pub fn propose(&mut self, p: &GemmProblem, math: MathType, arch: Arch, space: Vec<KernelSpec>, failed: &BTreeSet<String>) -> Vec<KernelSpec> {
+        let space: Vec<KernelSpec> = space.into_iter().filter(|k| !failed.contains(&k.name())).collect();
         let mut rejected: Vec<Rejection> = Vec::new();
         for round in 0..2 {
             let Some(a) = self.agent.as_mut() else { break };

@@ -1,3 +1,4 @@
+use crate::space::gemm_candidates;
 use super::*;
 use crate::rules::GemmLayout;
 use crate::types::DType;
@@ -71,7 +72,7 @@ fn invalid_proposals_go_back_with_reasons_then_valid_ones_are_kept() {
         seen_rejections: vec![],
     };
     let mut s = Steward::with(Box::new(agent));
-    let got = s.propose(&problem(), MathType::Tf32, Arch::Sm90, &BTreeSet::new());
+    let got = s.propose(&problem(), MathType::Tf32, Arch::Sm90, gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90), &BTreeSet::new());
     assert_eq!(got, vec![space[2].clone()]);
     assert!(s.notes.iter().any(|n| n.contains("cooperative")), "{:?}", s.notes);
     assert!(s.notes.iter().any(|n| n.contains("not a KernelSpec")), "{:?}", s.notes);
@@ -83,7 +84,7 @@ fn kernels_that_failed_before_are_refused() {
     let failed: BTreeSet<String> = [space[0].name()].into();
     let v = serde_json::to_value(&space[0]).unwrap();
     assert!(check_candidate(&v, &problem(), MathType::Tf32, Arch::Sm90, &failed).unwrap_err().contains("failed before"));
-    assert!(!Steward::builtin().propose(&problem(), MathType::Tf32, Arch::Sm90, &failed).contains(&space[0]));
+    assert!(!Steward::builtin().propose(&problem(), MathType::Tf32, Arch::Sm90, space.clone(), &failed).contains(&space[0]));
 }
 
 #[test]

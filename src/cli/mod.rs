@@ -66,9 +66,12 @@ enum Command {
         /// Parallel compile jobs (default: all cores).
         #[arg(long)]
         jobs: Option<usize>,
-        /// Compile and tune at most this many candidates per pattern (default: the whole sweep).
+        /// Compile and tune at most this many kernels per pattern (default 32, best estimate first).
         #[arg(long)]
         candidates: Option<usize>,
+        /// Tune launch knobs (raster, swizzle, K splits) of this many of each sweep's fastest kernels.
+        #[arg(long, default_value_t = 4)]
+        refine: usize,
         /// Skip the end-to-end benchmark.
         #[arg(long)]
         no_bench: bool,
@@ -107,8 +110,12 @@ enum Command {
         precision: String,
         #[arg(long, default_value = "sm90")]
         arch: String,
+        /// Compile and tune at most this many kernels (default 32, best estimate first).
         #[arg(long)]
         candidates: Option<usize>,
+        /// Tune launch knobs (raster, swizzle, K splits) of this many of the fastest kernels.
+        #[arg(long, default_value_t = 4)]
+        refine: usize,
         #[arg(long)]
         jobs: Option<usize>,
         /// Folder for the sweep's sources and libraries (default out/realize).
@@ -124,11 +131,41 @@ enum Command {
         #[command(subcommand)]
         command: TableCommand,
     },
+    /// The knowledge base of CUTLASS instantiations the candidate space is derived from.
+    Knowledge {
+        #[command(subcommand)]
+        command: KnowledgeCommand,
+    },
     /// Print the inlined forward graph of a TorchScript archive.
     Graph { model: PathBuf },
     /// Internal: judges kernel variants for the tuner in a child process.
     #[command(hide = true)]
     TuneWorker,
+}
+
+#[derive(Subcommand)]
+enum KnowledgeCommand {
+    /// Which knowledge base is in use, its rows per arch and math; with --rule/--dtype/--shape,
+    /// the space derived for that problem: candidates in estimate order and what was pruned, why.
+    Show {
+        #[arg(long)]
+        rule: Option<String>,
+        #[arg(long, default_value = "f32")]
+        dtype: String,
+        #[arg(long)]
+        shape: Option<String>,
+        #[arg(long, default_value = "tf32")]
+        precision: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Distil the installed CUTLASS's generator again (tools/distill_cutlass.py) into the user's
+    /// data folder; used from then on for that CUTLASS version.
+    Refresh {
+        /// The Python that has cutlass_library (default: $FACT_PYTHON, else the setup's .venv).
+        #[arg(long)]
+        python: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args, Clone, Default)]
@@ -192,6 +229,11 @@ enum TableCommand {
         id: String,
         file: PathBuf,
     },
+    /// The validity rules learned from failures (scope, predicate, count, example).
+    Rules {
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove an entry from the user table.
     Remove {
         id: String,
@@ -218,6 +260,8 @@ fn options(out_dir: PathBuf, precision: Precision, arch: Arch, agent: &AgentArgs
         protocol: Protocol::default(),
         progress: !json,
         max_candidates: None,
+        space: crate::space::SpaceOptions::default(),
+        refine: 4,
         keep_slower: false,
         agent: agent.agent.clone(),
         agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
@@ -231,7 +275,7 @@ fn command_line() -> String {
 pub fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Compose { model, inputs, out, precision, jobs: j, candidates, no_bench, keep_slower, agent, save_report, json } => {
+        Command::Compose { model, inputs, out, precision, jobs: j, candidates, refine, no_bench, keep_slower, agent, save_report, json } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let inputs = inputs.iter().map(|s| InputShape::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
             let stem = model.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
@@ -239,6 +283,7 @@ pub fn main() -> Result<()> {
             let opts = compose::Options {
                 jobs: jobs(j),
                 max_candidates: candidates,
+                refine,
                 keep_slower,
                 ..options(out_dir.clone(), precision, Arch::Sm90, &agent, json)?
             };
@@ -274,7 +319,7 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Realize { rule, dtype, shape, precision, arch, candidates, jobs: j, out, agent, json } => {
+        Command::Realize { rule, dtype, shape, precision, arch, candidates, refine, jobs: j, out, agent, json } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
             let arch = Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
@@ -284,6 +329,7 @@ pub fn main() -> Result<()> {
             let opts = compose::Options {
                 jobs: jobs(j),
                 max_candidates: candidates,
+                refine,
                 keep_slower: true,
                 ..options(out.unwrap_or_else(|| PathBuf::from("out/realize")), precision, arch, &agent, json)?
             };
@@ -320,6 +366,7 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Table { command } => table_command(command),
+        Command::Knowledge { command } => knowledge_command(command),
         Command::Discover { model, inputs, precision, agent, json } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let inputs = inputs.iter().map(|s| InputShape::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
@@ -394,10 +441,104 @@ fn entry_summary(from: &str, e: &Entry) -> serde_json::Value {
     })
 }
 
+fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
+    use crate::space::{self, validity, Knowledge};
+    match command {
+        KnowledgeCommand::Show { rule, dtype, shape, precision, json } => {
+            let version = Toolchain::discover().map(|t| t.cutlass_version()).unwrap_or_else(|_| "unknown".into());
+            let (kb, note) = Knowledge::for_cutlass(&version).map_err(anyhow::Error::msg)?;
+            let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+            for r in &kb.sm90 {
+                *counts.entry(format!("sm90 {}", r.math)).or_default() += 1;
+            }
+            for r in &kb.sm80 {
+                *counts.entry(format!("sm80 {}", r.math)).or_default() += 1;
+            }
+            let derived = match (rule, shape) {
+                (Some(rule), Some(shape)) => {
+                    let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
+                    let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
+                    let dims = table::parse_shape(&shape).with_context(|| format!("bad --shape '{shape}': write MxNxK"))?;
+                    let p = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
+                    let math = crate::types::MathType::for_tensor(dtype, precision).context("no math for this dtype and precision")?;
+                    let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
+                    let key = table::TableKey::gemm(&p, math, Arch::Sm90);
+                    let scope = validity::Scope::of_key(&key, &version);
+                    Some(space::derive(&kb, &p, math, Arch::Sm90, &tables.rules(), &scope, &space::SpaceOptions::default()))
+                }
+                (None, None) => None,
+                _ => bail!("give both --rule and --shape to derive a space"),
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({
+                    "cutlass_version": kb.cutlass_version, "origin": kb.origin, "source": kb.source, "rows": counts, "note": note, "space": derived,
+                }))?);
+                return Ok(());
+            }
+            println!("{}", kb.describe());
+            println!("  {}", kb.source);
+            if let Some(n) = note {
+                println!("  note: {n}");
+            }
+            for (k, n) in &counts {
+                println!("  {k:<12} {n:>4} rows");
+            }
+            if let Some(sp) = derived {
+                println!("derived space: {} candidates, {} pruned", sp.candidates.len(), sp.pruned.len());
+                for (k, ms) in sp.candidates.iter().zip(&sp.estimates_ms) {
+                    println!("  {ms:>9.4} ms  {}", k.name());
+                }
+                for p in &sp.pruned {
+                    println!("  pruned {}: {}", p.kernel, p.reason);
+                }
+            }
+            Ok(())
+        }
+        KnowledgeCommand::Refresh { python } => {
+            let tc = Toolchain::discover()?;
+            let root = PathBuf::from(env!("FACT_SOURCE_ROOT"));
+            let python = python
+                .or_else(|| std::env::var_os("FACT_PYTHON").map(PathBuf::from))
+                .unwrap_or_else(|| root.join(".venv/bin/python"));
+            let script = root.join("tools/distill_cutlass.py");
+            // Import the cutlass_library that sits above the toolchain's CUTLASS headers, so the
+            // knowledge matches what nvcc compiles against.
+            if let Some(site) = tc.cutlass.parent().and_then(Path::parent) {
+                std::env::set_var("PYTHONPATH", site);
+            }
+            let out = space::knowledge::refresh(&python, &script, &tc.cutlass_version()).map_err(anyhow::Error::msg)?;
+            let kb = Knowledge::read(&out).map_err(anyhow::Error::msg)?;
+            println!("wrote {} ({} sm90 + {} sm80 rows, CUTLASS {})", out.display(), kb.sm90.len(), kb.sm80.len(), kb.cutlass_version);
+            Ok(())
+        }
+    }
+}
+
 fn table_command(command: TableCommand) -> Result<()> {
     let user_path = table::user_table_path();
     let shipped_path = table::shipped_table_path();
     match command {
+        TableCommand::Rules { json } => {
+            let tables = Tables::load(&user_path, &shipped_path)?;
+            let rules = tables.rules();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rules)?);
+                return Ok(());
+            }
+            if rules.is_empty() {
+                println!("no validity rules learned yet (they come from failed variants of tuned sweeps)");
+            }
+            for (i, r) in rules.iter().enumerate() {
+                println!(
+                    "#{i:<3} {:<16} x{:<3} {} {} {} {} cutlass {}{}",
+                    r.kind.label(), r.count, r.scope.rule, r.scope.dtype, r.scope.math.short_name(), r.scope.arch, r.scope.cutlass,
+                    r.scope.shape.as_ref().map(|s| format!(" shape {s}")).unwrap_or_default()
+                );
+                println!("     when {}", r.predicate_text());
+                println!("     e.g. {}", r.example.lines().find(|l| l.contains("error")).or_else(|| r.example.lines().next()).unwrap_or("").trim());
+            }
+            Ok(())
+        }
         TableCommand::List { filter, json } => {
             let tables = Tables::load(&user_path, &shipped_path)?;
             let rows: Vec<_> = all_entries(&tables).into_iter().filter(|(_, e)| filter.keeps(e)).collect();

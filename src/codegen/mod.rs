@@ -5,9 +5,12 @@
 use crate::space::KernelSpec;
 use handlebars::Handlebars;
 use serde_json::json;
+use sha2::Digest;
 use std::sync::OnceLock;
 
 const SM90_GEMM: &str = include_str!("../../templates/sm90_gemm.cu.hbs");
+const SM80_GEMM: &str = include_str!("../../templates/sm80_gemm.cu.hbs");
+const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
@@ -17,7 +20,7 @@ fn registry() -> &'static Handlebars<'static> {
         let mut h = Handlebars::new();
         h.set_strict_mode(true);
         h.register_escape_fn(handlebars::no_escape);
-        for (name, text) in [("sm90_gemm", SM90_GEMM), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
+        for (name, text) in [("sm90_gemm", SM90_GEMM), ("sm80_gemm", SM80_GEMM), ("sm90_gemm_x3", SM90_GEMM_X3), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
             h.register_template_string(name, text).unwrap_or_else(|e| panic!("template {name}: {e}"));
         }
         h
@@ -31,20 +34,39 @@ pub struct Source {
     pub text: String,
 }
 
-fn kernel_vars(k: &KernelSpec) -> serde_json::Value {
+fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
+    // The kernel is rendered from its spec without launch knobs, so every variant of it shares
+    // one source text, one object and one symbol.
+    let k = v.kernel();
+    let [im, inn, ik] = k.instruction();
+    let math_op = match k.math {
+        crate::types::MathType::Tf32x3 => "cutlass::arch::OpMultiplyAddFastF32",
+        _ => "cutlass::arch::OpMultiplyAdd",
+    };
+    let epilogue_schedule = match k.epilogue {
+        crate::space::EpilogueKind::Tma => k.schedule.epilogue_tag(),
+        crate::space::EpilogueKind::NoSmem => "cutlass::epilogue::NoSmemWarpSpecialized",
+    };
+    let warp = |i: usize| if k.warps[i] > 0 { k.tile[i] / k.warps[i] } else { 0 };
     json!({
-        "name": k.name(),
+        "name": k.kernel_name(),
         "spec_json": k.to_json(),
         "element": k.dtype.cutlass_tag(),
         "dtype": k.dtype.short_name(),
         "layout": k.layout.short_name(),
         "cutlass_layout_a": k.layout.cutlass_layout_a(),
+        "a_row_major": k.layout == crate::rules::GemmLayout::Rcr,
         "align": k.align,
         "tile_m": k.tile[0], "tile_n": k.tile[1], "tile_k": k.tile[2],
         "cluster_m": k.cluster[0], "cluster_n": k.cluster[1], "cluster_k": k.cluster[2],
+        "warp_m": warp(0), "warp_n": warp(1),
+        "inst_m": im, "inst_n": inn, "inst_k": ik,
+        "stages": k.stages,
+        "math_op": math_op,
         "kernel_schedule": k.schedule.cutlass_tag(),
-        "epilogue_schedule": k.schedule.epilogue_tag(),
+        "epilogue_schedule": epilogue_schedule,
         "tile_scheduler": k.scheduler.cutlass_tag(),
+        "stream_k": k.scheduler == crate::space::TileScheduler::StreamK,
         "bias": k.bias,
     })
 }
@@ -53,14 +75,49 @@ fn kernel_vars(k: &KernelSpec) -> serde_json::Value {
 pub fn render_kernel(k: &KernelSpec) -> Source {
     let text = registry()
         .render(k.family.template(), &kernel_vars(k))
-        .unwrap_or_else(|e| panic!("rendering {}: {e}", k.name()));
-    Source { file_name: format!("{}.cu", k.name()), text }
+        .unwrap_or_else(|e| panic!("rendering {}: {e}", k.kernel_name()));
+    Source { file_name: format!("{}.cu", k.kernel_name()), text }
 }
 
-/// The dispatch table over `kernels`, in the given order (index = position).
-pub fn render_dispatch(kernels: &[KernelSpec]) -> Source {
-    let vars: Vec<_> = kernels.iter().map(kernel_vars).collect();
-    let text = registry().render("dispatch", &json!({ "kernels": vars, "count": kernels.len() })).expect("dispatch renders");
+/// One translation unit holding several kernels (each in its own namespace), so a sweep builds
+/// as one unit per core rather than one per kernel. Named for its contents.
+pub fn render_unit(kernels: &[KernelSpec]) -> Source {
+    match kernels {
+        [one] => render_kernel(one),
+        _ => {
+            let text: String = kernels.iter().map(|k| render_kernel(k).text).collect::<Vec<_>>().join("\n");
+            let names: Vec<String> = kernels.iter().map(KernelSpec::kernel_name).collect();
+            let digest = sha2::Sha256::digest(names.join(",").as_bytes());
+            let tag: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
+            Source { file_name: format!("unit_{}k_{tag}.cu", kernels.len()), text }
+        }
+    }
+}
+
+/// The dispatch table over the variants in `variants`, in the given order (index = position).
+pub fn render_dispatch(variants: &[KernelSpec]) -> Source {
+    let entries: Vec<_> = variants
+        .iter()
+        .map(|v| {
+            json!({
+                "name": v.name(),
+                "symbol": v.kernel_name(),
+                "spec_json": v.to_json(),
+                "dtype": v.dtype.short_name(),
+                "layout": v.layout.short_name(),
+                "bias": v.bias,
+                "splits": v.knobs.splits,
+                "raster": v.knobs.raster.abi(),
+                "swizzle": v.knobs.swizzle,
+            })
+        })
+        .collect();
+    let mut symbols: Vec<String> = variants.iter().map(KernelSpec::kernel_name).collect();
+    symbols.sort();
+    symbols.dedup();
+    let text = registry()
+        .render("dispatch", &json!({ "kernels": entries, "symbols": symbols, "count": variants.len() }))
+        .expect("dispatch renders");
     Source { file_name: "fact_dispatch.cu".into(), text }
 }
 
@@ -87,15 +144,66 @@ pub fn render_torch_op(arch: crate::types::Arch) -> Source {
 mod tests {
     use super::*;
     use crate::rules::{GemmLayout, GemmProblem};
-    use crate::space::gemm_candidates;
+    use crate::space::{EpilogueKind, KernelSchedule, Knowledge, TileScheduler};
     use crate::types::{Arch, DType, MathType};
 
     fn spec(bias: bool) -> KernelSpec {
         let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rcr, dtype: DType::F32, bias, batch: 1 };
-        gemm_candidates(&p, MathType::Tf32, Arch::Sm90)
+        Knowledge::shipped()
+            .kernels(&p, MathType::Tf32, Arch::Sm90)
             .into_iter()
-            .find(|k| k.tile == [128, 256, 32])
+            .find(|k| {
+                k.tile == [128, 128, 32]
+                    && k.cluster == [1, 2, 1]
+                    && k.schedule == KernelSchedule::WsCooperative
+                    && k.scheduler == TileScheduler::Persistent
+                    && k.epilogue == EpilogueKind::Tma
+            })
             .unwrap()
+    }
+
+    fn sm80(math: MathType, bias: bool) -> KernelSpec {
+        let p = GemmProblem { m: 256, n: 256, k: 524288, layout: GemmLayout::Rrr, dtype: DType::F32, bias, batch: 1 };
+        Knowledge::shipped()
+            .kernels(&p, math, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == crate::space::Family::Sm80Gemm && k.tile == [128, 128, 32] && k.scheduler == TileScheduler::Persistent)
+            .unwrap()
+    }
+
+    #[test]
+    fn sm80_render_is_golden_and_names_its_math() {
+        let k = render_kernel(&sm80(MathType::Tf32x3, true));
+        expect_test::expect_file!["../../tests/golden/sm80_gemm_rrr_tf32x3_bias.cu"].assert_eq(&k.text);
+        assert!(k.text.contains("OpMultiplyAddFastF32"));
+        let plain = render_kernel(&sm80(MathType::Tf32, false)).text;
+        assert!(plain.contains("cutlass::arch::OpMultiplyAdd>"), "{plain}");
+    }
+
+    #[test]
+    fn x3_render_is_golden_and_runs_three_passes() {
+        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 };
+        let k = Knowledge::shipped()
+            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == crate::space::Family::Sm90GemmX3 && k.tile == [128, 256, 32] && k.cluster == [2, 1, 1] && k.scheduler == TileScheduler::Persistent)
+            .unwrap();
+        let text = render_kernel(&k).text;
+        expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3.cu"].assert_eq(&text);
+        assert!(text.contains("split_tf32") && text.contains("i == 0 ? 0.0f : 1.0f"));
+    }
+
+    #[test]
+    fn variants_of_one_kernel_share_its_source_and_symbol() {
+        let k = sm80(MathType::Tf32x3, false);
+        let v = k.with_knobs(crate::space::Knobs { splits: 8, ..Default::default() });
+        assert_eq!(render_kernel(&k), render_kernel(&v));
+        let d = render_dispatch(&[k.clone(), v.clone()]).text;
+        assert_eq!(d.matches(&format!("extern \"C\" int32_t fact_k_{}_run", k.kernel_name())).count(), 1);
+        assert!(d.contains(&format!("{{\"{}\"", v.name())) && d.contains(", 8, 0, 1}"));
+        let unit = render_unit(&[spec(false), k.clone()]);
+        assert!(unit.file_name.starts_with("unit_2k_"));
+        assert!(unit.text.contains(&format!("fact_k_{}_run", k.kernel_name())) && unit.text.contains(&format!("fact_k_{}_run", spec(false).kernel_name())));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::agent::Steward;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::plan::{self, PlanOptions};
 use crate::rules::{match_gemms, GemmMatch, GemmProblem};
-use crate::space::KernelSpec;
+use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions};
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
 use crate::torch::{self, Edit, InputShape, Operand, OperandKind};
 use crate::tune::{self, worker, CandidateResult, Outcome, Protocol};
@@ -60,6 +60,10 @@ pub struct Options {
     pub max_candidates: Option<usize>,
     /// Substitute a winner even when torch measured faster (for ablations).
     pub keep_slower: bool,
+    /// Budget and hopelessness cut of the derived space.
+    pub space: SpaceOptions,
+    /// How many of a sweep's fastest kernels get their launch knobs tuned.
+    pub refine: usize,
     /// An external agent command (`fact-agent/1` over stdin/stdout); None for the built-in one.
     pub agent: Option<String>,
     pub agent_timeout: std::time::Duration,
@@ -238,8 +242,9 @@ fn measure(
         candidates_out.push(CandidateResult { kernel: spec.name(), spec, outcome });
     }
     for f in &built.failures {
-        let spec = candidates.iter().find(|k| k.name() == f.kernel).expect("failure names a candidate").clone();
-        candidates_out.push(CandidateResult { kernel: f.kernel.clone(), spec, outcome: Outcome::CompileFailed { log: f.log.clone() } });
+        for spec in candidates.iter().filter(|k| k.kernel_name() == f.kernel) {
+            candidates_out.push(CandidateResult { kernel: spec.name(), spec: spec.clone(), outcome: Outcome::CompileFailed { log: f.log.clone() } });
+        }
     }
     let run = Run { provenance: provenance(tc), baseline: sweep.baseline, candidates: candidates_out };
     Ok((run, built.failures))
@@ -342,15 +347,38 @@ fn realize_sweep(
     key: TableKey,
 ) -> Result<Realized, ComposeError> {
     let failed_before = failed_kernels(tables, &key);
-    let mut candidates = steward.propose(problem, math, opts.arch, &failed_before);
-    candidates.truncate(opts.max_candidates.unwrap_or(usize::MAX).max(1));
+    let cutlass = tc.cutlass_version();
+    let (kb, kb_note) = Knowledge::for_cutlass(&cutlass).map_err(|detail| ComposeError::Tune { key: key.to_string(), detail })?;
+    if let Some(n) = kb_note {
+        if !steward.notes.contains(&n) {
+            steward.notes.push(n);
+        }
+    }
+    let rules = tables.rules();
+    let scope = validity::Scope::of_key(&key, &cutlass);
+    let mut space_opts = opts.space.clone();
+    if let Some(n) = opts.max_candidates {
+        space_opts.budget = n.max(1);
+    }
+    let space = space::derive(&kb, problem, math, opts.arch, &rules, &scope, &space_opts);
+    let mut candidates = steward.propose(problem, math, opts.arch, space.candidates.clone(), &failed_before);
+    candidates.retain(|k| match validity::rejecting(&rules, &scope, k) {
+        Some(r) => {
+            steward.notes.push(format!("{} not tried: {}", k.name(), r.describe()));
+            false
+        }
+        None => true,
+    });
+    candidates.truncate(space_opts.budget);
     if candidates.is_empty() {
         return Ok(Realized {
             how: Realization::Skipped {
                 reason: format!(
-                    "no valid {} kernel for {} (alignment needs N and K divisible by {})",
+                    "no valid {} kernel for {} ({} in the knowledge base, {} pruned; alignment needs N and K divisible by {})",
                     opts.arch,
                     problem.shape_key(),
+                    space.candidates.len() + space.pruned.len(),
+                    space.pruned.len(),
                     16 / problem.dtype.bytes()
                 ),
             },
@@ -367,6 +395,7 @@ fn realize_sweep(
             failures: built.failures,
         });
     }
+    let started = std::time::Instant::now();
     let (mut run, mut failures) = measure(opts, tc, problem, math, &candidates, &dir)?;
     if run.candidates.iter().all(|c| c.outcome.median_ms().is_none()) {
         // Nothing survived: the agent may propose one more set.
@@ -379,11 +408,28 @@ fn realize_sweep(
             failures.extend(more);
         }
     }
+    // Launch knobs (raster, swizzle, K splits) of the fastest kernels: new variants of objects
+    // already compiled, so this costs a dispatch index and a link, not nvcc time.
+    let knob_variants = refine_candidates(&run, problem, opts.refine);
+    if !knob_variants.is_empty() {
+        let (more, _) = measure(opts, tc, problem, math, &knob_variants, &sweep_dir(opts, &key, "_knobs"))?;
+        run.candidates.extend(more.candidates);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let learned = tables.learn(&key, &run)?;
     let n = run.candidates.len();
     let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
     let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
-    // Every candidate with its status, and the scatter plot, next to the sweep's sources.
-    let record = serde_json::json!({ "key": key, "problem": problem, "run": run });
+    // Every candidate with its status, what was pruned before nvcc and why, and the scatter plot,
+    // next to the sweep's sources.
+    let record = serde_json::json!({
+        "key": key,
+        "problem": problem,
+        "space": { "source": space.source, "estimates_ms": candidates.iter().map(|k| (k.name(), space::estimate::estimate_ms(k, problem))).collect::<BTreeMap<_, _>>(), "pruned": space.pruned },
+        "rules_learned": learned,
+        "compile_and_tune_s": seconds,
+        "run": run,
+    });
     let _ = std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&record).expect("run serializes"));
     let Some(entry) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
         return Ok(Realized {
@@ -396,6 +442,23 @@ fn realize_sweep(
     tables.record(entry)?;
     let merged = tables.user.get(&key).cloned();
     Ok(Realized { how: Realization::Tuned { candidates: n, failed }, entry: merged, failures })
+}
+
+/// Knob variants of the `top` fastest verified kernels of `run` not yet measured in it.
+pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
+    let mut ok: Vec<&CandidateResult> = run.candidates.iter().filter(|c| c.outcome.median_ms().is_some()).collect();
+    ok.sort_by(|a, b| a.outcome.median_ms().partial_cmp(&b.outcome.median_ms()).unwrap());
+    let seen: BTreeSet<String> = run.candidates.iter().map(|c| c.kernel.clone()).collect();
+    let mut out: Vec<KernelSpec> = Vec::new();
+    for c in ok.into_iter().take(top) {
+        for knobs in c.spec.knob_grid(p) {
+            let v = c.spec.with_knobs(knobs);
+            if !seen.contains(&v.name()) && !out.contains(&v) && v.fits(p) {
+                out.push(v);
+            }
+        }
+    }
+    out
 }
 
 /// Runs discovery, realization and the rewrite. Returns the report (also written as compose.json).

@@ -1,6 +1,8 @@
-//! Builds kernel libraries: each kernel is its own translation unit compiled by nvcc (through `cc`)
-//! in parallel and cached by its name and a hash of its source and flags; the dispatch table and
-//! the torch op join them in one shared library. A kernel that fails to compile costs only itself:
+//! Builds kernel libraries. The kernels of a sweep are split into as many translation units as
+//! there are jobs (cores), compiled by nvcc (through `cc`) in parallel and cached by a hash of
+//! source, flags and the ABI header; the dispatch index (one entry per variant: a kernel plus
+//! launch knobs) and the torch op join them in one shared library. A unit that fails to compile
+//! is bisected until the failing kernels stand alone, so one bad instantiation costs only itself:
 //! its source stays on disk and the failure (command and log) is returned, not raised.
 
 use crate::codegen::{self, Source};
@@ -191,7 +193,7 @@ impl std::fmt::Display for CompileFailure {
 #[derive(Debug)]
 pub struct Built {
     pub library: PathBuf,
-    /// Kernels in the library, in dispatch order.
+    /// Variants in the library, in dispatch order.
     pub kernels: Vec<KernelSpec>,
     pub failures: Vec<CompileFailure>,
     pub compiled: usize,
@@ -225,6 +227,34 @@ fn run(mut c: Command, what: &str) -> Result<(), BuildError> {
     Err(BuildError::Tool { what: what.into(), command: line, log })
 }
 
+/// Where `source` compiled with `command` is cached: keyed by source, flags, compiler and the ABI
+/// header (which the sources include but do not contain).
+fn object_path(tc: &Toolchain, cache: &Path, source: &Source, command: &str, stem: &str) -> PathBuf {
+    let key = hash_hex(&[source.text.as_bytes(), command.as_bytes(), tc.nvcc.as_os_str().as_encoded_bytes(), ABI_HEADER.as_bytes()]);
+    cache.join(format!("{stem}-{key}.o"))
+}
+
+/// The cached object holding this kernel: its own, or (through a `.ref` file) the object of a
+/// multi-kernel unit it was compiled in. Kernel entry points are weak symbols, so linking a unit
+/// for one of its kernels next to another object with the same kernel is harmless.
+fn cached_object(tc: &Toolchain, cache: &Path, source: &Source, command: &str, stem: &str) -> Option<PathBuf> {
+    let own = object_path(tc, cache, source, command, stem);
+    if own.is_file() {
+        return Some(own);
+    }
+    let target = PathBuf::from(std::fs::read_to_string(own.with_extension("ref")).ok()?.trim());
+    target.is_file().then_some(target)
+}
+
+/// Records that the kernel of `source` lives in `unit_object`.
+fn note_in_unit(tc: &Toolchain, cache: &Path, source: &Source, command: &str, stem: &str, unit_object: &Path) {
+    let r = object_path(tc, cache, source, command, stem).with_extension("ref");
+    let tmp = r.with_extension(format!("ref.tmp{}", std::process::id()));
+    if std::fs::write(&tmp, unit_object.display().to_string()).is_ok() {
+        let _ = std::fs::rename(&tmp, &r);
+    }
+}
+
 /// Compiles `source` to a cached object; returns (object, was_cached).
 fn compile_cached(
     tc: &Toolchain,
@@ -236,12 +266,11 @@ fn compile_cached(
 ) -> Result<(PathBuf, bool), BuildError> {
     let src = src_dir.join(&source.file_name);
     std::fs::write(&src, &source.text).map_err(io(&src))?;
-    let key = hash_hex(&[source.text.as_bytes(), command_line(&cmd).as_bytes(), tc.nvcc.as_os_str().as_encoded_bytes()]);
-    let obj = cache.join(format!("{stem}-{key}.o"));
+    let obj = object_path(tc, cache, source, &command_line(&cmd), stem);
     if obj.is_file() {
         return Ok((obj, true));
     }
-    let tmp = cache.join(format!("{stem}-{key}.o.tmp{}", std::process::id()));
+    let tmp = obj.with_extension(format!("o.tmp{}", std::process::id()));
     let mut cmd = cmd;
     cmd.arg("-c").arg(&src).arg("-o").arg(&tmp);
     run(cmd, &format!("compiling {}", source.file_name))?;
@@ -258,8 +287,73 @@ pub fn default_cache_dir() -> PathBuf {
     home.join(".cache/fact/build")
 }
 
-/// Renders, compiles and links `specs` into `out_dir/<lib_name>`. Kernels that fail to compile are
-/// left out of the library and reported in `Built::failures`.
+/// Compiles `units` (lists of kernel indices) with `compile` on `jobs` threads. A unit that fails
+/// is split in halves which go back on the queue, down to single kernels; those failures are the
+/// result's second half. `done(n)` reports n more kernels settled.
+pub fn compile_bisecting<T: Send>(
+    units: Vec<Vec<usize>>,
+    jobs: usize,
+    compile: &(dyn Fn(&[usize]) -> Result<T, String> + Sync),
+    done: &(dyn Fn(usize) + Sync),
+) -> (Vec<(Vec<usize>, T)>, Vec<(usize, String)>) {
+    let queue = Mutex::new((units, 0usize)); // (pending units, units in flight)
+    let ok = Mutex::new(Vec::new());
+    let failed = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| loop {
+                let unit = {
+                    let mut q = queue.lock().unwrap();
+                    match q.0.pop() {
+                        Some(u) => {
+                            q.1 += 1;
+                            Some(u)
+                        }
+                        None if q.1 == 0 => break,
+                        None => None,
+                    }
+                };
+                let Some(unit) = unit else {
+                    // Another thread may still split a failing unit into new work.
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
+                };
+                let r = compile(&unit);
+                let mut q = queue.lock().unwrap();
+                q.1 -= 1;
+                match r {
+                    Ok(obj) => {
+                        done(unit.len());
+                        ok.lock().unwrap().push((unit, obj));
+                    }
+                    Err(log) if unit.len() == 1 => {
+                        done(1);
+                        failed.lock().unwrap().push((unit[0], log));
+                    }
+                    Err(_) => {
+                        let (a, b) = unit.split_at(unit.len() / 2);
+                        q.0.push(a.to_vec());
+                        q.0.push(b.to_vec());
+                    }
+                }
+            });
+        }
+    });
+    let mut ok = ok.into_inner().unwrap();
+    ok.sort_by_key(|(u, _)| u[0]);
+    let mut failed = failed.into_inner().unwrap();
+    failed.sort_by_key(|(i, _)| *i);
+    (ok, failed)
+}
+
+/// Splits `n` kernels into at most `jobs` contiguous units of near-equal size.
+pub fn partition(n: usize, jobs: usize) -> Vec<Vec<usize>> {
+    let units = jobs.max(1).min(n.max(1));
+    (0..units).map(|u| (u * n / units..(u + 1) * n / units).collect::<Vec<_>>()).filter(|u| !u.is_empty()).collect()
+}
+
+/// Renders, compiles and links the variants `specs` into `out_dir/<lib_name>`. Kernels that fail
+/// to compile are left out (with every variant of them) and reported in `Built::failures`.
 pub fn build_library(
     tc: &Toolchain,
     specs: &[KernelSpec],
@@ -285,8 +379,16 @@ pub fn build_library(
         std::fs::rename(&tmp, &header).map_err(io(&header))?;
     }
 
+    // Distinct kernels in first-seen order; variants only differ in launch knobs.
+    let mut kernels: Vec<KernelSpec> = Vec::new();
+    for v in specs {
+        let k = v.kernel();
+        if !kernels.iter().any(|x| x.kernel_name() == k.kernel_name()) {
+            kernels.push(k);
+        }
+    }
     let bar = if show_progress {
-        let b = ProgressBar::new(specs.len() as u64);
+        let b = ProgressBar::new(kernels.len() as u64);
         b.set_style(
             ProgressStyle::with_template("compiling {bar:30} {pos}/{len} kernels {elapsed} {msg}")
                 .expect("progress template"),
@@ -295,54 +397,66 @@ pub fn build_library(
     } else {
         ProgressBar::hidden()
     };
-    let results: Mutex<Vec<(usize, Result<(PathBuf, bool), CompileFailure>)>> = Mutex::new(Vec::new());
-    let next = Mutex::new(0usize);
-    std::thread::scope(|s| {
-        for _ in 0..jobs.max(1).min(specs.len().max(1)) {
-            s.spawn(|| loop {
-                let i = {
-                    let mut n = next.lock().unwrap();
-                    let i = *n;
-                    *n += 1;
-                    i
-                };
-                let Some(spec) = specs.get(i) else { break };
-                let source = codegen::render_kernel(spec);
-                let cmd = tc.nvcc_command(spec.arch, &include);
-                let line = command_line(&cmd);
-                let r = compile_cached(tc, &src_dir, cache, &source, cmd, &spec.name()).map_err(|e| {
-                    let log = match e {
-                        BuildError::Tool { log, .. } => log,
-                        other => other.to_string(),
-                    };
-                    CompileFailure { kernel: spec.name(), source: src_dir.join(&source.file_name), command: line, log }
-                });
+    // Kernels already compiled alone (an earlier bisection or a small library) come from the
+    // cache as they are; the rest are split into one unit per job.
+    let nvcc_line = command_line(&tc.nvcc_command(arch, &include));
+    let mut objects: Vec<(Vec<usize>, PathBuf)> = Vec::new();
+    let mut todo = Vec::new();
+    let mut cached = 0;
+    for (i, k) in kernels.iter().enumerate() {
+        match cached_object(tc, cache, &codegen::render_kernel(k), &nvcc_line, &k.kernel_name()) {
+            Some(obj) => {
+                objects.push((vec![i], obj));
+                cached += 1;
                 bar.inc(1);
-                results.lock().unwrap().push((i, r));
-            });
-        }
-    });
-    bar.finish_and_clear();
-    let mut results = results.into_inner().unwrap();
-    results.sort_by_key(|(i, _)| *i);
-    let mut objects = Vec::new();
-    let mut kernels = Vec::new();
-    let mut failures = Vec::new();
-    let (mut compiled, mut cached) = (0, 0);
-    for (i, r) in results {
-        match r {
-            Ok((obj, was_cached)) => {
-                if was_cached {
-                    cached += 1
-                } else {
-                    compiled += 1
-                }
-                objects.push(obj);
-                kernels.push(specs[i].clone());
             }
-            Err(f) => failures.push(f),
+            None => todo.push(i),
         }
     }
+    let compile = |unit: &[usize]| -> Result<(PathBuf, bool), String> {
+        let members: Vec<KernelSpec> = unit.iter().map(|&i| kernels[i].clone()).collect();
+        let source = codegen::render_unit(&members);
+        let stem = source.file_name.trim_end_matches(".cu").to_string();
+        let r = compile_cached(tc, &src_dir, cache, &source, tc.nvcc_command(arch, &include), &stem).map_err(|e| match e {
+            BuildError::Tool { log, .. } => log,
+            other => other.to_string(),
+        })?;
+        if members.len() > 1 {
+            for k in &members {
+                note_in_unit(tc, cache, &codegen::render_kernel(k), &nvcc_line, &k.kernel_name(), &r.0);
+            }
+        }
+        Ok(r)
+    };
+    let units: Vec<Vec<usize>> = partition(todo.len(), jobs).into_iter().map(|u| u.into_iter().map(|j| todo[j]).collect()).collect();
+    let (built, failed) = compile_bisecting(units, jobs, &compile, &|n| bar.inc(n as u64));
+    bar.finish_and_clear();
+    let mut compiled = 0;
+    for (unit, (obj, was_cached)) in built {
+        if was_cached {
+            cached += unit.len();
+        } else {
+            compiled += unit.len();
+        }
+        objects.push((unit, obj));
+    }
+    let failures: Vec<CompileFailure> = failed
+        .into_iter()
+        .map(|(i, log)| {
+            let k = &kernels[i];
+            CompileFailure {
+                kernel: k.kernel_name(),
+                source: src_dir.join(format!("{}.cu", k.kernel_name())),
+                command: nvcc_line.clone(),
+                log,
+            }
+        })
+        .collect();
+    let bad: std::collections::HashSet<&str> = failures.iter().map(|f| f.kernel.as_str()).collect();
+    let kernels: Vec<KernelSpec> = specs.iter().filter(|v| !bad.contains(v.kernel_name().as_str())).cloned().collect();
+    let mut objects: Vec<PathBuf> = objects.into_iter().map(|(_, o)| o).collect();
+    objects.sort();
+    objects.dedup();
     if kernels.is_empty() {
         let first = failures.first().map(|f| f.to_string()).unwrap_or_else(|| "no kernels requested".into());
         return Err(BuildError::AllFailed(first));
@@ -379,4 +493,58 @@ pub fn build_library(
     link.arg("-Wl,-Bsymbolic");
     run(link, "linking the kernel library")?;
     Ok(Built { library, kernels, failures, compiled, cached, seconds: start.elapsed().as_secs_f64() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn partition_covers_every_kernel_once_in_at_most_jobs_units() {
+        for (n, jobs) in [(0, 4), (1, 16), (5, 2), (32, 16), (33, 16), (7, 7)] {
+            let units = partition(n, jobs);
+            assert!(units.len() <= jobs.max(1));
+            let all: Vec<usize> = units.concat();
+            assert_eq!(all, (0..n).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn bisection_isolates_bad_kernels_and_keeps_the_rest() {
+        // A fake compiler: a unit fails when it holds kernel 5 or 11.
+        let calls = AtomicUsize::new(0);
+        let settled = AtomicUsize::new(0);
+        let compile = |u: &[usize]| -> Result<usize, String> {
+            calls.fetch_add(1, Ordering::SeqCst);
+            if u.contains(&5) || u.contains(&11) {
+                Err(format!("error: static_assert in unit {u:?}"))
+            } else {
+                Ok(u.len())
+            }
+        };
+        let (ok, failed) = compile_bisecting(partition(16, 2), 3, &compile, &|n| {
+            settled.fetch_add(n, Ordering::SeqCst);
+        });
+        assert_eq!(failed.iter().map(|f| f.0).collect::<Vec<_>>(), vec![5, 11]);
+        let mut good: Vec<usize> = ok.iter().flat_map(|(u, _)| u.clone()).collect();
+        good.sort();
+        assert_eq!(good, (0..16).filter(|i| *i != 5 && *i != 11).collect::<Vec<_>>());
+        assert_eq!(settled.load(Ordering::SeqCst), 16);
+        // Two units of 8, each bisected down to its bad kernel: 2 + 2·(2+2+2) compiles, far fewer
+        // than recompiling all 16 alone.
+        assert_eq!(calls.load(Ordering::SeqCst), 14);
+    }
+
+    #[test]
+    fn a_clean_build_compiles_each_unit_once() {
+        let calls = AtomicUsize::new(0);
+        let (ok, failed) = compile_bisecting(partition(9, 4), 4, &|u: &[usize]| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(u.len())
+        }, &|_| {});
+        assert!(failed.is_empty());
+        assert_eq!(ok.len(), 4);
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+    }
 }

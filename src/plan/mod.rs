@@ -66,6 +66,8 @@ pub struct NodeCost {
 fn math_rate(c: &Ceilings, dtype: &str, precision: Precision) -> f64 {
     match DType::parse(dtype).and_then(|d| MathType::for_tensor(d, precision)) {
         Some(MathType::Tf32) => c.tf32_tflops,
+        // Three tf32 products per multiply, on mma.sync kernels.
+        Some(MathType::Tf32x3) => c.tf32_tflops / 3.0 * 0.6,
         Some(MathType::Bf16 | MathType::F16) => c.bf16_tflops,
         None => c.fp32_tflops,
     }

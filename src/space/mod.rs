@@ -1,7 +1,14 @@
 //! Kernel specifications and the candidate space for a pattern. A `KernelSpec` is everything that
 //! makes a kernel different; its name is computed from it alone and is the generated symbol, the
-//! pattern-table value and the build-cache key. The candidates follow the validity rules CUTLASS's
-//! own generator applies to sm90 instantiations (cutlass_library/sm90_utils.py, 4.2.0).
+//! pattern-table value and the build-cache key. The candidates are the instantiations CUTLASS's
+//! own generator declares valid (the knowledge base distilled from cutlass_library, knowledge.rs),
+//! pruned by learned validity rules (validity.rs) and ordered by an analytic estimate (estimate.rs).
+
+pub mod estimate;
+pub mod knowledge;
+pub mod validity;
+
+pub use knowledge::Knowledge;
 
 use crate::rules::{GemmLayout, GemmProblem};
 use crate::types::{Arch, DType, MathType};
@@ -16,6 +23,8 @@ pub enum KernelSchedule {
     WsCooperative,
     /// TMA warp-specialized ping-pong: two consumer warpgroups alternate tiles.
     WsPingpong,
+    /// sm80 multistage cp.async mainloop (CUTLASS 2.x).
+    Multistage,
 }
 
 impl KernelSchedule {
@@ -24,6 +33,7 @@ impl KernelSchedule {
             KernelSchedule::Ws => "ws",
             KernelSchedule::WsCooperative => "ws_coop",
             KernelSchedule::WsPingpong => "ws_pp",
+            KernelSchedule::Multistage => "ms",
         }
     }
     pub fn cutlass_tag(self) -> &'static str {
@@ -31,6 +41,7 @@ impl KernelSchedule {
             KernelSchedule::Ws => "cutlass::gemm::KernelTmaWarpSpecialized",
             KernelSchedule::WsCooperative => "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
             KernelSchedule::WsPingpong => "cutlass::gemm::KernelTmaWarpSpecializedPingpong",
+            KernelSchedule::Multistage => "",
         }
     }
     /// The TMA epilogue schedule that pairs with this kernel schedule.
@@ -38,6 +49,7 @@ impl KernelSchedule {
         match self {
             KernelSchedule::WsCooperative => "cutlass::epilogue::TmaWarpSpecializedCooperative",
             KernelSchedule::Ws | KernelSchedule::WsPingpong => "cutlass::epilogue::TmaWarpSpecialized",
+            KernelSchedule::Multistage => "",
         }
     }
 }
@@ -71,13 +83,99 @@ impl TileScheduler {
 pub enum Family {
     /// CUTLASS 3.x GEMM through the sm90 collective builder (templates/sm90_gemm.cu.hbs).
     Sm90Gemm,
+    /// CUTLASS 2.x GemmUniversal with sm80 multistage mainloops (templates/sm80_gemm.cu.hbs); runs
+    /// on Hopper too, and is the family of the fp32-accurate 3xTF32 kernels and of serial split-K.
+    Sm80Gemm,
+    /// fp32-accurate on WGMMA: the sm90 GEMM run three times over exact tf32 big/small splits of
+    /// the operands (templates/sm90_gemm_x3.cu.hbs); no bias epilogue.
+    Sm90GemmX3,
 }
 
 impl Family {
+    /// Whether the kernel is built on the sm90 collective builder (shares its rules and knobs).
+    pub fn is_sm90(self) -> bool {
+        matches!(self, Family::Sm90Gemm | Family::Sm90GemmX3)
+    }
     pub fn template(self) -> &'static str {
         match self {
             Family::Sm90Gemm => "sm90_gemm",
+            Family::Sm80Gemm => "sm80_gemm",
+            Family::Sm90GemmX3 => "sm90_gemm_x3",
         }
+    }
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Family::Sm90Gemm => "sm90",
+            Family::Sm80Gemm => "sm80",
+            Family::Sm90GemmX3 => "sm90x3",
+        }
+    }
+}
+
+/// How an sm90 kernel writes its output tile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EpilogueKind {
+    /// TMA store through shared memory, the schedule's own TMA epilogue (fusions such as bias).
+    #[default]
+    Tma,
+    /// Direct register-to-global stores, no shared memory (more pipeline stages; no fusion).
+    NoSmem,
+}
+
+/// Raster order of output tiles over the grid: a runtime argument of CUTLASS's sm90 schedulers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Raster {
+    #[default]
+    Heuristic,
+    AlongM,
+    AlongN,
+}
+
+impl Raster {
+    fn letter(self) -> char {
+        match self {
+            Raster::Heuristic => 'h',
+            Raster::AlongM => 'm',
+            Raster::AlongN => 'n',
+        }
+    }
+    /// The value of FactGemmArgs::raster.
+    pub fn abi(self) -> i32 {
+        match self {
+            Raster::Heuristic => 0,
+            Raster::AlongM => 1,
+            Raster::AlongN => 2,
+        }
+    }
+}
+
+/// Launch-time parameters of a compiled kernel. Variants that differ only here share one object
+/// file: the dispatch index holds one entry per variant, each with its knobs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub struct Knobs {
+    #[serde(default)]
+    pub raster: Raster,
+    /// Tile swizzle (CUTLASS max_swizzle_size): 1, 2, 4 or 8.
+    pub swizzle: u32,
+    /// K splits: serial split-K for sm80, split-K through the Stream-K scheduler for sm90.
+    pub splits: u32,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs { raster: Raster::Heuristic, swizzle: 1, splits: 1 }
+    }
+}
+
+impl Knobs {
+    pub fn is_default(&self) -> bool {
+        *self == Knobs::default()
+    }
+    /// `r{h|m|n}w{swizzle}k{splits}`: the suffix of a variant's name.
+    pub fn suffix(&self) -> String {
+        format!("r{}w{}k{}", self.raster.letter(), self.swizzle, self.splits)
     }
 }
 
@@ -88,71 +186,205 @@ pub struct KernelSpec {
     pub layout: GemmLayout,
     pub math: MathType,
     pub dtype: DType,
+    /// CTA tile M×N×K of the CUTLASS problem (which is torch's transposed; see the templates).
     pub tile: [u32; 3],
     pub cluster: [u32; 3],
     pub schedule: KernelSchedule,
     pub scheduler: TileScheduler,
     pub bias: bool,
     pub align: u32,
+    /// Warps per CTA along M, N, K (sm80 family; zeros for sm90).
+    #[serde(default, skip_serializing_if = "is_zero3")]
+    pub warps: [u32; 3],
+    /// Mainloop stages; 0 lets the sm90 builder fill shared memory.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stages: u32,
+    #[serde(default, skip_serializing_if = "is_tma")]
+    pub epilogue: EpilogueKind,
+    #[serde(default, skip_serializing_if = "Knobs::is_default")]
+    pub knobs: Knobs,
+}
+
+fn is_zero3(v: &[u32; 3]) -> bool {
+    *v == [0, 0, 0]
+}
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+fn is_tma(e: &EpilogueKind) -> bool {
+    *e == EpilogueKind::Tma
 }
 
 impl KernelSpec {
-    /// cutlass_library-style identity, e.g. `sm90_gemm_rcr_tf32_f32_128x256x32_2x1x1_ws_coop_dp_bias_align4`.
-    pub fn name(&self) -> String {
+    /// The compiled kernel's identity, cutlass_library style, e.g.
+    /// `sm90_gemm_rcr_tf32_f32_128x256x32_2x1x1_ws_coop_dp_bias_align4` or
+    /// `sm80_gemm_rrr_tf32x3_f32_128x128x32_w4x2x1_s3_dp_align4`: symbol and build-cache key.
+    pub fn kernel_name(&self) -> String {
         let [tm, tn, tk] = self.tile;
         let [cm, cn, ck] = self.cluster;
-        format!(
-            "{}_gemm_{}_{}_{}_{tm}x{tn}x{tk}_{cm}x{cn}x{ck}_{}_{}{}_align{}",
-            self.arch.short_name(),
+        let head = format!(
+            "{}_gemm_{}_{}_{}_{tm}x{tn}x{tk}",
+            self.family.prefix(),
             self.layout.short_name(),
             self.math.short_name(),
-            self.dtype.short_name(),
-            self.schedule.short_name(),
-            self.scheduler.short_name(),
-            if self.bias { "_bias" } else { "" },
-            self.align
-        )
+            self.dtype.short_name()
+        );
+        let body = match self.family {
+            Family::Sm90Gemm | Family::Sm90GemmX3 => format!(
+                "{cm}x{cn}x{ck}_{}_{}{}{}",
+                self.schedule.short_name(),
+                self.scheduler.short_name(),
+                if self.epilogue == EpilogueKind::NoSmem { "_nosmem" } else { "" },
+                if self.stages > 0 { format!("_s{}", self.stages) } else { String::new() }
+            ),
+            Family::Sm80Gemm => {
+                let [wm, wn, wk] = self.warps;
+                format!("w{wm}x{wn}x{wk}_s{}_{}", self.stages, self.scheduler.short_name())
+            }
+        };
+        format!("{head}_{body}{}_align{}", if self.bias { "_bias" } else { "" }, self.align)
+    }
+
+    /// The variant's identity: the kernel name, plus the knobs when they are not the defaults.
+    /// It is the dispatch-index name and the pattern-table value.
+    pub fn name(&self) -> String {
+        if self.knobs.is_default() {
+            self.kernel_name()
+        } else {
+            format!("{}__{}", self.kernel_name(), self.knobs.suffix())
+        }
+    }
+
+    /// The spec of the compiled kernel: this one without its launch knobs.
+    pub fn kernel(&self) -> KernelSpec {
+        KernelSpec { knobs: Knobs::default(), ..self.clone() }
+    }
+
+    pub fn with_knobs(&self, knobs: Knobs) -> KernelSpec {
+        KernelSpec { knobs, ..self.clone() }
     }
 
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("KernelSpec serializes")
     }
 
-    /// Why CUTLASS would reject this instantiation, if it would. Mirrors the static_asserts and
-    /// generator pruning that apply to the families fact renders.
+    /// Instruction shape (M, N, K) the kernel's MMA uses.
+    pub fn instruction(&self) -> [u32; 3] {
+        let k = match self.dtype {
+            DType::F32 => 8,
+            DType::Bf16 | DType::F16 => 16,
+        };
+        match self.family {
+            Family::Sm90Gemm | Family::Sm90GemmX3 => [64, self.tile[1].min(256), k],
+            Family::Sm80Gemm => [16, 8, k],
+        }
+    }
+
+    /// Shared memory of one mainloop stage, bytes.
+    pub fn stage_bytes(&self) -> u32 {
+        (self.tile[0] + self.tile[1]) * self.tile[2] * self.dtype.bytes() as u32
+    }
+
+    /// Why CUTLASS would reject this instantiation, if it would. Mirrors the static_asserts that
+    /// apply to the families fact renders; candidates from the knowledge base already satisfy
+    /// CUTLASS's generator, this guards what agents and users propose.
     pub fn invalid_reason(&self) -> Option<String> {
         let [tm, tn, tk] = self.tile;
         let elem_bytes = self.dtype.bytes() as u32;
-        if tk * elem_bytes != 128 {
-            return Some(format!("tile K {tk} must span 128 bytes of {}", self.dtype));
+        if self.align == 0 || self.align * elem_bytes > 16 {
+            return Some(format!("alignment {} is not 1..{} elements", self.align, 16 / elem_bytes));
         }
-        if self.schedule == KernelSchedule::WsCooperative && tm % 128 != 0 {
-            return Some(format!("cooperative schedule needs tile M divisible by 128, got {tm}"));
+        if let Some(r) = self.knob_reason() {
+            return Some(r);
         }
-        if self.schedule != KernelSchedule::WsCooperative && tm != 64 && tm != 128 {
-            return Some(format!("{} needs tile M of 64 or 128, got {tm}", self.schedule.short_name()));
-        }
-        if self.scheduler == TileScheduler::StreamK && self.schedule != KernelSchedule::WsCooperative {
-            return Some("Stream-K runs only with the cooperative schedule".into());
-        }
-        if ![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm) {
-            return Some(format!("tile {tm}x{tn} outside the generator's 64/128/256 set"));
-        }
-        // fp32 operands in CUTLASS's nn/tn arrangements need the N tile to be a multiple of K
-        // (static_assert in the smem layout of B).
-        if self.math == MathType::Tf32 && tn % tk != 0 {
-            return Some(format!("tf32 needs tile N {tn} divisible by tile K {tk}"));
-        }
-        let cluster_size = self.cluster.iter().product::<u32>();
-        if cluster_size > 2 || self.cluster[2] != 1 {
-            return Some(format!("cluster {:?} beyond the 1x1x1/2x1x1/1x2x1 set", self.cluster));
-        }
-        let stage_bytes = (tm + tn) * tk * elem_bytes;
-        let epilogue_bytes = 32 * 1024;
-        if 2 * stage_bytes + epilogue_bytes > 227 * 1024 {
-            return Some(format!("two stages of {stage_bytes} B do not fit in shared memory"));
+        match self.family {
+            Family::Sm90Gemm | Family::Sm90GemmX3 => {
+                if self.family == Family::Sm90Gemm && self.math == MathType::Tf32x3 {
+                    return Some("sm90 has no 3xTF32 mainloop; fp32-accurate sm90 kernels are the x3 family".into());
+                }
+                if self.family == Family::Sm90GemmX3 && (self.math != MathType::Tf32x3 || self.bias) {
+                    return Some("the x3 family computes fp32-accurate GEMMs without bias".into());
+                }
+                if tk * elem_bytes != 128 {
+                    return Some(format!("tile K {tk} must span 128 bytes of {}", self.dtype));
+                }
+                if self.schedule == KernelSchedule::Multistage {
+                    return Some("the multistage schedule belongs to the sm80 family".into());
+                }
+                if self.schedule == KernelSchedule::WsCooperative && tm % 128 != 0 {
+                    return Some(format!("cooperative schedule needs tile M divisible by 128, got {tm}"));
+                }
+                if self.schedule != KernelSchedule::WsCooperative && tm != 64 && tm != 128 {
+                    return Some(format!("{} needs tile M of 64 or 128, got {tm}", self.schedule.short_name()));
+                }
+                if self.scheduler == TileScheduler::StreamK && self.schedule != KernelSchedule::WsCooperative {
+                    return Some("Stream-K runs only with the cooperative schedule".into());
+                }
+                if ![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm) {
+                    return Some(format!("tile {tm}x{tn} outside the generator's 64/128/256 set"));
+                }
+                if matches!(self.math, MathType::Tf32 | MathType::Tf32x3) && tn % tk != 0 {
+                    return Some(format!("tf32 needs tile N {tn} divisible by tile K {tk}"));
+                }
+                if self.bias && self.epilogue == EpilogueKind::NoSmem {
+                    return Some("the no-smem epilogue has no bias fusion".into());
+                }
+                let cluster_size = self.cluster.iter().product::<u32>();
+                if cluster_size > 2 || self.cluster[2] != 1 {
+                    return Some(format!("cluster {:?} beyond the 1x1x1/2x1x1/1x2x1 set", self.cluster));
+                }
+                let epilogue_bytes = if self.epilogue == EpilogueKind::Tma { 32 * 1024 } else { 0 };
+                let stages = self.stages.max(2);
+                if stages * self.stage_bytes() + epilogue_bytes > 227 * 1024 {
+                    return Some(format!("{stages} stages of {} B do not fit in shared memory", self.stage_bytes()));
+                }
+            }
+            Family::Sm80Gemm => {
+                if self.schedule != KernelSchedule::Multistage {
+                    return Some("sm80 kernels use the multistage schedule".into());
+                }
+                if self.cluster != [1, 1, 1] {
+                    return Some("sm80 kernels have no clusters".into());
+                }
+                let [wm, wn, wk] = self.warps;
+                if wm == 0 || wn == 0 || wk != 1 || tm % wm != 0 || tn % wn != 0 {
+                    return Some(format!("warp count {:?} does not divide tile {tm}x{tn}", self.warps));
+                }
+                let [im, inn, _] = self.instruction();
+                if (tm / wm) % im != 0 || (tn / wn) % inn != 0 {
+                    return Some("warp tile not a multiple of the mma instruction".into());
+                }
+                if !(2..=10).contains(&self.stages) {
+                    return Some(format!("sm80 stages must be 2..10 (CUTLASS's generator goes to 10), got {}", self.stages));
+                }
+                if self.stages * self.stage_bytes() > 227 * 1024 {
+                    return Some(format!("{} stages of {} B do not fit in shared memory", self.stages, self.stage_bytes()));
+                }
+            }
         }
         None
+    }
+
+    fn knob_reason(&self) -> Option<String> {
+        let k = self.knobs;
+        if ![1, 2, 4, 8].contains(&k.swizzle) {
+            return Some(format!("swizzle {} is not 1, 2, 4 or 8", k.swizzle));
+        }
+        if k.splits == 0 || k.splits > 64 {
+            return Some(format!("split count {} outside 1..64", k.splits));
+        }
+        match (self.family, self.scheduler) {
+            (Family::Sm90Gemm | Family::Sm90GemmX3, TileScheduler::Persistent) if k.splits > 1 => {
+                Some("K splits need the Stream-K scheduler on sm90".into())
+            }
+            (Family::Sm80Gemm, _) if k.raster != Raster::Heuristic || k.swizzle != 1 => {
+                Some("sm80 kernels fix raster and swizzle at compile time".into())
+            }
+            (Family::Sm80Gemm, TileScheduler::StreamK) if k.splits > 1 => {
+                Some("Stream-K balances K itself; no split count".into())
+            }
+            _ => None,
+        }
     }
 
     /// Whether this kernel can run `p` at all (alignment of the contiguous dims).
@@ -162,57 +394,144 @@ impl KernelSpec {
             && p.bias == self.bias
             && p.k % self.align as i64 == 0
             && p.n % self.align as i64 == 0
+            // Serial split-K and Stream-K in CUTLASS 2.x's GemmUniversal are for single GEMMs.
+            && !(self.family == Family::Sm80Gemm && p.batch > 1 && (self.knobs.splits > 1 || self.scheduler == TileScheduler::StreamK))
+    }
+
+    /// Knob settings worth timing for this kernel on `p` beyond its first one.
+    pub fn knob_grid(&self, p: &GemmProblem) -> Vec<Knobs> {
+        let mut out = Vec::new();
+        match (self.family, self.scheduler) {
+            (Family::Sm90Gemm | Family::Sm90GemmX3, s) => {
+                for raster in [Raster::AlongM, Raster::AlongN] {
+                    for swizzle in [1, 2, 4, 8] {
+                        out.push(Knobs { raster, swizzle, splits: 1 });
+                    }
+                }
+                if s == TileScheduler::StreamK {
+                    for splits in estimate::split_choices(self, p) {
+                        out.push(Knobs { splits, ..Knobs::default() });
+                    }
+                }
+            }
+            (Family::Sm80Gemm, TileScheduler::Persistent) if p.batch == 1 => {
+                for splits in estimate::split_choices(self, p) {
+                    out.push(Knobs { splits, ..Knobs::default() });
+                }
+            }
+            _ => {}
+        }
+        out.retain(|k| *k != self.knobs && self.with_knobs(*k).invalid_reason().is_none());
+        out.sort();
+        out.dedup();
+        out
     }
 }
 
-/// The default sweep for a GEMM problem: valid sm90 configurations covering the three levels
-/// (tile and instruction shape; schedule and cluster; tile scheduler), most promising first.
+/// A candidate the space left out before nvcc, and why.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Pruned {
+    pub kernel: String,
+    pub reason: String,
+    pub estimate_ms: Option<f64>,
+}
+
+/// The candidates of a sweep, best estimate first, and everything pruned on the way.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Space {
+    pub candidates: Vec<KernelSpec>,
+    pub estimates_ms: Vec<f64>,
+    pub pruned: Vec<Pruned>,
+    /// Where the space came from: the knowledge base's CUTLASS version and source.
+    pub source: String,
+}
+
+/// Options of the space derivation.
+#[derive(Clone, Debug)]
+pub struct SpaceOptions {
+    /// Keep at most this many kernels (compile units) after ordering.
+    pub budget: usize,
+    /// Drop kernels estimated slower than this factor times the best estimate.
+    pub hopeless: f64,
+    /// Keep the best this many of each family (within the hopeless cut) whatever their rank, so
+    /// the estimate's family rates are checked by measurement rather than trusted.
+    pub per_family: usize,
+}
+
+impl Default for SpaceOptions {
+    fn default() -> Self {
+        SpaceOptions { budget: 24, hopeless: 1.8, per_family: 3 }
+    }
+}
+
+/// The sweep for a GEMM problem: CUTLASS's own valid instantiations for (arch, math, dtype,
+/// layout) from the knowledge base, less what cannot run the problem, what a learned validity
+/// rule rejects and what the analytic estimate calls hopeless; ordered by estimate.
+pub fn derive(
+    kb: &Knowledge,
+    p: &GemmProblem,
+    math: MathType,
+    arch: Arch,
+    rules: &[validity::Rule],
+    scope: &validity::Scope,
+    opts: &SpaceOptions,
+) -> Space {
+    let mut space = Space { source: kb.describe(), ..Space::default() };
+    let mut scored: Vec<(f64, KernelSpec)> = Vec::new();
+    for k in kb.kernels(p, math, arch) {
+        if let Some(r) = k.invalid_reason() {
+            space.pruned.push(Pruned { kernel: k.name(), reason: r, estimate_ms: None });
+            continue;
+        }
+        if !k.fits(p) {
+            space.pruned.push(Pruned { kernel: k.name(), reason: "alignment does not fit the problem".into(), estimate_ms: None });
+            continue;
+        }
+        let k = estimate::with_best_splits(&k, p);
+        if let Some(rule) = validity::rejecting(rules, scope, &k) {
+            space.pruned.push(Pruned { kernel: k.name(), reason: rule.describe(), estimate_ms: None });
+            continue;
+        }
+        scored.push((estimate::estimate_ms(&k, p), k));
+    }
+    scored.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then_with(|| a.1.name().cmp(&b.1.name())));
+    let best = scored.first().map(|s| s.0).unwrap_or(0.0);
+    let (hopeful, hopeless): (Vec<_>, Vec<_>) = scored.into_iter().partition(|(ms, _)| *ms <= best * opts.hopeless);
+    for (ms, k) in hopeless {
+        space.pruned.push(Pruned {
+            kernel: k.name(),
+            reason: format!("estimate {ms:.4} ms is over {:.1}x the best {best:.4} ms", opts.hopeless),
+            estimate_ms: Some(ms),
+        });
+    }
+    let mut keep = vec![false; hopeful.len()];
+    for fam in [Family::Sm90Gemm, Family::Sm80Gemm, Family::Sm90GemmX3] {
+        for i in hopeful.iter().enumerate().filter(|(_, (_, k))| k.family == fam).map(|(i, _)| i).take(opts.per_family) {
+            keep[i] = true;
+        }
+    }
+    let mut room = opts.budget.saturating_sub(keep.iter().filter(|k| **k).count());
+    for k in keep.iter_mut() {
+        if !*k && room > 0 {
+            *k = true;
+            room -= 1;
+        }
+    }
+    for ((ms, k), kept) in hopeful.into_iter().zip(keep) {
+        if kept {
+            space.candidates.push(k);
+            space.estimates_ms.push(ms);
+        } else {
+            space.pruned.push(Pruned { kernel: k.name(), reason: format!("beyond the budget of {}", opts.budget), estimate_ms: Some(ms) });
+        }
+    }
+    space
+}
+
+/// The default sweep for a GEMM problem from the shipped knowledge base with no learned rules.
 pub fn gemm_candidates(p: &GemmProblem, math: MathType, arch: Arch) -> Vec<KernelSpec> {
-    let tk = 128 / p.dtype.bytes() as u32;
-    let align = 16 / p.dtype.bytes() as u32;
-    let base = |tile: [u32; 3], cluster: [u32; 3], schedule, scheduler| KernelSpec {
-        family: Family::Sm90Gemm,
-        arch,
-        layout: p.layout,
-        math,
-        dtype: p.dtype,
-        tile,
-        cluster,
-        schedule,
-        scheduler,
-        bias: p.bias,
-        align,
-    };
-    use KernelSchedule::*;
-    use TileScheduler::*;
-    let configs = [
-        ([128, 256, tk], [1, 2, 1], WsCooperative, Persistent),
-        ([256, 128, tk], [2, 1, 1], WsCooperative, Persistent),
-        ([128, 128, tk], [1, 2, 1], WsCooperative, Persistent),
-        ([128, 128, tk], [2, 1, 1], WsCooperative, Persistent),
-        ([64, 128, tk], [1, 2, 1], WsPingpong, Persistent),
-        ([64, 256, tk], [1, 1, 1], WsPingpong, Persistent),
-        ([128, 256, tk], [1, 1, 1], WsCooperative, StreamK),
-        ([128, 128, tk], [1, 1, 1], Ws, Persistent),
-    ];
-    let mut out: Vec<KernelSpec> = configs
-        .into_iter()
-        .map(|(t, c, s, ts)| base(t, c, s, ts))
-        .filter(|k| k.invalid_reason().is_none() && k.fits(p))
-        .collect();
-    // Wave quantisation: fewer idle SMs in the last wave first, larger tiles on ties.
-    let sms = 132.0;
-    out.sort_by(|x, y| {
-        let score = |k: &KernelSpec| {
-            // CUTLASS's problem is transposed: its M is torch's N.
-            let tiles = ((p.n as f64) / k.tile[0] as f64).ceil() * ((p.m as f64) / k.tile[1] as f64).ceil();
-            let waves = tiles / sms;
-            let eff = waves / waves.ceil();
-            -(eff * 1000.0) - (k.tile[0] * k.tile[1]) as f64 / 1e6
-        };
-        score(x).partial_cmp(&score(y)).unwrap()
-    });
-    out
+    let scope = validity::Scope::of(p, math, arch, "");
+    derive(Knowledge::shipped(), p, math, arch, &[], &scope, &SpaceOptions::default()).candidates
 }
 
 #[cfg(test)]
@@ -225,11 +544,12 @@ mod tests {
 
     #[test]
     fn name_is_computed_from_the_spec() {
-        let k = &gemm_candidates(&problem(4096, 4096, 4096, DType::F32), MathType::Tf32, Arch::Sm90)
+        let k = &Knowledge::shipped()
+            .kernels(&problem(4096, 4096, 4096, DType::F32), MathType::Tf32, Arch::Sm90)
             .into_iter()
-            .find(|k| k.tile == [128, 256, 32] && k.scheduler == TileScheduler::Persistent)
+            .find(|k| k.tile == [128, 128, 32] && k.scheduler == TileScheduler::Persistent && k.epilogue == EpilogueKind::Tma && k.schedule == KernelSchedule::WsCooperative && k.cluster == [1, 2, 1])
             .unwrap();
-        assert_eq!(k.name(), "sm90_gemm_rrr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4");
+        assert_eq!(k.name(), "sm90_gemm_rrr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4");
         let back: KernelSpec = serde_json::from_str(&k.to_json()).unwrap();
         assert_eq!(back.name(), k.name());
     }
@@ -249,12 +569,63 @@ mod tests {
 
     #[test]
     fn validity_rules_reject_what_cutlass_rejects() {
-        let mut k = gemm_candidates(&problem(512, 512, 512, DType::F32), MathType::Tf32, Arch::Sm90)[0].clone();
+        let all = Knowledge::shipped().kernels(&problem(512, 512, 512, DType::F32), MathType::Tf32, Arch::Sm90);
+        let mut k = all.iter().find(|k| k.family == Family::Sm90Gemm).unwrap().clone();
         k.schedule = KernelSchedule::WsCooperative;
         k.tile = [64, 128, 32];
         assert!(k.invalid_reason().unwrap().contains("cooperative"));
         k.tile = [128, 128, 64];
         assert!(k.invalid_reason().unwrap().contains("128 bytes"));
+        let mut s = all.iter().find(|k| k.family == Family::Sm80Gemm).unwrap().clone();
+        assert_eq!(s.invalid_reason(), None);
+        s.stages = 11;
+        assert!(s.invalid_reason().unwrap().contains("stages"));
+        s.stages = 3;
+        s.knobs.swizzle = 4;
+        assert!(s.invalid_reason().unwrap().contains("compile time"), "sm80 swizzle is not a launch knob");
+        let mut dp = all.iter().find(|k| k.family == Family::Sm90Gemm && k.scheduler == TileScheduler::Persistent).unwrap().clone();
+        dp.knobs.splits = 4;
+        assert!(dp.invalid_reason().unwrap().contains("Stream-K"));
+    }
+
+    #[test]
+    fn variants_share_their_kernel_and_name_their_knobs() {
+        let p = problem(256, 256, 524288, DType::F32);
+        let ks = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90);
+        let k = ks.iter().find(|k| k.family == Family::Sm80Gemm && k.scheduler == TileScheduler::Persistent).unwrap();
+        assert!(k.kernel_name().starts_with("sm80_gemm_rrr_tf32x3_f32_"), "{}", k.kernel_name());
+        let v = k.with_knobs(Knobs { splits: 8, ..Knobs::default() });
+        assert_eq!(v.kernel_name(), k.kernel_name());
+        assert_eq!(v.name(), format!("{}__rhw1k8", k.kernel_name()));
+        assert_eq!(v.kernel(), *k);
+        // Knob variants of a kernel stay valid and distinct.
+        let grid = k.knob_grid(&p);
+        assert!(!grid.is_empty() && grid.iter().all(|g| g.splits > 1));
+        // Old table entries (no knobs, no sm80 fields) still read.
+        let old = r#"{"family":"sm90_gemm","arch":"sm90","layout":"rrr","math":"tf32","dtype":"f32","tile":[128,256,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":false,"align":4}"#;
+        let back: KernelSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(back.name(), "sm90_gemm_rrr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4");
+        assert_eq!(back.to_json(), old, "defaults are not written, so names and files stay stable");
+    }
+
+    #[test]
+    fn derivation_keeps_both_families_and_explains_every_prune() {
+        let p = problem(4096, 4096, 4096, DType::F32);
+        let scope = validity::Scope::of(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
+        let opts = SpaceOptions { budget: 10, ..SpaceOptions::default() };
+        let sp = derive(Knowledge::shipped(), &p, MathType::Tf32, Arch::Sm90, &[], &scope, &opts);
+        assert_eq!(sp.candidates.len(), 10);
+        assert!(sp.candidates.iter().any(|k| k.family == Family::Sm80Gemm));
+        assert!(sp.candidates.iter().any(|k| k.family == Family::Sm90Gemm));
+        let total = Knowledge::shipped().kernels(&p, MathType::Tf32, Arch::Sm90).len();
+        assert_eq!(sp.candidates.len() + sp.pruned.len(), total, "every kernel is either a candidate or pruned with a reason");
+        assert!(sp.pruned.iter().all(|x| !x.reason.is_empty()));
+        // A learned rule prunes what it matches, and says so.
+        let mut rules = vec![];
+        validity::learn(&mut rules, &scope, validity::FailureKind::Compile, &sp.candidates[0], "error: boom", &[]);
+        let again = derive(Knowledge::shipped(), &p, MathType::Tf32, Arch::Sm90, &rules, &scope, &opts);
+        assert!(!again.candidates.contains(&sp.candidates[0]));
+        assert!(again.pruned.iter().any(|x| x.kernel == sp.candidates[0].name() && x.reason.contains("learned compile rule")));
     }
 
     #[test]

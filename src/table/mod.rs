@@ -173,6 +173,9 @@ impl Entry {
 pub struct Table {
     pub schema: u32,
     pub entries: Vec<Entry>,
+    /// Validity rules learned from every failure of every sweep (space::validity).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<crate::space::validity::Rule>,
 }
 
 /// Schema 1 (fact 0.1.0 before the table became a product): one run per entry, dtype in the key.
@@ -228,7 +231,7 @@ pub enum Lookup {
 
 impl Table {
     pub fn new() -> Table {
-        Table { schema: SCHEMA, entries: Vec::new() }
+        Table { schema: SCHEMA, entries: Vec::new(), rules: Vec::new() }
     }
 
     /// Reads a table; a missing file is an empty table, an older schema is migrated.
@@ -304,6 +307,13 @@ impl Table {
         for e in &other.entries {
             self.insert_merged(e.clone());
         }
+        // Rules from elsewhere join as they are; an identical rule is kept once, counts summed.
+        for r in &other.rules {
+            match self.rules.iter_mut().find(|x| x.scope == r.scope && x.kind == r.kind && x.predicate == r.predicate) {
+                Some(x) => x.count += r.count,
+                None => self.rules.push(r.clone()),
+            }
+        }
     }
 
     /// The entry whose id starts with `prefix`.
@@ -365,6 +375,22 @@ impl Tables {
     }
 
     /// Adds an entry to the user table on disk (under its lock) and here.
+    /// Learns validity rules from every failure of `run`, a sweep on `key`, into the user table.
+    pub fn learn(&mut self, key: &TableKey, run: &Run) -> Result<usize, TableError> {
+        let mut n = 0;
+        self.user = Table::update(&self.user_path, |t| {
+            let history = t.entries.clone();
+            n = crate::space::validity::learn_run(&mut t.rules, key, run, &history);
+            t.clone()
+        })?;
+        Ok(n)
+    }
+
+    /// Rules of both tables (the user's first).
+    pub fn rules(&self) -> Vec<crate::space::validity::Rule> {
+        self.user.rules.iter().chain(self.shipped.rules.iter()).cloned().collect()
+    }
+
     pub fn record(&mut self, entry: Entry) -> Result<(), TableError> {
         self.user = Table::update(&self.user_path, |t| {
             t.insert_merged(entry);

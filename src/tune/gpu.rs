@@ -102,6 +102,10 @@ impl<'a> GpuBench<'a> {
             b: ops.b.data_ptr(),
             bias: ops.bias.as_ref().map_or(std::ptr::null_mut(), |t| t.data_ptr()),
             out: out.data_ptr(),
+            // The dispatch index sets each variant's own knobs.
+            splits: 0,
+            raster: 0,
+            swizzle: 0,
         }
     }
 

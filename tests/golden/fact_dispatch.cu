@@ -1,17 +1,18 @@
 // generated from templates/dispatch.cu.hbs; do not edit
-// The dispatch table of one kernel library: 2 kernels, looked up by index or name.
+// The dispatch table of one kernel library: 2 variants, looked up by index or name. A variant
+// is a compiled kernel plus its launch knobs; several variants may share one kernel.
 #include "fact_kernels.h"
 
 #include <cuda_runtime.h>
 #include <cstring>
 #include <string>
 
-extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_can_implement(const FactGemmArgs*);
-extern "C" size_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_workspace_size(const FactGemmArgs*);
-extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_run(const FactGemmArgs*, void*, size_t, void*);
-extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4_can_implement(const FactGemmArgs*);
-extern "C" size_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4_workspace_size(const FactGemmArgs*);
-extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4_run(const FactGemmArgs*, void*, size_t, void*);
+extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_can_implement(const FactGemmArgs*);
+extern "C" size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_workspace_size(const FactGemmArgs*);
+extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_run(const FactGemmArgs*, void*, size_t, void*);
+extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_can_implement(const FactGemmArgs*);
+extern "C" size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_workspace_size(const FactGemmArgs*);
+extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_run(const FactGemmArgs*, void*, size_t, void*);
 
 namespace {
 struct Entry {
@@ -19,21 +20,31 @@ struct Entry {
   int32_t (*can_implement)(const FactGemmArgs*);
   size_t (*workspace_size)(const FactGemmArgs*);
   int32_t (*run)(const FactGemmArgs*, void*, size_t, void*);
+  int32_t splits, raster, swizzle;
 };
 
 const Entry kEntries[] = {
-    { {"sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4", R"fact_spec({"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,256,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4})fact_spec", "f32", "rcr", 1},
-     fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_can_implement,
-     fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_workspace_size, fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_run},
-    { {"sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4", R"fact_spec({"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,256,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":false,"align":4})fact_spec", "f32", "rcr", 0},
-     fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4_can_implement,
-     fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4_workspace_size, fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4_run},
+    { {"sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4", R"fact_spec({"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4})fact_spec", "f32", "rcr", 1},
+     fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_can_implement,
+     fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_workspace_size, fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_run, 1, 0, 1},
+    { {"sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4", R"fact_spec({"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":false,"align":4})fact_spec", "f32", "rcr", 0},
+     fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_can_implement,
+     fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_workspace_size, fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_run, 1, 0, 1},
 };
 constexpr int32_t kCount = static_cast<int32_t>(sizeof(kEntries) / sizeof(kEntries[0]));
 
 thread_local std::string last_error;
 
 bool valid(int32_t i) { return i >= 0 && i < kCount; }
+
+// The caller's problem with the variant's launch knobs.
+FactGemmArgs with_knobs(int32_t i, const FactGemmArgs* args) {
+  FactGemmArgs a = *args;
+  a.splits = kEntries[i].splits;
+  a.raster = kEntries[i].raster;
+  a.swizzle = kEntries[i].swizzle;
+  return a;
+}
 }  // namespace
 
 extern "C" int32_t fact_abi_version(void) { return FACT_ABI_VERSION; }
@@ -49,17 +60,21 @@ extern "C" int32_t fact_kernel_find(const char* name) {
 
 extern "C" int32_t fact_kernel_can_implement(int32_t i, const FactGemmArgs* args) {
   if (!valid(i)) return FACT_BAD_INDEX;
-  return kEntries[i].can_implement(args);
+  const FactGemmArgs a = with_knobs(i, args);
+  return kEntries[i].can_implement(&a);
 }
 
 extern "C" size_t fact_kernel_workspace_size(int32_t i, const FactGemmArgs* args) {
-  return valid(i) ? kEntries[i].workspace_size(args) : 0;
+  if (!valid(i)) return 0;
+  const FactGemmArgs a = with_knobs(i, args);
+  return kEntries[i].workspace_size(&a);
 }
 
 extern "C" int32_t fact_kernel_run(int32_t i, const FactGemmArgs* args, void* workspace,
                                    size_t workspace_size, void* stream) {
   if (!valid(i)) return FACT_BAD_INDEX;
-  int32_t status = kEntries[i].run(args, workspace, workspace_size, stream);
+  const FactGemmArgs a = with_knobs(i, args);
+  int32_t status = kEntries[i].run(&a, workspace, workspace_size, stream);
   if (status == FACT_OK) {
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) {

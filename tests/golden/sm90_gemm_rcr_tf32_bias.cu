@@ -1,7 +1,7 @@
 // generated from templates/sm90_gemm.cu.hbs; do not edit
-// spec: {"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,256,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4}
+// spec: {"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4}
 //
-// sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4: out[m,n] = a[m,k] . B + bias[n] (torch layout rcr), computed as the
+// sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4: out[m,n] = a[m,k] . B + bias[n] (torch layout rcr), computed as the
 // column-major CUTLASS problem out^T[n,m] = B^T . a^T, so a torch row-major output needs no transpose
 // and the bias is per row of the CUTLASS problem.
 #include "fact_kernels.h"
@@ -20,7 +20,7 @@
 #include "cutlass/util/packed_stride.hpp"
 
 namespace {
-namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns {
+namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns {
 using namespace cute;
 
 using Element = float;
@@ -32,7 +32,7 @@ using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::ColumnMajor;
 constexpr int Alignment = 4;
 
-using TileShape = Shape<_128, _256, _32>;
+using TileShape = Shape<_128, _128, _32>;
 using ClusterShape = Shape<_1, _2, _1>;
 
 using FusionOp = cutlass::epilogue::fusion::LinCombPerRowBias<Element, ElementCompute, Element, Element, ElementCompute, Alignment>;
@@ -87,27 +87,33 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p) {
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
+  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
   args.epilogue.thread.bias_ptr = static_cast<const Element*>(p.bias);
   return args;
 }
-}  // namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns
+}  // namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns
 }  // namespace
 
-extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_can_implement(const FactGemmArgs* p) {
-  using namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns;
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_can_implement(const FactGemmArgs* p) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns;
   if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
   auto args = make_arguments(*p);
   return Gemm::can_implement(args) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
-extern "C" size_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_workspace_size(const FactGemmArgs* p) {
-  using namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns;
+extern "C" __attribute__((weak)) size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_workspace_size(const FactGemmArgs* p) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns;
   return Gemm::get_workspace_size(make_arguments(*p));
 }
 
-extern "C" int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
                                        void* stream) {
-  using namespace sm90_gemm_rcr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_bias_align4_ns;
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns;
   if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
   auto args = make_arguments(*p);
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;

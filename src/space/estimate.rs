@@ -1,0 +1,202 @@
+//! The analytic estimate that orders a sweep before nvcc and cuts its hopeless members. It is a
+//! roofline per CTA tile: each tile costs its MMA work plus a fixed pipeline-fill and epilogue
+//! overhead (so small tiles and short K lose), tiles run in waves over the SMs (so a last wave
+//! that leaves SMs idle costs a whole wave), K splits add their partial-sum traffic, and the
+//! whole is bounded below by DRAM and L2 traffic. The rates are the H100 ceilings measured in
+//! benches/results (cuBLAS-level tf32 and bf16), scaled per family: sm80 mma.sync kernels reach
+//! about half the WGMMA rate, tf32 WGMMA on an M-major operand goes through registers (CUTLASS's
+//! RS mainloop) at about three quarters. It only has to rank; the tuner measures.
+
+use super::{Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
+use crate::rules::{GemmLayout, GemmProblem};
+use crate::types::MathType;
+
+const SMS: f64 = 132.0;
+const DRAM_TBPS: f64 = 3.0;
+const L2_TBPS: f64 = 9.0;
+const LAUNCH_MS: f64 = 0.004;
+
+/// TFLOP/s one SM sustains on this kernel's mainloop.
+fn sm_rate(k: &KernelSpec) -> f64 {
+    let chip = match k.math {
+        MathType::Tf32 | MathType::Tf32x3 => 397.0,
+        MathType::Bf16 | MathType::F16 => 790.0,
+    };
+    let mut rate = chip / SMS;
+    if k.family == Family::Sm80Gemm {
+        rate *= 0.5;
+    }
+    match (k.family, k.math) {
+        // Three products plus the big/small split in registers.
+        (Family::Sm80Gemm, MathType::Tf32x3) => rate /= 3.3,
+        // Three full GEMMs.
+        (_, MathType::Tf32x3) => rate /= 3.0,
+        _ => {}
+    }
+    if k.family.is_sm90() && matches!(k.math, MathType::Tf32 | MathType::Tf32x3) && k.layout == GemmLayout::Rrr {
+        rate *= 0.75;
+    }
+    if k.family.is_sm90() {
+        // Accumulators per consumer thread: cooperative tiles are shared by two warpgroups, the
+        // others held by one. Past 128 fp32 registers of accumulators the mainloop spills.
+        let threads = if k.schedule == KernelSchedule::WsCooperative { 256 } else { 128 };
+        if k.tile[0] * k.tile[1] / threads > 128 {
+            rate *= 0.1;
+        }
+        if k.math != MathType::Bf16 && k.math != MathType::F16 && k.layout == GemmLayout::Rrr && k.cluster[1] > 1 {
+            // tf32 with an M-major operand: that operand goes through registers, and only a
+            // cluster along M multicasts it; one along N doubles its traffic (H100 sweeps).
+            rate *= 0.5;
+        }
+    }
+    if k.schedule == KernelSchedule::Ws {
+        // One consumer warpgroup: the epilogue does not overlap the next tile's mainloop.
+        rate *= 0.85;
+    }
+    rate
+}
+
+/// Output tiles of the CUTLASS problem (torch's transposed: its M is torch's N).
+fn tiles(k: &KernelSpec, p: &GemmProblem) -> f64 {
+    let (mm, nn) = (p.n as f64, p.m as f64);
+    (mm / k.tile[0] as f64).ceil() * (nn / k.tile[1] as f64).ceil() * p.batch as f64
+}
+
+/// Milliseconds for one CTA to compute a tile over `kt` of K.
+fn tile_ms(k: &KernelSpec, kt: f64) -> f64 {
+    let (tm, tn, tk) = (k.tile[0] as f64, k.tile[1] as f64, k.tile[2] as f64);
+    let k0 = tm * tn / (tm + tn) + 4.0 * tk;
+    2.0 * tm * tn * (kt + k0) / (sm_rate(k) * 1e12) * 1e3
+}
+
+/// Estimated kernel time in milliseconds for `k` (with its knobs) on `p`.
+pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
+    let t = tiles(k, p);
+    let kk = p.k as f64;
+    let splits = k.knobs.splits.max(1) as f64;
+    let compute = match k.scheduler {
+        TileScheduler::StreamK if splits <= 1.0 => {
+            // Work spread evenly over the SMs; partial tiles pay a fix-up.
+            let total = t * tile_ms(k, kk);
+            let fixup = if t < SMS { tile_ms(k, 0.0) } else { 0.0 };
+            (total / SMS).max(tile_ms(k, kk / SMS.max(1.0))) + fixup
+        }
+        _ => {
+            let units = t * splits;
+            (units / SMS).ceil() * tile_ms(k, kk / splits)
+        }
+    };
+    let e = p.dtype.bytes() as f64;
+    let (m, n, b) = (p.m as f64, p.n as f64, p.batch as f64);
+    let mut dram = (m * kk + kk * n + m * n) * b * e;
+    if k.family == Family::Sm90GemmX3 {
+        // The split pass reads both operands and writes their big and small parts; the two
+        // accumulating passes read the output back.
+        dram += 3.0 * (m * kk + kk * n) * b * e + 4.0 * m * n * b * e;
+    }
+    if splits > 1.0 || (k.scheduler == TileScheduler::StreamK && t < SMS) {
+        // Partial accumulators written and read back in fp32.
+        dram += 2.0 * splits.max(2.0) * m * n * b * 4.0;
+    }
+    let l2 = t * (k.tile[0] + k.tile[1]) as f64 * kk * e;
+    let memory = (dram / (DRAM_TBPS * 1e12)).max(l2 / (L2_TBPS * 1e12)) * 1e3;
+    compute.max(memory) + LAUNCH_MS
+}
+
+/// K split counts worth trying for `k` on `p`, best estimate first (at most three).
+pub fn split_choices(k: &KernelSpec, p: &GemmProblem) -> Vec<u32> {
+    if p.batch > 1 {
+        return vec![];
+    }
+    let t = tiles(k, p);
+    let mut scored: Vec<(f64, u32)> = [2u32, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+        .into_iter()
+        .filter(|&s| t * s as f64 <= 2.0 * SMS && p.k as f64 / s as f64 >= 8.0 * k.tile[2] as f64)
+        .map(|s| (estimate_ms(&k.with_knobs(Knobs { splits: s, ..k.knobs }), p), s))
+        .collect();
+    scored.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    scored.into_iter().take(3).map(|(_, s)| s).collect()
+}
+
+/// `k` with the split count the estimate prefers for its first timing: sm80 data-parallel kernels
+/// that would leave most SMs idle split K; everything else starts unsplit (sm90 Stream-K
+/// balances K by itself).
+pub fn with_best_splits(k: &KernelSpec, p: &GemmProblem) -> KernelSpec {
+    if k.family != Family::Sm80Gemm || k.scheduler != TileScheduler::Persistent || tiles(k, p) * 2.0 > SMS {
+        return k.clone();
+    }
+    let base = estimate_ms(k, p);
+    match split_choices(k, p).first() {
+        Some(&s) if estimate_ms(&k.with_knobs(Knobs { splits: s, ..k.knobs }), p) < base => {
+            k.with_knobs(Knobs { splits: s, ..k.knobs })
+        }
+        _ => k.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::Knowledge;
+    use crate::types::{Arch, DType};
+
+    fn problem(m: i64, n: i64, k: i64) -> GemmProblem {
+        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 }
+    }
+
+    fn kernels(p: &GemmProblem) -> Vec<KernelSpec> {
+        Knowledge::shipped().kernels(p, MathType::Tf32, Arch::Sm90)
+    }
+
+    #[test]
+    fn a_full_last_wave_beats_a_ragged_one() {
+        // 4096² with 128x256 tiles is 512 tiles: 3.9 waves on 132 SMs; a problem one tile row
+        // bigger in M' runs 528 tiles = exactly 4 waves, almost no slower.
+        let k = kernels(&problem(4096, 4096, 4096)).into_iter().find(|k| k.tile[..2] == [128, 256] && k.scheduler == TileScheduler::Persistent).unwrap();
+        let a = estimate_ms(&k, &problem(4096, 4096, 4096));
+        let b = estimate_ms(&k, &problem(4096, 4096 + 128, 4096));
+        assert!(b / a < 1.05, "{a} {b}");
+        // ... while one more tile than 4 full waves costs a fifth wave.
+        let c = estimate_ms(&k, &problem(4096 + 256, 4096 + 128, 4096));
+        assert!(c / b > 1.15, "{b} {c}");
+    }
+
+    #[test]
+    fn long_k_with_few_tiles_wants_k_splitting() {
+        let p = problem(256, 256, 524288);
+        let ks = kernels(&p);
+        let dp = ks.iter().find(|k| k.family == Family::Sm80Gemm && k.scheduler == TileScheduler::Persistent).unwrap();
+        let split = with_best_splits(dp, &p);
+        assert!(split.knobs.splits > 1, "{}", split.name());
+        assert!(estimate_ms(&split, &p) < estimate_ms(dp, &p) / 4.0);
+        let best = ks.iter().map(|k| with_best_splits(k, &p)).min_by(|a, b| estimate_ms(a, &p).partial_cmp(&estimate_ms(b, &p)).unwrap()).unwrap();
+        assert!(best.knobs.splits > 1 || best.scheduler == TileScheduler::StreamK, "{}", best.name());
+    }
+
+    #[test]
+    fn small_tiles_lose_to_big_ones_on_big_problems_and_rs_costs() {
+        let p = problem(4096, 4096, 4096);
+        let ks = kernels(&p);
+        let by_tile = |t: [u32; 2]| {
+            ks.iter()
+                .find(|k| {
+                    k.tile[..2] == t
+                        && k.family == Family::Sm90Gemm
+                        && k.scheduler == TileScheduler::Persistent
+                        && k.cluster == [2, 1, 1]
+                        && k.schedule != KernelSchedule::Ws
+                })
+                .unwrap()
+        };
+        assert!(estimate_ms(by_tile([64, 128]), &p) > estimate_ms(by_tile([128, 256]), &p));
+        let rcr = GemmProblem { layout: GemmLayout::Rcr, ..p.clone() };
+        let k = by_tile([128, 256]);
+        let k_rcr = KernelSpec { layout: GemmLayout::Rcr, ..k.clone() };
+        assert!(estimate_ms(&k_rcr, &rcr) < estimate_ms(k, &p));
+        // Register pressure: a 128x256 tile on one warpgroup (ping-pong) spills; shared by two
+        // (cooperative) it does not.
+        let spill = ks.iter().find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsPingpong).unwrap();
+        let coop = ks.iter().find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsCooperative && k.cluster == spill.cluster).unwrap();
+        assert!(estimate_ms(spill, &p) > 3.0 * estimate_ms(coop, &p));
+    }
+}

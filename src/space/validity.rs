@@ -1,0 +1,313 @@
+//! Failure memory: every failure a sweep meets (nvcc/static_assert, can_implement, launch,
+//! fault, numeric) becomes a validity rule — a scope (arch, dtype, math, rule, CUTLASS version,
+//! and the shape for failures that depend on it), a predicate over the kernel's parameters, a
+//! count and an example message. Rules prune later sweeps before nvcc.
+//!
+//! A rule starts as the failing kernel's full parameter set. When another kernel fails the same
+//! way in the same scope, the rule generalises to the parameters both share, but only if no
+//! kernel known to have passed that stage in the scope matches the generalisation: rules never
+//! contradict evidence, so a learned rule cannot prune a kernel that is known to work.
+
+use super::KernelSpec;
+use crate::table::{Entry, Run, TableKey};
+use crate::tune::Outcome;
+use crate::types::MathType;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    Compile,
+    CannotImplement,
+    Launch,
+    Fault,
+    Numeric,
+}
+
+impl FailureKind {
+    pub fn of(o: &Outcome) -> Option<FailureKind> {
+        match o {
+            Outcome::Ok { .. } => None,
+            Outcome::CompileFailed { .. } => Some(FailureKind::Compile),
+            Outcome::CannotImplement => Some(FailureKind::CannotImplement),
+            Outcome::LaunchFailed { .. } => Some(FailureKind::Launch),
+            Outcome::Fault { .. } => Some(FailureKind::Fault),
+            Outcome::Numeric { .. } => Some(FailureKind::Numeric),
+        }
+    }
+    /// Compile failures depend on the kernel alone; the others on the problem too.
+    fn shape_bound(self) -> bool {
+        self != FailureKind::Compile
+    }
+    /// Whether `o` shows the kernel got past the stage this kind fails at.
+    fn passed(self, o: &Outcome) -> bool {
+        match self {
+            FailureKind::Compile => !matches!(o, Outcome::CompileFailed { .. }),
+            _ => matches!(o, Outcome::Ok { .. }),
+        }
+    }
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureKind::Compile => "compile",
+            FailureKind::CannotImplement => "cannot_implement",
+            FailureKind::Launch => "launch",
+            FailureKind::Fault => "fault",
+            FailureKind::Numeric => "numeric",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub struct Scope {
+    pub arch: String,
+    pub dtype: String,
+    pub math: MathType,
+    pub rule: String,
+    pub cutlass: String,
+    /// Set for failures that depend on the problem (everything but compile failures).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<String>,
+}
+
+impl Scope {
+    pub fn of(p: &crate::rules::GemmProblem, math: MathType, arch: crate::types::Arch, cutlass: &str) -> Scope {
+        Scope::of_key(&TableKey::gemm(p, math, arch), cutlass)
+    }
+    pub fn of_key(key: &TableKey, cutlass: &str) -> Scope {
+        Scope {
+            arch: key.arch.short_name().into(),
+            dtype: key.dtypes.a.short_name().into(),
+            math: key.math,
+            rule: key.rule.clone(),
+            cutlass: cutlass.into(),
+            shape: Some(key.shape.clone()),
+        }
+    }
+    fn for_kind(&self, kind: FailureKind) -> Scope {
+        Scope { shape: if kind.shape_bound() { self.shape.clone() } else { None }, ..self.clone() }
+    }
+    /// Whether a rule scoped `self` applies to a sweep in `sweep`.
+    pub fn covers(&self, sweep: &Scope) -> bool {
+        self.arch == sweep.arch
+            && self.dtype == sweep.dtype
+            && self.math == sweep.math
+            && self.rule == sweep.rule
+            && self.cutlass == sweep.cutlass
+            && (self.shape.is_none() || self.shape == sweep.shape)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rule {
+    pub scope: Scope,
+    pub kind: FailureKind,
+    /// Parameter → value; a kernel matches when it has every one.
+    pub predicate: BTreeMap<String, Value>,
+    pub count: u32,
+    pub example: String,
+    /// Some of the kernels that failed this way (at most eight).
+    pub kernels: Vec<String>,
+}
+
+impl Rule {
+    pub fn matches(&self, params: &BTreeMap<String, Value>) -> bool {
+        self.predicate.iter().all(|(k, v)| params.get(k) == Some(v))
+    }
+    pub fn predicate_text(&self) -> String {
+        self.predicate.iter().map(|(k, v)| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))).collect::<Vec<_>>().join(" ∧ ")
+    }
+    pub fn describe(&self) -> String {
+        format!("learned {} rule ({} failures): {} — e.g. {}", self.kind.label(), self.count, self.predicate_text(), first_line(&self.example))
+    }
+}
+
+fn first_line(s: &str) -> String {
+    let l = s.lines().find(|l| l.contains("error")).or_else(|| s.lines().next()).unwrap_or("").trim();
+    l.chars().take(160).collect()
+}
+
+/// The parameters a predicate may name. Launch knobs count only for failures at launch or later.
+pub fn params(k: &KernelSpec, kind: FailureKind) -> BTreeMap<String, Value> {
+    let mut m = BTreeMap::new();
+    let s = |v: &str| Value::String(v.to_string());
+    m.insert("family".into(), s(k.family.prefix()));
+    m.insert("tile_m".into(), k.tile[0].into());
+    m.insert("tile_n".into(), k.tile[1].into());
+    m.insert("tile_k".into(), k.tile[2].into());
+    m.insert("cluster".into(), s(&format!("{}x{}x{}", k.cluster[0], k.cluster[1], k.cluster[2])));
+    m.insert("schedule".into(), s(k.schedule.short_name()));
+    m.insert("scheduler".into(), s(k.scheduler.short_name()));
+    m.insert("epilogue".into(), s(match k.epilogue {
+        super::EpilogueKind::Tma => "tma",
+        super::EpilogueKind::NoSmem => "no_smem",
+    }));
+    m.insert("stages".into(), k.stages.into());
+    m.insert("warps".into(), s(&format!("{}x{}x{}", k.warps[0], k.warps[1], k.warps[2])));
+    m.insert("align".into(), k.align.into());
+    if kind != FailureKind::Compile {
+        m.insert("splits".into(), k.knobs.splits.into());
+        m.insert("raster".into(), s(&format!("{:?}", k.knobs.raster).to_lowercase()));
+        m.insert("swizzle".into(), k.knobs.swizzle.into());
+    }
+    m
+}
+
+fn message(o: &Outcome) -> String {
+    match o {
+        Outcome::CompileFailed { log } => log.clone(),
+        Outcome::CannotImplement => "CUTLASS can_implement refused the problem".into(),
+        Outcome::LaunchFailed { error } | Outcome::Fault { error } => error.clone(),
+        Outcome::Numeric { max_rel_err, tolerance } => format!("max relative error {max_rel_err:.3e} over tolerance {tolerance:.0e}"),
+        Outcome::Ok { .. } => String::new(),
+    }
+}
+
+/// Records one failure. `passed` are kernels known to have passed this kind's stage in scope.
+pub fn learn(rules: &mut Vec<Rule>, scope: &Scope, kind: FailureKind, k: &KernelSpec, msg: &str, passed: &[KernelSpec]) {
+    let scope = scope.for_kind(kind);
+    let p = params(k, kind);
+    let name = k.name();
+    let note = |r: &mut Rule| {
+        r.count += 1;
+        if r.kernels.len() < 8 && !r.kernels.contains(&name) {
+            r.kernels.push(name.clone());
+        }
+    };
+    let same = |r: &Rule| r.scope == scope && r.kind == kind;
+    if let Some(r) = rules.iter_mut().find(|r| same(r) && r.matches(&p)) {
+        note(r);
+        return;
+    }
+    let passed: Vec<BTreeMap<String, Value>> = passed.iter().map(|k| params(k, kind)).collect();
+    for r in rules.iter_mut().filter(|r| same(r)) {
+        let general: BTreeMap<String, Value> = r.predicate.iter().filter(|(key, v)| p.get(*key) == Some(v)).map(|(a, b)| (a.clone(), b.clone())).collect();
+        if general.is_empty() {
+            continue;
+        }
+        let candidate = Rule { predicate: general, ..r.clone() };
+        if passed.iter().any(|q| candidate.matches(q)) {
+            continue;
+        }
+        *r = candidate;
+        note(r);
+        return;
+    }
+    rules.push(Rule { scope, kind, predicate: p, count: 1, example: msg.chars().take(2000).collect(), kernels: vec![name] });
+}
+
+/// Learns every failure of `run` (a sweep on `key`). `history` is the table's entries, whose
+/// runs say which kernels passed which stage.
+pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[Entry]) -> usize {
+    let sweep = Scope::of_key(key, &run.provenance.cutlass);
+    let mut learned = 0;
+    for c in &run.candidates {
+        let Some(kind) = FailureKind::of(&c.outcome) else { continue };
+        let scope = sweep.for_kind(kind);
+        let passed: Vec<KernelSpec> = history
+            .iter()
+            .flat_map(|e| e.runs.iter().map(move |r| (e, r)))
+            .filter(|(e, r)| scope.covers(&Scope::of_key(&e.key, &r.provenance.cutlass)))
+            .flat_map(|(_, r)| r.candidates.iter())
+            .chain(run.candidates.iter())
+            .filter(|c| kind.passed(&c.outcome))
+            .map(|c| c.spec.clone())
+            .collect();
+        learn(rules, &sweep, kind, &c.spec, &message(&c.outcome), &passed);
+        learned += 1;
+    }
+    learned
+}
+
+/// The first rule that rejects `k` in a sweep scoped `sweep`.
+pub fn rejecting<'a>(rules: &'a [Rule], sweep: &Scope, k: &KernelSpec) -> Option<&'a Rule> {
+    rules.iter().find(|r| r.scope.covers(sweep) && r.matches(&params(k, r.kind)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{GemmLayout, GemmProblem};
+    use crate::space::{gemm_candidates, Family, KernelSchedule, TileScheduler};
+    use crate::types::{Arch, DType};
+
+    fn problem() -> GemmProblem {
+        GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 }
+    }
+    fn scope() -> Scope {
+        Scope::of(&problem(), MathType::Tf32, Arch::Sm90, "4.2.0.0")
+    }
+    fn space() -> Vec<KernelSpec> {
+        gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90)
+    }
+
+    #[test]
+    fn a_failure_rejects_its_kernel_and_counts_repeats() {
+        let ks = space();
+        let mut rules = vec![];
+        learn(&mut rules, &scope(), FailureKind::Compile, &ks[0], "error: static_assert failed", &[]);
+        assert_eq!(rules.len(), 1);
+        assert!(rejecting(&rules, &scope(), &ks[0]).is_some());
+        assert!(rejecting(&rules, &scope(), &ks[1]).is_none());
+        learn(&mut rules, &scope(), FailureKind::Compile, &ks[0], "again", &[]);
+        assert_eq!((rules.len(), rules[0].count), (1, 2));
+        // Compile rules hold for every shape of the rule; other CUTLASS versions are not covered.
+        let other_shape = Scope { shape: Some("8x8x8".into()), ..scope() };
+        assert!(rejecting(&rules, &other_shape, &ks[0]).is_some());
+        let other_cutlass = Scope { cutlass: "4.3.0".into(), ..scope() };
+        assert!(rejecting(&rules, &other_cutlass, &ks[0]).is_none());
+    }
+
+    #[test]
+    fn rules_generalise_to_shared_parameters_but_never_over_a_success() {
+        let ks = crate::space::Knowledge::shipped().kernels(&problem(), MathType::Tf32, Arch::Sm90);
+        let pp_tile = |t: [u32; 2]| -> Vec<&KernelSpec> {
+            ks.iter()
+                .filter(|k| k.schedule == KernelSchedule::WsPingpong && k.family == Family::Sm90Gemm && k.tile[..2] == t)
+                .collect()
+        };
+        let p128 = pp_tile([128, 128]);
+        let other_tile = pp_tile([64, 128]);
+        let find = |c: [u32; 3], e: crate::space::EpilogueKind| *p128.iter().find(|k| k.cluster == c && k.epilogue == e).unwrap();
+        use crate::space::EpilogueKind::{NoSmem, Tma};
+        // a and b differ in cluster and epilogue; the other two 128x128 ping-pong kernels share
+        // tile and schedule with both.
+        let (a, b) = (find([1, 2, 1], Tma), find([2, 1, 1], NoSmem));
+        let pp = [a, find([1, 2, 1], NoSmem), find([2, 1, 1], Tma), b, other_tile[0]];
+        let mut rules = vec![];
+        learn(&mut rules, &scope(), FailureKind::Launch, a, "illegal instruction", &[]);
+        learn(&mut rules, &scope(), FailureKind::Launch, b, "illegal instruction", &[]);
+        assert_eq!(rules.len(), 1);
+        assert_eq!(rules[0].count, 2);
+        assert_eq!(rules[0].predicate.get("schedule"), Some(&Value::String("ws_pp".into())));
+        assert!(!rules[0].predicate.contains_key("cluster") && !rules[0].predicate.contains_key("epilogue"));
+        // The generalisation rejects the untried kernels sharing what the failures shared...
+        assert!(rejecting(&rules, &scope(), pp[1]).is_some() && rejecting(&rules, &scope(), pp[2]).is_some());
+        // ...but not another tile, nor a cooperative kernel.
+        assert!(pp[4].tile != a.tile && rejecting(&rules, &scope(), pp[4]).is_none());
+        let pp: Vec<&KernelSpec> = p128.clone();
+        let coop = ks.iter().find(|k| k.schedule == KernelSchedule::WsCooperative).unwrap();
+        assert!(rejecting(&rules, &scope(), coop).is_none());
+
+        // With a known-good ping-pong kernel, the same two failures stay two exact rules.
+        let mut rules = vec![];
+        let good = [pp[2].clone()];
+        learn(&mut rules, &scope(), FailureKind::Launch, pp[0], "x", &good);
+        learn(&mut rules, &scope(), FailureKind::Launch, pp[1], "x", &good);
+        assert!(rejecting(&rules, &scope(), pp[2]).is_none());
+        assert!(rejecting(&rules, &scope(), pp[0]).is_some() && rejecting(&rules, &scope(), pp[1]).is_some());
+    }
+
+    #[test]
+    fn numeric_rules_stay_with_their_shape_and_knobs() {
+        let ks = space();
+        let sk = ks.iter().find(|k| k.scheduler == TileScheduler::StreamK).unwrap();
+        let mut rules = vec![];
+        learn(&mut rules, &scope(), FailureKind::Numeric, sk, "1.3e-3 > 1e-3", &[]);
+        assert!(rejecting(&rules, &scope(), sk).is_some());
+        assert!(rejecting(&rules, &Scope { shape: Some("256x256x8".into()), ..scope() }, sk).is_none());
+        let split = sk.with_knobs(crate::space::Knobs { splits: 4, ..sk.knobs });
+        assert!(rejecting(&rules, &scope(), &split).is_none(), "other knobs are another variant");
+    }
+}
