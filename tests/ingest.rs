@@ -93,19 +93,15 @@ fn bad_inputs_get_errors_that_name_the_fix() {
 }
 
 #[test]
-fn strict_fp32_policy_leaves_gemms_to_torch_with_a_reason() {
+fn f32_accurate_policy_plans_3xtf32_kernels() {
     let dir = tempfile::tempdir().unwrap();
     let out = fact()
         .env("FACT_TABLE", dir.path().join("t.json"))
-        .args(["compose", "--precision", "f32", "--json", "--out"])
-        .arg(dir.path().join("o"))
+        .args(["discover", "--precision", "f32", "--json"])
         .arg(fixture("linear.pt"))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let p = &v["compose"]["patterns"][0];
-    assert_eq!(p["realization"]["how"], "skipped");
-    assert!(p["realization"]["reason"].as_str().unwrap().contains("--precision tf32"));
-    assert!(v["compose"]["composed"].is_null());
+    assert_eq!(v["plan"]["patterns"][0]["math"], "tf32x3", "{}", v["plan"]["patterns"][0]);
 }

@@ -404,8 +404,12 @@ pub fn build_library(
     let mut todo = Vec::new();
     let mut cached = 0;
     for (i, k) in kernels.iter().enumerate() {
-        match cached_object(tc, cache, &codegen::render_kernel(k), &nvcc_line, &k.kernel_name()) {
+        let source = codegen::render_kernel(k);
+        match cached_object(tc, cache, &source, &nvcc_line, &k.kernel_name()) {
             Some(obj) => {
+                // The sweep folder shows every kernel's source, compiled now or before.
+                let path = src_dir.join(&source.file_name);
+                std::fs::write(&path, &source.text).map_err(io(&path))?;
                 objects.push((vec![i], obj));
                 cached += 1;
                 bar.inc(1);
