@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 const SM90_GEMM: &str = include_str!("../../templates/sm90_gemm.cu.hbs");
 const SM80_GEMM: &str = include_str!("../../templates/sm80_gemm.cu.hbs");
 const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
+const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
@@ -20,6 +21,7 @@ fn registry() -> &'static Handlebars<'static> {
         let mut h = Handlebars::new();
         h.set_strict_mode(true);
         h.register_escape_fn(handlebars::no_escape);
+        h.register_partial("sm90_gemm_core", SM90_GEMM_CORE).unwrap_or_else(|e| panic!("partial sm90_gemm_core: {e}"));
         for (name, text) in [("sm90_gemm", SM90_GEMM), ("sm80_gemm", SM80_GEMM), ("sm90_gemm_x3", SM90_GEMM_X3), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
             h.register_template_string(name, text).unwrap_or_else(|e| panic!("template {name}: {e}"));
         }

@@ -71,7 +71,8 @@ int sm_count() {
   return count;
 }
 
-typename Gemm::Arguments make_arguments(const FactGemmArgs& p) {
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out.
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
   const int M = p.n, N = p.m, K = p.k, L = p.batch;
   auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, L});
   auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, K, L});
@@ -82,11 +83,11 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p) {
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {M, N, K, L},
-      {static_cast<const Element*>(p.b), stride_a, static_cast<const Element*>(p.a), stride_b},
+      {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
       { {}, static_cast<const Element*>(p.out), stride_d, static_cast<Element*>(p.out), stride_d},
       hw};
   args.epilogue.thread.alpha = 1.0f;
-  args.epilogue.thread.beta = 0.0f;
+  args.epilogue.thread.beta = beta;
   // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
   using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
   args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
@@ -102,20 +103,20 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p) {
 extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_can_implement(const FactGemmArgs* p) {
   using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns;
   if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
-  auto args = make_arguments(*p);
+  auto args = make_arguments(*p, p->a, p->b, 0.0f);
   return Gemm::can_implement(args) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
 extern "C" __attribute__((weak)) size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_workspace_size(const FactGemmArgs* p) {
   using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns;
-  return Gemm::get_workspace_size(make_arguments(*p));
+  return Gemm::get_workspace_size(make_arguments(*p, p->a, p->b, 0.0f));
 }
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
                                        void* stream) {
   using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns;
   if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
-  auto args = make_arguments(*p);
+  auto args = make_arguments(*p, p->a, p->b, 0.0f);
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
   if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
   Gemm gemm;

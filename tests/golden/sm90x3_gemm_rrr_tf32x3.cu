@@ -12,8 +12,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "cutlass/cutlass.h"
 #include "cute/tensor.hpp"
 #include "cutlass/gemm/dispatch_policy.hpp"
@@ -77,6 +75,7 @@ int sm_count() {
   return count;
 }
 
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out.
 typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
   const int M = p.n, N = p.m, K = p.k, L = p.batch;
   auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, L});
@@ -124,7 +123,8 @@ size_t parts_bytes(const FactGemmArgs& p) { return 2 * round_up(numel_a(p) * 4) 
 
 void launch_split(const void* x, float* big, float* small, size_t n, cudaStream_t s) {
   const size_t n4 = n / 4;
-  const int blocks = static_cast<int>(std::min<size_t>((n4 + 255) / 256, 132 * 16));
+  const size_t wanted = (n4 + 255) / 256;
+  const int blocks = static_cast<int>(wanted < 132 * 16 ? wanted : 132 * 16);
   split_tf32<<<blocks, 256, 0, s>>>(static_cast<const float4*>(x), reinterpret_cast<float4*>(big),
                                     reinterpret_cast<float4*>(small), n4);
 }
