@@ -233,6 +233,7 @@ def common_filter(op, kinds):
 
 
 def sm90_math(op):
+    """tf32, bf16 or f16 for a plain multiply-add on matching data, else None (sm80 adds 3xTF32)."""
     mi = op.tile_description.math_instruction
     if mi.math_operation != MathOperation.multiply_add:
         return None
@@ -247,13 +248,7 @@ def sm80_math(op):
     mi = op.tile_description.math_instruction
     if mi.math_operation == MathOperation.multiply_add_fast_f32 and op.A.element == DataType.f32:
         return "tf32x3"
-    if mi.math_operation != MathOperation.multiply_add:
-        return None
-    if mi.element_a == DataType.tf32 and op.A.element == DataType.f32:
-        return "tf32"
-    if mi.element_a in (DataType.bf16, DataType.f16) and op.A.element == mi.element_a:
-        return dtype_name(mi.element_a)
-    return None
+    return sm90_math(op)
 
 
 def distill_sm90(ops, skipped, notes):

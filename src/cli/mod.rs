@@ -503,10 +503,8 @@ fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
             let script = root.join("tools/distill_cutlass.py");
             // Import the cutlass_library that sits above the toolchain's CUTLASS headers, so the
             // knowledge matches what nvcc compiles against.
-            if let Some(site) = tc.cutlass.parent().and_then(Path::parent) {
-                std::env::set_var("PYTHONPATH", site);
-            }
-            let out = space::knowledge::refresh(&python, &script, &tc.cutlass_version()).map_err(anyhow::Error::msg)?;
+            let site = tc.cutlass.parent().and_then(Path::parent);
+            let out = space::knowledge::refresh(&python, &script, site, &tc.cutlass_version()).map_err(anyhow::Error::msg)?;
             let kb = Knowledge::read(&out).map_err(anyhow::Error::msg)?;
             println!("wrote {} ({} sm90 + {} sm80 rows, CUTLASS {})", out.display(), kb.sm90.len(), kb.sm80.len(), kb.cutlass_version);
             Ok(())

@@ -225,13 +225,18 @@ impl Knowledge {
 }
 
 /// Runs tools/distill_cutlass.py with `python` and writes the knowledge base of the installed
-/// CUTLASS into the user folder. Returns the path written.
-pub fn refresh(python: &Path, script: &Path, version: &str) -> Result<PathBuf, String> {
+/// CUTLASS into the user folder. `site` (put first on PYTHONPATH) is the folder holding the
+/// cutlass_library whose headers the toolchain compiles with. Returns the path written.
+pub fn refresh(python: &Path, script: &Path, site: Option<&Path>, version: &str) -> Result<PathBuf, String> {
     let dir = Knowledge::user_dir();
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let out = dir.join(Knowledge::file_name(version));
     let tmp = dir.join(format!(".{}.tmp{}", Knowledge::file_name(version), std::process::id()));
-    let status = std::process::Command::new(python)
+    let mut cmd = std::process::Command::new(python);
+    if let Some(site) = site {
+        cmd.env("PYTHONPATH", site);
+    }
+    let status = cmd
         .arg(script)
         .arg("--out")
         .arg(&tmp)
