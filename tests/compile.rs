@@ -74,6 +74,35 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     assert!(generated.contains(&good_spec().to_json()), "the source carries its spec");
 }
 
+/// The fp32-accurate split families on WGMMA: the tf32 split of an rrr problem (transposing b into
+/// K-major parts) and the bf16 split of an rcr one, each with its second, 2K-deep GEMM.
+#[test]
+fn split_families_compile_into_one_library() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let pick = |layout: GemmLayout, family: Family| {
+        let p = GemmProblem { layout, bias: false, ..linear_problem() };
+        Knowledge::shipped()
+            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
+            .into_iter()
+            .find(|k| {
+                k.family == family
+                    && k.tile[..2] == [128, 128]
+                    && k.schedule == KernelSchedule::WsCooperative
+                    && k.scheduler == TileScheduler::Persistent
+                    && k.epilogue == EpilogueKind::Tma
+                    && k.invalid_reason().is_none()
+            })
+            .expect("a 128x128 cooperative split kernel")
+    };
+    let x3 = pick(GemmLayout::Rrr, Family::Sm90GemmX3);
+    let b3 = pick(GemmLayout::Rcr, Family::Sm90GemmBf16x3);
+    let dir = tempfile::tempdir().unwrap();
+    let built = nvcc::build_library(&tc, &[x3.clone(), b3.clone()], dir.path(), "libs.so", &cache_dir(), 2, false).unwrap();
+    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!((lib.find(&x3.name()), lib.find(&b3.name())), (Some(0), Some(1)));
+}
+
 fn table_with(spec: &KernelSpec) -> Table {
     let mut t = Table::new();
     t.insert_merged(sample_entry(&linear_problem(), spec, 0.01, "test table (not a measurement)"));

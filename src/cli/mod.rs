@@ -116,6 +116,10 @@ enum Command {
         /// Tune launch knobs (raster, swizzle, K splits) of this many of the fastest kernels.
         #[arg(long, default_value_t = 4)]
         refine: usize,
+        /// Cut kernels the estimate puts over this factor times the best one (the best 3 of
+        /// each family within it are always kept); raise it to measure what the estimate doubts.
+        #[arg(long, default_value_t = 1.8)]
+        hopeless: f64,
         #[arg(long)]
         jobs: Option<usize>,
         /// Folder for the sweep's sources and libraries (default out/realize).
@@ -319,7 +323,10 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Realize { rule, dtype, shape, precision, arch, candidates, refine, jobs: j, out, agent, json } => {
+        Command::Realize { rule, dtype, shape, precision, arch, candidates, refine, hopeless, jobs: j, out, agent, json } => {
+            if !(hopeless >= 1.0) {
+                bail!("--hopeless {hopeless} must be at least 1 (the best estimate itself)");
+            }
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
             let arch = Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
@@ -331,6 +338,7 @@ pub fn main() -> Result<()> {
                 max_candidates: candidates,
                 refine,
                 keep_slower: true,
+                space: crate::space::SpaceOptions { hopeless, ..Default::default() },
                 ..options(out.unwrap_or_else(|| PathBuf::from("out/realize")), precision, arch, &agent, json)?
             };
             let start = std::time::Instant::now();

@@ -50,13 +50,24 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         crate::space::EpilogueKind::NoSmem => "cutlass::epilogue::NoSmemWarpSpecialized",
     };
     let warp = |i: usize| if k.warps[i] > 0 { k.tile[i] / k.warps[i] } else { 0 };
+    // The tf32 split writes torch's b K-major (transposing an rrr b), so the three WGMMA passes
+    // read both operands from shared memory; the bf16 split keeps the layout.
+    let tf32_split = k.family == crate::space::Family::Sm90GemmX3;
+    let bf16_split = k.family == crate::space::Family::Sm90GemmBf16x3;
+    let cutlass_layout_a = if tf32_split { crate::rules::GemmLayout::Rcr.cutlass_layout_a() } else { k.layout.cutlass_layout_a() };
     json!({
         "name": k.kernel_name(),
         "spec_json": k.to_json(),
-        "element": k.dtype.cutlass_tag(),
+        "element": if bf16_split { "cutlass::bfloat16_t" } else { k.dtype.cutlass_tag() },
+        "element_out": k.dtype.cutlass_tag(),
+        "align_out": k.align_out(),
+        "bf16_split": bf16_split,
+        "transpose_b": tf32_split && k.layout == crate::rules::GemmLayout::Rrr,
+        "b_k_major": k.layout == crate::rules::GemmLayout::Rcr,
+        "math": k.math_label(),
         "dtype": k.dtype.short_name(),
         "layout": k.layout.short_name(),
-        "cutlass_layout_a": k.layout.cutlass_layout_a(),
+        "cutlass_layout_a": cutlass_layout_a,
         "a_row_major": k.layout == crate::rules::GemmLayout::Rcr,
         "align": k.align,
         "tile_m": k.tile[0], "tile_n": k.tile[1], "tile_k": k.tile[2],
@@ -192,7 +203,34 @@ mod tests {
             .unwrap();
         let text = render_kernel(&k).text;
         expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3.cu"].assert_eq(&text);
-        assert!(text.contains("split_tf32") && text.contains("i == 0 ? 0.0f : 1.0f"));
+        assert!(text.contains("{a_parts, b_parts, 2 * p->k, 1.0f}"), "the second GEMM accumulates over both K halves");
+        // torch's rrr b is split into K-major parts, so the passes read a RowMajor CUTLASS A.
+        assert!(text.contains("split_parts_transposed<<<") && text.contains("using LayoutA = cutlass::layout::RowMajor;"));
+        let rcr = KernelSpec { layout: GemmLayout::Rcr, ..k };
+        assert!(!render_kernel(&rcr).text.contains("split_parts_transposed<<<"));
+    }
+
+    #[test]
+    fn bf16_split_render_is_golden_and_keeps_the_layout() {
+        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 };
+        let k = Knowledge::shipped()
+            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == crate::space::Family::Sm90GemmBf16x3 && k.tile == [128, 256, 64] && k.cluster == [2, 1, 1] && k.scheduler == TileScheduler::Persistent)
+            .unwrap();
+        assert!(k.kernel_name().starts_with("sm90b3_gemm_rrr_bf16x3_f32_128x256x64_"), "{}", k.kernel_name());
+        let text = render_kernel(&k).text;
+        expect_test::expect_file!["../../tests/golden/sm90b3_gemm_rrr_bf16x3.cu"].assert_eq(&text);
+        for line in [
+            "using Element = cutlass::bfloat16_t;",
+            "using ElementD = float;",
+            "constexpr int Alignment = 8;",
+            "constexpr int AlignmentD = 4;",
+            "using LayoutA = cutlass::layout::ColumnMajor;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        assert!(!text.contains("split_parts_transposed"));
     }
 
     #[test]

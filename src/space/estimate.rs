@@ -5,7 +5,8 @@
 //! whole is bounded below by DRAM and L2 traffic. The rates are the H100 ceilings measured in
 //! benches/results (cuBLAS-level tf32 and bf16), scaled per family: sm80 mma.sync kernels reach
 //! about half the WGMMA rate, tf32 WGMMA on an M-major operand goes through registers (CUTLASS's
-//! RS mainloop) at about three quarters. It only has to rank; the tuner measures.
+//! RS mainloop) at about three quarters, the split families pay their split pass and three GEMMs.
+//! It only has to rank; the tuner measures.
 
 use super::{Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
 use crate::rules::{GemmLayout, GemmProblem};
@@ -18,22 +19,20 @@ const LAUNCH_MS: f64 = 0.004;
 
 /// TFLOP/s one SM sustains on this kernel's mainloop.
 fn sm_rate(k: &KernelSpec) -> f64 {
-    let chip = match k.math {
-        MathType::Tf32 | MathType::Tf32x3 => 397.0,
-        MathType::Bf16 | MathType::F16 => 790.0,
-    };
+    // The rate of the tensor-core math the mainloop runs: split families run tf32 or bf16 GEMMs.
+    let chip = if k.operand_bytes() == 2 { 790.0 } else { 397.0 };
     let mut rate = chip / SMS;
     if k.family == Family::Sm80Gemm {
         rate *= 0.5;
+        if k.math == MathType::Tf32x3 {
+            // Three products plus the big/small split in registers.
+            rate /= 3.3;
+        }
     }
-    match (k.family, k.math) {
-        // Three products plus the big/small split in registers.
-        (Family::Sm80Gemm, MathType::Tf32x3) => rate /= 3.3,
-        // Three full GEMMs.
-        (_, MathType::Tf32x3) => rate /= 3.0,
-        _ => {}
-    }
-    if k.family.is_sm90() && matches!(k.math, MathType::Tf32 | MathType::Tf32x3) && k.layout == GemmLayout::Rrr {
+    // tf32 WGMMA with an M-major operand stages it through registers (CUTLASS's RS mainloop).
+    // The tf32 split family writes its parts K-major, so only the plain family pays.
+    let rs = k.family == Family::Sm90Gemm && k.operand_bytes() == 4 && k.layout == GemmLayout::Rrr;
+    if rs {
         rate *= 0.75;
     }
     if k.family.is_sm90() {
@@ -43,9 +42,9 @@ fn sm_rate(k: &KernelSpec) -> f64 {
         if k.tile[0] * k.tile[1] / threads > 128 {
             rate *= 0.1;
         }
-        if k.math != MathType::Bf16 && k.math != MathType::F16 && k.layout == GemmLayout::Rrr && k.cluster[1] > 1 {
-            // tf32 with an M-major operand: that operand goes through registers, and only a
-            // cluster along M multicasts it; one along N doubles its traffic (H100 sweeps).
+        if rs && k.cluster[1] > 1 {
+            // The register-staged operand is multicast only by a cluster along M; one along N
+            // doubles its traffic (H100 sweeps).
             rate *= 0.5;
         }
     }
@@ -71,6 +70,19 @@ fn tile_ms(k: &KernelSpec, kt: f64) -> f64 {
 
 /// Estimated kernel time in milliseconds for `k` (with its knobs) on `p`.
 pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
+    if !k.family.is_split() {
+        return pass_ms(k, p, false) + LAUNCH_MS;
+    }
+    // Split families: one pass reading both fp32 operands and writing their two parts, then a
+    // GEMM over K and one over 2K that reads the output back (templates/sm90_gemm_x3.cu.hbs).
+    let (m, n, kk, b) = (p.m as f64, p.n as f64, p.k as f64, p.batch as f64);
+    let split = (m * kk + kk * n) * b * (4.0 + 2.0 * k.operand_bytes() as f64) / (DRAM_TBPS * 1e12) * 1e3;
+    let deep = GemmProblem { k: 2 * p.k, ..p.clone() };
+    split + pass_ms(k, p, false) + pass_ms(k, &deep, true) + 3.0 * LAUNCH_MS
+}
+
+/// One GEMM over the kernel's operands; `accumulate` reads the output back (beta = 1).
+fn pass_ms(k: &KernelSpec, p: &GemmProblem, accumulate: bool) -> f64 {
     let t = tiles(k, p);
     let kk = p.k as f64;
     let splits = k.knobs.splits.max(1) as f64;
@@ -86,21 +98,17 @@ pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
             (units / SMS).ceil() * tile_ms(k, kk / splits)
         }
     };
-    let e = p.dtype.bytes() as f64;
+    let e = k.operand_bytes() as f64;
+    let out = p.dtype.bytes() as f64;
     let (m, n, b) = (p.m as f64, p.n as f64, p.batch as f64);
-    let mut dram = (m * kk + kk * n + m * n) * b * e;
-    if k.family == Family::Sm90GemmX3 {
-        // The split pass reads both operands and writes their big and small parts; the two
-        // accumulating passes read the output back.
-        dram += 3.0 * (m * kk + kk * n) * b * e + 4.0 * m * n * b * e;
-    }
+    let mut dram = (m * kk + kk * n) * b * e + m * n * b * out * if accumulate { 2.0 } else { 1.0 };
     if splits > 1.0 || (k.scheduler == TileScheduler::StreamK && t < SMS) {
         // Partial accumulators written and read back in fp32.
         dram += 2.0 * splits.max(2.0) * m * n * b * 4.0;
     }
     let l2 = t * (k.tile[0] + k.tile[1]) as f64 * kk * e;
     let memory = (dram / (DRAM_TBPS * 1e12)).max(l2 / (L2_TBPS * 1e12)) * 1e3;
-    compute.max(memory) + LAUNCH_MS
+    compute.max(memory)
 }
 
 /// K split counts worth trying for `k` on `p`, best estimate first (at most three).
@@ -198,5 +206,25 @@ mod tests {
         let spill = ks.iter().find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsPingpong).unwrap();
         let coop = ks.iter().find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsCooperative && k.cluster == spill.cluster).unwrap();
         assert!(estimate_ms(spill, &p) > 3.0 * estimate_ms(coop, &p));
+    }
+
+    #[test]
+    fn split_families_pay_the_split_and_the_bf16_split_runs_faster() {
+        let p = problem(4096, 4096, 4096);
+        let ks = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90);
+        let best = |f: Family| {
+            ks.iter().filter(|k| k.family == f).map(|k| estimate_ms(k, &p)).fold(f64::INFINITY, f64::min)
+        };
+        let (b3, x3, sm80) = (best(Family::Sm90GemmBf16x3), best(Family::Sm90GemmX3), best(Family::Sm80Gemm));
+        assert!(b3 < x3 && x3 < sm80, "b3 {b3} x3 {x3} sm80 {sm80}");
+        // Three tf32 GEMMs' worth of work (one over K, one over 2K) plus the split pass: above
+        // three single tf32 GEMMs of the same tile on a K-major layout.
+        let x3k = ks.iter().find(|k| k.family == Family::Sm90GemmX3 && k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsCooperative).unwrap();
+        let single = KernelSpec { family: Family::Sm90Gemm, math: MathType::Tf32, layout: GemmLayout::Rcr, ..x3k.clone() };
+        let rcr = GemmProblem { layout: GemmLayout::Rcr, ..p.clone() };
+        assert!(estimate_ms(x3k, &p) > 3.0 * estimate_ms(&single, &rcr), "{} vs {}", estimate_ms(x3k, &p), estimate_ms(&single, &rcr));
+        // The tf32 split writes K-major parts: an rrr problem costs no RS penalty.
+        let x3_rcr = KernelSpec { layout: GemmLayout::Rcr, ..x3k.clone() };
+        assert!((estimate_ms(x3k, &p) - estimate_ms(&x3_rcr, &rcr)).abs() < 1e-9);
     }
 }

@@ -6,7 +6,7 @@
 
 use super::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
 use crate::rules::{GemmLayout, GemmProblem};
-use crate::types::{Arch, MathType};
+use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -140,13 +140,20 @@ impl Knowledge {
         let letters = cutlass_layouts(p.layout);
         let align = 16 / p.dtype.bytes() as u32;
         let mut out = Vec::new();
-        for r in &self.sm90 {
-            // fp32-accurate runs the tf32 instantiations three times (the x3 family).
-            let (row_math, family) = match math {
-                MathType::Tf32x3 if !p.bias => ("tf32", Family::Sm90GemmX3),
-                _ => (math.short_name(), Family::Sm90Gemm),
-            };
-            if r.math != row_math || r.element != p.dtype.short_name() || !r.layouts.iter().any(|l| l == letters) {
+        // fp32-accurate runs tf32 instantiations three times over K-major tf32 parts (x3) and
+        // bf16 instantiations three times over bf16 parts in torch's layout (b3).
+        let sm90_sources: Vec<(&str, &str, &str, u32, Family)> = match math {
+            MathType::Tf32x3 if p.dtype == DType::F32 && !p.bias => vec![
+                ("tf32", "f32", cutlass_layouts(GemmLayout::Rcr), align, Family::Sm90GemmX3),
+                ("bf16", "bf16", letters, 8, Family::Sm90GemmBf16x3),
+            ],
+            MathType::Tf32x3 => vec![],
+            _ => vec![(math.short_name(), p.dtype.short_name(), letters, align, Family::Sm90Gemm)],
+        };
+        for (r, &(row_math, element, letters, align, family)) in
+            sm90_sources.iter().flat_map(|s| self.sm90.iter().map(move |r| (r, s)))
+        {
+            if r.math != row_math || r.element != element || !r.layouts.iter().any(|l| l == letters) {
                 continue;
             }
             if r.alignment[0] != align || r.alignment[1] != align {
@@ -304,11 +311,23 @@ mod tests {
                 }
             }
         }
-        // fp32-accurate: sm80 3xTF32 mainloops, and the sm90 tf32 rows run three times.
+        // fp32-accurate: sm80 3xTF32 mainloops, the sm90 tf32 rows over K-major parts (x3) and
+        // the sm90 bf16 rows over bf16 parts (b3), whose alignment counts bf16 elements.
         let ks = kb.kernels(&problem(GemmLayout::Rrr, DType::F32), MathType::Tf32x3, Arch::Sm90);
         assert!(!ks.is_empty());
-        assert!(ks.iter().all(|k| k.math == MathType::Tf32x3));
-        assert!(ks.iter().any(|k| k.family == Family::Sm80Gemm) && ks.iter().any(|k| k.family == Family::Sm90GemmX3));
+        assert!(ks.iter().all(|k| k.math == MathType::Tf32x3 && k.dtype == DType::F32));
+        for family in [Family::Sm80Gemm, Family::Sm90GemmX3, Family::Sm90GemmBf16x3] {
+            assert!(ks.iter().any(|k| k.family == family), "{family:?}");
+        }
+        let tf32_tn: Vec<_> = kb.sm90.iter().filter(|r| r.math == "tf32" && r.layouts.iter().any(|l| l == "tn")).collect();
+        for k in ks.iter().filter(|k| k.family == Family::Sm90GemmX3) {
+            assert!(tf32_tn.iter().any(|r| r.tile == k.tile && r.cluster == k.cluster), "{}", k.name());
+        }
+        for k in ks.iter().filter(|k| k.family == Family::Sm90GemmBf16x3) {
+            assert_eq!((k.align, k.operand_bytes(), k.tile[2]), (8, 2, 64), "{}", k.name());
+            assert!(k.kernel_name().starts_with("sm90b3_gemm_rrr_bf16x3_f32_"), "{}", k.kernel_name());
+        }
+        assert!(ks.iter().any(|k| k.family == Family::Sm90GemmBf16x3 && k.invalid_reason().is_none()));
         let with_bias = GemmProblem { bias: true, ..problem(GemmLayout::Rcr, DType::F32) };
         assert!(kb.kernels(&with_bias, MathType::Tf32x3, Arch::Sm90).iter().all(|k| k.family == Family::Sm80Gemm));
     }

@@ -87,20 +87,29 @@ pub enum Family {
     /// on Hopper too, and is the family of the fp32-accurate 3xTF32 kernels and of serial split-K.
     Sm80Gemm,
     /// fp32-accurate on WGMMA: the sm90 GEMM run three times over exact tf32 big/small splits of
-    /// the operands (templates/sm90_gemm_x3.cu.hbs); no bias epilogue.
+    /// the operands, written K-major by the split (templates/sm90_gemm_x3.cu.hbs); no bias.
     Sm90GemmX3,
+    /// fp32-accurate on bf16 WGMMA: each fp32 operand split into bf16 hi + lo parts (16
+    /// significant bits, relative error ≤ 2^-16, far inside the policy's 1e-4) and three bf16
+    /// GEMMs accumulated in fp32 (the same template, bf16 split); no bias. bf16 WGMMA reads either
+    /// operand layout from shared memory, so no layout costs a register pass.
+    Sm90GemmBf16x3,
 }
 
 impl Family {
     /// Whether the kernel is built on the sm90 collective builder (shares its rules and knobs).
     pub fn is_sm90(self) -> bool {
-        matches!(self, Family::Sm90Gemm | Family::Sm90GemmX3)
+        matches!(self, Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3)
+    }
+    /// Whether the kernel runs three GEMMs over split operands (fp32-accurate on WGMMA).
+    pub fn is_split(self) -> bool {
+        matches!(self, Family::Sm90GemmX3 | Family::Sm90GemmBf16x3)
     }
     pub fn template(self) -> &'static str {
         match self {
             Family::Sm90Gemm => "sm90_gemm",
             Family::Sm80Gemm => "sm80_gemm",
-            Family::Sm90GemmX3 => "sm90_gemm_x3",
+            Family::Sm90GemmX3 | Family::Sm90GemmBf16x3 => "sm90_gemm_x3",
         }
     }
     pub fn prefix(self) -> &'static str {
@@ -108,6 +117,7 @@ impl Family {
             Family::Sm90Gemm => "sm90",
             Family::Sm80Gemm => "sm80",
             Family::Sm90GemmX3 => "sm90x3",
+            Family::Sm90GemmBf16x3 => "sm90b3",
         }
     }
 }
@@ -226,11 +236,11 @@ impl KernelSpec {
             "{}_gemm_{}_{}_{}_{tm}x{tn}x{tk}",
             self.family.prefix(),
             self.layout.short_name(),
-            self.math.short_name(),
+            self.math_label(),
             self.dtype.short_name()
         );
         let body = match self.family {
-            Family::Sm90Gemm | Family::Sm90GemmX3 => format!(
+            Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3 => format!(
                 "{cm}x{cn}x{ck}_{}_{}{}{}",
                 self.schedule.short_name(),
                 self.scheduler.short_name(),
@@ -243,6 +253,28 @@ impl KernelSpec {
             }
         };
         format!("{head}_{body}{}_align{}", if self.bias { "_bias" } else { "" }, self.align)
+    }
+
+    /// The math as the kernel does it: the policy's math type, except that the bf16-split family
+    /// does the fp32-accurate policy with bf16 products.
+    pub fn math_label(&self) -> &'static str {
+        match self.family {
+            Family::Sm90GemmBf16x3 => "bf16x3",
+            _ => self.math.short_name(),
+        }
+    }
+
+    /// Bytes of one operand element as the tensor cores read it (the split parts for bf16x3).
+    pub fn operand_bytes(&self) -> u32 {
+        match self.family {
+            Family::Sm90GemmBf16x3 => 2,
+            _ => self.dtype.bytes() as u32,
+        }
+    }
+
+    /// Alignment of the output in its elements: the operands' alignment, at most 16 bytes.
+    pub fn align_out(&self) -> u32 {
+        self.align.min(16 / self.dtype.bytes() as u32)
     }
 
     /// The variant's identity: the kernel name, plus the knobs when they are not the defaults.
@@ -270,19 +302,19 @@ impl KernelSpec {
 
     /// Instruction shape (M, N, K) the kernel's MMA uses.
     pub fn instruction(&self) -> [u32; 3] {
-        let k = match self.dtype {
-            DType::F32 => 8,
-            DType::Bf16 | DType::F16 => 16,
+        let k = match self.operand_bytes() {
+            4 => 8,
+            _ => 16,
         };
         match self.family {
-            Family::Sm90Gemm | Family::Sm90GemmX3 => [64, self.tile[1].min(256), k],
+            Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3 => [64, self.tile[1].min(256), k],
             Family::Sm80Gemm => [16, 8, k],
         }
     }
 
     /// Shared memory of one mainloop stage, bytes.
     pub fn stage_bytes(&self) -> u32 {
-        (self.tile[0] + self.tile[1]) * self.tile[2] * self.dtype.bytes() as u32
+        (self.tile[0] + self.tile[1]) * self.tile[2] * self.operand_bytes()
     }
 
     /// Why CUTLASS would reject this instantiation, if it would. Mirrors the static_asserts that
@@ -290,7 +322,7 @@ impl KernelSpec {
     /// CUTLASS's generator, this guards what agents and users propose.
     pub fn invalid_reason(&self) -> Option<String> {
         let [tm, tn, tk] = self.tile;
-        let elem_bytes = self.dtype.bytes() as u32;
+        let elem_bytes = self.operand_bytes();
         if self.align == 0 || self.align * elem_bytes > 16 {
             return Some(format!("alignment {} is not 1..{} elements", self.align, 16 / elem_bytes));
         }
@@ -298,15 +330,15 @@ impl KernelSpec {
             return Some(r);
         }
         match self.family {
-            Family::Sm90Gemm | Family::Sm90GemmX3 => {
+            Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3 => {
                 if self.family == Family::Sm90Gemm && self.math == MathType::Tf32x3 {
-                    return Some("sm90 has no 3xTF32 mainloop; fp32-accurate sm90 kernels are the x3 family".into());
+                    return Some("sm90 has no 3xTF32 mainloop; fp32-accurate sm90 kernels are the x3 and b3 families".into());
                 }
-                if self.family == Family::Sm90GemmX3 && (self.math != MathType::Tf32x3 || self.bias) {
-                    return Some("the x3 family computes fp32-accurate GEMMs without bias".into());
+                if self.family.is_split() && (self.math != MathType::Tf32x3 || self.dtype != DType::F32 || self.bias) {
+                    return Some("the split families compute fp32-accurate GEMMs of fp32 tensors without bias".into());
                 }
                 if tk * elem_bytes != 128 {
-                    return Some(format!("tile K {tk} must span 128 bytes of {}", self.dtype));
+                    return Some(format!("tile K {tk} must span 128 bytes of {}", self.math_label()));
                 }
                 if self.schedule == KernelSchedule::Multistage {
                     return Some("the multistage schedule belongs to the sm80 family".into());
@@ -323,7 +355,7 @@ impl KernelSpec {
                 if ![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm) {
                     return Some(format!("tile {tm}x{tn} outside the generator's 64/128/256 set"));
                 }
-                if matches!(self.math, MathType::Tf32 | MathType::Tf32x3) && tn % tk != 0 {
+                if elem_bytes == 4 && tn % tk != 0 {
                     return Some(format!("tf32 needs tile N {tn} divisible by tile K {tk}"));
                 }
                 if self.bias && self.epilogue == EpilogueKind::NoSmem {
@@ -374,7 +406,7 @@ impl KernelSpec {
             return Some(format!("split count {} outside 1..64", k.splits));
         }
         match (self.family, self.scheduler) {
-            (Family::Sm90Gemm | Family::Sm90GemmX3, TileScheduler::Persistent) if k.splits > 1 => {
+            (f, TileScheduler::Persistent) if f.is_sm90() && k.splits > 1 => {
                 Some("K splits need the Stream-K scheduler on sm90".into())
             }
             (Family::Sm80Gemm, _) if k.raster != Raster::Heuristic || k.swizzle != 1 => {
@@ -402,7 +434,7 @@ impl KernelSpec {
     pub fn knob_grid(&self, p: &GemmProblem) -> Vec<Knobs> {
         let mut out = Vec::new();
         match (self.family, self.scheduler) {
-            (Family::Sm90Gemm | Family::Sm90GemmX3, s) => {
+            (f, s) if f.is_sm90() => {
                 for raster in [Raster::AlongM, Raster::AlongN] {
                     for swizzle in [1, 2, 4, 8] {
                         out.push(Knobs { raster, swizzle, splits: 1 });
@@ -505,7 +537,7 @@ pub fn derive(
         });
     }
     let mut keep = vec![false; hopeful.len()];
-    for fam in [Family::Sm90Gemm, Family::Sm80Gemm, Family::Sm90GemmX3] {
+    for fam in [Family::Sm90Gemm, Family::Sm80Gemm, Family::Sm90GemmX3, Family::Sm90GemmBf16x3] {
         for i in hopeful.iter().enumerate().filter(|(_, (_, k))| k.family == fam).map(|(i, _)| i).take(opts.per_family) {
             keep[i] = true;
         }
@@ -586,6 +618,29 @@ mod tests {
         let mut dp = all.iter().find(|k| k.family == Family::Sm90Gemm && k.scheduler == TileScheduler::Persistent).unwrap().clone();
         dp.knobs.splits = 4;
         assert!(dp.invalid_reason().unwrap().contains("Stream-K"));
+    }
+
+    #[test]
+    fn split_families_check_their_part_type_and_the_problem() {
+        let p = problem(4096, 4096, 4096, DType::F32);
+        let ks = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90);
+        let b3 = ks.iter().find(|k| k.family == Family::Sm90GemmBf16x3).unwrap().clone();
+        assert!(b3.fits(&p));
+        // bf16 parts read 8-element (16-byte) vectors along K and N; an fp32 GEMM with N % 8 == 4
+        // runs on the tf32 families only.
+        let odd = problem(4096, 4100, 4096, DType::F32);
+        assert!(!b3.fits(&odd));
+        assert!(ks.iter().any(|k| k.family == Family::Sm90GemmX3 && k.fits(&odd)));
+        // A K tile of 32 spans 128 bytes of fp32, not of bf16 parts.
+        let mut k = b3.clone();
+        k.tile[2] = 32;
+        assert!(k.invalid_reason().unwrap().contains("128 bytes of bf16x3"), "{:?}", k.invalid_reason());
+        let mut k = b3.clone();
+        k.bias = true;
+        assert!(k.invalid_reason().unwrap().contains("without bias"));
+        let mut k = b3;
+        k.dtype = DType::Bf16;
+        assert!(k.invalid_reason().is_some(), "bf16 tensors have no split");
     }
 
     #[test]

@@ -23,7 +23,10 @@ namespace {
 namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns {
 using namespace cute;
 
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
 using Element = float;
+using ElementD = float;
 using ElementAccumulator = float;
 using ElementCompute = float;
 // CUTLASS operand A is torch's b (transposed view), operand B is torch's a.
@@ -31,19 +34,20 @@ using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::ColumnMajor;
 constexpr int Alignment = 4;
+constexpr int AlignmentD = 4;
 
 using TileShape = Shape<_128, _128, _32>;
 using ClusterShape = Shape<_1, _2, _1>;
 
-using FusionOp = cutlass::epilogue::fusion::LinCombPerRowBias<Element, ElementCompute, Element, Element, ElementCompute, Alignment>;
+using FusionOp = cutlass::epilogue::fusion::LinCombPerRowBias<ElementD, ElementCompute, ElementD, ElementD, ElementCompute, AlignmentD>;
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto,
     ElementAccumulator, ElementCompute,
-    Element, LayoutD, Alignment,
-    Element, LayoutD, Alignment,
+    ElementD, LayoutD, AlignmentD,
+    ElementD, LayoutD, AlignmentD,
     cutlass::epilogue::TmaWarpSpecializedCooperative,
     FusionOp>::CollectiveOp;
 
@@ -71,11 +75,13 @@ int sm_count() {
   return count;
 }
 
-// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out.
-typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
-  const int M = p.n, N = p.m, K = p.k, L = p.batch;
-  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, L});
-  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, K, L});
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed) {
+  const int M = p.n, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
   auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
@@ -84,7 +90,7 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
       cutlass::gemm::GemmUniversalMode::kGemm,
       {M, N, K, L},
       {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
-      { {}, static_cast<const Element*>(p.out), stride_d, static_cast<Element*>(p.out), stride_d},
+      { {}, static_cast<const ElementD*>(p.out), stride_d, static_cast<ElementD*>(p.out), stride_d},
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = beta;
@@ -94,8 +100,12 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
   args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
                                 : p.raster == 2 ? RasterOrderOptions::AlongN
                                                 : RasterOrderOptions::Heuristic;
-  args.epilogue.thread.bias_ptr = static_cast<const Element*>(p.bias);
+  args.epilogue.thread.bias_ptr = static_cast<const ElementD*>(p.bias);
   return args;
+}
+
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k);
 }
 }  // namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_ns
 }  // namespace

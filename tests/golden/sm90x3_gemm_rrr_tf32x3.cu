@@ -1,13 +1,19 @@
 // generated from templates/sm90_gemm_x3.cu.hbs; do not edit
 // spec: {"family":"sm90_gemm_x3","arch":"sm90","layout":"rrr","math":"tf32x3","dtype":"f32","tile":[128,256,32],"cluster":[2,1,1],"schedule":"ws","scheduler":"persistent","bias":false,"align":4,"epilogue":"no_smem"}
 //
-// sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4: fp32-accurate out[m,n] = a[m,k] . B (torch layout rrr) on WGMMA as three tf32
-// products. Each fp32 operand x is split exactly into big = x with the low 13 mantissa bits cleared
-// (a tf32 value, so the tensor core reads it without loss) and small = x - big; then
-//   out = a_big . b_big + a_big . b_small + a_small . b_big
-// by the same sm90 GEMM three times, the later two accumulating (beta = 1). The dropped
-// a_small . b_small term and tf32's reading of the small parts are below 2^-20 relative. The four
-// parts live in the workspace. Like the sm90 family it computes the column-major transposed problem.
+// sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4: fp32-accurate out[m,n] = a[m,k] . B (torch layout rrr) on WGMMA as three
+// products of split operands, a.b ~ a_hi.b_hi + a_hi.b_lo + a_lo.b_hi, in two GEMMs:
+//   out  = a_hi . b_hi                        (over K)
+//   out += [a_hi | a_lo] . [b_lo ; b_hi]      (over 2K, beta = 1)
+// The split writes each operand's parts concatenated along K, a as [hi | lo] and b as [lo ; hi],
+// so the second GEMM reads them as one operand twice as deep and the first reads a K-slice of
+// each: the output is read back once, not twice, and nothing is written twice.
+// tf32 split: hi = x with the low 13 mantissa bits cleared (a tf32 value, read without loss),
+// lo = x - hi; the dropped term and tf32's reading of lo are below 2^-20 relative. tf32 WGMMA reads
+// only K-major shared memory, so the split writes b K-major (transposing torch's
+// row-major b) and no pass stages an operand through registers.
+// The parts live in the workspace. Like the sm90 family it computes the column-major transposed
+// problem.
 #include "fact_kernels.h"
 
 #include <cuda_runtime.h>
@@ -27,27 +33,31 @@ namespace {
 namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4_ns {
 using namespace cute;
 
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
 using Element = float;
+using ElementD = float;
 using ElementAccumulator = float;
 using ElementCompute = float;
 // CUTLASS operand A is torch's b (transposed view), operand B is torch's a.
-using LayoutA = cutlass::layout::ColumnMajor;
+using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::ColumnMajor;
 constexpr int Alignment = 4;
+constexpr int AlignmentD = 4;
 
 using TileShape = Shape<_128, _256, _32>;
 using ClusterShape = Shape<_2, _1, _1>;
 
-using FusionOp = cutlass::epilogue::fusion::LinearCombination<Element, ElementCompute, Element, ElementCompute>;
+using FusionOp = cutlass::epilogue::fusion::LinearCombination<ElementD, ElementCompute, ElementD, ElementCompute>;
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto,
     ElementAccumulator, ElementCompute,
-    Element, LayoutD, Alignment,
-    Element, LayoutD, Alignment,
+    ElementD, LayoutD, AlignmentD,
+    ElementD, LayoutD, AlignmentD,
     cutlass::epilogue::NoSmemWarpSpecialized,
     FusionOp>::CollectiveOp;
 
@@ -75,11 +85,13 @@ int sm_count() {
   return count;
 }
 
-// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out.
-typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
-  const int M = p.n, N = p.m, K = p.k, L = p.batch;
-  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, L});
-  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, K, L});
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed) {
+  const int M = p.n, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
   auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
@@ -88,7 +100,7 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
       cutlass::gemm::GemmUniversalMode::kGemm,
       {M, N, K, L},
       {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
-      { {}, static_cast<const Element*>(p.out), stride_d, static_cast<Element*>(p.out), stride_d},
+      { {}, static_cast<const ElementD*>(p.out), stride_d, static_cast<ElementD*>(p.out), stride_d},
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = beta;
@@ -101,46 +113,86 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
   return args;
 }
 
-// Splits n floats (n % 4 == 0, 16-byte aligned) into tf32-exact big parts and fp32 remainders.
-__global__ void split_tf32(const float4* __restrict__ x, float4* __restrict__ big, float4* __restrict__ small,
-                           size_t n4) {
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k);
+}
+
+__device__ __forceinline__ void split_one(float v, Element& hi, Element& lo) {
+  hi = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
+  lo = v - hi;
+}
+
+struct alignas(4 * sizeof(Element)) Quad {
+  Element v[4];
+};
+
+// Splits x, seen as groups of g floats (g % 4 == 0, 16-byte aligned), into parts laid out as
+// groups of 2g: each group's hi parts at offset hi_at (0 or g), its lo parts at the other half.
+__global__ void split_parts(const float4* __restrict__ x, Element* __restrict__ parts, size_t n4, size_t g,
+                            size_t hi_at) {
+  const size_t lo_at = g - hi_at;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     const float4 v = x[i];
-    float4 b;
-    b.x = __uint_as_float(__float_as_uint(v.x) & 0xffffe000u);
-    b.y = __uint_as_float(__float_as_uint(v.y) & 0xffffe000u);
-    b.z = __uint_as_float(__float_as_uint(v.z) & 0xffffe000u);
-    b.w = __uint_as_float(__float_as_uint(v.w) & 0xffffe000u);
-    big[i] = b;
-    small[i] = make_float4(v.x - b.x, v.y - b.y, v.z - b.z, v.w - b.w);
+    const float in[4] = {v.x, v.y, v.z, v.w};
+    Quad h, l;
+    for (int j = 0; j < 4; ++j) split_one(in[j], h.v[j], l.v[j]);
+    // Four parts stay contiguous and aligned within a group (g % 4 == 0): one vector store each.
+    const size_t e = 4 * i, o = e / g * 2 * g + e % g;
+    *reinterpret_cast<Quad*>(parts + o + hi_at) = h;
+    *reinterpret_cast<Quad*>(parts + o + lo_at) = l;
+  }
+}
+
+// The split of a batch of row-major k x n matrices into K-major parts, batch x n x [lo | hi] (2k),
+// through a shared-memory tile so both the reads and the writes are coalesced.
+__global__ void split_parts_transposed(const float* __restrict__ x, Element* __restrict__ parts, int k, int n) {
+  __shared__ float tile[32][33];
+  const size_t in_base = size_t(blockIdx.z) * k * n, out_base = size_t(blockIdx.z) * n * 2 * k;
+  const int n0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    if (k0 + r < k && n0 + threadIdx.x < n) tile[r][threadIdx.x] = x[in_base + size_t(k0 + r) * n + n0 + threadIdx.x];
+  }
+  __syncthreads();
+  for (int c = threadIdx.y; c < 32; c += blockDim.y) {
+    if (n0 + c < n && k0 + threadIdx.x < k) {
+      Element h, l;
+      split_one(tile[threadIdx.x][c], h, l);
+      const size_t o = out_base + size_t(n0 + c) * 2 * k + k0 + threadIdx.x;
+      parts[o] = l;
+      parts[o + k] = h;
+    }
   }
 }
 
 size_t numel_a(const FactGemmArgs& p) { return size_t(p.batch) * p.m * p.k; }
 size_t numel_b(const FactGemmArgs& p) { return size_t(p.batch) * p.k * p.n; }
 size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
-size_t parts_bytes(const FactGemmArgs& p) { return 2 * round_up(numel_a(p) * 4) + 2 * round_up(numel_b(p) * 4); }
+size_t a_parts_bytes(const FactGemmArgs& p) { return round_up(2 * numel_a(p) * sizeof(Element)); }
+size_t parts_bytes(const FactGemmArgs& p) { return a_parts_bytes(p) + round_up(2 * numel_b(p) * sizeof(Element)); }
 
-void launch_split(const void* x, float* big, float* small, size_t n, cudaStream_t s) {
+void launch_split(const void* x, Element* parts, size_t n, size_t g, size_t hi_at, cudaStream_t s) {
   const size_t n4 = n / 4;
   const size_t wanted = (n4 + 255) / 256;
   const int blocks = static_cast<int>(wanted < 132 * 16 ? wanted : 132 * 16);
-  split_tf32<<<blocks, 256, 0, s>>>(static_cast<const float4*>(x), reinterpret_cast<float4*>(big),
-                                    reinterpret_cast<float4*>(small), n4);
+  split_parts<<<blocks, 256, 0, s>>>(static_cast<const float4*>(x), parts, n4, g, hi_at);
 }
 }  // namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4_ns
 }  // namespace
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4_can_implement(const FactGemmArgs* p) {
   using namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4_ns;
-  if (numel_a(*p) % 4 != 0 || numel_b(*p) % 4 != 0) return FACT_CANNOT_IMPLEMENT;
-  auto args = make_arguments(*p, p->a, p->b, 1.0f);
-  return Gemm::can_implement(args) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+  if (p->k % 4 != 0 || p->n % 4 != 0) return FACT_CANNOT_IMPLEMENT;
+  for (int k : {p->k, 2 * p->k}) {
+    if (Gemm::can_implement(make_arguments(*p, p->a, p->b, 1.0f, k, 2 * p->k)) != cutlass::Status::kSuccess) {
+      return FACT_CANNOT_IMPLEMENT;
+    }
+  }
+  return FACT_OK;
 }
 
 extern "C" __attribute__((weak)) size_t fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4_workspace_size(const FactGemmArgs* p) {
   using namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4_ns;
-  return parts_bytes(*p) + Gemm::get_workspace_size(make_arguments(*p, p->a, p->b, 1.0f));
+  return parts_bytes(*p) + Gemm::get_workspace_size(make_arguments(*p, p->a, p->b, 1.0f, 2 * p->k, 2 * p->k));
 }
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
@@ -150,16 +202,21 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x2
   if (fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_2x1x1_ws_dp_nosmem_align4_workspace_size(p) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
   auto s = static_cast<cudaStream_t>(stream);
   char* w = static_cast<char*>(workspace);
-  float* a_big = reinterpret_cast<float*>(w);
-  float* a_small = reinterpret_cast<float*>(w + round_up(numel_a(*p) * 4));
-  float* b_big = reinterpret_cast<float*>(w + 2 * round_up(numel_a(*p) * 4));
-  float* b_small = reinterpret_cast<float*>(w + 2 * round_up(numel_a(*p) * 4) + round_up(numel_b(*p) * 4));
+  Element* a_parts = reinterpret_cast<Element*>(w);
+  Element* b_parts = reinterpret_cast<Element*>(w + a_parts_bytes(*p));
   void* gemm_ws = w + parts_bytes(*p);
-  launch_split(p->a, a_big, a_small, numel_a(*p), s);
-  launch_split(p->b, b_big, b_small, numel_b(*p), s);
-  const void* passes[3][2] = { {a_big, b_big}, {a_big, b_small}, {a_small, b_big} };
-  for (int i = 0; i < 3; ++i) {
-    auto args = make_arguments(*p, passes[i][0], passes[i][1], i == 0 ? 0.0f : 1.0f);
+  const size_t k = p->k;
+  // torch's a is K-major (rows of k): each row becomes [hi | lo].
+  launch_split(p->a, a_parts, numel_a(*p), k, 0, s);
+  const dim3 grid((p->n + 31) / 32, (p->k + 31) / 32, p->batch);
+  split_parts_transposed<<<grid, dim3(32, 8), 0, s>>>(static_cast<const float*>(p->b), b_parts, p->k, p->n);
+  const size_t b_hi_at = k;
+  const struct { const void* a; const void* b; int k; float beta; } gemms[2] = {
+      {a_parts, b_parts + b_hi_at, p->k, 0.0f},
+      {a_parts, b_parts, 2 * p->k, 1.0f},
+  };
+  for (const auto& g : gemms) {
+    auto args = make_arguments(*p, g.a, g.b, g.beta, g.k, 2 * p->k);
     Gemm gemm;
     if (gemm.initialize(args, gemm_ws, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
     if (gemm.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;

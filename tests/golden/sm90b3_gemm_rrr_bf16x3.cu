@@ -1,0 +1,203 @@
+// generated from templates/sm90_gemm_x3.cu.hbs; do not edit
+// spec: {"family":"sm90_gemm_bf16x3","arch":"sm90","layout":"rrr","math":"tf32x3","dtype":"f32","tile":[128,256,64],"cluster":[2,1,1],"schedule":"ws","scheduler":"persistent","bias":false,"align":8,"epilogue":"no_smem"}
+//
+// sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8: fp32-accurate out[m,n] = a[m,k] . B (torch layout rrr) on WGMMA as three
+// products of split operands, a.b ~ a_hi.b_hi + a_hi.b_lo + a_lo.b_hi, in two GEMMs:
+//   out  = a_hi . b_hi                        (over K)
+//   out += [a_hi | a_lo] . [b_lo ; b_hi]      (over 2K, beta = 1)
+// The split writes each operand's parts concatenated along K, a as [hi | lo] and b as [lo ; hi],
+// so the second GEMM reads them as one operand twice as deep and the first reads a K-slice of
+// each: the output is read back once, not twice, and nothing is written twice.
+// bf16 split: hi = bf16(x), lo = bf16(x - hi), so hi + lo holds 16 significant bits of x; the
+// dropped a_lo . b_lo term and lo's rounding are below 2^-16 relative per product. Parts keep
+// torch's layout (bf16 WGMMA reads M- or K-major shared memory at full rate).
+// The parts live in the workspace. Like the sm90 family it computes the column-major transposed
+// problem.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace {
+namespace sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_ns {
+using namespace cute;
+
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
+using Element = cutlass::bfloat16_t;
+using ElementD = float;
+using ElementAccumulator = float;
+using ElementCompute = float;
+// CUTLASS operand A is torch's b (transposed view), operand B is torch's a.
+using LayoutA = cutlass::layout::ColumnMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::ColumnMajor;
+constexpr int Alignment = 8;
+constexpr int AlignmentD = 4;
+
+using TileShape = Shape<_128, _256, _64>;
+using ClusterShape = Shape<_2, _1, _1>;
+
+using FusionOp = cutlass::epilogue::fusion::LinearCombination<ElementD, ElementCompute, ElementD, ElementCompute>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementD, LayoutD, AlignmentD,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::NoSmemWarpSpecialized,
+    FusionOp>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, LayoutA, Alignment,
+    Element, LayoutB, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+int sm_count() {
+  // Querying the device costs more than a short GEMM, so it is done once per process.
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed) {
+  const int M = p.n, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
+  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
+      { {}, static_cast<const ElementD*>(p.out), stride_d, static_cast<ElementD*>(p.out), stride_d},
+      hw};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = beta;
+  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
+  return args;
+}
+
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k);
+}
+
+__device__ __forceinline__ void split_one(float v, Element& hi, Element& lo) {
+  hi = Element(v);
+  lo = Element(v - float(hi));
+}
+
+struct alignas(4 * sizeof(Element)) Quad {
+  Element v[4];
+};
+
+// Splits x, seen as groups of g floats (g % 4 == 0, 16-byte aligned), into parts laid out as
+// groups of 2g: each group's hi parts at offset hi_at (0 or g), its lo parts at the other half.
+__global__ void split_parts(const float4* __restrict__ x, Element* __restrict__ parts, size_t n4, size_t g,
+                            size_t hi_at) {
+  const size_t lo_at = g - hi_at;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 v = x[i];
+    const float in[4] = {v.x, v.y, v.z, v.w};
+    Quad h, l;
+    for (int j = 0; j < 4; ++j) split_one(in[j], h.v[j], l.v[j]);
+    // Four parts stay contiguous and aligned within a group (g % 4 == 0): one vector store each.
+    const size_t e = 4 * i, o = e / g * 2 * g + e % g;
+    *reinterpret_cast<Quad*>(parts + o + hi_at) = h;
+    *reinterpret_cast<Quad*>(parts + o + lo_at) = l;
+  }
+}
+
+size_t numel_a(const FactGemmArgs& p) { return size_t(p.batch) * p.m * p.k; }
+size_t numel_b(const FactGemmArgs& p) { return size_t(p.batch) * p.k * p.n; }
+size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
+size_t a_parts_bytes(const FactGemmArgs& p) { return round_up(2 * numel_a(p) * sizeof(Element)); }
+size_t parts_bytes(const FactGemmArgs& p) { return a_parts_bytes(p) + round_up(2 * numel_b(p) * sizeof(Element)); }
+
+void launch_split(const void* x, Element* parts, size_t n, size_t g, size_t hi_at, cudaStream_t s) {
+  const size_t n4 = n / 4;
+  const size_t wanted = (n4 + 255) / 256;
+  const int blocks = static_cast<int>(wanted < 132 * 16 ? wanted : 132 * 16);
+  split_parts<<<blocks, 256, 0, s>>>(static_cast<const float4*>(x), parts, n4, g, hi_at);
+}
+}  // namespace sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_can_implement(const FactGemmArgs* p) {
+  using namespace sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_ns;
+  if (p->k % 4 != 0 || p->n % 4 != 0) return FACT_CANNOT_IMPLEMENT;
+  for (int k : {p->k, 2 * p->k}) {
+    if (Gemm::can_implement(make_arguments(*p, p->a, p->b, 1.0f, k, 2 * p->k)) != cutlass::Status::kSuccess) {
+      return FACT_CANNOT_IMPLEMENT;
+    }
+  }
+  return FACT_OK;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_workspace_size(const FactGemmArgs* p) {
+  using namespace sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_ns;
+  return parts_bytes(*p) + Gemm::get_workspace_size(make_arguments(*p, p->a, p->b, 1.0f, 2 * p->k, 2 * p->k));
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
+                                       void* stream) {
+  using namespace sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_ns;
+  if (fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_can_implement(p) != FACT_OK) return FACT_CANNOT_IMPLEMENT;
+  if (fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_workspace_size(p) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  auto s = static_cast<cudaStream_t>(stream);
+  char* w = static_cast<char*>(workspace);
+  Element* a_parts = reinterpret_cast<Element*>(w);
+  Element* b_parts = reinterpret_cast<Element*>(w + a_parts_bytes(*p));
+  void* gemm_ws = w + parts_bytes(*p);
+  const size_t k = p->k;
+  // torch's a is K-major (rows of k): each row becomes [hi | lo].
+  launch_split(p->a, a_parts, numel_a(*p), k, 0, s);
+  // torch's b is k x n (n-major): each batch's k rows become [lo rows ; hi rows].
+  launch_split(p->b, b_parts, numel_b(*p), k * p->n, k * p->n, s);
+  const size_t b_hi_at = k * p->n;
+  const struct { const void* a; const void* b; int k; float beta; } gemms[2] = {
+      {a_parts, b_parts + b_hi_at, p->k, 0.0f},
+      {a_parts, b_parts, 2 * p->k, 1.0f},
+  };
+  for (const auto& g : gemms) {
+    auto args = make_arguments(*p, g.a, g.b, g.beta, g.k, 2 * p->k);
+    Gemm gemm;
+    if (gemm.initialize(args, gemm_ws, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+    if (gemm.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  }
+  return FACT_OK;
+}
