@@ -95,14 +95,21 @@ pub fn render_kernel(k: &KernelSpec) -> Source {
 /// One translation unit holding several kernels (each in its own namespace), so a sweep builds
 /// as one unit per core rather than one per kernel. Named for its contents.
 pub fn render_unit(kernels: &[KernelSpec]) -> Source {
-    match kernels {
-        [one] => render_kernel(one),
+    let sources: Vec<Source> = kernels.iter().map(render_kernel).collect();
+    unit_of(&sources.iter().collect::<Vec<_>>())
+}
+
+/// The translation unit of kernels already rendered by `render_kernel` (same text and name as
+/// `render_unit` of their specs).
+pub fn unit_of(sources: &[&Source]) -> Source {
+    match sources {
+        [one] => (*one).clone(),
         _ => {
-            let text: String = kernels.iter().map(|k| render_kernel(k).text).collect::<Vec<_>>().join("\n");
-            let names: Vec<String> = kernels.iter().map(KernelSpec::kernel_name).collect();
+            let text: String = sources.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join("\n");
+            let names: Vec<&str> = sources.iter().map(|s| s.file_name.trim_end_matches(".cu")).collect();
             let digest = sha2::Sha256::digest(names.join(",").as_bytes());
             let tag: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
-            Source { file_name: format!("unit_{}k_{tag}.cu", kernels.len()), text }
+            Source { file_name: format!("unit_{}k_{tag}.cu", sources.len()), text }
         }
     }
 }
@@ -243,6 +250,7 @@ mod tests {
         assert!(d.contains(&format!("{{\"{}\"", v.name())) && d.contains(", 8, 0, 1}"));
         let unit = render_unit(&[spec(false), k.clone()]);
         assert!(unit.file_name.starts_with("unit_2k_"));
+        assert_eq!(unit, unit_of(&[&render_kernel(&spec(false)), &render_kernel(&k)]), "a unit of rendered kernels is the same unit");
         assert!(unit.text.contains(&format!("fact_k_{}_run", k.kernel_name())) && unit.text.contains(&format!("fact_k_{}_run", spec(false).kernel_name())));
     }
 

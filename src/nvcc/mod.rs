@@ -403,9 +403,10 @@ pub fn build_library(
     let mut objects: Vec<(Vec<usize>, PathBuf)> = Vec::new();
     let mut todo = Vec::new();
     let mut cached = 0;
-    for (i, k) in kernels.iter().enumerate() {
-        let source = codegen::render_kernel(k);
-        match cached_object(tc, cache, &source, &nvcc_line, &k.kernel_name()) {
+    // Each kernel is rendered once: for the cache probe, its unit and the unit's `.ref` notes.
+    let sources: Vec<codegen::Source> = kernels.iter().map(codegen::render_kernel).collect();
+    for (i, (k, source)) in kernels.iter().zip(&sources).enumerate() {
+        match cached_object(tc, cache, source, &nvcc_line, &k.kernel_name()) {
             Some(obj) => {
                 // The sweep folder shows every kernel's source, compiled now or before.
                 let path = src_dir.join(&source.file_name);
@@ -418,16 +419,15 @@ pub fn build_library(
         }
     }
     let compile = |unit: &[usize]| -> Result<(PathBuf, bool), String> {
-        let members: Vec<KernelSpec> = unit.iter().map(|&i| kernels[i].clone()).collect();
-        let source = codegen::render_unit(&members);
+        let source = codegen::unit_of(&unit.iter().map(|&i| &sources[i]).collect::<Vec<_>>());
         let stem = source.file_name.trim_end_matches(".cu").to_string();
         let r = compile_cached(tc, &src_dir, cache, &source, tc.nvcc_command(arch, &include), &stem).map_err(|e| match e {
             BuildError::Tool { log, .. } => log,
             other => other.to_string(),
         })?;
-        if members.len() > 1 {
-            for k in &members {
-                note_in_unit(tc, cache, &codegen::render_kernel(k), &nvcc_line, &k.kernel_name(), &r.0);
+        if unit.len() > 1 {
+            for &i in unit {
+                note_in_unit(tc, cache, &sources[i], &nvcc_line, &kernels[i].kernel_name(), &r.0);
             }
         }
         Ok(r)
