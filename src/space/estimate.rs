@@ -16,6 +16,10 @@ const SMS: f64 = 132.0;
 const DRAM_TBPS: f64 = 3.0;
 const L2_TBPS: f64 = 9.0;
 const LAUNCH_MS: f64 = 0.004;
+/// What a split kernel costs beyond its launches and traffic on small problems (two CUTLASS
+/// initialisations, a dependent chain of three kernels): 0.011–0.018 ms over this model on
+/// 1000×1016×1032 (benches/results/2026-11-22-split), where sm80 3xTF32 wins.
+const SPLIT_FIXED_MS: f64 = 0.010;
 
 /// TFLOP/s one SM sustains on this kernel's mainloop.
 fn sm_rate(k: &KernelSpec) -> f64 {
@@ -78,7 +82,7 @@ pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
     let (m, n, kk, b) = (p.m as f64, p.n as f64, p.k as f64, p.batch as f64);
     let split = (m * kk + kk * n) * b * (4.0 + 2.0 * k.operand_bytes() as f64) / (DRAM_TBPS * 1e12) * 1e3;
     let deep = GemmProblem { k: 2 * p.k, ..p.clone() };
-    split + pass_ms(k, p, false) + pass_ms(k, &deep, true) + 3.0 * LAUNCH_MS
+    split + pass_ms(k, p, false) + pass_ms(k, &deep, true) + 3.0 * LAUNCH_MS + SPLIT_FIXED_MS
 }
 
 /// One GEMM over the kernel's operands; `accumulate` reads the output back (beta = 1).
@@ -223,6 +227,13 @@ mod tests {
         let single = KernelSpec { family: Family::Sm90Gemm, math: MathType::Tf32, layout: GemmLayout::Rcr, ..x3k.clone() };
         let rcr = GemmProblem { layout: GemmLayout::Rcr, ..p.clone() };
         assert!(estimate_ms(x3k, &p) > 3.0 * estimate_ms(&single, &rcr), "{} vs {}", estimate_ms(x3k, &p), estimate_ms(&single, &rcr));
+        // On a small problem their fixed costs lose to sm80's in-register split (as measured).
+        let small = problem(1000, 1016, 1032);
+        let ks_small = Knowledge::shipped().kernels(&small, MathType::Tf32x3, Arch::Sm90);
+        let best_small = |f: Family| {
+            ks_small.iter().filter(|k| k.family == f && k.fits(&small)).map(|k| estimate_ms(k, &small)).fold(f64::INFINITY, f64::min)
+        };
+        assert!(best_small(Family::Sm80Gemm) < best_small(Family::Sm90GemmBf16x3));
         // The tf32 split writes K-major parts: an rrr problem costs no RS penalty.
         let x3_rcr = KernelSpec { layout: GemmLayout::Rcr, ..x3k.clone() };
         assert!((estimate_ms(x3k, &p) - estimate_ms(&x3_rcr, &rcr)).abs() < 1e-9);
