@@ -50,8 +50,8 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         crate::space::EpilogueKind::NoSmem => "cutlass::epilogue::NoSmemWarpSpecialized",
     };
     let warp = |i: usize| if k.warps[i] > 0 { k.tile[i] / k.warps[i] } else { 0 };
-    // The tf32 split writes torch's b K-major (transposing an rrr b), so the three WGMMA passes
-    // read both operands from shared memory; the bf16 split keeps the layout.
+    // The tf32 split writes torch's b K-major (transposing an rrr b), so both WGMMA GEMMs read
+    // their operands from shared memory; the bf16 split keeps the layout.
     let tf32_split = k.family == crate::space::Family::Sm90GemmX3;
     let bf16_split = k.family == crate::space::Family::Sm90GemmBf16x3;
     let cutlass_layout_a = if tf32_split { crate::rules::GemmLayout::Rcr.cutlass_layout_a() } else { k.layout.cutlass_layout_a() };
@@ -64,7 +64,6 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         "bf16_split": bf16_split,
         "transpose_b": tf32_split && k.layout == crate::rules::GemmLayout::Rrr,
         "b_k_major": k.layout == crate::rules::GemmLayout::Rcr,
-        "math": k.math_label(),
         "dtype": k.dtype.short_name(),
         "layout": k.layout.short_name(),
         "cutlass_layout_a": cutlass_layout_a,
@@ -191,6 +190,16 @@ mod tests {
             .unwrap()
     }
 
+    /// A persistent 2x1x1 split-family kernel of `tile` for the 4096³ fp32-accurate rrr GEMM.
+    fn split_kernel(family: crate::space::Family, tile: [u32; 3]) -> KernelSpec {
+        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 };
+        Knowledge::shipped()
+            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == family && k.tile == tile && k.cluster == [2, 1, 1] && k.scheduler == TileScheduler::Persistent)
+            .unwrap()
+    }
+
     #[test]
     fn sm80_render_is_golden_and_names_its_math() {
         let k = render_kernel(&sm80(MathType::Tf32x3, true));
@@ -201,13 +210,8 @@ mod tests {
     }
 
     #[test]
-    fn x3_render_is_golden_and_runs_three_passes() {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 };
-        let k = Knowledge::shipped()
-            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
-            .into_iter()
-            .find(|k| k.family == crate::space::Family::Sm90GemmX3 && k.tile == [128, 256, 32] && k.cluster == [2, 1, 1] && k.scheduler == TileScheduler::Persistent)
-            .unwrap();
+    fn x3_render_is_golden_and_runs_two_gemms() {
+        let k = split_kernel(crate::space::Family::Sm90GemmX3, [128, 256, 32]);
         let text = render_kernel(&k).text;
         expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3.cu"].assert_eq(&text);
         assert!(text.contains("{a_parts, b_parts, 2 * p->k, 1.0f}"), "the second GEMM accumulates over both K halves");
@@ -219,12 +223,7 @@ mod tests {
 
     #[test]
     fn bf16_split_render_is_golden_and_keeps_the_layout() {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 };
-        let k = Knowledge::shipped()
-            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
-            .into_iter()
-            .find(|k| k.family == crate::space::Family::Sm90GemmBf16x3 && k.tile == [128, 256, 64] && k.cluster == [2, 1, 1] && k.scheduler == TileScheduler::Persistent)
-            .unwrap();
+        let k = split_kernel(crate::space::Family::Sm90GemmBf16x3, [128, 256, 64]);
         assert!(k.kernel_name().starts_with("sm90b3_gemm_rrr_bf16x3_f32_128x256x64_"), "{}", k.kernel_name());
         let text = render_kernel(&k).text;
         expect_test::expect_file!["../../tests/golden/sm90b3_gemm_rrr_bf16x3.cu"].assert_eq(&text);

@@ -140,8 +140,8 @@ impl Knowledge {
         let letters = cutlass_layouts(p.layout);
         let align = 16 / p.dtype.bytes() as u32;
         let mut out = Vec::new();
-        // fp32-accurate runs tf32 instantiations three times over K-major tf32 parts (x3) and
-        // bf16 instantiations three times over bf16 parts in torch's layout (b3).
+        // fp32-accurate runs tf32 instantiations over K-major tf32 parts (x3) and bf16
+        // instantiations over bf16 parts in torch's layout (b3).
         let sm90_sources: Vec<(&str, &str, &str, u32, Family)> = match math {
             MathType::Tf32x3 if p.dtype == DType::F32 && !p.bias => vec![
                 ("tf32", "f32", cutlass_layouts(GemmLayout::Rcr), align, Family::Sm90GemmX3),

@@ -86,12 +86,13 @@ pub enum Family {
     /// CUTLASS 2.x GemmUniversal with sm80 multistage mainloops (templates/sm80_gemm.cu.hbs); runs
     /// on Hopper too, and is the family of the fp32-accurate 3xTF32 kernels and of serial split-K.
     Sm80Gemm,
-    /// fp32-accurate on WGMMA: the sm90 GEMM run three times over exact tf32 big/small splits of
-    /// the operands, written K-major by the split (templates/sm90_gemm_x3.cu.hbs); no bias.
+    /// fp32-accurate on WGMMA: the three products of 3xTF32 over exact tf32 hi/lo splits of the
+    /// operands, written K-major and concatenated along K by the split, as two sm90 GEMMs (over K
+    /// and 2K; templates/sm90_gemm_x3.cu.hbs); no bias.
     Sm90GemmX3,
     /// fp32-accurate on bf16 WGMMA: each fp32 operand split into bf16 hi + lo parts (16
-    /// significant bits, relative error ≤ 2^-16, far inside the policy's 1e-4) and three bf16
-    /// GEMMs accumulated in fp32 (the same template, bf16 split); no bias. bf16 WGMMA reads either
+    /// significant bits, relative error ≤ 2^-16, far inside the policy's 1e-4) and the same three
+    /// products as two bf16 GEMMs accumulated in fp32 (the same template, bf16 split); no bias. bf16 WGMMA reads either
     /// operand layout from shared memory, so no layout costs a register pass.
     Sm90GemmBf16x3,
 }
@@ -101,7 +102,8 @@ impl Family {
     pub fn is_sm90(self) -> bool {
         matches!(self, Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3)
     }
-    /// Whether the kernel runs three GEMMs over split operands (fp32-accurate on WGMMA).
+    /// Whether the kernel splits its operands and runs three products as two GEMMs (fp32-accurate
+    /// on WGMMA).
     pub fn is_split(self) -> bool {
         matches!(self, Family::Sm90GemmX3 | Family::Sm90GemmBf16x3)
     }
