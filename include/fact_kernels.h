@@ -1,7 +1,8 @@
 /* The C ABI of every kernel library fact builds: a dispatch table of GEMM variants, found by index
  * or by name. Rust binds this header with bindgen (build.rs); the generated torch op calls it too.
- * The problem is stated in torch's terms: out[batch][m][n] = a[batch][m][k] . B + bias[n], all
- * row-major and packed, where B is b[batch][k][n] for layout rrr and b[batch][n][k] for rcr. */
+ * The problem is stated in torch's terms: out[batch][m][n] = f(a[batch][m][k] . B + bias[n], leaves),
+ * all row-major and packed, where B is b[batch][k][n] for layout rrr and b[batch][n][k] for rcr,
+ * and f is the kernel's epilogue program (FactKernelInfo::epilogue; the identity when empty). */
 #ifndef FACT_KERNELS_H
 #define FACT_KERNELS_H
 
@@ -12,7 +13,9 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 2
+#define FACT_ABI_VERSION 3
+/* Leaf tensors an epilogue may read. */
+#define FACT_MAX_LEAVES 4
 
 typedef struct FactGemmArgs {
   int32_t m;
@@ -32,6 +35,10 @@ typedef struct FactGemmArgs {
   int32_t raster;
   /* Tile swizzle of the sm90 schedulers (max_swizzle_size): 1, 2, 4 or 8. */
   int32_t swizzle;
+  /* The epilogue's leaf tensors, in the program's order: a "full" leaf has out's shape and is
+   * packed like it; "row" is n contiguous elements, "col" m (batch 1); "scalar" is one float. Full,
+   * row and col leaves have out's element type. Unused entries are NULL. */
+  const void* leaves[FACT_MAX_LEAVES];
 } FactGemmArgs;
 
 typedef enum FactStatus {
@@ -54,6 +61,8 @@ typedef struct FactKernelInfo {
   const char* layout;
   /* 1 when the kernel adds bias[n] and needs FactGemmArgs::bias. */
   int32_t bias;
+  /* The fused epilogue program (rules::epilogue's text form), "" for none. */
+  const char* epilogue;
 } FactKernelInfo;
 
 int32_t fact_abi_version(void);

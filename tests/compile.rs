@@ -12,7 +12,7 @@ use std::process::Command;
 
 /// The linear fixture's problem: out[32,128] = x[32,64] · w[128,64]ᵀ + b.
 fn linear_problem() -> GemmProblem {
-    GemmProblem { m: 32, n: 128, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1 }
+    GemmProblem { m: 32, n: 128, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1, epilogue: None }
 }
 
 fn good_spec() -> KernelSpec {
@@ -101,6 +101,33 @@ fn split_families_compile_into_one_library() {
     assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!((lib.find(&x3.name()), lib.find(&b3.name())), (Some(0), Some(1)));
+}
+
+/// Epilogue fusion through sm90 visitor trees: a DAG over a residual (the C operand), a bias-like
+/// row vector, a column vector and a scalar, in fp32 and bf16, compiles into one library whose
+/// dispatch entries carry their programs.
+#[test]
+fn fused_epilogues_compile_into_one_library() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let program = "leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=add(l0,v6)";
+    let epilogue = fact::rules::Epilogue::parse(program).unwrap();
+    let fused = |dtype: DType| {
+        let p = GemmProblem { dtype, epilogue: Some(epilogue.clone()), ..linear_problem() };
+        let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
+        Knowledge::shipped()
+            .kernels(&p, math, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.tile[..2] == [128, 128] && k.schedule == KernelSchedule::WsCooperative && k.scheduler == TileScheduler::Persistent)
+            .expect("a 128x128 cooperative kernel with the epilogue")
+    };
+    let (f32k, bf16k) = (fused(DType::F32), fused(DType::Bf16));
+    assert!(f32k.fits(&GemmProblem { epilogue: Some(epilogue.clone()), ..linear_problem() }));
+    let dir = tempfile::tempdir().unwrap();
+    let built = nvcc::build_library(&tc, &[f32k.clone(), bf16k.clone()], dir.path(), "libe.so", &cache_dir(), 2, false).unwrap();
+    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!((lib.find(&f32k.name()), lib.find(&bf16k.name())), (Some(0), Some(1)));
+    assert_eq!(lib.epilogue(0).as_deref(), Some(program));
 }
 
 fn table_with(spec: &KernelSpec) -> Table {

@@ -8,7 +8,7 @@ use fact::types::{Arch, DType, MathType};
 use std::path::Path;
 
 fn problem(m: i64, dtype: DType) -> GemmProblem {
-    GemmProblem { m, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype, bias: false, batch: 1 }
+    GemmProblem { m, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype, bias: false, batch: 1, epilogue: None }
 }
 
 /// A table file with one entry for `problem(m, dtype)`, its candidate `which` timed at `ms`.

@@ -4,7 +4,7 @@ use crate::rules::GemmLayout;
 use crate::types::DType;
 
 fn problem() -> GemmProblem {
-    GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 }
+    GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None }
 }
 
 /// An agent that answers from a script of results.

@@ -98,7 +98,7 @@ mod tests {
 
     #[test]
     fn every_timed_candidate_is_a_point_and_the_winner_is_marked() {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 };
+        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
         let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
         let t = |ms: f64| Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
         let cands = vec![

@@ -379,7 +379,7 @@ pub fn main() -> Result<()> {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let inputs = inputs.iter().map(|s| InputShape::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
             let (graph, inputs) = torch::load_graph(&model, &inputs).with_context(|| format!("discovering {}", model.display()))?;
-            let matches = crate::rules::match_gemms(&graph);
+            let matches = crate::rules::match_patterns(&graph);
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
             let mut steward = options(PathBuf::new(), precision, Arch::Sm90, &agent, json)?.steward();
             let plan_opts = PlanOptions { arch: Arch::Sm90, precision, assumed_speedup: 1.05 };

@@ -81,6 +81,85 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         "stream_k": k.scheduler == crate::space::TileScheduler::StreamK,
         "bias": k.bias,
     })
+    .as_object()
+    .cloned()
+    .map(|mut o| {
+        o.extend(fusion_vars(&k));
+        serde_json::Value::Object(o)
+    })
+    .expect("kernel vars are an object")
+}
+
+/// The visitor tree of a fused epilogue: the functor's body (one fp32 line per program value),
+/// its inputs as the compute node's children, and their runtime arguments from FactGemmArgs.
+fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
+    use crate::rules::epilogue::{Arg, LeafKind};
+    let Some(e) = &k.fusion else {
+        return json!({ "fusion": false }).as_object().cloned().expect("object");
+    };
+    let col_broadcast = "cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>";
+    let mut params = vec!["T const& acc".to_string()];
+    let mut children = Vec::new();
+    let mut child_args = Vec::new();
+    if k.bias {
+        params.push("T const& bias".into());
+        children.push(col_broadcast.to_string());
+        child_args.push("{static_cast<const ElementD*>(p.bias), ElementD(0), {}}".to_string());
+    }
+    let (mut element_c, mut c_pointer) = ("void", "nullptr".to_string());
+    for (i, leaf) in e.leaves.iter().enumerate() {
+        params.push(format!("T const& l{i}"));
+        let ptr = |ty: &str| format!("static_cast<const {ty}*>(p.leaves[{i}])");
+        // torch's rows are the CUTLASS problem's columns: a per-n vector is a column broadcast.
+        let (child, arg) = match leaf {
+            LeafKind::Row => (col_broadcast.to_string(), format!("{{{}, ElementD(0), {{}}}}", ptr("ElementD"))),
+            LeafKind::Col => (
+                "cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_0, _1, int64_t>, AlignmentD>".to_string(),
+                format!("{{{}, ElementD(0), {{}}}}", ptr("ElementD")),
+            ),
+            LeafKind::Scalar => (
+                "cutlass::epilogue::fusion::Sm90ScalarBroadcast<ElementCompute, Stride<_0, _0, int64_t>>".to_string(),
+                format!("{{{{ElementCompute(0)}}, {{{}}}, {{}}}}", ptr("ElementCompute")),
+            ),
+            LeafKind::Full => {
+                // The one full-size leaf is the collective's C operand.
+                element_c = "ElementD";
+                c_pointer = ptr("ElementD");
+                ("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>".to_string(), "{}".to_string())
+            }
+        };
+        children.push(child);
+        child_args.push(arg);
+    }
+    let mut lines = vec![if k.bias { "const float v0 = acc[i] + bias[i];".to_string() } else { "const float v0 = acc[i];".to_string() }];
+    for (n, ins) in e.instrs.iter().enumerate() {
+        let operands: Vec<String> = ins
+            .args
+            .iter()
+            .map(|a| match a {
+                Arg::Value(v) => format!("v{v}"),
+                Arg::Leaf(l) => format!("l{l}[i]"),
+                Arg::Scalar(s) => s.device_literal(),
+            })
+            .collect();
+        let scalars: Vec<Option<f64>> = ins.args.iter().map(|a| if let Arg::Scalar(s) = a { Some(s.0) } else { None }).collect();
+        lines.push(format!("const float v{} = {};", n + 1, ins.op.device_expr(&operands, &scalars)));
+    }
+    json!({
+        "fusion": true,
+        "fusion_text": e.text(),
+        "fusion_params": params.join(", "),
+        "fusion_lines": lines,
+        "fusion_out": format!("v{}", e.instrs.len()),
+        "fusion_children": children,
+        "fusion_child_args": child_args,
+        "fusion_leaf_count": e.leaves.len(),
+        "element_c": element_c,
+        "c_pointer": c_pointer,
+    })
+    .as_object()
+    .cloned()
+    .expect("object")
 }
 
 /// The translation unit of one kernel.
@@ -125,6 +204,7 @@ pub fn render_dispatch(variants: &[KernelSpec]) -> Source {
                 "dtype": v.dtype.short_name(),
                 "layout": v.layout.short_name(),
                 "bias": v.bias,
+                "epilogue": v.fusion.as_ref().map(|e| e.text()).unwrap_or_default(),
                 "splits": v.knobs.splits,
                 "raster": v.knobs.raster.abi(),
                 "swizzle": v.knobs.swizzle,
@@ -167,7 +247,7 @@ mod tests {
     use crate::types::{Arch, DType, MathType};
 
     fn spec(bias: bool) -> KernelSpec {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rcr, dtype: DType::F32, bias, batch: 1 };
+        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rcr, dtype: DType::F32, bias, batch: 1, epilogue: None };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32, Arch::Sm90)
             .into_iter()
@@ -181,8 +261,17 @@ mod tests {
             .unwrap()
     }
 
+    /// The 4096³ linear kernel of `spec(true)` fused with an epilogue over every leaf kind.
+    fn fused() -> KernelSpec {
+        let e = crate::rules::Epilogue::parse(
+            "leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=pow(v6,3.0);v8=add(l0,v7);v9=clamp(v8,-inf,6.0)",
+        )
+        .unwrap();
+        KernelSpec { fusion: Some(e), ..spec(true) }
+    }
+
     fn sm80(math: MathType, bias: bool) -> KernelSpec {
-        let p = GemmProblem { m: 256, n: 256, k: 524288, layout: GemmLayout::Rrr, dtype: DType::F32, bias, batch: 1 };
+        let p = GemmProblem { m: 256, n: 256, k: 524288, layout: GemmLayout::Rrr, dtype: DType::F32, bias, batch: 1, epilogue: None };
         Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
             .into_iter()
@@ -192,7 +281,7 @@ mod tests {
 
     /// A persistent 2x1x1 split-family kernel of `tile` for the 4096³ fp32-accurate rrr GEMM.
     fn split_kernel(family: crate::space::Family, tile: [u32; 3]) -> KernelSpec {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 };
+        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32x3, Arch::Sm90)
             .into_iter()
@@ -258,6 +347,28 @@ mod tests {
         let a = render_kernel(&spec(true));
         assert_eq!(a, render_kernel(&spec(true)));
         expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias.cu"].assert_eq(&a.text);
+    }
+
+    #[test]
+    fn fused_render_is_golden_and_computes_each_value_once() {
+        let k = fused();
+        assert_eq!(k.invalid_reason(), None);
+        let text = render_kernel(&k).text;
+        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias_ep.cu"].assert_eq(&text);
+        // v0 (acc + bias) feeds gelu and sigmoid: one line defines it, both read it.
+        assert_eq!(text.matches("const float v0 = acc[i] + bias[i];").count(), 1);
+        assert!(text.contains("const float v3 = 1.f / (1.f + expf(-v0));"));
+        assert!(text.contains("const float v7 = v6 * v6 * v6;"), "pow 3 as torch computes it");
+        assert!(text.contains("Sm90SrcFetch<ElementD>") && text.contains("Sm90RowBroadcast") && text.contains("Sm90ScalarBroadcast"));
+        assert!(!text.contains("tanh.approx") && !text.contains("GELU_taylor"), "accurate functions only");
+        // Without a full-size leaf the kernel loads no C.
+        let mut no_c = k.clone();
+        no_c.fusion = Some(crate::rules::Epilogue::parse("leaves=;v1=relu(v0)").unwrap());
+        assert!(render_kernel(&no_c).text.contains("using ElementC = void;"));
+        assert_ne!(no_c.kernel_name(), k.kernel_name());
+        assert!(k.kernel_name().contains("_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_"), "{}", k.kernel_name());
+        // The dispatch entry carries the program for the op to check against its call.
+        assert!(render_dispatch(&[k.clone()]).text.contains(&format!("R\"fact_ep({})fact_ep\"", k.fusion.as_ref().unwrap().text())));
     }
 
     #[test]

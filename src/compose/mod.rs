@@ -7,7 +7,8 @@ use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::plan::{self, PlanOptions};
-use crate::rules::{match_gemms, GemmMatch, GemmProblem};
+use crate::graph::Graph;
+use crate::rules::{match_patterns, GemmMatch, GemmProblem};
 use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions};
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
 use crate::torch::{self, Edit, InputShape, Operand, OperandKind};
@@ -167,22 +168,34 @@ pub struct ComposeReport {
     pub seconds: f64,
 }
 
-/// Replacing node `m.node` with `fact::gemm(a, b, bias?, origin, kernel)`.
-pub fn gemm_edit(m: &GemmMatch, kernel: &str) -> Edit {
-    let value = |v: usize| Operand { kind: OperandKind::Value, value: v as u32, text: String::new(), int_value: 0 };
-    let text = |s: &str| Operand { kind: OperandKind::Str, value: 0, text: s.to_string(), int_value: 0 };
-    let none = Operand { kind: OperandKind::None, value: 0, text: String::new(), int_value: 0 };
+/// The rewrite of a match: `fact::gemm(a, b, bias?, origin, kernel)` in place of the GEMM node,
+/// or, for a fused pattern, `fact::gemm_ep(a, b, bias?, [leaves], origin, epilogue, kernel)` in
+/// place of its last node, the GEMM and the other epilogue nodes removed.
+pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
+    let operand = |kind: OperandKind| Operand { kind, value: 0, text: String::new(), int_value: 0, values: vec![] };
+    let value = |v: usize| Operand { value: v as u32, ..operand(OperandKind::Value) };
+    let text = |s: &str| Operand { text: s.to_string(), ..operand(OperandKind::Str) };
+    let bias = m.bias.map_or(operand(OperandKind::None), value);
+    let Some(ep) = &m.epilogue else {
+        return Edit {
+            node: m.node as u32,
+            expect_kind: m.origin.aten_kind().to_string(),
+            op: "fact::gemm".to_string(),
+            operands: vec![value(m.a), value(m.b), bias, text(m.origin.name()), text(kernel)],
+            remove: vec![],
+            remove_kinds: vec![],
+        };
+    };
+    let nodes = m.nodes();
+    let (last, rest) = nodes.split_last().expect("a pattern has nodes");
+    let leaves = Operand { values: ep.leaves.iter().map(|&v| v as u32).collect(), ..operand(OperandKind::Values) };
     Edit {
-        node: m.node as u32,
-        expect_kind: m.origin.aten_kind().to_string(),
-        op: "fact::gemm".to_string(),
-        operands: vec![
-            value(m.a),
-            value(m.b),
-            m.bias.map_or(none, value),
-            text(m.origin.name()),
-            text(kernel),
-        ],
+        node: *last as u32,
+        expect_kind: g.nodes[*last].kind.clone(),
+        op: "fact::gemm_ep".to_string(),
+        operands: vec![value(m.a), value(m.b), bias, leaves, text(m.origin.name()), text(&ep.epilogue.text()), text(kernel)],
+        remove: rest.iter().map(|&n| n as u32).collect(),
+        remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
     }
 }
 
@@ -461,12 +474,27 @@ pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSp
     out
 }
 
+/// Leaves a winner slower than torch to torch, unless the options keep it.
+fn finish(opts: &Options, r: &mut Realized) {
+    if let Some(e) = r.entry.as_ref().filter(|e| !opts.keep_slower && e.baseline_ms().is_some_and(|b| b < e.winner_ms)) {
+        r.how = Realization::Skipped {
+            reason: format!(
+                "the winner {} ({:.4} ms) is slower than torch ({:.4} ms); --keep-slower substitutes it anyway",
+                e.winner,
+                e.winner_ms,
+                e.baseline_ms().unwrap_or_default()
+            ),
+        };
+        r.entry = None;
+    }
+}
+
 /// Runs discovery, realization and the rewrite. Returns the report (also written as compose.json).
 pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<ComposeReport, ComposeError> {
     let start = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
     let (graph, inputs) = torch::load_graph(model, inputs)?;
-    let matches = match_gemms(&graph);
+    let mut matches = match_patterns(&graph);
     let tc = Toolchain::discover()?;
     let gpu = torch::cuda_available();
     let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
@@ -479,21 +507,30 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let mut done: BTreeMap<GemmProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
     let mut compile_failures = Vec::new();
     for id in &order {
-        let m = &matches[id[1..].parse::<usize>().expect("plan ids are p<index>")];
-        let pk = GemmProblemKey::of(&m.problem);
+        let i = id[1..].parse::<usize>().expect("plan ids are p<index>");
+        let pk = GemmProblemKey::of(&matches[i].problem);
         if !done.contains_key(&pk) {
-            let mut r = realize(opts, &tc, &mut tables, &mut steward, &m.problem, gpu)?;
-            if let Some(e) = r.entry.as_ref().filter(|e| !opts.keep_slower && e.baseline_ms().is_some_and(|b| b < e.winner_ms)) {
-                r.how = Realization::Skipped {
-                    reason: format!(
-                        "the winner {} ({:.4} ms) is slower than torch ({:.4} ms); --keep-slower substitutes it anyway",
-                        e.winner,
-                        e.winner_ms,
-                        e.baseline_ms().unwrap_or_default()
-                    ),
-                };
-                r.entry = None;
+            let mut r = realize(opts, &tc, &mut tables, &mut steward, &matches[i].problem, gpu)?;
+            if matches[i].epilogue.is_some() && matches!(r.how, Realization::Skipped { .. }) {
+                // No fused kernel: the GEMM alone is still worth a kernel; its epilogue stays in torch.
+                if let Realization::Skipped { reason } = &r.how {
+                    steward.notes.push(format!("{id}: the fused epilogue is left to torch ({reason}); the GEMM alone is realized"));
+                }
+                compile_failures.extend(r.failures);
+                done.insert(pk, (r.how, r.entry));
+                matches[i] = matches[i].plain();
+                let plain = GemmProblemKey::of(&matches[i].problem);
+                if done.contains_key(&plain) {
+                    continue;
+                }
+                r = realize(opts, &tc, &mut tables, &mut steward, &matches[i].problem, gpu)?;
+                let pk = plain;
+                finish(opts, &mut r);
+                compile_failures.extend(r.failures);
+                done.insert(pk, (r.how, r.entry));
+                continue;
             }
+            finish(opts, &mut r);
             compile_failures.extend(r.failures);
             done.insert(pk, (r.how, r.entry));
         }
@@ -530,7 +567,7 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         let edits: Vec<Edit> = matches
             .iter()
             .zip(&patterns)
-            .filter_map(|(m, r)| r.kernel.as_ref().filter(|k| in_lib.contains(*k)).map(|k| gemm_edit(m, k)))
+            .filter_map(|(m, r)| r.kernel.as_ref().filter(|k| in_lib.contains(*k)).map(|k| gemm_edit(&graph, m, k)))
             .collect();
         let out = opts.out_dir.join(COMPOSED);
         torch::rewrite_and_save(model, &out, &edits)?;

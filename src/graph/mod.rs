@@ -23,6 +23,8 @@ pub enum Const {
     Float(f64),
     Str(String),
     Ints(Vec<i64>),
+    /// A one-element tensor constant (`{0.5}`), as tracing records a Python scalar in arithmetic.
+    Tensor0(f64),
     Other(String),
 }
 
@@ -45,6 +47,9 @@ impl Const {
         if s.len() >= 2 && s.starts_with('"') && s.ends_with('"') {
             return Const::Str(s[1..s.len() - 1].to_string());
         }
+        if let Some(v) = s.strip_prefix('{').and_then(|r| r.strip_suffix('}')).and_then(|r| r.trim().parse::<f64>().ok()) {
+            return Const::Tensor0(v);
+        }
         if s.starts_with('[') && s.ends_with(']') {
             let inner = &s[1..s.len() - 1];
             let ints: Result<Vec<i64>, _> =
@@ -64,7 +69,7 @@ impl Const {
     pub fn as_f64(&self) -> Option<f64> {
         match self {
             Const::Int(i) => Some(*i as f64),
-            Const::Float(f) => Some(*f),
+            Const::Float(f) | Const::Tensor0(f) => Some(*f),
             _ => None,
         }
     }
@@ -295,6 +300,7 @@ mod tests {
     fn constants_decode_like_torch_prints_them() {
         assert_eq!(Const::parse("1"), Const::Int(1));
         assert_eq!(Const::parse("0.5"), Const::Float(0.5));
+        assert_eq!(Const::parse("{0.044715}").as_f64(), Some(0.044715), "a traced scalar is a 0-d tensor constant");
         assert_eq!(Const::parse("\"tanh\""), Const::Str("tanh".into()));
         assert_eq!(Const::parse("cpu"), Const::Other("cpu".into()));
     }

@@ -10,6 +10,8 @@ pub mod abi {
 }
 
 pub use abi::{FactGemmArgs, FactStatus};
+/// Leaf tensors an epilogue passes (the length of FactGemmArgs::leaves).
+pub const FACT_MAX_LEAVES: usize = abi::FACT_MAX_LEAVES as usize;
 
 type CountFn = unsafe extern "C" fn() -> i32;
 type InfoFn = unsafe extern "C" fn(i32) -> *const abi::FactKernelInfo;
@@ -72,6 +74,18 @@ impl KernelLibrary {
                 return None;
             }
             Some(CStr::from_ptr((*info).name).to_string_lossy().into_owned())
+        }
+    }
+
+    /// The epilogue program of variant `index` ("" for none).
+    pub fn epilogue(&self, index: usize) -> Option<String> {
+        // SAFETY: as in `name`; the epilogue field is a static string too.
+        unsafe {
+            let info = (self.info)(index as i32);
+            if info.is_null() {
+                return None;
+            }
+            Some(CStr::from_ptr((*info).epilogue).to_string_lossy().into_owned())
         }
     }
 

@@ -39,6 +39,16 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
             if p.bias { ", bias added in the TMA epilogue" } else { "" }
         ),
     ]
+    .into_iter()
+    .chain(p.epilogue.as_ref().map(|e| {
+        format!(
+            "epilogue fused as a visitor tree (TMA warp-specialized epilogue, fp32): {} ({} ops, {} leaves)",
+            e.text(),
+            e.instrs.len(),
+            e.leaves.len()
+        )
+    }))
+    .collect()
 }
 
 /// The plan of a graph's matched GEMMs: shares from the cost model, gains from the tables where
@@ -52,7 +62,8 @@ pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option
     for (i, m) in matches.iter().enumerate() {
         let p = &m.problem;
         let math = MathType::for_tensor(p.dtype, opts.precision);
-        let est_ms = cost_of.get(&m.node).copied().unwrap_or(0.0);
+        // A fused pattern replaces its epilogue's kernels too.
+        let est_ms: f64 = m.nodes().iter().filter_map(|n| cost_of.get(n)).sum();
         let (speedup, source) = match (math, tables) {
             (None, _) => (1.0, "left to torch under this precision".to_string()),
             (Some(math), Some(t)) => match t.lookup(&TableKey::gemm(p, math, opts.arch)) {
@@ -71,7 +82,13 @@ pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option
             .collect();
         patterns.push(PlannedPattern {
             id: format!("p{i}"),
-            name: format!("{} {}", m.origin.name(), p.shape_key()),
+            name: match &p.epilogue {
+                Some(e) => {
+                    let ops: Vec<&str> = e.instrs.iter().map(|i| i.op.short_name()).collect();
+                    format!("{} {} + {}", m.origin.name(), p.shape_key(), ops.join(" → "))
+                }
+                None => format!("{} {}", m.origin.name(), p.shape_key()),
+            },
             rule: p.rule_id(),
             arch: opts.arch,
             node: m.node,
@@ -111,7 +128,7 @@ pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option
         p.priority = rank[p.id.as_str()];
     }
     patterns.sort_by_key(|p| p.priority);
-    let matched: BTreeSet<NodeId> = matches.iter().map(|m| m.node).collect();
+    let matched: BTreeSet<NodeId> = matches.iter().flat_map(GemmMatch::nodes).collect();
     let unmatched = unmatched_regions(g, &costs, &matched, total);
     let unmatched_share = unmatched.iter().map(|r| r.share).sum();
     Plan {

@@ -7,6 +7,7 @@
 //! bmm_rrr: out[L,M,N] = a[L,M,K] · b[L,K,N], as in `aten::bmm` and `aten::matmul` whose operands
 //! carry the same batch dims (folded into L). Broadcast batch dims are not matched.
 
+use super::epilogue::{Epilogue, EpilogueMatch};
 use crate::graph::{Const, Graph, NodeId, ValueId};
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
@@ -91,6 +92,9 @@ pub struct GemmProblem {
     /// Independent GEMMs of the same shape (L); 1 for a plain GEMM.
     #[serde(default = "one")]
     pub batch: i64,
+    /// Elementwise ops fused after the GEMM (and its bias), see `rules::epilogue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epilogue: Option<Epilogue>,
 }
 
 fn one() -> i64 {
@@ -98,19 +102,27 @@ fn one() -> i64 {
 }
 
 impl GemmProblem {
-    /// The rule id: math and layouts, e.g. `gemm_rcr_bias`, `bmm_rrr`.
+    /// The rule id: math and layouts, e.g. `gemm_rcr_bias`, `bmm_rrr`, and the epilogue's tag
+    /// (`gemm_rcr_bias_ep_gelu_tanh_1a2b3c4d`).
     pub fn rule_id(&self) -> String {
         let kind = if self.batch > 1 { "bmm" } else { "gemm" };
-        format!("{kind}_{}{}", self.layout.short_name(), if self.bias { "_bias" } else { "" })
+        let ep = self.epilogue.as_ref().map(|e| format!("_{}", e.tag())).unwrap_or_default();
+        format!("{kind}_{}{}{ep}", self.layout.short_name(), if self.bias { "_bias" } else { "" })
+    }
+    /// The same GEMM without its epilogue.
+    pub fn plain(&self) -> GemmProblem {
+        GemmProblem { epilogue: None, ..self.clone() }
     }
     pub fn flops(&self) -> f64 {
         2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }
-    /// Fewest bytes moved: each operand read once, the output written once.
+    /// Fewest bytes moved: each operand read once, the output written once (and a full-size
+    /// epilogue leaf, a residual, read once).
     pub fn bytes(&self) -> f64 {
         let e = self.dtype.bytes() as f64;
         let (m, n, k, l) = (self.m as f64, self.n as f64, self.k as f64, self.batch as f64);
-        e * (l * (m * k + k * n + m * n) + if self.bias { n } else { 0.0 })
+        let full = self.epilogue.as_ref().map_or(0, Epilogue::full_leaves) as f64;
+        e * (l * (m * k + k * n + m * n * (1.0 + full)) + if self.bias { n } else { 0.0 })
     }
     /// The problem a rule id names at a shape: `dims` is M,N,K, or L,M,N,K for `bmm_rrr`.
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<GemmProblem, String> {
@@ -136,7 +148,7 @@ impl GemmProblem {
         if dims.iter().any(|&d| d <= 0) {
             return Err(format!("shape {dims:?}: every dim must be positive"));
         }
-        Ok(GemmProblem { m, n, k, layout, dtype, bias, batch })
+        Ok(GemmProblem { m, n, k, layout, dtype, bias, batch, epilogue: None })
     }
 
     /// `MxNxK`, or `LxMxNxK` when batched.
@@ -157,6 +169,22 @@ pub struct GemmMatch {
     pub b: ValueId,
     pub bias: Option<ValueId>,
     pub problem: GemmProblem,
+    /// The fused elementwise ops after the GEMM (`problem.epilogue` is their program).
+    pub epilogue: Option<EpilogueMatch>,
+}
+
+impl GemmMatch {
+    /// The match of the GEMM node alone: what compose falls back to when the fused pattern
+    /// has no kernel.
+    pub fn plain(&self) -> GemmMatch {
+        GemmMatch { epilogue: None, problem: self.problem.plain(), ..self.clone() }
+    }
+    /// The graph nodes the pattern replaces: the GEMM and its epilogue's nodes.
+    pub fn nodes(&self) -> Vec<NodeId> {
+        let mut v = vec![self.node];
+        v.extend(self.epilogue.iter().flat_map(|e| e.nodes.iter().copied()));
+        v
+    }
 }
 
 /// Every GEMM in the top-level block whose shapes and dtypes are known and supported.
@@ -206,8 +234,8 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
         if tb.shape[rb - 2] != k || batch == 0 || m == 0 || n == 0 || k == 0 {
             return None;
         }
-        let problem = GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false, batch };
-        return Some(GemmMatch { node: id, origin, a, b, bias: None, problem });
+        let problem = GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false, batch, epilogue: None };
+        return Some(GemmMatch { node: id, origin, a, b, bias: None, problem, epilogue: None });
     }
     if matches!(origin, GemmOrigin::Mm | GemmOrigin::Bmm) && ta.shape.len() != 2 {
         return None;
@@ -236,7 +264,8 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
         a,
         b,
         bias,
-        problem: GemmProblem { m, n: nn, k, layout: origin.layout(), dtype, bias: bias.is_some(), batch: 1 },
+        problem: GemmProblem { m, n: nn, k, layout: origin.layout(), dtype, bias: bias.is_some(), batch: 1, epilogue: None },
+        epilogue: None,
     })
 }
 

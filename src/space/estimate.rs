@@ -153,7 +153,7 @@ mod tests {
     use crate::types::{Arch, DType};
 
     fn problem(m: i64, n: i64, k: i64) -> GemmProblem {
-        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 }
+        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None }
     }
 
     fn kernels(p: &GemmProblem) -> Vec<KernelSpec> {

@@ -143,7 +143,7 @@ impl Knowledge {
         // fp32-accurate runs tf32 instantiations over K-major tf32 parts (x3) and bf16
         // instantiations over bf16 parts in torch's layout (b3).
         let sm90_sources: Vec<(&str, &str, &str, u32, Family)> = match math {
-            MathType::Tf32x3 if p.dtype == DType::F32 && !p.bias => vec![
+            MathType::Tf32x3 if p.dtype == DType::F32 && !p.bias && p.epilogue.is_none() => vec![
                 ("tf32", "f32", cutlass_layouts(GemmLayout::Rcr), align, Family::Sm90GemmX3),
                 ("bf16", "bf16", letters, 8, Family::Sm90GemmBf16x3),
             ],
@@ -175,7 +175,8 @@ impl Knowledge {
                 "stream_k" => TileScheduler::StreamK,
                 _ => continue,
             };
-            if p.bias && epilogue == EpilogueKind::NoSmem {
+            // The no-smem epilogue takes only a plain linear combination: no bias, no fusion.
+            if (p.bias || p.epilogue.is_some()) && epilogue == EpilogueKind::NoSmem {
                 continue;
             }
             out.push(KernelSpec {
@@ -194,9 +195,11 @@ impl Knowledge {
                 stages: r.stages,
                 epilogue,
                 knobs: Knobs::default(),
+                fusion: p.epilogue.clone(),
             });
         }
-        for r in &self.sm80 {
+        // Epilogue fusion is rendered through sm90 visitor trees only.
+        for r in self.sm80.iter().filter(|_| p.epilogue.is_none()) {
             if r.math != math.short_name() || r.element != p.dtype.short_name() || !r.layouts.iter().any(|l| l == letters) {
                 continue;
             }
@@ -222,6 +225,7 @@ impl Knowledge {
                     stages: r.stages,
                     epilogue: EpilogueKind::Tma,
                     knobs: Knobs::default(),
+                    fusion: None,
                 });
             }
         }
@@ -277,7 +281,7 @@ mod tests {
     use crate::types::DType;
 
     fn problem(layout: GemmLayout, dtype: DType) -> GemmProblem {
-        GemmProblem { m: 4096, n: 4096, k: 4096, layout, dtype, bias: false, batch: 1 }
+        GemmProblem { m: 4096, n: 4096, k: 4096, layout, dtype, bias: false, batch: 1, epilogue: None }
     }
 
     #[test]

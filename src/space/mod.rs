@@ -10,7 +10,7 @@ pub mod validity;
 
 pub use knowledge::Knowledge;
 
-use crate::rules::{GemmLayout, GemmProblem};
+use crate::rules::{Epilogue, GemmLayout, GemmProblem};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 
@@ -215,6 +215,9 @@ pub struct KernelSpec {
     pub epilogue: EpilogueKind,
     #[serde(default, skip_serializing_if = "Knobs::is_default")]
     pub knobs: Knobs,
+    /// The fused elementwise epilogue (after the bias), rendered as a visitor tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fusion: Option<Epilogue>,
 }
 
 fn is_zero3(v: &[u32; 3]) -> bool {
@@ -254,7 +257,8 @@ impl KernelSpec {
                 format!("w{wm}x{wn}x{wk}_s{}_{}", self.stages, self.scheduler.short_name())
             }
         };
-        format!("{head}_{body}{}_align{}", if self.bias { "_bias" } else { "" }, self.align)
+        let fusion = self.fusion.as_ref().map(|e| format!("_{}", e.tag())).unwrap_or_default();
+        format!("{head}_{body}{}{fusion}_align{}", if self.bias { "_bias" } else { "" }, self.align)
     }
 
     /// The math as the kernel does it: the policy's math type, except that the bf16-split family
@@ -360,8 +364,19 @@ impl KernelSpec {
                 if elem_bytes == 4 && tn % tk != 0 {
                     return Some(format!("tf32 needs tile N {tn} divisible by tile K {tk}"));
                 }
-                if self.bias && self.epilogue == EpilogueKind::NoSmem {
-                    return Some("the no-smem epilogue has no bias fusion".into());
+                if (self.bias || self.fusion.is_some()) && self.epilogue == EpilogueKind::NoSmem {
+                    return Some("the no-smem epilogue has no bias or epilogue fusion".into());
+                }
+                if self.fusion.is_some() && self.family != Family::Sm90Gemm {
+                    return Some("epilogue fusion is rendered for the sm90 family only".into());
+                }
+                if let Some(e) = &self.fusion {
+                    if let Err(why) = e.check() {
+                        return Some(format!("epilogue: {why}"));
+                    }
+                    if e.full_leaves() > 1 {
+                        return Some("an epilogue reads at most one full-size tensor (the C operand)".into());
+                    }
                 }
                 let cluster_size = self.cluster.iter().product::<u32>();
                 if cluster_size > 2 || self.cluster[2] != 1 {
@@ -374,6 +389,9 @@ impl KernelSpec {
                 }
             }
             Family::Sm80Gemm => {
+                if self.fusion.is_some() {
+                    return Some("epilogue fusion is rendered for the sm90 family only".into());
+                }
                 if self.schedule != KernelSchedule::Multistage {
                     return Some("sm80 kernels use the multistage schedule".into());
                 }
@@ -426,6 +444,9 @@ impl KernelSpec {
         p.dtype == self.dtype
             && p.layout == self.layout
             && p.bias == self.bias
+            && p.epilogue == self.fusion
+            // A column leaf is read along the CUTLASS problem's N (torch's M) in vectors.
+            && self.fusion.as_ref().map_or(true, |e| !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.m % self.align_out() as i64 == 0 && p.batch == 1))
             && p.k % self.align as i64 == 0
             && p.n % self.align as i64 == 0
             // Serial split-K and Stream-K in CUTLASS 2.x's GemmUniversal are for single GEMMs.
@@ -573,7 +594,7 @@ mod tests {
     use super::*;
 
     fn problem(m: i64, n: i64, k: i64, dtype: DType) -> GemmProblem {
-        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false, batch: 1 }
+        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false, batch: 1, epilogue: None }
     }
 
     #[test]

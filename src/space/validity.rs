@@ -233,7 +233,7 @@ mod tests {
     use crate::types::{Arch, DType};
 
     fn problem() -> GemmProblem {
-        GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 }
+        GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None }
     }
     fn scope() -> Scope {
         Scope::of(&problem(), MathType::Tf32, Arch::Sm90, "4.2.0.0")

@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-pub const SCHEMA: u32 = 2;
+/// 3: problems and kernel specs may carry a fused epilogue (`epilogue`, `fusion`); a fact that
+/// reads schema 2 would ignore them and run a plain GEMM in their place, so it must refuse these.
+pub const SCHEMA: u32 = 3;
 
 #[derive(Debug, Error)]
 pub enum TableError {
@@ -252,6 +254,8 @@ impl Table {
         match schema {
             s if s > SCHEMA => Err(TableError::Newer { path: origin.to_string(), found: s }),
             1 => Ok(v1::migrate(serde_json::from_value(raw).map_err(corrupt)?)),
+            // Schema 2 is schema 3 without epilogues: nothing to convert.
+            2 => Ok(Table { schema: SCHEMA, ..serde_json::from_value(raw).map_err(corrupt)? }),
             SCHEMA => serde_json::from_value(raw).map_err(corrupt),
             s => Err(TableError::Corrupt { path: origin.to_string(), detail: format!("unknown schema {s}") }),
         }

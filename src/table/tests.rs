@@ -4,7 +4,7 @@ use crate::space::gemm_candidates;
 use crate::tune::Outcome;
 
 fn problem(m: i64) -> GemmProblem {
-    GemmProblem { m, n: 256, k: 512, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1 }
+    GemmProblem { m, n: 256, k: 512, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1, epilogue: None }
 }
 
 fn provenance(device: &str) -> Provenance {
@@ -117,7 +117,7 @@ fn truncated_and_newer_tables_are_refused_and_left_intact() {
     let e = Table::update(&path, |t| t.insert_merged(entry(64, 0, 0.1, "H100"))).unwrap_err();
     assert!(matches!(e, TableError::Corrupt { .. }));
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text[..text.len() / 2], "a failed update writes nothing");
-    std::fs::write(&path, text.replace("\"schema\": 2", "\"schema\": 99")).unwrap();
+    std::fs::write(&path, text.replace("\"schema\": 3", "\"schema\": 99")).unwrap();
     assert!(Table::load(&path).unwrap_err().to_string().contains("upgrade fact"));
     assert_eq!(Table::load(&dir.path().join("missing.json")).unwrap(), Table::new());
 }
@@ -142,6 +142,27 @@ fn schema_one_tables_are_migrated() {
     let t = Table::parse(&v1.to_string(), "v1.json").unwrap();
     assert_eq!(t.schema, SCHEMA);
     assert_eq!(t.entries, vec![e]);
+}
+
+#[test]
+fn schema_two_tables_are_read_as_three_and_keep_their_entries() {
+    let mut t = Table::new();
+    t.insert_merged(entry(128, 0, 0.5, "H100"));
+    let v2 = serde_json::to_string(&t).unwrap().replace("\"schema\":3", "\"schema\":2");
+    assert!(v2.contains("\"schema\":2"));
+    let back = Table::parse(&v2, "v2.json").unwrap();
+    assert_eq!(back.schema, SCHEMA);
+    assert_eq!(back.entries, t.entries);
+    // A fused problem keeps its epilogue through a save and a load.
+    let mut fused = entry(256, 0, 0.5, "H100");
+    let ep = crate::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=add(v1,l0)").unwrap();
+    fused.problem.epilogue = Some(ep.clone());
+    fused.key.rule = fused.problem.rule_id();
+    let mut t = Table::new();
+    t.insert_merged(fused.clone());
+    let back = Table::parse(&serde_json::to_string(&t).unwrap(), "v3.json").unwrap();
+    assert_eq!(back.entries[0].problem.epilogue, Some(ep));
+    assert!(back.entries[0].key.rule.contains("_ep_gelu_tanh_add_"), "{}", back.entries[0].key.rule);
 }
 
 #[test]

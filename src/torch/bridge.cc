@@ -4,6 +4,9 @@
 #include "fact/src/torch/bridge.h"
 #include "fact/src/torch/mod.rs.h"
 
+#include <iomanip>
+#include <sstream>
+
 #include <torch/library.h>
 #include <torch/script.h>
 #include <torch/csrc/jit/api/function_impl.h>
@@ -15,6 +18,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iomanip>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -117,6 +121,11 @@ std::string ivalue_repr(const c10::IValue& v) {
   }
   if (v.isTensor()) {
     const auto& t = v.toTensor();
+    // A traced Python scalar in arithmetic is a 0-dim tensor constant: its value matters.
+    if (t.dim() == 0 && !t.is_meta() && (t.is_floating_point() || t.scalar_type() == at::kLong || t.scalar_type() == at::kInt)) {
+      os << std::setprecision(17) << "{" << t.item<double>() << "}";
+      return os.str();
+    }
     os << "tensor" << t.sizes() << ":" << dtype_name(t.scalar_type());
     return os.str();
   }

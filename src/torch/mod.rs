@@ -40,18 +40,22 @@ mod ffi {
         Str,
         Int,
         None,
+        Values,
     }
     struct Operand {
         kind: OperandKind,
         value: u32,
         text: String,
         int_value: i64,
+        values: Vec<u32>,
     }
     struct Edit {
         node: u32,
         expect_kind: String,
         op: String,
         operands: Vec<Operand>,
+        remove: Vec<u32>,
+        remove_kinds: Vec<String>,
     }
     unsafe extern "C++" {
         include!("fact/src/torch/bridge.h");
@@ -207,8 +211,10 @@ pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<Strin
             operands: e
                 .operands
                 .iter()
-                .map(|o| Operand { kind: o.kind, value: o.value, text: o.text.clone(), int_value: o.int_value })
+                .map(|o| Operand { kind: o.kind, value: o.value, text: o.text.clone(), int_value: o.int_value, values: o.values.clone() })
                 .collect(),
+            remove: e.remove.clone(),
+            remove_kinds: e.remove_kinds.clone(),
         })
         .collect();
     let schemas = vec![GEMM_OP_SCHEMA.to_string()];

@@ -4,18 +4,22 @@
 
 use super::cuda::Cuda;
 use super::{Bench, BenchError, Protocol};
-use crate::nvcc::library::{FactGemmArgs, KernelLibrary};
-use crate::rules::{GemmLayout, GemmProblem};
+use crate::nvcc::library::{FactGemmArgs, KernelLibrary, FACT_MAX_LEAVES};
+use crate::rules::{Epilogue, GemmLayout, GemmProblem, LeafKind};
 use tch::{Device, Kind, Tensor};
 
 pub struct Operands {
     pub a: Tensor,
     pub b: Tensor,
     pub bias: Option<Tensor>,
+    /// The epilogue's leaves, shaped to broadcast against the output (scalars as fp32 0-d).
+    pub leaves: Vec<Tensor>,
+    pub epilogue: Option<Epilogue>,
 }
 
 impl Operands {
-    /// Fresh random operands for `p` on the GPU.
+    /// Fresh random operands for `p` on the GPU. Normal operands make the GEMM's outputs
+    /// O(√K): the saturating ranges of tanh, sigmoid and exp are reached.
     pub fn random(p: &GemmProblem, device: Device) -> Operands {
         let kind = p.dtype.tch_kind();
         let rand = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, device)).to_kind(kind);
@@ -23,14 +27,23 @@ impl Operands {
             GemmLayout::Rcr => [p.n, p.k],
             GemmLayout::Rrr => [p.k, p.n],
         };
-        if p.batch > 1 {
-            return Operands {
-                a: rand(&[p.batch, p.m, p.k]),
-                b: rand(&[p.batch, b_shape[0], b_shape[1]]),
-                bias: p.bias.then(|| rand(&[p.n])),
-            };
-        }
-        Operands { a: rand(&[p.m, p.k]), b: rand(&b_shape), bias: p.bias.then(|| rand(&[p.n])) }
+        let leaves = p
+            .epilogue
+            .iter()
+            .flat_map(|e| e.leaves.iter())
+            .map(|l| match l {
+                LeafKind::Full => rand(&Operands::out_shape(p)),
+                LeafKind::Row => rand(&[p.n]),
+                LeafKind::Col => rand(&[p.m, 1]),
+                LeafKind::Scalar => Tensor::randn([], (Kind::Float, device)),
+            })
+            .collect();
+        let (a, b) = if p.batch > 1 {
+            (rand(&[p.batch, p.m, p.k]), rand(&[p.batch, b_shape[0], b_shape[1]]))
+        } else {
+            (rand(&[p.m, p.k]), rand(&b_shape))
+        };
+        Operands { a, b, bias: p.bias.then(|| rand(&[p.n])), leaves, epilogue: p.epilogue.clone() }
     }
 
     /// The output shape of the problem.
@@ -42,22 +55,44 @@ impl Operands {
         }
     }
 
-    /// torch's op for the problem, in the tensors' dtype (fp32 follows the matmul precision).
+    /// torch's ops for the problem, in the tensors' dtype (fp32 follows the matmul precision):
+    /// the GEMM, then each epilogue op as its own kernel, as eager runs them.
     pub fn torch_op(&self, layout: GemmLayout) -> Tensor {
-        if self.a.dim() == 3 {
-            return self.a.bmm(&self.b);
-        }
-        match (layout, &self.bias) {
-            (GemmLayout::Rcr, bias) => self.a.linear(&self.b, bias.as_ref()),
-            (GemmLayout::Rrr, Some(bias)) => bias.addmm(&self.a, &self.b),
-            (GemmLayout::Rrr, None) => self.a.mm(&self.b),
+        let out = if self.a.dim() == 3 {
+            self.a.bmm(&self.b)
+        } else {
+            match (layout, &self.bias) {
+                (GemmLayout::Rcr, bias) => self.a.linear(&self.b, bias.as_ref()),
+                (GemmLayout::Rrr, Some(bias)) => bias.addmm(&self.a, &self.b),
+                (GemmLayout::Rrr, None) => self.a.mm(&self.b),
+            }
+        };
+        match &self.epilogue {
+            Some(e) => super::epilogue::apply(e, &out, &self.leaves),
+            None => out,
         }
     }
 
     /// The fp64 reference.
     pub fn reference(&self, layout: GemmLayout) -> Tensor {
         let up = |t: &Tensor| t.to_kind(Kind::Double);
-        Operands { a: up(&self.a), b: up(&self.b), bias: self.bias.as_ref().map(up) }.torch_op(layout)
+        Operands {
+            a: up(&self.a),
+            b: up(&self.b),
+            bias: self.bias.as_ref().map(up),
+            leaves: self.leaves.iter().map(up).collect(),
+            epilogue: self.epilogue.clone(),
+        }
+        .torch_op(layout)
+    }
+
+    /// Leaf pointers in the ABI's order, NULL past the last.
+    fn leaf_pointers(&self) -> [*const std::ffi::c_void; FACT_MAX_LEAVES] {
+        let mut out = [std::ptr::null(); FACT_MAX_LEAVES];
+        for (slot, t) in out.iter_mut().zip(&self.leaves) {
+            *slot = t.data_ptr();
+        }
+        out
     }
 }
 
@@ -106,6 +141,7 @@ impl<'a> GpuBench<'a> {
             splits: 0,
             raster: 0,
             swizzle: 0,
+            leaves: ops.leaf_pointers(),
         }
     }
 

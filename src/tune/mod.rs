@@ -4,6 +4,7 @@
 //! logic here and the GPU (`gpu::GpuBench`), so the logic is tested with a fake bench.
 
 pub mod cuda;
+pub mod epilogue;
 pub mod gpu;
 pub mod worker;
 
@@ -179,7 +180,7 @@ mod tests {
     }
 
     fn problem() -> GemmProblem {
-        GemmProblem { m: 1024, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1 }
+        GemmProblem { m: 1024, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None }
     }
 
     #[test]

@@ -1,0 +1,773 @@
+//! GEMM + elementwise epilogue: a GEMM rule's match extended by the chain or DAG of elementwise
+//! ops that consume its output, when every intermediate is used only inside the pattern.
+//!
+//! out = f(a · B (+ bias), l₀, l₁, …) where f is a program of elementwise ops over fp32 values:
+//! `v0` is the GEMM's result (with its bias, if any), each instruction defines the next value
+//! from earlier values, leaves and scalars, and the last value is the output. A leaf is an input
+//! from outside the pattern: a tensor of the output's shape (a residual), a vector along the
+//! output's last dim (`row`, indexed by n, like a bias), a vector along its rows (`col`, shape
+//! [..., 1], indexed by m) or a one-element tensor (`scalar`). Python scalars are constants of the
+//! program. A value used twice (x·sigmoid(x)) is computed once: the program is a DAG.
+//!
+//! The program has one text form (`Epilogue::text`), read by the torch op to run the original ops
+//! when a call does not fit the kernel, and rendered by codegen into a device functor.
+//! Ops: add, sub, mul, div (value, leaf or scalar on either side), relu, gelu (erf), gelu_tanh,
+//! sigmoid, silu, tanh, mish, softplus, exp, neg, leaky_relu, hardtanh/clamp/clamp_min/clamp_max,
+//! pow with a scalar exponent; `dropout` in eval is the identity. Anything else ends the chain.
+
+use super::gemm::GemmMatch;
+use crate::graph::{Const, Graph, NodeId, ValueId};
+use crate::types::DType;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+/// Leaf tensors a kernel takes (FACT_MAX_LEAVES in include/fact_kernels.h).
+pub const MAX_LEAVES: usize = 4;
+
+/// The elementwise operations an epilogue program can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EpOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Relu,
+    Gelu,
+    GeluTanh,
+    Sigmoid,
+    Silu,
+    Tanh,
+    Mish,
+    /// softplus(x, beta, threshold)
+    Softplus,
+    Exp,
+    Neg,
+    /// leaky_relu(x, slope)
+    LeakyRelu,
+    /// clamp(x, lo, hi): torch's clamp and hardtanh (NaN propagates)
+    Clamp,
+    /// clamp_min(x, lo)
+    ClampMin,
+    /// clamp_max(x, hi)
+    ClampMax,
+    /// pow(x, e) with a scalar exponent
+    Pow,
+}
+
+impl EpOp {
+    pub const ALL: [EpOp; 19] = [
+        EpOp::Add,
+        EpOp::Sub,
+        EpOp::Mul,
+        EpOp::Div,
+        EpOp::Relu,
+        EpOp::Gelu,
+        EpOp::GeluTanh,
+        EpOp::Sigmoid,
+        EpOp::Silu,
+        EpOp::Tanh,
+        EpOp::Mish,
+        EpOp::Softplus,
+        EpOp::Exp,
+        EpOp::Neg,
+        EpOp::LeakyRelu,
+        EpOp::Clamp,
+        EpOp::ClampMin,
+        EpOp::ClampMax,
+        EpOp::Pow,
+    ];
+
+    pub fn short_name(self) -> &'static str {
+        match self {
+            EpOp::Add => "add",
+            EpOp::Sub => "sub",
+            EpOp::Mul => "mul",
+            EpOp::Div => "div",
+            EpOp::Relu => "relu",
+            EpOp::Gelu => "gelu",
+            EpOp::GeluTanh => "gelu_tanh",
+            EpOp::Sigmoid => "sigmoid",
+            EpOp::Silu => "silu",
+            EpOp::Tanh => "tanh",
+            EpOp::Mish => "mish",
+            EpOp::Softplus => "softplus",
+            EpOp::Exp => "exp",
+            EpOp::Neg => "neg",
+            EpOp::LeakyRelu => "leaky_relu",
+            EpOp::Clamp => "clamp",
+            EpOp::ClampMin => "clamp_min",
+            EpOp::ClampMax => "clamp_max",
+            EpOp::Pow => "pow",
+        }
+    }
+
+    /// Operands: the first is the value operated on, the rest (for unary ops with parameters)
+    /// are scalars.
+    pub fn arity(self) -> usize {
+        match self {
+            EpOp::Add | EpOp::Sub | EpOp::Mul | EpOp::Div | EpOp::LeakyRelu | EpOp::ClampMin | EpOp::ClampMax | EpOp::Pow => 2,
+            EpOp::Softplus | EpOp::Clamp => 3,
+            EpOp::Relu | EpOp::Gelu | EpOp::GeluTanh | EpOp::Sigmoid | EpOp::Silu | EpOp::Tanh | EpOp::Mish | EpOp::Exp | EpOp::Neg => 1,
+        }
+    }
+
+    /// Whether operands after the first must be scalars (parameters of a unary op).
+    pub fn scalar_params(self) -> bool {
+        !matches!(self, EpOp::Add | EpOp::Sub | EpOp::Mul | EpOp::Div)
+    }
+
+    /// The fp32 device expression over operand expressions `x` (`scalars` holds the operands
+    /// that are constants). Accurate functions (no `tanh.approx`), so every policy's tolerance
+    /// holds, the f32-accurate one included; NaN propagates as in torch; pow special-cases the
+    /// exponents torch's kernel does.
+    pub fn device_expr(self, x: &[String], scalars: &[Option<f64>]) -> String {
+        let a = &x[0];
+        match self {
+            EpOp::Add => format!("{a} + {}", x[1]),
+            EpOp::Sub => format!("{a} - {}", x[1]),
+            EpOp::Mul => format!("{a} * {}", x[1]),
+            EpOp::Div => format!("{a} / {}", x[1]),
+            EpOp::Relu => format!("{a} < 0.f ? 0.f : {a}"),
+            EpOp::Gelu => format!("0.5f * {a} * (1.f + erff({a} * 0.70710678118654752f))"),
+            EpOp::GeluTanh => format!("0.5f * {a} * (1.f + tanhf(0.79788456080286536f * ({a} + 0.044715f * {a} * {a} * {a})))"),
+            EpOp::Sigmoid => format!("1.f / (1.f + expf(-{a}))"),
+            EpOp::Silu => format!("{a} / (1.f + expf(-{a}))"),
+            EpOp::Tanh => format!("tanhf({a})"),
+            EpOp::Mish => format!("{a} * tanhf(log1pf(expf({a})))"),
+            EpOp::Softplus => format!("({a} * {b} > {t}) ? {a} : log1pf(expf({a} * {b})) / {b}", b = x[1], t = x[2]),
+            EpOp::Exp => format!("expf({a})"),
+            EpOp::Neg => format!("-{a}"),
+            EpOp::LeakyRelu => format!("{a} > 0.f ? {a} : {a} * {}", x[1]),
+            EpOp::Clamp => format!("{a} != {a} ? {a} : fminf(fmaxf({a}, {}), {})", x[1], x[2]),
+            EpOp::ClampMin => format!("{a} != {a} ? {a} : fmaxf({a}, {})", x[1]),
+            EpOp::ClampMax => format!("{a} != {a} ? {a} : fminf({a}, {})", x[1]),
+            EpOp::Pow => match scalars.get(1).copied().flatten() {
+                Some(e) if e == 2.0 => format!("{a} * {a}"),
+                Some(e) if e == 3.0 => format!("{a} * {a} * {a}"),
+                Some(e) if e == 0.5 => format!("sqrtf({a})"),
+                Some(e) if e == 1.0 => a.to_string(),
+                _ => format!("powf({a}, {})", x[1]),
+            },
+        }
+    }
+
+    /// Single-precision transcendental calls per element, for the cost model.
+    pub fn special_calls(self) -> u32 {
+        match self {
+            EpOp::Gelu | EpOp::GeluTanh | EpOp::Sigmoid | EpOp::Silu | EpOp::Tanh | EpOp::Exp | EpOp::Pow => 1,
+            EpOp::Softplus => 2,
+            EpOp::Mish => 3,
+            _ => 0,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<EpOp> {
+        EpOp::ALL.into_iter().find(|o| o.short_name() == s)
+    }
+}
+
+/// A scalar constant of the program. Compared and hashed by its bits, so a program is a key.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Scalar(pub f64);
+
+impl PartialEq for Scalar {
+    fn eq(&self, o: &Scalar) -> bool {
+        self.0.to_bits() == o.0.to_bits()
+    }
+}
+impl Eq for Scalar {}
+impl Hash for Scalar {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.0.to_bits().hash(h)
+    }
+}
+
+impl Scalar {
+    /// Exact in the text form (shortest round-trip digits), `inf`/`-inf`/`nan` for non-finite values.
+    fn text(self) -> String {
+        if self.0.is_nan() {
+            "nan".into()
+        } else {
+            format!("{:?}", self.0)
+        }
+    }
+    /// As an fp32 literal for device code (the epilogue computes in fp32).
+    pub fn device_literal(self) -> String {
+        let v = self.0 as f32;
+        if v.is_nan() {
+            "__int_as_float(0x7fc00000)".into()
+        } else if v.is_infinite() {
+            if v > 0.0 { "__int_as_float(0x7f800000)".into() } else { "__int_as_float(0xff800000)".into() }
+        } else {
+            format!("{v:e}f")
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arg {
+    /// An earlier value: 0 is the GEMM's result.
+    Value(usize),
+    /// A leaf tensor, by its index in `Epilogue::leaves`.
+    Leaf(usize),
+    Scalar(Scalar),
+}
+
+impl fmt::Display for Arg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Arg::Value(i) => write!(f, "v{i}"),
+            Arg::Leaf(i) => write!(f, "l{i}"),
+            Arg::Scalar(s) => f.write_str(&s.text()),
+        }
+    }
+}
+
+/// How a leaf tensor is laid over the output [.., M, N] (torch's terms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeafKind {
+    /// The output's shape: read element by element (a residual).
+    Full,
+    /// A vector of N, broadcast over the rows (indexed by n, like a bias).
+    Row,
+    /// A vector of M (shape [.., M, 1]), broadcast over the columns.
+    Col,
+    /// One element, broadcast everywhere (passed to kernels as fp32).
+    Scalar,
+}
+
+impl LeafKind {
+    pub fn short_name(self) -> &'static str {
+        match self {
+            LeafKind::Full => "full",
+            LeafKind::Row => "row",
+            LeafKind::Col => "col",
+            LeafKind::Scalar => "scalar",
+        }
+    }
+    fn parse(s: &str) -> Option<LeafKind> {
+        [LeafKind::Full, LeafKind::Row, LeafKind::Col, LeafKind::Scalar].into_iter().find(|k| k.short_name() == s)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Instr {
+    pub op: EpOp,
+    pub args: Vec<Arg>,
+}
+
+/// An epilogue program: instruction i defines value i + 1; the last value is the output.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Epilogue {
+    pub leaves: Vec<LeafKind>,
+    pub instrs: Vec<Instr>,
+}
+
+impl Epilogue {
+    /// `leaves=full,row;v1=add(v0,l0);v2=relu(v1)`: the form the torch op and the table read.
+    pub fn text(&self) -> String {
+        let leaves: Vec<_> = self.leaves.iter().map(|l| l.short_name()).collect();
+        let mut s = format!("leaves={}", leaves.join(","));
+        for (i, ins) in self.instrs.iter().enumerate() {
+            let args: Vec<_> = ins.args.iter().map(Arg::to_string).collect();
+            s.push_str(&format!(";v{}={}({})", i + 1, ins.op.short_name(), args.join(",")));
+        }
+        s
+    }
+
+    pub fn parse(text: &str) -> Result<Epilogue, String> {
+        let mut parts = text.split(';');
+        let head = parts.next().unwrap_or_default();
+        let leaves = head.strip_prefix("leaves=").ok_or_else(|| format!("epilogue '{text}' does not start with leaves="))?;
+        let leaves: Vec<LeafKind> = leaves
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| LeafKind::parse(s).ok_or_else(|| format!("unknown leaf kind '{s}'")))
+            .collect::<Result<_, _>>()?;
+        let mut instrs = Vec::new();
+        for (i, p) in parts.enumerate() {
+            let (lhs, rhs) = p.split_once('=').ok_or_else(|| format!("instruction '{p}' has no '='"))?;
+            if lhs != format!("v{}", i + 1) {
+                return Err(format!("instruction '{p}' should define v{}", i + 1));
+            }
+            let (op, args) = rhs.strip_suffix(')').and_then(|r| r.split_once('(')).ok_or_else(|| format!("instruction '{p}' is not op(args)"))?;
+            let op = EpOp::parse(op).ok_or_else(|| format!("unknown epilogue op '{op}'"))?;
+            let args: Vec<Arg> = args
+                .split(',')
+                .map(|a| {
+                    if let Some(v) = a.strip_prefix('v') {
+                        v.parse().map(Arg::Value).map_err(|_| format!("bad value '{a}'"))
+                    } else if let Some(l) = a.strip_prefix('l') {
+                        l.parse().map(Arg::Leaf).map_err(|_| format!("bad leaf '{a}'"))
+                    } else {
+                        a.parse::<f64>().map(|f| Arg::Scalar(Scalar(f))).map_err(|_| format!("bad scalar '{a}'"))
+                    }
+                })
+                .collect::<Result<_, _>>()?;
+            instrs.push(Instr { op, args });
+        }
+        let e = Epilogue { leaves, instrs };
+        e.check()?;
+        Ok(e)
+    }
+
+    /// Every operand refers backwards, leaves exist, arities and scalar parameters hold.
+    pub fn check(&self) -> Result<(), String> {
+        if self.instrs.is_empty() {
+            return Err("an epilogue has at least one instruction".into());
+        }
+        for (i, ins) in self.instrs.iter().enumerate() {
+            if ins.args.len() != ins.op.arity() {
+                return Err(format!("v{}: {} takes {} operands", i + 1, ins.op.short_name(), ins.op.arity()));
+            }
+            for (j, a) in ins.args.iter().enumerate() {
+                match *a {
+                    Arg::Value(v) if v > i => return Err(format!("v{}: v{v} is not defined yet", i + 1)),
+                    Arg::Leaf(l) if l >= self.leaves.len() => return Err(format!("v{}: no leaf l{l}", i + 1)),
+                    Arg::Scalar(_) => {}
+                    _ if j > 0 && ins.op.scalar_params() => return Err(format!("v{}: {} takes scalar parameters", i + 1, ins.op.short_name())),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The ops in program order, joined: `add_relu`.
+    pub fn label(&self) -> String {
+        self.instrs.iter().map(|i| i.op.short_name()).collect::<Vec<_>>().join("_")
+    }
+
+    /// Eight hex digits of the text's hash: programs with the same ops but other constants or
+    /// wiring get other names.
+    pub fn digest(&self) -> String {
+        let h = Sha256::digest(self.text().as_bytes());
+        h.iter().take(4).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// `ep_<label>_<digest>`: the suffix of rule ids and kernel names.
+    pub fn tag(&self) -> String {
+        format!("ep_{}_{}", self.label(), self.digest())
+    }
+
+    pub fn full_leaves(&self) -> usize {
+        self.leaves.iter().filter(|l| **l == LeafKind::Full).count()
+    }
+
+    /// Arithmetic per output element (special functions counted as 8), for the cost model.
+    pub fn flops_per_element(&self) -> f64 {
+        self.instrs.iter().map(|i| 1.0 + 8.0 * i.op.special_calls() as f64).sum()
+    }
+}
+
+/// A GEMM match with the epilogue that follows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpilogueMatch {
+    pub epilogue: Epilogue,
+    /// The pattern's elementwise nodes, in program order (the GEMM node is not among them).
+    pub nodes: Vec<NodeId>,
+    /// The leaf tensors, in `epilogue.leaves` order.
+    pub leaves: Vec<ValueId>,
+    /// The value the pattern produces (the last node's output).
+    pub output: ValueId,
+}
+
+/// One elementwise node read as an instruction over graph values: operands as values or
+/// constants, before they are mapped to program values and leaves.
+enum Operand {
+    Tensor(ValueId),
+    Scalar(f64),
+}
+
+/// The instruction a node computes, if it is one the epilogue supports: (op, operands), with
+/// `dropout` in eval as `None` op (the identity).
+fn read_node(g: &Graph, id: NodeId) -> Option<(Option<EpOp>, Vec<Operand>)> {
+    let n = &g.nodes[id];
+    let kind = n.kind.strip_prefix("aten::")?;
+    let kind = kind.strip_suffix('_').unwrap_or(kind);
+    let cst = |i: usize| -> Option<&Const> { n.inputs.get(i).and_then(|&v| g.constant(v)) };
+    let num = |i: usize| cst(i).and_then(Const::as_f64);
+    let operand = |i: usize| -> Option<Operand> {
+        let v = *n.inputs.get(i)?;
+        match g.constant(v) {
+            Some(c) => c.as_f64().map(Operand::Scalar),
+            None if g.tensor(v).is_some() => Some(Operand::Tensor(v)),
+            None => None,
+        }
+    };
+    if n.outputs.len() != 1 {
+        return None;
+    }
+    let unary = |op: EpOp| Some((Some(op), vec![operand(0)?]));
+    match kind {
+        "add" | "sub" => {
+            // alpha must be 1; add(Tensor, Scalar, alpha) and add(Tensor, Tensor, alpha) alike.
+            if n.inputs.len() == 3 && num(2) != Some(1.0) {
+                return None;
+            }
+            let op = if kind == "add" { EpOp::Add } else { EpOp::Sub };
+            Some((Some(op), vec![operand(0)?, operand(1)?]))
+        }
+        "rsub" => {
+            if n.inputs.len() == 3 && num(2) != Some(1.0) {
+                return None;
+            }
+            Some((Some(EpOp::Sub), vec![operand(1)?, operand(0)?]))
+        }
+        "mul" | "div" if n.inputs.len() == 2 => {
+            Some((Some(if kind == "mul" { EpOp::Mul } else { EpOp::Div }), vec![operand(0)?, operand(1)?]))
+        }
+        "relu" => unary(EpOp::Relu),
+        "gelu" => match cst(1) {
+            None => unary(EpOp::Gelu),
+            Some(Const::Str(s)) if s == "none" => unary(EpOp::Gelu),
+            Some(Const::Str(s)) if s == "tanh" => unary(EpOp::GeluTanh),
+            _ => None,
+        },
+        "sigmoid" => unary(EpOp::Sigmoid),
+        "silu" => unary(EpOp::Silu),
+        "tanh" => unary(EpOp::Tanh),
+        "mish" => unary(EpOp::Mish),
+        "exp" => unary(EpOp::Exp),
+        "neg" => unary(EpOp::Neg),
+        "softplus" => Some((Some(EpOp::Softplus), vec![operand(0)?, Operand::Scalar(num(1)?), Operand::Scalar(num(2)?)])),
+        "leaky_relu" => Some((Some(EpOp::LeakyRelu), vec![operand(0)?, Operand::Scalar(num(1).unwrap_or(0.01))])),
+        "hardtanh" => Some((Some(EpOp::Clamp), vec![operand(0)?, Operand::Scalar(num(1)?), Operand::Scalar(num(2)?)])),
+        "relu6" => Some((Some(EpOp::Clamp), vec![operand(0)?, Operand::Scalar(0.0), Operand::Scalar(6.0)])),
+        "clamp" => match (num(1), num(2), cst(1), cst(2)) {
+            (Some(lo), Some(hi), _, _) => Some((Some(EpOp::Clamp), vec![operand(0)?, Operand::Scalar(lo), Operand::Scalar(hi)])),
+            (Some(lo), None, _, Some(Const::None)) => Some((Some(EpOp::ClampMin), vec![operand(0)?, Operand::Scalar(lo)])),
+            (None, Some(hi), Some(Const::None), _) => Some((Some(EpOp::ClampMax), vec![operand(0)?, Operand::Scalar(hi)])),
+            _ => None,
+        },
+        "clamp_min" => Some((Some(EpOp::ClampMin), vec![operand(0)?, Operand::Scalar(num(1)?)])),
+        "clamp_max" => Some((Some(EpOp::ClampMax), vec![operand(0)?, Operand::Scalar(num(1)?)])),
+        "pow" => Some((Some(EpOp::Pow), vec![operand(0)?, Operand::Scalar(num(1)?)])),
+        "dropout" if matches!(cst(2), Some(Const::Bool(false))) => Some((None, vec![operand(0)?])),
+        _ => None,
+    }
+}
+
+/// How a tensor of `shape` and `dtype` lies over an output of `out` shape, if it can be a leaf.
+fn leaf_kind(shape: &[i64], dtype: &str, out: &[i64], out_dtype: DType, batched: bool) -> Option<LeafKind> {
+    let numel: i64 = shape.iter().product();
+    if numel == 1 {
+        // Type promotion keeps the output's dtype for a one-element floating tensor only if it
+        // has no more dims than the output.
+        return (DType::parse(dtype).is_some() && shape.len() <= out.len()).then_some(LeafKind::Scalar);
+    }
+    if DType::parse(dtype) != Some(out_dtype) || shape.len() > out.len() {
+        return None;
+    }
+    if shape == out {
+        return Some(LeafKind::Full);
+    }
+    let lead_ones = shape.iter().take_while(|&&d| d == 1).count();
+    let rest = &shape[lead_ones..];
+    let n = *out.last()?;
+    if rest == [n] {
+        return Some(LeafKind::Row);
+    }
+    if !batched && shape.len() == out.len() && shape.last() == Some(&1) && shape[..shape.len() - 1] == out[..out.len() - 1] {
+        return Some(LeafKind::Col);
+    }
+    None
+}
+
+/// The longest epilogue after `gm`'s GEMM: nodes are taken in program order while they are
+/// supported elementwise ops over the pattern's values, leaves and constants; the pattern is
+/// cut at the last point where exactly one of its values is used outside it (or is a graph
+/// output) and that value is the last node's. `None` when not even one op can be fused.
+pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
+    let gemm_out = *g.nodes[gm.node].outputs.first()?;
+    let out_info = g.tensor(gemm_out)?.clone();
+    let batched = gm.problem.batch > 1;
+    let mut users: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        for &v in &n.inputs {
+            users.entry(v).or_default().push(i);
+        }
+    }
+    let graph_outputs: BTreeSet<ValueId> = g.outputs.iter().copied().collect();
+    // Program values by graph value; value 0 is the GEMM's output.
+    let mut program: HashMap<ValueId, usize> = HashMap::from([(gemm_out, 0)]);
+    let mut instrs: Vec<Instr> = Vec::new();
+    let mut leaves: Vec<(ValueId, LeafKind)> = Vec::new();
+    let mut nodes: Vec<NodeId> = Vec::new();
+    let mut best: Option<EpilogueMatch> = None;
+    for id in gm.node + 1..g.nodes.len() {
+        let n = &g.nodes[id];
+        if n.depth != 0 || !n.inputs.iter().any(|v| program.contains_key(v)) {
+            continue;
+        }
+        let Some((op, operands)) = read_node(g, id) else { break };
+        let out = n.outputs[0];
+        match g.tensor(out) {
+            Some(t) if t.shape == out_info.shape && t.dtype == out_info.dtype => {}
+            _ => break,
+        }
+        let mut args = Vec::with_capacity(operands.len());
+        let mut ok = true;
+        for o in operands {
+            args.push(match o {
+                Operand::Scalar(s) => Arg::Scalar(Scalar(s)),
+                Operand::Tensor(v) => match program.get(&v) {
+                    Some(&p) => Arg::Value(p),
+                    None => {
+                        let t = g.tensor(v).expect("operand has a tensor");
+                        let at = leaves.iter().position(|(lv, _)| *lv == v);
+                        match (at, leaf_kind(&t.shape, &t.dtype, &out_info.shape, gm.problem.dtype, batched)) {
+                            (Some(i), _) => Arg::Leaf(i),
+                            (None, Some(LeafKind::Full)) if leaves.iter().any(|(_, k)| *k == LeafKind::Full) => {
+                                // One full-size leaf rides on the GEMM's C operand; a second would need an aux load.
+                                ok = false;
+                                Arg::Leaf(0)
+                            }
+                            (None, Some(_)) if leaves.len() == MAX_LEAVES => {
+                                ok = false;
+                                Arg::Leaf(0)
+                            }
+                            (None, Some(kind)) => {
+                                leaves.push((v, kind));
+                                Arg::Leaf(leaves.len() - 1)
+                            }
+                            (None, None) => {
+                                ok = false;
+                                Arg::Leaf(0)
+                            }
+                        }
+                    }
+                },
+            });
+        }
+        if !ok {
+            break;
+        }
+        let op = match op {
+            None => {
+                // The identity: the output is the operand's program value.
+                match args[0] {
+                    Arg::Value(p) => {
+                        program.insert(out, p);
+                        nodes.push(id);
+                        if let Some(m) = cut(&program, &instrs, &leaves, &nodes, out, &users, &graph_outputs) {
+                            best = Some(m);
+                        }
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            Some(op) => op,
+        };
+        // A value operand first for unary ops; binary ops may hold it on either side.
+        if op.scalar_params() && !matches!(args[0], Arg::Value(_)) {
+            break;
+        }
+        instrs.push(Instr { op, args });
+        program.insert(out, instrs.len());
+        nodes.push(id);
+        if let Some(m) = cut(&program, &instrs, &leaves, &nodes, out, &users, &graph_outputs) {
+            best = Some(m);
+        }
+    }
+    best
+}
+
+/// The pattern as it stands, if `last` is its only value seen outside it.
+fn cut(
+    program: &HashMap<ValueId, usize>,
+    instrs: &[Instr],
+    leaves: &[(ValueId, LeafKind)],
+    nodes: &[NodeId],
+    last: ValueId,
+    users: &HashMap<ValueId, Vec<NodeId>>,
+    graph_outputs: &BTreeSet<ValueId>,
+) -> Option<EpilogueMatch> {
+    if instrs.is_empty() {
+        return None;
+    }
+    let inside: BTreeSet<NodeId> = nodes.iter().copied().collect();
+    let escapes = |v: ValueId| graph_outputs.contains(&v) || users.get(&v).into_iter().flatten().any(|u| !inside.contains(u));
+    if program.keys().any(|&v| v != last && escapes(v)) {
+        return None;
+    }
+    // The last node defines the output; every leaf it needs exists before it.
+    let used: BTreeSet<usize> = instrs.iter().flat_map(|i| i.args.iter()).filter_map(|a| if let Arg::Leaf(l) = a { Some(*l) } else { None }).collect();
+    let leaves: Vec<(ValueId, LeafKind)> = leaves.to_vec();
+    debug_assert!(used.iter().all(|&l| l < leaves.len()));
+    Some(EpilogueMatch {
+        epilogue: Epilogue { leaves: leaves.iter().map(|l| l.1).collect(), instrs: instrs.to_vec() },
+        nodes: nodes.to_vec(),
+        leaves: leaves.iter().map(|l| l.0).collect(),
+        output: last,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::gemm::match_gemms;
+
+    fn epilogue_of(text: &str) -> Option<EpilogueMatch> {
+        let g = Graph::parse(text).unwrap();
+        let gm = match_gemms(&g).into_iter().next().expect("a GEMM");
+        match_epilogue(&g, &gm)
+    }
+
+    #[test]
+    fn chain_of_unary_and_scalar_ops() {
+        let m = epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16], %b: f32[32]):
+               %h = aten::linear(%x, %w, %b) : f32[8,32]
+               %half = prim::Constant[0.5]()
+               %one = prim::Constant[1]()
+               %r = aten::relu(%h) : f32[8,32]
+               %s = aten::mul(%r, %half) : f32[8,32]
+               %t = aten::add(%s, %one, %one) : f32[8,32]
+               return (%t)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.text(), "leaves=;v1=relu(v0);v2=mul(v1,0.5);v3=add(v2,1.0)");
+        assert_eq!(m.epilogue.label(), "relu_mul_add");
+        assert_eq!(m.nodes.len(), 3);
+    }
+
+    #[test]
+    fn a_value_used_twice_is_a_dag() {
+        let m = epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16], %b: f32[32]):
+               %h = aten::linear(%x, %w, %b) : f32[8,32]
+               %s = aten::sigmoid(%h) : f32[8,32]
+               %y = aten::mul(%h, %s) : f32[8,32]
+               return (%y)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.text(), "leaves=;v1=sigmoid(v0);v2=mul(v0,v1)");
+    }
+
+    #[test]
+    fn written_out_tanh_gelu_with_leaves() {
+        let m = epilogue_of(
+            "graph(%x: f32[4,8,16], %w: f32[32,16], %b: f32[32], %res: f32[4,8,32], %scale: f32[32]):
+               %h = aten::linear(%x, %w, %b) : f32[4,8,32]
+               %c05 = prim::Constant[0.5]()
+               %c3 = prim::Constant[3.0]()
+               %cc = prim::Constant[0.044715]()
+               %ck = prim::Constant[0.7978845608028654]()
+               %one = prim::Constant[1]()
+               %p = aten::pow(%h, %c3) : f32[4,8,32]
+               %q = aten::mul(%p, %cc) : f32[4,8,32]
+               %r = aten::add(%h, %q, %one) : f32[4,8,32]
+               %s = aten::mul(%r, %ck) : f32[4,8,32]
+               %t = aten::tanh(%s) : f32[4,8,32]
+               %u = aten::add(%t, %one, %one) : f32[4,8,32]
+               %hh = aten::mul(%h, %c05) : f32[4,8,32]
+               %g = aten::mul(%hh, %u) : f32[4,8,32]
+               %gs = aten::mul(%g, %scale) : f32[4,8,32]
+               %y = aten::add(%res, %gs, %one) : f32[4,8,32]
+               return (%y)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.leaves, vec![LeafKind::Row, LeafKind::Full]);
+        assert_eq!(m.epilogue.label(), "pow_mul_add_mul_tanh_add_mul_mul_mul_add");
+        assert!(m.epilogue.text().ends_with("v9=mul(v8,l0);v10=add(l1,v9)"), "{}", m.epilogue.text());
+        assert_eq!(m.nodes.len(), 10);
+    }
+
+    #[test]
+    fn stops_at_an_unsupported_op_and_at_escaping_intermediates() {
+        // softmax ends the chain; the relu before it is fused.
+        let m = epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16]):
+               %none = prim::Constant[None]()
+               %dim = prim::Constant[-1]()
+               %h = aten::linear(%x, %w, %none) : f32[8,32]
+               %r = aten::relu(%h) : f32[8,32]
+               %s = aten::softmax(%r, %dim, %none) : f32[8,32]
+               return (%s)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.label(), "relu");
+        // The GEMM's output is also returned: nothing can be fused after it.
+        assert!(epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[8,32]
+               %r = aten::relu(%h) : f32[8,32]
+               return (%r, %h)"
+        )
+        .is_none());
+        // An intermediate used elsewhere: the pattern is cut before it escapes.
+        let m = epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[8,32]
+               %r = aten::relu(%h) : f32[8,32]
+               %t = aten::tanh(%r) : f32[8,32]
+               %e = aten::exp(%t) : f32[8,32]
+               return (%e, %t)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.label(), "relu_tanh");
+    }
+
+    #[test]
+    fn broadcasting_that_grows_the_output_or_a_second_full_leaf_ends_the_chain() {
+        let m = epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16], %r1: f32[8,32], %r2: f32[8,32]):
+               %none = prim::Constant[None]()
+               %one = prim::Constant[1]()
+               %h = aten::linear(%x, %w, %none) : f32[8,32]
+               %a = aten::add(%h, %r1, %one) : f32[8,32]
+               %b = aten::add(%a, %r2, %one) : f32[8,32]
+               return (%b)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.text(), "leaves=full;v1=add(v0,l0)");
+        assert!(epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16], %big: f32[2,8,32]):
+               %none = prim::Constant[None]()
+               %one = prim::Constant[1]()
+               %h = aten::linear(%x, %w, %none) : f32[8,32]
+               %a = aten::add(%h, %big, %one) : f32[2,8,32]
+               return (%a)"
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn column_vectors_scalars_and_rsub() {
+        let m = epilogue_of(
+            "graph(%x: bf16[8,16], %w: bf16[32,16], %c: bf16[8,1], %s: f32[]):
+               %none = prim::Constant[None]()
+               %one = prim::Constant[1]()
+               %h = aten::linear(%x, %w, %none) : bf16[8,32]
+               %a = aten::mul(%h, %c) : bf16[8,32]
+               %b = aten::rsub(%a, %one, %one) : bf16[8,32]
+               %d = aten::div(%b, %s) : bf16[8,32]
+               return (%d)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.text(), "leaves=col,scalar;v1=mul(v0,l0);v2=sub(1.0,v1);v3=div(v2,l1)");
+    }
+
+    #[test]
+    fn text_round_trips_and_names_differ_by_constants() {
+        let e = Epilogue::parse("leaves=row;v1=add(v0,l0);v2=clamp(v1,-1.5,inf);v3=pow(v2,3.0)").unwrap();
+        assert_eq!(Epilogue::parse(&e.text()).unwrap(), e);
+        let other = Epilogue::parse("leaves=row;v1=add(v0,l0);v2=clamp(v1,-1.0,inf);v3=pow(v2,3.0)").unwrap();
+        assert_eq!(e.label(), other.label());
+        assert_ne!(e.digest(), other.digest());
+        assert!(Epilogue::parse("leaves=;v1=relu(v2)").unwrap_err().contains("not defined"));
+        assert!(Epilogue::parse("leaves=;v1=clamp(v0,l0,1.0)").is_err());
+        assert!(Epilogue::parse("leaves=;v1=frob(v0)").unwrap_err().contains("unknown epilogue op"));
+    }
+}
