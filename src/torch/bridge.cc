@@ -22,6 +22,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace fact::bridge {
 namespace {
@@ -53,22 +54,29 @@ struct Numbering {
   std::vector<Node*> nodes;
   std::vector<uint32_t> depth;
   std::unordered_map<const Value*, uint32_t> id;
+  // The node each value belongs to (its producer, or the node owning the block it enters), -1
+  // for graph inputs; and each node's id.
+  std::vector<int64_t> owner;
+  std::unordered_map<const Node*, uint32_t> node_id;
 
   explicit Numbering(Graph& g) {
-    for (Value* v : g.inputs()) add(v);
+    for (Value* v : g.inputs()) add(v, -1);
     walk(g.block(), 0);
   }
-  void add(Value* v) {
+  void add(Value* v, int64_t node) {
     id.emplace(v, static_cast<uint32_t>(values.size()));
     values.push_back(v);
+    owner.push_back(node);
   }
   void walk(Block* b, uint32_t d) {
     for (Node* n : b->nodes()) {
+      const auto i = static_cast<int64_t>(nodes.size());
+      node_id.emplace(n, static_cast<uint32_t>(i));
       nodes.push_back(n);
       depth.push_back(d);
-      for (Value* v : n->outputs()) add(v);
+      for (Value* v : n->outputs()) add(v, i);
       for (Block* sub : n->blocks()) {
-        for (Value* v : sub->inputs()) add(v);
+        for (Value* v : sub->inputs()) add(v, i);
         walk(sub, d + 1);
       }
     }
@@ -339,6 +347,24 @@ void ensure_schemas(const rust::Vec<rust::String>& schemas) {
   }
 }
 
+std::string node_label(uint32_t id, const Node* n) {
+  return "node " + std::to_string(id) + " (" + n->kind().toQualString() + ")";
+}
+
+// Checks that node `id` of the numbering exists, was not destroyed by an earlier edit, and is of
+// kind `expect`; returns it.
+Node* expect_node(const Numbering& num, const std::vector<bool>& destroyed, uint32_t id, const std::string& expect) {
+  if (id >= num.nodes.size()) throw std::runtime_error("edit names node " + std::to_string(id) + " beyond the graph");
+  Node* n = num.nodes[id];
+  if (destroyed[id]) {
+    throw std::runtime_error("node " + std::to_string(id) + " is in two edits: their patterns overlap");
+  }
+  if (std::string(n->kind().toQualString()) != expect) {
+    throw std::runtime_error(node_label(id, n) + " is not the expected " + expect + " (the archive changed?)");
+  }
+  return n;
+}
+
 rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
                               const rust::Vec<rust::String>& schemas) {
   return guarded("cannot rewrite the TorchScript graph", [&] {
@@ -348,35 +374,97 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     // Rewrite the method's own graph in place so that saving prints the new code.
     std::shared_ptr<Graph> g = fn.graph();
     torch::jit::Inline(*g);
+    // One numbering for all edits: ids refer to the graph as load_graph saw it. Destroyed nodes
+    // are remembered by id (their memory may be reused by new nodes), so that no later edit
+    // touches their dangling pointers.
     Numbering num(*g);
+    std::vector<bool> destroyed(num.nodes.size(), false);
+    auto value_at = [&](uint32_t id) {
+      if (id >= num.values.size()) throw std::runtime_error("edit names value " + std::to_string(id) + " beyond the graph");
+      if (num.owner[id] >= 0 && destroyed[num.owner[id]]) {
+        throw std::runtime_error("value " + std::to_string(id) + " belongs to a node an earlier edit removed");
+      }
+      return num.values[id];
+    };
     for (const Edit& e : edits) {
-      if (e.node >= num.nodes.size()) throw std::runtime_error("edit names node beyond the graph");
-      Node* old = num.nodes[e.node];
-      if (std::string(old->kind().toQualString()) != std::string(e.expect_kind)) {
-        throw std::runtime_error("node " + std::to_string(e.node) + " is " + old->kind().toQualString() +
-                                 ", expected " + std::string(e.expect_kind) + " (the archive changed?)");
+      Node* old = expect_node(num, destroyed, e.node, std::string(e.expect_kind));
+      if (e.remove.size() != e.remove_kinds.size()) {
+        throw std::runtime_error("edit of node " + std::to_string(e.node) + " names " + std::to_string(e.remove.size()) +
+                                 " nodes to remove but " + std::to_string(e.remove_kinds.size()) + " kinds");
       }
-      torch::jit::WithInsertPoint guard(old);
+      // The pattern's other nodes, latest first: a node's users inside the pattern come after it,
+      // so destroying in reverse program order leaves each one without uses when its turn comes.
+      std::vector<std::pair<uint32_t, Node*>> remove;
+      for (size_t i = 0; i < e.remove.size(); ++i) {
+        if (e.remove[i] == e.node) throw std::runtime_error("edit of node " + std::to_string(e.node) + " also removes it");
+        remove.emplace_back(e.remove[i], expect_node(num, destroyed, e.remove[i], std::string(e.remove_kinds[i])));
+      }
+      std::sort(remove.begin(), remove.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+      if (std::adjacent_find(remove.begin(), remove.end(), [](const auto& x, const auto& y) {
+            return x.first == y.first;
+          }) != remove.end()) {
+        throw std::runtime_error("edit of node " + std::to_string(e.node) + " removes a node twice");
+      }
+
+      // The call and what it needs (constants, lists) go right before the pattern's last node;
+      // the insert point is restored before that node is destroyed.
       std::vector<Value*> args;
-      for (const Operand& o : e.operands) {
-        switch (o.kind) {
-          case OperandKind::Value: args.push_back(num.values.at(o.value)); break;
-          case OperandKind::Str: args.push_back(g->insertConstant(std::string(o.text))); break;
-          case OperandKind::Int: args.push_back(g->insertConstant(o.int_value)); break;
-          case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
+      Node* call = nullptr;
+      {
+        torch::jit::WithInsertPoint guard(old);
+        for (const Operand& o : e.operands) {
+          switch (o.kind) {
+            case OperandKind::Value: args.push_back(value_at(o.value)); break;
+            case OperandKind::Str: args.push_back(g->insertConstant(std::string(o.text))); break;
+            case OperandKind::Int: args.push_back(g->insertConstant(o.int_value)); break;
+            case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
+            case OperandKind::Values: {
+              std::vector<Value*> elems;
+              for (uint32_t v : o.values) elems.push_back(value_at(v));
+              args.push_back(g->insertNode(g->createList(c10::TensorType::get(), elems))->output());
+              break;
+            }
+            default: throw std::runtime_error("internal: unknown operand kind");
+          }
         }
+        call = g->create(c10::Symbol::fromQualString(std::string(e.op)), args, 1);
+        call->insertBefore(old);
       }
-      Node* call = g->create(c10::Symbol::fromQualString(std::string(e.op)), args, 1);
-      call->insertBefore(old);
       call->output()->setType(old->output()->type());
       call->copyMetadata(old);
       old->output()->replaceAllUsesWith(call->output());
-      std::vector<Value*> former(old->inputs().begin(), old->inputs().end());
-      old->destroy();
-      // Dead-code elimination would run alias analysis, which needs fact::gemm registered in this
-      // process; only the constants the old node alone used can have died, so remove those.
+
+      // Dead-code elimination would run alias analysis, which needs fact's ops registered in this
+      // process; only the constants the destroyed nodes alone used can have died, so remove those.
+      std::vector<Value*> former;
+      auto destroy = [&](uint32_t id, Node* n) {
+        for (Value* out : n->outputs()) {
+          if (!out->uses().empty()) {
+            throw std::runtime_error(node_label(id, n) + " is still used after the rewrite (by " +
+                                     out->uses()[0].user->kind().toQualString() +
+                                     "): its output must not leave the replaced pattern");
+          }
+        }
+        // Inputs produced inside the pattern are destroyed with it; keep only the others.
+        for (Value* v : n->inputs()) {
+          if (std::none_of(remove.begin(), remove.end(), [&](const auto& r) { return r.second == v->node(); })) {
+            former.push_back(v);
+          }
+        }
+        destroyed[id] = true;
+        n->destroy();
+      };
+      destroy(e.node, old);
+      for (const auto& [id, n] : remove) destroy(id, n);
+      // A constant may feed several destroyed nodes (or one twice): destroy each once.
+      std::unordered_set<Node*> dead;
       for (Value* v : former) {
-        if (v->uses().empty() && v->node()->kind() == c10::prim::Constant) v->node()->destroy();
+        if (v->node()->kind() == c10::prim::Constant && v->uses().empty()) dead.insert(v->node());
+      }
+      for (Node* n : dead) {
+        auto it = num.node_id.find(n);
+        if (it != num.node_id.end()) destroyed[it->second] = true;
+        n->destroy();
       }
     }
     m.save(to_std(out_path));

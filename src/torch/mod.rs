@@ -35,11 +35,17 @@ mod ffi {
         outputs: Vec<u32>,
         note: String,
     }
+    /// How an operand of a custom-op call is made.
     enum OperandKind {
+        /// The graph value `value`.
         Value,
+        /// A string constant `text`.
         Str,
+        /// An int constant `int_value`.
         Int,
+        /// The None constant (an absent optional).
         None,
+        /// A Tensor[] built from the graph values `values` (may be empty).
         Values,
     }
     struct Operand {
@@ -49,6 +55,10 @@ mod ffi {
         int_value: i64,
         values: Vec<u32>,
     }
+    /// Replaces the pattern ending at node `node` (whose output the call takes over) by one call
+    /// of `op`. `remove` are the pattern's other nodes, each of kind `remove_kinds[i]`: they are
+    /// destroyed after the call took over, and must have no uses left by then. Node and value
+    /// ids are those of `load_graph` on the same archive, taken before any edit.
     struct Edit {
         node: u32,
         expect_kind: String,
@@ -85,6 +95,11 @@ pub enum TorchError {
 
 /// The schema of the op composed graphs call; the op library template renders the same string.
 pub const GEMM_OP_SCHEMA: &str = "gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor";
+
+/// The schema of the fused GEMM + epilogue op: `epilogue` is the program's text
+/// (rules::epilogue), run over the GEMM's result and `leaves`.
+pub const GEMM_EP_OP_SCHEMA: &str =
+    "gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor";
 
 /// Shape and dtype of one forward input, from the archive's traced inputs or `--input`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -199,7 +214,8 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
     }
 }
 
-/// Replaces nodes of `forward` by custom-op calls and saves the module; returns the new graph's text.
+/// Replaces nodes (or patterns of nodes) of `forward` by custom-op calls and saves the module;
+/// returns the new graph's text.
 pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<String, TorchError> {
     let p = check_archive(path)?;
     let edits: Vec<Edit> = edits
@@ -211,13 +227,19 @@ pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<Strin
             operands: e
                 .operands
                 .iter()
-                .map(|o| Operand { kind: o.kind, value: o.value, text: o.text.clone(), int_value: o.int_value, values: o.values.clone() })
+                .map(|o| Operand {
+                    kind: o.kind,
+                    value: o.value,
+                    text: o.text.clone(),
+                    int_value: o.int_value,
+                    values: o.values.clone(),
+                })
                 .collect(),
             remove: e.remove.clone(),
             remove_kinds: e.remove_kinds.clone(),
         })
         .collect();
-    let schemas = vec![GEMM_OP_SCHEMA.to_string()];
+    let schemas = vec![GEMM_OP_SCHEMA.to_string(), GEMM_EP_OP_SCHEMA.to_string()];
     ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas).map_err(|e| TorchError::Bridge(first_line(e.what())))
 }
 
@@ -263,7 +285,7 @@ fn libc_flags() -> i32 {
     libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL
 }
 
-/// Loads a fact op library (registers fact::gemm with torch) for the rest of the process. A process
+/// Loads a fact op library (registers fact::gemm and fact::gemm_ep with torch) for the rest of the process. A process
 /// holds at most one: torch allows one TORCH_LIBRARY(fact) registration.
 pub fn load_op_library(path: &Path) -> Result<(), TorchError> {
     static LOADED: OnceLock<std::path::PathBuf> = OnceLock::new();
