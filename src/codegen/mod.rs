@@ -233,6 +233,7 @@ pub fn render_torch_op(arch: crate::types::Arch) -> Source {
                 "cc_major": major,
                 "cc_minor": minor,
                 "gemm_schema": crate::torch::GEMM_OP_SCHEMA,
+                "gemm_ep_schema": crate::torch::GEMM_EP_OP_SCHEMA,
             }),
         )
         .expect("torch op renders");

@@ -1,8 +1,10 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
-// The torch custom op fact::gemm that composed modules call. It runs the named kernel of this
-// library when the call fits it (CUDA tensors on an sm90 device, the kernel's dtype, layout and
-// bias, CUTLASS's alignment rules) and otherwise falls back to the original aten op, so a composed
-// module never computes a different function than the one it replaced.
+// The torch custom ops that composed modules call: fact::gemm (one GEMM) and fact::gemm_ep (a GEMM
+// followed by an elementwise epilogue program). Each runs the named kernel of this library when the
+// call fits it (CUDA tensors on an sm90 device, the kernel's dtype, layout, bias and epilogue,
+// CUTLASS's alignment rules) and otherwise falls back to the original aten ops (for gemm_ep, the
+// GEMM and then the program interpreted op by op), so a composed module never computes a different
+// function than the one it replaced.
 #include "fact_kernels.h"
 
 #include <ATen/ATen.h>
@@ -11,8 +13,13 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <limits>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -23,6 +30,12 @@ at::Tensor original(const at::Tensor& a, const at::Tensor& b, const std::optiona
   if (origin == "mm") return at::mm(a, b);
   if (origin == "bmm") return at::bmm(a, b);
   return at::matmul(a, b);
+}
+
+void check_origin(c10::string_view origin, const char* op) {
+  if (origin != "linear" && origin != "addmm" && origin != "mm" && origin != "bmm" && origin != "matmul") {
+    TORCH_CHECK(false, "fact::", op, ": unknown origin op '", std::string(origin), "'");
+  }
 }
 
 const char* dtype_name(at::ScalarType t) {
@@ -36,83 +49,397 @@ const char* dtype_name(at::ScalarType t) {
 
 bool fits_i32(int64_t v) { return v > 0 && v <= std::numeric_limits<int32_t>::max(); }
 
-at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
-                c10::string_view origin, c10::string_view kernel) {
-  auto fallback = [&] { return original(a, b, bias, origin); };
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (origin != "linear" && origin != "addmm" && origin != "mm" && origin != "bmm" && origin != "matmul") {
-    TORCH_CHECK(false, "fact::gemm: unknown origin op '", std::string(origin), "'");
+// ---------------------------------------------------------------------------------------------
+// The epilogue program, in rules::epilogue's text form:
+//   leaves=full,row;v1=add(v0,l0);v2=mul(v1,0.5);v3=gelu_tanh(v2)
+// v0 is the GEMM's result, instruction i defines v<i>, operands are earlier values, leaves or
+// numbers, and the last value is the output.
+
+enum class LeafKind { Full, Row, Col, Scalar };
+
+enum class EpOp {
+  Add, Sub, Mul, Div, Relu, Gelu, GeluTanh, Sigmoid, Silu, Tanh, Mish, Softplus, Exp, Neg, LeakyRelu,
+  Clamp, ClampMin, ClampMax, Pow,
+};
+
+struct OpInfo {
+  const char* name;
+  EpOp op;
+  size_t arity;
+  // Operands after the first are numbers (parameters of a unary op), not tensors.
+  bool scalar_params;
+};
+
+const OpInfo kOps[] = {
+    {"add", EpOp::Add, 2, false},         {"sub", EpOp::Sub, 2, false},
+    {"mul", EpOp::Mul, 2, false},         {"div", EpOp::Div, 2, false},
+    {"relu", EpOp::Relu, 1, true},        {"gelu", EpOp::Gelu, 1, true},
+    {"gelu_tanh", EpOp::GeluTanh, 1, true}, {"sigmoid", EpOp::Sigmoid, 1, true},
+    {"silu", EpOp::Silu, 1, true},        {"tanh", EpOp::Tanh, 1, true},
+    {"mish", EpOp::Mish, 1, true},        {"softplus", EpOp::Softplus, 3, true},
+    {"exp", EpOp::Exp, 1, true},          {"neg", EpOp::Neg, 1, true},
+    {"leaky_relu", EpOp::LeakyRelu, 2, true}, {"clamp", EpOp::Clamp, 3, true},
+    {"clamp_min", EpOp::ClampMin, 2, true}, {"clamp_max", EpOp::ClampMax, 2, true},
+    {"pow", EpOp::Pow, 2, true},
+};
+
+struct EpArg {
+  enum Kind { Value, Leaf, Number } kind;
+  size_t index;
+  double number;
+};
+
+struct EpInstr {
+  const OpInfo* op;
+  std::vector<EpArg> args;
+};
+
+struct Program {
+  std::vector<LeafKind> leaves;
+  std::vector<EpInstr> instrs;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == sep) {
+      parts.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
   }
-  if (!a.is_cuda() || !b.is_cuda() || a.device() != b.device()) return fallback();
+  return parts;
+}
+
+bool parse_index(const std::string& s, size_t& out) {
+  if (s.empty() || s.size() > 9) return false;
+  out = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    out = out * 10 + static_cast<size_t>(c - '0');
+  }
+  return true;
+}
+
+// Numbers are printed by Rust's {:?} (0.5, 3.0, 1e-5, inf, -inf, nan), all of which strtod reads.
+bool parse_number(const std::string& s, double& out) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
+  char* end = nullptr;
+  out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+// Throws std::invalid_argument saying what is wrong; the same rules as Epilogue::parse and
+// Epilogue::check, plus a tensor operand for every op (the interpreter needs one).
+Program parse_program(const std::string& text) {
+  auto fail = [](const std::string& why) { throw std::invalid_argument(why); };
+  Program p;
+  std::vector<std::string> parts = split(text, ';');
+  const std::string head = parts[0];
+  if (head.rfind("leaves=", 0) != 0) fail("it does not start with leaves=");
+  for (const std::string& l : split(head.substr(7), ',')) {
+    if (l.empty()) continue;
+    if (l == "full") p.leaves.push_back(LeafKind::Full);
+    else if (l == "row") p.leaves.push_back(LeafKind::Row);
+    else if (l == "col") p.leaves.push_back(LeafKind::Col);
+    else if (l == "scalar") p.leaves.push_back(LeafKind::Scalar);
+    else fail("unknown leaf kind '" + l + "'");
+  }
+  if (p.leaves.size() > FACT_MAX_LEAVES) fail("more than " + std::to_string(FACT_MAX_LEAVES) + " leaves");
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& part = parts[i];
+    const std::string v = "v" + std::to_string(i);
+    const size_t eq = part.find('=');
+    if (eq == std::string::npos) fail("instruction '" + part + "' has no '='");
+    if (part.substr(0, eq) != v) fail("instruction '" + part + "' should define " + v);
+    const std::string rhs = part.substr(eq + 1);
+    const size_t open = rhs.find('(');
+    if (open == std::string::npos || rhs.empty() || rhs.back() != ')') {
+      fail("instruction '" + part + "' is not op(args)");
+    }
+    const std::string name = rhs.substr(0, open);
+    EpInstr ins;
+    ins.op = nullptr;
+    for (const OpInfo& o : kOps) {
+      if (name == o.name) ins.op = &o;
+    }
+    if (ins.op == nullptr) fail("unknown epilogue op '" + name + "'");
+    for (const std::string& a : split(rhs.substr(open + 1, rhs.size() - open - 2), ',')) {
+      EpArg arg{EpArg::Number, 0, 0.0};
+      if (!a.empty() && a[0] == 'v') {
+        arg.kind = EpArg::Value;
+        if (!parse_index(a.substr(1), arg.index)) fail("bad value '" + a + "'");
+        if (arg.index >= i) fail(v + ": " + a + " is not defined yet");
+      } else if (!a.empty() && a[0] == 'l') {
+        arg.kind = EpArg::Leaf;
+        if (!parse_index(a.substr(1), arg.index)) fail("bad leaf '" + a + "'");
+        if (arg.index >= p.leaves.size()) fail(v + ": no leaf " + a);
+      } else if (!parse_number(a, arg.number)) {
+        fail("bad scalar '" + a + "'");
+      }
+      ins.args.push_back(arg);
+    }
+    if (ins.args.size() != ins.op->arity) {
+      fail(v + ": " + name + " takes " + std::to_string(ins.op->arity) + " operands");
+    }
+    for (size_t j = 1; j < ins.args.size(); ++j) {
+      if (ins.op->scalar_params && ins.args[j].kind != EpArg::Number) fail(v + ": " + name + " takes scalar parameters");
+    }
+    const bool first_tensor = ins.args[0].kind != EpArg::Number;
+    if (ins.op->scalar_params ? !first_tensor : !first_tensor && ins.args[1].kind == EpArg::Number) {
+      fail(v + ": " + name + " has no tensor operand");
+    }
+    p.instrs.push_back(std::move(ins));
+  }
+  if (p.instrs.empty()) fail("an epilogue has at least one instruction");
+  return p;
+}
+
+// Programs are parsed once per distinct text: a composed module calls the op with the same few
+// strings on every forward. Entries are never erased, so references to them stay valid.
+const Program& program_of(c10::string_view text) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, Program> cache;
+  std::string key(text);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::string why;
+  try {
+    return cache.emplace(key, parse_program(key)).first->second;
+  } catch (const std::invalid_argument& e) {
+    why = e.what();
+  }
+  TORCH_CHECK(false, "fact::gemm_ep: malformed epilogue '", key, "': ", why);
+  throw std::logic_error("unreachable");
+}
+
+// A number on the left of a tensor, as torch treats a Python scalar there (a wrapped number:
+// it does not promote the tensor's dtype).
+at::Tensor wrapped(double x, const at::Tensor& like) {
+  at::Tensor t = at::scalar_tensor(x, at::TensorOptions().dtype(at::kDouble).device(like.device()));
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+// The program run with the aten ops the traced graph held, on the original GEMM's result, so the
+// fallback computes what the replaced nodes computed. A number operand on the left of a tensor
+// is what Python's reflected operators give: add and mul commute, sub is rsub.
+at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList leaves) {
+  std::vector<at::Tensor> values{v0};
+  for (const EpInstr& ins : p.instrs) {
+    auto tensor = [&](size_t j) -> at::Tensor {
+      const EpArg& a = ins.args[j];
+      return a.kind == EpArg::Value ? values[a.index] : a.kind == EpArg::Leaf ? leaves[a.index] : at::Tensor();
+    };
+    auto num = [&](size_t j) { return c10::Scalar(ins.args[j].number); };
+    const bool lhs_tensor = ins.args[0].kind != EpArg::Number;
+    const bool rhs_tensor = ins.args.size() > 1 && ins.args[1].kind != EpArg::Number;
+    at::Tensor r;
+    switch (ins.op->op) {
+      case EpOp::Add:
+        r = !lhs_tensor ? at::add(tensor(1), num(0)) : rhs_tensor ? at::add(tensor(0), tensor(1)) : at::add(tensor(0), num(1));
+        break;
+      case EpOp::Sub:
+        r = !lhs_tensor ? at::rsub(tensor(1), num(0)) : rhs_tensor ? at::sub(tensor(0), tensor(1)) : at::sub(tensor(0), num(1));
+        break;
+      case EpOp::Mul:
+        r = !lhs_tensor ? at::mul(tensor(1), num(0)) : rhs_tensor ? at::mul(tensor(0), tensor(1)) : at::mul(tensor(0), num(1));
+        break;
+      case EpOp::Div:
+        r = !lhs_tensor ? at::div(wrapped(ins.args[0].number, tensor(1)), tensor(1))
+            : rhs_tensor ? at::div(tensor(0), tensor(1))
+                         : at::div(tensor(0), num(1));
+        break;
+      case EpOp::Relu: r = at::relu(tensor(0)); break;
+      case EpOp::Gelu: r = at::gelu(tensor(0), "none"); break;
+      case EpOp::GeluTanh: r = at::gelu(tensor(0), "tanh"); break;
+      case EpOp::Sigmoid: r = at::sigmoid(tensor(0)); break;
+      case EpOp::Silu: r = at::silu(tensor(0)); break;
+      case EpOp::Tanh: r = at::tanh(tensor(0)); break;
+      case EpOp::Mish: r = at::mish(tensor(0)); break;
+      case EpOp::Softplus: r = at::softplus(tensor(0), num(1), num(2)); break;
+      case EpOp::Exp: r = at::exp(tensor(0)); break;
+      case EpOp::Neg: r = at::neg(tensor(0)); break;
+      case EpOp::LeakyRelu: r = at::leaky_relu(tensor(0), num(1)); break;
+      // clamp and hardtanh: torch clamps with infinite bounds as with any other.
+      case EpOp::Clamp: r = at::clamp(tensor(0), num(1), num(2)); break;
+      case EpOp::ClampMin: r = at::clamp_min(tensor(0), num(1)); break;
+      case EpOp::ClampMax: r = at::clamp_max(tensor(0), num(1)); break;
+      case EpOp::Pow: r = at::pow(tensor(0), num(1)); break;
+    }
+    values.push_back(std::move(r));
+  }
+  return values.back();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel path.
+
+// A call that fits a kernel of this library: operands made contiguous, the output allocated, the
+// problem in args, the device selected for as long as the launch lives.
+struct Launch {
+  c10::cuda::OptionalCUDAGuard guard;
+  int32_t index = -1;
+  FactGemmArgs args{};
+  at::Tensor a, b, bias, out;
+  // Tensors args points into besides the operands (converted leaves), kept alive for the launch.
+  std::vector<at::Tensor> keep;
+};
+
+// The checks fact::gemm and fact::gemm_ep share: false when the call does not fit kernel `kernel`
+// with epilogue program `epilogue` ("" for none), and the op must fall back.
+bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+             c10::string_view origin, c10::string_view kernel, c10::string_view epilogue) {
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (!a.is_cuda() || !b.is_cuda() || a.device() != b.device()) return false;
   if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad() ||
                                      (has_bias && bias->requires_grad()))) {
-    return fallback();  // the kernels have no backward; autograd keeps the original op
+    return false;  // the kernels have no backward; autograd keeps the original op
   }
   const int32_t index = fact_kernel_find(std::string(kernel).c_str());
-  if (index < 0) return fallback();
+  if (index < 0) return false;
   const FactKernelInfo* info = fact_kernel_info(index);
   const std::string layout = origin == "linear" ? "rcr" : "rrr";
-  if (layout != info->layout || std::string(dtype_name(a.scalar_type())) != info->dtype) return fallback();
-  if (b.scalar_type() != a.scalar_type() || b.dim() < 2 || a.dim() < 2) return fallback();
-  if (has_bias != (info->bias != 0)) return fallback();
+  if (layout != info->layout || std::string(dtype_name(a.scalar_type())) != info->dtype) return false;
+  if (b.scalar_type() != a.scalar_type() || b.dim() < 2 || a.dim() < 2) return false;
+  if (has_bias != (info->bias != 0)) return false;
+  if (epilogue != c10::string_view(info->epilogue != nullptr ? info->epilogue : "")) return false;
   // Batched: equal leading dims on both sides, folded into the kernel's L.
   const bool batched = b.dim() > 2;
   int64_t batch = 1;
   if (batched) {
-    if (layout != "rrr" || has_bias || a.dim() != b.dim()) return fallback();
+    if (layout != "rrr" || has_bias || a.dim() != b.dim()) return false;
     for (int64_t d = 0; d < a.dim() - 2; ++d) {
-      if (a.size(d) != b.size(d)) return fallback();
+      if (a.size(d) != b.size(d)) return false;
       batch *= a.size(d);
     }
   } else if ((origin == "mm" || origin == "bmm") && a.dim() != 2) {
-    return fallback();
+    return false;
   }
   const int64_t k = a.size(-1);
   const int64_t n = layout == "rcr" ? b.size(0) : b.size(-1);
-  if ((layout == "rcr" ? b.size(1) : b.size(-2)) != k) return fallback();
+  if ((layout == "rcr" ? b.size(1) : b.size(-2)) != k) return false;
   if (has_bias && (bias->dim() != 1 || bias->size(0) != n || bias->scalar_type() != a.scalar_type() ||
                    bias->device() != a.device())) {
-    return fallback();
+    return false;
   }
   const int64_t m = batched ? a.size(-2) : a.numel() / k;
-  if (!fits_i32(m) || !fits_i32(n) || !fits_i32(k) || !fits_i32(batch)) return fallback();
+  if (!fits_i32(m) || !fits_i32(n) || !fits_i32(k) || !fits_i32(batch)) return false;
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
-  if (props->major != 9 || props->minor != 0) return fallback();
+  if (props->major != 9 || props->minor != 0) return false;
 
-  c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor ac = a.contiguous();
-  at::Tensor bc = b.contiguous();
-  at::Tensor biasc = has_bias ? bias->contiguous() : at::Tensor();
+  l.guard.set_device(a.device());
+  l.index = index;
+  l.a = a.contiguous();
+  l.b = b.contiguous();
+  l.bias = has_bias ? bias->contiguous() : at::Tensor();
   std::vector<int64_t> out_shape(a.sizes().begin(), a.sizes().end() - 1);
   out_shape.push_back(n);
-  at::Tensor out = at::empty(out_shape, a.options());
+  l.out = at::empty(out_shape, a.options());
+  l.args.m = static_cast<int32_t>(m);
+  l.args.n = static_cast<int32_t>(n);
+  l.args.k = static_cast<int32_t>(k);
+  l.args.batch = static_cast<int32_t>(batch);
+  l.args.a = l.a.data_ptr();
+  l.args.b = l.b.data_ptr();
+  l.args.bias = has_bias ? l.bias.data_ptr() : nullptr;
+  l.args.out = l.out.data_ptr();
+  return true;
+}
 
-  FactGemmArgs args{};
-  args.m = static_cast<int32_t>(m);
-  args.n = static_cast<int32_t>(n);
-  args.k = static_cast<int32_t>(k);
-  args.batch = static_cast<int32_t>(batch);
-  args.a = ac.data_ptr();
-  args.b = bc.data_ptr();
-  args.bias = has_bias ? biasc.data_ptr() : nullptr;
-  args.out = out.data_ptr();
-  if (fact_kernel_can_implement(index, &args) != FACT_OK) return fallback();
-  const size_t ws_size = fact_kernel_workspace_size(index, &args);
-  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, a.options().dtype(at::kByte));
-  const int32_t status = fact_kernel_run(index, &args, ws.data_ptr(), ws_size,
-                                         c10::cuda::getCurrentCUDAStream(a.device().index()).stream());
-  TORCH_CHECK(status == FACT_OK, "fact::gemm: kernel ", std::string(kernel), " failed with status ", status,
+// Runs a prepared call; false when the kernel cannot implement it (the op falls back).
+bool launch(Launch& l, c10::string_view kernel, const char* op) {
+  if (fact_kernel_can_implement(l.index, &l.args) != FACT_OK) return false;
+  const size_t ws_size = fact_kernel_workspace_size(l.index, &l.args);
+  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, l.a.options().dtype(at::kByte));
+  const int32_t status = fact_kernel_run(l.index, &l.args, ws.data_ptr(), ws_size,
+                                         c10::cuda::getCurrentCUDAStream(l.a.device().index()).stream());
+  TORCH_CHECK(status == FACT_OK, "fact::", op, ": kernel ", std::string(kernel), " failed with status ", status,
               ": ", fact_last_error());
-  return out;
+  return true;
+}
+
+// Sets args.leaves from `leaves` laid as the program says over the output [.., M, N]; false when
+// one does not lie the way the kernel reads it (or torch's broadcasting would give another
+// result type or shape than the kernel's output).
+bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
+  const at::Tensor& out = l.out;
+  const int64_t m = l.args.m;
+  const int64_t n = l.args.n;
+  if (leaves.size() != p.leaves.size() || leaves.size() > FACT_MAX_LEAVES) return false;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const at::Tensor& t = leaves[i];
+    if (!t.defined() || t.device() != out.device()) return false;
+    if (at::GradMode::is_enabled() && t.requires_grad()) return false;
+    if (p.leaves[i] != LeafKind::Scalar && t.scalar_type() != out.scalar_type()) return false;
+    if (t.dim() > out.dim()) return false;
+    at::Tensor c;
+    switch (p.leaves[i]) {
+      case LeafKind::Full:
+        if (t.sizes() != out.sizes()) return false;
+        c = t.contiguous();
+        break;
+      case LeafKind::Row:
+        if (t.numel() != n || t.dim() < 1 || t.size(-1) != n) return false;
+        c = t.contiguous();
+        break;
+      case LeafKind::Col:
+        if (l.args.batch != 1 || t.numel() != m || t.dim() < 1 || t.size(-1) != 1) return false;
+        for (int64_t d = 2; d <= t.dim(); ++d) {
+          if (t.size(-d) != out.size(-d)) return false;
+        }
+        c = t.contiguous();
+        break;
+      case LeafKind::Scalar:
+        if (t.numel() != 1 || !c10::isFloatingType(t.scalar_type())) return false;
+        if (at::result_type(out, t) != out.scalar_type()) return false;
+        c = t.to(at::kFloat).contiguous();
+        break;
+    }
+    l.keep.push_back(c);
+    l.args.leaves[i] = c.data_ptr();
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The ops.
+
+at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                c10::string_view origin, c10::string_view kernel) {
+  check_origin(origin, "gemm");
+  Launch l;
+  if (prepare(l, a, b, bias, origin, kernel, "") && launch(l, kernel, "gemm")) return l.out;
+  return original(a, b, bias, origin);
+}
+
+at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                   at::TensorList leaves, c10::string_view origin, c10::string_view epilogue,
+                   c10::string_view kernel) {
+  check_origin(origin, "gemm_ep");
+  const Program& program = program_of(epilogue);
+  TORCH_CHECK(leaves.size() == program.leaves.size(), "fact::gemm_ep: epilogue '", std::string(epilogue), "' reads ",
+              program.leaves.size(), " leaves, the call passes ", leaves.size());
+  Launch l;
+  if (prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
+      launch(l, kernel, "gemm_ep")) {
+    return l.out;
+  }
+  return interpret(program, original(a, b, bias, origin), leaves);
 }
 
 }  // namespace
 
-// A fragment that defines the schema only where it is missing: the fact CLI defines it before it
-// saves a rewritten graph, and may load this library into the same process afterwards.
+// A fragment that defines the schemas only where they are missing: the fact CLI defines them
+// before it saves a rewritten graph, and may load this library into the same process afterwards.
 TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::gemm", ""}).has_value()) {
     m.def("gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::gemm_ep", ""}).has_value()) {
+    m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor");
+  }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
+  m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
 }
