@@ -80,6 +80,7 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         "tile_scheduler": k.scheduler.cutlass_tag(),
         "stream_k": k.scheduler == crate::space::TileScheduler::StreamK,
         "bias": k.bias,
+        "c_operand": k.family.is_split(),
     })
     .as_object()
     .cloned()

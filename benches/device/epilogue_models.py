@@ -1,0 +1,158 @@
+"""The models of the GEMM + elementwise-epilogue benchmark suite (benches/device/epilogue_suite.py).
+
+Each model is one Linear (or a matmul with a 2-D weight) followed by 1-6 elementwise ops, at the
+shapes where such epilogues sit in practice: a 8192 -> 8192 Linear at batch 1024, and the four
+Linear shapes of a GPT-2 block (768 -> 2304 qkv, 768 -> 3072 fc, 3072 -> 768 out, 768 -> 768 proj)
+at M = 65536 rows (B*T = 128*512), some with 3-D [128, 512, K] inputs so leading dims are folded.
+
+`suite()` lists them as (name, module_factory, input_shapes): input_shapes holds one shape per
+forward input (residual models take the residual as a second input, of the output's shape).
+Factories draw their parameters from torch's global RNG; seed it for reproducible weights.
+"""
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+B, T = 128, 512
+M = B * T
+C = 768
+
+
+class Act(nn.Module):
+    """act(linear(x)): a Linear, with or without bias, then an elementwise function."""
+
+    def __init__(self, k, n, act, bias=True):
+        super().__init__()
+        self.fc = nn.Linear(k, n, bias=bias)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class MatmulBias(nn.Module):
+    """act(x @ weight + bias) with a [K, N] weight: aten::matmul and a broadcast add, no Linear."""
+
+    def __init__(self, k, n, act):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(k, n) / math.sqrt(k))
+        self.bias = nn.Parameter(torch.randn(n) / math.sqrt(k))
+        self.act = act
+
+    def forward(self, x):
+        return self.act(x @ self.weight + self.bias)
+
+
+class VecScale(nn.Module):
+    """linear(x) * scale, with scale an [N] parameter broadcast over the rows."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+        self.scale = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+class VecAffine(nn.Module):
+    """linear_nobias(x) * scale + shift, with [N] parameters: a per-column affine in place of a bias."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.fc = nn.Linear(k, n, bias=False)
+        self.scale = nn.Parameter(torch.randn(n))
+        self.shift = nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale + self.shift
+
+
+class Residual(nn.Module):
+    """r + linear(x): the residual add after a transformer block's projection."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+
+    def forward(self, x, r):
+        return r + self.fc(x)
+
+
+class Chain6(nn.Module):
+    """clamp((linear(x) * 0.5 + 1.0) * scale + r, -4, 4): bias, two scalar ops, a vector mul, the
+    residual add and a clamp, six elementwise ops in one epilogue."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+        self.scale = nn.Parameter(torch.randn(n))
+
+    def forward(self, x, r):
+        return torch.clamp((self.fc(x) * 0.5 + 1.0) * self.scale + r, -4.0, 4.0)
+
+
+def gelu_tanh(y):
+    return F.gelu(y, approximate="tanh")
+
+
+def gelu_tanh_written(y):
+    """The tanh GELU as GPT-2 code writes it out (y is used three times)."""
+    return 0.5 * y * (1 + torch.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * torch.pow(y, 3.0))))
+
+
+def swish_written(y):
+    """SiLU written out: y * sigmoid(y) (y is used twice)."""
+    return y * torch.sigmoid(y)
+
+
+def scalar_chain(y):
+    return y * 0.5 + 1.0
+
+
+def leaky_relu(y):
+    return F.leaky_relu(y, 0.1)
+
+
+def clamp(y):
+    return torch.clamp(y, -0.5, 0.5)
+
+
+def suite():
+    """The suite's models: (name, module_factory, input_shapes), one shape per forward input."""
+    big = [(1024, 8192)]
+    rows, rows3, rows4 = [(M, C)], [(B, T, C)], [(M, 4 * C)]
+    p = functools.partial
+    return [
+        # 8192 -> 8192 at batch 1024.
+        ("l8192_bias_relu", p(Act, 8192, 8192, F.relu), big),
+        ("l8192_nobias_relu", p(Act, 8192, 8192, F.relu, bias=False), big),
+        ("l8192_bias_gelu", p(Act, 8192, 8192, F.gelu), big),
+        ("l8192_scalar_chain", p(Act, 8192, 8192, scalar_chain), big),
+        # qkv: 768 -> 2304.
+        ("gpt_qkv_bias", p(nn.Linear, C, 3 * C), rows),
+        ("gpt_qkv_vec_scale", p(VecScale, C, 3 * C), rows3),
+        ("gpt_qkv_clamp", p(Act, C, 3 * C, clamp), rows),
+        # fc: 768 -> 3072, the MLP's activations.
+        ("gpt_fc_matmul_bias_relu", p(MatmulBias, C, 4 * C, torch.relu), rows),
+        ("gpt_fc_gelu", p(Act, C, 4 * C, F.gelu), rows3),
+        ("gpt_fc_gelu_tanh", p(Act, C, 4 * C, gelu_tanh), rows),
+        ("gpt_fc_gelu_tanh_written", p(Act, C, 4 * C, gelu_tanh_written), rows3),
+        ("gpt_fc_silu", p(Act, C, 4 * C, F.silu), rows),
+        ("gpt_fc_swish_written", p(Act, C, 4 * C, swish_written), rows),
+        ("gpt_fc_leaky_relu", p(Act, C, 4 * C, leaky_relu), rows),
+        ("gpt_fc_tanh", p(Act, C, 4 * C, torch.tanh), rows),
+        ("gpt_fc_sigmoid", p(Act, C, 4 * C, torch.sigmoid), rows),
+        ("gpt_fc_mish", p(Act, C, 4 * C, F.mish), rows),
+        ("gpt_fc_softplus", p(Act, C, 4 * C, F.softplus), rows),
+        # out: 3072 -> 768, into the residual stream.
+        ("gpt_out_residual", p(Residual, 4 * C, C), [(M, 4 * C), (M, C)]),
+        ("gpt_out_hardtanh", p(Act, 4 * C, C, F.hardtanh), rows4),
+        ("gpt_out_chain6", p(Chain6, 4 * C, C), [(M, 4 * C), (M, C)]),
+        # proj: 768 -> 768.
+        ("gpt_proj_residual", p(Residual, C, C), [(B, T, C), (B, T, C)]),
+        ("gpt_proj_vec_affine", p(VecAffine, C, C), rows),
+    ]

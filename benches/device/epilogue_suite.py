@@ -1,0 +1,397 @@
+"""The GEMM + elementwise-epilogue benchmark suite: for every model of epilogue_models.suite() and
+every precision policy, traces the model, composes it with fact, and measures eager, traced,
+torch.compile and fact's composed module against each other and against an fp64 reference.
+
+Runs on the GPU machine from the repository root, after `source .device/env.sh`:
+
+    python3 benches/device/epilogue_suite.py OUT_DIR [--policies tf32,f32,bf16] [--only NAME,...]
+                                             [--budget-s SECONDS]
+
+Policies: tf32 (fp32 tensors, matmul precision "high"), f32 (fp32, "highest", fact's
+f32-accurate kernels), bf16 (bf16 module and inputs, "high"). For each (model, policy) pair:
+
+- OUT_DIR/models/NAME_POLICY.pt: the module traced on CPU in eval mode on small inputs of the right
+  rank, and NAME_POLICY.state.pt its state dict (fact reads the real shapes from --input).
+- OUT_DIR/fact/NAME_POLICY: `fact compose ... --no-bench` (composed.pt, libfact_ops.so,
+  compose.json); its output goes to OUT_DIR/logs/NAME_POLICY.log.
+- A fresh child process (this file with --measure; a process can hold one fact op library)
+  verifies eager and fact on three fresh random inputs against the fp64 eager module (relative
+  Frobenius error, NaN when an output holds one), then times eager, traced, torch.compile (its
+  compile time apart) and fact on the same inputs: 5 warm-up runs, then the median of 30 runs
+  bracketed by CUDA events with L2 flushed (256 MB written) before each. Its output goes to
+  OUT_DIR/logs/NAME_POLICY.measure.log, its numbers to OUT_DIR/measure/NAME_POLICY.json.
+
+A record: model, policy, inputs (shapes), eager_ms, traced_ms, compile_ms, fact_ms (medians),
+max_rel_err (fact's, the largest over the inputs), eager_rel_err, compile_s, compose_s,
+substituted (compose.json's patterns given a kernel: id, rule, kernel, how, any epilogue fields;
+null when unreadable), fact_ops (the composed graph's fact:: nodes by kind) and error (null, or
+what failed, stage by stage). OUT_DIR/suite.json holds one record per pair, rewritten after
+each; stdout gets a line per record and a final table of fact's speedup (baseline ms / fact ms)
+over each baseline with geomeans per policy. A failing pair records its error and the suite goes on.
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import epilogue_models
+
+REPO = Path(__file__).resolve().parents[2]
+POLICIES = ("tf32", "f32", "bf16")
+MATMUL_PRECISION = {"tf32": "high", "f32": "highest", "bf16": "high"}
+FACT_PRECISION = {"tf32": "tf32", "f32": "f32", "bf16": "tf32"}
+DTYPE = {"tf32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16}
+# fact's own verification bounds per math (README, "What compose does"); the table marks errors over them.
+TOLERANCE = {"tf32": 1e-3, "f32": 1e-4, "bf16": 1e-2}
+VERIFY_INPUTS, WARMUP, ITERATIONS = 3, 5, 30
+FLUSH_FLOATS = 64 << 20
+SEED = 0
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def models_by_name():
+    return {name: (factory, shapes) for name, factory, shapes in epilogue_models.suite()}
+
+
+def tag(name, policy):
+    return f"{name}_{policy}"
+
+
+def example_shape(shape):
+    """A small shape of the same rank and feature size for tracing."""
+    return (16, shape[-1]) if len(shape) == 2 else (2, 8, shape[-1])
+
+
+def trace(out_dir, name, policy, factory, shapes):
+    """Traces the seeded module on CPU; saves the archive and the state dict under models/."""
+    torch.manual_seed(SEED)
+    module = factory().to(DTYPE[policy]).eval()
+    examples = [torch.randn(example_shape(s), dtype=DTYPE[policy]) for s in shapes]
+    with torch.no_grad():
+        traced = torch.jit.trace(module, tuple(examples))
+    models = out_dir / "models"
+    traced.save(str(models / f"{tag(name, policy)}.pt"))
+    torch.save(module.state_dict(), models / f"{tag(name, policy)}.state.pt")
+
+
+def write_json(path, obj):
+    """Writes obj to path through a temporary file, so a killed run leaves the previous version."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+
+
+def run_logged(cmd, log_path, timeout_s):
+    """Runs cmd from the repo root in a process group of its own, its output in log_path. Returns
+    (exit code, or None when it ran past timeout_s; seconds). The group is killed when the command
+    overruns or this process is stopped while waiting (SIGINT, or SIGTERM through main's handler)."""
+    with open(log_path, "w") as out:
+        out.write(f"$ {shlex.join(cmd)}\n")
+        out.flush()
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        seconds = time.monotonic() - start
+        out.write(f"\n# exit {rc} after {seconds:.1f} s\n")
+    return rc, seconds
+
+
+def substituted(compose_json):
+    """The patterns compose.json says were given a kernel: id, rule, kernel, how they were realized
+    and any epilogue fields; None when the file is missing or not in the expected form."""
+    try:
+        report = json.loads(compose_json.read_text())
+        out = []
+        for pat in report["patterns"]:
+            if not pat.get("kernel"):
+                continue
+            item = {"id": pat["id"], "rule": pat["rule"], "kernel": pat["kernel"], "how": pat["realization"]["how"]}
+            item.update({k: v for k, v in pat.items() if "epilogue" in k})
+            out.append(item)
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def new_record(name, policy, shapes):
+    return {
+        "model": name, "policy": policy, "inputs": [list(s) for s in shapes],
+        "eager_ms": None, "traced_ms": None, "compile_ms": None, "fact_ms": None,
+        "max_rel_err": None, "eager_rel_err": None, "compile_s": None, "compose_s": None,
+        "substituted": None, "fact_ops": None, "error": None,
+    }
+
+
+def add_error(rec, msg):
+    rec["error"] = msg if rec["error"] is None else f"{rec['error']}; {msg}"
+
+
+def run_pair(args, rec, factory, shapes):
+    """Traces, composes and measures one (model, policy) pair into rec."""
+    name, policy = rec["model"], rec["policy"]
+    t = tag(name, policy)
+    trace(args.out_dir, name, policy, factory, shapes)
+
+    fact_dir = args.out_dir / "fact" / t
+    shutil.rmtree(fact_dir, ignore_errors=True)
+    dtype = "bf16" if policy == "bf16" else "f32"
+    cmd = [str(args.fact), "compose", str(args.out_dir / "models" / f"{t}.pt")]
+    for s in shapes:
+        cmd += ["--input", "x".join(map(str, s)) + f":{dtype}"]
+    cmd += ["--precision", FACT_PRECISION[policy], "--out", str(fact_dir), "--no-bench"] + args.fact_args.split()
+    rc, rec["compose_s"] = run_logged(cmd, args.out_dir / "logs" / f"{t}.log", args.compose_timeout)
+    rec["substituted"] = substituted(fact_dir / "compose.json")
+    composed = rc == 0 and (fact_dir / "composed.pt").exists() and (fact_dir / "libfact_ops.so").exists()
+    if rc is None:
+        add_error(rec, f"fact compose timed out after {args.compose_timeout:.0f} s")
+    elif rc != 0:
+        add_error(rec, f"fact compose exited with {rc}")
+    elif not composed:
+        add_error(rec, "fact compose wrote no composed.pt (nothing substituted)")
+
+    result = args.out_dir / "measure" / f"{t}.json"
+    result.unlink(missing_ok=True)
+    child = [sys.executable, str(Path(__file__).resolve()), str(args.out_dir), "--measure", name, policy]
+    if composed:
+        child.append("--with-fact")
+    rc, _ = run_logged(child, args.out_dir / "logs" / f"{t}.measure.log", args.measure_timeout)
+    measured = json.loads(result.read_text()) if result.exists() else {}
+    for stage, msg in measured.pop("errors", {}).items():
+        add_error(rec, f"{stage}: {msg}")
+    rec.update(measured)
+    if rc is None:
+        add_error(rec, f"measure timed out after {args.measure_timeout:.0f} s")
+    elif rc != 0:
+        add_error(rec, f"measure exited with {rc}")
+
+
+# The child: one (model, policy) pair's verification and timings, in a process of its own.
+
+
+def rel_err(out, ref):
+    """‖out − ref‖ / ‖ref‖ (Frobenius) in fp64; NaN when either holds a NaN."""
+    out = out.double()
+    if torch.isnan(out).any() or torch.isnan(ref).any():
+        return float("nan")
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def time_ms(fn, inputs, flush):
+    """Median of ITERATIONS CUDA-event timings after WARMUP runs, L2 flushed before each."""
+    for _ in range(WARMUP):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(ITERATIONS):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*inputs)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
+
+
+def measure(out_dir, name, policy, with_fact):
+    """Writes measure/NAME_POLICY.json after every stage, so a crash keeps what was measured."""
+    t = tag(name, policy)
+    dtype = DTYPE[policy]
+    torch.set_float32_matmul_precision(MATMUL_PRECISION[policy])
+    factory, shapes = models_by_name()[name]
+    res = {"errors": {}}
+    path = out_dir / "measure" / f"{t}.json"
+
+    def save():
+        write_json(path, res)
+
+    def stage(key, fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- a failing stage is recorded, the others still run
+            traceback.print_exc()
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            res["errors"][key] = f"{type(e).__name__}: {first} (traceback in logs/{t}.measure.log)"
+        save()
+
+    module = factory().to(dtype)
+    module.load_state_dict(torch.load(out_dir / "models" / f"{t}.state.pt"))
+    module = module.cuda().eval()
+    with torch.no_grad():
+        gen = torch.Generator(device="cuda")
+        trials = []
+        for i in range(VERIFY_INPUTS):
+            gen.manual_seed(1000 + i)
+            trials.append([torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes])
+        reference = copy.deepcopy(module).double()
+        refs = [reference(*[x.double() for x in inputs]) for inputs in trials]
+        del reference
+        inputs = trials[0]
+        flush = torch.empty(FLUSH_FLOATS, device="cuda")
+
+        def eager():
+            res["eager_rel_err"] = max(rel_err(module(*x), r) for x, r in zip(trials, refs))
+            res["eager_ms"] = time_ms(module, inputs, flush)
+
+        def traced():
+            m = torch.jit.load(str(out_dir / "models" / f"{t}.pt"), map_location="cuda")
+            res["traced_ms"] = time_ms(m, inputs, flush)
+
+        def compiled():
+            m = torch.compile(module)
+            start = time.monotonic()
+            m(*inputs)
+            torch.cuda.synchronize()
+            res["compile_s"] = time.monotonic() - start
+            res["compile_ms"] = time_ms(m, inputs, flush)
+
+        def fact():
+            d = out_dir / "fact" / t
+            torch.ops.load_library(str(d / "libfact_ops.so"))
+            m = torch.jit.load(str(d / "composed.pt"), map_location="cuda")
+            kinds = [n.kind() for n in m.inlined_graph.nodes() if n.kind().startswith("fact::")]
+            res["fact_ops"] = {k: kinds.count(k) for k in sorted(set(kinds))}
+            res["max_rel_err"] = max(rel_err(m(*x), r) for x, r in zip(trials, refs))
+            res["fact_ms"] = time_ms(m, inputs, flush)
+
+        stage("eager", eager)
+        stage("traced", traced)
+        stage("compile", compiled)
+        if with_fact:
+            stage("fact", fact)
+
+
+# Reporting.
+
+
+def fmt(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def speedup(rec, baseline):
+    b, f = rec.get(baseline), rec.get("fact_ms")
+    return b / f if b and f else None
+
+
+def record_line(rec):
+    subst = rec["substituted"]
+    kernels = "-" if subst is None else f"{len(subst)} pattern(s)"
+    ops = rec["fact_ops"]
+    calls = "-" if ops is None else " ".join(f"{k}x{n}" for k, n in ops.items()) or "none"
+    line = (
+        f"{rec['model']} {rec['policy']}: eager {fmt(rec['eager_ms'])} traced {fmt(rec['traced_ms'])} "
+        f"compile {fmt(rec['compile_ms'])} fact {fmt(rec['fact_ms'])} ms | fact err {fmt(rec['max_rel_err'], '.2e')} "
+        f"eager err {fmt(rec['eager_rel_err'], '.2e')} | compose {fmt(rec['compose_s'], '.1f')} s, {kernels}, "
+        f"fact ops in graph: {calls}"
+    )
+    return line + (f" | error: {rec['error']}" if rec["error"] else "")
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def table(records):
+    log("\nfact speedup = baseline ms / fact ms (> 1: fact faster); '!' marks an error over the policy's bound")
+    head = (
+        f"{'model':28} {'policy':6} {'eager':>8} {'traced':>8} {'compile':>8} {'fact':>8} "
+        f"{'x eager':>8} {'x traced':>9} {'x compile':>10} {'fact err':>10}"
+    )
+    log(head)
+    log("-" * len(head))
+    for r in records:
+        err = r["max_rel_err"]
+        flag = "!" if err is not None and not err <= TOLERANCE[r["policy"]] else " "
+        log(
+            f"{r['model']:28} {r['policy']:6} {fmt(r['eager_ms']):>8} {fmt(r['traced_ms']):>8} {fmt(r['compile_ms']):>8} "
+            f"{fmt(r['fact_ms']):>8} {fmt(speedup(r, 'eager_ms'), '.2f'):>8} {fmt(speedup(r, 'traced_ms'), '.2f'):>9} "
+            f"{fmt(speedup(r, 'compile_ms'), '.2f'):>10} {fmt(err, '.2e'):>9}{flag}"
+        )
+    for policy in POLICIES:
+        rows = [r for r in records if r["policy"] == policy]
+        if not rows:
+            continue
+        means = {b: geomean([s for r in rows if (s := speedup(r, b)) is not None]) for b in ("eager_ms", "traced_ms", "compile_ms")}
+        label = f"geomean ({sum(r['fact_ms'] is not None for r in rows)} of {len(rows)})"
+        log(
+            f"{label:28} {policy:6} {'':>8} {'':>8} {'':>8} {'':>8} "
+            f"{fmt(means['eager_ms'], '.2f'):>8} {fmt(means['traced_ms'], '.2f'):>9} {fmt(means['compile_ms'], '.2f'):>10}"
+        )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, of tf32,f32,bf16")
+    ap.add_argument("--only", help="comma-separated model names (default: the whole suite)")
+    ap.add_argument("--budget-s", type=float, help="start no new pair once this many seconds have passed")
+    ap.add_argument("--fact", type=Path, default=REPO / ".device" / "fact", help="the fact binary")
+    ap.add_argument("--fact-args", default="", help="extra arguments for fact compose, e.g. '--candidates 8 --jobs 16'")
+    ap.add_argument("--compose-timeout", type=float, default=1800, help="seconds per fact compose")
+    ap.add_argument("--measure-timeout", type=float, default=900, help="seconds per measuring child")
+    ap.add_argument("--measure", nargs=2, metavar=("NAME", "POLICY"), help=argparse.SUPPRESS)
+    ap.add_argument("--with-fact", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.out_dir = args.out_dir.resolve()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if args.measure:
+        measure(args.out_dir, *args.measure, args.with_fact)
+        return
+
+    policies = args.policies.split(",")
+    if bad := [p for p in policies if p not in POLICIES]:
+        ap.error(f"unknown policies {bad}: use {','.join(POLICIES)}")
+    suite = epilogue_models.suite()
+    if args.only:
+        names = args.only.split(",")
+        if bad := sorted(set(names) - {n for n, _, _ in suite}):
+            ap.error(f"unknown models {bad}: the suite has {', '.join(n for n, _, _ in suite)}")
+        suite = [e for e in suite if e[0] in names]
+    for sub in ("models", "fact", "logs", "measure"):
+        (args.out_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    pairs = [(entry, policy) for entry in suite for policy in policies]
+    log(f"{len(pairs)} pairs ({len(suite)} models x {','.join(policies)}) into {args.out_dir}")
+    records = []
+    start = time.monotonic()
+    for i, ((name, factory, shapes), policy) in enumerate(pairs):
+        elapsed = time.monotonic() - start
+        if args.budget_s is not None and elapsed > args.budget_s:
+            left = ", ".join(tag(n, p) for (n, _, _), p in pairs[i:])
+            log(f"budget of {args.budget_s:.0f} s spent ({elapsed:.0f} s elapsed): {len(pairs) - i} pairs not started: {left}")
+            break
+        rec = new_record(name, policy, shapes)
+        try:
+            run_pair(args, rec, factory, shapes)
+        except Exception as e:  # noqa: BLE001 -- a failing pair is recorded, the suite goes on
+            add_error(rec, f"{type(e).__name__}: {e}")
+        records.append(rec)
+        write_json(args.out_dir / "suite.json", records)
+        log(record_line(rec))
+    table(records)
+
+
+if __name__ == "__main__":
+    main()
