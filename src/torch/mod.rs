@@ -4,7 +4,7 @@
 
 use crate::graph::{Const, Graph, Node, TensorInfo, Value};
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 
 #[cxx::bridge(namespace = "fact::bridge")]
@@ -100,6 +100,10 @@ pub const GEMM_OP_SCHEMA: &str = "gemm(Tensor a, Tensor b, Tensor? bias, str ori
 /// (rules::epilogue), run over the GEMM's result and `leaves`.
 pub const GEMM_EP_OP_SCHEMA: &str =
     "gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor";
+
+/// fact's schemas are defined where missing, by rewrite_and_save or by an op library's static
+/// initialisers; a check and its definition must not interleave with another thread's.
+static SCHEMAS: Mutex<()> = Mutex::new(());
 
 /// Shape and dtype of one forward input, from the archive's traced inputs or `--input`.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -240,6 +244,7 @@ pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<Strin
         })
         .collect();
     let schemas = vec![GEMM_OP_SCHEMA.to_string(), GEMM_EP_OP_SCHEMA.to_string()];
+    let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
     ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas).map_err(|e| TorchError::Bridge(first_line(e.what())))
 }
 
@@ -303,6 +308,7 @@ pub fn load_op_library(path: &Path) -> Result<(), TorchError> {
         });
     }
     cuda_available();
+    let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: the library's static initialisers register fact::gemm with the torch already in
     // this process; the handle is leaked because unloading would leave dangling op registrations.
     let lib = unsafe { libloading::os::unix::Library::open(Some(&canon), libc_flags()) }.map_err(|e| {
