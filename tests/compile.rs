@@ -15,7 +15,7 @@ fn linear_problem() -> GemmProblem {
     GemmProblem { m: 32, n: 128, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1, epilogue: None }
 }
 
-fn good_spec() -> KernelSpec {
+pub(crate) fn good_spec() -> KernelSpec {
     Knowledge::shipped()
         .kernels(&linear_problem(), MathType::Tf32, Arch::Sm90)
         .into_iter()

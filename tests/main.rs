@@ -3,6 +3,7 @@
 
 mod common;
 mod compile;
+mod gemm_ep;
 mod ingest;
 mod plan;
 mod table_cli;

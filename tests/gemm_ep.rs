@@ -1,0 +1,140 @@
+//! The fused GEMM + epilogue op at the TorchScript boundary: a pattern of several nodes rewritten
+//! into one fact::gemm_ep call, and the op's fallback (the GEMM, then the epilogue program run
+//! with aten ops) computing what the replaced nodes computed. Fixture: linear_ep.pt,
+//! `r + gelu(fc(x), approximate="tanh") * 0.5`.
+
+use crate::common::{cache_dir, fixture};
+use fact::graph::Graph;
+use fact::nvcc::{self, Toolchain};
+use fact::torch::{self, Edit, Operand, OperandKind};
+use std::path::Path;
+use tch::{CModule, Kind, Tensor};
+
+const EPILOGUE: &str = "leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)";
+const EPILOGUE_NO_LEAVES: &str = "leaves=;v1=gelu_tanh(v0);v2=mul(v1,0.5)";
+
+fn operand(kind: OperandKind) -> Operand {
+    Operand { kind, value: 0, text: String::new(), int_value: 0, values: vec![] }
+}
+fn value(v: usize) -> Operand {
+    Operand { value: v as u32, ..operand(OperandKind::Value) }
+}
+fn text(s: &str) -> Operand {
+    Operand { text: s.to_string(), ..operand(OperandKind::Str) }
+}
+fn values(vs: &[usize]) -> Operand {
+    Operand { values: vs.iter().map(|&v| v as u32).collect(), ..operand(OperandKind::Values) }
+}
+
+fn node(g: &Graph, kind: &str) -> usize {
+    let found: Vec<usize> = (0..g.nodes.len()).filter(|&i| g.nodes[i].kind == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind} in the fixture");
+    found[0]
+}
+
+/// The fused call for linear → gelu → mul, ending at `last` ("aten::add" takes the residual as a
+/// full leaf, "aten::mul" leaves the add in the graph and passes no leaves).
+fn ep_edit(g: &Graph, last: &str, epilogue: &str) -> Edit {
+    let linear = node(g, "aten::linear");
+    let mut inner = vec![(linear, "aten::linear"), (node(g, "aten::gelu"), "aten::gelu")];
+    if last == "aten::add" {
+        inner.push((node(g, "aten::mul"), "aten::mul"));
+    }
+    let end = node(g, last);
+    let leaves: Vec<usize> = if last == "aten::add" { vec![g.nodes[end].inputs[0]] } else { vec![] };
+    let lin = &g.nodes[linear].inputs;
+    Edit {
+        node: end as u32,
+        expect_kind: last.to_string(),
+        op: "fact::gemm_ep".to_string(),
+        operands: vec![value(lin[0]), value(lin[1]), value(lin[2]), values(&leaves), text("linear"), text(epilogue), text("none")],
+        remove: inner.iter().map(|(n, _)| *n as u32).collect(),
+        remove_kinds: inner.iter().map(|(_, k)| k.to_string()).collect(),
+    }
+}
+
+fn rewrite(edit: Edit, out: &Path) -> Result<String, String> {
+    torch::rewrite_and_save(&fixture("linear_ep.pt"), out, &[edit]).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_multi_node_edit_replaces_the_pattern_by_one_gemm_ep_call() {
+    let (g, _) = torch::load_graph(&fixture("linear_ep.pt"), &[]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("fused.pt");
+    let saved = rewrite(ep_edit(&g, "aten::add", EPILOGUE), &out).unwrap();
+    // The archive loads again (rewrite_and_save registered the schemas in this process).
+    let text = torch::graph_text(&out).unwrap();
+    for t in [&saved, &text] {
+        assert_eq!(t.matches("fact::gemm_ep(").count(), 1, "{t}");
+        for gone in ["aten::linear", "aten::gelu", "aten::mul", "aten::add", "\"tanh\""] {
+            assert!(!t.contains(gone), "{gone} left in\n{t}");
+        }
+        assert!(t.contains("Tensor[] = prim::ListConstruct(%r"), "{t}");
+    }
+
+    let out = dir.path().join("no_leaves.pt");
+    let text = rewrite(ep_edit(&g, "aten::mul", EPILOGUE_NO_LEAVES), &out).unwrap();
+    assert!(text.contains("Tensor[] = prim::ListConstruct()"), "an empty leaf list: {text}");
+    assert!(text.contains("aten::add") && !text.contains("aten::gelu"), "{text}");
+}
+
+#[test]
+fn a_multi_node_edit_refuses_escaping_values_and_other_kinds() {
+    let (g, _) = torch::load_graph(&fixture("linear_ep.pt"), &[]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bad.pt");
+
+    // The mul stays, so the gelu's output is still used when the gelu is to be removed.
+    let mut e = ep_edit(&g, "aten::add", EPILOGUE);
+    let mul = node(&g, "aten::mul") as u32;
+    let at = e.remove.iter().position(|&n| n == mul).unwrap();
+    e.remove.remove(at);
+    e.remove_kinds.remove(at);
+    let err = rewrite(e, &out).unwrap_err();
+    let gelu = node(&g, "aten::gelu");
+    assert!(err.contains(&format!("node {gelu} (aten::gelu) is still used")) && err.contains("aten::mul"), "{err}");
+
+    let mut e = ep_edit(&g, "aten::add", EPILOGUE);
+    e.remove_kinds[0] = "aten::matmul".into();
+    let err = rewrite(e, &out).unwrap_err();
+    assert!(err.contains("(aten::linear) is not the expected aten::matmul"), "{err}");
+
+    let mut e = ep_edit(&g, "aten::add", EPILOGUE);
+    e.remove_kinds.pop();
+    assert!(rewrite(e, &out).unwrap_err().contains("kinds"));
+    assert!(!out.exists(), "nothing is saved on error");
+}
+
+fn forward(m: &CModule, x: &Tensor, r: &Tensor) -> Result<Tensor, String> {
+    tch::no_grad(|| m.forward_ts(&[x.shallow_clone(), r.shallow_clone()])).map_err(|e| e.to_string())
+}
+
+/// The op library loaded into this test process (a process holds one: the other tests that run
+/// composed modules do so in Python child processes).
+#[test]
+fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let dir = tempfile::tempdir().unwrap();
+    let built = nvcc::build_library(&tc, &[crate::compile::good_spec()], dir.path(), "libep.so", &cache_dir(), 2, false).unwrap();
+    torch::load_op_library(&built.library).unwrap();
+
+    let (g, _) = torch::load_graph(&fixture("linear_ep.pt"), &[]).unwrap();
+    let original = CModule::load(fixture("linear_ep.pt")).unwrap();
+    let x = Tensor::randn([32, 64], (Kind::Float, tch::Device::Cpu));
+    let r = Tensor::randn([32, 128], (Kind::Float, tch::Device::Cpu));
+    let want = forward(&original, &x, &r).unwrap();
+    for (last, epilogue) in [("aten::add", EPILOGUE), ("aten::mul", EPILOGUE_NO_LEAVES)] {
+        let out = dir.path().join("composed.pt");
+        rewrite(ep_edit(&g, last, epilogue), &out).unwrap();
+        let got = forward(&CModule::load(&out).unwrap(), &x, &r).unwrap();
+        assert_eq!(got.size(), want.size());
+        let diff = (&got - &want).abs().max().double_value(&[]);
+        assert!(diff <= 1e-6, "{epilogue}: max difference {diff}");
+    }
+
+    let out = dir.path().join("malformed.pt");
+    rewrite(ep_edit(&g, "aten::add", "leaves=full;v1=frob(v0)"), &out).unwrap();
+    let err = forward(&CModule::load(&out).unwrap(), &x, &r).unwrap_err();
+    assert!(err.contains("malformed epilogue 'leaves=full;v1=frob(v0)': unknown epilogue op 'frob'"), "{err}");
+}
