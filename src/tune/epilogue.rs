@@ -66,11 +66,11 @@ pub fn apply(e: &Epilogue, v0: &Tensor, leaves: &[Tensor]) -> Tensor {
                     EpOp::Softplus => {
                         let (beta, threshold) = (s(1), s(2));
                         let xb = x.g_mul_scalar(beta);
-                        xb.gt(threshold).where_self(&x, &xb.exp().log1p().g_div_scalar(beta))
+                        x.where_self(&xb.gt(threshold), &xb.exp().log1p().g_div_scalar(beta))
                     }
                     EpOp::Exp => x.exp(),
                     EpOp::Neg => x.neg(),
-                    EpOp::LeakyRelu => x.gt(0.0).where_self(&x, &x.g_mul_scalar(s(1))),
+                    EpOp::LeakyRelu => x.where_self(&x.gt(0.0), &x.g_mul_scalar(s(1))),
                     EpOp::Clamp => x.clamp(s(1), s(2)),
                     EpOp::ClampMin => x.clamp_min(s(1)),
                     EpOp::ClampMax => x.clamp_max(s(1)),
@@ -95,12 +95,12 @@ mod tests {
         let row = Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0, 5.0]);
         let e = Epilogue::parse("leaves=row,scalar;v1=mul(v0,l0);v2=sub(1.0,v1);v3=clamp(v2,-3.0,2.0);v4=div(v3,l1)").unwrap();
         let got = apply(&e, &x, &[row.shallow_clone(), Tensor::from(2.0f64)]);
-        let want = (1.0 - &x * &row).clamp(-3.0, 2.0) / 2.0;
+        let want = ((&x * &row).neg().g_add_scalar(1.0)).clamp(-3.0, 2.0).g_div_scalar(2.0);
         assert!(got.allclose(&want, 0.0, 0.0, false), "{got} vs {want}");
         let e = Epilogue::parse("leaves=;v1=leaky_relu(v0,0.1);v2=softplus(v1,2.0,1.0);v3=pow(v2,3.0)").unwrap();
         let got = apply(&e, &x, &[]);
-        let v1 = x.gt(0.0).where_self(&x, &(&x * 0.1));
-        let sp = (&v1 * 2.0).gt(1.0).where_self(&v1, &((&v1 * 2.0).exp().log1p() / 2.0));
+        let v1 = x.where_self(&x.gt(0.0), &(&x * 0.1));
+        let sp = v1.where_self(&(&v1 * 2.0).gt(1.0), &((&v1 * 2.0).exp().log1p() / 2.0));
         assert!(got.allclose(&sp.pow_tensor_scalar(3.0), 1e-12, 0.0, false));
         assert_eq!(got.kind(), Kind::Double);
     }
