@@ -79,6 +79,25 @@ fn a_multi_node_edit_replaces_the_pattern_by_one_gemm_ep_call() {
     assert!(text.contains("aten::add") && !text.contains("aten::gelu"), "{text}");
 }
 
+/// Every pattern compose finds in a GPT block, rewritten at once: the proj pattern's output (its
+/// residual add) is the out pattern's residual leaf, so one edit reads a value another replaced.
+#[test]
+fn compose_edits_of_a_whole_block_chain_through_each_other() {
+    let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
+    let matches = fact::rules::match_patterns(&g);
+    let fused = matches.iter().filter(|m| m.epilogue.is_some()).count();
+    assert_eq!((matches.len(), fused), (6, 4), "q·kᵀ + scale, fc + gelu, proj + residual, out + residual");
+    let edits: Vec<Edit> = matches.iter().map(|m| fact::compose::gemm_edit(&g, m, "k")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("block.pt");
+    let text = torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
+    assert_eq!((text.matches("fact::gemm_ep(").count(), text.matches("fact::gemm(").count()), (4, 2), "{text}");
+    for gone in ["aten::linear", "aten::gelu", "aten::matmul", "aten::div("] {
+        assert!(!text.contains(gone), "{gone} left in\n{text}");
+    }
+    assert!(torch::graph_text(&out).is_ok(), "the composed block loads again");
+}
+
 #[test]
 fn a_multi_node_edit_refuses_escaping_values_and_other_kinds() {
     let (g, _) = torch::load_graph(&fixture("linear_ep.pt"), &[]).unwrap();

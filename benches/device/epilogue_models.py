@@ -11,6 +11,8 @@ Factories draw their parameters from torch's global RNG; seed it for reproducibl
 """
 import functools
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +123,30 @@ def clamp(y):
     return torch.clamp(y, -0.5, 0.5)
 
 
+def gpt_block(written_gelu):
+    """The MiniGPT block of the end-to-end benchmark (tests/fixtures/make_models.py) at C = 768,
+    8 heads, with F.gelu (erf) or the tanh GELU written out."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures"))
+    from make_models import MiniGptBlock  # noqa: E402
+
+    class WrittenGeluBlock(MiniGptBlock):
+        def forward(self, x):
+            b, t, c = x.shape
+            h = self.heads
+            q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+            q = q.view(b, t, h, c // h).transpose(1, 2)
+            k = k.view(b, t, h, c // h).transpose(1, 2)
+            v = v.view(b, t, h, c // h).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) / (c // h) ** 0.5
+            att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+            att = torch.softmax(att, dim=-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+            x = x + self.proj(y)
+            return x + self.out(gelu_tanh_written(self.fc(self.ln2(x))))
+
+    return (WrittenGeluBlock if written_gelu else MiniGptBlock)(c=C, heads=8)
+
+
 def suite():
     """The suite's models: (name, module_factory, input_shapes), one shape per forward input."""
     big = [(1024, 8192)]
@@ -155,4 +181,8 @@ def suite():
         # proj: 768 -> 768.
         ("gpt_proj_residual", p(Residual, C, C), [(B, T, C), (B, T, C)]),
         ("gpt_proj_vec_affine", p(VecAffine, C, C), rows),
+        # The whole GPT block (B, T, C) = (128, 512, 768), 8 heads: fc+GELU, proj+residual and
+        # out+residual are its fused patterns.
+        ("gpt_block_gelu", p(gpt_block, False), rows3),
+        ("gpt_block_gelu_written", p(gpt_block, True), rows3),
     ]

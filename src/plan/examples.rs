@@ -33,8 +33,14 @@ pub fn index() -> Index {
 
 impl Index {
     /// The examples for a rule; a rule without its own entry borrows the one of its base GEMM
-    /// (`bmm_rrr` → `gemm_rrr`).
+    /// (`bmm_rrr` → `gemm_rrr`), and a fused one (`gemm_rcr_bias_ep_gelu_…`) its GEMM's plus the
+    /// epilogue visitor tree's.
     pub fn for_rule(&self, rule: &str, arch: Arch, math: Option<MathType>) -> Vec<Example> {
+        if let Some((gemm, _)) = rule.split_once("_ep_") {
+            let mut out = self.for_rule(gemm, arch, math);
+            out.extend(self.for_rule("epilogue", arch, math));
+            return out;
+        }
         let find = |r: &str| {
             self.entries
                 .iter()

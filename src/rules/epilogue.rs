@@ -199,10 +199,11 @@ impl Scalar {
     /// As an fp32 literal for device code (the epilogue computes in fp32).
     pub fn device_literal(self) -> String {
         let v = self.0 as f32;
+        // <cmath>'s macros: valid in host and device code alike.
         if v.is_nan() {
-            "__int_as_float(0x7fc00000)".into()
+            "NAN".into()
         } else if v.is_infinite() {
-            if v > 0.0 { "__int_as_float(0x7f800000)".into() } else { "__int_as_float(0xff800000)".into() }
+            if v > 0.0 { "INFINITY".into() } else { "(-INFINITY)".into() }
         } else {
             format!("{v:e}f")
         }

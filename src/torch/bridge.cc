@@ -433,6 +433,11 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
       call->output()->setType(old->output()->type());
       call->copyMetadata(old);
       old->output()->replaceAllUsesWith(call->output());
+      // The pattern's output keeps its id: a later edit may read it (one pattern's result is the
+      // next one's residual), and now gets the call's output.
+      const uint32_t out_id = num.id.at(old->output());
+      num.values[out_id] = call->output();
+      num.owner[out_id] = -1;
 
       // Dead-code elimination would run alias analysis, which needs fact's ops registered in this
       // process; only the constants the destroyed nodes alone used can have died, so remove those.

@@ -24,10 +24,12 @@ struct Entry {
 };
 
 const Entry kEntries[] = {
-    { {"sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4", R"fact_spec({"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4})fact_spec", "f32", "rcr", 1},
+    { {"sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4", R"fact_spec({"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4})fact_spec", "f32", "rcr", 1,
+      R"fact_ep()fact_ep"},
      fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_can_implement,
      fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_workspace_size, fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_align4_run, 1, 0, 1},
-    { {"sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4", R"fact_spec({"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":false,"align":4})fact_spec", "f32", "rcr", 0},
+    { {"sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4", R"fact_spec({"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":false,"align":4})fact_spec", "f32", "rcr", 0,
+      R"fact_ep()fact_ep"},
      fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_can_implement,
      fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_workspace_size, fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4_run, 1, 0, 1},
 };

@@ -39,14 +39,17 @@ constexpr int AlignmentD = 4;
 using TileShape = Shape<_128, _128, _32>;
 using ClusterShape = Shape<_1, _2, _1>;
 
-using FusionOp = cutlass::epilogue::fusion::LinCombPerRowBias<ElementD, ElementCompute, ElementD, ElementD, ElementCompute, AlignmentD>;
+// Only the split families read the output back (beta = 1); without a C operand the epilogue
+// keeps no shared memory for it, which the mainloop's stages get instead.
+using ElementC = void;
+using FusionOp = cutlass::epilogue::fusion::LinCombPerRowBias<ElementD, ElementCompute, ElementD, ElementC, ElementCompute, AlignmentD>;
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto,
     ElementAccumulator, ElementCompute,
-    ElementD, LayoutD, AlignmentD,
+    ElementC, LayoutD, AlignmentD,
     ElementD, LayoutD, AlignmentD,
     cutlass::epilogue::TmaWarpSpecializedCooperative,
     FusionOp>::CollectiveOp;
@@ -90,7 +93,7 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
       cutlass::gemm::GemmUniversalMode::kGemm,
       {M, N, K, L},
       {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
-      { {}, static_cast<const ElementD*>(p.out), stride_d, static_cast<ElementD*>(p.out), stride_d},
+      { {}, nullptr, stride_d, static_cast<ElementD*>(p.out), stride_d},
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = beta;

@@ -48,14 +48,17 @@ constexpr int AlignmentD = 4;
 using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_2, _1, _1>;
 
-using FusionOp = cutlass::epilogue::fusion::LinearCombination<ElementD, ElementCompute, ElementD, ElementCompute>;
+// Only the split families read the output back (beta = 1); without a C operand the epilogue
+// keeps no shared memory for it, which the mainloop's stages get instead.
+using ElementC = ElementD;
+using FusionOp = cutlass::epilogue::fusion::LinearCombination<ElementD, ElementCompute, ElementC, ElementCompute>;
 
 using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     TileShape, ClusterShape,
     cutlass::epilogue::collective::EpilogueTileAuto,
     ElementAccumulator, ElementCompute,
-    ElementD, LayoutD, AlignmentD,
+    ElementC, LayoutD, AlignmentD,
     ElementD, LayoutD, AlignmentD,
     cutlass::epilogue::NoSmemWarpSpecialized,
     FusionOp>::CollectiveOp;

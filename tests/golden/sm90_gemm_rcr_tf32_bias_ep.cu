@@ -1,0 +1,175 @@
+// generated from templates/sm90_gemm.cu.hbs; do not edit
+// spec: {"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4,"fusion":{"leaves":["full","row","col","scalar"],"instrs":[{"op":"gelu_tanh","args":[{"value":0}]},{"op":"mul","args":[{"value":1},{"leaf":1}]},{"op":"sigmoid","args":[{"value":0}]},{"op":"mul","args":[{"value":2},{"value":3}]},{"op":"add","args":[{"value":4},{"leaf":2}]},{"op":"div","args":[{"value":5},{"leaf":3}]},{"op":"pow","args":[{"value":6},{"scalar":3.0}]},{"op":"add","args":[{"leaf":0},{"value":7}]},{"op":"clamp","args":[{"value":8},{"scalar":null},{"scalar":6.0}]}]}}
+//
+// sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4: out[m,n] = f(a[m,k] . B + bias[n], leaves) (torch layout rcr), computed as the
+// column-major CUTLASS problem out^T[n,m] = B^T . a^T, so a torch row-major output needs no transpose
+// and the bias is per row of the CUTLASS problem.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace {
+namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns {
+using namespace cute;
+
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
+using Element = float;
+using ElementD = float;
+using ElementAccumulator = float;
+using ElementCompute = float;
+// CUTLASS operand A is torch's b (transposed view), operand B is torch's a.
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::ColumnMajor;
+constexpr int Alignment = 4;
+constexpr int AlignmentD = 4;
+
+using TileShape = Shape<_128, _128, _32>;
+using ClusterShape = Shape<_1, _2, _1>;
+
+// The fused epilogue leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=pow(v6,3.0);v8=add(l0,v7);v9=clamp(v8,-inf,6.0)
+// as one fp32 functor over the accumulator, the bias and the leaves: a visitor tree of
+// one compute node whose children fetch its inputs, so a value used twice is computed once.
+template <class T>
+struct FusedEpilogue {
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias, T const& l0, T const& l1, T const& l2, T const& l3) const {
+    T out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < int(T::kElements); ++i) {
+      const float v0 = acc[i] + bias[i];
+      const float v1 = 0.5f * v0 * (1.f + tanhf(0.79788456080286536f * (v0 + 0.044715f * v0 * v0 * v0)));
+      const float v2 = v1 * l1[i];
+      const float v3 = 1.f / (1.f + expf(-v0));
+      const float v4 = v2 * v3;
+      const float v5 = v4 + l2[i];
+      const float v6 = v5 / l3[i];
+      const float v7 = v6 * v6 * v6;
+      const float v8 = l0[i] + v7;
+      const float v9 = v8 != v8 ? v8 : fminf(fmaxf(v8, __int_as_float(0xff800000)), 6e0f);
+      out[i] = v9;
+    }
+    return out;
+  }
+};
+
+using ElementC = ElementD;
+using FusionOp = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<FusedEpilogue, ElementD, ElementCompute, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch,
+    cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>,
+    cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>,
+    cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>,
+    cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_0, _1, int64_t>, AlignmentD>,
+    cutlass::epilogue::fusion::Sm90ScalarBroadcast<ElementCompute, Stride<_0, _0, int64_t>>>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, LayoutD, AlignmentD,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::TmaWarpSpecializedCooperative,
+    FusionOp>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, LayoutA, Alignment,
+    Element, LayoutB, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+int sm_count() {
+  // Querying the device costs more than a short GEMM, so it is done once per process.
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed) {
+  const int M = p.n, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
+  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
+      { {}, static_cast<const ElementD*>(p.leaves[0]), stride_d, static_cast<ElementD*>(p.out), stride_d},
+      hw};
+  (void)beta;
+  args.epilogue.thread = { {}, {static_cast<const ElementD*>(p.bias), ElementD(0), {}}, {}, {static_cast<const ElementD*>(p.leaves[1]), ElementD(0), {}}, {static_cast<const ElementD*>(p.leaves[2]), ElementD(0), {}}, {{ElementCompute(0)}, {static_cast<const ElementCompute*>(p.leaves[3])}, {}}, {} };
+  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
+  return args;
+}
+
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k);
+}
+}  // namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_can_implement(const FactGemmArgs* p) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns;
+  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
+  for (int i = 0; i < 4; ++i) {
+    if (p->leaves[i] == nullptr) return FACT_CANNOT_IMPLEMENT;
+  }
+  auto args = make_arguments(*p, p->a, p->b, 0.0f);
+  return Gemm::can_implement(args) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_workspace_size(const FactGemmArgs* p) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns;
+  return Gemm::get_workspace_size(make_arguments(*p, p->a, p->b, 0.0f));
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
+                                       void* stream) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns;
+  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
+  for (int i = 0; i < 4; ++i) {
+    if (p->leaves[i] == nullptr) return FACT_CANNOT_IMPLEMENT;
+  }
+  auto args = make_arguments(*p, p->a, p->b, 0.0f);
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
+  if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  Gemm gemm;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+  if (gemm.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  return FACT_OK;
+}
