@@ -12,6 +12,7 @@ const SM90_GEMM: &str = include_str!("../../templates/sm90_gemm.cu.hbs");
 const SM80_GEMM: &str = include_str!("../../templates/sm80_gemm.cu.hbs");
 const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
 const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
+const SM90_GEMM_TYPES: &str = include_str!("../../templates/sm90_gemm_types.hbs");
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
@@ -21,7 +22,9 @@ fn registry() -> &'static Handlebars<'static> {
         let mut h = Handlebars::new();
         h.set_strict_mode(true);
         h.register_escape_fn(handlebars::no_escape);
-        h.register_partial("sm90_gemm_core", SM90_GEMM_CORE).unwrap_or_else(|e| panic!("partial sm90_gemm_core: {e}"));
+        for (name, text) in [("sm90_gemm_core", SM90_GEMM_CORE), ("sm90_gemm_types", SM90_GEMM_TYPES)] {
+            h.register_partial(name, text).unwrap_or_else(|e| panic!("partial {name}: {e}"));
+        }
         for (name, text) in [("sm90_gemm", SM90_GEMM), ("sm80_gemm", SM80_GEMM), ("sm90_gemm_x3", SM90_GEMM_X3), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
             h.register_template_string(name, text).unwrap_or_else(|e| panic!("template {name}: {e}"));
         }
@@ -95,19 +98,32 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
 /// its inputs as the compute node's children, and their runtime arguments from FactGemmArgs.
 fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
     use crate::rules::epilogue::{Arg, LeafKind};
-    let Some(e) = &k.fusion else {
-        return json!({ "fusion": false }).as_object().cloned().expect("object");
+    // The split families add their first GEMM's result (read as C) and the bias in the second
+    // GEMM's epilogue: a visitor tree even without an epilogue program.
+    let split = k.family.is_split() && (k.bias || k.fusion.is_some());
+    let empty = crate::rules::Epilogue { leaves: vec![], instrs: vec![] };
+    let e = match &k.fusion {
+        Some(e) => e,
+        None if split => &empty,
+        None => return json!({ "fusion": false, "two_gemms": false }).as_object().cloned().expect("object"),
     };
     let col_broadcast = "cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>";
     let mut params = vec!["T const& acc".to_string()];
     let mut children = Vec::new();
     let mut child_args = Vec::new();
+    let (mut element_c, mut c_pointer) = ("void", "nullptr".to_string());
+    if split {
+        params.push("T const& c".into());
+        children.push("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>".to_string());
+        child_args.push("{}".to_string());
+        element_c = "ElementD";
+        c_pointer = "static_cast<const ElementD*>(p.out)".into();
+    }
     if k.bias {
         params.push("T const& bias".into());
         children.push(col_broadcast.to_string());
         child_args.push("{static_cast<const ElementD*>(p.bias), ElementD(0), {}}".to_string());
     }
-    let (mut element_c, mut c_pointer) = ("void", "nullptr".to_string());
     for (i, leaf) in e.leaves.iter().enumerate() {
         params.push(format!("T const& l{i}"));
         let ptr = |ty: &str| format!("static_cast<const {ty}*>(p.leaves[{i}])");
@@ -132,7 +148,8 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         children.push(child);
         child_args.push(arg);
     }
-    let mut lines = vec![if k.bias { "const float v0 = acc[i] + bias[i];".to_string() } else { "const float v0 = acc[i];".to_string() }];
+    let v0 = ["acc[i]", if split { " + c[i]" } else { "" }, if k.bias { " + bias[i]" } else { "" }].concat();
+    let mut lines = vec![format!("const float v0 = {v0};")];
     for (n, ins) in e.instrs.iter().enumerate() {
         let operands: Vec<String> = ins
             .args
@@ -148,7 +165,8 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
     }
     json!({
         "fusion": true,
-        "fusion_text": e.text(),
+        "two_gemms": split,
+        "fusion_text": if e.instrs.is_empty() { "the bias".to_string() } else { e.text() },
         "fusion_params": params.join(", "),
         "fusion_lines": lines,
         "fusion_out": format!("v{}", e.instrs.len()),
@@ -305,11 +323,41 @@ mod tests {
         let k = split_kernel(crate::space::Family::Sm90GemmX3, [128, 256, 32]);
         let text = render_kernel(&k).text;
         expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3.cu"].assert_eq(&text);
-        assert!(text.contains("{a_parts, b_parts, 2 * p->k, 1.0f}"), "the second GEMM accumulates over both K halves");
+        assert!(text.contains("return make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);"), "the second GEMM accumulates over both K halves");
+        assert!(text.contains("second.initialize(second_arguments(*p, a_parts, b_parts)"));
         // torch's rrr b is split into K-major parts, so the passes read a RowMajor CUTLASS A.
         assert!(text.contains("split_parts_transposed<<<") && text.contains("using LayoutA = cutlass::layout::RowMajor;"));
         let rcr = KernelSpec { layout: GemmLayout::Rcr, ..k };
         assert!(!render_kernel(&rcr).text.contains("split_parts_transposed<<<"));
+    }
+
+    #[test]
+    fn split_families_fuse_bias_and_epilogue_into_their_second_gemm() {
+        let p = GemmProblem {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            layout: GemmLayout::Rcr,
+            dtype: DType::F32,
+            bias: true,
+            batch: 1,
+            epilogue: Some(crate::rules::Epilogue::parse("leaves=;v1=gelu(v0)").unwrap()),
+        };
+        let k = Knowledge::shipped()
+            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == crate::space::Family::Sm90GemmBf16x3 && k.invalid_reason().is_none())
+            .expect("a bf16-split kernel for a fused f32-accurate problem");
+        assert!(k.fits(&p));
+        let text = render_kernel(&k).text;
+        assert!(text.contains("namespace plain {") && text.contains("namespace fused {"), "two GEMM types");
+        assert!(text.contains("const float v0 = acc[i] + c[i] + bias[i];"), "the first GEMM's result comes in as C");
+        assert!(text.contains("0.5f * v0 * (1.f + erff(v0 * 0.70710678118654752f))"));
+        assert_eq!(text.matches("using ElementC = void;").count(), 1, "the first GEMM reads no C");
+        assert_eq!(text.matches("using ElementC = ElementD;").count(), 1);
+        // Bias alone takes the same path.
+        let bias_only = KernelSpec { fusion: None, ..k.clone() };
+        assert!(render_kernel(&bias_only).text.contains("const float v0 = acc[i] + c[i] + bias[i];"));
     }
 
     #[test]

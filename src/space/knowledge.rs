@@ -143,7 +143,7 @@ impl Knowledge {
         // fp32-accurate runs tf32 instantiations over K-major tf32 parts (x3) and bf16
         // instantiations over bf16 parts in torch's layout (b3).
         let sm90_sources: Vec<(&str, &str, &str, u32, Family)> = match math {
-            MathType::Tf32x3 if p.dtype == DType::F32 && !p.bias && p.epilogue.is_none() => vec![
+            MathType::Tf32x3 if p.dtype == DType::F32 && p.epilogue.as_ref().is_none_or(|e| e.full_leaves() == 0) => vec![
                 ("tf32", "f32", cutlass_layouts(GemmLayout::Rcr), align, Family::Sm90GemmX3),
                 ("bf16", "bf16", letters, 8, Family::Sm90GemmBf16x3),
             ],
@@ -333,7 +333,10 @@ mod tests {
         }
         assert!(ks.iter().any(|k| k.family == Family::Sm90GemmBf16x3 && k.invalid_reason().is_none()));
         let with_bias = GemmProblem { bias: true, ..problem(GemmLayout::Rcr, DType::F32) };
-        assert!(kb.kernels(&with_bias, MathType::Tf32x3, Arch::Sm90).iter().all(|k| k.family == Family::Sm80Gemm));
+        // The split families add the bias in their second GEMM's visitor tree: TMA epilogues only.
+        let biased = kb.kernels(&with_bias, MathType::Tf32x3, Arch::Sm90);
+        assert!(biased.iter().any(|k| k.family.is_split()));
+        assert!(biased.iter().filter(|k| k.family.is_split()).all(|k| k.epilogue == EpilogueKind::Tma && k.bias));
     }
 
     #[test]

@@ -88,11 +88,11 @@ pub enum Family {
     Sm80Gemm,
     /// fp32-accurate on WGMMA: the three products of 3xTF32 over exact tf32 hi/lo splits of the
     /// operands, written K-major and concatenated along K by the split, as two sm90 GEMMs (over K
-    /// and 2K; templates/sm90_gemm_x3.cu.hbs); no bias.
+    /// and 2K; templates/sm90_gemm_x3.cu.hbs); bias and epilogue in the second GEMM's epilogue.
     Sm90GemmX3,
     /// fp32-accurate on bf16 WGMMA: each fp32 operand split into bf16 hi + lo parts (16
     /// significant bits, relative error ≤ 2^-16, far inside the policy's 1e-4) and the same three
-    /// products as two bf16 GEMMs accumulated in fp32 (the same template, bf16 split); no bias. bf16 WGMMA reads either
+    /// products as two bf16 GEMMs accumulated in fp32 (the same template, bf16 split). bf16 WGMMA reads either
     /// operand layout from shared memory, so no layout costs a register pass.
     Sm90GemmBf16x3,
 }
@@ -340,8 +340,11 @@ impl KernelSpec {
                 if self.family == Family::Sm90Gemm && self.math == MathType::Tf32x3 {
                     return Some("sm90 has no 3xTF32 mainloop; fp32-accurate sm90 kernels are the x3 and b3 families".into());
                 }
-                if self.family.is_split() && (self.math != MathType::Tf32x3 || self.dtype != DType::F32 || self.bias) {
-                    return Some("the split families compute fp32-accurate GEMMs of fp32 tensors without bias".into());
+                if self.family.is_split() && (self.math != MathType::Tf32x3 || self.dtype != DType::F32) {
+                    return Some("the split families compute fp32-accurate GEMMs of fp32 tensors".into());
+                }
+                if self.family.is_split() && self.fusion.as_ref().is_some_and(|e| e.full_leaves() > 0) {
+                    return Some("the split families read their first GEMM's result as C: no full-size epilogue leaf".into());
                 }
                 if tk * elem_bytes != 128 {
                     return Some(format!("tile K {tk} must span 128 bytes of {}", self.math_label()));
@@ -367,9 +370,7 @@ impl KernelSpec {
                 if (self.bias || self.fusion.is_some()) && self.epilogue == EpilogueKind::NoSmem {
                     return Some("the no-smem epilogue has no bias or epilogue fusion".into());
                 }
-                if self.fusion.is_some() && self.family != Family::Sm90Gemm {
-                    return Some("epilogue fusion is rendered for the sm90 family only".into());
-                }
+
                 if let Some(e) = &self.fusion {
                     if let Err(why) = e.check() {
                         return Some(format!("epilogue: {why}"));
@@ -658,9 +659,17 @@ mod tests {
         let mut k = b3.clone();
         k.tile[2] = 32;
         assert!(k.invalid_reason().unwrap().contains("128 bytes of bf16x3"), "{:?}", k.invalid_reason());
+        // Bias and epilogues go into the second GEMM's epilogue, whose C operand is the first
+        // GEMM's result: a residual cannot be C too.
         let mut k = b3.clone();
         k.bias = true;
-        assert!(k.invalid_reason().unwrap().contains("without bias"));
+        k.epilogue = EpilogueKind::Tma;
+        k.fusion = Some(Epilogue::parse("leaves=row;v1=gelu(v0);v2=mul(v1,l0)").unwrap());
+        assert_eq!(k.invalid_reason(), None);
+        k.fusion = Some(Epilogue::parse("leaves=full;v1=add(v0,l0)").unwrap());
+        assert!(k.invalid_reason().unwrap().contains("no full-size epilogue leaf"));
+        let with_residual = GemmProblem { bias: true, epilogue: k.fusion.clone(), ..p.clone() };
+        assert!(Knowledge::shipped().kernels(&with_residual, MathType::Tf32x3, Arch::Sm90).iter().all(|k| !k.family.is_split()));
         let mut k = b3;
         k.dtype = DType::Bf16;
         assert!(k.invalid_reason().is_some(), "bf16 tensors have no split");

@@ -57,7 +57,7 @@ struct FusedEpilogue {
       const float v6 = v5 / l3[i];
       const float v7 = v6 * v6 * v6;
       const float v8 = l0[i] + v7;
-      const float v9 = v8 != v8 ? v8 : fminf(fmaxf(v8, __int_as_float(0xff800000)), 6e0f);
+      const float v9 = v8 != v8 ? v8 : fminf(fmaxf(v8, (-INFINITY)), 6e0f);
       out[i] = v9;
     }
     return out;

@@ -118,6 +118,14 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
 [[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
   return make_arguments(p, a, b, beta, p.k, p.k);
 }
+using FirstGemm = Gemm;
+using SecondGemm = Gemm;
+Gemm::Arguments first_arguments(const FactGemmArgs& p, const void* a, const void* b) {
+  return make_arguments(p, a, b, 0.0f, p.k, 2 * p.k);
+}
+Gemm::Arguments second_arguments(const FactGemmArgs& p, const void* a, const void* b) {
+  return make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);
+}
 
 __device__ __forceinline__ void split_one(float v, Element& hi, Element& lo) {
   hi = Element(v);
@@ -163,17 +171,18 @@ void launch_split(const void* x, Element* parts, size_t n, size_t g, size_t hi_a
 extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_can_implement(const FactGemmArgs* p) {
   using namespace sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_ns;
   if (p->k % 4 != 0 || p->n % 4 != 0) return FACT_CANNOT_IMPLEMENT;
-  for (int k : {p->k, 2 * p->k}) {
-    if (Gemm::can_implement(make_arguments(*p, p->a, p->b, 1.0f, k, 2 * p->k)) != cutlass::Status::kSuccess) {
-      return FACT_CANNOT_IMPLEMENT;
-    }
+  if (FirstGemm::can_implement(first_arguments(*p, p->a, p->b)) != cutlass::Status::kSuccess ||
+      SecondGemm::can_implement(second_arguments(*p, p->a, p->b)) != cutlass::Status::kSuccess) {
+    return FACT_CANNOT_IMPLEMENT;
   }
   return FACT_OK;
 }
 
 extern "C" __attribute__((weak)) size_t fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_workspace_size(const FactGemmArgs* p) {
   using namespace sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_ns;
-  return parts_bytes(*p) + Gemm::get_workspace_size(make_arguments(*p, p->a, p->b, 1.0f, 2 * p->k, 2 * p->k));
+  const size_t first = FirstGemm::get_workspace_size(first_arguments(*p, p->a, p->b));
+  const size_t second = SecondGemm::get_workspace_size(second_arguments(*p, p->a, p->b));
+  return parts_bytes(*p) + (first > second ? first : second);
 }
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x256x64_2x1x1_ws_dp_nosmem_align8_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
@@ -192,15 +201,15 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rrr_bf16x3_f32_128x2
   // torch's b is k x n (n-major): each batch's k rows become [lo rows ; hi rows].
   launch_split(p->b, b_parts, numel_b(*p), k * p->n, k * p->n, s);
   const size_t b_hi_at = k * p->n;
-  const struct { const void* a; const void* b; int k; float beta; } gemms[2] = {
-      {a_parts, b_parts + b_hi_at, p->k, 0.0f},
-      {a_parts, b_parts, 2 * p->k, 1.0f},
-  };
-  for (const auto& g : gemms) {
-    auto args = make_arguments(*p, g.a, g.b, g.beta, g.k, 2 * p->k);
-    Gemm gemm;
-    if (gemm.initialize(args, gemm_ws, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
-    if (gemm.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  FirstGemm first;
+  if (first.initialize(first_arguments(*p, a_parts, b_parts + b_hi_at), gemm_ws, s) != cutlass::Status::kSuccess) {
+    return FACT_INIT_FAILED;
   }
+  if (first.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  SecondGemm second;
+  if (second.initialize(second_arguments(*p, a_parts, b_parts), gemm_ws, s) != cutlass::Status::kSuccess) {
+    return FACT_INIT_FAILED;
+  }
+  if (second.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
   return FACT_OK;
 }
