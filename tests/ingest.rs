@@ -74,7 +74,7 @@ fn bad_inputs_get_errors_that_name_the_fix() {
     let not_ts = dir.path().join("weights.pt");
     std::fs::write(&not_ts, b"not a zip archive at all").unwrap();
     let e = torch::load_graph(&not_ts, &[]).unwrap_err().to_string();
-    assert!(e.contains("not a TorchScript archive") && e.contains("torch.jit.trace"), "{e}");
+    assert!(e.contains("this is not a TorchScript module") && e.contains("torch.jit.trace"), "{e}");
 
     let e = torch::load_graph(&fixture("no_inputs.pt"), &[]).unwrap_err().to_string();
     assert!(e.contains("--input"), "{e}");

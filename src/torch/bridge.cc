@@ -159,13 +159,36 @@ c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(con
   return v;
 }
 
+// What a node that torch cannot run on the inputs was given, and what torch said (its first line:
+// the rest of a c10::Error message is the C++ source location).
+void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>& env, const std::string& message,
+                    OpFailure& failure) {
+  failure.kind = n->kind().toQualString();
+  failure.scope = n->scopeName();
+  for (Value* v : n->inputs()) {
+    const c10::IValue& iv = env.at(v);
+    if (iv.isTensor()) {
+      const auto& t = iv.toTensor();
+      std::string dims;
+      for (auto d : t.sizes()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+      failure.inputs.push_back(rust::String((t.dim() == 0 ? "scalar" : dims) + ":" + dtype_name(t.scalar_type())));
+    } else {
+      failure.inputs.push_back(rust::String(ivalue_repr(iv)));
+    }
+  }
+  failure.message = rust::String(message.substr(0, message.find('\n')));
+}
+
 // Interprets the inlined graph node by node on meta tensors (sizes and dtypes, no data) and records
 // every tensor's shape. libtorch has meta kernels for the structured ops (mm, addmm, bmm, ...) but
 // not for all (relu has none), so a node whose meta run fails runs once on uninitialised CPU
-// tensors of the same sizes. Nodes with sub-blocks, and everything downstream of them, stay unknown.
+// tensors of the same sizes, and failing that on zeros (an index tensor of garbage fails embedding).
+// A node that fails all three ways fails on these inputs as torch would run them: interpretation
+// stops there and `failure` names it. Nodes with sub-blocks or without a registered operator, and
+// everything downstream of them, stay unknown.
 std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& module, Graph& g,
                                                              const rust::Vec<InputSpec>& inputs,
-                                                             std::string& note) {
+                                                             std::string& note, OpFailure& failure) {
   std::unordered_map<const Value*, c10::IValue> env;
   env[g.inputs()[0]] = module._ivalue();
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -221,22 +244,41 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
       }
       continue;
     }
-    auto run = [&](const std::function<at::Tensor(const at::Tensor&)>& f) {
+    // A device argument (a traced `device=x.device`, a `.to("cuda")`) names where the tensors of
+    // this run live instead: a model traced on a GPU interprets without one.
+    auto run = [&](const std::function<at::Tensor(const at::Tensor&)>& f, at::Device device) {
       torch::jit::Stack stack;
-      for (Value* v : n->inputs()) stack.push_back(map_tensors(env.at(v), f));
+      for (Value* v : n->inputs()) {
+        const c10::IValue& iv = env.at(v);
+        stack.push_back(iv.isDevice() ? c10::IValue(device) : map_tensors(iv, f));
+      }
       n->getOperation()(stack);
       for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]] = map_tensors(stack[i], as_meta);
     };
+    if (n->maybeOperator() == nullptr) {
+      unknown_ops.push_back(n->kind().toQualString());
+      continue;
+    }
     try {
-      run(as_meta);
+      run(as_meta, at::kMeta);
     } catch (const std::exception&) {
       try {
         run([](const at::Tensor& t) {
           return t.is_meta() ? at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU)) : t;
-        });
+        }, at::kCPU);
         cpu_ops.push_back(n->kind().toQualString());
       } catch (const std::exception&) {
-        unknown_ops.push_back(n->kind().toQualString());
+        try {
+          run([](const at::Tensor& t) { return t.is_meta() ? at::zeros(t.sizes(), t.options().device(at::kCPU)) : t; },
+              at::kCPU);
+          cpu_ops.push_back(n->kind().toQualString());
+        } catch (const c10::Error& e) {
+          record_failure(n, env, e.what_without_backtrace(), failure);
+          break;
+        } catch (const std::exception& e) {
+          record_failure(n, env, e.what(), failure);
+          break;
+        }
       }
     }
   }
@@ -297,7 +339,7 @@ GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
                                std::to_string(inputs.size()) + " given: pass one --input per forward input");
     }
     std::string note;
-    auto shapes = capture_shapes(m, *g, inputs, note);
+    auto shapes = capture_shapes(m, *g, inputs, note, dump.failure);
     dump.note = rust::String(note);
     for (Value* v : num.values) {
       ValueInfo vi;
@@ -474,6 +516,26 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     }
     m.save(to_std(out_path));
     return rust::String(g->toString());
+  });
+}
+
+rust::Vec<rust::String> archive_records(rust::Str path) {
+  return guarded("cannot read the zip archive", [&] {
+    caffe2::serialize::PyTorchStreamReader reader(to_std(path));
+    rust::Vec<rust::String> out;
+    for (const auto& r : reader.getAllRecords()) out.push_back(rust::String(r));
+    return out;
+  });
+}
+
+rust::Vec<uint8_t> archive_record(rust::Str path, rust::Str name, size_t limit) {
+  return guarded("cannot read the zip archive", [&] {
+    caffe2::serialize::PyTorchStreamReader reader(to_std(path));
+    auto [data, size] = reader.getRecord(to_std(name));
+    rust::Vec<uint8_t> out;
+    const auto* bytes = static_cast<const uint8_t*>(data.get());
+    for (size_t i = 0; i < std::min(size, limit); ++i) out.push_back(bytes[i]);
+    return out;
   });
 }
 

@@ -3,9 +3,12 @@
 //! All C++ lives behind this module; nothing above it sees a C++ type.
 
 use crate::graph::{Const, Graph, Node, TensorInfo, Value};
+use archive::ArchiveKind;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
+
+pub mod archive;
 
 #[cxx::bridge(namespace = "fact::bridge")]
 mod ffi {
@@ -28,12 +31,22 @@ mod ffi {
         depth: u32,
         scope: String,
     }
+    /// The node torch could not run on the inputs (empty `kind` when every node ran).
+    struct OpFailure {
+        kind: String,
+        scope: String,
+        /// Each input as `4x63:f32` (tensors) or its value.
+        inputs: Vec<String>,
+        /// The first line of torch's message.
+        message: String,
+    }
     struct GraphDump {
         values: Vec<ValueInfo>,
         nodes: Vec<NodeInfo>,
         inputs: Vec<u32>,
         outputs: Vec<u32>,
         note: String,
+        failure: OpFailure,
     }
     /// How an operand of a custom-op call is made.
     enum OperandKind {
@@ -73,6 +86,8 @@ mod ffi {
         fn load_graph(path: &str, inputs: &Vec<InputSpec>) -> Result<GraphDump>;
         fn rewrite_and_save(path: &str, out_path: &str, edits: &Vec<Edit>, schemas: &Vec<String>) -> Result<String>;
         fn graph_text(path: &str) -> Result<String>;
+        fn archive_records(path: &str) -> Result<Vec<String>>;
+        fn archive_record(path: &str, name: &str, limit: usize) -> Result<Vec<u8>>;
         fn set_float32_matmul_precision(mode: &str) -> Result<()>;
         fn float32_matmul_precision() -> String;
         fn torch_version() -> String;
@@ -83,10 +98,16 @@ pub use ffi::{Edit, InputSpec, Operand, OperandKind};
 
 #[derive(Debug, Error)]
 pub enum TorchError {
-    #[error("{path}: not a TorchScript archive ({detail}); save the model with torch.jit.trace(...).save(path)")]
-    NotTorchScript { path: String, detail: String },
+    #[error("cannot read {path}: {detail}")]
+    Read { path: String, detail: String },
+    #[error("{path}: this is not a TorchScript module: {what}; trace the model and save it with torch.jit.trace(model.eval(), example_inputs).save(path)")]
+    NotTorchScript { path: String, what: String },
     #[error("{path}: no example inputs stored in the archive; pass the shapes with --input, e.g. --input 4096x4096:f32 (once per forward input)")]
     MissingShapes { path: String },
+    #[error("{path}: input {index} ({shape}) has a zero-size dimension: nothing can be tuned on an empty tensor; pass the shape of a real batch with --input (every dimension at least 1)")]
+    ZeroSize { path: String, index: usize, shape: String },
+    #[error("{path}: the model fails on inputs {given}: {op}{scope} got {op_inputs} and torch says \"{message}\"; pass --input shapes the model's forward accepts (once per forward input)")]
+    OpFailed { path: String, given: String, op: String, scope: String, op_inputs: String, message: String },
     #[error("{0}")]
     Bridge(String),
     #[error("cannot load op library {path}: {detail}")]
@@ -132,19 +153,32 @@ impl InputShape {
     }
 }
 
+/// Checks that `path` is a TorchScript archive, and says what it is when it is not.
 fn check_archive(path: &Path) -> Result<String, TorchError> {
+    use std::io::Read;
     let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| TorchError::NotTorchScript { path: p.clone(), detail: e.to_string() })?;
-    if !bytes.starts_with(b"PK") {
-        return Err(TorchError::NotTorchScript { path: p, detail: "not a zip archive".into() });
+    let read_err = |e: std::io::Error| TorchError::Read { path: p.clone(), detail: e.to_string() };
+    let mut head = Vec::with_capacity(4);
+    std::fs::File::open(path).map_err(read_err)?.take(4).read_to_end(&mut head).map_err(read_err)?;
+    let not_ts = |kind: ArchiveKind| TorchError::NotTorchScript { path: p.clone(), what: kind.describe() };
+    if let Some(kind) = archive::from_head(&head) {
+        return Err(not_ts(kind));
     }
-    Ok(p)
+    let records = ffi::archive_records(&p).map_err(|e| TorchError::NotTorchScript {
+        path: p.clone(),
+        what: format!("it is a zip archive torch cannot read ({})", first_line(e.what())),
+    })?;
+    // A state dict's first tensor comes early in its pickle; 64 KiB tells what it holds.
+    match archive::from_records(&records, || ffi::archive_record(&p, "data.pkl", 1 << 16).unwrap_or_default()) {
+        ArchiveKind::TorchScript => Ok(p),
+        kind => Err(not_ts(kind)),
+    }
 }
 
 fn bridge_err(path: &str, e: cxx::Exception) -> TorchError {
     let msg = e.what().to_string();
     if msg.contains("PytorchStreamReader") {
-        TorchError::NotTorchScript { path: path.to_string(), detail: first_line(&msg) }
+        TorchError::NotTorchScript { path: path.to_string(), what: format!("torch cannot read it ({})", first_line(&msg)) }
     } else {
         TorchError::Bridge(first_line(&msg))
     }
@@ -174,9 +208,24 @@ pub fn load_graph(path: &Path, inputs: &[InputShape]) -> Result<(Graph, Vec<Inpu
     } else {
         inputs.to_vec()
     };
+    if let Some((i, input)) = inputs.iter().enumerate().find(|(_, i)| i.shape.contains(&0)) {
+        return Err(TorchError::ZeroSize { path: p, index: i + 1, shape: input.display() });
+    }
     let specs: Vec<InputSpec> =
         inputs.iter().map(|i| InputSpec { shape: i.shape.clone(), dtype: i.dtype.clone() }).collect();
     let dump = ffi::load_graph(&p, &specs).map_err(|e| bridge_err(&p, e))?;
+    let f = &dump.failure;
+    if !f.kind.is_empty() {
+        let given: Vec<String> = inputs.iter().map(InputShape::display).collect();
+        return Err(TorchError::OpFailed {
+            path: p,
+            given: given.join(", "),
+            op: f.kind.clone(),
+            scope: if f.scope.is_empty() { String::new() } else { format!(" (in {})", f.scope) },
+            op_inputs: f.inputs.join(", "),
+            message: f.message.clone(),
+        });
+    }
     Ok((graph_from_dump(dump), inputs))
 }
 
