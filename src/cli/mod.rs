@@ -4,7 +4,7 @@
 use crate::bench::{self, BenchOptions, BenchReport};
 use crate::compose::{self, ComposeReport, Realization};
 use crate::nvcc::{self, Toolchain};
-use crate::plan::{Plan, PlanOptions};
+use crate::plan::{Plan, PlanOptions, UnmatchedGemm};
 use crate::rules::GemmProblem;
 use crate::table::{self, Entry, Table, Tables};
 use crate::types::DType;
@@ -429,8 +429,16 @@ fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
     for r in plan.unmatched.iter().take(8) {
         println!("  {:>6.1}%  {:>9.4} ms  {} ({} nodes)", r.share * 100.0, r.est_ms, r.name, r.nodes.len());
     }
+    print_unmatched_gemms(&plan.unmatched_gemms);
     for n in &plan.agent_notes {
         println!("agent: {n}");
+    }
+}
+
+fn print_unmatched_gemms(gemms: &[UnmatchedGemm]) {
+    for u in gemms {
+        let scope = if u.scope.is_empty() { String::new() } else { format!(" ({})", u.scope) };
+        println!("  unmatched GEMM: node {} {}{scope}: {}", u.node, u.kind, u.reason);
     }
 }
 
@@ -709,6 +717,7 @@ fn print_compose(r: &ComposeReport, out_dir: &Path) {
             println!("     {reason}");
         }
     }
+    print_unmatched_gemms(&r.unmatched_gemms);
     if r.patterns.is_empty() {
         println!("  no GEMM pattern matched; the model is left as it is");
     }

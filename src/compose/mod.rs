@@ -6,7 +6,7 @@
 use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
-use crate::plan::{self, PlanOptions};
+use crate::plan::{self, PlanOptions, UnmatchedGemm};
 use crate::graph::Graph;
 use crate::rules::{match_patterns, GemmMatch, GemmProblem};
 use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions};
@@ -161,6 +161,9 @@ pub struct ComposeReport {
     pub gpu: bool,
     pub compile_failures: Vec<CompileFailure>,
     pub graph_note: String,
+    /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
+    #[serde(default)]
+    pub unmatched_gemms: Vec<UnmatchedGemm>,
     /// Pattern ids in the order they were realized (the plan's priority).
     pub order: Vec<String>,
     pub agent: String,
@@ -585,6 +588,7 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         gpu,
         compile_failures,
         graph_note: graph.note.clone(),
+        unmatched_gemms: the_plan.unmatched_gemms.clone(),
         order,
         agent: steward.name(),
         agent_notes: steward.notes.clone(),

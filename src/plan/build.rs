@@ -131,6 +131,7 @@ pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option
     let matched: BTreeSet<NodeId> = matches.iter().flat_map(GemmMatch::nodes).collect();
     let unmatched = unmatched_regions(g, &costs, &matched, total);
     let unmatched_share = unmatched.iter().map(|r| r.share).sum();
+    let unmatched_gemms = super::unmatched_gemms(g, &matched);
     Plan {
         arch: opts.arch,
         precision: opts.precision,
@@ -139,6 +140,7 @@ pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option
         patterns,
         unmatched,
         unmatched_share,
+        unmatched_gemms,
         agent: steward.name(),
         agent_notes: steward.notes.clone(),
     }

@@ -4,7 +4,7 @@
 //! the table. Pure: no libtorch, GPU or disk.
 
 use crate::graph::{Graph, NodeId};
-use crate::rules::{GemmMatch, GemmProblem};
+use crate::rules::{GemmMatch, GemmOrigin, GemmProblem};
 use crate::types::{Arch, DType, MathType, Precision};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -204,6 +204,55 @@ pub fn unmatched_regions(g: &Graph, costs: &[NodeCost], matched: &BTreeSet<NodeI
     regions
 }
 
+/// A GEMM the rules left alone, and why: a user sees what fact skipped and what to change.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct UnmatchedGemm {
+    pub node: NodeId,
+    pub kind: String,
+    /// The module path it came from, empty when unknown.
+    pub scope: String,
+    pub reason: String,
+}
+
+/// The GEMM nodes (the kinds the rules know) that no match in `matched` covers, with the reason:
+/// control flow (rules match only the top-level block), unknown shapes, or operands no rule takes.
+pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGemm> {
+    let mut out = Vec::new();
+    for (id, n) in g.nodes.iter().enumerate() {
+        if matched.contains(&id) || GemmOrigin::of_kind(&n.kind).is_none() {
+            continue;
+        }
+        let reason = if n.depth > 0 {
+            // The graph lists a block's nodes right after the node that owns it, so the owner is the
+            // nearest earlier node one level up.
+            let owner = g.nodes[..id].iter().rev().find(|o| o.depth < n.depth).map_or("a sub-block", |o| o.kind.as_str());
+            let out_of = match owner {
+                "prim::If" => "move the GEMM out of the branch",
+                "prim::Loop" => "move the GEMM out of the loop body",
+                _ => "move the GEMM out of the block",
+            };
+            format!(
+                "inside {owner}: fact matches only the top-level block; trace the model (tracing unrolls control flow) or {out_of}"
+            )
+        } else {
+            let operands: Vec<String> = n
+                .inputs
+                .iter()
+                .take(2)
+                .map(|&v| g.tensor(v).map_or("?".into(), |t| format!("{:?}:{}", t.shape, t.dtype)))
+                .collect();
+            if n.inputs.iter().take(2).any(|&v| g.tensor(v).is_none()) {
+                let after = if g.note.is_empty() { String::new() } else { format!(" ({})", g.note.trim_end_matches("; ")) };
+                format!("its operand shapes are unknown{after}")
+            } else {
+                format!("no rule takes its operands ({}): dtype, rank or scaling outside the GEMM rules", operands.join(", "))
+            }
+        };
+        out.push(UnmatchedGemm { node: id, kind: n.kind.clone(), scope: n.scope.clone(), reason });
+    }
+    out
+}
+
 pub mod examples;
 mod build;
 pub use build::{plan, PlanOptions};
@@ -245,6 +294,8 @@ pub struct Plan {
     pub patterns: Vec<PlannedPattern>,
     pub unmatched: Vec<Region>,
     pub unmatched_share: f64,
+    /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
+    pub unmatched_gemms: Vec<UnmatchedGemm>,
     /// Which agent ranked and chose examples, and anything it had to fall back on.
     pub agent: String,
     pub agent_notes: Vec<String>,
@@ -299,6 +350,28 @@ mod tests {
         assert!(tile_efficiency(8192.0, 4.0) > 0.95);
         assert!(tile_efficiency(96.0, 4.0) < 0.35);
         assert!(tile_efficiency(96.0, 4.0) < tile_efficiency(96.0, 2.0) * 1.5);
+    }
+
+    #[test]
+    fn gemms_in_control_flow_are_listed_with_the_reason() {
+        let mut g = Graph::parse(
+            "graph(%x: f32[4,64], %w: f32[64,64], %c: bool[]):
+               %y = prim::If(%c) : f32[4,64]
+               %a = aten::linear(%x, %w, %w) : f32[4,64]
+               %b = aten::matmul(%x, %w) : f32[4,64]
+               %z = aten::mm(%x, %w) : f32[4,64]
+               return (%y, %z)",
+        )
+        .unwrap();
+        g.nodes[1].depth = 1;
+        g.nodes[2].depth = 1;
+        let matches = match_gemms(&g);
+        assert_eq!(matches.iter().map(|m| m.node).collect::<Vec<_>>(), vec![3], "only the top-level mm");
+        let matched: BTreeSet<NodeId> = matches.iter().map(|m| m.node).collect();
+        let skipped = unmatched_gemms(&g, &matched);
+        assert_eq!(skipped.iter().map(|u| (u.node, u.kind.as_str())).collect::<Vec<_>>(), vec![(1, "aten::linear"), (2, "aten::matmul")]);
+        assert!(skipped[0].reason.starts_with("inside prim::If: fact matches only the top-level block"), "{}", skipped[0].reason);
+        assert!(skipped[1].reason.ends_with("move the GEMM out of the branch"), "{}", skipped[1].reason);
     }
 
     #[test]

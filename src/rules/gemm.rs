@@ -54,6 +54,17 @@ pub enum GemmOrigin {
 }
 
 impl GemmOrigin {
+    /// The origin of a node kind, if it is a GEMM the rules know.
+    pub fn of_kind(kind: &str) -> Option<GemmOrigin> {
+        match kind {
+            "aten::linear" => Some(GemmOrigin::Linear),
+            "aten::mm" => Some(GemmOrigin::Mm),
+            "aten::bmm" => Some(GemmOrigin::Bmm),
+            "aten::matmul" => Some(GemmOrigin::Matmul),
+            "aten::addmm" => Some(GemmOrigin::Addmm),
+            _ => None,
+        }
+    }
     pub fn aten_kind(self) -> &'static str {
         match self {
             GemmOrigin::Linear => "aten::linear",
@@ -194,14 +205,7 @@ pub fn match_gemms(g: &Graph) -> Vec<GemmMatch> {
 
 fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
     let n = &g.nodes[id];
-    let origin = match n.kind.as_str() {
-        "aten::linear" => GemmOrigin::Linear,
-        "aten::mm" => GemmOrigin::Mm,
-        "aten::bmm" => GemmOrigin::Bmm,
-        "aten::matmul" => GemmOrigin::Matmul,
-        "aten::addmm" => GemmOrigin::Addmm,
-        _ => return None,
-    };
+    let origin = GemmOrigin::of_kind(&n.kind)?;
     let (a, b, bias) = match origin {
         GemmOrigin::Linear => {
             let bias = n.inputs[2];
