@@ -3,6 +3,7 @@
 
 mod common;
 mod compile;
+mod errors;
 mod gemm_ep;
 mod ingest;
 mod plan;
