@@ -157,6 +157,18 @@ fn table_hit_composes_a_module_that_calls_the_op_and_loads_in_python() {
     assert_eq!(p["realization"]["table"], "user");
     assert_eq!(p["kernel"], good_spec().name());
     assert!(!out_dir.join("sweeps").exists(), "a hit compiles no sweep");
+    // Without --json and with stderr not a terminal, each stage says what it does on one line.
+    let plain = fact()
+        .env("FACT_TABLE", &user)
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["compose", "--out"])
+        .arg(dir.path().join("plain"))
+        .arg(fixture("linear.pt"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert!(plain.status.success(), "{err}");
+    assert!(err.contains("pattern p0: gemm_rcr_bias 32x128x64") && err.contains("compiling 1 kernels"), "{err}");
     let lib = out_dir.join("libfact_ops.so");
     let composed = out_dir.join("composed.pt");
     assert!(lib.is_file() && composed.is_file());
@@ -175,11 +187,20 @@ x = torch.randn(32, 64)
 with torch.no_grad():
     a, b = m(x), orig(x)
 assert torch.equal(a, b), (a - b).abs().max()
+# The op counts what ran: on CPU tensors the one call fell back to aten::linear.
+import ctypes, json
+so = ctypes.CDLL({lib:?})
+so.fact_op_stats.restype = ctypes.c_char_p
+stats = json.loads(so.fact_op_stats())
+assert stats == {{{kernel:?}: {{"ran": 0, "fell_back": 1}}}}, stats
+so.fact_op_stats_reset()
+assert json.loads(so.fact_op_stats()) == {{}}
 print("ok", tuple(a.shape))
 "#,
         lib = lib.display().to_string(),
         composed = composed.display().to_string(),
         orig = fixture("linear.pt").display().to_string(),
+        kernel = good_spec().name(),
     );
     let py = Command::new(python()).arg("-c").arg(script).output().unwrap();
     assert!(py.status.success(), "{}\n{}", String::from_utf8_lossy(&py.stdout), String::from_utf8_lossy(&py.stderr));

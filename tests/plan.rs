@@ -1,8 +1,8 @@
 //! Stage 1 on fixture models: the plan, the examples index, and an external agent driving fact
-//! through the fact-agent/1 protocol.
+//! through the fact-agent/2 protocol.
 
 use crate::common::{fact, fixture, python, root};
-use fact::plan::examples::index;
+use fact::space::examples::index;
 use std::path::Path;
 
 fn discover(model: &Path, extra: &[&str]) -> (serde_json::Value, String) {

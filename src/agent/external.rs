@@ -1,9 +1,9 @@
 //! An agent in another process: `--agent 'cmd args'` starts it with `sh -c`, writes one JSON
 //! request per line to its stdin and reads one JSON reply per line from its stdout. The protocol
-//! (fact-agent/1) is documented in README.md and docs/agent-protocol.schema.json.
+//! (fact-agent/2) is documented in README.md and docs/agent-protocol.schema.json.
 
 use super::{Agent, AgentError, FailureAction, RankItem, Rejection};
-use crate::plan::examples::Example;
+use crate::space::examples::Example;
 use crate::rules::GemmProblem;
 use crate::space::KernelSpec;
 use crate::types::{Arch, MathType};
@@ -14,7 +14,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-pub const PROTOCOL: &str = "fact-agent/1";
+pub const PROTOCOL: &str = "fact-agent/2";
 
 pub struct ExternalAgent {
     command: String,

@@ -7,7 +7,7 @@
 
 pub mod external;
 
-use crate::plan::examples::Example;
+use crate::space::examples::Example;
 use crate::rules::GemmProblem;
 use crate::space::KernelSpec;
 use crate::types::{Arch, MathType};

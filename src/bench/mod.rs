@@ -39,6 +39,9 @@ pub struct BenchReport {
     pub baseline_tflops: f64,
     pub date: String,
     pub command: String,
+    /// Calls of each substituted kernel during the composed runs: ran it, or fell back.
+    #[serde(default)]
+    pub op_calls: std::collections::BTreeMap<String, torch::OpCalls>,
 }
 
 pub struct BenchOptions {
@@ -53,6 +56,8 @@ pub struct BenchOptions {
     pub cutlass: String,
     pub cuda: String,
     pub command: String,
+    /// The kernels the composed module substitutes: each must run, or the bench fails.
+    pub kernels: Vec<String>,
 }
 
 fn kind_of(dtype: &str) -> Kind {
@@ -139,6 +144,7 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
     let composed = load(&opts.composed)?;
     let mut reference = load(&opts.original)?;
     reference.to(device, Kind::Double, false);
+    torch::op_stats(&opts.library, true).map_err(|e| e.to_string())?;
 
     tch::no_grad(|| {
         // Verify first, on fresh inputs each time; keep the worst error.
@@ -161,6 +167,8 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
         let inputs = random_inputs(&opts.inputs, device);
         let baseline = time_forward(&original, &inputs, &opts.protocol, cuda)?;
         let fact = time_forward(&composed, &inputs, &opts.protocol, cuda)?;
+        let op_calls = torch::op_stats(&opts.library, false).map_err(|e| e.to_string())?;
+        never_ran(&opts.kernels, &op_calls)?;
         let rate = |t: &Timing| opts.gemm_flops / (t.median_ms * 1e-3) / 1e12;
         Ok(BenchReport {
             workload: opts.workload.clone(),
@@ -183,6 +191,41 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
             gemm_flops: opts.gemm_flops,
             date: crate::table::today(),
             command: opts.command.clone(),
+            op_calls,
         })
     })
+}
+
+/// An error naming the substituted kernels that never ran during the composed runs: the module
+/// fell back to torch's ops for them, so its timing is not fact's.
+fn never_ran(kernels: &[String], calls: &std::collections::BTreeMap<String, torch::OpCalls>) -> Result<(), String> {
+    let idle: Vec<String> = kernels
+        .iter()
+        .filter(|k| calls.get(*k).is_none_or(|c| c.ran == 0))
+        .map(|k| format!("{k} ({} calls fell back)", calls.get(k).map_or(0, |c| c.fell_back)))
+        .collect();
+    if idle.is_empty() {
+        return Ok(());
+    }
+    let why = if std::env::var_os("FACT_DISABLE").is_some_and(|v| !v.is_empty() && v != "0") {
+        "FACT_DISABLE is set, so every call runs torch's ops; unset it to bench fact"
+    } else {
+        "the calls did not fit their kernels (device, dtype, shapes or alignment); the composed module ran torch's ops there"
+    };
+    Err(format!("substituted kernels never ran: {}: {why}", idle.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_substituted_kernel_that_never_ran_fails_the_bench() {
+        let mut calls = std::collections::BTreeMap::new();
+        calls.insert("k1".to_string(), torch::OpCalls { ran: 36, fell_back: 0 });
+        calls.insert("k2".to_string(), torch::OpCalls { ran: 0, fell_back: 36 });
+        assert!(never_ran(&["k1".into()], &calls).is_ok());
+        let e = never_ran(&["k1".into(), "k2".into(), "k3".into()], &calls).unwrap_err();
+        assert!(e.contains("k2 (36 calls fell back)") && e.contains("k3 (0 calls fell back)") && !e.contains("k1"), "{e}");
+    }
 }

@@ -25,7 +25,7 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct AgentArgs {
-    /// An external agent: a command that speaks fact-agent/1 (one JSON request per line on its
+    /// An external agent: a command that speaks fact-agent/2 (one JSON request per line on its
     /// stdin, one JSON reply per line on its stdout). Default: the built-in agent.
     #[arg(long)]
     agent: Option<String>,
@@ -458,7 +458,7 @@ fn entry_summary(from: &str, e: &Entry) -> serde_json::Value {
 }
 
 fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
-    use crate::space::{self, validity, Knowledge};
+    use crate::space::{self, Knowledge};
     match command {
         KnowledgeCommand::Show { rule, dtype, shape, precision, json } => {
             let version = Toolchain::discover().map(|t| t.cutlass_version()).unwrap_or_else(|_| "unknown".into());
@@ -479,7 +479,7 @@ fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
                     let math = crate::types::MathType::for_tensor(dtype, precision).context("no math for this dtype and precision")?;
                     let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
                     let key = table::TableKey::gemm(&p, math, Arch::Sm90);
-                    let scope = validity::Scope::of_key(&key, &version);
+                    let scope = key.scope(&version);
                     Some(space::derive(&kb, &p, math, Arch::Sm90, &tables.rules(), &scope, &space::SpaceOptions::default()))
                 }
                 (None, None) => None,
@@ -676,6 +676,7 @@ fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Path>) -> Res
         cutlass: tc.cutlass_version(),
         cuda: tc.nvcc_version(),
         command: command_line(),
+        kernels: report.patterns.iter().filter_map(|p| p.kernel.clone()).collect(),
     };
     let b = bench::bench(&opts).map_err(anyhow::Error::msg).context("benchmarking")?;
     let text = serde_json::to_string_pretty(&b)? + "\n";
@@ -753,4 +754,7 @@ fn print_bench(b: &BenchReport) {
     println!("{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}", "torch", b.baseline_ms, b.baseline.spread * 100.0, b.baseline_tflops, b.baseline_rel_err);
     println!("{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}", "fact", b.fact_ms, b.fact.spread * 100.0, b.fact_tflops, b.max_rel_err);
     println!("speedup {:.3}x", b.speedup);
+    for (kernel, c) in &b.op_calls {
+        println!("  {kernel}: ran {} calls, fell back {}", c.ran, c.fell_back);
+    }
 }

@@ -65,7 +65,7 @@ pub struct Options {
     pub space: SpaceOptions,
     /// How many of a sweep's fastest kernels get their launch knobs tuned.
     pub refine: usize,
-    /// An external agent command (`fact-agent/1` over stdin/stdout); None for the built-in one.
+    /// An external agent command (`fact-agent/2` over stdin/stdout); None for the built-in one.
     pub agent: Option<String>,
     pub agent_timeout: std::time::Duration,
 }
@@ -249,9 +249,12 @@ fn measure(
         start: 0,
         baseline: true,
     };
+    let started = std::time::Instant::now();
+    nvcc::progress_line(opts.progress, format_args!("tuning {} variants of {} {}", built.kernels.len(), key.rule, key.shape));
     let sweep = worker::run_sweep(&opts.exe, req, built.kernels.len(), &|_| bar.inc(1))
         .map_err(|detail| ComposeError::Tune { key: key.to_string(), detail })?;
     bar.finish_and_clear();
+    nvcc::progress_line(opts.progress, format_args!("tuned {} in {:.0} s", key.shape, started.elapsed().as_secs_f64()));
     let mut candidates_out: Vec<CandidateResult> = Vec::new();
     for (index, outcome) in sweep.outcomes {
         let spec = built.kernels[index].clone();
@@ -371,7 +374,7 @@ fn realize_sweep(
         }
     }
     let rules = tables.rules();
-    let scope = validity::Scope::of_key(&key, &cutlass);
+    let scope = key.scope(&cutlass);
     let mut space_opts = opts.space.clone();
     if let Some(n) = opts.max_candidates {
         space_opts.budget = n.max(1);
@@ -513,6 +516,7 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         let i = id[1..].parse::<usize>().expect("plan ids are p<index>");
         let pk = GemmProblemKey::of(&matches[i].problem);
         if !done.contains_key(&pk) {
+            nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", matches[i].problem.rule_id(), matches[i].problem.shape_key()));
             let mut r = realize(opts, &tc, &mut tables, &mut steward, &matches[i].problem, gpu)?;
             if matches[i].epilogue.is_some() && matches!(r.how, Realization::Skipped { .. }) {
                 // No fused kernel: the GEMM alone is still worth a kernel; its epilogue stays in torch.
@@ -567,6 +571,10 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         let built = nvcc::build_library(&tc, &specs, &opts.out_dir, LIBRARY, &opts.cache_dir, opts.jobs, opts.progress)?;
         compile_failures.extend(built.failures.iter().cloned());
         let in_lib: std::collections::HashSet<String> = built.kernels.iter().map(KernelSpec::name).collect();
+        // A winner that failed to build here is not substituted: say so rather than name it.
+        for p in patterns.iter_mut().filter(|p| p.kernel.as_ref().is_some_and(|k| !in_lib.contains(k))) {
+            p.realization = Realization::Skipped { reason: format!("the winner {} failed to compile here", p.kernel.take().unwrap_or_default()) };
+        }
         let edits: Vec<Edit> = matches
             .iter()
             .zip(&patterns)

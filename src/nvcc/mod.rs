@@ -354,6 +354,15 @@ pub fn partition(n: usize, jobs: usize) -> Vec<Vec<usize>> {
 
 /// Renders, compiles and links the variants `specs` into `out_dir/<lib_name>`. Kernels that fail
 /// to compile are left out (with every variant of them) and reported in `Built::failures`.
+/// One line on stderr for a long step, when progress is wanted but stderr is no terminal (where
+/// the bars do not draw): logs of runs in the background show what is compiling and tuning.
+pub fn progress_line(show: bool, line: std::fmt::Arguments) {
+    use std::io::IsTerminal;
+    if show && !std::io::stderr().is_terminal() {
+        eprintln!("{line}");
+    }
+}
+
 pub fn build_library(
     tc: &Toolchain,
     specs: &[KernelSpec],
@@ -433,8 +442,10 @@ pub fn build_library(
         Ok(r)
     };
     let units: Vec<Vec<usize>> = partition(todo.len(), jobs).into_iter().map(|u| u.into_iter().map(|j| todo[j]).collect()).collect();
+    progress_line(show_progress, format_args!("compiling {} kernels ({cached} cached) into {}", kernels.len(), out_dir.display()));
     let (built, failed) = compile_bisecting(units, jobs, &compile, &|n| bar.inc(n as u64));
     bar.finish_and_clear();
+    progress_line(show_progress, format_args!("compiled {} kernels in {:.0} s, {} failed", kernels.len(), start.elapsed().as_secs_f64(), failed.len()));
     let mut compiled = 0;
     for (unit, (obj, was_cached)) in built {
         if was_cached {

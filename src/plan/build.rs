@@ -1,6 +1,6 @@
 //! Assembling the plan: costs, shares, expected gains, examples and the agent's ranking.
 
-use super::examples::index;
+use crate::space::examples::index;
 use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
 use crate::agent::{RankItem, Steward};
 use crate::graph::{Graph, NodeId};

@@ -253,7 +253,6 @@ pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGe
     out
 }
 
-pub mod examples;
 mod build;
 pub use build::{plan, PlanOptions};
 

@@ -5,6 +5,7 @@
 //! pruned by learned validity rules (validity.rs) and ordered by an analytic estimate (estimate.rs).
 
 pub mod estimate;
+pub mod examples;
 pub mod knowledge;
 pub mod validity;
 

@@ -1,4 +1,4 @@
-//! Failure memory: every failure a sweep meets (nvcc/static_assert, can_implement, launch,
+//! Failure memory (the rules; src/table/learning.rs turns a sweep's outcomes into them): every failure a sweep meets (nvcc/static_assert, can_implement, launch,
 //! fault, numeric) becomes a validity rule — a scope (arch, dtype, math, rule, CUTLASS version,
 //! and the shape for failures that depend on it), a predicate over the kernel's parameters, a
 //! count and an example message. Rules prune later sweeps before nvcc.
@@ -9,8 +9,6 @@
 //! contradict evidence, so a learned rule cannot prune a kernel that is known to work.
 
 use super::KernelSpec;
-use crate::table::{Entry, Run, TableKey};
-use crate::tune::Outcome;
 use crate::types::MathType;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -27,26 +25,9 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    pub fn of(o: &Outcome) -> Option<FailureKind> {
-        match o {
-            Outcome::Ok { .. } => None,
-            Outcome::CompileFailed { .. } => Some(FailureKind::Compile),
-            Outcome::CannotImplement => Some(FailureKind::CannotImplement),
-            Outcome::LaunchFailed { .. } => Some(FailureKind::Launch),
-            Outcome::Fault { .. } => Some(FailureKind::Fault),
-            Outcome::Numeric { .. } => Some(FailureKind::Numeric),
-        }
-    }
     /// Compile failures depend on the kernel alone; the others on the problem too.
     fn shape_bound(self) -> bool {
         self != FailureKind::Compile
-    }
-    /// Whether `o` shows the kernel got past the stage this kind fails at.
-    fn passed(self, o: &Outcome) -> bool {
-        match self {
-            FailureKind::Compile => !matches!(o, Outcome::CompileFailed { .. }),
-            _ => matches!(o, Outcome::Ok { .. }),
-        }
     }
     pub fn label(self) -> &'static str {
         match self {
@@ -72,20 +53,19 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// The scope of a sweep over `p` (the table key's fields: the table derives the same from a key).
     pub fn of(p: &crate::rules::GemmProblem, math: MathType, arch: crate::types::Arch, cutlass: &str) -> Scope {
-        Scope::of_key(&TableKey::gemm(p, math, arch), cutlass)
-    }
-    pub fn of_key(key: &TableKey, cutlass: &str) -> Scope {
         Scope {
-            arch: key.arch.short_name().into(),
-            dtype: key.dtypes.a.short_name().into(),
-            math: key.math,
-            rule: key.rule.clone(),
+            arch: arch.short_name().into(),
+            dtype: p.dtype.short_name().into(),
+            math,
+            rule: p.rule_id(),
             cutlass: cutlass.into(),
-            shape: Some(key.shape.clone()),
+            shape: Some(p.shape_key()),
         }
     }
-    fn for_kind(&self, kind: FailureKind) -> Scope {
+    /// The scope a rule of `kind` learned in this sweep holds for.
+    pub fn for_kind(&self, kind: FailureKind) -> Scope {
         Scope { shape: if kind.shape_bound() { self.shape.clone() } else { None }, ..self.clone() }
     }
     /// Whether a rule scoped `self` applies to a sweep in `sweep`.
@@ -154,16 +134,6 @@ pub fn params(k: &KernelSpec, kind: FailureKind) -> BTreeMap<String, Value> {
     m
 }
 
-fn message(o: &Outcome) -> String {
-    match o {
-        Outcome::CompileFailed { log } => log.clone(),
-        Outcome::CannotImplement => "CUTLASS can_implement refused the problem".into(),
-        Outcome::LaunchFailed { error } | Outcome::Fault { error } => error.clone(),
-        Outcome::Numeric { max_rel_err, tolerance } => format!("max relative error {max_rel_err:.3e} over tolerance {tolerance:.0e}"),
-        Outcome::Ok { .. } => String::new(),
-    }
-}
-
 /// Records one failure. `passed` are kernels known to have passed this kind's stage in scope.
 pub fn learn(rules: &mut Vec<Rule>, scope: &Scope, kind: FailureKind, k: &KernelSpec, msg: &str, passed: &[KernelSpec]) {
     let scope = scope.for_kind(kind);
@@ -195,29 +165,6 @@ pub fn learn(rules: &mut Vec<Rule>, scope: &Scope, kind: FailureKind, k: &Kernel
         return;
     }
     rules.push(Rule { scope, kind, predicate: p, count: 1, example: msg.chars().take(2000).collect(), kernels: vec![name] });
-}
-
-/// Learns every failure of `run` (a sweep on `key`). `history` is the table's entries, whose
-/// runs say which kernels passed which stage.
-pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[Entry]) -> usize {
-    let sweep = Scope::of_key(key, &run.provenance.cutlass);
-    let mut learned = 0;
-    for c in &run.candidates {
-        let Some(kind) = FailureKind::of(&c.outcome) else { continue };
-        let scope = sweep.for_kind(kind);
-        let passed: Vec<KernelSpec> = history
-            .iter()
-            .flat_map(|e| e.runs.iter().map(move |r| (e, r)))
-            .filter(|(e, r)| scope.covers(&Scope::of_key(&e.key, &r.provenance.cutlass)))
-            .flat_map(|(_, r)| r.candidates.iter())
-            .chain(run.candidates.iter())
-            .filter(|c| kind.passed(&c.outcome))
-            .map(|c| c.spec.clone())
-            .collect();
-        learn(rules, &sweep, kind, &c.spec, &message(&c.outcome), &passed);
-        learned += 1;
-    }
-    learned
 }
 
 /// The first rule that rejects `k` in a sweep scoped `sweep`.

@@ -5,6 +5,8 @@
 //! rename) and read-modify-write cycles hold a lock file, so concurrent fact runs never tear or
 //! drop each other's entries.
 
+pub mod learning;
+
 use crate::rules::GemmProblem;
 use crate::space::KernelSpec;
 use crate::tune::cuda::DeviceInfo;
@@ -384,7 +386,7 @@ impl Tables {
         let mut n = 0;
         self.user = Table::update(&self.user_path, |t| {
             let history = t.entries.clone();
-            n = crate::space::validity::learn_run(&mut t.rules, key, run, &history);
+            n = learning::learn_run(&mut t.rules, key, run, &history);
             t.clone()
         })?;
         Ok(n)

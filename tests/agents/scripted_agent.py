@@ -1,4 +1,4 @@
-"""A scripted external agent for the protocol tests (fact-agent/1 over stdin/stdout).
+"""A scripted external agent for the protocol tests (fact-agent/2 over stdin/stdout).
 
 Usage: python scripted_agent.py MODE LOG
   MODE "reject-then-propose": reverses fact's ranking, picks the first offered example, proposes
@@ -24,7 +24,7 @@ for line in sys.stdin:
     req = json.loads(line)
     with open(log, "a") as f:
         f.write(json.dumps(req) + "\n")
-    assert req["protocol"] == "fact-agent/1", req
+    assert req["protocol"] == "fact-agent/2", req
     if mode == "garbage":
         sys.stdout.write("this is not json\n")
         sys.stdout.flush()

@@ -4,7 +4,8 @@
 // call fits it (CUDA tensors on an sm90 device, the kernel's dtype, layout, bias and epilogue,
 // CUTLASS's alignment rules) and otherwise falls back to the original aten ops (for gemm_ep, the
 // GEMM and then the program interpreted op by op), so a composed module never computes a different
-// function than the one it replaced.
+// function than the one it replaced. FACT_DISABLE=1 in the environment makes every call fall back;
+// fact_op_stats() counts, per kernel, the calls that ran it and the calls that fell back.
 #include "fact_kernels.h"
 
 #include <ATen/ATen.h>
@@ -15,6 +16,7 @@
 
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -403,6 +405,28 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
   return true;
 }
 
+// Whether FACT_DISABLE asks every call to run the original ops (read once per process).
+bool disabled() {
+  static const bool off = [] {
+    const char* v = std::getenv("FACT_DISABLE");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return off;
+}
+
+// Calls per kernel: how many ran it and how many fell back to the original ops.
+struct Counts {
+  uint64_t ran = 0, fell_back = 0;
+};
+std::mutex stats_mutex;
+std::map<std::string, Counts> stats;
+
+void count(c10::string_view kernel, bool ran) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  Counts& c = stats[std::string(kernel)];
+  (ran ? c.ran : c.fell_back) += 1;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The ops.
 
@@ -410,7 +434,11 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
                 c10::string_view origin, c10::string_view kernel) {
   check_origin(origin, "gemm");
   Launch l;
-  if (prepare(l, a, b, bias, origin, kernel, "") && launch(l, kernel, "gemm")) return l.out;
+  if (!disabled() && prepare(l, a, b, bias, origin, kernel, "") && launch(l, kernel, "gemm")) {
+    count(kernel, true);
+    return l.out;
+  }
+  count(kernel, false);
   return original(a, b, bias, origin);
 }
 
@@ -422,14 +450,35 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
   TORCH_CHECK(leaves.size() == program.leaves.size(), "fact::gemm_ep: epilogue '", std::string(epilogue), "' reads ",
               program.leaves.size(), " leaves, the call passes ", leaves.size());
   Launch l;
-  if (prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
+  if (!disabled() && prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
       launch(l, kernel, "gemm_ep")) {
+    count(kernel, true);
     return l.out;
   }
+  count(kernel, false);
   return interpret(program, original(a, b, bias, origin), leaves);
 }
 
 }  // namespace
+
+// The call counts since the library was loaded (or last reset) as JSON,
+// {"kernel": {"ran": n, "fell_back": n}, ...}; valid until the next call.
+extern "C" const char* fact_op_stats(void) {
+  static thread_local std::string text;
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  text = "{";
+  for (const auto& [kernel, c] : stats) {
+    if (text.size() > 1) text += ",";
+    text += "\"" + kernel + "\":{\"ran\":" + std::to_string(c.ran) + ",\"fell_back\":" + std::to_string(c.fell_back) + "}";
+  }
+  text += "}";
+  return text.c_str();
+}
+
+extern "C" void fact_op_stats_reset(void) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  stats.clear();
+}
 
 // A fragment that defines the schemas only where they are missing: the fact CLI defines them
 // before it saves a rewritten graph, and may load this library into the same process afterwards.
