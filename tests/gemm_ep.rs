@@ -137,6 +137,7 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let built = nvcc::build_library(&tc, &[crate::compile::good_spec()], dir.path(), "libep.so", &cache_dir(), 2, false).unwrap();
     torch::load_op_library(&built.library).unwrap();
+    torch::op_stats(&built.library, true).unwrap();
 
     let (g, _) = torch::load_graph(&fixture("linear_ep.pt"), &[]).unwrap();
     let original = CModule::load(fixture("linear_ep.pt")).unwrap();
@@ -151,6 +152,10 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
         let diff = (&got - &want).abs().max().double_value(&[]);
         assert!(diff <= 1e-6, "{epilogue}: max difference {diff}");
     }
+    // Both calls fell back (CPU tensors), and the library says so.
+    let calls = torch::op_stats(&built.library, false).unwrap();
+    let total: Vec<(u64, u64)> = calls.values().map(|c| (c.ran, c.fell_back)).collect();
+    assert_eq!(total, vec![(0, 2)], "{calls:?}");
 
     let out = dir.path().join("malformed.pt");
     rewrite(ep_edit(&g, "aten::add", "leaves=full;v1=frob(v0)"), &out).unwrap();
