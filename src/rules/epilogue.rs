@@ -490,22 +490,18 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
     let gemm_out = *g.nodes[gm.node].outputs.first()?;
     let out_info = g.tensor(gemm_out)?.clone();
     let batched = gm.problem.batch > 1;
-    let mut users: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
+    let mut readers = Readers { users: HashMap::new(), graph_outputs: g.outputs.iter().copied().collect() };
     for (i, n) in g.nodes.iter().enumerate() {
         for &v in &n.inputs {
-            users.entry(v).or_default().push(i);
+            readers.users.entry(v).or_default().push(i);
         }
     }
-    let graph_outputs: BTreeSet<ValueId> = g.outputs.iter().copied().collect();
     // Program values by graph value; value 0 is the GEMM's output.
-    let mut program: HashMap<ValueId, usize> = HashMap::from([(gemm_out, 0)]);
-    let mut instrs: Vec<Instr> = Vec::new();
-    let mut leaves: Vec<(ValueId, LeafKind)> = Vec::new();
-    let mut nodes: Vec<NodeId> = Vec::new();
+    let mut pat = Pattern { program: HashMap::from([(gemm_out, 0)]), instrs: Vec::new(), leaves: Vec::new(), nodes: Vec::new() };
     let mut best: Option<EpilogueMatch> = None;
     for id in gm.node + 1..g.nodes.len() {
         let n = &g.nodes[id];
-        if n.depth != 0 || !n.inputs.iter().any(|v| program.contains_key(v)) {
+        if n.depth != 0 || !n.inputs.iter().any(|v| pat.program.contains_key(v)) {
             continue;
         }
         let Some((op, operands)) = read_node(g, id) else { break };
@@ -514,102 +510,89 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
             Some(t) if t.shape == out_info.shape && t.dtype == out_info.dtype => {}
             _ => break,
         }
-        let mut args = Vec::with_capacity(operands.len());
-        let mut ok = true;
-        for o in operands {
-            args.push(match o {
-                Operand::Scalar(s) => Arg::Scalar(Scalar(s)),
-                Operand::Tensor(v) => match program.get(&v) {
-                    Some(&p) => Arg::Value(p),
-                    None => {
-                        let t = g.tensor(v).expect("operand has a tensor");
-                        let at = leaves.iter().position(|(lv, _)| *lv == v);
-                        match (at, leaf_kind(&t.shape, &t.dtype, &out_info.shape, gm.problem.dtype, batched)) {
-                            (Some(i), _) => Arg::Leaf(i),
-                            (None, Some(LeafKind::Full)) if leaves.iter().any(|(_, k)| *k == LeafKind::Full) => {
-                                // One full-size leaf rides on the GEMM's C operand; a second would need an aux load.
-                                ok = false;
-                                Arg::Leaf(0)
-                            }
-                            (None, Some(_)) if leaves.len() == MAX_LEAVES => {
-                                ok = false;
-                                Arg::Leaf(0)
-                            }
-                            (None, Some(kind)) => {
-                                leaves.push((v, kind));
-                                Arg::Leaf(leaves.len() - 1)
-                            }
-                            (None, None) => {
-                                ok = false;
-                                Arg::Leaf(0)
-                            }
-                        }
-                    }
-                },
-            });
-        }
-        if !ok {
+        let Some(args) = operands.into_iter().map(|o| pat.arg(o, g, &out_info.shape, gm.problem.dtype, batched)).collect::<Option<Vec<Arg>>>()
+        else {
             break;
-        }
-        let op = match op {
-            None => {
-                // The identity: the output is the operand's program value.
-                match args[0] {
-                    Arg::Value(p) => {
-                        program.insert(out, p);
-                        nodes.push(id);
-                        if let Some(m) = cut(&program, &instrs, &leaves, &nodes, out, &users, &graph_outputs) {
-                            best = Some(m);
-                        }
-                        continue;
-                    }
-                    _ => break,
-                }
-            }
-            Some(op) => op,
         };
-        // A value operand first for unary ops; binary ops may hold it on either side.
-        if op.scalar_params() && !matches!(args[0], Arg::Value(_)) {
-            break;
+        match (op, args[0]) {
+            // The identity (eval dropout): the output is the operand's program value.
+            (None, Arg::Value(p)) => {
+                pat.program.insert(out, p);
+            }
+            (None, _) => break,
+            // Unary ops take a value first; binary ops may hold it on either side.
+            (Some(op), first) if op.scalar_params() && !matches!(first, Arg::Value(_)) => break,
+            (Some(op), _) => {
+                pat.instrs.push(Instr { op, args });
+                pat.program.insert(out, pat.instrs.len());
+            }
         }
-        instrs.push(Instr { op, args });
-        program.insert(out, instrs.len());
-        nodes.push(id);
-        if let Some(m) = cut(&program, &instrs, &leaves, &nodes, out, &users, &graph_outputs) {
+        pat.nodes.push(id);
+        if let Some(m) = pat.cut(out, &readers) {
             best = Some(m);
         }
     }
     best
 }
 
-/// The pattern as it stands, if `last` is its only value seen outside it.
-fn cut(
-    program: &HashMap<ValueId, usize>,
-    instrs: &[Instr],
-    leaves: &[(ValueId, LeafKind)],
-    nodes: &[NodeId],
-    last: ValueId,
-    users: &HashMap<ValueId, Vec<NodeId>>,
-    graph_outputs: &BTreeSet<ValueId>,
-) -> Option<EpilogueMatch> {
-    if instrs.is_empty() {
-        return None;
+/// Who reads each value, and what the graph returns: what decides whether a value escapes.
+struct Readers {
+    users: HashMap<ValueId, Vec<NodeId>>,
+    graph_outputs: BTreeSet<ValueId>,
+}
+
+/// The pattern taken so far: program values by graph value, instructions, leaves and nodes.
+struct Pattern {
+    program: HashMap<ValueId, usize>,
+    instrs: Vec<Instr>,
+    leaves: Vec<(ValueId, LeafKind)>,
+    nodes: Vec<NodeId>,
+}
+
+impl Pattern {
+    /// The program operand for a node's operand: a program value, a constant, or a leaf (taken
+    /// now if new). None when it cannot be one: a tensor that does not lie over the output, a
+    /// second full-size leaf (one rides on the GEMM's C operand; another would need an aux load),
+    /// or more leaves than kernels take.
+    fn arg(&mut self, o: Operand, g: &Graph, out: &[i64], dtype: DType, batched: bool) -> Option<Arg> {
+        let v = match o {
+            Operand::Scalar(s) => return Some(Arg::Scalar(Scalar(s))),
+            Operand::Tensor(v) => v,
+        };
+        if let Some(&p) = self.program.get(&v) {
+            return Some(Arg::Value(p));
+        }
+        if let Some(i) = self.leaves.iter().position(|(lv, _)| *lv == v) {
+            return Some(Arg::Leaf(i));
+        }
+        let t = g.tensor(v)?;
+        let kind = leaf_kind(&t.shape, &t.dtype, out, dtype, batched)?;
+        if self.leaves.len() == MAX_LEAVES || (kind == LeafKind::Full && self.leaves.iter().any(|(_, k)| *k == LeafKind::Full)) {
+            return None;
+        }
+        self.leaves.push((v, kind));
+        Some(Arg::Leaf(self.leaves.len() - 1))
     }
-    let inside: BTreeSet<NodeId> = nodes.iter().copied().collect();
-    let escapes = |v: ValueId| graph_outputs.contains(&v) || users.get(&v).into_iter().flatten().any(|u| !inside.contains(u));
-    if program.keys().any(|&v| v != last && escapes(v)) {
-        return None;
+
+    /// The pattern as it stands, if `last` is its only value seen outside it.
+    fn cut(&self, last: ValueId, readers: &Readers) -> Option<EpilogueMatch> {
+        if self.instrs.is_empty() {
+            return None;
+        }
+        let inside: BTreeSet<NodeId> = self.nodes.iter().copied().collect();
+        let escapes = |v: ValueId| {
+            readers.graph_outputs.contains(&v) || readers.users.get(&v).into_iter().flatten().any(|u| !inside.contains(u))
+        };
+        if self.program.keys().any(|&v| v != last && escapes(v)) {
+            return None;
+        }
+        Some(EpilogueMatch {
+            epilogue: Epilogue { leaves: self.leaves.iter().map(|l| l.1).collect(), instrs: self.instrs.clone() },
+            nodes: self.nodes.clone(),
+            leaves: self.leaves.iter().map(|l| l.0).collect(),
+            output: last,
+        })
     }
-    // The last node defines the output; every leaf it needs exists before it.
-    let used: BTreeSet<usize> = instrs.iter().flat_map(|i| i.args.iter()).filter_map(|a| if let Arg::Leaf(l) = a { Some(*l) } else { None }).collect();
-    let leaves: Vec<(ValueId, LeafKind)> = leaves.to_vec();
-    debug_assert!(used.iter().all(|&l| l < leaves.len()));
-    Some(EpilogueMatch {
-        epilogue: Epilogue { leaves: leaves.iter().map(|l| l.1).collect(), instrs: instrs.to_vec() },
-        nodes: nodes.to_vec(),
-        leaves: leaves.iter().map(|l| l.0).collect(),
-        output: last,
-    })
 }
 
 #[cfg(test)]
