@@ -90,6 +90,14 @@ fn bad_inputs_get_errors_that_name_the_fix() {
 
     let out = fact().args(["compose"]).arg(fixture("linear.pt")).args(["--precision", "fp8"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("use tf32 or f32"));
+
+    let out = fact()
+        .args(["realize", "--rule", "gemm_rcr_bias", "--dtype", "f32", "--shape", "64x64x64", "--epilogue", "leaves=;v1=frob(v0)"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad --epilogue") && err.contains("unknown epilogue op 'frob'") && err.contains("as discover prints it"), "{err}");
 }
 
 #[test]

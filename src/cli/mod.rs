@@ -106,6 +106,10 @@ enum Command {
         /// MxNxK, or LxMxNxK for bmm_rrr.
         #[arg(long)]
         shape: String,
+        /// An elementwise program fused after the GEMM, in the text form discover prints
+        /// (e.g. 'leaves=row;v1=gelu(v0);v2=mul(v1,l0)').
+        #[arg(long)]
+        epilogue: Option<String>,
         #[arg(long, default_value = "tf32")]
         precision: String,
         #[arg(long, default_value = "sm90")]
@@ -323,7 +327,7 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Realize { rule, dtype, shape, precision, arch, candidates, refine, hopeless, jobs: j, out, agent, json } => {
+        Command::Realize { rule, dtype, shape, epilogue, precision, arch, candidates, refine, hopeless, jobs: j, out, agent, json } => {
             if !(hopeless >= 1.0) {
                 bail!("--hopeless {hopeless} must be at least 1 (the best estimate itself)");
             }
@@ -332,7 +336,12 @@ pub fn main() -> Result<()> {
             let arch = Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
             let dims = table::parse_shape(&shape)
                 .with_context(|| format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr), e.g. 4096x4096x4096"))?;
-            let problem = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
+            let mut problem = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
+            if let Some(text) = epilogue {
+                let e = crate::rules::Epilogue::parse(&text)
+                    .map_err(|why| anyhow::anyhow!("bad --epilogue '{text}': {why}; write it as discover prints it, e.g. 'leaves=;v1=relu(v0)'"))?;
+                problem.epilogue = Some(e);
+            }
             let opts = compose::Options {
                 jobs: jobs(j),
                 max_candidates: candidates,
