@@ -328,7 +328,7 @@ pub fn main() -> Result<()> {
             Ok(())
         }
         Command::Realize { rule, dtype, shape, epilogue, precision, arch, candidates, refine, hopeless, jobs: j, out, agent, json } => {
-            if !(hopeless >= 1.0) {
+            if hopeless.is_nan() || hopeless < 1.0 {
                 bail!("--hopeless {hopeless} must be at least 1 (the best estimate itself)");
             }
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;

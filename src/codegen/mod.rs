@@ -52,7 +52,7 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         crate::space::EpilogueKind::Tma => k.schedule.epilogue_tag(),
         crate::space::EpilogueKind::NoSmem => "cutlass::epilogue::NoSmemWarpSpecialized",
     };
-    let warp = |i: usize| if k.warps[i] > 0 { k.tile[i] / k.warps[i] } else { 0 };
+    let warp = |i: usize| k.tile[i].checked_div(k.warps[i]).unwrap_or(0);
     // The tf32 split writes torch's b K-major (transposing an rrr b), so both WGMMA GEMMs read
     // their operands from shared memory; the bf16 split keeps the layout.
     let tf32_split = k.family == crate::space::Family::Sm90GemmX3;
@@ -418,7 +418,7 @@ mod tests {
         assert_ne!(no_c.kernel_name(), k.kernel_name());
         assert!(k.kernel_name().contains("_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_"), "{}", k.kernel_name());
         // The dispatch entry carries the program for the op to check against its call.
-        assert!(render_dispatch(&[k.clone()]).text.contains(&format!("R\"fact_ep({})fact_ep\"", k.fusion.as_ref().unwrap().text())));
+        assert!(render_dispatch(std::slice::from_ref(&k)).text.contains(&format!("R\"fact_ep({})fact_ep\"", k.fusion.as_ref().unwrap().text())));
     }
 
     #[test]

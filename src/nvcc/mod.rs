@@ -287,6 +287,10 @@ pub fn default_cache_dir() -> PathBuf {
     home.join(".cache/fact/build")
 }
 
+/// What `compile_bisecting` settles: the units that compiled, each with its result, and the
+/// kernels that failed alone, each with its log.
+pub type Bisected<T> = (Vec<(Vec<usize>, T)>, Vec<(usize, String)>);
+
 /// Compiles `units` (lists of kernel indices) with `compile` on `jobs` threads. A unit that fails
 /// is split in halves which go back on the queue, down to single kernels; those failures are the
 /// result's second half. `done(n)` reports n more kernels settled.
@@ -295,7 +299,7 @@ pub fn compile_bisecting<T: Send>(
     jobs: usize,
     compile: &(dyn Fn(&[usize]) -> Result<T, String> + Sync),
     done: &(dyn Fn(usize) + Sync),
-) -> (Vec<(Vec<usize>, T)>, Vec<(usize, String)>) {
+) -> Bisected<T> {
     let queue = Mutex::new((units, 0usize)); // (pending units, units in flight)
     let ok = Mutex::new(Vec::new());
     let failed = Mutex::new(Vec::new());

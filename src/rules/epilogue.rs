@@ -146,10 +146,10 @@ impl EpOp {
             EpOp::ClampMin => format!("{a} != {a} ? {a} : fmaxf({a}, {})", x[1]),
             EpOp::ClampMax => format!("{a} != {a} ? {a} : fminf({a}, {})", x[1]),
             EpOp::Pow => match scalars.get(1).copied().flatten() {
-                Some(e) if e == 2.0 => format!("{a} * {a}"),
-                Some(e) if e == 3.0 => format!("{a} * {a} * {a}"),
-                Some(e) if e == 0.5 => format!("sqrtf({a})"),
-                Some(e) if e == 1.0 => a.to_string(),
+                Some(2.0) => format!("{a} * {a}"),
+                Some(3.0) => format!("{a} * {a} * {a}"),
+                Some(0.5) => format!("sqrtf({a})"),
+                Some(1.0) => a.to_string(),
                 _ => format!("powf({a}, {})", x[1]),
             },
         }

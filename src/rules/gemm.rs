@@ -4,6 +4,7 @@
 //! - rcr: B = w[N,K]ᵀ, as in `aten::linear(a, w, bias?)`;
 //! - rrr: B = b[K,N], as in `aten::mm(a, b)`, `aten::matmul(a, b)` with a 2-D b (a may have
 //!   leading dims), and `aten::addmm(bias, a, b, beta=1, alpha=1)` with a 1-D bias.
+//!
 //! bmm_rrr: out[L,M,N] = a[L,M,K] · b[L,K,N], as in `aten::bmm` and `aten::matmul` whose operands
 //! carry the same batch dims (folded into L). Broadcast batch dims are not matched.
 

@@ -448,7 +448,7 @@ impl KernelSpec {
             && p.bias == self.bias
             && p.epilogue == self.fusion
             // A column leaf is read along the CUTLASS problem's N (torch's M) in vectors.
-            && self.fusion.as_ref().map_or(true, |e| !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.m % self.align_out() as i64 == 0 && p.batch == 1))
+            && self.fusion.as_ref().is_none_or(|e| !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.m % self.align_out() as i64 == 0 && p.batch == 1))
             && p.k % self.align as i64 == 0
             && p.n % self.align as i64 == 0
             // Serial split-K and Stream-K in CUTLASS 2.x's GemmUniversal are for single GEMMs.

@@ -106,12 +106,34 @@ pub enum TorchError {
     MissingShapes { path: String },
     #[error("{path}: input {index} ({shape}) has a zero-size dimension: nothing can be tuned on an empty tensor; pass the shape of a real batch with --input (every dimension at least 1)")]
     ZeroSize { path: String, index: usize, shape: String },
-    #[error("{path}: the model fails on inputs {given}: {op}{scope} got {op_inputs} and torch says \"{message}\"; pass --input shapes the model's forward accepts (once per forward input)")]
-    OpFailed { path: String, given: String, op: String, scope: String, op_inputs: String, message: String },
+    #[error("{0}")]
+    OpFailed(Box<OpFailure>),
     #[error("{0}")]
     Bridge(String),
     #[error("cannot load op library {path}: {detail}")]
     OpLibrary { path: String, detail: String },
+}
+
+/// An op torch could not run on the given inputs while shapes were interpreted (boxed in
+/// `TorchError`, which stays small for the results that carry it).
+#[derive(Debug)]
+pub struct OpFailure {
+    pub path: String,
+    pub given: String,
+    pub op: String,
+    pub scope: String,
+    pub op_inputs: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for OpFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the model fails on inputs {}: {}{} got {} and torch says \"{}\"; pass --input shapes the model's forward accepts (once per forward input)",
+            self.path, self.given, self.op, self.scope, self.op_inputs, self.message
+        )
+    }
 }
 
 /// The schema of the op composed graphs call; the op library template renders the same string.
@@ -217,14 +239,14 @@ pub fn load_graph(path: &Path, inputs: &[InputShape]) -> Result<(Graph, Vec<Inpu
     let f = &dump.failure;
     if !f.kind.is_empty() {
         let given: Vec<String> = inputs.iter().map(InputShape::display).collect();
-        return Err(TorchError::OpFailed {
+        return Err(TorchError::OpFailed(Box::new(OpFailure {
             path: p,
             given: given.join(", "),
             op: f.kind.clone(),
             scope: if f.scope.is_empty() { String::new() } else { format!(" (in {})", f.scope) },
             op_inputs: f.inputs.join(", "),
             message: f.message.clone(),
-        });
+        })));
     }
     Ok((graph_from_dump(dump), inputs))
 }
