@@ -66,27 +66,26 @@ impl KernelLibrary {
         self.len() == 0
     }
 
-    pub fn name(&self, index: usize) -> Option<String> {
-        // SAFETY: the table returns NULL for a bad index and static strings otherwise.
+    /// A text field of variant `index`'s kernel info.
+    fn info_text(&self, index: usize, field: fn(&abi::FactKernelInfo) -> *const std::os::raw::c_char) -> Option<String> {
+        // SAFETY: the table returns NULL for a bad index and otherwise an entry whose text fields
+        // are static NUL-terminated strings.
         unsafe {
             let info = (self.info)(index as i32);
             if info.is_null() {
                 return None;
             }
-            Some(CStr::from_ptr((*info).name).to_string_lossy().into_owned())
+            Some(CStr::from_ptr(field(&*info)).to_string_lossy().into_owned())
         }
+    }
+
+    pub fn name(&self, index: usize) -> Option<String> {
+        self.info_text(index, |i| i.name)
     }
 
     /// The epilogue program of variant `index` ("" for none).
     pub fn epilogue(&self, index: usize) -> Option<String> {
-        // SAFETY: as in `name`; the epilogue field is a static string too.
-        unsafe {
-            let info = (self.info)(index as i32);
-            if info.is_null() {
-                return None;
-            }
-            Some(CStr::from_ptr((*info).epilogue).to_string_lossy().into_owned())
-        }
+        self.info_text(index, |i| i.epilogue)
     }
 
     pub fn find(&self, name: &str) -> Option<usize> {

@@ -406,18 +406,17 @@ pub fn op_stats(path: &Path, reset: bool) -> Result<std::collections::BTreeMap<S
     // SAFETY: opening an already loaded library only takes another reference to it; the two
     // functions are declared in templates/torch_op.cpp.hbs with exactly these signatures, and the
     // text fact_op_stats returns stays valid until this thread's next call, after the copy below.
+    // Dropping this handle leaves the library loaded: load_op_library keeps its own.
     unsafe {
         let lib = libloading::os::unix::Library::open(Some(&canon), libc_flags()).map_err(|e| err(e.to_string()))?;
         if reset {
             let f: libloading::os::unix::Symbol<unsafe extern "C" fn()> = lib.get(b"fact_op_stats_reset").map_err(|e| err(e.to_string()))?;
             f();
-            std::mem::forget(lib);
             return Ok(Default::default());
         }
         let f: libloading::os::unix::Symbol<unsafe extern "C" fn() -> *const std::os::raw::c_char> =
             lib.get(b"fact_op_stats").map_err(|e| err(e.to_string()))?;
         let text = std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned();
-        std::mem::forget(lib);
         serde_json::from_str(&text).map_err(|e| err(format!("op stats '{text}': {e}")))
     }
 }
