@@ -130,6 +130,29 @@ fn fused_epilogues_compile_into_one_library() {
     assert_eq!(lib.epilogue(0).as_deref(), Some(program));
 }
 
+/// Under f32-accurate a residual cannot be fused (the split families take C for their first
+/// GEMM's result, the sm80 family renders no epilogue): the fused pattern gets no kernel and
+/// compose realizes the GEMM alone, saying why. Fixture: linear_ep.pt.
+#[test]
+fn a_fused_pattern_without_a_kernel_falls_back_to_its_gemm() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fact()
+        .env("FACT_TABLE", dir.path().join("table.json"))
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["compose", "--json", "--precision", "f32", "--candidates", "1", "--out"])
+        .arg(dir.path().join("out"))
+        .arg(fixture("linear_ep.pt"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["compose"];
+    assert_eq!(c["patterns"][0]["rule"], "gemm_rcr_bias", "{c}");
+    assert_eq!(c["patterns"][0]["realization"]["how"], "compiled", "{c}");
+    let notes = c["agent_notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("the fused epilogue is left to torch")), "{notes:?}");
+}
+
 fn table_with(spec: &KernelSpec) -> Table {
     let mut t = Table::new();
     t.insert_merged(sample_entry(&linear_problem(), spec, 0.01, "test table (not a measurement)"));

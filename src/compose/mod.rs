@@ -512,34 +512,28 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     // Realize in the plan's order, so the patterns worth most are tuned first.
     let mut done: BTreeMap<GemmProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
     let mut compile_failures = Vec::new();
+    // Fused problems no kernel could realize: every match of one falls back to its plain GEMM.
+    let mut unfused: BTreeSet<GemmProblemKey> = BTreeSet::new();
     for id in &order {
         let i = id[1..].parse::<usize>().expect("plan ids are p<index>");
-        let pk = GemmProblemKey::of(&matches[i].problem);
-        if !done.contains_key(&pk) {
-            nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", matches[i].problem.rule_id(), matches[i].problem.shape_key()));
-            let mut r = realize(opts, &tc, &mut tables, &mut steward, &matches[i].problem, gpu)?;
-            if matches[i].epilogue.is_some() && matches!(r.how, Realization::Skipped { .. }) {
-                // No fused kernel: the GEMM alone is still worth a kernel; its epilogue stays in torch.
-                if let Realization::Skipped { reason } = &r.how {
+        loop {
+            let pk = GemmProblemKey::of(&matches[i].problem);
+            if !done.contains_key(&pk) {
+                nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", matches[i].problem.rule_id(), matches[i].problem.shape_key()));
+                let mut r = realize(opts, &tc, &mut tables, &mut steward, &matches[i].problem, gpu)?;
+                if let (Some(_), Realization::Skipped { reason }) = (&matches[i].epilogue, &r.how) {
                     steward.notes.push(format!("{id}: the fused epilogue is left to torch ({reason}); the GEMM alone is realized"));
+                    unfused.insert(pk.clone());
                 }
-                compile_failures.extend(r.failures);
-                done.insert(pk, (r.how, r.entry));
-                matches[i] = matches[i].plain();
-                let plain = GemmProblemKey::of(&matches[i].problem);
-                if done.contains_key(&plain) {
-                    continue;
-                }
-                r = realize(opts, &tc, &mut tables, &mut steward, &matches[i].problem, gpu)?;
-                let pk = plain;
                 finish(opts, &mut r);
                 compile_failures.extend(r.failures);
-                done.insert(pk, (r.how, r.entry));
-                continue;
+                done.insert(pk.clone(), (r.how, r.entry));
             }
-            finish(opts, &mut r);
-            compile_failures.extend(r.failures);
-            done.insert(pk, (r.how, r.entry));
+            if !unfused.contains(&pk) {
+                break;
+            }
+            // No fused kernel: the GEMM alone is still worth one; its epilogue stays in torch.
+            matches[i] = matches[i].plain();
         }
     }
 
