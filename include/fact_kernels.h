@@ -1,8 +1,11 @@
-/* The C ABI of every kernel library fact builds: a dispatch table of GEMM variants, found by index
- * or by name. Rust binds this header with bindgen (build.rs); the generated torch op calls it too.
- * The problem is stated in torch's terms: out[batch][m][n] = f(a[batch][m][k] . B + bias[n], leaves),
- * all row-major and packed, where B is b[batch][k][n] for layout rrr and b[batch][n][k] for rcr,
- * and f is the kernel's epilogue program (FactKernelInfo::epilogue; the identity when empty). */
+/* The C ABI of every kernel library fact builds: two dispatch tables, found by index or by name.
+ * Rust binds this header with bindgen (build.rs); the generated torch op calls it too.
+ * - GEMM variants (fact_kernel_*): the problem is stated in torch's terms:
+ *   out[batch][m][n] = f(a[batch][m][k] . B + bias[n], leaves), all row-major and packed, where B is
+ *   b[batch][k][n] for layout rrr and b[batch][n][k] for rcr, and f is the kernel's epilogue program
+ *   (FactKernelInfo::epilogue; the identity when empty).
+ * - Kernels of other pattern kinds (fact_op_kernel_*): a list of tensors with their sizes and
+ *   strides, and a list of scalars; FactOpKernelInfo::signature says what each position means. */
 #ifndef FACT_KERNELS_H
 #define FACT_KERNELS_H
 
@@ -13,7 +16,7 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 3
+#define FACT_ABI_VERSION 4
 /* Leaf tensors an epilogue may read. */
 #define FACT_MAX_LEAVES 4
 
@@ -77,6 +80,45 @@ size_t fact_kernel_workspace_size(int32_t index, const FactGemmArgs* args);
 /* Launches asynchronously on `stream` (a cudaStream_t; NULL is the legacy default stream). */
 int32_t fact_kernel_run(int32_t index, const FactGemmArgs* args, void* workspace, size_t workspace_size,
                         void* stream);
+/* A tensor as a kernel of the op-kernel table reads it: sizes and strides in elements. */
+#define FACT_MAX_RANK 6
+typedef struct FactTensor {
+  void* data;
+  /* "f32", "bf16" or "f16" as 0, 1, 2 (FactDtype). */
+  int32_t dtype;
+  int32_t rank;
+  int64_t sizes[FACT_MAX_RANK];
+  int64_t strides[FACT_MAX_RANK];
+} FactTensor;
+
+typedef enum FactDtype { FACT_F32 = 0, FACT_BF16 = 1, FACT_F16 = 2 } FactDtype;
+
+typedef struct FactOpArgs {
+  const FactTensor* tensors;
+  int32_t num_tensors;
+  const double* scalars;
+  int32_t num_scalars;
+} FactOpArgs;
+
+typedef struct FactOpKernelInfo {
+  /* The kernel's identity (Spec::name in Rust): the pattern-table value. */
+  const char* name;
+  /* The pattern kind: "attention". */
+  const char* kind;
+  /* What the tensors and scalars are, e.g. "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D]; scale causal". */
+  const char* signature;
+  /* The spec the kernel was rendered from, as one line of JSON. */
+  const char* spec_json;
+} FactOpKernelInfo;
+
+int32_t fact_op_kernel_count(void);
+const FactOpKernelInfo* fact_op_kernel_info(int32_t index);
+int32_t fact_op_kernel_find(const char* name);
+int32_t fact_op_kernel_can_implement(int32_t index, const FactOpArgs* args);
+size_t fact_op_kernel_workspace_size(int32_t index, const FactOpArgs* args);
+int32_t fact_op_kernel_run(int32_t index, const FactOpArgs* args, void* workspace, size_t workspace_size,
+                           void* stream);
+
 /* The last CUDA error text seen by this library on this thread, for messages. */
 const char* fact_last_error(void);
 

@@ -70,7 +70,7 @@ pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &
         baseline: Some(timing.clone()),
         candidates: vec![CandidateResult {
             kernel: spec.name(),
-            spec: spec.clone(),
+            spec: spec.clone().into(),
             outcome: Outcome::Ok { max_rel_err: 0.0, timing, tflops: 0.0 },
         }],
     };

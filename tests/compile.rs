@@ -52,7 +52,7 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     let variants = [good_spec(), accurate_spec(), bad.clone(), split.clone()];
     let built = nvcc::build_library(&tc, &variants, dir.path(), "libt.so", &cache_dir(), 2, false).unwrap();
 
-    assert_eq!(built.kernels, vec![good_spec(), accurate_spec(), split.clone()]);
+    assert_eq!(built.kernels, vec![good_spec().into(), accurate_spec().into(), split.clone().into()]);
     assert_eq!(built.failures.len(), 1);
     let f = &built.failures[0];
     assert_eq!(f.kernel, bad.name());
@@ -228,4 +228,33 @@ print("ok", tuple(a.shape))
     let py = Command::new(python()).arg("-c").arg(script).output().unwrap();
     assert!(py.status.success(), "{}\n{}", String::from_utf8_lossy(&py.stdout), String::from_utf8_lossy(&py.stderr));
     assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok (32, 128)");
+}
+
+/// Attention kernels of both fp32 maths' policies and bf16, built by nvcc next to a GEMM: the
+/// dispatch tables keep the kinds apart, and a library mixing the two fp32 maths is refused.
+#[test]
+fn attention_kernels_build_beside_gemms_in_one_library() {
+    use fact::rules::attention::AttentionOrigin;
+    use fact::rules::AttentionProblem;
+    use fact::space::attention::candidates;
+    use fact::space::Spec;
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let p = |dtype: DType| AttentionProblem { origin: AttentionOrigin::Explicit, batch: 2, heads: 8, seq_q: 512, seq_k: 512, head_dim: 96, dtype, causal: true };
+    let tf32 = candidates(&p(DType::F32), MathType::Tf32, Arch::Sm90).remove(0);
+    let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90).remove(0);
+    let dir = tempfile::tempdir().unwrap();
+    let specs: Vec<Spec> = vec![tf32.clone().into(), good_spec().into(), bf16.clone().into()];
+    let built = nvcc::build_library(&tc, &specs, dir.path(), "liba.so", &cache_dir(), 2, false).unwrap();
+    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!((lib.len(), lib.op_len()), (1, 2));
+    assert_eq!(lib.find(&good_spec().name()), Some(0));
+    assert_eq!((lib.op_name(0), lib.op_name(1)), (Some(tf32.name()), Some(bf16.name())));
+    let source = std::fs::read_to_string(dir.path().join("src").join(format!("{}.cu", tf32.name()))).unwrap();
+    assert!(source.contains("using Operator = cutlass::arch::OpMultiplyAdd;"), "the tf32 policy's kernel multiplies once");
+
+    let x3 = candidates(&p(DType::F32), MathType::Tf32x3, Arch::Sm90).remove(0);
+    let mixed: Vec<Spec> = vec![tf32.into(), x3.into()];
+    let err = nvcc::build_library(&tc, &mixed, dir.path(), "libm.so", &cache_dir(), 2, false).unwrap_err();
+    assert!(err.to_string().contains("one library per precision policy"), "{err}");
 }

@@ -84,15 +84,23 @@ fn a_multi_node_edit_replaces_the_pattern_by_one_gemm_ep_call() {
 #[test]
 fn compose_edits_of_a_whole_block_chain_through_each_other() {
     let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
-    let matches = fact::rules::match_patterns(&g);
+    let found = fact::rules::match_patterns(&g);
+    let matches = &found.gemm;
     let fused = matches.iter().filter(|m| m.epilogue.is_some()).count();
-    assert_eq!((matches.len(), fused), (6, 4), "q·kᵀ + scale, fc + gelu, proj + residual, out + residual");
-    let edits: Vec<Edit> = matches.iter().map(|m| fact::compose::gemm_edit(&g, m, "k")).collect();
+    assert_eq!((matches.len(), fused), (4, 3), "qkv; fc + gelu, proj + residual, out + residual");
+    // The attention (q·kᵀ, div, the inverted causal mask, softmax, ·v) is one pattern.
+    assert_eq!(found.attention.len(), 1);
+    let a = &found.attention[0];
+    assert!(a.form().starts_with("explicit;div=") && a.form().ends_with(";mask=not"), "{}", a.form());
+    assert!(a.problem.causal);
+    let mut edits: Vec<Edit> = matches.iter().map(|m| fact::compose::gemm_edit(&g, m, "k")).collect();
+    edits.push(fact::compose::attention_edit(&g, a, "a"));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("block.pt");
     let text = torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
-    assert_eq!((text.matches("fact::gemm_ep(").count(), text.matches("fact::gemm(").count()), (4, 2), "{text}");
-    for gone in ["aten::linear", "aten::gelu", "aten::matmul", "aten::div("] {
+    assert_eq!((text.matches("fact::gemm_ep(").count(), text.matches("fact::gemm(").count()), (3, 1), "{text}");
+    assert_eq!(text.matches("fact::attention(").count(), 1, "{text}");
+    for gone in ["aten::linear", "aten::gelu", "aten::matmul", "aten::div(", "aten::softmax", "aten::masked_fill", "aten::bitwise_not"] {
         assert!(!text.contains(gone), "{gone} left in\n{text}");
     }
     assert!(torch::graph_text(&out).is_ok(), "the composed block loads again");
@@ -161,4 +169,22 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     rewrite(ep_edit(&g, "aten::add", "leaves=full;v1=frob(v0)"), &out).unwrap();
     let err = forward(&CModule::load(&out).unwrap(), &x, &r).unwrap_err();
     assert!(err.contains("malformed epilogue 'leaves=full;v1=frob(v0)': unknown epilogue op 'frob'"), "{err}");
+
+    // A whole block, attention included, recomputes the original on CPU tensors: the attention
+    // op's fallback replays the graph's own ops (its divisor is the tensor tracing computed).
+    torch::op_stats(&built.library, true).unwrap();
+    let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
+    let found = fact::rules::match_patterns(&g);
+    assert_eq!(found.attention[0].form(), "explicit;div=tensor;mask=not");
+    let mut edits: Vec<Edit> = found.gemm.iter().map(|m| fact::compose::gemm_edit(&g, m, "k")).collect();
+    edits.push(fact::compose::attention_edit(&g, &found.attention[0], "a"));
+    let out = dir.path().join("block.pt");
+    torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
+    let x = Tensor::randn([2, 16, 32], (Kind::Float, tch::Device::Cpu));
+    let run = |m: &CModule| tch::no_grad(|| m.forward_ts(&[x.shallow_clone()])).unwrap();
+    let (want, got) = (run(&CModule::load(fixture("minigpt.pt")).unwrap()), run(&CModule::load(&out).unwrap()));
+    let diff = (&got - &want).abs().max().double_value(&[]);
+    assert!(diff <= 1e-5, "composed block differs by {diff}");
+    let calls = torch::op_stats(&built.library, false).unwrap();
+    assert_eq!(calls.get("a").map(|c| (c.ran, c.fell_back)), Some((0, 1)), "{calls:?}");
 }

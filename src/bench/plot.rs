@@ -102,9 +102,9 @@ mod tests {
         let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
         let t = |ms: f64| Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
         let cands = vec![
-            CandidateResult { kernel: specs[0].name(), spec: specs[0].clone(), outcome: Outcome::Ok { max_rel_err: 1e-4, timing: t(0.5), tflops: 275.0 } },
-            CandidateResult { kernel: specs[1].name(), spec: specs[1].clone(), outcome: Outcome::Ok { max_rel_err: 1e-4, timing: t(0.4), tflops: 343.0 } },
-            CandidateResult { kernel: specs[2].name(), spec: specs[2].clone(), outcome: Outcome::CannotImplement },
+            CandidateResult { kernel: specs[0].name(), spec: specs[0].clone().into(), outcome: Outcome::Ok { max_rel_err: 1e-4, timing: t(0.5), tflops: 275.0 } },
+            CandidateResult { kernel: specs[1].name(), spec: specs[1].clone().into(), outcome: Outcome::Ok { max_rel_err: 1e-4, timing: t(0.4), tflops: 343.0 } },
+            CandidateResult { kernel: specs[2].name(), spec: specs[2].clone().into(), outcome: Outcome::CannotImplement },
         ];
         let prov = Provenance {
             device: DeviceInfo { name: "H100".into(), sm_count: 132, compute_capability: "9.0".into(), driver: "-".into(), cuda_runtime: "-".into() },

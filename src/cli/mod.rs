@@ -334,14 +334,23 @@ pub fn main() -> Result<()> {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
             let arch = Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
-            let dims = table::parse_shape(&shape)
-                .with_context(|| format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr), e.g. 4096x4096x4096"))?;
-            let mut problem = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
-            if let Some(text) = epilogue {
-                let e = crate::rules::Epilogue::parse(&text)
-                    .map_err(|why| anyhow::anyhow!("bad --epilogue '{text}': {why}; write it as discover prints it, e.g. 'leaves=;v1=relu(v0)'"))?;
-                problem.epilogue = Some(e);
-            }
+            let dims = table::parse_shape(&shape).with_context(|| {
+                format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr, BxHxTqxTkxD for attention), e.g. 4096x4096x4096")
+            })?;
+            let problem = if rule.starts_with("attention") || rule.starts_with("sdpa") {
+                if epilogue.is_some() {
+                    bail!("--epilogue goes with a GEMM rule, not {rule}");
+                }
+                crate::rules::Problem::Attention(crate::rules::AttentionProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?)
+            } else {
+                let mut problem = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
+                if let Some(text) = epilogue {
+                    let e = crate::rules::Epilogue::parse(&text)
+                        .map_err(|why| anyhow::anyhow!("bad --epilogue '{text}': {why}; write it as discover prints it, e.g. 'leaves=;v1=relu(v0)'"))?;
+                    problem.epilogue = Some(e);
+                }
+                crate::rules::Problem::Gemm(problem)
+            };
             let opts = compose::Options {
                 jobs: jobs(j),
                 max_candidates: candidates,
@@ -717,7 +726,7 @@ fn print_compose(r: &ComposeReport, out_dir: &Path) {
             p.id,
             p.rule,
             p.problem.shape_key(),
-            p.problem.dtype,
+            p.problem.dtype(),
             how,
             fmt_ms(p.kernel_ms),
             fmt_ms(p.torch_ms),

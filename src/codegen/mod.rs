@@ -2,7 +2,7 @@
 //! kernel, the dispatch table, and the torch op. Pure: the same specs render byte-identical source,
 //! and nothing here touches the disk or the GPU (templates are compiled into the binary).
 
-use crate::space::KernelSpec;
+use crate::space::{AttentionSpec, KernelSpec, Spec};
 use handlebars::Handlebars;
 use serde_json::json;
 use sha2::Digest;
@@ -13,6 +13,7 @@ const SM80_GEMM: &str = include_str!("../../templates/sm80_gemm.cu.hbs");
 const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
 const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
 const SM90_GEMM_TYPES: &str = include_str!("../../templates/sm90_gemm_types.hbs");
+const SM80_FMHA: &str = include_str!("../../templates/sm80_fmha.cu.hbs");
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
@@ -25,7 +26,7 @@ fn registry() -> &'static Handlebars<'static> {
         for (name, text) in [("sm90_gemm_core", SM90_GEMM_CORE), ("sm90_gemm_types", SM90_GEMM_TYPES)] {
             h.register_partial(name, text).unwrap_or_else(|e| panic!("partial {name}: {e}"));
         }
-        for (name, text) in [("sm90_gemm", SM90_GEMM), ("sm80_gemm", SM80_GEMM), ("sm90_gemm_x3", SM90_GEMM_X3), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
+        for (name, text) in [("sm90_gemm", SM90_GEMM), ("sm80_gemm", SM80_GEMM), ("sm90_gemm_x3", SM90_GEMM_X3), ("sm80_fmha", SM80_FMHA), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
             h.register_template_string(name, text).unwrap_or_else(|e| panic!("template {name}: {e}"));
         }
         h
@@ -189,6 +190,36 @@ pub fn render_kernel(k: &KernelSpec) -> Source {
     Source { file_name: format!("{}.cu", k.kernel_name()), text }
 }
 
+/// The translation unit of one attention kernel.
+pub fn render_attention(a: &AttentionSpec) -> Source {
+    let dtype_abi = match a.dtype {
+        crate::types::DType::F32 => 0,
+        crate::types::DType::Bf16 => 1,
+        crate::types::DType::F16 => 2,
+    };
+    let vars = json!({
+        "name": a.name(),
+        "arch": a.arch.short_name(),
+        "element": a.dtype.cutlass_tag(),
+        "dtype_abi": dtype_abi,
+        "math": a.math.short_name(),
+        "tf32": a.math == crate::types::MathType::Tf32,
+        "queries": a.queries_per_block,
+        "keys": a.keys_per_block,
+        "max_k": a.max_k,
+    });
+    let text = registry().render("sm80_fmha", &vars).unwrap_or_else(|e| panic!("rendering {}: {e}", a.name()));
+    Source { file_name: format!("{}.cu", a.name()), text }
+}
+
+/// The translation unit of one kernel of any kind.
+pub fn render_spec(s: &Spec) -> Source {
+    match s {
+        Spec::Gemm(k) => render_kernel(k),
+        Spec::Attention(a) => render_attention(a),
+    }
+}
+
 /// One translation unit holding several kernels (each in its own namespace), so a sweep builds
 /// as one unit per core rather than one per kernel. Named for its contents.
 pub fn render_unit(kernels: &[KernelSpec]) -> Source {
@@ -211,8 +242,22 @@ pub fn unit_of(sources: &[&Source]) -> Source {
     }
 }
 
-/// The dispatch table over the variants in `variants`, in the given order (index = position).
-pub fn render_dispatch(variants: &[KernelSpec]) -> Source {
+/// The dispatch tables over the kernels in `specs`: GEMM variants in the given order (index =
+/// position among the GEMMs), then the other kinds' kernels (index = position among those).
+pub fn render_dispatch(specs: &[Spec]) -> Source {
+    let variants: Vec<&KernelSpec> = specs.iter().filter_map(Spec::as_gemm).collect();
+    let op_kernels: Vec<_> = specs
+        .iter()
+        .filter_map(Spec::as_attention)
+        .map(|a| {
+            json!({
+                "name": a.name(),
+                "kind": "attention",
+                "signature": "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D] (stored [B,Tq,H,D]); scale causal",
+                "spec_json": Spec::Attention(a.clone()).to_json(),
+            })
+        })
+        .collect();
     let entries: Vec<_> = variants
         .iter()
         .map(|v| {
@@ -230,11 +275,14 @@ pub fn render_dispatch(variants: &[KernelSpec]) -> Source {
             })
         })
         .collect();
-    let mut symbols: Vec<String> = variants.iter().map(KernelSpec::kernel_name).collect();
+    let mut symbols: Vec<String> = variants.iter().map(|k| k.kernel_name()).collect();
     symbols.sort();
     symbols.dedup();
     let text = registry()
-        .render("dispatch", &json!({ "kernels": entries, "symbols": symbols, "count": variants.len() }))
+        .render(
+            "dispatch",
+            &json!({ "kernels": entries, "symbols": symbols, "count": variants.len(), "op_kernels": op_kernels, "op_count": op_kernels.len() }),
+        )
         .expect("dispatch renders");
     Source { file_name: "fact_dispatch.cu".into(), text }
 }
@@ -253,6 +301,7 @@ pub fn render_torch_op(arch: crate::types::Arch) -> Source {
                 "cc_minor": minor,
                 "gemm_schema": crate::torch::GEMM_OP_SCHEMA,
                 "gemm_ep_schema": crate::torch::GEMM_EP_OP_SCHEMA,
+                "attention_schema": crate::torch::ATTENTION_OP_SCHEMA,
             }),
         )
         .expect("torch op renders");
@@ -383,7 +432,7 @@ mod tests {
         let k = sm80(MathType::Tf32x3, false);
         let v = k.with_knobs(crate::space::Knobs { splits: 8, ..Default::default() });
         assert_eq!(render_kernel(&k), render_kernel(&v));
-        let d = render_dispatch(&[k.clone(), v.clone()]).text;
+        let d = render_dispatch(&[k.clone().into(), v.clone().into()]).text;
         assert_eq!(d.matches(&format!("extern \"C\" int32_t fact_k_{}_run", k.kernel_name())).count(), 1);
         assert!(d.contains(&format!("{{\"{}\"", v.name())) && d.contains(", 8, 0, 1}"));
         let unit = render_unit(&[spec(false), k.clone()]);
@@ -418,12 +467,12 @@ mod tests {
         assert_ne!(no_c.kernel_name(), k.kernel_name());
         assert!(k.kernel_name().contains("_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_"), "{}", k.kernel_name());
         // The dispatch entry carries the program for the op to check against its call.
-        assert!(render_dispatch(std::slice::from_ref(&k)).text.contains(&format!("R\"fact_ep({})fact_ep\"", k.fusion.as_ref().unwrap().text())));
+        assert!(render_dispatch(&[k.clone().into()]).text.contains(&format!("R\"fact_ep({})fact_ep\"", k.fusion.as_ref().unwrap().text())));
     }
 
     #[test]
     fn dispatch_render_is_golden() {
-        let d = render_dispatch(&[spec(true), spec(false)]);
+        let d = render_dispatch(&[spec(true).into(), spec(false).into()]);
         expect_test::expect_file!["../../tests/golden/fact_dispatch.cu"].assert_eq(&d.text);
     }
 

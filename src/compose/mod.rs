@@ -8,8 +8,8 @@ use crate::agent::Steward;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
 use crate::graph::Graph;
-use crate::rules::{match_patterns, GemmMatch, GemmProblem};
-use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions};
+use crate::rules::{match_patterns, AttentionMatch, AttentionProblem, GemmMatch, GemmProblem, Problem};
+use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions, Spec};
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
 use crate::torch::{self, Edit, InputShape, Operand, OperandKind};
 use crate::tune::{self, worker, CandidateResult, Outcome, Protocol};
@@ -141,7 +141,7 @@ pub struct PatternReport {
     pub node: usize,
     pub origin: String,
     pub rule: String,
-    pub problem: GemmProblem,
+    pub problem: Problem,
     pub key: Option<TableKey>,
     pub realization: Realization,
     pub kernel: Option<String>,
@@ -202,6 +202,31 @@ pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
     }
 }
 
+/// The rewrite of an attention match: `fact::attention(q, k, v, mask?, scale?, form, kernel)` in place of
+/// its last node, the pattern's other nodes removed.
+pub fn attention_edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
+    let operand = |kind: OperandKind| Operand { kind, value: 0, text: String::new(), int_value: 0, values: vec![] };
+    let value = |v: usize| Operand { value: v as u32, ..operand(OperandKind::Value) };
+    let text = |s: &str| Operand { text: s.to_string(), ..operand(OperandKind::Str) };
+    let (last, rest) = a.nodes.split_last().expect("a pattern has nodes");
+    Edit {
+        node: *last as u32,
+        expect_kind: g.nodes[*last].kind.clone(),
+        op: "fact::attention".to_string(),
+        operands: vec![
+            value(a.q),
+            value(a.k),
+            value(a.v),
+            a.mask.map_or(operand(OperandKind::None), |(m, _)| value(m)),
+            a.scale_operand().map_or(operand(OperandKind::None), value),
+            text(&a.form()),
+            text(kernel),
+        ],
+        remove: rest.iter().map(|&n| n as u32).collect(),
+        remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+    }
+}
+
 fn provenance(tc: &Toolchain) -> Provenance {
     let device = tune::cuda::Cuda::get().map(|c| c.device_info(0)).unwrap_or_else(|_| tune::cuda::DeviceInfo {
         name: "unknown".into(),
@@ -225,12 +250,12 @@ fn provenance(tc: &Toolchain) -> Provenance {
 fn measure(
     opts: &Options,
     tc: &Toolchain,
-    problem: &GemmProblem,
+    problem: &Problem,
     math: MathType,
-    candidates: &[KernelSpec],
+    candidates: &[Spec],
     dir: &Path,
 ) -> Result<(Run, Vec<CompileFailure>), ComposeError> {
-    let key = TableKey::gemm(problem, math, opts.arch);
+    let key = TableKey::of(problem, math, opts.arch);
     let built = nvcc::build_library(tc, candidates, dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
     let bar = if opts.progress {
         let b = ProgressBar::new(built.kernels.len() as u64);
@@ -256,6 +281,7 @@ fn measure(
     bar.finish_and_clear();
     nvcc::progress_line(opts.progress, format_args!("tuned {} in {:.0} s", key.shape, started.elapsed().as_secs_f64()));
     let mut candidates_out: Vec<CandidateResult> = Vec::new();
+    // A sweep holds one pattern kind: the worker's indices are positions in `built.kernels`.
     for (index, outcome) in sweep.outcomes {
         let spec = built.kernels[index].clone();
         candidates_out.push(CandidateResult { kernel: spec.name(), spec, outcome });
@@ -280,25 +306,30 @@ fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
     opts.out_dir.join("sweeps").join(format!("{}_{}_{}{what}", key.rule, key.dtypes.a, key.shape))
 }
 
-/// Realizes one GEMM problem: a table hit (re-verified where it was measured elsewhere), a bucket
-/// hit re-verified on this shape, or a full sweep. Every new measurement goes into the user table
-/// at once, so a later failure loses no tuning result.
+/// Realizes one problem of any kind: a table hit (re-verified where it was measured elsewhere), a
+/// bucket hit re-verified on this shape, or a full sweep. Every new measurement goes into the user
+/// table at once, so a later failure loses no tuning result.
 pub fn realize(
     opts: &Options,
     tc: &Toolchain,
     tables: &mut Tables,
     steward: &mut Steward,
-    problem: &GemmProblem,
+    problem: &Problem,
     gpu: bool,
 ) -> Result<Realized, ComposeError> {
     let skipped = |reason: String| Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] };
-    let Some(math) = MathType::for_tensor(problem.dtype, opts.precision) else {
+    let Some(math) = MathType::for_tensor(problem.dtype(), opts.precision) else {
         return Ok(skipped(format!(
             "no kernel family computes {} under precision {}; use --precision tf32",
-            problem.dtype, opts.precision
+            problem.dtype(),
+            opts.precision
         )));
     };
-    let key = TableKey::gemm(problem, math, opts.arch);
+    let key = TableKey::of(problem, math, opts.arch);
+    let sweep = |tables: &mut Tables, steward: &mut Steward| match problem {
+        Problem::Gemm(p) => realize_sweep(opts, tc, tables, steward, p, math, key.clone()),
+        Problem::Attention(p) => realize_attention_sweep(opts, tc, tables, p, math, key.clone()),
+    };
     let here = if gpu { Some(provenance(tc)) } else { None };
     match tables.lookup(&key) {
         Lookup::Exact { entry, table } => {
@@ -314,7 +345,7 @@ pub fn realize(
                         entry: Some(entry),
                         failures,
                     }),
-                    None => realize_sweep(opts, tc, tables, steward, problem, math, key),
+                    None => sweep(tables, steward),
                 };
             }
             let how = Realization::Hit { table: table.into(), measured_on: None, reverified: false };
@@ -327,10 +358,10 @@ pub fn realize(
                     entry: Some(fresh),
                     failures,
                 }),
-                None => realize_sweep(opts, tc, tables, steward, problem, math, key),
+                None => sweep(tables, steward),
             }
         }
-        _ => realize_sweep(opts, tc, tables, steward, problem, math, key),
+        _ => sweep(tables, steward),
     }
 }
 
@@ -341,10 +372,10 @@ fn reverify(
     opts: &Options,
     tc: &Toolchain,
     tables: &mut Tables,
-    problem: &GemmProblem,
+    problem: &Problem,
     math: MathType,
     key: &TableKey,
-    winner: &KernelSpec,
+    winner: &Spec,
     what: &str,
 ) -> Result<Option<(Entry, Vec<CompileFailure>)>, ComposeError> {
     let dir = sweep_dir(opts, key, what);
@@ -415,14 +446,16 @@ fn realize_sweep(
         });
     }
     let started = std::time::Instant::now();
-    let (mut run, mut failures) = measure(opts, tc, problem, math, &candidates, &dir)?;
+    let gemm = Problem::Gemm(problem.clone());
+    let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
+    let (mut run, mut failures) = measure(opts, tc, &gemm, math, &specs(&candidates), &dir)?;
     if run.candidates.iter().all(|c| c.outcome.median_ms().is_none()) {
         // Nothing survived: the agent may propose one more set.
         let seen: Vec<(String, String)> = run.candidates.iter().map(|c| (c.kernel.clone(), c.outcome.label().to_string())).collect();
         let mut avoid = failed_before.clone();
         avoid.extend(seen.iter().map(|(k, _)| k.clone()));
         if let Some(retry) = steward.after_failure(problem, math, opts.arch, &seen, &avoid) {
-            let (again, more) = measure(opts, tc, problem, math, &retry, &sweep_dir(opts, &key, "_retry"))?;
+            let (again, more) = measure(opts, tc, &gemm, math, &specs(&retry), &sweep_dir(opts, &key, "_retry"))?;
             run.candidates.extend(again.candidates);
             failures.extend(more);
         }
@@ -431,7 +464,7 @@ fn realize_sweep(
     // already compiled, so this costs a dispatch index and a link, not nvcc time.
     let knob_variants = refine_candidates(&run, problem, opts.refine);
     if !knob_variants.is_empty() {
-        let (more, _) = measure(opts, tc, problem, math, &knob_variants, &sweep_dir(opts, &key, "_knobs"))?;
+        let (more, _) = measure(opts, tc, &gemm, math, &specs(&knob_variants), &sweep_dir(opts, &key, "_knobs"))?;
         run.candidates.extend(more.candidates);
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -450,7 +483,7 @@ fn realize_sweep(
         "run": run,
     });
     let _ = std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&record).expect("run serializes"));
-    let Some(entry) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
+    let Some(entry) = Entry::from_runs(key.clone(), gemm, vec![run]) else {
         return Ok(Realized {
             how: Realization::Skipped { reason: format!("no candidate passed verification: {summary}") },
             entry: None,
@@ -463,6 +496,59 @@ fn realize_sweep(
     Ok(Realized { how: Realization::Tuned { candidates: n, failed }, entry: merged, failures })
 }
 
+/// Sweeps an attention problem: the block shapes of CUTLASS's fused attention kernel that take
+/// its head dim (space::attention), compiled into one library and judged like GEMM candidates.
+fn realize_attention_sweep(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    problem: &AttentionProblem,
+    math: MathType,
+    key: TableKey,
+) -> Result<Realized, ComposeError> {
+    let mut candidates: Vec<Spec> = space::attention::candidates(problem, math, opts.arch).into_iter().map(Spec::from).collect();
+    if let Some(n) = opts.max_candidates {
+        candidates.truncate(n.max(1));
+    }
+    if candidates.is_empty() {
+        return Ok(Realized {
+            how: Realization::Skipped {
+                reason: format!(
+                    "no attention kernel takes head dim {} in {} (multiples of {} up to 256)",
+                    problem.head_dim,
+                    problem.dtype,
+                    16 / problem.dtype.bytes()
+                ),
+            },
+            entry: None,
+            failures: vec![],
+        });
+    }
+    let dir = sweep_dir(opts, &key, "");
+    if !torch::cuda_available() {
+        let built = nvcc::build_library(tc, &candidates, &dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
+        return Ok(Realized {
+            how: Realization::Compiled { candidates: candidates.len(), failed: built.failures.len() },
+            entry: None,
+            failures: built.failures,
+        });
+    }
+    let started = std::time::Instant::now();
+    let p = Problem::Attention(problem.clone());
+    let (run, failures) = measure(opts, tc, &p, math, &candidates, &dir)?;
+    let n = run.candidates.len();
+    let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
+    let record = serde_json::json!({ "key": key, "problem": p, "compile_and_tune_s": started.elapsed().as_secs_f64(), "run": run });
+    let _ = std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&record).expect("run serializes"));
+    let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
+    let Some(entry) = Entry::from_runs(key.clone(), p, vec![run]) else {
+        return Ok(Realized { how: Realization::Skipped { reason: format!("no candidate passed verification: {summary}") }, entry: None, failures });
+    };
+    tables.record(entry)?;
+    let merged = tables.user.get(&key).cloned();
+    Ok(Realized { how: Realization::Tuned { candidates: n, failed }, entry: merged, failures })
+}
+
 /// Knob variants of the `top` fastest verified kernels of `run` not yet measured in it.
 pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
     let mut ok: Vec<&CandidateResult> = run.candidates.iter().filter(|c| c.outcome.median_ms().is_some()).collect();
@@ -470,8 +556,9 @@ pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSp
     let seen: BTreeSet<String> = run.candidates.iter().map(|c| c.kernel.clone()).collect();
     let mut out: Vec<KernelSpec> = Vec::new();
     for c in ok.into_iter().take(top) {
-        for knobs in c.spec.knob_grid(p) {
-            let v = c.spec.with_knobs(knobs);
+        let Some(spec) = c.spec.as_gemm() else { continue };
+        for knobs in spec.knob_grid(p) {
+            let v = spec.with_knobs(knobs);
             if !seen.contains(&v.name()) && !out.contains(&v) && v.fits(p) {
                 out.push(v);
             }
@@ -500,13 +587,14 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let start = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
     let (graph, inputs) = torch::load_graph(model, inputs)?;
-    let mut matches = match_patterns(&graph);
+    let found = match_patterns(&graph);
     let tc = Toolchain::discover()?;
     let gpu = torch::cuda_available();
     let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
     let mut steward = opts.steward();
     let plan_opts = PlanOptions { arch: opts.arch, precision: opts.precision, assumed_speedup: 1.05 };
-    let the_plan = plan::plan(&graph, &matches, &plan_opts, Some(&tables), &mut steward);
+    let the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
+    let (mut matches, attention) = (found.gemm, found.attention);
     let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
 
     // Realize in the plan's order, so the patterns worth most are tuned first.
@@ -515,12 +603,25 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     // Fused problems no kernel could realize: every match of one falls back to its plain GEMM.
     let mut unfused: BTreeSet<GemmProblemKey> = BTreeSet::new();
     for id in &order {
-        let i = id[1..].parse::<usize>().expect("plan ids are p<index>");
-        loop {
-            let pk = GemmProblemKey::of(&matches[i].problem);
+        let i = id[1..].parse::<usize>().expect("plan ids are p<index> or a<index>");
+        if id.starts_with('a') {
+            let problem = Problem::Attention(attention[i].problem.clone());
+            let pk = GemmProblemKey::of(&problem);
             if !done.contains_key(&pk) {
-                nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", matches[i].problem.rule_id(), matches[i].problem.shape_key()));
-                let mut r = realize(opts, &tc, &mut tables, &mut steward, &matches[i].problem, gpu)?;
+                nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", problem.rule_id(), problem.shape_key()));
+                let mut r = realize(opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
+                finish(opts, &mut r);
+                compile_failures.extend(r.failures);
+                done.insert(pk, (r.how, r.entry));
+            }
+            continue;
+        }
+        loop {
+            let problem = Problem::Gemm(matches[i].problem.clone());
+            let pk = GemmProblemKey::of(&problem);
+            if !done.contains_key(&pk) {
+                nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", problem.rule_id(), problem.shape_key()));
+                let mut r = realize(opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
                 if let (Some(_), Realization::Skipped { reason }) = (&matches[i].epilogue, &r.how) {
                     steward.notes.push(format!("{id}: the fused epilogue is left to torch ({reason}); the GEMM alone is realized"));
                     unfused.insert(pk.clone());
@@ -538,18 +639,38 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     }
 
     let mut patterns = Vec::new();
-    let mut winners: BTreeMap<String, KernelSpec> = BTreeMap::new();
-    for (i, m) in matches.iter().enumerate() {
-        let (how, entry) = &done[&GemmProblemKey::of(&m.problem)];
+    let g = &graph;
+    let mut edits_of: Vec<Box<dyn Fn(&str) -> Edit + '_>> = Vec::new();
+    let mut winners: BTreeMap<String, Spec> = BTreeMap::new();
+    let all = matches
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (format!("p{i}"), m.node, m.origin.name().to_string(), Problem::Gemm(m.problem.clone())))
+        .chain(attention.iter().enumerate().map(|(i, a)| {
+            let origin = if a.form().starts_with("sdpa") { "scaled_dot_product_attention" } else { "attention" };
+            (format!("a{i}"), *a.nodes.last().expect("a pattern has nodes"), origin.to_string(), Problem::Attention(a.problem.clone()))
+        }));
+    for (id, node, origin, problem) in all {
+        let (how, entry) = &done[&GemmProblemKey::of(&problem)];
         if let Some(e) = entry {
             winners.insert(e.winner.clone(), e.winner_spec.clone());
         }
+        edits_of.push(match id.strip_prefix('a') {
+            Some(i) => {
+                let a = &attention[i.parse::<usize>().expect("a<index>")];
+                Box::new(move |k: &str| attention_edit(g, a, k))
+            }
+            None => {
+                let m = &matches[id[1..].parse::<usize>().expect("p<index>")];
+                Box::new(move |k: &str| gemm_edit(g, m, k))
+            }
+        });
         patterns.push(PatternReport {
-            id: format!("p{i}"),
-            node: m.node,
-            origin: m.origin.name().into(),
-            rule: m.problem.rule_id(),
-            problem: m.problem.clone(),
+            id,
+            node,
+            origin,
+            rule: problem.rule_id(),
+            problem,
             key: entry.as_ref().map(|e| e.key.clone()),
             realization: how.clone(),
             kernel: entry.as_ref().map(|e| e.winner.clone()),
@@ -561,18 +682,18 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let mut library = None;
     let mut composed = None;
     if !winners.is_empty() {
-        let specs: Vec<KernelSpec> = winners.values().cloned().collect();
+        let specs: Vec<Spec> = winners.values().cloned().collect();
         let built = nvcc::build_library(&tc, &specs, &opts.out_dir, LIBRARY, &opts.cache_dir, opts.jobs, opts.progress)?;
         compile_failures.extend(built.failures.iter().cloned());
-        let in_lib: std::collections::HashSet<String> = built.kernels.iter().map(KernelSpec::name).collect();
+        let in_lib: std::collections::HashSet<String> = built.kernels.iter().map(Spec::name).collect();
         // A winner that failed to build here is not substituted: say so rather than name it.
         for p in patterns.iter_mut().filter(|p| p.kernel.as_ref().is_some_and(|k| !in_lib.contains(k))) {
             p.realization = Realization::Skipped { reason: format!("the winner {} failed to compile here", p.kernel.take().unwrap_or_default()) };
         }
-        let edits: Vec<Edit> = matches
+        let edits: Vec<Edit> = edits_of
             .iter()
             .zip(&patterns)
-            .filter_map(|(m, r)| r.kernel.as_ref().filter(|k| in_lib.contains(*k)).map(|k| gemm_edit(&graph, m, k)))
+            .filter_map(|(edit, r)| r.kernel.as_ref().filter(|k| in_lib.contains(*k)).map(|k| edit(k)))
             .collect();
         let out = opts.out_dir.join(COMPOSED);
         torch::rewrite_and_save(model, &out, &edits)?;
@@ -606,7 +727,7 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
 struct GemmProblemKey(String);
 
 impl GemmProblemKey {
-    fn of(p: &GemmProblem) -> GemmProblemKey {
+    fn of(p: &Problem) -> GemmProblemKey {
         GemmProblemKey(serde_json::to_string(p).expect("problem serializes"))
     }
 }

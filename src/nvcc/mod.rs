@@ -6,8 +6,9 @@
 //! its source stays on disk and the failure (command and log) is returned, not raised.
 
 use crate::codegen::{self, Source};
-use crate::space::KernelSpec;
+use crate::space::Spec;
 use crate::types::Arch;
+use std::collections::BTreeMap;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -28,6 +29,8 @@ pub enum BuildError {
     NoCutlass(String),
     #[error("libtorch headers not found at {0}: set TORCH_DIR to the torch package folder (./setup installs torch 2.11.0)")]
     NoTorch(String),
+    #[error("{0}")]
+    Mixed(String),
     #[error("every kernel failed to compile; first failure:\n{0}")]
     AllFailed(String),
     #[error("{what} failed: {command}\n{log}")]
@@ -139,6 +142,8 @@ impl Toolchain {
             .include(include)
             .include(self.cutlass.join("include"))
             .include(self.cutlass.join("tools/util/include"))
+            // The fused attention kernel's headers (templates/sm80_fmha.cu.hbs).
+            .include(self.cutlass.join("examples/41_fused_multi_head_attention"))
             .get_compiler();
         tool.to_command()
     }
@@ -193,8 +198,8 @@ impl std::fmt::Display for CompileFailure {
 #[derive(Debug)]
 pub struct Built {
     pub library: PathBuf,
-    /// Variants in the library, in dispatch order.
-    pub kernels: Vec<KernelSpec>,
+    /// Kernels in the library, in dispatch order (GEMM variants, then the other kinds').
+    pub kernels: Vec<Spec>,
     pub failures: Vec<CompileFailure>,
     pub compiled: usize,
     pub cached: usize,
@@ -367,9 +372,20 @@ pub fn progress_line(show: bool, line: std::fmt::Arguments) {
     }
 }
 
+/// The translation-unit family of a kernel: units never mix families (the attention headers and
+/// the GEMM templates declare overlapping CUTLASS extensions), nor the two float attention maths.
+fn unit_family(s: &Spec) -> String {
+    match s {
+        Spec::Gemm(_) => "gemm".into(),
+        Spec::Attention(a) => format!("attention_{}", a.math.short_name()),
+    }
+}
+
+/// Compiles `specs` (GEMM variants and other kinds' kernels) into one library with its dispatch
+/// tables and the torch op.
 pub fn build_library(
     tc: &Toolchain,
-    specs: &[KernelSpec],
+    specs: &[impl Clone + Into<Spec>],
     out_dir: &Path,
     lib_name: &str,
     cache: &Path,
@@ -377,7 +393,23 @@ pub fn build_library(
     show_progress: bool,
 ) -> Result<Built, BuildError> {
     let start = std::time::Instant::now();
-    let arch = specs.first().map(|k| k.arch).unwrap_or(Arch::Sm90);
+    let mut specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
+    // GEMM variants first: their dispatch indices are their positions among the GEMMs.
+    specs.sort_by_key(|s| s.as_gemm().is_none());
+    let float_attention: std::collections::BTreeSet<&str> = specs
+        .iter()
+        .filter_map(Spec::as_attention)
+        .filter(|a| a.dtype == crate::types::DType::F32)
+        .map(|a| a.math.short_name())
+        .collect();
+    if float_attention.len() > 1 {
+        // templates/sm80_fmha.cu.hbs specializes the float MMA of the attention headers for tf32.
+        return Err(BuildError::Mixed(format!(
+            "one library cannot hold fp32 attention kernels of two maths ({}); build one library per precision policy",
+            float_attention.into_iter().collect::<Vec<_>>().join(", ")
+        )));
+    }
+    let arch = specs.first().map(Spec::arch).unwrap_or(Arch::Sm90);
     let src_dir = out_dir.join("src");
     // The ABI header lives in the cache, not the output folder, so the compile command (part of
     // each object's cache key) is the same whichever folder a library is built for.
@@ -393,8 +425,8 @@ pub fn build_library(
     }
 
     // Distinct kernels in first-seen order; variants only differ in launch knobs.
-    let mut kernels: Vec<KernelSpec> = Vec::new();
-    for v in specs {
+    let mut kernels: Vec<Spec> = Vec::new();
+    for v in &specs {
         let k = v.kernel();
         if !kernels.iter().any(|x| x.kernel_name() == k.kernel_name()) {
             kernels.push(k);
@@ -417,7 +449,7 @@ pub fn build_library(
     let mut todo = Vec::new();
     let mut cached = 0;
     // Each kernel is rendered once: for the cache probe, its unit and the unit's `.ref` notes.
-    let sources: Vec<codegen::Source> = kernels.iter().map(codegen::render_kernel).collect();
+    let sources: Vec<codegen::Source> = kernels.iter().map(codegen::render_spec).collect();
     for (i, (k, source)) in kernels.iter().zip(&sources).enumerate() {
         match cached_object(tc, cache, source, &nvcc_line, &k.kernel_name()) {
             Some(obj) => {
@@ -445,7 +477,18 @@ pub fn build_library(
         }
         Ok(r)
     };
-    let units: Vec<Vec<usize>> = partition(todo.len(), jobs).into_iter().map(|u| u.into_iter().map(|j| todo[j]).collect()).collect();
+    // Each family's kernels split into units over the jobs, in proportion to its share.
+    let mut families: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for &i in &todo {
+        families.entry(unit_family(&kernels[i])).or_default().push(i);
+    }
+    let units: Vec<Vec<usize>> = families
+        .values()
+        .flat_map(|members| {
+            let share = (jobs * members.len()).div_ceil(todo.len().max(1)).max(1);
+            partition(members.len(), share).into_iter().map(|u| u.into_iter().map(|j| members[j]).collect::<Vec<usize>>())
+        })
+        .collect();
     progress_line(show_progress, format_args!("compiling {} kernels ({cached} cached) into {}", kernels.len(), out_dir.display()));
     let (built, failed) = compile_bisecting(units, jobs, &compile, &|n| bar.inc(n as u64));
     bar.finish_and_clear();
@@ -472,7 +515,7 @@ pub fn build_library(
         })
         .collect();
     let bad: std::collections::HashSet<&str> = failures.iter().map(|f| f.kernel.as_str()).collect();
-    let kernels: Vec<KernelSpec> = specs.iter().filter(|v| !bad.contains(v.kernel_name().as_str())).cloned().collect();
+    let kernels: Vec<Spec> = specs.iter().filter(|v| !bad.contains(v.kernel_name().as_str())).cloned().collect();
     let mut objects: Vec<PathBuf> = objects.into_iter().map(|(_, o)| o).collect();
     objects.sort();
     objects.dedup();

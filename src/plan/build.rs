@@ -4,7 +4,7 @@ use crate::space::examples::index;
 use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
 use crate::agent::{RankItem, Steward};
 use crate::graph::{Graph, NodeId};
-use crate::rules::GemmMatch;
+use crate::rules::{AttentionMatch, GemmMatch, Patterns, Problem};
 use crate::table::{Lookup, TableKey, Tables};
 use crate::types::{Arch, MathType, Precision};
 use std::collections::{BTreeSet, HashMap};
@@ -51,30 +51,83 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
     .collect()
 }
 
-/// The plan of a graph's matched GEMMs: shares from the cost model, gains from the tables where
-/// they hold a measurement, examples and order from the agent.
-pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option<&Tables>, steward: &mut Steward) -> Plan {
+fn attention_notes(a: &AttentionMatch, math: Option<MathType>) -> Vec<String> {
+    let p = &a.problem;
+    let Some(math) = math else {
+        return vec![format!("no kernel family computes {} attention under this precision policy", p.dtype)];
+    };
+    vec![
+        format!(
+            "one kernel (CUTLASS's fused multi-head attention): q·kᵀ, scale {}, {}softmax online in registers and ·v, {} mma.sync with fp32 accumulation; the {}x{} score matrix never reaches memory",
+            a.kernel_scale().map_or("read from the graph".to_string(), |s| format!("{s:.4}")),
+            if p.causal { "causal mask (key blocks past the diagonal skipped), " } else { "" },
+            math.short_name(),
+            p.seq_q,
+            p.seq_k
+        ),
+        format!("q, k, v read through their strides ({}), the output written as [B,T,H,D]", a.form()),
+    ]
+}
+
+/// The measured speedup of a problem's winner over torch, where the tables hold one.
+fn speedup(problem: &Problem, math: Option<MathType>, opts: &PlanOptions, tables: Option<&Tables>) -> (f64, String) {
+    match (math, tables) {
+        (None, _) => (1.0, "left to torch under this precision".to_string()),
+        (Some(math), Some(t)) => match t.lookup(&TableKey::of(problem, math, opts.arch)) {
+            Lookup::Exact { entry, table } => match entry.baseline_ms() {
+                Some(b) => (b / entry.winner_ms, format!("measured ({table} table, {})", entry.winner_provenance().device.name)),
+                None => (opts.assumed_speedup, "assumed".into()),
+            },
+            _ => (opts.assumed_speedup, "assumed (no measurement in the tables)".into()),
+        },
+        (Some(_), None) => (opts.assumed_speedup, "assumed".into()),
+    }
+}
+
+/// The plan of a graph's patterns: shares from the cost model, gains from the tables where
+/// they hold a measurement, examples and order from the agent. GEMM patterns are `p<i>` (the
+/// i-th of `patterns.gemm`), attention patterns `a<i>`.
+pub fn plan(g: &Graph, matched: &Patterns, opts: &PlanOptions, tables: Option<&Tables>, steward: &mut Steward) -> Plan {
+    let matches = &matched.gemm;
     let costs = node_costs(g, opts.arch, opts.precision, matches);
     let total: f64 = costs.iter().map(|c| c.ms).sum();
     let cost_of: HashMap<NodeId, f64> = costs.iter().map(|c| (c.node, c.ms)).collect();
     let idx = index();
     let mut patterns: Vec<PlannedPattern> = Vec::new();
+    for (i, a) in matched.attention.iter().enumerate() {
+        let p = &a.problem;
+        let math = MathType::for_tensor(p.dtype, opts.precision);
+        let problem = Problem::Attention(p.clone());
+        let est_ms: f64 = a.nodes.iter().filter_map(|n| cost_of.get(n)).sum();
+        let (speedup, source) = speedup(&problem, math, opts, tables);
+        let shapes = [a.q, a.k, a.v].iter().map(|&v| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default()).collect();
+        patterns.push(PlannedPattern {
+            id: format!("a{i}"),
+            name: format!("attention{} {}", if p.causal { " causal" } else { "" }, p.shape_key()),
+            rule: p.rule_id(),
+            arch: opts.arch,
+            node: *a.nodes.last().expect("a pattern has nodes"),
+            origin: if a.form().starts_with("sdpa") { "scaled_dot_product_attention".into() } else { "softmax(q·kᵀ)·v".into() },
+            input_shapes: shapes,
+            dtype: p.dtype,
+            math,
+            notes: attention_notes(a, math),
+            problem,
+            examples: vec![],
+            est_ms,
+            share: if total > 0.0 { est_ms / total } else { 0.0 },
+            expected_speedup: speedup,
+            speedup_source: source,
+            expected_gain_ms: est_ms * (1.0 - 1.0 / speedup),
+            priority: 0,
+        });
+    }
     for (i, m) in matches.iter().enumerate() {
         let p = &m.problem;
         let math = MathType::for_tensor(p.dtype, opts.precision);
         // A fused pattern replaces its epilogue's kernels too.
         let est_ms: f64 = m.nodes().iter().filter_map(|n| cost_of.get(n)).sum();
-        let (speedup, source) = match (math, tables) {
-            (None, _) => (1.0, "left to torch under this precision".to_string()),
-            (Some(math), Some(t)) => match t.lookup(&TableKey::gemm(p, math, opts.arch)) {
-                Lookup::Exact { entry, table } => match entry.baseline_ms() {
-                    Some(b) => (b / entry.winner_ms, format!("measured ({table} table, {})", entry.winner_provenance().device.name)),
-                    None => (opts.assumed_speedup, "assumed".into()),
-                },
-                _ => (opts.assumed_speedup, "assumed (no measurement in the tables)".into()),
-            },
-            (Some(_), None) => (opts.assumed_speedup, "assumed".into()),
-        };
+        let (speedup, source) = speedup(&Problem::Gemm(p.clone()), math, opts, tables);
         let shapes = [Some(m.a), Some(m.b), m.bias]
             .into_iter()
             .flatten()
@@ -96,7 +149,7 @@ pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option
             input_shapes: shapes,
             dtype: p.dtype,
             math,
-            problem: p.clone(),
+            problem: Problem::Gemm(p.clone()),
             notes: notes(m, math, opts.arch),
             examples: vec![],
             est_ms,
@@ -128,7 +181,8 @@ pub fn plan(g: &Graph, matches: &[GemmMatch], opts: &PlanOptions, tables: Option
         p.priority = rank[p.id.as_str()];
     }
     patterns.sort_by_key(|p| p.priority);
-    let matched: BTreeSet<NodeId> = matches.iter().flat_map(GemmMatch::nodes).collect();
+    let matched: BTreeSet<NodeId> =
+        matches.iter().flat_map(GemmMatch::nodes).chain(matched.attention.iter().flat_map(|a| a.nodes.iter().copied())).collect();
     let unmatched = unmatched_regions(g, &costs, &matched, total);
     let unmatched_share = unmatched.iter().map(|r| r.share).sum();
     let unmatched_gemms = super::unmatched_gemms(g, &matched);

@@ -269,7 +269,7 @@ pub struct PlannedPattern {
     pub input_shapes: Vec<Vec<i64>>,
     pub dtype: DType,
     pub math: Option<MathType>,
-    pub problem: GemmProblem,
+    pub problem: crate::rules::Problem,
     /// Pipelining, grid schedule and tensor-core instruction a kernel for it would use.
     pub notes: Vec<String>,
     /// Supporting CUTLASS examples (paths in the installed CUTLASS tree).

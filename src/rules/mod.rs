@@ -1,25 +1,96 @@
 //! Pattern rules: pure matchers from the graph IR to the subgraphs fact can replace. No rule
 //! touches libtorch, the GPU or the disk. Each rule's module doc states its math.
 //!
-//! A pattern is a GEMM (`gemm.rs`) and, where the graph allows, the elementwise epilogue that
-//! follows it (`epilogue.rs`): `match_patterns` returns both, the plain GEMM always available as
-//! the fallback when the fused pattern cannot be realized.
+//! Pattern kinds:
+//! - a GEMM (`gemm.rs`) and, where the graph allows, the elementwise epilogue that follows it
+//!   (`epilogue.rs`), the plain GEMM always available as the fallback when the fused pattern
+//!   cannot be realized;
+//! - attention (`attention.rs`): q·kᵀ, scale, mask, softmax and ·v as one pattern.
+//!
+//! `match_patterns` returns a non-overlapping cover of the graph by all kinds.
 
+pub mod attention;
 pub mod epilogue;
 pub mod gemm;
 
+pub use attention::{match_attention, AttentionMatch, AttentionProblem};
 pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, LeafKind};
 pub use gemm::{match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem};
 
 use crate::graph::Graph;
+use serde::{Deserialize, Serialize};
 
-/// Every GEMM of the top-level block, each with the longest epilogue the graph allows, as a
+/// The problem of any pattern kind: what a table entry and a tuning request carry.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Problem {
+    Gemm(GemmProblem),
+    Attention(AttentionProblem),
+}
+
+impl Problem {
+    pub fn rule_id(&self) -> String {
+        match self {
+            Problem::Gemm(p) => p.rule_id(),
+            Problem::Attention(p) => p.rule_id(),
+        }
+    }
+    pub fn shape_key(&self) -> String {
+        match self {
+            Problem::Gemm(p) => p.shape_key(),
+            Problem::Attention(p) => p.shape_key(),
+        }
+    }
+    pub fn flops(&self) -> f64 {
+        match self {
+            Problem::Gemm(p) => p.flops(),
+            Problem::Attention(p) => p.flops(),
+        }
+    }
+    pub fn dtype(&self) -> crate::types::DType {
+        match self {
+            Problem::Gemm(p) => p.dtype,
+            Problem::Attention(p) => p.dtype,
+        }
+    }
+    pub fn as_gemm(&self) -> Option<&GemmProblem> {
+        match self {
+            Problem::Gemm(p) => Some(p),
+            Problem::Attention(_) => None,
+        }
+    }
+}
+
+impl From<GemmProblem> for Problem {
+    fn from(p: GemmProblem) -> Problem {
+        Problem::Gemm(p)
+    }
+}
+
+impl From<AttentionProblem> for Problem {
+    fn from(p: AttentionProblem) -> Problem {
+        Problem::Attention(p)
+    }
+}
+
+/// Every pattern of a graph, no node in two.
+#[derive(Clone, Debug, Default)]
+pub struct Patterns {
+    pub gemm: Vec<GemmMatch>,
+    pub attention: Vec<AttentionMatch>,
+}
+
+/// Attention patterns first (their two matmuls are not GEMM patterns of their own), then every
+/// other GEMM of the top-level block, each with the longest epilogue the graph allows, as a
 /// non-overlapping cover: two epilogues can claim one node (`linear(x) + linear(z)`: the add is
 /// in both), and then the one that fuses more of the graph (the larger output times ops) keeps it
-/// and the other GEMM stays plain.
-pub fn match_patterns(g: &Graph) -> Vec<GemmMatch> {
+/// and the other GEMM stays plain. An epilogue reaching into an attention pattern is cut.
+pub fn match_patterns(g: &Graph) -> Patterns {
+    let attention = match_attention(g);
+    let mut claimed: std::collections::BTreeSet<usize> = attention.iter().flat_map(|a| a.nodes.iter().copied()).collect();
     let mut matches: Vec<GemmMatch> = match_gemms(g)
         .into_iter()
+        .filter(|m| !claimed.contains(&m.node))
         .map(|mut m| {
             if let Some(e) = match_epilogue(g, &m) {
                 m.problem.epilogue = Some(e.epilogue.clone());
@@ -31,7 +102,7 @@ pub fn match_patterns(g: &Graph) -> Vec<GemmMatch> {
     let gain = |m: &GemmMatch| m.epilogue.as_ref().map_or(0.0, |e| e.nodes.len() as f64 * (m.problem.batch * m.problem.m * m.problem.n) as f64);
     let mut order: Vec<usize> = (0..matches.len()).collect();
     order.sort_by(|&a, &b| gain(&matches[b]).total_cmp(&gain(&matches[a])).then(a.cmp(&b)));
-    let mut claimed: std::collections::BTreeSet<usize> = matches.iter().map(|m| m.node).collect();
+    claimed.extend(matches.iter().map(|m| m.node));
     for i in order {
         let Some(e) = &matches[i].epilogue else { continue };
         if e.nodes.iter().any(|n| claimed.contains(n)) {
@@ -40,7 +111,7 @@ pub fn match_patterns(g: &Graph) -> Vec<GemmMatch> {
             claimed.extend(e.nodes.iter().copied());
         }
     }
-    matches
+    Patterns { gemm: matches, attention }
 }
 
 #[cfg(test)]
@@ -61,7 +132,7 @@ mod tests {
                return (%y)",
         )
         .unwrap();
-        let m = match_patterns(&g);
+        let m = match_patterns(&g).gemm;
         assert_eq!(m.len(), 2);
         // The second linear's pattern (relu, add) fuses more than the first's (add): it wins.
         assert!(m[0].epilogue.is_none() && m[0].problem.epilogue.is_none());

@@ -4,11 +4,13 @@
 //! own generator declares valid (the knowledge base distilled from cutlass_library, knowledge.rs),
 //! pruned by learned validity rules (validity.rs) and ordered by an analytic estimate (estimate.rs).
 
+pub mod attention;
 pub mod estimate;
 pub mod examples;
 pub mod knowledge;
 pub mod validity;
 
+pub use attention::AttentionSpec;
 pub use knowledge::Knowledge;
 
 use crate::rules::{Epilogue, GemmLayout, GemmProblem};
@@ -219,6 +221,71 @@ pub struct KernelSpec {
     /// The fused elementwise epilogue (after the bias), rendered as a visitor tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fusion: Option<Epilogue>,
+}
+
+/// The kernel spec of any pattern kind: what a table entry's winner and a tuning candidate are.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Spec {
+    Attention(AttentionSpec),
+    Gemm(KernelSpec),
+}
+
+impl Spec {
+    /// The variant's identity (dispatch-index name, table value).
+    pub fn name(&self) -> String {
+        match self {
+            Spec::Gemm(k) => k.name(),
+            Spec::Attention(a) => a.name(),
+        }
+    }
+    /// The compiled kernel's identity (symbol, build-cache key).
+    pub fn kernel_name(&self) -> String {
+        match self {
+            Spec::Gemm(k) => k.kernel_name(),
+            Spec::Attention(a) => a.name(),
+        }
+    }
+    /// The compiled kernel's spec: this one without launch knobs.
+    pub fn kernel(&self) -> Spec {
+        match self {
+            Spec::Gemm(k) => Spec::Gemm(k.kernel()),
+            Spec::Attention(a) => Spec::Attention(a.clone()),
+        }
+    }
+    pub fn arch(&self) -> Arch {
+        match self {
+            Spec::Gemm(k) => k.arch,
+            Spec::Attention(a) => a.arch,
+        }
+    }
+    pub fn as_gemm(&self) -> Option<&KernelSpec> {
+        match self {
+            Spec::Gemm(k) => Some(k),
+            Spec::Attention(_) => None,
+        }
+    }
+    pub fn as_attention(&self) -> Option<&AttentionSpec> {
+        match self {
+            Spec::Attention(a) => Some(a),
+            Spec::Gemm(_) => None,
+        }
+    }
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("spec serializes")
+    }
+}
+
+impl From<KernelSpec> for Spec {
+    fn from(k: KernelSpec) -> Spec {
+        Spec::Gemm(k)
+    }
+}
+
+impl From<AttentionSpec> for Spec {
+    fn from(a: AttentionSpec) -> Spec {
+        Spec::Attention(a)
+    }
 }
 
 fn is_zero3(v: &[u32; 3]) -> bool {

@@ -66,9 +66,11 @@ pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[En
             .flat_map(|(_, r)| r.candidates.iter())
             .chain(run.candidates.iter())
             .filter(|c| passed(kind, &c.outcome))
-            .map(|c| c.spec.clone())
+            .filter_map(|c| c.spec.as_gemm().cloned())
             .collect();
-        learn(rules, &sweep, kind, &c.spec, &message(&c.outcome), &passed);
+        // Validity rules speak of GEMM kernel features; other kinds' failures stay in their runs.
+        let Some(spec) = c.spec.as_gemm() else { continue };
+        learn(rules, &sweep, kind, spec, &message(&c.outcome), &passed);
         learned += 1;
     }
     learned

@@ -7,8 +7,8 @@
 
 pub mod learning;
 
-use crate::rules::GemmProblem;
-use crate::space::KernelSpec;
+use crate::rules::{GemmProblem, Problem};
+use crate::space::Spec;
 use crate::tune::cuda::DeviceInfo;
 use crate::tune::{CandidateResult, Timing};
 use crate::types::{Arch, DType, MathType};
@@ -19,7 +19,8 @@ use thiserror::Error;
 
 /// 3: problems and kernel specs may carry a fused epilogue (`epilogue`, `fusion`); a fact that
 /// reads schema 2 would ignore them and run a plain GEMM in their place, so it must refuse these.
-pub const SCHEMA: u32 = 3;
+/// 4: entries of other pattern kinds (attention problems and kernel specs) beside GEMMs.
+pub const SCHEMA: u32 = 4;
 
 #[derive(Debug, Error)]
 pub enum TableError {
@@ -75,6 +76,12 @@ impl TableKey {
         TableKey { rule: p.rule_id(), dtypes: Dtypes::gemm(p.dtype), math, arch, shape: p.shape_key() }
     }
 
+    /// The key of any pattern kind's problem (attention reads and writes one dtype and
+    /// accumulates in fp32, like a GEMM).
+    pub fn of(p: &Problem, math: MathType, arch: Arch) -> TableKey {
+        TableKey { rule: p.rule_id(), dtypes: Dtypes::gemm(p.dtype()), math, arch, shape: p.shape_key() }
+    }
+
     /// The shape bucket: every dim rounded up to a power of two. Shapes in one bucket share tile
     /// and wave behaviour closely enough that a winner is worth re-verifying before a full sweep.
     pub fn bucket(&self) -> String {
@@ -123,10 +130,10 @@ pub struct Run {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     pub key: TableKey,
-    pub problem: GemmProblem,
+    pub problem: Problem,
     /// The fastest verified candidate over all runs.
     pub winner: String,
-    pub winner_spec: KernelSpec,
+    pub winner_spec: Spec,
     pub winner_ms: f64,
     /// Index into `runs` of the run that measured the winner.
     pub winner_run: usize,
@@ -135,7 +142,8 @@ pub struct Entry {
 
 impl Entry {
     /// An entry from its runs; None when no run has a verified candidate.
-    pub fn from_runs(key: TableKey, problem: GemmProblem, runs: Vec<Run>) -> Option<Entry> {
+    pub fn from_runs(key: TableKey, problem: impl Into<Problem>, runs: Vec<Run>) -> Option<Entry> {
+        let problem = problem.into();
         let (run, best) = runs
             .iter()
             .enumerate()
@@ -256,8 +264,8 @@ impl Table {
         match schema {
             s if s > SCHEMA => Err(TableError::Newer { path: origin.to_string(), found: s }),
             1 => Ok(v1::migrate(serde_json::from_value(raw).map_err(corrupt)?)),
-            // Schema 2 is schema 3 without epilogues: nothing to convert.
-            2 => Ok(Table { schema: SCHEMA, ..serde_json::from_value(raw).map_err(corrupt)? }),
+            // Schemas 2 and 3 are schema 4 without epilogues or other pattern kinds: nothing to convert.
+            2 | 3 => Ok(Table { schema: SCHEMA, ..serde_json::from_value(raw).map_err(corrupt)? }),
             SCHEMA => serde_json::from_value(raw).map_err(corrupt),
             s => Err(TableError::Corrupt { path: origin.to_string(), detail: format!("unknown schema {s}") }),
         }

@@ -31,12 +31,12 @@ fn entry(m: i64, which: usize, ms: f64, device: &str) -> Entry {
     let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
     let ok = CandidateResult {
         kernel: specs[which].name(),
-        spec: specs[which].clone(),
+        spec: specs[which].clone().into(),
         outcome: Outcome::Ok { max_rel_err: 1e-4, timing: timing.clone(), tflops: 1.0 },
     };
     let bad = CandidateResult {
         kernel: specs[which + 1].name(),
-        spec: specs[which + 1].clone(),
+        spec: specs[which + 1].clone().into(),
         outcome: Outcome::Numeric { max_rel_err: 0.5, tolerance: 1e-3 },
     };
     let run = Run { provenance: provenance(device), baseline: Some(timing), candidates: vec![ok, bad] };
@@ -117,7 +117,7 @@ fn truncated_and_newer_tables_are_refused_and_left_intact() {
     let e = Table::update(&path, |t| t.insert_merged(entry(64, 0, 0.1, "H100"))).unwrap_err();
     assert!(matches!(e, TableError::Corrupt { .. }));
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text[..text.len() / 2], "a failed update writes nothing");
-    std::fs::write(&path, text.replace("\"schema\": 3", "\"schema\": 99")).unwrap();
+    std::fs::write(&path, text.replace(&format!("\"schema\": {SCHEMA}"), "\"schema\": 99")).unwrap();
     assert!(Table::load(&path).unwrap_err().to_string().contains("upgrade fact"));
     assert_eq!(Table::load(&dir.path().join("missing.json")).unwrap(), Table::new());
 }
@@ -148,7 +148,7 @@ fn schema_one_tables_are_migrated() {
 fn schema_two_tables_are_read_as_three_and_keep_their_entries() {
     let mut t = Table::new();
     t.insert_merged(entry(128, 0, 0.5, "H100"));
-    let v2 = serde_json::to_string(&t).unwrap().replace("\"schema\":3", "\"schema\":2");
+    let v2 = serde_json::to_string(&t).unwrap().replace("\"schema\":4", "\"schema\":2");
     assert!(v2.contains("\"schema\":2"));
     let back = Table::parse(&v2, "v2.json").unwrap();
     assert_eq!(back.schema, SCHEMA);
@@ -156,12 +156,13 @@ fn schema_two_tables_are_read_as_three_and_keep_their_entries() {
     // A fused problem keeps its epilogue through a save and a load.
     let mut fused = entry(256, 0, 0.5, "H100");
     let ep = crate::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=add(v1,l0)").unwrap();
-    fused.problem.epilogue = Some(ep.clone());
+    let crate::rules::Problem::Gemm(p) = &mut fused.problem else { unreachable!("a GEMM entry") };
+    p.epilogue = Some(ep.clone());
     fused.key.rule = fused.problem.rule_id();
     let mut t = Table::new();
     t.insert_merged(fused.clone());
     let back = Table::parse(&serde_json::to_string(&t).unwrap(), "v3.json").unwrap();
-    assert_eq!(back.entries[0].problem.epilogue, Some(ep));
+    assert_eq!(back.entries[0].problem.as_gemm().unwrap().epilogue, Some(ep));
     assert!(back.entries[0].key.rule.contains("_ep_gelu_tanh_add_"), "{}", back.entries[0].key.rule);
 }
 

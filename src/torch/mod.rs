@@ -144,6 +144,12 @@ pub const GEMM_OP_SCHEMA: &str = "gemm(Tensor a, Tensor b, Tensor? bias, str ori
 pub const GEMM_EP_OP_SCHEMA: &str =
     "gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor";
 
+/// The schema of the attention op: `form` is what the graph computed (rules::attention's
+/// `AttentionMatch::form`), which the fallback recomputes and the kernel's scale comes from;
+/// `scale` is the one-element tensor of a form whose factor the graph computes (`div=tensor`).
+pub const ATTENTION_OP_SCHEMA: &str =
+    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel) -> Tensor";
+
 /// fact's schemas are defined where missing, by rewrite_and_save or by an op library's static
 /// initialisers; a check and its definition must not interleave with another thread's.
 static SCHEMAS: Mutex<()> = Mutex::new(());
@@ -314,7 +320,7 @@ pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<Strin
             remove_kinds: e.remove_kinds.clone(),
         })
         .collect();
-    let schemas = vec![GEMM_OP_SCHEMA.to_string(), GEMM_EP_OP_SCHEMA.to_string()];
+    let schemas = vec![GEMM_OP_SCHEMA.to_string(), GEMM_EP_OP_SCHEMA.to_string(), ATTENTION_OP_SCHEMA.to_string()];
     let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
     ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas).map_err(|e| TorchError::Bridge(first_line(e.what())))
 }

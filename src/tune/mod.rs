@@ -3,12 +3,12 @@
 //! proposes changes how correctness or speed are judged. `Bench` is the seam between the judging
 //! logic here and the GPU (`gpu::GpuBench`), so the logic is tested with a fake bench.
 
+pub mod attention;
 pub mod cuda;
 pub mod epilogue;
 pub mod gpu;
 pub mod worker;
 
-use crate::rules::GemmProblem;
 use crate::types::MathType;
 use serde::{Deserialize, Serialize};
 
@@ -94,7 +94,7 @@ impl Outcome {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CandidateResult {
     pub kernel: String,
-    pub spec: crate::space::KernelSpec,
+    pub spec: crate::space::Spec,
     #[serde(flatten)]
     pub outcome: Outcome,
 }
@@ -117,8 +117,9 @@ pub trait Bench {
     fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError>;
 }
 
-/// Judges variant `index`: verification on every input first, timing only if all pass.
-pub fn judge(bench: &mut dyn Bench, index: usize, p: &GemmProblem, math: MathType, protocol: &Protocol) -> Outcome {
+/// Judges variant `index` of a problem of `flops`: verification on every input first, timing
+/// only if all pass.
+pub fn judge(bench: &mut dyn Bench, index: usize, flops: f64, math: MathType, protocol: &Protocol) -> Outcome {
     let tolerance = math.tolerance();
     let mut worst: f64 = 0.0;
     for _ in 0..protocol.verify_inputs.max(1) {
@@ -132,7 +133,7 @@ pub fn judge(bench: &mut dyn Bench, index: usize, p: &GemmProblem, math: MathTyp
     match bench.time(index) {
         Ok(samples) => match Timing::from_samples(samples) {
             Some(timing) => {
-                let tflops = p.flops() / (timing.median_ms * 1e-3) / 1e12;
+                let tflops = flops / (timing.median_ms * 1e-3) / 1e12;
                 Outcome::Ok { max_rel_err: worst, timing, tflops }
             }
             None => Outcome::LaunchFailed { error: "no valid timing samples".into() },
@@ -153,7 +154,7 @@ pub fn winner(results: &[CandidateResult]) -> Option<&CandidateResult> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::GemmLayout;
+    use crate::rules::{GemmLayout, GemmProblem};
     use crate::space::gemm_candidates;
     use crate::types::{Arch, DType};
 
@@ -196,8 +197,8 @@ mod tests {
         let results: Vec<CandidateResult> = (0..5)
             .map(|i| CandidateResult {
                 kernel: specs[i].name(),
-                spec: specs[i].clone(),
-                outcome: judge(&mut bench, i, &problem(), MathType::Tf32, &protocol),
+                spec: specs[i].clone().into(),
+                outcome: judge(&mut bench, i, problem().flops(), MathType::Tf32, &protocol),
             })
             .collect();
         assert_eq!(bench.timed, vec![0, 4], "only verified variants are timed");

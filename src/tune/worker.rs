@@ -4,10 +4,11 @@
 //! child after it. It also keeps the sweep library, which registers fact::gemm with torch, out of
 //! the process that later loads the composed module's library.
 
+use super::attention::AttentionBench;
 use super::gpu::GpuBench;
 use super::{judge, Bench, Outcome, Protocol, Timing};
 use crate::nvcc::KernelLibrary;
-use crate::rules::GemmProblem;
+use crate::rules::Problem;
 use crate::types::{MathType, Precision};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,7 +18,7 @@ use std::process::{Command, Stdio};
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Request {
     pub library: PathBuf,
-    pub problem: GemmProblem,
+    pub problem: Problem,
     pub math: MathType,
     pub precision: Precision,
     pub protocol: Protocol,
@@ -48,7 +49,10 @@ pub fn serve(req: Request) -> Result<(), String> {
     }
     crate::torch::set_float32_matmul_precision(req.precision.torch_matmul_precision()).map_err(|e| e.to_string())?;
     let lib = KernelLibrary::open(&req.library)?;
-    let mut bench = GpuBench::new(&lib, req.problem.clone(), req.protocol.clone())?;
+    let (mut bench, count): (Box<dyn Bench>, usize) = match &req.problem {
+        Problem::Gemm(p) => (Box::new(GpuBench::new(&lib, p.clone(), req.protocol.clone())?), lib.len()),
+        Problem::Attention(p) => (Box::new(AttentionBench::new(&lib, p.clone(), req.protocol.clone())?), lib.op_len()),
+    };
     if req.baseline {
         let e = match bench.time_baseline() {
             Ok(s) => Event::Baseline { timing: Timing::from_samples(s), error: None },
@@ -56,9 +60,9 @@ pub fn serve(req: Request) -> Result<(), String> {
         };
         emit(&e);
     }
-    for index in req.start..lib.len() {
+    for index in req.start..count {
         emit(&Event::Start { index });
-        let outcome = judge(&mut bench, index, &req.problem, req.math, &req.protocol);
+        let outcome = judge(bench.as_mut(), index, req.problem.flops(), req.math, &req.protocol);
         emit(&Event::Result { index, outcome });
     }
     Ok(())

@@ -1,10 +1,11 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
-// The torch custom ops that composed modules call: fact::gemm (one GEMM) and fact::gemm_ep (a GEMM
-// followed by an elementwise epilogue program). Each runs the named kernel of this library when the
-// call fits it (CUDA tensors on an sm90 device, the kernel's dtype, layout, bias and epilogue,
-// CUTLASS's alignment rules) and otherwise falls back to the original aten ops (for gemm_ep, the
-// GEMM and then the program interpreted op by op), so a composed module never computes a different
-// function than the one it replaced. FACT_DISABLE=1 in the environment makes every call fall back;
+// The torch custom ops that composed modules call: fact::gemm (one GEMM), fact::gemm_ep (a GEMM
+// followed by an elementwise epilogue program) and fact::attention (softmax(scale·q·kᵀ + mask)·v).
+// Each runs the named kernel of this library when the call fits it (CUDA tensors on an sm90
+// device, the kernel's dtype, layout, bias and epilogue, CUTLASS's alignment rules; for attention a
+// mask that is the causal one) and otherwise falls back to the original aten ops (for gemm_ep, the
+// GEMM and then the program interpreted op by op; for attention the graph's own ops, as its form
+// says), so a composed module never computes a different function than the one it replaced. FACT_DISABLE=1 in the environment makes every call fall back;
 // fact_op_stats() counts, per kernel, the calls that ran it and the calls that fell back.
 #include "fact_kernels.h"
 
@@ -14,6 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -459,6 +461,183 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
   return interpret(program, original(a, b, bias, origin), leaves);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention. The form says what the graph computed, e.g. "explicit;div=9.79;mask=not" (q·kᵀ, then
+// div by 9.79, then masked_fill(~mask, -inf), softmax(-1), ·v; "div=tensor" divides by the scale
+// operand) or "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
+
+struct Form {
+  bool sdpa = false, causal = false;
+  // Explicit form: 'm' mul, 'd' div, 0 none. SDPA: 's' when a scale was given.
+  char scale_op = 0;
+  double scale = 1.0;
+  // The explicit form's factor is the op's scale operand.
+  bool scale_tensor = false;
+  // Explicit form's mask: "" none, "not", "eq0" or "fill".
+  std::string mask;
+};
+
+Form parse_form(c10::string_view text) {
+  Form f;
+  const std::vector<std::string> parts = split(std::string(text), ';');
+  TORCH_CHECK(!parts.empty() && (parts[0] == "explicit" || parts[0] == "sdpa"), "fact::attention: bad form '",
+              std::string(text), "'");
+  f.sdpa = parts[0] == "sdpa";
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    const size_t eq = p.find('=');
+    const std::string key = p.substr(0, eq), val = eq == std::string::npos ? "" : p.substr(eq + 1);
+    if (key == "causal" && f.sdpa) {
+      f.causal = true;
+    } else if ((key == "mul" || key == "div") && !f.sdpa) {
+      f.scale_op = key[0];
+      f.scale_tensor = val == "tensor";
+      if (!f.scale_tensor) f.scale = std::stod(val);
+    } else if (key == "scale" && f.sdpa) {
+      f.scale_op = 's';
+      f.scale = std::stod(val);
+    } else if (key == "mask" && !f.sdpa && (val == "not" || val == "eq0" || val == "fill")) {
+      f.mask = val;
+    } else {
+      TORCH_CHECK(false, "fact::attention: bad form '", std::string(text), "'");
+    }
+  }
+  return f;
+}
+
+// The tensor masked_fill fills, as the graph derived it from `mask`.
+at::Tensor filled(const Form& f, const at::Tensor& mask) {
+  if (f.mask == "not") return at::bitwise_not(mask);
+  if (f.mask == "eq0") return at::eq(mask, 0);
+  return mask;
+}
+
+at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale) {
+  if (f.sdpa) {
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, f.causal,
+                                            f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt);
+  }
+  at::Tensor s = at::matmul(q, k.transpose(-2, -1));
+  if (f.scale_op == 'm') s = f.scale_tensor ? at::mul(s, *scale) : at::mul(s, f.scale);
+  if (f.scale_op == 'd') s = f.scale_tensor ? at::div(s, *scale) : at::div(s, f.scale);
+  if (!f.mask.empty()) s = s.masked_fill(filled(f, *mask), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(s, -1), v);
+}
+
+// Masks already checked: a reference to each (so its memory is never reused for another tensor
+// while it is here), with the version it had and whether it was the causal one. A mask is a model
+// buffer in practice: one check, then a lookup per call.
+struct CheckedMask {
+  at::Tensor mask;
+  uint32_t version;
+  std::string mode;
+  bool causal;
+};
+std::mutex masks_mutex;
+std::vector<CheckedMask> checked_masks;
+
+// Whether the explicit form's mask fills exactly the cells above the diagonal (key j > query i).
+bool causal_mask(const Form& f, const at::Tensor& mask, int64_t tq, int64_t tk) {
+  if (mask.dim() < 2 || mask.size(-2) != tq || mask.size(-1) != tk) return false;
+  for (int64_t d = 0; d + 2 < mask.dim(); ++d) {
+    if (mask.size(d) != 1) return false;
+  }
+  std::lock_guard<std::mutex> lock(masks_mutex);
+  for (const CheckedMask& c : checked_masks) {
+    if (c.mask.is_same(mask) || (c.mask.data_ptr() == mask.data_ptr() && c.mask.sizes() == mask.sizes() &&
+                                 c.mask.strides() == mask.strides() && c.mask.dtype() == mask.dtype())) {
+      if (c.version == mask._version() && c.mode == f.mask) return c.causal;
+    }
+  }
+  const at::Tensor fill = filled(f, mask).reshape({tq, tk}).to(at::kBool);
+  const at::Tensor above = at::ones({tq, tk}, mask.options().dtype(at::kBool)).triu(1);
+  const bool causal = at::equal(fill, above);
+  if (checked_masks.size() < 16) checked_masks.push_back({mask, mask._version(), f.mask, causal});
+  return causal;
+}
+
+FactTensor fact_tensor(const at::Tensor& t) {
+  FactTensor ft{};
+  ft.data = t.data_ptr();
+  ft.dtype = t.scalar_type() == at::kBFloat16 ? FACT_BF16 : t.scalar_type() == at::kHalf ? FACT_F16 : FACT_F32;
+  ft.rank = static_cast<int32_t>(t.dim());
+  for (int64_t i = 0; i < t.dim() && i < FACT_MAX_RANK; ++i) {
+    ft.sizes[i] = t.size(i);
+    ft.strides[i] = t.stride(i);
+  }
+  return ft;
+}
+
+// Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit.
+at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale_t,
+                            c10::string_view kernel) {
+  if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device()) return {};
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return {};
+  if (q.dim() != k.dim() || q.dim() != v.dim() || (q.dim() != 4 && q.dim() != 3)) return {};
+  const int32_t index = fact_op_kernel_find(std::string(kernel).c_str());
+  if (index < 0) return {};
+  const auto* props = at::cuda::getDeviceProperties(q.device().index());
+  if (props->major != 9 || props->minor != 0) return {};
+  // [B,T,D] is one head.
+  const at::Tensor q4 = q.dim() == 4 ? q : q.unsqueeze(1);
+  const at::Tensor k4 = k.dim() == 4 ? k : k.unsqueeze(1);
+  const at::Tensor v4 = v.dim() == 4 ? v : v.unsqueeze(1);
+  const int64_t tq = q4.size(2), tk = k4.size(2), d = q4.size(3);
+  bool causal = f.causal;
+  if (!f.sdpa && !f.mask.empty()) {
+    if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return {};
+    if (!causal_mask(f, *mask, tq, tk)) return {};
+    causal = true;
+  }
+  double factor = f.scale;
+  if (f.scale_tensor) {
+    // A one-element tensor the graph computed (on the CPU from shapes, as tracing records it:
+    // reading it costs no GPU sync; a floating factor keeps torch's type promotion the kernel's).
+    if (scale_t->numel() != 1 || scale_t->is_cuda() || !c10::isFloatingType(scale_t->scalar_type())) return {};
+    factor = scale_t->item<double>();
+    if (!std::isfinite(factor) || factor == 0.0) return {};
+  }
+  double scale = 1.0;
+  if (f.scale_op == 'm' || f.scale_op == 's') scale = factor;
+  if (f.scale_op == 'd') scale = 1.0 / factor;
+  if (f.sdpa && f.scale_op == 0) scale = 1.0 / std::sqrt(static_cast<double>(d));
+  c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = at::empty({q4.size(0), tq, q4.size(1), d}, q.options()).transpose(1, 2);
+  const FactTensor tensors[4] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out)};
+  const double scalars[2] = {scale, causal ? 1.0 : 0.0};
+  const FactOpArgs args{tensors, 4, scalars, 2};
+  if (fact_op_kernel_can_implement(index, &args) != FACT_OK) return {};
+  const size_t ws_size = fact_op_kernel_workspace_size(index, &args);
+  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, q.options().dtype(at::kByte));
+  const int32_t status = fact_op_kernel_run(index, &args, ws.data_ptr(), ws_size,
+                                            c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+  TORCH_CHECK(status == FACT_OK, "fact::attention: kernel ", std::string(kernel), " failed with status ", status,
+              ": ", fact_last_error());
+  return q.dim() == 4 ? out : out.squeeze(1);
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
+                     c10::string_view form, c10::string_view kernel) {
+  const Form f = parse_form(form);
+  TORCH_CHECK(f.sdpa || f.mask.empty() || (mask.has_value() && mask->defined()), "fact::attention: form '",
+              std::string(form), "' masks but the call passes no mask");
+  TORCH_CHECK(!f.scale_tensor || (scale.has_value() && scale->defined()), "fact::attention: form '",
+              std::string(form), "' scales by a tensor but the call passes none");
+  if (!disabled()) {
+    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, kernel);
+    if (out.defined()) {
+      count(kernel, true);
+      return out;
+    }
+  }
+  count(kernel, false);
+  return attention_original(f, q, k, v, mask, scale);
+}
+
 }  // namespace
 
 // The call counts since the library was loaded (or last reset) as JSON,
@@ -489,6 +668,10 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::gemm_ep", ""}).has_value()) {
     m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::attention", ""}).has_value()) {
+    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel) -> Tensor");
+  }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
+  m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
 }

@@ -1,0 +1,558 @@
+//! Attention rule: `attention[_causal]`.
+//!
+//! out[b,h,i,:] = Σ_j p[b,h,i,j] · v[b,h,j,:],  p[b,h,i,:] = softmax_j(s · q[b,h,i,:]·k[b,h,j,:] + m[i,j])
+//! where m[i,j] = -∞ for j > i under the causal mask (aligned at the top left: query i sees keys
+//! 0..=i) and 0 otherwise, and s is the scale. Two forms in a graph:
+//! - explicit: `matmul(q, transpose(k, -2, -1))`, then `mul` by a constant s or `div` by a
+//!   constant 1/s (or neither; the factor may also be a one-element tensor the graph computes, as
+//!   tracing records `(c // h) ** 0.5` from a runtime shape), then optionally `masked_fill(·, mask, -inf)`, then `softmax(·, -1)`,
+//!   then optionally `dropout(·, p, train=False)`, then `matmul(·, v)`. The mask is `~x`, `x == 0`
+//!   or `x` itself; which cells it fills is known only at run time, so the op checks the mask
+//!   tensor once (per tensor, cached) and runs the kernel only for the causal one.
+//! - `aten::scaled_dot_product_attention(q, k, v, None, 0.0, is_causal, scale?, enable_gqa=False)`.
+//!
+//! q, k and v are [B,H,T,D] (or [B,T,D]: one head) with equal B, H and D; the kernel reads them
+//! through their strides, so views of one qkv projection need no copies. The intermediates (scores,
+//! probabilities) must be used only inside the pattern.
+
+use super::gemm::GemmMatch;
+use crate::graph::{Const, Graph, NodeId, ValueId};
+use crate::types::DType;
+use serde::{Deserialize, Serialize};
+
+/// Which form the graph wrote: it decides torch's baseline (eager's five kernels, or torch's own
+/// fused SDPA), so the two are separate table entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionOrigin {
+    Explicit,
+    Sdpa,
+}
+
+/// What an attention kernel computes: the pattern table keys on it (with math and arch).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AttentionProblem {
+    pub origin: AttentionOrigin,
+    pub batch: i64,
+    pub heads: i64,
+    pub seq_q: i64,
+    pub seq_k: i64,
+    pub head_dim: i64,
+    pub dtype: DType,
+    pub causal: bool,
+}
+
+impl AttentionProblem {
+    /// `attention`, `attention_causal` (the explicit form), `sdpa`, `sdpa_causal`.
+    pub fn rule_id(&self) -> String {
+        let kind = match self.origin {
+            AttentionOrigin::Explicit => "attention",
+            AttentionOrigin::Sdpa => "sdpa",
+        };
+        if self.causal { format!("{kind}_causal") } else { kind.into() }
+    }
+    /// `BxHxTqxTkxD`.
+    pub fn shape_key(&self) -> String {
+        format!("{}x{}x{}x{}x{}", self.batch, self.heads, self.seq_q, self.seq_k, self.head_dim)
+    }
+    /// Multiply-adds of the two products, halved under the causal mask (the kernel skips the
+    /// key blocks a query block cannot see).
+    pub fn flops(&self) -> f64 {
+        let full = 4.0 * (self.batch * self.heads) as f64 * self.seq_q as f64 * self.seq_k as f64 * self.head_dim as f64;
+        if self.causal { full / 2.0 } else { full }
+    }
+    /// Fewest bytes a fused kernel moves: q, k, v read once, the output written once.
+    pub fn bytes(&self) -> f64 {
+        let e = self.dtype.bytes() as f64;
+        e * (self.batch * self.heads * self.head_dim) as f64 * (2.0 * self.seq_q as f64 + 2.0 * self.seq_k as f64)
+    }
+    /// Bytes eager torch moves in the explicit form: the score matrix written and read by each of
+    /// scale, mask, softmax and the second product (fp32 scores for fp32 tensors).
+    pub fn eager_bytes(&self) -> f64 {
+        let scores = (self.batch * self.heads) as f64 * self.seq_q as f64 * self.seq_k as f64 * self.dtype.bytes() as f64;
+        self.bytes() + 7.0 * scores
+    }
+    /// The problem a rule id names at a shape `BxHxTqxTkxD`.
+    pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<AttentionProblem, String> {
+        let (origin, causal) = match rule {
+            "attention" => (AttentionOrigin::Explicit, false),
+            "attention_causal" => (AttentionOrigin::Explicit, true),
+            "sdpa" => (AttentionOrigin::Sdpa, false),
+            "sdpa_causal" => (AttentionOrigin::Sdpa, true),
+            _ => return Err(format!("unknown rule '{rule}': use attention, attention_causal, sdpa or sdpa_causal")),
+        };
+        match dims {
+            &[batch, heads, seq_q, seq_k, head_dim] if dims.iter().all(|&d| d > 0) => {
+                Ok(AttentionProblem { origin, batch, heads, seq_q, seq_k, head_dim, dtype, causal })
+            }
+            _ => Err(format!("{rule} takes a shape of 5 positive dims (BxHxTqxTkxD), got {dims:?}")),
+        }
+    }
+}
+
+/// A factor of the explicit form's scale: a constant, or a one-element tensor of the graph.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Factor {
+    Const(f64),
+    Tensor(ValueId),
+}
+
+/// How the explicit form scales the scores.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scale {
+    None,
+    Mul(Factor),
+    Div(Factor),
+    /// SDPA's: `scale` when given, else 1/√D.
+    Sdpa(Option<f64>),
+}
+
+/// How the explicit form's `masked_fill` derives the filled cells from the mask operand `x`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskMode {
+    /// `masked_fill(·, ~x, -inf)`: x marks the cells kept.
+    Not,
+    /// `masked_fill(·, x == 0, -inf)`: nonzero x marks the cells kept.
+    Eq0,
+    /// `masked_fill(·, x, -inf)`: x marks the cells filled.
+    Fill,
+}
+
+impl MaskMode {
+    fn text(self) -> &'static str {
+        match self {
+            MaskMode::Not => "not",
+            MaskMode::Eq0 => "eq0",
+            MaskMode::Fill => "fill",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionMatch {
+    /// Every node the pattern replaces, in program order; the last produces the output.
+    pub nodes: Vec<NodeId>,
+    pub q: ValueId,
+    /// The key as [.., Tk, D] (before the explicit form's transpose).
+    pub k: ValueId,
+    pub v: ValueId,
+    /// The tensor the mask is derived from (MaskMode), when the explicit form masks.
+    pub mask: Option<(ValueId, MaskMode)>,
+    pub scale: Scale,
+    pub problem: AttentionProblem,
+}
+
+impl AttentionMatch {
+    /// The multiplier the kernel applies to q·k; None when a tensor of the graph holds it.
+    pub fn kernel_scale(&self) -> Option<f64> {
+        match self.scale {
+            Scale::None => Some(1.0),
+            Scale::Mul(Factor::Const(s)) => Some(s),
+            Scale::Div(Factor::Const(d)) => Some(1.0 / d),
+            Scale::Mul(Factor::Tensor(_)) | Scale::Div(Factor::Tensor(_)) => None,
+            Scale::Sdpa(Some(s)) => Some(s),
+            Scale::Sdpa(None) => Some(1.0 / (self.problem.head_dim as f64).sqrt()),
+        }
+    }
+    /// The one-element tensor the scale comes from, when the graph computes it.
+    pub fn scale_operand(&self) -> Option<ValueId> {
+        match self.scale {
+            Scale::Mul(Factor::Tensor(v)) | Scale::Div(Factor::Tensor(v)) => Some(v),
+            _ => None,
+        }
+    }
+    /// The op's `form` argument: what its fallback recomputes exactly as the graph did, e.g.
+    /// `explicit;div=8.0;mask=not`, `sdpa;causal;scale=0.125`.
+    pub fn form(&self) -> String {
+        match self.scale {
+            Scale::Sdpa(s) => {
+                let mut f = "sdpa".to_string();
+                if self.problem.causal {
+                    f.push_str(";causal");
+                }
+                if let Some(s) = s {
+                    f.push_str(&format!(";scale={s:?}"));
+                }
+                f
+            }
+            scale => {
+                let mut f = "explicit".to_string();
+                let factor = |x: Factor| match x {
+                    Factor::Const(c) => format!("{c:?}"),
+                    // The op's `scale` operand.
+                    Factor::Tensor(_) => "tensor".into(),
+                };
+                match scale {
+                    Scale::Mul(s) => f.push_str(&format!(";mul={}", factor(s))),
+                    Scale::Div(d) => f.push_str(&format!(";div={}", factor(d))),
+                    _ => {}
+                }
+                if let Some((_, mode)) = self.mask {
+                    f.push_str(&format!(";mask={}", mode.text()));
+                }
+                f
+            }
+        }
+    }
+    /// The GEMM matches inside this pattern (the explicit form's two matmuls): they go with it.
+    pub fn covers(&self, m: &GemmMatch) -> bool {
+        self.nodes.contains(&m.node)
+    }
+}
+
+struct Ctx<'g> {
+    g: &'g Graph,
+    uses: Vec<usize>,
+    /// For each value, the nodes reading it.
+    readers: Vec<Vec<NodeId>>,
+}
+
+impl<'g> Ctx<'g> {
+    fn new(g: &'g Graph) -> Ctx<'g> {
+        let mut readers = vec![Vec::new(); g.values.len()];
+        for (i, n) in g.nodes.iter().enumerate() {
+            for &v in &n.inputs {
+                readers[v].push(i);
+            }
+        }
+        Ctx { g, uses: g.use_counts(), readers }
+    }
+    fn producer(&self, v: ValueId, kind: &str) -> Option<NodeId> {
+        let n = self.g.values[v].producer?;
+        (self.g.nodes[n].kind == kind && self.g.nodes[n].depth == 0).then_some(n)
+    }
+    /// The one node reading `v` (an intermediate used nowhere else), if it is of `kind`.
+    fn only_reader(&self, v: ValueId, kind: &str) -> Option<NodeId> {
+        if self.uses[v] != 1 {
+            return None;
+        }
+        let &[n] = self.readers[v].as_slice() else { return None };
+        (self.g.nodes[n].kind == kind).then_some(n)
+    }
+    fn int(&self, v: ValueId) -> Option<i64> {
+        self.g.constant(v).and_then(Const::as_int)
+    }
+    fn float(&self, v: ValueId) -> Option<f64> {
+        self.g.constant(v).and_then(Const::as_f64)
+    }
+    fn is_none(&self, v: ValueId) -> bool {
+        matches!(self.g.constant(v), Some(Const::None))
+    }
+    fn out(&self, n: NodeId) -> ValueId {
+        self.g.nodes[n].outputs[0]
+    }
+}
+
+/// Every attention pattern of the top-level block.
+pub fn match_attention(g: &Graph) -> Vec<AttentionMatch> {
+    let cx = Ctx::new(g);
+    (0..g.nodes.len())
+        .filter(|&n| g.nodes[n].depth == 0)
+        .filter_map(|n| match g.nodes[n].kind.as_str() {
+            "aten::softmax" => explicit(&cx, n),
+            "aten::scaled_dot_product_attention" => sdpa(&cx, n),
+            _ => None,
+        })
+        .collect()
+}
+
+fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
+    let g = cx.g;
+    let sm = &g.nodes[softmax];
+    // softmax(x, dim=-1 or the last dim, dtype=None)
+    let x = sm.inputs[0];
+    let rank = g.tensor(x)?.shape.len() as i64;
+    let dim = cx.int(*sm.inputs.get(1)?)?;
+    if (dim != -1 && dim != rank - 1) || sm.inputs.get(2).is_some_and(|&d| !cx.is_none(d)) {
+        return None;
+    }
+    let mut nodes = vec![softmax];
+    // Backwards: masked_fill, then the scale, then q @ kᵀ.
+    let mut s = x;
+    let mut mask = None;
+    if let Some(mf) = cx.producer(s, "aten::masked_fill") {
+        let n = &g.nodes[mf];
+        if cx.uses[s] != 1 || cx.float(n.inputs[2]) != Some(f64::NEG_INFINITY) {
+            return None;
+        }
+        let m = n.inputs[1];
+        mask = Some(if let Some(not) = cx.producer(m, "aten::bitwise_not").or_else(|| cx.producer(m, "aten::logical_not")) {
+            if cx.uses[m] != 1 {
+                return None;
+            }
+            nodes.push(not);
+            (g.nodes[not].inputs[0], MaskMode::Not)
+        } else if let Some(eq) = cx.producer(m, "aten::eq").filter(|&e| cx.float(g.nodes[e].inputs[1]) == Some(0.0)) {
+            if cx.uses[m] != 1 {
+                return None;
+            }
+            nodes.push(eq);
+            (g.nodes[eq].inputs[0], MaskMode::Eq0)
+        } else {
+            (m, MaskMode::Fill)
+        });
+        nodes.push(mf);
+        s = n.inputs[0];
+    }
+    let mut scale = Scale::None;
+    for (kind, wrap) in [("aten::mul", Scale::Mul as fn(Factor) -> Scale), ("aten::div", Scale::Div as fn(Factor) -> Scale)] {
+        if let Some(sc) = cx.producer(s, kind) {
+            let x = g.nodes[sc].inputs[1];
+            let factor = match cx.float(x) {
+                Some(c) if c.is_finite() && c != 0.0 => Factor::Const(c),
+                Some(_) => return None,
+                // A one-element tensor (not the scores' own shape): the op reads its value.
+                None if g.tensor(x).is_some_and(|t| t.shape.iter().product::<i64>() == 1 && t.shape.len() <= 1) => Factor::Tensor(x),
+                None => return None,
+            };
+            if cx.uses[s] != 1 {
+                return None;
+            }
+            scale = wrap(factor);
+            nodes.push(sc);
+            s = g.nodes[sc].inputs[0];
+            break;
+        }
+    }
+    let qk = cx.producer(s, "aten::matmul")?;
+    if cx.uses[s] != 1 {
+        return None;
+    }
+    nodes.push(qk);
+    let (q, kt) = (g.nodes[qk].inputs[0], g.nodes[qk].inputs[1]);
+    let tr = cx.producer(kt, "aten::transpose")?;
+    let (a, b) = (cx.int(g.nodes[tr].inputs[1])?, cx.int(g.nodes[tr].inputs[2])?);
+    let kr = g.tensor(g.nodes[tr].inputs[0])?.shape.len() as i64;
+    let norm = |d: i64| if d < 0 { d + kr } else { d };
+    let (a, b) = (norm(a).min(norm(b)), norm(a).max(norm(b)));
+    if (a, b) != (kr - 2, kr - 1) {
+        return None;
+    }
+    let k = g.nodes[tr].inputs[0];
+    // The transpose is the pattern's when nothing else reads it.
+    if cx.uses[kt] == 1 {
+        nodes.push(tr);
+    }
+    // Forwards: optional eval dropout, then @ v.
+    let mut p = cx.out(softmax);
+    if let Some(d) = cx.only_reader(p, "aten::dropout") {
+        let n = &g.nodes[d];
+        if !matches!(g.constant(n.inputs[2]), Some(Const::Bool(false))) {
+            return None;
+        }
+        nodes.push(d);
+        p = cx.out(d);
+    }
+    let pv = cx.only_reader(p, "aten::matmul")?;
+    if g.nodes[pv].inputs[0] != p {
+        return None;
+    }
+    nodes.push(pv);
+    let v = g.nodes[pv].inputs[1];
+    let problem = problem(g, [q, k, v], AttentionOrigin::Explicit, mask.is_some())?;
+    nodes.sort();
+    nodes.dedup();
+    Some(AttentionMatch { nodes, q, k, v, mask, scale, problem })
+}
+
+fn sdpa(cx: &Ctx, n: NodeId) -> Option<AttentionMatch> {
+    let g = cx.g;
+    let i = &g.nodes[n].inputs;
+    // (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if i.len() < 6 || !cx.is_none(i[3]) || cx.float(i[4]) != Some(0.0) {
+        return None;
+    }
+    let causal = match g.constant(i[5]) {
+        Some(Const::Bool(b)) => *b,
+        _ => return None,
+    };
+    let scale = match i.get(6) {
+        None => None,
+        Some(&s) if cx.is_none(s) => None,
+        Some(&s) => Some(cx.float(s)?),
+    };
+    if i.get(7).is_some_and(|&e| !matches!(g.constant(e), Some(Const::Bool(false)))) {
+        return None;
+    }
+    let (q, k, v) = (i[0], i[1], i[2]);
+    let problem = problem(g, [q, k, v], AttentionOrigin::Sdpa, causal)?;
+    Some(AttentionMatch { nodes: vec![n], q, k, v, mask: None, scale: Scale::Sdpa(scale), problem })
+}
+
+/// The problem of q [B,H,Tq,D] (or [B,Tq,D]), k [B,H,Tk,D], v [B,H,Tk,D] of one float dtype.
+/// `causal` is the explicit form's "has a mask" (the op verifies the mask is the causal one).
+fn problem(g: &Graph, [q, k, v]: [ValueId; 3], origin: AttentionOrigin, causal: bool) -> Option<AttentionProblem> {
+    let (tq, tk, tv) = (g.tensor(q)?, g.tensor(k)?, g.tensor(v)?);
+    let dtype = DType::parse(&tq.dtype)?;
+    if tk.dtype != tq.dtype || tv.dtype != tq.dtype {
+        return None;
+    }
+    let (lead, qs) = match tq.shape.as_slice() {
+        [b, h, t, d] => ((*b, *h), (*t, *d)),
+        [b, t, d] => ((*b, 1), (*t, *d)),
+        _ => return None,
+    };
+    let lead_of = |s: &[i64]| -> Option<((i64, i64), (i64, i64))> {
+        match s {
+            [b, h, t, d] if s.len() == tq.shape.len() => Some(((*b, *h), (*t, *d))),
+            [b, t, d] if s.len() == tq.shape.len() => Some(((*b, 1), (*t, *d))),
+            _ => None,
+        }
+    };
+    let (kl, ks) = lead_of(&tk.shape)?;
+    let (vl, vs) = lead_of(&tv.shape)?;
+    // Same batch and heads (no broadcast), one head dim, as many values as keys.
+    if kl != lead || vl != lead || ks.1 != qs.1 || vs.1 != qs.1 || vs.0 != ks.0 {
+        return None;
+    }
+    let p = AttentionProblem { origin, batch: lead.0, heads: lead.1, seq_q: qs.0, seq_k: ks.0, head_dim: qs.1, dtype, causal };
+    (p.batch > 0 && p.heads > 0 && p.seq_q > 0 && p.seq_k > 0 && p.head_dim > 0).then_some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The MiniGPT block's attention as tracing records it, with `scale` and `mask` lines swapped in.
+    fn block(scale: &str, mask: &str, tail: &str) -> String {
+        format!(
+            "graph(%q: f32[2,4,16,8], %k: f32[2,4,16,8], %v: f32[2,4,16,8], %buf: bool[32,32]):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %zero = prim::Constant[0]()
+               %one = prim::Constant[1]()
+               %t = prim::Constant[16]()
+               %ninf = prim::Constant[-inf]()
+               %none = prim::Constant[None]()
+               %c = prim::Constant[2.8284271247461903]()
+               %kt = aten::transpose(%k, %m2, %m1) : f32[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : f32[2,4,16,16]
+               {scale}
+               %r0 = aten::slice(%buf, %zero, %zero, %t, %one) : bool[16,32]
+               %r1 = aten::slice(%r0, %one, %zero, %t, %one) : bool[16,16]
+               {mask}
+               %p = aten::softmax(%s2, %m1, %none) : f32[2,4,16,16]
+               {tail}
+               return (%y)"
+        )
+    }
+
+    #[test]
+    fn explicit_causal_attention_with_div_and_inverted_mask() {
+        let g = Graph::parse(&block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%nm = aten::bitwise_not(%r1) : bool[16,16]
+             %s2 = aten::masked_fill(%s1, %nm, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        ))
+        .unwrap();
+        let m = match_attention(&g);
+        assert_eq!(m.len(), 1);
+        let a = &m[0];
+        assert_eq!(a.problem, AttentionProblem { origin: AttentionOrigin::Explicit, batch: 2, heads: 4, seq_q: 16, seq_k: 16, head_dim: 8, dtype: DType::F32, causal: true });
+        assert_eq!(a.problem.rule_id(), "attention_causal");
+        assert_eq!(a.form(), "explicit;div=2.8284271247461903;mask=not");
+        assert!((a.kernel_scale().unwrap() - 1.0 / 8f64.sqrt()).abs() < 1e-12);
+        // transpose, matmul, div, bitwise_not, masked_fill, softmax, matmul; the slices stay.
+        let kinds: Vec<&str> = a.nodes.iter().map(|&n| g.nodes[n].kind.as_str()).collect();
+        assert_eq!(kinds, ["aten::transpose", "aten::matmul", "aten::div", "aten::bitwise_not", "aten::masked_fill", "aten::softmax", "aten::matmul"]);
+        assert_eq!(g.values[a.mask.unwrap().0].name, "r1");
+        assert_eq!(a.mask.unwrap().1, MaskMode::Not);
+    }
+
+    #[test]
+    fn scale_forms_mask_forms_and_eval_dropout() {
+        // mul by a constant, `== 0` mask, dropout in eval.
+        let g = Graph::parse(&block(
+            "%s1 = aten::mul(%s0, %c) : f32[2,4,16,16]",
+            "%eq = aten::eq(%r1, %zero) : bool[16,16]
+             %s2 = aten::masked_fill(%s1, %eq, %ninf) : f32[2,4,16,16]",
+            "%f = prim::Constant[False]()
+             %pd = prim::Constant[0.1]()
+             %d = aten::dropout(%p, %pd, %f) : f32[2,4,16,16]
+             %y = aten::matmul(%d, %v) : f32[2,4,16,8]",
+        ))
+        .unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(a.form(), "explicit;mul=2.8284271247461903;mask=eq0");
+        assert_eq!(a.nodes.len(), 8);
+        // No scale and no mask: not causal.
+        let g = Graph::parse(&block("%s1 = aten::relu(%s0) : f32[2,4,16,16]", "%s2 = aten::neg(%s0) : f32[2,4,16,16]", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]"))
+            .unwrap();
+        assert!(match_attention(&g).is_empty(), "a neg between the product and softmax is not attention");
+        let plain = block("", "", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]").replace("softmax(%s2", "softmax(%s0");
+        let a = &match_attention(&Graph::parse(&plain).unwrap())[0];
+        assert_eq!((a.form().as_str(), a.problem.causal, a.kernel_scale()), ("explicit", false, Some(1.0)));
+        // A divisor the graph computes (tracing's `(c // h) ** 0.5`) is the op's scale operand.
+        let g = Graph::parse(&block(
+            "%d = aten::pow(%c, %c) : f32[]
+             %s1 = aten::div(%s0, %d) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        ))
+        .unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!((a.form().as_str(), a.kernel_scale()), ("explicit;div=tensor;mask=fill", None));
+        assert_eq!(g.values[a.scale_operand().unwrap()].name, "d");
+    }
+
+    #[test]
+    fn training_dropout_an_escaping_score_and_a_bad_softmax_dim_do_not_match() {
+        let train = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%tr = prim::Constant[True]()
+             %pd = prim::Constant[0.1]()
+             %d = aten::dropout(%p, %pd, %tr) : f32[2,4,16,16]
+             %y = aten::matmul(%d, %v) : f32[2,4,16,8]",
+        );
+        assert!(match_attention(&Graph::parse(&train).unwrap()).is_empty());
+        // The scores are also returned: the pattern cannot swallow them.
+        let escaping = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        )
+        .replace("return (%y)", "return (%y, %s1)");
+        assert!(match_attention(&Graph::parse(&escaping).unwrap()).is_empty());
+        let dim0 = block("%s1 = aten::div(%s0, %c) : f32[2,4,16,16]", "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]")
+            .replace("softmax(%s2, %m1", "softmax(%s2, %zero");
+        assert!(match_attention(&Graph::parse(&dim0).unwrap()).is_empty());
+        // A plain masked_fill is the fill mode.
+        let fill = block("%s1 = aten::div(%s0, %c) : f32[2,4,16,16]", "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]");
+        assert_eq!(match_attention(&Graph::parse(&fill).unwrap())[0].form(), "explicit;div=2.8284271247461903;mask=fill");
+    }
+
+    #[test]
+    fn sdpa_with_and_without_is_causal_and_scale() {
+        let g = |causal: &str, scale: &str, mask: &str, p: &str| {
+            Graph::parse(&format!(
+                "graph(%q: bf16[2,12,64,64], %k: bf16[2,12,80,64], %v: bf16[2,12,80,64]):
+                   %none = prim::Constant[None]()
+                   %p = prim::Constant[{p}]()
+                   %c = prim::Constant[{causal}]()
+                   %s = prim::Constant[{scale}]()
+                   %f = prim::Constant[False]()
+                   %y = aten::scaled_dot_product_attention(%q, %k, %v, {mask}, %p, %c, %s, %f) : bf16[2,12,64,64]
+                   return (%y)"
+            ))
+            .unwrap()
+        };
+        let a = &match_attention(&g("True", "None", "%none", "0."))[0];
+        assert_eq!(a.problem, AttentionProblem { origin: AttentionOrigin::Sdpa, batch: 2, heads: 12, seq_q: 64, seq_k: 80, head_dim: 64, dtype: DType::Bf16, causal: true });
+        assert_eq!((a.form().as_str(), a.kernel_scale()), ("sdpa;causal", Some(0.125)));
+        let a = &match_attention(&g("False", "0.5", "%none", "0."))[0];
+        assert_eq!((a.form().as_str(), a.kernel_scale(), a.problem.causal), ("sdpa;scale=0.5", Some(0.5), false));
+        assert!(match_attention(&g("False", "None", "%q", "0.")).is_empty(), "an attn_mask is not matched");
+        assert!(match_attention(&g("False", "None", "%none", "0.1")).is_empty(), "dropout is not matched");
+    }
+
+    #[test]
+    fn rule_ids_and_shapes_round_trip() {
+        let p = AttentionProblem { origin: AttentionOrigin::Explicit, batch: 128, heads: 8, seq_q: 512, seq_k: 512, head_dim: 96, dtype: DType::F32, causal: true };
+        let dims: Vec<i64> = p.shape_key().split('x').map(|d| d.parse().unwrap()).collect();
+        assert_eq!(AttentionProblem::from_rule(&p.rule_id(), &dims, DType::F32).unwrap(), p);
+        assert!(AttentionProblem::from_rule("attention", &[1, 2, 3], DType::F32).unwrap_err().contains("5 positive dims"));
+        assert!(p.flops() > 0.0 && p.eager_bytes() > p.bytes());
+    }
+}
