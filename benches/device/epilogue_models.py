@@ -132,6 +132,61 @@ def gpt_block(written_gelu):
     return MiniGptBlock(c=C, heads=8, act=gelu_tanh_written if written_gelu else F.gelu)
 
 
+class CausalSelfAttention(nn.Module):
+    """minGPT's CausalSelfAttention: qkv Linear, attention written out (q·kᵀ · 1/√d, the causal
+    `bias` buffer compared `== 0` and filled with -inf, softmax, eval dropout, ·v), proj Linear."""
+
+    def __init__(self, c, heads, t_max):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(c, 3 * c)
+        self.c_proj = nn.Linear(c, c)
+        self.attn_dropout = nn.Dropout(0.1)
+        self.register_buffer("bias", torch.tril(torch.ones(t_max, t_max)).view(1, 1, t_max, t_max))
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class EncoderSdpa(nn.Module):
+    """A non-causal encoder self-attention through F.scaled_dot_product_attention."""
+
+    def __init__(self, c, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+def attention_suite():
+    """The attention issue's models: minGPT's CausalSelfAttention at the block's shape and at
+    GPT-2 small's (B 16, T 1024, C 768, 12 heads), and a non-causal SDPA encoder attention."""
+    p = functools.partial
+    return [
+        ("mingpt_attention", p(CausalSelfAttention, C, 8, T), [(B, T, C)]),
+        ("gpt2_attention", p(CausalSelfAttention, C, 12, 1024), [(16, 1024, C)]),
+        ("encoder_sdpa", p(EncoderSdpa, C, 12), [(32, 512, C)]),
+    ]
+
+
 def suite():
     """The suite's models: (name, module_factory, input_shapes), one shape per forward input."""
     big = [(1024, 8192)]
@@ -170,4 +225,4 @@ def suite():
         # out+residual are its fused patterns.
         ("gpt_block_gelu", p(gpt_block, False), rows3),
         ("gpt_block_gelu_written", p(gpt_block, True), rows3),
-    ]
+    ] + attention_suite()

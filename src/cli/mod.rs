@@ -97,13 +97,15 @@ enum Command {
     },
     /// Tune a rule for a shape and add the winner to the user pattern table, without a model.
     Realize {
-        /// gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias or bmm_rrr.
+        /// gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias, bmm_rrr; attention, attention_causal
+        /// (the explicit softmax(q·kᵀ)·v form), sdpa or sdpa_causal.
         #[arg(long)]
         rule: String,
         /// Tensor dtype: f32, bf16 or f16.
         #[arg(long)]
         dtype: String,
-        /// MxNxK, or LxMxNxK for bmm_rrr.
+        /// MxNxK, LxMxNxK for bmm_rrr, BxHxTqxTkxD (batch, heads, query and key lengths, head
+        /// dim) for attention.
         #[arg(long)]
         shape: String,
         /// An elementwise program fused after the GEMM, in the text form discover prints
