@@ -142,8 +142,12 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
     };
     let original = load(&opts.original)?;
     let composed = load(&opts.composed)?;
-    let mut reference = load(&opts.original)?;
-    reference.to(device, Kind::Double, false);
+    // The fp64 reference module lives next to the composed one while the bench runs.
+    let fp64 = opts.composed.with_file_name(format!("reference_fp64_{}.pt", std::process::id()));
+    torch::save_fp64_copy(&opts.original, &fp64).map_err(|e| e.to_string())?;
+    let reference = load(&fp64);
+    let _ = std::fs::remove_file(&fp64);
+    let reference = reference?;
     torch::op_stats(&opts.library, true).map_err(|e| e.to_string())?;
 
     tch::no_grad(|| {
@@ -202,7 +206,10 @@ fn never_ran(kernels: &[String], calls: &std::collections::BTreeMap<String, torc
     let idle: Vec<String> = kernels
         .iter()
         .filter(|k| calls.get(*k).is_none_or(|c| c.ran == 0))
-        .map(|k| format!("{k} ({} calls fell back)", calls.get(k).map_or(0, |c| c.fell_back)))
+        .map(|k| {
+            let c = calls.get(k).cloned().unwrap_or_default();
+            format!("{k} ({} calls fell back{})", c.fell_back, c.why.map(|w| format!(": {w}")).unwrap_or_default())
+        })
         .collect();
     if idle.is_empty() {
         return Ok(());
@@ -222,10 +229,10 @@ mod tests {
     #[test]
     fn a_substituted_kernel_that_never_ran_fails_the_bench() {
         let mut calls = std::collections::BTreeMap::new();
-        calls.insert("k1".to_string(), torch::OpCalls { ran: 36, fell_back: 0 });
-        calls.insert("k2".to_string(), torch::OpCalls { ran: 0, fell_back: 36 });
+        calls.insert("k1".to_string(), torch::OpCalls { ran: 36, fell_back: 0, why: None });
+        calls.insert("k2".to_string(), torch::OpCalls { ran: 0, fell_back: 36, why: Some("the mask is not the causal one".into()) });
         assert!(never_ran(&["k1".into()], &calls).is_ok());
         let e = never_ran(&["k1".into(), "k2".into(), "k3".into()], &calls).unwrap_err();
-        assert!(e.contains("k2 (36 calls fell back)") && e.contains("k3 (0 calls fell back)") && !e.contains("k1"), "{e}");
+        assert!(e.contains("k2 (36 calls fell back: the mask is not the causal one)") && e.contains("k3 (0 calls fell back)") && !e.contains("k1"), "{e}");
     }
 }

@@ -253,7 +253,7 @@ pub fn render_dispatch(specs: &[Spec]) -> Source {
             json!({
                 "name": a.name(),
                 "kind": "attention",
-                "signature": "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D] (stored [B,Tq,H,D]); scale causal",
+                "signature": "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D] (stored [B,Tq,H,D]) [factor f32[1]]; scale causal power (scale·factor^power)",
                 "spec_json": Spec::Attention(a.clone()).to_json(),
             })
         })

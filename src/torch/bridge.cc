@@ -546,6 +546,22 @@ rust::String graph_text(rust::Str path) {
   });
 }
 
+void save_fp64_copy(rust::Str path, rust::Str out_path) {
+  guarded("cannot make the fp64 copy", [&] {
+    auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    // Only floating state becomes fp64: Module::to(kDouble) would also turn a bool causal mask
+    // into doubles, which bitwise_not and masked_fill refuse.
+    for (const auto& p : m.named_parameters(/*recurse=*/true)) {
+      if (p.value.is_floating_point()) p.value.set_data(p.value.to(at::kDouble));
+    }
+    for (const auto& b : m.named_buffers(/*recurse=*/true)) {
+      if (b.value.is_floating_point()) b.value.set_data(b.value.to(at::kDouble));
+    }
+    m.save(to_std(out_path));
+    return 0;
+  });
+}
+
 void set_float32_matmul_precision(rust::Str mode) {
   guarded("cannot set the matmul precision", [&] {
     at::globalContext().setFloat32MatmulPrecision(to_std(mode));

@@ -16,6 +16,7 @@ GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs);
 rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
                               const rust::Vec<rust::String>& schemas);
 rust::String graph_text(rust::Str path);
+void save_fp64_copy(rust::Str path, rust::Str out_path);
 rust::Vec<rust::String> archive_records(rust::Str path);
 rust::Vec<uint8_t> archive_record(rust::Str path, rust::Str name, size_t limit);
 void set_float32_matmul_precision(rust::Str mode);

@@ -86,6 +86,7 @@ mod ffi {
         fn load_graph(path: &str, inputs: &Vec<InputSpec>) -> Result<GraphDump>;
         fn rewrite_and_save(path: &str, out_path: &str, edits: &Vec<Edit>, schemas: &Vec<String>) -> Result<String>;
         fn graph_text(path: &str) -> Result<String>;
+        fn save_fp64_copy(path: &str, out_path: &str) -> Result<()>;
         fn archive_records(path: &str) -> Result<Vec<String>>;
         fn archive_record(path: &str, name: &str, limit: usize) -> Result<Vec<u8>>;
         fn set_float32_matmul_precision(mode: &str) -> Result<()>;
@@ -331,6 +332,13 @@ pub fn graph_text(path: &Path) -> Result<String, TorchError> {
     ffi::graph_text(&p).map_err(|e| bridge_err(&p, e))
 }
 
+/// Saves the module at `path` with its floating parameters and buffers in fp64 (the rest as it is)
+/// to `out`: the reference a bench verifies against.
+pub fn save_fp64_copy(path: &Path, out: &Path) -> Result<(), TorchError> {
+    let p = check_archive(path)?;
+    ffi::save_fp64_copy(&p, &out.display().to_string()).map_err(|e| bridge_err(&p, e))
+}
+
 /// Sets torch.set_float32_matmul_precision for this process ("highest", "high", "medium").
 pub fn set_float32_matmul_precision(mode: &str) -> Result<(), TorchError> {
     ffi::set_float32_matmul_precision(mode).map_err(|e| TorchError::Bridge(e.what().to_string()))
@@ -398,10 +406,13 @@ pub fn load_op_library(path: &Path) -> Result<(), TorchError> {
 
 /// Calls of one kernel through fact's ops: how many ran it and how many fell back to the
 /// original ops.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OpCalls {
     pub ran: u64,
     pub fell_back: u64,
+    /// Why the last call that fell back did, where the op says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// The op library's call counts per kernel since it was loaded (or `reset`), read from the

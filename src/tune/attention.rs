@@ -106,8 +106,8 @@ impl<'a> AttentionBench<'a> {
 
     fn launch(&self, index: usize, x: &Inputs, out: &Tensor) -> Result<(), BenchError> {
         let tensors = [fact_tensor(&x.q), fact_tensor(&x.k), fact_tensor(&x.v), fact_tensor(out)];
-        let scalars = [self.scale, if self.p.causal { 1.0 } else { 0.0 }];
-        let args = FactOpArgs { tensors: tensors.as_ptr(), num_tensors: 4, scalars: scalars.as_ptr(), num_scalars: 2 };
+        let scalars = [self.scale, if self.p.causal { 1.0 } else { 0.0 }, 1.0];
+        let args = FactOpArgs { tensors: tensors.as_ptr(), num_tensors: 4, scalars: scalars.as_ptr(), num_scalars: 3 };
         if !self.lib.op_can_implement(index, &args) {
             return Err(BenchError::CannotImplement);
         }

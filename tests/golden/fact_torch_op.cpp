@@ -416,17 +416,20 @@ bool disabled() {
   return off;
 }
 
-// Calls per kernel: how many ran it and how many fell back to the original ops.
+// Calls per kernel: how many ran it and how many fell back to the original ops (with the reason
+// of the last fallback, where the op knows it).
 struct Counts {
   uint64_t ran = 0, fell_back = 0;
+  std::string why;
 };
 std::mutex stats_mutex;
 std::map<std::string, Counts> stats;
 
-void count(c10::string_view kernel, bool ran) {
+void count(c10::string_view kernel, bool ran, const std::string& why = "") {
   std::lock_guard<std::mutex> lock(stats_mutex);
   Counts& c = stats[std::string(kernel)];
   (ran ? c.ran : c.fell_back) += 1;
+  if (!ran && !why.empty()) c.why = why;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -569,18 +572,21 @@ FactTensor fact_tensor(const at::Tensor& t) {
   return ft;
 }
 
-// Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit.
+// Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
+// reason in `why`.
 at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale_t,
-                            c10::string_view kernel) {
-  if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device()) return {};
-  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) return {};
-  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return {};
-  if (q.dim() != k.dim() || q.dim() != v.dim() || (q.dim() != 4 && q.dim() != 3)) return {};
+                            c10::string_view kernel, std::string& why) {
+  if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device()) return why = "not CUDA tensors of one device", at::Tensor();
+  if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+    return why = "autograd (the kernel has no backward)", at::Tensor();
+  }
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return why = "mixed dtypes", at::Tensor();
+  if (q.dim() != k.dim() || q.dim() != v.dim() || (q.dim() != 4 && q.dim() != 3)) return why = "q, k, v not all [B,H,T,D] or [B,T,D]", at::Tensor();
   const int32_t index = fact_op_kernel_find(std::string(kernel).c_str());
-  if (index < 0) return {};
+  if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(q.device().index());
-  if (props->major != 9 || props->minor != 0) return {};
+  if (props->major != 9 || props->minor != 0) return why = "not an sm90 device", at::Tensor();
   // [B,T,D] is one head.
   const at::Tensor q4 = q.dim() == 4 ? q : q.unsqueeze(1);
   const at::Tensor k4 = k.dim() == 4 ? k : k.unsqueeze(1);
@@ -588,28 +594,42 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   const int64_t tq = q4.size(2), tk = k4.size(2), d = q4.size(3);
   bool causal = f.causal;
   if (!f.sdpa && !f.mask.empty()) {
-    if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return {};
-    if (!causal_mask(f, *mask, tq, tk)) return {};
+    if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the mask is not on q's device", at::Tensor();
+    if (!causal_mask(f, *mask, tq, tk)) return why = "the mask is not the causal one", at::Tensor();
     causal = true;
   }
-  double factor = f.scale;
-  if (f.scale_tensor) {
-    // A one-element tensor the graph computed (on the CPU from shapes, as tracing records it:
-    // reading it costs no GPU sync; a floating factor keeps torch's type promotion the kernel's).
-    if (scale_t->numel() != 1 || scale_t->is_cuda() || !c10::isFloatingType(scale_t->scalar_type())) return {};
-    factor = scale_t->item<double>();
-    if (!std::isfinite(factor) || factor == 0.0) return {};
-  }
   double scale = 1.0;
-  if (f.scale_op == 'm' || f.scale_op == 's') scale = factor;
-  if (f.scale_op == 'd') scale = 1.0 / factor;
+  if (f.scale_op == 'm' || f.scale_op == 's') scale = f.scale;
+  if (f.scale_op == 'd') scale = 1.0 / f.scale;
+  // A factor the graph computes (tracing records `(c // h) ** 0.5` from shapes, and a traced
+  // constant in it moves the result to the GPU): read on the host when it is a CPU value, else by
+  // the kernel from device memory, so the host never waits for it. A floating factor keeps
+  // torch's type promotion the kernel's.
+  at::Tensor factor;
+  if (f.scale_tensor) {
+    if (scale_t->numel() != 1 || !c10::isFloatingType(scale_t->scalar_type())) {
+      return why = "the scale is not one floating value", at::Tensor();
+    }
+    if (!scale_t->is_cuda()) {
+      const double x = scale_t->item<double>();
+      scale = f.scale_op == 'm' ? x : 1.0 / x;
+    } else if (scale_t->device() == q.device()) {
+      factor = scale_t->to(at::kFloat).reshape({1});
+      scale = 1.0;
+    } else {
+      return why = "the scale is on another device", at::Tensor();
+    }
+  }
   if (f.sdpa && f.scale_op == 0) scale = 1.0 / std::sqrt(static_cast<double>(d));
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({q4.size(0), tq, q4.size(1), d}, q.options()).transpose(1, 2);
-  const FactTensor tensors[4] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out)};
-  const double scalars[2] = {scale, causal ? 1.0 : 0.0};
-  const FactOpArgs args{tensors, 4, scalars, 2};
-  if (fact_op_kernel_can_implement(index, &args) != FACT_OK) return {};
+  const FactTensor tensors[5] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
+                                 factor.defined() ? fact_tensor(factor) : FactTensor{}};
+  const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
+  const FactOpArgs args{tensors, factor.defined() ? 5 : 4, scalars, 3};
+  if (fact_op_kernel_can_implement(index, &args) != FACT_OK) {
+    return why = "the kernel cannot implement these shapes, strides or alignments", at::Tensor();
+  }
   const size_t ws_size = fact_op_kernel_workspace_size(index, &args);
   at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, q.options().dtype(at::kByte));
   const int32_t status = fact_op_kernel_run(index, &args, ws.data_ptr(), ws_size,
@@ -627,14 +647,15 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               std::string(form), "' masks but the call passes no mask");
   TORCH_CHECK(!f.scale_tensor || (scale.has_value() && scale->defined()), "fact::attention: form '",
               std::string(form), "' scales by a tensor but the call passes none");
+  std::string why = "FACT_DISABLE is set";
   if (!disabled()) {
-    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, kernel);
+    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, kernel, why);
     if (out.defined()) {
       count(kernel, true);
       return out;
     }
   }
-  count(kernel, false);
+  count(kernel, false, why);
   return attention_original(f, q, k, v, mask, scale);
 }
 
@@ -648,7 +669,10 @@ extern "C" const char* fact_op_stats(void) {
   text = "{";
   for (const auto& [kernel, c] : stats) {
     if (text.size() > 1) text += ",";
-    text += "\"" + kernel + "\":{\"ran\":" + std::to_string(c.ran) + ",\"fell_back\":" + std::to_string(c.fell_back) + "}";
+    text += "\"" + kernel + "\":{\"ran\":" + std::to_string(c.ran) + ",\"fell_back\":" + std::to_string(c.fell_back);
+    // Reasons are fixed texts of this file: no quoting needed.
+    if (!c.why.empty()) text += ",\"why\":\"" + c.why + "\"";
+    text += "}";
   }
   text += "}";
   return text.c_str();
