@@ -34,6 +34,7 @@ def original(scale_mul, mask_fill):
 
 cases = [
     ("div=tensor;mask=not", keep_bool, divisor, 1 / divisor.item(), ~keep_bool),
+    ("div=tensor;mask=not", keep_bool, divisor.to(dev), 1 / divisor.item(), ~keep_bool),
     ("div=9.797958971132712;mask=not", keep_bool, None, 1 / 9.797958971132712, ~keep_bool),
     ("mul=0.10206207261596575;mask=eq0", keep_float, None, 0.10206207261596575, keep_float == 0),
 ]
