@@ -606,13 +606,12 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         let i = id[1..].parse::<usize>().expect("plan ids are p<index> or a<index>");
         if id.starts_with('a') {
             let problem = Problem::Attention(attention[i].problem.clone());
-            let pk = GemmProblemKey::of(&problem);
-            if !done.contains_key(&pk) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = done.entry(GemmProblemKey::of(&problem)) {
                 nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", problem.rule_id(), problem.shape_key()));
                 let mut r = realize(opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
                 finish(opts, &mut r);
                 compile_failures.extend(r.failures);
-                done.insert(pk, (r.how, r.entry));
+                slot.insert((r.how, r.entry));
             }
             continue;
         }
@@ -639,36 +638,23 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     }
 
     let mut patterns = Vec::new();
-    let g = &graph;
-    let mut edits_of: Vec<Box<dyn Fn(&str) -> Edit + '_>> = Vec::new();
     let mut winners: BTreeMap<String, Spec> = BTreeMap::new();
-    let all = matches
+    let all: Vec<(String, Matched)> = matches
         .iter()
         .enumerate()
-        .map(|(i, m)| (format!("p{i}"), m.node, m.origin.name().to_string(), Problem::Gemm(m.problem.clone())))
-        .chain(attention.iter().enumerate().map(|(i, a)| {
-            let origin = if a.form().starts_with("sdpa") { "scaled_dot_product_attention" } else { "attention" };
-            (format!("a{i}"), *a.nodes.last().expect("a pattern has nodes"), origin.to_string(), Problem::Attention(a.problem.clone()))
-        }));
-    for (id, node, origin, problem) in all {
+        .map(|(i, m)| (format!("p{i}"), Matched::Gemm(m)))
+        .chain(attention.iter().enumerate().map(|(i, a)| (format!("a{i}"), Matched::Attention(a))))
+        .collect();
+    for (id, m) in &all {
+        let problem = m.problem();
         let (how, entry) = &done[&GemmProblemKey::of(&problem)];
         if let Some(e) = entry {
             winners.insert(e.winner.clone(), e.winner_spec.clone());
         }
-        edits_of.push(match id.strip_prefix('a') {
-            Some(i) => {
-                let a = &attention[i.parse::<usize>().expect("a<index>")];
-                Box::new(move |k: &str| attention_edit(g, a, k))
-            }
-            None => {
-                let m = &matches[id[1..].parse::<usize>().expect("p<index>")];
-                Box::new(move |k: &str| gemm_edit(g, m, k))
-            }
-        });
         patterns.push(PatternReport {
-            id,
-            node,
-            origin,
+            id: id.clone(),
+            node: m.node(),
+            origin: m.origin().to_string(),
             rule: problem.rule_id(),
             problem,
             key: entry.as_ref().map(|e| e.key.clone()),
@@ -690,10 +676,10 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         for p in patterns.iter_mut().filter(|p| p.kernel.as_ref().is_some_and(|k| !in_lib.contains(k))) {
             p.realization = Realization::Skipped { reason: format!("the winner {} failed to compile here", p.kernel.take().unwrap_or_default()) };
         }
-        let edits: Vec<Edit> = edits_of
+        let edits: Vec<Edit> = all
             .iter()
             .zip(&patterns)
-            .filter_map(|(edit, r)| r.kernel.as_ref().filter(|k| in_lib.contains(*k)).map(|k| edit(k)))
+            .filter_map(|((_, m), r)| r.kernel.as_ref().filter(|k| in_lib.contains(*k)).map(|k| m.edit(&graph, k)))
             .collect();
         let out = opts.out_dir.join(COMPOSED);
         torch::rewrite_and_save(model, &out, &edits)?;
@@ -720,6 +706,41 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let path = opts.out_dir.join(REPORT);
     std::fs::write(&path, serde_json::to_string_pretty(&report).expect("report serializes")).map_err(io_err(&path))?;
     Ok(report)
+}
+
+/// A match of any pattern kind, as the report and the rewrite see it.
+enum Matched<'a> {
+    Gemm(&'a GemmMatch),
+    Attention(&'a AttentionMatch),
+}
+
+impl Matched<'_> {
+    fn problem(&self) -> Problem {
+        match self {
+            Matched::Gemm(m) => Problem::Gemm(m.problem.clone()),
+            Matched::Attention(a) => Problem::Attention(a.problem.clone()),
+        }
+    }
+    /// The node the op replaces (the pattern's last).
+    fn node(&self) -> usize {
+        match self {
+            Matched::Gemm(m) => m.node,
+            Matched::Attention(a) => *a.nodes.last().expect("a pattern has nodes"),
+        }
+    }
+    fn origin(&self) -> &'static str {
+        match self {
+            Matched::Gemm(m) => m.origin.name(),
+            Matched::Attention(a) if a.form().starts_with("sdpa") => "scaled_dot_product_attention",
+            Matched::Attention(_) => "attention",
+        }
+    }
+    fn edit(&self, g: &Graph, kernel: &str) -> Edit {
+        match self {
+            Matched::Gemm(m) => gemm_edit(g, m, kernel),
+            Matched::Attention(a) => attention_edit(g, a, kernel),
+        }
+    }
 }
 
 /// Identity of a problem within one compose (patterns with equal problems realize once).

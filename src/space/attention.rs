@@ -54,7 +54,7 @@ impl AttentionSpec {
         if self.warps() > 16 {
             return Some(format!("{}: {} warps per CTA, at most 16", self.name(), self.warps()));
         }
-        if self.max_k % 32 != 0 || self.max_k == 0 {
+        if !self.max_k.is_multiple_of(32) || self.max_k == 0 {
             return Some(format!("{}: the head-dim bound must be a multiple of 32", self.name()));
         }
         let fits_math = matches!(
