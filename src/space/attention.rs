@@ -75,7 +75,9 @@ impl AttentionSpec {
 }
 
 /// The candidates for a problem: the block shapes xFormers and torch ship for the head-dim
-/// bound that fits, and their neighbours, ordered with the shipped ones first.
+/// bound that fits (64, 128 or 256), and their neighbours, ordered with the shipped ones first;
+/// for a head dim between those bounds (GPT's 96) also the tight bound (the next multiple of 32),
+/// whose smaller shared-memory stages may fit more CTAs on an SM.
 pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
     let max_k = [64u32, 128, 256].into_iter().find(|&b| p.head_dim as u32 <= b);
     let Some(max_k) = max_k else { return vec![] };
@@ -84,9 +86,13 @@ pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Atten
         128 => &[(32, 128), (64, 128), (64, 64), (32, 64), (128, 128)],
         _ => &[(32, 128), (64, 128), (64, 64)],
     };
+    let tight = (p.head_dim as u32).div_ceil(32) * 32;
+    let tight_blocks: &[(u32, u32)] = if tight < max_k && tight > 64 { &[(32, 128), (64, 128)] } else { &[] };
     blocks
         .iter()
-        .map(|&(q, k)| AttentionSpec { arch, dtype: p.dtype, math, queries_per_block: q, keys_per_block: k, max_k })
+        .map(|&(q, k)| (q, k, max_k))
+        .chain(tight_blocks.iter().map(|&(q, k)| (q, k, tight)))
+        .map(|(q, k, max_k)| AttentionSpec { arch, dtype: p.dtype, math, queries_per_block: q, keys_per_block: k, max_k })
         .filter(|s| s.invalid_reason().is_none() && s.fits(p))
         .collect()
 }
@@ -103,7 +109,8 @@ mod tests {
     fn candidates_take_the_smallest_head_dim_bound_and_valid_blocks() {
         let c = candidates(&problem(96, DType::F32), MathType::Tf32, Arch::Sm90);
         assert_eq!(c[0].name(), "sm80_fmha_tf32_f32_q32_k128_d128");
-        assert!(c.iter().all(|s| s.max_k == 128 && s.invalid_reason().is_none()));
+        assert!(c.iter().all(|s| s.invalid_reason().is_none()));
+        assert_eq!(c.iter().filter(|s| s.max_k == 96).map(AttentionSpec::name).collect::<Vec<_>>(), ["sm80_fmha_tf32_f32_q32_k128_d96", "sm80_fmha_tf32_f32_q64_k128_d96"]);
         let c = candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90);
         assert_eq!(c[0].name(), "sm80_fmha_bf16_bf16_q64_k64_d64");
         assert!(c.iter().all(|s| s.single_value_pass()));
