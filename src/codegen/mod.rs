@@ -471,6 +471,21 @@ mod tests {
     }
 
     #[test]
+    fn attention_renders_are_golden_and_only_tf32_multiplies_once() {
+        let a = AttentionSpec { arch: Arch::Sm90, dtype: DType::F32, math: MathType::Tf32, queries_per_block: 32, keys_per_block: 128, max_k: 128 };
+        let text = render_attention(&a).text;
+        expect_test::expect_file!["../../tests/golden/sm80_fmha_tf32_f32_q32_k128_d128.cu"].assert_eq(&text);
+        assert!(text.contains("AttentionKernel<float, cutlass::arch::Sm80, /*isAligned=*/true, 32, 128, 128,"));
+        let x3 = render_attention(&AttentionSpec { math: MathType::Tf32x3, ..a.clone() }).text;
+        assert!(!x3.contains("DefaultGemmType") && text.contains("using Operator = cutlass::arch::OpMultiplyAdd;"), "3xTF32 keeps the example's own float MMA");
+        let bf16 = render_attention(&AttentionSpec { dtype: DType::Bf16, math: MathType::Bf16, ..a.clone() }).text;
+        assert!(bf16.contains("AttentionKernel<cutlass::bfloat16_t,") && bf16.contains("t->dtype != 1"));
+        // The op-kernel table lists attention kernels apart from the GEMM variants.
+        let d = render_dispatch(&[a.clone().into(), spec(true).into()]).text;
+        assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())) && d.contains(&format!("fact_o_{}_run", a.name())));
+    }
+
+    #[test]
     fn dispatch_render_is_golden() {
         let d = render_dispatch(&[spec(true).into(), spec(false).into()]);
         expect_test::expect_file!["../../tests/golden/fact_dispatch.cu"].assert_eq(&d.text);

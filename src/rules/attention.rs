@@ -497,6 +497,26 @@ mod tests {
     }
 
     #[test]
+    fn q_k_and_v_used_elsewhere_still_match() {
+        // They are the pattern's inputs, not its intermediates: other readers keep them.
+        let g = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%nm = aten::bitwise_not(%r1) : bool[16,16]
+             %s2 = aten::masked_fill(%s1, %nm, %ninf) : f32[2,4,16,16]",
+            "%y0 = aten::matmul(%p, %v) : f32[2,4,16,8]
+             %y = aten::add(%y0, %q, %one) : f32[2,4,16,8]",
+        )
+        .replace("return (%y)", "return (%y, %k, %v)");
+        let m = match_attention(&Graph::parse(&g).unwrap());
+        assert_eq!(m.len(), 1);
+        // A kᵀ read elsewhere stays in the graph: the pattern keeps only what it alone reads.
+        let shared = g.replace("return (%y, %k, %v)", "return (%y, %kt)");
+        let g = Graph::parse(&shared).unwrap();
+        let m = match_attention(&g);
+        assert!(!m[0].nodes.iter().any(|&n| g.nodes[n].kind == "aten::transpose"));
+    }
+
+    #[test]
     fn training_dropout_an_escaping_score_and_a_bad_softmax_dim_do_not_match() {
         let train = block(
             "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
