@@ -1,6 +1,7 @@
-//! The graph IR every later stage reads: nodes in program order, values with dtype and shape when
-//! known, constants decoded. It never touches libtorch, the GPU or the disk: src/torch fills it from
-//! an archive, and tests write it as text (`Graph::parse`) in a TorchScript-like notation.
+//! The graph IR every later stage reads: nodes in program order, values with dtype, shape and
+//! strides when known, constants decoded. It never touches libtorch, the GPU or the disk: src/torch
+//! fills it from an archive, and tests write it as text (`Graph::parse`) in a TorchScript-like
+//! notation.
 
 use std::collections::HashMap;
 use thiserror::Error;
@@ -75,12 +76,29 @@ impl Const {
     }
 }
 
-/// Dtype and shape of a tensor value, as seen when the graph ran on the example inputs.
+/// Dtype, shape and strides of a tensor value, as seen when the graph ran on the example inputs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
     /// The bridge's dtype name (`f32`, `bf16`, `i64`, ...).
     pub dtype: String,
     pub shape: Vec<i64>,
+    /// Elements between neighbours along each dim; empty when not recorded, which reads as packed
+    /// row-major (what almost every op returns).
+    pub strides: Vec<i64>,
+}
+
+impl TensorInfo {
+    /// The strides, or a packed row-major tensor's when none were recorded.
+    pub fn strides(&self) -> Vec<i64> {
+        if self.strides.len() == self.shape.len() {
+            return self.strides.clone();
+        }
+        let mut out = vec![1; self.shape.len()];
+        for d in (0..self.shape.len().saturating_sub(1)).rev() {
+            out[d] = out[d + 1] * self.shape[d + 1].max(1);
+        }
+        out
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -146,7 +164,8 @@ impl Graph {
     ///   %y = aten::linear(%x, %w, %none) : f32[8,32]
     ///   return (%y)
     /// ```
-    /// A value's annotation is `dtype[d0,d1,...]` for tensors or a bare type name otherwise.
+    /// A value's annotation is `dtype[d0,d1,...]` for tensors (optionally followed by the strides,
+    /// `f32[8,16]{1,8}` for the transpose of a packed [16,8]) or a bare type name otherwise.
     pub fn parse(text: &str) -> Result<Graph, GraphError> {
         let mut g = Graph::default();
         let mut names: HashMap<String, ValueId> = HashMap::new();
@@ -213,8 +232,8 @@ fn split_top(s: &str) -> Vec<String> {
     let mut cur = String::new();
     for c in s.chars() {
         match c {
-            '[' | '(' => depth += 1,
-            ']' | ')' => depth -= 1,
+            '[' | '(' | '{' => depth += 1,
+            ']' | ')' | '}' => depth -= 1,
             ',' if depth == 0 => {
                 if !cur.trim().is_empty() {
                     out.push(cur.trim().to_string());
@@ -247,16 +266,20 @@ fn declare(
     }
     let (ty, tensor) = match annot {
         Some(a) if a.contains('[') => {
-            let (dt, shape) = a.split_once('[').unwrap();
-            let dims: Result<Vec<i64>, _> = shape
-                .trim_end_matches(']')
-                .split(',')
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .map(str::parse)
-                .collect();
-            let dims = dims.map_err(|e| format!("bad shape in {a}: {e}"))?;
-            ("Tensor".to_string(), Some(TensorInfo { dtype: dt.trim().to_string(), shape: dims }))
+            let (dt, rest) = a.split_once('[').unwrap();
+            let (shape, strides) = rest.split_once(']').ok_or_else(|| format!("unclosed shape in {a}"))?;
+            let ints = |text: &str| -> Result<Vec<i64>, String> {
+                text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect::<Result<_, _>>().map_err(|e| format!("bad dims in {a}: {e}"))
+            };
+            let dims = ints(shape)?;
+            let strides = match strides.trim() {
+                "" => vec![],
+                s => ints(s.strip_prefix('{').and_then(|s| s.strip_suffix('}')).ok_or_else(|| format!("strides go in braces after the shape: {a}"))?)?,
+            };
+            if !strides.is_empty() && strides.len() != dims.len() {
+                return Err(format!("{a}: {} strides for {} dims", strides.len(), dims.len()));
+            }
+            ("Tensor".to_string(), Some(TensorInfo { dtype: dt.trim().to_string(), shape: dims, strides }))
         }
         Some(a) => (a.to_string(), None),
         None => ("Tensor".to_string(), None),
@@ -288,6 +311,20 @@ mod tests {
         assert_eq!(g.tensor(y).unwrap().shape, vec![8, 32]);
         assert_eq!(g.constant(g.nodes[2].inputs[2]), Some(&Const::None));
         assert_eq!(g.use_counts()[y], 1);
+    }
+
+    #[test]
+    fn strides_are_read_after_the_shape_and_default_to_packed() {
+        let g = Graph::parse(
+            "graph(%x: f32[16,8]):
+               %t = aten::t(%x) : f32[8,16]{1,8}
+               return (%t)",
+        )
+        .unwrap();
+        assert_eq!(g.tensor(g.inputs[0]).unwrap().strides(), vec![8, 1]);
+        let t = g.tensor(g.outputs[0]).unwrap();
+        assert_eq!((t.shape.clone(), t.strides()), (vec![8, 16], vec![1, 8]));
+        assert!(Graph::parse("graph(%x: f32[2,2]{1}):\n").unwrap_err().to_string().contains("1 strides for 2 dims"));
     }
 
     #[test]

@@ -350,6 +350,8 @@ GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
       if (it != shapes.end()) {
         vi.has_shape = true;
         for (auto d : it->second.sizes()) vi.shape.push_back(d);
+        // Views keep their strides on meta tensors: the rules read layouts from them.
+        for (auto d : it->second.strides()) vi.strides.push_back(d);
         vi.dtype = dtype_name(it->second.scalar_type());
       }
       dump.values.push_back(std::move(vi));

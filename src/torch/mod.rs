@@ -21,6 +21,7 @@ mod ffi {
         ty: String,
         has_shape: bool,
         shape: Vec<i64>,
+        strides: Vec<i64>,
         dtype: String,
     }
     struct NodeInfo {
@@ -265,7 +266,7 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
         .map(|v| Value {
             name: v.name,
             ty: v.ty,
-            tensor: v.has_shape.then_some(TensorInfo { dtype: v.dtype, shape: v.shape }),
+            tensor: v.has_shape.then_some(TensorInfo { dtype: v.dtype, shape: v.shape, strides: v.strides }),
             producer: None,
         })
         .collect();
