@@ -67,11 +67,15 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         "align_out": k.align_out(),
         "bf16_split": bf16_split,
         "transpose_b": tf32_split && k.layout == crate::rules::GemmLayout::Rrr,
-        "b_k_major": k.layout == crate::rules::GemmLayout::Rcr,
+        "b_k_major": k.layout.b() == crate::rules::Major::Col,
         "dtype": k.dtype.short_name(),
         "layout": k.layout.short_name(),
         "cutlass_layout_a": cutlass_layout_a,
-        "a_row_major": k.layout == crate::rules::GemmLayout::Rcr,
+        "cutlass_layout_b": k.layout.cutlass_layout_b(),
+        // Whether CUTLASS's A (torch's Bᵀ) and B (torch's aᵀ) are row-major: K-contiguous for A,
+        // N-contiguous (torch's M) for B.
+        "a_row_major": k.layout.b() == crate::rules::Major::Col,
+        "b_row_major": k.layout.a() == crate::rules::Major::Col,
         "align": k.align,
         "tile_m": k.tile[0], "tile_n": k.tile[1], "tile_k": k.tile[2],
         "cluster_m": k.cluster[0], "cluster_n": k.cluster[1], "cluster_k": k.cluster[2],
@@ -468,6 +472,40 @@ mod tests {
         assert!(k.kernel_name().contains("_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_"), "{}", k.kernel_name());
         // The dispatch entry carries the program for the op to check against its call.
         assert!(render_dispatch(&[k.clone().into()]).text.contains(&format!("R\"fact_ep({})fact_ep\"", k.fusion.as_ref().unwrap().text())));
+    }
+
+    /// The 2048x4096x8192 problem of `a.t() @ b` (crr) or `a.t() @ b.t()` (ccr).
+    fn transposed(layout: GemmLayout, family: crate::space::Family) -> KernelSpec {
+        let p = GemmProblem { m: 2048, n: 4096, k: 8192, layout, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
+        Knowledge::shipped()
+            .kernels(&p, MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .find(|k| {
+                k.family == family
+                    && k.tile[..2] == [128, 128]
+                    && k.scheduler == TileScheduler::Persistent
+                    && (k.family == crate::space::Family::Sm80Gemm || (k.schedule == KernelSchedule::WsCooperative && k.epilogue == EpilogueKind::Tma && k.cluster == [1, 2, 1]))
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn transposed_layouts_render_golden_and_read_operands_in_place() {
+        // crr: torch's a is column-major, CUTLASS's B (aᵀ) row-major; B stays as in rrr.
+        let crr = transposed(GemmLayout::Crr, crate::space::Family::Sm90Gemm);
+        assert_eq!(crr.kernel_name(), "sm90_gemm_crr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4");
+        let text = render_kernel(&crr).text;
+        expect_test::expect_file!["../../tests/golden/sm90_gemm_crr_tf32.cu"].assert_eq(&text);
+        assert!(text.contains("using LayoutA = cutlass::layout::ColumnMajor;\nusing LayoutB = cutlass::layout::RowMajor;"));
+        // ccr on the sm80 family: both CUTLASS operands row-major, leading dims K (A) and N (B).
+        let ccr = transposed(GemmLayout::Ccr, crate::space::Family::Sm80Gemm);
+        assert!(ccr.kernel_name().starts_with("sm80_gemm_ccr_tf32_f32_128x128x"), "{}", ccr.kernel_name());
+        let text = render_kernel(&ccr).text;
+        expect_test::expect_file!["../../tests/golden/sm80_gemm_ccr_tf32.cu"].assert_eq(&text);
+        assert!(text.contains("using LayoutA = cutlass::layout::RowMajor;\nusing LayoutB = cutlass::layout::RowMajor;"));
+        assert!(text.contains("const int64_t lda = K;") && text.contains("const int64_t ldb = N, ldd = M;"));
+        // The dispatch entry carries the layout the op checks the call against.
+        assert!(render_dispatch(&[ccr.clone().into()]).text.contains(&format!("{})fact_spec\", \"f32\", \"ccr\",", ccr.to_json())));
     }
 
     #[test]

@@ -1,44 +1,110 @@
-//! GEMM rules: `gemm_rcr[_bias]`, `gemm_rrr[_bias]` and the batched `bmm_rrr`.
+//! GEMM rules: `gemm_<layout>[_bias]` and the batched `bmm_<layout>`, for the four layouts
+//! rrr, rcr, crr and ccr (rules::GemmLayout: how a and B lie, read from their strides).
 //!
-//! out[M,N] = a[M,K] · B (+ bias[N]), a row-major with any leading dims folded into M, where
-//! - rcr: B = w[N,K]ᵀ, as in `aten::linear(a, w, bias?)`;
-//! - rrr: B = b[K,N], as in `aten::mm(a, b)`, `aten::matmul(a, b)` with a 2-D b (a may have
-//!   leading dims), and `aten::addmm(bias, a, b, beta=1, alpha=1)` with a 1-D bias.
+//! out[M,N] = a[M,K] · B (+ bias[N]), where
+//! - B = w[N,K]ᵀ in `aten::linear(a, w, bias?)`;
+//! - B = b[K,N] in `aten::mm(a, b)`, `aten::matmul(a, b)` with a 2-D b, or one whose leading dims
+//!   are all 1 (broadcast over a's), and `aten::addmm(bias, a, b, beta=1, alpha=1)` with a 1-D
+//!   bias;
+//! - a's leading dims fold into M (a row-major a only: a column-major one has no single row
+//!   stride once folded).
 //!
-//! bmm_rrr: out[L,M,N] = a[L,M,K] · b[L,K,N], as in `aten::bmm` and `aten::matmul` whose operands
-//! carry the same batch dims (folded into L). Broadcast batch dims are not matched.
+//! bmm: out[L,M,N] = a[L,M,K] · b[L,K,N], as in `aten::bmm` and `aten::matmul` whose operands
+//! carry the same batch dims (folded into L: `[B,H,M,K]·[B,H,K,N]` is L = B·H).
+//!
+//! An operand lies row-major (packed, `r`) or column-major (the transpose of a packed tensor,
+//! `c`: what `x.t()`, `x.mT` or `x.transpose(-2, -1)` give), with any batch dims packed outside
+//! its two matrix dims; linear's B is `c` when w is packed. An operand that lies neither way (a
+//! slice, a permutation interleaving batch and matrix dims) takes the row-major layout and the
+//! match says the op copies it (`GemmMatch::copies`). Other broadcasts are not matched.
 
 use super::epilogue::{Epilogue, EpilogueMatch};
-use crate::graph::{Const, Graph, NodeId, ValueId};
+use crate::graph::{Const, Graph, NodeId, TensorInfo, ValueId};
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
 
+/// How the operands lie in memory, as three letters for a, B and out: `r` row-major (packed, the
+/// last dim contiguous), `c` column-major (the transpose of a packed tensor: `x.t()`,
+/// `x.transpose(-2, -1)`). The output is always written row-major.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum GemmLayout {
     Rcr,
     Rrr,
+    /// a column-major (`a.t() @ b`), B row-major.
+    Crr,
+    /// Both column-major (`a.t() @ b.t()`).
+    Ccr,
 }
 
 impl GemmLayout {
+    pub const ALL: [GemmLayout; 4] = [GemmLayout::Rrr, GemmLayout::Rcr, GemmLayout::Crr, GemmLayout::Ccr];
+
     pub fn short_name(self) -> &'static str {
         match self {
             GemmLayout::Rcr => "rcr",
             GemmLayout::Rrr => "rrr",
+            GemmLayout::Crr => "crr",
+            GemmLayout::Ccr => "ccr",
         }
     }
-    /// CUTLASS layout of operand A in the transposed problem the templates compute (A = Bᵀ).
-    pub fn cutlass_layout_a(self) -> &'static str {
+    /// The layout of operands lying as `a` and `b` say.
+    pub fn of(a: Major, b: Major) -> GemmLayout {
+        match (a, b) {
+            (Major::Row, Major::Row) => GemmLayout::Rrr,
+            (Major::Row, Major::Col) => GemmLayout::Rcr,
+            (Major::Col, Major::Row) => GemmLayout::Crr,
+            (Major::Col, Major::Col) => GemmLayout::Ccr,
+        }
+    }
+    /// How torch's a[M,K] lies.
+    pub fn a(self) -> Major {
         match self {
-            GemmLayout::Rcr => "cutlass::layout::RowMajor",
-            GemmLayout::Rrr => "cutlass::layout::ColumnMajor",
+            GemmLayout::Rcr | GemmLayout::Rrr => Major::Row,
+            GemmLayout::Crr | GemmLayout::Ccr => Major::Col,
+        }
+    }
+    /// How torch's B[K,N] lies (`c` for linear's weight w[N,K], B = wᵀ).
+    pub fn b(self) -> Major {
+        match self {
+            GemmLayout::Rrr | GemmLayout::Crr => Major::Row,
+            GemmLayout::Rcr | GemmLayout::Ccr => Major::Col,
+        }
+    }
+    /// CUTLASS layout of operand A in the transposed problem the templates compute (A = Bᵀ,
+    /// [N,K]): a column-major B[K,N] is a row-major Bᵀ.
+    pub fn cutlass_layout_a(self) -> &'static str {
+        match self.b() {
+            Major::Col => "cutlass::layout::RowMajor",
+            Major::Row => "cutlass::layout::ColumnMajor",
+        }
+    }
+    /// CUTLASS layout of operand B in the transposed problem (B = aᵀ, [K,M]).
+    pub fn cutlass_layout_b(self) -> &'static str {
+        match self.a() {
+            Major::Row => "cutlass::layout::ColumnMajor",
+            Major::Col => "cutlass::layout::RowMajor",
         }
     }
     pub fn parse(s: &str) -> Option<GemmLayout> {
-        match s {
-            "rcr" => Some(GemmLayout::Rcr),
-            "rrr" => Some(GemmLayout::Rrr),
-            _ => None,
+        GemmLayout::ALL.into_iter().find(|l| l.short_name() == s)
+    }
+}
+
+/// How a matrix operand lies in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Major {
+    /// Packed row-major: the last dim is contiguous.
+    Row,
+    /// The transpose of a packed row-major tensor: the second-to-last dim is contiguous.
+    Col,
+}
+
+impl Major {
+    fn flip(self) -> Major {
+        match self {
+            Major::Row => Major::Col,
+            Major::Col => Major::Row,
         }
     }
 }
@@ -82,12 +148,6 @@ impl GemmOrigin {
             GemmOrigin::Bmm => "bmm",
             GemmOrigin::Matmul => "matmul",
             GemmOrigin::Addmm => "addmm",
-        }
-    }
-    pub fn layout(self) -> GemmLayout {
-        match self {
-            GemmOrigin::Linear => GemmLayout::Rcr,
-            GemmOrigin::Mm | GemmOrigin::Bmm | GemmOrigin::Matmul | GemmOrigin::Addmm => GemmLayout::Rrr,
         }
     }
 }
@@ -136,9 +196,9 @@ impl GemmProblem {
         let full = self.epilogue.as_ref().map_or(0, Epilogue::full_leaves) as f64;
         e * (l * (m * k + k * n + m * n * (1.0 + full)) + if self.bias { n } else { 0.0 })
     }
-    /// The problem a rule id names at a shape: `dims` is M,N,K, or L,M,N,K for `bmm_rrr`.
+    /// The problem a rule id names at a shape: `dims` is M,N,K, or L,M,N,K for `bmm_*`.
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<GemmProblem, String> {
-        let unknown = || format!("unknown rule '{rule}': use gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias or bmm_rrr");
+        let unknown = || format!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT, LAYOUT one of rrr, rcr, crr, ccr");
         let (rest, batched) = match (rule.strip_prefix("gemm_"), rule.strip_prefix("bmm_")) {
             (Some(r), _) => (r, false),
             (None, Some(r)) => (r, true),
@@ -154,8 +214,8 @@ impl GemmProblem {
             None => (rest, false),
         };
         let layout = GemmLayout::parse(layout).ok_or_else(unknown)?;
-        if batched && (layout != GemmLayout::Rrr || bias || batch < 2) {
-            return Err(format!("{rule}: the batched rule is bmm_rrr with a batch of 2 or more"));
+        if batched && (bias || batch < 2) {
+            return Err(format!("{rule}: the batched rules take no bias and a batch of 2 or more"));
         }
         if dims.iter().any(|&d| d <= 0) {
             return Err(format!("shape {dims:?}: every dim must be positive"));
@@ -183,6 +243,8 @@ pub struct GemmMatch {
     pub problem: GemmProblem,
     /// The fused elementwise ops after the GEMM (`problem.epilogue` is their program).
     pub epilogue: Option<EpilogueMatch>,
+    /// The operands whose strides fit no layout, each with why: the op copies them on every call.
+    pub copies: Vec<String>,
 }
 
 impl GemmMatch {
@@ -202,6 +264,38 @@ impl GemmMatch {
 /// Every GEMM in the top-level block whose shapes and dtypes are known and supported.
 pub fn match_gemms(g: &Graph) -> Vec<GemmMatch> {
     g.nodes.iter().enumerate().filter(|(_, n)| n.depth == 0).filter_map(|(i, _)| match_node(g, i)).collect()
+}
+
+/// How the matrix dims of `t` lie, with its leading dims packed outside them: `Row` for a packed
+/// tensor, `Col` for one whose last two dims are swapped from packed; None otherwise. Dims of size
+/// one lie either way (as torch's `is_contiguous` treats them), and row-major is preferred.
+pub fn major(t: &TensorInfo) -> Option<Major> {
+    let n = t.shape.len();
+    if n < 2 {
+        return None;
+    }
+    let strides = t.strides();
+    let packed = |shape: &[i64], strides: &[i64]| {
+        let mut want = 1;
+        for d in (0..shape.len()).rev() {
+            if shape[d] != 1 && strides[d] != want {
+                return false;
+            }
+            want *= shape[d];
+        }
+        true
+    };
+    if packed(&t.shape, &strides) {
+        return Some(Major::Row);
+    }
+    let (mut shape, mut st) = (t.shape.clone(), strides);
+    shape.swap(n - 2, n - 1);
+    st.swap(n - 2, n - 1);
+    packed(&shape, &st).then_some(Major::Col)
+}
+
+fn lead(t: &TensorInfo) -> i64 {
+    t.shape[..t.shape.len() - 2].iter().product()
 }
 
 fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
@@ -225,52 +319,74 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
     let ta = g.tensor(a)?;
     let tb = g.tensor(b)?;
     let dtype = DType::parse(&ta.dtype)?;
-    if tb.dtype != ta.dtype || tb.shape.len() < 2 || ta.shape.len() < 2 {
+    let (ra, rb) = (ta.shape.len(), tb.shape.len());
+    if tb.dtype != ta.dtype || ra < 2 || rb < 2 {
         return None;
     }
-    if tb.shape.len() > 2 {
+    // A b whose leading dims are all 1 broadcasts over a's: the GEMM folds a's into M as with a
+    // 2-D b ([B,M,K]·[1,K,N]).
+    let folds = rb == 2 || (origin == GemmOrigin::Matmul && ra >= rb && lead(tb) == 1);
+    if !folds {
         // Batched: only bmm and matmul, with identical batch dims on both sides.
-        let (ra, rb) = (ta.shape.len(), tb.shape.len());
         if !matches!(origin, GemmOrigin::Bmm | GemmOrigin::Matmul) || ra != rb || ta.shape[..ra - 2] != tb.shape[..rb - 2] {
             return None;
         }
-        let batch: i64 = ta.shape[..ra - 2].iter().product();
-        let (m, k, n) = (ta.shape[ra - 2], ta.shape[ra - 1], tb.shape[rb - 1]);
-        if tb.shape[rb - 2] != k || batch == 0 || m == 0 || n == 0 || k == 0 {
-            return None;
-        }
-        let problem = GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false, batch, epilogue: None };
-        return Some(GemmMatch { node: id, origin, a, b, bias: None, problem, epilogue: None });
-    }
-    if matches!(origin, GemmOrigin::Mm | GemmOrigin::Bmm) && ta.shape.len() != 2 {
+    } else if matches!(origin, GemmOrigin::Mm | GemmOrigin::Bmm) && ra != 2 {
         return None;
     }
-    let k = *ta.shape.last()?;
-    let (kb, nn) = match origin.layout() {
-        GemmLayout::Rcr => (tb.shape[1], tb.shape[0]),
-        GemmLayout::Rrr => (tb.shape[0], tb.shape[1]),
+    let k = ta.shape[ra - 1];
+    let (kb, nn) = match origin {
+        GemmOrigin::Linear => (tb.shape[1], tb.shape[0]),
+        _ => (tb.shape[rb - 2], tb.shape[rb - 1]),
     };
     if kb != k {
         return None;
     }
     if let Some(bias) = bias {
         let tbias = g.tensor(bias)?;
-        if tbias.shape != [nn] || tbias.dtype != ta.dtype {
+        if !folds || tbias.shape != [nn] || tbias.dtype != ta.dtype {
             return None;
         }
     }
-    let m: i64 = ta.shape[..ta.shape.len() - 1].iter().product();
-    if m == 0 || nn == 0 || k == 0 {
+    let (batch, m) = if folds { (1, ta.shape[..ra - 1].iter().product()) } else { (lead(ta), ta.shape[ra - 2]) };
+    if batch == 0 || m == 0 || nn == 0 || k == 0 {
         return None;
     }
+    let mut copies = Vec::new();
+    let mut lie = |name: &str, t: &TensorInfo, found: Option<Major>, copy_as: Major, why: &str| {
+        found.unwrap_or_else(|| {
+            copies.push(format!(
+                "{name} {}{:?} with strides {:?} fits no layout{why}: the op copies it before each call",
+                t.dtype,
+                t.shape,
+                t.strides()
+            ));
+            copy_as
+        })
+    };
+    // Folded into M, a column-major a would need a stride per leading dim.
+    let a_major = match major(ta) {
+        Some(Major::Col) if folds && lead(ta) > 1 => None,
+        found => found,
+    };
+    let why_a = if folds && ra > 2 { " (its leading dims fold into M only when it is row-major)" } else { "" };
+    let a_major = lie("a", ta, a_major, Major::Row, why_a);
+    // linear's B is wᵀ: a packed w is a column-major B.
+    let (b_major, b_copy) = match origin {
+        GemmOrigin::Linear => (major(tb).map(Major::flip), Major::Col),
+        _ => (major(tb), Major::Row),
+    };
+    let b_major = lie("b", tb, b_major, b_copy, "");
+    let layout = GemmLayout::of(a_major, b_major);
     Some(GemmMatch {
         node: id,
         origin,
         a,
         b,
         bias,
-        problem: GemmProblem { m, n: nn, k, layout: origin.layout(), dtype, bias: bias.is_some(), batch: 1, epilogue: None },
+        problem: GemmProblem { m, n: nn, k, layout, dtype, bias: bias.is_some(), batch, epilogue: None },
         epilogue: None,
+        copies,
     })
 }
 
@@ -349,7 +465,7 @@ mod tests {
         let b = GemmProblem::from_rule("bmm_rrr", &[128, 512, 2048, 1024], DType::F32).unwrap();
         assert_eq!((b.rule_id(), b.shape_key(), b.batch), ("bmm_rrr".to_string(), "128x512x2048x1024".to_string(), 128));
         assert!(GemmProblem::from_rule("bmm_rrr", &[8, 16, 32], DType::F32).unwrap_err().contains("LxMxNxK"));
-        assert!(GemmProblem::from_rule("conv_rrr", &[8, 16, 32], DType::F32).unwrap_err().contains("use gemm_rcr"));
+        assert!(GemmProblem::from_rule("conv_rrr", &[8, 16, 32], DType::F32).unwrap_err().contains("use gemm_LAYOUT"));
         assert!(GemmProblem::from_rule("gemm_rcr", &[0, 16, 32], DType::F32).is_err());
     }
 
@@ -367,13 +483,7 @@ mod tests {
     }
 
     #[test]
-    fn broadcast_unknown_and_unsupported_operands_do_not_match() {
-        assert!(one(
-            "graph(%a: f32[2,8,16], %b: f32[1,16,4]):
-               %y = aten::matmul(%a, %b) : f32[2,8,4]
-               return (%y)"
-        )
-        .is_empty());
+    fn unknown_and_unsupported_operands_do_not_match() {
         assert!(one(
             "graph(%a, %b: f32[16,4]):
                %y = aten::mm(%a, %b)
@@ -386,5 +496,127 @@ mod tests {
                return (%y)"
         )
         .is_empty());
+    }
+
+    /// `a.t() @ b`, `a @ b.t()`, `a.t() @ b.t()` and plain `a @ b`: the operands' strides say
+    /// which (a transposed view of a packed [2048,4096] has strides [1,4096]).
+    #[test]
+    fn transposed_views_are_layouts_read_from_their_strides() {
+        let g = |a: &str, b: &str| {
+            one(&format!(
+                "graph(%a: {a}, %b: {b}):
+                   %c = aten::matmul(%a, %b) : f32[4096,4096]
+                   return (%c)"
+            ))
+        };
+        let (col_a, row_a) = ("f32[4096,2048]{1,4096}", "f32[4096,2048]");
+        let (col_b, row_b) = ("f32[2048,4096]{1,2048}", "f32[2048,4096]");
+        for (a, b, rule) in [(row_a, row_b, "gemm_rrr"), (row_a, col_b, "gemm_rcr"), (col_a, row_b, "gemm_crr"), (col_a, col_b, "gemm_ccr")] {
+            let m = g(a, b);
+            assert_eq!(m.len(), 1);
+            let p = &m[0].problem;
+            assert_eq!((p.rule_id().as_str(), p.m, p.n, p.k), (rule, 4096, 4096, 2048));
+            assert!(m[0].copies.is_empty(), "{rule}: {:?}", m[0].copies);
+        }
+        // linear's B is wᵀ: a packed w is column-major, a transposed one row-major.
+        let linear = |w: &str| {
+            one(&format!(
+                "graph(%x: f32[64,32], %v: f32[32,16]):
+                   %none = prim::Constant[None]()
+                   %w = aten::t(%v) : {w}
+                   %y = aten::linear(%x, %w, %none) : f32[64,16]
+                   return (%y)"
+            ))[0]
+                .problem
+                .layout
+        };
+        assert_eq!(linear("f32[16,32]"), GemmLayout::Rcr);
+        assert_eq!(linear("f32[16,32]{1,16}"), GemmLayout::Rrr);
+    }
+
+    #[test]
+    fn batched_layouts_need_packed_batch_dims() {
+        let m = one(
+            "graph(%x: f32[4,64,32], %y: f32[4,64,16]):
+               %a = aten::transpose(%x) : f32[4,32,64]{2048,1,32}
+               %c = aten::bmm(%a, %y) : f32[4,32,16]
+               return (%c)",
+        );
+        assert_eq!((m[0].problem.rule_id().as_str(), m[0].problem.batch), ("bmm_crr", 4));
+        // [B,H,M,K]·[B,H,K,N] with kᵀ from permute(0, 1, 3, 2): L = B·H, B column-major.
+        let m = one(
+            "graph(%q: f32[2,8,128,64], %k: f32[2,8,128,64]):
+               %kt = aten::permute(%k) : f32[2,8,64,128]{65536,8192,1,64}
+               %s = aten::matmul(%q, %kt) : f32[2,8,128,128]
+               return (%s)",
+        );
+        assert_eq!((m[0].problem.rule_id().as_str(), m[0].problem.shape_key().as_str()), ("bmm_rcr", "16x128x128x64"));
+        assert!(m[0].copies.is_empty());
+        // Heads split from a [B,S,H,D] tensor: batch dims interleave with the matrix dims, no
+        // layout fits and the match says the op copies the operand.
+        let m = one(
+            "graph(%q: f32[2,128,8,64], %k: f32[2,8,64,128]):
+               %qh = aten::permute(%q) : f32[2,8,128,64]{65536,64,512,1}
+               %s = aten::matmul(%qh, %k) : f32[2,8,128,128]
+               return (%s)",
+        );
+        assert_eq!(m[0].problem.rule_id(), "bmm_rrr");
+        assert_eq!(m[0].copies.len(), 1);
+        assert!(m[0].copies[0].starts_with("a f32[2, 8, 128, 64] with strides [65536, 64, 512, 1] fits no layout"), "{}", m[0].copies[0]);
+    }
+
+    #[test]
+    fn broadcast_b_folds_batch_dims_into_m() {
+        // [B,M,K]·[K,N] and [B,M,K]·[1,K,N]: M = B·M, whatever b's layout.
+        for b in ["f32[16,4]", "f32[1,16,4]", "f32[1,16,4]{64,1,16}"] {
+            let m = one(&format!(
+                "graph(%a: f32[2,8,16], %b: {b}):
+                   %y = aten::matmul(%a, %b) : f32[2,8,4]
+                   return (%y)"
+            ));
+            assert_eq!(m.len(), 1, "{b}");
+            let p = &m[0].problem;
+            assert_eq!((p.batch, p.m, p.n, p.k), (1, 16, 4, 16), "{b}");
+            let want = if b.contains('{') { "gemm_rcr" } else { "gemm_rrr" };
+            assert_eq!(p.rule_id(), want);
+        }
+        // A column-major a cannot fold its batch into M: copied, and the plan says why.
+        let m = one(
+            "graph(%a: f32[2,8,16]{128,1,8}, %b: f32[16,4]):
+               %y = aten::matmul(%a, %b) : f32[2,8,4]
+               return (%y)",
+        );
+        assert_eq!(m[0].problem.rule_id(), "gemm_rrr");
+        assert!(m[0].copies[0].contains("leading dims fold into M only when it is row-major"), "{:?}", m[0].copies);
+        // ... unless its leading dims are all 1.
+        let m = one(
+            "graph(%a: f32[1,8,16]{128,1,8}, %b: f32[16,4]):
+               %y = aten::matmul(%a, %b) : f32[1,8,4]
+               return (%y)",
+        );
+        assert_eq!((m[0].problem.rule_id().as_str(), m[0].copies.len()), ("gemm_crr", 0));
+        // Other broadcasts (a broadcast over b's batch, mixed batch dims) are not matched.
+        for (a, b) in [("f32[8,16]", "f32[1,16,4]"), ("f32[2,8,16]", "f32[2,1,16,4]"), ("f32[2,3,8,16]", "f32[3,16,4]")] {
+            assert!(one(&format!(
+                "graph(%a: {a}, %b: {b}):
+                   %y = aten::matmul(%a, %b)
+                   return (%y)"
+            ))
+            .is_empty(), "{a} {b}");
+        }
+    }
+
+    #[test]
+    fn every_layout_names_its_rules_and_cutlass_layouts() {
+        for l in GemmLayout::ALL {
+            assert_eq!(GemmLayout::parse(l.short_name()), Some(l));
+            assert_eq!(GemmLayout::of(l.a(), l.b()), l);
+            let p = GemmProblem::from_rule(&format!("bmm_{}", l.short_name()), &[4, 8, 16, 32], DType::F32).unwrap();
+            assert_eq!(p.rule_id(), format!("bmm_{}", l.short_name()));
+        }
+        // The transposed problem: CUTLASS's A is Bᵀ, its B is aᵀ.
+        assert_eq!((GemmLayout::Crr.cutlass_layout_a(), GemmLayout::Crr.cutlass_layout_b()), ("cutlass::layout::ColumnMajor", "cutlass::layout::RowMajor"));
+        assert_eq!((GemmLayout::Ccr.cutlass_layout_a(), GemmLayout::Ccr.cutlass_layout_b()), ("cutlass::layout::RowMajor", "cutlass::layout::RowMajor"));
+        assert!(GemmProblem::from_rule("bmm_crr_bias", &[4, 8, 16, 32], DType::F32).unwrap_err().contains("no bias"));
     }
 }

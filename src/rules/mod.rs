@@ -15,7 +15,7 @@ pub mod gemm;
 
 pub use attention::{match_attention, AttentionMatch, AttentionProblem};
 pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, LeafKind};
-pub use gemm::{match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem};
+pub use gemm::{major, match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, Major};
 
 use crate::graph::Graph;
 use serde::{Deserialize, Serialize};

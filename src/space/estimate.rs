@@ -33,9 +33,10 @@ fn sm_rate(k: &KernelSpec) -> f64 {
             rate /= 3.3;
         }
     }
-    // tf32 WGMMA with an M-major operand stages it through registers (CUTLASS's RS mainloop).
-    // The tf32 split family writes its parts K-major, so only the plain family pays.
-    let rs = k.family == Family::Sm90Gemm && k.operand_bytes() == 4 && k.layout == GemmLayout::Rrr;
+    // tf32 WGMMA with an M- or N-major operand stages one through registers (CUTLASS's RS
+    // mainloop): every layout but rcr (both K-major). The tf32 split family writes its parts
+    // K-major, so only the plain family pays.
+    let rs = k.family == Family::Sm90Gemm && k.operand_bytes() == 4 && k.layout != GemmLayout::Rcr;
     if rs {
         rate *= 0.75;
     }

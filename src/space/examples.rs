@@ -33,8 +33,8 @@ pub fn index() -> Index {
 
 impl Index {
     /// The examples for a rule; a rule without its own entry borrows the one of its base GEMM
-    /// (`bmm_rrr` → `gemm_rrr`), and a fused one (`gemm_rcr_bias_ep_gelu_…`) its GEMM's plus the
-    /// epilogue visitor tree's.
+    /// (`bmm_rrr` → `gemm_rrr`, `gemm_crr_bias` → `gemm_crr`), and a fused one
+    /// (`gemm_rcr_bias_ep_gelu_…`) its GEMM's plus the epilogue visitor tree's.
     pub fn for_rule(&self, rule: &str, arch: Arch, math: Option<MathType>) -> Vec<Example> {
         if let Some((gemm, _)) = rule.split_once("_ep_") {
             let mut out = self.for_rule(gemm, arch, math);
@@ -48,11 +48,9 @@ impl Index {
                 .flat_map(|e| e.examples.clone())
                 .collect::<Vec<_>>()
         };
-        let own = find(rule);
-        if !own.is_empty() {
-            return own;
-        }
-        find(&rule.replacen("bmm_", "gemm_", 1))
+        let gemm = rule.replacen("bmm_", "gemm_", 1);
+        let found = [rule, gemm.as_str(), gemm.trim_end_matches("_bias")].into_iter().map(find).find(|e| !e.is_empty());
+        found.unwrap_or_default()
     }
 
     /// Every path the index names.

@@ -5,7 +5,7 @@
 //! matches the toolchain's.
 
 use super::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
-use crate::rules::{GemmLayout, GemmProblem};
+use crate::rules::{GemmLayout, GemmProblem, Major};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -54,12 +54,15 @@ pub struct Knowledge {
 }
 
 /// CUTLASS's letters for the operand layouts of fact's problem. fact hands CUTLASS the transposed
-/// problem (operand A is torch's b, operand B is torch's a, both column-major views), so torch's
-/// rcr is CUTLASS "tn" (both K-major) and rrr is "nn" (A M-major).
+/// problem (operand A is torch's Bᵀ, operand B is torch's aᵀ, the output column-major), so a
+/// row-major torch operand is a column-major ("n") CUTLASS one and a column-major one is "t":
+/// torch's rcr is CUTLASS "tn" (both K-major), rrr "nn", crr "nt" and ccr "tt".
 pub fn cutlass_layouts(layout: GemmLayout) -> &'static str {
     match layout {
         GemmLayout::Rcr => "tn",
         GemmLayout::Rrr => "nn",
+        GemmLayout::Crr => "nt",
+        GemmLayout::Ccr => "tt",
     }
 }
 
@@ -135,15 +138,19 @@ impl Knowledge {
 
     /// Every kernel CUTLASS instantiates for this problem's (math, dtype, layout) on `arch`, as
     /// fact specs with default knobs. Rows fact's templates do not render (cp.async sm90
-    /// mainloops, transposed epilogues, automatic schedules) are left out.
+    /// mainloops, transposed epilogues, automatic schedules) are left out: so tf32 "tt" (torch's
+    /// ccr), which CUTLASS's generator instantiates only with a transposed epilogue, gets sm80
+    /// kernels alone.
     pub fn kernels(&self, p: &GemmProblem, math: MathType, arch: Arch) -> Vec<KernelSpec> {
         let letters = cutlass_layouts(p.layout);
         let align = 16 / p.dtype.bytes() as u32;
         let mut out = Vec::new();
         // fp32-accurate runs tf32 instantiations over K-major tf32 parts (x3) and bf16
-        // instantiations over bf16 parts in torch's layout (b3).
+        // instantiations over bf16 parts in torch's layout (b3). Their split passes read a
+        // row-major a; a column-major one has the sm80 3xTF32 kernels.
+        let split = p.dtype == DType::F32 && p.layout.a() == Major::Row && p.epilogue.as_ref().is_none_or(|e| e.full_leaves() == 0);
         let sm90_sources: Vec<(&str, &str, &str, u32, Family)> = match math {
-            MathType::Tf32x3 if p.dtype == DType::F32 && p.epilogue.as_ref().is_none_or(|e| e.full_leaves() == 0) => vec![
+            MathType::Tf32x3 if split => vec![
                 ("tf32", "f32", cutlass_layouts(GemmLayout::Rcr), align, Family::Sm90GemmX3),
                 ("bf16", "bf16", letters, 8, Family::Sm90GemmBf16x3),
             ],
@@ -337,6 +344,27 @@ mod tests {
         let biased = kb.kernels(&with_bias, MathType::Tf32x3, Arch::Sm90);
         assert!(biased.iter().any(|k| k.family.is_split()));
         assert!(biased.iter().filter(|k| k.family.is_split()).all(|k| k.epilogue == EpilogueKind::Tma && k.bias));
+    }
+
+    #[test]
+    fn every_layout_has_kernels_from_its_generator_rows() {
+        let kb = Knowledge::shipped();
+        for layout in GemmLayout::ALL {
+            for (dtype, math) in [(DType::F32, MathType::Tf32), (DType::Bf16, MathType::Bf16), (DType::F32, MathType::Tf32x3)] {
+                let ks = kb.kernels(&problem(layout, dtype), math, Arch::Sm90);
+                assert!(ks.iter().any(|k| k.family == Family::Sm80Gemm && k.layout == layout), "{layout:?} {math:?}");
+                assert!(ks.iter().all(|k| k.kernel_name().contains(&format!("_gemm_{}_", layout.short_name()))));
+                // CUTLASS instantiates tf32 "tt" only with a transposed epilogue, which fact does
+                // not render; the split families read a row-major a.
+                let sm90 = ks.iter().any(|k| k.family.is_sm90());
+                let want = match math {
+                    MathType::Tf32 => layout != GemmLayout::Ccr,
+                    MathType::Tf32x3 => layout.a() == Major::Row,
+                    _ => true,
+                };
+                assert_eq!(sm90, want, "{layout:?} {math:?}");
+            }
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub mod validity;
 pub use attention::AttentionSpec;
 pub use knowledge::Knowledge;
 
-use crate::rules::{Epilogue, GemmLayout, GemmProblem};
+use crate::rules::{Epilogue, GemmLayout, GemmProblem, Major};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 
@@ -516,7 +516,11 @@ impl KernelSpec {
             && p.epilogue == self.fusion
             // A column leaf is read along the CUTLASS problem's N (torch's M) in vectors.
             && self.fusion.as_ref().is_none_or(|e| !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.m % self.align_out() as i64 == 0 && p.batch == 1))
-            && p.k % self.align as i64 == 0
+            // The contiguous dim of each operand (and the output's rows) in whole vectors: a
+            // row-major a reads K, a column-major one M; B reads N or K.
+            && (self.layout.a() == Major::Col || p.k % self.align as i64 == 0)
+            && (self.layout.a() == Major::Row || p.m % self.align as i64 == 0)
+            && (self.layout.b() == Major::Row || p.k % self.align as i64 == 0)
             && p.n % self.align as i64 == 0
             // Serial split-K and Stream-K in CUTLASS 2.x's GemmUniversal are for single GEMMs.
             && !(self.family == Family::Sm80Gemm && p.batch > 1 && (self.knobs.splits > 1 || self.scheduler == TileScheduler::StreamK))

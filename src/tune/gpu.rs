@@ -5,10 +5,13 @@
 use super::cuda::Cuda;
 use super::{Bench, BenchError, Protocol};
 use crate::nvcc::library::{FactGemmArgs, KernelLibrary, FACT_MAX_LEAVES};
-use crate::rules::{Epilogue, GemmLayout, GemmProblem, LeafKind};
+use crate::rules::{Epilogue, GemmLayout, GemmProblem, LeafKind, Major};
 use tch::{Device, Kind, Tensor};
 
 pub struct Operands {
+    /// a[.., M, K] and B[.., K, N] as views lying in the problem's layout (a column-major operand
+    /// is the transpose of a packed tensor; linear's B is wᵀ), so their data is what the kernel
+    /// reads.
     pub a: Tensor,
     pub b: Tensor,
     pub bias: Option<Tensor>,
@@ -23,9 +26,13 @@ impl Operands {
     pub fn random(p: &GemmProblem, device: Device) -> Operands {
         let kind = p.dtype.tch_kind();
         let rand = |shape: &[i64]| Tensor::randn(shape, (Kind::Float, device)).to_kind(kind);
-        let b_shape = match p.layout {
-            GemmLayout::Rcr => [p.n, p.k],
-            GemmLayout::Rrr => [p.k, p.n],
+        // A [.., rows, cols] operand lying as `major` says.
+        let matrix = |rows: i64, cols: i64, major: Major| {
+            let lead: &[i64] = if p.batch > 1 { &[p.batch] } else { &[] };
+            match major {
+                Major::Row => rand(&[lead, &[rows, cols]].concat()),
+                Major::Col => rand(&[lead, &[cols, rows]].concat()).transpose(-2, -1),
+            }
         };
         let leaves = p
             .epilogue
@@ -38,12 +45,13 @@ impl Operands {
                 LeafKind::Scalar => Tensor::randn([], (Kind::Float, device)),
             })
             .collect();
-        let (a, b) = if p.batch > 1 {
-            (rand(&[p.batch, p.m, p.k]), rand(&[p.batch, b_shape[0], b_shape[1]]))
-        } else {
-            (rand(&[p.m, p.k]), rand(&b_shape))
-        };
-        Operands { a, b, bias: p.bias.then(|| rand(&[p.n])), leaves, epilogue: p.epilogue.clone() }
+        Operands {
+            a: matrix(p.m, p.k, p.layout.a()),
+            b: matrix(p.k, p.n, p.layout.b()),
+            bias: p.bias.then(|| rand(&[p.n])),
+            leaves,
+            epilogue: p.epilogue.clone(),
+        }
     }
 
     /// The output shape of the problem.
@@ -56,15 +64,17 @@ impl Operands {
     }
 
     /// torch's ops for the problem, in the tensors' dtype (fp32 follows the matmul precision):
-    /// the GEMM, then each epilogue op as its own kernel, as eager runs them.
+    /// the GEMM (the op a pattern of this layout comes from: linear for rcr, which reads w = Bᵀ
+    /// packed; mm, addmm or bmm on the views otherwise, as cuBLAS reads transposed operands in
+    /// place), then each epilogue op as its own kernel, as eager runs them.
     pub fn torch_op(&self, layout: GemmLayout) -> Tensor {
         let out = if self.a.dim() == 3 {
             self.a.bmm(&self.b)
         } else {
             match (layout, &self.bias) {
-                (GemmLayout::Rcr, bias) => self.a.linear(&self.b, bias.as_ref()),
-                (GemmLayout::Rrr, Some(bias)) => bias.addmm(&self.a, &self.b),
-                (GemmLayout::Rrr, None) => self.a.mm(&self.b),
+                (GemmLayout::Rcr, bias) => self.a.linear(&self.b.tr(), bias.as_ref()),
+                (_, Some(bias)) => bias.addmm(&self.a, &self.b),
+                (_, None) => self.a.mm(&self.b),
             }
         };
         match &self.epilogue {

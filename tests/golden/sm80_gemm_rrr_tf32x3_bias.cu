@@ -21,7 +21,8 @@ namespace sm80_gemm_rrr_tf32x3_f32_128x128x32_w4x2x1_s3_dp_bias_align4_ns {
 
 using Element = float;
 using ElementAccumulator = float;
-// CUTLASS operand A is torch's b (transposed view), operand B is torch's a.
+// CUTLASS operand A is torch's B transposed, operand B is torch's a transposed: a row-major torch
+// operand is a column-major CUTLASS one.
 using LayoutA = cutlass::layout::ColumnMajor;
 using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutC = cutlass::layout::ColumnMajor;

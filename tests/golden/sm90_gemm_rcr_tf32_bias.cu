@@ -29,7 +29,8 @@ using Element = float;
 using ElementD = float;
 using ElementAccumulator = float;
 using ElementCompute = float;
-// CUTLASS operand A is torch's b (transposed view), operand B is torch's a.
+// CUTLASS operand A is torch's B transposed, operand B is torch's a transposed: a row-major torch
+// operand is a column-major CUTLASS one.
 using LayoutA = cutlass::layout::RowMajor;
 using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::ColumnMajor;

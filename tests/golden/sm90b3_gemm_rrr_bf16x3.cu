@@ -38,7 +38,8 @@ using Element = cutlass::bfloat16_t;
 using ElementD = float;
 using ElementAccumulator = float;
 using ElementCompute = float;
-// CUTLASS operand A is torch's b (transposed view), operand B is torch's a.
+// CUTLASS operand A is torch's B transposed, operand B is torch's a transposed: a row-major torch
+// operand is a column-major CUTLASS one.
 using LayoutA = cutlass::layout::ColumnMajor;
 using LayoutB = cutlass::layout::ColumnMajor;
 using LayoutD = cutlass::layout::ColumnMajor;
