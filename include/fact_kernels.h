@@ -1,9 +1,10 @@
 /* The C ABI of every kernel library fact builds: two dispatch tables, found by index or by name.
  * Rust binds this header with bindgen (build.rs); the generated torch op calls it too.
  * - GEMM variants (fact_kernel_*): the problem is stated in torch's terms:
- *   out[batch][m][n] = f(a[batch][m][k] . B + bias[n], leaves), all row-major and packed, where B is
- *   b[batch][k][n] for layout rrr and b[batch][n][k] for rcr, and f is the kernel's epilogue program
- *   (FactKernelInfo::epilogue; the identity when empty).
+ *   out[batch][m][n] = f(a . B + bias[n], leaves), packed row-major, where f is the kernel's
+ *   epilogue program (FactKernelInfo::epilogue; the identity when empty) and the layout's first two
+ *   letters say how a and B lie, packed per batch: a is a[batch][m][k] ("r") or a[batch][k][m]
+ *   ("c", a column-major a), B is b[batch][k][n] ("r") or b[batch][n][k] ("c", as linear's weight).
  * - Kernels of other pattern kinds (fact_op_kernel_*): a list of tensors with their sizes and
  *   strides, and a list of scalars; FactOpKernelInfo::signature says what each position means. */
 #ifndef FACT_KERNELS_H
@@ -60,7 +61,8 @@ typedef struct FactKernelInfo {
   const char* spec_json;
   /* Element type of a, b, bias and out: "f32", "bf16" or "f16". */
   const char* dtype;
-  /* "rcr" (b is [n,k], as in linear) or "rrr" (b is [k,n], as in mm). */
+  /* How a and B lie: "rrr" (as in mm), "rcr" (b is [n,k], as in linear), "crr" (a is [k,m]: a.t() @ b)
+   * or "ccr" (both). */
   const char* layout;
   /* 1 when the kernel adds bias[n] and needs FactGemmArgs::bias. */
   int32_t bias;

@@ -229,8 +229,8 @@ mod tests {
     #[test]
     fn a_substituted_kernel_that_never_ran_fails_the_bench() {
         let mut calls = std::collections::BTreeMap::new();
-        calls.insert("k1".to_string(), torch::OpCalls { ran: 36, fell_back: 0, why: None });
-        calls.insert("k2".to_string(), torch::OpCalls { ran: 0, fell_back: 36, why: Some("the mask is not the causal one".into()) });
+        calls.insert("k1".to_string(), torch::OpCalls { ran: 36, copied: 0, fell_back: 0, why: None });
+        calls.insert("k2".to_string(), torch::OpCalls { ran: 0, copied: 0, fell_back: 36, why: Some("the mask is not the causal one".into()) });
         assert!(never_ran(&["k1".into()], &calls).is_ok());
         let e = never_ran(&["k1".into(), "k2".into(), "k3".into()], &calls).unwrap_err();
         assert!(e.contains("k2 (36 calls fell back: the mask is not the causal one)") && e.contains("k3 (0 calls fell back)") && !e.contains("k1"), "{e}");

@@ -775,6 +775,6 @@ fn print_bench(b: &BenchReport) {
     println!("{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}", "fact", b.fact_ms, b.fact.spread * 100.0, b.fact_tflops, b.max_rel_err);
     println!("speedup {:.3}x", b.speedup);
     for (kernel, c) in &b.op_calls {
-        println!("  {kernel}: ran {} calls, fell back {}", c.ran, c.fell_back);
+        println!("  {kernel}: ran {} calls ({} on a copied operand), fell back {}", c.ran, c.copied, c.fell_back);
     }
 }

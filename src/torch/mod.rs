@@ -405,11 +405,14 @@ pub fn load_op_library(path: &Path) -> Result<(), TorchError> {
     Ok(())
 }
 
-/// Calls of one kernel through fact's ops: how many ran it and how many fell back to the
-/// original ops.
+/// Calls of one kernel through fact's ops: how many ran it, how many of those copied an operand
+/// into the kernel's layout first (its strides fit none), and how many fell back to the original
+/// ops (and why the last one did).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OpCalls {
     pub ran: u64,
+    #[serde(default)]
+    pub copied: u64,
     pub fell_back: u64,
     /// Why the last call that fell back did, where the op says.
     #[serde(default, skip_serializing_if = "Option::is_none")]

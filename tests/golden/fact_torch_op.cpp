@@ -2,11 +2,13 @@
 // The torch custom ops that composed modules call: fact::gemm (one GEMM), fact::gemm_ep (a GEMM
 // followed by an elementwise epilogue program) and fact::attention (softmax(scale·q·kᵀ + mask)·v).
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on an sm90
-// device, the kernel's dtype, layout, bias and epilogue, CUTLASS's alignment rules; for attention a
-// mask that is the causal one) and otherwise falls back to the original aten ops (for gemm_ep, the
-// GEMM and then the program interpreted op by op; for attention the graph's own ops, as its form
-// says), so a composed module never computes a different function than the one it replaced. FACT_DISABLE=1 in the environment makes every call fall back;
-// fact_op_stats() counts, per kernel, the calls that ran it and the calls that fell back.
+// device, the kernel's dtype, bias and epilogue, CUTLASS's alignment rules; for the GEMMs an operand
+// whose strides do not fit the kernel's layout is copied into it; for attention a mask that is the
+// causal one) and otherwise falls back to the original aten ops (for gemm_ep, the GEMM and then the
+// program interpreted op by op; for attention the graph's own ops, as its form says), so a composed
+// module never computes a different function than the one it replaced. FACT_DISABLE=1 in the
+// environment makes every call fall back; fact_op_stats() counts, per kernel, the calls that ran it,
+// those that copied an operand first and those that fell back.
 #include "fact_kernels.h"
 
 #include <ATen/ATen.h>
@@ -280,13 +282,46 @@ at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList leav
 // ---------------------------------------------------------------------------------------------
 // The kernel path.
 
-// A call that fits a kernel of this library: operands made contiguous, the output allocated, the
-// problem in args, the device selected for as long as the launch lives.
+// How a kernel reads a matrix operand: packed row-major, or packed column-major (the transpose of a
+// packed tensor, as `x.t()` and `x.transpose(-2, -1)` give), batch dims packed outside the matrix.
+enum class Major { Row, Col };
+
+// Whether `t` lies as `major` says (torch's is_contiguous ignores dims of size one, as the kernel's
+// indexing does) from a 16-byte aligned start (the kernels' vector and TMA loads need one).
+bool lies(const at::Tensor& t, Major major) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  return major == Major::Row ? t.is_contiguous() : t.transpose(-2, -1).is_contiguous();
+}
+
+// The tensor whose memory the kernel reads as operand `t` ([.., rows, cols], read as [rows, cols]
+// when `fold` joins its leading dims to the rows): `t` itself when it lies as the kernel's layout
+// says, else a copy that does. A call whose strides fit no layout of its kernel runs the kernel on
+// the copy rather than the original op: the kernel was measured faster than torch on this problem
+// and the copy costs one pass over the operand; fact_op_stats counts such calls as "copied".
+at::Tensor operand(const at::Tensor& t, Major major, bool fold, int64_t rows, int64_t cols, bool& copied) {
+  at::Tensor v = fold && t.dim() > 2 ? t.reshape({rows, cols}) : t;
+  if (!v.is_alias_of(t)) copied = true;  // reshape had to copy: a folded column-major a
+  if (lies(v, major)) return v;
+  copied = true;
+  return major == Major::Row ? v.clone(at::MemoryFormat::Contiguous)
+                             : v.transpose(-2, -1).clone(at::MemoryFormat::Contiguous).transpose(-2, -1);
+}
+
+// `t` packed from an aligned start, for vectors and leaves (read packed, not as layouts).
+at::Tensor packed(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
+// A call that fits a kernel of this library: operands as the kernel's layout reads them, the
+// output allocated, the problem in args, the device selected for as long as the launch lives.
 struct Launch {
   c10::cuda::OptionalCUDAGuard guard;
   int32_t index = -1;
   FactGemmArgs args{};
   at::Tensor a, b, bias, out;
+  // Whether an operand had to be copied into the kernel's layout.
+  bool copied = false;
   // Tensors args points into besides the operands (converted leaves), kept alive for the launch.
   std::vector<at::Tensor> keep;
 };
@@ -304,40 +339,49 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
   const int32_t index = fact_kernel_find(std::string(kernel).c_str());
   if (index < 0) return false;
   const FactKernelInfo* info = fact_kernel_info(index);
-  const std::string layout = origin == "linear" ? "rcr" : "rrr";
-  if (layout != info->layout || std::string(dtype_name(a.scalar_type())) != info->dtype) return false;
+  // The layout's letters say how the kernel reads a and B ("crr": a column-major, B row-major).
+  const std::string layout = info->layout;
+  if (layout.size() != 3 || std::string(dtype_name(a.scalar_type())) != info->dtype) return false;
+  const Major want_a = layout[0] == 'c' ? Major::Col : Major::Row;
+  const Major want_b = layout[1] == 'c' ? Major::Col : Major::Row;
   if (b.scalar_type() != a.scalar_type() || b.dim() < 2 || a.dim() < 2) return false;
   if (has_bias != (info->bias != 0)) return false;
   if (epilogue != c10::string_view(info->epilogue != nullptr ? info->epilogue : "")) return false;
-  // Batched: equal leading dims on both sides, folded into the kernel's L.
-  const bool batched = b.dim() > 2;
+  if (origin == "linear" && b.dim() != 2) return false;
+  // torch's B[.., K, N]: linear's weight is w[N, K], B = wᵀ.
+  const at::Tensor bt = origin == "linear" ? b.t() : b;
+  // B's leading dims all 1 broadcast over a's: folded into M like a 2-D B.
+  bool b_ones = true;
+  for (int64_t d = 0; d < bt.dim() - 2; ++d) b_ones = b_ones && bt.size(d) == 1;
+  const bool folds = bt.dim() == 2 || (origin == "matmul" && a.dim() >= bt.dim() && b_ones);
   int64_t batch = 1;
-  if (batched) {
-    if (layout != "rrr" || has_bias || a.dim() != b.dim()) return false;
+  if (!folds) {
+    // Batched: equal leading dims on both sides, folded into the kernel's L.
+    if (has_bias || a.dim() != bt.dim()) return false;
     for (int64_t d = 0; d < a.dim() - 2; ++d) {
-      if (a.size(d) != b.size(d)) return false;
+      if (a.size(d) != bt.size(d)) return false;
       batch *= a.size(d);
     }
   } else if ((origin == "mm" || origin == "bmm") && a.dim() != 2) {
     return false;
   }
   const int64_t k = a.size(-1);
-  const int64_t n = layout == "rcr" ? b.size(0) : b.size(-1);
-  if ((layout == "rcr" ? b.size(1) : b.size(-2)) != k) return false;
+  const int64_t n = bt.size(-1);
+  if (bt.size(-2) != k || !fits_i32(k) || !fits_i32(n) || !fits_i32(batch)) return false;
   if (has_bias && (bias->dim() != 1 || bias->size(0) != n || bias->scalar_type() != a.scalar_type() ||
                    bias->device() != a.device())) {
     return false;
   }
-  const int64_t m = batched ? a.size(-2) : a.numel() / k;
-  if (!fits_i32(m) || !fits_i32(n) || !fits_i32(k) || !fits_i32(batch)) return false;
+  const int64_t m = folds ? a.numel() / k : a.size(-2);
+  if (!fits_i32(m)) return false;
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (props->major != 9 || props->minor != 0) return false;
 
   l.guard.set_device(a.device());
   l.index = index;
-  l.a = a.contiguous();
-  l.b = b.contiguous();
-  l.bias = has_bias ? bias->contiguous() : at::Tensor();
+  l.a = operand(a, want_a, folds, m, k, l.copied);
+  l.b = operand(bt, want_b, folds, k, n, l.copied);
+  l.bias = has_bias ? packed(*bias) : at::Tensor();
   std::vector<int64_t> out_shape(a.sizes().begin(), a.sizes().end() - 1);
   out_shape.push_back(n);
   l.out = at::empty(out_shape, a.options());
@@ -382,18 +426,18 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
     switch (p.leaves[i]) {
       case LeafKind::Full:
         if (t.sizes() != out.sizes()) return false;
-        c = t.contiguous();
+        c = packed(t);
         break;
       case LeafKind::Row:
         if (t.numel() != n || t.dim() < 1 || t.size(-1) != n) return false;
-        c = t.contiguous();
+        c = packed(t);
         break;
       case LeafKind::Col:
         if (l.args.batch != 1 || t.numel() != m || t.dim() < 1 || t.size(-1) != 1) return false;
         for (int64_t d = 2; d <= t.dim(); ++d) {
           if (t.size(-d) != out.size(-d)) return false;
         }
-        c = t.contiguous();
+        c = packed(t);
         break;
       case LeafKind::Scalar:
         if (t.numel() != 1 || !c10::isFloatingType(t.scalar_type())) return false;
@@ -416,20 +460,27 @@ bool disabled() {
   return off;
 }
 
-// Calls per kernel: how many ran it and how many fell back to the original ops (with the reason
-// of the last fallback, where the op knows it).
+// Calls per kernel: how many ran it (of those, how many on a copied operand) and how many fell
+// back to the original ops (with the reason of the last fallback, where the op knows it).
 struct Counts {
-  uint64_t ran = 0, fell_back = 0;
+  uint64_t ran = 0, copied = 0, fell_back = 0;
   std::string why;
 };
 std::mutex stats_mutex;
 std::map<std::string, Counts> stats;
 
-void count(c10::string_view kernel, bool ran, const std::string& why = "") {
+void count_ran(c10::string_view kernel, bool copied) {
   std::lock_guard<std::mutex> lock(stats_mutex);
   Counts& c = stats[std::string(kernel)];
-  (ran ? c.ran : c.fell_back) += 1;
-  if (!ran && !why.empty()) c.why = why;
+  c.ran += 1;
+  if (copied) c.copied += 1;
+}
+
+void count_fell_back(c10::string_view kernel, const std::string& why = "") {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  Counts& c = stats[std::string(kernel)];
+  c.fell_back += 1;
+  if (!why.empty()) c.why = why;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -440,10 +491,10 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
   check_origin(origin, "gemm");
   Launch l;
   if (!disabled() && prepare(l, a, b, bias, origin, kernel, "") && launch(l, kernel, "gemm")) {
-    count(kernel, true);
+    count_ran(kernel, l.copied);
     return l.out;
   }
-  count(kernel, false);
+  count_fell_back(kernel);
   return original(a, b, bias, origin);
 }
 
@@ -457,10 +508,10 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
   Launch l;
   if (!disabled() && prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
       launch(l, kernel, "gemm_ep")) {
-    count(kernel, true);
+    count_ran(kernel, l.copied);
     return l.out;
   }
-  count(kernel, false);
+  count_fell_back(kernel);
   return interpret(program, original(a, b, bias, origin), leaves);
 }
 
@@ -651,25 +702,28 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (!disabled()) {
     at::Tensor out = attention_kernel(f, q, k, v, mask, scale, kernel, why);
     if (out.defined()) {
-      count(kernel, true);
+      count_ran(kernel, false);
       return out;
     }
   }
-  count(kernel, false, why);
+  count_fell_back(kernel, why);
   return attention_original(f, q, k, v, mask, scale);
 }
 
 }  // namespace
 
 // The call counts since the library was loaded (or last reset) as JSON,
-// {"kernel": {"ran": n, "fell_back": n}, ...}; valid until the next call.
+// {"kernel": {"ran": n, "copied": n, "fell_back": n, "why": "..."}, ...} ("copied" counts the calls
+// among "ran" whose operands had to be copied into the kernel's layout; "why", present after a
+// fallback whose reason the op knows, is the last one's); valid until the next call.
 extern "C" const char* fact_op_stats(void) {
   static thread_local std::string text;
   std::lock_guard<std::mutex> lock(stats_mutex);
   text = "{";
   for (const auto& [kernel, c] : stats) {
     if (text.size() > 1) text += ",";
-    text += "\"" + kernel + "\":{\"ran\":" + std::to_string(c.ran) + ",\"fell_back\":" + std::to_string(c.fell_back);
+    text += "\"" + kernel + "\":{\"ran\":" + std::to_string(c.ran) + ",\"copied\":" + std::to_string(c.copied) +
+            ",\"fell_back\":" + std::to_string(c.fell_back);
     // Reasons are fixed texts of this file: no quoting needed.
     if (!c.why.empty()) text += ",\"why\":\"" + c.why + "\"";
     text += "}";
