@@ -441,6 +441,9 @@ fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
         for n in &p.notes {
             println!("     {n}");
         }
+        for c in &p.copies {
+            println!("     copy: {c}");
+        }
         for e in &p.examples {
             println!("     example: {e}");
         }
@@ -736,6 +739,9 @@ fn print_compose(r: &ComposeReport, out_dir: &Path) {
         );
         if let Realization::Skipped { reason } = &p.realization {
             println!("     {reason}");
+        }
+        for c in &p.copies {
+            println!("     copy: {c}");
         }
     }
     print_unmatched_gemms(&r.unmatched_gemms);

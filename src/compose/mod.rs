@@ -147,6 +147,9 @@ pub struct PatternReport {
     pub kernel: Option<String>,
     pub kernel_ms: Option<f64>,
     pub torch_ms: Option<f64>,
+    /// Operands whose strides fit no layout: the op copies them on every call (rules::GemmMatch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -662,6 +665,7 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
             kernel: entry.as_ref().map(|e| e.winner.clone()),
             kernel_ms: entry.as_ref().map(|e| e.winner_ms),
             torch_ms: entry.as_ref().and_then(Entry::baseline_ms),
+            copies: m.copies(),
         });
     }
 
@@ -733,6 +737,14 @@ impl Matched<'_> {
             Matched::Gemm(m) => m.origin.name(),
             Matched::Attention(a) if a.form().starts_with("sdpa") => "scaled_dot_product_attention",
             Matched::Attention(_) => "attention",
+        }
+    }
+    /// Operands the op copies on every call (their strides fit no layout of the kernel); the
+    /// attention kernel reads q, k and v through their strides.
+    fn copies(&self) -> Vec<String> {
+        match self {
+            Matched::Gemm(m) => m.copies.clone(),
+            Matched::Attention(_) => vec![],
         }
     }
     fn edit(&self, g: &Graph, kernel: &str) -> Edit {

@@ -4,7 +4,8 @@ use crate::space::examples::index;
 use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
 use crate::agent::{RankItem, Steward};
 use crate::graph::{Graph, NodeId};
-use crate::rules::{AttentionMatch, GemmMatch, Patterns, Problem};
+use crate::rules::{AttentionMatch, GemmMatch, Major, Patterns, Problem};
+use crate::space::knowledge::cutlass_layouts;
 use crate::table::{Lookup, TableKey, Tables};
 use crate::types::{Arch, MathType, Precision};
 use std::collections::{BTreeSet, HashMap};
@@ -30,7 +31,15 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
         format!("{tiles:.0} tiles of 128x256, {waves:.2} waves: persistent data-parallel, Stream-K to even out the last wave")
     };
     let k_note = if p.k >= 65536 { "; K of {k} favours splitting K (Stream-K) for accuracy and parallelism" } else { "" };
+    let lie = |major: Major| if major == Major::Row { "row-major" } else { "column-major, read in place" };
     vec![
+        format!(
+            "layout {}: a {}, B {} (CUTLASS \"{}\" in the transposed problem)",
+            p.layout.short_name(),
+            lie(p.layout.a()),
+            lie(p.layout.b()),
+            cutlass_layouts(p.layout)
+        ),
         "pipelining: TMA loads into a multistage shared-memory ring (stage count carved from the epilogue's share), warp-specialized producer and consumer warpgroups".into(),
         format!("grid: {grid}{}", k_note.replace("{k}", &p.k.to_string())),
         format!(
@@ -112,6 +121,7 @@ pub fn plan(g: &Graph, matched: &Patterns, opts: &PlanOptions, tables: Option<&T
             dtype: p.dtype,
             math,
             notes: attention_notes(a, math),
+            copies: vec![],
             problem,
             examples: vec![],
             est_ms,
@@ -151,6 +161,7 @@ pub fn plan(g: &Graph, matched: &Patterns, opts: &PlanOptions, tables: Option<&T
             math,
             problem: Problem::Gemm(p.clone()),
             notes: notes(m, math, opts.arch),
+            copies: m.copies.clone(),
             examples: vec![],
             est_ms,
             share: if total > 0.0 { est_ms / total } else { 0.0 },

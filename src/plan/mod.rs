@@ -245,7 +245,7 @@ pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGe
                 let after = if g.note.is_empty() { String::new() } else { format!(" ({})", g.note.trim_end_matches("; ")) };
                 format!("its operand shapes are unknown{after}")
             } else {
-                format!("no rule takes its operands ({}): dtype, rank or scaling outside the GEMM rules", operands.join(", "))
+                format!("no rule takes its operands ({}): dtype, rank, broadcast batch dims or scaling outside the GEMM rules", operands.join(", "))
             }
         };
         out.push(UnmatchedGemm { node: id, kind: n.kind.clone(), scope: n.scope.clone(), reason });
@@ -272,6 +272,9 @@ pub struct PlannedPattern {
     pub problem: crate::rules::Problem,
     /// Pipelining, grid schedule and tensor-core instruction a kernel for it would use.
     pub notes: Vec<String>,
+    /// Operands whose strides fit no layout: the op copies them on every call (rules::GemmMatch).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<String>,
     /// Supporting CUTLASS examples (paths in the installed CUTLASS tree).
     pub examples: Vec<String>,
     pub est_ms: f64,
