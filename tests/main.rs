@@ -6,5 +6,6 @@ mod compile;
 mod errors;
 mod gemm_ep;
 mod ingest;
+mod layouts;
 mod plan;
 mod table_cli;
