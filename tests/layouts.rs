@@ -39,6 +39,11 @@ fn discover_says_which_operands_are_copied() {
     let copied: Vec<&serde_json::Value> = patterns.iter().filter(|p| p.get("copies").is_some()).collect();
     assert_eq!(copied.len(), 1, "{patterns:?}");
     assert_eq!(copied[0]["rule"], "bmm_rcr");
+    // tf32 ccr has sm80 kernels only (CUTLASS's sm90 tf32 "tt" writes a transposed output): the
+    // plan says so rather than promising WGMMA.
+    let ccr = patterns.iter().find(|p| p["rule"] == "gemm_ccr").unwrap();
+    let notes: Vec<&str> = ccr["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(notes.iter().any(|n| n.starts_with("tensor cores: mma.sync")) && notes.iter().any(|n| n.contains("no sm90 kernel for layout ccr")), "{notes:?}");
     let text = fact().args(["discover"]).arg(fixture("layouts.pt")).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("layout ccr: a column-major, read in place, B column-major, read in place (CUTLASS \"tt\""), "{text}");

@@ -6,6 +6,7 @@ use crate::agent::{RankItem, Steward};
 use crate::graph::{Graph, NodeId};
 use crate::rules::{AttentionMatch, GemmMatch, Major, Patterns, Problem};
 use crate::space::knowledge::cutlass_layouts;
+use crate::space::Knowledge;
 use crate::table::{Lookup, TableKey, Tables};
 use crate::types::{Arch, MathType, Precision};
 use std::collections::{BTreeSet, HashMap};
@@ -31,6 +32,7 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
         format!("{tiles:.0} tiles of 128x256, {waves:.2} waves: persistent data-parallel, Stream-K to even out the last wave")
     };
     let k_note = if p.k >= 65536 { "; K of {k} favours splitting K (Stream-K) for accuracy and parallelism" } else { "" };
+    let wgmma = Knowledge::shipped().kernels(p, math, arch).iter().any(|k| k.family.is_sm90());
     let lie = |major: Major| if major == Major::Row { "row-major" } else { "column-major, read in place" };
     vec![
         format!(
@@ -40,12 +42,21 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
             lie(p.layout.b()),
             cutlass_layouts(p.layout)
         ),
-        "pipelining: TMA loads into a multistage shared-memory ring (stage count carved from the epilogue's share), warp-specialized producer and consumer warpgroups".into(),
+        if wgmma {
+            "pipelining: TMA loads into a multistage shared-memory ring (stage count carved from the epilogue's share), warp-specialized producer and consumer warpgroups".into()
+        } else {
+            format!("pipelining: cp.async multistage shared-memory ring of sm80 GemmUniversal kernels: CUTLASS instantiates no sm90 kernel for layout {} under {}", p.layout.short_name(), math.short_name())
+        },
         format!("grid: {grid}{}", k_note.replace("{k}", &p.k.to_string())),
         format!(
-            "tensor cores: WGMMA (sm_90a) {} with fp32 accumulation{}",
+            "tensor cores: {} {} with fp32 accumulation{}",
+            if wgmma { "WGMMA (sm_90a)" } else { "mma.sync (sm_80 instructions)" },
             math.short_name(),
-            if p.bias { ", bias added in the TMA epilogue" } else { "" }
+            match (p.bias, wgmma) {
+                (false, _) => "",
+                (true, true) => ", bias added in the TMA epilogue",
+                (true, false) => ", bias added as the epilogue's C operand",
+            }
         ),
     ]
     .into_iter()
