@@ -157,6 +157,17 @@ impl Graph {
         uses
     }
 
+    /// The nodes reading each value, in program order.
+    pub fn readers(&self) -> Vec<Vec<NodeId>> {
+        let mut readers = vec![Vec::new(); self.values.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for &v in &n.inputs {
+                readers[v].push(i);
+            }
+        }
+        readers
+    }
+
     /// Parses the test notation:
     /// ```text
     /// graph(%self: Model, %x: f32[8,16], %w: f32[32,16]):

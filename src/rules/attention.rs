@@ -209,13 +209,7 @@ struct Ctx<'g> {
 
 impl<'g> Ctx<'g> {
     fn new(g: &'g Graph) -> Ctx<'g> {
-        let mut readers = vec![Vec::new(); g.values.len()];
-        for (i, n) in g.nodes.iter().enumerate() {
-            for &v in &n.inputs {
-                readers[v].push(i);
-            }
-        }
-        Ctx { g, uses: g.use_counts(), readers }
+        Ctx { g, uses: g.use_counts(), readers: g.readers() }
     }
     fn producer(&self, v: ValueId, kind: &str) -> Option<NodeId> {
         let n = self.g.values[v].producer?;

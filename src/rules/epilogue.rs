@@ -490,12 +490,7 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
     let gemm_out = *g.nodes[gm.node].outputs.first()?;
     let out_info = g.tensor(gemm_out)?.clone();
     let batched = gm.problem.batch > 1;
-    let mut readers = Readers { users: HashMap::new(), graph_outputs: g.outputs.iter().copied().collect() };
-    for (i, n) in g.nodes.iter().enumerate() {
-        for &v in &n.inputs {
-            readers.users.entry(v).or_default().push(i);
-        }
-    }
+    let readers = Readers { users: g.readers(), graph_outputs: g.outputs.iter().copied().collect() };
     // Program values by graph value; value 0 is the GEMM's output.
     let mut pat = Pattern { program: HashMap::from([(gemm_out, 0)]), instrs: Vec::new(), leaves: Vec::new(), nodes: Vec::new() };
     let mut best: Option<EpilogueMatch> = None;
@@ -537,7 +532,7 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
 
 /// Who reads each value, and what the graph returns: what decides whether a value escapes.
 struct Readers {
-    users: HashMap<ValueId, Vec<NodeId>>,
+    users: Vec<Vec<NodeId>>,
     graph_outputs: BTreeSet<ValueId>,
 }
 
@@ -581,7 +576,7 @@ impl Pattern {
         }
         let inside: BTreeSet<NodeId> = self.nodes.iter().copied().collect();
         let escapes = |v: ValueId| {
-            readers.graph_outputs.contains(&v) || readers.users.get(&v).into_iter().flatten().any(|u| !inside.contains(u))
+            readers.graph_outputs.contains(&v) || readers.users[v].iter().any(|u| !inside.contains(u))
         };
         if self.program.keys().any(|&v| v != last && escapes(v)) {
             return None;
