@@ -440,17 +440,12 @@ fn realize_sweep(
         });
     }
     let dir = sweep_dir(opts, &key, "");
+    let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
     if !torch::cuda_available() {
-        let built = nvcc::build_library(tc, &candidates, &dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
-        return Ok(Realized {
-            how: Realization::Compiled { candidates: candidates.len(), failed: built.failures.len() },
-            entry: None,
-            failures: built.failures,
-        });
+        return compile_only(opts, tc, &specs(&candidates), &dir);
     }
     let started = std::time::Instant::now();
     let gemm = Problem::Gemm(problem.clone());
-    let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
     let (mut run, mut failures) = measure(opts, tc, &gemm, math, &specs(&candidates), &dir)?;
     if run.candidates.iter().all(|c| c.outcome.median_ms().is_none()) {
         // Nothing survived: the agent may propose one more set.
@@ -472,11 +467,8 @@ fn realize_sweep(
     }
     let seconds = started.elapsed().as_secs_f64();
     let learned = tables.learn(&key, &run)?;
-    let n = run.candidates.len();
-    let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
-    let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
-    // Every candidate with its status, what was pruned before nvcc and why, and the scatter plot,
-    // next to the sweep's sources.
+    // Every candidate with its status, what was pruned before nvcc and why, next to the sweep's
+    // sources.
     let record = serde_json::json!({
         "key": key,
         "problem": problem,
@@ -486,12 +478,34 @@ fn realize_sweep(
         "run": run,
     });
     let _ = std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&record).expect("run serializes"));
-    let Some(entry) = Entry::from_runs(key.clone(), gemm, vec![run]) else {
-        return Ok(Realized {
-            how: Realization::Skipped { reason: format!("no candidate passed verification: {summary}") },
-            entry: None,
-            failures,
-        });
+    record_sweep(tables, key, gemm, run, failures, &dir)
+}
+
+/// Without a GPU a sweep ends once its candidates are compiled.
+fn compile_only(opts: &Options, tc: &Toolchain, candidates: &[Spec], dir: &Path) -> Result<Realized, ComposeError> {
+    let built = nvcc::build_library(tc, candidates, dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
+    Ok(Realized {
+        how: Realization::Compiled { candidates: candidates.len(), failed: built.failures.len() },
+        entry: None,
+        failures: built.failures,
+    })
+}
+
+/// A finished sweep's run into the user table (its scatter plot beside the sources), and the
+/// entry as it stands there now; left to torch, naming every candidate's outcome, when none passed.
+fn record_sweep(
+    tables: &mut Tables,
+    key: TableKey,
+    problem: Problem,
+    run: Run,
+    failures: Vec<CompileFailure>,
+    dir: &Path,
+) -> Result<Realized, ComposeError> {
+    let n = run.candidates.len();
+    let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
+    let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
+    let Some(entry) = Entry::from_runs(key.clone(), problem, vec![run]) else {
+        return Ok(Realized { how: Realization::Skipped { reason: format!("no candidate passed verification: {summary}") }, entry: None, failures });
     };
     let _ = std::fs::write(dir.join("scatter.svg"), crate::bench::plot::scatter_svg(&entry));
     tables.record(entry)?;
@@ -529,27 +543,14 @@ fn realize_attention_sweep(
     }
     let dir = sweep_dir(opts, &key, "");
     if !torch::cuda_available() {
-        let built = nvcc::build_library(tc, &candidates, &dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
-        return Ok(Realized {
-            how: Realization::Compiled { candidates: candidates.len(), failed: built.failures.len() },
-            entry: None,
-            failures: built.failures,
-        });
+        return compile_only(opts, tc, &candidates, &dir);
     }
     let started = std::time::Instant::now();
     let p = Problem::Attention(problem.clone());
     let (run, failures) = measure(opts, tc, &p, math, &candidates, &dir)?;
-    let n = run.candidates.len();
-    let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
     let record = serde_json::json!({ "key": key, "problem": p, "compile_and_tune_s": started.elapsed().as_secs_f64(), "run": run });
     let _ = std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&record).expect("run serializes"));
-    let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
-    let Some(entry) = Entry::from_runs(key.clone(), p, vec![run]) else {
-        return Ok(Realized { how: Realization::Skipped { reason: format!("no candidate passed verification: {summary}") }, entry: None, failures });
-    };
-    tables.record(entry)?;
-    let merged = tables.user.get(&key).cloned();
-    Ok(Realized { how: Realization::Tuned { candidates: n, failed }, entry: merged, failures })
+    record_sweep(tables, key, p, run, failures, &dir)
 }
 
 /// Knob variants of the `top` fastest verified kernels of `run` not yet measured in it.
@@ -601,30 +602,20 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
 
     // Realize in the plan's order, so the patterns worth most are tuned first.
-    let mut done: BTreeMap<GemmProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
+    let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
     let mut compile_failures = Vec::new();
     // Fused problems no kernel could realize: every match of one falls back to its plain GEMM.
-    let mut unfused: BTreeSet<GemmProblemKey> = BTreeSet::new();
+    let mut unfused: BTreeSet<ProblemKey> = BTreeSet::new();
     for id in &order {
         let i = id[1..].parse::<usize>().expect("plan ids are p<index> or a<index>");
-        if id.starts_with('a') {
-            let problem = Problem::Attention(attention[i].problem.clone());
-            if let std::collections::btree_map::Entry::Vacant(slot) = done.entry(GemmProblemKey::of(&problem)) {
-                nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", problem.rule_id(), problem.shape_key()));
-                let mut r = realize(opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
-                finish(opts, &mut r);
-                compile_failures.extend(r.failures);
-                slot.insert((r.how, r.entry));
-            }
-            continue;
-        }
         loop {
-            let problem = Problem::Gemm(matches[i].problem.clone());
-            let pk = GemmProblemKey::of(&problem);
+            let m = if id.starts_with('a') { Matched::Attention(&attention[i]) } else { Matched::Gemm(&matches[i]) };
+            let problem = m.problem();
+            let pk = ProblemKey::of(&problem);
             if !done.contains_key(&pk) {
                 nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", problem.rule_id(), problem.shape_key()));
                 let mut r = realize(opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
-                if let (Some(_), Realization::Skipped { reason }) = (&matches[i].epilogue, &r.how) {
+                if let (Matched::Gemm(GemmMatch { epilogue: Some(_), .. }), Realization::Skipped { reason }) = (&m, &r.how) {
                     steward.notes.push(format!("{id}: the fused epilogue is left to torch ({reason}); the GEMM alone is realized"));
                     unfused.insert(pk.clone());
                 }
@@ -650,7 +641,7 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         .collect();
     for (id, m) in &all {
         let problem = m.problem();
-        let (how, entry) = &done[&GemmProblemKey::of(&problem)];
+        let (how, entry) = &done[&ProblemKey::of(&problem)];
         if let Some(e) = entry {
             winners.insert(e.winner.clone(), e.winner_spec.clone());
         }
@@ -757,10 +748,10 @@ impl Matched<'_> {
 
 /// Identity of a problem within one compose (patterns with equal problems realize once).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct GemmProblemKey(String);
+struct ProblemKey(String);
 
-impl GemmProblemKey {
-    fn of(p: &Problem) -> GemmProblemKey {
-        GemmProblemKey(serde_json::to_string(p).expect("problem serializes"))
+impl ProblemKey {
+    fn of(p: &Problem) -> ProblemKey {
+        ProblemKey(serde_json::to_string(p).expect("problem serializes"))
     }
 }
