@@ -396,16 +396,34 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
   return true;
 }
 
-// Runs a prepared call; false when the kernel cannot implement it (the op falls back).
-bool launch(Launch& l, c10::string_view kernel, const char* op) {
-  if (fact_kernel_can_implement(l.index, &l.args) != FACT_OK) return false;
-  const size_t ws_size = fact_kernel_workspace_size(l.index, &l.args);
-  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, l.a.options().dtype(at::kByte));
-  const int32_t status = fact_kernel_run(l.index, &l.args, ws.data_ptr(), ws_size,
-                                         c10::cuda::getCurrentCUDAStream(l.a.device().index()).stream());
+// The entry points of one of the library's dispatch tables (GEMM variants, or other kinds' kernels).
+template <typename Args>
+struct Table {
+  int32_t (*can_implement)(int32_t, const Args*);
+  size_t (*workspace_size)(int32_t, const Args*);
+  int32_t (*run)(int32_t, const Args*, void*, size_t, void*);
+};
+const Table<FactGemmArgs> kGemmTable{fact_kernel_can_implement, fact_kernel_workspace_size, fact_kernel_run};
+const Table<FactOpArgs> kOpTable{fact_op_kernel_can_implement, fact_op_kernel_workspace_size, fact_op_kernel_run};
+
+// Launches kernel `index` of table `t` on the current stream of `like`'s device, its workspace from
+// torch's allocator; false when the kernel cannot implement the call (the op falls back).
+template <typename Args>
+bool launch_kernel(const Table<Args>& t, int32_t index, const Args& args, const at::Tensor& like,
+                   c10::string_view kernel, const char* op) {
+  if (t.can_implement(index, &args) != FACT_OK) return false;
+  const size_t ws_size = t.workspace_size(index, &args);
+  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, like.options().dtype(at::kByte));
+  const int32_t status =
+      t.run(index, &args, ws.data_ptr(), ws_size, c10::cuda::getCurrentCUDAStream(like.device().index()).stream());
   TORCH_CHECK(status == FACT_OK, "fact::", op, ": kernel ", std::string(kernel), " failed with status ", status,
               ": ", fact_last_error());
   return true;
+}
+
+// Runs a prepared GEMM call; false when the kernel cannot implement it (the op falls back).
+bool launch(Launch& l, c10::string_view kernel, const char* op) {
+  return launch_kernel(kGemmTable, l.index, l.args, l.a, kernel, op);
 }
 
 // Sets args.leaves from `leaves` laid as the program says over the output [.., M, N]; false when
@@ -678,15 +696,9 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
                                  factor.defined() ? fact_tensor(factor) : FactTensor{}};
   const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
   const FactOpArgs args{tensors, factor.defined() ? 5 : 4, scalars, 3};
-  if (fact_op_kernel_can_implement(index, &args) != FACT_OK) {
+  if (!launch_kernel(kOpTable, index, args, q, kernel, "attention")) {
     return why = "the kernel cannot implement these shapes, strides or alignments", at::Tensor();
   }
-  const size_t ws_size = fact_op_kernel_workspace_size(index, &args);
-  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, q.options().dtype(at::kByte));
-  const int32_t status = fact_op_kernel_run(index, &args, ws.data_ptr(), ws_size,
-                                            c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
-  TORCH_CHECK(status == FACT_OK, "fact::attention: kernel ", std::string(kernel), " failed with status ", status,
-              ": ", fact_last_error());
   return q.dim() == 4 ? out : out.squeeze(1);
 }
 
