@@ -218,6 +218,12 @@ stats = json.loads(so.fact_op_stats())
 assert stats == {{{kernel:?}: {{"ran": 0, "copied": 0, "fell_back": 1}}}}, stats
 so.fact_op_stats_reset()
 assert json.loads(so.fact_op_stats()) == {{}}
+# Pattern kinds turn off by name (fact bench's ablations); a name that is no kind changes nothing.
+so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+assert so.fact_disable(b"gemm,attention") == 0 and so.fact_disable(b"epilogue,bogus") == -1
+assert so.fact_disable(b"") == 0
+with torch.no_grad():
+    assert torch.equal(m(x), b)
 print("ok", tuple(a.shape))
 "#,
         lib = lib.display().to_string(),

@@ -17,8 +17,12 @@ f32-accurate kernels), bf16 (bf16 module and inputs, "high"). For each (model, p
 - A fresh child process (this file with --measure; a process can hold one fact op library)
   verifies eager and fact on three fresh random inputs against the fp64 eager module (relative
   Frobenius error, NaN when an output holds one), then times eager, traced, torch.compile (its
-  compile time apart) and fact on the same inputs: 5 warm-up runs, then the median of 30 runs
-  bracketed by CUDA events with L2 flushed (256 MB written) before each. Its output goes to
+  compile time apart), with --max-autotune torch.compile(mode="max-autotune") too, and fact on
+  the same inputs: 5 warm-up runs, then the median of 30 runs bracketed by CUDA events with L2
+  flushed (256 MB written) before each. Where the composed module holds two or more pattern kinds
+  it is timed again with each kind turned off (the op library's fact_disable: that kind's calls
+  run the original ops): the record's ablations. --warm-compose composes each pair a second time
+  (table hits, warm build cache) and records warm_compose_s. Its output goes to
   OUT_DIR/logs/NAME_POLICY.measure.log, its numbers to OUT_DIR/measure/NAME_POLICY.json.
 
 A record: model, policy, inputs (shapes), eager_ms, traced_ms, compile_ms, fact_ms (medians),
@@ -31,6 +35,7 @@ over each baseline with geomeans per policy. A failing pair records its error an
 """
 import argparse
 import copy
+import ctypes
 import json
 import math
 import os
@@ -58,6 +63,8 @@ TOLERANCE = {"tf32": 1e-3, "f32": 1e-4, "bf16": 1e-2}
 VERIFY_INPUTS, WARMUP, ITERATIONS = 3, 5, 30
 FLUSH_FLOATS = 64 << 20
 SEED = 0
+# The pattern kinds fact_disable names, and the op each kind's calls go through.
+ABLATION_KINDS = {"gemm": "fact::gemm", "epilogue": "fact::gemm_ep", "attention": "fact::attention"}
 
 
 def log(*args):
@@ -176,6 +183,15 @@ def run_pair(args, rec, factory, shapes):
     child = [sys.executable, str(Path(__file__).resolve()), str(args.out_dir), "--measure", name, policy]
     if composed:
         child.append("--with-fact")
+    if args.max_autotune:
+        child.append("--max-autotune")
+    if composed and args.warm_compose:
+        warm_dir = args.out_dir / "fact" / f"{t}.warm"
+        shutil.rmtree(warm_dir, ignore_errors=True)
+        warm = [c if c != str(fact_dir) else str(warm_dir) for c in cmd]
+        rc_warm, rec["warm_compose_s"] = run_logged(warm, args.out_dir / "logs" / f"{t}.warm.log", args.compose_timeout)
+        if rc_warm != 0:
+            add_error(rec, f"warm fact compose exited with {rc_warm}")
     rc, _ = run_logged(child, args.out_dir / "logs" / f"{t}.measure.log", args.measure_timeout)
     measured = json.loads(result.read_text()) if result.exists() else {}
     for stage, msg in measured.pop("errors", {}).items():
@@ -215,7 +231,7 @@ def time_ms(fn, inputs, flush):
     return statistics.median(samples)
 
 
-def measure(out_dir, name, policy, with_fact):
+def measure(out_dir, name, policy, with_fact, max_autotune_too):
     """Writes measure/NAME_POLICY.json after every stage, so a crash keeps what was measured."""
     t = tag(name, policy)
     dtype = DTYPE[policy]
@@ -267,6 +283,14 @@ def measure(out_dir, name, policy, with_fact):
             res["compile_s"] = time.monotonic() - start
             res["compile_ms"] = time_ms(m, inputs, flush)
 
+        def max_autotune():
+            m = torch.compile(module, mode="max-autotune")
+            start = time.monotonic()
+            m(*inputs)
+            torch.cuda.synchronize()
+            res["max_autotune_compile_s"] = time.monotonic() - start
+            res["max_autotune_ms"] = time_ms(m, inputs, flush)
+
         def fact():
             d = out_dir / "fact" / t
             torch.ops.load_library(str(d / "libfact_ops.so"))
@@ -275,10 +299,27 @@ def measure(out_dir, name, policy, with_fact):
             res["fact_ops"] = {k: kinds.count(k) for k in sorted(set(kinds))}
             res["max_rel_err"] = max(rel_err(m(*x), r) for x, r in zip(trials, refs))
             res["fact_ms"] = time_ms(m, inputs, flush)
+            # Ablations: each pattern kind's calls run the original ops (the op library's
+            # fact_disable), same module, same inputs, same process.
+            present = [kind for kind, op in ABLATION_KINDS.items() if op in res["fact_ops"]]
+            if len(present) < 2:
+                return
+            lib = ctypes.CDLL(str(d / "libfact_ops.so"))
+            lib.fact_disable.argtypes, lib.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+            res["ablations"] = []
+            for kind in present:
+                assert lib.fact_disable(kind.encode()) == 0, kind
+                try:
+                    err = rel_err(m(*trials[0]), refs[0])
+                    res["ablations"].append({"without": kind, "ms": time_ms(m, inputs, flush), "max_rel_err": err})
+                finally:
+                    lib.fact_disable(b"")
 
         stage("eager", eager)
         stage("traced", traced)
         stage("compile", compiled)
+        if max_autotune_too:
+            stage("max_autotune", max_autotune)
         if with_fact:
             stage("fact", fact)
 
@@ -306,6 +347,12 @@ def record_line(rec):
         f"eager err {fmt(rec['eager_rel_err'], '.2e')} | compose {fmt(rec['compose_s'], '.1f')} s, {kernels}, "
         f"fact ops in graph: {calls}"
     )
+    if rec.get("max_autotune_ms") is not None:
+        line += f" | max-autotune {fmt(rec['max_autotune_ms'])} ms"
+    if rec.get("warm_compose_s") is not None:
+        line += f" | warm compose {fmt(rec['warm_compose_s'], '.1f')} s"
+    for a in rec.get("ablations") or []:
+        line += f" | without {a['without']} {fmt(a['ms'])} ms (err {fmt(a['max_rel_err'], '.2e')})"
     return line + (f" | error: {rec['error']}" if rec["error"] else "")
 
 
@@ -351,13 +398,15 @@ def main():
     ap.add_argument("--fact-args", default="", help="extra arguments for fact compose, e.g. '--candidates 8 --jobs 16'")
     ap.add_argument("--compose-timeout", type=float, default=1800, help="seconds per fact compose")
     ap.add_argument("--measure-timeout", type=float, default=900, help="seconds per measuring child")
+    ap.add_argument("--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune') (minutes of compile per pair)")
+    ap.add_argument("--warm-compose", action="store_true", help="compose each pair a second time (all table hits, warm build cache) and record warm_compose_s")
     ap.add_argument("--measure", nargs=2, metavar=("NAME", "POLICY"), help=argparse.SUPPRESS)
     ap.add_argument("--with-fact", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.out_dir = args.out_dir.resolve()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.measure:
-        measure(args.out_dir, *args.measure, args.with_fact)
+        measure(args.out_dir, *args.measure, args.with_fact, args.max_autotune)
         return
 
     policies = args.policies.split(",")

@@ -4,6 +4,7 @@
 
 pub mod plot;
 
+use crate::rules::PatternKind;
 use crate::torch::{self, InputShape};
 use crate::tune::cuda::{Cuda, DeviceInfo};
 use crate::tune::gpu::{relative_error, sample};
@@ -42,6 +43,35 @@ pub struct BenchReport {
     /// Calls of each substituted kernel during the composed runs: ran it, or fell back.
     #[serde(default)]
     pub op_calls: std::collections::BTreeMap<String, torch::OpCalls>,
+    /// The composed module with one pattern kind turned off at a time, same inputs, same run.
+    #[serde(default)]
+    pub ablations: Vec<Ablation>,
+    /// Each substituted pattern's kernel and torch times as tuned (from the compose report).
+    #[serde(default)]
+    pub patterns: Vec<PatternTime>,
+}
+
+/// The composed module timed with the calls of one pattern kind running the original ops.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Ablation {
+    pub without: PatternKind,
+    pub ms: f64,
+    pub timing: Timing,
+    /// Against the fp64 original, on the first verification input.
+    pub max_rel_err: f64,
+    /// How much of the composed module's gain over the original this kind holds: its time
+    /// without the kind over its time with it.
+    pub slowdown: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PatternTime {
+    pub id: String,
+    pub kind: PatternKind,
+    pub rule: String,
+    pub kernel: String,
+    pub kernel_ms: Option<f64>,
+    pub torch_ms: Option<f64>,
 }
 
 pub struct BenchOptions {
@@ -58,6 +88,9 @@ pub struct BenchOptions {
     pub command: String,
     /// The kernels the composed module substitutes: each must run, or the bench fails.
     pub kernels: Vec<String>,
+    /// Pattern kinds to turn off one at a time after the composed module is timed.
+    pub without: Vec<PatternKind>,
+    pub patterns: Vec<PatternTime>,
 }
 
 fn kind_of(dtype: &str) -> Kind {
@@ -151,8 +184,10 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
     torch::op_stats(&opts.library, true).map_err(|e| e.to_string())?;
 
     tch::no_grad(|| {
-        // Verify first, on fresh inputs each time; keep the worst error.
+        // Verify first, on fresh inputs each time; keep the worst error. The first input and its
+        // reference outputs also check the ablations.
         let (mut worst, mut worst_base, mut worst_pair) = (0f64, 0f64, 0f64);
+        let mut first: Option<(Vec<Tensor>, Vec<Tensor>)> = None;
         for _ in 0..opts.protocol.verify_inputs.max(1) {
             let inputs = random_inputs(&opts.inputs, device);
             let up: Vec<Tensor> =
@@ -164,6 +199,7 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
             worst = nan_max(worst, worst_error(&c, &r));
             worst_base = nan_max(worst_base, worst_error(&o, &r));
             worst_pair = nan_max(worst_pair, worst_error(&c, &o));
+            first.get_or_insert((inputs, r));
             if worst.is_nan() {
                 break;
             }
@@ -173,6 +209,19 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
         let fact = time_forward(&composed, &inputs, &opts.protocol, cuda)?;
         let op_calls = torch::op_stats(&opts.library, false).map_err(|e| e.to_string())?;
         never_ran(&opts.kernels, &op_calls)?;
+        let mut ablations = Vec::new();
+        for &kind in &opts.without {
+            torch::disable_kinds(&opts.library, &[kind]).map_err(|e| e.to_string())?;
+            let run = || -> Result<Ablation, String> {
+                let (check, r) = first.as_ref().expect("at least one verification input");
+                let err = worst_error(&forward(&composed, check)?, r);
+                let timing = time_forward(&composed, &inputs, &opts.protocol, cuda)?;
+                Ok(Ablation { without: kind, ms: timing.median_ms, max_rel_err: err, slowdown: timing.median_ms / fact.median_ms, timing })
+            };
+            let result = run();
+            torch::disable_kinds(&opts.library, &[]).map_err(|e| e.to_string())?;
+            ablations.push(result?);
+        }
         let rate = |t: &Timing| opts.gemm_flops / (t.median_ms * 1e-3) / 1e12;
         Ok(BenchReport {
             workload: opts.workload.clone(),
@@ -196,8 +245,62 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
             date: crate::table::today(),
             command: opts.command.clone(),
             op_calls,
+            ablations,
+            patterns: opts.patterns.clone(),
         })
     })
+}
+
+/// `fact bench`'s end-to-end figure: the original, the composed module and each ablation.
+pub fn e2e_figure(b: &BenchReport) -> String {
+    let mut bars = vec![("original (traced)".to_string(), b.baseline_ms), ("fact".to_string(), b.fact_ms)];
+    bars.extend(b.ablations.iter().map(|a| (format!("fact without {}", a.without), a.ms)));
+    let group = plot::BarGroup { label: format!("{} ({})", b.workload, b.precision), bars };
+    let subtitle = format!("{}, torch {}, CUTLASS {}, {}: median of {} runs each, one process", b.device.name, b.torch, b.cutlass, b.date, b.fact.samples);
+    plot::e2e_svg("speedup over the original module", &subtitle, &[group])
+}
+
+/// A record of the benchmark harnesses under benches/device (suite.json): one model under one
+/// policy, the modules a user could pick timed in one process.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SuiteRecord {
+    pub model: String,
+    pub policy: String,
+    pub eager_ms: Option<f64>,
+    pub traced_ms: Option<f64>,
+    pub compile_ms: Option<f64>,
+    #[serde(default)]
+    pub max_autotune_ms: Option<f64>,
+    pub fact_ms: Option<f64>,
+    #[serde(default)]
+    pub ablations: Vec<SuiteAblation>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SuiteAblation {
+    pub without: String,
+    pub ms: f64,
+}
+
+/// The figure of suite records: a group per record, eager first (the speedups are over it).
+pub fn suite_figure(title: &str, subtitle: &str, records: &[SuiteRecord]) -> String {
+    let groups: Vec<plot::BarGroup> = records
+        .iter()
+        .filter(|r| r.fact_ms.is_some())
+        .map(|r| {
+            let named = [
+                ("eager", r.eager_ms),
+                ("traced", r.traced_ms),
+                ("torch.compile", r.compile_ms),
+                ("torch.compile max-autotune", r.max_autotune_ms),
+                ("fact", r.fact_ms),
+            ];
+            let mut bars: Vec<(String, f64)> = named.iter().filter_map(|(n, ms)| Some((n.to_string(), (*ms)?))).collect();
+            bars.extend(r.ablations.iter().map(|a| (format!("fact without {}", a.without), a.ms)));
+            plot::BarGroup { label: format!("{} ({})", r.model, r.policy), bars }
+        })
+        .collect();
+    plot::e2e_svg(title, subtitle, &groups)
 }
 
 /// An error naming the substituted kernels that never ran during the composed runs: the module

@@ -86,6 +86,61 @@ pub fn scatter_svg(e: &Entry) -> String {
     s + "</svg>\n"
 }
 
+/// One group of bars in the end-to-end figure: a model under a policy, its modules' times.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BarGroup {
+    pub label: String,
+    /// (module, median ms); the first is the reference the speedups are over.
+    pub bars: Vec<(String, f64)>,
+}
+
+/// The end-to-end figure: per group, a horizontal bar per module, its length the speedup over the
+/// group's first module, labelled with the speedup and the time.
+pub fn e2e_svg(title: &str, subtitle: &str, groups: &[BarGroup]) -> String {
+    let (w, l, r, top, bar, gap) = (760.0, 250.0, 150.0, 64.0, 18.0, 26.0);
+    let rows: usize = groups.iter().map(|g| g.bars.len()).sum();
+    let h = top + rows as f64 * bar + groups.len() as f64 * gap + 40.0;
+    let speedups = |g: &BarGroup| -> Vec<f64> {
+        let base = g.bars.first().map_or(f64::NAN, |b| b.1);
+        g.bars.iter().map(|b| base / b.1).collect()
+    };
+    let best = groups.iter().flat_map(speedups).filter(|v| v.is_finite()).fold(1.0, f64::max);
+    let xmax = (best * 1.1 * 2.0).ceil() / 2.0;
+    let x = |v: f64| l + v / xmax * (w - l - r);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h:.0}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n<text x=\"10\" y=\"38\" fill=\"#555\">{}</text>\n",
+        esc(title),
+        esc(subtitle)
+    );
+    for i in 0..=(xmax * 2.0) as usize {
+        let v = i as f64 / 2.0;
+        s += &format!(
+            "<line x1=\"{:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{v}x</text>\n",
+            x(v), top - 8.0, x(v), h - 30.0, if v == 1.0 { "#999" } else { "#eee" }, x(v), h - 14.0
+        );
+    }
+    let mut y = top;
+    for g in groups {
+        s += &format!("<text x=\"10\" y=\"{:.1}\" font-weight=\"bold\">{}</text>\n", y + 4.0, esc(&g.label));
+        y += 10.0;
+        for ((name, ms), sp) in g.bars.iter().zip(speedups(g)) {
+            let fact = name.starts_with("fact");
+            let fill = if name == "fact" { "#d62728" } else if fact { "#f4a582" } else { "#1f77b4" };
+            let len = if sp.is_finite() { x(sp) - l } else { 0.0 };
+            s += &format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><rect x=\"{l}\" y=\"{y:.1}\" width=\"{len:.1}\" height=\"{:.1}\" fill=\"{fill}\"/>\
+                 <text x=\"{:.1}\" y=\"{:.1}\">{sp:.2}x ({ms:.3} ms)</text>\n",
+                l - 6.0, y + bar - 5.0, esc(name), bar - 3.0, l + len + 4.0, y + bar - 5.0
+            );
+            y += bar;
+        }
+        y += gap - 10.0;
+    }
+    s + "</svg>\n"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +176,18 @@ mod tests {
         assert!(svg.contains(&format!("winner {}", specs[1].name())));
         assert!(svg.contains("2 candidates timed, 1 failed"));
         assert!(svg.contains("0.875x"), "speedup of the winner: 0.35/0.4");
+    }
+
+    #[test]
+    fn e2e_bars_are_speedups_over_each_groups_first_module() {
+        let groups = vec![
+            BarGroup { label: "block tf32".into(), bars: vec![("eager".into(), 8.0), ("fact".into(), 4.0), ("fact without attention".into(), 5.0)] },
+            BarGroup { label: "block bf16".into(), bars: vec![("eager".into(), 6.0), ("fact".into(), 2.0)] },
+        ];
+        let svg = e2e_svg("GPT block", "H100", &groups);
+        assert_eq!(svg.matches("<rect x=").count(), 5);
+        for label in ["2.00x (4.000 ms)", "1.60x (5.000 ms)", "3.00x (2.000 ms)", "1.00x (6.000 ms)", "block bf16", "fact without attention"] {
+            assert!(svg.contains(label), "{label}");
+        }
     }
 }

@@ -5,7 +5,7 @@ use crate::bench::{self, BenchOptions, BenchReport};
 use crate::compose::{self, ComposeReport, Realization};
 use crate::nvcc::{self, Toolchain};
 use crate::plan::{Plan, PlanOptions, UnmatchedGemm};
-use crate::rules::GemmProblem;
+use crate::rules::{GemmProblem, PatternKind};
 use crate::table::{self, Entry, Table, Tables};
 use crate::types::DType;
 use crate::torch::{self, InputShape};
@@ -83,15 +83,23 @@ enum Command {
         /// Write the benchmark report here too (e.g. benches/results/NAME.json).
         #[arg(long)]
         save_report: Option<PathBuf>,
+        /// Pattern kinds the benchmark turns off one at a time (as `fact bench --without`).
+        #[arg(long)]
+        without: Option<String>,
         #[arg(long)]
         json: bool,
     },
-    /// Benchmark a composed output folder again: original vs composed, same run.
+    /// Benchmark a composed output folder again: original vs composed, same run, then the
+    /// composed module with each pattern kind turned off; writes report.json and e2e.svg.
     Bench {
         /// The folder compose wrote (holds compose.json).
         dir: PathBuf,
         #[arg(long)]
         save_report: Option<PathBuf>,
+        /// Pattern kinds to turn off one at a time (gemm, epilogue, attention; comma-separated,
+        /// or none). Default: each kind the module substitutes, when it substitutes two or more.
+        #[arg(long)]
+        without: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -148,6 +156,16 @@ enum Command {
     },
     /// Print the inlined forward graph of a TorchScript archive.
     Graph { model: PathBuf },
+    /// Draw the end-to-end figure of benchmark records: a list of {model, policy, eager_ms,
+    /// traced_ms, compile_ms, fact_ms, ablations: [{without, ms}]} (what benches/device writes).
+    PlotE2e {
+        records: PathBuf,
+        /// The SVG to write.
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "fact end to end")]
+        title: String,
+    },
     /// Internal: judges kernel variants for the tuner in a child process.
     #[command(hide = true)]
     TuneWorker,
@@ -285,7 +303,8 @@ fn command_line() -> String {
 pub fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Compose { model, inputs, out, precision, jobs: j, candidates, refine, no_bench, keep_slower, agent, save_report, json } => {
+        Command::Compose { model, inputs, out, precision, jobs: j, candidates, refine, no_bench, keep_slower, agent, save_report, without, json } => {
+            let without = parse_kinds(without.as_deref())?;
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let inputs = inputs.iter().map(|s| InputShape::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
             let stem = model.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
@@ -299,7 +318,7 @@ pub fn main() -> Result<()> {
             };
             let report = compose::compose(&model, &inputs, &opts).with_context(|| format!("composing {}", model.display()))?;
             let bench = if report.gpu && report.composed.is_some() && !no_bench {
-                Some(run_bench(&report, &out_dir, save_report.as_deref())?)
+                Some(run_bench(&report, &out_dir, save_report.as_deref(), without)?)
             } else {
                 None
             };
@@ -313,7 +332,8 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Bench { dir, save_report, json } => {
+        Command::Bench { dir, save_report, without, json } => {
+            let without = parse_kinds(without.as_deref())?;
             let path = dir.join(compose::REPORT);
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("{}: no compose report; run fact compose first", path.display()))?;
@@ -321,7 +341,7 @@ pub fn main() -> Result<()> {
             if report.composed.is_none() {
                 bail!("{} holds no composed module (compose ran without a GPU?); run fact compose on a GPU machine", dir.display());
             }
-            let b = run_bench(&report, &dir, save_report.as_deref())?;
+            let b = run_bench(&report, &dir, save_report.as_deref(), without)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&b)?);
             } else {
@@ -413,6 +433,30 @@ pub fn main() -> Result<()> {
         }
         Command::Graph { model } => {
             print!("{}", torch::graph_text(&model)?);
+            Ok(())
+        }
+        Command::PlotE2e { records, out, title } => {
+            let text = std::fs::read_to_string(&records).with_context(|| format!("reading {}", records.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", records.display()))?;
+            // A bare list of records, or {"meta": {...}, "records": [...]} as the harnesses write.
+            let (list, meta) = match &v {
+                serde_json::Value::Array(_) => (v.clone(), serde_json::Value::Null),
+                _ => (v["records"].clone(), v["meta"].clone()),
+            };
+            let list: Vec<bench::SuiteRecord> = serde_json::from_value(list)
+                .with_context(|| format!("{}: not a list of benchmark records (model, policy, eager_ms, …, fact_ms)", records.display()))?;
+            if list.iter().all(|r| r.fact_ms.is_none()) {
+                bail!("{}: no record has a fact_ms to draw", records.display());
+            }
+            let field = |k: &str| meta[k].as_str().unwrap_or("").to_string();
+            let torch = field("torch");
+            let subtitle = [field("device"), if torch.is_empty() { torch } else { format!("torch {torch}") }, field("date")]
+                .into_iter()
+                .filter(|f| !f.is_empty())
+                .collect::<Vec<_>>()
+                .join(", ");
+            std::fs::write(&out, bench::suite_figure(&title, &subtitle, &list)).with_context(|| format!("writing {}", out.display()))?;
+            println!("wrote {}", out.display());
             Ok(())
         }
         Command::TuneWorker => {
@@ -682,8 +726,35 @@ fn report_count(json: bool, what: &str, n: usize, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Path>) -> Result<BenchReport> {
+/// `--without`'s kinds: None for the default (each kind substituted, when two or more are).
+fn parse_kinds(text: Option<&str>) -> Result<Option<Vec<PatternKind>>> {
+    let Some(text) = text else { return Ok(None) };
+    if text == "none" {
+        return Ok(Some(vec![]));
+    }
+    text.split(',').map(|k| k.trim().parse::<PatternKind>()).collect::<Result<Vec<_>, _>>().map(Some).map_err(anyhow::Error::msg)
+}
+
+fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Path>, without: Option<Vec<PatternKind>>) -> Result<BenchReport> {
     let tc = Toolchain::discover()?;
+    let patterns: Vec<bench::PatternTime> = report
+        .patterns
+        .iter()
+        .filter_map(|p| {
+            Some(bench::PatternTime {
+                id: p.id.clone(),
+                kind: p.problem.kind(),
+                rule: p.rule.clone(),
+                kernel: p.kernel.clone()?,
+                kernel_ms: p.kernel_ms,
+                torch_ms: p.torch_ms,
+            })
+        })
+        .collect();
+    let mut kinds: Vec<PatternKind> = patterns.iter().map(|p| p.kind).collect();
+    kinds.sort();
+    kinds.dedup();
+    let without = without.unwrap_or_else(|| if kinds.len() >= 2 { kinds.clone() } else { vec![] });
     let gemm_flops: f64 = report.patterns.iter().filter(|p| p.kernel.is_some()).map(|p| p.problem.flops()).sum();
     let name = report.model.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
     let inputs: Vec<String> = report.inputs.iter().map(InputShape::display).collect();
@@ -700,11 +771,15 @@ fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Path>) -> Res
         cuda: tc.nvcc_version(),
         command: command_line(),
         kernels: report.patterns.iter().filter_map(|p| p.kernel.clone()).collect(),
+        without,
+        patterns,
     };
     let b = bench::bench(&opts).map_err(anyhow::Error::msg).context("benchmarking")?;
     let text = serde_json::to_string_pretty(&b)? + "\n";
     let path = out_dir.join("report.json");
     std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    let svg = out_dir.join("e2e.svg");
+    std::fs::write(&svg, bench::e2e_figure(&b)).with_context(|| format!("writing {}", svg.display()))?;
     if let Some(s) = save {
         if let Some(d) = s.parent() {
             std::fs::create_dir_all(d)?;
@@ -780,6 +855,12 @@ fn print_bench(b: &BenchReport) {
     println!("{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}", "torch", b.baseline_ms, b.baseline.spread * 100.0, b.baseline_tflops, b.baseline_rel_err);
     println!("{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}", "fact", b.fact_ms, b.fact.spread * 100.0, b.fact_tflops, b.max_rel_err);
     println!("speedup {:.3}x", b.speedup);
+    for a in &b.ablations {
+        println!("{:<10} {:>11.4} {:>8.1}% {:>11} {:>13.2e}  (without {}: {:.2}x the composed time)", format!("-{}", a.without), a.ms, a.timing.spread * 100.0, "", a.max_rel_err, a.without, a.slowdown);
+    }
+    for p in &b.patterns {
+        println!("  {} {:<9} {}: kernel {} ms, torch {} ms", p.id, p.kind.name(), p.kernel, fmt_ms(p.kernel_ms), fmt_ms(p.torch_ms));
+    }
     for (kernel, c) in &b.op_calls {
         println!("  {kernel}: ran {} calls ({} on a copied operand), fell back {}", c.ran, c.copied, c.fell_back);
     }

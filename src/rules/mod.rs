@@ -53,11 +53,59 @@ impl Problem {
             Problem::Attention(p) => p.dtype,
         }
     }
+    pub fn kind(&self) -> PatternKind {
+        match self {
+            Problem::Gemm(p) if p.epilogue.is_some() => PatternKind::Epilogue,
+            Problem::Gemm(_) => PatternKind::Gemm,
+            Problem::Attention(_) => PatternKind::Attention,
+        }
+    }
     pub fn as_gemm(&self) -> Option<&GemmProblem> {
         match self {
             Problem::Gemm(p) => Some(p),
             Problem::Attention(_) => None,
         }
+    }
+}
+
+/// What a pattern is, as users name it: the composed op library turns kinds off by these names
+/// (`FACT_DISABLE=attention`, `fact bench --without epilogue`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PatternKind {
+    /// A GEMM alone (`fact::gemm`).
+    Gemm,
+    /// A GEMM with its elementwise epilogue (`fact::gemm_ep`).
+    Epilogue,
+    /// q·kᵀ, scale, mask, softmax and ·v (`fact::attention`).
+    Attention,
+}
+
+impl PatternKind {
+    pub const ALL: [PatternKind; 3] = [PatternKind::Gemm, PatternKind::Epilogue, PatternKind::Attention];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PatternKind::Gemm => "gemm",
+            PatternKind::Epilogue => "epilogue",
+            PatternKind::Attention => "attention",
+        }
+    }
+}
+
+impl std::fmt::Display for PatternKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for PatternKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PatternKind, String> {
+        PatternKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = PatternKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown pattern kind '{s}': use one of {}", names.join(", "))
+        })
     }
 }
 
@@ -117,6 +165,18 @@ pub fn match_patterns(g: &Graph) -> Patterns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pattern_kinds_parse_by_name_and_problems_know_theirs() {
+        for k in PatternKind::ALL {
+            assert_eq!(k.name().parse::<PatternKind>().unwrap(), k);
+        }
+        assert!("layernorm".parse::<PatternKind>().unwrap_err().contains("use one of gemm, epilogue, attention"));
+        let mut p = GemmProblem { m: 8, n: 8, k: 8, layout: GemmLayout::Rcr, dtype: crate::types::DType::F32, bias: true, batch: 1, epilogue: None };
+        assert_eq!(Problem::Gemm(p.clone()).kind(), PatternKind::Gemm);
+        p.epilogue = Some(Epilogue::parse("leaves=;v1=relu(v0)").unwrap());
+        assert_eq!(Problem::Gemm(p).kind(), PatternKind::Epilogue);
+    }
 
     #[test]
     fn two_epilogues_claiming_one_node_leave_one_gemm_plain() {

@@ -419,17 +419,24 @@ pub struct OpCalls {
     pub why: Option<String>,
 }
 
+/// A handle on the op library this process loaded with `load_op_library`, for its C functions.
+fn loaded_op_library(path: &Path) -> Result<libloading::os::unix::Library, TorchError> {
+    let err = |detail: String| TorchError::OpLibrary { path: path.display().to_string(), detail };
+    let canon = path.canonicalize().map_err(|e| err(e.to_string()))?;
+    // SAFETY: opening an already loaded library only takes another reference to it; dropping the
+    // handle leaves the library loaded (load_op_library keeps its own).
+    unsafe { libloading::os::unix::Library::open(Some(&canon), libc_flags()) }.map_err(|e| err(e.to_string()))
+}
+
 /// The op library's call counts per kernel since it was loaded (or `reset`), read from the
 /// library this process loaded with `load_op_library`.
 pub fn op_stats(path: &Path, reset: bool) -> Result<std::collections::BTreeMap<String, OpCalls>, TorchError> {
     let err = |detail: String| TorchError::OpLibrary { path: path.display().to_string(), detail };
-    let canon = path.canonicalize().map_err(|e| err(e.to_string()))?;
-    // SAFETY: opening an already loaded library only takes another reference to it; the two
-    // functions are declared in templates/torch_op.cpp.hbs with exactly these signatures, and the
-    // text fact_op_stats returns stays valid until this thread's next call, after the copy below.
-    // Dropping this handle leaves the library loaded: load_op_library keeps its own.
+    let lib = loaded_op_library(path)?;
+    // SAFETY: both functions are declared in templates/torch_op.cpp.hbs with exactly these
+    // signatures; the text fact_op_stats returns stays valid until this thread's next call, after
+    // the copy below.
     unsafe {
-        let lib = libloading::os::unix::Library::open(Some(&canon), libc_flags()).map_err(|e| err(e.to_string()))?;
         if reset {
             let f: libloading::os::unix::Symbol<unsafe extern "C" fn()> = lib.get(b"fact_op_stats_reset").map_err(|e| err(e.to_string()))?;
             f();
@@ -440,6 +447,26 @@ pub fn op_stats(path: &Path, reset: bool) -> Result<std::collections::BTreeMap<S
         let text = std::ffi::CStr::from_ptr(f()).to_string_lossy().into_owned();
         serde_json::from_str(&text).map_err(|e| err(format!("op stats '{text}': {e}")))
     }
+}
+
+/// Turns the given pattern kinds of the loaded op library off (their calls run the original ops)
+/// and every other kind on; an empty list turns all on.
+pub fn disable_kinds(path: &Path, kinds: &[crate::rules::PatternKind]) -> Result<(), TorchError> {
+    let err = |detail: String| TorchError::OpLibrary { path: path.display().to_string(), detail };
+    let lib = loaded_op_library(path)?;
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    let text = std::ffi::CString::new(names.join(",")).expect("kind names hold no NUL");
+    // SAFETY: declared in templates/torch_op.cpp.hbs as int32_t fact_disable(const char*); it
+    // reads the string only during the call.
+    let rc = unsafe {
+        let f: libloading::os::unix::Symbol<unsafe extern "C" fn(*const std::os::raw::c_char) -> i32> =
+            lib.get(b"fact_disable").map_err(|e| err(format!("{e} (a library composed before fact could turn kinds off; compose again)")))?;
+        f(text.as_ptr())
+    };
+    if rc != 0 {
+        return Err(err(format!("fact_disable refused '{}'", names.join(","))));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
