@@ -66,7 +66,7 @@ enum Command {
         /// Parallel compile jobs (default: all cores).
         #[arg(long)]
         jobs: Option<usize>,
-        /// Compile and tune at most this many kernels per pattern (default 32, best estimate first).
+        /// Compile and tune at most this many kernels per pattern (default 12, best estimate first; the best 3 of each family always).
         #[arg(long)]
         candidates: Option<usize>,
         /// Tune launch knobs (raster, swizzle, K splits) of this many of each sweep's fastest kernels.
@@ -124,7 +124,7 @@ enum Command {
         precision: String,
         #[arg(long, default_value = "sm90")]
         arch: String,
-        /// Compile and tune at most this many kernels (default 32, best estimate first).
+        /// Compile and tune at most this many kernels (default 12, best estimate first; the best 3 of each family always).
         #[arg(long)]
         candidates: Option<usize>,
         /// Tune launch knobs (raster, swizzle, K splits) of this many of the fastest kernels.

@@ -390,16 +390,26 @@ fn reverify(
     Ok(tables.user.get(key).cloned().map(|e| (e, failures)))
 }
 
-fn realize_sweep(
+/// The kernels a GEMM sweep compiles first, with the space they came from and the kernels the
+/// tables saw fail before.
+struct SweepCandidates {
+    kernels: Vec<KernelSpec>,
+    space: space::Space,
+    failed_before: BTreeSet<String>,
+}
+
+/// The kernels a GEMM sweep compiles first: the derived space (less what the tables learned to
+/// fail), as the agent proposes it, capped at the budget; or why there are none.
+fn sweep_candidates(
     opts: &Options,
     tc: &Toolchain,
-    tables: &mut Tables,
+    tables: &Tables,
     steward: &mut Steward,
     problem: &GemmProblem,
     math: MathType,
-    key: TableKey,
-) -> Result<Realized, ComposeError> {
-    let failed_before = failed_kernels(tables, &key);
+    key: &TableKey,
+) -> Result<Result<SweepCandidates, String>, ComposeError> {
+    let failed_before = failed_kernels(tables, key);
     let cutlass = tc.cutlass_version();
     let (kb, kb_note) = Knowledge::for_cutlass(&cutlass).map_err(|detail| ComposeError::Tune { key: key.to_string(), detail })?;
     if let Some(n) = kb_note {
@@ -424,21 +434,83 @@ fn realize_sweep(
     });
     candidates.truncate(space_opts.budget);
     if candidates.is_empty() {
-        return Ok(Realized {
-            how: Realization::Skipped {
-                reason: format!(
-                    "no valid {} kernel for {} ({} in the knowledge base, {} pruned; alignment needs N and K divisible by {})",
-                    opts.arch,
-                    problem.shape_key(),
-                    space.candidates.len() + space.pruned.len(),
-                    space.pruned.len(),
-                    16 / problem.dtype.bytes()
-                ),
-            },
-            entry: None,
-            failures: vec![],
-        });
+        return Ok(Err(format!(
+            "no valid {} kernel for {} ({} in the knowledge base, {} pruned; alignment needs N and K divisible by {})",
+            opts.arch,
+            problem.shape_key(),
+            space.candidates.len() + space.pruned.len(),
+            space.pruned.len(),
+            16 / problem.dtype.bytes()
+        )));
     }
+    Ok(Ok(SweepCandidates { kernels: candidates, space, failed_before }))
+}
+
+/// The kernels an attention sweep compiles, or why there are none.
+fn attention_sweep_candidates(opts: &Options, problem: &AttentionProblem, math: MathType) -> Result<Vec<Spec>, String> {
+    let mut candidates: Vec<Spec> = space::attention::candidates(problem, math, opts.arch).into_iter().map(Spec::from).collect();
+    if let Some(n) = opts.max_candidates {
+        candidates.truncate(n.max(1));
+    }
+    if candidates.is_empty() {
+        return Err(format!(
+            "no attention kernel takes head dim {} in {} (multiples of {} up to 256)",
+            problem.head_dim,
+            problem.dtype,
+            16 / problem.dtype.bytes()
+        ));
+    }
+    Ok(candidates)
+}
+
+/// Compiles the first candidates of every problem the tables cannot answer in one parallel build,
+/// into the object cache, before the sweeps run one by one: one nvcc unit takes the better part of
+/// a minute and a single sweep rarely fills every core, so pooling them shortens a cold compose
+/// by about the number of sweeps times a unit. Only the built-in agent's candidates are known in
+/// advance; an external agent's sweeps compile as they come. Failures are left to the sweeps to
+/// report.
+fn prefetch(opts: &Options, tc: &Toolchain, tables: &Tables, steward: &Steward, problems: &[Problem]) -> Result<(), ComposeError> {
+    if steward.name() != "builtin" {
+        return Ok(());
+    }
+    let mut specs: Vec<Spec> = Vec::new();
+    let mut builtin = Steward::builtin();
+    for problem in problems {
+        let Some(math) = MathType::for_tensor(problem.dtype(), opts.precision) else { continue };
+        let key = TableKey::of(problem, math, opts.arch);
+        if !matches!(tables.lookup(&key), Lookup::Miss) {
+            continue;
+        }
+        let found = match problem {
+            Problem::Gemm(p) => sweep_candidates(opts, tc, tables, &mut builtin, p, math, &key)?.map(|c| c.kernels.into_iter().map(Spec::from).collect()),
+            Problem::Attention(p) => attention_sweep_candidates(opts, p, math),
+        };
+        specs.extend(found.unwrap_or_default());
+    }
+    let mut seen = BTreeSet::new();
+    specs.retain(|s| seen.insert(s.kernel_name()));
+    if specs.len() < 2 {
+        return Ok(());
+    }
+    nvcc::progress_line(opts.progress, format_args!("prefetch: compiling the first candidates of {} problems together", problems.len()));
+    let dir = opts.out_dir.join("sweeps").join("prefetch");
+    nvcc::compile_objects(tc, &specs, &dir, &opts.cache_dir, opts.jobs, opts.progress).map_err(ComposeError::from)?;
+    Ok(())
+}
+
+fn realize_sweep(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    steward: &mut Steward,
+    problem: &GemmProblem,
+    math: MathType,
+    key: TableKey,
+) -> Result<Realized, ComposeError> {
+    let SweepCandidates { kernels: candidates, space, failed_before } = match sweep_candidates(opts, tc, tables, steward, problem, math, &key)? {
+        Ok(c) => c,
+        Err(reason) => return Ok(Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] }),
+    };
     let dir = sweep_dir(opts, &key, "");
     let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
     if !torch::cuda_available() {
@@ -523,24 +595,10 @@ fn realize_attention_sweep(
     math: MathType,
     key: TableKey,
 ) -> Result<Realized, ComposeError> {
-    let mut candidates: Vec<Spec> = space::attention::candidates(problem, math, opts.arch).into_iter().map(Spec::from).collect();
-    if let Some(n) = opts.max_candidates {
-        candidates.truncate(n.max(1));
-    }
-    if candidates.is_empty() {
-        return Ok(Realized {
-            how: Realization::Skipped {
-                reason: format!(
-                    "no attention kernel takes head dim {} in {} (multiples of {} up to 256)",
-                    problem.head_dim,
-                    problem.dtype,
-                    16 / problem.dtype.bytes()
-                ),
-            },
-            entry: None,
-            failures: vec![],
-        });
-    }
+    let candidates = match attention_sweep_candidates(opts, problem, math) {
+        Ok(c) => c,
+        Err(reason) => return Ok(Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] }),
+    };
     let dir = sweep_dir(opts, &key, "");
     if !torch::cuda_available() {
         return compile_only(opts, tc, &candidates, &dir);
@@ -600,6 +658,15 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
     let (mut matches, attention) = (found.gemm, found.attention);
     let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
+
+    let problems: Vec<Problem> = order
+        .iter()
+        .map(|id| {
+            let i = id[1..].parse::<usize>().expect("plan ids are p<index> or a<index>");
+            if id.starts_with('a') { Matched::Attention(&attention[i]) } else { Matched::Gemm(&matches[i]) }.problem()
+        })
+        .collect();
+    prefetch(opts, &tc, &tables, &steward, &problems)?;
 
     // Realize in the plan's order, so the patterns worth most are tuned first.
     let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();

@@ -381,49 +381,48 @@ fn unit_family(s: &Spec) -> String {
     }
 }
 
-/// Compiles `specs` (GEMM variants and other kinds' kernels) into one library with its dispatch
-/// tables and the torch op.
-pub fn build_library(
-    tc: &Toolchain,
-    specs: &[impl Clone + Into<Spec>],
-    out_dir: &Path,
-    lib_name: &str,
-    cache: &Path,
-    jobs: usize,
-    show_progress: bool,
-) -> Result<Built, BuildError> {
-    let start = std::time::Instant::now();
-    let mut specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
-    // GEMM variants first: their dispatch indices are their positions among the GEMMs.
-    specs.sort_by_key(|s| s.as_gemm().is_none());
-    let float_attention: std::collections::BTreeSet<&str> = specs
-        .iter()
-        .filter_map(Spec::as_attention)
-        .filter(|a| a.dtype == crate::types::DType::F32)
-        .map(|a| a.math.short_name())
-        .collect();
-    if float_attention.len() > 1 {
-        // templates/sm80_fmha.cu.hbs specializes the float MMA of the attention headers for tf32.
-        return Err(BuildError::Mixed(format!(
-            "one library cannot hold fp32 attention kernels of two maths ({}); build one library per precision policy",
-            float_attention.into_iter().collect::<Vec<_>>().join(", ")
-        )));
-    }
-    let arch = specs.first().map(Spec::arch).unwrap_or(Arch::Sm90);
-    let src_dir = out_dir.join("src");
-    // The ABI header lives in the cache, not the output folder, so the compile command (part of
-    // each object's cache key) is the same whichever folder a library is built for.
+/// Kernels compiled into cached objects (`compile_objects`).
+pub struct Objects {
+    /// The requested variants whose kernels compiled, in the order given.
+    pub kernels: Vec<Spec>,
+    /// Each object once (a multi-kernel unit serves several kernels).
+    pub objects: Vec<PathBuf>,
+    pub failures: Vec<CompileFailure>,
+    pub compiled: usize,
+    pub cached: usize,
+}
+
+/// Where the ABI header lives: in the cache, not the output folder, so the compile command (part
+/// of each object's cache key) is the same whichever folder a library is built for.
+fn include_dir(cache: &Path) -> Result<PathBuf, BuildError> {
     let include = cache.join("include");
-    for d in [&src_dir, &include] {
-        std::fs::create_dir_all(d).map_err(io(d))?;
-    }
+    std::fs::create_dir_all(&include).map_err(io(&include))?;
     let header = include.join("fact_kernels.h");
     if std::fs::read_to_string(&header).ok().as_deref() != Some(ABI_HEADER) {
         let tmp = include.join(format!("fact_kernels.h.tmp{}", std::process::id()));
         std::fs::write(&tmp, ABI_HEADER).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &header).map_err(io(&header))?;
     }
+    Ok(include)
+}
 
+/// Compiles the kernels of `specs` to objects in the build cache (what is cached already is
+/// taken as it is), on `jobs` threads, a failing unit bisected down to the kernels that fail;
+/// their sources go to `out_dir/src`.
+pub fn compile_objects(
+    tc: &Toolchain,
+    specs: &[impl Clone + Into<Spec>],
+    out_dir: &Path,
+    cache: &Path,
+    jobs: usize,
+    show_progress: bool,
+) -> Result<Objects, BuildError> {
+    let start = std::time::Instant::now();
+    let specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
+    let arch = specs.first().map(Spec::arch).unwrap_or(Arch::Sm90);
+    let src_dir = out_dir.join("src");
+    std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
+    let include = include_dir(cache)?;
     // Distinct kernels in first-seen order; variants only differ in launch knobs.
     let mut kernels: Vec<Spec> = Vec::new();
     for v in &specs {
@@ -519,14 +518,55 @@ pub fn build_library(
     let mut objects: Vec<PathBuf> = objects.into_iter().map(|(_, o)| o).collect();
     objects.sort();
     objects.dedup();
+    Ok(Objects { kernels, objects, failures, compiled, cached })
+}
+
+/// Compiles `specs` (GEMM variants and other kinds' kernels) into one library with its dispatch
+/// tables and the torch op (compiled beside the kernels: it does not depend on them).
+pub fn build_library(
+    tc: &Toolchain,
+    specs: &[impl Clone + Into<Spec>],
+    out_dir: &Path,
+    lib_name: &str,
+    cache: &Path,
+    jobs: usize,
+    show_progress: bool,
+) -> Result<Built, BuildError> {
+    let start = std::time::Instant::now();
+    let mut specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
+    // GEMM variants first: their dispatch indices are their positions among the GEMMs.
+    specs.sort_by_key(|s| s.as_gemm().is_none());
+    let float_attention: std::collections::BTreeSet<&str> = specs
+        .iter()
+        .filter_map(Spec::as_attention)
+        .filter(|a| a.dtype == crate::types::DType::F32)
+        .map(|a| a.math.short_name())
+        .collect();
+    if float_attention.len() > 1 {
+        // templates/sm80_fmha.cu.hbs specializes the float MMA of the attention headers for tf32.
+        return Err(BuildError::Mixed(format!(
+            "one library cannot hold fp32 attention kernels of two maths ({}); build one library per precision policy",
+            float_attention.into_iter().collect::<Vec<_>>().join(", ")
+        )));
+    }
+    let arch = specs.first().map(Spec::arch).unwrap_or(Arch::Sm90);
+    let src_dir = out_dir.join("src");
+    std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
+    let include = include_dir(cache)?;
+    let op = codegen::render_torch_op(arch);
+    let (objects, op_obj) = std::thread::scope(|scope| {
+        let op_obj = scope.spawn(|| compile_cached(tc, &src_dir, cache, &op, tc.cxx_command(&include), "torch_op"));
+        let objects = compile_objects(tc, &specs, out_dir, cache, jobs, show_progress);
+        (objects, op_obj.join().expect("the torch op compile does not panic"))
+    });
+    let Objects { kernels, objects, failures, compiled, cached } = objects?;
+    let (op_obj, _) = op_obj?;
     if kernels.is_empty() {
         let first = failures.first().map(|f| f.to_string()).unwrap_or_else(|| "no kernels requested".into());
         return Err(BuildError::AllFailed(first));
     }
     let dispatch = codegen::render_dispatch(&kernels);
     let (dispatch_obj, _) = compile_cached(tc, &src_dir, cache, &dispatch, tc.nvcc_command(arch, &include), "dispatch")?;
-    let op = codegen::render_torch_op(arch);
-    let (op_obj, _) = compile_cached(tc, &src_dir, cache, &op, tc.cxx_command(&include), "torch_op")?;
 
     let library = out_dir.join(lib_name);
     let torch_lib = tc.torch.join("lib");

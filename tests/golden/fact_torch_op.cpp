@@ -7,7 +7,7 @@
 // causal one) and otherwise falls back to the original aten ops (for gemm_ep, the GEMM and then the
 // program interpreted op by op; for attention the graph's own ops, as its form says), so a composed
 // module never computes a different function than the one it replaced. FACT_DISABLE=1 in the
-// environment makes every call fall back; fact_op_stats() counts, per kernel, the calls that ran it,
+// environment makes every call fall back (FACT_DISABLE=attention,epilogue: those kinds' calls); fact_op_stats() counts, per kernel, the calls that ran it,
 // those that copied an operand first and those that fell back.
 #include "fact_kernels.h"
 
@@ -17,7 +17,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -469,14 +471,40 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
   return true;
 }
 
-// Whether FACT_DISABLE asks every call to run the original ops (read once per process).
-bool disabled() {
-  static const bool off = [] {
-    const char* v = std::getenv("FACT_DISABLE");
-    return v != nullptr && *v != '\0' && std::string(v) != "0";
-  }();
-  return off;
+// The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
+// FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
+// the kinds named (read once per process); fact_disable() sets the same at run time.
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kAllKinds = 7 };
+
+// The bits of a comma-separated list of kind names; false on a name that is no kind.
+bool parse_kinds(const std::string& text, unsigned& bits) {
+  bits = 0;
+  for (const std::string& name : split(text, ',')) {
+    if (name == "gemm") bits |= kGemmKind;
+    else if (name == "epilogue") bits |= kEpilogueKind;
+    else if (name == "attention") bits |= kAttentionKind;
+    else if (name == "all" || name == "1") bits |= kAllKinds;
+    else if (!name.empty()) return false;
+  }
+  return true;
 }
+
+std::atomic<unsigned>& disabled_kinds() {
+  static std::atomic<unsigned> bits{[] {
+    const char* v = std::getenv("FACT_DISABLE");
+    if (v == nullptr || *v == '\0' || std::string(v) == "0") return 0u;
+    unsigned b = 0;
+    if (!parse_kinds(v, b)) {
+      // Safer to run torch's ops everywhere than to guess which kind was meant.
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, all); every fact op falls back\n", v);
+      return unsigned(kAllKinds);
+    }
+    return b;
+  }()};
+  return bits;
+}
+
+bool disabled(unsigned kind) { return (disabled_kinds().load(std::memory_order_relaxed) & kind) != 0; }
 
 // Calls per kernel: how many ran it (of those, how many on a copied operand) and how many fell
 // back to the original ops (with the reason of the last fallback, where the op knows it).
@@ -508,7 +536,7 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
                 c10::string_view origin, c10::string_view kernel) {
   check_origin(origin, "gemm");
   Launch l;
-  if (!disabled() && prepare(l, a, b, bias, origin, kernel, "") && launch(l, kernel, "gemm")) {
+  if (!disabled(kGemmKind) && prepare(l, a, b, bias, origin, kernel, "") && launch(l, kernel, "gemm")) {
     count_ran(kernel, l.copied);
     return l.out;
   }
@@ -524,7 +552,7 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
   TORCH_CHECK(leaves.size() == program.leaves.size(), "fact::gemm_ep: epilogue '", std::string(epilogue), "' reads ",
               program.leaves.size(), " leaves, the call passes ", leaves.size());
   Launch l;
-  if (!disabled() && prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
+  if (!disabled(kEpilogueKind) && prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
       launch(l, kernel, "gemm_ep")) {
     count_ran(kernel, l.copied);
     return l.out;
@@ -710,8 +738,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               std::string(form), "' masks but the call passes no mask");
   TORCH_CHECK(!f.scale_tensor || (scale.has_value() && scale->defined()), "fact::attention: form '",
               std::string(form), "' scales by a tensor but the call passes none");
-  std::string why = "FACT_DISABLE is set";
-  if (!disabled()) {
+  std::string why = "attention is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kAttentionKind)) {
     at::Tensor out = attention_kernel(f, q, k, v, mask, scale, kernel, why);
     if (out.defined()) {
       count_ran(kernel, false);
@@ -742,6 +770,15 @@ extern "C" const char* fact_op_stats(void) {
   }
   text += "}";
   return text.c_str();
+}
+
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, all) off and every
+// other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
+extern "C" int32_t fact_disable(const char* kinds) {
+  unsigned bits = 0;
+  if (kinds == nullptr || !parse_kinds(kinds, bits)) return -1;
+  disabled_kinds().store(bits, std::memory_order_relaxed);
+  return 0;
 }
 
 extern "C" void fact_op_stats_reset(void) {
