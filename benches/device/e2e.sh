@@ -10,9 +10,10 @@
 #   suite POLICIES MODELS [ARGS]
 #                   benches/device/epilogue_suite.py for MODELS x POLICIES with --warm-compose:
 #                   eager, traced, torch.compile, fact, ablations, compose and warm compose times.
+#   profile POLICY  the kernels of the block composed under POLICY (benches/device/profile_composed.py)
 #   assemble        joins suite.json and the cold runs into gpt_block.json and draws e2e.svg.
 set -uo pipefail
-step=${1:?usage: e2e.sh cold|guards|suite|assemble ...}
+step=${1:?usage: e2e.sh cold|guards|profile|suite|assemble ...}
 shift
 bin=$PWD/.device/fact
 out=$OUT/e2e
@@ -75,6 +76,17 @@ guards)
     --jobs 16 --out "$dir/out" --no-bench 2>&1 | tail -12 | tee -a "$log"
   python3 benches/device/shape_guards.py "$dir/out" "$dir/model.pt" "$policy" 128x512x768 "$out/guards_$policy.json" 2>&1 | tee -a "$log"
   ;;
+profile)
+  policy=${1:?profile POLICY}
+  dir=/tmp/e2e_guards_$policy
+  mkdir -p "$dir"
+  trace_block gpt_block_gelu "$policy" "$dir/model.pt"
+  t0=$(date +%s.%N)
+  "$bin" compose "$dir/model.pt" --input "128x512x768:$(dtype_of "$policy")" --precision "$(precision_of "$policy")" \
+    --jobs 16 --out "$dir/out" --no-bench 2>&1 | tail -3 | tee -a "$log"
+  echo "compose from the tables: $(python3 -c "import time; print(round(time.time() - $t0, 1))") s" | tee -a "$log"
+  python3 benches/device/profile_composed.py "$dir/out" "$policy" 128x512x768 "$out/profile_$policy.json" 2>&1 | tee -a "$log"
+  ;;
 suite)
   policies=${1:?suite POLICIES MODELS}
   models=${2:?suite POLICIES MODELS}
@@ -103,7 +115,7 @@ PY
   "$bin" plot-e2e "$out/gpt_block.json" --out "$out/e2e.svg" --title "GPT block (B 128, T 512, C 768, 8 heads): speedup over eager" | tee -a "$log"
   ;;
 *)
-  echo "unknown step $step: use cold, guards, suite or assemble" >&2
+  echo "unknown step $step: use cold, guards, profile, suite or assemble" >&2
   exit 2
   ;;
 esac

@@ -1,0 +1,59 @@
+"""Where a composed module's time goes on the GPU: every CUDA kernel of its forward, summed over a
+few profiled iterations, and the forward's wall time against the sum of its kernels (the gap is
+launch and host work the GPU waits on).
+
+    python3 benches/device/profile_composed.py COMPOSED_DIR POLICY SHAPE [OUT.json]
+
+POLICY is tf32, f32 or bf16 (input dtype and matmul precision, as epilogue_suite.py); SHAPE the
+forward's one input, e.g. 128x512x768.
+"""
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+ITERS = 5
+
+
+def main():
+    d, policy, shape = Path(sys.argv[1]), sys.argv[2], [int(v) for v in sys.argv[3].split("x")]
+    out = Path(sys.argv[4]) if len(sys.argv) > 4 else None
+    torch.set_float32_matmul_precision({"tf32": "high", "f32": "highest", "bf16": "high"}[policy])
+    torch.ops.load_library(str(d / "libfact_ops.so"))
+    m = torch.jit.load(str(d / "composed.pt"), map_location="cuda").eval()
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16 if policy == "bf16" else torch.float32)
+    with torch.no_grad():
+        for _ in range(10):
+            m(x)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(20):
+            m(x)
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - start) / 20 * 1e3
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(ITERS):
+                m(x)
+            torch.cuda.synchronize()
+    kernels = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels[e.name[:140]]
+            k[0] += e.device_time / 1e3 / ITERS
+            k[1] += 1
+    rows = sorted(((ms, n // ITERS, name) for name, (ms, n) in kernels.items()), reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"forward wall {wall_ms:.3f} ms (back to back), kernels {total:.3f} ms per forward")
+    for ms, n, name in rows:
+        print(f"{ms:8.3f} ms {100 * ms / total:5.1f}%  x{n:<3} {name}")
+    if out:
+        out.write_text(json.dumps({"policy": policy, "shape": shape, "wall_ms": wall_ms, "kernels_ms": total,
+                                   "kernels": [{"ms": ms, "calls": n, "name": name} for ms, n, name in rows]}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
