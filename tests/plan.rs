@@ -61,7 +61,8 @@ fn minigpt_plan_ranks_patterns_and_reports_the_unmatched_regions() {
         let examples = p["examples"].as_array().unwrap();
         assert!(!examples.is_empty(), "{}", p["name"]);
         let fused = p["problem"]["epilogue"].is_object();
-        assert_eq!(p["notes"].as_array().unwrap().len(), if fused { 5 } else { 4 });
+        assert_eq!(p["notes"].as_array().unwrap().len(), if fused { 6 } else { 5 });
+        assert!(p["notes"][4].as_str().unwrap().starts_with("alignment 4: "), "{}", p["notes"]);
         if fused {
             assert!(examples.iter().any(|e| e.as_str().unwrap().contains("sm90_visitor")), "{examples:?}");
         }

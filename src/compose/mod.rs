@@ -435,12 +435,12 @@ fn sweep_candidates(
     candidates.truncate(space_opts.budget);
     if candidates.is_empty() {
         return Ok(Err(format!(
-            "no valid {} kernel for {} ({} in the knowledge base, {} pruned; alignment needs N and K divisible by {})",
+            "no valid {} kernel for {} ({} in the knowledge base, {} pruned; {})",
             opts.arch,
             problem.shape_key(),
             space.candidates.len() + space.pruned.len(),
             space.pruned.len(),
-            16 / problem.dtype.bytes()
+            space::alignment_note(problem)
         )));
     }
     Ok(Ok(SweepCandidates { kernels: candidates, space, failed_before }))

@@ -32,7 +32,9 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
         format!("{tiles:.0} tiles of 128x256, {waves:.2} waves: persistent data-parallel, Stream-K to even out the last wave")
     };
     let k_note = if p.k >= 65536 { "; K of {k} favours splitting K (Stream-K) for accuracy and parallelism" } else { "" };
-    let wgmma = Knowledge::shipped().kernels(p, math, arch).iter().any(|k| k.family.is_sm90());
+    let kernels = Knowledge::shipped().kernels(p, math, arch);
+    let wgmma = kernels.iter().any(|k| k.family.is_sm90());
+    let tma = kernels.iter().any(|k| k.family.is_sm90() && !k.schedule.is_cpasync());
     let lie = |major: Major| if major == Major::Row { "row-major" } else { "column-major, read in place" };
     vec![
         format!(
@@ -42,7 +44,9 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
             lie(p.layout.b()),
             cutlass_layouts(p.layout)
         ),
-        if wgmma {
+        if wgmma && !tma {
+            "pipelining: cp.async loads (any alignment) into a shared-memory ring feeding WGMMA, warp-specialized (CUTLASS's KernelCpAsyncWarpSpecialized), the output stored element-wise; or sm80 GemmUniversal kernels".into()
+        } else if wgmma {
             "pipelining: TMA loads into a multistage shared-memory ring (stage count carved from the epilogue's share), warp-specialized producer and consumer warpgroups".into()
         } else {
             format!("pipelining: cp.async multistage shared-memory ring of sm80 GemmUniversal kernels: CUTLASS instantiates no sm90 kernel for layout {} under {}", p.layout.short_name(), math.short_name())
@@ -60,6 +64,7 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
         ),
     ]
     .into_iter()
+    .chain([crate::space::alignment_note(p)])
     .chain(p.epilogue.as_ref().map(|e| {
         format!(
             "epilogue fused as a visitor tree (TMA warp-specialized epilogue, fp32): {} ({} ops, {} leaves)",

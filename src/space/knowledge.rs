@@ -4,7 +4,7 @@
 //! installed CUTLASS again into the user's data folder, and that copy wins when its version
 //! matches the toolchain's.
 
-use super::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
+use super::{problem_alignment, EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
 use crate::rules::{GemmLayout, GemmProblem, Major};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
@@ -136,42 +136,61 @@ impl Knowledge {
         format!("CUTLASS {} knowledge base ({})", self.cutlass_version, self.origin)
     }
 
-    /// Every kernel CUTLASS instantiates for this problem's (math, dtype, layout) on `arch`, as
-    /// fact specs with default knobs. Rows fact's templates do not render (cp.async sm90
-    /// mainloops, transposed epilogues, automatic schedules) are left out: so tf32 "tt" (torch's
-    /// ccr), which CUTLASS's generator instantiates only with a transposed epilogue, gets sm80
-    /// kernels alone.
+    /// Every kernel CUTLASS instantiates for this problem's (math, dtype, layout) on `arch` at the
+    /// problem's alignment (`problem_alignment`), as fact specs with default knobs: TMA rows when
+    /// every contiguous dim is a whole 16-byte vector, else the cp.async rows and sm80 rows of that
+    /// alignment, and the split families with padded parts. Rows fact's templates do not render
+    /// (transposed epilogues, automatic schedules) are left out: so tf32 "tt" (torch's ccr), which
+    /// CUTLASS's generator instantiates only with a transposed epilogue, gets sm80 kernels alone.
     pub fn kernels(&self, p: &GemmProblem, math: MathType, arch: Arch) -> Vec<KernelSpec> {
         let letters = cutlass_layouts(p.layout);
-        let align = 16 / p.dtype.bytes() as u32;
+        let full = 16 / p.dtype.bytes() as u32;
+        let align = problem_alignment(p, full);
         let mut out = Vec::new();
         // fp32-accurate runs tf32 instantiations over K-major tf32 parts (x3) and bf16
         // instantiations over bf16 parts in torch's layout (b3). Their split passes read a
-        // row-major a; a column-major one has the sm80 3xTF32 kernels.
+        // row-major a; a column-major one has the sm80 3xTF32 kernels. A problem whose dims are
+        // not whole vectors of parts gets the padded split (alignment 1), which has no bias or
+        // epilogue.
         let split = p.dtype == DType::F32 && p.layout.a() == Major::Row && p.epilogue.as_ref().is_none_or(|e| e.full_leaves() == 0);
-        let sm90_sources: Vec<(&str, &str, &str, u32, Family)> = match math {
-            MathType::Tf32x3 if split => vec![
-                ("tf32", "f32", cutlass_layouts(GemmLayout::Rcr), align, Family::Sm90GemmX3),
-                ("bf16", "bf16", letters, 8, Family::Sm90GemmBf16x3),
-            ],
-            MathType::Tf32x3 => vec![],
-            _ => vec![(math.short_name(), p.dtype.short_name(), letters, align, Family::Sm90Gemm)],
-        };
-        for (r, &(row_math, element, letters, align, family)) in
+        let plain = !p.bias && p.epilogue.is_none();
+        let split_align = |parts: u32| if problem_alignment(p, parts) == parts { Some(parts) } else { plain.then_some(1) };
+        // (row math, row element, row layouts, row alignment, the spec's alignment, family)
+        let mut sm90_sources: Vec<(&str, &str, &str, u32, u32, Family)> = Vec::new();
+        match math {
+            MathType::Tf32x3 if split => {
+                if let Some(a) = split_align(full) {
+                    sm90_sources.push(("tf32", "f32", cutlass_layouts(GemmLayout::Rcr), full, a, Family::Sm90GemmX3));
+                }
+                if let Some(a) = split_align(8) {
+                    sm90_sources.push(("bf16", "bf16", letters, 8, a, Family::Sm90GemmBf16x3));
+                }
+            }
+            MathType::Tf32x3 => {}
+            _ => sm90_sources.push((math.short_name(), p.dtype.short_name(), letters, align, align, Family::Sm90Gemm)),
+        }
+        for (r, &(row_math, element, letters, row_align, align, family)) in
             sm90_sources.iter().flat_map(|s| self.sm90.iter().map(move |r| (r, s)))
         {
             if r.math != row_math || r.element != element || !r.layouts.iter().any(|l| l == letters) {
                 continue;
             }
-            if r.alignment[0] != align || r.alignment[1] != align {
+            if r.alignment[0] != row_align || r.alignment[1] != row_align {
                 continue;
             }
             let schedule = match r.kernel_schedule.as_str() {
                 "ws" => KernelSchedule::Ws,
                 "ws_cooperative" => KernelSchedule::WsCooperative,
                 "ws_pingpong" => KernelSchedule::WsPingpong,
+                "cpasync_ws" => KernelSchedule::CpAsyncWs,
+                "cpasync_ws_cooperative" => KernelSchedule::CpAsyncWsCooperative,
                 _ => continue,
             };
+            // A TMA row at full alignment serves aligned problems only; cp.async rows only
+            // problems that are not (an aligned problem keeps exactly its TMA candidates).
+            if schedule.is_cpasync() != (row_align < full) {
+                continue;
+            }
             let epilogue = match r.epilogue_schedule.as_str() {
                 "tma_ws" | "tma_ws_cooperative" => EpilogueKind::Tma,
                 "no_smem" => EpilogueKind::NoSmem,
@@ -186,6 +205,9 @@ impl Knowledge {
             if (p.bias || p.epilogue.is_some()) && epilogue == EpilogueKind::NoSmem {
                 continue;
             }
+            // The row's own output alignment where it differs from the operands' (cp.async rows).
+            let derived = align.min(full);
+            let align_c = if family == Family::Sm90Gemm && r.alignment[2] != derived { r.alignment[2] } else { 0 };
             out.push(KernelSpec {
                 family,
                 arch,
@@ -198,6 +220,7 @@ impl Knowledge {
                 scheduler,
                 bias: p.bias,
                 align,
+                align_c,
                 warps: [0, 0, 0],
                 stages: r.stages,
                 epilogue,
@@ -210,7 +233,7 @@ impl Knowledge {
             if r.math != math.short_name() || r.element != p.dtype.short_name() || !r.layouts.iter().any(|l| l == letters) {
                 continue;
             }
-            if r.alignment[0] != align || r.alignment[1] != align {
+            if r.alignment != [align; 3] {
                 continue;
             }
             // CUTLASS's generator builds these with the identity swizzle; GemmUniversal runs the
@@ -228,6 +251,7 @@ impl Knowledge {
                     scheduler,
                     bias: p.bias,
                     align,
+                    align_c: 0,
                     warps: r.warp_count,
                     stages: r.stages,
                     epilogue: EpilogueKind::Tma,

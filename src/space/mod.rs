@@ -28,6 +28,11 @@ pub enum KernelSchedule {
     WsPingpong,
     /// sm80 multistage cp.async mainloop (CUTLASS 2.x).
     Multistage,
+    /// cp.async warp-specialized, one consumer warpgroup: loads of any alignment (no TMA), for
+    /// contiguous dims that are not whole 16-byte vectors; pairs with the no-smem epilogue.
+    CpAsyncWs,
+    /// cp.async warp-specialized cooperative: two consumer warpgroups share a tile (tile M ≥ 128).
+    CpAsyncWsCooperative,
 }
 
 impl KernelSchedule {
@@ -37,6 +42,8 @@ impl KernelSchedule {
             KernelSchedule::WsCooperative => "ws_coop",
             KernelSchedule::WsPingpong => "ws_pp",
             KernelSchedule::Multistage => "ms",
+            KernelSchedule::CpAsyncWs => "cp_ws",
+            KernelSchedule::CpAsyncWsCooperative => "cp_ws_coop",
         }
     }
     pub fn cutlass_tag(self) -> &'static str {
@@ -45,6 +52,8 @@ impl KernelSchedule {
             KernelSchedule::WsCooperative => "cutlass::gemm::KernelTmaWarpSpecializedCooperative",
             KernelSchedule::WsPingpong => "cutlass::gemm::KernelTmaWarpSpecializedPingpong",
             KernelSchedule::Multistage => "",
+            KernelSchedule::CpAsyncWs => "cutlass::gemm::KernelCpAsyncWarpSpecialized",
+            KernelSchedule::CpAsyncWsCooperative => "cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative",
         }
     }
     /// The TMA epilogue schedule that pairs with this kernel schedule.
@@ -52,8 +61,16 @@ impl KernelSchedule {
         match self {
             KernelSchedule::WsCooperative => "cutlass::epilogue::TmaWarpSpecializedCooperative",
             KernelSchedule::Ws | KernelSchedule::WsPingpong => "cutlass::epilogue::TmaWarpSpecialized",
-            KernelSchedule::Multistage => "",
+            KernelSchedule::Multistage | KernelSchedule::CpAsyncWs | KernelSchedule::CpAsyncWsCooperative => "",
         }
+    }
+    /// Whether the mainloop loads through cp.async rather than TMA (any alignment, no multicast).
+    pub fn is_cpasync(self) -> bool {
+        matches!(self, KernelSchedule::CpAsyncWs | KernelSchedule::CpAsyncWsCooperative)
+    }
+    /// Whether two consumer warpgroups share each tile.
+    pub fn is_cooperative(self) -> bool {
+        matches!(self, KernelSchedule::WsCooperative | KernelSchedule::CpAsyncWsCooperative)
     }
 }
 
@@ -207,7 +224,13 @@ pub struct KernelSpec {
     pub schedule: KernelSchedule,
     pub scheduler: TileScheduler,
     pub bias: bool,
+    /// Alignment of the operands' contiguous dims, in elements. For the split families it is the
+    /// problem's: 1 means the split pads the parts (any dims), else the parts' own.
     pub align: u32,
+    /// Alignment of the output when CUTLASS's generator gives it one other than the operands'
+    /// (the sm90 cp.async rows: (2,2,1) for tf32, (2,2,8) for bf16); 0 when it is `align`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub align_c: u32,
     /// Warps per CTA along M, N, K (sm80 family; zeros for sm90).
     #[serde(default, skip_serializing_if = "is_zero3")]
     pub warps: [u32; 3],
@@ -326,7 +349,8 @@ impl KernelSpec {
             }
         };
         let fusion = self.fusion.as_ref().map(|e| format!("_{}", e.tag())).unwrap_or_default();
-        format!("{head}_{body}{}{fusion}_align{}", if self.bias { "_bias" } else { "" }, self.align)
+        let align_c = if self.align_c > 0 { format!("c{}", self.align_c) } else { String::new() };
+        format!("{head}_{body}{}{fusion}_align{}{align_c}", if self.bias { "_bias" } else { "" }, self.align)
     }
 
     /// The math as the kernel does it: the policy's math type, except that the bf16-split family
@@ -346,9 +370,30 @@ impl KernelSpec {
         }
     }
 
-    /// Alignment of the output in its elements: the operands' alignment, at most 16 bytes.
+    /// Alignment of the output in its elements: the generator row's C alignment where it has its
+    /// own, else the operands' alignment, at most 16 bytes.
     pub fn align_out(&self) -> u32 {
-        self.align.min(16 / self.dtype.bytes() as u32)
+        if self.align_c > 0 {
+            self.align_c
+        } else {
+            self.align.min(16 / self.dtype.bytes() as u32)
+        }
+    }
+
+    /// Whether this split-family kernel pads its parts to the part element's 16 bytes (and stores
+    /// through an aligned workspace), so it runs any dims: alignment 1 below the parts' own.
+    pub fn is_padded_split(&self) -> bool {
+        self.family.is_split() && self.align < 16 / self.operand_bytes()
+    }
+
+    /// Alignment the tensor-core GEMMs inside the kernel load with: a padded split's parts are
+    /// aligned whatever the problem.
+    pub fn gemm_align(&self) -> u32 {
+        if self.is_padded_split() {
+            16 / self.operand_bytes()
+        } else {
+            self.align
+        }
     }
 
     /// The variant's identity: the kernel name, plus the knobs when they are not the defaults.
@@ -397,8 +442,17 @@ impl KernelSpec {
     pub fn invalid_reason(&self) -> Option<String> {
         let [tm, tn, tk] = self.tile;
         let elem_bytes = self.operand_bytes();
-        if self.align == 0 || self.align * elem_bytes > 16 {
-            return Some(format!("alignment {} is not 1..{} elements", self.align, 16 / elem_bytes));
+        if !self.align.is_power_of_two() || self.align * elem_bytes > 16 {
+            return Some(format!("alignment {} is not a power of two in 1..{} elements", self.align, 16 / elem_bytes));
+        }
+        if self.align_c > 0 {
+            let derived = self.align.min(16 / self.dtype.bytes() as u32);
+            if !self.align_c.is_power_of_two() || self.align_c * self.dtype.bytes() as u32 > 16 || self.align_c == derived {
+                return Some(format!(
+                    "output alignment {} must be a power of two of at most 16 bytes other than {derived} (0 says the operands' alignment)",
+                    self.align_c
+                ));
+            }
         }
         if let Some(r) = self.knob_reason() {
             return Some(r);
@@ -420,13 +474,37 @@ impl KernelSpec {
                 if self.schedule == KernelSchedule::Multistage {
                     return Some("the multistage schedule belongs to the sm80 family".into());
                 }
-                if self.schedule == KernelSchedule::WsCooperative && tm % 128 != 0 {
+                let full = 16 / elem_bytes;
+                if self.schedule.is_cpasync() {
+                    if self.family != Family::Sm90Gemm {
+                        return Some("the split families load their aligned parts through TMA, not cp.async".into());
+                    }
+                    if self.epilogue != EpilogueKind::NoSmem {
+                        return Some("the cp.async schedules pair with the no-smem epilogue".into());
+                    }
+                    if self.cluster != [1, 1, 1] {
+                        return Some("cp.async mainloops multicast nothing: cluster 1x1x1".into());
+                    }
+                } else if self.is_padded_split() {
+                    if self.align != 1 {
+                        return Some(format!("a padded split runs any dims: alignment 1, not {}", self.align));
+                    }
+                    if self.bias || self.fusion.is_some() {
+                        return Some("a padded split (ragged dims) fuses no bias or epilogue yet; the sm80 family does the bias".into());
+                    }
+                } else if self.align != full {
+                    return Some(format!(
+                        "TMA loads need 16-byte aligned rows ({full} elements), not {}: smaller alignments take the cp.async schedules or the sm80 family",
+                        self.align
+                    ));
+                }
+                if self.schedule.is_cooperative() && tm % 128 != 0 {
                     return Some(format!("cooperative schedule needs tile M divisible by 128, got {tm}"));
                 }
-                if self.schedule != KernelSchedule::WsCooperative && tm != 64 && tm != 128 {
+                if !self.schedule.is_cooperative() && tm != 64 && tm != 128 {
                     return Some(format!("{} needs tile M of 64 or 128, got {tm}", self.schedule.short_name()));
                 }
-                if self.scheduler == TileScheduler::StreamK && self.schedule != KernelSchedule::WsCooperative {
+                if self.scheduler == TileScheduler::StreamK && !self.schedule.is_cooperative() {
                     return Some("Stream-K runs only with the cooperative schedule".into());
                 }
                 if ![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm) {
@@ -458,6 +536,9 @@ impl KernelSpec {
                 }
             }
             Family::Sm80Gemm => {
+                if self.align_c > 0 {
+                    return Some("sm80 kernels read and write with one alignment".into());
+                }
                 if self.fusion.is_some() {
                     return Some("epilogue fusion is rendered for the sm90 family only".into());
                 }
@@ -516,12 +597,10 @@ impl KernelSpec {
             && p.epilogue == self.fusion
             // A column leaf is read along the CUTLASS problem's N (torch's M) in vectors.
             && self.fusion.as_ref().is_none_or(|e| !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.m % self.align_out() as i64 == 0 && p.batch == 1))
-            // The contiguous dim of each operand (and the output's rows) in whole vectors: a
-            // row-major a reads K, a column-major one M; B reads N or K.
-            && (self.layout.a() == Major::Col || p.k % self.align as i64 == 0)
-            && (self.layout.a() == Major::Row || p.m % self.align as i64 == 0)
-            && (self.layout.b() == Major::Row || p.k % self.align as i64 == 0)
-            && p.n % self.align as i64 == 0
+            // The contiguous dim of each operand and of the output in whole vectors (batch
+            // strides are multiples of them).
+            && problem_alignment(p, self.align) == self.align
+            && p.n % self.align_out() as i64 == 0
             // Serial split-K and Stream-K in CUTLASS 2.x's GemmUniversal are for single GEMMs.
             && !(self.family == Family::Sm80Gemm && p.batch > 1 && (self.knobs.splits > 1 || self.scheduler == TileScheduler::StreamK))
     }
@@ -553,6 +632,33 @@ impl KernelSpec {
         out.sort();
         out.dedup();
         out
+    }
+}
+
+/// The widest alignment, in elements and at most `max`, that the contiguous dim of each operand
+/// and of the output divides (a row-major a reads K, a column-major one M; B reads N or K; the
+/// output N). Batch strides are multiples of these dims, so they follow.
+pub fn problem_alignment(p: &GemmProblem, max: u32) -> u32 {
+    let a = if p.layout.a() == Major::Row { p.k } else { p.m };
+    let b = if p.layout.b() == Major::Row { p.n } else { p.k };
+    let mut align = max.max(1);
+    while align > 1 && [a, b, p.n].iter().any(|d| d % align as i64 != 0) {
+        align /= 2;
+    }
+    align
+}
+
+/// The problem's alignment in its own elements (16 bytes at most), and what it takes: a line for
+/// the plan.
+pub fn alignment_note(p: &GemmProblem) -> String {
+    let full = 16 / p.dtype.bytes() as u32;
+    match problem_alignment(p, full) {
+        a if a == full => format!("alignment {a}: contiguous dims are whole 16-byte vectors (TMA kernels)"),
+        1 if p.dtype != DType::F32 => format!("alignment 1: a contiguous dim is odd, and CUTLASS's generator has no {} kernel that narrow; pad it to an even size", p.dtype),
+        a => format!(
+            "alignment {a}: cp.async / sm80 candidates (a contiguous dim is not a multiple of {full}){}",
+            if p.dtype == DType::F32 && p.layout.a() == Major::Row { "; f32-accurate pads its split parts" } else { "" }
+        ),
     }
 }
 
@@ -795,7 +901,89 @@ mod tests {
     }
 
     #[test]
-    fn misaligned_problems_get_no_candidates() {
-        assert!(gemm_candidates(&problem(64, 30, 64, DType::F32), MathType::Tf32, Arch::Sm90).is_empty());
+    fn problem_alignment_reads_each_contiguous_dim() {
+        let p = |m, n, k, layout| GemmProblem { layout, ..problem(m, n, k, DType::F32) };
+        assert_eq!(problem_alignment(&p(4096, 4096, 4096, GemmLayout::Rrr), 4), 4);
+        // rrr: a reads K, b and the output N; M is no operand's contiguous dim.
+        assert_eq!(problem_alignment(&p(4099, 4096, 4096, GemmLayout::Rrr), 4), 4);
+        assert_eq!(problem_alignment(&p(4096, 4096, 4094, GemmLayout::Rrr), 4), 2);
+        assert_eq!(problem_alignment(&p(4096, 4095, 4096, GemmLayout::Rrr), 4), 1);
+        // crr: a column-major reads M.
+        assert_eq!(problem_alignment(&p(4098, 4096, 4096, GemmLayout::Crr), 4), 2);
+        assert_eq!(problem_alignment(&p(4096, 4096, 4098, GemmLayout::Crr), 4), 4);
+        // bf16 counts 8 elements to 16 bytes.
+        assert_eq!(problem_alignment(&GemmProblem { dtype: DType::Bf16, ..p(64, 4100, 64, GemmLayout::Rcr) }, 8), 4);
+    }
+
+    #[test]
+    fn ragged_problems_get_cp_async_sm80_and_padded_split_candidates() {
+        // n = 30: every contiguous dim is even, none a multiple of 4.
+        let even = problem(64, 30, 64, DType::F32);
+        let ks = Knowledge::shipped().kernels(&even, MathType::Tf32, Arch::Sm90);
+        assert!(!ks.is_empty());
+        assert!(ks.iter().all(|k| k.align == 2 && k.fits(&even) && k.invalid_reason().is_none()), "{:?}", ks.iter().map(KernelSpec::name).collect::<Vec<_>>());
+        let cp = ks.iter().find(|k| k.schedule == KernelSchedule::CpAsyncWsCooperative).expect("an sm90 cp.async kernel");
+        // CUTLASS's generator stores the tf32 cp.async rows' output element by element.
+        assert_eq!((cp.align_out(), cp.epilogue, cp.cluster), (1, EpilogueKind::NoSmem, [1, 1, 1]));
+        assert!(cp.kernel_name().ends_with("_cp_ws_coop_dp_nosmem_align2c1"), "{}", cp.kernel_name());
+        assert!(ks.iter().any(|k| k.family == Family::Sm80Gemm));
+        // An odd dim: alignment 1.
+        let odd = problem(4099, 5003, 3001, DType::F32);
+        let c = gemm_candidates(&odd, MathType::Tf32, Arch::Sm90);
+        assert!(c.iter().any(|k| k.family == Family::Sm90Gemm && k.schedule.is_cpasync()));
+        assert!(c.iter().any(|k| k.family == Family::Sm80Gemm));
+        assert!(c.iter().all(|k| k.align == 1 && k.align_c == 0 && k.kernel_name().ends_with("_align1")));
+        // f32-accurate: the padded splits (alignment 1) and sm80 3xTF32.
+        assert!(gemm_candidates(&odd, MathType::Tf32x3, Arch::Sm90).iter().any(|k| k.is_padded_split()));
+        let c: Vec<_> = Knowledge::shipped().kernels(&odd, MathType::Tf32x3, Arch::Sm90).into_iter().filter(|k| k.invalid_reason().is_none()).collect();
+        for family in [Family::Sm90GemmX3, Family::Sm90GemmBf16x3, Family::Sm80Gemm] {
+            assert!(c.iter().any(|k| k.family == family && k.align == 1), "{family:?}");
+        }
+        assert!(c.iter().filter(|k| k.family.is_split()).all(|k| k.is_padded_split() && k.gemm_align() == 16 / k.operand_bytes() && !k.schedule.is_cpasync()));
+        // A ragged GEMM with a bias: sm80 takes the bias as its C operand; the no-smem epilogue
+        // and the padded split fuse none.
+        let biased = GemmProblem { bias: true, ..odd.clone() };
+        for math in [MathType::Tf32, MathType::Tf32x3] {
+            let c = gemm_candidates(&biased, math, Arch::Sm90);
+            assert!(!c.is_empty() && c.iter().all(|k| k.family == Family::Sm80Gemm && k.bias), "{math:?}");
+        }
+        // bf16 with an odd dim has no kernel at alignment 1 in CUTLASS's generator.
+        let bf16 = problem(4099, 5003, 3001, DType::Bf16);
+        assert!(gemm_candidates(&bf16, MathType::Bf16, Arch::Sm90).is_empty());
+    }
+
+    #[test]
+    fn aligned_problems_keep_their_tma_candidates() {
+        for math in [MathType::Tf32, MathType::Tf32x3] {
+            let p = problem(4096, 4096, 4096, DType::F32);
+            let ks = Knowledge::shipped().kernels(&p, math, Arch::Sm90);
+            assert!(ks.iter().all(|k| !k.schedule.is_cpasync() && k.align_c == 0 && !k.is_padded_split()), "{math:?}");
+            assert!(ks.iter().all(|k| k.align == 16 / k.operand_bytes()), "{math:?}");
+        }
+        // An n that is a multiple of 4 but not 8: the tf32 split keeps its aligned kernels; the
+        // bf16 split, whose parts want 8, pads.
+        let p = problem(4096, 4100, 4096, DType::F32);
+        let ks = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90);
+        assert!(ks.iter().filter(|k| k.family == Family::Sm90GemmX3).all(|k| k.align == 4));
+        assert!(ks.iter().filter(|k| k.family == Family::Sm90GemmBf16x3).all(|k| k.align == 1));
+    }
+
+    #[test]
+    fn alignment_rules_name_their_fix() {
+        let odd = problem(4099, 5003, 3001, DType::F32);
+        let ks = Knowledge::shipped().kernels(&odd, MathType::Tf32, Arch::Sm90);
+        let cp = ks.iter().find(|k| k.schedule == KernelSchedule::CpAsyncWs).unwrap();
+        let mut tma = KernelSpec { schedule: KernelSchedule::Ws, ..cp.clone() };
+        assert!(tma.invalid_reason().unwrap().contains("cp.async schedules or the sm80 family"));
+        tma.align = 3;
+        assert!(tma.invalid_reason().unwrap().contains("power of two"));
+        let clustered = KernelSpec { cluster: [2, 1, 1], ..cp.clone() };
+        assert!(clustered.invalid_reason().unwrap().contains("cluster 1x1x1"));
+        let canonical = KernelSpec { align_c: 1, ..cp.clone() };
+        assert!(canonical.invalid_reason().unwrap().contains("other than 1"), "one kernel, one name");
+        // A kernel of alignment 4 does not fit a ragged problem; its alignment-1 sibling does.
+        let aligned = Knowledge::shipped().kernels(&problem(4096, 4096, 4096, DType::F32), MathType::Tf32, Arch::Sm90);
+        assert!(aligned.iter().all(|k| !k.fits(&odd)));
+        assert!(ks.iter().all(|k| k.fits(&odd) && k.fits(&problem(4096, 4096, 4096, DType::F32))));
     }
 }

@@ -126,6 +126,7 @@ pub fn params(k: &KernelSpec, kind: FailureKind) -> BTreeMap<String, Value> {
     m.insert("stages".into(), k.stages.into());
     m.insert("warps".into(), s(&format!("{}x{}x{}", k.warps[0], k.warps[1], k.warps[2])));
     m.insert("align".into(), k.align.into());
+    m.insert("align_out".into(), k.align_out().into());
     if kind != FailureKind::Compile {
         m.insert("splits".into(), k.knobs.splits.into());
         m.insert("raster".into(), s(&format!("{:?}", k.knobs.raster).to_lowercase()));
