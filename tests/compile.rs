@@ -264,3 +264,28 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
     let err = nvcc::build_library(&tc, &mixed, dir.path(), "libm.so", &cache_dir(), 2, false).unwrap_err();
     assert!(err.to_string().contains("one library per precision policy"), "{err}");
 }
+
+/// Ragged shapes (every contiguous dim odd): an sm90 cp.async warp-specialized tf32 kernel (the
+/// register-staged one CUTLASS builds for torch's rrr), and the padded tf32 and bf16 splits of
+/// f32-accurate, compile into one library.
+#[test]
+fn ragged_kernels_compile_into_one_library() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let p = GemmProblem { m: 4099, n: 5003, k: 3001, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
+    let pick = |math: MathType, family: Family, schedule: KernelSchedule| {
+        Knowledge::shipped()
+            .kernels(&p, math, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == family && k.schedule == schedule && k.tile[..2] == [128, 128] && k.scheduler == TileScheduler::Persistent && k.invalid_reason().is_none())
+            .expect("a ragged 128x128 kernel")
+    };
+    let cp = pick(MathType::Tf32, Family::Sm90Gemm, KernelSchedule::CpAsyncWsCooperative);
+    let x3 = pick(MathType::Tf32x3, Family::Sm90GemmX3, KernelSchedule::WsCooperative);
+    let b3 = pick(MathType::Tf32x3, Family::Sm90GemmBf16x3, KernelSchedule::WsCooperative);
+    assert!(cp.kernel_name().ends_with("_align1") && x3.is_padded_split() && b3.is_padded_split());
+    let dir = tempfile::tempdir().unwrap();
+    let built = nvcc::build_library(&tc, &[cp.clone(), x3.clone(), b3.clone()], dir.path(), "libr.so", &cache_dir(), 2, false).unwrap();
+    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!((lib.find(&cp.name()), lib.find(&x3.name()), lib.find(&b3.name())), (Some(0), Some(1), Some(2)));
+}

@@ -64,7 +64,14 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         "spec_json": k.to_json(),
         "element": if bf16_split { "cutlass::bfloat16_t" } else { k.dtype.cutlass_tag() },
         "element_out": k.dtype.cutlass_tag(),
-        "align_out": k.align_out(),
+        // A padded split's GEMMs read aligned parts and write an aligned output (a workspace
+        // when torch's output is not).
+        "align_out": if k.is_padded_split() { 16 / k.dtype.bytes() as u32 } else { k.align_out() },
+        "padded": k.is_padded_split(),
+        "k_parts": if k.is_padded_split() { "kp" } else { "k" },
+        "n_parts": if k.is_padded_split() { "np" } else { "n" },
+        "out_expr": if k.is_padded_split() { "out" } else { "p.out" },
+        "b_n_major": k.layout.b() == crate::rules::Major::Row && !tf32_split,
         "bf16_split": bf16_split,
         "transpose_b": tf32_split && k.layout == crate::rules::GemmLayout::Rrr,
         "b_k_major": k.layout.b() == crate::rules::Major::Col,
@@ -76,7 +83,7 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         // N-contiguous (torch's M) for B.
         "a_row_major": k.layout.b() == crate::rules::Major::Col,
         "b_row_major": k.layout.a() == crate::rules::Major::Col,
-        "align": k.align,
+        "align": k.gemm_align(),
         "tile_m": k.tile[0], "tile_n": k.tile[1], "tile_k": k.tile[2],
         "cluster_m": k.cluster[0], "cluster_n": k.cluster[1], "cluster_k": k.cluster[2],
         "warp_m": warp(0), "warp_n": warp(1),
@@ -122,7 +129,7 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         children.push("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>".to_string());
         child_args.push("{}".to_string());
         element_c = "ElementD";
-        c_pointer = "static_cast<const ElementD*>(p.out)".into();
+        c_pointer = format!("static_cast<const ElementD*>({})", if k.is_padded_split() { "out" } else { "p.out" });
     }
     if k.bias {
         params.push("T const& bias".into());
@@ -521,6 +528,53 @@ mod tests {
         // The op-kernel table lists attention kernels apart from the GEMM variants.
         let d = render_dispatch(&[a.clone().into(), spec(true).into()]).text;
         assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())) && d.contains(&format!("fact_o_{}_run", a.name())));
+    }
+
+    /// The 4099x5003x3001 rrr problem: every contiguous dim odd (alignment 1).
+    fn ragged(math: MathType) -> Vec<KernelSpec> {
+        let p = GemmProblem { m: 4099, n: 5003, k: 3001, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
+        Knowledge::shipped().kernels(&p, math, Arch::Sm90).into_iter().filter(|k| k.invalid_reason().is_none()).collect()
+    }
+
+    #[test]
+    fn cp_async_render_is_golden_and_stores_element_wise() {
+        let k = ragged(MathType::Tf32)
+            .into_iter()
+            .find(|k| k.schedule == KernelSchedule::CpAsyncWsCooperative && k.tile == [128, 128, 32] && k.scheduler == TileScheduler::Persistent)
+            .unwrap();
+        assert_eq!(k.kernel_name(), "sm90_gemm_rrr_tf32_f32_128x128x32_1x1x1_cp_ws_coop_dp_nosmem_align1");
+        let text = render_kernel(&k).text;
+        expect_test::expect_file!["../../tests/golden/sm90_gemm_rrr_tf32_cp_async_align1.cu"].assert_eq(&text);
+        for line in [
+            "constexpr int Alignment = 1;",
+            "constexpr int AlignmentD = 1;",
+            "    cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;",
+            "    cutlass::epilogue::NoSmemWarpSpecialized,",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        // Alignment 2 rows keep CUTLASS's output alignment of 1.
+        let even = GemmProblem { m: 64, n: 30, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
+        let k2 = Knowledge::shipped().kernels(&even, MathType::Tf32, Arch::Sm90).into_iter().find(|k| k.schedule.is_cpasync()).unwrap();
+        let text = render_kernel(&k2).text;
+        assert!(text.contains("constexpr int Alignment = 2;\nconstexpr int AlignmentD = 1;"), "{}", k2.name());
+    }
+
+    #[test]
+    fn padded_split_render_is_golden_and_pads_its_parts() {
+        let find = |family| ragged(MathType::Tf32x3).into_iter().find(|k| k.family == family && k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsCooperative && k.scheduler == TileScheduler::Persistent).unwrap();
+        let x3 = find(crate::space::Family::Sm90GemmX3);
+        assert!(x3.kernel_name().starts_with("sm90x3_gemm_rrr_tf32x3_f32_128x256x32_") && x3.kernel_name().ends_with("_ws_coop_dp_nosmem_align1"), "{}", x3.kernel_name());
+        let text = render_kernel(&x3).text;
+        expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3_padded.cu"].assert_eq(&text);
+        // The GEMMs read aligned parts and write an aligned output.
+        assert!(text.contains("constexpr int Alignment = 4;\nconstexpr int AlignmentD = 4;"));
+        assert!(text.contains("split_parts_transposed<<<grid, dim3(32, 8), 0, s>>>(static_cast<const float*>(p->b), b_parts, p->k, p->n, kp, np);"));
+        assert!(text.contains("copy_out<<<") && !text.contains("if (p->k % 4 != 0"));
+        // The bf16 split of an rrr b keeps it n-major: rows of np, kp of them per part.
+        let b3 = ragged(MathType::Tf32x3).into_iter().find(|k| k.family == crate::space::Family::Sm90GemmBf16x3).unwrap();
+        let b3 = render_kernel(&b3).text;
+        assert!(b3.contains("const PaddedSplit sb{p->batch, p->k, p->n, kp, np, size_t(np),") && b3.contains("constexpr int Alignment = 8;"));
     }
 
     #[test]

@@ -1,0 +1,291 @@
+// generated from templates/sm90_gemm_x3.cu.hbs; do not edit
+// spec: {"family":"sm90_gemm_x3","arch":"sm90","layout":"rrr","math":"tf32x3","dtype":"f32","tile":[128,256,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":false,"align":1,"epilogue":"no_smem"}
+//
+// sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1: fp32-accurate out[m,n] = a[m,k] . B (torch layout rrr) on WGMMA as three
+// products of split operands, a.b ~ a_hi.b_hi + a_hi.b_lo + a_lo.b_hi, in two GEMMs:
+//   out  = a_hi . b_hi                        (over K)
+//   out += [a_hi | a_lo] . [b_lo ; b_hi]      (over 2K, beta = 1)
+// The split writes each operand's parts concatenated along K, a as [hi | lo] and b as [lo ; hi],
+// so the second GEMM reads them as one operand twice as deep and the first reads a K-slice of
+// each: the output is read back once, not twice, and nothing is written twice.
+// tf32 split: hi = x with the low 13 mantissa bits cleared (a tf32 value, read without loss),
+// lo = x - hi; the dropped term and tf32's reading of lo are below 2^-20 relative. tf32 WGMMA reads
+// only K-major shared memory, so the split writes b K-major (transposing torch's
+// row-major b) and no pass stages an operand through registers.
+// The parts live in the workspace. Like the sm90 family it computes the column-major transposed
+// problem.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace {
+namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_ns {
+using namespace cute;
+
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
+using Element = float;
+using ElementD = float;
+using ElementAccumulator = float;
+using ElementCompute = float;
+// CUTLASS operand A is torch's B transposed, operand B is torch's a transposed: a row-major torch
+// operand is a column-major CUTLASS one.
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::ColumnMajor;
+constexpr int Alignment = 4;
+constexpr int AlignmentD = 4;
+
+using TileShape = Shape<_128, _256, _32>;
+using ClusterShape = Shape<_1, _2, _1>;
+
+// Only the split families read the output back (beta = 1); without a C operand the epilogue
+// keeps no shared memory for it, which the mainloop's stages get instead.
+using ElementC = ElementD;
+using FusionOp = cutlass::epilogue::fusion::LinearCombination<ElementD, ElementCompute, ElementC, ElementCompute>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, LayoutD, AlignmentD,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::NoSmemWarpSpecialized,
+    FusionOp>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, LayoutA, Alignment,
+    Element, LayoutB, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+int sm_count() {
+  // Querying the device costs more than a short GEMM, so it is done once per process.
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+// Padded parts: b's rows (torch's n) padded to `m_packed`, the output `out` with that leading dim.
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed, int m_packed, void* out) {
+  const int M = m_packed, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
+  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
+      { {}, static_cast<const ElementD*>(out), stride_d, static_cast<ElementD*>(out), stride_d},
+      hw};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = beta;
+  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
+  return args;
+}
+
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k, p.n, p.out);
+}
+using FirstGemm = Gemm;
+using SecondGemm = Gemm;
+// Padded parts (torch's dims need not be whole vectors): K rounded up to 16 bytes of parts, and
+// b's n (the CUTLASS problem's M, the output's contiguous dim) too, the padding zero, so both GEMMs
+// see aligned extents and strides; they write an n-padded workspace when torch's output is not.
+// (A padded split fuses no bias or epilogue: KernelSpec::invalid_reason.)
+constexpr int kPartAlign = 16 / int(sizeof(Element));
+int padded_k(const FactGemmArgs& p) { return (p.k + kPartAlign - 1) / kPartAlign * kPartAlign; }
+int padded_n(const FactGemmArgs& p) { return (p.n + kPartAlign - 1) / kPartAlign * kPartAlign; }
+Gemm::Arguments first_arguments(const FactGemmArgs& p, const void* a, const void* b, void* out) {
+  return make_arguments(p, a, b, 0.0f, padded_k(p), 2 * padded_k(p), padded_n(p), out);
+}
+Gemm::Arguments second_arguments(const FactGemmArgs& p, const void* a, const void* b, void* out) {
+  return make_arguments(p, a, b, 1.0f, 2 * padded_k(p), 2 * padded_k(p), padded_n(p), out);
+}
+
+__device__ __forceinline__ void split_one(float v, Element& hi, Element& lo) {
+  hi = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
+  lo = v - hi;
+}
+
+struct alignas(4 * sizeof(Element)) Quad {
+  Element v[4];
+};
+
+// Splits x, seen as groups of g floats (g % 4 == 0, 16-byte aligned), into parts laid out as
+// groups of 2g: each group's hi parts at offset hi_at (0 or g), its lo parts at the other half.
+__global__ void split_parts(const float4* __restrict__ x, Element* __restrict__ parts, size_t n4, size_t g,
+                            size_t hi_at) {
+  const size_t lo_at = g - hi_at;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 v = x[i];
+    const float in[4] = {v.x, v.y, v.z, v.w};
+    Quad h, l;
+    for (int j = 0; j < 4; ++j) split_one(in[j], h.v[j], l.v[j]);
+    // Four parts stay contiguous and aligned within a group (g % 4 == 0): one vector store each.
+    const size_t e = 4 * i, o = e / g * 2 * g + e % g;
+    *reinterpret_cast<Quad*>(parts + o + hi_at) = h;
+    *reinterpret_cast<Quad*>(parts + o + lo_at) = l;
+  }
+}
+
+// The split of a batch of row-major k x n matrices into K-major parts, batch x n x [lo | hi] (2k),
+// through a shared-memory tile so both the reads and the writes are coalesced.
+__global__ void split_parts_transposed(const float* __restrict__ x, Element* __restrict__ parts, int k, int n, int kp, int np) {
+  __shared__ float tile[32][33];
+  const size_t in_base = size_t(blockIdx.z) * k * n, out_base = size_t(blockIdx.z) * np * 2 * kp;
+  const int n0 = blockIdx.x * 32, k0 = blockIdx.y * 32;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    if (k0 + r < k && n0 + threadIdx.x < n) tile[r][threadIdx.x] = x[in_base + size_t(k0 + r) * n + n0 + threadIdx.x];
+    else tile[r][threadIdx.x] = 0.f;  // the padding
+  }
+  __syncthreads();
+  for (int c = threadIdx.y; c < 32; c += blockDim.y) {
+    if (n0 + c < np && k0 + threadIdx.x < kp) {
+      Element h, l;
+      split_one(tile[threadIdx.x][c], h, l);
+      const size_t o = out_base + size_t(n0 + c) * 2 * kp + k0 + threadIdx.x;
+      parts[o] = l;
+      parts[o + kp] = h;
+    }
+  }
+}
+
+
+// Splits a batch of rows x cols row-major fp32 matrices (any cols) into zero-padded parts: element
+// (r, c) of batch z, r < rows_p and c < cols_p, goes to z * batch_stride + r * ld + c, plus hi_at
+// for its hi part and lo_at for its lo part; x's element where r < rows and c < cols, else zero.
+// Scalar loads and stores: a row of a ragged matrix starts at no vector boundary.
+struct PaddedSplit {
+  int batch, rows, cols, rows_p, cols_p;
+  size_t ld, batch_stride, hi_at, lo_at;
+};
+__global__ void split_parts_padded(const float* __restrict__ x, Element* __restrict__ parts, PaddedSplit s) {
+  const size_t per = size_t(s.rows_p) * s.cols_p, total = per * s.batch;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t z = i / per, r = i % per / s.cols_p, c = i % s.cols_p;
+    const float v = r < size_t(s.rows) && c < size_t(s.cols) ? x[(z * s.rows + r) * s.cols + c] : 0.f;
+    Element h, l;
+    split_one(v, h, l);
+    const size_t o = z * s.batch_stride + r * s.ld + c;
+    parts[o + s.hi_at] = h;
+    parts[o + s.lo_at] = l;
+  }
+}
+
+// torch's output from the n-padded workspace the GEMMs wrote (rows ld apart).
+__global__ void copy_out(const float* __restrict__ from, float* __restrict__ to, size_t rows, int n, int ld) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < rows * n; i += size_t(gridDim.x) * blockDim.x) {
+    to[i] = from[i / n * ld + i % n];
+  }
+}
+
+int grid_for(size_t n) {
+  const size_t wanted = (n + 255) / 256;
+  return static_cast<int>(wanted < 132 * 16 ? wanted : 132 * 16);
+}
+
+size_t numel_a(const FactGemmArgs& p) { return size_t(p.batch) * p.m * padded_k(p); }
+size_t numel_b(const FactGemmArgs& p) { return size_t(p.batch) * padded_k(p) * padded_n(p); }
+size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
+size_t a_parts_bytes(const FactGemmArgs& p) { return round_up(2 * numel_a(p) * sizeof(Element)); }
+size_t b_parts_bytes(const FactGemmArgs& p) { return round_up(2 * numel_b(p) * sizeof(Element)); }
+// The n-padded output the GEMMs write when torch's rows are not whole vectors, else none.
+size_t out_ws_bytes(const FactGemmArgs& p) {
+  return padded_n(p) == p.n ? 0 : round_up(size_t(p.batch) * p.m * padded_n(p) * sizeof(float));
+}
+size_t parts_bytes(const FactGemmArgs& p) { return a_parts_bytes(p) + b_parts_bytes(p) + out_ws_bytes(p); }
+
+void launch_split(const void* x, Element* parts, size_t n, size_t g, size_t hi_at, cudaStream_t s) {
+  const size_t n4 = n / 4;
+  const size_t wanted = (n4 + 255) / 256;
+  const int blocks = static_cast<int>(wanted < 132 * 16 ? wanted : 132 * 16);
+  split_parts<<<blocks, 256, 0, s>>>(static_cast<const float4*>(x), parts, n4, g, hi_at);
+}
+}  // namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_can_implement(const FactGemmArgs* p) {
+  using namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_ns;
+  if (FirstGemm::can_implement(first_arguments(*p, p->a, p->b, p->out)) != cutlass::Status::kSuccess ||
+      SecondGemm::can_implement(second_arguments(*p, p->a, p->b, p->out)) != cutlass::Status::kSuccess) {
+    return FACT_CANNOT_IMPLEMENT;
+  }
+  return FACT_OK;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_workspace_size(const FactGemmArgs* p) {
+  using namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_ns;
+  const size_t first = FirstGemm::get_workspace_size(first_arguments(*p, p->a, p->b, p->out));
+  const size_t second = SecondGemm::get_workspace_size(second_arguments(*p, p->a, p->b, p->out));
+  return parts_bytes(*p) + (first > second ? first : second);
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
+                                       void* stream) {
+  using namespace sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_ns;
+  if (fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_can_implement(p) != FACT_OK) return FACT_CANNOT_IMPLEMENT;
+  if (fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x256x32_1x2x1_ws_coop_dp_nosmem_align1_workspace_size(p) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  auto s = static_cast<cudaStream_t>(stream);
+  char* w = static_cast<char*>(workspace);
+  Element* a_parts = reinterpret_cast<Element*>(w);
+  Element* b_parts = reinterpret_cast<Element*>(w + a_parts_bytes(*p));
+  void* gemm_ws = w + parts_bytes(*p);
+  const int kp = padded_k(*p), np = padded_n(*p);
+  // torch's a is K-major (rows of k): each row becomes [hi | lo], kp each.
+  const PaddedSplit sa{p->batch, p->m, p->k, p->m, kp, size_t(2) * kp, size_t(2) * kp * p->m, 0, size_t(kp)};
+  split_parts_padded<<<grid_for(numel_a(*p)), 256, 0, s>>>(static_cast<const float*>(p->a), a_parts, sa);
+  const dim3 grid((np + 31) / 32, (kp + 31) / 32, p->batch);
+  split_parts_transposed<<<grid, dim3(32, 8), 0, s>>>(static_cast<const float*>(p->b), b_parts, p->k, p->n, kp, np);
+  const size_t b_hi_at = kp;
+  void* out = np == p->n ? p->out : w + a_parts_bytes(*p) + b_parts_bytes(*p);
+  FirstGemm first;
+  if (first.initialize(first_arguments(*p, a_parts, b_parts + b_hi_at, out), gemm_ws, s) != cutlass::Status::kSuccess) {
+    return FACT_INIT_FAILED;
+  }
+  if (first.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  SecondGemm second;
+  if (second.initialize(second_arguments(*p, a_parts, b_parts, out), gemm_ws, s) != cutlass::Status::kSuccess) {
+    return FACT_INIT_FAILED;
+  }
+  if (second.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  if (out != p->out) {
+    const size_t rows = size_t(p->batch) * p->m;
+    copy_out<<<grid_for(rows * p->n), 256, 0, s>>>(static_cast<const float*>(out), static_cast<float*>(p->out), rows, p->n, np);
+  }
+  return FACT_OK;
+}
