@@ -21,6 +21,18 @@ const LAUNCH_MS: f64 = 0.004;
 /// 1000×1016×1032 (benches/results/2026-11-22-split), where sm80 3xTF32 wins.
 const SPLIT_FIXED_MS: f64 = 0.010;
 
+/// Mainloop rate by the width of a kernel's global loads, relative to 16-byte ones (TMA or
+/// 16-byte cp.async): 8, 4 and 2 bytes per load (alignment 2 and 1 of fp32, 1 of bf16) issue two,
+/// four and eight times the load instructions per byte and, on sm90, give up TMA. Guesses to rank
+/// ragged kernels below aligned ones, not yet measured on the H100 (benches/device/coverage.sh).
+const NARROW_LOAD_RATE: [(u32, f64); 3] = [(8, 0.85), (4, 0.7), (2, 0.6)];
+/// The sm90 cp.async mainloop beyond its load width: producer warps compute addresses and
+/// predicates that TMA does in hardware, and the no-smem epilogue stores element by element.
+const CPASYNC_RATE: f64 = 0.9;
+/// The padded split pass reads and writes element by element (the aligned one in 16-byte
+/// vectors): its traffic at this fraction of DRAM bandwidth.
+const PADDED_SPLIT_EFFICIENCY: f64 = 0.8;
+
 /// TFLOP/s one SM sustains on this kernel's mainloop.
 fn sm_rate(k: &KernelSpec) -> f64 {
     // The rate of the tensor-core math the mainloop runs: split families run tf32 or bf16 GEMMs.
@@ -40,10 +52,15 @@ fn sm_rate(k: &KernelSpec) -> f64 {
     if rs {
         rate *= 0.75;
     }
+    let load_bytes = k.gemm_align() * k.operand_bytes();
+    rate *= NARROW_LOAD_RATE.iter().find(|(b, _)| *b == load_bytes).map_or(1.0, |(_, f)| *f);
+    if k.schedule.is_cpasync() {
+        rate *= CPASYNC_RATE;
+    }
     if k.family.is_sm90() {
         // Accumulators per consumer thread: cooperative tiles are shared by two warpgroups, the
         // others held by one. Past 128 fp32 registers of accumulators the mainloop spills.
-        let threads = if k.schedule == KernelSchedule::WsCooperative { 256 } else { 128 };
+        let threads = if k.schedule.is_cooperative() { 256 } else { 128 };
         if k.tile[0] * k.tile[1] / threads > 128 {
             rate *= 0.1;
         }
@@ -81,9 +98,22 @@ pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
     // Split families: one pass reading both fp32 operands and writing their two parts, then a
     // GEMM over K and one over 2K that reads the output back (templates/sm90_gemm_x3.cu.hbs).
     let (m, n, kk, b) = (p.m as f64, p.n as f64, p.k as f64, p.batch as f64);
-    let split = (m * kk + kk * n) * b * (4.0 + 2.0 * k.operand_bytes() as f64) / (DRAM_TBPS * 1e12) * 1e3;
-    let deep = GemmProblem { k: 2 * p.k, ..p.clone() };
-    split + pass_ms(k, p, false) + pass_ms(k, &deep, true) + 3.0 * LAUNCH_MS + SPLIT_FIXED_MS
+    let mut split = (m * kk + kk * n) * b * (4.0 + 2.0 * k.operand_bytes() as f64) / (DRAM_TBPS * 1e12) * 1e3;
+    let mut gemm_p = p.clone();
+    let mut copy_out = 0.0;
+    if k.is_padded_split() {
+        // Parts padded to whole vectors; an output whose rows are not goes through a workspace
+        // and one more pass (read and write).
+        let part = (16 / k.operand_bytes()) as i64;
+        let pad = |v: i64| (v + part - 1) / part * part;
+        gemm_p = GemmProblem { n: pad(p.n), k: pad(p.k), ..p.clone() };
+        split /= PADDED_SPLIT_EFFICIENCY;
+        if p.n % 4 != 0 {
+            copy_out = 2.0 * m * n * b * 4.0 / (DRAM_TBPS * 1e12) * 1e3 + LAUNCH_MS;
+        }
+    }
+    let deep = GemmProblem { k: 2 * gemm_p.k, ..gemm_p.clone() };
+    split + pass_ms(k, &gemm_p, false) + pass_ms(k, &deep, true) + 3.0 * LAUNCH_MS + SPLIT_FIXED_MS + copy_out
 }
 
 /// One GEMM over the kernel's operands; `accumulate` reads the output back (beta = 1).
@@ -211,6 +241,26 @@ mod tests {
         let spill = ks.iter().find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsPingpong).unwrap();
         let coop = ks.iter().find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsCooperative && k.cluster == spill.cluster).unwrap();
         assert!(estimate_ms(spill, &p) > 3.0 * estimate_ms(coop, &p));
+    }
+
+    #[test]
+    fn narrow_loads_rank_below_aligned_ones() {
+        // One problem, one tile: the aligned TMA kernel, the cp.async one at alignment 1 (as if the
+        // problem were ragged), sm80 at 4 and at 1.
+        let p = problem(4096, 4096, 4096);
+        let ragged = problem(4096, 4095, 4096);
+        let cp = Knowledge::shipped().kernels(&ragged, MathType::Tf32, Arch::Sm90).into_iter().find(|k| k.schedule == KernelSchedule::CpAsyncWsCooperative && k.tile == [128, 128, 32] && k.scheduler == TileScheduler::Persistent).unwrap();
+        let tma = kernels(&p).into_iter().find(|k| k.schedule == KernelSchedule::WsCooperative && k.tile == [128, 128, 32] && k.cluster == [1, 1, 1] && k.scheduler == TileScheduler::Persistent).unwrap_or_else(|| KernelSpec { schedule: KernelSchedule::WsCooperative, align: 4, epilogue: crate::space::EpilogueKind::Tma, ..cp.clone() });
+        assert!(estimate_ms(&cp, &p) > 1.3 * estimate_ms(&tma, &p), "{} vs {}", estimate_ms(&cp, &p), estimate_ms(&tma, &p));
+        let sm80 = kernels(&p).into_iter().find(|k| k.family == Family::Sm80Gemm && k.tile == [128, 128, 32]).unwrap();
+        let sm80_1 = KernelSpec { align: 1, ..sm80.clone() };
+        assert!(estimate_ms(&sm80_1, &p) > 1.3 * estimate_ms(&sm80, &p));
+        // The padded split pays its scalar pass and, for ragged rows, the copy out: a little, not
+        // a family's worth.
+        let aligned = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90).into_iter().find(|k| k.family == Family::Sm90GemmBf16x3).unwrap();
+        let padded = KernelSpec { align: 1, ..aligned.clone() };
+        let (a, b) = (estimate_ms(&aligned, &p), estimate_ms(&padded, &ragged));
+        assert!(b > a && b < 1.15 * a, "{a} {b}");
     }
 
     #[test]
