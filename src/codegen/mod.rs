@@ -2,6 +2,7 @@
 //! kernel, the dispatch table, and the torch op. Pure: the same specs render byte-identical source,
 //! and nothing here touches the disk or the GPU (templates are compiled into the binary).
 
+use crate::space::attention::{AttentionFamily, Sm90Schedule};
 use crate::space::{AttentionSpec, KernelSpec, Spec};
 use handlebars::Handlebars;
 use serde_json::json;
@@ -14,6 +15,7 @@ const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
 const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
 const SM90_GEMM_TYPES: &str = include_str!("../../templates/sm90_gemm_types.hbs");
 const SM80_FMHA: &str = include_str!("../../templates/sm80_fmha.cu.hbs");
+const SM90_FMHA: &str = include_str!("../../templates/sm90_fmha.cu.hbs");
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
@@ -26,7 +28,7 @@ fn registry() -> &'static Handlebars<'static> {
         for (name, text) in [("sm90_gemm_core", SM90_GEMM_CORE), ("sm90_gemm_types", SM90_GEMM_TYPES)] {
             h.register_partial(name, text).unwrap_or_else(|e| panic!("partial {name}: {e}"));
         }
-        for (name, text) in [("sm90_gemm", SM90_GEMM), ("sm80_gemm", SM80_GEMM), ("sm90_gemm_x3", SM90_GEMM_X3), ("sm80_fmha", SM80_FMHA), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
+        for (name, text) in [("sm90_gemm", SM90_GEMM), ("sm80_gemm", SM80_GEMM), ("sm90_gemm_x3", SM90_GEMM_X3), ("sm80_fmha", SM80_FMHA), ("sm90_fmha", SM90_FMHA), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
             h.register_template_string(name, text).unwrap_or_else(|e| panic!("template {name}: {e}"));
         }
         h
@@ -208,7 +210,7 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
         crate::types::DType::Bf16 => 1,
         crate::types::DType::F16 => 2,
     };
-    let vars = json!({
+    let mut vars = json!({
         "name": a.name(),
         "arch": a.arch.short_name(),
         "element": a.dtype.cutlass_tag(),
@@ -219,7 +221,18 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
         "keys": a.keys_per_block,
         "max_k": a.max_k,
     });
-    let text = registry().render("sm80_fmha", &vars).unwrap_or_else(|e| panic!("rendering {}: {e}", a.name()));
+    let template = match a.family {
+        AttentionFamily::Sm80 => "sm80_fmha",
+        AttentionFamily::Sm90 { schedule, causal } => {
+            vars["schedule"] = json!(schedule.cutlass_policy());
+            vars["pingpong"] = json!(schedule == Sm90Schedule::Pingpong);
+            vars["causal"] = json!(causal);
+            // Without a causal mask the keys past Tk in the last key block still need one.
+            vars["fusion"] = json!(if causal { "CausalFusion" } else { "ResidualFusion" });
+            "sm90_fmha"
+        }
+    };
+    let text = registry().render(template, &vars).unwrap_or_else(|e| panic!("rendering {}: {e}", a.name()));
     Source { file_name: format!("{}.cu", a.name()), text }
 }
 
@@ -517,7 +530,7 @@ mod tests {
 
     #[test]
     fn attention_renders_are_golden_and_only_tf32_multiplies_once() {
-        let a = AttentionSpec { arch: Arch::Sm90, dtype: DType::F32, math: MathType::Tf32, queries_per_block: 32, keys_per_block: 128, max_k: 128 };
+        let a = AttentionSpec { arch: Arch::Sm90, dtype: DType::F32, math: MathType::Tf32, queries_per_block: 32, keys_per_block: 128, max_k: 128, family: AttentionFamily::Sm80 };
         let text = render_attention(&a).text;
         expect_test::expect_file!["../../tests/golden/sm80_fmha_tf32_f32_q32_k128_d128.cu"].assert_eq(&text);
         assert!(text.contains("AttentionKernel<float, cutlass::arch::Sm80, /*isAligned=*/true, 32, 128, 128,"));
@@ -575,6 +588,30 @@ mod tests {
         let b3 = ragged(MathType::Tf32x3).into_iter().find(|k| k.family == crate::space::Family::Sm90GemmBf16x3).unwrap();
         let b3 = render_kernel(&b3).text;
         assert!(b3.contains("const PaddedSplit sb{p->batch, p->k, p->n, kp, np, size_t(np),") && b3.contains("constexpr int Alignment = 8;"));
+    }
+
+    #[test]
+    fn sm90_attention_render_is_golden_and_compiles_the_mask_in() {
+        let sm90 = |schedule, causal| AttentionSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            queries_per_block: 128,
+            keys_per_block: 128,
+            max_k: 128,
+            family: AttentionFamily::Sm90 { schedule, causal },
+        };
+        let a = sm90(Sm90Schedule::Cooperative, true);
+        let text = render_attention(&a).text;
+        expect_test::expect_file!["../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal.cu"].assert_eq(&text);
+        assert!(text.contains("Shape<_128, _128, _128>") && text.contains("cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedCooperative>"));
+        assert!(text.contains("constexpr bool kCausal = true;") && text.contains("fact_o_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run"));
+        let full = render_attention(&sm90(Sm90Schedule::Pingpong, false)).text;
+        assert!(full.contains("ResidualFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>") && full.contains("constexpr bool kCausal = false;"));
+        let f16 = render_attention(&AttentionSpec { dtype: DType::F16, math: MathType::F16, ..a.clone() }).text;
+        assert!(f16.contains("using Element = cutlass::half_t;") && f16.contains("t->dtype != 2"));
+        let d = render_dispatch(&[a.clone().into()]).text;
+        assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())));
     }
 
     #[test]

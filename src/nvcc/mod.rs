@@ -6,6 +6,7 @@
 //! its source stays on disk and the failure (command and log) is returned, not raised.
 
 use crate::codegen::{self, Source};
+use crate::space::attention::AttentionFamily;
 use crate::space::Spec;
 use crate::types::Arch;
 use std::collections::BTreeMap;
@@ -146,6 +147,17 @@ impl Toolchain {
             .include(self.cutlass.join("examples/41_fused_multi_head_attention"))
             .get_compiler();
         tool.to_command()
+    }
+
+    /// The compile command of a unit of `family`'s kernels: the common one, plus examples/88's
+    /// folder for the sm90 attention kernels only, so every other object keeps its cache key.
+    fn unit_command(&self, arch: Arch, include: &Path, family: &str) -> Command {
+        let mut cmd = self.nvcc_command(arch, include);
+        if family.starts_with(SM90_ATTENTION) {
+            // templates/sm90_fmha.cu.hbs includes the example's collective/ and kernel/ headers.
+            cmd.arg(format!("-I{}", self.cutlass.join("examples/88_hopper_fmha").display()));
+        }
+        cmd
     }
 
     fn cxx_command(&self, include: &Path) -> Command {
@@ -372,12 +384,19 @@ pub fn progress_line(show: bool, line: std::fmt::Arguments) {
     }
 }
 
+/// The unit family of the sm90 attention kernels (examples/88), compiled with its own include.
+const SM90_ATTENTION: &str = "attention_sm90";
+
 /// The translation-unit family of a kernel: units never mix families (the attention headers and
-/// the GEMM templates declare overlapping CUTLASS extensions), nor the two float attention maths.
+/// the GEMM templates declare overlapping CUTLASS extensions, the two attention examples each
+/// their own kernels), nor the two float attention maths.
 fn unit_family(s: &Spec) -> String {
     match s {
         Spec::Gemm(_) => "gemm".into(),
-        Spec::Attention(a) => format!("attention_{}", a.math.short_name()),
+        Spec::Attention(a) => match a.family {
+            AttentionFamily::Sm80 => format!("attention_{}", a.math.short_name()),
+            AttentionFamily::Sm90 { .. } => format!("{SM90_ATTENTION}_{}", a.math.short_name()),
+        },
     }
 }
 
@@ -443,14 +462,15 @@ pub fn compile_objects(
     };
     // Kernels already compiled alone (an earlier bisection or a small library) come from the
     // cache as they are; the rest are split into one unit per job.
-    let nvcc_line = command_line(&tc.nvcc_command(arch, &include));
+    let families: Vec<String> = kernels.iter().map(unit_family).collect();
+    let nvcc_lines: Vec<String> = families.iter().map(|f| command_line(&tc.unit_command(arch, &include, f))).collect();
     let mut objects: Vec<(Vec<usize>, PathBuf)> = Vec::new();
     let mut todo = Vec::new();
     let mut cached = 0;
     // Each kernel is rendered once: for the cache probe, its unit and the unit's `.ref` notes.
     let sources: Vec<codegen::Source> = kernels.iter().map(codegen::render_spec).collect();
     for (i, (k, source)) in kernels.iter().zip(&sources).enumerate() {
-        match cached_object(tc, cache, source, &nvcc_line, &k.kernel_name()) {
+        match cached_object(tc, cache, source, &nvcc_lines[i], &k.kernel_name()) {
             Some(obj) => {
                 // The sweep folder shows every kernel's source, compiled now or before.
                 let path = src_dir.join(&source.file_name);
@@ -465,23 +485,25 @@ pub fn compile_objects(
     let compile = |unit: &[usize]| -> Result<(PathBuf, bool), String> {
         let source = codegen::unit_of(&unit.iter().map(|&i| &sources[i]).collect::<Vec<_>>());
         let stem = source.file_name.trim_end_matches(".cu").to_string();
-        let r = compile_cached(tc, &src_dir, cache, &source, tc.nvcc_command(arch, &include), &stem).map_err(|e| match e {
+        // Units never mix families, so the first kernel's command is the unit's.
+        let cmd = tc.unit_command(arch, &include, &families[unit[0]]);
+        let r = compile_cached(tc, &src_dir, cache, &source, cmd, &stem).map_err(|e| match e {
             BuildError::Tool { log, .. } => log,
             other => other.to_string(),
         })?;
         if unit.len() > 1 {
             for &i in unit {
-                note_in_unit(tc, cache, &sources[i], &nvcc_line, &kernels[i].kernel_name(), &r.0);
+                note_in_unit(tc, cache, &sources[i], &nvcc_lines[i], &kernels[i].kernel_name(), &r.0);
             }
         }
         Ok(r)
     };
     // Each family's kernels split into units over the jobs, in proportion to its share.
-    let mut families: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut by_family: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for &i in &todo {
-        families.entry(unit_family(&kernels[i])).or_default().push(i);
+        by_family.entry(families[i].clone()).or_default().push(i);
     }
-    let units: Vec<Vec<usize>> = families
+    let units: Vec<Vec<usize>> = by_family
         .values()
         .flat_map(|members| {
             let share = (jobs * members.len()).div_ceil(todo.len().max(1)).max(1);
@@ -508,7 +530,7 @@ pub fn compile_objects(
             CompileFailure {
                 kernel: k.kernel_name(),
                 source: src_dir.join(format!("{}.cu", k.kernel_name())),
-                command: nvcc_line.clone(),
+                command: nvcc_lines[i].clone(),
                 log,
             }
         })

@@ -5,6 +5,11 @@
 //! dim, and when it is at most `keys_per_block` the output stays in registers for one pass over the
 //! values. fp32 tensors run on tf32 tensor cores (1xTF32 under the tf32 policy, CUTLASS's 3xTF32
 //! `OpMultiplyAddFastF32` under the fp32-accurate one); bf16 and fp16 directly.
+//!
+//! bf16 and fp16 also run on CUTLASS's sm90 attention (examples/88_hopper_fmha): TMA loads and
+//! WGMMA, a producer warp group feeding two consumer warp groups that split the query block. The
+//! mask is compiled in there (causal, or only the tail of the last key block), so it is part of the
+//! kernel. Both families are candidates for bf16/fp16; the tuner picks by measurement.
 
 use crate::rules::AttentionProblem;
 use crate::types::{Arch, DType, MathType};
@@ -17,22 +22,88 @@ pub struct AttentionSpec {
     pub math: MathType,
     pub queries_per_block: u32,
     pub keys_per_block: u32,
-    /// The largest head dim the kernel takes.
+    /// The largest head dim the kernel takes (the sm90 family's head-dim tile).
     pub max_k: u32,
+    /// Absent in entries written before the sm90 family existed: those are sm80 kernels.
+    #[serde(default, skip_serializing_if = "AttentionFamily::is_sm80")]
+    pub family: AttentionFamily,
+}
+
+/// Which CUTLASS attention kernel a spec instantiates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionFamily {
+    /// examples/41 (templates/sm80_fmha.cu.hbs): causal is a runtime argument.
+    #[default]
+    Sm80,
+    /// examples/88 (templates/sm90_fmha.cu.hbs): the schedule and the mask are compiled in.
+    Sm90 { schedule: Sm90Schedule, causal: bool },
+}
+
+impl AttentionFamily {
+    pub fn is_sm80(&self) -> bool {
+        *self == AttentionFamily::Sm80
+    }
+}
+
+/// The sm90 kernel's schedule (examples/88's dispatch policies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sm90Schedule {
+    /// One CTA per query block; the two consumer warp groups share each key block.
+    Cooperative,
+    /// A persistent grid, Q loaded by its own producer warp.
+    Pingpong,
+}
+
+impl Sm90Schedule {
+    pub fn short_name(self) -> &'static str {
+        match self {
+            Sm90Schedule::Cooperative => "coop",
+            Sm90Schedule::Pingpong => "pingpong",
+        }
+    }
+    /// CUTLASS's dispatch policy.
+    pub fn cutlass_policy(self) -> &'static str {
+        match self {
+            Sm90Schedule::Cooperative => "KernelTmaWarpSpecializedCooperative",
+            Sm90Schedule::Pingpong => "KernelTmaWarpSpecializedPingpong",
+        }
+    }
+}
+
+/// The (query block, key block, schedule) instantiations examples/88 runs in its forward pass for a
+/// head-dim tile, bf16/fp16 with fp32 accumulators. Left out: the non-warp-specialized `KernelTma`
+/// (64x128, d 32/64), whose mainloop is another collective, and 128x256 at d 128, whose five
+/// pipeline stages of K and V (320 KiB) do not fit in shared memory.
+fn sm90_tiles(max_k: u32) -> &'static [(u32, u32, Sm90Schedule)] {
+    use Sm90Schedule::*;
+    match max_k {
+        32 => &[(128, 64, Cooperative)],
+        64 => &[(128, 64, Cooperative), (128, 64, Pingpong)],
+        128 => &[(128, 128, Cooperative), (128, 128, Pingpong)],
+        _ => &[],
+    }
 }
 
 impl AttentionSpec {
-    /// The kernel's identity, e.g. `sm80_fmha_tf32_f32_q64_k64_d64`: symbol, table value and
-    /// build-cache key.
+    /// The kernel's identity, e.g. `sm80_fmha_tf32_f32_q64_k64_d64` or
+    /// `sm90_fmha_bf16_bf16_q128_k64_d64_coop_causal`: symbol, table value and build-cache key.
     pub fn name(&self) -> String {
-        format!(
-            "sm80_fmha_{}_{}_q{}_k{}_d{}",
+        let base = format!(
+            "{}_{}_q{}_k{}_d{}",
             self.math.short_name(),
             self.dtype.short_name(),
             self.queries_per_block,
             self.keys_per_block,
             self.max_k
-        )
+        );
+        match self.family {
+            AttentionFamily::Sm80 => format!("sm80_fmha_{base}"),
+            AttentionFamily::Sm90 { schedule, causal } => {
+                format!("sm90_fmha_{base}_{}_{}", schedule.short_name(), if causal { "causal" } else { "full" })
+            }
+        }
     }
 
     /// Warps per CTA: one per 32×32 block of the score tile.
@@ -47,6 +118,26 @@ impl AttentionSpec {
 
     /// Why CUTLASS would reject this instantiation, if it would.
     pub fn invalid_reason(&self) -> Option<String> {
+        match self.family {
+            AttentionFamily::Sm80 => self.sm80_invalid_reason(),
+            AttentionFamily::Sm90 { schedule, .. } => {
+                if !matches!((self.dtype, self.math), (DType::Bf16, MathType::Bf16) | (DType::F16, MathType::F16)) {
+                    // The P·V product would need P in tf32 operand order and V K-major.
+                    return Some(format!("{}: the sm90 attention kernel computes bf16 or fp16 tensors only; fp32 runs on sm80_fmha", self.name()));
+                }
+                let tile = (self.queries_per_block, self.keys_per_block, schedule);
+                if !sm90_tiles(self.max_k).contains(&tile) {
+                    return Some(format!(
+                        "{}: not an instantiation of examples/88 (head-dim tile 32, 64 or 128 with the blocks of sm90_tiles)",
+                        self.name()
+                    ));
+                }
+                None
+            }
+        }
+    }
+
+    fn sm80_invalid_reason(&self) -> Option<String> {
         let (q, k) = (self.queries_per_block, self.keys_per_block);
         if q % 32 != 0 || k % 32 != 0 || q == 0 || k == 0 {
             return Some(format!("{}: query and key blocks must be multiples of 32", self.name()));
@@ -67,18 +158,55 @@ impl AttentionSpec {
         None
     }
 
-    /// Whether the kernel takes the problem (its head dim fits; strides and alignment are checked
-    /// per call).
+    /// Whether the kernel takes the problem (its head dim fits, and for sm90 its mask and query
+    /// count; strides and alignment are checked per call).
     pub fn fits(&self, p: &AttentionProblem) -> bool {
-        p.dtype == self.dtype && p.head_dim as u32 <= self.max_k && p.head_dim % (16 / self.dtype.bytes() as i64) == 0
+        let align = 16 / self.dtype.bytes() as i64;
+        let head = p.dtype == self.dtype && p.head_dim as u32 <= self.max_k && p.head_dim % align == 0;
+        match self.family {
+            AttentionFamily::Sm80 => head,
+            // examples/88's can_implement asks Tq % 8 == 0; its causal mask sees padded keys when
+            // Tq > Tk (templates/sm90_fmha.cu.hbs checks both per call too).
+            AttentionFamily::Sm90 { causal, .. } => {
+                head && causal == p.causal && p.seq_q % align == 0 && !(causal && p.seq_q > p.seq_k)
+            }
+        }
     }
 }
 
-/// The candidates for a problem: the block shapes xFormers and torch ship for the head-dim
+/// The candidates for a problem: for bf16/fp16 the sm90 kernels first (examples/88's
+/// instantiations for the smallest head-dim tile that fits, and for head dims up to 32 those of
+/// the 64 tile too), then the sm80 ones.
+pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
+    let mut out = sm90_candidates(p, math, arch);
+    out.extend(sm80_candidates(p, math, arch));
+    out
+}
+
+fn sm90_candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
+    let Some(tile) = [32u32, 64, 128].into_iter().find(|&t| p.head_dim as u32 <= t) else { return vec![] };
+    let tiles: &[u32] = if tile == 32 { &[32, 64] } else { &[tile] };
+    tiles
+        .iter()
+        .flat_map(|&max_k| sm90_tiles(max_k).iter().map(move |&(q, k, schedule)| (q, k, schedule, max_k)))
+        .map(|(q, k, schedule, max_k)| AttentionSpec {
+            arch,
+            dtype: p.dtype,
+            math,
+            queries_per_block: q,
+            keys_per_block: k,
+            max_k,
+            family: AttentionFamily::Sm90 { schedule, causal: p.causal },
+        })
+        .filter(|s| s.invalid_reason().is_none() && s.fits(p))
+        .collect()
+}
+
+/// The sm80 candidates: the block shapes xFormers and torch ship for the head-dim
 /// bound that fits (64, 128 or 256), and their neighbours, ordered with the shipped ones first;
 /// for a head dim between those bounds (GPT's 96) also the tight bound (the next multiple of 32),
 /// whose smaller shared-memory stages may fit more CTAs on an SM.
-pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
+fn sm80_candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
     let max_k = [64u32, 128, 256].into_iter().find(|&b| p.head_dim as u32 <= b);
     let Some(max_k) = max_k else { return vec![] };
     let blocks: &[(u32, u32)] = match max_k {
@@ -92,7 +220,15 @@ pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Atten
         .iter()
         .map(|&(q, k)| (q, k, max_k))
         .chain(tight_blocks.iter().map(|&(q, k)| (q, k, tight)))
-        .map(|(q, k, max_k)| AttentionSpec { arch, dtype: p.dtype, math, queries_per_block: q, keys_per_block: k, max_k })
+        .map(|(q, k, max_k)| AttentionSpec {
+            arch,
+            dtype: p.dtype,
+            math,
+            queries_per_block: q,
+            keys_per_block: k,
+            max_k,
+            family: AttentionFamily::Sm80,
+        })
         .filter(|s| s.invalid_reason().is_none() && s.fits(p))
         .collect()
 }
@@ -105,13 +241,77 @@ mod tests {
         AttentionProblem { origin: crate::rules::attention::AttentionOrigin::Explicit, batch: 128, heads: 8, seq_q: 512, seq_k: 512, head_dim: d, dtype, causal: true }
     }
 
+    fn names(c: &[AttentionSpec], family: &str) -> Vec<String> {
+        c.iter().map(AttentionSpec::name).filter(|n| n.starts_with(family)).collect()
+    }
+
+    #[test]
+    fn bf16_and_f16_get_both_families_sm90_first() {
+        for (d, tile) in [(64, "q128_k64_d64"), (96, "q128_k128_d128"), (128, "q128_k128_d128")] {
+            for causal in [true, false] {
+                let p = AttentionProblem { causal, ..problem(d, DType::Bf16) };
+                let c = candidates(&p, MathType::Bf16, Arch::Sm90);
+                let mask = if causal { "causal" } else { "full" };
+                assert_eq!(
+                    names(&c, "sm90"),
+                    [format!("sm90_fmha_bf16_bf16_{tile}_coop_{mask}"), format!("sm90_fmha_bf16_bf16_{tile}_pingpong_{mask}")],
+                    "d {d} causal {causal}"
+                );
+                assert!(c[0].name().starts_with("sm90_"), "sm90 kernels come first (a truncated sweep keeps them)");
+                assert!(!names(&c, "sm80").is_empty());
+                assert!(c.iter().all(|s| s.invalid_reason().is_none() && s.fits(&p)));
+            }
+        }
+        let c = candidates(&problem(64, DType::F16), MathType::F16, Arch::Sm90);
+        assert_eq!(c[0].name(), "sm90_fmha_f16_f16_q128_k64_d64_coop_causal");
+        // Head dims up to 32 also try the 64 tile.
+        assert_eq!(names(&candidates(&problem(32, DType::Bf16), MathType::Bf16, Arch::Sm90), "sm90").len(), 3);
+    }
+
+    #[test]
+    fn sm90_is_not_a_candidate_where_it_cannot_run() {
+        assert!(names(&candidates(&problem(64, DType::F32), MathType::Tf32, Arch::Sm90), "sm90").is_empty());
+        assert!(names(&candidates(&problem(64, DType::F32), MathType::Tf32x3, Arch::Sm90), "sm90").is_empty());
+        // Past the 128 tile, only sm80 (up to 256).
+        let c = candidates(&problem(192, DType::Bf16), MathType::Bf16, Arch::Sm90);
+        assert!(names(&c, "sm90").is_empty() && !names(&c, "sm80").is_empty());
+        // A query count that is not a multiple of 8 (CUTLASS's can_implement), and T = 1.
+        for t in [77, 1] {
+            let p = AttentionProblem { seq_q: t, seq_k: t, ..problem(64, DType::Bf16) };
+            let c = candidates(&p, MathType::Bf16, Arch::Sm90);
+            assert!(names(&c, "sm90").is_empty() && !names(&c, "sm80").is_empty(), "T {t}");
+        }
+        // Causal with more queries than keys would let late queries see padded keys.
+        let p = AttentionProblem { seq_q: 512, seq_k: 256, ..problem(64, DType::Bf16) };
+        assert!(names(&candidates(&p, MathType::Bf16, Arch::Sm90), "sm90").is_empty());
+        let p = AttentionProblem { causal: false, ..p };
+        assert_eq!(names(&candidates(&p, MathType::Bf16, Arch::Sm90), "sm90").len(), 2);
+        // A kernel built for one mask does not fit the other.
+        let causal = &candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90)[0];
+        assert!(!causal.fits(&AttentionProblem { causal: false, ..problem(64, DType::Bf16) }));
+    }
+
+    #[test]
+    fn old_entries_parse_as_sm80_and_sm90_specs_round_trip() {
+        let old = r#"{"arch":"sm90","dtype":"f32","math":"tf32","queries_per_block":32,"keys_per_block":128,"max_k":96}"#;
+        let a: AttentionSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(a.family, AttentionFamily::Sm80);
+        assert_eq!(a.name(), "sm80_fmha_tf32_f32_q32_k128_d96");
+        assert_eq!(serde_json::to_string(&a).unwrap(), old, "sm80 specs serialize as before");
+        let s = candidates(&problem(96, DType::Bf16), MathType::Bf16, Arch::Sm90).remove(0);
+        let back: AttentionSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        let spec: crate::space::Spec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(spec.name(), "sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal");
+    }
+
     #[test]
     fn candidates_take_the_smallest_head_dim_bound_and_valid_blocks() {
         let c = candidates(&problem(96, DType::F32), MathType::Tf32, Arch::Sm90);
         assert_eq!(c[0].name(), "sm80_fmha_tf32_f32_q32_k128_d128");
         assert!(c.iter().all(|s| s.invalid_reason().is_none()));
         assert_eq!(c.iter().filter(|s| s.max_k == 96).map(AttentionSpec::name).collect::<Vec<_>>(), ["sm80_fmha_tf32_f32_q32_k128_d96", "sm80_fmha_tf32_f32_q64_k128_d96"]);
-        let c = candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90);
+        let c = sm80_candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90);
         assert_eq!(c[0].name(), "sm80_fmha_bf16_bf16_q64_k64_d64");
         assert!(c.iter().all(|s| s.single_value_pass()));
         assert!(candidates(&problem(512, DType::F32), MathType::Tf32, Arch::Sm90).is_empty(), "head dims past 256 have no kernel");
@@ -121,11 +321,16 @@ mod tests {
 
     #[test]
     fn invalid_instantiations_say_why() {
-        let s = AttentionSpec { arch: Arch::Sm90, dtype: DType::F32, math: MathType::Bf16, queries_per_block: 64, keys_per_block: 64, max_k: 64 };
+        let s = AttentionSpec { arch: Arch::Sm90, dtype: DType::F32, math: MathType::Bf16, queries_per_block: 64, keys_per_block: 64, max_k: 64, family: AttentionFamily::Sm80 };
         assert!(s.invalid_reason().unwrap().contains("no attention kernel computes f32"));
         let s = AttentionSpec { math: MathType::Tf32, queries_per_block: 256, keys_per_block: 128, ..s };
         assert!(s.invalid_reason().unwrap().contains("32 warps"));
         let s = AttentionSpec { queries_per_block: 48, ..s };
         assert!(s.invalid_reason().unwrap().contains("multiples of 32"));
+        let sm90 = AttentionFamily::Sm90 { schedule: Sm90Schedule::Cooperative, causal: true };
+        let s = AttentionSpec { math: MathType::Tf32, queries_per_block: 128, keys_per_block: 64, family: sm90, ..s };
+        assert!(s.invalid_reason().unwrap().contains("bf16 or fp16 tensors only; fp32 runs on sm80_fmha"));
+        let s = AttentionSpec { dtype: DType::Bf16, math: MathType::Bf16, keys_per_block: 32, ..s };
+        assert!(s.invalid_reason().unwrap().contains("not an instantiation of examples/88"));
     }
 }
