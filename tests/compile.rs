@@ -247,7 +247,7 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let p = |dtype: DType| AttentionProblem { origin: AttentionOrigin::Explicit, batch: 2, heads: 8, seq_q: 512, seq_k: 512, head_dim: 96, dtype, causal: true };
     let tf32 = candidates(&p(DType::F32), MathType::Tf32, Arch::Sm90).remove(0);
-    let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90).remove(0);
+    let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90).into_iter().find(|a| a.name().starts_with("sm80_")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let specs: Vec<Spec> = vec![tf32.clone().into(), good_spec().into(), bf16.clone().into()];
     let built = nvcc::build_library(&tc, &specs, dir.path(), "liba.so", &cache_dir(), 2, false).unwrap();
@@ -288,4 +288,29 @@ fn ragged_kernels_compile_into_one_library() {
     assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!((lib.find(&cp.name()), lib.find(&x3.name()), lib.find(&b3.name())), (Some(0), Some(1), Some(2)));
+}
+
+/// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, both masks and both
+/// schedules, built by nvcc into one library with an sm80 attention kernel: each family compiles in
+/// its own units (with its example's headers), and the op-kernel table lists all of them.
+#[test]
+fn sm90_attention_kernels_build_into_a_library() {
+    use fact::rules::attention::AttentionOrigin;
+    use fact::rules::AttentionProblem;
+    use fact::space::attention::candidates;
+    use fact::space::Spec;
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let p = |d: i64, causal: bool| AttentionProblem { origin: AttentionOrigin::Sdpa, batch: 2, heads: 8, seq_q: 512, seq_k: 512, head_dim: d, dtype: DType::Bf16, causal };
+    let causal = candidates(&p(96, true), MathType::Bf16, Arch::Sm90).remove(0);
+    assert_eq!(causal.name(), "sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal");
+    let full = candidates(&p(64, false), MathType::Bf16, Arch::Sm90).remove(1);
+    assert_eq!(full.name(), "sm90_fmha_bf16_bf16_q128_k64_d64_pingpong_full");
+    let sm80 = candidates(&p(96, true), MathType::Bf16, Arch::Sm90).into_iter().find(|a| a.name().starts_with("sm80_")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let specs: Vec<Spec> = vec![causal.clone().into(), sm80.clone().into(), full.clone().into()];
+    let built = nvcc::build_library(&tc, &specs, dir.path(), "libfmha90.so", &cache_dir(), 2, false).unwrap();
+    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!((lib.len(), lib.op_len()), (0, 3));
+    assert_eq!((lib.op_name(0), lib.op_name(1), lib.op_name(2)), (Some(causal.name()), Some(sm80.name()), Some(full.name())));
 }
