@@ -26,7 +26,6 @@ using namespace cute;
 
 using Element = cutlass::bfloat16_t;
 using StrideQKVO = cute::tuple<int, _1, cute::tuple<int, int>>;  // T, D, (B, H)
-using StrideLse = cute::tuple<_1, cute::tuple<int, int>>;        // T, (B, H)
 using Built = typename cutlass::fmha::kernel::FmhaBuilder<
     Element, float, float, Shape<_128, _128, _128>, StrideQKVO, StrideQKVO, StrideQKVO,
     cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedCooperative>::Kernel;
