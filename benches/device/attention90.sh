@@ -18,7 +18,7 @@ budget=${1:-560}
 shift || true
 steps=${*:-gpt gpt2 full d32}
 start=$SECONDS
-export FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/user_table.json FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json
+export FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/user_table.json FACT_SHIPPED_TABLE=/nonexistent.json
 dir=$OUT/attention90
 mkdir -p "$dir"
 summary=$dir/summary.txt
