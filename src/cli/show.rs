@@ -120,6 +120,7 @@ pub(super) fn print_bench(b: &BenchReport) {
         println!("  {} {:<9} {}: kernel {} ms, torch {} ms", p.id, p.kind.name(), p.kernel, fmt_ms(p.kernel_ms), fmt_ms(p.torch_ms));
     }
     for (kernel, c) in &b.op_calls {
-        println!("  {kernel}: ran {} calls ({} on a copied operand), fell back {}", c.ran, c.copied, c.fell_back);
+        let why = c.why.as_deref().map(|w| format!(" (last: {w})")).unwrap_or_default();
+        println!("  {kernel}: ran {} calls ({} on a copied operand), fell back {}{why}", c.ran, c.copied, c.fell_back);
     }
 }
