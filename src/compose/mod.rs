@@ -475,6 +475,7 @@ fn prefetch(opts: &Options, tc: &Toolchain, tables: &Tables, steward: &Steward, 
     }
     let mut specs: Vec<Spec> = Vec::new();
     let mut builtin = Steward::builtin();
+    let mut missed = 0;
     for problem in problems {
         let Some(math) = MathType::for_tensor(problem.dtype(), opts.precision) else { continue };
         let key = TableKey::of(problem, math, opts.arch);
@@ -485,6 +486,7 @@ fn prefetch(opts: &Options, tc: &Toolchain, tables: &Tables, steward: &Steward, 
             Problem::Gemm(p) => sweep_candidates(opts, tc, tables, &mut builtin, p, math, &key)?.map(|c| c.kernels.into_iter().map(Spec::from).collect()),
             Problem::Attention(p) => attention_sweep_candidates(opts, p, math),
         };
+        missed += 1;
         specs.extend(found.unwrap_or_default());
     }
     let mut seen = BTreeSet::new();
@@ -492,7 +494,7 @@ fn prefetch(opts: &Options, tc: &Toolchain, tables: &Tables, steward: &Steward, 
     if specs.len() < 2 {
         return Ok(());
     }
-    nvcc::progress_line(opts.progress, format_args!("prefetch: compiling the first candidates of {} problems together", problems.len()));
+    nvcc::progress_line(opts.progress, format_args!("prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss"));
     let dir = opts.out_dir.join("sweeps").join("prefetch");
     nvcc::compile_objects(tc, &specs, &dir, &opts.cache_dir, opts.jobs, opts.progress).map_err(ComposeError::from)?;
     Ok(())
