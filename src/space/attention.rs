@@ -178,14 +178,29 @@ impl AttentionSpec {
 
 /// The candidates for a problem: for bf16/fp16 the sm90 kernels first (examples/88's
 /// instantiations for the smallest head-dim tile that fits, and for head dims up to 32 those of
-/// the 64 tile too; for head dims between 64 and 96 then the 96 tile's), then the sm80 ones.
+/// the 64 tile too; for head dims between 64 and 96 then the 96 tile's), then the sm80 ones; each
+/// kept where it is valid and takes the problem.
 pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
-    let mut out = sm90_candidates(p, math, arch);
-    out.extend(sm80_candidates(p, math, arch));
-    out
+    sm90_shapes(p)
+        .into_iter()
+        .chain(sm80_shapes(p))
+        .map(|(queries_per_block, keys_per_block, max_k, family)| AttentionSpec {
+            arch,
+            dtype: p.dtype,
+            math,
+            queries_per_block,
+            keys_per_block,
+            max_k,
+            family,
+        })
+        .filter(|s| s.invalid_reason().is_none() && s.fits(p))
+        .collect()
 }
 
-fn sm90_candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
+/// A candidate's block shape: (queries per block, keys per block, head-dim bound, family).
+type Shape = (u32, u32, u32, AttentionFamily);
+
+fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
     let Some(tile) = [32u32, 64, 128].into_iter().find(|&t| p.head_dim as u32 <= t) else { return vec![] };
     let tiles: &[u32] = match tile {
         32 => &[32, 64],
@@ -194,25 +209,15 @@ fn sm90_candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Atte
     };
     tiles
         .iter()
-        .flat_map(|&max_k| sm90_tiles(max_k).iter().map(move |&(q, k, schedule)| (q, k, schedule, max_k)))
-        .map(|(q, k, schedule, max_k)| AttentionSpec {
-            arch,
-            dtype: p.dtype,
-            math,
-            queries_per_block: q,
-            keys_per_block: k,
-            max_k,
-            family: AttentionFamily::Sm90 { schedule, causal: p.causal },
-        })
-        .filter(|s| s.invalid_reason().is_none() && s.fits(p))
+        .flat_map(|&max_k| sm90_tiles(max_k).iter().map(move |&(q, k, schedule)| (q, k, max_k, AttentionFamily::Sm90 { schedule, causal: p.causal })))
         .collect()
 }
 
-/// The sm80 candidates: the block shapes xFormers and torch ship for the head-dim
-/// bound that fits (64, 128 or 256), and their neighbours, ordered with the shipped ones first;
-/// for a head dim between those bounds (GPT's 96) also the tight bound (the next multiple of 32),
-/// whose smaller shared-memory stages may fit more CTAs on an SM.
-fn sm80_candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
+/// The sm80 block shapes: those xFormers and torch ship for the head-dim bound that fits (64, 128
+/// or 256), and their neighbours, ordered with the shipped ones first; for a head dim between
+/// those bounds (GPT's 96) also the tight bound (the next multiple of 32), whose smaller
+/// shared-memory stages may fit more CTAs on an SM.
+fn sm80_shapes(p: &AttentionProblem) -> Vec<Shape> {
     let max_k = [64u32, 128, 256].into_iter().find(|&b| p.head_dim as u32 <= b);
     let Some(max_k) = max_k else { return vec![] };
     let blocks: &[(u32, u32)] = match max_k {
@@ -224,18 +229,8 @@ fn sm80_candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Atte
     let tight_blocks: &[(u32, u32)] = if tight < max_k && tight > 64 { &[(32, 128), (64, 128)] } else { &[] };
     blocks
         .iter()
-        .map(|&(q, k)| (q, k, max_k))
-        .chain(tight_blocks.iter().map(|&(q, k)| (q, k, tight)))
-        .map(|(q, k, max_k)| AttentionSpec {
-            arch,
-            dtype: p.dtype,
-            math,
-            queries_per_block: q,
-            keys_per_block: k,
-            max_k,
-            family: AttentionFamily::Sm80,
-        })
-        .filter(|s| s.invalid_reason().is_none() && s.fits(p))
+        .map(|&(q, k)| (q, k, max_k, AttentionFamily::Sm80))
+        .chain(tight_blocks.iter().map(|&(q, k)| (q, k, tight, AttentionFamily::Sm80)))
         .collect()
 }
 
@@ -317,7 +312,7 @@ mod tests {
         assert_eq!(c[0].name(), "sm80_fmha_tf32_f32_q32_k128_d128");
         assert!(c.iter().all(|s| s.invalid_reason().is_none()));
         assert_eq!(c.iter().filter(|s| s.max_k == 96).map(AttentionSpec::name).collect::<Vec<_>>(), ["sm80_fmha_tf32_f32_q32_k128_d96", "sm80_fmha_tf32_f32_q64_k128_d96"]);
-        let c = sm80_candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90);
+        let c: Vec<AttentionSpec> = candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90).into_iter().filter(|s| s.family == AttentionFamily::Sm80).collect();
         assert_eq!(c[0].name(), "sm80_fmha_bf16_bf16_q64_k64_d64");
         assert!(c.iter().all(|s| s.single_value_pass()));
         assert!(candidates(&problem(512, DType::F32), MathType::Tf32, Arch::Sm90).is_empty(), "head dims past 256 have no kernel");
