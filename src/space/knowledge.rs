@@ -205,10 +205,7 @@ impl Knowledge {
             if (p.bias || p.epilogue.is_some()) && epilogue == EpilogueKind::NoSmem {
                 continue;
             }
-            // The row's own output alignment where it differs from the operands' (cp.async rows).
-            let derived = align.min(full);
-            let align_c = if family == Family::Sm90Gemm && r.alignment[2] != derived { r.alignment[2] } else { 0 };
-            out.push(KernelSpec {
+            let mut spec = KernelSpec {
                 family,
                 arch,
                 layout: p.layout,
@@ -220,13 +217,18 @@ impl Knowledge {
                 scheduler,
                 bias: p.bias,
                 align,
-                align_c,
+                align_c: 0,
                 warps: [0, 0, 0],
                 stages: r.stages,
                 epilogue,
                 knobs: Knobs::default(),
                 fusion: p.epilogue.clone(),
-            });
+            };
+            // The row's own output alignment where it differs from the operands' (cp.async rows).
+            if family == Family::Sm90Gemm && r.alignment[2] != spec.implied_align_out() {
+                spec.align_c = r.alignment[2];
+            }
+            out.push(spec);
         }
         // Epilogue fusion is rendered through sm90 visitor trees only.
         for r in self.sm80.iter().filter(|_| p.epilogue.is_none()) {

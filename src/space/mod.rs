@@ -376,8 +376,14 @@ impl KernelSpec {
         if self.align_c > 0 {
             self.align_c
         } else {
-            self.align.min(16 / self.dtype.bytes() as u32)
+            self.implied_align_out()
         }
+    }
+
+    /// The output alignment the operands' alignment implies (at most 16 bytes): what
+    /// `align_c == 0` stands for.
+    pub fn implied_align_out(&self) -> u32 {
+        self.align.min(16 / self.dtype.bytes() as u32)
     }
 
     /// Whether this split-family kernel pads its parts to the part element's 16 bytes (and stores
@@ -446,7 +452,7 @@ impl KernelSpec {
             return Some(format!("alignment {} is not a power of two in 1..{} elements", self.align, 16 / elem_bytes));
         }
         if self.align_c > 0 {
-            let derived = self.align.min(16 / self.dtype.bytes() as u32);
+            let derived = self.implied_align_out();
             if !self.align_c.is_power_of_two() || self.align_c * self.dtype.bytes() as u32 > 16 || self.align_c == derived {
                 return Some(format!(
                     "output alignment {} must be a power of two of at most 16 bytes other than {derived} (0 says the operands' alignment)",
