@@ -145,6 +145,11 @@ impl Steward {
         }
     }
 
+    /// Whether the built-in agent decides (none was given, or the given one was let go).
+    pub fn is_builtin(&self) -> bool {
+        self.agent.is_none()
+    }
+
     fn give_up(&mut self, step: &str, e: AgentError) {
         let name = self.name();
         self.notes.push(format!("{name}: {e} while {step}; the built-in agent takes over"));

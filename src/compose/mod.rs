@@ -305,6 +305,13 @@ pub struct Realized {
     pub failures: Vec<CompileFailure>,
 }
 
+impl Realized {
+    /// Left to torch, and why.
+    fn skipped(reason: String) -> Realized {
+        Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] }
+    }
+}
+
 fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
     opts.out_dir.join("sweeps").join(format!("{}_{}_{}{what}", key.rule, key.dtypes.a, key.shape))
 }
@@ -320,9 +327,8 @@ pub fn realize(
     problem: &Problem,
     gpu: bool,
 ) -> Result<Realized, ComposeError> {
-    let skipped = |reason: String| Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] };
     let Some(math) = MathType::for_tensor(problem.dtype(), opts.precision) else {
-        return Ok(skipped(format!(
+        return Ok(Realized::skipped(format!(
             "no kernel family computes {} under precision {}; use --precision tf32",
             problem.dtype(),
             opts.precision
@@ -470,7 +476,7 @@ fn attention_sweep_candidates(opts: &Options, problem: &AttentionProblem, math: 
 /// advance; an external agent's sweeps compile as they come. Failures are left to the sweeps to
 /// report.
 fn prefetch(opts: &Options, tc: &Toolchain, tables: &Tables, steward: &Steward, problems: &[Problem]) -> Result<(), ComposeError> {
-    if steward.name() != "builtin" {
+    if !steward.is_builtin() {
         return Ok(());
     }
     let mut specs: Vec<Spec> = Vec::new();
@@ -511,7 +517,7 @@ fn realize_sweep(
 ) -> Result<Realized, ComposeError> {
     let SweepCandidates { kernels: candidates, space, failed_before } = match sweep_candidates(opts, tc, tables, steward, problem, math, &key)? {
         Ok(c) => c,
-        Err(reason) => return Ok(Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] }),
+        Err(reason) => return Ok(Realized::skipped(reason)),
     };
     let dir = sweep_dir(opts, &key, "");
     let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
@@ -599,7 +605,7 @@ fn realize_attention_sweep(
 ) -> Result<Realized, ComposeError> {
     let candidates = match attention_sweep_candidates(opts, problem, math) {
         Ok(c) => c,
-        Err(reason) => return Ok(Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] }),
+        Err(reason) => return Ok(Realized::skipped(reason)),
     };
     let dir = sweep_dir(opts, &key, "");
     if !torch::cuda_available() {
@@ -661,13 +667,7 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let (mut matches, attention) = (found.gemm, found.attention);
     let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
 
-    let problems: Vec<Problem> = order
-        .iter()
-        .map(|id| {
-            let i = id[1..].parse::<usize>().expect("plan ids are p<index> or a<index>");
-            if id.starts_with('a') { Matched::Attention(&attention[i]) } else { Matched::Gemm(&matches[i]) }.problem()
-        })
-        .collect();
+    let problems: Vec<Problem> = order.iter().map(|id| Matched::of_plan_id(id, &matches, &attention).problem()).collect();
     prefetch(opts, &tc, &tables, &steward, &problems)?;
 
     // Realize in the plan's order, so the patterns worth most are tuned first.
@@ -676,9 +676,9 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     // Fused problems no kernel could realize: every match of one falls back to its plain GEMM.
     let mut unfused: BTreeSet<ProblemKey> = BTreeSet::new();
     for id in &order {
-        let i = id[1..].parse::<usize>().expect("plan ids are p<index> or a<index>");
         loop {
-            let m = if id.starts_with('a') { Matched::Attention(&attention[i]) } else { Matched::Gemm(&matches[i]) };
+            let m = Matched::of_plan_id(id, &matches, &attention);
+            let i = plan_index(id);
             let problem = m.problem();
             let pk = ProblemKey::of(&problem);
             if !done.contains_key(&pk) {
@@ -772,13 +772,26 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     Ok(report)
 }
 
+/// The index in its kind's match list of the pattern a plan id (`p<i>`, `a<i>`) names.
+fn plan_index(id: &str) -> usize {
+    id[1..].parse::<usize>().expect("plan ids are p<index> or a<index>")
+}
+
 /// A match of any pattern kind, as the report and the rewrite see it.
 enum Matched<'a> {
     Gemm(&'a GemmMatch),
     Attention(&'a AttentionMatch),
 }
 
-impl Matched<'_> {
+impl<'a> Matched<'a> {
+    /// The match a plan id names: `p<i>` the i-th GEMM match, `a<i>` the i-th attention match.
+    fn of_plan_id(id: &str, gemm: &'a [GemmMatch], attention: &'a [AttentionMatch]) -> Matched<'a> {
+        if id.starts_with('a') {
+            Matched::Attention(&attention[plan_index(id)])
+        } else {
+            Matched::Gemm(&gemm[plan_index(id)])
+        }
+    }
     fn problem(&self) -> Problem {
         match self {
             Matched::Gemm(m) => Problem::Gemm(m.problem.clone()),
