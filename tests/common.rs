@@ -49,6 +49,21 @@ pub fn fact() -> Command {
     c
 }
 
+/// `fact compose --json --out OUT_DIR MODEL` with `user_table` as the only pattern table (the
+/// shipped one pointed away); asserts it succeeded and returns its JSON.
+pub fn compose_json(user_table: &Path, model: &Path, out_dir: &Path) -> serde_json::Value {
+    let out = fact()
+        .env("FACT_TABLE", user_table)
+        .env("FACT_SHIPPED_TABLE", out_dir.with_file_name("none.json"))
+        .args(["compose", "--json", "--out"])
+        .arg(out_dir)
+        .arg(model)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A table entry whose one run timed `spec` at `ms` on `device`: test data, never a measurement.
 pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &str) -> Entry {
     let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };

@@ -2,7 +2,7 @@
 //! linked into a kernel library; the composed module rewritten to call fact::gemm and loaded from
 //! Python with the README's two lines.
 
-use crate::common::{cache_dir, fact, fixture, python, sample_entry};
+use crate::common::{cache_dir, compose_json, fact, fixture, python, sample_entry};
 use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem};
 use fact::space::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, Knowledge, TileScheduler};
@@ -165,16 +165,7 @@ fn table_hit_composes_a_module_that_calls_the_op_and_loads_in_python() {
     let user = dir.path().join("table.json");
     table_with(&good_spec()).save(&user).unwrap();
     let out_dir = dir.path().join("out");
-    let out = fact()
-        .env("FACT_TABLE", &user)
-        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
-        .args(["compose", "--json", "--out"])
-        .arg(&out_dir)
-        .arg(fixture("linear.pt"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = compose_json(&user, &fixture("linear.pt"), &out_dir);
     let p = &v["compose"]["patterns"][0];
     assert_eq!(p["realization"]["how"], "hit");
     assert_eq!(p["realization"]["table"], "user");

@@ -3,7 +3,7 @@
 //! layouts compile with the pip nvcc, and a composed `a.t() @ b` (transposed.pt) keeps the view
 //! feeding fact::gemm and computes the original's numbers when the op falls back on the CPU.
 
-use crate::common::{cache_dir, fact, fixture, python, sample_entry};
+use crate::common::{cache_dir, compose_json, fact, fixture, python, sample_entry};
 use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::rules::{match_gemms, GemmLayout, GemmProblem};
 use fact::space::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knowledge, TileScheduler};
@@ -107,16 +107,7 @@ fn a_composed_transposed_matmul_falls_back_on_cpu_with_the_original_numbers() {
     t.insert_merged(sample_entry(&transposed_problem(), &crr_spec(), 0.01, "test table (not a measurement)"));
     t.save(&user).unwrap();
     let out_dir = dir.path().join("out");
-    let out = fact()
-        .env("FACT_TABLE", &user)
-        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
-        .args(["compose", "--json", "--out"])
-        .arg(&out_dir)
-        .arg(fixture("transposed.pt"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = compose_json(&user, &fixture("transposed.pt"), &out_dir);
     let p = &v["compose"]["patterns"][0];
     assert_eq!((p["rule"].as_str(), p["realization"]["how"].as_str()), (Some("gemm_crr"), Some("hit")), "{p}");
     assert_eq!(p["kernel"], crr_spec().name());
