@@ -16,16 +16,19 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from epilogue_suite import DTYPE, MATMUL_PRECISION  # noqa: E402 -- the suite's, one copy each
+
 ITERS = 5
 
 
 def main():
     d, policy, shape = Path(sys.argv[1]), sys.argv[2], [int(v) for v in sys.argv[3].split("x")]
     out = Path(sys.argv[4]) if len(sys.argv) > 4 else None
-    torch.set_float32_matmul_precision({"tf32": "high", "f32": "highest", "bf16": "high"}[policy])
+    torch.set_float32_matmul_precision(MATMUL_PRECISION[policy])
     torch.ops.load_library(str(d / "libfact_ops.so"))
     m = torch.jit.load(str(d / "composed.pt"), map_location="cuda").eval()
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16 if policy == "bf16" else torch.float32)
+    x = torch.randn(shape, device="cuda", dtype=DTYPE[policy])
     with torch.no_grad():
         for _ in range(10):
             m(x)

@@ -18,16 +18,8 @@ from pathlib import Path
 
 import torch
 
-TOLERANCE = {"tf32": 1e-3, "f32": 1e-4, "bf16": 1e-2}
-MATMUL_PRECISION = {"tf32": "high", "f32": "highest", "bf16": "high"}
-DTYPE = {"tf32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16}
-
-
-def rel_err(out, ref):
-    out, ref = out.double().cpu(), ref.double().cpu()
-    if torch.isnan(out).any() or torch.isnan(ref).any():
-        return float("nan")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from epilogue_suite import DTYPE, MATMUL_PRECISION, TOLERANCE, rel_err  # noqa: E402 -- the suite's, one copy each
 
 
 def main():
