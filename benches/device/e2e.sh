@@ -27,17 +27,18 @@ export FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json FACT_TABLE=$out/user_tab
   python3 -c 'import torch; print("torch", torch.__version__)'; "$bin" --version
 } >> "$log" 2>&1
 
-trace_block() { # NAME POLICY PATH: the suite's model traced on CPU in eval mode, in the policy's dtype
+trace_block() { # NAME POLICY PATH: the suite's model as the suite traces it (epilogue_suite.trace)
   python3 - "$@" <<'PY'
-import sys, torch
+import sys
+from pathlib import Path
 sys.path.insert(0, "benches/device")
-from epilogue_models import suite
+import epilogue_suite
 name, policy, path = sys.argv[1:4]
-f = {n: f for n, f, s in suite()}[name]
-torch.manual_seed(0)
-dtype = torch.bfloat16 if policy == "bf16" else torch.float32
-with torch.no_grad():
-    torch.jit.trace(f().eval().to(dtype), (torch.randn(2, 4, 768, dtype=dtype),)).save(path)
+out = Path(path).parent
+(out / "models").mkdir(parents=True, exist_ok=True)
+factory, shapes = epilogue_suite.models_by_name()[name]
+epilogue_suite.trace(out, name, policy, factory, shapes)
+(out / "models" / f"{epilogue_suite.tag(name, policy)}.pt").replace(path)
 PY
 }
 
