@@ -86,10 +86,9 @@ pub struct BenchOptions {
     pub cutlass: String,
     pub cuda: String,
     pub command: String,
-    /// The kernels the composed module substitutes: each must run, or the bench fails.
-    pub kernels: Vec<String>,
     /// Pattern kinds to turn off one at a time after the composed module is timed.
     pub without: Vec<PatternKind>,
+    /// The substituted patterns: each one's kernel must run, or the bench fails.
     pub patterns: Vec<PatternTime>,
 }
 
@@ -208,7 +207,8 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
         let baseline = time_forward(&original, &inputs, &opts.protocol, cuda)?;
         let fact = time_forward(&composed, &inputs, &opts.protocol, cuda)?;
         let op_calls = torch::op_stats(&opts.library, false).map_err(|e| e.to_string())?;
-        never_ran(&opts.kernels, &op_calls)?;
+        let kernels: Vec<String> = opts.patterns.iter().map(|p| p.kernel.clone()).collect();
+        never_ran(&kernels, &op_calls)?;
         let mut ablations = Vec::new();
         for &kind in &opts.without {
             torch::disable_kinds(&opts.library, &[kind]).map_err(|e| e.to_string())?;

@@ -55,7 +55,6 @@ pub(super) fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Pa
         cutlass: tc.cutlass_version(),
         cuda: tc.nvcc_version(),
         command: command_line(),
-        kernels: report.patterns.iter().filter_map(|p| p.kernel.clone()).collect(),
         without,
         patterns,
     };
