@@ -103,6 +103,17 @@ fn compose_edits_of_a_whole_block_chain_through_each_other() {
     for gone in ["aten::linear", "aten::gelu", "aten::matmul", "aten::div(", "aten::softmax", "aten::masked_fill", "aten::bitwise_not"] {
         assert!(!text.contains(gone), "{gone} left in\n{text}");
     }
+    // `c // h` and its square root stay on the host wherever the module is loaded: the traced 0-d
+    // tensor constant they divided by (moved to the GPU by map_location="cuda", which made the
+    // view's aten::Int wait for the stream) is now a NumToTensor of the same number.
+    assert!(!text.contains("prim::Constant[value={"), "a tensor constant is left\n{text}");
+    let divides: Vec<&str> = text.lines().filter(|l| l.contains("aten::floor_divide(")).collect();
+    assert!(!divides.is_empty(), "{text}");
+    for line in divides {
+        let operand = line.split("aten::floor_divide(").nth(1).unwrap().split([',', ')']).nth(1).unwrap().trim();
+        let producer = text.lines().find(|l| l.trim_start().starts_with(&format!("{operand} :"))).unwrap_or("");
+        assert!(producer.contains("prim::NumToTensor"), "{line}: {operand} comes from `{producer}`");
+    }
     assert!(torch::graph_text(&out).is_ok(), "the composed block loads again");
 }
 
