@@ -7,9 +7,14 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let libtorch = env::var("LIBTORCH").map(PathBuf::from).unwrap_or_else(|_| root.join(".fact/torch"));
+    let libtorch = env::var("LIBTORCH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join(".fact/torch"));
     let libtorch = libtorch.canonicalize().unwrap_or_else(|_| {
-        panic!("libtorch not found at {}: run ./setup first", libtorch.display())
+        panic!(
+            "libtorch not found at {}: run ./setup first",
+            libtorch.display()
+        )
     });
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     let include = libtorch.join("include");
@@ -24,7 +29,11 @@ fn main() {
         .flag("-DGLOG_USE_GLOG_EXPORT")
         .flag_if_supported("-Wno-unused-parameter")
         .compile("fact_bridge");
-    for f in ["src/torch/mod.rs", "src/torch/bridge.cc", "src/torch/bridge.h"] {
+    for f in [
+        "src/torch/mod.rs",
+        "src/torch/bridge.cc",
+        "src/torch/bridge.h",
+    ] {
         println!("cargo:rerun-if-changed={f}");
     }
     println!("cargo:rustc-link-search=native={}", lib.display());
@@ -65,7 +74,9 @@ fn main() {
         .allowlist_var("FACT_.*")
         .rustified_enum("FactStatus")
         .generate()
-        .expect("bindgen could not bind include/fact_kernels.h (is LIBCLANG_PATH set? run ./setup)");
+        .expect(
+            "bindgen could not bind include/fact_kernels.h (is LIBCLANG_PATH set? run ./setup)",
+        );
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     bindings.write_to_file(out.join("fact_kernels.rs")).unwrap();
 

@@ -60,13 +60,23 @@ pub fn compose_json(user_table: &Path, model: &Path, out_dir: &Path) -> serde_js
         .arg(model)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// A table entry whose one run timed `spec` at `ms` on `device`: test data, never a measurement.
 pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &str) -> Entry {
-    let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
+    let timing = Timing {
+        median_ms: ms,
+        min_ms: ms,
+        max_ms: ms,
+        spread: 0.0,
+        samples: 1,
+    };
     let run = Run {
         provenance: Provenance {
             device: DeviceInfo {
@@ -86,8 +96,17 @@ pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &
         candidates: vec![CandidateResult {
             kernel: spec.name(),
             spec: spec.clone().into(),
-            outcome: Outcome::Ok { max_rel_err: 0.0, timing, tflops: 0.0 },
+            outcome: Outcome::Ok {
+                max_rel_err: 0.0,
+                timing,
+                tflops: 0.0,
+            },
         }],
     };
-    Entry::from_runs(TableKey::gemm(problem, MathType::Tf32, Arch::Sm90), problem.clone(), vec![run]).expect("one timed candidate")
+    Entry::from_runs(
+        TableKey::gemm(problem, MathType::Tf32, Arch::Sm90),
+        problem.clone(),
+        vec![run],
+    )
+    .expect("one timed candidate")
 }

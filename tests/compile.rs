@@ -5,14 +5,25 @@
 use crate::common::{cache_dir, compose_json, fact, fixture, python, sample_entry};
 use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem};
-use fact::space::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, Knowledge, TileScheduler};
+use fact::space::{
+    EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, Knowledge, TileScheduler,
+};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 use std::process::Command;
 
 /// The linear fixture's problem: out[32,128] = x[32,64] · w[128,64]ᵀ + b.
 fn linear_problem() -> GemmProblem {
-    GemmProblem { m: 32, n: 128, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1, epilogue: None }
+    GemmProblem {
+        m: 32,
+        n: 128,
+        k: 64,
+        layout: GemmLayout::Rcr,
+        dtype: DType::F32,
+        bias: true,
+        batch: 1,
+        epilogue: None,
+    }
 }
 
 pub(crate) fn good_spec() -> KernelSpec {
@@ -34,7 +45,11 @@ fn accurate_spec() -> KernelSpec {
     Knowledge::shipped()
         .kernels(&linear_problem(), MathType::Tf32x3, Arch::Sm90)
         .into_iter()
-        .find(|k| k.family == Family::Sm80Gemm && k.tile == [64, 64, 32] && k.scheduler == TileScheduler::Persistent)
+        .find(|k| {
+            k.family == Family::Sm80Gemm
+                && k.tile == [64, 64, 32]
+                && k.scheduler == TileScheduler::Persistent
+        })
         .expect("a 64x64 3xTF32 candidate")
 }
 
@@ -44,34 +59,88 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     let mut bad = good_spec();
     // Cooperative kernels need tile M of 128 or more: CUTLASS static_asserts, nvcc fails.
     bad.tile = [64, 128, 32];
-    assert!(bad.invalid_reason().is_some(), "the validity rules know this one");
-    let split = accurate_spec().with_knobs(Knobs { splits: 2, ..Knobs::default() });
+    assert!(
+        bad.invalid_reason().is_some(),
+        "the validity rules know this one"
+    );
+    let split = accurate_spec().with_knobs(Knobs {
+        splits: 2,
+        ..Knobs::default()
+    });
     let dir = tempfile::tempdir().unwrap();
     // Two jobs: the uncached kernels go into two translation units; a unit holding the bad kernel
     // fails and is bisected, so the others still make it (the 3xTF32 one with both variants).
     let variants = [good_spec(), accurate_spec(), bad.clone(), split.clone()];
-    let built = nvcc::build_library(&tc, &variants, dir.path(), "libt.so", &cache_dir(), 2, false).unwrap();
+    let built = nvcc::build_library(
+        &tc,
+        &variants,
+        dir.path(),
+        "libt.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
 
-    assert_eq!(built.kernels, vec![good_spec().into(), accurate_spec().into(), split.clone().into()]);
+    assert_eq!(
+        built.kernels,
+        vec![
+            good_spec().into(),
+            accurate_spec().into(),
+            split.clone().into()
+        ]
+    );
     assert_eq!(built.failures.len(), 1);
     let f = &built.failures[0];
     assert_eq!(f.kernel, bad.name());
-    assert!(f.source.is_file(), "the failing kernel's own .cu stays on disk");
-    assert!(f.command.contains("nvcc") && f.command.contains("sm_90a"), "{}", f.command);
+    assert!(
+        f.source.is_file(),
+        "the failing kernel's own .cu stays on disk"
+    );
+    assert!(
+        f.command.contains("nvcc") && f.command.contains("sm_90a"),
+        "{}",
+        f.command
+    );
     assert!(f.log.contains("error"), "{}", f.log);
     assert!(f.to_string().contains("\n    "), "the log is indented");
 
     let again = tempfile::tempdir().unwrap();
-    let rebuilt = nvcc::build_library(&tc, &[good_spec()], again.path(), "libt.so", &cache_dir(), 2, false).unwrap();
-    assert_eq!((rebuilt.compiled, rebuilt.cached), (0, 1), "a kernel compiles once, whatever the output folder");
+    let rebuilt = nvcc::build_library(
+        &tc,
+        &[good_spec()],
+        again.path(),
+        "libt.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
+    assert_eq!(
+        (rebuilt.compiled, rebuilt.cached),
+        (0, 1),
+        "a kernel compiles once, whatever the output folder"
+    );
 
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!(lib.len(), 3);
     assert_eq!(lib.name(0).unwrap(), good_spec().name());
-    assert_eq!(lib.find(&split.name()), Some(2), "knob variants are dispatch entries of their kernel");
+    assert_eq!(
+        lib.find(&split.name()),
+        Some(2),
+        "knob variants are dispatch entries of their kernel"
+    );
     assert_eq!(lib.find(&bad.name()), None);
-    let generated = std::fs::read_to_string(dir.path().join("src").join(format!("{}.cu", good_spec().name()))).unwrap();
-    assert!(generated.contains(&good_spec().to_json()), "the source carries its spec");
+    let generated = std::fs::read_to_string(
+        dir.path()
+            .join("src")
+            .join(format!("{}.cu", good_spec().name())),
+    )
+    .unwrap();
+    assert!(
+        generated.contains(&good_spec().to_json()),
+        "the source carries its spec"
+    );
 }
 
 /// The fp32-accurate split families on WGMMA: the tf32 split of an rrr problem (transposing b into
@@ -80,7 +149,11 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
 fn split_families_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let pick = |layout: GemmLayout, family: Family| {
-        let p = GemmProblem { layout, bias: false, ..linear_problem() };
+        let p = GemmProblem {
+            layout,
+            bias: false,
+            ..linear_problem()
+        };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32x3, Arch::Sm90)
             .into_iter()
@@ -97,10 +170,31 @@ fn split_families_compile_into_one_library() {
     let x3 = pick(GemmLayout::Rrr, Family::Sm90GemmX3);
     let b3 = pick(GemmLayout::Rcr, Family::Sm90GemmBf16x3);
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(&tc, &[x3.clone(), b3.clone()], dir.path(), "libs.so", &cache_dir(), 2, false).unwrap();
-    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let built = nvcc::build_library(
+        &tc,
+        &[x3.clone(), b3.clone()],
+        dir.path(),
+        "libs.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
+    assert!(
+        built.failures.is_empty(),
+        "{}",
+        built
+            .failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!((lib.find(&x3.name()), lib.find(&b3.name())), (Some(0), Some(1)));
+    assert_eq!(
+        (lib.find(&x3.name()), lib.find(&b3.name())),
+        (Some(0), Some(1))
+    );
 }
 
 /// Epilogue fusion through sm90 visitor trees: a DAG over a residual (the C operand), a bias-like
@@ -112,21 +206,53 @@ fn fused_epilogues_compile_into_one_library() {
     let program = "leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=add(l0,v6)";
     let epilogue = fact::rules::Epilogue::parse(program).unwrap();
     let fused = |dtype: DType| {
-        let p = GemmProblem { dtype, epilogue: Some(epilogue.clone()), ..linear_problem() };
+        let p = GemmProblem {
+            dtype,
+            epilogue: Some(epilogue.clone()),
+            ..linear_problem()
+        };
         let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
         Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
             .into_iter()
-            .find(|k| k.tile[..2] == [128, 128] && k.schedule == KernelSchedule::WsCooperative && k.scheduler == TileScheduler::Persistent)
+            .find(|k| {
+                k.tile[..2] == [128, 128]
+                    && k.schedule == KernelSchedule::WsCooperative
+                    && k.scheduler == TileScheduler::Persistent
+            })
             .expect("a 128x128 cooperative kernel with the epilogue")
     };
     let (f32k, bf16k) = (fused(DType::F32), fused(DType::Bf16));
-    assert!(f32k.fits(&GemmProblem { epilogue: Some(epilogue.clone()), ..linear_problem() }));
+    assert!(f32k.fits(&GemmProblem {
+        epilogue: Some(epilogue.clone()),
+        ..linear_problem()
+    }));
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(&tc, &[f32k.clone(), bf16k.clone()], dir.path(), "libe.so", &cache_dir(), 2, false).unwrap();
-    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let built = nvcc::build_library(
+        &tc,
+        &[f32k.clone(), bf16k.clone()],
+        dir.path(),
+        "libe.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
+    assert!(
+        built.failures.is_empty(),
+        "{}",
+        built
+            .failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!((lib.find(&f32k.name()), lib.find(&bf16k.name())), (Some(0), Some(1)));
+    assert_eq!(
+        (lib.find(&f32k.name()), lib.find(&bf16k.name())),
+        (Some(0), Some(1))
+    );
     assert_eq!(lib.epilogue(0).as_deref(), Some(program));
 }
 
@@ -139,23 +265,46 @@ fn a_fused_pattern_without_a_kernel_falls_back_to_its_gemm() {
     let out = fact()
         .env("FACT_TABLE", dir.path().join("table.json"))
         .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
-        .args(["compose", "--json", "--precision", "f32", "--candidates", "1", "--out"])
+        .args([
+            "compose",
+            "--json",
+            "--precision",
+            "f32",
+            "--candidates",
+            "1",
+            "--out",
+        ])
         .arg(dir.path().join("out"))
         .arg(fixture("linear_ep.pt"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let c = &v["compose"];
     assert_eq!(c["patterns"][0]["rule"], "gemm_rcr_bias", "{c}");
     assert_eq!(c["patterns"][0]["realization"]["how"], "compiled", "{c}");
     let notes = c["agent_notes"].as_array().unwrap();
-    assert!(notes.iter().any(|n| n.as_str().unwrap().contains("the fused epilogue is left to torch")), "{notes:?}");
+    assert!(
+        notes.iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .contains("the fused epilogue is left to torch")),
+        "{notes:?}"
+    );
 }
 
 fn table_with(spec: &KernelSpec) -> Table {
     let mut t = Table::new();
-    t.insert_merged(sample_entry(&linear_problem(), spec, 0.01, "test table (not a measurement)"));
+    t.insert_merged(sample_entry(
+        &linear_problem(),
+        spec,
+        0.01,
+        "test table (not a measurement)",
+    ));
     t
 }
 
@@ -182,7 +331,10 @@ fn table_hit_composes_a_module_that_calls_the_op_and_loads_in_python() {
         .unwrap();
     let err = String::from_utf8_lossy(&plain.stderr);
     assert!(plain.status.success(), "{err}");
-    assert!(err.contains("pattern p0: gemm_rcr_bias 32x128x64") && err.contains("compiling 1 kernels"), "{err}");
+    assert!(
+        err.contains("pattern p0: gemm_rcr_bias 32x128x64") && err.contains("compiling 1 kernels"),
+        "{err}"
+    );
     let lib = out_dir.join("libfact_ops.so");
     let composed = out_dir.join("composed.pt");
     assert!(lib.is_file() && composed.is_file());
@@ -222,8 +374,17 @@ print("ok", tuple(a.shape))
         orig = fixture("linear.pt").display().to_string(),
         kernel = good_spec().name(),
     );
-    let py = Command::new(python()).arg("-c").arg(script).output().unwrap();
-    assert!(py.status.success(), "{}\n{}", String::from_utf8_lossy(&py.stdout), String::from_utf8_lossy(&py.stderr));
+    let py = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&py.stdout),
+        String::from_utf8_lossy(&py.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok (32, 128)");
 }
 
@@ -236,24 +397,58 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
     use fact::space::attention::candidates;
     use fact::space::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let p = |dtype: DType| AttentionProblem { origin: AttentionOrigin::Explicit, batch: 2, heads: 8, seq_q: 512, seq_k: 512, head_dim: 96, dtype, causal: true };
+    let p = |dtype: DType| AttentionProblem {
+        origin: AttentionOrigin::Explicit,
+        batch: 2,
+        heads: 8,
+        seq_q: 512,
+        seq_k: 512,
+        head_dim: 96,
+        dtype,
+        causal: true,
+    };
     let tf32 = candidates(&p(DType::F32), MathType::Tf32, Arch::Sm90).remove(0);
-    let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90).into_iter().find(|a| a.name().starts_with("sm80_")).unwrap();
+    let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90)
+        .into_iter()
+        .find(|a| a.name().starts_with("sm80_"))
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let specs: Vec<Spec> = vec![tf32.clone().into(), good_spec().into(), bf16.clone().into()];
-    let built = nvcc::build_library(&tc, &specs, dir.path(), "liba.so", &cache_dir(), 2, false).unwrap();
-    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let built =
+        nvcc::build_library(&tc, &specs, dir.path(), "liba.so", &cache_dir(), 2, false).unwrap();
+    assert!(
+        built.failures.is_empty(),
+        "{}",
+        built
+            .failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!((lib.len(), lib.op_len()), (1, 2));
     assert_eq!(lib.find(&good_spec().name()), Some(0));
-    assert_eq!((lib.op_name(0), lib.op_name(1)), (Some(tf32.name()), Some(bf16.name())));
-    let source = std::fs::read_to_string(dir.path().join("src").join(format!("{}.cu", tf32.name()))).unwrap();
-    assert!(source.contains("using Operator = cutlass::arch::OpMultiplyAdd;"), "the tf32 policy's kernel multiplies once");
+    assert_eq!(
+        (lib.op_name(0), lib.op_name(1)),
+        (Some(tf32.name()), Some(bf16.name()))
+    );
+    let source =
+        std::fs::read_to_string(dir.path().join("src").join(format!("{}.cu", tf32.name())))
+            .unwrap();
+    assert!(
+        source.contains("using Operator = cutlass::arch::OpMultiplyAdd;"),
+        "the tf32 policy's kernel multiplies once"
+    );
 
     let x3 = candidates(&p(DType::F32), MathType::Tf32x3, Arch::Sm90).remove(0);
     let mixed: Vec<Spec> = vec![tf32.into(), x3.into()];
-    let err = nvcc::build_library(&tc, &mixed, dir.path(), "libm.so", &cache_dir(), 2, false).unwrap_err();
-    assert!(err.to_string().contains("one library per precision policy"), "{err}");
+    let err = nvcc::build_library(&tc, &mixed, dir.path(), "libm.so", &cache_dir(), 2, false)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("one library per precision policy"),
+        "{err}"
+    );
 }
 
 /// Ragged shapes (every contiguous dim odd): an sm90 cp.async warp-specialized tf32 kernel (the
@@ -262,23 +457,75 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
 #[test]
 fn ragged_kernels_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let p = GemmProblem { m: 4099, n: 5003, k: 3001, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
+    let p = GemmProblem {
+        m: 4099,
+        n: 5003,
+        k: 3001,
+        layout: GemmLayout::Rrr,
+        dtype: DType::F32,
+        bias: false,
+        batch: 1,
+        epilogue: None,
+    };
     let pick = |math: MathType, family: Family, schedule: KernelSchedule| {
         Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
             .into_iter()
-            .find(|k| k.family == family && k.schedule == schedule && k.tile[..2] == [128, 128] && k.scheduler == TileScheduler::Persistent && k.invalid_reason().is_none())
+            .find(|k| {
+                k.family == family
+                    && k.schedule == schedule
+                    && k.tile[..2] == [128, 128]
+                    && k.scheduler == TileScheduler::Persistent
+                    && k.invalid_reason().is_none()
+            })
             .expect("a ragged 128x128 kernel")
     };
-    let cp = pick(MathType::Tf32, Family::Sm90Gemm, KernelSchedule::CpAsyncWsCooperative);
-    let x3 = pick(MathType::Tf32x3, Family::Sm90GemmX3, KernelSchedule::WsCooperative);
-    let b3 = pick(MathType::Tf32x3, Family::Sm90GemmBf16x3, KernelSchedule::WsCooperative);
+    let cp = pick(
+        MathType::Tf32,
+        Family::Sm90Gemm,
+        KernelSchedule::CpAsyncWsCooperative,
+    );
+    let x3 = pick(
+        MathType::Tf32x3,
+        Family::Sm90GemmX3,
+        KernelSchedule::WsCooperative,
+    );
+    let b3 = pick(
+        MathType::Tf32x3,
+        Family::Sm90GemmBf16x3,
+        KernelSchedule::WsCooperative,
+    );
     assert!(cp.kernel_name().ends_with("_align1") && x3.is_padded_split() && b3.is_padded_split());
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(&tc, &[cp.clone(), x3.clone(), b3.clone()], dir.path(), "libr.so", &cache_dir(), 2, false).unwrap();
-    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let built = nvcc::build_library(
+        &tc,
+        &[cp.clone(), x3.clone(), b3.clone()],
+        dir.path(),
+        "libr.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
+    assert!(
+        built.failures.is_empty(),
+        "{}",
+        built
+            .failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!((lib.find(&cp.name()), lib.find(&x3.name()), lib.find(&b3.name())), (Some(0), Some(1), Some(2)));
+    assert_eq!(
+        (
+            lib.find(&cp.name()),
+            lib.find(&x3.name()),
+            lib.find(&b3.name())
+        ),
+        (Some(0), Some(1), Some(2))
+    );
 }
 
 /// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, both masks and both
@@ -291,17 +538,60 @@ fn sm90_attention_kernels_build_into_a_library() {
     use fact::space::attention::candidates;
     use fact::space::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let p = |d: i64, causal: bool| AttentionProblem { origin: AttentionOrigin::Sdpa, batch: 2, heads: 8, seq_q: 512, seq_k: 512, head_dim: d, dtype: DType::Bf16, causal };
+    let p = |d: i64, causal: bool| AttentionProblem {
+        origin: AttentionOrigin::Sdpa,
+        batch: 2,
+        heads: 8,
+        seq_q: 512,
+        seq_k: 512,
+        head_dim: d,
+        dtype: DType::Bf16,
+        causal,
+    };
     let causal = candidates(&p(96, true), MathType::Bf16, Arch::Sm90).remove(0);
-    assert_eq!(causal.name(), "sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal");
+    assert_eq!(
+        causal.name(),
+        "sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal"
+    );
     let full = candidates(&p(64, false), MathType::Bf16, Arch::Sm90).remove(1);
-    assert_eq!(full.name(), "sm90_fmha_bf16_bf16_q128_k64_d64_pingpong_full");
-    let sm80 = candidates(&p(96, true), MathType::Bf16, Arch::Sm90).into_iter().find(|a| a.name().starts_with("sm80_")).unwrap();
+    assert_eq!(
+        full.name(),
+        "sm90_fmha_bf16_bf16_q128_k64_d64_pingpong_full"
+    );
+    let sm80 = candidates(&p(96, true), MathType::Bf16, Arch::Sm90)
+        .into_iter()
+        .find(|a| a.name().starts_with("sm80_"))
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let specs: Vec<Spec> = vec![causal.clone().into(), sm80.clone().into(), full.clone().into()];
-    let built = nvcc::build_library(&tc, &specs, dir.path(), "libfmha90.so", &cache_dir(), 2, false).unwrap();
-    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let specs: Vec<Spec> = vec![
+        causal.clone().into(),
+        sm80.clone().into(),
+        full.clone().into(),
+    ];
+    let built = nvcc::build_library(
+        &tc,
+        &specs,
+        dir.path(),
+        "libfmha90.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
+    assert!(
+        built.failures.is_empty(),
+        "{}",
+        built
+            .failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!((lib.len(), lib.op_len()), (0, 3));
-    assert_eq!((lib.op_name(0), lib.op_name(1), lib.op_name(2)), (Some(causal.name()), Some(sm80.name()), Some(full.name())));
+    assert_eq!(
+        (lib.op_name(0), lib.op_name(1), lib.op_name(2)),
+        (Some(causal.name()), Some(sm80.name()), Some(full.name()))
+    );
 }

@@ -9,18 +9,41 @@ use std::process::Output;
 /// message, which is returned.
 fn both_fail(model: &Path, args: &[&str]) -> String {
     let out_dir = tempfile::tempdir().unwrap();
-    let discover = fact().arg("discover").arg(model).args(args).output().unwrap();
-    let compose = fact().arg("compose").arg(model).args(args).arg("--out").arg(out_dir.path()).output().unwrap();
+    let discover = fact()
+        .arg("discover")
+        .arg(model)
+        .args(args)
+        .output()
+        .unwrap();
+    let compose = fact()
+        .arg("compose")
+        .arg(model)
+        .args(args)
+        .arg("--out")
+        .arg(out_dir.path())
+        .output()
+        .unwrap();
     let err = |o: &Output| {
-        assert!(!o.status.success(), "exit status {:?}, stdout:\n{}", o.status, String::from_utf8_lossy(&o.stdout));
+        assert!(
+            !o.status.success(),
+            "exit status {:?}, stdout:\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout)
+        );
         let e = String::from_utf8_lossy(&o.stderr).into_owned();
-        e.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("no error line in:\n{e}")).to_string()
+        e.lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_else(|| panic!("no error line in:\n{e}"))
+            .to_string()
     };
     let (d, c) = (err(&discover), err(&compose));
     // Each wraps the same stage error, which names the model last.
     let path = model.display().to_string();
     let cause = |l: &str| l.rfind(&path).map_or(String::new(), |i| l[i..].to_string());
-    assert!(!cause(&d).is_empty() && cause(&d) == cause(&c), "discover and compose disagree:\n{d}\n{c}");
+    assert!(
+        !cause(&d).is_empty() && cause(&d) == cause(&c),
+        "discover and compose disagree:\n{d}\n{c}"
+    );
     d
 }
 
@@ -28,26 +51,51 @@ fn both_fail(model: &Path, args: &[&str]) -> String {
 fn an_input_the_model_rejects_names_the_op_its_shapes_and_torchs_message() {
     // linear.pt is a traced Linear(64, 128): K = 63 cannot multiply its 128x64 weight.
     let e = both_fail(&fixture("linear.pt"), &["--input", "4x63"]);
-    assert!(e.contains("the model fails on inputs 4x63:f32: aten::linear got 4x63:f32, 128x64:f32, 128:f32"), "{e}");
-    assert!(e.contains("and torch says \"mat1 and mat2 shapes cannot be multiplied (4x63 and 64x128)\""), "{e}");
-    assert!(e.contains("pass --input shapes the model's forward accepts"), "{e}");
+    assert!(
+        e.contains(
+            "the model fails on inputs 4x63:f32: aten::linear got 4x63:f32, 128x64:f32, 128:f32"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains(
+            "and torch says \"mat1 and mat2 shapes cannot be multiplied (4x63 and 64x128)\""
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("pass --input shapes the model's forward accepts"),
+        "{e}"
+    );
     assert!(!e.contains("shapes unknown"), "{e}");
 }
 
 #[test]
 fn a_zero_size_input_says_nothing_can_be_tuned_on_it() {
     let e = both_fail(&fixture("linear.pt"), &["--input", "0x64"]);
-    assert!(e.contains("input 1 (0x64:f32) has a zero-size dimension: nothing can be tuned on an empty tensor"), "{e}");
-    assert!(e.contains("pass the shape of a real batch with --input"), "{e}");
+    assert!(
+        e.contains(
+            "input 1 (0x64:f32) has a zero-size dimension: nothing can be tuned on an empty tensor"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("pass the shape of a real batch with --input"),
+        "{e}"
+    );
 }
 
-const TRACE: &str = "trace the model and save it with torch.jit.trace(model.eval(), example_inputs).save(path)";
+const TRACE: &str =
+    "trace the model and save it with torch.jit.trace(model.eval(), example_inputs).save(path)";
 
 #[test]
 fn a_state_dict_is_not_a_torchscript_module() {
     let e = both_fail(&fixture("state_dict.pt"), &[]);
     assert!(e.contains("state_dict.pt: this is not a TorchScript module: it is a state dict saved with torch.save"), "{e}");
-    assert!(e.contains("model.load_state_dict(torch.load(path))") && e.contains(TRACE), "{e}");
+    assert!(
+        e.contains("model.load_state_dict(torch.load(path))") && e.contains(TRACE),
+        "{e}"
+    );
     assert!(!e.contains("no example inputs"), "{e}");
     // With shapes given, the answer is the same.
     let e = both_fail(&fixture("state_dict.pt"), &["--input", "32x64"]);
@@ -60,7 +108,10 @@ fn a_plain_pickle_or_a_pickled_module_is_not_a_torchscript_module() {
     assert!(e.contains("pickle.pt: this is not a TorchScript module: it is a plain pickle saved with torch.save"), "{e}");
     assert!(e.contains(TRACE), "{e}");
     let e = both_fail(&fixture("module_pickle.pt"), &[]);
-    assert!(e.contains("it is a pickled __main__.Linear object saved with torch.save"), "{e}");
+    assert!(
+        e.contains("it is a pickled __main__.Linear object saved with torch.save"),
+        "{e}"
+    );
     assert!(e.contains(TRACE), "{e}");
 }
 
@@ -77,7 +128,10 @@ fn a_garbage_file_is_not_a_torchscript_module() {
     let garbage = dir.path().join("model.pt");
     std::fs::write(&garbage, b"\x00\x01 these bytes are no model").unwrap();
     let e = both_fail(&garbage, &[]);
-    assert!(e.contains("model.pt: this is not a TorchScript module: it is not a zip archive"), "{e}");
+    assert!(
+        e.contains("model.pt: this is not a TorchScript module: it is not a zip archive"),
+        "{e}"
+    );
     assert!(e.contains(TRACE), "{e}");
     let empty = dir.path().join("empty.pt");
     std::fs::write(&empty, b"").unwrap();
@@ -89,30 +143,71 @@ fn a_garbage_file_is_not_a_torchscript_module() {
 #[test]
 fn gemms_inside_control_flow_are_listed_as_unmatched_with_the_reason() {
     // branchy.pt is scripted: fc (a linear) runs in the If's then-branch, x @ w (a matmul) in its else.
-    let out = fact().args(["discover", "--input", "4x64"]).arg(fixture("branchy.pt")).output().unwrap();
+    let out = fact()
+        .args(["discover", "--input", "4x64"])
+        .arg(fixture("branchy.pt"))
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let reason = "inside prim::If: fact matches only the top-level block; trace the model (tracing unrolls control flow) or move the GEMM out of the branch";
-    let unmatched: Vec<&str> = stdout.lines().filter(|l| l.contains("unmatched GEMM")).collect();
+    let unmatched: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("unmatched GEMM"))
+        .collect();
     assert_eq!(unmatched.len(), 2, "{stdout}");
-    assert!(unmatched[0].contains("aten::linear") && unmatched[0].ends_with(reason), "{stdout}");
-    assert!(unmatched[1].contains("aten::matmul") && unmatched[1].ends_with(reason), "{stdout}");
+    assert!(
+        unmatched[0].contains("aten::linear") && unmatched[0].ends_with(reason),
+        "{stdout}"
+    );
+    assert!(
+        unmatched[1].contains("aten::matmul") && unmatched[1].ends_with(reason),
+        "{stdout}"
+    );
 
-    let out = fact().args(["discover", "--json", "--input", "4x64"]).arg(fixture("branchy.pt")).output().unwrap();
+    let out = fact()
+        .args(["discover", "--json", "--input", "4x64"])
+        .arg(fixture("branchy.pt"))
+        .output()
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["plan"]["patterns"].as_array().unwrap().len(), 0);
-    let kinds: Vec<&str> = v["plan"]["unmatched_gemms"].as_array().unwrap().iter().map(|u| u["kind"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = v["plan"]["unmatched_gemms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["kind"].as_str().unwrap())
+        .collect();
     assert_eq!(kinds, ["aten::linear", "aten::matmul"]);
 }
 
 #[test]
 fn a_model_that_names_a_gpu_still_interprets_on_the_cpu() {
     // cuda_constant.pt adds torch.ones(128, device="cuda"): no op may fail for want of a GPU.
-    let out = fact().args(["discover", "--json", "--input", "32x64"]).arg(fixture("cuda_constant.pt")).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = fact()
+        .args(["discover", "--json", "--input", "32x64"])
+        .arg(fixture("cuda_constant.pt"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let patterns = v["plan"]["patterns"].as_array().unwrap();
     assert_eq!(patterns.len(), 1, "{}", v["plan"]);
-    assert!(patterns[0]["rule"].as_str().unwrap().starts_with("gemm_rcr_bias"), "{}", patterns[0]);
+    assert!(
+        patterns[0]["rule"]
+            .as_str()
+            .unwrap()
+            .starts_with("gemm_rcr_bias"),
+        "{}",
+        patterns[0]
+    );
     assert_eq!(v["plan"]["unmatched_gemms"].as_array().unwrap().len(), 0);
 }

@@ -14,20 +14,37 @@ const EPILOGUE: &str = "leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2
 const EPILOGUE_NO_LEAVES: &str = "leaves=;v1=gelu_tanh(v0);v2=mul(v1,0.5)";
 
 fn operand(kind: OperandKind) -> Operand {
-    Operand { kind, value: 0, text: String::new(), int_value: 0, values: vec![] }
+    Operand {
+        kind,
+        value: 0,
+        text: String::new(),
+        int_value: 0,
+        values: vec![],
+    }
 }
 fn value(v: usize) -> Operand {
-    Operand { value: v as u32, ..operand(OperandKind::Value) }
+    Operand {
+        value: v as u32,
+        ..operand(OperandKind::Value)
+    }
 }
 fn text(s: &str) -> Operand {
-    Operand { text: s.to_string(), ..operand(OperandKind::Str) }
+    Operand {
+        text: s.to_string(),
+        ..operand(OperandKind::Str)
+    }
 }
 fn values(vs: &[usize]) -> Operand {
-    Operand { values: vs.iter().map(|&v| v as u32).collect(), ..operand(OperandKind::Values) }
+    Operand {
+        values: vs.iter().map(|&v| v as u32).collect(),
+        ..operand(OperandKind::Values)
+    }
 }
 
 fn node(g: &Graph, kind: &str) -> usize {
-    let found: Vec<usize> = (0..g.nodes.len()).filter(|&i| g.nodes[i].kind == kind).collect();
+    let found: Vec<usize> = (0..g.nodes.len())
+        .filter(|&i| g.nodes[i].kind == kind)
+        .collect();
     assert_eq!(found.len(), 1, "one {kind} in the fixture");
     found[0]
 }
@@ -36,18 +53,33 @@ fn node(g: &Graph, kind: &str) -> usize {
 /// full leaf, "aten::mul" leaves the add in the graph and passes no leaves).
 fn ep_edit(g: &Graph, last: &str, epilogue: &str) -> Edit {
     let linear = node(g, "aten::linear");
-    let mut inner = vec![(linear, "aten::linear"), (node(g, "aten::gelu"), "aten::gelu")];
+    let mut inner = vec![
+        (linear, "aten::linear"),
+        (node(g, "aten::gelu"), "aten::gelu"),
+    ];
     if last == "aten::add" {
         inner.push((node(g, "aten::mul"), "aten::mul"));
     }
     let end = node(g, last);
-    let leaves: Vec<usize> = if last == "aten::add" { vec![g.nodes[end].inputs[0]] } else { vec![] };
+    let leaves: Vec<usize> = if last == "aten::add" {
+        vec![g.nodes[end].inputs[0]]
+    } else {
+        vec![]
+    };
     let lin = &g.nodes[linear].inputs;
     Edit {
         node: end as u32,
         expect_kind: last.to_string(),
         op: "fact::gemm_ep".to_string(),
-        operands: vec![value(lin[0]), value(lin[1]), value(lin[2]), values(&leaves), text("linear"), text(epilogue), text("none")],
+        operands: vec![
+            value(lin[0]),
+            value(lin[1]),
+            value(lin[2]),
+            values(&leaves),
+            text("linear"),
+            text(epilogue),
+            text("none"),
+        ],
         remove: inner.iter().map(|(n, _)| *n as u32).collect(),
         remove_kinds: inner.iter().map(|(_, k)| k.to_string()).collect(),
     }
@@ -67,7 +99,13 @@ fn a_multi_node_edit_replaces_the_pattern_by_one_gemm_ep_call() {
     let text = torch::graph_text(&out).unwrap();
     for t in [&saved, &text] {
         assert_eq!(t.matches("fact::gemm_ep(").count(), 1, "{t}");
-        for gone in ["aten::linear", "aten::gelu", "aten::mul", "aten::add", "\"tanh\""] {
+        for gone in [
+            "aten::linear",
+            "aten::gelu",
+            "aten::mul",
+            "aten::add",
+            "\"tanh\"",
+        ] {
             assert!(!t.contains(gone), "{gone} left in\n{t}");
         }
         assert!(t.contains("Tensor[] = prim::ListConstruct(%r"), "{t}");
@@ -75,8 +113,14 @@ fn a_multi_node_edit_replaces_the_pattern_by_one_gemm_ep_call() {
 
     let out = dir.path().join("no_leaves.pt");
     let text = rewrite(ep_edit(&g, "aten::mul", EPILOGUE_NO_LEAVES), &out).unwrap();
-    assert!(text.contains("Tensor[] = prim::ListConstruct()"), "an empty leaf list: {text}");
-    assert!(text.contains("aten::add") && !text.contains("aten::gelu"), "{text}");
+    assert!(
+        text.contains("Tensor[] = prim::ListConstruct()"),
+        "an empty leaf list: {text}"
+    );
+    assert!(
+        text.contains("aten::add") && !text.contains("aten::gelu"),
+        "{text}"
+    );
 }
 
 /// Every pattern compose finds in a GPT block, rewritten at once: the proj pattern's output (its
@@ -87,34 +131,82 @@ fn compose_edits_of_a_whole_block_chain_through_each_other() {
     let found = fact::rules::match_patterns(&g);
     let matches = &found.gemm;
     let fused = matches.iter().filter(|m| m.epilogue.is_some()).count();
-    assert_eq!((matches.len(), fused), (4, 3), "qkv; fc + gelu, proj + residual, out + residual");
+    assert_eq!(
+        (matches.len(), fused),
+        (4, 3),
+        "qkv; fc + gelu, proj + residual, out + residual"
+    );
     // The attention (q·kᵀ, div, the inverted causal mask, softmax, ·v) is one pattern.
     assert_eq!(found.attention.len(), 1);
     let a = &found.attention[0];
-    assert!(a.form().starts_with("explicit;div=") && a.form().ends_with(";mask=not"), "{}", a.form());
+    assert!(
+        a.form().starts_with("explicit;div=") && a.form().ends_with(";mask=not"),
+        "{}",
+        a.form()
+    );
     assert!(a.problem.causal);
-    let mut edits: Vec<Edit> = matches.iter().map(|m| fact::compose::gemm_edit(&g, m, "k")).collect();
+    let mut edits: Vec<Edit> = matches
+        .iter()
+        .map(|m| fact::compose::gemm_edit(&g, m, "k"))
+        .collect();
     edits.push(fact::compose::attention_edit(&g, a, "a"));
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("block.pt");
     let text = torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
-    assert_eq!((text.matches("fact::gemm_ep(").count(), text.matches("fact::gemm(").count()), (3, 1), "{text}");
+    assert_eq!(
+        (
+            text.matches("fact::gemm_ep(").count(),
+            text.matches("fact::gemm(").count()
+        ),
+        (3, 1),
+        "{text}"
+    );
     assert_eq!(text.matches("fact::attention(").count(), 1, "{text}");
-    for gone in ["aten::linear", "aten::gelu", "aten::matmul", "aten::div(", "aten::softmax", "aten::masked_fill", "aten::bitwise_not"] {
+    for gone in [
+        "aten::linear",
+        "aten::gelu",
+        "aten::matmul",
+        "aten::div(",
+        "aten::softmax",
+        "aten::masked_fill",
+        "aten::bitwise_not",
+    ] {
         assert!(!text.contains(gone), "{gone} left in\n{text}");
     }
     // `c // h` and its square root stay on the host wherever the module is loaded: the traced 0-d
     // tensor constant they divided by (moved to the GPU by map_location="cuda", which made the
     // view's aten::Int wait for the stream) is now a NumToTensor of the same number.
-    assert!(!text.contains("prim::Constant[value={"), "a tensor constant is left\n{text}");
-    let divides: Vec<&str> = text.lines().filter(|l| l.contains("aten::floor_divide(")).collect();
+    assert!(
+        !text.contains("prim::Constant[value={"),
+        "a tensor constant is left\n{text}"
+    );
+    let divides: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("aten::floor_divide("))
+        .collect();
     assert!(!divides.is_empty(), "{text}");
     for line in divides {
-        let operand = line.split("aten::floor_divide(").nth(1).unwrap().split([',', ')']).nth(1).unwrap().trim();
-        let producer = text.lines().find(|l| l.trim_start().starts_with(&format!("{operand} :"))).unwrap_or("");
-        assert!(producer.contains("prim::NumToTensor"), "{line}: {operand} comes from `{producer}`");
+        let operand = line
+            .split("aten::floor_divide(")
+            .nth(1)
+            .unwrap()
+            .split([',', ')'])
+            .nth(1)
+            .unwrap()
+            .trim();
+        let producer = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{operand} :")))
+            .unwrap_or("");
+        assert!(
+            producer.contains("prim::NumToTensor"),
+            "{line}: {operand} comes from `{producer}`"
+        );
     }
-    assert!(torch::graph_text(&out).is_ok(), "the composed block loads again");
+    assert!(
+        torch::graph_text(&out).is_ok(),
+        "the composed block loads again"
+    );
 }
 
 #[test]
@@ -131,12 +223,19 @@ fn a_multi_node_edit_refuses_escaping_values_and_other_kinds() {
     e.remove_kinds.remove(at);
     let err = rewrite(e, &out).unwrap_err();
     let gelu = node(&g, "aten::gelu");
-    assert!(err.contains(&format!("node {gelu} (aten::gelu) is still used")) && err.contains("aten::mul"), "{err}");
+    assert!(
+        err.contains(&format!("node {gelu} (aten::gelu) is still used"))
+            && err.contains("aten::mul"),
+        "{err}"
+    );
 
     let mut e = ep_edit(&g, "aten::add", EPILOGUE);
     e.remove_kinds[0] = "aten::matmul".into();
     let err = rewrite(e, &out).unwrap_err();
-    assert!(err.contains("(aten::linear) is not the expected aten::matmul"), "{err}");
+    assert!(
+        err.contains("(aten::linear) is not the expected aten::matmul"),
+        "{err}"
+    );
 
     let mut e = ep_edit(&g, "aten::add", EPILOGUE);
     e.remove_kinds.pop();
@@ -145,7 +244,8 @@ fn a_multi_node_edit_refuses_escaping_values_and_other_kinds() {
 }
 
 fn forward(m: &CModule, x: &Tensor, r: &Tensor) -> Result<Tensor, String> {
-    tch::no_grad(|| m.forward_ts(&[x.shallow_clone(), r.shallow_clone()])).map_err(|e| e.to_string())
+    tch::no_grad(|| m.forward_ts(&[x.shallow_clone(), r.shallow_clone()]))
+        .map_err(|e| e.to_string())
 }
 
 /// The op library loaded into this test process (a process holds one: the other tests that run
@@ -154,7 +254,16 @@ fn forward(m: &CModule, x: &Tensor, r: &Tensor) -> Result<Tensor, String> {
 fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(&tc, &[crate::compile::good_spec()], dir.path(), "libep.so", &cache_dir(), 2, false).unwrap();
+    let built = nvcc::build_library(
+        &tc,
+        &[crate::compile::good_spec()],
+        dir.path(),
+        "libep.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
     torch::load_op_library(&built.library).unwrap();
     torch::op_stats(&built.library, true).unwrap();
 
@@ -179,7 +288,10 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     let out = dir.path().join("malformed.pt");
     rewrite(ep_edit(&g, "aten::add", "leaves=full;v1=frob(v0)"), &out).unwrap();
     let err = forward(&CModule::load(&out).unwrap(), &x, &r).unwrap_err();
-    assert!(err.contains("malformed epilogue 'leaves=full;v1=frob(v0)': unknown epilogue op 'frob'"), "{err}");
+    assert!(
+        err.contains("malformed epilogue 'leaves=full;v1=frob(v0)': unknown epilogue op 'frob'"),
+        "{err}"
+    );
 
     // A whole block, attention included, recomputes the original on CPU tensors: the attention
     // op's fallback replays the graph's own ops (its divisor is the tensor tracing computed).
@@ -187,15 +299,26 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
     let found = fact::rules::match_patterns(&g);
     assert_eq!(found.attention[0].form(), "explicit;div=tensor;mask=not");
-    let mut edits: Vec<Edit> = found.gemm.iter().map(|m| fact::compose::gemm_edit(&g, m, "k")).collect();
+    let mut edits: Vec<Edit> = found
+        .gemm
+        .iter()
+        .map(|m| fact::compose::gemm_edit(&g, m, "k"))
+        .collect();
     edits.push(fact::compose::attention_edit(&g, &found.attention[0], "a"));
     let out = dir.path().join("block.pt");
     torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
     let x = Tensor::randn([2, 16, 32], (Kind::Float, tch::Device::Cpu));
     let run = |m: &CModule| tch::no_grad(|| m.forward_ts(&[x.shallow_clone()])).unwrap();
-    let (want, got) = (run(&CModule::load(fixture("minigpt.pt")).unwrap()), run(&CModule::load(&out).unwrap()));
+    let (want, got) = (
+        run(&CModule::load(fixture("minigpt.pt")).unwrap()),
+        run(&CModule::load(&out).unwrap()),
+    );
     let diff = (&got - &want).abs().max().double_value(&[]);
     assert!(diff <= 1e-5, "composed block differs by {diff}");
     let calls = torch::op_stats(&built.library, false).unwrap();
-    assert_eq!(calls.get("a").map(|c| (c.ran, c.fell_back)), Some((0, 1)), "{calls:?}");
+    assert_eq!(
+        calls.get("a").map(|c| (c.ran, c.fell_back)),
+        Some((0, 1)),
+        "{calls:?}"
+    );
 }

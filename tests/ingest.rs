@@ -8,11 +8,20 @@ use fact::types::DType;
 #[test]
 fn linear_fixture_gives_one_rcr_bias_gemm_with_traced_shapes() {
     let (g, inputs) = torch::load_graph(&fixture("linear.pt"), &[]).unwrap();
-    assert_eq!(inputs, vec![InputShape { shape: vec![32, 64], dtype: "f32".into() }]);
+    assert_eq!(
+        inputs,
+        vec![InputShape {
+            shape: vec![32, 64],
+            dtype: "f32".into()
+        }]
+    );
     let m = match_gemms(&g);
     assert_eq!(m.len(), 1);
     let p = &m[0].problem;
-    assert_eq!((p.m, p.n, p.k, p.layout, p.dtype, p.bias), (32, 128, 64, GemmLayout::Rcr, DType::F32, true));
+    assert_eq!(
+        (p.m, p.n, p.k, p.layout, p.dtype, p.bias),
+        (32, 128, 64, GemmLayout::Rcr, DType::F32, true)
+    );
     assert_eq!(m[0].origin, GemmOrigin::Linear);
 }
 
@@ -20,8 +29,14 @@ fn linear_fixture_gives_one_rcr_bias_gemm_with_traced_shapes() {
 fn matmul_fixture_is_rrr_and_user_shapes_override_traced_ones() {
     let (g, _) = torch::load_graph(&fixture("matmul.pt"), &[]).unwrap();
     let m = match_gemms(&g);
-    assert_eq!((m[0].origin, m[0].problem.shape_key()), (GemmOrigin::Matmul, "32x16x64".to_string()));
-    let given = [InputShape::parse("256x512:bf16").unwrap(), InputShape::parse("512x128:bf16").unwrap()];
+    assert_eq!(
+        (m[0].origin, m[0].problem.shape_key()),
+        (GemmOrigin::Matmul, "32x16x64".to_string())
+    );
+    let given = [
+        InputShape::parse("256x512:bf16").unwrap(),
+        InputShape::parse("512x128:bf16").unwrap(),
+    ];
     let (g, _) = torch::load_graph(&fixture("matmul.pt"), &given).unwrap();
     let m = match_gemms(&g);
     assert_eq!(m[0].problem.shape_key(), "256x128x512");
@@ -32,32 +47,65 @@ fn matmul_fixture_is_rrr_and_user_shapes_override_traced_ones() {
 fn mlp_fixture_gives_two_gemms_through_relu_with_leading_dims_folded() {
     let (g, _) = torch::load_graph(&fixture("mlp.pt"), &[]).unwrap();
     let m = match_gemms(&g);
-    let keys: Vec<(String, String)> = m.iter().map(|m| (m.problem.rule_id(), m.problem.shape_key())).collect();
+    let keys: Vec<(String, String)> = m
+        .iter()
+        .map(|m| (m.problem.rule_id(), m.problem.shape_key()))
+        .collect();
     assert_eq!(
         keys,
-        vec![("gemm_rcr_bias".to_string(), "32x256x64".to_string()), ("gemm_rcr".to_string(), "32x64x256".to_string())]
+        vec![
+            ("gemm_rcr_bias".to_string(), "32x256x64".to_string()),
+            ("gemm_rcr".to_string(), "32x64x256".to_string())
+        ]
     );
     let relu = g.nodes.iter().find(|n| n.kind == "aten::relu").unwrap();
-    assert_eq!(g.tensor(relu.outputs[0]).unwrap().shape, vec![4, 8, 256], "shape propagated through relu");
+    assert_eq!(
+        g.tensor(relu.outputs[0]).unwrap().shape,
+        vec![4, 8, 256],
+        "shape propagated through relu"
+    );
 }
 
 #[test]
 fn addmm_fixture_is_rrr_with_bias() {
     let (g, _) = torch::load_graph(&fixture("addmm.pt"), &[]).unwrap();
     let m = match_gemms(&g);
-    assert_eq!((m[0].problem.rule_id(), m[0].problem.shape_key()), ("gemm_rrr_bias".to_string(), "16x32x64".to_string()));
+    assert_eq!(
+        (m[0].problem.rule_id(), m[0].problem.shape_key()),
+        ("gemm_rrr_bias".to_string(), "16x32x64".to_string())
+    );
 }
 
 #[test]
 fn bmm_fixture_is_batched_and_three_gemms_take_their_shapes_from_input() {
     let (g, _) = torch::load_graph(&fixture("bmm.pt"), &[]).unwrap();
     let m = match_gemms(&g);
-    assert_eq!((m[0].origin, m[0].problem.rule_id(), m[0].problem.shape_key()), (GemmOrigin::Bmm, "bmm_rrr".into(), "4x32x16x64".into()));
+    assert_eq!(
+        (
+            m[0].origin,
+            m[0].problem.rule_id(),
+            m[0].problem.shape_key()
+        ),
+        (GemmOrigin::Bmm, "bmm_rrr".into(), "4x32x16x64".into())
+    );
 
-    let shapes = ["4096x4096", "4096x4096", "128x512x1024", "128x1024x2048", "256x524288", "524288x256"];
-    let inputs: Vec<InputShape> = shapes.iter().map(|s| InputShape::parse(s).unwrap()).collect();
+    let shapes = [
+        "4096x4096",
+        "4096x4096",
+        "128x512x1024",
+        "128x1024x2048",
+        "256x524288",
+        "524288x256",
+    ];
+    let inputs: Vec<InputShape> = shapes
+        .iter()
+        .map(|s| InputShape::parse(s).unwrap())
+        .collect();
     let (g, _) = torch::load_graph(&fixture("three_gemms.pt"), &inputs).unwrap();
-    let keys: Vec<(String, String)> = match_gemms(&g).iter().map(|m| (m.problem.rule_id(), m.problem.shape_key())).collect();
+    let keys: Vec<(String, String)> = match_gemms(&g)
+        .iter()
+        .map(|m| (m.problem.rule_id(), m.problem.shape_key()))
+        .collect();
     assert_eq!(
         keys,
         vec![
@@ -74,30 +122,62 @@ fn bad_inputs_get_errors_that_name_the_fix() {
     let not_ts = dir.path().join("weights.pt");
     std::fs::write(&not_ts, b"not a zip archive at all").unwrap();
     let e = torch::load_graph(&not_ts, &[]).unwrap_err().to_string();
-    assert!(e.contains("this is not a TorchScript module") && e.contains("torch.jit.trace"), "{e}");
+    assert!(
+        e.contains("this is not a TorchScript module") && e.contains("torch.jit.trace"),
+        "{e}"
+    );
 
-    let e = torch::load_graph(&fixture("no_inputs.pt"), &[]).unwrap_err().to_string();
+    let e = torch::load_graph(&fixture("no_inputs.pt"), &[])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--input"), "{e}");
 
     let one = [InputShape::parse("4x4:f32").unwrap()];
-    let e = torch::load_graph(&fixture("no_inputs.pt"), &one).unwrap_err().to_string();
+    let e = torch::load_graph(&fixture("no_inputs.pt"), &one)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("forward takes 2 inputs, 1 given"), "{e}");
 
-    let out = fact().args(["compose"]).arg(fixture("linear.pt")).args(["--input", "32x64:f8"]).output().unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("dtype 'f8' is not one of"), "{err}");
-
-    let out = fact().args(["compose"]).arg(fixture("linear.pt")).args(["--precision", "fp8"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("use tf32 or f32"));
-
     let out = fact()
-        .args(["realize", "--rule", "gemm_rcr_bias", "--dtype", "f32", "--shape", "64x64x64", "--epilogue", "leaves=;v1=frob(v0)"])
+        .args(["compose"])
+        .arg(fixture("linear.pt"))
+        .args(["--input", "32x64:f8"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad --epilogue") && err.contains("unknown epilogue op 'frob'") && err.contains("as discover prints it"), "{err}");
+    assert!(err.contains("dtype 'f8' is not one of"), "{err}");
+
+    let out = fact()
+        .args(["compose"])
+        .arg(fixture("linear.pt"))
+        .args(["--precision", "fp8"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use tf32 or f32"));
+
+    let out = fact()
+        .args([
+            "realize",
+            "--rule",
+            "gemm_rcr_bias",
+            "--dtype",
+            "f32",
+            "--shape",
+            "64x64x64",
+            "--epilogue",
+            "leaves=;v1=frob(v0)",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad --epilogue")
+            && err.contains("unknown epilogue op 'frob'")
+            && err.contains("as discover prints it"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -109,7 +189,15 @@ fn f32_accurate_policy_plans_3xtf32_kernels() {
         .arg(fixture("linear.pt"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["plan"]["patterns"][0]["math"], "tf32x3", "{}", v["plan"]["patterns"][0]);
+    assert_eq!(
+        v["plan"]["patterns"][0]["math"], "tf32x3",
+        "{}",
+        v["plan"]["patterns"][0]
+    );
 }

@@ -16,7 +16,10 @@ use std::process::Command;
 fn traced_views_reach_the_rules_as_layouts() {
     let (g, _) = torch::load_graph(&fixture("layouts.pt"), &[]).unwrap();
     let m = match_gemms(&g);
-    let got: Vec<(String, String, usize)> = m.iter().map(|m| (m.problem.rule_id(), m.problem.shape_key(), m.copies.len())).collect();
+    let got: Vec<(String, String, usize)> = m
+        .iter()
+        .map(|m| (m.problem.rule_id(), m.problem.shape_key(), m.copies.len()))
+        .collect();
     let want = [
         ("gemm_crr", "32x16x64", 0),
         ("gemm_rcr", "32x16x64", 0),
@@ -27,32 +30,77 @@ fn traced_views_reach_the_rules_as_layouts() {
         ("bmm_rcr", "8x32x16x64", 1),
     ];
     assert_eq!(got, want.map(|(r, s, c)| (r.to_string(), s.to_string(), c)));
-    assert!(m[6].copies[0].starts_with("a f32[2, 4, 32, 64] with strides [8192, 64, 256, 1] fits no layout"), "{}", m[6].copies[0]);
+    assert!(
+        m[6].copies[0]
+            .starts_with("a f32[2, 4, 32, 64] with strides [8192, 64, 256, 1] fits no layout"),
+        "{}",
+        m[6].copies[0]
+    );
 }
 
 #[test]
 fn discover_says_which_operands_are_copied() {
-    let out = fact().args(["discover", "--json"]).arg(fixture("layouts.pt")).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = fact()
+        .args(["discover", "--json"])
+        .arg(fixture("layouts.pt"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let patterns = v["plan"]["patterns"].as_array().unwrap();
-    let copied: Vec<&serde_json::Value> = patterns.iter().filter(|p| p.get("copies").is_some()).collect();
+    let copied: Vec<&serde_json::Value> = patterns
+        .iter()
+        .filter(|p| p.get("copies").is_some())
+        .collect();
     assert_eq!(copied.len(), 1, "{patterns:?}");
     assert_eq!(copied[0]["rule"], "bmm_rcr");
     // tf32 ccr has sm80 kernels only (CUTLASS's sm90 tf32 "tt" writes a transposed output): the
     // plan says so rather than promising WGMMA.
     let ccr = patterns.iter().find(|p| p["rule"] == "gemm_ccr").unwrap();
-    let notes: Vec<&str> = ccr["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
-    assert!(notes.iter().any(|n| n.starts_with("tensor cores: mma.sync")) && notes.iter().any(|n| n.contains("no sm90 kernel for layout ccr")), "{notes:?}");
-    let text = fact().args(["discover"]).arg(fixture("layouts.pt")).output().unwrap();
+    let notes: Vec<&str> = ccr["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.starts_with("tensor cores: mma.sync"))
+            && notes
+                .iter()
+                .any(|n| n.contains("no sm90 kernel for layout ccr")),
+        "{notes:?}"
+    );
+    let text = fact()
+        .args(["discover"])
+        .arg(fixture("layouts.pt"))
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("layout ccr: a column-major, read in place, B column-major, read in place (CUTLASS \"tt\""), "{text}");
-    assert!(text.contains("copy: a f32[2, 4, 32, 64] with strides"), "{text}");
+    assert!(
+        text.contains("copy: a f32[2, 4, 32, 64] with strides"),
+        "{text}"
+    );
 }
 
 /// transposed.pt's problem: out[32,16] = a[64,32]ᵀ · b[64,16].
 fn transposed_problem() -> GemmProblem {
-    GemmProblem { m: 32, n: 16, k: 64, layout: GemmLayout::Crr, dtype: DType::F32, bias: false, batch: 1, epilogue: None }
+    GemmProblem {
+        m: 32,
+        n: 16,
+        k: 64,
+        layout: GemmLayout::Crr,
+        dtype: DType::F32,
+        bias: false,
+        batch: 1,
+        epilogue: None,
+    }
 }
 
 /// A 128x128 persistent kernel of `family` for `p` (cooperative 1x2x1 with the TMA epilogue on sm90).
@@ -66,7 +114,9 @@ fn pick(p: &GemmProblem, family: Family) -> KernelSpec {
                 && k.tile[..2] == [128, 128]
                 && k.scheduler == TileScheduler::Persistent
                 && (family == Family::Sm80Gemm
-                    || (k.schedule == KernelSchedule::WsCooperative && k.epilogue == EpilogueKind::Tma && k.cluster == [1, 2, 1]))
+                    || (k.schedule == KernelSchedule::WsCooperative
+                        && k.epilogue == EpilogueKind::Tma
+                        && k.cluster == [1, 2, 1]))
         })
         .unwrap_or_else(|| panic!("a 128x128 {family:?} kernel for {}", p.rule_id()))
 }
@@ -82,15 +132,41 @@ fn crr_spec() -> KernelSpec {
 fn transposed_layouts_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let epilogue = fact::rules::Epilogue::parse("leaves=;v1=gelu(v0)").unwrap();
-    let fused = GemmProblem { layout: GemmLayout::Ccr, dtype: DType::Bf16, bias: true, epilogue: Some(epilogue), ..transposed_problem() };
-    let ccr_tf32 = GemmProblem { layout: GemmLayout::Ccr, ..transposed_problem() };
-    let specs = [crr_spec(), pick(&fused, Family::Sm90Gemm), pick(&ccr_tf32, Family::Sm80Gemm)];
-    for (s, layout) in specs.iter().zip(["_gemm_crr_tf32_", "_gemm_ccr_bf16_", "_gemm_ccr_tf32_"]) {
+    let fused = GemmProblem {
+        layout: GemmLayout::Ccr,
+        dtype: DType::Bf16,
+        bias: true,
+        epilogue: Some(epilogue),
+        ..transposed_problem()
+    };
+    let ccr_tf32 = GemmProblem {
+        layout: GemmLayout::Ccr,
+        ..transposed_problem()
+    };
+    let specs = [
+        crr_spec(),
+        pick(&fused, Family::Sm90Gemm),
+        pick(&ccr_tf32, Family::Sm80Gemm),
+    ];
+    for (s, layout) in specs
+        .iter()
+        .zip(["_gemm_crr_tf32_", "_gemm_ccr_bf16_", "_gemm_ccr_tf32_"])
+    {
         assert!(s.kernel_name().contains(layout), "{}", s.kernel_name());
     }
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(&tc, &specs, dir.path(), "libl.so", &cache_dir(), 3, false).unwrap();
-    assert!(built.failures.is_empty(), "{}", built.failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("\n"));
+    let built =
+        nvcc::build_library(&tc, &specs, dir.path(), "libl.so", &cache_dir(), 3, false).unwrap();
+    assert!(
+        built.failures.is_empty(),
+        "{}",
+        built
+            .failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let lib = KernelLibrary::open(&built.library).unwrap();
     for (i, s) in specs.iter().enumerate() {
         assert_eq!(lib.find(&s.name()), Some(i));
@@ -104,12 +180,21 @@ fn a_composed_transposed_matmul_falls_back_on_cpu_with_the_original_numbers() {
     let dir = tempfile::tempdir().unwrap();
     let user = dir.path().join("table.json");
     let mut t = Table::new();
-    t.insert_merged(sample_entry(&transposed_problem(), &crr_spec(), 0.01, "test table (not a measurement)"));
+    t.insert_merged(sample_entry(
+        &transposed_problem(),
+        &crr_spec(),
+        0.01,
+        "test table (not a measurement)",
+    ));
     t.save(&user).unwrap();
     let out_dir = dir.path().join("out");
     let v = compose_json(&user, &fixture("transposed.pt"), &out_dir);
     let p = &v["compose"]["patterns"][0];
-    assert_eq!((p["rule"].as_str(), p["realization"]["how"].as_str()), (Some("gemm_crr"), Some("hit")), "{p}");
+    assert_eq!(
+        (p["rule"].as_str(), p["realization"]["how"].as_str()),
+        (Some("gemm_crr"), Some("hit")),
+        "{p}"
+    );
     assert_eq!(p["kernel"], crr_spec().name());
     assert!(p.get("copies").is_none(), "{p}");
 
@@ -140,7 +225,16 @@ print("ok", tuple(got.shape))
         orig = fixture("transposed.pt").display().to_string(),
         kernel = crr_spec().name(),
     );
-    let py = Command::new(python()).arg("-c").arg(script).output().unwrap();
-    assert!(py.status.success(), "{}\n{}", String::from_utf8_lossy(&py.stdout), String::from_utf8_lossy(&py.stderr));
+    let py = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&py.stdout),
+        String::from_utf8_lossy(&py.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok (32, 16)");
 }

@@ -8,11 +8,27 @@ use fact::types::{Arch, DType, MathType};
 use std::path::Path;
 
 fn problem(m: i64, dtype: DType) -> GemmProblem {
-    GemmProblem { m, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype, bias: false, batch: 1, epilogue: None }
+    GemmProblem {
+        m,
+        n: 1024,
+        k: 1024,
+        layout: GemmLayout::Rrr,
+        dtype,
+        bias: false,
+        batch: 1,
+        epilogue: None,
+    }
 }
 
 /// A table file with one entry for `problem(m, dtype)`, its candidate `which` timed at `ms`.
-fn table_file(dir: &Path, name: &str, m: i64, dtype: DType, which: usize, ms: f64) -> std::path::PathBuf {
+fn table_file(
+    dir: &Path,
+    name: &str,
+    m: i64,
+    dtype: DType,
+    which: usize,
+    ms: f64,
+) -> std::path::PathBuf {
     let p = problem(m, dtype);
     let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
     let spec = gemm_candidates(&p, math, Arch::Sm90)[which].clone();
@@ -33,7 +49,11 @@ fn run(user: &Path, args: &[&str]) -> (bool, serde_json::Value, String) {
         .output()
         .unwrap();
     let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.success(), v, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        v,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -59,18 +79,47 @@ fn import_list_show_export_merge_remove() {
 
     let (ok, shown, _) = run(&user, &["table", "show", &id[..5], "--json"]);
     assert!(ok);
-    assert_eq!(shown["entry"]["runs"][0]["provenance"]["device"]["name"], "b");
+    assert_eq!(
+        shown["entry"]["runs"][0]["provenance"]["device"]["name"],
+        "b"
+    );
 
     let exported = dir.path().join("export.json");
-    let (ok, v, _) = run(&user, &["table", "export", exported.to_str().unwrap(), "--rule", "gemm_rrr", "--dtype", "f32", "--json"]);
+    let (ok, v, _) = run(
+        &user,
+        &[
+            "table",
+            "export",
+            exported.to_str().unwrap(),
+            "--rule",
+            "gemm_rrr",
+            "--dtype",
+            "f32",
+            "--json",
+        ],
+    );
     assert!(ok);
     assert_eq!(v["exported"], 1);
-    assert_eq!(Table::load(&exported).unwrap().entries[0].key.dtypes.a, DType::F32);
+    assert_eq!(
+        Table::load(&exported).unwrap().entries[0].key.dtypes.a,
+        DType::F32
+    );
 
     // A faster run of a's key from another machine: merge keeps both runs, the faster one wins.
     let faster = table_file(dir.path(), "faster", 2048, DType::F32, 1, 0.3);
     let merged = dir.path().join("merged.json");
-    let (ok, v, err) = run(&user, &["table", "merge", a.to_str().unwrap(), faster.to_str().unwrap(), "-o", merged.to_str().unwrap(), "--json"]);
+    let (ok, v, err) = run(
+        &user,
+        &[
+            "table",
+            "merge",
+            a.to_str().unwrap(),
+            faster.to_str().unwrap(),
+            "-o",
+            merged.to_str().unwrap(),
+            "--json",
+        ],
+    );
     assert!(ok, "{err}");
     assert_eq!(v["merged"], 1);
     let m = &Table::load(&merged).unwrap().entries[0];
@@ -94,7 +143,14 @@ fn concurrent_writers_all_land() {
         .map(|w| {
             let mut t = Table::new();
             for i in 0..200 {
-                let one = table_file(dir.path(), "one", 8 * (1000 * w + i + 1), DType::F32, 0, 0.1);
+                let one = table_file(
+                    dir.path(),
+                    "one",
+                    8 * (1000 * w + i + 1),
+                    DType::F32,
+                    0,
+                    0.1,
+                );
                 t.merge(&Table::load(&one).unwrap());
             }
             let path = dir.path().join(format!("w{w}.json"));
@@ -115,7 +171,10 @@ fn concurrent_writers_all_land() {
     });
     let t = Table::load(&user).unwrap();
     assert_eq!(t.entries.len(), 800, "no writer's entries were lost");
-    assert!(t.entries.iter().all(|e| e.runs.len() == 1), "re-importing a run keeps it once");
+    assert!(
+        t.entries.iter().all(|e| e.runs.len() == 1),
+        "re-importing a run keeps it once"
+    );
 }
 
 #[test]
@@ -127,11 +186,22 @@ fn a_truncated_user_table_is_reported_and_left_as_it_was() {
     let text = std::fs::read_to_string(&user).unwrap();
     std::fs::write(&user, &text[..text.len() - 40]).unwrap();
     let (ok, _, err) = run(&user, &["table", "list"]);
-    assert!(!ok && err.contains("corrupt") && err.contains("nothing was changed"), "{err}");
+    assert!(
+        !ok && err.contains("corrupt") && err.contains("nothing was changed"),
+        "{err}"
+    );
     let b = table_file(dir.path(), "b", 4096, DType::F32, 0, 0.5);
     assert!(!run(&user, &["table", "import", b.to_str().unwrap()]).0);
-    assert_eq!(std::fs::read_to_string(&user).unwrap(), text[..text.len() - 40], "nothing overwritten");
-    assert_eq!(Table::load(&a).unwrap().entries.len(), 1, "the other tables are intact");
+    assert_eq!(
+        std::fs::read_to_string(&user).unwrap(),
+        text[..text.len() - 40],
+        "nothing overwritten"
+    );
+    assert_eq!(
+        Table::load(&a).unwrap().entries.len(),
+        1,
+        "the other tables are intact"
+    );
 }
 
 #[test]
@@ -141,11 +211,38 @@ fn realize_without_a_gpu_says_so() {
     }
     let dir = tempfile::tempdir().unwrap();
     let user = dir.path().join("user.json");
-    let (ok, _, err) = run(&user, &["realize", "--rule", "gemm_rrr", "--dtype", "f32", "--shape", "256x256x256"]);
+    let (ok, _, err) = run(
+        &user,
+        &[
+            "realize",
+            "--rule",
+            "gemm_rrr",
+            "--dtype",
+            "f32",
+            "--shape",
+            "256x256x256",
+        ],
+    );
     assert!(!ok && err.contains("no CUDA device"), "{err}");
-    let (ok, _, err) = run(&user, &["realize", "--rule", "gemm_xyz", "--dtype", "f32", "--shape", "256x256x256"]);
+    let (ok, _, err) = run(
+        &user,
+        &[
+            "realize",
+            "--rule",
+            "gemm_xyz",
+            "--dtype",
+            "f32",
+            "--shape",
+            "256x256x256",
+        ],
+    );
     assert!(!ok && err.contains("use gemm_LAYOUT"), "{err}");
-    let (ok, _, err) = run(&user, &["realize", "--rule", "gemm_rrr", "--dtype", "f32", "--shape", "256x256"]);
+    let (ok, _, err) = run(
+        &user,
+        &[
+            "realize", "--rule", "gemm_rrr", "--dtype", "f32", "--shape", "256x256",
+        ],
+    );
     assert!(!ok && err.contains("MxNxK"), "{err}");
 }
 
@@ -158,8 +255,22 @@ fn learned_rules_are_listed_with_scope_predicate_and_count() {
     let k = gemm_candidates(&p, MathType::Tf32, Arch::Sm90)[0].clone();
     let scope = Scope::of(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
     let mut t = Table::new();
-    learn(&mut t.rules, &scope, FailureKind::Compile, &k, "error: static assertion failed", &[]);
-    learn(&mut t.rules, &scope, FailureKind::Compile, &k, "error: static assertion failed", &[]);
+    learn(
+        &mut t.rules,
+        &scope,
+        FailureKind::Compile,
+        &k,
+        "error: static assertion failed",
+        &[],
+    );
+    learn(
+        &mut t.rules,
+        &scope,
+        FailureKind::Compile,
+        &k,
+        "error: static assertion failed",
+        &[],
+    );
     t.save(&user).unwrap();
     let (ok, v, err) = run(&user, &["table", "rules", "--json"]);
     assert!(ok, "{err}");
@@ -167,19 +278,46 @@ fn learned_rules_are_listed_with_scope_predicate_and_count() {
     assert_eq!(v[0]["count"], 2);
     assert_eq!(v[0]["scope"]["cutlass"], "4.2.0");
     assert_eq!(v[0]["predicate"]["tile_m"], k.tile[0]);
-    let text = fact().env("FACT_TABLE", &user).env("FACT_SHIPPED_TABLE", dir.path().join("none.json")).args(["table", "rules"]).output().unwrap();
+    let text = fact()
+        .env("FACT_TABLE", &user)
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["table", "rules"])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("compile") && text.contains("x2") && text.contains("static assertion"), "{text}");
+    assert!(
+        text.contains("compile") && text.contains("x2") && text.contains("static assertion"),
+        "{text}"
+    );
 }
 
 #[test]
 fn knowledge_refresh_reproduces_the_shipped_knowledge_and_is_then_used() {
     let dir = tempfile::tempdir().unwrap();
-    let out = fact().env("FACT_DATA_DIR", dir.path()).args(["knowledge", "refresh"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let show = fact().env("FACT_DATA_DIR", dir.path()).args(["knowledge", "show", "--json"]).output().unwrap();
+    let out = fact()
+        .env("FACT_DATA_DIR", dir.path())
+        .args(["knowledge", "refresh"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let show = fact()
+        .env("FACT_DATA_DIR", dir.path())
+        .args(["knowledge", "show", "--json"])
+        .output()
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
-    assert!(v["origin"].as_str().unwrap().starts_with(&dir.path().display().to_string()), "{}", v["origin"]);
+    assert!(
+        v["origin"]
+            .as_str()
+            .unwrap()
+            .starts_with(&dir.path().display().to_string()),
+        "{}",
+        v["origin"]
+    );
     // The distiller run on the pinned CUTLASS gives exactly the rows the binary ships with.
     let fresh = fact::space::Knowledge::read(Path::new(v["origin"].as_str().unwrap())).unwrap();
     let shipped = fact::space::Knowledge::shipped();
@@ -187,10 +325,22 @@ fn knowledge_refresh_reproduces_the_shipped_knowledge_and_is_then_used() {
     // And a derived space names its candidates and every pruned row's reason.
     let show = fact()
         .env("FACT_DATA_DIR", dir.path())
-        .args(["knowledge", "show", "--json", "--rule", "gemm_rrr", "--shape", "256x256x524288"])
+        .args([
+            "knowledge",
+            "show",
+            "--json",
+            "--rule",
+            "gemm_rrr",
+            "--shape",
+            "256x256x524288",
+        ])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert!(!v["space"]["candidates"].as_array().unwrap().is_empty());
-    assert!(v["space"]["pruned"].as_array().unwrap().iter().all(|p| !p["reason"].as_str().unwrap().is_empty()));
+    assert!(v["space"]["pruned"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| !p["reason"].as_str().unwrap().is_empty()));
 }

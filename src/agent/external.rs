@@ -3,8 +3,8 @@
 //! (fact-agent/2) is documented in README.md and docs/agent-protocol.schema.json.
 
 use super::{Agent, AgentError, FailureAction, RankItem, Rejection};
-use crate::space::examples::Example;
 use crate::rules::GemmProblem;
+use crate::space::examples::Example;
 use crate::space::KernelSpec;
 use crate::types::{Arch, MathType};
 use serde_json::{json, Value};
@@ -48,7 +48,14 @@ impl ExternalAgent {
                 }
             }
         });
-        Ok(ExternalAgent { command: command.to_string(), child, stdin, lines, timeout, next_id: 1 })
+        Ok(ExternalAgent {
+            command: command.to_string(),
+            child,
+            stdin,
+            lines,
+            timeout,
+            next_id: 1,
+        })
     }
 
     fn request(&mut self, kind: &str, body: Value) -> Result<Value, AgentError> {
@@ -59,20 +66,31 @@ impl ExternalAgent {
             m.extend(b.clone());
         }
         let line = serde_json::to_string(&msg).expect("request serializes");
-        if writeln!(self.stdin, "{line}").and_then(|_| self.stdin.flush()).is_err() {
+        if writeln!(self.stdin, "{line}")
+            .and_then(|_| self.stdin.flush())
+            .is_err()
+        {
             return Err(AgentError::Crashed(self.exit_status()));
         }
         let reply = match self.lines.recv_timeout(self.timeout) {
             Ok(l) => l,
             Err(RecvTimeoutError::Timeout) => return Err(AgentError::Timeout(self.timeout)),
-            Err(RecvTimeoutError::Disconnected) => return Err(AgentError::Crashed(self.exit_status())),
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(AgentError::Crashed(self.exit_status()))
+            }
         };
-        let v: Value = serde_json::from_str(&reply).map_err(|e| AgentError::Malformed(format!("{e}: {reply}")))?;
+        let v: Value = serde_json::from_str(&reply)
+            .map_err(|e| AgentError::Malformed(format!("{e}: {reply}")))?;
         if v.get("id").and_then(Value::as_u64) != Some(id) {
-            return Err(AgentError::Malformed(format!("reply to request {id} carries id {:?}", v.get("id"))));
+            return Err(AgentError::Malformed(format!(
+                "reply to request {id} carries id {:?}",
+                v.get("id")
+            )));
         }
         if let Some(err) = v.get("error").and_then(Value::as_str) {
-            return Err(AgentError::Malformed(format!("the agent reported an error: {err}")));
+            return Err(AgentError::Malformed(format!(
+                "the agent reported an error: {err}"
+            )));
         }
         Ok(v)
     }
@@ -87,18 +105,24 @@ impl ExternalAgent {
 
 impl Drop for ExternalAgent {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-s", "KILL", "--"]).arg(format!("-{}", self.child.id())).stderr(Stdio::null()).status();
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--"])
+            .arg(format!("-{}", self.child.id()))
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
 fn field<'a>(v: &'a Value, name: &str) -> Result<&'a Value, AgentError> {
-    v.get(name).ok_or_else(|| AgentError::Malformed(format!("reply lacks '{name}'")))
+    v.get(name)
+        .ok_or_else(|| AgentError::Malformed(format!("reply lacks '{name}'")))
 }
 
 fn strings(v: &Value, name: &str) -> Result<Vec<String>, AgentError> {
-    serde_json::from_value(field(v, name)?.clone()).map_err(|e| AgentError::Malformed(format!("'{name}': {e}")))
+    serde_json::from_value(field(v, name)?.clone())
+        .map_err(|e| AgentError::Malformed(format!("'{name}': {e}")))
 }
 
 impl Agent for ExternalAgent {
@@ -111,8 +135,17 @@ impl Agent for ExternalAgent {
         strings(&v, "order")
     }
 
-    fn examples(&mut self, id: &str, rule: &str, arch: Arch, offered: &[Example]) -> Result<Vec<String>, AgentError> {
-        let v = self.request("examples", json!({ "pattern": id, "rule": rule, "arch": arch, "offered": offered }))?;
+    fn examples(
+        &mut self,
+        id: &str,
+        rule: &str,
+        arch: Arch,
+        offered: &[Example],
+    ) -> Result<Vec<String>, AgentError> {
+        let v = self.request(
+            "examples",
+            json!({ "pattern": id, "rule": rule, "arch": arch, "offered": offered }),
+        )?;
         strings(&v, "examples")
     }
 
@@ -134,9 +167,19 @@ impl Agent for ExternalAgent {
             .ok_or_else(|| AgentError::Malformed("'candidates' is not a list".into()))
     }
 
-    fn after_failure(&mut self, problem: &GemmProblem, failures: &[(String, String)]) -> Result<FailureAction, AgentError> {
-        let failures: Vec<Value> = failures.iter().map(|(k, s)| json!({ "kernel": k, "status": s })).collect();
-        let v = self.request("after_failure", json!({ "problem": problem, "rule": problem.rule_id(), "failures": failures }))?;
+    fn after_failure(
+        &mut self,
+        problem: &GemmProblem,
+        failures: &[(String, String)],
+    ) -> Result<FailureAction, AgentError> {
+        let failures: Vec<Value> = failures
+            .iter()
+            .map(|(k, s)| json!({ "kernel": k, "status": s }))
+            .collect();
+        let v = self.request(
+            "after_failure",
+            json!({ "problem": problem, "rule": problem.rule_id(), "failures": failures }),
+        )?;
         serde_json::from_value(v).map_err(|e| AgentError::Malformed(format!("after_failure: {e}")))
     }
 }

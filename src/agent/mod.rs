@@ -7,8 +7,8 @@
 
 pub mod external;
 
-use crate::space::examples::Example;
 use crate::rules::GemmProblem;
+use crate::space::examples::Example;
 use crate::space::KernelSpec;
 use crate::types::{Arch, MathType};
 use serde::{Deserialize, Serialize};
@@ -57,7 +57,13 @@ pub trait Agent {
     /// Pattern ids, highest priority first.
     fn rank(&mut self, items: &[RankItem]) -> Result<Vec<String>, AgentError>;
     /// Example paths (from `offered`) that support pattern `id`.
-    fn examples(&mut self, id: &str, rule: &str, arch: Arch, offered: &[Example]) -> Result<Vec<String>, AgentError>;
+    fn examples(
+        &mut self,
+        id: &str,
+        rule: &str,
+        arch: Arch,
+        offered: &[Example],
+    ) -> Result<Vec<String>, AgentError>;
     /// Candidate kernels for a problem; `space` is the valid space fact derived, `rejected` what
     /// fact refused of this agent's last proposal for it.
     fn propose(
@@ -69,7 +75,11 @@ pub trait Agent {
         rejected: &[Rejection],
     ) -> Result<Vec<serde_json::Value>, AgentError>;
     /// No candidate survived: `failures` is (kernel, outcome label) for each.
-    fn after_failure(&mut self, problem: &GemmProblem, failures: &[(String, String)]) -> Result<FailureAction, AgentError>;
+    fn after_failure(
+        &mut self,
+        problem: &GemmProblem,
+        failures: &[(String, String)],
+    ) -> Result<FailureAction, AgentError>;
 }
 
 /// The deterministic agent: the cost model's order, every indexed example, the derived space in
@@ -83,10 +93,21 @@ impl Agent for BuiltinAgent {
     }
     fn rank(&mut self, items: &[RankItem]) -> Result<Vec<String>, AgentError> {
         let mut v: Vec<&RankItem> = items.iter().collect();
-        v.sort_by(|a, b| b.est_ms.partial_cmp(&a.est_ms).unwrap().then(a.id.cmp(&b.id)));
+        v.sort_by(|a, b| {
+            b.est_ms
+                .partial_cmp(&a.est_ms)
+                .unwrap()
+                .then(a.id.cmp(&b.id))
+        });
         Ok(v.into_iter().map(|i| i.id.clone()).collect())
     }
-    fn examples(&mut self, _: &str, _: &str, _: Arch, offered: &[Example]) -> Result<Vec<String>, AgentError> {
+    fn examples(
+        &mut self,
+        _: &str,
+        _: &str,
+        _: Arch,
+        offered: &[Example],
+    ) -> Result<Vec<String>, AgentError> {
         Ok(offered.iter().map(|e| e.path.clone()).collect())
     }
     fn propose(
@@ -97,27 +118,54 @@ impl Agent for BuiltinAgent {
         space: &[KernelSpec],
         _: &[Rejection],
     ) -> Result<Vec<serde_json::Value>, AgentError> {
-        Ok(space.iter().map(|k| serde_json::to_value(k).expect("spec serializes")).collect())
+        Ok(space
+            .iter()
+            .map(|k| serde_json::to_value(k).expect("spec serializes"))
+            .collect())
     }
-    fn after_failure(&mut self, _: &GemmProblem, _: &[(String, String)]) -> Result<FailureAction, AgentError> {
+    fn after_failure(
+        &mut self,
+        _: &GemmProblem,
+        _: &[(String, String)],
+    ) -> Result<FailureAction, AgentError> {
         Ok(FailureAction::Skip)
     }
 }
 
 /// Why a proposed kernel is refused, if it is.
-pub fn check_candidate(v: &serde_json::Value, p: &GemmProblem, math: MathType, arch: Arch, failed: &BTreeSet<String>) -> Result<KernelSpec, String> {
-    let spec: KernelSpec = serde_json::from_value(v.clone()).map_err(|e| format!("not a KernelSpec: {e}"))?;
+pub fn check_candidate(
+    v: &serde_json::Value,
+    p: &GemmProblem,
+    math: MathType,
+    arch: Arch,
+    failed: &BTreeSet<String>,
+) -> Result<KernelSpec, String> {
+    let spec: KernelSpec =
+        serde_json::from_value(v.clone()).map_err(|e| format!("not a KernelSpec: {e}"))?;
     if spec.arch != arch || spec.math != math {
-        return Err(format!("targets {} {}, the pattern needs {} {}", spec.arch, spec.math.short_name(), arch, math.short_name()));
+        return Err(format!(
+            "targets {} {}, the pattern needs {} {}",
+            spec.arch,
+            spec.math.short_name(),
+            arch,
+            math.short_name()
+        ));
     }
     if let Some(why) = spec.invalid_reason() {
         return Err(format!("invalid instantiation: {why}"));
     }
     if !spec.fits(p) {
-        return Err(format!("does not fit {} {} (dtype, layout, bias or alignment)", p.rule_id(), p.shape_key()));
+        return Err(format!(
+            "does not fit {} {} (dtype, layout, bias or alignment)",
+            p.rule_id(),
+            p.shape_key()
+        ));
     }
     if failed.contains(&spec.name()) {
-        return Err(format!("{} failed before on this arch and dtype (pattern table)", spec.name()));
+        return Err(format!(
+            "{} failed before on this arch and dtype (pattern table)",
+            spec.name()
+        ));
     }
     Ok(spec)
 }
@@ -131,11 +179,19 @@ pub struct Steward {
 
 impl Steward {
     pub fn builtin() -> Steward {
-        Steward { agent: None, builtin: BuiltinAgent, notes: Vec::new() }
+        Steward {
+            agent: None,
+            builtin: BuiltinAgent,
+            notes: Vec::new(),
+        }
     }
 
     pub fn with(agent: Box<dyn Agent>) -> Steward {
-        Steward { agent: Some(agent), builtin: BuiltinAgent, notes: Vec::new() }
+        Steward {
+            agent: Some(agent),
+            builtin: BuiltinAgent,
+            notes: Vec::new(),
+        }
     }
 
     pub fn name(&self) -> String {
@@ -152,7 +208,9 @@ impl Steward {
 
     fn give_up(&mut self, step: &str, e: AgentError) {
         let name = self.name();
-        self.notes.push(format!("{name}: {e} while {step}; the built-in agent takes over"));
+        self.notes.push(format!(
+            "{name}: {e} while {step}; the built-in agent takes over"
+        ));
         self.agent = None;
     }
 
@@ -173,12 +231,21 @@ impl Steward {
         self.builtin.rank(items).expect("builtin ranks")
     }
 
-    pub fn examples(&mut self, id: &str, rule: &str, arch: Arch, offered: &[Example]) -> Vec<String> {
+    pub fn examples(
+        &mut self,
+        id: &str,
+        rule: &str,
+        arch: Arch,
+        offered: &[Example],
+    ) -> Vec<String> {
         if let Some(a) = self.agent.as_mut() {
             match a.examples(id, rule, arch, offered) {
                 Ok(paths) => {
                     let known: BTreeSet<&str> = offered.iter().map(|e| e.path.as_str()).collect();
-                    let unknown: Vec<&String> = paths.iter().filter(|p| !known.contains(p.as_str())).collect();
+                    let unknown: Vec<&String> = paths
+                        .iter()
+                        .filter(|p| !known.contains(p.as_str()))
+                        .collect();
                     if unknown.is_empty() && !paths.is_empty() {
                         return paths;
                     }
@@ -187,13 +254,25 @@ impl Steward {
                 Err(e) => self.give_up("choosing examples", e),
             }
         }
-        self.builtin.examples(id, rule, arch, offered).expect("builtin chooses")
+        self.builtin
+            .examples(id, rule, arch, offered)
+            .expect("builtin chooses")
     }
 
     /// Validated candidates: the agent gets one second try with the reasons for what was refused.
     /// `space` is the derived sweep (knowledge base, learned rules and estimate applied).
-    pub fn propose(&mut self, p: &GemmProblem, math: MathType, arch: Arch, space: Vec<KernelSpec>, failed: &BTreeSet<String>) -> Vec<KernelSpec> {
-        let space: Vec<KernelSpec> = space.into_iter().filter(|k| !failed.contains(&k.name())).collect();
+    pub fn propose(
+        &mut self,
+        p: &GemmProblem,
+        math: MathType,
+        arch: Arch,
+        space: Vec<KernelSpec>,
+        failed: &BTreeSet<String>,
+    ) -> Vec<KernelSpec> {
+        let space: Vec<KernelSpec> = space
+            .into_iter()
+            .filter(|k| !failed.contains(&k.name()))
+            .collect();
         let mut rejected: Vec<Rejection> = Vec::new();
         for round in 0..2 {
             let Some(a) = self.agent.as_mut() else { break };
@@ -210,11 +289,19 @@ impl Steward {
                 match check_candidate(&v, p, math, arch, failed) {
                     Ok(k) if !ok.contains(&k) => ok.push(k),
                     Ok(_) => {}
-                    Err(reason) => rejected.push(Rejection { candidate: v, reason }),
+                    Err(reason) => rejected.push(Rejection {
+                        candidate: v,
+                        reason,
+                    }),
                 }
             }
             for r in &rejected {
-                self.notes.push(format!("{}: rejected a candidate for {}: {}", a.name(), p.shape_key(), r.reason));
+                self.notes.push(format!(
+                    "{}: rejected a candidate for {}: {}",
+                    a.name(),
+                    p.shape_key(),
+                    r.reason
+                ));
             }
             if rejected.is_empty() && !ok.is_empty() {
                 return ok;
@@ -224,17 +311,31 @@ impl Steward {
             }
         }
         if self.agent.is_some() {
-            self.notes.push(format!("{}: no valid proposal for {} after its second try; the derived space is used", self.name(), p.shape_key()));
+            self.notes.push(format!(
+                "{}: no valid proposal for {} after its second try; the derived space is used",
+                self.name(),
+                p.shape_key()
+            ));
         }
         space
     }
 
     /// After a failed sweep: candidates for one retry, or None to leave the pattern to torch.
-    pub fn after_failure(&mut self, p: &GemmProblem, math: MathType, arch: Arch, failures: &[(String, String)], failed: &BTreeSet<String>) -> Option<Vec<KernelSpec>> {
+    pub fn after_failure(
+        &mut self,
+        p: &GemmProblem,
+        math: MathType,
+        arch: Arch,
+        failures: &[(String, String)],
+        failed: &BTreeSet<String>,
+    ) -> Option<Vec<KernelSpec>> {
         let a = self.agent.as_mut()?;
         match a.after_failure(p, failures) {
             Ok(FailureAction::Retry { candidates }) => {
-                let ok: Vec<KernelSpec> = candidates.iter().filter_map(|v| check_candidate(v, p, math, arch, failed).ok()).collect();
+                let ok: Vec<KernelSpec> = candidates
+                    .iter()
+                    .filter_map(|v| check_candidate(v, p, math, arch, failed).ok())
+                    .collect();
                 (!ok.is_empty()).then_some(ok)
             }
             Ok(FailureAction::Skip) => None,

@@ -110,7 +110,9 @@ pub fn random_inputs(shapes: &[InputShape], device: Device) -> Vec<Tensor> {
         .iter()
         .map(|s| match kind_of(&s.dtype) {
             k @ (Kind::Int64 | Kind::Int) => Tensor::randint(2, s.shape.as_slice(), (k, device)),
-            Kind::Bool => Tensor::randint(2, s.shape.as_slice(), (Kind::Int64, device)).to_kind(Kind::Bool),
+            Kind::Bool => {
+                Tensor::randint(2, s.shape.as_slice(), (Kind::Int64, device)).to_kind(Kind::Bool)
+            }
             k => Tensor::randn(s.shape.as_slice(), (Kind::Float, device)).to_kind(k),
         })
         .collect()
@@ -118,12 +120,17 @@ pub fn random_inputs(shapes: &[InputShape], device: Device) -> Vec<Tensor> {
 
 /// Runs `forward` and returns every tensor of its output (a tensor, or tuples and lists of them).
 fn forward(m: &CModule, inputs: &[Tensor]) -> Result<Vec<Tensor>, String> {
-    let args: Vec<IValue> = inputs.iter().map(|t| IValue::Tensor(t.shallow_clone())).collect();
+    let args: Vec<IValue> = inputs
+        .iter()
+        .map(|t| IValue::Tensor(t.shallow_clone()))
+        .collect();
     let out = m.forward_is(&args).map_err(|e| e.to_string())?;
     fn collect(v: IValue, into: &mut Vec<Tensor>) {
         match v {
             IValue::Tensor(t) => into.push(t),
-            IValue::Tuple(vs) | IValue::GenericList(vs) => vs.into_iter().for_each(|v| collect(v, into)),
+            IValue::Tuple(vs) | IValue::GenericList(vs) => {
+                vs.into_iter().for_each(|v| collect(v, into))
+            }
             IValue::TensorList(ts) => into.extend(ts),
             _ => {}
         }
@@ -141,7 +148,10 @@ fn worst_error(outs: &[Tensor], refs: &[Tensor]) -> f64 {
     if outs.len() != refs.len() {
         return f64::NAN;
     }
-    outs.iter().zip(refs).map(|(o, r)| relative_error(o, &r.to_kind(Kind::Double))).fold(0.0, nan_max)
+    outs.iter()
+        .zip(refs)
+        .map(|(o, r)| relative_error(o, &r.to_kind(Kind::Double)))
+        .fold(0.0, nan_max)
 }
 
 /// max that keeps NaN (f64::max drops it): a NaN anywhere must fail the comparison.
@@ -153,9 +163,23 @@ fn nan_max(a: f64, b: f64) -> f64 {
     }
 }
 
-fn time_forward(m: &CModule, inputs: &[Tensor], protocol: &Protocol, cuda: &Cuda) -> Result<Timing, String> {
-    let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, Device::Cuda(0)));
-    let samples = sample(cuda, &flush, protocol, &mut || forward(m, inputs).map(|_| ()), |e| e)?;
+fn time_forward(
+    m: &CModule,
+    inputs: &[Tensor],
+    protocol: &Protocol,
+    cuda: &Cuda,
+) -> Result<Timing, String> {
+    let flush = Tensor::empty(
+        [(protocol.flush_bytes / 4) as i64],
+        (Kind::Float, Device::Cuda(0)),
+    );
+    let samples = sample(
+        cuda,
+        &flush,
+        protocol,
+        &mut || forward(m, inputs).map(|_| ()),
+        |e| e,
+    )?;
     Timing::from_samples(samples).ok_or_else(|| "no valid timings".to_string())
 }
 
@@ -165,17 +189,21 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
     }
     let cuda = Cuda::get()?;
     torch::load_op_library(&opts.library).map_err(|e| e.to_string())?;
-    torch::set_float32_matmul_precision(opts.precision.torch_matmul_precision()).map_err(|e| e.to_string())?;
+    torch::set_float32_matmul_precision(opts.precision.torch_matmul_precision())
+        .map_err(|e| e.to_string())?;
     let device = Device::Cuda(0);
     let load = |p: &Path| -> Result<CModule, String> {
-        let mut m = CModule::load_on_device(p, device).map_err(|e| format!("{}: {e}", p.display()))?;
+        let mut m =
+            CModule::load_on_device(p, device).map_err(|e| format!("{}: {e}", p.display()))?;
         m.set_eval();
         Ok(m)
     };
     let original = load(&opts.original)?;
     let composed = load(&opts.composed)?;
     // The fp64 reference module lives next to the composed one while the bench runs.
-    let fp64 = opts.composed.with_file_name(format!("reference_fp64_{}.pt", std::process::id()));
+    let fp64 = opts
+        .composed
+        .with_file_name(format!("reference_fp64_{}.pt", std::process::id()));
     torch::save_fp64_copy(&opts.original, &fp64).map_err(|e| e.to_string())?;
     let reference = load(&fp64);
     let _ = std::fs::remove_file(&fp64);
@@ -189,8 +217,16 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
         let mut first: Option<(Vec<Tensor>, Vec<Tensor>)> = None;
         for _ in 0..opts.protocol.verify_inputs.max(1) {
             let inputs = random_inputs(&opts.inputs, device);
-            let up: Vec<Tensor> =
-                inputs.iter().map(|t| if t.is_floating_point() { t.to_kind(Kind::Double) } else { t.shallow_clone() }).collect();
+            let up: Vec<Tensor> = inputs
+                .iter()
+                .map(|t| {
+                    if t.is_floating_point() {
+                        t.to_kind(Kind::Double)
+                    } else {
+                        t.shallow_clone()
+                    }
+                })
+                .collect();
             let r = forward(&reference, &up)?;
             let o = forward(&original, &inputs)?;
             let c = forward(&composed, &inputs)?;
@@ -216,7 +252,13 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
                 let (check, r) = first.as_ref().expect("at least one verification input");
                 let err = worst_error(&forward(&composed, check)?, r);
                 let timing = time_forward(&composed, &inputs, &opts.protocol, cuda)?;
-                Ok(Ablation { without: kind, ms: timing.median_ms, max_rel_err: err, slowdown: timing.median_ms / fact.median_ms, timing })
+                Ok(Ablation {
+                    without: kind,
+                    ms: timing.median_ms,
+                    max_rel_err: err,
+                    slowdown: timing.median_ms / fact.median_ms,
+                    timing,
+                })
             };
             let result = run();
             torch::disable_kinds(&opts.library, &[]).map_err(|e| e.to_string())?;
@@ -253,10 +295,23 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
 
 /// `fact bench`'s end-to-end figure: the original, the composed module and each ablation.
 pub fn e2e_figure(b: &BenchReport) -> String {
-    let mut bars = vec![("original (traced)".to_string(), b.baseline_ms), ("fact".to_string(), b.fact_ms)];
-    bars.extend(b.ablations.iter().map(|a| (format!("fact without {}", a.without), a.ms)));
-    let group = plot::BarGroup { label: format!("{} ({})", b.workload, b.precision), bars };
-    let subtitle = format!("{}, torch {}, CUTLASS {}, {}: median of {} runs each, one process", b.device.name, b.torch, b.cutlass, b.date, b.fact.samples);
+    let mut bars = vec![
+        ("original (traced)".to_string(), b.baseline_ms),
+        ("fact".to_string(), b.fact_ms),
+    ];
+    bars.extend(
+        b.ablations
+            .iter()
+            .map(|a| (format!("fact without {}", a.without), a.ms)),
+    );
+    let group = plot::BarGroup {
+        label: format!("{} ({})", b.workload, b.precision),
+        bars,
+    };
+    let subtitle = format!(
+        "{}, torch {}, CUTLASS {}, {}: median of {} runs each, one process",
+        b.device.name, b.torch, b.cutlass, b.date, b.fact.samples
+    );
     plot::e2e_svg("speedup over the original module", &subtitle, &[group])
 }
 
@@ -295,9 +350,19 @@ pub fn suite_figure(title: &str, subtitle: &str, records: &[SuiteRecord]) -> Str
                 ("torch.compile max-autotune", r.max_autotune_ms),
                 ("fact", r.fact_ms),
             ];
-            let mut bars: Vec<(String, f64)> = named.iter().filter_map(|(n, ms)| Some((n.to_string(), (*ms)?))).collect();
-            bars.extend(r.ablations.iter().map(|a| (format!("fact without {}", a.without), a.ms)));
-            plot::BarGroup { label: format!("{} ({})", r.model, r.policy), bars }
+            let mut bars: Vec<(String, f64)> = named
+                .iter()
+                .filter_map(|(n, ms)| Some((n.to_string(), (*ms)?)))
+                .collect();
+            bars.extend(
+                r.ablations
+                    .iter()
+                    .map(|a| (format!("fact without {}", a.without), a.ms)),
+            );
+            plot::BarGroup {
+                label: format!("{} ({})", r.model, r.policy),
+                bars,
+            }
         })
         .collect();
     plot::e2e_svg(title, subtitle, &groups)
@@ -305,13 +370,20 @@ pub fn suite_figure(title: &str, subtitle: &str, records: &[SuiteRecord]) -> Str
 
 /// An error naming the substituted kernels that never ran during the composed runs: the module
 /// fell back to torch's ops for them, so its timing is not fact's.
-fn never_ran(kernels: &[String], calls: &std::collections::BTreeMap<String, torch::OpCalls>) -> Result<(), String> {
+fn never_ran(
+    kernels: &[String],
+    calls: &std::collections::BTreeMap<String, torch::OpCalls>,
+) -> Result<(), String> {
     let idle: Vec<String> = kernels
         .iter()
         .filter(|k| calls.get(*k).is_none_or(|c| c.ran == 0))
         .map(|k| {
             let c = calls.get(k).cloned().unwrap_or_default();
-            format!("{k} ({} calls fell back{})", c.fell_back, c.why.map(|w| format!(": {w}")).unwrap_or_default())
+            format!(
+                "{k} ({} calls fell back{})",
+                c.fell_back,
+                c.why.map(|w| format!(": {w}")).unwrap_or_default()
+            )
         })
         .collect();
     if idle.is_empty() {
@@ -322,7 +394,10 @@ fn never_ran(kernels: &[String], calls: &std::collections::BTreeMap<String, torc
     } else {
         "the calls did not fit their kernels (device, dtype, shapes or alignment); the composed module ran torch's ops there"
     };
-    Err(format!("substituted kernels never ran: {}: {why}", idle.join(", ")))
+    Err(format!(
+        "substituted kernels never ran: {}: {why}",
+        idle.join(", ")
+    ))
 }
 
 #[cfg(test)]
@@ -332,10 +407,31 @@ mod tests {
     #[test]
     fn a_substituted_kernel_that_never_ran_fails_the_bench() {
         let mut calls = std::collections::BTreeMap::new();
-        calls.insert("k1".to_string(), torch::OpCalls { ran: 36, copied: 0, fell_back: 0, why: None });
-        calls.insert("k2".to_string(), torch::OpCalls { ran: 0, copied: 0, fell_back: 36, why: Some("the mask is not the causal one".into()) });
+        calls.insert(
+            "k1".to_string(),
+            torch::OpCalls {
+                ran: 36,
+                copied: 0,
+                fell_back: 0,
+                why: None,
+            },
+        );
+        calls.insert(
+            "k2".to_string(),
+            torch::OpCalls {
+                ran: 0,
+                copied: 0,
+                fell_back: 36,
+                why: Some("the mask is not the causal one".into()),
+            },
+        );
         assert!(never_ran(&["k1".into()], &calls).is_ok());
         let e = never_ran(&["k1".into(), "k2".into(), "k3".into()], &calls).unwrap_err();
-        assert!(e.contains("k2 (36 calls fell back: the mask is not the causal one)") && e.contains("k3 (0 calls fell back)") && !e.contains("k1"), "{e}");
+        assert!(
+            e.contains("k2 (36 calls fell back: the mask is not the causal one)")
+                && e.contains("k3 (0 calls fell back)")
+                && !e.contains("k1"),
+            "{e}"
+        );
     }
 }

@@ -17,7 +17,9 @@ pub fn peak_tflops(arch: Arch, math: MathType) -> f64 {
 }
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// The scatter plot of an entry's winning run.
@@ -29,7 +31,11 @@ pub fn scatter_svg(e: &Entry) -> String {
         .candidates
         .iter()
         .filter_map(|c| match &c.outcome {
-            Outcome::Ok { timing, tflops, .. } => Some((tflops / peak * 100.0, base.map_or(0.0, |b| b / timing.median_ms), c.kernel.as_str())),
+            Outcome::Ok { timing, tflops, .. } => Some((
+                tflops / peak * 100.0,
+                base.map_or(0.0, |b| b / timing.median_ms),
+                c.kernel.as_str(),
+            )),
             _ => None,
         })
         .collect();
@@ -104,7 +110,11 @@ pub fn e2e_svg(title: &str, subtitle: &str, groups: &[BarGroup]) -> String {
         let base = g.bars.first().map_or(f64::NAN, |b| b.1);
         g.bars.iter().map(|b| base / b.1).collect()
     };
-    let best = groups.iter().flat_map(speedups).filter(|v| v.is_finite()).fold(1.0, f64::max);
+    let best = groups
+        .iter()
+        .flat_map(speedups)
+        .filter(|v| v.is_finite())
+        .fold(1.0, f64::max);
     let xmax = (best * 1.1 * 2.0).ceil() / 2.0;
     let x = |v: f64| l + v / xmax * (w - l - r);
     let mut s = format!(
@@ -123,11 +133,21 @@ pub fn e2e_svg(title: &str, subtitle: &str, groups: &[BarGroup]) -> String {
     }
     let mut y = top;
     for g in groups {
-        s += &format!("<text x=\"10\" y=\"{:.1}\" font-weight=\"bold\">{}</text>\n", y + 4.0, esc(&g.label));
+        s += &format!(
+            "<text x=\"10\" y=\"{:.1}\" font-weight=\"bold\">{}</text>\n",
+            y + 4.0,
+            esc(&g.label)
+        );
         y += 10.0;
         for ((name, ms), sp) in g.bars.iter().zip(speedups(g)) {
             let fact = name.starts_with("fact");
-            let fill = if name == "fact" { "#d62728" } else if fact { "#f4a582" } else { "#1f77b4" };
+            let fill = if name == "fact" {
+                "#d62728"
+            } else if fact {
+                "#f4a582"
+            } else {
+                "#1f77b4"
+            };
             let len = if sp.is_finite() { x(sp) - l } else { 0.0 };
             s += &format!(
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><rect x=\"{l}\" y=\"{y:.1}\" width=\"{len:.1}\" height=\"{:.1}\" fill=\"{fill}\"/>\
@@ -153,24 +173,70 @@ mod tests {
 
     #[test]
     fn every_timed_candidate_is_a_point_and_the_winner_is_marked() {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
+        let p = GemmProblem {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            layout: GemmLayout::Rrr,
+            dtype: DType::F32,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        };
         let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
-        let t = |ms: f64| Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
+        let t = |ms: f64| Timing {
+            median_ms: ms,
+            min_ms: ms,
+            max_ms: ms,
+            spread: 0.0,
+            samples: 1,
+        };
         let cands = vec![
-            CandidateResult { kernel: specs[0].name(), spec: specs[0].clone().into(), outcome: Outcome::Ok { max_rel_err: 1e-4, timing: t(0.5), tflops: 275.0 } },
-            CandidateResult { kernel: specs[1].name(), spec: specs[1].clone().into(), outcome: Outcome::Ok { max_rel_err: 1e-4, timing: t(0.4), tflops: 343.0 } },
-            CandidateResult { kernel: specs[2].name(), spec: specs[2].clone().into(), outcome: Outcome::CannotImplement },
+            CandidateResult {
+                kernel: specs[0].name(),
+                spec: specs[0].clone().into(),
+                outcome: Outcome::Ok {
+                    max_rel_err: 1e-4,
+                    timing: t(0.5),
+                    tflops: 275.0,
+                },
+            },
+            CandidateResult {
+                kernel: specs[1].name(),
+                spec: specs[1].clone().into(),
+                outcome: Outcome::Ok {
+                    max_rel_err: 1e-4,
+                    timing: t(0.4),
+                    tflops: 343.0,
+                },
+            },
+            CandidateResult {
+                kernel: specs[2].name(),
+                spec: specs[2].clone().into(),
+                outcome: Outcome::CannotImplement,
+            },
         ];
         let prov = Provenance {
-            device: DeviceInfo { name: "H100".into(), sm_count: 132, compute_capability: "9.0".into(), driver: "-".into(), cuda_runtime: "-".into() },
+            device: DeviceInfo {
+                name: "H100".into(),
+                sm_count: 132,
+                compute_capability: "9.0".into(),
+                driver: "-".into(),
+                cuda_runtime: "-".into(),
+            },
             torch: "2.11.0".into(),
             nvcc: "13.0".into(),
             cutlass: "4.2.0".into(),
             fact: "0.1.0".into(),
             date: "2026-11-22".into(),
         };
-        let run = Run { provenance: prov, baseline: Some(t(0.35)), candidates: cands };
-        let e = Entry::from_runs(TableKey::gemm(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap();
+        let run = Run {
+            provenance: prov,
+            baseline: Some(t(0.35)),
+            candidates: cands,
+        };
+        let e =
+            Entry::from_runs(TableKey::gemm(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap();
         let svg = scatter_svg(&e);
         assert_eq!(svg.matches("<circle").count(), 2);
         assert!(svg.contains(&format!("winner {}", specs[1].name())));
@@ -181,12 +247,29 @@ mod tests {
     #[test]
     fn e2e_bars_are_speedups_over_each_groups_first_module() {
         let groups = vec![
-            BarGroup { label: "block tf32".into(), bars: vec![("eager".into(), 8.0), ("fact".into(), 4.0), ("fact without attention".into(), 5.0)] },
-            BarGroup { label: "block bf16".into(), bars: vec![("eager".into(), 6.0), ("fact".into(), 2.0)] },
+            BarGroup {
+                label: "block tf32".into(),
+                bars: vec![
+                    ("eager".into(), 8.0),
+                    ("fact".into(), 4.0),
+                    ("fact without attention".into(), 5.0),
+                ],
+            },
+            BarGroup {
+                label: "block bf16".into(),
+                bars: vec![("eager".into(), 6.0), ("fact".into(), 2.0)],
+            },
         ];
         let svg = e2e_svg("GPT block", "H100", &groups);
         assert_eq!(svg.matches("<rect x=").count(), 5);
-        for label in ["2.00x (4.000 ms)", "1.60x (5.000 ms)", "3.00x (2.000 ms)", "1.00x (6.000 ms)", "block bf16", "fact without attention"] {
+        for label in [
+            "2.00x (4.000 ms)",
+            "1.60x (5.000 ms)",
+            "3.00x (2.000 ms)",
+            "1.00x (6.000 ms)",
+            "block bf16",
+            "fact without attention",
+        ] {
             assert!(svg.contains(label), "{label}");
         }
     }

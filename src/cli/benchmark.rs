@@ -17,10 +17,19 @@ pub(super) fn parse_kinds(text: Option<&str>) -> Result<Option<Vec<PatternKind>>
     if text == "none" {
         return Ok(Some(vec![]));
     }
-    text.split(',').map(|k| k.trim().parse::<PatternKind>()).collect::<Result<Vec<_>, _>>().map(Some).map_err(anyhow::Error::msg)
+    text.split(',')
+        .map(|k| k.trim().parse::<PatternKind>())
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+        .map_err(anyhow::Error::msg)
 }
 
-pub(super) fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Path>, without: Option<Vec<PatternKind>>) -> Result<BenchReport> {
+pub(super) fn run_bench(
+    report: &ComposeReport,
+    out_dir: &Path,
+    save: Option<&Path>,
+    without: Option<Vec<PatternKind>>,
+) -> Result<BenchReport> {
     let tc = Toolchain::discover()?;
     let patterns: Vec<bench::PatternTime> = report
         .patterns
@@ -39,15 +48,33 @@ pub(super) fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Pa
     let mut kinds: Vec<PatternKind> = patterns.iter().map(|p| p.kind).collect();
     kinds.sort();
     kinds.dedup();
-    let without = without.unwrap_or_else(|| if kinds.len() >= 2 { kinds.clone() } else { vec![] });
-    let gemm_flops: f64 = report.patterns.iter().filter(|p| p.kernel.is_some()).map(|p| p.problem.flops()).sum();
-    let name = report.model.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let without = without.unwrap_or_else(|| {
+        if kinds.len() >= 2 {
+            kinds.clone()
+        } else {
+            vec![]
+        }
+    });
+    let gemm_flops: f64 = report
+        .patterns
+        .iter()
+        .filter(|p| p.kernel.is_some())
+        .map(|p| p.problem.flops())
+        .sum();
+    let name = report
+        .model
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
     let inputs: Vec<String> = report.inputs.iter().map(InputShape::display).collect();
     let opts = BenchOptions {
         workload: format!("{name} ({})", inputs.join(", ")),
         original: report.model.clone(),
         composed: report.composed.clone().expect("checked by callers"),
-        library: report.library.clone().expect("a composed module comes with its library"),
+        library: report
+            .library
+            .clone()
+            .expect("a composed module comes with its library"),
         inputs: report.inputs.clone(),
         precision: report.precision,
         protocol: Protocol::default(),
@@ -58,12 +85,15 @@ pub(super) fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Pa
         without,
         patterns,
     };
-    let b = bench::bench(&opts).map_err(anyhow::Error::msg).context("benchmarking")?;
+    let b = bench::bench(&opts)
+        .map_err(anyhow::Error::msg)
+        .context("benchmarking")?;
     let text = serde_json::to_string_pretty(&b)? + "\n";
     let path = out_dir.join("report.json");
     std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     let svg = out_dir.join("e2e.svg");
-    std::fs::write(&svg, bench::e2e_figure(&b)).with_context(|| format!("writing {}", svg.display()))?;
+    std::fs::write(&svg, bench::e2e_figure(&b))
+        .with_context(|| format!("writing {}", svg.display()))?;
     if let Some(s) = save {
         if let Some(d) = s.parent() {
             std::fs::create_dir_all(d)?;
@@ -75,26 +105,41 @@ pub(super) fn run_bench(report: &ComposeReport, out_dir: &Path, save: Option<&Pa
 
 /// `fact plot-e2e`: the end-to-end figure of the benchmark harnesses' records.
 pub(super) fn plot_e2e(records: &Path, out: &Path, title: &str) -> Result<()> {
-    let text = std::fs::read_to_string(records).with_context(|| format!("reading {}", records.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", records.display()))?;
+    let text = std::fs::read_to_string(records)
+        .with_context(|| format!("reading {}", records.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", records.display()))?;
     // A bare list of records, or {"meta": {...}, "records": [...]} as the harnesses write.
     let (list, meta) = match &v {
         serde_json::Value::Array(_) => (v.clone(), serde_json::Value::Null),
         _ => (v["records"].clone(), v["meta"].clone()),
     };
-    let list: Vec<bench::SuiteRecord> = serde_json::from_value(list)
-        .with_context(|| format!("{}: not a list of benchmark records (model, policy, eager_ms, …, fact_ms)", records.display()))?;
+    let list: Vec<bench::SuiteRecord> = serde_json::from_value(list).with_context(|| {
+        format!(
+            "{}: not a list of benchmark records (model, policy, eager_ms, …, fact_ms)",
+            records.display()
+        )
+    })?;
     if list.iter().all(|r| r.fact_ms.is_none()) {
         bail!("{}: no record has a fact_ms to draw", records.display());
     }
     let field = |k: &str| meta[k].as_str().unwrap_or("").to_string();
     let torch = field("torch");
-    let subtitle = [field("device"), if torch.is_empty() { torch } else { format!("torch {torch}") }, field("date")]
-        .into_iter()
-        .filter(|f| !f.is_empty())
-        .collect::<Vec<_>>()
-        .join(", ");
-    std::fs::write(out, bench::suite_figure(title, &subtitle, &list)).with_context(|| format!("writing {}", out.display()))?;
+    let subtitle = [
+        field("device"),
+        if torch.is_empty() {
+            torch
+        } else {
+            format!("torch {torch}")
+        },
+        field("date"),
+    ]
+    .into_iter()
+    .filter(|f| !f.is_empty())
+    .collect::<Vec<_>>()
+    .join(", ");
+    std::fs::write(out, bench::suite_figure(title, &subtitle, &list))
+        .with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
     Ok(())
 }

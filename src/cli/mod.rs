@@ -8,9 +8,9 @@ use crate::nvcc::{self, Toolchain};
 use crate::plan::PlanOptions;
 use crate::rules::GemmProblem;
 use crate::table::{self, Tables};
-use crate::types::DType;
 use crate::torch::{self, InputShape};
 use crate::tune::{worker, Protocol};
+use crate::types::DType;
 use crate::types::{Arch, Precision};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -25,7 +25,11 @@ use show::{fmt_ms, print_bench, print_compose, print_plan};
 use tables::{knowledge_command, table_command, KnowledgeCommand, TableCommand};
 
 #[derive(Parser)]
-#[command(name = "fact", version, about = "Makes TorchScript models faster with tuned CUTLASS kernels")]
+#[command(
+    name = "fact",
+    version,
+    about = "Makes TorchScript models faster with tuned CUTLASS kernels"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -180,16 +184,22 @@ enum Command {
     TuneWorker,
 }
 
-
-
-
-
 fn jobs(j: Option<usize>) -> usize {
-    j.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
+    j.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    })
 }
 
 /// The realization options every command shares; the rest are defaults from the environment.
-fn options(out_dir: PathBuf, precision: Precision, arch: Arch, agent: &AgentArgs, json: bool) -> Result<compose::Options> {
+fn options(
+    out_dir: PathBuf,
+    precision: Precision,
+    arch: Arch,
+    agent: &AgentArgs,
+    json: bool,
+) -> Result<compose::Options> {
     Ok(compose::Options {
         out_dir,
         precision,
@@ -217,11 +227,32 @@ fn command_line() -> String {
 pub fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Compose { model, inputs, out, precision, jobs: j, candidates, refine, no_bench, keep_slower, agent, save_report, without, json } => {
+        Command::Compose {
+            model,
+            inputs,
+            out,
+            precision,
+            jobs: j,
+            candidates,
+            refine,
+            no_bench,
+            keep_slower,
+            agent,
+            save_report,
+            without,
+            json,
+        } => {
             let without = benchmark::parse_kinds(without.as_deref())?;
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
-            let inputs = inputs.iter().map(|s| InputShape::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
-            let stem = model.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_else(|| "model".into());
+            let inputs = inputs
+                .iter()
+                .map(|s| InputShape::parse(s))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(anyhow::Error::msg)?;
+            let stem = model
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_else(|| "model".into());
             let out_dir = out.unwrap_or_else(|| PathBuf::from("out").join(stem));
             let opts = compose::Options {
                 jobs: jobs(j),
@@ -230,14 +261,25 @@ pub fn main() -> Result<()> {
                 keep_slower,
                 ..options(out_dir.clone(), precision, Arch::Sm90, &agent, json)?
             };
-            let report = compose::compose(&model, &inputs, &opts).with_context(|| format!("composing {}", model.display()))?;
+            let report = compose::compose(&model, &inputs, &opts)
+                .with_context(|| format!("composing {}", model.display()))?;
             let bench = if report.gpu && report.composed.is_some() && !no_bench {
-                Some(benchmark::run_bench(&report, &out_dir, save_report.as_deref(), without)?)
+                Some(benchmark::run_bench(
+                    &report,
+                    &out_dir,
+                    save_report.as_deref(),
+                    without,
+                )?)
             } else {
                 None
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "compose": report, "bench": bench }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({ "compose": report, "bench": bench })
+                    )?
+                );
             } else {
                 print_compose(&report, &out_dir);
                 if let Some(b) = &bench {
@@ -246,12 +288,22 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Bench { dir, save_report, without, json } => {
+        Command::Bench {
+            dir,
+            save_report,
+            without,
+            json,
+        } => {
             let without = benchmark::parse_kinds(without.as_deref())?;
             let path = dir.join(compose::REPORT);
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("{}: no compose report; run fact compose first", path.display()))?;
-            let report: ComposeReport = serde_json::from_str(&text).with_context(|| format!("{}: unreadable", path.display()))?;
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "{}: no compose report; run fact compose first",
+                    path.display()
+                )
+            })?;
+            let report: ComposeReport = serde_json::from_str(&text)
+                .with_context(|| format!("{}: unreadable", path.display()))?;
             if report.composed.is_none() {
                 bail!("{} holds no composed module (compose ran without a GPU?); run fact compose on a GPU machine", dir.display());
             }
@@ -263,13 +315,29 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Realize { rule, dtype, shape, epilogue, precision, arch, candidates, refine, hopeless, jobs: j, out, agent, json } => {
+        Command::Realize {
+            rule,
+            dtype,
+            shape,
+            epilogue,
+            precision,
+            arch,
+            candidates,
+            refine,
+            hopeless,
+            jobs: j,
+            out,
+            agent,
+            json,
+        } => {
             if hopeless.is_nan() || hopeless < 1.0 {
                 bail!("--hopeless {hopeless} must be at least 1 (the best estimate itself)");
             }
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
-            let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
-            let arch = Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
+            let dtype = DType::parse(&dtype)
+                .with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
+            let arch =
+                Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
             let dims = table::parse_shape(&shape).with_context(|| {
                 format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr, BxHxTqxTkxD for attention), e.g. 4096x4096x4096")
             })?;
@@ -277,9 +345,13 @@ pub fn main() -> Result<()> {
                 if epilogue.is_some() {
                     bail!("--epilogue goes with a GEMM rule, not {rule}");
                 }
-                crate::rules::Problem::Attention(crate::rules::AttentionProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?)
+                crate::rules::Problem::Attention(
+                    crate::rules::AttentionProblem::from_rule(&rule, &dims, dtype)
+                        .map_err(anyhow::Error::msg)?,
+                )
             } else {
-                let mut problem = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
+                let mut problem =
+                    GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
                 if let Some(text) = epilogue {
                     let e = crate::rules::Epilogue::parse(&text)
                         .map_err(|why| anyhow::anyhow!("bad --epilogue '{text}': {why}; write it as discover prints it, e.g. 'leaves=;v1=relu(v0)'"))?;
@@ -292,8 +364,17 @@ pub fn main() -> Result<()> {
                 max_candidates: candidates,
                 refine,
                 keep_slower: true,
-                space: crate::space::SpaceOptions { hopeless, ..Default::default() },
-                ..options(out.unwrap_or_else(|| PathBuf::from("out/realize")), precision, arch, &agent, json)?
+                space: crate::space::SpaceOptions {
+                    hopeless,
+                    ..Default::default()
+                },
+                ..options(
+                    out.unwrap_or_else(|| PathBuf::from("out/realize")),
+                    precision,
+                    arch,
+                    &agent,
+                    json,
+                )?
             };
             let start = std::time::Instant::now();
             let tc = Toolchain::discover()?;
@@ -316,10 +397,25 @@ pub fn main() -> Result<()> {
                     }))?
                 );
             } else {
-                println!("{} {} under {}: {}", problem.rule_id(), problem.shape_key(), precision, r.how.label());
+                println!(
+                    "{} {} under {}: {}",
+                    problem.rule_id(),
+                    problem.shape_key(),
+                    precision,
+                    r.how.label()
+                );
                 if let Some(e) = &r.entry {
-                    println!("  winner {} at {:.4} ms (torch {})", e.winner, e.winner_ms, fmt_ms(e.baseline_ms()));
-                    println!("  entry {} in {}  ({seconds:.1} s)", e.key.id(), opts.user_table.display());
+                    println!(
+                        "  winner {} at {:.4} ms (torch {})",
+                        e.winner,
+                        e.winner_ms,
+                        fmt_ms(e.baseline_ms())
+                    );
+                    println!(
+                        "  entry {} in {}  ({seconds:.1} s)",
+                        e.key.id(),
+                        opts.user_table.display()
+                    );
                 }
                 for f in &r.failures {
                     print!("{f}");
@@ -329,17 +425,38 @@ pub fn main() -> Result<()> {
         }
         Command::Table { command } => table_command(command),
         Command::Knowledge { command } => knowledge_command(command),
-        Command::Discover { model, inputs, precision, agent, json } => {
+        Command::Discover {
+            model,
+            inputs,
+            precision,
+            agent,
+            json,
+        } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
-            let inputs = inputs.iter().map(|s| InputShape::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
-            let (graph, inputs) = torch::load_graph(&model, &inputs).with_context(|| format!("discovering {}", model.display()))?;
+            let inputs = inputs
+                .iter()
+                .map(|s| InputShape::parse(s))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(anyhow::Error::msg)?;
+            let (graph, inputs) = torch::load_graph(&model, &inputs)
+                .with_context(|| format!("discovering {}", model.display()))?;
             let matches = crate::rules::match_patterns(&graph);
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
-            let mut steward = options(PathBuf::new(), precision, Arch::Sm90, &agent, json)?.steward();
-            let plan_opts = PlanOptions { arch: Arch::Sm90, precision, assumed_speedup: 1.05 };
+            let mut steward =
+                options(PathBuf::new(), precision, Arch::Sm90, &agent, json)?.steward();
+            let plan_opts = PlanOptions {
+                arch: Arch::Sm90,
+                precision,
+                assumed_speedup: 1.05,
+            };
             let plan = crate::plan::plan(&graph, &matches, &plan_opts, Some(&tables), &mut steward);
             if json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "model": model, "inputs": inputs, "plan": plan }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({ "model": model, "inputs": inputs, "plan": plan })
+                    )?
+                );
             } else {
                 print_plan(&model, &inputs, &plan);
             }
@@ -349,24 +466,17 @@ pub fn main() -> Result<()> {
             print!("{}", torch::graph_text(&model)?);
             Ok(())
         }
-        Command::PlotE2e { records, out, title } => benchmark::plot_e2e(&records, &out, &title),
+        Command::PlotE2e {
+            records,
+            out,
+            title,
+        } => benchmark::plot_e2e(&records, &out, &title),
         Command::TuneWorker => {
             let mut body = String::new();
             std::io::stdin().read_to_string(&mut body)?;
-            let req: worker::Request = serde_json::from_str(&body).context("bad tune-worker request")?;
+            let req: worker::Request =
+                serde_json::from_str(&body).context("bad tune-worker request")?;
             worker::serve(req).map_err(anyhow::Error::msg)
         }
     }
 }
-
-
-
-
-
-
-
-
-
-
-
-

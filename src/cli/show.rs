@@ -8,18 +8,43 @@ use std::path::Path;
 
 pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
     let shapes: Vec<String> = inputs.iter().map(InputShape::display).collect();
-    println!("plan for {} ({}) on {}, precision {}, agent: {}", model.display(), shapes.join(", "), plan.arch, plan.precision, plan.agent);
+    println!(
+        "plan for {} ({}) on {}, precision {}, agent: {}",
+        model.display(),
+        shapes.join(", "),
+        plan.arch,
+        plan.precision,
+        plan.agent
+    );
     println!(
         "cost model: {:.3} ms estimated (tf32 {} TFLOP/s, bf16 {} TFLOP/s, DRAM {} TB/s, {} us a launch)",
         plan.total_est_ms, plan.ceilings.tf32_tflops, plan.ceilings.bf16_tflops, plan.ceilings.dram_tbps, plan.ceilings.launch_us
     );
-    println!("{:<4} {:<4} {:<14} {:<22} {:>9} {:>7} {:>8} {:>9}  speedup source", "prio", "id", "rule", "shape", "est ms", "share", "speedup", "gain ms");
+    println!(
+        "{:<4} {:<4} {:<14} {:<22} {:>9} {:>7} {:>8} {:>9}  speedup source",
+        "prio", "id", "rule", "shape", "est ms", "share", "speedup", "gain ms"
+    );
     for p in &plan.patterns {
         println!(
             "{:<4} {:<4} {:<14} {:<22} {:>9.4} {:>6.1}% {:>7.2}x {:>9.4}  {}",
-            p.priority, p.id, p.rule, p.problem.shape_key(), p.est_ms, p.share * 100.0, p.expected_speedup, p.expected_gain_ms, p.speedup_source
+            p.priority,
+            p.id,
+            p.rule,
+            p.problem.shape_key(),
+            p.est_ms,
+            p.share * 100.0,
+            p.expected_speedup,
+            p.expected_gain_ms,
+            p.speedup_source
         );
-        println!("     {} ({}, {} {}), inputs {:?}", p.name, p.arch, p.dtype, p.math.map_or("-", |m| m.short_name()), p.input_shapes);
+        println!(
+            "     {} ({}, {} {}), inputs {:?}",
+            p.name,
+            p.arch,
+            p.dtype,
+            p.math.map_or("-", |m| m.short_name()),
+            p.input_shapes
+        );
         for n in &p.notes {
             println!("     {n}");
         }
@@ -30,9 +55,18 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
             println!("     example: {e}");
         }
     }
-    println!("unmatched: {:.1}% of the estimated time", plan.unmatched_share * 100.0);
+    println!(
+        "unmatched: {:.1}% of the estimated time",
+        plan.unmatched_share * 100.0
+    );
     for r in plan.unmatched.iter().take(8) {
-        println!("  {:>6.1}%  {:>9.4} ms  {} ({} nodes)", r.share * 100.0, r.est_ms, r.name, r.nodes.len());
+        println!(
+            "  {:>6.1}%  {:>9.4} ms  {} ({} nodes)",
+            r.share * 100.0,
+            r.est_ms,
+            r.name,
+            r.nodes.len()
+        );
     }
     print_unmatched_gemms(&plan.unmatched_gemms);
     for n in &plan.agent_notes {
@@ -42,8 +76,15 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
 
 pub(super) fn print_unmatched_gemms(gemms: &[UnmatchedGemm]) {
     for u in gemms {
-        let scope = if u.scope.is_empty() { String::new() } else { format!(" ({})", u.scope) };
-        println!("  unmatched GEMM: node {} {}{scope}: {}", u.node, u.kind, u.reason);
+        let scope = if u.scope.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", u.scope)
+        };
+        println!(
+            "  unmatched GEMM: node {} {}{scope}: {}",
+            u.node, u.kind, u.reason
+        );
     }
 }
 
@@ -52,11 +93,19 @@ pub(super) fn fmt_ms(v: Option<f64>) -> String {
 }
 
 pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
-    println!("fact compose {} ({} precision, {})", r.model.display(), r.precision, r.arch);
+    println!(
+        "fact compose {} ({} precision, {})",
+        r.model.display(),
+        r.precision,
+        r.arch
+    );
     if !r.graph_note.is_empty() {
         println!("  shapes: {}", r.graph_note);
     }
-    println!("{:<4} {:<14} {:<16} {:<5} {:<22} {:>10} {:>10}  kernel", "id", "rule", "shape MxNxK", "dtype", "realized", "kernel ms", "torch ms");
+    println!(
+        "{:<4} {:<14} {:<16} {:<5} {:<22} {:>10} {:>10}  kernel",
+        "id", "rule", "shape MxNxK", "dtype", "realized", "kernel ms", "torch ms"
+    );
     for p in &r.patterns {
         let how = p.realization.label();
         println!(
@@ -85,10 +134,17 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
         print!("{f}");
     }
     if !r.gpu {
-        let compiled = r.patterns.iter().filter(|p| matches!(p.realization, Realization::Compiled { .. })).count();
+        let compiled = r
+            .patterns
+            .iter()
+            .filter(|p| matches!(p.realization, Realization::Compiled { .. }))
+            .count();
         let hits = r.patterns.iter().filter(|p| p.kernel.is_some()).count();
         println!("\nno CUDA device: tuning and benchmarking need an sm90 GPU.");
-        println!("  discovered {} pattern(s); {hits} realized from the pattern tables (winners built)", r.patterns.len());
+        println!(
+            "  discovered {} pattern(s); {hits} realized from the pattern tables (winners built)",
+            r.patterns.len()
+        );
         if compiled > 0 {
             println!(
                 "  {compiled} need tuning: their candidate kernels are rendered and compiled under {}/sweeps/; \
@@ -101,26 +157,81 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
         }
     }
     if let (Some(c), Some(l)) = (&r.composed, &r.library) {
-        println!("\ncomposed module: {}\nop library:      {}", c.display(), l.display());
-        println!("load in python:  torch.ops.load_library(\"{}\"); m = torch.jit.load(\"{}\")", l.display(), c.display());
+        println!(
+            "\ncomposed module: {}\nop library:      {}",
+            c.display(),
+            l.display()
+        );
+        println!(
+            "load in python:  torch.ops.load_library(\"{}\"); m = torch.jit.load(\"{}\")",
+            l.display(),
+            c.display()
+        );
     }
-    println!("report: {}  ({:.1} s)", out_dir.join(compose::REPORT).display(), r.seconds);
+    println!(
+        "report: {}  ({:.1} s)",
+        out_dir.join(compose::REPORT).display(),
+        r.seconds
+    );
 }
 
 pub(super) fn print_bench(b: &BenchReport) {
-    println!("\nbench on {} ({} SMs), torch {}, CUDA {}, CUTLASS {}, precision {}", b.device.name, b.device.sm_count, b.torch, b.cuda, b.cutlass, b.precision);
-    println!("{:<10} {:>11} {:>9} {:>11} {:>13}", "module", "median ms", "spread", "GEMM TF/s", "rel err fp64");
-    println!("{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}", "torch", b.baseline_ms, b.baseline.spread * 100.0, b.baseline_tflops, b.baseline_rel_err);
-    println!("{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}", "fact", b.fact_ms, b.fact.spread * 100.0, b.fact_tflops, b.max_rel_err);
+    println!(
+        "\nbench on {} ({} SMs), torch {}, CUDA {}, CUTLASS {}, precision {}",
+        b.device.name, b.device.sm_count, b.torch, b.cuda, b.cutlass, b.precision
+    );
+    println!(
+        "{:<10} {:>11} {:>9} {:>11} {:>13}",
+        "module", "median ms", "spread", "GEMM TF/s", "rel err fp64"
+    );
+    println!(
+        "{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}",
+        "torch",
+        b.baseline_ms,
+        b.baseline.spread * 100.0,
+        b.baseline_tflops,
+        b.baseline_rel_err
+    );
+    println!(
+        "{:<10} {:>11.4} {:>8.1}% {:>11.1} {:>13.2e}",
+        "fact",
+        b.fact_ms,
+        b.fact.spread * 100.0,
+        b.fact_tflops,
+        b.max_rel_err
+    );
     println!("speedup {:.3}x", b.speedup);
     for a in &b.ablations {
-        println!("{:<10} {:>11.4} {:>8.1}% {:>11} {:>13.2e}  (without {}: {:.2}x the composed time)", format!("-{}", a.without), a.ms, a.timing.spread * 100.0, "", a.max_rel_err, a.without, a.slowdown);
+        println!(
+            "{:<10} {:>11.4} {:>8.1}% {:>11} {:>13.2e}  (without {}: {:.2}x the composed time)",
+            format!("-{}", a.without),
+            a.ms,
+            a.timing.spread * 100.0,
+            "",
+            a.max_rel_err,
+            a.without,
+            a.slowdown
+        );
     }
     for p in &b.patterns {
-        println!("  {} {:<9} {}: kernel {} ms, torch {} ms", p.id, p.kind.name(), p.kernel, fmt_ms(p.kernel_ms), fmt_ms(p.torch_ms));
+        println!(
+            "  {} {:<9} {}: kernel {} ms, torch {} ms",
+            p.id,
+            p.kind.name(),
+            p.kernel,
+            fmt_ms(p.kernel_ms),
+            fmt_ms(p.torch_ms)
+        );
     }
     for (kernel, c) in &b.op_calls {
-        let why = c.why.as_deref().map(|w| format!(" (last: {w})")).unwrap_or_default();
-        println!("  {kernel}: ran {} calls ({} on a copied operand), fell back {}{why}", c.ran, c.copied, c.fell_back);
+        let why = c
+            .why
+            .as_deref()
+            .map(|w| format!(" (last: {w})"))
+            .unwrap_or_default();
+        println!(
+            "  {kernel}: ran {} calls ({} on a copied operand), fell back {}{why}",
+            c.ran, c.copied, c.fell_back
+        );
     }
 }

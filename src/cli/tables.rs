@@ -48,8 +48,14 @@ pub(super) struct Filter {
 impl Filter {
     fn keeps(&self, e: &Entry) -> bool {
         self.rule.as_ref().is_none_or(|r| &e.key.rule == r)
-            && self.dtype.as_ref().is_none_or(|d| e.key.dtypes.a.short_name() == d)
-            && self.arch.as_ref().is_none_or(|a| e.key.arch.short_name() == a)
+            && self
+                .dtype
+                .as_ref()
+                .is_none_or(|d| e.key.dtypes.a.short_name() == d)
+            && self
+                .arch
+                .as_ref()
+                .is_none_or(|a| e.key.arch.short_name() == a)
     }
 }
 
@@ -92,10 +98,7 @@ pub(super) enum TableCommand {
         json: bool,
     },
     /// Write an entry's sweep as an SVG scatter plot (efficiency vs speedup over torch).
-    Plot {
-        id: String,
-        file: PathBuf,
-    },
+    Plot { id: String, file: PathBuf },
     /// The validity rules learned from failures (scope, predicate, count, example).
     Rules {
         #[arg(long)]
@@ -111,7 +114,12 @@ pub(super) enum TableCommand {
 
 pub(super) fn all_entries(tables: &Tables) -> Vec<(&'static str, &Entry)> {
     let user = tables.user.entries.iter().map(|e| ("user", e));
-    let shipped = tables.shipped.entries.iter().filter(|e| tables.user.get(&e.key).is_none()).map(|e| ("shipped", e));
+    let shipped = tables
+        .shipped
+        .entries
+        .iter()
+        .filter(|e| tables.user.get(&e.key).is_none())
+        .map(|e| ("shipped", e));
     user.chain(shipped).collect()
 }
 
@@ -127,8 +135,16 @@ pub(super) fn entry_summary(from: &str, e: &Entry) -> serde_json::Value {
 pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
     use crate::space::{self, Knowledge};
     match command {
-        KnowledgeCommand::Show { rule, dtype, shape, precision, json } => {
-            let version = Toolchain::discover().map(|t| t.cutlass_version()).unwrap_or_else(|_| "unknown".into());
+        KnowledgeCommand::Show {
+            rule,
+            dtype,
+            shape,
+            precision,
+            json,
+        } => {
+            let version = Toolchain::discover()
+                .map(|t| t.cutlass_version())
+                .unwrap_or_else(|_| "unknown".into());
             let (kb, note) = Knowledge::for_cutlass(&version).map_err(anyhow::Error::msg)?;
             let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
             for r in &kb.sm90 {
@@ -140,22 +156,39 @@ pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
             let derived = match (rule, shape) {
                 (Some(rule), Some(shape)) => {
                     let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
-                    let dtype = DType::parse(&dtype).with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
-                    let dims = table::parse_shape(&shape).with_context(|| format!("bad --shape '{shape}': write MxNxK"))?;
-                    let p = GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
-                    let math = crate::types::MathType::for_tensor(dtype, precision).context("no math for this dtype and precision")?;
-                    let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
+                    let dtype = DType::parse(&dtype).with_context(|| {
+                        format!("unknown dtype '{dtype}': use f32, bf16 or f16")
+                    })?;
+                    let dims = table::parse_shape(&shape)
+                        .with_context(|| format!("bad --shape '{shape}': write MxNxK"))?;
+                    let p =
+                        GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
+                    let math = crate::types::MathType::for_tensor(dtype, precision)
+                        .context("no math for this dtype and precision")?;
+                    let tables =
+                        Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
                     let key = table::TableKey::gemm(&p, math, Arch::Sm90);
                     let scope = key.scope(&version);
-                    Some(space::derive(&kb, &p, math, Arch::Sm90, &tables.rules(), &scope, &space::SpaceOptions::default()))
+                    Some(space::derive(
+                        &kb,
+                        &p,
+                        math,
+                        Arch::Sm90,
+                        &tables.rules(),
+                        &scope,
+                        &space::SpaceOptions::default(),
+                    ))
                 }
                 (None, None) => None,
                 _ => bail!("give both --rule and --shape to derive a space"),
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({
-                    "cutlass_version": kb.cutlass_version, "origin": kb.origin, "source": kb.source, "rows": counts, "note": note, "space": derived,
-                }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "cutlass_version": kb.cutlass_version, "origin": kb.origin, "source": kb.source, "rows": counts, "note": note, "space": derived,
+                    }))?
+                );
                 return Ok(());
             }
             println!("{}", kb.describe());
@@ -167,7 +200,11 @@ pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
                 println!("  {k:<12} {n:>4} rows");
             }
             if let Some(sp) = derived {
-                println!("derived space: {} candidates, {} pruned", sp.candidates.len(), sp.pruned.len());
+                println!(
+                    "derived space: {} candidates, {} pruned",
+                    sp.candidates.len(),
+                    sp.pruned.len()
+                );
                 for (k, ms) in sp.candidates.iter().zip(&sp.estimates_ms) {
                     println!("  {ms:>9.4} ms  {}", k.name());
                 }
@@ -187,9 +224,16 @@ pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
             // Import the cutlass_library that sits above the toolchain's CUTLASS headers, so the
             // knowledge matches what nvcc compiles against.
             let site = tc.cutlass.parent().and_then(Path::parent);
-            let out = space::knowledge::refresh(&python, &script, site, &tc.cutlass_version()).map_err(anyhow::Error::msg)?;
+            let out = space::knowledge::refresh(&python, &script, site, &tc.cutlass_version())
+                .map_err(anyhow::Error::msg)?;
             let kb = Knowledge::read(&out).map_err(anyhow::Error::msg)?;
-            println!("wrote {} ({} sm90 + {} sm80 rows, CUTLASS {})", out.display(), kb.sm90.len(), kb.sm80.len(), kb.cutlass_version);
+            println!(
+                "wrote {} ({} sm90 + {} sm80 rows, CUTLASS {})",
+                out.display(),
+                kb.sm90.len(),
+                kb.sm80.len(),
+                kb.cutlass_version
+            );
             Ok(())
         }
     }
@@ -212,30 +256,76 @@ pub(super) fn table_command(command: TableCommand) -> Result<()> {
             for (i, r) in rules.iter().enumerate() {
                 println!(
                     "#{i:<3} {:<16} x{:<3} {} {} {} {} cutlass {}{}",
-                    r.kind.label(), r.count, r.scope.rule, r.scope.dtype, r.scope.math.short_name(), r.scope.arch, r.scope.cutlass,
-                    r.scope.shape.as_ref().map(|s| format!(" shape {s}")).unwrap_or_default()
+                    r.kind.label(),
+                    r.count,
+                    r.scope.rule,
+                    r.scope.dtype,
+                    r.scope.math.short_name(),
+                    r.scope.arch,
+                    r.scope.cutlass,
+                    r.scope
+                        .shape
+                        .as_ref()
+                        .map(|s| format!(" shape {s}"))
+                        .unwrap_or_default()
                 );
                 println!("     when {}", r.predicate_text());
-                println!("     e.g. {}", r.example.lines().find(|l| l.contains("error")).or_else(|| r.example.lines().next()).unwrap_or("").trim());
+                println!(
+                    "     e.g. {}",
+                    r.example
+                        .lines()
+                        .find(|l| l.contains("error"))
+                        .or_else(|| r.example.lines().next())
+                        .unwrap_or("")
+                        .trim()
+                );
             }
             Ok(())
         }
         TableCommand::List { filter, json } => {
             let tables = Tables::load(&user_path, &shipped_path)?;
-            let rows: Vec<_> = all_entries(&tables).into_iter().filter(|(_, e)| filter.keeps(e)).collect();
+            let rows: Vec<_> = all_entries(&tables)
+                .into_iter()
+                .filter(|(_, e)| filter.keeps(e))
+                .collect();
             if json {
                 let v: Vec<_> = rows.iter().map(|(f, e)| entry_summary(f, e)).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
                 return Ok(());
             }
-            println!("user table: {}
-shipped table: {}", user_path.display(), shipped_path.display());
-            println!("{:<9} {:<8} {:<14} {:<5} {:<5} {:<6} {:<18} {:>10} {:>9}  {:<24} winner", "id", "table", "rule", "dtype", "math", "arch", "shape", "kernel ms", "torch ms", "device");
+            println!(
+                "user table: {}
+shipped table: {}",
+                user_path.display(),
+                shipped_path.display()
+            );
+            println!(
+                "{:<9} {:<8} {:<14} {:<5} {:<5} {:<6} {:<18} {:>10} {:>9}  {:<24} winner",
+                "id",
+                "table",
+                "rule",
+                "dtype",
+                "math",
+                "arch",
+                "shape",
+                "kernel ms",
+                "torch ms",
+                "device"
+            );
             for (from, e) in rows {
                 println!(
                     "{:<9} {:<8} {:<14} {:<5} {:<5} {:<6} {:<18} {:>10.4} {:>9}  {:<24} {}",
-                    e.key.id(), from, e.key.rule, e.key.dtypes.a, e.key.math.short_name(), e.key.arch, e.key.shape,
-                    e.winner_ms, fmt_ms(e.baseline_ms()), e.winner_provenance().device.name, e.winner
+                    e.key.id(),
+                    from,
+                    e.key.rule,
+                    e.key.dtypes.a,
+                    e.key.math.short_name(),
+                    e.key.arch,
+                    e.key.shape,
+                    e.winner_ms,
+                    fmt_ms(e.baseline_ms()),
+                    e.winner_provenance().device.name,
+                    e.winner
                 );
             }
             Ok(())
@@ -247,20 +337,41 @@ shipped table: {}", user_path.display(), shipped_path.display());
                 Err(_) => ("shipped", tables.shipped.find_id(&id)?),
             };
             if json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "table": from, "entry": e }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({ "table": from, "entry": e })
+                    )?
+                );
                 return Ok(());
             }
-            println!("{} [{}] ({from} table), bucket {}", e.key, e.key.id(), e.key.bucket());
+            println!(
+                "{} [{}] ({from} table), bucket {}",
+                e.key,
+                e.key.id(),
+                e.key.bucket()
+            );
             println!("winner {} at {:.4} ms", e.winner, e.winner_ms);
             for (i, r) in e.runs.iter().enumerate() {
                 let p = &r.provenance;
                 println!(
                     "run {i}: {} ({} SMs), torch {}, nvcc {}, CUTLASS {}, fact {}, {}; torch {} ms",
-                    p.device.name, p.device.sm_count, p.torch, p.nvcc, p.cutlass, p.fact, p.date,
+                    p.device.name,
+                    p.device.sm_count,
+                    p.torch,
+                    p.nvcc,
+                    p.cutlass,
+                    p.fact,
+                    p.date,
                     fmt_ms(r.baseline.as_ref().map(|b| b.median_ms))
                 );
                 for c in &r.candidates {
-                    println!("  {:<16} {:>10}  {}", c.outcome.label(), fmt_ms(c.outcome.median_ms()), c.kernel);
+                    println!(
+                        "  {:<16} {:>10}  {}",
+                        c.outcome.label(),
+                        fmt_ms(c.outcome.median_ms()),
+                        c.kernel
+                    );
                 }
             }
             Ok(())
@@ -268,7 +379,10 @@ shipped table: {}", user_path.display(), shipped_path.display());
         TableCommand::Export { file, filter, json } => {
             let tables = Tables::load(&user_path, &shipped_path)?;
             let mut out = Table::new();
-            for (_, e) in all_entries(&tables).into_iter().filter(|(_, e)| filter.keeps(e)) {
+            for (_, e) in all_entries(&tables)
+                .into_iter()
+                .filter(|(_, e)| filter.keeps(e))
+            {
                 out.insert_merged(e.clone());
             }
             out.save(&file)?;
@@ -300,17 +414,36 @@ shipped table: {}", user_path.display(), shipped_path.display());
         }
         TableCommand::Plot { id, file } => {
             let tables = Tables::load(&user_path, &shipped_path)?;
-            let e = tables.user.find_id(&id).or_else(|_| tables.shipped.find_id(&id))?;
-            std::fs::write(&file, crate::bench::plot::scatter_svg(e)).with_context(|| format!("writing {}", file.display()))?;
-            println!("{}: {} candidates of {}", file.display(), e.runs[e.winner_run].candidates.len(), e.key);
+            let e = tables
+                .user
+                .find_id(&id)
+                .or_else(|_| tables.shipped.find_id(&id))?;
+            std::fs::write(&file, crate::bench::plot::scatter_svg(e))
+                .with_context(|| format!("writing {}", file.display()))?;
+            println!(
+                "{}: {} candidates of {}",
+                file.display(),
+                e.runs[e.winner_run].candidates.len(),
+                e.key
+            );
             Ok(())
         }
         TableCommand::Remove { id, json } => {
             let removed = Table::update(&user_path, |t| t.remove_id(&id))??;
             if json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "removed": removed.key, "id": removed.key.id() }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({ "removed": removed.key, "id": removed.key.id() })
+                    )?
+                );
             } else {
-                println!("removed {} [{}] from {}", removed.key, removed.key.id(), user_path.display());
+                println!(
+                    "removed {} [{}] from {}",
+                    removed.key,
+                    removed.key.id(),
+                    user_path.display()
+                );
             }
             Ok(())
         }
@@ -319,7 +452,10 @@ shipped table: {}", user_path.display(), shipped_path.display());
 
 pub(super) fn report_count(json: bool, what: &str, n: usize, path: &Path) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ what: n, "table": path }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ what: n, "table": path }))?
+        );
     } else {
         println!("{what} {n} entries: {}", path.display());
     }

@@ -25,11 +25,24 @@ fn registry() -> &'static Handlebars<'static> {
         let mut h = Handlebars::new();
         h.set_strict_mode(true);
         h.register_escape_fn(handlebars::no_escape);
-        for (name, text) in [("sm90_gemm_core", SM90_GEMM_CORE), ("sm90_gemm_types", SM90_GEMM_TYPES)] {
-            h.register_partial(name, text).unwrap_or_else(|e| panic!("partial {name}: {e}"));
+        for (name, text) in [
+            ("sm90_gemm_core", SM90_GEMM_CORE),
+            ("sm90_gemm_types", SM90_GEMM_TYPES),
+        ] {
+            h.register_partial(name, text)
+                .unwrap_or_else(|e| panic!("partial {name}: {e}"));
         }
-        for (name, text) in [("sm90_gemm", SM90_GEMM), ("sm80_gemm", SM80_GEMM), ("sm90_gemm_x3", SM90_GEMM_X3), ("sm80_fmha", SM80_FMHA), ("sm90_fmha", SM90_FMHA), ("dispatch", DISPATCH), ("torch_op", TORCH_OP)] {
-            h.register_template_string(name, text).unwrap_or_else(|e| panic!("template {name}: {e}"));
+        for (name, text) in [
+            ("sm90_gemm", SM90_GEMM),
+            ("sm80_gemm", SM80_GEMM),
+            ("sm90_gemm_x3", SM90_GEMM_X3),
+            ("sm80_fmha", SM80_FMHA),
+            ("sm90_fmha", SM90_FMHA),
+            ("dispatch", DISPATCH),
+            ("torch_op", TORCH_OP),
+        ] {
+            h.register_template_string(name, text)
+                .unwrap_or_else(|e| panic!("template {name}: {e}"));
         }
         h
     })
@@ -60,7 +73,11 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
     // their operands from shared memory; the bf16 split keeps the layout.
     let tf32_split = k.family == crate::space::Family::Sm90GemmX3;
     let bf16_split = k.family == crate::space::Family::Sm90GemmBf16x3;
-    let cutlass_layout_a = if tf32_split { crate::rules::GemmLayout::Rcr.cutlass_layout_a() } else { k.layout.cutlass_layout_a() };
+    let cutlass_layout_a = if tf32_split {
+        crate::rules::GemmLayout::Rcr.cutlass_layout_a()
+    } else {
+        k.layout.cutlass_layout_a()
+    };
     json!({
         "name": k.kernel_name(),
         "spec_json": k.to_json(),
@@ -115,11 +132,19 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
     // The split families add their first GEMM's result (read as C) and the bias in the second
     // GEMM's epilogue: a visitor tree even without an epilogue program.
     let split = k.family.is_split() && (k.bias || k.fusion.is_some());
-    let empty = crate::rules::Epilogue { leaves: vec![], instrs: vec![] };
+    let empty = crate::rules::Epilogue {
+        leaves: vec![],
+        instrs: vec![],
+    };
     let e = match &k.fusion {
         Some(e) => e,
         None if split => &empty,
-        None => return json!({ "fusion": false, "two_gemms": false }).as_object().cloned().expect("object"),
+        None => {
+            return json!({ "fusion": false, "two_gemms": false })
+                .as_object()
+                .cloned()
+                .expect("object")
+        }
     };
     let col_broadcast = "cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>";
     let mut params = vec!["T const& acc".to_string()];
@@ -131,7 +156,10 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         children.push("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>".to_string());
         child_args.push("{}".to_string());
         element_c = "ElementD";
-        c_pointer = format!("static_cast<const ElementD*>({})", if k.is_padded_split() { "out" } else { "p.out" });
+        c_pointer = format!(
+            "static_cast<const ElementD*>({})",
+            if k.is_padded_split() { "out" } else { "p.out" }
+        );
     }
     if k.bias {
         params.push("T const& bias".into());
@@ -162,7 +190,12 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         children.push(child);
         child_args.push(arg);
     }
-    let v0 = ["acc[i]", if split { " + c[i]" } else { "" }, if k.bias { " + bias[i]" } else { "" }].concat();
+    let v0 = [
+        "acc[i]",
+        if split { " + c[i]" } else { "" },
+        if k.bias { " + bias[i]" } else { "" },
+    ]
+    .concat();
     let mut lines = vec![format!("const float v0 = {v0};")];
     for (n, ins) in e.instrs.iter().enumerate() {
         let operands: Vec<String> = ins
@@ -174,8 +207,22 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
                 Arg::Scalar(s) => s.device_literal(),
             })
             .collect();
-        let scalars: Vec<Option<f64>> = ins.args.iter().map(|a| if let Arg::Scalar(s) = a { Some(s.0) } else { None }).collect();
-        lines.push(format!("const float v{} = {};", n + 1, ins.op.device_expr(&operands, &scalars)));
+        let scalars: Vec<Option<f64>> = ins
+            .args
+            .iter()
+            .map(|a| {
+                if let Arg::Scalar(s) = a {
+                    Some(s.0)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        lines.push(format!(
+            "const float v{} = {};",
+            n + 1,
+            ins.op.device_expr(&operands, &scalars)
+        ));
     }
     json!({
         "fusion": true,
@@ -200,7 +247,10 @@ pub fn render_kernel(k: &KernelSpec) -> Source {
     let text = registry()
         .render(k.family.template(), &kernel_vars(k))
         .unwrap_or_else(|e| panic!("rendering {}: {e}", k.kernel_name()));
-    Source { file_name: format!("{}.cu", k.kernel_name()), text }
+    Source {
+        file_name: format!("{}.cu", k.kernel_name()),
+        text,
+    }
 }
 
 /// The translation unit of one attention kernel.
@@ -228,12 +278,21 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
             vars["pingpong"] = json!(schedule == Sm90Schedule::Pingpong);
             vars["causal"] = json!(causal);
             // Without a causal mask the keys past Tk in the last key block still need one.
-            vars["fusion"] = json!(if causal { "CausalFusion" } else { "ResidualFusion" });
+            vars["fusion"] = json!(if causal {
+                "CausalFusion"
+            } else {
+                "ResidualFusion"
+            });
             "sm90_fmha"
         }
     };
-    let text = registry().render(template, &vars).unwrap_or_else(|e| panic!("rendering {}: {e}", a.name()));
-    Source { file_name: format!("{}.cu", a.name()), text }
+    let text = registry()
+        .render(template, &vars)
+        .unwrap_or_else(|e| panic!("rendering {}: {e}", a.name()));
+    Source {
+        file_name: format!("{}.cu", a.name()),
+        text,
+    }
 }
 
 /// The translation unit of one kernel of any kind.
@@ -257,11 +316,21 @@ pub fn unit_of(sources: &[&Source]) -> Source {
     match sources {
         [one] => (*one).clone(),
         _ => {
-            let text: String = sources.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join("\n");
-            let names: Vec<&str> = sources.iter().map(|s| s.file_name.trim_end_matches(".cu")).collect();
+            let text: String = sources
+                .iter()
+                .map(|s| s.text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            let names: Vec<&str> = sources
+                .iter()
+                .map(|s| s.file_name.trim_end_matches(".cu"))
+                .collect();
             let digest = sha2::Sha256::digest(names.join(",").as_bytes());
             let tag: String = digest.iter().take(6).map(|b| format!("{b:02x}")).collect();
-            Source { file_name: format!("unit_{}k_{tag}.cu", sources.len()), text }
+            Source {
+                file_name: format!("unit_{}k_{tag}.cu", sources.len()),
+                text,
+            }
         }
     }
 }
@@ -308,7 +377,10 @@ pub fn render_dispatch(specs: &[Spec]) -> Source {
             &json!({ "kernels": entries, "symbols": symbols, "count": variants.len(), "op_kernels": op_kernels, "op_count": op_kernels.len() }),
         )
         .expect("dispatch renders");
-    Source { file_name: "fact_dispatch.cu".into(), text }
+    Source {
+        file_name: "fact_dispatch.cu".into(),
+        text,
+    }
 }
 
 /// The torch op wrapper; it is the same for every library of one arch.
@@ -329,7 +401,10 @@ pub fn render_torch_op(arch: crate::types::Arch) -> Source {
             }),
         )
         .expect("torch op renders");
-    Source { file_name: "fact_torch_op.cpp".into(), text }
+    Source {
+        file_name: "fact_torch_op.cpp".into(),
+        text,
+    }
 }
 
 #[cfg(test)]
@@ -340,7 +415,16 @@ mod tests {
     use crate::types::{Arch, DType, MathType};
 
     fn spec(bias: bool) -> KernelSpec {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rcr, dtype: DType::F32, bias, batch: 1, epilogue: None };
+        let p = GemmProblem {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            layout: GemmLayout::Rcr,
+            dtype: DType::F32,
+            bias,
+            batch: 1,
+            epilogue: None,
+        };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32, Arch::Sm90)
             .into_iter()
@@ -360,32 +444,63 @@ mod tests {
             "leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=pow(v6,3.0);v8=add(l0,v7);v9=clamp(v8,-inf,6.0)",
         )
         .unwrap();
-        KernelSpec { fusion: Some(e), ..spec(true) }
+        KernelSpec {
+            fusion: Some(e),
+            ..spec(true)
+        }
     }
 
     fn sm80(math: MathType, bias: bool) -> KernelSpec {
-        let p = GemmProblem { m: 256, n: 256, k: 524288, layout: GemmLayout::Rrr, dtype: DType::F32, bias, batch: 1, epilogue: None };
+        let p = GemmProblem {
+            m: 256,
+            n: 256,
+            k: 524288,
+            layout: GemmLayout::Rrr,
+            dtype: DType::F32,
+            bias,
+            batch: 1,
+            epilogue: None,
+        };
         Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
             .into_iter()
-            .find(|k| k.family == crate::space::Family::Sm80Gemm && k.tile == [128, 128, 32] && k.scheduler == TileScheduler::Persistent)
+            .find(|k| {
+                k.family == crate::space::Family::Sm80Gemm
+                    && k.tile == [128, 128, 32]
+                    && k.scheduler == TileScheduler::Persistent
+            })
             .unwrap()
     }
 
     /// A persistent 2x1x1 split-family kernel of `tile` for the 4096³ fp32-accurate rrr GEMM.
     fn split_kernel(family: crate::space::Family, tile: [u32; 3]) -> KernelSpec {
-        let p = GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
+        let p = GemmProblem {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            layout: GemmLayout::Rrr,
+            dtype: DType::F32,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32x3, Arch::Sm90)
             .into_iter()
-            .find(|k| k.family == family && k.tile == tile && k.cluster == [2, 1, 1] && k.scheduler == TileScheduler::Persistent)
+            .find(|k| {
+                k.family == family
+                    && k.tile == tile
+                    && k.cluster == [2, 1, 1]
+                    && k.scheduler == TileScheduler::Persistent
+            })
             .unwrap()
     }
 
     #[test]
     fn sm80_render_is_golden_and_names_its_math() {
         let k = render_kernel(&sm80(MathType::Tf32x3, true));
-        expect_test::expect_file!["../../tests/golden/sm80_gemm_rrr_tf32x3_bias.cu"].assert_eq(&k.text);
+        expect_test::expect_file!["../../tests/golden/sm80_gemm_rrr_tf32x3_bias.cu"]
+            .assert_eq(&k.text);
         assert!(k.text.contains("OpMultiplyAddFastF32"));
         let plain = render_kernel(&sm80(MathType::Tf32, false)).text;
         assert!(plain.contains("cutlass::arch::OpMultiplyAdd>"), "{plain}");
@@ -396,12 +511,23 @@ mod tests {
         let k = split_kernel(crate::space::Family::Sm90GemmX3, [128, 256, 32]);
         let text = render_kernel(&k).text;
         expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3.cu"].assert_eq(&text);
-        assert!(text.contains("return make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);"), "the second GEMM accumulates over both K halves");
+        assert!(
+            text.contains("return make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);"),
+            "the second GEMM accumulates over both K halves"
+        );
         assert!(text.contains("second.initialize(second_arguments(*p, a_parts, b_parts)"));
         // torch's rrr b is split into K-major parts, so the passes read a RowMajor CUTLASS A.
-        assert!(text.contains("split_parts_transposed<<<") && text.contains("using LayoutA = cutlass::layout::RowMajor;"));
-        let rcr = KernelSpec { layout: GemmLayout::Rcr, ..k };
-        assert!(!render_kernel(&rcr).text.contains("split_parts_transposed<<<"));
+        assert!(
+            text.contains("split_parts_transposed<<<")
+                && text.contains("using LayoutA = cutlass::layout::RowMajor;")
+        );
+        let rcr = KernelSpec {
+            layout: GemmLayout::Rcr,
+            ..k
+        };
+        assert!(!render_kernel(&rcr)
+            .text
+            .contains("split_parts_transposed<<<"));
     }
 
     #[test]
@@ -419,24 +545,46 @@ mod tests {
         let k = Knowledge::shipped()
             .kernels(&p, MathType::Tf32x3, Arch::Sm90)
             .into_iter()
-            .find(|k| k.family == crate::space::Family::Sm90GemmBf16x3 && k.invalid_reason().is_none())
+            .find(|k| {
+                k.family == crate::space::Family::Sm90GemmBf16x3 && k.invalid_reason().is_none()
+            })
             .expect("a bf16-split kernel for a fused f32-accurate problem");
         assert!(k.fits(&p));
         let text = render_kernel(&k).text;
-        assert!(text.contains("namespace plain {") && text.contains("namespace fused {"), "two GEMM types");
-        assert!(text.contains("const float v0 = acc[i] + c[i] + bias[i];"), "the first GEMM's result comes in as C");
+        assert!(
+            text.contains("namespace plain {") && text.contains("namespace fused {"),
+            "two GEMM types"
+        );
+        assert!(
+            text.contains("const float v0 = acc[i] + c[i] + bias[i];"),
+            "the first GEMM's result comes in as C"
+        );
         assert!(text.contains("0.5f * v0 * (1.f + erff(v0 * 0.70710678118654752f))"));
-        assert_eq!(text.matches("using ElementC = void;").count(), 1, "the first GEMM reads no C");
+        assert_eq!(
+            text.matches("using ElementC = void;").count(),
+            1,
+            "the first GEMM reads no C"
+        );
         assert_eq!(text.matches("using ElementC = ElementD;").count(), 1);
         // Bias alone takes the same path.
-        let bias_only = KernelSpec { fusion: None, ..k.clone() };
-        assert!(render_kernel(&bias_only).text.contains("const float v0 = acc[i] + c[i] + bias[i];"));
+        let bias_only = KernelSpec {
+            fusion: None,
+            ..k.clone()
+        };
+        assert!(render_kernel(&bias_only)
+            .text
+            .contains("const float v0 = acc[i] + c[i] + bias[i];"));
     }
 
     #[test]
     fn bf16_split_render_is_golden_and_keeps_the_layout() {
         let k = split_kernel(crate::space::Family::Sm90GemmBf16x3, [128, 256, 64]);
-        assert!(k.kernel_name().starts_with("sm90b3_gemm_rrr_bf16x3_f32_128x256x64_"), "{}", k.kernel_name());
+        assert!(
+            k.kernel_name()
+                .starts_with("sm90b3_gemm_rrr_bf16x3_f32_128x256x64_"),
+            "{}",
+            k.kernel_name()
+        );
         let text = render_kernel(&k).text;
         expect_test::expect_file!["../../tests/golden/sm90b3_gemm_rrr_bf16x3.cu"].assert_eq(&text);
         for line in [
@@ -454,22 +602,43 @@ mod tests {
     #[test]
     fn variants_of_one_kernel_share_its_source_and_symbol() {
         let k = sm80(MathType::Tf32x3, false);
-        let v = k.with_knobs(crate::space::Knobs { splits: 8, ..Default::default() });
+        let v = k.with_knobs(crate::space::Knobs {
+            splits: 8,
+            ..Default::default()
+        });
         assert_eq!(render_kernel(&k), render_kernel(&v));
         let d = render_dispatch(&[k.clone().into(), v.clone().into()]).text;
-        assert_eq!(d.matches(&format!("extern \"C\" int32_t fact_k_{}_run", k.kernel_name())).count(), 1);
+        assert_eq!(
+            d.matches(&format!(
+                "extern \"C\" int32_t fact_k_{}_run",
+                k.kernel_name()
+            ))
+            .count(),
+            1
+        );
         assert!(d.contains(&format!("{{\"{}\"", v.name())) && d.contains(", 8, 0, 1}"));
         let unit = render_unit(&[spec(false), k.clone()]);
         assert!(unit.file_name.starts_with("unit_2k_"));
-        assert_eq!(unit, unit_of(&[&render_kernel(&spec(false)), &render_kernel(&k)]), "a unit of rendered kernels is the same unit");
-        assert!(unit.text.contains(&format!("fact_k_{}_run", k.kernel_name())) && unit.text.contains(&format!("fact_k_{}_run", spec(false).kernel_name())));
+        assert_eq!(
+            unit,
+            unit_of(&[&render_kernel(&spec(false)), &render_kernel(&k)]),
+            "a unit of rendered kernels is the same unit"
+        );
+        assert!(
+            unit.text
+                .contains(&format!("fact_k_{}_run", k.kernel_name()))
+                && unit
+                    .text
+                    .contains(&format!("fact_k_{}_run", spec(false).kernel_name()))
+        );
     }
 
     #[test]
     fn kernel_render_is_deterministic_and_golden() {
         let a = render_kernel(&spec(true));
         assert_eq!(a, render_kernel(&spec(true)));
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias.cu"].assert_eq(&a.text);
+        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias.cu"]
+            .assert_eq(&a.text);
     }
 
     #[test]
@@ -477,26 +646,57 @@ mod tests {
         let k = fused();
         assert_eq!(k.invalid_reason(), None);
         let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias_ep.cu"].assert_eq(&text);
+        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias_ep.cu"]
+            .assert_eq(&text);
         // v0 (acc + bias) feeds gelu and sigmoid: one line defines it, both read it.
-        assert_eq!(text.matches("const float v0 = acc[i] + bias[i];").count(), 1);
+        assert_eq!(
+            text.matches("const float v0 = acc[i] + bias[i];").count(),
+            1
+        );
         assert!(text.contains("const float v3 = 1.f / (1.f + expf(-v0));"));
-        assert!(text.contains("const float v7 = v6 * v6 * v6;"), "pow 3 as torch computes it");
-        assert!(text.contains("Sm90SrcFetch<ElementD>") && text.contains("Sm90RowBroadcast") && text.contains("Sm90ScalarBroadcast"));
-        assert!(!text.contains("tanh.approx") && !text.contains("GELU_taylor"), "accurate functions only");
+        assert!(
+            text.contains("const float v7 = v6 * v6 * v6;"),
+            "pow 3 as torch computes it"
+        );
+        assert!(
+            text.contains("Sm90SrcFetch<ElementD>")
+                && text.contains("Sm90RowBroadcast")
+                && text.contains("Sm90ScalarBroadcast")
+        );
+        assert!(
+            !text.contains("tanh.approx") && !text.contains("GELU_taylor"),
+            "accurate functions only"
+        );
         // Without a full-size leaf the kernel loads no C.
         let mut no_c = k.clone();
         no_c.fusion = Some(crate::rules::Epilogue::parse("leaves=;v1=relu(v0)").unwrap());
         assert!(render_kernel(&no_c).text.contains("using ElementC = void;"));
         assert_ne!(no_c.kernel_name(), k.kernel_name());
-        assert!(k.kernel_name().contains("_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_"), "{}", k.kernel_name());
+        assert!(
+            k.kernel_name()
+                .contains("_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_"),
+            "{}",
+            k.kernel_name()
+        );
         // The dispatch entry carries the program for the op to check against its call.
-        assert!(render_dispatch(&[k.clone().into()]).text.contains(&format!("R\"fact_ep({})fact_ep\"", k.fusion.as_ref().unwrap().text())));
+        assert!(render_dispatch(&[k.clone().into()]).text.contains(&format!(
+            "R\"fact_ep({})fact_ep\"",
+            k.fusion.as_ref().unwrap().text()
+        )));
     }
 
     /// The 2048x4096x8192 problem of `a.t() @ b` (crr) or `a.t() @ b.t()` (ccr).
     fn transposed(layout: GemmLayout, family: crate::space::Family) -> KernelSpec {
-        let p = GemmProblem { m: 2048, n: 4096, k: 8192, layout, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
+        let p = GemmProblem {
+            m: 2048,
+            n: 4096,
+            k: 8192,
+            layout,
+            dtype: DType::F32,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32, Arch::Sm90)
             .into_iter()
@@ -504,7 +704,10 @@ mod tests {
                 k.family == family
                     && k.tile[..2] == [128, 128]
                     && k.scheduler == TileScheduler::Persistent
-                    && (k.family == crate::space::Family::Sm80Gemm || (k.schedule == KernelSchedule::WsCooperative && k.epilogue == EpilogueKind::Tma && k.cluster == [1, 2, 1]))
+                    && (k.family == crate::space::Family::Sm80Gemm
+                        || (k.schedule == KernelSchedule::WsCooperative
+                            && k.epilogue == EpilogueKind::Tma
+                            && k.cluster == [1, 2, 1]))
             })
             .unwrap()
     }
@@ -513,51 +716,114 @@ mod tests {
     fn transposed_layouts_render_golden_and_read_operands_in_place() {
         // crr: torch's a is column-major, CUTLASS's B (aᵀ) row-major; B stays as in rrr.
         let crr = transposed(GemmLayout::Crr, crate::space::Family::Sm90Gemm);
-        assert_eq!(crr.kernel_name(), "sm90_gemm_crr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4");
+        assert_eq!(
+            crr.kernel_name(),
+            "sm90_gemm_crr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4"
+        );
         let text = render_kernel(&crr).text;
         expect_test::expect_file!["../../tests/golden/sm90_gemm_crr_tf32.cu"].assert_eq(&text);
         assert!(text.contains("using LayoutA = cutlass::layout::ColumnMajor;\nusing LayoutB = cutlass::layout::RowMajor;"));
         // ccr on the sm80 family: both CUTLASS operands row-major, leading dims K (A) and N (B).
         let ccr = transposed(GemmLayout::Ccr, crate::space::Family::Sm80Gemm);
-        assert!(ccr.kernel_name().starts_with("sm80_gemm_ccr_tf32_f32_128x128x"), "{}", ccr.kernel_name());
+        assert!(
+            ccr.kernel_name()
+                .starts_with("sm80_gemm_ccr_tf32_f32_128x128x"),
+            "{}",
+            ccr.kernel_name()
+        );
         let text = render_kernel(&ccr).text;
         expect_test::expect_file!["../../tests/golden/sm80_gemm_ccr_tf32.cu"].assert_eq(&text);
         assert!(text.contains("using LayoutA = cutlass::layout::RowMajor;\nusing LayoutB = cutlass::layout::RowMajor;"));
-        assert!(text.contains("const int64_t lda = K;") && text.contains("const int64_t ldb = N, ldd = M;"));
+        assert!(
+            text.contains("const int64_t lda = K;")
+                && text.contains("const int64_t ldb = N, ldd = M;")
+        );
         // The dispatch entry carries the layout the op checks the call against.
-        assert!(render_dispatch(&[ccr.clone().into()]).text.contains(&format!("{})fact_spec\", \"f32\", \"ccr\",", ccr.to_json())));
+        assert!(render_dispatch(&[ccr.clone().into()])
+            .text
+            .contains(&format!("{})fact_spec\", \"f32\", \"ccr\",", ccr.to_json())));
     }
 
     #[test]
     fn attention_renders_are_golden_and_only_tf32_multiplies_once() {
-        let a = AttentionSpec { arch: Arch::Sm90, dtype: DType::F32, math: MathType::Tf32, queries_per_block: 32, keys_per_block: 128, max_k: 128, family: AttentionFamily::Sm80 };
+        let a = AttentionSpec {
+            arch: Arch::Sm90,
+            dtype: DType::F32,
+            math: MathType::Tf32,
+            queries_per_block: 32,
+            keys_per_block: 128,
+            max_k: 128,
+            family: AttentionFamily::Sm80,
+        };
         let text = render_attention(&a).text;
-        expect_test::expect_file!["../../tests/golden/sm80_fmha_tf32_f32_q32_k128_d128.cu"].assert_eq(&text);
-        assert!(text.contains("AttentionKernel<float, cutlass::arch::Sm80, /*isAligned=*/true, 32, 128, 128,"));
-        let x3 = render_attention(&AttentionSpec { math: MathType::Tf32x3, ..a.clone() }).text;
-        assert!(!x3.contains("DefaultGemmType") && text.contains("using Operator = cutlass::arch::OpMultiplyAdd;"), "3xTF32 keeps the example's own float MMA");
-        let bf16 = render_attention(&AttentionSpec { dtype: DType::Bf16, math: MathType::Bf16, ..a.clone() }).text;
-        assert!(bf16.contains("AttentionKernel<cutlass::bfloat16_t,") && bf16.contains("t->dtype != 1"));
+        expect_test::expect_file!["../../tests/golden/sm80_fmha_tf32_f32_q32_k128_d128.cu"]
+            .assert_eq(&text);
+        assert!(text.contains(
+            "AttentionKernel<float, cutlass::arch::Sm80, /*isAligned=*/true, 32, 128, 128,"
+        ));
+        let x3 = render_attention(&AttentionSpec {
+            math: MathType::Tf32x3,
+            ..a.clone()
+        })
+        .text;
+        assert!(
+            !x3.contains("DefaultGemmType")
+                && text.contains("using Operator = cutlass::arch::OpMultiplyAdd;"),
+            "3xTF32 keeps the example's own float MMA"
+        );
+        let bf16 = render_attention(&AttentionSpec {
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            ..a.clone()
+        })
+        .text;
+        assert!(
+            bf16.contains("AttentionKernel<cutlass::bfloat16_t,") && bf16.contains("t->dtype != 1")
+        );
         // The op-kernel table lists attention kernels apart from the GEMM variants.
         let d = render_dispatch(&[a.clone().into(), spec(true).into()]).text;
-        assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())) && d.contains(&format!("fact_o_{}_run", a.name())));
+        assert!(
+            d.contains(&format!("{{\"{}\", \"attention\"", a.name()))
+                && d.contains(&format!("fact_o_{}_run", a.name()))
+        );
     }
 
     /// The 4099x5003x3001 rrr problem: every contiguous dim odd (alignment 1).
     fn ragged(math: MathType) -> Vec<KernelSpec> {
-        let p = GemmProblem { m: 4099, n: 5003, k: 3001, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
-        Knowledge::shipped().kernels(&p, math, Arch::Sm90).into_iter().filter(|k| k.invalid_reason().is_none()).collect()
+        let p = GemmProblem {
+            m: 4099,
+            n: 5003,
+            k: 3001,
+            layout: GemmLayout::Rrr,
+            dtype: DType::F32,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        };
+        Knowledge::shipped()
+            .kernels(&p, math, Arch::Sm90)
+            .into_iter()
+            .filter(|k| k.invalid_reason().is_none())
+            .collect()
     }
 
     #[test]
     fn cp_async_render_is_golden_and_stores_element_wise() {
         let k = ragged(MathType::Tf32)
             .into_iter()
-            .find(|k| k.schedule == KernelSchedule::CpAsyncWsCooperative && k.tile == [128, 128, 32] && k.scheduler == TileScheduler::Persistent)
+            .find(|k| {
+                k.schedule == KernelSchedule::CpAsyncWsCooperative
+                    && k.tile == [128, 128, 32]
+                    && k.scheduler == TileScheduler::Persistent
+            })
             .unwrap();
-        assert_eq!(k.kernel_name(), "sm90_gemm_rrr_tf32_f32_128x128x32_1x1x1_cp_ws_coop_dp_nosmem_align1");
+        assert_eq!(
+            k.kernel_name(),
+            "sm90_gemm_rrr_tf32_f32_128x128x32_1x1x1_cp_ws_coop_dp_nosmem_align1"
+        );
         let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_rrr_tf32_cp_async_align1.cu"].assert_eq(&text);
+        expect_test::expect_file!["../../tests/golden/sm90_gemm_rrr_tf32_cp_async_align1.cu"]
+            .assert_eq(&text);
         for line in [
             "constexpr int Alignment = 1;",
             "constexpr int AlignmentD = 1;",
@@ -567,27 +833,67 @@ mod tests {
             assert!(text.contains(line), "{line}");
         }
         // Alignment 2 rows keep CUTLASS's output alignment of 1.
-        let even = GemmProblem { m: 64, n: 30, k: 64, layout: GemmLayout::Rcr, dtype: DType::F32, bias: false, batch: 1, epilogue: None };
-        let k2 = Knowledge::shipped().kernels(&even, MathType::Tf32, Arch::Sm90).into_iter().find(|k| k.schedule.is_cpasync()).unwrap();
+        let even = GemmProblem {
+            m: 64,
+            n: 30,
+            k: 64,
+            layout: GemmLayout::Rcr,
+            dtype: DType::F32,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        };
+        let k2 = Knowledge::shipped()
+            .kernels(&even, MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.schedule.is_cpasync())
+            .unwrap();
         let text = render_kernel(&k2).text;
-        assert!(text.contains("constexpr int Alignment = 2;\nconstexpr int AlignmentD = 1;"), "{}", k2.name());
+        assert!(
+            text.contains("constexpr int Alignment = 2;\nconstexpr int AlignmentD = 1;"),
+            "{}",
+            k2.name()
+        );
     }
 
     #[test]
     fn padded_split_render_is_golden_and_pads_its_parts() {
-        let find = |family| ragged(MathType::Tf32x3).into_iter().find(|k| k.family == family && k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsCooperative && k.scheduler == TileScheduler::Persistent).unwrap();
+        let find = |family| {
+            ragged(MathType::Tf32x3)
+                .into_iter()
+                .find(|k| {
+                    k.family == family
+                        && k.tile[..2] == [128, 256]
+                        && k.schedule == KernelSchedule::WsCooperative
+                        && k.scheduler == TileScheduler::Persistent
+                })
+                .unwrap()
+        };
         let x3 = find(crate::space::Family::Sm90GemmX3);
-        assert!(x3.kernel_name().starts_with("sm90x3_gemm_rrr_tf32x3_f32_128x256x32_") && x3.kernel_name().ends_with("_ws_coop_dp_nosmem_align1"), "{}", x3.kernel_name());
+        assert!(
+            x3.kernel_name()
+                .starts_with("sm90x3_gemm_rrr_tf32x3_f32_128x256x32_")
+                && x3.kernel_name().ends_with("_ws_coop_dp_nosmem_align1"),
+            "{}",
+            x3.kernel_name()
+        );
         let text = render_kernel(&x3).text;
-        expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3_padded.cu"].assert_eq(&text);
+        expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3_padded.cu"]
+            .assert_eq(&text);
         // The GEMMs read aligned parts and write an aligned output.
         assert!(text.contains("constexpr int Alignment = 4;\nconstexpr int AlignmentD = 4;"));
         assert!(text.contains("split_parts_transposed<<<grid, dim3(32, 8), 0, s>>>(static_cast<const float*>(p->b), b_parts, p->k, p->n, kp, np);"));
         assert!(text.contains("copy_out<<<") && !text.contains("if (p->k % 4 != 0"));
         // The bf16 split of an rrr b keeps it n-major: rows of np, kp of them per part.
-        let b3 = ragged(MathType::Tf32x3).into_iter().find(|k| k.family == crate::space::Family::Sm90GemmBf16x3).unwrap();
+        let b3 = ragged(MathType::Tf32x3)
+            .into_iter()
+            .find(|k| k.family == crate::space::Family::Sm90GemmBf16x3)
+            .unwrap();
         let b3 = render_kernel(&b3).text;
-        assert!(b3.contains("const PaddedSplit sb{p->batch, p->k, p->n, kp, np, size_t(np),") && b3.contains("constexpr int Alignment = 8;"));
+        assert!(
+            b3.contains("const PaddedSplit sb{p->batch, p->k, p->n, kp, np, size_t(np),")
+                && b3.contains("constexpr int Alignment = 8;")
+        );
     }
 
     #[test]
@@ -603,12 +909,26 @@ mod tests {
         };
         let a = sm90(Sm90Schedule::Cooperative, true);
         let text = render_attention(&a).text;
-        expect_test::expect_file!["../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal.cu"].assert_eq(&text);
+        expect_test::expect_file![
+            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal.cu"
+        ]
+        .assert_eq(&text);
         assert!(text.contains("Shape<_128, _128, _128>") && text.contains("cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedCooperative>"));
-        assert!(text.contains("constexpr bool kCausal = true;") && text.contains("fact_o_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run"));
+        assert!(
+            text.contains("constexpr bool kCausal = true;")
+                && text.contains("fact_o_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run")
+        );
         let full = render_attention(&sm90(Sm90Schedule::Pingpong, false)).text;
-        assert!(full.contains("ResidualFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>") && full.contains("constexpr bool kCausal = false;"));
-        let f16 = render_attention(&AttentionSpec { dtype: DType::F16, math: MathType::F16, ..a.clone() }).text;
+        assert!(
+            full.contains("ResidualFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")
+                && full.contains("constexpr bool kCausal = false;")
+        );
+        let f16 = render_attention(&AttentionSpec {
+            dtype: DType::F16,
+            math: MathType::F16,
+            ..a.clone()
+        })
+        .text;
         assert!(f16.contains("using Element = cutlass::half_t;") && f16.contains("t->dtype != 2"));
         let d = render_dispatch(&[a.clone().into()]).text;
         assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())));
@@ -622,14 +942,22 @@ mod tests {
 
     #[test]
     fn torch_op_render_is_golden() {
-        expect_test::expect_file!["../../tests/golden/fact_torch_op.cpp"].assert_eq(&render_torch_op(Arch::Sm90).text);
+        expect_test::expect_file!["../../tests/golden/fact_torch_op.cpp"]
+            .assert_eq(&render_torch_op(Arch::Sm90).text);
     }
 
     #[test]
     fn generated_files_say_where_they_come_from() {
         let k = render_kernel(&spec(false));
-        assert!(k.text.starts_with("// generated from templates/sm90_gemm.cu.hbs; do not edit\n// spec: {"));
-        assert!(k.text.contains(&format!("fact_k_{}_run", spec(false).name())));
-        assert!(!k.text.contains("LinCombPerRowBias"), "no bias epilogue without bias");
+        assert!(k
+            .text
+            .starts_with("// generated from templates/sm90_gemm.cu.hbs; do not edit\n// spec: {"));
+        assert!(k
+            .text
+            .contains(&format!("fact_k_{}_run", spec(false).name())));
+        assert!(
+            !k.text.contains("LinCombPerRowBias"),
+            "no bias epilogue without bias"
+        );
     }
 }

@@ -5,10 +5,12 @@
 
 use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
+use crate::graph::Graph;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
-use crate::graph::Graph;
-use crate::rules::{match_patterns, AttentionMatch, AttentionProblem, GemmMatch, GemmProblem, Problem};
+use crate::rules::{
+    match_patterns, AttentionMatch, AttentionProblem, GemmMatch, GemmProblem, Problem,
+};
 use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions, Spec};
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
 use crate::torch::{self, Edit, InputShape, Operand, OperandKind};
@@ -39,7 +41,10 @@ pub enum ComposeError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ComposeError + '_ {
-    move |e| ComposeError::Io { path: path.display().to_string(), detail: e.to_string() }
+    move |e| ComposeError::Io {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
 }
 
 /// How to realize patterns: where things go and how hard to look.
@@ -97,7 +102,14 @@ fn failed_kernels(tables: &Tables, key: &TableKey) -> BTreeSet<String> {
         .chain(&tables.shipped.entries)
         .filter(|e| e.key.arch == key.arch && e.key.dtypes == key.dtypes)
         .flat_map(|e| e.runs.iter().flat_map(|r| r.candidates.iter()))
-        .filter(|c| matches!(c.outcome, Outcome::CompileFailed { .. } | Outcome::Fault { .. } | Outcome::LaunchFailed { .. }))
+        .filter(|c| {
+            matches!(
+                c.outcome,
+                Outcome::CompileFailed { .. }
+                    | Outcome::Fault { .. }
+                    | Outcome::LaunchFailed { .. }
+            )
+        })
         .map(|c| c.kernel.clone())
         .collect()
 }
@@ -109,7 +121,11 @@ pub enum Realization {
     /// Found in a pattern table ("user" or "shipped"): only the winner was built. `measured_on`
     /// names another GPU or CUTLASS version the winner was measured with; it was re-verified here
     /// when a GPU was present (`reverified`).
-    Hit { table: String, measured_on: Option<String>, reverified: bool },
+    Hit {
+        table: String,
+        measured_on: Option<String>,
+        reverified: bool,
+    },
     /// The winner of a nearby shape in the same bucket, re-verified (and timed) on this shape.
     Bucket { table: String, from_shape: String },
     /// Tuned here; the winner went into the user table.
@@ -123,13 +139,32 @@ pub enum Realization {
 impl Realization {
     pub fn label(&self) -> String {
         match self {
-            Realization::Hit { table, measured_on: None, .. } => format!("hit ({table} table)"),
-            Realization::Hit { table, measured_on: Some(_), reverified } => {
-                format!("hit ({table}, other GPU{})", if *reverified { ", re-verified" } else { ", unverified" })
+            Realization::Hit {
+                table,
+                measured_on: None,
+                ..
+            } => format!("hit ({table} table)"),
+            Realization::Hit {
+                table,
+                measured_on: Some(_),
+                reverified,
+            } => {
+                format!(
+                    "hit ({table}, other GPU{})",
+                    if *reverified {
+                        ", re-verified"
+                    } else {
+                        ", unverified"
+                    }
+                )
             }
             Realization::Bucket { from_shape, .. } => format!("bucket hit ({from_shape})"),
-            Realization::Tuned { candidates, failed } => format!("tuned {}/{candidates} ok", candidates - failed),
-            Realization::Compiled { candidates, failed } => format!("compiled {}/{candidates}", candidates - failed),
+            Realization::Tuned { candidates, failed } => {
+                format!("tuned {}/{candidates} ok", candidates - failed)
+            }
+            Realization::Compiled { candidates, failed } => {
+                format!("compiled {}/{candidates}", candidates - failed)
+            }
             Realization::Skipped { .. } => "left to torch".into(),
         }
     }
@@ -178,28 +213,57 @@ pub struct ComposeReport {
 /// or, for a fused pattern, `fact::gemm_ep(a, b, bias?, [leaves], origin, epilogue, kernel)` in
 /// place of its last node, the GEMM and the other epilogue nodes removed.
 pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
-    let operand = |kind: OperandKind| Operand { kind, value: 0, text: String::new(), int_value: 0, values: vec![] };
-    let value = |v: usize| Operand { value: v as u32, ..operand(OperandKind::Value) };
-    let text = |s: &str| Operand { text: s.to_string(), ..operand(OperandKind::Str) };
+    let operand = |kind: OperandKind| Operand {
+        kind,
+        value: 0,
+        text: String::new(),
+        int_value: 0,
+        values: vec![],
+    };
+    let value = |v: usize| Operand {
+        value: v as u32,
+        ..operand(OperandKind::Value)
+    };
+    let text = |s: &str| Operand {
+        text: s.to_string(),
+        ..operand(OperandKind::Str)
+    };
     let bias = m.bias.map_or(operand(OperandKind::None), value);
     let Some(ep) = &m.epilogue else {
         return Edit {
             node: m.node as u32,
             expect_kind: m.origin.aten_kind().to_string(),
             op: "fact::gemm".to_string(),
-            operands: vec![value(m.a), value(m.b), bias, text(m.origin.name()), text(kernel)],
+            operands: vec![
+                value(m.a),
+                value(m.b),
+                bias,
+                text(m.origin.name()),
+                text(kernel),
+            ],
             remove: vec![],
             remove_kinds: vec![],
         };
     };
     let nodes = m.nodes();
     let (last, rest) = nodes.split_last().expect("a pattern has nodes");
-    let leaves = Operand { values: ep.leaves.iter().map(|&v| v as u32).collect(), ..operand(OperandKind::Values) };
+    let leaves = Operand {
+        values: ep.leaves.iter().map(|&v| v as u32).collect(),
+        ..operand(OperandKind::Values)
+    };
     Edit {
         node: *last as u32,
         expect_kind: g.nodes[*last].kind.clone(),
         op: "fact::gemm_ep".to_string(),
-        operands: vec![value(m.a), value(m.b), bias, leaves, text(m.origin.name()), text(&ep.epilogue.text()), text(kernel)],
+        operands: vec![
+            value(m.a),
+            value(m.b),
+            bias,
+            leaves,
+            text(m.origin.name()),
+            text(&ep.epilogue.text()),
+            text(kernel),
+        ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
     }
@@ -208,9 +272,21 @@ pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
 /// The rewrite of an attention match: `fact::attention(q, k, v, mask?, scale?, form, kernel)` in place of
 /// its last node, the pattern's other nodes removed.
 pub fn attention_edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
-    let operand = |kind: OperandKind| Operand { kind, value: 0, text: String::new(), int_value: 0, values: vec![] };
-    let value = |v: usize| Operand { value: v as u32, ..operand(OperandKind::Value) };
-    let text = |s: &str| Operand { text: s.to_string(), ..operand(OperandKind::Str) };
+    let operand = |kind: OperandKind| Operand {
+        kind,
+        value: 0,
+        text: String::new(),
+        int_value: 0,
+        values: vec![],
+    };
+    let value = |v: usize| Operand {
+        value: v as u32,
+        ..operand(OperandKind::Value)
+    };
+    let text = |s: &str| Operand {
+        text: s.to_string(),
+        ..operand(OperandKind::Str)
+    };
     let (last, rest) = a.nodes.split_last().expect("a pattern has nodes");
     Edit {
         node: *last as u32,
@@ -231,13 +307,15 @@ pub fn attention_edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
 }
 
 fn provenance(tc: &Toolchain) -> Provenance {
-    let device = tune::cuda::Cuda::get().map(|c| c.device_info(0)).unwrap_or_else(|_| tune::cuda::DeviceInfo {
-        name: "unknown".into(),
-        sm_count: 0,
-        compute_capability: "?".into(),
-        driver: "?".into(),
-        cuda_runtime: "?".into(),
-    });
+    let device = tune::cuda::Cuda::get()
+        .map(|c| c.device_info(0))
+        .unwrap_or_else(|_| tune::cuda::DeviceInfo {
+            name: "unknown".into(),
+            sm_count: 0,
+            compute_capability: "?".into(),
+            driver: "?".into(),
+            cuda_runtime: "?".into(),
+        });
     Provenance {
         device,
         torch: torch::torch_version(),
@@ -259,10 +337,21 @@ fn measure(
     dir: &Path,
 ) -> Result<(Run, Vec<CompileFailure>), ComposeError> {
     let key = TableKey::of(problem, math, opts.arch);
-    let built = nvcc::build_library(tc, candidates, dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
+    let built = nvcc::build_library(
+        tc,
+        candidates,
+        dir,
+        "libsweep.so",
+        &opts.cache_dir,
+        opts.jobs,
+        opts.progress,
+    )?;
     let bar = if opts.progress {
         let b = ProgressBar::new(built.kernels.len() as u64);
-        b.set_style(ProgressStyle::with_template("tuning    {bar:30} {pos}/{len} variants {elapsed} {msg}").expect("template"));
+        b.set_style(
+            ProgressStyle::with_template("tuning    {bar:30} {pos}/{len} variants {elapsed} {msg}")
+                .expect("template"),
+        );
         b.set_message(problem.shape_key());
         b
     } else {
@@ -278,23 +367,54 @@ fn measure(
         baseline: true,
     };
     let started = std::time::Instant::now();
-    nvcc::progress_line(opts.progress, format_args!("tuning {} variants of {} {}", built.kernels.len(), key.rule, key.shape));
-    let sweep = worker::run_sweep(&opts.exe, req, built.kernels.len(), &|_| bar.inc(1))
-        .map_err(|detail| ComposeError::Tune { key: key.to_string(), detail })?;
+    nvcc::progress_line(
+        opts.progress,
+        format_args!(
+            "tuning {} variants of {} {}",
+            built.kernels.len(),
+            key.rule,
+            key.shape
+        ),
+    );
+    let sweep = worker::run_sweep(&opts.exe, req, built.kernels.len(), &|_| bar.inc(1)).map_err(
+        |detail| ComposeError::Tune {
+            key: key.to_string(),
+            detail,
+        },
+    )?;
     bar.finish_and_clear();
-    nvcc::progress_line(opts.progress, format_args!("tuned {} in {:.0} s", key.shape, started.elapsed().as_secs_f64()));
+    nvcc::progress_line(
+        opts.progress,
+        format_args!(
+            "tuned {} in {:.0} s",
+            key.shape,
+            started.elapsed().as_secs_f64()
+        ),
+    );
     let mut candidates_out: Vec<CandidateResult> = Vec::new();
     // A sweep holds one pattern kind: the worker's indices are positions in `built.kernels`.
     for (index, outcome) in sweep.outcomes {
         let spec = built.kernels[index].clone();
-        candidates_out.push(CandidateResult { kernel: spec.name(), spec, outcome });
+        candidates_out.push(CandidateResult {
+            kernel: spec.name(),
+            spec,
+            outcome,
+        });
     }
     for f in &built.failures {
         for spec in candidates.iter().filter(|k| k.kernel_name() == f.kernel) {
-            candidates_out.push(CandidateResult { kernel: spec.name(), spec: spec.clone(), outcome: Outcome::CompileFailed { log: f.log.clone() } });
+            candidates_out.push(CandidateResult {
+                kernel: spec.name(),
+                spec: spec.clone(),
+                outcome: Outcome::CompileFailed { log: f.log.clone() },
+            });
         }
     }
-    let run = Run { provenance: provenance(tc), baseline: sweep.baseline, candidates: candidates_out };
+    let run = Run {
+        provenance: provenance(tc),
+        baseline: sweep.baseline,
+        candidates: candidates_out,
+    };
     Ok((run, built.failures))
 }
 
@@ -308,12 +428,18 @@ pub struct Realized {
 impl Realized {
     /// Left to torch, and why.
     fn skipped(reason: String) -> Realized {
-        Realized { how: Realization::Skipped { reason }, entry: None, failures: vec![] }
+        Realized {
+            how: Realization::Skipped { reason },
+            entry: None,
+            failures: vec![],
+        }
     }
 }
 
 fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
-    opts.out_dir.join("sweeps").join(format!("{}_{}_{}{what}", key.rule, key.dtypes.a, key.shape))
+    opts.out_dir
+        .join("sweeps")
+        .join(format!("{}_{}_{}{what}", key.rule, key.dtypes.a, key.shape))
 }
 
 /// Realizes one problem of any kind: a table hit (re-verified where it was measured elsewhere), a
@@ -348,22 +474,55 @@ pub fn realize(
                 .filter(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
                 .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass));
             if let Some(on) = elsewhere {
-                return match reverify(opts, tc, tables, problem, math, &key, &entry.winner_spec, "_reverify")? {
+                return match reverify(
+                    opts,
+                    tc,
+                    tables,
+                    problem,
+                    math,
+                    &key,
+                    &entry.winner_spec,
+                    "_reverify",
+                )? {
                     Some((entry, failures)) => Ok(Realized {
-                        how: Realization::Hit { table: table.into(), measured_on: Some(on), reverified: true },
+                        how: Realization::Hit {
+                            table: table.into(),
+                            measured_on: Some(on),
+                            reverified: true,
+                        },
                         entry: Some(entry),
                         failures,
                     }),
                     None => sweep(tables, steward),
                 };
             }
-            let how = Realization::Hit { table: table.into(), measured_on: None, reverified: false };
-            Ok(Realized { how, entry: Some(entry), failures: vec![] })
+            let how = Realization::Hit {
+                table: table.into(),
+                measured_on: None,
+                reverified: false,
+            };
+            Ok(Realized {
+                how,
+                entry: Some(entry),
+                failures: vec![],
+            })
         }
         Lookup::Bucket { entry, table } if gpu => {
-            match reverify(opts, tc, tables, problem, math, &key, &entry.winner_spec, "_bucket")? {
+            match reverify(
+                opts,
+                tc,
+                tables,
+                problem,
+                math,
+                &key,
+                &entry.winner_spec,
+                "_bucket",
+            )? {
                 Some((fresh, failures)) => Ok(Realized {
-                    how: Realization::Bucket { table: table.into(), from_shape: entry.key.shape.clone() },
+                    how: Realization::Bucket {
+                        table: table.into(),
+                        from_shape: entry.key.shape.clone(),
+                    },
                     entry: Some(fresh),
                     failures,
                 }),
@@ -417,7 +576,10 @@ fn sweep_candidates(
 ) -> Result<Result<SweepCandidates, String>, ComposeError> {
     let failed_before = failed_kernels(tables, key);
     let cutlass = tc.cutlass_version();
-    let (kb, kb_note) = Knowledge::for_cutlass(&cutlass).map_err(|detail| ComposeError::Tune { key: key.to_string(), detail })?;
+    let (kb, kb_note) = Knowledge::for_cutlass(&cutlass).map_err(|detail| ComposeError::Tune {
+        key: key.to_string(),
+        detail,
+    })?;
     if let Some(n) = kb_note {
         if !steward.notes.contains(&n) {
             steward.notes.push(n);
@@ -430,10 +592,18 @@ fn sweep_candidates(
         space_opts.budget = n.max(1);
     }
     let space = space::derive(&kb, problem, math, opts.arch, &rules, &scope, &space_opts);
-    let mut candidates = steward.propose(problem, math, opts.arch, space.candidates.clone(), &failed_before);
+    let mut candidates = steward.propose(
+        problem,
+        math,
+        opts.arch,
+        space.candidates.clone(),
+        &failed_before,
+    );
     candidates.retain(|k| match validity::rejecting(&rules, &scope, k) {
         Some(r) => {
-            steward.notes.push(format!("{} not tried: {}", k.name(), r.describe()));
+            steward
+                .notes
+                .push(format!("{} not tried: {}", k.name(), r.describe()));
             false
         }
         None => true,
@@ -449,12 +619,23 @@ fn sweep_candidates(
             space::alignment_note(problem)
         )));
     }
-    Ok(Ok(SweepCandidates { kernels: candidates, space, failed_before }))
+    Ok(Ok(SweepCandidates {
+        kernels: candidates,
+        space,
+        failed_before,
+    }))
 }
 
 /// The kernels an attention sweep compiles, or why there are none.
-fn attention_sweep_candidates(opts: &Options, problem: &AttentionProblem, math: MathType) -> Result<Vec<Spec>, String> {
-    let mut candidates: Vec<Spec> = space::attention::candidates(problem, math, opts.arch).into_iter().map(Spec::from).collect();
+fn attention_sweep_candidates(
+    opts: &Options,
+    problem: &AttentionProblem,
+    math: MathType,
+) -> Result<Vec<Spec>, String> {
+    let mut candidates: Vec<Spec> = space::attention::candidates(problem, math, opts.arch)
+        .into_iter()
+        .map(Spec::from)
+        .collect();
     if let Some(n) = opts.max_candidates {
         candidates.truncate(n.max(1));
     }
@@ -475,7 +656,13 @@ fn attention_sweep_candidates(opts: &Options, problem: &AttentionProblem, math: 
 /// by about the number of sweeps times a unit. Only the built-in agent's candidates are known in
 /// advance; an external agent's sweeps compile as they come. Failures are left to the sweeps to
 /// report.
-fn prefetch(opts: &Options, tc: &Toolchain, tables: &Tables, steward: &Steward, problems: &[Problem]) -> Result<(), ComposeError> {
+fn prefetch(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &Tables,
+    steward: &Steward,
+    problems: &[Problem],
+) -> Result<(), ComposeError> {
     if !steward.is_builtin() {
         return Ok(());
     }
@@ -483,13 +670,16 @@ fn prefetch(opts: &Options, tc: &Toolchain, tables: &Tables, steward: &Steward, 
     let mut builtin = Steward::builtin();
     let mut missed = 0;
     for problem in problems {
-        let Some(math) = MathType::for_tensor(problem.dtype(), opts.precision) else { continue };
+        let Some(math) = MathType::for_tensor(problem.dtype(), opts.precision) else {
+            continue;
+        };
         let key = TableKey::of(problem, math, opts.arch);
         if !matches!(tables.lookup(&key), Lookup::Miss) {
             continue;
         }
         let found = match problem {
-            Problem::Gemm(p) => sweep_candidates(opts, tc, tables, &mut builtin, p, math, &key)?.map(|c| c.kernels.into_iter().map(Spec::from).collect()),
+            Problem::Gemm(p) => sweep_candidates(opts, tc, tables, &mut builtin, p, math, &key)?
+                .map(|c| c.kernels.into_iter().map(Spec::from).collect()),
             Problem::Attention(p) => attention_sweep_candidates(opts, p, math),
         };
         missed += 1;
@@ -502,7 +692,8 @@ fn prefetch(opts: &Options, tc: &Toolchain, tables: &Tables, steward: &Steward, 
     }
     nvcc::progress_line(opts.progress, format_args!("prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss"));
     let dir = opts.out_dir.join("sweeps").join("prefetch");
-    nvcc::compile_objects(tc, &specs, &dir, &opts.cache_dir, opts.jobs, opts.progress).map_err(ComposeError::from)?;
+    nvcc::compile_objects(tc, &specs, &dir, &opts.cache_dir, opts.jobs, opts.progress)
+        .map_err(ComposeError::from)?;
     Ok(())
 }
 
@@ -515,7 +706,11 @@ fn realize_sweep(
     math: MathType,
     key: TableKey,
 ) -> Result<Realized, ComposeError> {
-    let SweepCandidates { kernels: candidates, space, failed_before } = match sweep_candidates(opts, tc, tables, steward, problem, math, &key)? {
+    let SweepCandidates {
+        kernels: candidates,
+        space,
+        failed_before,
+    } = match sweep_candidates(opts, tc, tables, steward, problem, math, &key)? {
         Ok(c) => c,
         Err(reason) => return Ok(Realized::skipped(reason)),
     };
@@ -527,13 +722,28 @@ fn realize_sweep(
     let started = std::time::Instant::now();
     let gemm = Problem::Gemm(problem.clone());
     let (mut run, mut failures) = measure(opts, tc, &gemm, math, &specs(&candidates), &dir)?;
-    if run.candidates.iter().all(|c| c.outcome.median_ms().is_none()) {
+    if run
+        .candidates
+        .iter()
+        .all(|c| c.outcome.median_ms().is_none())
+    {
         // Nothing survived: the agent may propose one more set.
-        let seen: Vec<(String, String)> = run.candidates.iter().map(|c| (c.kernel.clone(), c.outcome.label().to_string())).collect();
+        let seen: Vec<(String, String)> = run
+            .candidates
+            .iter()
+            .map(|c| (c.kernel.clone(), c.outcome.label().to_string()))
+            .collect();
         let mut avoid = failed_before.clone();
         avoid.extend(seen.iter().map(|(k, _)| k.clone()));
         if let Some(retry) = steward.after_failure(problem, math, opts.arch, &seen, &avoid) {
-            let (again, more) = measure(opts, tc, &gemm, math, &specs(&retry), &sweep_dir(opts, &key, "_retry"))?;
+            let (again, more) = measure(
+                opts,
+                tc,
+                &gemm,
+                math,
+                &specs(&retry),
+                &sweep_dir(opts, &key, "_retry"),
+            )?;
             run.candidates.extend(again.candidates);
             failures.extend(more);
         }
@@ -542,7 +752,14 @@ fn realize_sweep(
     // already compiled, so this costs a dispatch index and a link, not nvcc time.
     let knob_variants = refine_candidates(&run, problem, opts.refine);
     if !knob_variants.is_empty() {
-        let (more, _) = measure(opts, tc, &gemm, math, &specs(&knob_variants), &sweep_dir(opts, &key, "_knobs"))?;
+        let (more, _) = measure(
+            opts,
+            tc,
+            &gemm,
+            math,
+            &specs(&knob_variants),
+            &sweep_dir(opts, &key, "_knobs"),
+        )?;
         run.candidates.extend(more.candidates);
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -557,15 +774,34 @@ fn realize_sweep(
         "compile_and_tune_s": seconds,
         "run": run,
     });
-    let _ = std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&record).expect("run serializes"));
+    let _ = std::fs::write(
+        dir.join("sweep.json"),
+        serde_json::to_string_pretty(&record).expect("run serializes"),
+    );
     record_sweep(tables, key, gemm, run, failures, &dir)
 }
 
 /// Without a GPU a sweep ends once its candidates are compiled.
-fn compile_only(opts: &Options, tc: &Toolchain, candidates: &[Spec], dir: &Path) -> Result<Realized, ComposeError> {
-    let built = nvcc::build_library(tc, candidates, dir, "libsweep.so", &opts.cache_dir, opts.jobs, opts.progress)?;
+fn compile_only(
+    opts: &Options,
+    tc: &Toolchain,
+    candidates: &[Spec],
+    dir: &Path,
+) -> Result<Realized, ComposeError> {
+    let built = nvcc::build_library(
+        tc,
+        candidates,
+        dir,
+        "libsweep.so",
+        &opts.cache_dir,
+        opts.jobs,
+        opts.progress,
+    )?;
     Ok(Realized {
-        how: Realization::Compiled { candidates: candidates.len(), failed: built.failures.len() },
+        how: Realization::Compiled {
+            candidates: candidates.len(),
+            failed: built.failures.len(),
+        },
         entry: None,
         failures: built.failures,
     })
@@ -582,15 +818,40 @@ fn record_sweep(
     dir: &Path,
 ) -> Result<Realized, ComposeError> {
     let n = run.candidates.len();
-    let failed = run.candidates.iter().filter(|c| c.outcome.median_ms().is_none()).count();
-    let summary = run.candidates.iter().map(|c| format!("{} {}", c.kernel, c.outcome.label())).collect::<Vec<_>>().join(", ");
+    let failed = run
+        .candidates
+        .iter()
+        .filter(|c| c.outcome.median_ms().is_none())
+        .count();
+    let summary = run
+        .candidates
+        .iter()
+        .map(|c| format!("{} {}", c.kernel, c.outcome.label()))
+        .collect::<Vec<_>>()
+        .join(", ");
     let Some(entry) = Entry::from_runs(key.clone(), problem, vec![run]) else {
-        return Ok(Realized { how: Realization::Skipped { reason: format!("no candidate passed verification: {summary}") }, entry: None, failures });
+        return Ok(Realized {
+            how: Realization::Skipped {
+                reason: format!("no candidate passed verification: {summary}"),
+            },
+            entry: None,
+            failures,
+        });
     };
-    let _ = std::fs::write(dir.join("scatter.svg"), crate::bench::plot::scatter_svg(&entry));
+    let _ = std::fs::write(
+        dir.join("scatter.svg"),
+        crate::bench::plot::scatter_svg(&entry),
+    );
     tables.record(entry)?;
     let merged = tables.user.get(&key).cloned();
-    Ok(Realized { how: Realization::Tuned { candidates: n, failed }, entry: merged, failures })
+    Ok(Realized {
+        how: Realization::Tuned {
+            candidates: n,
+            failed,
+        },
+        entry: merged,
+        failures,
+    })
 }
 
 /// Sweeps an attention problem: the block shapes of CUTLASS's fused attention kernel that take
@@ -615,18 +876,32 @@ fn realize_attention_sweep(
     let p = Problem::Attention(problem.clone());
     let (run, failures) = measure(opts, tc, &p, math, &candidates, &dir)?;
     let record = serde_json::json!({ "key": key, "problem": p, "compile_and_tune_s": started.elapsed().as_secs_f64(), "run": run });
-    let _ = std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(&record).expect("run serializes"));
+    let _ = std::fs::write(
+        dir.join("sweep.json"),
+        serde_json::to_string_pretty(&record).expect("run serializes"),
+    );
     record_sweep(tables, key, p, run, failures, &dir)
 }
 
 /// Knob variants of the `top` fastest verified kernels of `run` not yet measured in it.
 pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
-    let mut ok: Vec<&CandidateResult> = run.candidates.iter().filter(|c| c.outcome.median_ms().is_some()).collect();
-    ok.sort_by(|a, b| a.outcome.median_ms().partial_cmp(&b.outcome.median_ms()).unwrap());
+    let mut ok: Vec<&CandidateResult> = run
+        .candidates
+        .iter()
+        .filter(|c| c.outcome.median_ms().is_some())
+        .collect();
+    ok.sort_by(|a, b| {
+        a.outcome
+            .median_ms()
+            .partial_cmp(&b.outcome.median_ms())
+            .unwrap()
+    });
     let seen: BTreeSet<String> = run.candidates.iter().map(|c| c.kernel.clone()).collect();
     let mut out: Vec<KernelSpec> = Vec::new();
     for c in ok.into_iter().take(top) {
-        let Some(spec) = c.spec.as_gemm() else { continue };
+        let Some(spec) = c.spec.as_gemm() else {
+            continue;
+        };
         for knobs in spec.knob_grid(p) {
             let v = spec.with_knobs(knobs);
             if !seen.contains(&v.name()) && !out.contains(&v) && v.fits(p) {
@@ -639,7 +914,11 @@ pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSp
 
 /// Leaves a winner slower than torch to torch, unless the options keep it.
 fn finish(opts: &Options, r: &mut Realized) {
-    if let Some(e) = r.entry.as_ref().filter(|e| !opts.keep_slower && e.baseline_ms().is_some_and(|b| b < e.winner_ms)) {
+    if let Some(e) = r
+        .entry
+        .as_ref()
+        .filter(|e| !opts.keep_slower && e.baseline_ms().is_some_and(|b| b < e.winner_ms))
+    {
         r.how = Realization::Skipped {
             reason: format!(
                 "the winner {} ({:.4} ms) is slower than torch ({:.4} ms); --keep-slower substitutes it anyway",
@@ -653,7 +932,11 @@ fn finish(opts: &Options, r: &mut Realized) {
 }
 
 /// Runs discovery, realization and the rewrite. Returns the report (also written as compose.json).
-pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<ComposeReport, ComposeError> {
+pub fn compose(
+    model: &Path,
+    inputs: &[InputShape],
+    opts: &Options,
+) -> Result<ComposeReport, ComposeError> {
     let start = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
     let (graph, inputs) = torch::load_graph(model, inputs)?;
@@ -662,12 +945,19 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let gpu = torch::cuda_available();
     let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
     let mut steward = opts.steward();
-    let plan_opts = PlanOptions { arch: opts.arch, precision: opts.precision, assumed_speedup: 1.05 };
+    let plan_opts = PlanOptions {
+        arch: opts.arch,
+        precision: opts.precision,
+        assumed_speedup: 1.05,
+    };
     let the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
     let (mut matches, attention) = (found.gemm, found.attention);
     let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
 
-    let problems: Vec<Problem> = order.iter().map(|id| Matched::of_plan_id(id, &matches, &attention).problem()).collect();
+    let problems: Vec<Problem> = order
+        .iter()
+        .map(|id| Matched::of_plan_id(id, &matches, &attention).problem())
+        .collect();
     prefetch(opts, &tc, &tables, &steward, &problems)?;
 
     // Realize in the plan's order, so the patterns worth most are tuned first.
@@ -682,9 +972,22 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
             let problem = m.problem();
             let pk = ProblemKey::of(&problem);
             if !done.contains_key(&pk) {
-                nvcc::progress_line(opts.progress, format_args!("pattern {id}: {} {}", problem.rule_id(), problem.shape_key()));
+                nvcc::progress_line(
+                    opts.progress,
+                    format_args!(
+                        "pattern {id}: {} {}",
+                        problem.rule_id(),
+                        problem.shape_key()
+                    ),
+                );
                 let mut r = realize(opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
-                if let (Matched::Gemm(GemmMatch { epilogue: Some(_), .. }), Realization::Skipped { reason }) = (&m, &r.how) {
+                if let (
+                    Matched::Gemm(GemmMatch {
+                        epilogue: Some(_), ..
+                    }),
+                    Realization::Skipped { reason },
+                ) = (&m, &r.how)
+                {
                     steward.notes.push(format!("{id}: the fused epilogue is left to torch ({reason}); the GEMM alone is realized"));
                     unfused.insert(pk.clone());
                 }
@@ -706,7 +1009,12 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         .iter()
         .enumerate()
         .map(|(i, m)| (format!("p{i}"), Matched::Gemm(m)))
-        .chain(attention.iter().enumerate().map(|(i, a)| (format!("a{i}"), Matched::Attention(a))))
+        .chain(
+            attention
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (format!("a{i}"), Matched::Attention(a))),
+        )
         .collect();
     for (id, m) in &all {
         let problem = m.problem();
@@ -733,17 +1041,39 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
     let mut composed = None;
     if !winners.is_empty() {
         let specs: Vec<Spec> = winners.values().cloned().collect();
-        let built = nvcc::build_library(&tc, &specs, &opts.out_dir, LIBRARY, &opts.cache_dir, opts.jobs, opts.progress)?;
+        let built = nvcc::build_library(
+            &tc,
+            &specs,
+            &opts.out_dir,
+            LIBRARY,
+            &opts.cache_dir,
+            opts.jobs,
+            opts.progress,
+        )?;
         compile_failures.extend(built.failures.iter().cloned());
-        let in_lib: std::collections::HashSet<String> = built.kernels.iter().map(Spec::name).collect();
+        let in_lib: std::collections::HashSet<String> =
+            built.kernels.iter().map(Spec::name).collect();
         // A winner that failed to build here is not substituted: say so rather than name it.
-        for p in patterns.iter_mut().filter(|p| p.kernel.as_ref().is_some_and(|k| !in_lib.contains(k))) {
-            p.realization = Realization::Skipped { reason: format!("the winner {} failed to compile here", p.kernel.take().unwrap_or_default()) };
+        for p in patterns
+            .iter_mut()
+            .filter(|p| p.kernel.as_ref().is_some_and(|k| !in_lib.contains(k)))
+        {
+            p.realization = Realization::Skipped {
+                reason: format!(
+                    "the winner {} failed to compile here",
+                    p.kernel.take().unwrap_or_default()
+                ),
+            };
         }
         let edits: Vec<Edit> = all
             .iter()
             .zip(&patterns)
-            .filter_map(|((_, m), r)| r.kernel.as_ref().filter(|k| in_lib.contains(*k)).map(|k| m.edit(&graph, k)))
+            .filter_map(|((_, m), r)| {
+                r.kernel
+                    .as_ref()
+                    .filter(|k| in_lib.contains(*k))
+                    .map(|k| m.edit(&graph, k))
+            })
             .collect();
         let out = opts.out_dir.join(COMPOSED);
         torch::rewrite_and_save(model, &out, &edits)?;
@@ -768,13 +1098,19 @@ pub fn compose(model: &Path, inputs: &[InputShape], opts: &Options) -> Result<Co
         seconds: start.elapsed().as_secs_f64(),
     };
     let path = opts.out_dir.join(REPORT);
-    std::fs::write(&path, serde_json::to_string_pretty(&report).expect("report serializes")).map_err(io_err(&path))?;
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&report).expect("report serializes"),
+    )
+    .map_err(io_err(&path))?;
     Ok(report)
 }
 
 /// The index in its kind's match list of the pattern a plan id (`p<i>`, `a<i>`) names.
 fn plan_index(id: &str) -> usize {
-    id[1..].parse::<usize>().expect("plan ids are p<index> or a<index>")
+    id[1..]
+        .parse::<usize>()
+        .expect("plan ids are p<index> or a<index>")
 }
 
 /// A match of any pattern kind, as the report and the rewrite see it.

@@ -48,13 +48,21 @@ impl Const {
         if s.len() >= 2 && s.starts_with('"') && s.ends_with('"') {
             return Const::Str(s[1..s.len() - 1].to_string());
         }
-        if let Some(v) = s.strip_prefix('{').and_then(|r| r.strip_suffix('}')).and_then(|r| r.trim().parse::<f64>().ok()) {
+        if let Some(v) = s
+            .strip_prefix('{')
+            .and_then(|r| r.strip_suffix('}'))
+            .and_then(|r| r.trim().parse::<f64>().ok())
+        {
             return Const::Tensor0(v);
         }
         if s.starts_with('[') && s.ends_with(']') {
             let inner = &s[1..s.len() - 1];
-            let ints: Result<Vec<i64>, _> =
-                inner.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect();
+            let ints: Result<Vec<i64>, _> = inner
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::parse)
+                .collect();
             if let Ok(v) = ints {
                 return Const::Ints(v);
             }
@@ -198,17 +206,23 @@ impl Graph {
             if let Some(rest) = line.strip_prefix("return") {
                 let inner = rest.trim().trim_start_matches('(').trim_end_matches(')');
                 for name in split_top(inner) {
-                    let id = *names.get(name.trim()).ok_or_else(|| err(ln, format!("unknown value {name}")))?;
+                    let id = *names
+                        .get(name.trim())
+                        .ok_or_else(|| err(ln, format!("unknown value {name}")))?;
                     g.outputs.push(id);
                 }
                 continue;
             }
-            let (lhs, rhs) = line.split_once(" = ").ok_or_else(|| err(ln, "expected `outs = kind(args)`".into()))?;
+            let (lhs, rhs) = line
+                .split_once(" = ")
+                .ok_or_else(|| err(ln, "expected `outs = kind(args)`".into()))?;
             let (call, annot) = match rhs.rsplit_once(") : ") {
                 Some((c, a)) => (format!("{c})"), Some(a.trim().to_string())),
                 None => (rhs.to_string(), None),
             };
-            let open = call.find('(').ok_or_else(|| err(ln, "missing `(`".into()))?;
+            let open = call
+                .find('(')
+                .ok_or_else(|| err(ln, "missing `(`".into()))?;
             let mut kind = call[..open].trim().to_string();
             let mut constant = None;
             if let Some(b) = kind.find('[') {
@@ -218,7 +232,9 @@ impl Graph {
             let args = call[open + 1..call.len() - 1].trim();
             let mut inputs = Vec::new();
             for a in split_top(args) {
-                let id = *names.get(a.trim()).ok_or_else(|| err(ln, format!("unknown value {a}")))?;
+                let id = *names
+                    .get(a.trim())
+                    .ok_or_else(|| err(ln, format!("unknown value {a}")))?;
                 inputs.push(id);
             }
             let node_id = g.nodes.len();
@@ -229,9 +245,18 @@ impl Graph {
                     Some(a) => format!("{o}: {a}"),
                     None => o,
                 };
-                outputs.push(declare(&mut g, &mut names, &decl, Some(node_id)).map_err(|m| err(ln, m))?);
+                outputs.push(
+                    declare(&mut g, &mut names, &decl, Some(node_id)).map_err(|m| err(ln, m))?,
+                );
             }
-            g.nodes.push(Node { kind, inputs, outputs, constant, depth: 0, scope: String::new() });
+            g.nodes.push(Node {
+                kind,
+                inputs,
+                outputs,
+                constant,
+                depth: 0,
+                scope: String::new(),
+            });
         }
         Ok(g)
     }
@@ -278,25 +303,52 @@ fn declare(
     let (ty, tensor) = match annot {
         Some(a) if a.contains('[') => {
             let (dt, rest) = a.split_once('[').unwrap();
-            let (shape, strides) = rest.split_once(']').ok_or_else(|| format!("unclosed shape in {a}"))?;
+            let (shape, strides) = rest
+                .split_once(']')
+                .ok_or_else(|| format!("unclosed shape in {a}"))?;
             let ints = |text: &str| -> Result<Vec<i64>, String> {
-                text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect::<Result<_, _>>().map_err(|e| format!("bad dims in {a}: {e}"))
+                text.split(',')
+                    .map(str::trim)
+                    .filter(|p| !p.is_empty())
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("bad dims in {a}: {e}"))
             };
             let dims = ints(shape)?;
             let strides = match strides.trim() {
                 "" => vec![],
-                s => ints(s.strip_prefix('{').and_then(|s| s.strip_suffix('}')).ok_or_else(|| format!("strides go in braces after the shape: {a}"))?)?,
+                s => ints(
+                    s.strip_prefix('{')
+                        .and_then(|s| s.strip_suffix('}'))
+                        .ok_or_else(|| format!("strides go in braces after the shape: {a}"))?,
+                )?,
             };
             if !strides.is_empty() && strides.len() != dims.len() {
-                return Err(format!("{a}: {} strides for {} dims", strides.len(), dims.len()));
+                return Err(format!(
+                    "{a}: {} strides for {} dims",
+                    strides.len(),
+                    dims.len()
+                ));
             }
-            ("Tensor".to_string(), Some(TensorInfo { dtype: dt.trim().to_string(), shape: dims, strides }))
+            (
+                "Tensor".to_string(),
+                Some(TensorInfo {
+                    dtype: dt.trim().to_string(),
+                    shape: dims,
+                    strides,
+                }),
+            )
         }
         Some(a) => (a.to_string(), None),
         None => ("Tensor".to_string(), None),
     };
     let id = g.values.len();
-    g.values.push(Value { name: name.trim_start_matches('%').to_string(), ty, tensor, producer });
+    g.values.push(Value {
+        name: name.trim_start_matches('%').to_string(),
+        ty,
+        tensor,
+        producer,
+    });
     names.insert(name.to_string(), id);
     Ok(id)
 }
@@ -335,7 +387,10 @@ mod tests {
         assert_eq!(g.tensor(g.inputs[0]).unwrap().strides(), vec![8, 1]);
         let t = g.tensor(g.outputs[0]).unwrap();
         assert_eq!((t.shape.clone(), t.strides()), (vec![8, 16], vec![1, 8]));
-        assert!(Graph::parse("graph(%x: f32[2,2]{1}):\n").unwrap_err().to_string().contains("1 strides for 2 dims"));
+        assert!(Graph::parse("graph(%x: f32[2,2]{1}):\n")
+            .unwrap_err()
+            .to_string()
+            .contains("1 strides for 2 dims"));
     }
 
     #[test]
@@ -348,7 +403,11 @@ mod tests {
     fn constants_decode_like_torch_prints_them() {
         assert_eq!(Const::parse("1"), Const::Int(1));
         assert_eq!(Const::parse("0.5"), Const::Float(0.5));
-        assert_eq!(Const::parse("{0.044715}").as_f64(), Some(0.044715), "a traced scalar is a 0-d tensor constant");
+        assert_eq!(
+            Const::parse("{0.044715}").as_f64(),
+            Some(0.044715),
+            "a traced scalar is a 0-d tensor constant"
+        );
         assert_eq!(Const::parse("\"tanh\""), Const::Str("tanh".into()));
         assert_eq!(Const::parse("cpu"), Const::Other("cpu".into()));
     }

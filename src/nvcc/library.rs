@@ -4,7 +4,12 @@
 use std::ffi::{CStr, CString};
 use std::path::Path;
 
-#[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code
+)]
 pub mod abi {
     include!(concat!(env!("OUT_DIR"), "/fact_kernels.rs"));
 }
@@ -18,12 +23,24 @@ type InfoFn = unsafe extern "C" fn(i32) -> *const abi::FactKernelInfo;
 type FindFn = unsafe extern "C" fn(*const std::os::raw::c_char) -> i32;
 type CanFn = unsafe extern "C" fn(i32, *const FactGemmArgs) -> i32;
 type WsFn = unsafe extern "C" fn(i32, *const FactGemmArgs) -> usize;
-type RunFn = unsafe extern "C" fn(i32, *const FactGemmArgs, *mut std::ffi::c_void, usize, *mut std::ffi::c_void) -> i32;
+type RunFn = unsafe extern "C" fn(
+    i32,
+    *const FactGemmArgs,
+    *mut std::ffi::c_void,
+    usize,
+    *mut std::ffi::c_void,
+) -> i32;
 type ErrFn = unsafe extern "C" fn() -> *const std::os::raw::c_char;
 type OpInfoFn = unsafe extern "C" fn(i32) -> *const abi::FactOpKernelInfo;
 type OpCanFn = unsafe extern "C" fn(i32, *const FactOpArgs) -> i32;
 type OpWsFn = unsafe extern "C" fn(i32, *const FactOpArgs) -> usize;
-type OpRunFn = unsafe extern "C" fn(i32, *const FactOpArgs, *mut std::ffi::c_void, usize, *mut std::ffi::c_void) -> i32;
+type OpRunFn = unsafe extern "C" fn(
+    i32,
+    *const FactOpArgs,
+    *mut std::ffi::c_void,
+    usize,
+    *mut std::ffi::c_void,
+) -> i32;
 
 pub struct KernelLibrary {
     _lib: libloading::Library,
@@ -45,26 +62,42 @@ impl KernelLibrary {
     pub fn open(path: &Path) -> Result<KernelLibrary, String> {
         // SAFETY: the library is one fact built from templates/dispatch.cu.hbs; its initialisers
         // only register the fact::gemm op with torch.
-        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         // SAFETY: each symbol is declared in include/fact_kernels.h with exactly these signatures.
         unsafe {
-            let version: libloading::Symbol<CountFn> = lib.get(b"fact_abi_version").map_err(|e| e.to_string())?;
+            let version: libloading::Symbol<CountFn> =
+                lib.get(b"fact_abi_version").map_err(|e| e.to_string())?;
             let v = version();
             if v != abi::FACT_ABI_VERSION as i32 {
-                return Err(format!("{} has ABI version {v}, this fact expects {}", path.display(), abi::FACT_ABI_VERSION));
+                return Err(format!(
+                    "{} has ABI version {v}, this fact expects {}",
+                    path.display(),
+                    abi::FACT_ABI_VERSION
+                ));
             }
             Ok(KernelLibrary {
                 count: *lib.get(b"fact_kernel_count").map_err(|e| e.to_string())?,
                 info: *lib.get(b"fact_kernel_info").map_err(|e| e.to_string())?,
                 find: *lib.get(b"fact_kernel_find").map_err(|e| e.to_string())?,
-                can_implement: *lib.get(b"fact_kernel_can_implement").map_err(|e| e.to_string())?,
-                workspace: *lib.get(b"fact_kernel_workspace_size").map_err(|e| e.to_string())?,
+                can_implement: *lib
+                    .get(b"fact_kernel_can_implement")
+                    .map_err(|e| e.to_string())?,
+                workspace: *lib
+                    .get(b"fact_kernel_workspace_size")
+                    .map_err(|e| e.to_string())?,
                 run: *lib.get(b"fact_kernel_run").map_err(|e| e.to_string())?,
                 last_error: *lib.get(b"fact_last_error").map_err(|e| e.to_string())?,
-                op_count: *lib.get(b"fact_op_kernel_count").map_err(|e| e.to_string())?,
+                op_count: *lib
+                    .get(b"fact_op_kernel_count")
+                    .map_err(|e| e.to_string())?,
                 op_info: *lib.get(b"fact_op_kernel_info").map_err(|e| e.to_string())?,
-                op_can_implement: *lib.get(b"fact_op_kernel_can_implement").map_err(|e| e.to_string())?,
-                op_workspace: *lib.get(b"fact_op_kernel_workspace_size").map_err(|e| e.to_string())?,
+                op_can_implement: *lib
+                    .get(b"fact_op_kernel_can_implement")
+                    .map_err(|e| e.to_string())?,
+                op_workspace: *lib
+                    .get(b"fact_op_kernel_workspace_size")
+                    .map_err(|e| e.to_string())?,
                 op_run: *lib.get(b"fact_op_kernel_run").map_err(|e| e.to_string())?,
                 _lib: lib,
             })
@@ -81,7 +114,11 @@ impl KernelLibrary {
     }
 
     /// A text field of variant `index`'s kernel info.
-    fn info_text(&self, index: usize, field: fn(&abi::FactKernelInfo) -> *const std::os::raw::c_char) -> Option<String> {
+    fn info_text(
+        &self,
+        index: usize,
+        field: fn(&abi::FactKernelInfo) -> *const std::os::raw::c_char,
+    ) -> Option<String> {
         // SAFETY: the table returns NULL for a bad index and otherwise an entry whose text fields
         // are static NUL-terminated strings.
         unsafe {
@@ -135,7 +172,13 @@ impl KernelLibrary {
     /// # Safety
     /// The tensors in `args` and `workspace` must be device memory of the sizes they state,
     /// alive until the launch completes.
-    pub unsafe fn op_run(&self, index: usize, args: &FactOpArgs, workspace: *mut std::ffi::c_void, ws: usize) -> Result<(), String> {
+    pub unsafe fn op_run(
+        &self,
+        index: usize,
+        args: &FactOpArgs,
+        workspace: *mut std::ffi::c_void,
+        ws: usize,
+    ) -> Result<(), String> {
         let status = (self.op_run)(index as i32, args, workspace, ws, std::ptr::null_mut());
         self.status(status)
     }
@@ -145,8 +188,19 @@ impl KernelLibrary {
             return Ok(());
         }
         // SAFETY: fact_last_error returns this thread's static error text.
-        let detail = unsafe { CStr::from_ptr((self.last_error)()).to_string_lossy().into_owned() };
-        Err(format!("status {status}{}", if detail.is_empty() { String::new() } else { format!(": {detail}") }))
+        let detail = unsafe {
+            CStr::from_ptr((self.last_error)())
+                .to_string_lossy()
+                .into_owned()
+        };
+        Err(format!(
+            "status {status}{}",
+            if detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {detail}")
+            }
+        ))
     }
 
     pub fn find(&self, name: &str) -> Option<usize> {
@@ -171,7 +225,13 @@ impl KernelLibrary {
     /// # Safety
     /// The pointers in `args` and `workspace` must be device memory of the sizes the problem
     /// needs, alive until the launch completes.
-    pub unsafe fn run(&self, index: usize, args: &FactGemmArgs, workspace: *mut std::ffi::c_void, ws: usize) -> Result<(), String> {
+    pub unsafe fn run(
+        &self,
+        index: usize,
+        args: &FactGemmArgs,
+        workspace: *mut std::ffi::c_void,
+        ws: usize,
+    ) -> Result<(), String> {
         let status = (self.run)(index as i32, args, workspace, ws, std::ptr::null_mut());
         self.status(status)
     }

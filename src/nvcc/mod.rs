@@ -9,9 +9,9 @@ use crate::codegen::{self, Source};
 use crate::space::attention::AttentionFamily;
 use crate::space::Spec;
 use crate::types::Arch;
-use std::collections::BTreeMap;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -24,7 +24,9 @@ pub const ABI_HEADER: &str = include_str!("../../include/fact_kernels.h");
 
 #[derive(Debug, Error)]
 pub enum BuildError {
-    #[error("nvcc not found: set CUDA_HOME or put nvcc on PATH (./setup installs a pinned pip nvcc)")]
+    #[error(
+        "nvcc not found: set CUDA_HOME or put nvcc on PATH (./setup installs a pinned pip nvcc)"
+    )]
     NoNvcc,
     #[error("CUTLASS not found at {0}: set CUTLASS_DIR to the cutlass_library/source folder of nvidia-cutlass==4.2.0.0 (./setup installs it)")]
     NoCutlass(String),
@@ -35,13 +37,23 @@ pub enum BuildError {
     #[error("every kernel failed to compile; first failure:\n{0}")]
     AllFailed(String),
     #[error("{what} failed: {command}\n{log}")]
-    Tool { what: String, command: String, log: String },
+    Tool {
+        what: String,
+        command: String,
+        log: String,
+    },
     #[error("io error at {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
-    move |source| BuildError::Io { path: path.display().to_string(), source }
+    move |source| BuildError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// Where the compilers and headers are. Environment first (CUDA_HOME, CUTLASS_DIR, TORCH_DIR), then
@@ -60,9 +72,16 @@ impl Toolchain {
             .map(|h| PathBuf::from(h).join("bin/nvcc"))
             .filter(|p| p.is_file())
             .or_else(|| find_on_path("nvcc"))
-            .or_else(|| Some(PathBuf::from(env!("FACT_DEFAULT_CUDA_HOME")).join("bin/nvcc")).filter(|p| p.is_file()))
+            .or_else(|| {
+                Some(PathBuf::from(env!("FACT_DEFAULT_CUDA_HOME")).join("bin/nvcc"))
+                    .filter(|p| p.is_file())
+            })
             .ok_or(BuildError::NoNvcc)?;
-        let cuda_home = nvcc.parent().and_then(Path::parent).ok_or(BuildError::NoNvcc)?.to_path_buf();
+        let cuda_home = nvcc
+            .parent()
+            .and_then(Path::parent)
+            .ok_or(BuildError::NoNvcc)?
+            .to_path_buf();
         let cutlass = std::env::var_os("CUTLASS_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(env!("FACT_DEFAULT_CUTLASS_DIR")));
@@ -75,18 +94,32 @@ impl Toolchain {
         if !torch.join("include/torch/library.h").is_file() {
             return Err(BuildError::NoTorch(torch.display().to_string()));
         }
-        Ok(Toolchain { nvcc, cuda_home, cutlass, torch })
+        Ok(Toolchain {
+            nvcc,
+            cuda_home,
+            cutlass,
+            torch,
+        })
     }
 
     /// CUTLASS's version from its headers, e.g. "4.2.0".
     pub fn cutlass_version(&self) -> String {
-        let text = std::fs::read_to_string(self.cutlass.join("include/cutlass/version.h")).unwrap_or_default();
+        let text = std::fs::read_to_string(self.cutlass.join("include/cutlass/version.h"))
+            .unwrap_or_default();
         let grab = |key: &str| {
             text.lines()
-                .find_map(|l| l.strip_prefix(&format!("#define {key} ")).map(|v| v.trim().to_string()))
+                .find_map(|l| {
+                    l.strip_prefix(&format!("#define {key} "))
+                        .map(|v| v.trim().to_string())
+                })
                 .unwrap_or_else(|| "?".into())
         };
-        format!("{}.{}.{}", grab("CUTLASS_MAJOR"), grab("CUTLASS_MINOR"), grab("CUTLASS_PATCH"))
+        format!(
+            "{}.{}.{}",
+            grab("CUTLASS_MAJOR"),
+            grab("CUTLASS_MINOR"),
+            grab("CUTLASS_PATCH")
+        )
     }
 
     pub fn nvcc_version(&self) -> String {
@@ -94,8 +127,17 @@ impl Toolchain {
             .arg("--version")
             .output()
             .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().find(|l| l.contains("release")).map(str::to_string))
-            .and_then(|l| l.split("release ").nth(1).map(|v| v.split(',').next().unwrap_or(v).to_string()))
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .find(|l| l.contains("release"))
+                    .map(str::to_string)
+            })
+            .and_then(|l| {
+                l.split("release ")
+                    .nth(1)
+                    .map(|v| v.split(',').next().unwrap_or(v).to_string())
+            })
             .unwrap_or_else(|| "unknown".into())
     }
 
@@ -109,7 +151,11 @@ impl Toolchain {
                 let mut found: Vec<PathBuf> = rd
                     .flatten()
                     .map(|e| e.path())
-                    .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libcudart.so.")))
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("libcudart.so."))
+                    })
                     .collect();
                 found.sort();
                 if let Some(p) = found.into_iter().next() {
@@ -155,7 +201,10 @@ impl Toolchain {
         let mut cmd = self.nvcc_command(arch, include);
         if family.starts_with(SM90_ATTENTION) {
             // templates/sm90_fmha.cu.hbs includes the example's collective/ and kernel/ headers.
-            cmd.arg(format!("-I{}", self.cutlass.join("examples/88_hopper_fmha").display()));
+            cmd.arg(format!(
+                "-I{}",
+                self.cutlass.join("examples/88_hopper_fmha").display()
+            ));
         }
         cmd
     }
@@ -184,7 +233,9 @@ impl Toolchain {
 }
 
 fn find_on_path(exe: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(exe)).find(|p| p.is_file())
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(exe))
+        .find(|p| p.is_file())
 }
 
 /// One kernel that did not compile: what a user needs to reproduce it.
@@ -198,7 +249,13 @@ pub struct CompileFailure {
 
 impl std::fmt::Display for CompileFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "{} failed to compile\n  source: {}\n  command: {}", self.kernel, self.source.display(), self.command)?;
+        writeln!(
+            f,
+            "{} failed to compile\n  source: {}\n  command: {}",
+            self.kernel,
+            self.source.display(),
+            self.command
+        )?;
         for line in self.log.lines() {
             writeln!(f, "    {line}")?;
         }
@@ -224,7 +281,11 @@ fn hash_hex(parts: &[&[u8]]) -> String {
         h.update(p);
         h.update([0u8]);
     }
-    h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+    h.finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn command_line(c: &Command) -> String {
@@ -236,35 +297,75 @@ fn command_line(c: &Command) -> String {
 
 fn run(mut c: Command, what: &str) -> Result<(), BuildError> {
     let line = command_line(&c);
-    let out = c.output().map_err(|e| BuildError::Tool { what: what.into(), command: line.clone(), log: e.to_string() })?;
+    let out = c.output().map_err(|e| BuildError::Tool {
+        what: what.into(),
+        command: line.clone(),
+        log: e.to_string(),
+    })?;
     if out.status.success() {
         return Ok(());
     }
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    Err(BuildError::Tool { what: what.into(), command: line, log })
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Err(BuildError::Tool {
+        what: what.into(),
+        command: line,
+        log,
+    })
 }
 
 /// Where `source` compiled with `command` is cached: keyed by source, flags, compiler and the ABI
 /// header (which the sources include but do not contain).
-fn object_path(tc: &Toolchain, cache: &Path, source: &Source, command: &str, stem: &str) -> PathBuf {
-    let key = hash_hex(&[source.text.as_bytes(), command.as_bytes(), tc.nvcc.as_os_str().as_encoded_bytes(), ABI_HEADER.as_bytes()]);
+fn object_path(
+    tc: &Toolchain,
+    cache: &Path,
+    source: &Source,
+    command: &str,
+    stem: &str,
+) -> PathBuf {
+    let key = hash_hex(&[
+        source.text.as_bytes(),
+        command.as_bytes(),
+        tc.nvcc.as_os_str().as_encoded_bytes(),
+        ABI_HEADER.as_bytes(),
+    ]);
     cache.join(format!("{stem}-{key}.o"))
 }
 
 /// The cached object holding this kernel: its own, or (through a `.ref` file) the object of a
 /// multi-kernel unit it was compiled in. Kernel entry points are weak symbols, so linking a unit
 /// for one of its kernels next to another object with the same kernel is harmless.
-fn cached_object(tc: &Toolchain, cache: &Path, source: &Source, command: &str, stem: &str) -> Option<PathBuf> {
+fn cached_object(
+    tc: &Toolchain,
+    cache: &Path,
+    source: &Source,
+    command: &str,
+    stem: &str,
+) -> Option<PathBuf> {
     let own = object_path(tc, cache, source, command, stem);
     if own.is_file() {
         return Some(own);
     }
-    let target = PathBuf::from(std::fs::read_to_string(own.with_extension("ref")).ok()?.trim());
+    let target = PathBuf::from(
+        std::fs::read_to_string(own.with_extension("ref"))
+            .ok()?
+            .trim(),
+    );
     target.is_file().then_some(target)
 }
 
 /// Records that the kernel of `source` lives in `unit_object`.
-fn note_in_unit(tc: &Toolchain, cache: &Path, source: &Source, command: &str, stem: &str, unit_object: &Path) {
+fn note_in_unit(
+    tc: &Toolchain,
+    cache: &Path,
+    source: &Source,
+    command: &str,
+    stem: &str,
+    unit_object: &Path,
+) {
     let r = object_path(tc, cache, source, command, stem).with_extension("ref");
     let tmp = r.with_extension(format!("ref.tmp{}", std::process::id()));
     if std::fs::write(&tmp, unit_object.display().to_string()).is_ok() {
@@ -300,7 +401,9 @@ pub fn default_cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("FACT_CACHE_DIR") {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     home.join(".cache/fact/build")
 }
 
@@ -370,7 +473,10 @@ pub fn compile_bisecting<T: Send>(
 /// Splits `n` kernels into at most `jobs` contiguous units of near-equal size.
 pub fn partition(n: usize, jobs: usize) -> Vec<Vec<usize>> {
     let units = jobs.max(1).min(n.max(1));
-    (0..units).map(|u| (u * n / units..(u + 1) * n / units).collect::<Vec<_>>()).filter(|u| !u.is_empty()).collect()
+    (0..units)
+        .map(|u| (u * n / units..(u + 1) * n / units).collect::<Vec<_>>())
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 /// Renders, compiles and links the variants `specs` into `out_dir/<lib_name>`. Kernels that fail
@@ -463,7 +569,10 @@ pub fn compile_objects(
     // Kernels already compiled alone (an earlier bisection or a small library) come from the
     // cache as they are; the rest are split into one unit per job.
     let families: Vec<String> = kernels.iter().map(unit_family).collect();
-    let nvcc_lines: Vec<String> = families.iter().map(|f| command_line(&tc.unit_command(arch, &include, f))).collect();
+    let nvcc_lines: Vec<String> = families
+        .iter()
+        .map(|f| command_line(&tc.unit_command(arch, &include, f)))
+        .collect();
     let mut objects: Vec<(Vec<usize>, PathBuf)> = Vec::new();
     let mut todo = Vec::new();
     let mut cached = 0;
@@ -493,7 +602,14 @@ pub fn compile_objects(
         })?;
         if unit.len() > 1 {
             for &i in unit {
-                note_in_unit(tc, cache, &sources[i], &nvcc_lines[i], &kernels[i].kernel_name(), &r.0);
+                note_in_unit(
+                    tc,
+                    cache,
+                    &sources[i],
+                    &nvcc_lines[i],
+                    &kernels[i].kernel_name(),
+                    &r.0,
+                );
             }
         }
         Ok(r)
@@ -507,13 +623,30 @@ pub fn compile_objects(
         .values()
         .flat_map(|members| {
             let share = (jobs * members.len()).div_ceil(todo.len().max(1)).max(1);
-            partition(members.len(), share).into_iter().map(|u| u.into_iter().map(|j| members[j]).collect::<Vec<usize>>())
+            partition(members.len(), share)
+                .into_iter()
+                .map(|u| u.into_iter().map(|j| members[j]).collect::<Vec<usize>>())
         })
         .collect();
-    progress_line(show_progress, format_args!("compiling {} kernels ({cached} cached) into {}", kernels.len(), out_dir.display()));
+    progress_line(
+        show_progress,
+        format_args!(
+            "compiling {} kernels ({cached} cached) into {}",
+            kernels.len(),
+            out_dir.display()
+        ),
+    );
     let (built, failed) = compile_bisecting(units, jobs, &compile, &|n| bar.inc(n as u64));
     bar.finish_and_clear();
-    progress_line(show_progress, format_args!("compiled {} kernels in {:.0} s, {} failed", kernels.len(), start.elapsed().as_secs_f64(), failed.len()));
+    progress_line(
+        show_progress,
+        format_args!(
+            "compiled {} kernels in {:.0} s, {} failed",
+            kernels.len(),
+            start.elapsed().as_secs_f64(),
+            failed.len()
+        ),
+    );
     let mut compiled = 0;
     for (unit, (obj, was_cached)) in built {
         if was_cached {
@@ -536,11 +669,21 @@ pub fn compile_objects(
         })
         .collect();
     let bad: std::collections::HashSet<&str> = failures.iter().map(|f| f.kernel.as_str()).collect();
-    let kernels: Vec<Spec> = specs.iter().filter(|v| !bad.contains(v.kernel_name().as_str())).cloned().collect();
+    let kernels: Vec<Spec> = specs
+        .iter()
+        .filter(|v| !bad.contains(v.kernel_name().as_str()))
+        .cloned()
+        .collect();
     let mut objects: Vec<PathBuf> = objects.into_iter().map(|(_, o)| o).collect();
     objects.sort();
     objects.dedup();
-    Ok(Objects { kernels, objects, failures, compiled, cached })
+    Ok(Objects {
+        kernels,
+        objects,
+        failures,
+        compiled,
+        cached,
+    })
 }
 
 /// Compiles `specs` (GEMM variants and other kinds' kernels) into one library with its dispatch
@@ -577,23 +720,56 @@ pub fn build_library(
     let include = include_dir(cache)?;
     let op = codegen::render_torch_op(arch);
     let (objects, op_obj) = std::thread::scope(|scope| {
-        let op_obj = scope.spawn(|| compile_cached(tc, &src_dir, cache, &op, tc.cxx_command(&include), "torch_op"));
+        let op_obj = scope.spawn(|| {
+            compile_cached(
+                tc,
+                &src_dir,
+                cache,
+                &op,
+                tc.cxx_command(&include),
+                "torch_op",
+            )
+        });
         let objects = compile_objects(tc, &specs, out_dir, cache, jobs, show_progress);
-        (objects, op_obj.join().expect("the torch op compile does not panic"))
+        (
+            objects,
+            op_obj.join().expect("the torch op compile does not panic"),
+        )
     });
-    let Objects { kernels, objects, failures, compiled, cached } = objects?;
+    let Objects {
+        kernels,
+        objects,
+        failures,
+        compiled,
+        cached,
+    } = objects?;
     let (op_obj, _) = op_obj?;
     if kernels.is_empty() {
-        let first = failures.first().map(|f| f.to_string()).unwrap_or_else(|| "no kernels requested".into());
+        let first = failures
+            .first()
+            .map(|f| f.to_string())
+            .unwrap_or_else(|| "no kernels requested".into());
         return Err(BuildError::AllFailed(first));
     }
     let dispatch = codegen::render_dispatch(&kernels);
-    let (dispatch_obj, _) = compile_cached(tc, &src_dir, cache, &dispatch, tc.nvcc_command(arch, &include), "dispatch")?;
+    let (dispatch_obj, _) = compile_cached(
+        tc,
+        &src_dir,
+        cache,
+        &dispatch,
+        tc.nvcc_command(arch, &include),
+        "dispatch",
+    )?;
 
     let library = out_dir.join(lib_name);
     let torch_lib = tc.torch.join("lib");
     let mut link = Command::new("c++");
-    link.arg("-shared").arg("-o").arg(&library).args(&objects).arg(&dispatch_obj).arg(&op_obj);
+    link.arg("-shared")
+        .arg("-o")
+        .arg(&library)
+        .args(&objects)
+        .arg(&dispatch_obj)
+        .arg(&op_obj);
     link.arg(format!("-L{}", torch_lib.display()));
     link.arg(format!("-Wl,-rpath,{}", torch_lib.display()));
     // torch_cuda and c10_cuda are needed for their static initialisers even where no symbol is.
@@ -616,7 +792,14 @@ pub fn build_library(
     // fact library's that happens to be loaded in the same process.
     link.arg("-Wl,-Bsymbolic");
     run(link, "linking the kernel library")?;
-    Ok(Built { library, kernels, failures, compiled, cached, seconds: start.elapsed().as_secs_f64() })
+    Ok(Built {
+        library,
+        kernels,
+        failures,
+        compiled,
+        cached,
+        seconds: start.elapsed().as_secs_f64(),
+    })
 }
 
 #[cfg(test)]
@@ -653,7 +836,10 @@ mod tests {
         assert_eq!(failed.iter().map(|f| f.0).collect::<Vec<_>>(), vec![5, 11]);
         let mut good: Vec<usize> = ok.iter().flat_map(|(u, _)| u.clone()).collect();
         good.sort();
-        assert_eq!(good, (0..16).filter(|i| *i != 5 && *i != 11).collect::<Vec<_>>());
+        assert_eq!(
+            good,
+            (0..16).filter(|i| *i != 5 && *i != 11).collect::<Vec<_>>()
+        );
         assert_eq!(settled.load(Ordering::SeqCst), 16);
         // Two units of 8, each bisected down to its bad kernel: 2 + 2·(2+2+2) compiles, far fewer
         // than recompiling all 16 alone.
@@ -663,10 +849,15 @@ mod tests {
     #[test]
     fn a_clean_build_compiles_each_unit_once() {
         let calls = AtomicUsize::new(0);
-        let (ok, failed) = compile_bisecting(partition(9, 4), 4, &|u: &[usize]| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, String>(u.len())
-        }, &|_| {});
+        let (ok, failed) = compile_bisecting(
+            partition(9, 4),
+            4,
+            &|u: &[usize]| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(u.len())
+            },
+            &|_| {},
+        );
         assert!(failed.is_empty());
         assert_eq!(ok.len(), 4);
         assert_eq!(calls.load(Ordering::SeqCst), 4);

@@ -1,10 +1,10 @@
 //! Assembling the plan: costs, shares, expected gains, examples and the agent's ranking.
 
-use crate::space::examples::index;
 use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
 use crate::agent::{RankItem, Steward};
 use crate::graph::{Graph, NodeId};
 use crate::rules::{AttentionMatch, GemmMatch, Major, Patterns, Problem};
+use crate::space::examples::index;
 use crate::space::knowledge::cutlass_layouts;
 use crate::space::Knowledge;
 use crate::table::{Lookup, TableKey, Tables};
@@ -21,21 +21,39 @@ pub struct PlanOptions {
 fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
     let p = &m.problem;
     let Some(math) = math else {
-        return vec![format!("no {arch} kernel family computes {} under this precision policy", p.dtype)];
+        return vec![format!(
+            "no {arch} kernel family computes {} under this precision policy",
+            p.dtype
+        )];
     };
     // The default 128x256 tile of the transposed problem: waves over the 132 SMs of an H100.
     let tiles = ((p.n as f64) / 128.0).ceil() * ((p.m as f64) / 256.0).ceil() * p.batch as f64;
     let waves = tiles / 132.0;
     let grid = if waves < 1.0 {
-        format!("{tiles:.0} tiles of 128x256 fill {:.0}% of one wave: Stream-K or smaller tiles", waves * 100.0)
+        format!(
+            "{tiles:.0} tiles of 128x256 fill {:.0}% of one wave: Stream-K or smaller tiles",
+            waves * 100.0
+        )
     } else {
         format!("{tiles:.0} tiles of 128x256, {waves:.2} waves: persistent data-parallel, Stream-K to even out the last wave")
     };
-    let k_note = if p.k >= 65536 { "; K of {k} favours splitting K (Stream-K) for accuracy and parallelism" } else { "" };
+    let k_note = if p.k >= 65536 {
+        "; K of {k} favours splitting K (Stream-K) for accuracy and parallelism"
+    } else {
+        ""
+    };
     let kernels = Knowledge::shipped().kernels(p, math, arch);
     let wgmma = kernels.iter().any(|k| k.family.is_sm90());
-    let tma = kernels.iter().any(|k| k.family.is_sm90() && !k.schedule.is_cpasync());
-    let lie = |major: Major| if major == Major::Row { "row-major" } else { "column-major, read in place" };
+    let tma = kernels
+        .iter()
+        .any(|k| k.family.is_sm90() && !k.schedule.is_cpasync());
+    let lie = |major: Major| {
+        if major == Major::Row {
+            "row-major"
+        } else {
+            "column-major, read in place"
+        }
+    };
     vec![
         format!(
             "layout {}: a {}, B {} (CUTLASS \"{}\" in the transposed problem)",
@@ -79,7 +97,10 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
 fn attention_notes(a: &AttentionMatch, math: Option<MathType>) -> Vec<String> {
     let p = &a.problem;
     let Some(math) = math else {
-        return vec![format!("no kernel family computes {} attention under this precision policy", p.dtype)];
+        return vec![format!(
+            "no kernel family computes {} attention under this precision policy",
+            p.dtype
+        )];
     };
     vec![
         format!(
@@ -95,15 +116,29 @@ fn attention_notes(a: &AttentionMatch, math: Option<MathType>) -> Vec<String> {
 }
 
 /// The measured speedup of a problem's winner over torch, where the tables hold one.
-fn speedup(problem: &Problem, math: Option<MathType>, opts: &PlanOptions, tables: Option<&Tables>) -> (f64, String) {
+fn speedup(
+    problem: &Problem,
+    math: Option<MathType>,
+    opts: &PlanOptions,
+    tables: Option<&Tables>,
+) -> (f64, String) {
     match (math, tables) {
         (None, _) => (1.0, "left to torch under this precision".to_string()),
         (Some(math), Some(t)) => match t.lookup(&TableKey::of(problem, math, opts.arch)) {
             Lookup::Exact { entry, table } => match entry.baseline_ms() {
-                Some(b) => (b / entry.winner_ms, format!("measured ({table} table, {})", entry.winner_provenance().device.name)),
+                Some(b) => (
+                    b / entry.winner_ms,
+                    format!(
+                        "measured ({table} table, {})",
+                        entry.winner_provenance().device.name
+                    ),
+                ),
                 None => (opts.assumed_speedup, "assumed".into()),
             },
-            _ => (opts.assumed_speedup, "assumed (no measurement in the tables)".into()),
+            _ => (
+                opts.assumed_speedup,
+                "assumed (no measurement in the tables)".into(),
+            ),
         },
         (Some(_), None) => (opts.assumed_speedup, "assumed".into()),
     }
@@ -112,7 +147,13 @@ fn speedup(problem: &Problem, math: Option<MathType>, opts: &PlanOptions, tables
 /// The plan of a graph's patterns: shares from the cost model, gains from the tables where
 /// they hold a measurement, examples and order from the agent. GEMM patterns are `p<i>` (the
 /// i-th of `patterns.gemm`), attention patterns `a<i>`.
-pub fn plan(g: &Graph, matched: &Patterns, opts: &PlanOptions, tables: Option<&Tables>, steward: &mut Steward) -> Plan {
+pub fn plan(
+    g: &Graph,
+    matched: &Patterns,
+    opts: &PlanOptions,
+    tables: Option<&Tables>,
+    steward: &mut Steward,
+) -> Plan {
     let matches = &matched.gemm;
     let costs = node_costs(g, opts.arch, opts.precision, matches);
     let total: f64 = costs.iter().map(|c| c.ms).sum();
@@ -125,14 +166,25 @@ pub fn plan(g: &Graph, matched: &Patterns, opts: &PlanOptions, tables: Option<&T
         let problem = Problem::Attention(p.clone());
         let est_ms: f64 = a.nodes.iter().filter_map(|n| cost_of.get(n)).sum();
         let (speedup, source) = speedup(&problem, math, opts, tables);
-        let shapes = [a.q, a.k, a.v].iter().map(|&v| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default()).collect();
+        let shapes = [a.q, a.k, a.v]
+            .iter()
+            .map(|&v| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default())
+            .collect();
         patterns.push(PlannedPattern {
             id: format!("a{i}"),
-            name: format!("attention{} {}", if p.causal { " causal" } else { "" }, p.shape_key()),
+            name: format!(
+                "attention{} {}",
+                if p.causal { " causal" } else { "" },
+                p.shape_key()
+            ),
             rule: p.rule_id(),
             arch: opts.arch,
             node: *a.nodes.last().expect("a pattern has nodes"),
-            origin: if a.form().starts_with("sdpa") { "scaled_dot_product_attention".into() } else { "softmax(q·kᵀ)·v".into() },
+            origin: if a.form().starts_with("sdpa") {
+                "scaled_dot_product_attention".into()
+            } else {
+                "softmax(q·kᵀ)·v".into()
+            },
             input_shapes: shapes,
             dtype: p.dtype,
             math,
@@ -164,7 +216,12 @@ pub fn plan(g: &Graph, matched: &Patterns, opts: &PlanOptions, tables: Option<&T
             name: match &p.epilogue {
                 Some(e) => {
                     let ops: Vec<&str> = e.instrs.iter().map(|i| i.op.short_name()).collect();
-                    format!("{} {} + {}", m.origin.name(), p.shape_key(), ops.join(" → "))
+                    format!(
+                        "{} {} + {}",
+                        m.origin.name(),
+                        p.shape_key(),
+                        ops.join(" → ")
+                    )
                 }
                 None => format!("{} {}", m.origin.name(), p.shape_key()),
             },
@@ -203,13 +260,25 @@ pub fn plan(g: &Graph, matched: &Patterns, opts: &PlanOptions, tables: Option<&T
         })
         .collect();
     let order = steward.rank(&items);
-    let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, id)| (id.as_str(), i + 1)).collect();
+    let rank: HashMap<&str, usize> = order
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), i + 1))
+        .collect();
     for p in &mut patterns {
         p.priority = rank[p.id.as_str()];
     }
     patterns.sort_by_key(|p| p.priority);
-    let matched: BTreeSet<NodeId> =
-        matches.iter().flat_map(GemmMatch::nodes).chain(matched.attention.iter().flat_map(|a| a.nodes.iter().copied())).collect();
+    let matched: BTreeSet<NodeId> = matches
+        .iter()
+        .flat_map(GemmMatch::nodes)
+        .chain(
+            matched
+                .attention
+                .iter()
+                .flat_map(|a| a.nodes.iter().copied()),
+        )
+        .collect();
     let unmatched = unmatched_regions(g, &costs, &matched, total);
     let unmatched_share = unmatched.iter().map(|r| r.share).sum();
     let unmatched_gemms = super::unmatched_gemms(g, &matched);

@@ -24,7 +24,13 @@ pub fn ceilings(arch: Arch) -> Ceilings {
     match arch {
         // H100 80GB HBM3, measured here: cuBLAS tf32 4096³ 0.347 ms (397 TFLOP/s), fp32 2.76 ms
         // (50 TFLOP/s), bf16 8192³ 798 TFLOP/s, device-to-device copy about 3.0 TB/s.
-        Arch::Sm90 => Ceilings { tf32_tflops: 397.0, bf16_tflops: 790.0, fp32_tflops: 50.0, dram_tbps: 3.0, launch_us: 4.0 },
+        Arch::Sm90 => Ceilings {
+            tf32_tflops: 397.0,
+            bf16_tflops: 790.0,
+            fp32_tflops: 50.0,
+            dram_tbps: 3.0,
+            launch_us: 4.0,
+        },
     }
 }
 
@@ -33,10 +39,28 @@ fn is_free(kind: &str) -> bool {
     kind.starts_with("prim::")
         || matches!(
             kind,
-            "aten::view" | "aten::reshape" | "aten::transpose" | "aten::permute" | "aten::t" | "aten::select"
-                | "aten::slice" | "aten::size" | "aten::Int" | "aten::split" | "aten::chunk" | "aten::unsqueeze"
-                | "aten::squeeze" | "aten::expand" | "aten::unbind" | "aten::detach" | "aten::alias"
-                | "aten::floor_divide" | "aten::pow" | "aten::ScalarImplicit" | "aten::dropout" | "aten::flatten"
+            "aten::view"
+                | "aten::reshape"
+                | "aten::transpose"
+                | "aten::permute"
+                | "aten::t"
+                | "aten::select"
+                | "aten::slice"
+                | "aten::size"
+                | "aten::Int"
+                | "aten::split"
+                | "aten::chunk"
+                | "aten::unsqueeze"
+                | "aten::squeeze"
+                | "aten::expand"
+                | "aten::unbind"
+                | "aten::detach"
+                | "aten::alias"
+                | "aten::floor_divide"
+                | "aten::pow"
+                | "aten::ScalarImplicit"
+                | "aten::dropout"
+                | "aten::flatten"
         )
 }
 
@@ -75,39 +99,70 @@ fn math_rate(c: &Ceilings, dtype: &str, precision: Precision) -> f64 {
 }
 
 /// FLOPs and bytes of every node that launches work, and the time the roofline gives it.
-pub fn node_costs(g: &Graph, arch: Arch, precision: Precision, gemms: &[GemmMatch]) -> Vec<NodeCost> {
+pub fn node_costs(
+    g: &Graph,
+    arch: Arch,
+    precision: Precision,
+    gemms: &[GemmMatch],
+) -> Vec<NodeCost> {
     let c = ceilings(arch);
-    let gemm_at: HashMap<NodeId, &GemmProblem> = gemms.iter().map(|m| (m.node, &m.problem)).collect();
+    let gemm_at: HashMap<NodeId, &GemmProblem> =
+        gemms.iter().map(|m| (m.node, &m.problem)).collect();
     let mut out = Vec::new();
     for (id, n) in g.nodes.iter().enumerate() {
         if is_free(&n.kind) {
             continue;
         }
         let tensors = |vs: &[usize]| -> f64 {
-            vs.iter().filter_map(|&v| g.tensor(v)).map(|t| numel(&t.shape) * elem_bytes(&t.dtype)).sum()
+            vs.iter()
+                .filter_map(|&v| g.tensor(v))
+                .map(|t| numel(&t.shape) * elem_bytes(&t.dtype))
+                .sum()
         };
         let bytes = tensors(&n.inputs) + tensors(&n.outputs);
         if bytes == 0.0 {
             continue;
         }
         let out_t = n.outputs.first().and_then(|&o| g.tensor(o));
-        let dtype = out_t.map(|t| t.dtype.clone()).unwrap_or_else(|| "f32".into());
+        let dtype = out_t
+            .map(|t| t.dtype.clone())
+            .unwrap_or_else(|| "f32".into());
         let flops = match gemm_at.get(&id) {
             Some(p) => p.flops(),
-            None if n.kind.contains("matmul") || n.kind.contains("linear") || n.kind.contains("mm") => {
+            None if n.kind.contains("matmul")
+                || n.kind.contains("linear")
+                || n.kind.contains("mm") =>
+            {
                 // An unmatched GEMM-like node: 2·K per output element, K from the first input.
-                let k = n.inputs.first().and_then(|&v| g.tensor(v)).and_then(|t| t.shape.last().copied()).unwrap_or(1);
+                let k = n
+                    .inputs
+                    .first()
+                    .and_then(|&v| g.tensor(v))
+                    .and_then(|t| t.shape.last().copied())
+                    .unwrap_or(1);
                 out_t.map_or(0.0, |t| 2.0 * numel(&t.shape) * k as f64)
             }
-            None => out_t.map_or(0.0, |t| numel(&t.shape) * if n.kind.contains("softmax") { 5.0 } else { 1.0 }),
+            None => out_t.map_or(0.0, |t| {
+                numel(&t.shape) * if n.kind.contains("softmax") { 5.0 } else { 1.0 }
+            }),
         };
-        let rate = if gemm_at.contains_key(&id) { math_rate(&c, &dtype, precision) } else { c.fp32_tflops };
+        let rate = if gemm_at.contains_key(&id) {
+            math_rate(&c, &dtype, precision)
+        } else {
+            c.fp32_tflops
+        };
         let mut roofline = (flops / (rate * 1e12)).max(bytes / (c.dram_tbps * 1e12));
         if let Some(k) = gemm_k(g, id, &gemm_at) {
             roofline /= tile_efficiency(k as f64, elem_bytes(&dtype));
         }
         let ms = roofline * 1e3 + c.launch_us * 1e-3;
-        out.push(NodeCost { node: id, kind: n.kind.clone(), flops, bytes, ms });
+        out.push(NodeCost {
+            node: id,
+            kind: n.kind.clone(),
+            flops,
+            bytes,
+            ms,
+        });
     }
     out
 }
@@ -121,7 +176,10 @@ fn gemm_k(g: &Graph, id: NodeId, gemm_at: &HashMap<NodeId, &GemmProblem>) -> Opt
     if !(n.kind.contains("matmul") || n.kind.contains("linear") || n.kind.ends_with("mm")) {
         return None;
     }
-    n.inputs.first().and_then(|&v| g.tensor(v)).and_then(|t| t.shape.last().copied())
+    n.inputs
+        .first()
+        .and_then(|&v| g.tensor(v))
+        .and_then(|t| t.shape.last().copied())
 }
 
 /// The fraction of a tile's time spent in its K loop. Each 128x256 output tile also fills its
@@ -147,7 +205,12 @@ pub struct Region {
 }
 
 /// Groups the costed nodes outside `matched` into connected regions, largest first.
-pub fn unmatched_regions(g: &Graph, costs: &[NodeCost], matched: &BTreeSet<NodeId>, total_ms: f64) -> Vec<Region> {
+pub fn unmatched_regions(
+    g: &Graph,
+    costs: &[NodeCost],
+    matched: &BTreeSet<NodeId>,
+    total_ms: f64,
+) -> Vec<Region> {
     let costed: HashMap<NodeId, &NodeCost> = costs.iter().map(|c| (c.node, c)).collect();
     // Union-find over unmatched nodes joined by producer→consumer edges.
     let n = g.nodes.len();
@@ -165,7 +228,11 @@ pub fn unmatched_regions(g: &Graph, costs: &[NodeCost], matched: &BTreeSet<NodeI
         }
         r
     }
-    let joinable = |id: NodeId| !matched.contains(&id) && g.nodes[id].kind != "prim::Constant" && g.nodes[id].kind != "prim::GetAttr";
+    let joinable = |id: NodeId| {
+        !matched.contains(&id)
+            && g.nodes[id].kind != "prim::Constant"
+            && g.nodes[id].kind != "prim::GetAttr"
+    };
     for (id, node) in g.nodes.iter().enumerate() {
         if !joinable(id) {
             continue;
@@ -197,7 +264,17 @@ pub fn unmatched_regions(g: &Graph, costs: &[NodeCost], matched: &BTreeSet<NodeI
                     names.push(short);
                 }
             }
-            Region { name: names.join(" → "), nodes, kinds, est_ms, share: if total_ms > 0.0 { est_ms / total_ms } else { 0.0 } }
+            Region {
+                name: names.join(" → "),
+                nodes,
+                kinds,
+                est_ms,
+                share: if total_ms > 0.0 {
+                    est_ms / total_ms
+                } else {
+                    0.0
+                },
+            }
         })
         .collect();
     regions.sort_by(|a, b| b.est_ms.partial_cmp(&a.est_ms).unwrap());
@@ -225,7 +302,11 @@ pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGe
         let reason = if n.depth > 0 {
             // The graph lists a block's nodes right after the node that owns it, so the owner is the
             // nearest earlier node one level up.
-            let owner = g.nodes[..id].iter().rev().find(|o| o.depth < n.depth).map_or("a sub-block", |o| o.kind.as_str());
+            let owner = g.nodes[..id]
+                .iter()
+                .rev()
+                .find(|o| o.depth < n.depth)
+                .map_or("a sub-block", |o| o.kind.as_str());
             let out_of = match owner {
                 "prim::If" => "move the GEMM out of the branch",
                 "prim::Loop" => "move the GEMM out of the loop body",
@@ -239,16 +320,28 @@ pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGe
                 .inputs
                 .iter()
                 .take(2)
-                .map(|&v| g.tensor(v).map_or("?".into(), |t| format!("{:?}:{}", t.shape, t.dtype)))
+                .map(|&v| {
+                    g.tensor(v)
+                        .map_or("?".into(), |t| format!("{:?}:{}", t.shape, t.dtype))
+                })
                 .collect();
             if n.inputs.iter().take(2).any(|&v| g.tensor(v).is_none()) {
-                let after = if g.note.is_empty() { String::new() } else { format!(" ({})", g.note.trim_end_matches("; ")) };
+                let after = if g.note.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", g.note.trim_end_matches("; "))
+                };
                 format!("its operand shapes are unknown{after}")
             } else {
                 format!("no rule takes its operands ({}): dtype, rank, broadcast batch dims or scaling outside the GEMM rules", operands.join(", "))
             }
         };
-        out.push(UnmatchedGemm { node: id, kind: n.kind.clone(), scope: n.scope.clone(), reason });
+        out.push(UnmatchedGemm {
+            node: id,
+            kind: n.kind.clone(),
+            scope: n.scope.clone(),
+            reason,
+        });
     }
     out
 }
@@ -331,20 +424,40 @@ mod tests {
         let linear = costs.iter().find(|c| c.kind == "aten::linear").unwrap();
         assert_eq!(linear.flops, 2.0 * 64.0 * 512.0 * 768.0 * 256.0);
         let roofline_ms = linear.flops / 397e12 * 1e3;
-        assert!(linear.ms > roofline_ms * 1.5, "K = 256 pays pipeline fill and epilogue: {} vs {roofline_ms}", linear.ms);
+        assert!(
+            linear.ms > roofline_ms * 1.5,
+            "K = 256 pays pipeline fill and epilogue: {} vs {roofline_ms}",
+            linear.ms
+        );
         let softmax = costs.iter().find(|c| c.kind == "aten::softmax").unwrap();
         assert_eq!(softmax.bytes, 2.0 * 4.0 * 64.0 * 8.0 * 512.0 * 512.0);
-        assert!(softmax.ms > 0.1, "a 0.5 GB read and write takes time: {}", softmax.ms);
-        assert!(costs.iter().all(|c| c.kind != "aten::view"), "views are free");
+        assert!(
+            softmax.ms > 0.1,
+            "a 0.5 GB read and write takes time: {}",
+            softmax.ms
+        );
+        assert!(
+            costs.iter().all(|c| c.kind != "aten::view"),
+            "views are free"
+        );
     }
 
     #[test]
     fn the_f32_accurate_baseline_runs_without_tensor_cores() {
         let g = attention_like();
         let m = match_gemms(&g);
-        let cost = |p: Precision| node_costs(&g, Arch::Sm90, p, &m).into_iter().find(|c| c.kind == "aten::linear").unwrap().ms;
+        let cost = |p: Precision| {
+            node_costs(&g, Arch::Sm90, p, &m)
+                .into_iter()
+                .find(|c| c.kind == "aten::linear")
+                .unwrap()
+                .ms
+        };
         let ratio = cost(Precision::F32) / cost(Precision::Tf32);
-        assert!(ratio > 5.0 && ratio < 8.5, "torch fp32 'highest' vs tf32: {ratio}");
+        assert!(
+            ratio > 5.0 && ratio < 8.5,
+            "torch fp32 'highest' vs tf32: {ratio}"
+        );
     }
 
     #[test]
@@ -368,12 +481,34 @@ mod tests {
         g.nodes[1].depth = 1;
         g.nodes[2].depth = 1;
         let matches = match_gemms(&g);
-        assert_eq!(matches.iter().map(|m| m.node).collect::<Vec<_>>(), vec![3], "only the top-level mm");
+        assert_eq!(
+            matches.iter().map(|m| m.node).collect::<Vec<_>>(),
+            vec![3],
+            "only the top-level mm"
+        );
         let matched: BTreeSet<NodeId> = matches.iter().map(|m| m.node).collect();
         let skipped = unmatched_gemms(&g, &matched);
-        assert_eq!(skipped.iter().map(|u| (u.node, u.kind.as_str())).collect::<Vec<_>>(), vec![(1, "aten::linear"), (2, "aten::matmul")]);
-        assert!(skipped[0].reason.starts_with("inside prim::If: fact matches only the top-level block"), "{}", skipped[0].reason);
-        assert!(skipped[1].reason.ends_with("move the GEMM out of the branch"), "{}", skipped[1].reason);
+        assert_eq!(
+            skipped
+                .iter()
+                .map(|u| (u.node, u.kind.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(1, "aten::linear"), (2, "aten::matmul")]
+        );
+        assert!(
+            skipped[0]
+                .reason
+                .starts_with("inside prim::If: fact matches only the top-level block"),
+            "{}",
+            skipped[0].reason
+        );
+        assert!(
+            skipped[1]
+                .reason
+                .ends_with("move the GEMM out of the branch"),
+            "{}",
+            skipped[1].reason
+        );
     }
 
     #[test]

@@ -49,43 +49,76 @@ impl AttentionProblem {
             AttentionOrigin::Explicit => "attention",
             AttentionOrigin::Sdpa => "sdpa",
         };
-        if self.causal { format!("{kind}_causal") } else { kind.into() }
+        if self.causal {
+            format!("{kind}_causal")
+        } else {
+            kind.into()
+        }
     }
     /// `BxHxTqxTkxD`.
     pub fn shape_key(&self) -> String {
-        format!("{}x{}x{}x{}x{}", self.batch, self.heads, self.seq_q, self.seq_k, self.head_dim)
+        format!(
+            "{}x{}x{}x{}x{}",
+            self.batch, self.heads, self.seq_q, self.seq_k, self.head_dim
+        )
     }
     /// Multiply-adds of the two products, halved under the causal mask (the kernel skips the
     /// key blocks a query block cannot see).
     pub fn flops(&self) -> f64 {
-        let full = 4.0 * (self.batch * self.heads) as f64 * self.seq_q as f64 * self.seq_k as f64 * self.head_dim as f64;
-        if self.causal { full / 2.0 } else { full }
+        let full = 4.0
+            * (self.batch * self.heads) as f64
+            * self.seq_q as f64
+            * self.seq_k as f64
+            * self.head_dim as f64;
+        if self.causal {
+            full / 2.0
+        } else {
+            full
+        }
     }
     /// Fewest bytes a fused kernel moves: q, k, v read once, the output written once.
     pub fn bytes(&self) -> f64 {
         let e = self.dtype.bytes() as f64;
-        e * (self.batch * self.heads * self.head_dim) as f64 * (2.0 * self.seq_q as f64 + 2.0 * self.seq_k as f64)
+        e * (self.batch * self.heads * self.head_dim) as f64
+            * (2.0 * self.seq_q as f64 + 2.0 * self.seq_k as f64)
     }
     /// Bytes eager torch moves in the explicit form: the score matrix written and read by each of
     /// scale, mask, softmax and the second product (fp32 scores for fp32 tensors).
     pub fn eager_bytes(&self) -> f64 {
-        let scores = (self.batch * self.heads) as f64 * self.seq_q as f64 * self.seq_k as f64 * self.dtype.bytes() as f64;
+        let scores = (self.batch * self.heads) as f64
+            * self.seq_q as f64
+            * self.seq_k as f64
+            * self.dtype.bytes() as f64;
         self.bytes() + 7.0 * scores
     }
     /// The problem a rule id names at a shape `BxHxTqxTkxD`.
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<AttentionProblem, String> {
-        let (origin, causal) = match rule {
-            "attention" => (AttentionOrigin::Explicit, false),
-            "attention_causal" => (AttentionOrigin::Explicit, true),
-            "sdpa" => (AttentionOrigin::Sdpa, false),
-            "sdpa_causal" => (AttentionOrigin::Sdpa, true),
-            _ => return Err(format!("unknown rule '{rule}': use attention, attention_causal, sdpa or sdpa_causal")),
-        };
+        let (origin, causal) =
+            match rule {
+                "attention" => (AttentionOrigin::Explicit, false),
+                "attention_causal" => (AttentionOrigin::Explicit, true),
+                "sdpa" => (AttentionOrigin::Sdpa, false),
+                "sdpa_causal" => (AttentionOrigin::Sdpa, true),
+                _ => return Err(format!(
+                    "unknown rule '{rule}': use attention, attention_causal, sdpa or sdpa_causal"
+                )),
+            };
         match dims {
             &[batch, heads, seq_q, seq_k, head_dim] if dims.iter().all(|&d| d > 0) => {
-                Ok(AttentionProblem { origin, batch, heads, seq_q, seq_k, head_dim, dtype, causal })
+                Ok(AttentionProblem {
+                    origin,
+                    batch,
+                    heads,
+                    seq_q,
+                    seq_k,
+                    head_dim,
+                    dtype,
+                    causal,
+                })
             }
-            _ => Err(format!("{rule} takes a shape of 5 positive dims (BxHxTqxTkxD), got {dims:?}")),
+            _ => Err(format!(
+                "{rule} takes a shape of 5 positive dims (BxHxTqxTkxD), got {dims:?}"
+            )),
         }
     }
 }
@@ -209,7 +242,11 @@ struct Ctx<'g> {
 
 impl<'g> Ctx<'g> {
     fn new(g: &'g Graph) -> Ctx<'g> {
-        Ctx { g, uses: g.use_counts(), readers: g.readers() }
+        Ctx {
+            g,
+            uses: g.use_counts(),
+            readers: g.readers(),
+        }
     }
     fn producer(&self, v: ValueId, kind: &str) -> Option<NodeId> {
         let n = self.g.values[v].producer?;
@@ -220,7 +257,9 @@ impl<'g> Ctx<'g> {
         if self.uses[v] != 1 {
             return None;
         }
-        let &[n] = self.readers[v].as_slice() else { return None };
+        let &[n] = self.readers[v].as_slice() else {
+            return None;
+        };
         (self.g.nodes[n].kind == kind).then_some(n)
     }
     fn int(&self, v: ValueId) -> Option<i64> {
@@ -270,33 +309,49 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
             return None;
         }
         let m = n.inputs[1];
-        mask = Some(if let Some(not) = cx.producer(m, "aten::bitwise_not").or_else(|| cx.producer(m, "aten::logical_not")) {
-            if cx.uses[m] != 1 {
-                return None;
-            }
-            nodes.push(not);
-            (g.nodes[not].inputs[0], MaskMode::Not)
-        } else if let Some(eq) = cx.producer(m, "aten::eq").filter(|&e| cx.float(g.nodes[e].inputs[1]) == Some(0.0)) {
-            if cx.uses[m] != 1 {
-                return None;
-            }
-            nodes.push(eq);
-            (g.nodes[eq].inputs[0], MaskMode::Eq0)
-        } else {
-            (m, MaskMode::Fill)
-        });
+        mask = Some(
+            if let Some(not) = cx
+                .producer(m, "aten::bitwise_not")
+                .or_else(|| cx.producer(m, "aten::logical_not"))
+            {
+                if cx.uses[m] != 1 {
+                    return None;
+                }
+                nodes.push(not);
+                (g.nodes[not].inputs[0], MaskMode::Not)
+            } else if let Some(eq) = cx
+                .producer(m, "aten::eq")
+                .filter(|&e| cx.float(g.nodes[e].inputs[1]) == Some(0.0))
+            {
+                if cx.uses[m] != 1 {
+                    return None;
+                }
+                nodes.push(eq);
+                (g.nodes[eq].inputs[0], MaskMode::Eq0)
+            } else {
+                (m, MaskMode::Fill)
+            },
+        );
         nodes.push(mf);
         s = n.inputs[0];
     }
     let mut scale = Scale::None;
-    for (kind, wrap) in [("aten::mul", Scale::Mul as fn(Factor) -> Scale), ("aten::div", Scale::Div as fn(Factor) -> Scale)] {
+    for (kind, wrap) in [
+        ("aten::mul", Scale::Mul as fn(Factor) -> Scale),
+        ("aten::div", Scale::Div as fn(Factor) -> Scale),
+    ] {
         if let Some(sc) = cx.producer(s, kind) {
             let x = g.nodes[sc].inputs[1];
             let factor = match cx.float(x) {
                 Some(c) if c.is_finite() && c != 0.0 => Factor::Const(c),
                 Some(_) => return None,
                 // A one-element tensor (not the scores' own shape): the op reads its value.
-                None if g.tensor(x).is_some_and(|t| t.shape.iter().product::<i64>() == 1 && t.shape.len() <= 1) => Factor::Tensor(x),
+                None if g.tensor(x).is_some_and(|t| {
+                    t.shape.iter().product::<i64>() == 1 && t.shape.len() <= 1
+                }) =>
+                {
+                    Factor::Tensor(x)
+                }
                 None => return None,
             };
             if cx.uses[s] != 1 {
@@ -315,7 +370,10 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     nodes.push(qk);
     let (q, kt) = (g.nodes[qk].inputs[0], g.nodes[qk].inputs[1]);
     let tr = cx.producer(kt, "aten::transpose")?;
-    let (a, b) = (cx.int(g.nodes[tr].inputs[1])?, cx.int(g.nodes[tr].inputs[2])?);
+    let (a, b) = (
+        cx.int(g.nodes[tr].inputs[1])?,
+        cx.int(g.nodes[tr].inputs[2])?,
+    );
     let kr = g.tensor(g.nodes[tr].inputs[0])?.shape.len() as i64;
     let norm = |d: i64| if d < 0 { d + kr } else { d };
     let (a, b) = (norm(a).min(norm(b)), norm(a).max(norm(b)));
@@ -346,7 +404,15 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     let problem = problem(g, [q, k, v], AttentionOrigin::Explicit, mask.is_some())?;
     nodes.sort();
     nodes.dedup();
-    Some(AttentionMatch { nodes, q, k, v, mask, scale, problem })
+    Some(AttentionMatch {
+        nodes,
+        q,
+        k,
+        v,
+        mask,
+        scale,
+        problem,
+    })
 }
 
 fn sdpa(cx: &Ctx, n: NodeId) -> Option<AttentionMatch> {
@@ -365,17 +431,32 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Option<AttentionMatch> {
         Some(&s) if cx.is_none(s) => None,
         Some(&s) => Some(cx.float(s)?),
     };
-    if i.get(7).is_some_and(|&e| !matches!(g.constant(e), Some(Const::Bool(false)))) {
+    if i.get(7)
+        .is_some_and(|&e| !matches!(g.constant(e), Some(Const::Bool(false))))
+    {
         return None;
     }
     let (q, k, v) = (i[0], i[1], i[2]);
     let problem = problem(g, [q, k, v], AttentionOrigin::Sdpa, causal)?;
-    Some(AttentionMatch { nodes: vec![n], q, k, v, mask: None, scale: Scale::Sdpa(scale), problem })
+    Some(AttentionMatch {
+        nodes: vec![n],
+        q,
+        k,
+        v,
+        mask: None,
+        scale: Scale::Sdpa(scale),
+        problem,
+    })
 }
 
 /// The problem of q [B,H,Tq,D] (or [B,Tq,D]), k [B,H,Tk,D], v [B,H,Tk,D] of one float dtype.
 /// `causal` is the explicit form's "has a mask" (the op verifies the mask is the causal one).
-fn problem(g: &Graph, [q, k, v]: [ValueId; 3], origin: AttentionOrigin, causal: bool) -> Option<AttentionProblem> {
+fn problem(
+    g: &Graph,
+    [q, k, v]: [ValueId; 3],
+    origin: AttentionOrigin,
+    causal: bool,
+) -> Option<AttentionProblem> {
     let (tq, tk, tv) = (g.tensor(q)?, g.tensor(k)?, g.tensor(v)?);
     let dtype = DType::parse(&tq.dtype)?;
     if tk.dtype != tq.dtype || tv.dtype != tq.dtype {
@@ -399,7 +480,16 @@ fn problem(g: &Graph, [q, k, v]: [ValueId; 3], origin: AttentionOrigin, causal: 
     if kl != lead || vl != lead || ks.1 != qs.1 || vs.1 != qs.1 || vs.0 != ks.0 {
         return None;
     }
-    let p = AttentionProblem { origin, batch: lead.0, heads: lead.1, seq_q: qs.0, seq_k: ks.0, head_dim: qs.1, dtype, causal };
+    let p = AttentionProblem {
+        origin,
+        batch: lead.0,
+        heads: lead.1,
+        seq_q: qs.0,
+        seq_k: ks.0,
+        head_dim: qs.1,
+        dtype,
+        causal,
+    };
     (p.batch > 0 && p.heads > 0 && p.seq_q > 0 && p.seq_k > 0 && p.head_dim > 0).then_some(p)
 }
 
@@ -443,13 +533,36 @@ mod tests {
         let m = match_attention(&g);
         assert_eq!(m.len(), 1);
         let a = &m[0];
-        assert_eq!(a.problem, AttentionProblem { origin: AttentionOrigin::Explicit, batch: 2, heads: 4, seq_q: 16, seq_k: 16, head_dim: 8, dtype: DType::F32, causal: true });
+        assert_eq!(
+            a.problem,
+            AttentionProblem {
+                origin: AttentionOrigin::Explicit,
+                batch: 2,
+                heads: 4,
+                seq_q: 16,
+                seq_k: 16,
+                head_dim: 8,
+                dtype: DType::F32,
+                causal: true
+            }
+        );
         assert_eq!(a.problem.rule_id(), "attention_causal");
         assert_eq!(a.form(), "explicit;div=2.8284271247461903;mask=not");
         assert!((a.kernel_scale().unwrap() - 1.0 / 8f64.sqrt()).abs() < 1e-12);
         // transpose, matmul, div, bitwise_not, masked_fill, softmax, matmul; the slices stay.
         let kinds: Vec<&str> = a.nodes.iter().map(|&n| g.nodes[n].kind.as_str()).collect();
-        assert_eq!(kinds, ["aten::transpose", "aten::matmul", "aten::div", "aten::bitwise_not", "aten::masked_fill", "aten::softmax", "aten::matmul"]);
+        assert_eq!(
+            kinds,
+            [
+                "aten::transpose",
+                "aten::matmul",
+                "aten::div",
+                "aten::bitwise_not",
+                "aten::masked_fill",
+                "aten::softmax",
+                "aten::matmul"
+            ]
+        );
         assert_eq!(g.values[a.mask.unwrap().0].name, "r1");
         assert_eq!(a.mask.unwrap().1, MaskMode::Not);
     }
@@ -471,12 +584,23 @@ mod tests {
         assert_eq!(a.form(), "explicit;mul=2.8284271247461903;mask=eq0");
         assert_eq!(a.nodes.len(), 8);
         // No scale and no mask: not causal.
-        let g = Graph::parse(&block("%s1 = aten::relu(%s0) : f32[2,4,16,16]", "%s2 = aten::neg(%s0) : f32[2,4,16,16]", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]"))
-            .unwrap();
-        assert!(match_attention(&g).is_empty(), "a neg between the product and softmax is not attention");
-        let plain = block("", "", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]").replace("softmax(%s2", "softmax(%s0");
+        let g = Graph::parse(&block(
+            "%s1 = aten::relu(%s0) : f32[2,4,16,16]",
+            "%s2 = aten::neg(%s0) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        ))
+        .unwrap();
+        assert!(
+            match_attention(&g).is_empty(),
+            "a neg between the product and softmax is not attention"
+        );
+        let plain = block("", "", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]")
+            .replace("softmax(%s2", "softmax(%s0");
         let a = &match_attention(&Graph::parse(&plain).unwrap())[0];
-        assert_eq!((a.form().as_str(), a.problem.causal, a.kernel_scale()), ("explicit", false, Some(1.0)));
+        assert_eq!(
+            (a.form().as_str(), a.problem.causal, a.kernel_scale()),
+            ("explicit", false, Some(1.0))
+        );
         // A divisor the graph computes (tracing's `(c // h) ** 0.5`) is the op's scale operand.
         let g = Graph::parse(&block(
             "%d = aten::pow(%c, %c) : f32[]
@@ -486,7 +610,10 @@ mod tests {
         ))
         .unwrap();
         let a = &match_attention(&g)[0];
-        assert_eq!((a.form().as_str(), a.kernel_scale()), ("explicit;div=tensor;mask=fill", None));
+        assert_eq!(
+            (a.form().as_str(), a.kernel_scale()),
+            ("explicit;div=tensor;mask=fill", None)
+        );
         assert_eq!(g.values[a.scale_operand().unwrap()].name, "d");
     }
 
@@ -507,7 +634,10 @@ mod tests {
         let shared = g.replace("return (%y, %k, %v)", "return (%y, %kt)");
         let g = Graph::parse(&shared).unwrap();
         let m = match_attention(&g);
-        assert!(!m[0].nodes.iter().any(|&n| g.nodes[n].kind == "aten::transpose"));
+        assert!(!m[0]
+            .nodes
+            .iter()
+            .any(|&n| g.nodes[n].kind == "aten::transpose"));
     }
 
     #[test]
@@ -529,12 +659,23 @@ mod tests {
         )
         .replace("return (%y)", "return (%y, %s1)");
         assert!(match_attention(&Graph::parse(&escaping).unwrap()).is_empty());
-        let dim0 = block("%s1 = aten::div(%s0, %c) : f32[2,4,16,16]", "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]")
-            .replace("softmax(%s2, %m1", "softmax(%s2, %zero");
+        let dim0 = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        )
+        .replace("softmax(%s2, %m1", "softmax(%s2, %zero");
         assert!(match_attention(&Graph::parse(&dim0).unwrap()).is_empty());
         // A plain masked_fill is the fill mode.
-        let fill = block("%s1 = aten::div(%s0, %c) : f32[2,4,16,16]", "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]");
-        assert_eq!(match_attention(&Graph::parse(&fill).unwrap())[0].form(), "explicit;div=2.8284271247461903;mask=fill");
+        let fill = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        );
+        assert_eq!(
+            match_attention(&Graph::parse(&fill).unwrap())[0].form(),
+            "explicit;div=2.8284271247461903;mask=fill"
+        );
     }
 
     #[test]
@@ -553,20 +694,64 @@ mod tests {
             .unwrap()
         };
         let a = &match_attention(&g("True", "None", "%none", "0."))[0];
-        assert_eq!(a.problem, AttentionProblem { origin: AttentionOrigin::Sdpa, batch: 2, heads: 12, seq_q: 64, seq_k: 80, head_dim: 64, dtype: DType::Bf16, causal: true });
-        assert_eq!((a.form().as_str(), a.kernel_scale()), ("sdpa;causal", Some(0.125)));
+        assert_eq!(
+            a.problem,
+            AttentionProblem {
+                origin: AttentionOrigin::Sdpa,
+                batch: 2,
+                heads: 12,
+                seq_q: 64,
+                seq_k: 80,
+                head_dim: 64,
+                dtype: DType::Bf16,
+                causal: true
+            }
+        );
+        assert_eq!(
+            (a.form().as_str(), a.kernel_scale()),
+            ("sdpa;causal", Some(0.125))
+        );
         let a = &match_attention(&g("False", "0.5", "%none", "0."))[0];
-        assert_eq!((a.form().as_str(), a.kernel_scale(), a.problem.causal), ("sdpa;scale=0.5", Some(0.5), false));
-        assert!(match_attention(&g("False", "None", "%q", "0.")).is_empty(), "an attn_mask is not matched");
-        assert!(match_attention(&g("False", "None", "%none", "0.1")).is_empty(), "dropout is not matched");
+        assert_eq!(
+            (a.form().as_str(), a.kernel_scale(), a.problem.causal),
+            ("sdpa;scale=0.5", Some(0.5), false)
+        );
+        assert!(
+            match_attention(&g("False", "None", "%q", "0.")).is_empty(),
+            "an attn_mask is not matched"
+        );
+        assert!(
+            match_attention(&g("False", "None", "%none", "0.1")).is_empty(),
+            "dropout is not matched"
+        );
     }
 
     #[test]
     fn rule_ids_and_shapes_round_trip() {
-        let p = AttentionProblem { origin: AttentionOrigin::Explicit, batch: 128, heads: 8, seq_q: 512, seq_k: 512, head_dim: 96, dtype: DType::F32, causal: true };
-        let dims: Vec<i64> = p.shape_key().split('x').map(|d| d.parse().unwrap()).collect();
-        assert_eq!(AttentionProblem::from_rule(&p.rule_id(), &dims, DType::F32).unwrap(), p);
-        assert!(AttentionProblem::from_rule("attention", &[1, 2, 3], DType::F32).unwrap_err().contains("5 positive dims"));
+        let p = AttentionProblem {
+            origin: AttentionOrigin::Explicit,
+            batch: 128,
+            heads: 8,
+            seq_q: 512,
+            seq_k: 512,
+            head_dim: 96,
+            dtype: DType::F32,
+            causal: true,
+        };
+        let dims: Vec<i64> = p
+            .shape_key()
+            .split('x')
+            .map(|d| d.parse().unwrap())
+            .collect();
+        assert_eq!(
+            AttentionProblem::from_rule(&p.rule_id(), &dims, DType::F32).unwrap(),
+            p
+        );
+        assert!(
+            AttentionProblem::from_rule("attention", &[1, 2, 3], DType::F32)
+                .unwrap_err()
+                .contains("5 positive dims")
+        );
         assert!(p.flops() > 0.0 && p.eager_bytes() > p.bytes());
     }
 }

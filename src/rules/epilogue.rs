@@ -109,9 +109,24 @@ impl EpOp {
     /// are scalars.
     pub fn arity(self) -> usize {
         match self {
-            EpOp::Add | EpOp::Sub | EpOp::Mul | EpOp::Div | EpOp::LeakyRelu | EpOp::ClampMin | EpOp::ClampMax | EpOp::Pow => 2,
+            EpOp::Add
+            | EpOp::Sub
+            | EpOp::Mul
+            | EpOp::Div
+            | EpOp::LeakyRelu
+            | EpOp::ClampMin
+            | EpOp::ClampMax
+            | EpOp::Pow => 2,
             EpOp::Softplus | EpOp::Clamp => 3,
-            EpOp::Relu | EpOp::Gelu | EpOp::GeluTanh | EpOp::Sigmoid | EpOp::Silu | EpOp::Tanh | EpOp::Mish | EpOp::Exp | EpOp::Neg => 1,
+            EpOp::Relu
+            | EpOp::Gelu
+            | EpOp::GeluTanh
+            | EpOp::Sigmoid
+            | EpOp::Silu
+            | EpOp::Tanh
+            | EpOp::Mish
+            | EpOp::Exp
+            | EpOp::Neg => 1,
         }
     }
 
@@ -158,7 +173,13 @@ impl EpOp {
     /// Single-precision transcendental calls per element, for the cost model.
     pub fn special_calls(self) -> u32 {
         match self {
-            EpOp::Gelu | EpOp::GeluTanh | EpOp::Sigmoid | EpOp::Silu | EpOp::Tanh | EpOp::Exp | EpOp::Pow => 1,
+            EpOp::Gelu
+            | EpOp::GeluTanh
+            | EpOp::Sigmoid
+            | EpOp::Silu
+            | EpOp::Tanh
+            | EpOp::Exp
+            | EpOp::Pow => 1,
             EpOp::Softplus => 2,
             EpOp::Mish => 3,
             _ => 0,
@@ -203,7 +224,11 @@ impl Scalar {
         if v.is_nan() {
             "NAN".into()
         } else if v.is_infinite() {
-            if v > 0.0 { "INFINITY".into() } else { "(-INFINITY)".into() }
+            if v > 0.0 {
+                "INFINITY".into()
+            } else {
+                "(-INFINITY)".into()
+            }
         } else {
             format!("{v:e}f")
         }
@@ -254,7 +279,14 @@ impl LeafKind {
         }
     }
     fn parse(s: &str) -> Option<LeafKind> {
-        [LeafKind::Full, LeafKind::Row, LeafKind::Col, LeafKind::Scalar].into_iter().find(|k| k.short_name() == s)
+        [
+            LeafKind::Full,
+            LeafKind::Row,
+            LeafKind::Col,
+            LeafKind::Scalar,
+        ]
+        .into_iter()
+        .find(|k| k.short_name() == s)
     }
 }
 
@@ -278,7 +310,12 @@ impl Epilogue {
         let mut s = format!("leaves={}", leaves.join(","));
         for (i, ins) in self.instrs.iter().enumerate() {
             let args: Vec<_> = ins.args.iter().map(Arg::to_string).collect();
-            s.push_str(&format!(";v{}={}({})", i + 1, ins.op.short_name(), args.join(",")));
+            s.push_str(&format!(
+                ";v{}={}({})",
+                i + 1,
+                ins.op.short_name(),
+                args.join(",")
+            ));
         }
         s
     }
@@ -286,7 +323,9 @@ impl Epilogue {
     pub fn parse(text: &str) -> Result<Epilogue, String> {
         let mut parts = text.split(';');
         let head = parts.next().unwrap_or_default();
-        let leaves = head.strip_prefix("leaves=").ok_or_else(|| format!("epilogue '{text}' does not start with leaves="))?;
+        let leaves = head
+            .strip_prefix("leaves=")
+            .ok_or_else(|| format!("epilogue '{text}' does not start with leaves="))?;
         let leaves: Vec<LeafKind> = leaves
             .split(',')
             .filter(|s| !s.is_empty())
@@ -294,21 +333,32 @@ impl Epilogue {
             .collect::<Result<_, _>>()?;
         let mut instrs = Vec::new();
         for (i, p) in parts.enumerate() {
-            let (lhs, rhs) = p.split_once('=').ok_or_else(|| format!("instruction '{p}' has no '='"))?;
+            let (lhs, rhs) = p
+                .split_once('=')
+                .ok_or_else(|| format!("instruction '{p}' has no '='"))?;
             if lhs != format!("v{}", i + 1) {
                 return Err(format!("instruction '{p}' should define v{}", i + 1));
             }
-            let (op, args) = rhs.strip_suffix(')').and_then(|r| r.split_once('(')).ok_or_else(|| format!("instruction '{p}' is not op(args)"))?;
+            let (op, args) = rhs
+                .strip_suffix(')')
+                .and_then(|r| r.split_once('('))
+                .ok_or_else(|| format!("instruction '{p}' is not op(args)"))?;
             let op = EpOp::parse(op).ok_or_else(|| format!("unknown epilogue op '{op}'"))?;
             let args: Vec<Arg> = args
                 .split(',')
                 .map(|a| {
                     if let Some(v) = a.strip_prefix('v') {
-                        v.parse().map(Arg::Value).map_err(|_| format!("bad value '{a}'"))
+                        v.parse()
+                            .map(Arg::Value)
+                            .map_err(|_| format!("bad value '{a}'"))
                     } else if let Some(l) = a.strip_prefix('l') {
-                        l.parse().map(Arg::Leaf).map_err(|_| format!("bad leaf '{a}'"))
+                        l.parse()
+                            .map(Arg::Leaf)
+                            .map_err(|_| format!("bad leaf '{a}'"))
                     } else {
-                        a.parse::<f64>().map(|f| Arg::Scalar(Scalar(f))).map_err(|_| format!("bad scalar '{a}'"))
+                        a.parse::<f64>()
+                            .map(|f| Arg::Scalar(Scalar(f)))
+                            .map_err(|_| format!("bad scalar '{a}'"))
                     }
                 })
                 .collect::<Result<_, _>>()?;
@@ -326,14 +376,29 @@ impl Epilogue {
         }
         for (i, ins) in self.instrs.iter().enumerate() {
             if ins.args.len() != ins.op.arity() {
-                return Err(format!("v{}: {} takes {} operands", i + 1, ins.op.short_name(), ins.op.arity()));
+                return Err(format!(
+                    "v{}: {} takes {} operands",
+                    i + 1,
+                    ins.op.short_name(),
+                    ins.op.arity()
+                ));
             }
             for (j, a) in ins.args.iter().enumerate() {
                 match *a {
-                    Arg::Value(v) if v > i => return Err(format!("v{}: v{v} is not defined yet", i + 1)),
-                    Arg::Leaf(l) if l >= self.leaves.len() => return Err(format!("v{}: no leaf l{l}", i + 1)),
+                    Arg::Value(v) if v > i => {
+                        return Err(format!("v{}: v{v} is not defined yet", i + 1))
+                    }
+                    Arg::Leaf(l) if l >= self.leaves.len() => {
+                        return Err(format!("v{}: no leaf l{l}", i + 1))
+                    }
                     Arg::Scalar(_) => {}
-                    _ if j > 0 && ins.op.scalar_params() => return Err(format!("v{}: {} takes scalar parameters", i + 1, ins.op.short_name())),
+                    _ if j > 0 && ins.op.scalar_params() => {
+                        return Err(format!(
+                            "v{}: {} takes scalar parameters",
+                            i + 1,
+                            ins.op.short_name()
+                        ))
+                    }
                     _ => {}
                 }
             }
@@ -343,7 +408,11 @@ impl Epilogue {
 
     /// The ops in program order, joined: `add_relu`.
     pub fn label(&self) -> String {
-        self.instrs.iter().map(|i| i.op.short_name()).collect::<Vec<_>>().join("_")
+        self.instrs
+            .iter()
+            .map(|i| i.op.short_name())
+            .collect::<Vec<_>>()
+            .join("_")
     }
 
     /// Eight hex digits of the text's hash: programs with the same ops but other constants or
@@ -364,7 +433,10 @@ impl Epilogue {
 
     /// Arithmetic per output element (special functions counted as 8), for the cost model.
     pub fn flops_per_element(&self) -> f64 {
-        self.instrs.iter().map(|i| 1.0 + 8.0 * i.op.special_calls() as f64).sum()
+        self.instrs
+            .iter()
+            .map(|i| 1.0 + 8.0 * i.op.special_calls() as f64)
+            .sum()
     }
 }
 
@@ -422,9 +494,10 @@ fn read_node(g: &Graph, id: NodeId) -> Option<(Option<EpOp>, Vec<Operand>)> {
             }
             Some((Some(EpOp::Sub), vec![operand(1)?, operand(0)?]))
         }
-        "mul" | "div" if n.inputs.len() == 2 => {
-            Some((Some(if kind == "mul" { EpOp::Mul } else { EpOp::Div }), vec![operand(0)?, operand(1)?]))
-        }
+        "mul" | "div" if n.inputs.len() == 2 => Some((
+            Some(if kind == "mul" { EpOp::Mul } else { EpOp::Div }),
+            vec![operand(0)?, operand(1)?],
+        )),
         "relu" => unary(EpOp::Relu),
         "gelu" => match cst(1) {
             None => unary(EpOp::Gelu),
@@ -438,18 +511,51 @@ fn read_node(g: &Graph, id: NodeId) -> Option<(Option<EpOp>, Vec<Operand>)> {
         "mish" => unary(EpOp::Mish),
         "exp" => unary(EpOp::Exp),
         "neg" => unary(EpOp::Neg),
-        "softplus" => Some((Some(EpOp::Softplus), vec![operand(0)?, Operand::Scalar(num(1)?), Operand::Scalar(num(2)?)])),
-        "leaky_relu" => Some((Some(EpOp::LeakyRelu), vec![operand(0)?, Operand::Scalar(num(1).unwrap_or(0.01))])),
-        "hardtanh" => Some((Some(EpOp::Clamp), vec![operand(0)?, Operand::Scalar(num(1)?), Operand::Scalar(num(2)?)])),
-        "relu6" => Some((Some(EpOp::Clamp), vec![operand(0)?, Operand::Scalar(0.0), Operand::Scalar(6.0)])),
+        "softplus" => Some((
+            Some(EpOp::Softplus),
+            vec![
+                operand(0)?,
+                Operand::Scalar(num(1)?),
+                Operand::Scalar(num(2)?),
+            ],
+        )),
+        "leaky_relu" => Some((
+            Some(EpOp::LeakyRelu),
+            vec![operand(0)?, Operand::Scalar(num(1).unwrap_or(0.01))],
+        )),
+        "hardtanh" => Some((
+            Some(EpOp::Clamp),
+            vec![
+                operand(0)?,
+                Operand::Scalar(num(1)?),
+                Operand::Scalar(num(2)?),
+            ],
+        )),
+        "relu6" => Some((
+            Some(EpOp::Clamp),
+            vec![operand(0)?, Operand::Scalar(0.0), Operand::Scalar(6.0)],
+        )),
         "clamp" => match (num(1), num(2), cst(1), cst(2)) {
-            (Some(lo), Some(hi), _, _) => Some((Some(EpOp::Clamp), vec![operand(0)?, Operand::Scalar(lo), Operand::Scalar(hi)])),
-            (Some(lo), None, _, Some(Const::None)) => Some((Some(EpOp::ClampMin), vec![operand(0)?, Operand::Scalar(lo)])),
-            (None, Some(hi), Some(Const::None), _) => Some((Some(EpOp::ClampMax), vec![operand(0)?, Operand::Scalar(hi)])),
+            (Some(lo), Some(hi), _, _) => Some((
+                Some(EpOp::Clamp),
+                vec![operand(0)?, Operand::Scalar(lo), Operand::Scalar(hi)],
+            )),
+            (Some(lo), None, _, Some(Const::None)) => {
+                Some((Some(EpOp::ClampMin), vec![operand(0)?, Operand::Scalar(lo)]))
+            }
+            (None, Some(hi), Some(Const::None), _) => {
+                Some((Some(EpOp::ClampMax), vec![operand(0)?, Operand::Scalar(hi)]))
+            }
             _ => None,
         },
-        "clamp_min" => Some((Some(EpOp::ClampMin), vec![operand(0)?, Operand::Scalar(num(1)?)])),
-        "clamp_max" => Some((Some(EpOp::ClampMax), vec![operand(0)?, Operand::Scalar(num(1)?)])),
+        "clamp_min" => Some((
+            Some(EpOp::ClampMin),
+            vec![operand(0)?, Operand::Scalar(num(1)?)],
+        )),
+        "clamp_max" => Some((
+            Some(EpOp::ClampMax),
+            vec![operand(0)?, Operand::Scalar(num(1)?)],
+        )),
         "pow" => Some((Some(EpOp::Pow), vec![operand(0)?, Operand::Scalar(num(1)?)])),
         "dropout" if matches!(cst(2), Some(Const::Bool(false))) => Some((None, vec![operand(0)?])),
         _ => None,
@@ -457,12 +563,19 @@ fn read_node(g: &Graph, id: NodeId) -> Option<(Option<EpOp>, Vec<Operand>)> {
 }
 
 /// How a tensor of `shape` and `dtype` lies over an output of `out` shape, if it can be a leaf.
-fn leaf_kind(shape: &[i64], dtype: &str, out: &[i64], out_dtype: DType, batched: bool) -> Option<LeafKind> {
+fn leaf_kind(
+    shape: &[i64],
+    dtype: &str,
+    out: &[i64],
+    out_dtype: DType,
+    batched: bool,
+) -> Option<LeafKind> {
     let numel: i64 = shape.iter().product();
     if numel == 1 {
         // Type promotion keeps the output's dtype for a one-element floating tensor only if it
         // has no more dims than the output.
-        return (DType::parse(dtype).is_some() && shape.len() <= out.len()).then_some(LeafKind::Scalar);
+        return (DType::parse(dtype).is_some() && shape.len() <= out.len())
+            .then_some(LeafKind::Scalar);
     }
     if DType::parse(dtype) != Some(out_dtype) || shape.len() > out.len() {
         return None;
@@ -476,7 +589,11 @@ fn leaf_kind(shape: &[i64], dtype: &str, out: &[i64], out_dtype: DType, batched:
     if rest == [n] {
         return Some(LeafKind::Row);
     }
-    if !batched && shape.len() == out.len() && shape.last() == Some(&1) && shape[..shape.len() - 1] == out[..out.len() - 1] {
+    if !batched
+        && shape.len() == out.len()
+        && shape.last() == Some(&1)
+        && shape[..shape.len() - 1] == out[..out.len() - 1]
+    {
         return Some(LeafKind::Col);
     }
     None
@@ -490,22 +607,35 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
     let gemm_out = *g.nodes[gm.node].outputs.first()?;
     let out_info = g.tensor(gemm_out)?.clone();
     let batched = gm.problem.batch > 1;
-    let readers = Readers { users: g.readers(), graph_outputs: g.outputs.iter().copied().collect() };
+    let readers = Readers {
+        users: g.readers(),
+        graph_outputs: g.outputs.iter().copied().collect(),
+    };
     // Program values by graph value; value 0 is the GEMM's output.
-    let mut pat = Pattern { program: HashMap::from([(gemm_out, 0)]), instrs: Vec::new(), leaves: Vec::new(), nodes: Vec::new() };
+    let mut pat = Pattern {
+        program: HashMap::from([(gemm_out, 0)]),
+        instrs: Vec::new(),
+        leaves: Vec::new(),
+        nodes: Vec::new(),
+    };
     let mut best: Option<EpilogueMatch> = None;
     for id in gm.node + 1..g.nodes.len() {
         let n = &g.nodes[id];
         if n.depth != 0 || !n.inputs.iter().any(|v| pat.program.contains_key(v)) {
             continue;
         }
-        let Some((op, operands)) = read_node(g, id) else { break };
+        let Some((op, operands)) = read_node(g, id) else {
+            break;
+        };
         let out = n.outputs[0];
         match g.tensor(out) {
             Some(t) if t.shape == out_info.shape && t.dtype == out_info.dtype => {}
             _ => break,
         }
-        let Some(args) = operands.into_iter().map(|o| pat.arg(o, g, &out_info.shape, gm.problem.dtype, batched)).collect::<Option<Vec<Arg>>>()
+        let Some(args) = operands
+            .into_iter()
+            .map(|o| pat.arg(o, g, &out_info.shape, gm.problem.dtype, batched))
+            .collect::<Option<Vec<Arg>>>()
         else {
             break;
         };
@@ -549,7 +679,14 @@ impl Pattern {
     /// now if new). None when it cannot be one: a tensor that does not lie over the output, a
     /// second full-size leaf (one rides on the GEMM's C operand; another would need an aux load),
     /// or more leaves than kernels take.
-    fn arg(&mut self, o: Operand, g: &Graph, out: &[i64], dtype: DType, batched: bool) -> Option<Arg> {
+    fn arg(
+        &mut self,
+        o: Operand,
+        g: &Graph,
+        out: &[i64],
+        dtype: DType,
+        batched: bool,
+    ) -> Option<Arg> {
         let v = match o {
             Operand::Scalar(s) => return Some(Arg::Scalar(Scalar(s))),
             Operand::Tensor(v) => v,
@@ -562,7 +699,9 @@ impl Pattern {
         }
         let t = g.tensor(v)?;
         let kind = leaf_kind(&t.shape, &t.dtype, out, dtype, batched)?;
-        if self.leaves.len() == MAX_LEAVES || (kind == LeafKind::Full && self.leaves.iter().any(|(_, k)| *k == LeafKind::Full)) {
+        if self.leaves.len() == MAX_LEAVES
+            || (kind == LeafKind::Full && self.leaves.iter().any(|(_, k)| *k == LeafKind::Full))
+        {
             return None;
         }
         self.leaves.push((v, kind));
@@ -576,13 +715,17 @@ impl Pattern {
         }
         let inside: BTreeSet<NodeId> = self.nodes.iter().copied().collect();
         let escapes = |v: ValueId| {
-            readers.graph_outputs.contains(&v) || readers.users[v].iter().any(|u| !inside.contains(u))
+            readers.graph_outputs.contains(&v)
+                || readers.users[v].iter().any(|u| !inside.contains(u))
         };
         if self.program.keys().any(|&v| v != last && escapes(v)) {
             return None;
         }
         Some(EpilogueMatch {
-            epilogue: Epilogue { leaves: self.leaves.iter().map(|l| l.1).collect(), instrs: self.instrs.clone() },
+            epilogue: Epilogue {
+                leaves: self.leaves.iter().map(|l| l.1).collect(),
+                instrs: self.instrs.clone(),
+            },
             nodes: self.nodes.clone(),
             leaves: self.leaves.iter().map(|l| l.0).collect(),
             output: last,
@@ -614,7 +757,10 @@ mod tests {
                return (%t)",
         )
         .unwrap();
-        assert_eq!(m.epilogue.text(), "leaves=;v1=relu(v0);v2=mul(v1,0.5);v3=add(v2,1.0)");
+        assert_eq!(
+            m.epilogue.text(),
+            "leaves=;v1=relu(v0);v2=mul(v1,0.5);v3=add(v2,1.0)"
+        );
         assert_eq!(m.epilogue.label(), "relu_mul_add");
         assert_eq!(m.nodes.len(), 3);
     }
@@ -656,8 +802,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.epilogue.leaves, vec![LeafKind::Row, LeafKind::Full]);
-        assert_eq!(m.epilogue.label(), "pow_mul_add_mul_tanh_add_mul_mul_mul_add");
-        assert!(m.epilogue.text().ends_with("v9=mul(v8,l0);v10=add(l1,v9)"), "{}", m.epilogue.text());
+        assert_eq!(
+            m.epilogue.label(),
+            "pow_mul_add_mul_tanh_add_mul_mul_mul_add"
+        );
+        assert!(
+            m.epilogue.text().ends_with("v9=mul(v8,l0);v10=add(l1,v9)"),
+            "{}",
+            m.epilogue.text()
+        );
         assert_eq!(m.nodes.len(), 10);
     }
 
@@ -735,18 +888,28 @@ mod tests {
                return (%d)",
         )
         .unwrap();
-        assert_eq!(m.epilogue.text(), "leaves=col,scalar;v1=mul(v0,l0);v2=sub(1.0,v1);v3=div(v2,l1)");
+        assert_eq!(
+            m.epilogue.text(),
+            "leaves=col,scalar;v1=mul(v0,l0);v2=sub(1.0,v1);v3=div(v2,l1)"
+        );
     }
 
     #[test]
     fn text_round_trips_and_names_differ_by_constants() {
-        let e = Epilogue::parse("leaves=row;v1=add(v0,l0);v2=clamp(v1,-1.5,inf);v3=pow(v2,3.0)").unwrap();
+        let e = Epilogue::parse("leaves=row;v1=add(v0,l0);v2=clamp(v1,-1.5,inf);v3=pow(v2,3.0)")
+            .unwrap();
         assert_eq!(Epilogue::parse(&e.text()).unwrap(), e);
-        let other = Epilogue::parse("leaves=row;v1=add(v0,l0);v2=clamp(v1,-1.0,inf);v3=pow(v2,3.0)").unwrap();
+        let other =
+            Epilogue::parse("leaves=row;v1=add(v0,l0);v2=clamp(v1,-1.0,inf);v3=pow(v2,3.0)")
+                .unwrap();
         assert_eq!(e.label(), other.label());
         assert_ne!(e.digest(), other.digest());
-        assert!(Epilogue::parse("leaves=;v1=relu(v2)").unwrap_err().contains("not defined"));
+        assert!(Epilogue::parse("leaves=;v1=relu(v2)")
+            .unwrap_err()
+            .contains("not defined"));
         assert!(Epilogue::parse("leaves=;v1=clamp(v0,l0,1.0)").is_err());
-        assert!(Epilogue::parse("leaves=;v1=frob(v0)").unwrap_err().contains("unknown epilogue op"));
+        assert!(Epilogue::parse("leaves=;v1=frob(v0)")
+            .unwrap_err()
+            .contains("unknown epilogue op"));
     }
 }

@@ -38,7 +38,12 @@ pub enum GemmLayout {
 }
 
 impl GemmLayout {
-    pub const ALL: [GemmLayout; 4] = [GemmLayout::Rrr, GemmLayout::Rcr, GemmLayout::Crr, GemmLayout::Ccr];
+    pub const ALL: [GemmLayout; 4] = [
+        GemmLayout::Rrr,
+        GemmLayout::Rcr,
+        GemmLayout::Crr,
+        GemmLayout::Ccr,
+    ];
 
     pub fn short_name(self) -> &'static str {
         match self {
@@ -178,12 +183,23 @@ impl GemmProblem {
     /// (`gemm_rcr_bias_ep_gelu_tanh_1a2b3c4d`).
     pub fn rule_id(&self) -> String {
         let kind = if self.batch > 1 { "bmm" } else { "gemm" };
-        let ep = self.epilogue.as_ref().map(|e| format!("_{}", e.tag())).unwrap_or_default();
-        format!("{kind}_{}{}{ep}", self.layout.short_name(), if self.bias { "_bias" } else { "" })
+        let ep = self
+            .epilogue
+            .as_ref()
+            .map(|e| format!("_{}", e.tag()))
+            .unwrap_or_default();
+        format!(
+            "{kind}_{}{}{ep}",
+            self.layout.short_name(),
+            if self.bias { "_bias" } else { "" }
+        )
     }
     /// The same GEMM without its epilogue.
     pub fn plain(&self) -> GemmProblem {
-        GemmProblem { epilogue: None, ..self.clone() }
+        GemmProblem {
+            epilogue: None,
+            ..self.clone()
+        }
     }
     pub fn flops(&self) -> f64 {
         2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
@@ -192,13 +208,20 @@ impl GemmProblem {
     /// epilogue leaf, a residual, read once).
     pub fn bytes(&self) -> f64 {
         let e = self.dtype.bytes() as f64;
-        let (m, n, k, l) = (self.m as f64, self.n as f64, self.k as f64, self.batch as f64);
+        let (m, n, k, l) = (
+            self.m as f64,
+            self.n as f64,
+            self.k as f64,
+            self.batch as f64,
+        );
         let full = self.epilogue.as_ref().map_or(0, Epilogue::full_leaves) as f64;
         e * (l * (m * k + k * n + m * n * (1.0 + full)) + if self.bias { n } else { 0.0 })
     }
     /// The problem a rule id names at a shape: `dims` is M,N,K, or L,M,N,K for `bmm_*`.
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<GemmProblem, String> {
-        let unknown = || format!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT, LAYOUT one of rrr, rcr, crr, ccr");
+        let unknown = || {
+            format!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT, LAYOUT one of rrr, rcr, crr, ccr")
+        };
         let (rest, batched) = match (rule.strip_prefix("gemm_"), rule.strip_prefix("bmm_")) {
             (Some(r), _) => (r, false),
             (None, Some(r)) => (r, true),
@@ -206,21 +229,39 @@ impl GemmProblem {
         };
         let want = if batched { 4 } else { 3 };
         if dims.len() != want {
-            return Err(format!("{rule} takes a shape of {want} dims ({})", if batched { "LxMxNxK" } else { "MxNxK" }));
+            return Err(format!(
+                "{rule} takes a shape of {want} dims ({})",
+                if batched { "LxMxNxK" } else { "MxNxK" }
+            ));
         }
-        let (batch, m, n, k) = if batched { (dims[0], dims[1], dims[2], dims[3]) } else { (1, dims[0], dims[1], dims[2]) };
+        let (batch, m, n, k) = if batched {
+            (dims[0], dims[1], dims[2], dims[3])
+        } else {
+            (1, dims[0], dims[1], dims[2])
+        };
         let (layout, bias) = match rest.strip_suffix("_bias") {
             Some(l) => (l, true),
             None => (rest, false),
         };
         let layout = GemmLayout::parse(layout).ok_or_else(unknown)?;
         if batched && (bias || batch < 2) {
-            return Err(format!("{rule}: the batched rules take no bias and a batch of 2 or more"));
+            return Err(format!(
+                "{rule}: the batched rules take no bias and a batch of 2 or more"
+            ));
         }
         if dims.iter().any(|&d| d <= 0) {
             return Err(format!("shape {dims:?}: every dim must be positive"));
         }
-        Ok(GemmProblem { m, n, k, layout, dtype, bias, batch, epilogue: None })
+        Ok(GemmProblem {
+            m,
+            n,
+            k,
+            layout,
+            dtype,
+            bias,
+            batch,
+            epilogue: None,
+        })
     }
 
     /// `MxNxK`, or `LxMxNxK` when batched.
@@ -251,7 +292,11 @@ impl GemmMatch {
     /// The match of the GEMM node alone: what compose falls back to when the fused pattern
     /// has no kernel.
     pub fn plain(&self) -> GemmMatch {
-        GemmMatch { epilogue: None, problem: self.problem.plain(), ..self.clone() }
+        GemmMatch {
+            epilogue: None,
+            problem: self.problem.plain(),
+            ..self.clone()
+        }
     }
     /// The graph nodes the pattern replaces: the GEMM and its epilogue's nodes.
     pub fn nodes(&self) -> Vec<NodeId> {
@@ -263,7 +308,12 @@ impl GemmMatch {
 
 /// Every GEMM in the top-level block whose shapes and dtypes are known and supported.
 pub fn match_gemms(g: &Graph) -> Vec<GemmMatch> {
-    g.nodes.iter().enumerate().filter(|(_, n)| n.depth == 0).filter_map(|(i, _)| match_node(g, i)).collect()
+    g.nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.depth == 0)
+        .filter_map(|(i, _)| match_node(g, i))
+        .collect()
 }
 
 /// How the matrix dims of `t` lie, with its leading dims packed outside them: `Row` for a packed
@@ -304,7 +354,11 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
     let (a, b, bias) = match origin {
         GemmOrigin::Linear => {
             let bias = n.inputs[2];
-            let bias = if matches!(g.constant(bias), Some(Const::None)) { None } else { Some(bias) };
+            let bias = if matches!(g.constant(bias), Some(Const::None)) {
+                None
+            } else {
+                Some(bias)
+            };
             (n.inputs[0], n.inputs[1], bias)
         }
         GemmOrigin::Mm | GemmOrigin::Bmm | GemmOrigin::Matmul => (n.inputs[0], n.inputs[1], None),
@@ -328,7 +382,10 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
     let folds = rb == 2 || (origin == GemmOrigin::Matmul && ra >= rb && lead(tb) == 1);
     if !folds {
         // Batched: only bmm and matmul, with identical batch dims on both sides.
-        if !matches!(origin, GemmOrigin::Bmm | GemmOrigin::Matmul) || ra != rb || ta.shape[..ra - 2] != tb.shape[..rb - 2] {
+        if !matches!(origin, GemmOrigin::Bmm | GemmOrigin::Matmul)
+            || ra != rb
+            || ta.shape[..ra - 2] != tb.shape[..rb - 2]
+        {
             return None;
         }
     } else if matches!(origin, GemmOrigin::Mm | GemmOrigin::Bmm) && ra != 2 {
@@ -348,7 +405,11 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
             return None;
         }
     }
-    let (batch, m) = if folds { (1, ta.shape[..ra - 1].iter().product()) } else { (lead(ta), ta.shape[ra - 2]) };
+    let (batch, m) = if folds {
+        (1, ta.shape[..ra - 1].iter().product())
+    } else {
+        (lead(ta), ta.shape[ra - 2])
+    };
     if batch == 0 || m == 0 || nn == 0 || k == 0 {
         return None;
     }
@@ -369,7 +430,11 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
         Some(Major::Col) if folds && lead(ta) > 1 => None,
         found => found,
     };
-    let why_a = if folds && ra > 2 { " (its leading dims fold into M only when it is row-major)" } else { "" };
+    let why_a = if folds && ra > 2 {
+        " (its leading dims fold into M only when it is row-major)"
+    } else {
+        ""
+    };
     let a_major = lie("a", ta, a_major, Major::Row, why_a);
     // linear's B is wᵀ: a packed w is a column-major B.
     let (b_major, b_copy) = match origin {
@@ -384,7 +449,16 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
         a,
         b,
         bias,
-        problem: GemmProblem { m, n: nn, k, layout, dtype, bias: bias.is_some(), batch, epilogue: None },
+        problem: GemmProblem {
+            m,
+            n: nn,
+            k,
+            layout,
+            dtype,
+            bias: bias.is_some(),
+            batch,
+            epilogue: None,
+        },
         epilogue: None,
         copies,
     })
@@ -407,18 +481,19 @@ mod tests {
         );
         assert_eq!(m.len(), 1);
         let p = &m[0].problem;
-        assert_eq!((p.m, p.n, p.k, p.layout, p.bias), (20, 32, 16, GemmLayout::Rcr, true));
+        assert_eq!(
+            (p.m, p.n, p.k, p.layout, p.bias),
+            (20, 32, 16, GemmLayout::Rcr, true)
+        );
         assert_eq!(p.rule_id(), "gemm_rcr_bias");
     }
 
     #[test]
     fn linear_without_bias_is_plain_rcr() {
-        let m = one(
-            "graph(%x: bf16[8,16], %w: bf16[32,16]):
+        let m = one("graph(%x: bf16[8,16], %w: bf16[32,16]):
                %none = prim::Constant[None]()
                %y = aten::linear(%x, %w, %none) : bf16[8,32]
-               return (%y)",
-        );
+               return (%y)");
         assert_eq!(m[0].problem.rule_id(), "gemm_rcr");
         assert_eq!(m[0].problem.dtype, DType::Bf16);
         assert_eq!(m[0].bias, None);
@@ -426,18 +501,25 @@ mod tests {
 
     #[test]
     fn mm_and_2d_matmul_are_rrr() {
-        let m = one(
-            "graph(%a: f32[64,128], %b: f32[128,32]):
+        let m = one("graph(%a: f32[64,128], %b: f32[128,32]):
                %c = aten::mm(%a, %b) : f32[64,32]
                %d = aten::matmul(%c, %c2) : f32[64,32]
                return (%d)"
-                .replace("%c2", "%b2")
-                .replace("graph(%a: f32[64,128], %b: f32[128,32])", "graph(%a: f32[64,128], %b: f32[128,32], %b2: f32[32,32])")
-                .as_str(),
-        );
+            .replace("%c2", "%b2")
+            .replace(
+                "graph(%a: f32[64,128], %b: f32[128,32])",
+                "graph(%a: f32[64,128], %b: f32[128,32], %b2: f32[32,32])",
+            )
+            .as_str());
         assert_eq!(m.len(), 2);
-        assert_eq!((m[0].origin, m[0].problem.shape_key()), (GemmOrigin::Mm, "64x32x128".to_string()));
-        assert_eq!((m[1].origin, m[1].problem.layout), (GemmOrigin::Matmul, GemmLayout::Rrr));
+        assert_eq!(
+            (m[0].origin, m[0].problem.shape_key()),
+            (GemmOrigin::Mm, "64x32x128".to_string())
+        );
+        assert_eq!(
+            (m[1].origin, m[1].problem.layout),
+            (GemmOrigin::Matmul, GemmLayout::Rrr)
+        );
     }
 
     #[test]
@@ -453,19 +535,34 @@ mod tests {
         };
         let m = one(&text("1", "32"));
         assert_eq!(m[0].problem.rule_id(), "gemm_rrr_bias");
-        assert!(one(&text("0.5", "32")).is_empty(), "beta != 1 is not a plain bias");
+        assert!(
+            one(&text("0.5", "32")).is_empty(),
+            "beta != 1 is not a plain bias"
+        );
         assert!(one(&text("1", "8,32")).is_empty(), "a 2-D C is not a bias");
     }
 
     #[test]
     fn rule_ids_round_trip_through_problems() {
         for rule in ["gemm_rcr", "gemm_rcr_bias", "gemm_rrr", "gemm_rrr_bias"] {
-            assert_eq!(GemmProblem::from_rule(rule, &[8, 16, 32], DType::F32).unwrap().rule_id(), rule);
+            assert_eq!(
+                GemmProblem::from_rule(rule, &[8, 16, 32], DType::F32)
+                    .unwrap()
+                    .rule_id(),
+                rule
+            );
         }
         let b = GemmProblem::from_rule("bmm_rrr", &[128, 512, 2048, 1024], DType::F32).unwrap();
-        assert_eq!((b.rule_id(), b.shape_key(), b.batch), ("bmm_rrr".to_string(), "128x512x2048x1024".to_string(), 128));
-        assert!(GemmProblem::from_rule("bmm_rrr", &[8, 16, 32], DType::F32).unwrap_err().contains("LxMxNxK"));
-        assert!(GemmProblem::from_rule("conv_rrr", &[8, 16, 32], DType::F32).unwrap_err().contains("use gemm_LAYOUT"));
+        assert_eq!(
+            (b.rule_id(), b.shape_key(), b.batch),
+            ("bmm_rrr".to_string(), "128x512x2048x1024".to_string(), 128)
+        );
+        assert!(GemmProblem::from_rule("bmm_rrr", &[8, 16, 32], DType::F32)
+            .unwrap_err()
+            .contains("LxMxNxK"));
+        assert!(GemmProblem::from_rule("conv_rrr", &[8, 16, 32], DType::F32)
+            .unwrap_err()
+            .contains("use gemm_LAYOUT"));
         assert!(GemmProblem::from_rule("gemm_rcr", &[0, 16, 32], DType::F32).is_err());
     }
 
@@ -478,23 +575,38 @@ mod tests {
                return (%y, %z)",
         );
         assert_eq!(m.len(), 2);
-        assert_eq!((m[0].origin, m[0].problem.rule_id(), m[0].problem.shape_key()), (GemmOrigin::Bmm, "bmm_rrr".into(), "128x512x2048x1024".into()));
-        assert_eq!((m[1].problem.batch, m[1].problem.m, m[1].problem.n, m[1].problem.k), (6, 8, 4, 16));
+        assert_eq!(
+            (
+                m[0].origin,
+                m[0].problem.rule_id(),
+                m[0].problem.shape_key()
+            ),
+            (
+                GemmOrigin::Bmm,
+                "bmm_rrr".into(),
+                "128x512x2048x1024".into()
+            )
+        );
+        assert_eq!(
+            (
+                m[1].problem.batch,
+                m[1].problem.m,
+                m[1].problem.n,
+                m[1].problem.k
+            ),
+            (6, 8, 4, 16)
+        );
     }
 
     #[test]
     fn unknown_and_unsupported_operands_do_not_match() {
-        assert!(one(
-            "graph(%a, %b: f32[16,4]):
+        assert!(one("graph(%a, %b: f32[16,4]):
                %y = aten::mm(%a, %b)
-               return (%y)"
-        )
+               return (%y)")
         .is_empty());
-        assert!(one(
-            "graph(%a: f64[8,16], %b: f64[16,4]):
+        assert!(one("graph(%a: f64[8,16], %b: f64[16,4]):
                %y = aten::mm(%a, %b) : f64[8,4]
-               return (%y)"
-        )
+               return (%y)")
         .is_empty());
     }
 
@@ -511,11 +623,19 @@ mod tests {
         };
         let (col_a, row_a) = ("f32[4096,2048]{1,4096}", "f32[4096,2048]");
         let (col_b, row_b) = ("f32[2048,4096]{1,2048}", "f32[2048,4096]");
-        for (a, b, rule) in [(row_a, row_b, "gemm_rrr"), (row_a, col_b, "gemm_rcr"), (col_a, row_b, "gemm_crr"), (col_a, col_b, "gemm_ccr")] {
+        for (a, b, rule) in [
+            (row_a, row_b, "gemm_rrr"),
+            (row_a, col_b, "gemm_rcr"),
+            (col_a, row_b, "gemm_crr"),
+            (col_a, col_b, "gemm_ccr"),
+        ] {
             let m = g(a, b);
             assert_eq!(m.len(), 1);
             let p = &m[0].problem;
-            assert_eq!((p.rule_id().as_str(), p.m, p.n, p.k), (rule, 4096, 4096, 2048));
+            assert_eq!(
+                (p.rule_id().as_str(), p.m, p.n, p.k),
+                (rule, 4096, 4096, 2048)
+            );
             assert!(m[0].copies.is_empty(), "{rule}: {:?}", m[0].copies);
         }
         // linear's B is wᵀ: a packed w is column-major, a transposed one row-major.
@@ -536,33 +656,42 @@ mod tests {
 
     #[test]
     fn batched_layouts_need_packed_batch_dims() {
-        let m = one(
-            "graph(%x: f32[4,64,32], %y: f32[4,64,16]):
+        let m = one("graph(%x: f32[4,64,32], %y: f32[4,64,16]):
                %a = aten::transpose(%x) : f32[4,32,64]{2048,1,32}
                %c = aten::bmm(%a, %y) : f32[4,32,16]
-               return (%c)",
+               return (%c)");
+        assert_eq!(
+            (m[0].problem.rule_id().as_str(), m[0].problem.batch),
+            ("bmm_crr", 4)
         );
-        assert_eq!((m[0].problem.rule_id().as_str(), m[0].problem.batch), ("bmm_crr", 4));
         // [B,H,M,K]·[B,H,K,N] with kᵀ from permute(0, 1, 3, 2): L = B·H, B column-major.
-        let m = one(
-            "graph(%q: f32[2,8,128,64], %k: f32[2,8,128,64]):
+        let m = one("graph(%q: f32[2,8,128,64], %k: f32[2,8,128,64]):
                %kt = aten::permute(%k) : f32[2,8,64,128]{65536,8192,1,64}
                %s = aten::matmul(%q, %kt) : f32[2,8,128,128]
-               return (%s)",
+               return (%s)");
+        assert_eq!(
+            (
+                m[0].problem.rule_id().as_str(),
+                m[0].problem.shape_key().as_str()
+            ),
+            ("bmm_rcr", "16x128x128x64")
         );
-        assert_eq!((m[0].problem.rule_id().as_str(), m[0].problem.shape_key().as_str()), ("bmm_rcr", "16x128x128x64"));
         assert!(m[0].copies.is_empty());
         // Heads split from a [B,S,H,D] tensor: batch dims interleave with the matrix dims, no
         // layout fits and the match says the op copies the operand.
-        let m = one(
-            "graph(%q: f32[2,128,8,64], %k: f32[2,8,64,128]):
+        let m = one("graph(%q: f32[2,128,8,64], %k: f32[2,8,64,128]):
                %qh = aten::permute(%q) : f32[2,8,128,64]{65536,64,512,1}
                %s = aten::matmul(%qh, %k) : f32[2,8,128,128]
-               return (%s)",
-        );
+               return (%s)");
         assert_eq!(m[0].problem.rule_id(), "bmm_rrr");
         assert_eq!(m[0].copies.len(), 1);
-        assert!(m[0].copies[0].starts_with("a f32[2, 8, 128, 64] with strides [65536, 64, 512, 1] fits no layout"), "{}", m[0].copies[0]);
+        assert!(
+            m[0].copies[0].starts_with(
+                "a f32[2, 8, 128, 64] with strides [65536, 64, 512, 1] fits no layout"
+            ),
+            "{}",
+            m[0].copies[0]
+        );
     }
 
     #[test]
@@ -577,32 +706,46 @@ mod tests {
             assert_eq!(m.len(), 1, "{b}");
             let p = &m[0].problem;
             assert_eq!((p.batch, p.m, p.n, p.k), (1, 16, 4, 16), "{b}");
-            let want = if b.contains('{') { "gemm_rcr" } else { "gemm_rrr" };
+            let want = if b.contains('{') {
+                "gemm_rcr"
+            } else {
+                "gemm_rrr"
+            };
             assert_eq!(p.rule_id(), want);
         }
         // A column-major a cannot fold its batch into M: copied, and the plan says why.
-        let m = one(
-            "graph(%a: f32[2,8,16]{128,1,8}, %b: f32[16,4]):
+        let m = one("graph(%a: f32[2,8,16]{128,1,8}, %b: f32[16,4]):
                %y = aten::matmul(%a, %b) : f32[2,8,4]
-               return (%y)",
-        );
+               return (%y)");
         assert_eq!(m[0].problem.rule_id(), "gemm_rrr");
-        assert!(m[0].copies[0].contains("leading dims fold into M only when it is row-major"), "{:?}", m[0].copies);
-        // ... unless its leading dims are all 1.
-        let m = one(
-            "graph(%a: f32[1,8,16]{128,1,8}, %b: f32[16,4]):
-               %y = aten::matmul(%a, %b) : f32[1,8,4]
-               return (%y)",
+        assert!(
+            m[0].copies[0].contains("leading dims fold into M only when it is row-major"),
+            "{:?}",
+            m[0].copies
         );
-        assert_eq!((m[0].problem.rule_id().as_str(), m[0].copies.len()), ("gemm_crr", 0));
+        // ... unless its leading dims are all 1.
+        let m = one("graph(%a: f32[1,8,16]{128,1,8}, %b: f32[16,4]):
+               %y = aten::matmul(%a, %b) : f32[1,8,4]
+               return (%y)");
+        assert_eq!(
+            (m[0].problem.rule_id().as_str(), m[0].copies.len()),
+            ("gemm_crr", 0)
+        );
         // Other broadcasts (a broadcast over b's batch, mixed batch dims) are not matched.
-        for (a, b) in [("f32[8,16]", "f32[1,16,4]"), ("f32[2,8,16]", "f32[2,1,16,4]"), ("f32[2,3,8,16]", "f32[3,16,4]")] {
-            assert!(one(&format!(
-                "graph(%a: {a}, %b: {b}):
+        for (a, b) in [
+            ("f32[8,16]", "f32[1,16,4]"),
+            ("f32[2,8,16]", "f32[2,1,16,4]"),
+            ("f32[2,3,8,16]", "f32[3,16,4]"),
+        ] {
+            assert!(
+                one(&format!(
+                    "graph(%a: {a}, %b: {b}):
                    %y = aten::matmul(%a, %b)
                    return (%y)"
-            ))
-            .is_empty(), "{a} {b}");
+                ))
+                .is_empty(),
+                "{a} {b}"
+            );
         }
     }
 
@@ -611,12 +754,33 @@ mod tests {
         for l in GemmLayout::ALL {
             assert_eq!(GemmLayout::parse(l.short_name()), Some(l));
             assert_eq!(GemmLayout::of(l.a(), l.b()), l);
-            let p = GemmProblem::from_rule(&format!("bmm_{}", l.short_name()), &[4, 8, 16, 32], DType::F32).unwrap();
+            let p = GemmProblem::from_rule(
+                &format!("bmm_{}", l.short_name()),
+                &[4, 8, 16, 32],
+                DType::F32,
+            )
+            .unwrap();
             assert_eq!(p.rule_id(), format!("bmm_{}", l.short_name()));
         }
         // The transposed problem: CUTLASS's A is Bᵀ, its B is aᵀ.
-        assert_eq!((GemmLayout::Crr.cutlass_layout_a(), GemmLayout::Crr.cutlass_layout_b()), ("cutlass::layout::ColumnMajor", "cutlass::layout::RowMajor"));
-        assert_eq!((GemmLayout::Ccr.cutlass_layout_a(), GemmLayout::Ccr.cutlass_layout_b()), ("cutlass::layout::RowMajor", "cutlass::layout::RowMajor"));
-        assert!(GemmProblem::from_rule("bmm_crr_bias", &[4, 8, 16, 32], DType::F32).unwrap_err().contains("no bias"));
+        assert_eq!(
+            (
+                GemmLayout::Crr.cutlass_layout_a(),
+                GemmLayout::Crr.cutlass_layout_b()
+            ),
+            ("cutlass::layout::ColumnMajor", "cutlass::layout::RowMajor")
+        );
+        assert_eq!(
+            (
+                GemmLayout::Ccr.cutlass_layout_a(),
+                GemmLayout::Ccr.cutlass_layout_b()
+            ),
+            ("cutlass::layout::RowMajor", "cutlass::layout::RowMajor")
+        );
+        assert!(
+            GemmProblem::from_rule("bmm_crr_bias", &[4, 8, 16, 32], DType::F32)
+                .unwrap_err()
+                .contains("no bias")
+        );
     }
 }

@@ -82,7 +82,11 @@ pub enum PatternKind {
 }
 
 impl PatternKind {
-    pub const ALL: [PatternKind; 3] = [PatternKind::Gemm, PatternKind::Epilogue, PatternKind::Attention];
+    pub const ALL: [PatternKind; 3] = [
+        PatternKind::Gemm,
+        PatternKind::Epilogue,
+        PatternKind::Attention,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -102,10 +106,16 @@ impl std::fmt::Display for PatternKind {
 impl std::str::FromStr for PatternKind {
     type Err = String;
     fn from_str(s: &str) -> Result<PatternKind, String> {
-        PatternKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
-            let names: Vec<&str> = PatternKind::ALL.iter().map(|k| k.name()).collect();
-            format!("unknown pattern kind '{s}': use one of {}", names.join(", "))
-        })
+        PatternKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = PatternKind::ALL.iter().map(|k| k.name()).collect();
+                format!(
+                    "unknown pattern kind '{s}': use one of {}",
+                    names.join(", ")
+                )
+            })
     }
 }
 
@@ -135,7 +145,10 @@ pub struct Patterns {
 /// and the other GEMM stays plain. An epilogue reaching into an attention pattern is cut.
 pub fn match_patterns(g: &Graph) -> Patterns {
     let attention = match_attention(g);
-    let mut claimed: std::collections::BTreeSet<usize> = attention.iter().flat_map(|a| a.nodes.iter().copied()).collect();
+    let mut claimed: std::collections::BTreeSet<usize> = attention
+        .iter()
+        .flat_map(|a| a.nodes.iter().copied())
+        .collect();
     let mut matches: Vec<GemmMatch> = match_gemms(g)
         .into_iter()
         .filter(|m| !claimed.contains(&m.node))
@@ -147,19 +160,32 @@ pub fn match_patterns(g: &Graph) -> Patterns {
             m
         })
         .collect();
-    let gain = |m: &GemmMatch| m.epilogue.as_ref().map_or(0.0, |e| e.nodes.len() as f64 * (m.problem.batch * m.problem.m * m.problem.n) as f64);
+    let gain = |m: &GemmMatch| {
+        m.epilogue.as_ref().map_or(0.0, |e| {
+            e.nodes.len() as f64 * (m.problem.batch * m.problem.m * m.problem.n) as f64
+        })
+    };
     let mut order: Vec<usize> = (0..matches.len()).collect();
-    order.sort_by(|&a, &b| gain(&matches[b]).total_cmp(&gain(&matches[a])).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        gain(&matches[b])
+            .total_cmp(&gain(&matches[a]))
+            .then(a.cmp(&b))
+    });
     claimed.extend(matches.iter().map(|m| m.node));
     for i in order {
-        let Some(e) = &matches[i].epilogue else { continue };
+        let Some(e) = &matches[i].epilogue else {
+            continue;
+        };
         if e.nodes.iter().any(|n| claimed.contains(n)) {
             matches[i] = matches[i].plain();
         } else {
             claimed.extend(e.nodes.iter().copied());
         }
     }
-    Patterns { gemm: matches, attention }
+    Patterns {
+        gemm: matches,
+        attention,
+    }
 }
 
 #[cfg(test)]
@@ -171,8 +197,20 @@ mod tests {
         for k in PatternKind::ALL {
             assert_eq!(k.name().parse::<PatternKind>().unwrap(), k);
         }
-        assert!("layernorm".parse::<PatternKind>().unwrap_err().contains("use one of gemm, epilogue, attention"));
-        let mut p = GemmProblem { m: 8, n: 8, k: 8, layout: GemmLayout::Rcr, dtype: crate::types::DType::F32, bias: true, batch: 1, epilogue: None };
+        assert!("layernorm"
+            .parse::<PatternKind>()
+            .unwrap_err()
+            .contains("use one of gemm, epilogue, attention"));
+        let mut p = GemmProblem {
+            m: 8,
+            n: 8,
+            k: 8,
+            layout: GemmLayout::Rcr,
+            dtype: crate::types::DType::F32,
+            bias: true,
+            batch: 1,
+            epilogue: None,
+        };
         assert_eq!(Problem::Gemm(p.clone()).kind(), PatternKind::Gemm);
         p.epilogue = Some(Epilogue::parse("leaves=;v1=relu(v0)").unwrap());
         assert_eq!(Problem::Gemm(p).kind(), PatternKind::Epilogue);
@@ -196,7 +234,10 @@ mod tests {
         assert_eq!(m.len(), 2);
         // The second linear's pattern (relu, add) fuses more than the first's (add): it wins.
         assert!(m[0].epilogue.is_none() && m[0].problem.epilogue.is_none());
-        assert_eq!(m[1].epilogue.as_ref().unwrap().epilogue.text(), "leaves=full;v1=relu(v0);v2=add(l0,v1)");
+        assert_eq!(
+            m[1].epilogue.as_ref().unwrap().epilogue.text(),
+            "leaves=full;v1=relu(v0);v2=add(l0,v1)"
+        );
         let mut nodes: Vec<usize> = m.iter().flat_map(GemmMatch::nodes).collect();
         let n = nodes.len();
         nodes.sort();

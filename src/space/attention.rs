@@ -37,7 +37,10 @@ pub enum AttentionFamily {
     #[default]
     Sm80,
     /// examples/88 (templates/sm90_fmha.cu.hbs): the schedule and the mask are compiled in.
-    Sm90 { schedule: Sm90Schedule, causal: bool },
+    Sm90 {
+        schedule: Sm90Schedule,
+        causal: bool,
+    },
 }
 
 impl AttentionFamily {
@@ -103,7 +106,11 @@ impl AttentionSpec {
         match self.family {
             AttentionFamily::Sm80 => format!("sm80_fmha_{base}"),
             AttentionFamily::Sm90 { schedule, causal } => {
-                format!("sm90_fmha_{base}_{}_{}", schedule.short_name(), if causal { "causal" } else { "full" })
+                format!(
+                    "sm90_fmha_{base}_{}_{}",
+                    schedule.short_name(),
+                    if causal { "causal" } else { "full" }
+                )
             }
         }
     }
@@ -123,7 +130,10 @@ impl AttentionSpec {
         match self.family {
             AttentionFamily::Sm80 => self.sm80_invalid_reason(),
             AttentionFamily::Sm90 { schedule, .. } => {
-                if !matches!((self.dtype, self.math), (DType::Bf16, MathType::Bf16) | (DType::F16, MathType::F16)) {
+                if !matches!(
+                    (self.dtype, self.math),
+                    (DType::Bf16, MathType::Bf16) | (DType::F16, MathType::F16)
+                ) {
                     // The P·V product would need P in tf32 operand order and V K-major.
                     return Some(format!("{}: the sm90 attention kernel computes bf16 or fp16 tensors only; fp32 runs on sm80_fmha", self.name()));
                 }
@@ -142,20 +152,37 @@ impl AttentionSpec {
     fn sm80_invalid_reason(&self) -> Option<String> {
         let (q, k) = (self.queries_per_block, self.keys_per_block);
         if q % 32 != 0 || k % 32 != 0 || q == 0 || k == 0 {
-            return Some(format!("{}: query and key blocks must be multiples of 32", self.name()));
+            return Some(format!(
+                "{}: query and key blocks must be multiples of 32",
+                self.name()
+            ));
         }
         if self.warps() > 16 {
-            return Some(format!("{}: {} warps per CTA, at most 16", self.name(), self.warps()));
+            return Some(format!(
+                "{}: {} warps per CTA, at most 16",
+                self.name(),
+                self.warps()
+            ));
         }
         if !self.max_k.is_multiple_of(32) || self.max_k == 0 {
-            return Some(format!("{}: the head-dim bound must be a multiple of 32", self.name()));
+            return Some(format!(
+                "{}: the head-dim bound must be a multiple of 32",
+                self.name()
+            ));
         }
         let fits_math = matches!(
             (self.dtype, self.math),
-            (DType::F32, MathType::Tf32 | MathType::Tf32x3) | (DType::Bf16, MathType::Bf16) | (DType::F16, MathType::F16)
+            (DType::F32, MathType::Tf32 | MathType::Tf32x3)
+                | (DType::Bf16, MathType::Bf16)
+                | (DType::F16, MathType::F16)
         );
         if !fits_math {
-            return Some(format!("{}: no attention kernel computes {} tensors with {} math", self.name(), self.dtype, self.math.short_name()));
+            return Some(format!(
+                "{}: no attention kernel computes {} tensors with {} math",
+                self.name(),
+                self.dtype,
+                self.math.short_name()
+            ));
         }
         None
     }
@@ -164,7 +191,8 @@ impl AttentionSpec {
     /// count; strides and alignment are checked per call).
     pub fn fits(&self, p: &AttentionProblem) -> bool {
         let align = 16 / self.dtype.bytes() as i64;
-        let head = p.dtype == self.dtype && p.head_dim as u32 <= self.max_k && p.head_dim % align == 0;
+        let head =
+            p.dtype == self.dtype && p.head_dim as u32 <= self.max_k && p.head_dim % align == 0;
         match self.family {
             AttentionFamily::Sm80 => head,
             // examples/88's can_implement asks Tq % 8 == 0; its causal mask sees padded keys when
@@ -184,15 +212,17 @@ pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Atten
     sm90_shapes(p)
         .into_iter()
         .chain(sm80_shapes(p))
-        .map(|(queries_per_block, keys_per_block, max_k, family)| AttentionSpec {
-            arch,
-            dtype: p.dtype,
-            math,
-            queries_per_block,
-            keys_per_block,
-            max_k,
-            family,
-        })
+        .map(
+            |(queries_per_block, keys_per_block, max_k, family)| AttentionSpec {
+                arch,
+                dtype: p.dtype,
+                math,
+                queries_per_block,
+                keys_per_block,
+                max_k,
+                family,
+            },
+        )
         .filter(|s| s.invalid_reason().is_none() && s.fits(p))
         .collect()
 }
@@ -201,7 +231,12 @@ pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Atten
 type Shape = (u32, u32, u32, AttentionFamily);
 
 fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
-    let Some(tile) = [32u32, 64, 128].into_iter().find(|&t| p.head_dim as u32 <= t) else { return vec![] };
+    let Some(tile) = [32u32, 64, 128]
+        .into_iter()
+        .find(|&t| p.head_dim as u32 <= t)
+    else {
+        return vec![];
+    };
     let tiles: &[u32] = match tile {
         32 => &[32, 64],
         128 if p.head_dim <= 96 => &[128, 96],
@@ -209,7 +244,19 @@ fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
     };
     tiles
         .iter()
-        .flat_map(|&max_k| sm90_tiles(max_k).iter().map(move |&(q, k, schedule)| (q, k, max_k, AttentionFamily::Sm90 { schedule, causal: p.causal })))
+        .flat_map(|&max_k| {
+            sm90_tiles(max_k).iter().map(move |&(q, k, schedule)| {
+                (
+                    q,
+                    k,
+                    max_k,
+                    AttentionFamily::Sm90 {
+                        schedule,
+                        causal: p.causal,
+                    },
+                )
+            })
+        })
         .collect()
 }
 
@@ -218,7 +265,9 @@ fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
 /// those bounds (GPT's 96) also the tight bound (the next multiple of 32), whose smaller
 /// shared-memory stages may fit more CTAs on an SM.
 fn sm80_shapes(p: &AttentionProblem) -> Vec<Shape> {
-    let max_k = [64u32, 128, 256].into_iter().find(|&b| p.head_dim as u32 <= b);
+    let max_k = [64u32, 128, 256]
+        .into_iter()
+        .find(|&b| p.head_dim as u32 <= b);
     let Some(max_k) = max_k else { return vec![] };
     let blocks: &[(u32, u32)] = match max_k {
         64 => &[(64, 64), (32, 64), (128, 64), (64, 128), (32, 128)],
@@ -226,11 +275,19 @@ fn sm80_shapes(p: &AttentionProblem) -> Vec<Shape> {
         _ => &[(32, 128), (64, 128), (64, 64)],
     };
     let tight = (p.head_dim as u32).div_ceil(32) * 32;
-    let tight_blocks: &[(u32, u32)] = if tight < max_k && tight > 64 { &[(32, 128), (64, 128)] } else { &[] };
+    let tight_blocks: &[(u32, u32)] = if tight < max_k && tight > 64 {
+        &[(32, 128), (64, 128)]
+    } else {
+        &[]
+    };
     blocks
         .iter()
         .map(|&(q, k)| (q, k, max_k, AttentionFamily::Sm80))
-        .chain(tight_blocks.iter().map(|&(q, k)| (q, k, tight, AttentionFamily::Sm80)))
+        .chain(
+            tight_blocks
+                .iter()
+                .map(|&(q, k)| (q, k, tight, AttentionFamily::Sm80)),
+        )
         .collect()
 }
 
@@ -239,26 +296,53 @@ mod tests {
     use super::*;
 
     fn problem(d: i64, dtype: DType) -> AttentionProblem {
-        AttentionProblem { origin: crate::rules::attention::AttentionOrigin::Explicit, batch: 128, heads: 8, seq_q: 512, seq_k: 512, head_dim: d, dtype, causal: true }
+        AttentionProblem {
+            origin: crate::rules::attention::AttentionOrigin::Explicit,
+            batch: 128,
+            heads: 8,
+            seq_q: 512,
+            seq_k: 512,
+            head_dim: d,
+            dtype,
+            causal: true,
+        }
     }
 
     fn names(c: &[AttentionSpec], family: &str) -> Vec<String> {
-        c.iter().map(AttentionSpec::name).filter(|n| n.starts_with(family)).collect()
+        c.iter()
+            .map(AttentionSpec::name)
+            .filter(|n| n.starts_with(family))
+            .collect()
     }
 
     #[test]
     fn bf16_and_f16_get_both_families_sm90_first() {
-        for (d, tiles) in [(64, &["q128_k64_d64"][..]), (96, &["q128_k128_d128", "q128_k128_d96"][..]), (128, &["q128_k128_d128"][..])] {
+        for (d, tiles) in [
+            (64, &["q128_k64_d64"][..]),
+            (96, &["q128_k128_d128", "q128_k128_d96"][..]),
+            (128, &["q128_k128_d128"][..]),
+        ] {
             for causal in [true, false] {
-                let p = AttentionProblem { causal, ..problem(d, DType::Bf16) };
+                let p = AttentionProblem {
+                    causal,
+                    ..problem(d, DType::Bf16)
+                };
                 let c = candidates(&p, MathType::Bf16, Arch::Sm90);
                 let mask = if causal { "causal" } else { "full" };
                 let want: Vec<String> = tiles
                     .iter()
-                    .flat_map(|t| [format!("sm90_fmha_bf16_bf16_{t}_coop_{mask}"), format!("sm90_fmha_bf16_bf16_{t}_pingpong_{mask}")])
+                    .flat_map(|t| {
+                        [
+                            format!("sm90_fmha_bf16_bf16_{t}_coop_{mask}"),
+                            format!("sm90_fmha_bf16_bf16_{t}_pingpong_{mask}"),
+                        ]
+                    })
                     .collect();
                 assert_eq!(names(&c, "sm90"), want, "d {d} causal {causal}");
-                assert!(c[0].name().starts_with("sm90_"), "sm90 kernels come first (a truncated sweep keeps them)");
+                assert!(
+                    c[0].name().starts_with("sm90_"),
+                    "sm90 kernels come first (a truncated sweep keeps them)"
+                );
                 assert!(!names(&c, "sm80").is_empty());
                 assert!(c.iter().all(|s| s.invalid_reason().is_none() && s.fits(&p)));
             }
@@ -266,30 +350,62 @@ mod tests {
         let c = candidates(&problem(64, DType::F16), MathType::F16, Arch::Sm90);
         assert_eq!(c[0].name(), "sm90_fmha_f16_f16_q128_k64_d64_coop_causal");
         // Head dims up to 32 also try the 64 tile.
-        assert_eq!(names(&candidates(&problem(32, DType::Bf16), MathType::Bf16, Arch::Sm90), "sm90").len(), 3);
+        assert_eq!(
+            names(
+                &candidates(&problem(32, DType::Bf16), MathType::Bf16, Arch::Sm90),
+                "sm90"
+            )
+            .len(),
+            3
+        );
     }
 
     #[test]
     fn sm90_is_not_a_candidate_where_it_cannot_run() {
-        assert!(names(&candidates(&problem(64, DType::F32), MathType::Tf32, Arch::Sm90), "sm90").is_empty());
-        assert!(names(&candidates(&problem(64, DType::F32), MathType::Tf32x3, Arch::Sm90), "sm90").is_empty());
+        assert!(names(
+            &candidates(&problem(64, DType::F32), MathType::Tf32, Arch::Sm90),
+            "sm90"
+        )
+        .is_empty());
+        assert!(names(
+            &candidates(&problem(64, DType::F32), MathType::Tf32x3, Arch::Sm90),
+            "sm90"
+        )
+        .is_empty());
         // Past the 128 tile, only sm80 (up to 256).
         let c = candidates(&problem(192, DType::Bf16), MathType::Bf16, Arch::Sm90);
         assert!(names(&c, "sm90").is_empty() && !names(&c, "sm80").is_empty());
         // A query count that is not a multiple of 8 (CUTLASS's can_implement), and T = 1.
         for t in [77, 1] {
-            let p = AttentionProblem { seq_q: t, seq_k: t, ..problem(64, DType::Bf16) };
+            let p = AttentionProblem {
+                seq_q: t,
+                seq_k: t,
+                ..problem(64, DType::Bf16)
+            };
             let c = candidates(&p, MathType::Bf16, Arch::Sm90);
-            assert!(names(&c, "sm90").is_empty() && !names(&c, "sm80").is_empty(), "T {t}");
+            assert!(
+                names(&c, "sm90").is_empty() && !names(&c, "sm80").is_empty(),
+                "T {t}"
+            );
         }
         // Causal with more queries than keys would let late queries see padded keys.
-        let p = AttentionProblem { seq_q: 512, seq_k: 256, ..problem(64, DType::Bf16) };
+        let p = AttentionProblem {
+            seq_q: 512,
+            seq_k: 256,
+            ..problem(64, DType::Bf16)
+        };
         assert!(names(&candidates(&p, MathType::Bf16, Arch::Sm90), "sm90").is_empty());
         let p = AttentionProblem { causal: false, ..p };
-        assert_eq!(names(&candidates(&p, MathType::Bf16, Arch::Sm90), "sm90").len(), 2);
+        assert_eq!(
+            names(&candidates(&p, MathType::Bf16, Arch::Sm90), "sm90").len(),
+            2
+        );
         // A kernel built for one mask does not fit the other.
         let causal = &candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90)[0];
-        assert!(!causal.fits(&AttentionProblem { causal: false, ..problem(64, DType::Bf16) }));
+        assert!(!causal.fits(&AttentionProblem {
+            causal: false,
+            ..problem(64, DType::Bf16)
+        }));
     }
 
     #[test]
@@ -298,12 +414,21 @@ mod tests {
         let a: AttentionSpec = serde_json::from_str(old).unwrap();
         assert_eq!(a.family, AttentionFamily::Sm80);
         assert_eq!(a.name(), "sm80_fmha_tf32_f32_q32_k128_d96");
-        assert_eq!(serde_json::to_string(&a).unwrap(), old, "sm80 specs serialize as before");
+        assert_eq!(
+            serde_json::to_string(&a).unwrap(),
+            old,
+            "sm80 specs serialize as before"
+        );
         let s = candidates(&problem(96, DType::Bf16), MathType::Bf16, Arch::Sm90).remove(0);
-        let back: AttentionSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        let back: AttentionSpec =
+            serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
-        let spec: crate::space::Spec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
-        assert_eq!(spec.name(), "sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal");
+        let spec: crate::space::Spec =
+            serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(
+            spec.name(),
+            "sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal"
+        );
     }
 
     #[test]
@@ -311,27 +436,82 @@ mod tests {
         let c = candidates(&problem(96, DType::F32), MathType::Tf32, Arch::Sm90);
         assert_eq!(c[0].name(), "sm80_fmha_tf32_f32_q32_k128_d128");
         assert!(c.iter().all(|s| s.invalid_reason().is_none()));
-        assert_eq!(c.iter().filter(|s| s.max_k == 96).map(AttentionSpec::name).collect::<Vec<_>>(), ["sm80_fmha_tf32_f32_q32_k128_d96", "sm80_fmha_tf32_f32_q64_k128_d96"]);
-        let c: Vec<AttentionSpec> = candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90).into_iter().filter(|s| s.family == AttentionFamily::Sm80).collect();
+        assert_eq!(
+            c.iter()
+                .filter(|s| s.max_k == 96)
+                .map(AttentionSpec::name)
+                .collect::<Vec<_>>(),
+            [
+                "sm80_fmha_tf32_f32_q32_k128_d96",
+                "sm80_fmha_tf32_f32_q64_k128_d96"
+            ]
+        );
+        let c: Vec<AttentionSpec> =
+            candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90)
+                .into_iter()
+                .filter(|s| s.family == AttentionFamily::Sm80)
+                .collect();
         assert_eq!(c[0].name(), "sm80_fmha_bf16_bf16_q64_k64_d64");
         assert!(c.iter().all(|s| s.single_value_pass()));
-        assert!(candidates(&problem(512, DType::F32), MathType::Tf32, Arch::Sm90).is_empty(), "head dims past 256 have no kernel");
+        assert!(
+            candidates(&problem(512, DType::F32), MathType::Tf32, Arch::Sm90).is_empty(),
+            "head dims past 256 have no kernel"
+        );
         // A head dim the 16-byte loads cannot take is no fit.
         assert!(candidates(&problem(36, DType::Bf16), MathType::Bf16, Arch::Sm90).is_empty());
     }
 
     #[test]
     fn invalid_instantiations_say_why() {
-        let s = AttentionSpec { arch: Arch::Sm90, dtype: DType::F32, math: MathType::Bf16, queries_per_block: 64, keys_per_block: 64, max_k: 64, family: AttentionFamily::Sm80 };
-        assert!(s.invalid_reason().unwrap().contains("no attention kernel computes f32"));
-        let s = AttentionSpec { math: MathType::Tf32, queries_per_block: 256, keys_per_block: 128, ..s };
+        let s = AttentionSpec {
+            arch: Arch::Sm90,
+            dtype: DType::F32,
+            math: MathType::Bf16,
+            queries_per_block: 64,
+            keys_per_block: 64,
+            max_k: 64,
+            family: AttentionFamily::Sm80,
+        };
+        assert!(s
+            .invalid_reason()
+            .unwrap()
+            .contains("no attention kernel computes f32"));
+        let s = AttentionSpec {
+            math: MathType::Tf32,
+            queries_per_block: 256,
+            keys_per_block: 128,
+            ..s
+        };
         assert!(s.invalid_reason().unwrap().contains("32 warps"));
-        let s = AttentionSpec { queries_per_block: 48, ..s };
+        let s = AttentionSpec {
+            queries_per_block: 48,
+            ..s
+        };
         assert!(s.invalid_reason().unwrap().contains("multiples of 32"));
-        let sm90 = AttentionFamily::Sm90 { schedule: Sm90Schedule::Cooperative, causal: true };
-        let s = AttentionSpec { math: MathType::Tf32, queries_per_block: 128, keys_per_block: 64, family: sm90, ..s };
-        assert!(s.invalid_reason().unwrap().contains("bf16 or fp16 tensors only; fp32 runs on sm80_fmha"));
-        let s = AttentionSpec { dtype: DType::Bf16, math: MathType::Bf16, keys_per_block: 32, ..s };
-        assert!(s.invalid_reason().unwrap().contains("not an instantiation of examples/88"));
+        let sm90 = AttentionFamily::Sm90 {
+            schedule: Sm90Schedule::Cooperative,
+            causal: true,
+        };
+        let s = AttentionSpec {
+            math: MathType::Tf32,
+            queries_per_block: 128,
+            keys_per_block: 64,
+            family: sm90,
+            ..s
+        };
+        assert!(s
+            .invalid_reason()
+            .unwrap()
+            .contains("bf16 or fp16 tensors only; fp32 runs on sm80_fmha"));
+        let s = AttentionSpec {
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            keys_per_block: 32,
+            ..s
+        };
+        assert!(s
+            .invalid_reason()
+            .unwrap()
+            .contains("not an instantiation of examples/88"));
     }
 }

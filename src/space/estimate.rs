@@ -53,14 +53,21 @@ fn sm_rate(k: &KernelSpec) -> f64 {
         rate *= 0.75;
     }
     let load_bytes = k.gemm_align() * k.operand_bytes();
-    rate *= NARROW_LOAD_RATE.iter().find(|(b, _)| *b == load_bytes).map_or(1.0, |(_, f)| *f);
+    rate *= NARROW_LOAD_RATE
+        .iter()
+        .find(|(b, _)| *b == load_bytes)
+        .map_or(1.0, |(_, f)| *f);
     if k.schedule.is_cpasync() {
         rate *= CPASYNC_RATE;
     }
     if k.family.is_sm90() {
         // Accumulators per consumer thread: cooperative tiles are shared by two warpgroups, the
         // others held by one. Past 128 fp32 registers of accumulators the mainloop spills.
-        let threads = if k.schedule.is_cooperative() { 256 } else { 128 };
+        let threads = if k.schedule.is_cooperative() {
+            256
+        } else {
+            128
+        };
         if k.tile[0] * k.tile[1] / threads > 128 {
             rate *= 0.1;
         }
@@ -98,7 +105,8 @@ pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
     // Split families: one pass reading both fp32 operands and writing their two parts, then a
     // GEMM over K and one over 2K that reads the output back (templates/sm90_gemm_x3.cu.hbs).
     let (m, n, kk, b) = (p.m as f64, p.n as f64, p.k as f64, p.batch as f64);
-    let mut split = (m * kk + kk * n) * b * (4.0 + 2.0 * k.operand_bytes() as f64) / (DRAM_TBPS * 1e12) * 1e3;
+    let mut split =
+        (m * kk + kk * n) * b * (4.0 + 2.0 * k.operand_bytes() as f64) / (DRAM_TBPS * 1e12) * 1e3;
     let mut gemm_p = p.clone();
     let mut copy_out = 0.0;
     if k.is_padded_split() {
@@ -106,14 +114,26 @@ pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
         // and one more pass (read and write).
         let part = (16 / k.operand_bytes()) as i64;
         let pad = |v: i64| (v + part - 1) / part * part;
-        gemm_p = GemmProblem { n: pad(p.n), k: pad(p.k), ..p.clone() };
+        gemm_p = GemmProblem {
+            n: pad(p.n),
+            k: pad(p.k),
+            ..p.clone()
+        };
         split /= PADDED_SPLIT_EFFICIENCY;
         if p.n % 4 != 0 {
             copy_out = 2.0 * m * n * b * 4.0 / (DRAM_TBPS * 1e12) * 1e3 + LAUNCH_MS;
         }
     }
-    let deep = GemmProblem { k: 2 * gemm_p.k, ..gemm_p.clone() };
-    split + pass_ms(k, &gemm_p, false) + pass_ms(k, &deep, true) + 3.0 * LAUNCH_MS + SPLIT_FIXED_MS + copy_out
+    let deep = GemmProblem {
+        k: 2 * gemm_p.k,
+        ..gemm_p.clone()
+    };
+    split
+        + pass_ms(k, &gemm_p, false)
+        + pass_ms(k, &deep, true)
+        + 3.0 * LAUNCH_MS
+        + SPLIT_FIXED_MS
+        + copy_out
 }
 
 /// One GEMM over the kernel's operands; `accumulate` reads the output back (beta = 1).
@@ -155,7 +175,18 @@ pub fn split_choices(k: &KernelSpec, p: &GemmProblem) -> Vec<u32> {
     let mut scored: Vec<(f64, u32)> = [2u32, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
         .into_iter()
         .filter(|&s| t * s as f64 <= 2.0 * SMS && p.k as f64 / s as f64 >= 8.0 * k.tile[2] as f64)
-        .map(|s| (estimate_ms(&k.with_knobs(Knobs { splits: s, ..k.knobs }), p), s))
+        .map(|s| {
+            (
+                estimate_ms(
+                    &k.with_knobs(Knobs {
+                        splits: s,
+                        ..k.knobs
+                    }),
+                    p,
+                ),
+                s,
+            )
+        })
         .collect();
     scored.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
     scored.into_iter().take(3).map(|(_, s)| s).collect()
@@ -165,13 +196,27 @@ pub fn split_choices(k: &KernelSpec, p: &GemmProblem) -> Vec<u32> {
 /// that would leave most SMs idle split K; everything else starts unsplit (sm90 Stream-K
 /// balances K by itself).
 pub fn with_best_splits(k: &KernelSpec, p: &GemmProblem) -> KernelSpec {
-    if k.family != Family::Sm80Gemm || k.scheduler != TileScheduler::Persistent || tiles(k, p) * 2.0 > SMS {
+    if k.family != Family::Sm80Gemm
+        || k.scheduler != TileScheduler::Persistent
+        || tiles(k, p) * 2.0 > SMS
+    {
         return k.clone();
     }
     let base = estimate_ms(k, p);
     match split_choices(k, p).first() {
-        Some(&s) if estimate_ms(&k.with_knobs(Knobs { splits: s, ..k.knobs }), p) < base => {
-            k.with_knobs(Knobs { splits: s, ..k.knobs })
+        Some(&s)
+            if estimate_ms(
+                &k.with_knobs(Knobs {
+                    splits: s,
+                    ..k.knobs
+                }),
+                p,
+            ) < base =>
+        {
+            k.with_knobs(Knobs {
+                splits: s,
+                ..k.knobs
+            })
         }
         _ => k.clone(),
     }
@@ -184,7 +229,16 @@ mod tests {
     use crate::types::{Arch, DType};
 
     fn problem(m: i64, n: i64, k: i64) -> GemmProblem {
-        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None }
+        GemmProblem {
+            m,
+            n,
+            k,
+            layout: GemmLayout::Rrr,
+            dtype: DType::F32,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        }
     }
 
     fn kernels(p: &GemmProblem) -> Vec<KernelSpec> {
@@ -195,7 +249,10 @@ mod tests {
     fn a_full_last_wave_beats_a_ragged_one() {
         // 4096² with 128x256 tiles is 512 tiles: 3.9 waves on 132 SMs; a problem one tile row
         // bigger in M' runs 528 tiles = exactly 4 waves, almost no slower.
-        let k = kernels(&problem(4096, 4096, 4096)).into_iter().find(|k| k.tile[..2] == [128, 256] && k.scheduler == TileScheduler::Persistent).unwrap();
+        let k = kernels(&problem(4096, 4096, 4096))
+            .into_iter()
+            .find(|k| k.tile[..2] == [128, 256] && k.scheduler == TileScheduler::Persistent)
+            .unwrap();
         let a = estimate_ms(&k, &problem(4096, 4096, 4096));
         let b = estimate_ms(&k, &problem(4096, 4096 + 128, 4096));
         assert!(b / a < 1.05, "{a} {b}");
@@ -208,12 +265,23 @@ mod tests {
     fn long_k_with_few_tiles_wants_k_splitting() {
         let p = problem(256, 256, 524288);
         let ks = kernels(&p);
-        let dp = ks.iter().find(|k| k.family == Family::Sm80Gemm && k.scheduler == TileScheduler::Persistent).unwrap();
+        let dp = ks
+            .iter()
+            .find(|k| k.family == Family::Sm80Gemm && k.scheduler == TileScheduler::Persistent)
+            .unwrap();
         let split = with_best_splits(dp, &p);
         assert!(split.knobs.splits > 1, "{}", split.name());
         assert!(estimate_ms(&split, &p) < estimate_ms(dp, &p) / 4.0);
-        let best = ks.iter().map(|k| with_best_splits(k, &p)).min_by(|a, b| estimate_ms(a, &p).partial_cmp(&estimate_ms(b, &p)).unwrap()).unwrap();
-        assert!(best.knobs.splits > 1 || best.scheduler == TileScheduler::StreamK, "{}", best.name());
+        let best = ks
+            .iter()
+            .map(|k| with_best_splits(k, &p))
+            .min_by(|a, b| estimate_ms(a, &p).partial_cmp(&estimate_ms(b, &p)).unwrap())
+            .unwrap();
+        assert!(
+            best.knobs.splits > 1 || best.scheduler == TileScheduler::StreamK,
+            "{}",
+            best.name()
+        );
     }
 
     #[test]
@@ -232,14 +300,30 @@ mod tests {
                 .unwrap()
         };
         assert!(estimate_ms(by_tile([64, 128]), &p) > estimate_ms(by_tile([128, 256]), &p));
-        let rcr = GemmProblem { layout: GemmLayout::Rcr, ..p.clone() };
+        let rcr = GemmProblem {
+            layout: GemmLayout::Rcr,
+            ..p.clone()
+        };
         let k = by_tile([128, 256]);
-        let k_rcr = KernelSpec { layout: GemmLayout::Rcr, ..k.clone() };
+        let k_rcr = KernelSpec {
+            layout: GemmLayout::Rcr,
+            ..k.clone()
+        };
         assert!(estimate_ms(&k_rcr, &rcr) < estimate_ms(k, &p));
         // Register pressure: a 128x256 tile on one warpgroup (ping-pong) spills; shared by two
         // (cooperative) it does not.
-        let spill = ks.iter().find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsPingpong).unwrap();
-        let coop = ks.iter().find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsCooperative && k.cluster == spill.cluster).unwrap();
+        let spill = ks
+            .iter()
+            .find(|k| k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsPingpong)
+            .unwrap();
+        let coop = ks
+            .iter()
+            .find(|k| {
+                k.tile[..2] == [128, 256]
+                    && k.schedule == KernelSchedule::WsCooperative
+                    && k.cluster == spill.cluster
+            })
+            .unwrap();
         assert!(estimate_ms(spill, &p) > 3.0 * estimate_ms(coop, &p));
     }
 
@@ -249,16 +333,55 @@ mod tests {
         // problem were ragged), sm80 at 4 and at 1.
         let p = problem(4096, 4096, 4096);
         let ragged = problem(4096, 4095, 4096);
-        let cp = Knowledge::shipped().kernels(&ragged, MathType::Tf32, Arch::Sm90).into_iter().find(|k| k.schedule == KernelSchedule::CpAsyncWsCooperative && k.tile == [128, 128, 32] && k.scheduler == TileScheduler::Persistent).unwrap();
-        let tma = kernels(&p).into_iter().find(|k| k.schedule == KernelSchedule::WsCooperative && k.tile == [128, 128, 32] && k.cluster == [1, 1, 1] && k.scheduler == TileScheduler::Persistent).unwrap_or_else(|| KernelSpec { schedule: KernelSchedule::WsCooperative, align: 4, epilogue: crate::space::EpilogueKind::Tma, ..cp.clone() });
-        assert!(estimate_ms(&cp, &p) > 1.3 * estimate_ms(&tma, &p), "{} vs {}", estimate_ms(&cp, &p), estimate_ms(&tma, &p));
-        let sm80 = kernels(&p).into_iter().find(|k| k.family == Family::Sm80Gemm && k.tile == [128, 128, 32]).unwrap();
-        let sm80_1 = KernelSpec { align: 1, ..sm80.clone() };
+        let cp = Knowledge::shipped()
+            .kernels(&ragged, MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .find(|k| {
+                k.schedule == KernelSchedule::CpAsyncWsCooperative
+                    && k.tile == [128, 128, 32]
+                    && k.scheduler == TileScheduler::Persistent
+            })
+            .unwrap();
+        let tma = kernels(&p)
+            .into_iter()
+            .find(|k| {
+                k.schedule == KernelSchedule::WsCooperative
+                    && k.tile == [128, 128, 32]
+                    && k.cluster == [1, 1, 1]
+                    && k.scheduler == TileScheduler::Persistent
+            })
+            .unwrap_or_else(|| KernelSpec {
+                schedule: KernelSchedule::WsCooperative,
+                align: 4,
+                epilogue: crate::space::EpilogueKind::Tma,
+                ..cp.clone()
+            });
+        assert!(
+            estimate_ms(&cp, &p) > 1.3 * estimate_ms(&tma, &p),
+            "{} vs {}",
+            estimate_ms(&cp, &p),
+            estimate_ms(&tma, &p)
+        );
+        let sm80 = kernels(&p)
+            .into_iter()
+            .find(|k| k.family == Family::Sm80Gemm && k.tile == [128, 128, 32])
+            .unwrap();
+        let sm80_1 = KernelSpec {
+            align: 1,
+            ..sm80.clone()
+        };
         assert!(estimate_ms(&sm80_1, &p) > 1.3 * estimate_ms(&sm80, &p));
         // The padded split pays its scalar pass and, for ragged rows, the copy out: a little, not
         // a family's worth.
-        let aligned = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90).into_iter().find(|k| k.family == Family::Sm90GemmBf16x3).unwrap();
-        let padded = KernelSpec { align: 1, ..aligned.clone() };
+        let aligned = Knowledge::shipped()
+            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == Family::Sm90GemmBf16x3)
+            .unwrap();
+        let padded = KernelSpec {
+            align: 1,
+            ..aligned.clone()
+        };
         let (a, b) = (estimate_ms(&aligned, &p), estimate_ms(&padded, &ragged));
         assert!(b > a && b < 1.15 * a, "{a} {b}");
     }
@@ -276,19 +399,46 @@ mod tests {
         };
         let p = problem(4096, 4096, 4096);
         let ks = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90);
-        let (b3, x3, sm80) = (best(Family::Sm90GemmBf16x3, &p), best(Family::Sm90GemmX3, &p), best(Family::Sm80Gemm, &p));
+        let (b3, x3, sm80) = (
+            best(Family::Sm90GemmBf16x3, &p),
+            best(Family::Sm90GemmX3, &p),
+            best(Family::Sm80Gemm, &p),
+        );
         assert!(b3 < x3 && x3 < sm80, "b3 {b3} x3 {x3} sm80 {sm80}");
         // Three tf32 GEMMs' worth of work (one over K, one over 2K) plus the split pass: above
         // three single tf32 GEMMs of the same tile on a K-major layout.
-        let x3k = ks.iter().find(|k| k.family == Family::Sm90GemmX3 && k.tile[..2] == [128, 256] && k.schedule == KernelSchedule::WsCooperative).unwrap();
-        let single = KernelSpec { family: Family::Sm90Gemm, math: MathType::Tf32, layout: GemmLayout::Rcr, ..x3k.clone() };
-        let rcr = GemmProblem { layout: GemmLayout::Rcr, ..p.clone() };
-        assert!(estimate_ms(x3k, &p) > 3.0 * estimate_ms(&single, &rcr), "{} vs {}", estimate_ms(x3k, &p), estimate_ms(&single, &rcr));
+        let x3k = ks
+            .iter()
+            .find(|k| {
+                k.family == Family::Sm90GemmX3
+                    && k.tile[..2] == [128, 256]
+                    && k.schedule == KernelSchedule::WsCooperative
+            })
+            .unwrap();
+        let single = KernelSpec {
+            family: Family::Sm90Gemm,
+            math: MathType::Tf32,
+            layout: GemmLayout::Rcr,
+            ..x3k.clone()
+        };
+        let rcr = GemmProblem {
+            layout: GemmLayout::Rcr,
+            ..p.clone()
+        };
+        assert!(
+            estimate_ms(x3k, &p) > 3.0 * estimate_ms(&single, &rcr),
+            "{} vs {}",
+            estimate_ms(x3k, &p),
+            estimate_ms(&single, &rcr)
+        );
         // On a small problem their fixed costs lose to sm80's in-register split (as measured).
         let small = problem(1000, 1016, 1032);
         assert!(best(Family::Sm80Gemm, &small) < best(Family::Sm90GemmBf16x3, &small));
         // The tf32 split writes K-major parts: an rrr problem costs no RS penalty.
-        let x3_rcr = KernelSpec { layout: GemmLayout::Rcr, ..x3k.clone() };
+        let x3_rcr = KernelSpec {
+            layout: GemmLayout::Rcr,
+            ..x3k.clone()
+        };
         assert!((estimate_ms(x3k, &p) - estimate_ms(&x3_rcr, &rcr)).abs() < 1e-9);
     }
 }

@@ -44,17 +44,25 @@ impl Index {
         let find = |r: &str| {
             self.entries
                 .iter()
-                .filter(|e| e.rule == r && e.arch == arch && math.is_none_or(|m| e.math.contains(&m)))
+                .filter(|e| {
+                    e.rule == r && e.arch == arch && math.is_none_or(|m| e.math.contains(&m))
+                })
                 .flat_map(|e| e.examples.clone())
                 .collect::<Vec<_>>()
         };
         let gemm = rule.replacen("bmm_", "gemm_", 1);
-        let found = [rule, gemm.as_str(), gemm.trim_end_matches("_bias")].into_iter().map(find).find(|e| !e.is_empty());
+        let found = [rule, gemm.as_str(), gemm.trim_end_matches("_bias")]
+            .into_iter()
+            .map(find)
+            .find(|e| !e.is_empty());
         found.unwrap_or_default()
     }
 
     /// Every path the index names.
     pub fn paths(&self) -> Vec<String> {
-        self.entries.iter().flat_map(|e| e.examples.iter().map(|x| x.path.clone())).collect()
+        self.entries
+            .iter()
+            .flat_map(|e| e.examples.iter().map(|x| x.path.clone()))
+            .collect()
     }
 }

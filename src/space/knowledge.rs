@@ -4,7 +4,9 @@
 //! installed CUTLASS again into the user's data folder, and that copy wins when its version
 //! matches the toolchain's.
 
-use super::{problem_alignment, EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
+use super::{
+    problem_alignment, EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler,
+};
 use crate::rules::{GemmLayout, GemmProblem, Major};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
@@ -68,7 +70,8 @@ pub fn cutlass_layouts(layout: GemmLayout) -> &'static str {
 
 impl Knowledge {
     pub fn parse(text: &str, origin: &str) -> Result<Knowledge, String> {
-        let mut kb: Knowledge = serde_json::from_str(text).map_err(|e| format!("{origin}: not a fact knowledge base: {e}"))?;
+        let mut kb: Knowledge = serde_json::from_str(text)
+            .map_err(|e| format!("{origin}: not a fact knowledge base: {e}"))?;
         if kb.format != FORMAT {
             return Err(format!(
                 "{origin}: knowledge format {} but this fact reads format {FORMAT}; run `fact knowledge refresh`",
@@ -82,17 +85,27 @@ impl Knowledge {
     /// The copy built into this binary (the pinned CUTLASS).
     pub fn shipped() -> &'static Knowledge {
         static KB: OnceLock<Knowledge> = OnceLock::new();
-        KB.get_or_init(|| Knowledge::parse(SHIPPED, "shipped knowledge/cutlass-4.2.0.0.json").expect("the shipped knowledge base parses"))
+        KB.get_or_init(|| {
+            Knowledge::parse(SHIPPED, "shipped knowledge/cutlass-4.2.0.0.json")
+                .expect("the shipped knowledge base parses")
+        })
     }
 
     /// The folder `fact knowledge refresh` writes to: $FACT_DATA_DIR, else $XDG_DATA_HOME/fact,
     /// else ~/.local/share/fact; plus knowledge/.
     pub fn user_dir() -> PathBuf {
-        let base = std::env::var_os("FACT_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| {
-            std::env::var_os("XDG_DATA_HOME")
-                .map(|d| PathBuf::from(d).join("fact"))
-                .unwrap_or_else(|| std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir).join(".local/share/fact"))
-        });
+        let base = std::env::var_os("FACT_DATA_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                std::env::var_os("XDG_DATA_HOME")
+                    .map(|d| PathBuf::from(d).join("fact"))
+                    .unwrap_or_else(|| {
+                        std::env::var_os("HOME")
+                            .map(PathBuf::from)
+                            .unwrap_or_else(std::env::temp_dir)
+                            .join(".local/share/fact")
+                    })
+            });
         base.join("knowledge")
     }
 
@@ -128,12 +141,16 @@ impl Knowledge {
     }
 
     pub fn read(path: &Path) -> Result<Knowledge, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         Knowledge::parse(&text, &path.display().to_string())
     }
 
     pub fn describe(&self) -> String {
-        format!("CUTLASS {} knowledge base ({})", self.cutlass_version, self.origin)
+        format!(
+            "CUTLASS {} knowledge base ({})",
+            self.cutlass_version, self.origin
+        )
     }
 
     /// Every kernel CUTLASS instantiates for this problem's (math, dtype, layout) on `arch` at the
@@ -152,27 +169,51 @@ impl Knowledge {
         // row-major a; a column-major one has the sm80 3xTF32 kernels. A problem whose dims are
         // not whole vectors of parts gets the padded split (alignment 1), which has no bias or
         // epilogue.
-        let split = p.dtype == DType::F32 && p.layout.a() == Major::Row && p.epilogue.as_ref().is_none_or(|e| e.full_leaves() == 0);
+        let split = p.dtype == DType::F32
+            && p.layout.a() == Major::Row
+            && p.epilogue.as_ref().is_none_or(|e| e.full_leaves() == 0);
         let plain = !p.bias && p.epilogue.is_none();
-        let split_align = |parts: u32| if problem_alignment(p, parts) == parts { Some(parts) } else { plain.then_some(1) };
+        let split_align = |parts: u32| {
+            if problem_alignment(p, parts) == parts {
+                Some(parts)
+            } else {
+                plain.then_some(1)
+            }
+        };
         // (row math, row element, row layouts, row alignment, the spec's alignment, family)
         let mut sm90_sources: Vec<(&str, &str, &str, u32, u32, Family)> = Vec::new();
         match math {
             MathType::Tf32x3 if split => {
                 if let Some(a) = split_align(full) {
-                    sm90_sources.push(("tf32", "f32", cutlass_layouts(GemmLayout::Rcr), full, a, Family::Sm90GemmX3));
+                    sm90_sources.push((
+                        "tf32",
+                        "f32",
+                        cutlass_layouts(GemmLayout::Rcr),
+                        full,
+                        a,
+                        Family::Sm90GemmX3,
+                    ));
                 }
                 if let Some(a) = split_align(8) {
                     sm90_sources.push(("bf16", "bf16", letters, 8, a, Family::Sm90GemmBf16x3));
                 }
             }
             MathType::Tf32x3 => {}
-            _ => sm90_sources.push((math.short_name(), p.dtype.short_name(), letters, align, align, Family::Sm90Gemm)),
+            _ => sm90_sources.push((
+                math.short_name(),
+                p.dtype.short_name(),
+                letters,
+                align,
+                align,
+                Family::Sm90Gemm,
+            )),
         }
-        for (r, &(row_math, element, letters, row_align, align, family)) in
-            sm90_sources.iter().flat_map(|s| self.sm90.iter().map(move |r| (r, s)))
+        for (r, &(row_math, element, letters, row_align, align, family)) in sm90_sources
+            .iter()
+            .flat_map(|s| self.sm90.iter().map(move |r| (r, s)))
         {
-            if r.math != row_math || r.element != element || !r.layouts.iter().any(|l| l == letters) {
+            if r.math != row_math || r.element != element || !r.layouts.iter().any(|l| l == letters)
+            {
                 continue;
             }
             if r.alignment[0] != row_align || r.alignment[1] != row_align {
@@ -232,7 +273,10 @@ impl Knowledge {
         }
         // Epilogue fusion is rendered through sm90 visitor trees only.
         for r in self.sm80.iter().filter(|_| p.epilogue.is_none()) {
-            if r.math != math.short_name() || r.element != p.dtype.short_name() || !r.layouts.iter().any(|l| l == letters) {
+            if r.math != math.short_name()
+                || r.element != p.dtype.short_name()
+                || !r.layouts.iter().any(|l| l == letters)
+            {
                 continue;
             }
             if r.alignment != [align; 3] {
@@ -271,11 +315,20 @@ impl Knowledge {
 /// Runs tools/distill_cutlass.py with `python` and writes the knowledge base of the installed
 /// CUTLASS into the user folder. `site` (put first on PYTHONPATH) is the folder holding the
 /// cutlass_library whose headers the toolchain compiles with. Returns the path written.
-pub fn refresh(python: &Path, script: &Path, site: Option<&Path>, version: &str) -> Result<PathBuf, String> {
+pub fn refresh(
+    python: &Path,
+    script: &Path,
+    site: Option<&Path>,
+    version: &str,
+) -> Result<PathBuf, String> {
     let dir = Knowledge::user_dir();
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let out = dir.join(Knowledge::file_name(version));
-    let tmp = dir.join(format!(".{}.tmp{}", Knowledge::file_name(version), std::process::id()));
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        Knowledge::file_name(version),
+        std::process::id()
+    ));
     let mut cmd = std::process::Command::new(python);
     if let Some(site) = site {
         cmd.env("PYTHONPATH", site);
@@ -314,14 +367,28 @@ mod tests {
     use crate::types::DType;
 
     fn problem(layout: GemmLayout, dtype: DType) -> GemmProblem {
-        GemmProblem { m: 4096, n: 4096, k: 4096, layout, dtype, bias: false, batch: 1, epilogue: None }
+        GemmProblem {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            layout,
+            dtype,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        }
     }
 
     #[test]
     fn shipped_knowledge_parses_and_names_its_cutlass() {
         let kb = Knowledge::shipped();
         assert_eq!(kb.cutlass_version, "4.2.0.0");
-        assert!(kb.sm90.len() > 100 && kb.sm80.len() > 100, "{} {}", kb.sm90.len(), kb.sm80.len());
+        assert!(
+            kb.sm90.len() > 100 && kb.sm80.len() > 100,
+            "{} {}",
+            kb.sm90.len(),
+            kb.sm80.len()
+        );
     }
 
     #[test]
@@ -334,8 +401,14 @@ mod tests {
             (GemmLayout::Rcr, DType::F16, MathType::F16),
         ] {
             let ks = kb.kernels(&problem(layout, dtype), math, Arch::Sm90);
-            assert!(ks.iter().any(|k| k.family == Family::Sm90Gemm), "{layout:?} {dtype}");
-            assert!(ks.iter().any(|k| k.family == Family::Sm80Gemm), "{layout:?} {dtype}");
+            assert!(
+                ks.iter().any(|k| k.family == Family::Sm90Gemm),
+                "{layout:?} {dtype}"
+            );
+            assert!(
+                ks.iter().any(|k| k.family == Family::Sm80Gemm),
+                "{layout:?} {dtype}"
+            );
             for k in &ks {
                 // Each sm90 kernel is a generator row with the same tile, cluster and schedule.
                 if k.family == Family::Sm90Gemm {
@@ -344,42 +417,87 @@ mod tests {
                         && r.math == math.short_name()
                         && r.layouts.iter().any(|l| l == cutlass_layouts(layout))));
                 } else {
-                    assert!(kb.sm80.iter().any(|r| r.tile == k.tile && r.warp_count == k.warps && r.stages == k.stages));
+                    assert!(kb.sm80.iter().any(|r| r.tile == k.tile
+                        && r.warp_count == k.warps
+                        && r.stages == k.stages));
                 }
             }
         }
         // fp32-accurate: sm80 3xTF32 mainloops, the sm90 tf32 rows over K-major parts (x3) and
         // the sm90 bf16 rows over bf16 parts (b3), whose alignment counts bf16 elements.
-        let ks = kb.kernels(&problem(GemmLayout::Rrr, DType::F32), MathType::Tf32x3, Arch::Sm90);
+        let ks = kb.kernels(
+            &problem(GemmLayout::Rrr, DType::F32),
+            MathType::Tf32x3,
+            Arch::Sm90,
+        );
         assert!(!ks.is_empty());
-        assert!(ks.iter().all(|k| k.math == MathType::Tf32x3 && k.dtype == DType::F32));
+        assert!(ks
+            .iter()
+            .all(|k| k.math == MathType::Tf32x3 && k.dtype == DType::F32));
         for family in [Family::Sm80Gemm, Family::Sm90GemmX3, Family::Sm90GemmBf16x3] {
             assert!(ks.iter().any(|k| k.family == family), "{family:?}");
         }
-        let tf32_tn: Vec<_> = kb.sm90.iter().filter(|r| r.math == "tf32" && r.layouts.iter().any(|l| l == "tn")).collect();
+        let tf32_tn: Vec<_> = kb
+            .sm90
+            .iter()
+            .filter(|r| r.math == "tf32" && r.layouts.iter().any(|l| l == "tn"))
+            .collect();
         for k in ks.iter().filter(|k| k.family == Family::Sm90GemmX3) {
-            assert!(tf32_tn.iter().any(|r| r.tile == k.tile && r.cluster == k.cluster), "{}", k.name());
+            assert!(
+                tf32_tn
+                    .iter()
+                    .any(|r| r.tile == k.tile && r.cluster == k.cluster),
+                "{}",
+                k.name()
+            );
         }
         for k in ks.iter().filter(|k| k.family == Family::Sm90GemmBf16x3) {
-            assert_eq!((k.align, k.operand_bytes(), k.tile[2]), (8, 2, 64), "{}", k.name());
-            assert!(k.kernel_name().starts_with("sm90b3_gemm_rrr_bf16x3_f32_"), "{}", k.kernel_name());
+            assert_eq!(
+                (k.align, k.operand_bytes(), k.tile[2]),
+                (8, 2, 64),
+                "{}",
+                k.name()
+            );
+            assert!(
+                k.kernel_name().starts_with("sm90b3_gemm_rrr_bf16x3_f32_"),
+                "{}",
+                k.kernel_name()
+            );
         }
-        assert!(ks.iter().any(|k| k.family == Family::Sm90GemmBf16x3 && k.invalid_reason().is_none()));
-        let with_bias = GemmProblem { bias: true, ..problem(GemmLayout::Rcr, DType::F32) };
+        assert!(ks
+            .iter()
+            .any(|k| k.family == Family::Sm90GemmBf16x3 && k.invalid_reason().is_none()));
+        let with_bias = GemmProblem {
+            bias: true,
+            ..problem(GemmLayout::Rcr, DType::F32)
+        };
         // The split families add the bias in their second GEMM's visitor tree: TMA epilogues only.
         let biased = kb.kernels(&with_bias, MathType::Tf32x3, Arch::Sm90);
         assert!(biased.iter().any(|k| k.family.is_split()));
-        assert!(biased.iter().filter(|k| k.family.is_split()).all(|k| k.epilogue == EpilogueKind::Tma && k.bias));
+        assert!(biased
+            .iter()
+            .filter(|k| k.family.is_split())
+            .all(|k| k.epilogue == EpilogueKind::Tma && k.bias));
     }
 
     #[test]
     fn every_layout_has_kernels_from_its_generator_rows() {
         let kb = Knowledge::shipped();
         for layout in GemmLayout::ALL {
-            for (dtype, math) in [(DType::F32, MathType::Tf32), (DType::Bf16, MathType::Bf16), (DType::F32, MathType::Tf32x3)] {
+            for (dtype, math) in [
+                (DType::F32, MathType::Tf32),
+                (DType::Bf16, MathType::Bf16),
+                (DType::F32, MathType::Tf32x3),
+            ] {
                 let ks = kb.kernels(&problem(layout, dtype), math, Arch::Sm90);
-                assert!(ks.iter().any(|k| k.family == Family::Sm80Gemm && k.layout == layout), "{layout:?} {math:?}");
-                assert!(ks.iter().all(|k| k.kernel_name().contains(&format!("_gemm_{}_", layout.short_name()))));
+                assert!(
+                    ks.iter()
+                        .any(|k| k.family == Family::Sm80Gemm && k.layout == layout),
+                    "{layout:?} {math:?}"
+                );
+                assert!(ks.iter().all(|k| k
+                    .kernel_name()
+                    .contains(&format!("_gemm_{}_", layout.short_name()))));
                 // CUTLASS instantiates tf32 "tt" only with a transposed epilogue, which fact does
                 // not render; the split families read a row-major a.
                 let sm90 = ks.iter().any(|k| k.family.is_sm90());

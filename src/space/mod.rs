@@ -53,24 +53,36 @@ impl KernelSchedule {
             KernelSchedule::WsPingpong => "cutlass::gemm::KernelTmaWarpSpecializedPingpong",
             KernelSchedule::Multistage => "",
             KernelSchedule::CpAsyncWs => "cutlass::gemm::KernelCpAsyncWarpSpecialized",
-            KernelSchedule::CpAsyncWsCooperative => "cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative",
+            KernelSchedule::CpAsyncWsCooperative => {
+                "cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative"
+            }
         }
     }
     /// The TMA epilogue schedule that pairs with this kernel schedule.
     pub fn epilogue_tag(self) -> &'static str {
         match self {
             KernelSchedule::WsCooperative => "cutlass::epilogue::TmaWarpSpecializedCooperative",
-            KernelSchedule::Ws | KernelSchedule::WsPingpong => "cutlass::epilogue::TmaWarpSpecialized",
-            KernelSchedule::Multistage | KernelSchedule::CpAsyncWs | KernelSchedule::CpAsyncWsCooperative => "",
+            KernelSchedule::Ws | KernelSchedule::WsPingpong => {
+                "cutlass::epilogue::TmaWarpSpecialized"
+            }
+            KernelSchedule::Multistage
+            | KernelSchedule::CpAsyncWs
+            | KernelSchedule::CpAsyncWsCooperative => "",
         }
     }
     /// Whether the mainloop loads through cp.async rather than TMA (any alignment, no multicast).
     pub fn is_cpasync(self) -> bool {
-        matches!(self, KernelSchedule::CpAsyncWs | KernelSchedule::CpAsyncWsCooperative)
+        matches!(
+            self,
+            KernelSchedule::CpAsyncWs | KernelSchedule::CpAsyncWsCooperative
+        )
     }
     /// Whether two consumer warpgroups share each tile.
     pub fn is_cooperative(self) -> bool {
-        matches!(self, KernelSchedule::WsCooperative | KernelSchedule::CpAsyncWsCooperative)
+        matches!(
+            self,
+            KernelSchedule::WsCooperative | KernelSchedule::CpAsyncWsCooperative
+        )
     }
 }
 
@@ -120,7 +132,10 @@ pub enum Family {
 impl Family {
     /// Whether the kernel is built on the sm90 collective builder (shares its rules and knobs).
     pub fn is_sm90(self) -> bool {
-        matches!(self, Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3)
+        matches!(
+            self,
+            Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3
+        )
     }
     /// Whether the kernel splits its operands and runs three products as two GEMMs (fp32-accurate
     /// on WGMMA).
@@ -156,7 +171,9 @@ pub enum EpilogueKind {
 }
 
 /// Raster order of output tiles over the grid: a runtime argument of CUTLASS's sm90 schedulers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Raster {
     #[default]
@@ -197,7 +214,11 @@ pub struct Knobs {
 
 impl Default for Knobs {
     fn default() -> Self {
-        Knobs { raster: Raster::Heuristic, swizzle: 1, splits: 1 }
+        Knobs {
+            raster: Raster::Heuristic,
+            swizzle: 1,
+            splits: 1,
+        }
     }
 }
 
@@ -340,17 +361,41 @@ impl KernelSpec {
                 "{cm}x{cn}x{ck}_{}_{}{}{}",
                 self.schedule.short_name(),
                 self.scheduler.short_name(),
-                if self.epilogue == EpilogueKind::NoSmem { "_nosmem" } else { "" },
-                if self.stages > 0 { format!("_s{}", self.stages) } else { String::new() }
+                if self.epilogue == EpilogueKind::NoSmem {
+                    "_nosmem"
+                } else {
+                    ""
+                },
+                if self.stages > 0 {
+                    format!("_s{}", self.stages)
+                } else {
+                    String::new()
+                }
             ),
             Family::Sm80Gemm => {
                 let [wm, wn, wk] = self.warps;
-                format!("w{wm}x{wn}x{wk}_s{}_{}", self.stages, self.scheduler.short_name())
+                format!(
+                    "w{wm}x{wn}x{wk}_s{}_{}",
+                    self.stages,
+                    self.scheduler.short_name()
+                )
             }
         };
-        let fusion = self.fusion.as_ref().map(|e| format!("_{}", e.tag())).unwrap_or_default();
-        let align_c = if self.align_c > 0 { format!("c{}", self.align_c) } else { String::new() };
-        format!("{head}_{body}{}{fusion}_align{}{align_c}", if self.bias { "_bias" } else { "" }, self.align)
+        let fusion = self
+            .fusion
+            .as_ref()
+            .map(|e| format!("_{}", e.tag()))
+            .unwrap_or_default();
+        let align_c = if self.align_c > 0 {
+            format!("c{}", self.align_c)
+        } else {
+            String::new()
+        };
+        format!(
+            "{head}_{body}{}{fusion}_align{}{align_c}",
+            if self.bias { "_bias" } else { "" },
+            self.align
+        )
     }
 
     /// The math as the kernel does it: the policy's math type, except that the bf16-split family
@@ -414,11 +459,17 @@ impl KernelSpec {
 
     /// The spec of the compiled kernel: this one without its launch knobs.
     pub fn kernel(&self) -> KernelSpec {
-        KernelSpec { knobs: Knobs::default(), ..self.clone() }
+        KernelSpec {
+            knobs: Knobs::default(),
+            ..self.clone()
+        }
     }
 
     pub fn with_knobs(&self, knobs: Knobs) -> KernelSpec {
-        KernelSpec { knobs, ..self.clone() }
+        KernelSpec {
+            knobs,
+            ..self.clone()
+        }
     }
 
     pub fn to_json(&self) -> String {
@@ -432,7 +483,9 @@ impl KernelSpec {
             _ => 16,
         };
         match self.family {
-            Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3 => [64, self.tile[1].min(256), k],
+            Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3 => {
+                [64, self.tile[1].min(256), k]
+            }
             Family::Sm80Gemm => [16, 8, k],
         }
     }
@@ -449,11 +502,18 @@ impl KernelSpec {
         let [tm, tn, tk] = self.tile;
         let elem_bytes = self.operand_bytes();
         if !self.align.is_power_of_two() || self.align * elem_bytes > 16 {
-            return Some(format!("alignment {} is not a power of two in 1..{} elements", self.align, 16 / elem_bytes));
+            return Some(format!(
+                "alignment {} is not a power of two in 1..{} elements",
+                self.align,
+                16 / elem_bytes
+            ));
         }
         if self.align_c > 0 {
             let derived = self.implied_align_out();
-            if !self.align_c.is_power_of_two() || self.align_c * self.dtype.bytes() as u32 > 16 || self.align_c == derived {
+            if !self.align_c.is_power_of_two()
+                || self.align_c * self.dtype.bytes() as u32 > 16
+                || self.align_c == derived
+            {
                 return Some(format!(
                     "output alignment {} must be a power of two of at most 16 bytes other than {derived} (0 says the operands' alignment)",
                     self.align_c
@@ -468,14 +528,23 @@ impl KernelSpec {
                 if self.family == Family::Sm90Gemm && self.math == MathType::Tf32x3 {
                     return Some("sm90 has no 3xTF32 mainloop; fp32-accurate sm90 kernels are the x3 and b3 families".into());
                 }
-                if self.family.is_split() && (self.math != MathType::Tf32x3 || self.dtype != DType::F32) {
-                    return Some("the split families compute fp32-accurate GEMMs of fp32 tensors".into());
+                if self.family.is_split()
+                    && (self.math != MathType::Tf32x3 || self.dtype != DType::F32)
+                {
+                    return Some(
+                        "the split families compute fp32-accurate GEMMs of fp32 tensors".into(),
+                    );
                 }
-                if self.family.is_split() && self.fusion.as_ref().is_some_and(|e| e.full_leaves() > 0) {
+                if self.family.is_split()
+                    && self.fusion.as_ref().is_some_and(|e| e.full_leaves() > 0)
+                {
                     return Some("the split families read their first GEMM's result as C: no full-size epilogue leaf".into());
                 }
                 if tk * elem_bytes != 128 {
-                    return Some(format!("tile K {tk} must span 128 bytes of {}", self.math_label()));
+                    return Some(format!(
+                        "tile K {tk} must span 128 bytes of {}",
+                        self.math_label()
+                    ));
                 }
                 if self.schedule == KernelSchedule::Multistage {
                     return Some("the multistage schedule belongs to the sm80 family".into());
@@ -483,17 +552,25 @@ impl KernelSpec {
                 let full = 16 / elem_bytes;
                 if self.schedule.is_cpasync() {
                     if self.family != Family::Sm90Gemm {
-                        return Some("the split families load their aligned parts through TMA, not cp.async".into());
+                        return Some(
+                            "the split families load their aligned parts through TMA, not cp.async"
+                                .into(),
+                        );
                     }
                     if self.epilogue != EpilogueKind::NoSmem {
-                        return Some("the cp.async schedules pair with the no-smem epilogue".into());
+                        return Some(
+                            "the cp.async schedules pair with the no-smem epilogue".into(),
+                        );
                     }
                     if self.cluster != [1, 1, 1] {
                         return Some("cp.async mainloops multicast nothing: cluster 1x1x1".into());
                     }
                 } else if self.is_padded_split() {
                     if self.align != 1 {
-                        return Some(format!("a padded split runs any dims: alignment 1, not {}", self.align));
+                        return Some(format!(
+                            "a padded split runs any dims: alignment 1, not {}",
+                            self.align
+                        ));
                     }
                     if self.bias || self.fusion.is_some() {
                         return Some("a padded split (ragged dims) fuses no bias or epilogue yet; the sm80 family does the bias".into());
@@ -505,16 +582,23 @@ impl KernelSpec {
                     ));
                 }
                 if self.schedule.is_cooperative() && tm % 128 != 0 {
-                    return Some(format!("cooperative schedule needs tile M divisible by 128, got {tm}"));
+                    return Some(format!(
+                        "cooperative schedule needs tile M divisible by 128, got {tm}"
+                    ));
                 }
                 if !self.schedule.is_cooperative() && tm != 64 && tm != 128 {
-                    return Some(format!("{} needs tile M of 64 or 128, got {tm}", self.schedule.short_name()));
+                    return Some(format!(
+                        "{} needs tile M of 64 or 128, got {tm}",
+                        self.schedule.short_name()
+                    ));
                 }
                 if self.scheduler == TileScheduler::StreamK && !self.schedule.is_cooperative() {
                     return Some("Stream-K runs only with the cooperative schedule".into());
                 }
                 if ![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm) {
-                    return Some(format!("tile {tm}x{tn} outside the generator's 64/128/256 set"));
+                    return Some(format!(
+                        "tile {tm}x{tn} outside the generator's 64/128/256 set"
+                    ));
                 }
                 if elem_bytes == 4 && tn % tk != 0 {
                     return Some(format!("tf32 needs tile N {tn} divisible by tile K {tk}"));
@@ -528,17 +612,29 @@ impl KernelSpec {
                         return Some(format!("epilogue: {why}"));
                     }
                     if e.full_leaves() > 1 {
-                        return Some("an epilogue reads at most one full-size tensor (the C operand)".into());
+                        return Some(
+                            "an epilogue reads at most one full-size tensor (the C operand)".into(),
+                        );
                     }
                 }
                 let cluster_size = self.cluster.iter().product::<u32>();
                 if cluster_size > 2 || self.cluster[2] != 1 {
-                    return Some(format!("cluster {:?} beyond the 1x1x1/2x1x1/1x2x1 set", self.cluster));
+                    return Some(format!(
+                        "cluster {:?} beyond the 1x1x1/2x1x1/1x2x1 set",
+                        self.cluster
+                    ));
                 }
-                let epilogue_bytes = if self.epilogue == EpilogueKind::Tma { 32 * 1024 } else { 0 };
+                let epilogue_bytes = if self.epilogue == EpilogueKind::Tma {
+                    32 * 1024
+                } else {
+                    0
+                };
                 let stages = self.stages.max(2);
                 if stages * self.stage_bytes() + epilogue_bytes > 227 * 1024 {
-                    return Some(format!("{stages} stages of {} B do not fit in shared memory", self.stage_bytes()));
+                    return Some(format!(
+                        "{stages} stages of {} B do not fit in shared memory",
+                        self.stage_bytes()
+                    ));
                 }
             }
             Family::Sm80Gemm => {
@@ -556,17 +652,27 @@ impl KernelSpec {
                 }
                 let [wm, wn, wk] = self.warps;
                 if wm == 0 || wn == 0 || wk != 1 || tm % wm != 0 || tn % wn != 0 {
-                    return Some(format!("warp count {:?} does not divide tile {tm}x{tn}", self.warps));
+                    return Some(format!(
+                        "warp count {:?} does not divide tile {tm}x{tn}",
+                        self.warps
+                    ));
                 }
                 let [im, inn, _] = self.instruction();
                 if (tm / wm) % im != 0 || (tn / wn) % inn != 0 {
                     return Some("warp tile not a multiple of the mma instruction".into());
                 }
                 if !(2..=10).contains(&self.stages) {
-                    return Some(format!("sm80 stages must be 2..10 (CUTLASS's generator goes to 10), got {}", self.stages));
+                    return Some(format!(
+                        "sm80 stages must be 2..10 (CUTLASS's generator goes to 10), got {}",
+                        self.stages
+                    ));
                 }
                 if self.stages * self.stage_bytes() > 227 * 1024 {
-                    return Some(format!("{} stages of {} B do not fit in shared memory", self.stages, self.stage_bytes()));
+                    return Some(format!(
+                        "{} stages of {} B do not fit in shared memory",
+                        self.stages,
+                        self.stage_bytes()
+                    ));
                 }
             }
         }
@@ -618,18 +724,28 @@ impl KernelSpec {
             (f, s) if f.is_sm90() => {
                 for raster in [Raster::AlongM, Raster::AlongN] {
                     for swizzle in [1, 2, 4, 8] {
-                        out.push(Knobs { raster, swizzle, splits: 1 });
+                        out.push(Knobs {
+                            raster,
+                            swizzle,
+                            splits: 1,
+                        });
                     }
                 }
                 if s == TileScheduler::StreamK {
                     for splits in estimate::split_choices(self, p) {
-                        out.push(Knobs { splits, ..Knobs::default() });
+                        out.push(Knobs {
+                            splits,
+                            ..Knobs::default()
+                        });
                     }
                 }
             }
             (Family::Sm80Gemm, TileScheduler::Persistent) if p.batch == 1 => {
                 for splits in estimate::split_choices(self, p) {
-                    out.push(Knobs { splits, ..Knobs::default() });
+                    out.push(Knobs {
+                        splits,
+                        ..Knobs::default()
+                    });
                 }
             }
             _ => {}
@@ -704,7 +820,11 @@ impl Default for SpaceOptions {
     /// A budget of 12: in the GPT block's cold compose on the H100 every sweep's winner was among
     /// the estimate's best 6 (benches/results/e2e), and one nvcc unit costs most of a minute.
     fn default() -> Self {
-        SpaceOptions { budget: 12, hopeless: 1.8, per_group: 2 }
+        SpaceOptions {
+            budget: 12,
+            hopeless: 1.8,
+            per_group: 2,
+        }
     }
 }
 
@@ -720,36 +840,61 @@ pub fn derive(
     scope: &validity::Scope,
     opts: &SpaceOptions,
 ) -> Space {
-    let mut space = Space { source: kb.describe(), ..Space::default() };
+    let mut space = Space {
+        source: kb.describe(),
+        ..Space::default()
+    };
     let mut scored: Vec<(f64, KernelSpec)> = Vec::new();
     for k in kb.kernels(p, math, arch) {
         if let Some(r) = k.invalid_reason() {
-            space.pruned.push(Pruned { kernel: k.name(), reason: r, estimate_ms: None });
+            space.pruned.push(Pruned {
+                kernel: k.name(),
+                reason: r,
+                estimate_ms: None,
+            });
             continue;
         }
         if !k.fits(p) {
-            space.pruned.push(Pruned { kernel: k.name(), reason: "alignment does not fit the problem".into(), estimate_ms: None });
+            space.pruned.push(Pruned {
+                kernel: k.name(),
+                reason: "alignment does not fit the problem".into(),
+                estimate_ms: None,
+            });
             continue;
         }
         let k = estimate::with_best_splits(&k, p);
         if let Some(rule) = validity::rejecting(rules, scope, &k) {
-            space.pruned.push(Pruned { kernel: k.name(), reason: rule.describe(), estimate_ms: None });
+            space.pruned.push(Pruned {
+                kernel: k.name(),
+                reason: rule.describe(),
+                estimate_ms: None,
+            });
             continue;
         }
         scored.push((estimate::estimate_ms(&k, p), k));
     }
-    scored.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then_with(|| a.1.name().cmp(&b.1.name())));
+    scored.sort_by(|a, b| {
+        a.0.partial_cmp(&b.0)
+            .unwrap()
+            .then_with(|| a.1.name().cmp(&b.1.name()))
+    });
     let best = scored.first().map(|s| s.0).unwrap_or(0.0);
-    let (hopeful, hopeless): (Vec<_>, Vec<_>) = scored.into_iter().partition(|(ms, _)| *ms <= best * opts.hopeless);
+    let (hopeful, hopeless): (Vec<_>, Vec<_>) = scored
+        .into_iter()
+        .partition(|(ms, _)| *ms <= best * opts.hopeless);
     for (ms, k) in hopeless {
         space.pruned.push(Pruned {
             kernel: k.name(),
-            reason: format!("estimate {ms:.4} ms is over {:.1}x the best {best:.4} ms", opts.hopeless),
+            reason: format!(
+                "estimate {ms:.4} ms is over {:.1}x the best {best:.4} ms",
+                opts.hopeless
+            ),
             estimate_ms: Some(ms),
         });
     }
     let mut keep = vec![false; hopeful.len()];
-    let mut kept_of: std::collections::HashMap<(Family, KernelSchedule), usize> = std::collections::HashMap::new();
+    let mut kept_of: std::collections::HashMap<(Family, KernelSchedule), usize> =
+        std::collections::HashMap::new();
     for (i, (_, k)) in hopeful.iter().enumerate() {
         let n = kept_of.entry((k.family, k.schedule)).or_default();
         if *n < opts.per_group {
@@ -757,7 +902,9 @@ pub fn derive(
             keep[i] = true;
         }
     }
-    let mut room = opts.budget.saturating_sub(keep.iter().filter(|k| **k).count());
+    let mut room = opts
+        .budget
+        .saturating_sub(keep.iter().filter(|k| **k).count());
     for k in keep.iter_mut() {
         if !*k && room > 0 {
             *k = true;
@@ -769,7 +916,11 @@ pub fn derive(
             space.candidates.push(k);
             space.estimates_ms.push(ms);
         } else {
-            space.pruned.push(Pruned { kernel: k.name(), reason: format!("beyond the budget of {}", opts.budget), estimate_ms: Some(ms) });
+            space.pruned.push(Pruned {
+                kernel: k.name(),
+                reason: format!("beyond the budget of {}", opts.budget),
+                estimate_ms: Some(ms),
+            });
         }
     }
     space
@@ -778,7 +929,16 @@ pub fn derive(
 /// The default sweep for a GEMM problem from the shipped knowledge base with no learned rules.
 pub fn gemm_candidates(p: &GemmProblem, math: MathType, arch: Arch) -> Vec<KernelSpec> {
     let scope = validity::Scope::of(p, math, arch, "");
-    derive(Knowledge::shipped(), p, math, arch, &[], &scope, &SpaceOptions::default()).candidates
+    derive(
+        Knowledge::shipped(),
+        p,
+        math,
+        arch,
+        &[],
+        &scope,
+        &SpaceOptions::default(),
+    )
+    .candidates
 }
 
 #[cfg(test)]
@@ -786,17 +946,39 @@ mod tests {
     use super::*;
 
     fn problem(m: i64, n: i64, k: i64, dtype: DType) -> GemmProblem {
-        GemmProblem { m, n, k, layout: GemmLayout::Rrr, dtype, bias: false, batch: 1, epilogue: None }
+        GemmProblem {
+            m,
+            n,
+            k,
+            layout: GemmLayout::Rrr,
+            dtype,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        }
     }
 
     #[test]
     fn name_is_computed_from_the_spec() {
         let k = &Knowledge::shipped()
-            .kernels(&problem(4096, 4096, 4096, DType::F32), MathType::Tf32, Arch::Sm90)
+            .kernels(
+                &problem(4096, 4096, 4096, DType::F32),
+                MathType::Tf32,
+                Arch::Sm90,
+            )
             .into_iter()
-            .find(|k| k.tile == [128, 128, 32] && k.scheduler == TileScheduler::Persistent && k.epilogue == EpilogueKind::Tma && k.schedule == KernelSchedule::WsCooperative && k.cluster == [1, 2, 1])
+            .find(|k| {
+                k.tile == [128, 128, 32]
+                    && k.scheduler == TileScheduler::Persistent
+                    && k.epilogue == EpilogueKind::Tma
+                    && k.schedule == KernelSchedule::WsCooperative
+                    && k.cluster == [1, 2, 1]
+            })
             .unwrap();
-        assert_eq!(k.name(), "sm90_gemm_rrr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4");
+        assert_eq!(
+            k.name(),
+            "sm90_gemm_rrr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4"
+        );
         let back: KernelSpec = serde_json::from_str(&k.to_json()).unwrap();
         assert_eq!(back.name(), k.name());
     }
@@ -816,21 +998,40 @@ mod tests {
 
     #[test]
     fn validity_rules_reject_what_cutlass_rejects() {
-        let all = Knowledge::shipped().kernels(&problem(512, 512, 512, DType::F32), MathType::Tf32, Arch::Sm90);
-        let mut k = all.iter().find(|k| k.family == Family::Sm90Gemm).unwrap().clone();
+        let all = Knowledge::shipped().kernels(
+            &problem(512, 512, 512, DType::F32),
+            MathType::Tf32,
+            Arch::Sm90,
+        );
+        let mut k = all
+            .iter()
+            .find(|k| k.family == Family::Sm90Gemm)
+            .unwrap()
+            .clone();
         k.schedule = KernelSchedule::WsCooperative;
         k.tile = [64, 128, 32];
         assert!(k.invalid_reason().unwrap().contains("cooperative"));
         k.tile = [128, 128, 64];
         assert!(k.invalid_reason().unwrap().contains("128 bytes"));
-        let mut s = all.iter().find(|k| k.family == Family::Sm80Gemm).unwrap().clone();
+        let mut s = all
+            .iter()
+            .find(|k| k.family == Family::Sm80Gemm)
+            .unwrap()
+            .clone();
         assert_eq!(s.invalid_reason(), None);
         s.stages = 11;
         assert!(s.invalid_reason().unwrap().contains("stages"));
         s.stages = 3;
         s.knobs.swizzle = 4;
-        assert!(s.invalid_reason().unwrap().contains("compile time"), "sm80 swizzle is not a launch knob");
-        let mut dp = all.iter().find(|k| k.family == Family::Sm90Gemm && k.scheduler == TileScheduler::Persistent).unwrap().clone();
+        assert!(
+            s.invalid_reason().unwrap().contains("compile time"),
+            "sm80 swizzle is not a launch knob"
+        );
+        let mut dp = all
+            .iter()
+            .find(|k| k.family == Family::Sm90Gemm && k.scheduler == TileScheduler::Persistent)
+            .unwrap()
+            .clone();
         dp.knobs.splits = 4;
         assert!(dp.invalid_reason().unwrap().contains("Stream-K"));
     }
@@ -839,17 +1040,27 @@ mod tests {
     fn split_families_check_their_part_type_and_the_problem() {
         let p = problem(4096, 4096, 4096, DType::F32);
         let ks = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90);
-        let b3 = ks.iter().find(|k| k.family == Family::Sm90GemmBf16x3).unwrap().clone();
+        let b3 = ks
+            .iter()
+            .find(|k| k.family == Family::Sm90GemmBf16x3)
+            .unwrap()
+            .clone();
         assert!(b3.fits(&p));
         // bf16 parts read 8-element (16-byte) vectors along K and N; an fp32 GEMM with N % 8 == 4
         // runs on the tf32 families only.
         let odd = problem(4096, 4100, 4096, DType::F32);
         assert!(!b3.fits(&odd));
-        assert!(ks.iter().any(|k| k.family == Family::Sm90GemmX3 && k.fits(&odd)));
+        assert!(ks
+            .iter()
+            .any(|k| k.family == Family::Sm90GemmX3 && k.fits(&odd)));
         // A K tile of 32 spans 128 bytes of fp32, not of bf16 parts.
         let mut k = b3.clone();
         k.tile[2] = 32;
-        assert!(k.invalid_reason().unwrap().contains("128 bytes of bf16x3"), "{:?}", k.invalid_reason());
+        assert!(
+            k.invalid_reason().unwrap().contains("128 bytes of bf16x3"),
+            "{:?}",
+            k.invalid_reason()
+        );
         // Bias and epilogues go into the second GEMM's epilogue, whose C operand is the first
         // GEMM's result: a residual cannot be C too.
         let mut k = b3.clone();
@@ -858,9 +1069,19 @@ mod tests {
         k.fusion = Some(Epilogue::parse("leaves=row;v1=gelu(v0);v2=mul(v1,l0)").unwrap());
         assert_eq!(k.invalid_reason(), None);
         k.fusion = Some(Epilogue::parse("leaves=full;v1=add(v0,l0)").unwrap());
-        assert!(k.invalid_reason().unwrap().contains("no full-size epilogue leaf"));
-        let with_residual = GemmProblem { bias: true, epilogue: k.fusion.clone(), ..p.clone() };
-        assert!(Knowledge::shipped().kernels(&with_residual, MathType::Tf32x3, Arch::Sm90).iter().all(|k| !k.family.is_split()));
+        assert!(k
+            .invalid_reason()
+            .unwrap()
+            .contains("no full-size epilogue leaf"));
+        let with_residual = GemmProblem {
+            bias: true,
+            epilogue: k.fusion.clone(),
+            ..p.clone()
+        };
+        assert!(Knowledge::shipped()
+            .kernels(&with_residual, MathType::Tf32x3, Arch::Sm90)
+            .iter()
+            .all(|k| !k.family.is_split()));
         let mut k = b3;
         k.dtype = DType::Bf16;
         assert!(k.invalid_reason().is_some(), "bf16 tensors have no split");
@@ -870,9 +1091,19 @@ mod tests {
     fn variants_share_their_kernel_and_name_their_knobs() {
         let p = problem(256, 256, 524288, DType::F32);
         let ks = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90);
-        let k = ks.iter().find(|k| k.family == Family::Sm80Gemm && k.scheduler == TileScheduler::Persistent).unwrap();
-        assert!(k.kernel_name().starts_with("sm80_gemm_rrr_tf32x3_f32_"), "{}", k.kernel_name());
-        let v = k.with_knobs(Knobs { splits: 8, ..Knobs::default() });
+        let k = ks
+            .iter()
+            .find(|k| k.family == Family::Sm80Gemm && k.scheduler == TileScheduler::Persistent)
+            .unwrap();
+        assert!(
+            k.kernel_name().starts_with("sm80_gemm_rrr_tf32x3_f32_"),
+            "{}",
+            k.kernel_name()
+        );
+        let v = k.with_knobs(Knobs {
+            splits: 8,
+            ..Knobs::default()
+        });
         assert_eq!(v.kernel_name(), k.kernel_name());
         assert_eq!(v.name(), format!("{}__rhw1k8", k.kernel_name()));
         assert_eq!(v.kernel(), *k);
@@ -882,43 +1113,116 @@ mod tests {
         // Old table entries (no knobs, no sm80 fields) still read.
         let old = r#"{"family":"sm90_gemm","arch":"sm90","layout":"rrr","math":"tf32","dtype":"f32","tile":[128,256,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":false,"align":4}"#;
         let back: KernelSpec = serde_json::from_str(old).unwrap();
-        assert_eq!(back.name(), "sm90_gemm_rrr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4");
-        assert_eq!(back.to_json(), old, "defaults are not written, so names and files stay stable");
+        assert_eq!(
+            back.name(),
+            "sm90_gemm_rrr_tf32_f32_128x256x32_1x2x1_ws_coop_dp_align4"
+        );
+        assert_eq!(
+            back.to_json(),
+            old,
+            "defaults are not written, so names and files stay stable"
+        );
     }
 
     #[test]
     fn derivation_keeps_both_families_and_explains_every_prune() {
         let p = problem(4096, 4096, 4096, DType::F32);
         let scope = validity::Scope::of(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
-        let opts = SpaceOptions { budget: 10, ..SpaceOptions::default() };
-        let sp = derive(Knowledge::shipped(), &p, MathType::Tf32, Arch::Sm90, &[], &scope, &opts);
+        let opts = SpaceOptions {
+            budget: 10,
+            ..SpaceOptions::default()
+        };
+        let sp = derive(
+            Knowledge::shipped(),
+            &p,
+            MathType::Tf32,
+            Arch::Sm90,
+            &[],
+            &scope,
+            &opts,
+        );
         assert_eq!(sp.candidates.len(), 10);
         assert!(sp.candidates.iter().any(|k| k.family == Family::Sm80Gemm));
         assert!(sp.candidates.iter().any(|k| k.family == Family::Sm90Gemm));
-        let total = Knowledge::shipped().kernels(&p, MathType::Tf32, Arch::Sm90).len();
-        assert_eq!(sp.candidates.len() + sp.pruned.len(), total, "every kernel is either a candidate or pruned with a reason");
+        let total = Knowledge::shipped()
+            .kernels(&p, MathType::Tf32, Arch::Sm90)
+            .len();
+        assert_eq!(
+            sp.candidates.len() + sp.pruned.len(),
+            total,
+            "every kernel is either a candidate or pruned with a reason"
+        );
         assert!(sp.pruned.iter().all(|x| !x.reason.is_empty()));
         // A learned rule prunes what it matches, and says so.
         let mut rules = vec![];
-        validity::learn(&mut rules, &scope, validity::FailureKind::Compile, &sp.candidates[0], "error: boom", &[]);
-        let again = derive(Knowledge::shipped(), &p, MathType::Tf32, Arch::Sm90, &rules, &scope, &opts);
+        validity::learn(
+            &mut rules,
+            &scope,
+            validity::FailureKind::Compile,
+            &sp.candidates[0],
+            "error: boom",
+            &[],
+        );
+        let again = derive(
+            Knowledge::shipped(),
+            &p,
+            MathType::Tf32,
+            Arch::Sm90,
+            &rules,
+            &scope,
+            &opts,
+        );
         assert!(!again.candidates.contains(&sp.candidates[0]));
-        assert!(again.pruned.iter().any(|x| x.kernel == sp.candidates[0].name() && x.reason.contains("learned compile rule")));
+        assert!(again
+            .pruned
+            .iter()
+            .any(|x| x.kernel == sp.candidates[0].name()
+                && x.reason.contains("learned compile rule")));
     }
 
     #[test]
     fn problem_alignment_reads_each_contiguous_dim() {
-        let p = |m, n, k, layout| GemmProblem { layout, ..problem(m, n, k, DType::F32) };
-        assert_eq!(problem_alignment(&p(4096, 4096, 4096, GemmLayout::Rrr), 4), 4);
+        let p = |m, n, k, layout| GemmProblem {
+            layout,
+            ..problem(m, n, k, DType::F32)
+        };
+        assert_eq!(
+            problem_alignment(&p(4096, 4096, 4096, GemmLayout::Rrr), 4),
+            4
+        );
         // rrr: a reads K, b and the output N; M is no operand's contiguous dim.
-        assert_eq!(problem_alignment(&p(4099, 4096, 4096, GemmLayout::Rrr), 4), 4);
-        assert_eq!(problem_alignment(&p(4096, 4096, 4094, GemmLayout::Rrr), 4), 2);
-        assert_eq!(problem_alignment(&p(4096, 4095, 4096, GemmLayout::Rrr), 4), 1);
+        assert_eq!(
+            problem_alignment(&p(4099, 4096, 4096, GemmLayout::Rrr), 4),
+            4
+        );
+        assert_eq!(
+            problem_alignment(&p(4096, 4096, 4094, GemmLayout::Rrr), 4),
+            2
+        );
+        assert_eq!(
+            problem_alignment(&p(4096, 4095, 4096, GemmLayout::Rrr), 4),
+            1
+        );
         // crr: a column-major reads M.
-        assert_eq!(problem_alignment(&p(4098, 4096, 4096, GemmLayout::Crr), 4), 2);
-        assert_eq!(problem_alignment(&p(4096, 4096, 4098, GemmLayout::Crr), 4), 4);
+        assert_eq!(
+            problem_alignment(&p(4098, 4096, 4096, GemmLayout::Crr), 4),
+            2
+        );
+        assert_eq!(
+            problem_alignment(&p(4096, 4096, 4098, GemmLayout::Crr), 4),
+            4
+        );
         // bf16 counts 8 elements to 16 bytes.
-        assert_eq!(problem_alignment(&GemmProblem { dtype: DType::Bf16, ..p(64, 4100, 64, GemmLayout::Rcr) }, 8), 4);
+        assert_eq!(
+            problem_alignment(
+                &GemmProblem {
+                    dtype: DType::Bf16,
+                    ..p(64, 4100, 64, GemmLayout::Rcr)
+                },
+                8
+            ),
+            4
+        );
     }
 
     #[test]
@@ -927,31 +1231,70 @@ mod tests {
         let even = problem(64, 30, 64, DType::F32);
         let ks = Knowledge::shipped().kernels(&even, MathType::Tf32, Arch::Sm90);
         assert!(!ks.is_empty());
-        assert!(ks.iter().all(|k| k.align == 2 && k.fits(&even) && k.invalid_reason().is_none()), "{:?}", ks.iter().map(KernelSpec::name).collect::<Vec<_>>());
-        let cp = ks.iter().find(|k| k.schedule == KernelSchedule::CpAsyncWsCooperative).expect("an sm90 cp.async kernel");
+        assert!(
+            ks.iter()
+                .all(|k| k.align == 2 && k.fits(&even) && k.invalid_reason().is_none()),
+            "{:?}",
+            ks.iter().map(KernelSpec::name).collect::<Vec<_>>()
+        );
+        let cp = ks
+            .iter()
+            .find(|k| k.schedule == KernelSchedule::CpAsyncWsCooperative)
+            .expect("an sm90 cp.async kernel");
         // CUTLASS's generator stores the tf32 cp.async rows' output element by element.
-        assert_eq!((cp.align_out(), cp.epilogue, cp.cluster), (1, EpilogueKind::NoSmem, [1, 1, 1]));
-        assert!(cp.kernel_name().ends_with("_cp_ws_coop_dp_nosmem_align2c1"), "{}", cp.kernel_name());
+        assert_eq!(
+            (cp.align_out(), cp.epilogue, cp.cluster),
+            (1, EpilogueKind::NoSmem, [1, 1, 1])
+        );
+        assert!(
+            cp.kernel_name().ends_with("_cp_ws_coop_dp_nosmem_align2c1"),
+            "{}",
+            cp.kernel_name()
+        );
         assert!(ks.iter().any(|k| k.family == Family::Sm80Gemm));
         // An odd dim: alignment 1.
         let odd = problem(4099, 5003, 3001, DType::F32);
         let c = gemm_candidates(&odd, MathType::Tf32, Arch::Sm90);
-        assert!(c.iter().any(|k| k.family == Family::Sm90Gemm && k.schedule.is_cpasync()));
+        assert!(c
+            .iter()
+            .any(|k| k.family == Family::Sm90Gemm && k.schedule.is_cpasync()));
         assert!(c.iter().any(|k| k.family == Family::Sm80Gemm));
-        assert!(c.iter().all(|k| k.align == 1 && k.align_c == 0 && k.kernel_name().ends_with("_align1")));
+        assert!(c
+            .iter()
+            .all(|k| k.align == 1 && k.align_c == 0 && k.kernel_name().ends_with("_align1")));
         // f32-accurate: the padded splits (alignment 1) and sm80 3xTF32.
-        assert!(gemm_candidates(&odd, MathType::Tf32x3, Arch::Sm90).iter().any(|k| k.is_padded_split()));
-        let c: Vec<_> = Knowledge::shipped().kernels(&odd, MathType::Tf32x3, Arch::Sm90).into_iter().filter(|k| k.invalid_reason().is_none()).collect();
+        assert!(gemm_candidates(&odd, MathType::Tf32x3, Arch::Sm90)
+            .iter()
+            .any(|k| k.is_padded_split()));
+        let c: Vec<_> = Knowledge::shipped()
+            .kernels(&odd, MathType::Tf32x3, Arch::Sm90)
+            .into_iter()
+            .filter(|k| k.invalid_reason().is_none())
+            .collect();
         for family in [Family::Sm90GemmX3, Family::Sm90GemmBf16x3, Family::Sm80Gemm] {
-            assert!(c.iter().any(|k| k.family == family && k.align == 1), "{family:?}");
+            assert!(
+                c.iter().any(|k| k.family == family && k.align == 1),
+                "{family:?}"
+            );
         }
-        assert!(c.iter().filter(|k| k.family.is_split()).all(|k| k.is_padded_split() && k.gemm_align() == 16 / k.operand_bytes() && !k.schedule.is_cpasync()));
+        assert!(c
+            .iter()
+            .filter(|k| k.family.is_split())
+            .all(|k| k.is_padded_split()
+                && k.gemm_align() == 16 / k.operand_bytes()
+                && !k.schedule.is_cpasync()));
         // A ragged GEMM with a bias: sm80 takes the bias as its C operand; the no-smem epilogue
         // and the padded split fuse none.
-        let biased = GemmProblem { bias: true, ..odd.clone() };
+        let biased = GemmProblem {
+            bias: true,
+            ..odd.clone()
+        };
         for math in [MathType::Tf32, MathType::Tf32x3] {
             let c = gemm_candidates(&biased, math, Arch::Sm90);
-            assert!(!c.is_empty() && c.iter().all(|k| k.family == Family::Sm80Gemm && k.bias), "{math:?}");
+            assert!(
+                !c.is_empty() && c.iter().all(|k| k.family == Family::Sm80Gemm && k.bias),
+                "{math:?}"
+            );
         }
         // bf16 with an odd dim has no kernel at alignment 1 in CUTLASS's generator.
         let bf16 = problem(4099, 5003, 3001, DType::Bf16);
@@ -963,33 +1306,73 @@ mod tests {
         for math in [MathType::Tf32, MathType::Tf32x3] {
             let p = problem(4096, 4096, 4096, DType::F32);
             let ks = Knowledge::shipped().kernels(&p, math, Arch::Sm90);
-            assert!(ks.iter().all(|k| !k.schedule.is_cpasync() && k.align_c == 0 && !k.is_padded_split()), "{math:?}");
-            assert!(ks.iter().all(|k| k.align == 16 / k.operand_bytes()), "{math:?}");
+            assert!(
+                ks.iter()
+                    .all(|k| !k.schedule.is_cpasync() && k.align_c == 0 && !k.is_padded_split()),
+                "{math:?}"
+            );
+            assert!(
+                ks.iter().all(|k| k.align == 16 / k.operand_bytes()),
+                "{math:?}"
+            );
         }
         // An n that is a multiple of 4 but not 8: the tf32 split keeps its aligned kernels; the
         // bf16 split, whose parts want 8, pads.
         let p = problem(4096, 4100, 4096, DType::F32);
         let ks = Knowledge::shipped().kernels(&p, MathType::Tf32x3, Arch::Sm90);
-        assert!(ks.iter().filter(|k| k.family == Family::Sm90GemmX3).all(|k| k.align == 4));
-        assert!(ks.iter().filter(|k| k.family == Family::Sm90GemmBf16x3).all(|k| k.align == 1));
+        assert!(ks
+            .iter()
+            .filter(|k| k.family == Family::Sm90GemmX3)
+            .all(|k| k.align == 4));
+        assert!(ks
+            .iter()
+            .filter(|k| k.family == Family::Sm90GemmBf16x3)
+            .all(|k| k.align == 1));
     }
 
     #[test]
     fn alignment_rules_name_their_fix() {
         let odd = problem(4099, 5003, 3001, DType::F32);
         let ks = Knowledge::shipped().kernels(&odd, MathType::Tf32, Arch::Sm90);
-        let cp = ks.iter().find(|k| k.schedule == KernelSchedule::CpAsyncWs).unwrap();
-        let mut tma = KernelSpec { schedule: KernelSchedule::Ws, ..cp.clone() };
-        assert!(tma.invalid_reason().unwrap().contains("cp.async schedules or the sm80 family"));
+        let cp = ks
+            .iter()
+            .find(|k| k.schedule == KernelSchedule::CpAsyncWs)
+            .unwrap();
+        let mut tma = KernelSpec {
+            schedule: KernelSchedule::Ws,
+            ..cp.clone()
+        };
+        assert!(tma
+            .invalid_reason()
+            .unwrap()
+            .contains("cp.async schedules or the sm80 family"));
         tma.align = 3;
         assert!(tma.invalid_reason().unwrap().contains("power of two"));
-        let clustered = KernelSpec { cluster: [2, 1, 1], ..cp.clone() };
-        assert!(clustered.invalid_reason().unwrap().contains("cluster 1x1x1"));
-        let canonical = KernelSpec { align_c: 1, ..cp.clone() };
-        assert!(canonical.invalid_reason().unwrap().contains("other than 1"), "one kernel, one name");
+        let clustered = KernelSpec {
+            cluster: [2, 1, 1],
+            ..cp.clone()
+        };
+        assert!(clustered
+            .invalid_reason()
+            .unwrap()
+            .contains("cluster 1x1x1"));
+        let canonical = KernelSpec {
+            align_c: 1,
+            ..cp.clone()
+        };
+        assert!(
+            canonical.invalid_reason().unwrap().contains("other than 1"),
+            "one kernel, one name"
+        );
         // A kernel of alignment 4 does not fit a ragged problem; its alignment-1 sibling does.
-        let aligned = Knowledge::shipped().kernels(&problem(4096, 4096, 4096, DType::F32), MathType::Tf32, Arch::Sm90);
+        let aligned = Knowledge::shipped().kernels(
+            &problem(4096, 4096, 4096, DType::F32),
+            MathType::Tf32,
+            Arch::Sm90,
+        );
         assert!(aligned.iter().all(|k| !k.fits(&odd)));
-        assert!(ks.iter().all(|k| k.fits(&odd) && k.fits(&problem(4096, 4096, 4096, DType::F32))));
+        assert!(ks
+            .iter()
+            .all(|k| k.fits(&odd) && k.fits(&problem(4096, 4096, 4096, DType::F32))));
     }
 }

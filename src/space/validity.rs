@@ -54,7 +54,12 @@ pub struct Scope {
 
 impl Scope {
     /// The scope of a sweep over `p` (the table key's fields: the table derives the same from a key).
-    pub fn of(p: &crate::rules::GemmProblem, math: MathType, arch: crate::types::Arch, cutlass: &str) -> Scope {
+    pub fn of(
+        p: &crate::rules::GemmProblem,
+        math: MathType,
+        arch: crate::types::Arch,
+        cutlass: &str,
+    ) -> Scope {
         Scope {
             arch: arch.short_name().into(),
             dtype: p.dtype.short_name().into(),
@@ -66,7 +71,14 @@ impl Scope {
     }
     /// The scope a rule of `kind` learned in this sweep holds for.
     pub fn for_kind(&self, kind: FailureKind) -> Scope {
-        Scope { shape: if kind.shape_bound() { self.shape.clone() } else { None }, ..self.clone() }
+        Scope {
+            shape: if kind.shape_bound() {
+                self.shape.clone()
+            } else {
+                None
+            },
+            ..self.clone()
+        }
     }
     /// Whether a rule scoped `self` applies to a sweep in `sweep`.
     pub fn covers(&self, sweep: &Scope) -> bool {
@@ -96,15 +108,37 @@ impl Rule {
         self.predicate.iter().all(|(k, v)| params.get(k) == Some(v))
     }
     pub fn predicate_text(&self) -> String {
-        self.predicate.iter().map(|(k, v)| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))).collect::<Vec<_>>().join(" ∧ ")
+        self.predicate
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{k}={}",
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ∧ ")
     }
     pub fn describe(&self) -> String {
-        format!("learned {} rule ({} failures): {} — e.g. {}", self.kind.label(), self.count, self.predicate_text(), first_line(&self.example))
+        format!(
+            "learned {} rule ({} failures): {} — e.g. {}",
+            self.kind.label(),
+            self.count,
+            self.predicate_text(),
+            first_line(&self.example)
+        )
     }
 }
 
 fn first_line(s: &str) -> String {
-    let l = s.lines().find(|l| l.contains("error")).or_else(|| s.lines().next()).unwrap_or("").trim();
+    let l = s
+        .lines()
+        .find(|l| l.contains("error"))
+        .or_else(|| s.lines().next())
+        .unwrap_or("")
+        .trim();
     l.chars().take(160).collect()
 }
 
@@ -116,27 +150,49 @@ pub fn params(k: &KernelSpec, kind: FailureKind) -> BTreeMap<String, Value> {
     m.insert("tile_m".into(), k.tile[0].into());
     m.insert("tile_n".into(), k.tile[1].into());
     m.insert("tile_k".into(), k.tile[2].into());
-    m.insert("cluster".into(), s(&format!("{}x{}x{}", k.cluster[0], k.cluster[1], k.cluster[2])));
+    m.insert(
+        "cluster".into(),
+        s(&format!(
+            "{}x{}x{}",
+            k.cluster[0], k.cluster[1], k.cluster[2]
+        )),
+    );
     m.insert("schedule".into(), s(k.schedule.short_name()));
     m.insert("scheduler".into(), s(k.scheduler.short_name()));
-    m.insert("epilogue".into(), s(match k.epilogue {
-        super::EpilogueKind::Tma => "tma",
-        super::EpilogueKind::NoSmem => "no_smem",
-    }));
+    m.insert(
+        "epilogue".into(),
+        s(match k.epilogue {
+            super::EpilogueKind::Tma => "tma",
+            super::EpilogueKind::NoSmem => "no_smem",
+        }),
+    );
     m.insert("stages".into(), k.stages.into());
-    m.insert("warps".into(), s(&format!("{}x{}x{}", k.warps[0], k.warps[1], k.warps[2])));
+    m.insert(
+        "warps".into(),
+        s(&format!("{}x{}x{}", k.warps[0], k.warps[1], k.warps[2])),
+    );
     m.insert("align".into(), k.align.into());
     m.insert("align_out".into(), k.align_out().into());
     if kind != FailureKind::Compile {
         m.insert("splits".into(), k.knobs.splits.into());
-        m.insert("raster".into(), s(&format!("{:?}", k.knobs.raster).to_lowercase()));
+        m.insert(
+            "raster".into(),
+            s(&format!("{:?}", k.knobs.raster).to_lowercase()),
+        );
         m.insert("swizzle".into(), k.knobs.swizzle.into());
     }
     m
 }
 
 /// Records one failure. `passed` are kernels known to have passed this kind's stage in scope.
-pub fn learn(rules: &mut Vec<Rule>, scope: &Scope, kind: FailureKind, k: &KernelSpec, msg: &str, passed: &[KernelSpec]) {
+pub fn learn(
+    rules: &mut Vec<Rule>,
+    scope: &Scope,
+    kind: FailureKind,
+    k: &KernelSpec,
+    msg: &str,
+    passed: &[KernelSpec],
+) {
     let scope = scope.for_kind(kind);
     let p = params(k, kind);
     let name = k.name();
@@ -153,11 +209,19 @@ pub fn learn(rules: &mut Vec<Rule>, scope: &Scope, kind: FailureKind, k: &Kernel
     }
     let passed: Vec<BTreeMap<String, Value>> = passed.iter().map(|k| params(k, kind)).collect();
     for r in rules.iter_mut().filter(|r| same(r)) {
-        let general: BTreeMap<String, Value> = r.predicate.iter().filter(|(key, v)| p.get(*key) == Some(v)).map(|(a, b)| (a.clone(), b.clone())).collect();
+        let general: BTreeMap<String, Value> = r
+            .predicate
+            .iter()
+            .filter(|(key, v)| p.get(*key) == Some(v))
+            .map(|(a, b)| (a.clone(), b.clone()))
+            .collect();
         if general.is_empty() {
             continue;
         }
-        let candidate = Rule { predicate: general, ..r.clone() };
+        let candidate = Rule {
+            predicate: general,
+            ..r.clone()
+        };
         if passed.iter().any(|q| candidate.matches(q)) {
             continue;
         }
@@ -165,12 +229,21 @@ pub fn learn(rules: &mut Vec<Rule>, scope: &Scope, kind: FailureKind, k: &Kernel
         note(r);
         return;
     }
-    rules.push(Rule { scope, kind, predicate: p, count: 1, example: msg.chars().take(2000).collect(), kernels: vec![name] });
+    rules.push(Rule {
+        scope,
+        kind,
+        predicate: p,
+        count: 1,
+        example: msg.chars().take(2000).collect(),
+        kernels: vec![name],
+    });
 }
 
 /// The first rule that rejects `k` in a sweep scoped `sweep`.
 pub fn rejecting<'a>(rules: &'a [Rule], sweep: &Scope, k: &KernelSpec) -> Option<&'a Rule> {
-    rules.iter().find(|r| r.scope.covers(sweep) && r.matches(&params(k, r.kind)))
+    rules
+        .iter()
+        .find(|r| r.scope.covers(sweep) && r.matches(&params(k, r.kind)))
 }
 
 #[cfg(test)]
@@ -181,7 +254,16 @@ mod tests {
     use crate::types::{Arch, DType};
 
     fn problem() -> GemmProblem {
-        GemmProblem { m: 4096, n: 4096, k: 4096, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None }
+        GemmProblem {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            layout: GemmLayout::Rrr,
+            dtype: DType::F32,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        }
     }
     fn scope() -> Scope {
         Scope::of(&problem(), MathType::Tf32, Arch::Sm90, "4.2.0.0")
@@ -194,16 +276,36 @@ mod tests {
     fn a_failure_rejects_its_kernel_and_counts_repeats() {
         let ks = space();
         let mut rules = vec![];
-        learn(&mut rules, &scope(), FailureKind::Compile, &ks[0], "error: static_assert failed", &[]);
+        learn(
+            &mut rules,
+            &scope(),
+            FailureKind::Compile,
+            &ks[0],
+            "error: static_assert failed",
+            &[],
+        );
         assert_eq!(rules.len(), 1);
         assert!(rejecting(&rules, &scope(), &ks[0]).is_some());
         assert!(rejecting(&rules, &scope(), &ks[1]).is_none());
-        learn(&mut rules, &scope(), FailureKind::Compile, &ks[0], "again", &[]);
+        learn(
+            &mut rules,
+            &scope(),
+            FailureKind::Compile,
+            &ks[0],
+            "again",
+            &[],
+        );
         assert_eq!((rules.len(), rules[0].count), (1, 2));
         // Compile rules hold for every shape of the rule; other CUTLASS versions are not covered.
-        let other_shape = Scope { shape: Some("8x8x8".into()), ..scope() };
+        let other_shape = Scope {
+            shape: Some("8x8x8".into()),
+            ..scope()
+        };
         assert!(rejecting(&rules, &other_shape, &ks[0]).is_some());
-        let other_cutlass = Scope { cutlass: "4.3.0".into(), ..scope() };
+        let other_cutlass = Scope {
+            cutlass: "4.3.0".into(),
+            ..scope()
+        };
         assert!(rejecting(&rules, &other_cutlass, &ks[0]).is_none());
     }
 
@@ -212,30 +314,71 @@ mod tests {
         let ks = crate::space::Knowledge::shipped().kernels(&problem(), MathType::Tf32, Arch::Sm90);
         let pp_tile = |t: [u32; 2]| -> Vec<&KernelSpec> {
             ks.iter()
-                .filter(|k| k.schedule == KernelSchedule::WsPingpong && k.family == Family::Sm90Gemm && k.tile[..2] == t)
+                .filter(|k| {
+                    k.schedule == KernelSchedule::WsPingpong
+                        && k.family == Family::Sm90Gemm
+                        && k.tile[..2] == t
+                })
                 .collect()
         };
         let p128 = pp_tile([128, 128]);
         let other_tile = pp_tile([64, 128]);
-        let find = |c: [u32; 3], e: crate::space::EpilogueKind| *p128.iter().find(|k| k.cluster == c && k.epilogue == e).unwrap();
+        let find = |c: [u32; 3], e: crate::space::EpilogueKind| {
+            *p128
+                .iter()
+                .find(|k| k.cluster == c && k.epilogue == e)
+                .unwrap()
+        };
         use crate::space::EpilogueKind::{NoSmem, Tma};
         // a and b differ in cluster and epilogue; the other two 128x128 ping-pong kernels share
         // tile and schedule with both.
         let (a, b) = (find([1, 2, 1], Tma), find([2, 1, 1], NoSmem));
-        let pp = [a, find([1, 2, 1], NoSmem), find([2, 1, 1], Tma), b, other_tile[0]];
+        let pp = [
+            a,
+            find([1, 2, 1], NoSmem),
+            find([2, 1, 1], Tma),
+            b,
+            other_tile[0],
+        ];
         let mut rules = vec![];
-        learn(&mut rules, &scope(), FailureKind::Launch, a, "illegal instruction", &[]);
-        learn(&mut rules, &scope(), FailureKind::Launch, b, "illegal instruction", &[]);
+        learn(
+            &mut rules,
+            &scope(),
+            FailureKind::Launch,
+            a,
+            "illegal instruction",
+            &[],
+        );
+        learn(
+            &mut rules,
+            &scope(),
+            FailureKind::Launch,
+            b,
+            "illegal instruction",
+            &[],
+        );
         assert_eq!(rules.len(), 1);
         assert_eq!(rules[0].count, 2);
-        assert_eq!(rules[0].predicate.get("schedule"), Some(&Value::String("ws_pp".into())));
-        assert!(!rules[0].predicate.contains_key("cluster") && !rules[0].predicate.contains_key("epilogue"));
+        assert_eq!(
+            rules[0].predicate.get("schedule"),
+            Some(&Value::String("ws_pp".into()))
+        );
+        assert!(
+            !rules[0].predicate.contains_key("cluster")
+                && !rules[0].predicate.contains_key("epilogue")
+        );
         // The generalisation rejects the untried kernels sharing what the failures shared...
-        assert!(rejecting(&rules, &scope(), pp[1]).is_some() && rejecting(&rules, &scope(), pp[2]).is_some());
+        assert!(
+            rejecting(&rules, &scope(), pp[1]).is_some()
+                && rejecting(&rules, &scope(), pp[2]).is_some()
+        );
         // ...but not another tile, nor a cooperative kernel.
         assert!(pp[4].tile != a.tile && rejecting(&rules, &scope(), pp[4]).is_none());
         let pp: Vec<&KernelSpec> = p128.clone();
-        let coop = ks.iter().find(|k| k.schedule == KernelSchedule::WsCooperative).unwrap();
+        let coop = ks
+            .iter()
+            .find(|k| k.schedule == KernelSchedule::WsCooperative)
+            .unwrap();
         assert!(rejecting(&rules, &scope(), coop).is_none());
 
         // With a known-good ping-pong kernel, the same two failures stay two exact rules.
@@ -244,18 +387,45 @@ mod tests {
         learn(&mut rules, &scope(), FailureKind::Launch, pp[0], "x", &good);
         learn(&mut rules, &scope(), FailureKind::Launch, pp[1], "x", &good);
         assert!(rejecting(&rules, &scope(), pp[2]).is_none());
-        assert!(rejecting(&rules, &scope(), pp[0]).is_some() && rejecting(&rules, &scope(), pp[1]).is_some());
+        assert!(
+            rejecting(&rules, &scope(), pp[0]).is_some()
+                && rejecting(&rules, &scope(), pp[1]).is_some()
+        );
     }
 
     #[test]
     fn numeric_rules_stay_with_their_shape_and_knobs() {
         let ks = space();
-        let sk = ks.iter().find(|k| k.scheduler == TileScheduler::StreamK).unwrap();
+        let sk = ks
+            .iter()
+            .find(|k| k.scheduler == TileScheduler::StreamK)
+            .unwrap();
         let mut rules = vec![];
-        learn(&mut rules, &scope(), FailureKind::Numeric, sk, "1.3e-3 > 1e-3", &[]);
+        learn(
+            &mut rules,
+            &scope(),
+            FailureKind::Numeric,
+            sk,
+            "1.3e-3 > 1e-3",
+            &[],
+        );
         assert!(rejecting(&rules, &scope(), sk).is_some());
-        assert!(rejecting(&rules, &Scope { shape: Some("256x256x8".into()), ..scope() }, sk).is_none());
-        let split = sk.with_knobs(crate::space::Knobs { splits: 4, ..sk.knobs });
-        assert!(rejecting(&rules, &scope(), &split).is_none(), "other knobs are another variant");
+        assert!(rejecting(
+            &rules,
+            &Scope {
+                shape: Some("256x256x8".into()),
+                ..scope()
+            },
+            sk
+        )
+        .is_none());
+        let split = sk.with_knobs(crate::space::Knobs {
+            splits: 4,
+            ..sk.knobs
+        });
+        assert!(
+            rejecting(&rules, &scope(), &split).is_none(),
+            "other knobs are another variant"
+        );
     }
 }

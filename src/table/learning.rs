@@ -32,7 +32,10 @@ fn message(o: &Outcome) -> String {
         Outcome::CompileFailed { log } => log.clone(),
         Outcome::CannotImplement => "CUTLASS can_implement refused the problem".into(),
         Outcome::LaunchFailed { error } | Outcome::Fault { error } => error.clone(),
-        Outcome::Numeric { max_rel_err, tolerance } => format!("max relative error {max_rel_err:.3e} over tolerance {tolerance:.0e}"),
+        Outcome::Numeric {
+            max_rel_err,
+            tolerance,
+        } => format!("max relative error {max_rel_err:.3e} over tolerance {tolerance:.0e}"),
         Outcome::Ok { .. } => String::new(),
     }
 }
@@ -57,7 +60,9 @@ pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[En
     let sweep = key.scope(&run.provenance.cutlass);
     let mut learned = 0;
     for c in &run.candidates {
-        let Some(kind) = failure_kind(&c.outcome) else { continue };
+        let Some(kind) = failure_kind(&c.outcome) else {
+            continue;
+        };
         let scope = sweep.for_kind(kind);
         let passed: Vec<KernelSpec> = history
             .iter()
@@ -69,7 +74,9 @@ pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[En
             .filter_map(|c| c.spec.as_gemm().cloned())
             .collect();
         // Validity rules speak of GEMM kernel features; other kinds' failures stay in their runs.
-        let Some(spec) = c.spec.as_gemm() else { continue };
+        let Some(spec) = c.spec.as_gemm() else {
+            continue;
+        };
         learn(rules, &sweep, kind, spec, &message(&c.outcome), &passed);
         learned += 1;
     }
@@ -84,11 +91,29 @@ mod tests {
 
     #[test]
     fn a_key_scopes_like_its_problem() {
-        let p = GemmProblem { m: 64, n: 128, k: 256, layout: GemmLayout::Rcr, dtype: DType::Bf16, bias: true, batch: 1, epilogue: None };
+        let p = GemmProblem {
+            m: 64,
+            n: 128,
+            k: 256,
+            layout: GemmLayout::Rcr,
+            dtype: DType::Bf16,
+            bias: true,
+            batch: 1,
+            epilogue: None,
+        };
         let key = TableKey::gemm(&p, MathType::Bf16, Arch::Sm90);
-        assert_eq!(key.scope("4.2.0.0"), Scope::of(&p, MathType::Bf16, Arch::Sm90, "4.2.0.0"));
-        assert_eq!(failure_kind(&Outcome::CannotImplement), Some(FailureKind::CannotImplement));
-        assert!(passed(FailureKind::Compile, &Outcome::CannotImplement), "it compiled");
+        assert_eq!(
+            key.scope("4.2.0.0"),
+            Scope::of(&p, MathType::Bf16, Arch::Sm90, "4.2.0.0")
+        );
+        assert_eq!(
+            failure_kind(&Outcome::CannotImplement),
+            Some(FailureKind::CannotImplement)
+        );
+        assert!(
+            passed(FailureKind::Compile, &Outcome::CannotImplement),
+            "it compiled"
+        );
         assert!(!passed(FailureKind::Launch, &Outcome::CannotImplement));
     }
 }

@@ -50,7 +50,12 @@ pub struct Dtypes {
 impl Dtypes {
     /// fact's GEMM kernels read and write one dtype and accumulate in fp32.
     pub fn gemm(dtype: DType) -> Dtypes {
-        Dtypes { a: dtype, b: dtype, c: dtype, acc: DType::F32 }
+        Dtypes {
+            a: dtype,
+            b: dtype,
+            c: dtype,
+            acc: DType::F32,
+        }
     }
 }
 
@@ -68,44 +73,76 @@ pub struct TableKey {
 /// Parses `MxNxK` into its dims.
 pub fn parse_shape(s: &str) -> Option<Vec<i64>> {
     let dims: Result<Vec<i64>, _> = s.split('x').map(str::parse::<i64>).collect();
-    dims.ok().filter(|d| !d.is_empty() && d.iter().all(|&v| v > 0))
+    dims.ok()
+        .filter(|d| !d.is_empty() && d.iter().all(|&v| v > 0))
 }
 
 impl TableKey {
     pub fn gemm(p: &GemmProblem, math: MathType, arch: Arch) -> TableKey {
-        TableKey { rule: p.rule_id(), dtypes: Dtypes::gemm(p.dtype), math, arch, shape: p.shape_key() }
+        TableKey {
+            rule: p.rule_id(),
+            dtypes: Dtypes::gemm(p.dtype),
+            math,
+            arch,
+            shape: p.shape_key(),
+        }
     }
 
     /// The key of any pattern kind's problem (attention reads and writes one dtype and
     /// accumulates in fp32, like a GEMM).
     pub fn of(p: &Problem, math: MathType, arch: Arch) -> TableKey {
-        TableKey { rule: p.rule_id(), dtypes: Dtypes::gemm(p.dtype()), math, arch, shape: p.shape_key() }
+        TableKey {
+            rule: p.rule_id(),
+            dtypes: Dtypes::gemm(p.dtype()),
+            math,
+            arch,
+            shape: p.shape_key(),
+        }
     }
 
     /// The shape bucket: every dim rounded up to a power of two. Shapes in one bucket share tile
     /// and wave behaviour closely enough that a winner is worth re-verifying before a full sweep.
     pub fn bucket(&self) -> String {
         match parse_shape(&self.shape) {
-            Some(dims) => dims.iter().map(|d| (*d as u64).next_power_of_two().to_string()).collect::<Vec<_>>().join("x"),
+            Some(dims) => dims
+                .iter()
+                .map(|d| (*d as u64).next_power_of_two().to_string())
+                .collect::<Vec<_>>()
+                .join("x"),
             None => self.shape.clone(),
         }
     }
 
     /// Same rule, dtypes, math and arch: entries that may serve each other through a bucket.
     pub fn same_family(&self, other: &TableKey) -> bool {
-        self.rule == other.rule && self.dtypes == other.dtypes && self.math == other.math && self.arch == other.arch
+        self.rule == other.rule
+            && self.dtypes == other.dtypes
+            && self.math == other.math
+            && self.arch == other.arch
     }
 
     /// A short stable id for the CLI: the first hex digits of the key's hash.
     pub fn id(&self) -> String {
         let json = serde_json::to_string(self).expect("key serializes");
-        Sha256::digest(json.as_bytes()).iter().take(4).map(|b| format!("{b:02x}")).collect()
+        Sha256::digest(json.as_bytes())
+            .iter()
+            .take(4)
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 }
 
 impl std::fmt::Display for TableKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} ({}) {} {}", self.rule, self.dtypes.a, self.math.short_name(), self.arch, self.shape)
+        write!(
+            f,
+            "{} {} ({}) {} {}",
+            self.rule,
+            self.dtypes.a,
+            self.math.short_name(),
+            self.arch,
+            self.shape
+        )
     }
 }
 
@@ -149,7 +186,12 @@ impl Entry {
             .enumerate()
             .flat_map(|(i, r)| r.candidates.iter().map(move |c| (i, c)))
             .filter(|(_, c)| c.outcome.median_ms().is_some())
-            .min_by(|a, b| a.1.outcome.median_ms().partial_cmp(&b.1.outcome.median_ms()).unwrap())?;
+            .min_by(|a, b| {
+                a.1.outcome
+                    .median_ms()
+                    .partial_cmp(&b.1.outcome.median_ms())
+                    .unwrap()
+            })?;
         Some(Entry {
             winner: best.kernel.clone(),
             winner_spec: best.spec.clone(),
@@ -169,7 +211,8 @@ impl Entry {
                 runs.push(r.clone());
             }
         }
-        Entry::from_runs(self.key.clone(), self.problem.clone(), runs).expect("merging verified entries keeps a winner")
+        Entry::from_runs(self.key.clone(), self.problem.clone(), runs)
+            .expect("merging verified entries keeps a winner")
     }
 
     pub fn winner_provenance(&self) -> &Provenance {
@@ -177,7 +220,10 @@ impl Entry {
     }
 
     pub fn baseline_ms(&self) -> Option<f64> {
-        self.runs[self.winner_run].baseline.as_ref().map(|b| b.median_ms)
+        self.runs[self.winner_run]
+            .baseline
+            .as_ref()
+            .map(|b| b.median_ms)
     }
 }
 
@@ -223,7 +269,11 @@ mod v1 {
                 arch: e.key.arch,
                 shape: e.key.shape,
             };
-            let run = Run { provenance: e.provenance, baseline: e.baseline, candidates: e.candidates };
+            let run = Run {
+                provenance: e.provenance,
+                baseline: e.baseline,
+                candidates: e.candidates,
+            };
             if let Some(entry) = super::Entry::from_runs(key, e.problem, vec![run]) {
                 out.insert_merged(entry);
             }
@@ -235,15 +285,25 @@ mod v1 {
 /// Where a lookup found its winner.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Lookup {
-    Exact { entry: Entry, table: &'static str },
+    Exact {
+        entry: Entry,
+        table: &'static str,
+    },
     /// A winner for another shape of the same bucket: re-verify on this shape before use.
-    Bucket { entry: Entry, table: &'static str },
+    Bucket {
+        entry: Entry,
+        table: &'static str,
+    },
     Miss,
 }
 
 impl Table {
     pub fn new() -> Table {
-        Table { schema: SCHEMA, entries: Vec::new(), rules: Vec::new() }
+        Table {
+            schema: SCHEMA,
+            entries: Vec::new(),
+            rules: Vec::new(),
+        }
     }
 
     /// Reads a table; a missing file is an empty table, an older schema is migrated.
@@ -252,29 +312,49 @@ impl Table {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Table::new()),
-            Err(e) => return Err(TableError::Read { path: p, detail: e.to_string() }),
+            Err(e) => {
+                return Err(TableError::Read {
+                    path: p,
+                    detail: e.to_string(),
+                })
+            }
         };
         Table::parse(&text, &p)
     }
 
     pub fn parse(text: &str, origin: &str) -> Result<Table, TableError> {
-        let corrupt = |e: serde_json::Error| TableError::Corrupt { path: origin.to_string(), detail: e.to_string() };
+        let corrupt = |e: serde_json::Error| TableError::Corrupt {
+            path: origin.to_string(),
+            detail: e.to_string(),
+        };
         let raw: serde_json::Value = serde_json::from_str(text).map_err(corrupt)?;
         let schema = raw.get("schema").and_then(|s| s.as_u64()).unwrap_or(0) as u32;
         match schema {
-            s if s > SCHEMA => Err(TableError::Newer { path: origin.to_string(), found: s }),
+            s if s > SCHEMA => Err(TableError::Newer {
+                path: origin.to_string(),
+                found: s,
+            }),
             1 => Ok(v1::migrate(serde_json::from_value(raw).map_err(corrupt)?)),
             // Schemas 2 and 3 are schema 4 without epilogues or other pattern kinds: nothing to convert.
-            2 | 3 => Ok(Table { schema: SCHEMA, ..serde_json::from_value(raw).map_err(corrupt)? }),
+            2 | 3 => Ok(Table {
+                schema: SCHEMA,
+                ..serde_json::from_value(raw).map_err(corrupt)?
+            }),
             SCHEMA => serde_json::from_value(raw).map_err(corrupt),
-            s => Err(TableError::Corrupt { path: origin.to_string(), detail: format!("unknown schema {s}") }),
+            s => Err(TableError::Corrupt {
+                path: origin.to_string(),
+                detail: format!("unknown schema {s}"),
+            }),
         }
     }
 
     /// Writes atomically: a reader sees the old table or the new one, never a torn file.
     pub fn save(&self, path: &Path) -> Result<(), TableError> {
         let p = path.display().to_string();
-        let werr = |e: std::io::Error| TableError::Write { path: p.clone(), detail: e.to_string() };
+        let werr = |e: std::io::Error| TableError::Write {
+            path: p.clone(),
+            detail: e.to_string(),
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(werr)?;
         }
@@ -287,12 +367,20 @@ impl Table {
     /// Loads, changes and saves the table at `path` while holding `path.lock`, so two fact
     /// processes updating one table both land.
     pub fn update<T>(path: &Path, f: impl FnOnce(&mut Table) -> T) -> Result<T, TableError> {
-        let werr = |e: std::io::Error| TableError::Write { path: path.display().to_string(), detail: e.to_string() };
+        let werr = |e: std::io::Error| TableError::Write {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(werr)?;
         }
         let lock_path = path.with_extension("json.lock");
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(werr)?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(werr)?;
         lock.lock().map_err(werr)?;
         let mut table = Table::load(path)?;
         let out = f(&mut table);
@@ -323,7 +411,11 @@ impl Table {
         }
         // Rules from elsewhere join as they are; an identical rule is kept once, counts summed.
         for r in &other.rules {
-            match self.rules.iter_mut().find(|x| x.scope == r.scope && x.kind == r.kind && x.predicate == r.predicate) {
+            match self
+                .rules
+                .iter_mut()
+                .find(|x| x.scope == r.scope && x.kind == r.kind && x.predicate == r.predicate)
+            {
                 Some(x) => x.count += r.count,
                 None => self.rules.push(r.clone()),
             }
@@ -332,7 +424,11 @@ impl Table {
 
     /// The entry whose id starts with `prefix`.
     pub fn find_id(&self, prefix: &str) -> Result<&Entry, TableError> {
-        let hits: Vec<&Entry> = self.entries.iter().filter(|e| e.key.id().starts_with(prefix)).collect();
+        let hits: Vec<&Entry> = self
+            .entries
+            .iter()
+            .filter(|e| e.key.id().starts_with(prefix))
+            .collect();
         match hits.len() {
             0 => Err(TableError::NoEntry(prefix.to_string())),
             1 => Ok(hits[0]),
@@ -342,7 +438,11 @@ impl Table {
 
     pub fn remove_id(&mut self, prefix: &str) -> Result<Entry, TableError> {
         let key = self.find_id(prefix)?.key.clone();
-        let i = self.entries.iter().position(|e| e.key == key).expect("found above");
+        let i = self
+            .entries
+            .iter()
+            .position(|e| e.key == key)
+            .expect("found above");
         Ok(self.entries.remove(i))
     }
 
@@ -351,7 +451,12 @@ impl Table {
         let dims = parse_shape(&key.shape)?;
         let distance = |e: &Entry| -> f64 {
             parse_shape(&e.key.shape)
-                .map(|d| d.iter().zip(&dims).map(|(a, b)| ((*a as f64) / (*b as f64)).ln().abs()).sum())
+                .map(|d| {
+                    d.iter()
+                        .zip(&dims)
+                        .map(|(a, b)| ((*a as f64) / (*b as f64)).ln().abs())
+                        .sum()
+                })
                 .unwrap_or(f64::INFINITY)
         };
         self.entries
@@ -370,19 +475,29 @@ pub struct Tables {
 
 impl Tables {
     pub fn load(user_path: &Path, shipped_path: &Path) -> Result<Tables, TableError> {
-        Ok(Tables { user_path: user_path.to_path_buf(), user: Table::load(user_path)?, shipped: Table::load(shipped_path)? })
+        Ok(Tables {
+            user_path: user_path.to_path_buf(),
+            user: Table::load(user_path)?,
+            shipped: Table::load(shipped_path)?,
+        })
     }
 
     /// Exact hits first (user, then shipped), then bucket hits (user, then shipped).
     pub fn lookup(&self, key: &TableKey) -> Lookup {
         for (table, name) in [(&self.user, "user"), (&self.shipped, "shipped")] {
             if let Some(e) = table.get(key) {
-                return Lookup::Exact { entry: e.clone(), table: name };
+                return Lookup::Exact {
+                    entry: e.clone(),
+                    table: name,
+                };
             }
         }
         for (table, name) in [(&self.user, "user"), (&self.shipped, "shipped")] {
             if let Some(e) = table.bucket_match(key) {
-                return Lookup::Bucket { entry: e.clone(), table: name };
+                return Lookup::Bucket {
+                    entry: e.clone(),
+                    table: name,
+                };
             }
         }
         Lookup::Miss
@@ -402,7 +517,12 @@ impl Tables {
 
     /// Rules of both tables (the user's first).
     pub fn rules(&self) -> Vec<crate::space::validity::Rule> {
-        self.user.rules.iter().chain(self.shipped.rules.iter()).cloned().collect()
+        self.user
+            .rules
+            .iter()
+            .chain(self.shipped.rules.iter())
+            .cloned()
+            .collect()
     }
 
     pub fn record(&mut self, entry: Entry) -> Result<(), TableError> {
@@ -419,9 +539,14 @@ pub fn user_table_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FACT_TABLE") {
         return PathBuf::from(p);
     }
-    let data = std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir).join(".local/share")
-    });
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(std::env::temp_dir)
+                .join(".local/share")
+        });
     data.join("fact/table.json")
 }
 

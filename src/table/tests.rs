@@ -4,7 +4,16 @@ use crate::space::gemm_candidates;
 use crate::tune::Outcome;
 
 fn problem(m: i64) -> GemmProblem {
-    GemmProblem { m, n: 256, k: 512, layout: GemmLayout::Rcr, dtype: DType::F32, bias: true, batch: 1, epilogue: None }
+    GemmProblem {
+        m,
+        n: 256,
+        k: 512,
+        layout: GemmLayout::Rcr,
+        dtype: DType::F32,
+        bias: true,
+        batch: 1,
+        epilogue: None,
+    }
 }
 
 fn provenance(device: &str) -> Provenance {
@@ -28,18 +37,35 @@ fn provenance(device: &str) -> Provenance {
 fn entry(m: i64, which: usize, ms: f64, device: &str) -> Entry {
     let p = problem(m);
     let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
-    let timing = Timing { median_ms: ms, min_ms: ms, max_ms: ms, spread: 0.0, samples: 1 };
+    let timing = Timing {
+        median_ms: ms,
+        min_ms: ms,
+        max_ms: ms,
+        spread: 0.0,
+        samples: 1,
+    };
     let ok = CandidateResult {
         kernel: specs[which].name(),
         spec: specs[which].clone().into(),
-        outcome: Outcome::Ok { max_rel_err: 1e-4, timing: timing.clone(), tflops: 1.0 },
+        outcome: Outcome::Ok {
+            max_rel_err: 1e-4,
+            timing: timing.clone(),
+            tflops: 1.0,
+        },
     };
     let bad = CandidateResult {
         kernel: specs[which + 1].name(),
         spec: specs[which + 1].clone().into(),
-        outcome: Outcome::Numeric { max_rel_err: 0.5, tolerance: 1e-3 },
+        outcome: Outcome::Numeric {
+            max_rel_err: 0.5,
+            tolerance: 1e-3,
+        },
     };
-    let run = Run { provenance: provenance(device), baseline: Some(timing), candidates: vec![ok, bad] };
+    let run = Run {
+        provenance: provenance(device),
+        baseline: Some(timing),
+        candidates: vec![ok, bad],
+    };
     Entry::from_runs(TableKey::gemm(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap()
 }
 
@@ -54,7 +80,11 @@ fn round_trip_keeps_every_field() {
     let back = Table::load(&path).unwrap();
     assert_eq!(back, t);
     assert_eq!(back.schema, SCHEMA);
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left behind");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no temp file left behind"
+    );
 }
 
 #[test]
@@ -72,18 +102,34 @@ fn keys_bucket_by_powers_of_two_within_one_family() {
 
 #[test]
 fn lookup_prefers_exact_then_user_then_bucket() {
-    let mut tables = Tables { user_path: PathBuf::from("/unused"), user: Table::new(), shipped: Table::new() };
+    let mut tables = Tables {
+        user_path: PathBuf::from("/unused"),
+        user: Table::new(),
+        shipped: Table::new(),
+    };
     let key = |m| TableKey::gemm(&problem(m), MathType::Tf32, Arch::Sm90);
     assert_eq!(tables.lookup(&key(3000)), Lookup::Miss);
     tables.shipped.insert_merged(entry(4096, 0, 0.5, "H100"));
     tables.shipped.insert_merged(entry(2048, 0, 0.5, "H100"));
     match tables.lookup(&key(3000)) {
-        Lookup::Bucket { entry, table } => assert_eq!((entry.key.shape.as_str(), table), ("4096x256x512", "shipped")),
+        Lookup::Bucket { entry, table } => assert_eq!(
+            (entry.key.shape.as_str(), table),
+            ("4096x256x512", "shipped")
+        ),
         other => panic!("{other:?}"),
     }
     tables.user.insert_merged(entry(3000, 1, 0.4, "H100"));
-    assert!(matches!(tables.lookup(&key(3000)), Lookup::Exact { table: "user", .. }));
-    assert!(matches!(tables.lookup(&key(4096)), Lookup::Exact { table: "shipped", .. }));
+    assert!(matches!(
+        tables.lookup(&key(3000)),
+        Lookup::Exact { table: "user", .. }
+    ));
+    assert!(matches!(
+        tables.lookup(&key(4096)),
+        Lookup::Exact {
+            table: "shipped",
+            ..
+        }
+    ));
     assert_eq!(tables.lookup(&key(8192)), Lookup::Miss, "another bucket");
 }
 
@@ -93,14 +139,20 @@ fn merge_keeps_both_runs_and_the_faster_verified_winner() {
     let fast = entry(128, 2, 0.3, "H100 (b)");
     let m = slow.merged(&fast);
     assert_eq!(m.runs.len(), 2);
-    assert_eq!((m.winner.as_str(), m.winner_ms), (fast.winner.as_str(), 0.3));
+    assert_eq!(
+        (m.winner.as_str(), m.winner_ms),
+        (fast.winner.as_str(), 0.3)
+    );
     assert_eq!(m.winner_provenance().device.name, "H100 (b)");
     assert_eq!(m.merged(&fast), m, "merging a run twice keeps it once");
     let mut t = Table::new();
     t.insert_merged(fast.clone());
     t.insert_merged(slow.clone());
     assert_eq!(t.entries.len(), 1);
-    assert_eq!(t.entries[0].winner_ms, 0.3, "a slower run never displaces the winner");
+    assert_eq!(
+        t.entries[0].winner_ms, 0.3,
+        "a slower run never displaces the winner"
+    );
 }
 
 #[test]
@@ -116,10 +168,24 @@ fn truncated_and_newer_tables_are_refused_and_left_intact() {
     assert!(matches!(e, TableError::Corrupt { .. }), "{e}");
     let e = Table::update(&path, |t| t.insert_merged(entry(64, 0, 0.1, "H100"))).unwrap_err();
     assert!(matches!(e, TableError::Corrupt { .. }));
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), text[..text.len() / 2], "a failed update writes nothing");
-    std::fs::write(&path, text.replace(&format!("\"schema\": {SCHEMA}"), "\"schema\": 99")).unwrap();
-    assert!(Table::load(&path).unwrap_err().to_string().contains("upgrade fact"));
-    assert_eq!(Table::load(&dir.path().join("missing.json")).unwrap(), Table::new());
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        text[..text.len() / 2],
+        "a failed update writes nothing"
+    );
+    std::fs::write(
+        &path,
+        text.replace(&format!("\"schema\": {SCHEMA}"), "\"schema\": 99"),
+    )
+    .unwrap();
+    assert!(Table::load(&path)
+        .unwrap_err()
+        .to_string()
+        .contains("upgrade fact"));
+    assert_eq!(
+        Table::load(&dir.path().join("missing.json")).unwrap(),
+        Table::new()
+    );
 }
 
 #[test]
@@ -148,7 +214,9 @@ fn schema_one_tables_are_migrated() {
 fn schema_two_tables_are_read_as_three_and_keep_their_entries() {
     let mut t = Table::new();
     t.insert_merged(entry(128, 0, 0.5, "H100"));
-    let v2 = serde_json::to_string(&t).unwrap().replace("\"schema\":4", "\"schema\":2");
+    let v2 = serde_json::to_string(&t)
+        .unwrap()
+        .replace("\"schema\":4", "\"schema\":2");
     assert!(v2.contains("\"schema\":2"));
     let back = Table::parse(&v2, "v2.json").unwrap();
     assert_eq!(back.schema, SCHEMA);
@@ -156,14 +224,23 @@ fn schema_two_tables_are_read_as_three_and_keep_their_entries() {
     // A fused problem keeps its epilogue through a save and a load.
     let mut fused = entry(256, 0, 0.5, "H100");
     let ep = crate::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=add(v1,l0)").unwrap();
-    let crate::rules::Problem::Gemm(p) = &mut fused.problem else { unreachable!("a GEMM entry") };
+    let crate::rules::Problem::Gemm(p) = &mut fused.problem else {
+        unreachable!("a GEMM entry")
+    };
     p.epilogue = Some(ep.clone());
     fused.key.rule = fused.problem.rule_id();
     let mut t = Table::new();
     t.insert_merged(fused.clone());
     let back = Table::parse(&serde_json::to_string(&t).unwrap(), "v3.json").unwrap();
-    assert_eq!(back.entries[0].problem.as_gemm().unwrap().epilogue, Some(ep));
-    assert!(back.entries[0].key.rule.contains("_ep_gelu_tanh_add_"), "{}", back.entries[0].key.rule);
+    assert_eq!(
+        back.entries[0].problem.as_gemm().unwrap().epilogue,
+        Some(ep)
+    );
+    assert!(
+        back.entries[0].key.rule.contains("_ep_gelu_tanh_add_"),
+        "{}",
+        back.entries[0].key.rule
+    );
 }
 
 #[test]

@@ -85,7 +85,12 @@ mod ffi {
         include!("fact/src/torch/bridge.h");
         fn traced_inputs(path: &str) -> Result<Vec<InputSpec>>;
         fn load_graph(path: &str, inputs: &Vec<InputSpec>) -> Result<GraphDump>;
-        fn rewrite_and_save(path: &str, out_path: &str, edits: &Vec<Edit>, schemas: &Vec<String>) -> Result<String>;
+        fn rewrite_and_save(
+            path: &str,
+            out_path: &str,
+            edits: &Vec<Edit>,
+            schemas: &Vec<String>,
+        ) -> Result<String>;
         fn graph_text(path: &str) -> Result<String>;
         fn save_fp64_copy(path: &str, out_path: &str) -> Result<()>;
         fn archive_records(path: &str) -> Result<Vec<String>>;
@@ -107,7 +112,11 @@ pub enum TorchError {
     #[error("{path}: no example inputs stored in the archive; pass the shapes with --input, e.g. --input 4096x4096:f32 (once per forward input)")]
     MissingShapes { path: String },
     #[error("{path}: input {index} ({shape}) has a zero-size dimension: nothing can be tuned on an empty tensor; pass the shape of a real batch with --input (every dimension at least 1)")]
-    ZeroSize { path: String, index: usize, shape: String },
+    ZeroSize {
+        path: String,
+        index: usize,
+        shape: String,
+    },
     #[error("{0}")]
     OpFailed(Box<OpFailure>),
     #[error("{0}")]
@@ -139,7 +148,8 @@ impl std::fmt::Display for OpFailure {
 }
 
 /// The schema of the op composed graphs call; the op library template renders the same string.
-pub const GEMM_OP_SCHEMA: &str = "gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor";
+pub const GEMM_OP_SCHEMA: &str =
+    "gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor";
 
 /// The schema of the fused GEMM + epilogue op: `epilogue` is the program's text
 /// (rules::epilogue), run over the GEMM's result and `leaves`.
@@ -168,14 +178,19 @@ impl InputShape {
     pub fn parse(s: &str) -> Result<InputShape, String> {
         let (dims, dtype) = s.split_once(':').unwrap_or((s, "f32"));
         let shape: Result<Vec<i64>, _> = dims.split('x').map(|d| d.trim().parse::<i64>()).collect();
-        let shape = shape.map_err(|_| format!("bad --input '{s}': write dims joined by x, e.g. 4096x4096:f32"))?;
+        let shape = shape.map_err(|_| {
+            format!("bad --input '{s}': write dims joined by x, e.g. 4096x4096:f32")
+        })?;
         if shape.iter().any(|&d| d < 0) {
             return Err(format!("bad --input '{s}': dims must not be negative"));
         }
         if !["f32", "bf16", "f16", "f64", "i64", "i32", "bool"].contains(&dtype) {
             return Err(format!("bad --input '{s}': dtype '{dtype}' is not one of f32, bf16, f16, f64, i64, i32, bool"));
         }
-        Ok(InputShape { shape, dtype: dtype.to_string() })
+        Ok(InputShape {
+            shape,
+            dtype: dtype.to_string(),
+        })
     }
     pub fn display(&self) -> String {
         let dims: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
@@ -187,19 +202,34 @@ impl InputShape {
 fn check_archive(path: &Path) -> Result<String, TorchError> {
     use std::io::Read;
     let p = path.display().to_string();
-    let read_err = |e: std::io::Error| TorchError::Read { path: p.clone(), detail: e.to_string() };
+    let read_err = |e: std::io::Error| TorchError::Read {
+        path: p.clone(),
+        detail: e.to_string(),
+    };
     let mut head = Vec::with_capacity(4);
-    std::fs::File::open(path).map_err(read_err)?.take(4).read_to_end(&mut head).map_err(read_err)?;
-    let not_ts = |kind: ArchiveKind| TorchError::NotTorchScript { path: p.clone(), what: kind.describe() };
+    std::fs::File::open(path)
+        .map_err(read_err)?
+        .take(4)
+        .read_to_end(&mut head)
+        .map_err(read_err)?;
+    let not_ts = |kind: ArchiveKind| TorchError::NotTorchScript {
+        path: p.clone(),
+        what: kind.describe(),
+    };
     if let Some(kind) = archive::from_head(&head) {
         return Err(not_ts(kind));
     }
     let records = ffi::archive_records(&p).map_err(|e| TorchError::NotTorchScript {
         path: p.clone(),
-        what: format!("it is a zip archive torch cannot read ({})", first_line(e.what())),
+        what: format!(
+            "it is a zip archive torch cannot read ({})",
+            first_line(e.what())
+        ),
     })?;
     // A state dict's first tensor comes early in its pickle; 64 KiB tells what it holds.
-    match archive::from_records(&records, || ffi::archive_record(&p, "data.pkl", 1 << 16).unwrap_or_default()) {
+    match archive::from_records(&records, || {
+        ffi::archive_record(&p, "data.pkl", 1 << 16).unwrap_or_default()
+    }) {
         ArchiveKind::TorchScript => Ok(p),
         kind => Err(not_ts(kind)),
     }
@@ -208,26 +238,43 @@ fn check_archive(path: &Path) -> Result<String, TorchError> {
 fn bridge_err(path: &str, e: cxx::Exception) -> TorchError {
     let msg = e.what().to_string();
     if msg.contains("PytorchStreamReader") {
-        TorchError::NotTorchScript { path: path.to_string(), what: format!("torch cannot read it ({})", first_line(&msg)) }
+        TorchError::NotTorchScript {
+            path: path.to_string(),
+            what: format!("torch cannot read it ({})", first_line(&msg)),
+        }
     } else {
         TorchError::Bridge(first_line(&msg))
     }
 }
 
 fn first_line(s: &str) -> String {
-    s.lines().take(3).collect::<Vec<_>>().join(" ").trim().to_string()
+    s.lines()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim()
+        .to_string()
 }
 
 /// The example inputs a traced archive carries (empty when it carries none).
 pub fn traced_inputs(path: &Path) -> Result<Vec<InputShape>, TorchError> {
     let p = check_archive(path)?;
     let specs = ffi::traced_inputs(&p).map_err(|e| bridge_err(&p, e))?;
-    Ok(specs.into_iter().map(|s| InputShape { shape: s.shape, dtype: s.dtype }).collect())
+    Ok(specs
+        .into_iter()
+        .map(|s| InputShape {
+            shape: s.shape,
+            dtype: s.dtype,
+        })
+        .collect())
 }
 
 /// Loads `forward` of a TorchScript archive, inlined, with every tensor's shape and dtype from one
 /// run on the given inputs (or the traced ones when `inputs` is empty).
-pub fn load_graph(path: &Path, inputs: &[InputShape]) -> Result<(Graph, Vec<InputShape>), TorchError> {
+pub fn load_graph(
+    path: &Path,
+    inputs: &[InputShape],
+) -> Result<(Graph, Vec<InputShape>), TorchError> {
     let p = check_archive(path)?;
     let inputs = if inputs.is_empty() {
         let traced = traced_inputs(path)?;
@@ -238,11 +285,24 @@ pub fn load_graph(path: &Path, inputs: &[InputShape]) -> Result<(Graph, Vec<Inpu
     } else {
         inputs.to_vec()
     };
-    if let Some((i, input)) = inputs.iter().enumerate().find(|(_, i)| i.shape.contains(&0)) {
-        return Err(TorchError::ZeroSize { path: p, index: i + 1, shape: input.display() });
+    if let Some((i, input)) = inputs
+        .iter()
+        .enumerate()
+        .find(|(_, i)| i.shape.contains(&0))
+    {
+        return Err(TorchError::ZeroSize {
+            path: p,
+            index: i + 1,
+            shape: input.display(),
+        });
     }
-    let specs: Vec<InputSpec> =
-        inputs.iter().map(|i| InputSpec { shape: i.shape.clone(), dtype: i.dtype.clone() }).collect();
+    let specs: Vec<InputSpec> = inputs
+        .iter()
+        .map(|i| InputSpec {
+            shape: i.shape.clone(),
+            dtype: i.dtype.clone(),
+        })
+        .collect();
     let dump = ffi::load_graph(&p, &specs).map_err(|e| bridge_err(&p, e))?;
     let f = &dump.failure;
     if !f.kind.is_empty() {
@@ -251,7 +311,11 @@ pub fn load_graph(path: &Path, inputs: &[InputShape]) -> Result<(Graph, Vec<Inpu
             path: p,
             given: given.join(", "),
             op: f.kind.clone(),
-            scope: if f.scope.is_empty() { String::new() } else { format!(" (in {})", f.scope) },
+            scope: if f.scope.is_empty() {
+                String::new()
+            } else {
+                format!(" (in {})", f.scope)
+            },
             op_inputs: f.inputs.join(", "),
             message: f.message.clone(),
         })));
@@ -266,7 +330,11 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
         .map(|v| Value {
             name: v.name,
             ty: v.ty,
-            tensor: v.has_shape.then_some(TensorInfo { dtype: v.dtype, shape: v.shape, strides: v.strides }),
+            tensor: v.has_shape.then_some(TensorInfo {
+                dtype: v.dtype,
+                shape: v.shape,
+                strides: v.strides,
+            }),
             producer: None,
         })
         .collect();
@@ -322,9 +390,14 @@ pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<Strin
             remove_kinds: e.remove_kinds.clone(),
         })
         .collect();
-    let schemas = vec![GEMM_OP_SCHEMA.to_string(), GEMM_EP_OP_SCHEMA.to_string(), ATTENTION_OP_SCHEMA.to_string()];
+    let schemas = vec![
+        GEMM_OP_SCHEMA.to_string(),
+        GEMM_EP_OP_SCHEMA.to_string(),
+        ATTENTION_OP_SCHEMA.to_string(),
+    ];
     let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
-    ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas).map_err(|e| TorchError::Bridge(first_line(e.what())))
+    ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas)
+        .map_err(|e| TorchError::Bridge(first_line(e.what())))
 }
 
 /// The inlined `forward` graph of an archive as TorchScript prints it.
@@ -361,7 +434,8 @@ pub fn cuda_available() -> bool {
     *CUDA.get_or_init(|| {
         // SAFETY: libtorch_cuda's initialisers only register CUDA kernels and hooks with the
         // libtorch already loaded in this process; the handle is leaked so they stay registered.
-        let loaded = unsafe { libloading::os::unix::Library::open(Some("libtorch_cuda.so"), libc_flags()) };
+        let loaded =
+            unsafe { libloading::os::unix::Library::open(Some("libtorch_cuda.so"), libc_flags()) };
         match loaded {
             Ok(lib) => {
                 std::mem::forget(lib);
@@ -397,9 +471,12 @@ pub fn load_op_library(path: &Path) -> Result<(), TorchError> {
     let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: the library's static initialisers register fact::gemm with the torch already in
     // this process; the handle is leaked because unloading would leave dangling op registrations.
-    let lib = unsafe { libloading::os::unix::Library::open(Some(&canon), libc_flags()) }.map_err(|e| {
-        TorchError::OpLibrary { path: path.display().to_string(), detail: e.to_string() }
-    })?;
+    let lib = unsafe { libloading::os::unix::Library::open(Some(&canon), libc_flags()) }.map_err(
+        |e| TorchError::OpLibrary {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        },
+    )?;
     std::mem::forget(lib);
     let _ = LOADED.set(canon);
     Ok(())
@@ -421,24 +498,36 @@ pub struct OpCalls {
 
 /// A handle on the op library this process loaded with `load_op_library`, for its C functions.
 fn loaded_op_library(path: &Path) -> Result<libloading::os::unix::Library, TorchError> {
-    let err = |detail: String| TorchError::OpLibrary { path: path.display().to_string(), detail };
+    let err = |detail: String| TorchError::OpLibrary {
+        path: path.display().to_string(),
+        detail,
+    };
     let canon = path.canonicalize().map_err(|e| err(e.to_string()))?;
     // SAFETY: opening an already loaded library only takes another reference to it; dropping the
     // handle leaves the library loaded (load_op_library keeps its own).
-    unsafe { libloading::os::unix::Library::open(Some(&canon), libc_flags()) }.map_err(|e| err(e.to_string()))
+    unsafe { libloading::os::unix::Library::open(Some(&canon), libc_flags()) }
+        .map_err(|e| err(e.to_string()))
 }
 
 /// The op library's call counts per kernel since it was loaded (or `reset`), read from the
 /// library this process loaded with `load_op_library`.
-pub fn op_stats(path: &Path, reset: bool) -> Result<std::collections::BTreeMap<String, OpCalls>, TorchError> {
-    let err = |detail: String| TorchError::OpLibrary { path: path.display().to_string(), detail };
+pub fn op_stats(
+    path: &Path,
+    reset: bool,
+) -> Result<std::collections::BTreeMap<String, OpCalls>, TorchError> {
+    let err = |detail: String| TorchError::OpLibrary {
+        path: path.display().to_string(),
+        detail,
+    };
     let lib = loaded_op_library(path)?;
     // SAFETY: both functions are declared in templates/torch_op.cpp.hbs with exactly these
     // signatures; the text fact_op_stats returns stays valid until this thread's next call, after
     // the copy below.
     unsafe {
         if reset {
-            let f: libloading::os::unix::Symbol<unsafe extern "C" fn()> = lib.get(b"fact_op_stats_reset").map_err(|e| err(e.to_string()))?;
+            let f: libloading::os::unix::Symbol<unsafe extern "C" fn()> = lib
+                .get(b"fact_op_stats_reset")
+                .map_err(|e| err(e.to_string()))?;
             f();
             return Ok(Default::default());
         }
@@ -452,15 +541,23 @@ pub fn op_stats(path: &Path, reset: bool) -> Result<std::collections::BTreeMap<S
 /// Turns the given pattern kinds of the loaded op library off (their calls run the original ops)
 /// and every other kind on; an empty list turns all on.
 pub fn disable_kinds(path: &Path, kinds: &[crate::rules::PatternKind]) -> Result<(), TorchError> {
-    let err = |detail: String| TorchError::OpLibrary { path: path.display().to_string(), detail };
+    let err = |detail: String| TorchError::OpLibrary {
+        path: path.display().to_string(),
+        detail,
+    };
     let lib = loaded_op_library(path)?;
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     let text = std::ffi::CString::new(names.join(",")).expect("kind names hold no NUL");
     // SAFETY: declared in templates/torch_op.cpp.hbs as int32_t fact_disable(const char*); it
     // reads the string only during the call.
     let rc = unsafe {
-        let f: libloading::os::unix::Symbol<unsafe extern "C" fn(*const std::os::raw::c_char) -> i32> =
-            lib.get(b"fact_disable").map_err(|e| err(format!("{e} (a library composed before fact could turn kinds off; compose again)")))?;
+        let f: libloading::os::unix::Symbol<
+            unsafe extern "C" fn(*const std::os::raw::c_char) -> i32,
+        > = lib.get(b"fact_disable").map_err(|e| {
+            err(format!(
+                "{e} (a library composed before fact could turn kinds off; compose again)"
+            ))
+        })?;
         f(text.as_ptr())
     };
     if rc != 0 {
@@ -477,10 +574,17 @@ mod tests {
     fn input_shapes_parse_and_reject_bad_text() {
         assert_eq!(
             InputShape::parse("4096x1024:bf16").unwrap(),
-            InputShape { shape: vec![4096, 1024], dtype: "bf16".into() }
+            InputShape {
+                shape: vec![4096, 1024],
+                dtype: "bf16".into()
+            }
         );
         assert_eq!(InputShape::parse("8x8").unwrap().dtype, "f32");
-        assert!(InputShape::parse("8xa:f32").unwrap_err().contains("dims joined by x"));
-        assert!(InputShape::parse("8x8:f8").unwrap_err().contains("not one of"));
+        assert!(InputShape::parse("8xa:f32")
+            .unwrap_err()
+            .contains("dims joined by x"));
+        assert!(InputShape::parse("8x8:f8")
+            .unwrap_err()
+            .contains("not one of"));
     }
 }

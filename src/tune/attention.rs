@@ -30,10 +30,19 @@ impl Inputs {
             let part = |i: i64, s: f64| (qkv.narrow(2, i * h * d, h * d) * s).to_kind(kind);
             // Scaling makes each part its own tensor; re-pack them as one projection's views.
             let packed = Tensor::cat(&[part(0, logit_scale), part(1, 1.0), part(2, 1.0)], 2);
-            let view = |i: i64| packed.narrow(2, i * h * d, h * d).view([b, p.seq_q, h, d]).transpose(1, 2);
+            let view = |i: i64| {
+                packed
+                    .narrow(2, i * h * d, h * d)
+                    .view([b, p.seq_q, h, d])
+                    .transpose(1, 2)
+            };
             (view(0), view(1), view(2))
         } else {
-            let r = |t: i64, s: f64| (Tensor::randn([b, t, h, d], (Kind::Float, device)) * s).to_kind(kind).transpose(1, 2);
+            let r = |t: i64, s: f64| {
+                (Tensor::randn([b, t, h, d], (Kind::Float, device)) * s)
+                    .to_kind(kind)
+                    .transpose(1, 2)
+            };
             (r(p.seq_q, logit_scale), r(p.seq_k, 1.0), r(p.seq_k, 1.0))
         };
         let keep = Tensor::ones([p.seq_q, p.seq_k], (Kind::Bool, device)).tril(0);
@@ -44,18 +53,37 @@ impl Inputs {
     /// precision): q·kᵀ, scale, masked_fill, softmax, ·v.
     pub fn explicit(&self, p: &AttentionProblem, scale: f64) -> Tensor {
         let s = self.q.matmul(&self.k.transpose(-2, -1)) * scale;
-        let s = if p.causal { s.masked_fill(&self.keep.logical_not(), f64::NEG_INFINITY) } else { s };
+        let s = if p.causal {
+            s.masked_fill(&self.keep.logical_not(), f64::NEG_INFINITY)
+        } else {
+            s
+        };
         s.softmax(-1, None::<Kind>).matmul(&self.v)
     }
 
     pub fn sdpa(&self, p: &AttentionProblem, scale: f64) -> Tensor {
-        Tensor::scaled_dot_product_attention(&self.q, &self.k, &self.v, None::<Tensor>, 0.0, p.causal, Some(scale), false)
+        Tensor::scaled_dot_product_attention(
+            &self.q,
+            &self.k,
+            &self.v,
+            None::<Tensor>,
+            0.0,
+            p.causal,
+            Some(scale),
+            false,
+        )
     }
 
     /// The explicit form in fp64.
     pub fn reference(&self, p: &AttentionProblem, scale: f64) -> Tensor {
         let up = |t: &Tensor| t.to_kind(Kind::Double);
-        Inputs { q: up(&self.q), k: up(&self.k), v: up(&self.v), keep: self.keep.shallow_clone() }.explicit(p, scale)
+        Inputs {
+            q: up(&self.q),
+            k: up(&self.k),
+            v: up(&self.v),
+            keep: self.keep.shallow_clone(),
+        }
+        .explicit(p, scale)
     }
 }
 
@@ -66,7 +94,13 @@ pub fn fact_tensor(t: &Tensor) -> FactTensor {
         Kind::Half => 2,
         _ => 0,
     };
-    let mut ft = FactTensor { data: t.data_ptr(), dtype, rank: t.dim() as i32, sizes: [0; 6], strides: [0; 6] };
+    let mut ft = FactTensor {
+        data: t.data_ptr(),
+        dtype,
+        rank: t.dim() as i32,
+        sizes: [0; 6],
+        strides: [0; 6],
+    };
     for (i, (s, st)) in t.size().iter().zip(t.stride()).enumerate().take(6) {
         ft.sizes[i] = *s;
         ft.strides[i] = st;
@@ -76,7 +110,11 @@ pub fn fact_tensor(t: &Tensor) -> FactTensor {
 
 /// The kernel's output: [B,H,Tq,D] stored as [B,Tq,H,D], what `y.transpose(1, 2).contiguous()` wants.
 pub fn output(p: &AttentionProblem, device: Device) -> Tensor {
-    Tensor::empty([p.batch, p.seq_q, p.heads, p.head_dim], (p.dtype.tch_kind(), device)).transpose(1, 2)
+    Tensor::empty(
+        [p.batch, p.seq_q, p.heads, p.head_dim],
+        (p.dtype.tch_kind(), device),
+    )
+    .transpose(1, 2)
 }
 
 pub struct AttentionBench<'a> {
@@ -94,20 +132,46 @@ pub struct AttentionBench<'a> {
 }
 
 impl<'a> AttentionBench<'a> {
-    pub fn new(lib: &'a KernelLibrary, p: AttentionProblem, protocol: Protocol) -> Result<AttentionBench<'a>, String> {
+    pub fn new(
+        lib: &'a KernelLibrary,
+        p: AttentionProblem,
+        protocol: Protocol,
+    ) -> Result<AttentionBench<'a>, String> {
         let cuda = Cuda::get()?;
         let device = Device::Cuda(0);
         let timed = Inputs::random(&p, device, 1.0);
         let out = output(&p, device);
         let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, device));
         let scale = 1.0 / (p.head_dim as f64).sqrt();
-        Ok(AttentionBench { lib, origin: p.origin, p, scale, protocol, cuda, device, flush, timed, out, verified: 0 })
+        Ok(AttentionBench {
+            lib,
+            origin: p.origin,
+            p,
+            scale,
+            protocol,
+            cuda,
+            device,
+            flush,
+            timed,
+            out,
+            verified: 0,
+        })
     }
 
     fn launch(&self, index: usize, x: &Inputs, out: &Tensor) -> Result<(), BenchError> {
-        let tensors = [fact_tensor(&x.q), fact_tensor(&x.k), fact_tensor(&x.v), fact_tensor(out)];
+        let tensors = [
+            fact_tensor(&x.q),
+            fact_tensor(&x.k),
+            fact_tensor(&x.v),
+            fact_tensor(out),
+        ];
         let scalars = [self.scale, if self.p.causal { 1.0 } else { 0.0 }, 1.0];
-        let args = FactOpArgs { tensors: tensors.as_ptr(), num_tensors: 4, scalars: scalars.as_ptr(), num_scalars: 3 };
+        let args = FactOpArgs {
+            tensors: tensors.as_ptr(),
+            num_tensors: 4,
+            scalars: scalars.as_ptr(),
+            num_scalars: 3,
+        };
         if !self.lib.op_can_implement(index, &args) {
             return Err(BenchError::CannotImplement);
         }
@@ -135,7 +199,13 @@ impl Bench for AttentionBench<'_> {
     fn time(&mut self, index: usize) -> Result<Vec<f64>, BenchError> {
         let (x, out) = (&self.timed, &self.out);
         let this = &*self;
-        sample(self.cuda, &self.flush, &self.protocol, &mut || this.launch(index, x, out), BenchError::Launch)
+        sample(
+            self.cuda,
+            &self.flush,
+            &self.protocol,
+            &mut || this.launch(index, x, out),
+            BenchError::Launch,
+        )
     }
 
     fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError> {

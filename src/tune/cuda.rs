@@ -76,7 +76,9 @@ impl Cuda {
                 attribute: sym!(rt, b"cudaDeviceGetAttribute"),
                 driver_version: sym!(rt, b"cudaDriverGetVersion"),
                 runtime_version: sym!(rt, b"cudaRuntimeGetVersion"),
-                device_name: drv.as_ref().and_then(|d| d.get(b"cuDeviceGetName").ok().map(|s| *s)),
+                device_name: drv
+                    .as_ref()
+                    .and_then(|d| d.get(b"cuDeviceGetName").ok().map(|s| *s)),
                 _rt: rt,
                 _drv: drv,
             })
@@ -88,7 +90,9 @@ impl Cuda {
             return Ok(());
         }
         // SAFETY: cudaGetErrorString returns a static string for any code.
-        let msg = unsafe { std::ffi::CStr::from_ptr((self.error_string)(code)) }.to_string_lossy().into_owned();
+        let msg = unsafe { std::ffi::CStr::from_ptr((self.error_string)(code)) }
+            .to_string_lossy()
+            .into_owned();
         Err(format!("{what}: {msg}"))
     }
 
@@ -110,12 +114,21 @@ impl Cuda {
             self.check((self.event_create)(&mut start), "cudaEventCreate")?;
             self.check((self.event_create)(&mut end), "cudaEventCreate")?;
             let r = (|| {
-                self.check((self.event_record)(start, std::ptr::null_mut()), "cudaEventRecord")?;
+                self.check(
+                    (self.event_record)(start, std::ptr::null_mut()),
+                    "cudaEventRecord",
+                )?;
                 f()?;
-                self.check((self.event_record)(end, std::ptr::null_mut()), "cudaEventRecord")?;
+                self.check(
+                    (self.event_record)(end, std::ptr::null_mut()),
+                    "cudaEventRecord",
+                )?;
                 self.check((self.event_sync)(end), "cudaEventSynchronize")?;
                 let mut ms = 0f32;
-                self.check((self.event_elapsed)(&mut ms, start, end), "cudaEventElapsedTime")?;
+                self.check(
+                    (self.event_elapsed)(&mut ms, start, end),
+                    "cudaEventElapsedTime",
+                )?;
                 Ok(ms as f64)
             })();
             (self.event_destroy)(start);
@@ -145,7 +158,9 @@ impl Cuda {
                 // SAFETY: the buffer holds 256 bytes and the driver writes a NUL-terminated name.
                 unsafe {
                     f(buf.as_mut_ptr(), 256, device);
-                    std::ffi::CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+                    std::ffi::CStr::from_ptr(buf.as_ptr())
+                        .to_string_lossy()
+                        .into_owned()
                 }
             })
             .unwrap_or_else(|| "unknown".into());

@@ -50,7 +50,9 @@ pub fn apply(e: &Epilogue, v0: &Tensor, leaves: &[Tensor]) -> Tensor {
                             _ => y.reciprocal().g_mul_scalar(x),
                         }
                     }
-                    (None, None) => unreachable!("the matcher never builds an op over two constants"),
+                    (None, None) => {
+                        unreachable!("the matcher never builds an op over two constants")
+                    }
                 }
             }
             op => {
@@ -93,11 +95,18 @@ mod tests {
     fn programs_compute_what_the_ops_say() {
         let x = Tensor::from_slice(&[-2.0f64, -0.5, 0.0, 0.5, 3.0]).to_device(Device::Cpu);
         let row = Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0, 5.0]);
-        let e = Epilogue::parse("leaves=row,scalar;v1=mul(v0,l0);v2=sub(1.0,v1);v3=clamp(v2,-3.0,2.0);v4=div(v3,l1)").unwrap();
+        let e = Epilogue::parse(
+            "leaves=row,scalar;v1=mul(v0,l0);v2=sub(1.0,v1);v3=clamp(v2,-3.0,2.0);v4=div(v3,l1)",
+        )
+        .unwrap();
         let got = apply(&e, &x, &[row.shallow_clone(), Tensor::from(2.0f64)]);
-        let want = ((&x * &row).neg().g_add_scalar(1.0)).clamp(-3.0, 2.0).g_div_scalar(2.0);
+        let want = ((&x * &row).neg().g_add_scalar(1.0))
+            .clamp(-3.0, 2.0)
+            .g_div_scalar(2.0);
         assert!(got.allclose(&want, 0.0, 0.0, false), "{got} vs {want}");
-        let e = Epilogue::parse("leaves=;v1=leaky_relu(v0,0.1);v2=softplus(v1,2.0,1.0);v3=pow(v2,3.0)").unwrap();
+        let e =
+            Epilogue::parse("leaves=;v1=leaky_relu(v0,0.1);v2=softplus(v1,2.0,1.0);v3=pow(v2,3.0)")
+                .unwrap();
         let got = apply(&e, &x, &[]);
         let v1 = x.where_self(&x.gt(0.0), &(&x * 0.1));
         let sp = v1.where_self(&(&v1 * 2.0).gt(1.0), &((&v1 * 2.0).exp().log1p() / 2.0));

@@ -108,7 +108,9 @@ impl Operands {
 
 /// ‖out − ref‖ / ‖ref‖ in fp64; NaN if any element of `out` is NaN.
 pub fn relative_error(out: &Tensor, reference: &Tensor) -> f64 {
-    let diff = (out.to_kind(Kind::Double) - reference).norm().double_value(&[]);
+    let diff = (out.to_kind(Kind::Double) - reference)
+        .norm()
+        .double_value(&[]);
     let norm = reference.norm().double_value(&[]);
     if norm == 0.0 {
         return if diff == 0.0 { 0.0 } else { f64::INFINITY };
@@ -128,13 +130,26 @@ pub struct GpuBench<'a> {
 }
 
 impl<'a> GpuBench<'a> {
-    pub fn new(lib: &'a KernelLibrary, p: GemmProblem, protocol: Protocol) -> Result<GpuBench<'a>, String> {
+    pub fn new(
+        lib: &'a KernelLibrary,
+        p: GemmProblem,
+        protocol: Protocol,
+    ) -> Result<GpuBench<'a>, String> {
         let cuda = Cuda::get()?;
         let device = Device::Cuda(0);
         let timed = Operands::random(&p, device);
         let out = Tensor::empty(Operands::out_shape(&p), (p.dtype.tch_kind(), device));
         let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, device));
-        Ok(GpuBench { lib, p, protocol, cuda, device, flush, timed, out })
+        Ok(GpuBench {
+            lib,
+            p,
+            protocol,
+            cuda,
+            device,
+            flush,
+            timed,
+            out,
+        })
     }
 
     fn args(&self, ops: &Operands, out: &Tensor) -> FactGemmArgs {
@@ -145,7 +160,10 @@ impl<'a> GpuBench<'a> {
             batch: self.p.batch as i32,
             a: ops.a.data_ptr(),
             b: ops.b.data_ptr(),
-            bias: ops.bias.as_ref().map_or(std::ptr::null_mut(), |t| t.data_ptr()),
+            bias: ops
+                .bias
+                .as_ref()
+                .map_or(std::ptr::null_mut(), |t| t.data_ptr()),
             out: out.data_ptr(),
             // The dispatch index sets each variant's own knobs.
             splits: 0,
@@ -171,7 +189,10 @@ impl<'a> GpuBench<'a> {
 impl Bench for GpuBench<'_> {
     fn verify(&mut self, index: usize) -> Result<f64, BenchError> {
         let ops = Operands::random(&self.p, self.device);
-        let out = Tensor::empty(Operands::out_shape(&self.p), (self.p.dtype.tch_kind(), self.device));
+        let out = Tensor::empty(
+            Operands::out_shape(&self.p),
+            (self.p.dtype.tch_kind(), self.device),
+        );
         let _ = out.shallow_clone().fill_(f64::NAN);
         self.launch(index, &self.args(&ops, &out))?;
         self.cuda.sync().map_err(BenchError::Launch)?;
@@ -180,7 +201,13 @@ impl Bench for GpuBench<'_> {
 
     fn time(&mut self, index: usize) -> Result<Vec<f64>, BenchError> {
         let args = self.args(&self.timed, &self.out);
-        sample(self.cuda, &self.flush, &self.protocol, &mut || self.launch(index, &args), BenchError::Launch)
+        sample(
+            self.cuda,
+            &self.flush,
+            &self.protocol,
+            &mut || self.launch(index, &args),
+            BenchError::Launch,
+        )
     }
 
     fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError> {

@@ -25,7 +25,12 @@ pub struct Protocol {
 
 impl Default for Protocol {
     fn default() -> Self {
-        Protocol { verify_inputs: 3, warmup: 5, iterations: 30, flush_bytes: 256 << 20 }
+        Protocol {
+            verify_inputs: 3,
+            warmup: 5,
+            iterations: 30,
+            flush_bytes: 256 << 20,
+        }
     }
 }
 
@@ -52,7 +57,11 @@ impl Timing {
             median_ms: median,
             min_ms: ms[0],
             max_ms: ms[ms.len() - 1],
-            spread: if median > 0.0 { (q(0.9) - q(0.1)) / median } else { 0.0 },
+            spread: if median > 0.0 {
+                (q(0.9) - q(0.1)) / median
+            } else {
+                0.0
+            },
             samples: ms.len(),
         })
     }
@@ -62,14 +71,27 @@ impl Timing {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Outcome {
-    Ok { max_rel_err: f64, timing: Timing, tflops: f64 },
-    CompileFailed { log: String },
+    Ok {
+        max_rel_err: f64,
+        timing: Timing,
+        tflops: f64,
+    },
+    CompileFailed {
+        log: String,
+    },
     CannotImplement,
-    LaunchFailed { error: String },
+    LaunchFailed {
+        error: String,
+    },
     /// Wrong numbers: relative error over the tolerance, or NaN (an unwritten, poisoned output).
-    Numeric { max_rel_err: f64, tolerance: f64 },
+    Numeric {
+        max_rel_err: f64,
+        tolerance: f64,
+    },
     /// The variant took down its tuning process (illegal address, sticky CUDA error).
-    Fault { error: String },
+    Fault {
+        error: String,
+    },
 }
 
 impl Outcome {
@@ -119,12 +141,23 @@ pub trait Bench {
 
 /// Judges variant `index` of a problem of `flops`: verification on every input first, timing
 /// only if all pass.
-pub fn judge(bench: &mut dyn Bench, index: usize, flops: f64, math: MathType, protocol: &Protocol) -> Outcome {
+pub fn judge(
+    bench: &mut dyn Bench,
+    index: usize,
+    flops: f64,
+    math: MathType,
+    protocol: &Protocol,
+) -> Outcome {
     let tolerance = math.tolerance();
     let mut worst: f64 = 0.0;
     for _ in 0..protocol.verify_inputs.max(1) {
         match bench.verify(index) {
-            Ok(err) if err.is_nan() || err > tolerance => return Outcome::Numeric { max_rel_err: err, tolerance },
+            Ok(err) if err.is_nan() || err > tolerance => {
+                return Outcome::Numeric {
+                    max_rel_err: err,
+                    tolerance,
+                }
+            }
             Ok(err) => worst = worst.max(err),
             Err(BenchError::CannotImplement) => return Outcome::CannotImplement,
             Err(BenchError::Launch(e)) => return Outcome::LaunchFailed { error: e },
@@ -134,9 +167,15 @@ pub fn judge(bench: &mut dyn Bench, index: usize, flops: f64, math: MathType, pr
         Ok(samples) => match Timing::from_samples(samples) {
             Some(timing) => {
                 let tflops = flops / (timing.median_ms * 1e-3) / 1e12;
-                Outcome::Ok { max_rel_err: worst, timing, tflops }
+                Outcome::Ok {
+                    max_rel_err: worst,
+                    timing,
+                    tflops,
+                }
             }
-            None => Outcome::LaunchFailed { error: "no valid timing samples".into() },
+            None => Outcome::LaunchFailed {
+                error: "no valid timing samples".into(),
+            },
         },
         Err(BenchError::CannotImplement) => Outcome::CannotImplement,
         Err(BenchError::Launch(e)) => Outcome::LaunchFailed { error: e },
@@ -148,7 +187,12 @@ pub fn winner(results: &[CandidateResult]) -> Option<&CandidateResult> {
     results
         .iter()
         .filter(|r| r.outcome.median_ms().is_some())
-        .min_by(|a, b| a.outcome.median_ms().partial_cmp(&b.outcome.median_ms()).unwrap())
+        .min_by(|a, b| {
+            a.outcome
+                .median_ms()
+                .partial_cmp(&b.outcome.median_ms())
+                .unwrap()
+        })
 }
 
 #[cfg(test)]
@@ -173,7 +217,11 @@ mod tests {
         }
         fn time(&mut self, i: usize) -> Result<Vec<f64>, BenchError> {
             self.timed.push(i);
-            Ok(vec![self.times[i], self.times[i] * 1.1, self.times[i] * 0.95])
+            Ok(vec![
+                self.times[i],
+                self.times[i] * 1.1,
+                self.times[i] * 0.95,
+            ])
         }
         fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError> {
             Ok(vec![1.0])
@@ -181,19 +229,37 @@ mod tests {
     }
 
     fn problem() -> GemmProblem {
-        GemmProblem { m: 1024, n: 1024, k: 1024, layout: GemmLayout::Rrr, dtype: DType::F32, bias: false, batch: 1, epilogue: None }
+        GemmProblem {
+            m: 1024,
+            n: 1024,
+            k: 1024,
+            layout: GemmLayout::Rrr,
+            dtype: DType::F32,
+            bias: false,
+            batch: 1,
+            epilogue: None,
+        }
     }
 
     #[test]
     fn fastest_correct_variant_wins_and_wrong_ones_are_never_timed() {
         let specs = gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90);
         let mut bench = FakeBench {
-            errs: vec![Ok(2e-4), Ok(5e-3), Ok(f64::NAN), Err(BenchError::CannotImplement), Ok(3e-4)],
+            errs: vec![
+                Ok(2e-4),
+                Ok(5e-3),
+                Ok(f64::NAN),
+                Err(BenchError::CannotImplement),
+                Ok(3e-4),
+            ],
             times: vec![0.5, 0.1, 0.05, 0.01, 0.4],
             verified: vec![],
             timed: vec![],
         };
-        let protocol = Protocol { verify_inputs: 3, ..Protocol::default() };
+        let protocol = Protocol {
+            verify_inputs: 3,
+            ..Protocol::default()
+        };
         let results: Vec<CandidateResult> = (0..5)
             .map(|i| CandidateResult {
                 kernel: specs[i].name(),
@@ -202,7 +268,11 @@ mod tests {
             })
             .collect();
         assert_eq!(bench.timed, vec![0, 4], "only verified variants are timed");
-        assert_eq!(bench.verified.iter().filter(|&&i| i == 0).count(), 3, "three fresh inputs each");
+        assert_eq!(
+            bench.verified.iter().filter(|&&i| i == 0).count(),
+            3,
+            "three fresh inputs each"
+        );
         assert_eq!(results[1].outcome.label(), "numeric");
         assert_eq!(results[2].outcome.label(), "numeric", "NaN fails");
         assert_eq!(results[3].outcome, Outcome::CannotImplement);
@@ -220,7 +290,10 @@ mod tests {
     #[test]
     fn timing_summary_is_robust() {
         let t = Timing::from_samples(vec![3.0, 1.0, 2.0, 100.0, 2.0]).unwrap();
-        assert_eq!((t.median_ms, t.min_ms, t.max_ms, t.samples), (2.0, 1.0, 100.0, 5));
+        assert_eq!(
+            (t.median_ms, t.min_ms, t.max_ms, t.samples),
+            (2.0, 1.0, 100.0, 5)
+        );
         assert!(Timing::from_samples(vec![]).is_none());
         assert!(Timing::from_samples(vec![1.0, f64::NAN]).is_none());
     }

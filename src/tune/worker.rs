@@ -31,14 +31,26 @@ pub struct Request {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    Baseline { timing: Option<Timing>, error: Option<String> },
-    Start { index: usize },
-    Result { index: usize, outcome: Outcome },
+    Baseline {
+        timing: Option<Timing>,
+        error: Option<String>,
+    },
+    Start {
+        index: usize,
+    },
+    Result {
+        index: usize,
+        outcome: Outcome,
+    },
 }
 
 fn emit(e: &Event) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{}", serde_json::to_string(e).expect("event serializes"));
+    let _ = writeln!(
+        out,
+        "{}",
+        serde_json::to_string(e).expect("event serializes")
+    );
     let _ = out.flush();
 }
 
@@ -47,22 +59,41 @@ pub fn serve(req: Request) -> Result<(), String> {
     if !crate::torch::cuda_available() {
         return Err("no CUDA device: tuning needs a GPU".into());
     }
-    crate::torch::set_float32_matmul_precision(req.precision.torch_matmul_precision()).map_err(|e| e.to_string())?;
+    crate::torch::set_float32_matmul_precision(req.precision.torch_matmul_precision())
+        .map_err(|e| e.to_string())?;
     let lib = KernelLibrary::open(&req.library)?;
     let (mut bench, count): (Box<dyn Bench>, usize) = match &req.problem {
-        Problem::Gemm(p) => (Box::new(GpuBench::new(&lib, p.clone(), req.protocol.clone())?), lib.len()),
-        Problem::Attention(p) => (Box::new(AttentionBench::new(&lib, p.clone(), req.protocol.clone())?), lib.op_len()),
+        Problem::Gemm(p) => (
+            Box::new(GpuBench::new(&lib, p.clone(), req.protocol.clone())?),
+            lib.len(),
+        ),
+        Problem::Attention(p) => (
+            Box::new(AttentionBench::new(&lib, p.clone(), req.protocol.clone())?),
+            lib.op_len(),
+        ),
     };
     if req.baseline {
         let e = match bench.time_baseline() {
-            Ok(s) => Event::Baseline { timing: Timing::from_samples(s), error: None },
-            Err(err) => Event::Baseline { timing: None, error: Some(format!("{err:?}")) },
+            Ok(s) => Event::Baseline {
+                timing: Timing::from_samples(s),
+                error: None,
+            },
+            Err(err) => Event::Baseline {
+                timing: None,
+                error: Some(format!("{err:?}")),
+            },
         };
         emit(&e);
     }
     for index in req.start..count {
         emit(&Event::Start { index });
-        let outcome = judge(bench.as_mut(), index, req.problem.flops(), req.math, &req.protocol);
+        let outcome = judge(
+            bench.as_mut(),
+            index,
+            req.problem.flops(),
+            req.math,
+            &req.protocol,
+        );
         emit(&Event::Result { index, outcome });
     }
     Ok(())
@@ -77,7 +108,12 @@ pub struct SweepResult {
 }
 
 /// The parent's side: runs `exe tune-worker` until every variant of the library has an outcome.
-pub fn run_sweep(exe: &Path, mut req: Request, count: usize, on_done: &dyn Fn(usize)) -> Result<SweepResult, String> {
+pub fn run_sweep(
+    exe: &Path,
+    mut req: Request,
+    count: usize,
+    on_done: &dyn Fn(usize),
+) -> Result<SweepResult, String> {
     let mut result = SweepResult::default();
     while req.start < count {
         let mut child = Command::new(exe)
@@ -88,7 +124,12 @@ pub fn run_sweep(exe: &Path, mut req: Request, count: usize, on_done: &dyn Fn(us
             .spawn()
             .map_err(|e| format!("cannot start the tuning worker {}: {e}", exe.display()))?;
         let body = serde_json::to_string(&req).expect("request serializes");
-        child.stdin.take().expect("piped").write_all(body.as_bytes()).map_err(|e| e.to_string())?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(body.as_bytes())
+            .map_err(|e| e.to_string())?;
         let mut stderr = child.stderr.take().expect("piped");
         let err_reader = std::thread::spawn(move || {
             let mut s = String::new();
@@ -117,10 +158,23 @@ pub fn run_sweep(exe: &Path, mut req: Request, count: usize, on_done: &dyn Fn(us
         }
         let status = child.wait().map_err(|e| e.to_string())?;
         let log = err_reader.join().unwrap_or_default();
-        let tail: String = log.lines().rev().take(6).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        let tail: String = log
+            .lines()
+            .rev()
+            .take(6)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
         match started {
             Some(index) => {
-                result.outcomes.push((index, Outcome::Fault { error: format!("worker exited with {status}: {tail}") }));
+                result.outcomes.push((
+                    index,
+                    Outcome::Fault {
+                        error: format!("worker exited with {status}: {tail}"),
+                    },
+                ));
                 on_done(index);
                 req.start = index + 1;
             }
@@ -128,7 +182,9 @@ pub fn run_sweep(exe: &Path, mut req: Request, count: usize, on_done: &dyn Fn(us
             None => {
                 let next = last_done.map_or(req.start, |i| i + 1);
                 if next == req.start && last_done.is_none() {
-                    return Err(format!("the tuning worker failed before judging any variant ({status}):\n{tail}"));
+                    return Err(format!(
+                        "the tuning worker failed before judging any variant ({status}):\n{tail}"
+                    ));
                 }
                 req.start = next;
             }
