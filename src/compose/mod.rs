@@ -466,7 +466,7 @@ pub fn realize(
         Problem::Attention(p) => realize_attention_sweep(opts, tc, tables, p, math, key.clone()),
     };
     let here = if gpu { Some(provenance(tc)) } else { None };
-    match tables.lookup(&key) {
+    match tables.lookup(&key, problem) {
         Lookup::Exact { entry, table } => {
             let prov = entry.winner_provenance();
             let elsewhere = here
@@ -674,7 +674,7 @@ fn prefetch(
             continue;
         };
         let key = TableKey::of(problem, math, opts.arch);
-        if !matches!(tables.lookup(&key), Lookup::Miss) {
+        if !matches!(tables.lookup(&key, problem), Lookup::Miss) {
             continue;
         }
         let found = match problem {

@@ -124,7 +124,7 @@ fn speedup(
 ) -> (f64, String) {
     match (math, tables) {
         (None, _) => (1.0, "left to torch under this precision".to_string()),
-        (Some(math), Some(t)) => match t.lookup(&TableKey::of(problem, math, opts.arch)) {
+        (Some(math), Some(t)) => match t.lookup(&TableKey::of(problem, math, opts.arch), problem) {
             Lookup::Exact { entry, table } => match entry.baseline_ms() {
                 Some(b) => (
                     b / entry.winner_ms,

@@ -55,6 +55,19 @@ impl AttentionProblem {
             kind.into()
         }
     }
+    /// The widest power of two, at most 8, that both sequence lengths divide: the sm90 kernel
+    /// takes only Tq % 8 == 0, so winners of one class cannot stand in for another's.
+    pub fn alignment(&self) -> u32 {
+        let mut align = 8u32;
+        while align > 1
+            && [self.seq_q, self.seq_k]
+                .iter()
+                .any(|t| t % align as i64 != 0)
+        {
+            align /= 2;
+        }
+        align
+    }
     /// `BxHxTqxTkxD`.
     pub fn shape_key(&self) -> String {
         format!(

@@ -179,6 +179,27 @@ fn one() -> i64 {
 }
 
 impl GemmProblem {
+    /// The widest alignment, in elements and at most `max`, that the contiguous dim of each operand
+    /// and of the output divides (a row-major a reads K, a column-major one M; B reads N or K; the
+    /// output N). Batch strides are multiples of these dims, so they follow. It picks the kernels
+    /// that can run the problem (TMA rows need whole 16-byte vectors).
+    pub fn alignment(&self, max: u32) -> u32 {
+        let a = if self.layout.a() == Major::Row {
+            self.k
+        } else {
+            self.m
+        };
+        let b = if self.layout.b() == Major::Row {
+            self.n
+        } else {
+            self.k
+        };
+        let mut align = max.max(1);
+        while align > 1 && [a, b, self.n].iter().any(|d| d % align as i64 != 0) {
+            align /= 2;
+        }
+        align
+    }
     /// The rule id: math and layouts, e.g. `gemm_rcr_bias`, `bmm_rrr`, and the epilogue's tag
     /// (`gemm_rcr_bias_ep_gelu_tanh_1a2b3c4d`).
     pub fn rule_id(&self) -> String {

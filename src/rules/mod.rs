@@ -53,6 +53,14 @@ impl Problem {
             Problem::Attention(p) => p.dtype,
         }
     }
+    /// The problem's alignment class: which kernels can run it (in its own elements, 16 bytes
+    /// at most for a GEMM). Table entries serve another shape of their bucket only within one class.
+    pub fn alignment(&self) -> u32 {
+        match self {
+            Problem::Gemm(p) => p.alignment(16 / p.dtype.bytes() as u32),
+            Problem::Attention(p) => p.alignment(),
+        }
+    }
     pub fn kind(&self) -> PatternKind {
         match self {
             Problem::Gemm(p) if p.epilogue.is_some() => PatternKind::Epilogue,

@@ -4,9 +4,7 @@
 //! installed CUTLASS again into the user's data folder, and that copy wins when its version
 //! matches the toolchain's.
 
-use super::{
-    problem_alignment, EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler,
-};
+use super::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
 use crate::rules::{GemmLayout, GemmProblem, Major};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
@@ -154,7 +152,7 @@ impl Knowledge {
     }
 
     /// Every kernel CUTLASS instantiates for this problem's (math, dtype, layout) on `arch` at the
-    /// problem's alignment (`problem_alignment`), as fact specs with default knobs: TMA rows when
+    /// problem's alignment (`GemmProblem::alignment`), as fact specs with default knobs: TMA rows when
     /// every contiguous dim is a whole 16-byte vector, else the cp.async rows and sm80 rows of that
     /// alignment, and the split families with padded parts. Rows fact's templates do not render
     /// (transposed epilogues, automatic schedules) are left out: so tf32 "tt" (torch's ccr), which
@@ -162,7 +160,7 @@ impl Knowledge {
     pub fn kernels(&self, p: &GemmProblem, math: MathType, arch: Arch) -> Vec<KernelSpec> {
         let letters = cutlass_layouts(p.layout);
         let full = 16 / p.dtype.bytes() as u32;
-        let align = problem_alignment(p, full);
+        let align = p.alignment(full);
         let mut out = Vec::new();
         // fp32-accurate runs tf32 instantiations over K-major tf32 parts (x3) and bf16
         // instantiations over bf16 parts in torch's layout (b3). Their split passes read a
@@ -174,7 +172,7 @@ impl Knowledge {
             && p.epilogue.as_ref().is_none_or(|e| e.full_leaves() == 0);
         let plain = !p.bias && p.epilogue.is_none();
         let split_align = |parts: u32| {
-            if problem_alignment(p, parts) == parts {
+            if p.alignment(parts) == parts {
                 Some(parts)
             } else {
                 plain.then_some(1)

@@ -711,7 +711,7 @@ impl KernelSpec {
             && self.fusion.as_ref().is_none_or(|e| !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.m % self.align_out() as i64 == 0 && p.batch == 1))
             // The contiguous dim of each operand and of the output in whole vectors (batch
             // strides are multiples of them).
-            && problem_alignment(p, self.align) == self.align
+            && p.alignment(self.align) == self.align
             && p.n % self.align_out() as i64 == 0
             // Serial split-K and Stream-K in CUTLASS 2.x's GemmUniversal are for single GEMMs.
             && !(self.family == Family::Sm80Gemm && p.batch > 1 && (self.knobs.splits > 1 || self.scheduler == TileScheduler::StreamK))
@@ -757,24 +757,11 @@ impl KernelSpec {
     }
 }
 
-/// The widest alignment, in elements and at most `max`, that the contiguous dim of each operand
-/// and of the output divides (a row-major a reads K, a column-major one M; B reads N or K; the
-/// output N). Batch strides are multiples of these dims, so they follow.
-pub fn problem_alignment(p: &GemmProblem, max: u32) -> u32 {
-    let a = if p.layout.a() == Major::Row { p.k } else { p.m };
-    let b = if p.layout.b() == Major::Row { p.n } else { p.k };
-    let mut align = max.max(1);
-    while align > 1 && [a, b, p.n].iter().any(|d| d % align as i64 != 0) {
-        align /= 2;
-    }
-    align
-}
-
 /// The problem's alignment in its own elements (16 bytes at most), and what it takes: a line for
 /// the plan.
 pub fn alignment_note(p: &GemmProblem) -> String {
     let full = 16 / p.dtype.bytes() as u32;
-    match problem_alignment(p, full) {
+    match p.alignment(full) {
         a if a == full => format!("alignment {a}: contiguous dims are whole 16-byte vectors (TMA kernels)"),
         1 if p.dtype != DType::F32 => format!("alignment 1: a contiguous dim is odd, and CUTLASS's generator has no {} kernel that narrow; pad it to an even size", p.dtype),
         a => format!(
@@ -1181,46 +1168,26 @@ mod tests {
     }
 
     #[test]
-    fn problem_alignment_reads_each_contiguous_dim() {
+    fn alignment_reads_each_contiguous_dim() {
         let p = |m, n, k, layout| GemmProblem {
             layout,
             ..problem(m, n, k, DType::F32)
         };
-        assert_eq!(
-            problem_alignment(&p(4096, 4096, 4096, GemmLayout::Rrr), 4),
-            4
-        );
+        assert_eq!(p(4096, 4096, 4096, GemmLayout::Rrr).alignment(4), 4);
         // rrr: a reads K, b and the output N; M is no operand's contiguous dim.
-        assert_eq!(
-            problem_alignment(&p(4099, 4096, 4096, GemmLayout::Rrr), 4),
-            4
-        );
-        assert_eq!(
-            problem_alignment(&p(4096, 4096, 4094, GemmLayout::Rrr), 4),
-            2
-        );
-        assert_eq!(
-            problem_alignment(&p(4096, 4095, 4096, GemmLayout::Rrr), 4),
-            1
-        );
+        assert_eq!(p(4099, 4096, 4096, GemmLayout::Rrr).alignment(4), 4);
+        assert_eq!(p(4096, 4096, 4094, GemmLayout::Rrr).alignment(4), 2);
+        assert_eq!(p(4096, 4095, 4096, GemmLayout::Rrr).alignment(4), 1);
         // crr: a column-major reads M.
-        assert_eq!(
-            problem_alignment(&p(4098, 4096, 4096, GemmLayout::Crr), 4),
-            2
-        );
-        assert_eq!(
-            problem_alignment(&p(4096, 4096, 4098, GemmLayout::Crr), 4),
-            4
-        );
+        assert_eq!(p(4098, 4096, 4096, GemmLayout::Crr).alignment(4), 2);
+        assert_eq!(p(4096, 4096, 4098, GemmLayout::Crr).alignment(4), 4);
         // bf16 counts 8 elements to 16 bytes.
         assert_eq!(
-            problem_alignment(
-                &GemmProblem {
-                    dtype: DType::Bf16,
-                    ..p(64, 4100, 64, GemmLayout::Rcr)
-                },
-                8
-            ),
+            (GemmProblem {
+                dtype: DType::Bf16,
+                ..p(64, 4100, 64, GemmLayout::Rcr)
+            })
+            .alignment(8),
             4
         );
     }

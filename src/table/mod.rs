@@ -446,8 +446,11 @@ impl Table {
         Ok(self.entries.remove(i))
     }
 
-    /// The nearest entry in the same bucket (by log-distance of the shape), if any.
-    pub fn bucket_match(&self, key: &TableKey) -> Option<&Entry> {
+    /// The nearest entry in the same bucket and alignment class (by log-distance of the shape), if
+    /// any: a winner tuned on a problem of another class came from another candidate space (an
+    /// alignment-1 kernel would run an aligned shape slower than its own space's; a TMA kernel
+    /// cannot run a ragged one at all).
+    pub fn bucket_match(&self, key: &TableKey, alignment: u32) -> Option<&Entry> {
         let dims = parse_shape(&key.shape)?;
         let distance = |e: &Entry| -> f64 {
             parse_shape(&e.key.shape)
@@ -461,7 +464,12 @@ impl Table {
         };
         self.entries
             .iter()
-            .filter(|e| e.key.same_family(key) && e.key.bucket() == key.bucket() && e.key != *key)
+            .filter(|e| {
+                e.key.same_family(key)
+                    && e.key.bucket() == key.bucket()
+                    && e.key != *key
+                    && e.problem.alignment() == alignment
+            })
             .min_by(|a, b| distance(a).partial_cmp(&distance(b)).unwrap())
     }
 }
@@ -482,8 +490,9 @@ impl Tables {
         })
     }
 
-    /// Exact hits first (user, then shipped), then bucket hits (user, then shipped).
-    pub fn lookup(&self, key: &TableKey) -> Lookup {
+    /// Exact hits first (user, then shipped), then bucket hits (user, then shipped) for `problem`,
+    /// the problem `key` is the key of.
+    pub fn lookup(&self, key: &TableKey, problem: &Problem) -> Lookup {
         for (table, name) in [(&self.user, "user"), (&self.shipped, "shipped")] {
             if let Some(e) = table.get(key) {
                 return Lookup::Exact {
@@ -493,7 +502,7 @@ impl Tables {
             }
         }
         for (table, name) in [(&self.user, "user"), (&self.shipped, "shipped")] {
-            if let Some(e) = table.bucket_match(key) {
+            if let Some(e) = table.bucket_match(key, problem.alignment()) {
                 return Lookup::Bucket {
                     entry: e.clone(),
                     table: name,

@@ -108,10 +108,11 @@ fn lookup_prefers_exact_then_user_then_bucket() {
         shipped: Table::new(),
     };
     let key = |m| TableKey::gemm(&problem(m), MathType::Tf32, Arch::Sm90);
-    assert_eq!(tables.lookup(&key(3000)), Lookup::Miss);
+    let lookup = |tables: &Tables, m| tables.lookup(&key(m), &Problem::Gemm(problem(m)));
+    assert_eq!(lookup(&tables, 3000), Lookup::Miss);
     tables.shipped.insert_merged(entry(4096, 0, 0.5, "H100"));
     tables.shipped.insert_merged(entry(2048, 0, 0.5, "H100"));
-    match tables.lookup(&key(3000)) {
+    match lookup(&tables, 3000) {
         Lookup::Bucket { entry, table } => assert_eq!(
             (entry.key.shape.as_str(), table),
             ("4096x256x512", "shipped")
@@ -120,17 +121,52 @@ fn lookup_prefers_exact_then_user_then_bucket() {
     }
     tables.user.insert_merged(entry(3000, 1, 0.4, "H100"));
     assert!(matches!(
-        tables.lookup(&key(3000)),
+        lookup(&tables, 3000),
         Lookup::Exact { table: "user", .. }
     ));
     assert!(matches!(
-        tables.lookup(&key(4096)),
+        lookup(&tables, 4096),
         Lookup::Exact {
             table: "shipped",
             ..
         }
     ));
-    assert_eq!(tables.lookup(&key(8192)), Lookup::Miss, "another bucket");
+    assert_eq!(lookup(&tables, 8192), Lookup::Miss, "another bucket");
+}
+
+#[test]
+fn bucket_hits_stay_within_the_alignment_class() {
+    // An rcr GEMM reads K and N contiguously; n = 250 makes the problem alignment 2 (f32), a
+    // different candidate space from the alignment-4 entries of its bucket.
+    let mut tables = Tables {
+        user_path: PathBuf::from("/unused"),
+        user: Table::new(),
+        shipped: Table::new(),
+    };
+    tables.shipped.insert_merged(entry(4096, 0, 0.5, "H100"));
+    let ragged = GemmProblem {
+        n: 250,
+        ..problem(3000)
+    };
+    let key = TableKey::gemm(&ragged, MathType::Tf32, Arch::Sm90);
+    assert_eq!(
+        key.bucket(),
+        TableKey::gemm(&problem(4096), MathType::Tf32, Arch::Sm90).bucket()
+    );
+    assert_eq!(
+        tables.lookup(&key, &Problem::Gemm(ragged.clone())),
+        Lookup::Miss
+    );
+    // The same bucket at the entry's alignment is a hit.
+    let aligned = GemmProblem {
+        n: 252,
+        ..problem(3000)
+    };
+    let key = TableKey::gemm(&aligned, MathType::Tf32, Arch::Sm90);
+    assert!(matches!(
+        tables.lookup(&key, &Problem::Gemm(aligned)),
+        Lookup::Bucket { .. }
+    ));
 }
 
 #[test]
