@@ -230,9 +230,18 @@ impl Knowledge {
             if schedule.is_cpasync() != (row_align < full) {
                 continue;
             }
+            let fused = p.bias || p.epilogue.is_some();
             let epilogue = match r.epilogue_schedule.as_str() {
                 "tma_ws" | "tma_ws_cooperative" => EpilogueKind::Tma,
-                "no_smem" => EpilogueKind::NoSmem,
+                // The no-smem epilogue takes only a plain linear combination: no bias, no
+                // fusion. The epilogue is the builder's choice apart from the mainloop, and the
+                // generator pairs its big tf32 tiles (128x256, 256x128, 256x256) with the
+                // no-smem and transposed epilogues only; a fused problem gets such a TMA row with
+                // the TMA epilogue instead (measured on the H100: 128x256 cooperative ran
+                // 65536x768x3072 bias + residual in 0.843 ms where the generator's best pairing
+                // took 0.967). One that fails to build or run is learned like any other failure.
+                "no_smem" if fused && !schedule.is_cpasync() => EpilogueKind::Tma,
+                "no_smem" if !fused => EpilogueKind::NoSmem,
                 _ => continue,
             };
             let scheduler = match r.tile_scheduler.as_str() {
@@ -240,10 +249,6 @@ impl Knowledge {
                 "stream_k" => TileScheduler::StreamK,
                 _ => continue,
             };
-            // The no-smem epilogue takes only a plain linear combination: no bias, no fusion.
-            if (p.bias || p.epilogue.is_some()) && epilogue == EpilogueKind::NoSmem {
-                continue;
-            }
             let mut spec = KernelSpec {
                 family,
                 arch,
