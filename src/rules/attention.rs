@@ -106,16 +106,17 @@ impl AttentionProblem {
     }
     /// The problem a rule id names at a shape `BxHxTqxTkxD`.
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<AttentionProblem, String> {
-        let (origin, causal) =
-            match rule {
-                "attention" => (AttentionOrigin::Explicit, false),
-                "attention_causal" => (AttentionOrigin::Explicit, true),
-                "sdpa" => (AttentionOrigin::Sdpa, false),
-                "sdpa_causal" => (AttentionOrigin::Sdpa, true),
-                _ => return Err(format!(
+        let (origin, causal) = match rule {
+            "attention" => (AttentionOrigin::Explicit, false),
+            "attention_causal" => (AttentionOrigin::Explicit, true),
+            "sdpa" => (AttentionOrigin::Sdpa, false),
+            "sdpa_causal" => (AttentionOrigin::Sdpa, true),
+            _ => {
+                return Err(format!(
                     "unknown rule '{rule}': use attention, attention_causal, sdpa or sdpa_causal"
-                )),
-            };
+                ))
+            }
+        };
         match dims {
             &[batch, heads, seq_q, seq_k, head_dim] if dims.iter().all(|&d| d > 0) => {
                 Ok(AttentionProblem {
