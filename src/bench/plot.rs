@@ -6,13 +6,15 @@ use crate::table::Entry;
 use crate::tune::Outcome;
 use crate::types::{Arch, MathType};
 
-/// Dense tensor-core peak from the datasheet (H100 SXM5), TFLOP/s.
+/// Dense peak from the datasheet (H100 SXM5), TFLOP/s: the tensor cores' for their maths, the
+/// CUDA cores' for fp32.
 pub fn peak_tflops(arch: Arch, math: MathType) -> f64 {
     match (arch, math) {
         (Arch::Sm90, MathType::Tf32) => 494.7,
         // Three tensor-core products per fp32-accurate multiply; the bf16 split is the fastest.
         (Arch::Sm90, MathType::Tf32x3) => 989.4 / 3.0,
         (Arch::Sm90, MathType::Bf16 | MathType::F16) => 989.4,
+        (Arch::Sm90, MathType::F32) => 66.9,
     }
 }
 

@@ -92,7 +92,7 @@ fn math_rate(c: &Ceilings, dtype: &str, precision: Precision) -> f64 {
         Some(MathType::Tf32) => c.tf32_tflops,
         // The model as torch runs it: fp32 under matmul precision "highest" uses no tensor cores
         // (51.8 TFLOP/s over the three benchmark GEMMs on the H100, benches/results/2026-11-22-split).
-        Some(MathType::Tf32x3) => c.fp32_tflops,
+        Some(MathType::Tf32x3 | MathType::F32) => c.fp32_tflops,
         Some(MathType::Bf16 | MathType::F16) => c.bf16_tflops,
         None => c.fp32_tflops,
     }
