@@ -3,7 +3,7 @@
 //! and nothing here touches the disk or the GPU (templates are compiled into the binary).
 
 use crate::space::attention::{AttentionFamily, Sm90Schedule};
-use crate::space::{AttentionSpec, KernelSpec, Spec};
+use crate::space::{AttentionSpec, KernelSpec, LayerNormSpec, Spec};
 use handlebars::Handlebars;
 use serde_json::json;
 use sha2::Digest;
@@ -16,6 +16,7 @@ const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
 const SM90_GEMM_TYPES: &str = include_str!("../../templates/sm90_gemm_types.hbs");
 const SM80_FMHA: &str = include_str!("../../templates/sm80_fmha.cu.hbs");
 const SM90_FMHA: &str = include_str!("../../templates/sm90_fmha.cu.hbs");
+const LAYERNORM: &str = include_str!("../../templates/layernorm.cu.hbs");
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
@@ -38,6 +39,7 @@ fn registry() -> &'static Handlebars<'static> {
             ("sm90_gemm_x3", SM90_GEMM_X3),
             ("sm80_fmha", SM80_FMHA),
             ("sm90_fmha", SM90_FMHA),
+            ("layernorm", LAYERNORM),
             ("dispatch", DISPATCH),
             ("torch_op", TORCH_OP),
         ] {
@@ -253,18 +255,22 @@ pub fn render_kernel(k: &KernelSpec) -> Source {
     }
 }
 
-/// The translation unit of one attention kernel.
-pub fn render_attention(a: &AttentionSpec) -> Source {
-    let dtype_abi = match a.dtype {
+/// A dtype as FactTensor::dtype (FactDtype) says it.
+fn dtype_abi(d: crate::types::DType) -> u32 {
+    match d {
         crate::types::DType::F32 => 0,
         crate::types::DType::Bf16 => 1,
         crate::types::DType::F16 => 2,
-    };
+    }
+}
+
+/// The translation unit of one attention kernel.
+pub fn render_attention(a: &AttentionSpec) -> Source {
     let mut vars = json!({
         "name": a.name(),
         "arch": a.arch.short_name(),
         "element": a.dtype.cutlass_tag(),
-        "dtype_abi": dtype_abi,
+        "dtype_abi": dtype_abi(a.dtype),
         "math": a.math.short_name(),
         "tf32": a.math == crate::types::MathType::Tf32,
         "queries": a.queries_per_block,
@@ -295,11 +301,52 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
     }
 }
 
+/// The translation unit of one LayerNorm kernel (CUDA's own types: no CUTLASS).
+pub fn render_layernorm(l: &LayerNormSpec) -> Source {
+    use crate::types::DType;
+    let element = match l.dtype {
+        DType::F32 => "float",
+        DType::Bf16 => "__nv_bfloat16",
+        DType::F16 => "__half",
+    };
+    let vec_type = match l.vector * l.dtype.bytes() as u32 {
+        16 => "uint4",
+        8 => "uint2",
+        4 => "unsigned int",
+        2 => "unsigned short",
+        other => panic!(
+            "{}: a {other}-byte vector (invalid_reason refuses it)",
+            l.name()
+        ),
+    };
+    let vars = json!({
+        "name": l.name(),
+        "spec_json": Spec::LayerNorm(l.clone()).to_json(),
+        "dtype": l.dtype.short_name(),
+        "dtype_abi": dtype_abi(l.dtype),
+        "element": element,
+        "vec_type": vec_type,
+        "cols": l.cols,
+        "threads": l.threads_per_row,
+        "vector": l.vector,
+        "rows": l.rows_per_cta,
+        "loads": l.loads(),
+    });
+    let text = registry()
+        .render("layernorm", &vars)
+        .unwrap_or_else(|e| panic!("rendering {}: {e}", l.name()));
+    Source {
+        file_name: format!("{}.cu", l.name()),
+        text,
+    }
+}
+
 /// The translation unit of one kernel of any kind.
 pub fn render_spec(s: &Spec) -> Source {
     match s {
         Spec::Gemm(k) => render_kernel(k),
         Spec::Attention(a) => render_attention(a),
+        Spec::LayerNorm(l) => render_layernorm(l),
     }
 }
 
@@ -341,14 +388,13 @@ pub fn render_dispatch(specs: &[Spec]) -> Source {
     let variants: Vec<&KernelSpec> = specs.iter().filter_map(Spec::as_gemm).collect();
     let op_kernels: Vec<_> = specs
         .iter()
-        .filter_map(Spec::as_attention)
-        .map(|a| {
-            json!({
-                "name": a.name(),
-                "kind": "attention",
-                "signature": "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D] (stored [B,Tq,H,D]) [factor f32[1]]; scale causal power (scale·factor^power)",
-                "spec_json": Spec::Attention(a.clone()).to_json(),
-            })
+        .filter_map(|s| {
+            let (kind, signature) = match s {
+                Spec::Gemm(_) => return None,
+                Spec::Attention(_) => ("attention", "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D] (stored [B,Tq,H,D]) [factor f32[1]]; scale causal power (scale·factor^power)"),
+                Spec::LayerNorm(_) => ("layernorm", "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps"),
+            };
+            Some(json!({ "name": s.name(), "kind": kind, "signature": signature, "spec_json": s.to_json() }))
         })
         .collect();
     let entries: Vec<_> = variants
@@ -932,6 +978,63 @@ mod tests {
         assert!(f16.contains("using Element = cutlass::half_t;") && f16.contains("t->dtype != 2"));
         let d = render_dispatch(&[a.clone().into()]).text;
         assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())));
+    }
+
+    #[test]
+    fn layernorm_render_is_golden_and_compiles_c_and_the_knobs_in() {
+        use crate::space::LayerNormSpec;
+        let l = LayerNormSpec {
+            arch: Arch::Sm90,
+            dtype: DType::F32,
+            cols: 768,
+            threads_per_row: 32,
+            vector: 4,
+            rows_per_cta: 4,
+        };
+        let text = render_layernorm(&l).text;
+        expect_test::expect_file!["../../tests/golden/ln_f32_c768_t32_v4_r4.cu"].assert_eq(&text);
+        for line in [
+            "using Element = float;",
+            "using Vec = uint4;",
+            "constexpr int kCols = 768;",
+            "constexpr int kThreads = 32;",
+            "constexpr int kRows = 4;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        assert!(
+            text.contains("fact_o_ln_f32_c768_t32_v4_r4_run") && !text.contains("cutlass"),
+            "CUDA's own types"
+        );
+        let bf16 = render_layernorm(&LayerNormSpec {
+            dtype: DType::Bf16,
+            vector: 8,
+            ..l.clone()
+        })
+        .text;
+        assert!(
+            bf16.contains("using Element = __nv_bfloat16;")
+                && bf16.contains("constexpr int kDtype = 1;")
+        );
+        let narrow = render_layernorm(&LayerNormSpec {
+            dtype: DType::F16,
+            vector: 1,
+            ..l.clone()
+        })
+        .text;
+        assert!(
+            narrow.contains("using Vec = unsigned short;")
+                && narrow.contains("using Element = __half;")
+        );
+        // The op-kernel table lists it as a layernorm kernel.
+        let d = render_dispatch(&[l.clone().into(), spec(true).into()]).text;
+        assert!(
+            d.contains(&format!(
+                "{{\"{}\", \"layernorm\", \"x[R,C] out[R,C]",
+                l.name()
+            )) && d.contains(&format!("fact_o_{}_run", l.name()))
+        );
+        assert_eq!(render_spec(&l.clone().into()), render_layernorm(&l));
     }
 
     #[test]

@@ -495,10 +495,12 @@ const SM90_ATTENTION: &str = "attention_sm90";
 
 /// The translation-unit family of a kernel: units never mix families (the attention headers and
 /// the GEMM templates declare overlapping CUTLASS extensions, the two attention examples each
-/// their own kernels), nor the two float attention maths.
+/// their own kernels), nor the two float attention maths. LayerNorm kernels include no CUTLASS:
+/// their units stay small and quick.
 fn unit_family(s: &Spec) -> String {
     match s {
         Spec::Gemm(_) => "gemm".into(),
+        Spec::LayerNorm(_) => "layernorm".into(),
         Spec::Attention(a) => match a.family {
             AttentionFamily::Sm80 => format!("attention_{}", a.math.short_name()),
             AttentionFamily::Sm90 { .. } => format!("{SM90_ATTENTION}_{}", a.math.short_name()),

@@ -12,10 +12,12 @@
 pub mod attention;
 pub mod epilogue;
 pub mod gemm;
+pub mod layernorm;
 
 pub use attention::{match_attention, AttentionMatch, AttentionProblem};
 pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, LeafKind};
 pub use gemm::{major, match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, Major};
+pub use layernorm::{match_layernorms, LayerNormMatch, LayerNormProblem};
 
 use crate::graph::Graph;
 use serde::{Deserialize, Serialize};

@@ -8,10 +8,12 @@ pub mod attention;
 pub mod estimate;
 pub mod examples;
 pub mod knowledge;
+pub mod layernorm;
 pub mod validity;
 
 pub use attention::AttentionSpec;
 pub use knowledge::Knowledge;
+pub use layernorm::LayerNormSpec;
 
 use crate::rules::{Epilogue, GemmLayout, GemmProblem, Major};
 use crate::types::{Arch, DType, MathType};
@@ -273,6 +275,8 @@ pub struct KernelSpec {
 pub enum Spec {
     Attention(AttentionSpec),
     Gemm(KernelSpec),
+    /// Last: untagged, a LayerNorm spec's fields (cols, threads_per_row, ...) are none of the others'.
+    LayerNorm(LayerNormSpec),
 }
 
 impl Spec {
@@ -281,6 +285,7 @@ impl Spec {
         match self {
             Spec::Gemm(k) => k.name(),
             Spec::Attention(a) => a.name(),
+            Spec::LayerNorm(l) => l.name(),
         }
     }
     /// The compiled kernel's identity (symbol, build-cache key).
@@ -288,6 +293,7 @@ impl Spec {
         match self {
             Spec::Gemm(k) => k.kernel_name(),
             Spec::Attention(a) => a.name(),
+            Spec::LayerNorm(l) => l.name(),
         }
     }
     /// The compiled kernel's spec: this one without launch knobs.
@@ -295,24 +301,26 @@ impl Spec {
         match self {
             Spec::Gemm(k) => Spec::Gemm(k.kernel()),
             Spec::Attention(a) => Spec::Attention(a.clone()),
+            Spec::LayerNorm(l) => Spec::LayerNorm(l.clone()),
         }
     }
     pub fn arch(&self) -> Arch {
         match self {
             Spec::Gemm(k) => k.arch,
             Spec::Attention(a) => a.arch,
+            Spec::LayerNorm(l) => l.arch,
         }
     }
     pub fn as_gemm(&self) -> Option<&KernelSpec> {
         match self {
             Spec::Gemm(k) => Some(k),
-            Spec::Attention(_) => None,
+            Spec::Attention(_) | Spec::LayerNorm(_) => None,
         }
     }
     pub fn as_attention(&self) -> Option<&AttentionSpec> {
         match self {
             Spec::Attention(a) => Some(a),
-            Spec::Gemm(_) => None,
+            Spec::Gemm(_) | Spec::LayerNorm(_) => None,
         }
     }
     pub fn to_json(&self) -> String {
@@ -329,6 +337,12 @@ impl From<KernelSpec> for Spec {
 impl From<AttentionSpec> for Spec {
     fn from(a: AttentionSpec) -> Spec {
         Spec::Attention(a)
+    }
+}
+
+impl From<LayerNormSpec> for Spec {
+    fn from(l: LayerNormSpec) -> Spec {
+        Spec::LayerNorm(l)
     }
 }
 
