@@ -145,11 +145,19 @@ fn compose_edits_of_a_whole_block_chain_through_each_other() {
         a.form()
     );
     assert!(a.problem.causal);
+    // Both LayerNorms are their own patterns; the qkv linear and the fc linear read their outputs.
+    assert_eq!(found.layernorm.len(), 2);
     let mut edits: Vec<Edit> = matches
         .iter()
         .map(|m| fact::compose::gemm_edit(&g, m, "k"))
         .collect();
     edits.push(fact::compose::attention_edit(&g, a, "a"));
+    edits.extend(
+        found
+            .layernorm
+            .iter()
+            .map(|l| fact::compose::layernorm_edit(&g, l, "n")),
+    );
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("block.pt");
     let text = torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
@@ -162,6 +170,7 @@ fn compose_edits_of_a_whole_block_chain_through_each_other() {
         "{text}"
     );
     assert_eq!(text.matches("fact::attention(").count(), 1, "{text}");
+    assert_eq!(text.matches("fact::layernorm(").count(), 2, "{text}");
     for gone in [
         "aten::linear",
         "aten::gelu",
@@ -170,6 +179,7 @@ fn compose_edits_of_a_whole_block_chain_through_each_other() {
         "aten::softmax",
         "aten::masked_fill",
         "aten::bitwise_not",
+        "aten::layer_norm",
     ] {
         assert!(!text.contains(gone), "{gone} left in\n{text}");
     }
@@ -293,8 +303,9 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
         "{err}"
     );
 
-    // A whole block, attention included, recomputes the original on CPU tensors: the attention
-    // op's fallback replays the graph's own ops (its divisor is the tensor tracing computed).
+    // A whole block, attention and LayerNorms included, recomputes the original on CPU tensors:
+    // the attention op's fallback replays the graph's own ops (its divisor is the tensor tracing
+    // computed), the LayerNorm op's the same layer_norm call.
     torch::op_stats(&built.library, true).unwrap();
     let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
     let found = fact::rules::match_patterns(&g);
@@ -305,6 +316,12 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
         .map(|m| fact::compose::gemm_edit(&g, m, "k"))
         .collect();
     edits.push(fact::compose::attention_edit(&g, &found.attention[0], "a"));
+    edits.extend(
+        found
+            .layernorm
+            .iter()
+            .map(|l| fact::compose::layernorm_edit(&g, l, "n")),
+    );
     let out = dir.path().join("block.pt");
     torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
     let x = Tensor::randn([2, 16, 32], (Kind::Float, tch::Device::Cpu));
@@ -319,6 +336,13 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     assert_eq!(
         calls.get("a").map(|c| (c.ran, c.fell_back)),
         Some((0, 1)),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls
+            .get("n")
+            .map(|c| (c.ran, c.fell_back, c.why.as_deref())),
+        Some((0, 2, Some("not CUDA tensors of one device"))),
         "{calls:?}"
     );
 }

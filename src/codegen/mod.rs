@@ -444,6 +444,7 @@ pub fn render_torch_op(arch: crate::types::Arch) -> Source {
                 "gemm_schema": crate::torch::GEMM_OP_SCHEMA,
                 "gemm_ep_schema": crate::torch::GEMM_EP_OP_SCHEMA,
                 "attention_schema": crate::torch::ATTENTION_OP_SCHEMA,
+                "layernorm_schema": crate::torch::LAYERNORM_OP_SCHEMA,
             }),
         )
         .expect("torch op renders");

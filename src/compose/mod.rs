@@ -1,5 +1,6 @@
 //! Compose: realizes every matched pattern (pattern-table hit, or a compiled and tuned sweep) and
-//! rewrites the TorchScript graph so each matched node calls `fact::gemm` with its winner. Writes
+//! rewrites the TorchScript graph so each pattern calls its kind's op (`fact::gemm`, `gemm_ep`,
+//! `attention`, `layernorm`) with its winner. Writes
 //! the composed module, the winners-only op library and compose.json to the output folder. Without
 //! a GPU it still discovers, renders and compiles, and says what is left for a GPU.
 
@@ -9,7 +10,8 @@ use crate::graph::Graph;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
 use crate::rules::{
-    match_patterns, AttentionMatch, AttentionProblem, GemmMatch, GemmProblem, Problem,
+    match_patterns, AttentionMatch, AttentionProblem, GemmMatch, GemmProblem, LayerNormMatch,
+    LayerNormProblem, Problem,
 };
 use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions, Spec};
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
@@ -306,6 +308,42 @@ pub fn attention_edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
     }
 }
 
+/// The rewrite of a LayerNorm match: `fact::layernorm(x, normalized_shape, weight?, bias?, eps,
+/// kernel)` in place of the `aten::layer_norm` node, its operands the node's own (the fallback
+/// replays the call with them).
+pub fn layernorm_edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
+    let operand = |kind: OperandKind| Operand {
+        kind,
+        value: 0,
+        text: String::new(),
+        int_value: 0,
+        values: vec![],
+    };
+    let value = |v: usize| Operand {
+        value: v as u32,
+        ..operand(OperandKind::Value)
+    };
+    let optional = |v: Option<usize>| v.map_or(operand(OperandKind::None), value);
+    Edit {
+        node: l.node as u32,
+        expect_kind: g.nodes[l.node].kind.clone(),
+        op: "fact::layernorm".to_string(),
+        operands: vec![
+            value(l.x),
+            value(l.normalized_shape),
+            optional(l.weight),
+            optional(l.bias),
+            value(l.eps),
+            Operand {
+                text: kernel.to_string(),
+                ..operand(OperandKind::Str)
+            },
+        ],
+        remove: vec![],
+        remove_kinds: vec![],
+    }
+}
+
 fn provenance(tc: &Toolchain) -> Provenance {
     let device = tune::cuda::Cuda::get()
         .map(|c| c.device_info(0))
@@ -453,7 +491,7 @@ pub fn realize(
     problem: &Problem,
     gpu: bool,
 ) -> Result<Realized, ComposeError> {
-    let Some(math) = MathType::for_tensor(problem.dtype(), opts.precision) else {
+    let Some(math) = problem.math(opts.precision) else {
         return Ok(Realized::skipped(format!(
             "no kernel family computes {} under precision {}; use --precision tf32",
             problem.dtype(),
@@ -463,7 +501,9 @@ pub fn realize(
     let key = TableKey::of(problem, math, opts.arch);
     let sweep = |tables: &mut Tables, steward: &mut Steward| match problem {
         Problem::Gemm(p) => realize_sweep(opts, tc, tables, steward, p, math, key.clone()),
-        Problem::Attention(p) => realize_attention_sweep(opts, tc, tables, p, math, key.clone()),
+        Problem::Attention(_) | Problem::LayerNorm(_) => {
+            realize_op_sweep(opts, tc, tables, problem, math, key.clone())
+        }
     };
     let here = if gpu { Some(provenance(tc)) } else { None };
     match tables.lookup(&key, problem) {
@@ -650,6 +690,42 @@ fn attention_sweep_candidates(
     Ok(candidates)
 }
 
+/// The kernels a LayerNorm sweep compiles, or why there are none.
+fn layernorm_sweep_candidates(
+    opts: &Options,
+    problem: &LayerNormProblem,
+) -> Result<Vec<Spec>, String> {
+    let mut candidates: Vec<Spec> = space::layernorm::candidates(problem, opts.arch)
+        .into_iter()
+        .map(Spec::from)
+        .collect();
+    if let Some(n) = opts.max_candidates {
+        candidates.truncate(n.max(1));
+    }
+    if candidates.is_empty() {
+        return Err(format!(
+            "no LayerNorm kernel takes C = {}: a row of more than {} elements does not fit one CTA's registers",
+            problem.cols,
+            1024 * 32
+        ));
+    }
+    Ok(candidates)
+}
+
+/// The kernels a sweep of a kind other than GEMM compiles (the kind's space, no agent), or why
+/// there are none.
+fn op_sweep_candidates(
+    opts: &Options,
+    problem: &Problem,
+    math: MathType,
+) -> Result<Vec<Spec>, String> {
+    match problem {
+        Problem::Attention(p) => attention_sweep_candidates(opts, p, math),
+        Problem::LayerNorm(p) => layernorm_sweep_candidates(opts, p),
+        Problem::Gemm(_) => unreachable!("GEMM sweeps go through sweep_candidates"),
+    }
+}
+
 /// Compiles the first candidates of every problem the tables cannot answer in one parallel build,
 /// into the object cache, before the sweeps run one by one: one nvcc unit takes the better part of
 /// a minute and a single sweep rarely fills every core, so pooling them shortens a cold compose
@@ -670,7 +746,7 @@ fn prefetch(
     let mut builtin = Steward::builtin();
     let mut missed = 0;
     for problem in problems {
-        let Some(math) = MathType::for_tensor(problem.dtype(), opts.precision) else {
+        let Some(math) = problem.math(opts.precision) else {
             continue;
         };
         let key = TableKey::of(problem, math, opts.arch);
@@ -680,7 +756,9 @@ fn prefetch(
         let found = match problem {
             Problem::Gemm(p) => sweep_candidates(opts, tc, tables, &mut builtin, p, math, &key)?
                 .map(|c| c.kernels.into_iter().map(Spec::from).collect()),
-            Problem::Attention(p) => attention_sweep_candidates(opts, p, math),
+            Problem::Attention(_) | Problem::LayerNorm(_) => {
+                op_sweep_candidates(opts, problem, math)
+            }
         };
         missed += 1;
         specs.extend(found.unwrap_or_default());
@@ -854,17 +932,18 @@ fn record_sweep(
     })
 }
 
-/// Sweeps an attention problem: the block shapes of CUTLASS's fused attention kernel that take
-/// its head dim (space::attention), compiled into one library and judged like GEMM candidates.
-fn realize_attention_sweep(
+/// Sweeps a problem of a kind other than GEMM: its kind's candidates (the block shapes of
+/// CUTLASS's fused attention that take the head dim, space::attention; the LayerNorm knobs for
+/// its C, space::layernorm), compiled into one library and judged like GEMM candidates.
+fn realize_op_sweep(
     opts: &Options,
     tc: &Toolchain,
     tables: &mut Tables,
-    problem: &AttentionProblem,
+    problem: &Problem,
     math: MathType,
     key: TableKey,
 ) -> Result<Realized, ComposeError> {
-    let candidates = match attention_sweep_candidates(opts, problem, math) {
+    let candidates = match op_sweep_candidates(opts, problem, math) {
         Ok(c) => c,
         Err(reason) => return Ok(Realized::skipped(reason)),
     };
@@ -873,14 +952,13 @@ fn realize_attention_sweep(
         return compile_only(opts, tc, &candidates, &dir);
     }
     let started = std::time::Instant::now();
-    let p = Problem::Attention(problem.clone());
-    let (run, failures) = measure(opts, tc, &p, math, &candidates, &dir)?;
-    let record = serde_json::json!({ "key": key, "problem": p, "compile_and_tune_s": started.elapsed().as_secs_f64(), "run": run });
+    let (run, failures) = measure(opts, tc, problem, math, &candidates, &dir)?;
+    let record = serde_json::json!({ "key": key, "problem": problem, "compile_and_tune_s": started.elapsed().as_secs_f64(), "run": run });
     let _ = std::fs::write(
         dir.join("sweep.json"),
         serde_json::to_string_pretty(&record).expect("run serializes"),
     );
-    record_sweep(tables, key, p, run, failures, &dir)
+    record_sweep(tables, key, problem.clone(), run, failures, &dir)
 }
 
 /// Knob variants of the `top` fastest verified kernels of `run` not yet measured in it.
@@ -951,12 +1029,12 @@ pub fn compose(
         assumed_speedup: 1.05,
     };
     let the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
-    let (mut matches, attention) = (found.gemm, found.attention);
+    let (mut matches, attention, layernorm) = (found.gemm, found.attention, found.layernorm);
     let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
 
     let problems: Vec<Problem> = order
         .iter()
-        .map(|id| Matched::of_plan_id(id, &matches, &attention).problem())
+        .map(|id| Matched::of_plan_id(id, &matches, &attention, &layernorm).problem())
         .collect();
     prefetch(opts, &tc, &tables, &steward, &problems)?;
 
@@ -967,7 +1045,7 @@ pub fn compose(
     let mut unfused: BTreeSet<ProblemKey> = BTreeSet::new();
     for id in &order {
         loop {
-            let m = Matched::of_plan_id(id, &matches, &attention);
+            let m = Matched::of_plan_id(id, &matches, &attention, &layernorm);
             let i = plan_index(id);
             let problem = m.problem();
             let pk = ProblemKey::of(&problem);
@@ -1014,6 +1092,12 @@ pub fn compose(
                 .iter()
                 .enumerate()
                 .map(|(i, a)| (format!("a{i}"), Matched::Attention(a))),
+        )
+        .chain(
+            layernorm
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (format!("l{i}"), Matched::LayerNorm(l))),
         )
         .collect();
     for (id, m) in &all {
@@ -1106,32 +1190,40 @@ pub fn compose(
     Ok(report)
 }
 
-/// The index in its kind's match list of the pattern a plan id (`p<i>`, `a<i>`) names.
+/// The index in its kind's match list of the pattern a plan id (`p<i>`, `a<i>`, `l<i>`) names.
 fn plan_index(id: &str) -> usize {
     id[1..]
         .parse::<usize>()
-        .expect("plan ids are p<index> or a<index>")
+        .expect("plan ids are p<index>, a<index> or l<index>")
 }
 
 /// A match of any pattern kind, as the report and the rewrite see it.
 enum Matched<'a> {
     Gemm(&'a GemmMatch),
     Attention(&'a AttentionMatch),
+    LayerNorm(&'a LayerNormMatch),
 }
 
 impl<'a> Matched<'a> {
-    /// The match a plan id names: `p<i>` the i-th GEMM match, `a<i>` the i-th attention match.
-    fn of_plan_id(id: &str, gemm: &'a [GemmMatch], attention: &'a [AttentionMatch]) -> Matched<'a> {
-        if id.starts_with('a') {
-            Matched::Attention(&attention[plan_index(id)])
-        } else {
-            Matched::Gemm(&gemm[plan_index(id)])
+    /// The match a plan id names: `p<i>` the i-th GEMM match, `a<i>` the i-th attention match,
+    /// `l<i>` the i-th LayerNorm match.
+    fn of_plan_id(
+        id: &str,
+        gemm: &'a [GemmMatch],
+        attention: &'a [AttentionMatch],
+        layernorm: &'a [LayerNormMatch],
+    ) -> Matched<'a> {
+        match id.as_bytes().first() {
+            Some(b'a') => Matched::Attention(&attention[plan_index(id)]),
+            Some(b'l') => Matched::LayerNorm(&layernorm[plan_index(id)]),
+            _ => Matched::Gemm(&gemm[plan_index(id)]),
         }
     }
     fn problem(&self) -> Problem {
         match self {
             Matched::Gemm(m) => Problem::Gemm(m.problem.clone()),
             Matched::Attention(a) => Problem::Attention(a.problem.clone()),
+            Matched::LayerNorm(l) => Problem::LayerNorm(l.problem.clone()),
         }
     }
     /// The node the op replaces (the pattern's last).
@@ -1139,6 +1231,7 @@ impl<'a> Matched<'a> {
         match self {
             Matched::Gemm(m) => m.node,
             Matched::Attention(a) => *a.nodes.last().expect("a pattern has nodes"),
+            Matched::LayerNorm(l) => l.node,
         }
     }
     fn origin(&self) -> &'static str {
@@ -1146,20 +1239,23 @@ impl<'a> Matched<'a> {
             Matched::Gemm(m) => m.origin.name(),
             Matched::Attention(a) if a.form().starts_with("sdpa") => "scaled_dot_product_attention",
             Matched::Attention(_) => "attention",
+            Matched::LayerNorm(_) => "layer_norm",
         }
     }
     /// Operands the op copies on every call (their strides fit no layout of the kernel); the
-    /// attention kernel reads q, k and v through their strides.
+    /// attention kernel reads q, k and v through their strides, the LayerNorm kernel x's rows
+    /// through a row stride.
     fn copies(&self) -> Vec<String> {
         match self {
             Matched::Gemm(m) => m.copies.clone(),
-            Matched::Attention(_) => vec![],
+            Matched::Attention(_) | Matched::LayerNorm(_) => vec![],
         }
     }
     fn edit(&self, g: &Graph, kernel: &str) -> Edit {
         match self {
             Matched::Gemm(m) => gemm_edit(g, m, kernel),
             Matched::Attention(a) => attention_edit(g, a, kernel),
+            Matched::LayerNorm(l) => layernorm_edit(g, l, kernel),
         }
     }
 }

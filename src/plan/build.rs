@@ -3,7 +3,7 @@
 use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
 use crate::agent::{RankItem, Steward};
 use crate::graph::{Graph, NodeId};
-use crate::rules::{AttentionMatch, GemmMatch, Major, Patterns, Problem};
+use crate::rules::{AttentionMatch, GemmMatch, LayerNormMatch, Major, Patterns, Problem};
 use crate::space::examples::index;
 use crate::space::knowledge::cutlass_layouts;
 use crate::space::Knowledge;
@@ -115,6 +115,37 @@ fn attention_notes(a: &AttentionMatch, math: Option<MathType>) -> Vec<String> {
     ]
 }
 
+fn layernorm_notes(l: &LayerNormMatch, math: MathType, arch: Arch) -> Vec<String> {
+    let p = &l.problem;
+    let Some(first) = crate::space::layernorm::candidates(p, arch)
+        .into_iter()
+        .next()
+    else {
+        return vec![format!(
+            "no LayerNorm kernel takes C = {}: the row does not fit one CTA's registers",
+            p.cols
+        )];
+    };
+    let params = match (p.weight, p.bias) {
+        (true, true) => "weight and bias",
+        (true, false) => "the weight",
+        (false, true) => "the bias",
+        (false, false) => "no affine parameters",
+    };
+    vec![
+        format!(
+            "one kernel (fact's own): each row of {} held in registers by a group of threads, {}-byte vector loads, mean and variance in fp32 over the registers (warp shuffles, shared memory across the group's warps), then {params}; {} arithmetic",
+            p.cols,
+            first.vector as usize * p.dtype.bytes(),
+            math.short_name()
+        ),
+        format!(
+            "one read of x and one write of y ({:.1} MB); x's rows are read through their stride (a view whose rows are not one stride apart runs torch's layer_norm)",
+            p.bytes() / 1e6
+        ),
+    ]
+}
+
 /// The measured speedup of a problem's winner over torch, where the tables hold one.
 fn speedup(
     problem: &Problem,
@@ -146,7 +177,7 @@ fn speedup(
 
 /// The plan of a graph's patterns: shares from the cost model, gains from the tables where
 /// they hold a measurement, examples and order from the agent. GEMM patterns are `p<i>` (the
-/// i-th of `patterns.gemm`), attention patterns `a<i>`.
+/// i-th of `patterns.gemm`), attention patterns `a<i>`, LayerNorm patterns `l<i>`.
 pub fn plan(
     g: &Graph,
     matched: &Patterns,
@@ -189,6 +220,41 @@ pub fn plan(
             dtype: p.dtype,
             math,
             notes: attention_notes(a, math),
+            copies: vec![],
+            problem,
+            examples: vec![],
+            est_ms,
+            share: if total > 0.0 { est_ms / total } else { 0.0 },
+            expected_speedup: speedup,
+            speedup_source: source,
+            expected_gain_ms: est_ms * (1.0 - 1.0 / speedup),
+            priority: 0,
+        });
+    }
+    for (i, l) in matched.layernorm.iter().enumerate() {
+        let p = &l.problem;
+        let problem = Problem::LayerNorm(p.clone());
+        let math = problem.math(opts.precision);
+        let est_ms = cost_of.get(&l.node).copied().unwrap_or(0.0);
+        let (speedup, source) = speedup(&problem, math, opts, tables);
+        let shapes = [Some(l.x), l.weight, l.bias]
+            .into_iter()
+            .flatten()
+            .map(|v| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default())
+            .collect();
+        patterns.push(PlannedPattern {
+            id: format!("l{i}"),
+            name: format!("layer_norm {}", p.shape_key()),
+            rule: p.rule_id(),
+            arch: opts.arch,
+            node: l.node,
+            origin: "layer_norm".into(),
+            input_shapes: shapes,
+            dtype: p.dtype,
+            math,
+            notes: math
+                .map(|m| layernorm_notes(l, m, opts.arch))
+                .unwrap_or_default(),
             copies: vec![],
             problem,
             examples: vec![],
@@ -278,6 +344,7 @@ pub fn plan(
                 .iter()
                 .flat_map(|a| a.nodes.iter().copied()),
         )
+        .chain(matched.layernorm.iter().map(|l| l.node))
         .collect();
     let unmatched = unmatched_regions(g, &costs, &matched, total);
     let unmatched_share = unmatched.iter().map(|r| r.share).sum();

@@ -5,7 +5,8 @@
 //! - a GEMM (`gemm.rs`) and, where the graph allows, the elementwise epilogue that follows it
 //!   (`epilogue.rs`), the plain GEMM always available as the fallback when the fused pattern
 //!   cannot be realized;
-//! - attention (`attention.rs`): q·kᵀ, scale, mask, softmax and ·v as one pattern.
+//! - attention (`attention.rs`): q·kᵀ, scale, mask, softmax and ·v as one pattern;
+//! - LayerNorm over the last dim (`layernorm.rs`), one node.
 //!
 //! `match_patterns` returns a non-overlapping cover of the graph by all kinds.
 
@@ -28,6 +29,8 @@ use serde::{Deserialize, Serialize};
 pub enum Problem {
     Gemm(GemmProblem),
     Attention(AttentionProblem),
+    /// Last: untagged, a LayerNorm problem's fields (rows, cols) are none of the others'.
+    LayerNorm(LayerNormProblem),
 }
 
 impl Problem {
@@ -35,24 +38,28 @@ impl Problem {
         match self {
             Problem::Gemm(p) => p.rule_id(),
             Problem::Attention(p) => p.rule_id(),
+            Problem::LayerNorm(p) => p.rule_id(),
         }
     }
     pub fn shape_key(&self) -> String {
         match self {
             Problem::Gemm(p) => p.shape_key(),
             Problem::Attention(p) => p.shape_key(),
+            Problem::LayerNorm(p) => p.shape_key(),
         }
     }
     pub fn flops(&self) -> f64 {
         match self {
             Problem::Gemm(p) => p.flops(),
             Problem::Attention(p) => p.flops(),
+            Problem::LayerNorm(p) => p.flops(),
         }
     }
     pub fn dtype(&self) -> crate::types::DType {
         match self {
             Problem::Gemm(p) => p.dtype,
             Problem::Attention(p) => p.dtype,
+            Problem::LayerNorm(p) => p.dtype,
         }
     }
     /// The problem's alignment class: which kernels can run it (in its own elements, 16 bytes
@@ -68,12 +75,23 @@ impl Problem {
             Problem::Gemm(p) if p.epilogue.is_some() => PatternKind::Epilogue,
             Problem::Gemm(_) => PatternKind::Gemm,
             Problem::Attention(_) => PatternKind::Attention,
+            Problem::LayerNorm(_) => PatternKind::LayerNorm,
         }
     }
     pub fn as_gemm(&self) -> Option<&GemmProblem> {
         match self {
             Problem::Gemm(p) => Some(p),
-            Problem::Attention(_) => None,
+            Problem::Attention(_) | Problem::LayerNorm(_) => None,
+        }
+    }
+    /// The math a kernel for the problem performs under `precision`: for fp32 tensors the policy's
+    /// for products (GEMMs, attention), fp32 itself for a LayerNorm, which computes no product
+    /// the policy could lower (so one table entry serves both policies, and it is judged at
+    /// fp32's tolerance); None where no kernel family computes the combination.
+    pub fn math(&self, precision: crate::types::Precision) -> Option<crate::types::MathType> {
+        match self {
+            Problem::LayerNorm(p) => Some(crate::types::MathType::elementwise(p.dtype)),
+            _ => crate::types::MathType::for_tensor(self.dtype(), precision),
         }
     }
 }
@@ -89,13 +107,16 @@ pub enum PatternKind {
     Epilogue,
     /// q·kᵀ, scale, mask, softmax and ·v (`fact::attention`).
     Attention,
+    /// LayerNorm over the last dim (`fact::layernorm`).
+    LayerNorm,
 }
 
 impl PatternKind {
-    pub const ALL: [PatternKind; 3] = [
+    pub const ALL: [PatternKind; 4] = [
         PatternKind::Gemm,
         PatternKind::Epilogue,
         PatternKind::Attention,
+        PatternKind::LayerNorm,
     ];
 
     pub fn name(self) -> &'static str {
@@ -103,6 +124,7 @@ impl PatternKind {
             PatternKind::Gemm => "gemm",
             PatternKind::Epilogue => "epilogue",
             PatternKind::Attention => "attention",
+            PatternKind::LayerNorm => "layernorm",
         }
     }
 }
@@ -141,24 +163,37 @@ impl From<AttentionProblem> for Problem {
     }
 }
 
+impl From<LayerNormProblem> for Problem {
+    fn from(p: LayerNormProblem) -> Problem {
+        Problem::LayerNorm(p)
+    }
+}
+
 /// Every pattern of a graph, no node in two.
 #[derive(Clone, Debug, Default)]
 pub struct Patterns {
     pub gemm: Vec<GemmMatch>,
     pub attention: Vec<AttentionMatch>,
+    pub layernorm: Vec<LayerNormMatch>,
 }
 
-/// Attention patterns first (their two matmuls are not GEMM patterns of their own), then every
-/// other GEMM of the top-level block, each with the longest epilogue the graph allows, as a
-/// non-overlapping cover: two epilogues can claim one node (`linear(x) + linear(z)`: the add is
-/// in both), and then the one that fuses more of the graph (the larger output times ops) keeps it
-/// and the other GEMM stays plain. An epilogue reaching into an attention pattern is cut.
+/// Attention patterns first (their two matmuls are not GEMM patterns of their own), and the
+/// LayerNorms (one node each), then every other GEMM of the top-level block, each with the longest
+/// epilogue the graph allows, as a non-overlapping cover: two epilogues can claim one node
+/// (`linear(x) + linear(z)`: the add is in both), and then the one that fuses more of the graph
+/// (the larger output times ops) keeps it and the other GEMM stays plain. An epilogue reaching into
+/// an attention or LayerNorm pattern is cut.
 pub fn match_patterns(g: &Graph) -> Patterns {
     let attention = match_attention(g);
     let mut claimed: std::collections::BTreeSet<usize> = attention
         .iter()
         .flat_map(|a| a.nodes.iter().copied())
         .collect();
+    let layernorm: Vec<LayerNormMatch> = match_layernorms(g)
+        .into_iter()
+        .filter(|l| !claimed.contains(&l.node))
+        .collect();
+    claimed.extend(layernorm.iter().map(|l| l.node));
     let mut matches: Vec<GemmMatch> = match_gemms(g)
         .into_iter()
         .filter(|m| !claimed.contains(&m.node))
@@ -195,6 +230,7 @@ pub fn match_patterns(g: &Graph) -> Patterns {
     Patterns {
         gemm: matches,
         attention,
+        layernorm,
     }
 }
 
@@ -207,10 +243,10 @@ mod tests {
         for k in PatternKind::ALL {
             assert_eq!(k.name().parse::<PatternKind>().unwrap(), k);
         }
-        assert!("layernorm"
+        assert!("rmsnorm"
             .parse::<PatternKind>()
             .unwrap_err()
-            .contains("use one of gemm, epilogue, attention"));
+            .contains("use one of gemm, epilogue, attention, layernorm"));
         let mut p = GemmProblem {
             m: 8,
             n: 8,
@@ -224,6 +260,68 @@ mod tests {
         assert_eq!(Problem::Gemm(p.clone()).kind(), PatternKind::Gemm);
         p.epilogue = Some(Epilogue::parse("leaves=;v1=relu(v0)").unwrap());
         assert_eq!(Problem::Gemm(p).kind(), PatternKind::Epilogue);
+        let ln = Problem::LayerNorm(LayerNormProblem {
+            rows: 8,
+            cols: 8,
+            dtype: crate::types::DType::F32,
+            weight: false,
+            bias: false,
+        });
+        assert_eq!(
+            (ln.kind(), ln.kind().name()),
+            (PatternKind::LayerNorm, "layernorm")
+        );
+    }
+
+    #[test]
+    fn a_layernorm_between_gemms_is_its_own_pattern() {
+        // A residual add before the LayerNorm (the first linear's epilogue), a linear reading it.
+        let g = Graph::parse(
+            "graph(%x: f32[8,32], %w: f32[32,32], %v: f32[64,32], %g: f32[32], %b: f32[32]):
+               %none = prim::Constant[None]()
+               %one = prim::Constant[1]()
+               %eps = prim::Constant[1e-05]()
+               %on = prim::Constant[True]()
+               %c = prim::Constant[32]()
+               %shape = prim::ListConstruct(%c)
+               %a = aten::linear(%x, %w, %none) : f32[8,32]
+               %s = aten::add(%a, %x, %one) : f32[8,32]
+               %n = aten::layer_norm(%s, %shape, %g, %b, %eps, %on) : f32[8,32]
+               %y = aten::linear(%n, %v, %none) : f32[8,64]
+               %r = aten::relu(%y) : f32[8,64]
+               return (%r)",
+        )
+        .unwrap();
+        let found = match_patterns(&g);
+        assert_eq!(found.layernorm.len(), 1);
+        let ln = &found.layernorm[0];
+        assert_eq!(
+            (
+                g.nodes[ln.node].kind.as_str(),
+                ln.problem.rule_id().as_str()
+            ),
+            ("aten::layer_norm", "layernorm_affine")
+        );
+        assert_eq!(found.gemm.len(), 2);
+        let texts: Vec<String> = found
+            .gemm
+            .iter()
+            .map(|m| {
+                m.epilogue
+                    .as_ref()
+                    .map(|e| e.epilogue.text())
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(texts, ["leaves=full;v1=add(v0,l0)", "leaves=;v1=relu(v0)"]);
+        assert_eq!(
+            g.values[found.gemm[1].a].name, "n",
+            "the second linear reads the LayerNorm's output"
+        );
+        assert!(
+            found.gemm.iter().all(|m| !m.nodes().contains(&ln.node)),
+            "no GEMM pattern claims the LayerNorm"
+        );
     }
 
     #[test]

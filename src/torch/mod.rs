@@ -162,6 +162,11 @@ pub const GEMM_EP_OP_SCHEMA: &str =
 pub const ATTENTION_OP_SCHEMA: &str =
     "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel) -> Tensor";
 
+/// The schema of the LayerNorm op: the `aten::layer_norm` call's own operands (without
+/// cudnn_enable, which torch ignores), which the fallback replays.
+pub const LAYERNORM_OP_SCHEMA: &str =
+    "layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor";
+
 /// fact's schemas are defined where missing, by rewrite_and_save or by an op library's static
 /// initialisers; a check and its definition must not interleave with another thread's.
 static SCHEMAS: Mutex<()> = Mutex::new(());
@@ -390,11 +395,14 @@ pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<Strin
             remove_kinds: e.remove_kinds.clone(),
         })
         .collect();
-    let schemas = vec![
-        GEMM_OP_SCHEMA.to_string(),
-        GEMM_EP_OP_SCHEMA.to_string(),
-        ATTENTION_OP_SCHEMA.to_string(),
-    ];
+    let schemas = [
+        GEMM_OP_SCHEMA,
+        GEMM_EP_OP_SCHEMA,
+        ATTENTION_OP_SCHEMA,
+        LAYERNORM_OP_SCHEMA,
+    ]
+    .map(String::from)
+    .to_vec();
     let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
     ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas)
         .map_err(|e| TorchError::Bridge(first_line(e.what())))

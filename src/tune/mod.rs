@@ -7,6 +7,7 @@ pub mod attention;
 pub mod cuda;
 pub mod epilogue;
 pub mod gpu;
+pub mod layernorm;
 pub mod worker;
 
 use crate::types::MathType;

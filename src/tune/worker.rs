@@ -6,6 +6,7 @@
 
 use super::attention::AttentionBench;
 use super::gpu::GpuBench;
+use super::layernorm::LayerNormBench;
 use super::{judge, Bench, Outcome, Protocol, Timing};
 use crate::nvcc::KernelLibrary;
 use crate::rules::Problem;
@@ -69,6 +70,10 @@ pub fn serve(req: Request) -> Result<(), String> {
         ),
         Problem::Attention(p) => (
             Box::new(AttentionBench::new(&lib, p.clone(), req.protocol.clone())?),
+            lib.op_len(),
+        ),
+        Problem::LayerNorm(p) => (
+            Box::new(LayerNormBench::new(&lib, p.clone(), req.protocol.clone())?),
             lib.op_len(),
         ),
     };

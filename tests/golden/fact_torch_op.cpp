@@ -1,14 +1,16 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call: fact::gemm (one GEMM), fact::gemm_ep (a GEMM
-// followed by an elementwise epilogue program) and fact::attention (softmax(scale·q·kᵀ + mask)·v).
-// Each runs the named kernel of this library when the call fits it (CUDA tensors on an sm90
-// device, the kernel's dtype, bias and epilogue, CUTLASS's alignment rules; for the GEMMs an operand
-// whose strides do not fit the kernel's layout is copied into it; for attention a mask that is the
-// causal one) and otherwise falls back to the original aten ops (for gemm_ep, the GEMM and then the
-// program interpreted op by op; for attention the graph's own ops, as its form says), so a composed
-// module never computes a different function than the one it replaced. FACT_DISABLE=1 in the
-// environment makes every call fall back (FACT_DISABLE=attention,epilogue: those kinds' calls); fact_op_stats() counts, per kernel, the calls that ran it,
-// those that copied an operand first and those that fell back.
+// followed by an elementwise epilogue program), fact::attention (softmax(scale·q·kᵀ + mask)·v) and
+// fact::layernorm (LayerNorm over the last dim). Each runs the named kernel of this library when
+// the call fits it (CUDA tensors on an sm90 device, the kernel's dtype, bias and epilogue,
+// CUTLASS's alignment rules; for the GEMMs an operand whose strides do not fit the kernel's layout
+// is copied into it; for attention a mask that is the causal one; for layernorm rows one stride
+// apart) and otherwise falls back to the original aten ops (for gemm_ep, the GEMM and then the
+// program interpreted op by op; for attention the graph's own ops, as its form says; for
+// layernorm the same at::layer_norm call), so a composed module never computes a different
+// function than the one it replaced. FACT_DISABLE=1 in the environment makes every call fall back
+// (FACT_DISABLE=attention,epilogue: those kinds' calls); fact_op_stats() counts, per kernel, the
+// calls that ran it, those that copied an operand first and those that fell back.
 #include "fact_kernels.h"
 
 #include <ATen/ATen.h>
@@ -474,7 +476,7 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
 // The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
 // FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
 // the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kAllKinds = 7 };
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayerNormKind = 8, kAllKinds = 15 };
 
 // The bits of a comma-separated list of kind names; false on a name that is no kind.
 bool parse_kinds(const std::string& text, unsigned& bits) {
@@ -483,6 +485,7 @@ bool parse_kinds(const std::string& text, unsigned& bits) {
     if (name == "gemm") bits |= kGemmKind;
     else if (name == "epilogue") bits |= kEpilogueKind;
     else if (name == "attention") bits |= kAttentionKind;
+    else if (name == "layernorm") bits |= kLayerNormKind;
     else if (name == "all" || name == "1") bits |= kAllKinds;
     else if (!name.empty()) return false;
   }
@@ -496,7 +499,7 @@ std::atomic<unsigned>& disabled_kinds() {
     unsigned b = 0;
     if (!parse_kinds(v, b)) {
       // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, all); every fact op falls back\n", v);
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, all); every fact op falls back\n", v);
       return unsigned(kAllKinds);
     }
     return b;
@@ -750,6 +753,79 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return attention_original(f, q, k, v, mask, scale);
 }
 
+// ---------------------------------------------------------------------------------------------
+// LayerNorm over the last dim: the kernel reads x as [R, C] rows one stride apart.
+
+// Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
+// reason in `why`.
+at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                            const std::optional<at::Tensor>& bias, double eps, c10::string_view kernel, std::string& why) {
+  const bool has_w = weight.has_value() && weight->defined(), has_b = bias.has_value() && bias->defined();
+  if (!x.is_cuda() || (has_w && weight->device() != x.device()) || (has_b && bias->device() != x.device())) {
+    return why = "not CUDA tensors of one device", at::Tensor();
+  }
+  if (at::GradMode::is_enabled() && (x.requires_grad() || (has_w && weight->requires_grad()) || (has_b && bias->requires_grad()))) {
+    return why = "autograd (the kernel has no backward)", at::Tensor();
+  }
+  if (x.dim() < 1 || normalized_shape.size() != 1 || normalized_shape[0] != x.size(-1)) {
+    return why = "not normalized over the last dim alone", at::Tensor();
+  }
+  if ((has_w && weight->scalar_type() != x.scalar_type()) || (has_b && bias->scalar_type() != x.scalar_type())) {
+    return why = "mixed dtypes", at::Tensor();
+  }
+  const int64_t c = x.size(-1);
+  if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
+  const int32_t index = fact_op_kernel_find(std::string(kernel).c_str());
+  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  const auto* props = at::cuda::getDeviceProperties(x.device().index());
+  if (props->major != 9 || props->minor != 0) return why = "not an sm90 device", at::Tensor();
+  // The leading dims as one: rows one stride apart (dims of size one have no say).
+  int64_t row_stride = -1, next = 0;
+  for (int64_t d = x.dim() - 2; d >= 0; --d) {
+    if (x.size(d) == 1) continue;
+    if (row_stride < 0) {
+      row_stride = next = x.stride(d);
+    } else if (x.stride(d) != next) {
+      return why = "x's rows are not one stride apart", at::Tensor();
+    }
+    next *= x.size(d);
+  }
+  const int64_t rows = x.numel() / c;
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  auto matrix = [&](const at::Tensor& t, int64_t stride) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 2;
+    ft.sizes[0] = rows;
+    ft.sizes[1] = c;
+    ft.strides[0] = stride < 0 ? c : stride;
+    ft.strides[1] = t.stride(-1);
+    return ft;
+  };
+  const FactTensor tensors[4] = {matrix(x, row_stride), matrix(out, c), has_w ? fact_tensor(*weight) : FactTensor{},
+                                 has_b ? fact_tensor(*bias) : FactTensor{}};
+  const double scalars[1] = {eps};
+  const FactOpArgs args{tensors, 4, scalars, 1};
+  if (!launch_kernel(kOpTable, index, args, x, kernel, "layernorm")) {
+    return why = "the kernel cannot implement this C, stride or alignment", at::Tensor();
+  }
+  return out;
+}
+
+at::Tensor layernorm(const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                     const std::optional<at::Tensor>& bias, double eps, c10::string_view kernel) {
+  std::string why = "layernorm is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kLayerNormKind)) {
+    at::Tensor out = layernorm_kernel(x, normalized_shape, weight, bias, eps, kernel, why);
+    if (out.defined()) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  return at::layer_norm(x, normalized_shape, weight, bias, eps);
+}
+
 }  // namespace
 
 // The call counts since the library was loaded (or last reset) as JSON,
@@ -772,8 +848,8 @@ extern "C" const char* fact_op_stats(void) {
   return text.c_str();
 }
 
-// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, all) off and every
-// other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, all) off
+// and every other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
 extern "C" int32_t fact_disable(const char* kinds) {
   unsigned bits = 0;
   if (kinds == nullptr || !parse_kinds(kinds, bits)) return -1;
@@ -798,7 +874,11 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::attention", ""}).has_value()) {
     m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
+    m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");
+  }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
   m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
+  m.impl("layernorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm)));
 }
