@@ -20,7 +20,9 @@ use thiserror::Error;
 /// 3: problems and kernel specs may carry a fused epilogue (`epilogue`, `fusion`); a fact that
 /// reads schema 2 would ignore them and run a plain GEMM in their place, so it must refuse these.
 /// 4: entries of other pattern kinds (attention problems and kernel specs) beside GEMMs.
-pub const SCHEMA: u32 = 4;
+/// 5: LayerNorm problems and kernel specs, keyed under the `f32` math of kernels that multiply no
+/// matrices; a fact that reads schema 4 cannot parse them, so it must refuse these.
+pub const SCHEMA: u32 = 5;
 
 #[derive(Debug, Error)]
 pub enum TableError {
@@ -335,8 +337,8 @@ impl Table {
                 found: s,
             }),
             1 => Ok(v1::migrate(serde_json::from_value(raw).map_err(corrupt)?)),
-            // Schemas 2 and 3 are schema 4 without epilogues or other pattern kinds: nothing to convert.
-            2 | 3 => Ok(Table {
+            // Schemas 2 to 4 are schema 5 without epilogues, attention or LayerNorm: nothing to convert.
+            2..=4 => Ok(Table {
                 schema: SCHEMA,
                 ..serde_json::from_value(raw).map_err(corrupt)?
             }),

@@ -247,16 +247,19 @@ fn schema_one_tables_are_migrated() {
 }
 
 #[test]
-fn schema_two_tables_are_read_as_three_and_keep_their_entries() {
+fn schema_two_to_four_tables_are_read_as_five_and_keep_their_entries() {
     let mut t = Table::new();
     t.insert_merged(entry(128, 0, 0.5, "H100"));
-    let v2 = serde_json::to_string(&t)
-        .unwrap()
-        .replace("\"schema\":4", "\"schema\":2");
-    assert!(v2.contains("\"schema\":2"));
-    let back = Table::parse(&v2, "v2.json").unwrap();
-    assert_eq!(back.schema, SCHEMA);
-    assert_eq!(back.entries, t.entries);
+    for old in 2..SCHEMA {
+        let text = serde_json::to_string(&t).unwrap().replace(
+            &format!("\"schema\":{SCHEMA}"),
+            &format!("\"schema\":{old}"),
+        );
+        assert!(text.contains(&format!("\"schema\":{old}")));
+        let back = Table::parse(&text, "old.json").unwrap();
+        assert_eq!(back.schema, SCHEMA);
+        assert_eq!(back.entries, t.entries);
+    }
     // A fused problem keeps its epilogue through a save and a load.
     let mut fused = entry(256, 0, 0.5, "H100");
     let ep = crate::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=add(v1,l0)").unwrap();
@@ -276,6 +279,67 @@ fn schema_two_tables_are_read_as_three_and_keep_their_entries() {
         back.entries[0].key.rule.contains("_ep_gelu_tanh_add_"),
         "{}",
         back.entries[0].key.rule
+    );
+}
+
+/// A LayerNorm entry beside a GEMM one: each problem and spec parses back as its own kind (the
+/// enums are untagged), and the entry's key is the f32 math's whatever the policy.
+#[test]
+fn layernorm_entries_round_trip_beside_gemm_entries() {
+    use crate::rules::LayerNormProblem;
+    let p = LayerNormProblem {
+        rows: 65536,
+        cols: 768,
+        dtype: DType::F32,
+        weight: true,
+        bias: true,
+    };
+    let problem = Problem::LayerNorm(p.clone());
+    let math = problem.math(crate::types::Precision::Tf32).unwrap();
+    assert_eq!(
+        (math, problem.math(crate::types::Precision::F32)),
+        (MathType::F32, Some(MathType::F32))
+    );
+    let spec = crate::space::layernorm::candidates(&p, Arch::Sm90).remove(0);
+    let timing = Timing {
+        median_ms: 0.14,
+        min_ms: 0.14,
+        max_ms: 0.14,
+        spread: 0.0,
+        samples: 1,
+    };
+    let ok = CandidateResult {
+        kernel: spec.name(),
+        spec: spec.clone().into(),
+        outcome: Outcome::Ok {
+            max_rel_err: 2e-7,
+            timing: timing.clone(),
+            tflops: 0.3,
+        },
+    };
+    let run = Run {
+        provenance: provenance("H100"),
+        baseline: Some(timing),
+        candidates: vec![ok],
+    };
+    let ln =
+        Entry::from_runs(TableKey::of(&problem, math, Arch::Sm90), problem, vec![run]).unwrap();
+    assert_eq!(
+        (ln.key.rule.as_str(), ln.key.shape.as_str(), ln.key.math),
+        ("layernorm_affine", "65536x768", MathType::F32)
+    );
+    let mut t = Table::new();
+    t.insert_merged(entry(128, 0, 0.5, "H100"));
+    t.insert_merged(ln.clone());
+    let back = Table::parse(&serde_json::to_string(&t).unwrap(), "t.json").unwrap();
+    assert_eq!(back, t);
+    assert_eq!(
+        back.get(&ln.key).unwrap().winner_spec,
+        crate::space::Spec::LayerNorm(spec)
+    );
+    assert!(
+        back.entries.iter().any(|e| e.problem.as_gemm().is_some()),
+        "the GEMM entry stays a GEMM"
     );
 }
 
