@@ -109,8 +109,8 @@ enum Command {
         dir: PathBuf,
         #[arg(long)]
         save_report: Option<PathBuf>,
-        /// Pattern kinds to turn off one at a time (gemm, epilogue, attention; comma-separated,
-        /// or none). Default: each kind the module substitutes, when it substitutes two or more.
+        /// Pattern kinds to turn off one at a time (gemm, epilogue, attention, layernorm;
+        /// comma-separated, or none). Default: each kind the module substitutes, when it substitutes two or more.
         #[arg(long)]
         without: Option<String>,
         #[arg(long)]
@@ -119,14 +119,15 @@ enum Command {
     /// Tune a rule for a shape and add the winner to the user pattern table, without a model.
     Realize {
         /// gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias, bmm_rrr; attention, attention_causal
-        /// (the explicit softmax(q·kᵀ)·v form), sdpa or sdpa_causal.
+        /// (the explicit softmax(q·kᵀ)·v form), sdpa or sdpa_causal; layernorm, layernorm_affine
+        /// (weight and bias), layernorm_weight or layernorm_bias.
         #[arg(long)]
         rule: String,
         /// Tensor dtype: f32, bf16 or f16.
         #[arg(long)]
         dtype: String,
         /// MxNxK, LxMxNxK for bmm_rrr, BxHxTqxTkxD (batch, heads, query and key lengths, head
-        /// dim) for attention.
+        /// dim) for attention, ROWSxC (C the normalized dim) for layernorm.
         #[arg(long)]
         shape: String,
         /// An elementwise program fused after the GEMM, in the text form discover prints
@@ -339,12 +340,20 @@ pub fn main() -> Result<()> {
             let arch =
                 Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
             let dims = table::parse_shape(&shape).with_context(|| {
-                format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr, BxHxTqxTkxD for attention), e.g. 4096x4096x4096")
+                format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr, BxHxTqxTkxD for attention, ROWSxC for layernorm), e.g. 4096x4096x4096")
             })?;
-            let problem = if rule.starts_with("attention") || rule.starts_with("sdpa") {
-                if epilogue.is_some() {
-                    bail!("--epilogue goes with a GEMM rule, not {rule}");
-                }
+            let kind = ["attention", "sdpa", "layernorm"]
+                .into_iter()
+                .find(|k| rule.starts_with(k));
+            if epilogue.is_some() && kind.is_some() {
+                bail!("--epilogue goes with a GEMM rule, not {rule}");
+            }
+            let problem = if kind == Some("layernorm") {
+                crate::rules::Problem::LayerNorm(
+                    crate::rules::LayerNormProblem::from_rule(&rule, &dims, dtype)
+                        .map_err(anyhow::Error::msg)?,
+                )
+            } else if kind.is_some() {
                 crate::rules::Problem::Attention(
                     crate::rules::AttentionProblem::from_rule(&rule, &dims, dtype)
                         .map_err(anyhow::Error::msg)?,
