@@ -1,8 +1,8 @@
 //! Shared set-up: fixture models, the fact binary, and the one compiled kernel library the
 //! compile and compose tests share (compiling CUTLASS takes a minute; the cache makes reuse free).
 
-use fact::rules::GemmProblem;
-use fact::space::KernelSpec;
+use fact::rules::{GemmProblem, Problem};
+use fact::space::{KernelSpec, Spec};
 use fact::table::{Entry, Provenance, Run, TableKey};
 use fact::tune::cuda::DeviceInfo;
 use fact::tune::{CandidateResult, Outcome, Timing};
@@ -70,6 +70,23 @@ pub fn compose_json(user_table: &Path, model: &Path, out_dir: &Path) -> serde_js
 
 /// A table entry whose one run timed `spec` at `ms` on `device`: test data, never a measurement.
 pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &str) -> Entry {
+    sample_op_entry(
+        &Problem::Gemm(problem.clone()),
+        &spec.clone().into(),
+        MathType::Tf32,
+        ms,
+        device,
+    )
+}
+
+/// The same for a problem of any kind, under `math`.
+pub fn sample_op_entry(
+    problem: &Problem,
+    spec: &Spec,
+    math: MathType,
+    ms: f64,
+    device: &str,
+) -> Entry {
     let timing = Timing {
         median_ms: ms,
         min_ms: ms,
@@ -95,7 +112,7 @@ pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &
         baseline: Some(timing.clone()),
         candidates: vec![CandidateResult {
             kernel: spec.name(),
-            spec: spec.clone().into(),
+            spec: spec.clone(),
             outcome: Outcome::Ok {
                 max_rel_err: 0.0,
                 timing,
@@ -104,7 +121,7 @@ pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &
         }],
     };
     Entry::from_runs(
-        TableKey::gemm(problem, MathType::Tf32, Arch::Sm90),
+        TableKey::of(problem, math, Arch::Sm90),
         problem.clone(),
         vec![run],
     )

@@ -6,6 +6,7 @@ mod compile;
 mod errors;
 mod gemm_ep;
 mod ingest;
+mod layernorm;
 mod layouts;
 mod plan;
 mod table_cli;
