@@ -663,7 +663,9 @@ bool causal_mask(const Form& f, const at::Tensor& mask, int64_t tq, int64_t tk) 
 FactTensor fact_tensor(const at::Tensor& t) {
   FactTensor ft{};
   ft.data = t.data_ptr();
-  ft.dtype = t.scalar_type() == at::kBFloat16 ? FACT_BF16 : t.scalar_type() == at::kHalf ? FACT_F16 : FACT_F32;
+  // Another dtype (f64) is none of FactDtype's, so no kernel's check takes it for one.
+  const at::ScalarType s = t.scalar_type();
+  ft.dtype = s == at::kFloat ? FACT_F32 : s == at::kBFloat16 ? FACT_BF16 : s == at::kHalf ? FACT_F16 : -1;
   ft.rank = static_cast<int32_t>(t.dim());
   for (int64_t i = 0; i < t.dim() && i < FACT_MAX_RANK; ++i) {
     ft.sizes[i] = t.size(i);
