@@ -760,18 +760,21 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
 // reason in `why`.
-at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
-                            const std::optional<at::Tensor>& bias, double eps, c10::string_view kernel, std::string& why) {
+at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                            const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                            c10::string_view kernel, std::string& why) {
   const bool has_w = weight.has_value() && weight->defined(), has_b = bias.has_value() && bias->defined();
   if (!x.is_cuda() || (has_w && weight->device() != x.device()) || (has_b && bias->device() != x.device())) {
     return why = "not CUDA tensors of one device", at::Tensor();
   }
-  if (at::GradMode::is_enabled() && (x.requires_grad() || (has_w && weight->requires_grad()) || (has_b && bias->requires_grad()))) {
+  if (at::GradMode::is_enabled() &&
+      (x.requires_grad() || (has_w && weight->requires_grad()) || (has_b && bias->requires_grad()))) {
     return why = "autograd (the kernel has no backward)", at::Tensor();
   }
   if (x.dim() < 1 || normalized_shape.size() != 1 || normalized_shape[0] != x.size(-1)) {
     return why = "not normalized over the last dim alone", at::Tensor();
   }
+  if (*dtype_name(x.scalar_type()) == '\0') return why = "not an f32, bf16 or f16 tensor", at::Tensor();
   if ((has_w && weight->scalar_type() != x.scalar_type()) || (has_b && bias->scalar_type() != x.scalar_type())) {
     return why = "mixed dtypes", at::Tensor();
   }
