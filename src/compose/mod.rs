@@ -1,8 +1,8 @@
 //! Compose: realizes every matched pattern (pattern-table hit, or a compiled and tuned sweep) and
 //! rewrites the TorchScript graph so each pattern calls its kind's op (`fact::gemm`, `gemm_ep`,
-//! `attention`, `layernorm`) with its winner. Writes
-//! the composed module, the winners-only op library and compose.json to the output folder. Without
-//! a GPU it still discovers, renders and compiles, and says what is left for a GPU.
+//! `attention`, `layernorm`) with its winner. Writes the composed module, the winners-only op
+//! library and compose.json to the output folder. Without a GPU it still discovers, renders and
+//! compiles, and says what is left for a GPU.
 
 use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
@@ -10,8 +10,7 @@ use crate::graph::Graph;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
 use crate::rules::{
-    match_patterns, AttentionMatch, AttentionProblem, GemmMatch, GemmProblem, LayerNormMatch,
-    LayerNormProblem, Problem,
+    match_patterns, AttentionMatch, GemmMatch, GemmProblem, LayerNormMatch, Problem,
 };
 use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions, Spec};
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
@@ -666,52 +665,6 @@ fn sweep_candidates(
     }))
 }
 
-/// The kernels an attention sweep compiles, or why there are none.
-fn attention_sweep_candidates(
-    opts: &Options,
-    problem: &AttentionProblem,
-    math: MathType,
-) -> Result<Vec<Spec>, String> {
-    let mut candidates: Vec<Spec> = space::attention::candidates(problem, math, opts.arch)
-        .into_iter()
-        .map(Spec::from)
-        .collect();
-    if let Some(n) = opts.max_candidates {
-        candidates.truncate(n.max(1));
-    }
-    if candidates.is_empty() {
-        return Err(format!(
-            "no attention kernel takes head dim {} in {} (multiples of {} up to 256)",
-            problem.head_dim,
-            problem.dtype,
-            16 / problem.dtype.bytes()
-        ));
-    }
-    Ok(candidates)
-}
-
-/// The kernels a LayerNorm sweep compiles, or why there are none.
-fn layernorm_sweep_candidates(
-    opts: &Options,
-    problem: &LayerNormProblem,
-) -> Result<Vec<Spec>, String> {
-    let mut candidates: Vec<Spec> = space::layernorm::candidates(problem, opts.arch)
-        .into_iter()
-        .map(Spec::from)
-        .collect();
-    if let Some(n) = opts.max_candidates {
-        candidates.truncate(n.max(1));
-    }
-    if candidates.is_empty() {
-        return Err(format!(
-            "no LayerNorm kernel takes C = {}: a row of more than {} elements does not fit one CTA's registers",
-            problem.cols,
-            1024 * 32
-        ));
-    }
-    Ok(candidates)
-}
-
 /// The kernels a sweep of a kind other than GEMM compiles (the kind's space, no agent), or why
 /// there are none.
 fn op_sweep_candidates(
@@ -719,11 +672,34 @@ fn op_sweep_candidates(
     problem: &Problem,
     math: MathType,
 ) -> Result<Vec<Spec>, String> {
-    match problem {
-        Problem::Attention(p) => attention_sweep_candidates(opts, p, math),
-        Problem::LayerNorm(p) => layernorm_sweep_candidates(opts, p),
+    let mut candidates: Vec<Spec> = match problem {
+        Problem::Attention(p) => space::attention::candidates(p, math, opts.arch)
+            .into_iter()
+            .map(Spec::from)
+            .collect(),
+        Problem::LayerNorm(p) => space::layernorm::candidates(p, opts.arch)
+            .into_iter()
+            .map(Spec::from)
+            .collect(),
         Problem::Gemm(_) => unreachable!("GEMM sweeps go through sweep_candidates"),
+    };
+    if let Some(n) = opts.max_candidates {
+        candidates.truncate(n.max(1));
     }
+    if !candidates.is_empty() {
+        return Ok(candidates);
+    }
+    Err(match problem {
+        Problem::Attention(p) => {
+            format!("no attention kernel takes head dim {} in {} (multiples of {} up to 256)", p.head_dim, p.dtype, 16 / p.dtype.bytes())
+        }
+        Problem::LayerNorm(p) => format!(
+            "no LayerNorm kernel takes C = {}: a row is held in the registers of one CTA, at most {} elements",
+            p.cols,
+            space::layernorm::MAX_ROW
+        ),
+        Problem::Gemm(_) => unreachable!("GEMM sweeps go through sweep_candidates"),
+    })
 }
 
 /// Compiles the first candidates of every problem the tables cannot answer in one parallel build,

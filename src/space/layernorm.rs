@@ -14,6 +14,10 @@ use serde::{Deserialize, Serialize};
 
 /// The most elements one thread holds: past this the row spills out of registers.
 pub const MAX_PER_THREAD: u32 = 64;
+/// The most elements a candidate holds per thread (loads in flight without crowding the SM's
+/// registers), and so the longest row a candidate takes: one CTA of 1024 threads.
+pub const CANDIDATE_PER_THREAD: u32 = 32;
+pub const MAX_ROW: u32 = 1024 * CANDIDATE_PER_THREAD;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LayerNormSpec {
@@ -113,11 +117,11 @@ impl LayerNormSpec {
 }
 
 /// The candidates for a problem: the widest vector (16 bytes at most) that divides C; group sizes
-/// from one thread per row up to whole warps, each holding at most 32 elements per thread and none
-/// idle (a group covers C at least once), with the multiples of a warp that cover C exactly added;
-/// for each, CTAs of 128 and 256 threads (one group when it is larger). Ordered with the groups
-/// whose last load fills the group first, then by how close a thread's share is to 16 elements
-/// (enough loads in flight without crowding the SM's registers).
+/// from one thread per row up to whole warps, each holding at most CANDIDATE_PER_THREAD elements
+/// per thread and none idle (a group covers C at least once), with the multiples of a warp that
+/// cover C exactly added; for each, CTAs of 128 and 256 threads (one group when it is larger).
+/// Ordered with the groups whose last load fills the group first, then by how close a thread's
+/// share is to 16 elements (enough loads in flight without crowding the SM's registers).
 pub fn candidates(p: &LayerNormProblem, arch: Arch) -> Vec<LayerNormSpec> {
     let Ok(cols) = u32::try_from(p.cols) else {
         return vec![];
@@ -149,7 +153,10 @@ pub fn candidates(p: &LayerNormProblem, arch: Arch) -> Vec<LayerNormSpec> {
                 vector,
                 rows_per_cta,
             };
-            if s.per_thread() <= 32 && s.invalid_reason().is_none() && !out.contains(&s) {
+            if s.per_thread() <= CANDIDATE_PER_THREAD
+                && s.invalid_reason().is_none()
+                && !out.contains(&s)
+            {
                 out.push(s);
             }
         }
@@ -246,8 +253,9 @@ mod tests {
             "{:?}",
             names(&wide)
         );
+        assert!(!candidates(&problem(MAX_ROW as i64, DType::F32), Arch::Sm90).is_empty());
         assert!(
-            candidates(&problem(1 << 17, DType::F32), Arch::Sm90).is_empty(),
+            candidates(&problem(MAX_ROW as i64 + 4, DType::F32), Arch::Sm90).is_empty(),
             "past 32 elements per thread of 1024 threads"
         );
     }
