@@ -27,6 +27,15 @@ pub struct LayerNormProblem {
 
 impl LayerNormProblem {
     /// `layernorm_affine` (weight and bias), `layernorm_weight`, `layernorm_bias` or `layernorm`.
+    /// The widest vector, in elements and at most 16 bytes, that C divides: the loads a kernel
+    /// may use on every row.
+    pub fn alignment(&self) -> u32 {
+        let mut align = 16 / self.dtype.bytes() as u32;
+        while align > 1 && self.cols % align as i64 != 0 {
+            align /= 2;
+        }
+        align
+    }
     pub fn rule_id(&self) -> String {
         match (self.weight, self.bias) {
             (true, true) => "layernorm_affine",

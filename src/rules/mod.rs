@@ -68,6 +68,7 @@ impl Problem {
         match self {
             Problem::Gemm(p) => p.alignment(16 / p.dtype.bytes() as u32),
             Problem::Attention(p) => p.alignment(),
+            Problem::LayerNorm(p) => p.alignment(),
         }
     }
     pub fn kind(&self) -> PatternKind {
