@@ -64,7 +64,12 @@ VERIFY_INPUTS, WARMUP, ITERATIONS = 3, 5, 30
 FLUSH_FLOATS = 64 << 20
 SEED = 0
 # The pattern kinds fact_disable names, and the op each kind's calls go through.
-ABLATION_KINDS = {"gemm": "fact::gemm", "epilogue": "fact::gemm_ep", "attention": "fact::attention"}
+ABLATION_KINDS = {
+    "gemm": "fact::gemm",
+    "epilogue": "fact::gemm_ep",
+    "attention": "fact::attention",
+    "layernorm": "fact::layernorm",
+}
 
 
 def log(*args):
