@@ -162,33 +162,143 @@ impl MathType {
     }
 }
 
-/// GPU architecture a kernel is built for.
+/// GPU architecture a kernel is built for: the library's nvcc target, the table key's arch, the
+/// device the op library runs on. The sm80 families (CUTLASS 2.x mma.sync GEMMs, examples/41
+/// attention) are built for both; the sm90 ones (TMA, WGMMA) only for sm90.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
+    Sm80,
     Sm90,
 }
 
+/// What the cost model and the sweep's estimate know of an arch's reference GPU. Each arch's
+/// numbers live in `Arch::hardware` alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Hardware {
+    /// The reference GPU the numbers describe.
+    pub gpu: &'static str,
+    pub sms: u32,
+    /// Dense peaks from the data sheet, TFLOP/s: tensor cores, and CUDA cores for fp32.
+    pub peak_tf32_tflops: f64,
+    pub peak_bf16_tflops: f64,
+    pub peak_fp32_tflops: f64,
+    /// Dense tensor-core rates a tuned GEMM reaches, and fp32 without tensor cores.
+    pub tf32_tflops: f64,
+    pub bf16_tflops: f64,
+    pub fp32_tflops: f64,
+    pub dram_tbps: f64,
+    pub l2_tbps: f64,
+    /// Fixed cost of one kernel launch in eager execution.
+    pub launch_us: f64,
+    /// Shared memory one CTA may use (the opt-in maximum), bytes.
+    pub smem_per_cta: u32,
+    /// The share of the tensor-core rate the sm80 families' mma.sync mainloops reach.
+    pub mma_sync_share: f64,
+}
+
 impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::Sm80, Arch::Sm90];
+
     pub fn short_name(self) -> &'static str {
         match self {
+            Arch::Sm80 => "sm80",
             Arch::Sm90 => "sm90",
         }
     }
+    /// nvcc's target: sm_90a for the sm90 families' arch-specific instructions (TMA, WGMMA; that
+    /// code runs on 9.0 only); for sm80 the sm_80 code and its PTX, which the driver compiles for
+    /// a newer GPU (an H100 runs an sm80 library too).
     pub fn nvcc_gencode(self) -> &'static str {
         match self {
+            Arch::Sm80 => "-gencode=arch=compute_80,code=[sm_80,compute_80]",
             Arch::Sm90 => "-gencode=arch=compute_90a,code=sm_90a",
         }
     }
+    /// The arch a device of this compute capability is tuned as. Only the reference GPUs' own
+    /// capabilities map: 8.6 and 8.9 devices (RTX 30/40, A10, L4, L40) run sm_80 code but have 99 KB of
+    /// shared memory per CTA where CUTLASS's sm80 instantiations assume the A100's 163 KB, and
+    /// other SM counts and rates; measurements there would teach the sm80 tables and validity
+    /// rules launch failures an A100 does not have.
     pub fn from_capability(major: i32, minor: i32) -> Option<Arch> {
         match (major, minor) {
+            (8, 0) => Some(Arch::Sm80),
             (9, 0) => Some(Arch::Sm90),
             _ => None,
         }
     }
+    /// Compute capabilities whose devices run every kernel of a library built for this arch,
+    /// so tuning may measure them there and the op library runs its kernels there: the arch's own
+    /// and, for sm80, 9.0 (through the PTX; an H100 has more shared memory per CTA than an A100).
+    pub fn devices(self) -> &'static [(i32, i32)] {
+        match self {
+            Arch::Sm80 => &[(8, 0), (9, 0)],
+            Arch::Sm90 => &[(9, 0)],
+        }
+    }
+    pub fn runs_on(self, capability: (i32, i32)) -> bool {
+        self.devices().contains(&capability)
+    }
+    /// The GPUs a person would run this arch's kernels on, for messages.
+    pub fn gpus(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "an sm80 GPU (A100, A30) or an sm90 one (H100, H200)",
+            Arch::Sm90 => "an sm90 GPU (H100, H200)",
+        }
+    }
+    /// What a kernel name adds for this build target: nothing for sm90, the target of every name
+    /// written before sm80 was one; `_for_sm80` otherwise. The sm80 families build for both
+    /// targets, and one name is one binary (symbol, table value, build-cache key).
+    pub fn name_suffix(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "_for_sm80",
+            Arch::Sm90 => "",
+        }
+    }
+    pub fn hardware(self) -> Hardware {
+        match self {
+            // A100 SXM4 80GB: its data sheet (fp32 19.5 TFLOP/s, 2.04 TB/s HBM2e) scaled by what
+            // the H100 measured against its own (tensor cores 0.80, fp32 0.75, DRAM 0.90); L2
+            // assumed 5 TB/s. Not yet measured on an A100.
+            Arch::Sm80 => Hardware {
+                gpu: "A100",
+                sms: 108,
+                peak_tf32_tflops: 156.0,
+                peak_bf16_tflops: 312.0,
+                peak_fp32_tflops: 19.5,
+                tf32_tflops: 125.0,
+                bf16_tflops: 250.0,
+                fp32_tflops: 14.6,
+                dram_tbps: 1.8,
+                l2_tbps: 5.0,
+                launch_us: 4.0,
+                smem_per_cta: 163 * 1024,
+                mma_sync_share: 1.0,
+            },
+            // H100 SXM5 80GB HBM3, measured here: cuBLAS tf32 4096³ 0.347 ms (397 TFLOP/s), fp32 2.76 ms
+            // (50 TFLOP/s), bf16 8192³ 798 TFLOP/s, device-to-device copy about 3.0 TB/s; sm80
+            // mma.sync kernels reach about half the WGMMA rate.
+            Arch::Sm90 => Hardware {
+                gpu: "H100",
+                sms: 132,
+                peak_tf32_tflops: 494.7,
+                peak_bf16_tflops: 989.4,
+                peak_fp32_tflops: 66.9,
+                tf32_tflops: 397.0,
+                bf16_tflops: 790.0,
+                fp32_tflops: 50.0,
+                dram_tbps: 3.0,
+                l2_tbps: 9.0,
+                launch_us: 4.0,
+                smem_per_cta: 227 * 1024,
+                mma_sync_share: 0.5,
+            },
+        }
+    }
     pub fn parse(s: &str) -> Option<Arch> {
         match s {
-            "sm90" | "sm90a" => Some(Arch::Sm90),
+            "sm80" | "sm_80" => Some(Arch::Sm80),
+            "sm90" | "sm90a" | "sm_90a" => Some(Arch::Sm90),
             _ => None,
         }
     }
@@ -197,5 +307,53 @@ impl Arch {
 impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(self.short_name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_map_to_the_arch_they_are_tuned_as_and_run_what_they_can() {
+        assert_eq!(Arch::from_capability(8, 0), Some(Arch::Sm80));
+        assert_eq!(Arch::from_capability(9, 0), Some(Arch::Sm90));
+        // 8.6/8.9 run sm_80 code but not every sm80 instantiation (99 KB of shared memory per CTA).
+        assert_eq!(Arch::from_capability(8, 6), None);
+        assert_eq!(Arch::from_capability(8, 9), None);
+        // An H100 runs an sm80 library through its PTX; an A100 runs no sm_90a code.
+        assert!(Arch::Sm80.runs_on((9, 0)) && Arch::Sm80.runs_on((8, 0)));
+        assert!(!Arch::Sm90.runs_on((8, 0)) && !Arch::Sm80.runs_on((8, 6)));
+        for a in Arch::ALL {
+            assert_eq!(Arch::parse(a.short_name()), Some(a));
+            assert!(
+                a.runs_on(a.devices()[0])
+                    && Arch::from_capability(a.devices()[0].0, a.devices()[0].1) == Some(a)
+            );
+        }
+    }
+
+    #[test]
+    fn each_arch_has_its_own_hardware_and_build_target() {
+        let (a100, h100) = (Arch::Sm80.hardware(), Arch::Sm90.hardware());
+        assert_eq!((a100.sms, h100.sms), (108, 132));
+        assert!(
+            a100.tf32_tflops < a100.peak_tf32_tflops && h100.tf32_tflops < h100.peak_tf32_tflops
+        );
+        assert!(
+            a100.smem_per_cta < h100.smem_per_cta,
+            "an H100 runs every A100 kernel"
+        );
+        assert!(
+            Arch::Sm80
+                .nvcc_gencode()
+                .contains("code=[sm_80,compute_80]"),
+            "sm_80 code plus PTX for newer GPUs"
+        );
+        assert_eq!(
+            Arch::Sm90.nvcc_gencode(),
+            "-gencode=arch=compute_90a,code=sm_90a"
+        );
+        assert_ne!(Arch::Sm80.name_suffix(), Arch::Sm90.name_suffix());
     }
 }

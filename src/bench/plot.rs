@@ -6,15 +6,20 @@ use crate::table::Entry;
 use crate::tune::Outcome;
 use crate::types::{Arch, MathType};
 
-/// Dense peak from the datasheet (H100 SXM5), TFLOP/s: the tensor cores' for their maths, the
-/// CUDA cores' for fp32.
+/// Dense peak of the arch's reference GPU from its data sheet, TFLOP/s: the tensor cores' for
+/// their maths, the CUDA cores' for fp32.
 pub fn peak_tflops(arch: Arch, math: MathType) -> f64 {
-    match (arch, math) {
-        (Arch::Sm90, MathType::Tf32) => 494.7,
-        // Three tensor-core products per fp32-accurate multiply; the bf16 split is the fastest.
-        (Arch::Sm90, MathType::Tf32x3) => 989.4 / 3.0,
-        (Arch::Sm90, MathType::Bf16 | MathType::F16) => 989.4,
-        (Arch::Sm90, MathType::F32) => 66.9,
+    let h = arch.hardware();
+    match math {
+        MathType::Tf32 => h.peak_tf32_tflops,
+        // Three tensor-core products per fp32-accurate multiply: on sm90 the bf16 split is the
+        // fastest, sm80 has 3xTF32 alone.
+        MathType::Tf32x3 => match arch {
+            Arch::Sm80 => h.peak_tf32_tflops / 3.0,
+            Arch::Sm90 => h.peak_bf16_tflops / 3.0,
+        },
+        MathType::Bf16 | MathType::F16 => h.peak_bf16_tflops,
+        MathType::F32 => h.peak_fp32_tflops,
     }
 }
 

@@ -431,16 +431,22 @@ pub fn render_dispatch(specs: &[Spec]) -> Source {
 
 /// The torch op wrapper; it is the same for every library of one arch.
 pub fn render_torch_op(arch: crate::types::Arch) -> Source {
-    let (major, minor) = match arch {
-        crate::types::Arch::Sm90 => (9, 0),
-    };
+    let devices = arch.devices();
+    let check: Vec<String> = devices
+        .iter()
+        .map(|(major, minor)| format!("(props.major == {major} && props.minor == {minor})"))
+        .collect();
+    let names: Vec<String> = devices
+        .iter()
+        .map(|(major, minor)| format!("{major}.{minor}"))
+        .collect();
     let text = registry()
         .render(
             "torch_op",
             &json!({
                 "arch": arch.short_name(),
-                "cc_major": major,
-                "cc_minor": minor,
+                "device_check": check.join(" || "),
+                "devices": names.join(" or "),
                 "gemm_schema": crate::torch::GEMM_OP_SCHEMA,
                 "gemm_ep_schema": crate::torch::GEMM_EP_OP_SCHEMA,
                 "attention_schema": crate::torch::ATTENTION_OP_SCHEMA,
@@ -1048,6 +1054,18 @@ mod tests {
     fn torch_op_render_is_golden() {
         expect_test::expect_file!["../../tests/golden/fact_torch_op.cpp"]
             .assert_eq(&render_torch_op(Arch::Sm90).text);
+    }
+
+    #[test]
+    fn the_op_library_runs_its_kernels_where_its_arch_runs() {
+        let sm80 = render_torch_op(Arch::Sm80).text;
+        assert!(sm80.contains("return (props.major == 8 && props.minor == 0) || (props.major == 9 && props.minor == 0);"));
+        assert!(
+            sm80.contains("\"not a device of compute capability 8.0 or 9.0 (an sm80 library)\"")
+        );
+        assert!(render_torch_op(Arch::Sm90)
+            .text
+            .contains("return (props.major == 9 && props.minor == 0);"));
     }
 
     #[test]

@@ -508,6 +508,24 @@ fn unit_family(s: &Spec) -> String {
     }
 }
 
+/// The one arch `specs` are built for (sm90 for none): nvcc's target is the library's, so a
+/// library never mixes them.
+fn target_arch(specs: &[Spec]) -> Result<Arch, BuildError> {
+    let archs: std::collections::BTreeSet<Arch> = specs.iter().map(Spec::arch).collect();
+    match archs.len() {
+        0 => Ok(Arch::Sm90),
+        1 => Ok(archs.into_iter().next().expect("one arch")),
+        _ => Err(BuildError::Mixed(format!(
+            "one library cannot hold kernels of two archs ({}); build one library per --arch",
+            archs
+                .iter()
+                .map(|a| a.short_name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
 /// Kernels compiled into cached objects (`compile_objects`).
 pub struct Objects {
     /// The requested variants whose kernels compiled, in the order given.
@@ -546,7 +564,7 @@ pub fn compile_objects(
 ) -> Result<Objects, BuildError> {
     let start = std::time::Instant::now();
     let specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
-    let arch = specs.first().map(Spec::arch).unwrap_or(Arch::Sm90);
+    let arch = target_arch(&specs)?;
     let src_dir = out_dir.join("src");
     std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
     let include = include_dir(cache)?;
@@ -716,7 +734,7 @@ pub fn build_library(
             float_attention.into_iter().collect::<Vec<_>>().join(", ")
         )));
     }
-    let arch = specs.first().map(Spec::arch).unwrap_or(Arch::Sm90);
+    let arch = target_arch(&specs)?;
     let src_dir = out_dir.join("src");
     std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
     let include = include_dir(cache)?;
@@ -808,6 +826,33 @@ pub fn build_library(
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_library_has_one_arch() {
+        let a = |arch| -> Spec {
+            crate::space::AttentionSpec {
+                arch,
+                dtype: crate::types::DType::F32,
+                math: crate::types::MathType::Tf32,
+                queries_per_block: 32,
+                keys_per_block: 128,
+                max_k: 128,
+                family: AttentionFamily::Sm80,
+            }
+            .into()
+        };
+        assert_eq!(
+            target_arch(&[a(Arch::Sm80), a(Arch::Sm80)]).unwrap(),
+            Arch::Sm80
+        );
+        let e = target_arch(&[a(Arch::Sm80), a(Arch::Sm90)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("two archs (sm80, sm90)") && e.contains("--arch"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn partition_covers_every_kernel_once_in_at_most_jobs_units() {

@@ -26,9 +26,9 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
             p.dtype
         )];
     };
-    // The default 128x256 tile of the transposed problem: waves over the 132 SMs of an H100.
+    // The default 128x256 tile of the transposed problem: waves over the SMs of the arch's GPU.
     let tiles = ((p.n as f64) / 128.0).ceil() * ((p.m as f64) / 256.0).ceil() * p.batch as f64;
-    let waves = tiles / 132.0;
+    let waves = tiles / arch.hardware().sms as f64;
     let grid = if waves < 1.0 {
         format!(
             "{tiles:.0} tiles of 128x256 fill {:.0}% of one wave: Stream-K or smaller tiles",
@@ -67,7 +67,10 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
         } else if wgmma {
             "pipelining: TMA loads into a multistage shared-memory ring (stage count carved from the epilogue's share), warp-specialized producer and consumer warpgroups".into()
         } else {
-            format!("pipelining: cp.async multistage shared-memory ring of sm80 GemmUniversal kernels: CUTLASS instantiates no sm90 kernel for layout {} under {}", p.layout.short_name(), math.short_name())
+            match arch {
+                Arch::Sm80 => "pipelining: cp.async multistage shared-memory ring of sm80 GemmUniversal kernels".to_string(),
+                Arch::Sm90 => format!("pipelining: cp.async multistage shared-memory ring of sm80 GemmUniversal kernels: CUTLASS instantiates no sm90 kernel for layout {} under {}", p.layout.short_name(), math.short_name()),
+            }
         },
         format!("grid: {grid}{}", k_note.replace("{k}", &p.k.to_string())),
         format!(
@@ -77,6 +80,7 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
             match (p.bias, wgmma) {
                 (false, _) => "",
                 (true, true) => ", bias added in the TMA epilogue",
+                (true, false) if p.epilogue.is_some() => ", bias added in the visitor tree",
                 (true, false) => ", bias added as the epilogue's C operand",
             }
         ),
@@ -85,7 +89,8 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
     .chain([crate::space::alignment_note(p)])
     .chain(p.epilogue.as_ref().map(|e| {
         format!(
-            "epilogue fused as a visitor tree (TMA warp-specialized epilogue, fp32): {} ({} ops, {} leaves)",
+            "epilogue fused as a visitor tree ({}, fp32): {} ({} ops, {} leaves)",
+            if wgmma { "TMA warp-specialized epilogue" } else { "sm80 EVT over the mainloop's accumulators" },
             e.text(),
             e.instrs.len(),
             e.leaves.len()

@@ -9,7 +9,7 @@ use crate::types::{Arch, DType, MathType, Precision};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
 
-/// Ceilings measured on the arch's reference GPU, the denominators of the cost model.
+/// The ceilings of the arch's reference GPU (`Arch::hardware`), the denominators of the cost model.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Ceilings {
     pub tf32_tflops: f64,
@@ -21,16 +21,13 @@ pub struct Ceilings {
 }
 
 pub fn ceilings(arch: Arch) -> Ceilings {
-    match arch {
-        // H100 80GB HBM3, measured here: cuBLAS tf32 4096³ 0.347 ms (397 TFLOP/s), fp32 2.76 ms
-        // (50 TFLOP/s), bf16 8192³ 798 TFLOP/s, device-to-device copy about 3.0 TB/s.
-        Arch::Sm90 => Ceilings {
-            tf32_tflops: 397.0,
-            bf16_tflops: 790.0,
-            fp32_tflops: 50.0,
-            dram_tbps: 3.0,
-            launch_us: 4.0,
-        },
+    let h = arch.hardware();
+    Ceilings {
+        tf32_tflops: h.tf32_tflops,
+        bf16_tflops: h.bf16_tflops,
+        fp32_tflops: h.fp32_tflops,
+        dram_tbps: h.dram_tbps,
+        launch_us: h.launch_us,
     }
 }
 

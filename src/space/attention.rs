@@ -93,7 +93,8 @@ fn sm90_tiles(max_k: u32) -> &'static [(u32, u32, Sm90Schedule)] {
 
 impl AttentionSpec {
     /// The kernel's identity, e.g. `sm80_fmha_tf32_f32_q64_k64_d64` or
-    /// `sm90_fmha_bf16_bf16_q128_k64_d64_coop_causal`: symbol, table value and build-cache key.
+    /// `sm90_fmha_bf16_bf16_q128_k64_d64_coop_causal` (built for sm90), and
+    /// `sm80_fmha_tf32_f32_q64_k64_d64_for_sm80` (built for sm80): symbol, table value and build-cache key.
     pub fn name(&self) -> String {
         let base = format!(
             "{}_{}_q{}_k{}_d{}",
@@ -103,7 +104,7 @@ impl AttentionSpec {
             self.keys_per_block,
             self.max_k
         );
-        match self.family {
+        let kernel = match self.family {
             AttentionFamily::Sm80 => format!("sm80_fmha_{base}"),
             AttentionFamily::Sm90 { schedule, causal } => {
                 format!(
@@ -112,7 +113,8 @@ impl AttentionSpec {
                     if causal { "causal" } else { "full" }
                 )
             }
-        }
+        };
+        format!("{kernel}{}", self.arch.name_suffix())
     }
 
     /// Warps per CTA: one per 32×32 block of the score tile.
@@ -130,6 +132,9 @@ impl AttentionSpec {
         match self.family {
             AttentionFamily::Sm80 => self.sm80_invalid_reason(),
             AttentionFamily::Sm90 { schedule, .. } => {
+                if self.arch != Arch::Sm90 {
+                    return Some(format!("{}: the sm90 attention kernel needs sm90 (TMA, WGMMA); an {} build has sm80_fmha only", self.name(), self.arch));
+                }
                 if !matches!(
                     (self.dtype, self.math),
                     (DType::Bf16, MathType::Bf16) | (DType::F16, MathType::F16)
@@ -204,13 +209,17 @@ impl AttentionSpec {
     }
 }
 
-/// The candidates for a problem: for bf16/fp16 the sm90 kernels first (examples/88's
+/// The candidates for a problem: on sm90 for bf16/fp16 the sm90 kernels first (examples/88's
 /// instantiations for the smallest head-dim tile that fits, and for head dims up to 32 those of
-/// the 64 tile too; for head dims between 64 and 96 then the 96 tile's), then the sm80 ones; each
-/// kept where it is valid and takes the problem.
+/// the 64 tile too; for head dims between 64 and 96 then the 96 tile's), then the sm80 ones (an
+/// sm80 build has those alone); each kept where it is valid and takes the problem.
 pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
-    sm90_shapes(p)
-        .into_iter()
+    let sm90 = if arch == Arch::Sm90 {
+        sm90_shapes(p)
+    } else {
+        vec![]
+    };
+    sm90.into_iter()
         .chain(sm80_shapes(p))
         .map(
             |(queries_per_block, keys_per_block, max_k, family)| AttentionSpec {
@@ -313,6 +322,39 @@ mod tests {
             .map(AttentionSpec::name)
             .filter(|n| n.starts_with(family))
             .collect()
+    }
+
+    #[test]
+    fn an_sm80_build_has_the_sm80_kernels_alone_under_their_own_names() {
+        for (dtype, math) in [(DType::Bf16, MathType::Bf16), (DType::F32, MathType::Tf32)] {
+            let c = candidates(&problem(64, dtype), math, Arch::Sm80);
+            assert!(
+                !c.is_empty()
+                    && c.iter()
+                        .all(|a| a.family == AttentionFamily::Sm80
+                            && a.name().ends_with("_for_sm80")),
+                "{math:?}"
+            );
+            let on_sm90: Vec<String> = candidates(&problem(64, dtype), math, Arch::Sm90)
+                .iter()
+                .filter(|a| a.family == AttentionFamily::Sm80)
+                .map(AttentionSpec::name)
+                .collect();
+            assert_eq!(
+                c.iter()
+                    .map(|a| a.name().replace("_for_sm80", ""))
+                    .collect::<Vec<_>>(),
+                on_sm90
+            );
+        }
+        let sm90 = candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90).remove(0);
+        assert!(AttentionSpec {
+            arch: Arch::Sm80,
+            ..sm90
+        }
+        .invalid_reason()
+        .unwrap()
+        .contains("needs sm90"));
     }
 
     #[test]

@@ -2,20 +2,29 @@
 //! roofline per CTA tile: each tile costs its MMA work plus a fixed pipeline-fill and epilogue
 //! overhead (so small tiles and short K lose), tiles run in waves over the SMs (so a last wave
 //! that leaves SMs idle costs a whole wave), K splits add their partial-sum traffic, and the
-//! whole is bounded below by DRAM and L2 traffic. The rates are the H100 ceilings measured in
-//! benches/results (cuBLAS-level tf32 and bf16), scaled per family: sm80 mma.sync kernels reach
-//! about half the WGMMA rate, tf32 WGMMA on an M-major operand goes through registers (CUTLASS's
-//! RS mainloop) at about three quarters, the split families pay their split pass and two GEMMs.
-//! It only has to rank; the tuner measures.
+//! whole is bounded below by DRAM and L2 traffic. The rates are the kernel's arch's
+//! (`Arch::hardware`: for sm90 the H100 ceilings measured in benches/results, cuBLAS-level tf32 and
+//! bf16), scaled per family: sm80 mma.sync kernels reach the arch's mma.sync share (about half the
+//! WGMMA rate on sm90, all of it on sm80), tf32 WGMMA on an M-major operand goes through registers
+//! (CUTLASS's RS mainloop) at about three quarters, the split families pay their split pass and two
+//! GEMMs. It only has to rank; the tuner measures.
 
 use super::{Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
 use crate::rules::{GemmLayout, GemmProblem};
-use crate::types::MathType;
+use crate::types::{Hardware, MathType};
 
-const SMS: f64 = 132.0;
-const DRAM_TBPS: f64 = 3.0;
-const L2_TBPS: f64 = 9.0;
-const LAUNCH_MS: f64 = 0.004;
+/// The GPU the kernel is built for.
+fn hw(k: &KernelSpec) -> Hardware {
+    k.arch.hardware()
+}
+
+fn sms(k: &KernelSpec) -> f64 {
+    hw(k).sms as f64
+}
+
+fn launch_ms(k: &KernelSpec) -> f64 {
+    hw(k).launch_us * 1e-3
+}
 /// What a split kernel costs beyond its launches and traffic on small problems (two CUTLASS
 /// initialisations, a dependent chain of three kernels): 0.011–0.018 ms over this model on
 /// 1000×1016×1032 (benches/results/2026-11-22-split), where sm80 3xTF32 wins.
@@ -36,10 +45,15 @@ const PADDED_SPLIT_EFFICIENCY: f64 = 0.8;
 /// TFLOP/s one SM sustains on this kernel's mainloop.
 fn sm_rate(k: &KernelSpec) -> f64 {
     // The rate of the tensor-core math the mainloop runs: split families run tf32 or bf16 GEMMs.
-    let chip = if k.operand_bytes() == 2 { 790.0 } else { 397.0 };
-    let mut rate = chip / SMS;
+    let h = hw(k);
+    let chip = if k.operand_bytes() == 2 {
+        h.bf16_tflops
+    } else {
+        h.tf32_tflops
+    };
+    let mut rate = chip / h.sms as f64;
     if k.family == Family::Sm80Gemm {
-        rate *= 0.5;
+        rate *= h.mma_sync_share;
         if k.math == MathType::Tf32x3 {
             // Three products plus the big/small split in registers.
             rate /= 3.3;
@@ -100,13 +114,14 @@ fn tile_ms(k: &KernelSpec, kt: f64) -> f64 {
 /// Estimated kernel time in milliseconds for `k` (with its knobs) on `p`.
 pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
     if !k.family.is_split() {
-        return pass_ms(k, p, false) + LAUNCH_MS;
+        return pass_ms(k, p, false) + launch_ms(k);
     }
     // Split families: one pass reading both fp32 operands and writing their two parts, then a
     // GEMM over K and one over 2K that reads the output back (templates/sm90_gemm_x3.cu.hbs).
     let (m, n, kk, b) = (p.m as f64, p.n as f64, p.k as f64, p.batch as f64);
+    let dram_tbps = hw(k).dram_tbps;
     let mut split =
-        (m * kk + kk * n) * b * (4.0 + 2.0 * k.operand_bytes() as f64) / (DRAM_TBPS * 1e12) * 1e3;
+        (m * kk + kk * n) * b * (4.0 + 2.0 * k.operand_bytes() as f64) / (dram_tbps * 1e12) * 1e3;
     let mut gemm_p = p.clone();
     let mut copy_out = 0.0;
     if k.is_padded_split() {
@@ -121,7 +136,7 @@ pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
         };
         split /= PADDED_SPLIT_EFFICIENCY;
         if p.n % 4 != 0 {
-            copy_out = 2.0 * m * n * b * 4.0 / (DRAM_TBPS * 1e12) * 1e3 + LAUNCH_MS;
+            copy_out = 2.0 * m * n * b * 4.0 / (dram_tbps * 1e12) * 1e3 + launch_ms(k);
         }
     }
     let deep = GemmProblem {
@@ -131,7 +146,7 @@ pub fn estimate_ms(k: &KernelSpec, p: &GemmProblem) -> f64 {
     split
         + pass_ms(k, &gemm_p, false)
         + pass_ms(k, &deep, true)
-        + 3.0 * LAUNCH_MS
+        + 3.0 * launch_ms(k)
         + SPLIT_FIXED_MS
         + copy_out
 }
@@ -141,28 +156,29 @@ fn pass_ms(k: &KernelSpec, p: &GemmProblem, accumulate: bool) -> f64 {
     let t = tiles(k, p);
     let kk = p.k as f64;
     let splits = k.knobs.splits.max(1) as f64;
+    let (h, sms) = (hw(k), sms(k));
     let compute = match k.scheduler {
         TileScheduler::StreamK if splits <= 1.0 => {
             // Work spread evenly over the SMs; partial tiles pay a fix-up.
             let total = t * tile_ms(k, kk);
-            let fixup = if t < SMS { tile_ms(k, 0.0) } else { 0.0 };
-            (total / SMS).max(tile_ms(k, kk / SMS.max(1.0))) + fixup
+            let fixup = if t < sms { tile_ms(k, 0.0) } else { 0.0 };
+            (total / sms).max(tile_ms(k, kk / sms.max(1.0))) + fixup
         }
         _ => {
             let units = t * splits;
-            (units / SMS).ceil() * tile_ms(k, kk / splits)
+            (units / sms).ceil() * tile_ms(k, kk / splits)
         }
     };
     let e = k.operand_bytes() as f64;
     let out = p.dtype.bytes() as f64;
     let (m, n, b) = (p.m as f64, p.n as f64, p.batch as f64);
     let mut dram = (m * kk + kk * n) * b * e + m * n * b * out * if accumulate { 2.0 } else { 1.0 };
-    if splits > 1.0 || (k.scheduler == TileScheduler::StreamK && t < SMS) {
+    if splits > 1.0 || (k.scheduler == TileScheduler::StreamK && t < sms) {
         // Partial accumulators written and read back in fp32.
         dram += 2.0 * splits.max(2.0) * m * n * b * 4.0;
     }
     let l2 = t * (k.tile[0] + k.tile[1]) as f64 * kk * e;
-    let memory = (dram / (DRAM_TBPS * 1e12)).max(l2 / (L2_TBPS * 1e12)) * 1e3;
+    let memory = (dram / (h.dram_tbps * 1e12)).max(l2 / (h.l2_tbps * 1e12)) * 1e3;
     compute.max(memory)
 }
 
@@ -174,7 +190,9 @@ pub fn split_choices(k: &KernelSpec, p: &GemmProblem) -> Vec<u32> {
     let t = tiles(k, p);
     let mut scored: Vec<(f64, u32)> = [2u32, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
         .into_iter()
-        .filter(|&s| t * s as f64 <= 2.0 * SMS && p.k as f64 / s as f64 >= 8.0 * k.tile[2] as f64)
+        .filter(|&s| {
+            t * s as f64 <= 2.0 * sms(k) && p.k as f64 / s as f64 >= 8.0 * k.tile[2] as f64
+        })
         .map(|s| {
             (
                 estimate_ms(
@@ -198,7 +216,7 @@ pub fn split_choices(k: &KernelSpec, p: &GemmProblem) -> Vec<u32> {
 pub fn with_best_splits(k: &KernelSpec, p: &GemmProblem) -> KernelSpec {
     if k.family != Family::Sm80Gemm
         || k.scheduler != TileScheduler::Persistent
-        || tiles(k, p) * 2.0 > SMS
+        || tiles(k, p) * 2.0 > sms(k)
     {
         return k.clone();
     }
@@ -259,6 +277,24 @@ mod tests {
         // ... while one more tile than 4 full waves costs a fifth wave.
         let c = estimate_ms(&k, &problem(4096 + 256, 4096 + 128, 4096));
         assert!(c / b > 1.15, "{b} {c}");
+    }
+
+    #[test]
+    fn the_estimate_runs_at_the_rates_of_the_kernels_arch() {
+        let p = problem(4096, 4096, 4096);
+        let best = |arch: Arch| {
+            Knowledge::shipped()
+                .kernels(&p, MathType::Tf32, arch)
+                .iter()
+                .filter(|k| k.family == Family::Sm80Gemm)
+                .map(|k| estimate_ms(k, &p))
+                .fold(f64::INFINITY, f64::min)
+        };
+        // On an A100 the sm80 family is the native path: 2·4096³ at its 125 TFLOP/s is 1.10 ms,
+        // plus tile overheads. On an H100 it runs at half of 397.
+        let (a100, h100) = (best(Arch::Sm80), best(Arch::Sm90));
+        assert!(a100 > 1.1 && a100 < 1.5, "{a100}");
+        assert!(h100 < 0.8 * a100, "{h100} vs {a100}");
     }
 
     #[test]

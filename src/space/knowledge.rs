@@ -206,6 +206,8 @@ impl Knowledge {
                 Family::Sm90Gemm,
             )),
         }
+        // An sm80 build takes the sm80 rows alone.
+        sm90_sources.retain(|s| s.5.builds_for(arch));
         for (r, &(row_math, element, letters, row_align, align, family)) in sm90_sources
             .iter()
             .flat_map(|s| self.sm90.iter().map(move |r| (r, s)))

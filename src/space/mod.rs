@@ -144,6 +144,11 @@ impl Family {
     pub fn is_split(self) -> bool {
         matches!(self, Family::Sm90GemmX3 | Family::Sm90GemmBf16x3)
     }
+    /// Whether the family's kernels build for `arch`: the sm90 ones need TMA and WGMMA (sm_90a);
+    /// the sm80 one runs anywhere from sm80 on.
+    pub fn builds_for(self, arch: Arch) -> bool {
+        !self.is_sm90() || arch == Arch::Sm90
+    }
     pub fn template(self) -> &'static str {
         match self {
             Family::Sm90Gemm => "sm90_gemm",
@@ -359,7 +364,9 @@ fn is_tma(e: &EpilogueKind) -> bool {
 impl KernelSpec {
     /// The compiled kernel's identity, cutlass_library style, e.g.
     /// `sm90_gemm_rcr_tf32_f32_128x256x32_2x1x1_ws_coop_dp_bias_align4` or
-    /// `sm80_gemm_rrr_tf32x3_f32_128x128x32_w4x2x1_s3_dp_align4`: symbol and build-cache key.
+    /// `sm80_gemm_rrr_tf32x3_f32_128x128x32_w4x2x1_s3_dp_align4` (built for sm90), and
+    /// `sm80_gemm_rrr_tf32x3_f32_128x128x32_w4x2x1_s3_dp_align4_for_sm80` (the same kernel built for
+    /// sm80): symbol and build-cache key.
     pub fn kernel_name(&self) -> String {
         let [tm, tn, tk] = self.tile;
         let [cm, cn, ck] = self.cluster;
@@ -406,9 +413,10 @@ impl KernelSpec {
             String::new()
         };
         format!(
-            "{head}_{body}{}{fusion}_align{}{align_c}",
+            "{head}_{body}{}{fusion}_align{}{align_c}{}",
             if self.bias { "_bias" } else { "" },
-            self.align
+            self.align,
+            self.arch.name_suffix()
         )
     }
 
@@ -537,6 +545,14 @@ impl KernelSpec {
         if let Some(r) = self.knob_reason() {
             return Some(r);
         }
+        if !self.family.builds_for(self.arch) {
+            return Some(format!(
+                "the {} family needs sm90 (TMA, WGMMA); an {} build has the sm80 family only",
+                self.family.prefix(),
+                self.arch
+            ));
+        }
+        let smem = self.arch.hardware().smem_per_cta;
         match self.family {
             Family::Sm90Gemm | Family::Sm90GemmX3 | Family::Sm90GemmBf16x3 => {
                 if self.family == Family::Sm90Gemm && self.math == MathType::Tf32x3 {
@@ -644,7 +660,7 @@ impl KernelSpec {
                     0
                 };
                 let stages = self.stages.max(2);
-                if stages * self.stage_bytes() + epilogue_bytes > 227 * 1024 {
+                if stages * self.stage_bytes() + epilogue_bytes > smem {
                     return Some(format!(
                         "{stages} stages of {} B do not fit in shared memory",
                         self.stage_bytes()
@@ -681,11 +697,12 @@ impl KernelSpec {
                         self.stages
                     ));
                 }
-                if self.stages * self.stage_bytes() > 227 * 1024 {
+                if self.stages * self.stage_bytes() > smem {
                     return Some(format!(
-                        "{} stages of {} B do not fit in shared memory",
+                        "{} stages of {} B do not fit in {}'s shared memory",
                         self.stages,
-                        self.stage_bytes()
+                        self.stage_bytes(),
+                        self.arch.hardware().gpu
                     ));
                 }
             }
@@ -1179,6 +1196,76 @@ mod tests {
             .iter()
             .any(|x| x.kernel == sp.candidates[0].name()
                 && x.reason.contains("learned compile rule")));
+    }
+
+    #[test]
+    fn an_sm80_build_has_the_sm80_family_alone_under_its_own_names() {
+        for (dtype, math) in [
+            (DType::F32, MathType::Tf32),
+            (DType::F32, MathType::Tf32x3),
+            (DType::Bf16, MathType::Bf16),
+        ] {
+            let p = problem(4096, 4096, 4096, dtype);
+            let ks = Knowledge::shipped().kernels(&p, math, Arch::Sm80);
+            assert!(!ks.is_empty(), "{math:?}");
+            assert!(
+                ks.iter().all(|k| k.family == Family::Sm80Gemm
+                    && k.arch == Arch::Sm80
+                    && k.invalid_reason().is_none()),
+                "{math:?}"
+            );
+            // The same instantiations as an sm90 build's sm80 family, each under a name of its own.
+            let on_sm90: Vec<KernelSpec> = Knowledge::shipped()
+                .kernels(&p, math, Arch::Sm90)
+                .into_iter()
+                .filter(|k| k.family == Family::Sm80Gemm)
+                .collect();
+            assert_eq!(on_sm90.len(), ks.len());
+            for (a, b) in ks.iter().zip(&on_sm90) {
+                assert_eq!(a.kernel_name(), format!("{}_for_sm80", b.kernel_name()));
+            }
+            let c = gemm_candidates(&p, math, Arch::Sm80);
+            assert!(
+                c.len() >= 4 && c.iter().all(|k| k.arch == Arch::Sm80),
+                "{math:?}: {}",
+                c.len()
+            );
+        }
+        let p = problem(4096, 4096, 4096, DType::F32);
+        let wgmma = Knowledge::shipped()
+            .kernels(&p, MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == Family::Sm90Gemm)
+            .unwrap();
+        let on_sm80 = KernelSpec {
+            arch: Arch::Sm80,
+            ..wgmma
+        };
+        assert!(
+            on_sm80.invalid_reason().unwrap().contains("needs sm90"),
+            "{:?}",
+            on_sm80.invalid_reason()
+        );
+        // Six 32 KB stages fit an H100's shared memory, not an A100's.
+        let mut k = Knowledge::shipped()
+            .kernels(&p, MathType::Tf32, Arch::Sm80)
+            .into_iter()
+            .find(|k| k.tile == [128, 128, 32])
+            .unwrap();
+        k.stages = 6;
+        assert!(
+            k.invalid_reason().unwrap().contains("A100's shared memory"),
+            "{:?}",
+            k.invalid_reason()
+        );
+        assert_eq!(
+            KernelSpec {
+                arch: Arch::Sm90,
+                ..k
+            }
+            .invalid_reason(),
+            None
+        );
     }
 
     #[test]

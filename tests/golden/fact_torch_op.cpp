@@ -2,7 +2,7 @@
 // The torch custom ops that composed modules call: fact::gemm (one GEMM), fact::gemm_ep (a GEMM
 // followed by an elementwise epilogue program), fact::attention (softmax(scale·q·kᵀ + mask)·v) and
 // fact::layernorm (LayerNorm over the last dim). Each runs the named kernel of this library when
-// the call fits it (CUDA tensors on an sm90 device, the kernel's dtype, bias and epilogue,
+// the call fits it (CUDA tensors on a device that runs sm90, the kernel's dtype, bias and epilogue,
 // CUTLASS's alignment rules; for the GEMMs an operand whose strides do not fit the kernel's layout
 // is copied into it; for attention a mask that is the causal one; for layernorm rows one stride
 // apart) and otherwise falls back to the original aten ops (for gemm_ep, the GEMM and then the
@@ -58,6 +58,9 @@ const char* dtype_name(at::ScalarType t) {
 }
 
 bool fits_i32(int64_t v) { return v > 0 && v <= std::numeric_limits<int32_t>::max(); }
+
+// Whether the device runs every kernel of this sm90 library: compute capability 9.0.
+bool runs_here(const cudaDeviceProp& props) { return (props.major == 9 && props.minor == 0); }
 
 // ---------------------------------------------------------------------------------------------
 // The epilogue program, in rules::epilogue's text form:
@@ -379,7 +382,7 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
   const int64_t m = folds ? a.numel() / k : a.size(-2);
   if (!fits_i32(m)) return false;
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
-  if (props->major != 9 || props->minor != 0) return false;
+  if (!runs_here(*props)) return false;
 
   l.guard.set_device(a.device());
   l.index = index;
@@ -688,7 +691,7 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   const int32_t index = fact_op_kernel_find(std::string(kernel).c_str());
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(q.device().index());
-  if (props->major != 9 || props->minor != 0) return why = "not an sm90 device", at::Tensor();
+  if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   // [B,T,D] is one head.
   const at::Tensor q4 = q.dim() == 4 ? q : q.unsqueeze(1);
   const at::Tensor k4 = k.dim() == 4 ? k : k.unsqueeze(1);
@@ -783,7 +786,7 @@ at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shap
   const int32_t index = fact_op_kernel_find(std::string(kernel).c_str());
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
-  if (props->major != 9 || props->minor != 0) return why = "not an sm90 device", at::Tensor();
+  if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   // The leading dims as one: rows one stride apart (dims of size one have no say).
   int64_t row_stride = -1, next = 0;
   for (int64_t d = x.dim() - 2; d >= 0; --d) {
