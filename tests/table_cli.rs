@@ -228,6 +228,43 @@ fn realize_without_a_gpu_says_so() {
         &user,
         &[
             "realize",
+            "--arch",
+            "sm80",
+            "--rule",
+            "gemm_rrr",
+            "--dtype",
+            "f32",
+            "--shape",
+            "256x256x256",
+        ],
+    );
+    assert!(
+        !ok && err.contains("no CUDA device")
+            && err.contains("an sm80 GPU (A100, A30) or an sm90 one"),
+        "{err}"
+    );
+    let (ok, _, err) = run(
+        &user,
+        &[
+            "realize",
+            "--arch",
+            "sm70",
+            "--rule",
+            "gemm_rrr",
+            "--dtype",
+            "f32",
+            "--shape",
+            "256x256x256",
+        ],
+    );
+    assert!(
+        !ok && err.contains("unknown arch 'sm70': use sm80 or sm90"),
+        "{err}"
+    );
+    let (ok, _, err) = run(
+        &user,
+        &[
+            "realize",
             "--rule",
             "gemm_xyz",
             "--dtype",

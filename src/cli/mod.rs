@@ -56,6 +56,9 @@ enum Command {
         inputs: Vec<String>,
         #[arg(long, default_value = "tf32")]
         precision: String,
+        /// The GPU arch to plan for: sm80 (A100) or sm90 (H100). Default: the GPU's, else sm90.
+        #[arg(long)]
+        arch: Option<String>,
         #[command(flatten)]
         agent: AgentArgs,
         #[arg(long)]
@@ -76,6 +79,11 @@ enum Command {
         /// Precision policy for fp32 tensors: tf32 or f32. The baseline runs under the same one.
         #[arg(long, default_value = "tf32")]
         precision: String,
+        /// The GPU arch to build for: sm80 (A100) or sm90 (H100). Default: the GPU's, else sm90.
+        /// Kernels for another arch than the GPU's are compiled, not tuned (an H100 tunes sm80
+        /// kernels too, through their PTX).
+        #[arg(long)]
+        arch: Option<String>,
         /// Parallel compile jobs (default: all cores).
         #[arg(long)]
         jobs: Option<usize>,
@@ -136,8 +144,10 @@ enum Command {
         epilogue: Option<String>,
         #[arg(long, default_value = "tf32")]
         precision: String,
-        #[arg(long, default_value = "sm90")]
-        arch: String,
+        /// The GPU arch to tune for: sm80 (A100) or sm90 (H100). Default: the GPU's. An H100
+        /// tunes sm80 kernels too, through their PTX.
+        #[arg(long)]
+        arch: Option<String>,
         /// Compile and tune at most this many kernels (default 12, best estimate first; the best 3 of each family always).
         #[arg(long)]
         candidates: Option<usize>,
@@ -183,6 +193,19 @@ enum Command {
     /// Internal: judges kernel variants for the tuner in a child process.
     #[command(hide = true)]
     TuneWorker,
+}
+
+/// `--arch`, parsed.
+pub(super) fn parse_arch(s: &str) -> Result<Arch> {
+    Arch::parse(s).with_context(|| format!("unknown arch '{s}': use sm80 or sm90"))
+}
+
+/// The arch a command builds for: `--arch`, else the GPU's, else sm90; and the device present.
+fn target(arch: Option<&str>) -> Result<(Arch, Option<compose::Device>)> {
+    let requested = arch.map(parse_arch).transpose()?;
+    let device = compose::Device::detect();
+    let arch = compose::target_arch(requested, device.as_ref()).map_err(anyhow::Error::msg)?;
+    Ok((arch, device))
 }
 
 fn jobs(j: Option<usize>) -> usize {
@@ -233,6 +256,7 @@ pub fn main() -> Result<()> {
             inputs,
             out,
             precision,
+            arch,
             jobs: j,
             candidates,
             refine,
@@ -245,6 +269,7 @@ pub fn main() -> Result<()> {
         } => {
             let without = benchmark::parse_kinds(without.as_deref())?;
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
+            let (arch, _) = target(arch.as_deref())?;
             let inputs = inputs
                 .iter()
                 .map(|s| InputShape::parse(s))
@@ -260,7 +285,7 @@ pub fn main() -> Result<()> {
                 max_candidates: candidates,
                 refine,
                 keep_slower,
-                ..options(out_dir.clone(), precision, Arch::Sm90, &agent, json)?
+                ..options(out_dir.clone(), precision, arch, &agent, json)?
             };
             let report = compose::compose(&model, &inputs, &opts)
                 .with_context(|| format!("composing {}", model.display()))?;
@@ -337,8 +362,7 @@ pub fn main() -> Result<()> {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let dtype = DType::parse(&dtype)
                 .with_context(|| format!("unknown dtype '{dtype}': use f32, bf16 or f16"))?;
-            let arch =
-                Arch::parse(&arch).with_context(|| format!("unknown arch '{arch}': use sm90"))?;
+            let (arch, device) = target(arch.as_deref())?;
             let dims = table::parse_shape(&shape).with_context(|| {
                 format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr, BxHxTqxTkxD for attention, ROWSxC for layernorm), e.g. 4096x4096x4096")
             })?;
@@ -387,9 +411,16 @@ pub fn main() -> Result<()> {
             };
             let start = std::time::Instant::now();
             let tc = Toolchain::discover()?;
-            let gpu = torch::cuda_available();
+            let gpu = compose::tunes_here(arch, device.as_ref());
             if !gpu {
-                bail!("no CUDA device: realize tunes on the GPU; run it on an sm90 machine (the sources go to {})", opts.out_dir.display());
+                let here = device.map_or("no CUDA device".to_string(), |d| {
+                    format!("{} runs no {arch} kernels", d.label())
+                });
+                bail!(
+                    "{here}: realize tunes on the GPU; run it on {} (the sources go to {})",
+                    arch.gpus(),
+                    opts.out_dir.display()
+                );
             }
             let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
             let mut steward = opts.steward();
@@ -438,10 +469,12 @@ pub fn main() -> Result<()> {
             model,
             inputs,
             precision,
+            arch,
             agent,
             json,
         } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
+            let (arch, _) = target(arch.as_deref())?;
             let inputs = inputs
                 .iter()
                 .map(|s| InputShape::parse(s))
@@ -451,10 +484,9 @@ pub fn main() -> Result<()> {
                 .with_context(|| format!("discovering {}", model.display()))?;
             let matches = crate::rules::match_patterns(&graph);
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
-            let mut steward =
-                options(PathBuf::new(), precision, Arch::Sm90, &agent, json)?.steward();
+            let mut steward = options(PathBuf::new(), precision, arch, &agent, json)?.steward();
             let plan_opts = PlanOptions {
-                arch: Arch::Sm90,
+                arch,
                 precision,
                 assumed_speedup: 1.05,
             };

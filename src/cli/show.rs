@@ -4,6 +4,7 @@ use crate::bench::BenchReport;
 use crate::compose::{self, ComposeReport, Realization};
 use crate::plan::{Plan, UnmatchedGemm};
 use crate::torch::InputShape;
+use crate::types::Arch;
 use std::path::Path;
 
 pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
@@ -140,7 +141,14 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
             .filter(|p| matches!(p.realization, Realization::Compiled { .. }))
             .count();
         let hits = r.patterns.iter().filter(|p| p.kernel.is_some()).count();
-        println!("\nno CUDA device: tuning and benchmarking need an sm90 GPU.");
+        let here = r.device.as_ref().map_or("no CUDA device".to_string(), |d| {
+            format!("{} runs no {} kernels", d.label(), r.arch)
+        });
+        println!(
+            "\n{here}: tuning and benchmarking {} kernels need {}.",
+            r.arch,
+            r.arch.gpus()
+        );
         println!(
             "  discovered {} pattern(s); {hits} realized from the pattern tables (winners built)",
             r.patterns.len()
@@ -148,13 +156,24 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
         if compiled > 0 {
             println!(
                 "  {compiled} need tuning: their candidate kernels are rendered and compiled under {}/sweeps/; \
-                 run the same command on an sm90 machine to tune, compose and benchmark them",
+                 run the same command there to tune, compose and benchmark them",
                 out_dir.display()
             );
         }
         if r.composed.is_some() {
-            println!("  the composed module runs fact's kernels on an sm90 GPU; elsewhere fact::gemm falls back to torch");
+            println!("  the composed module runs fact's kernels on {}; elsewhere its ops fall back to torch", r.arch.gpus());
         }
+    } else if let Some(d) = r
+        .device
+        .as_ref()
+        .filter(|d| Arch::from_capability(d.capability.0, d.capability.1) != Some(r.arch))
+    {
+        println!(
+            "\n{} kernels were tuned on {} through their PTX: the table entries record this device, so an {} GPU re-verifies the winners it takes from them",
+            r.arch,
+            d.label(),
+            r.arch
+        );
     }
     if let (Some(c), Some(l)) = (&r.composed, &r.library) {
         println!(

@@ -5,7 +5,7 @@ use super::show::fmt_ms;
 use crate::nvcc::Toolchain;
 use crate::rules::GemmProblem;
 use crate::table::{self, Entry, Table, Tables};
-use crate::types::{Arch, DType, Precision};
+use crate::types::{DType, Precision};
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use std::path::{Path, PathBuf};
@@ -23,6 +23,9 @@ pub(super) enum KnowledgeCommand {
         shape: Option<String>,
         #[arg(long, default_value = "tf32")]
         precision: String,
+        /// The arch whose space to derive: sm80 or sm90.
+        #[arg(long, default_value = "sm90")]
+        arch: String,
         #[arg(long)]
         json: bool,
     },
@@ -140,8 +143,10 @@ pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
             dtype,
             shape,
             precision,
+            arch,
             json,
         } => {
+            let arch = super::parse_arch(&arch)?;
             let version = Toolchain::discover()
                 .map(|t| t.cutlass_version())
                 .unwrap_or_else(|_| "unknown".into());
@@ -167,13 +172,13 @@ pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
                         .context("no math for this dtype and precision")?;
                     let tables =
                         Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
-                    let key = table::TableKey::gemm(&p, math, Arch::Sm90);
+                    let key = table::TableKey::gemm(&p, math, arch);
                     let scope = key.scope(&version);
                     Some(space::derive(
                         &kb,
                         &p,
                         math,
-                        Arch::Sm90,
+                        arch,
                         &tables.rules(),
                         &scope,
                         &space::SpaceOptions::default(),

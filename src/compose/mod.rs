@@ -48,6 +48,61 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ComposeError + '_ {
     }
 }
 
+/// The CUDA device of this process, as compose sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Device {
+    pub name: String,
+    pub capability: (i32, i32),
+}
+
+impl Device {
+    /// The first CUDA device, when torch sees one (looked up once per process).
+    pub fn detect() -> Option<Device> {
+        static DEVICE: std::sync::OnceLock<Option<Device>> = std::sync::OnceLock::new();
+        DEVICE
+            .get_or_init(|| {
+                if !torch::cuda_available() {
+                    return None;
+                }
+                let cuda = tune::cuda::Cuda::get().ok()?;
+                Some(Device {
+                    name: cuda.device_info(0).name,
+                    capability: cuda.capability(0),
+                })
+            })
+            .clone()
+    }
+
+    /// `NVIDIA H100 80GB HBM3 (compute capability 9.0)`.
+    pub fn label(&self) -> String {
+        format!(
+            "{} (compute capability {}.{})",
+            self.name, self.capability.0, self.capability.1
+        )
+    }
+}
+
+/// The arch to build for: the one asked for, else the device's, else sm90 (without a GPU, what
+/// fact builds unless told). A device that is no target (8.6, 8.9: `Arch::from_capability`) has
+/// the user name one.
+pub fn target_arch(requested: Option<Arch>, device: Option<&Device>) -> Result<Arch, String> {
+    match (requested, device) {
+        (Some(arch), _) => Ok(arch),
+        (None, None) => Ok(Arch::Sm90),
+        (None, Some(d)) => Arch::from_capability(d.capability.0, d.capability.1).ok_or_else(|| {
+            format!(
+                "{} is not a device fact tunes for (sm80: 8.0, A100; sm90: 9.0, H100): sm80 kernels assume the A100's 163 KB of shared memory per CTA; pass --arch sm80 or --arch sm90 to build kernels for one (compiled, not tuned, here)",
+                d.label()
+            )
+        }),
+    }
+}
+
+/// Whether kernels built for `arch` are tuned here: the device runs them (`Arch::devices`).
+pub fn tunes_here(arch: Arch, device: Option<&Device>) -> bool {
+    device.is_some_and(|d| arch.runs_on(d.capability))
+}
+
 /// How to realize patterns: where things go and how hard to look.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -197,7 +252,11 @@ pub struct ComposeReport {
     pub patterns: Vec<PatternReport>,
     pub library: Option<PathBuf>,
     pub composed: Option<PathBuf>,
+    /// Whether a GPU that runs the arch's kernels tuned them (and the bench may run).
     pub gpu: bool,
+    /// The CUDA device present, whether or not it runs the arch's kernels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<Device>,
     pub compile_failures: Vec<CompileFailure>,
     pub graph_note: String,
     /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
@@ -770,7 +829,7 @@ fn realize_sweep(
     };
     let dir = sweep_dir(opts, &key, "");
     let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
-    if !torch::cuda_available() {
+    if !tunes_here(opts.arch, Device::detect().as_ref()) {
         return compile_only(opts, tc, &specs(&candidates), &dir);
     }
     let started = std::time::Instant::now();
@@ -835,7 +894,7 @@ fn realize_sweep(
     record_sweep(tables, key, gemm, run, failures, &dir)
 }
 
-/// Without a GPU a sweep ends once its candidates are compiled.
+/// Without a GPU that runs them a sweep ends once its candidates are compiled.
 fn compile_only(
     opts: &Options,
     tc: &Toolchain,
@@ -924,7 +983,7 @@ fn realize_op_sweep(
         Err(reason) => return Ok(Realized::skipped(reason)),
     };
     let dir = sweep_dir(opts, &key, "");
-    if !torch::cuda_available() {
+    if !tunes_here(opts.arch, Device::detect().as_ref()) {
         return compile_only(opts, tc, &candidates, &dir);
     }
     let started = std::time::Instant::now();
@@ -996,7 +1055,8 @@ pub fn compose(
     let (graph, inputs) = torch::load_graph(model, inputs)?;
     let found = match_patterns(&graph);
     let tc = Toolchain::discover()?;
-    let gpu = torch::cuda_available();
+    let device = Device::detect();
+    let gpu = tunes_here(opts.arch, device.as_ref());
     let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
     let mut steward = opts.steward();
     let plan_opts = PlanOptions {
@@ -1149,6 +1209,7 @@ pub fn compose(
         library,
         composed,
         gpu,
+        device: device.clone(),
         compile_failures,
         graph_note: graph.note.clone(),
         unmatched_gemms: the_plan.unmatched_gemms.clone(),
@@ -1243,5 +1304,53 @@ struct ProblemKey(String);
 impl ProblemKey {
     fn of(p: &Problem) -> ProblemKey {
         ProblemKey(serde_json::to_string(p).expect("problem serializes"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(major: i32, minor: i32) -> Device {
+        Device {
+            name: "GPU".into(),
+            capability: (major, minor),
+        }
+    }
+
+    #[test]
+    fn the_arch_is_the_one_asked_for_else_the_devices_else_sm90() {
+        assert_eq!(target_arch(Some(Arch::Sm80), None), Ok(Arch::Sm80));
+        assert_eq!(
+            target_arch(Some(Arch::Sm80), Some(&device(9, 0))),
+            Ok(Arch::Sm80)
+        );
+        assert_eq!(target_arch(None, Some(&device(8, 0))), Ok(Arch::Sm80));
+        assert_eq!(target_arch(None, Some(&device(9, 0))), Ok(Arch::Sm90));
+        assert_eq!(target_arch(None, None), Ok(Arch::Sm90));
+        let e = target_arch(None, Some(&device(8, 9))).unwrap_err();
+        assert!(
+            e.contains("compute capability 8.9") && e.contains("--arch sm80"),
+            "{e}"
+        );
+        assert_eq!(
+            target_arch(Some(Arch::Sm80), Some(&device(8, 9))),
+            Ok(Arch::Sm80),
+            "compiled for a named arch"
+        );
+    }
+
+    #[test]
+    fn kernels_are_tuned_only_on_a_device_that_runs_them() {
+        assert!(
+            tunes_here(Arch::Sm80, Some(&device(8, 0)))
+                && tunes_here(Arch::Sm80, Some(&device(9, 0)))
+        );
+        assert!(tunes_here(Arch::Sm90, Some(&device(9, 0))));
+        assert!(
+            !tunes_here(Arch::Sm90, Some(&device(8, 0)))
+                && !tunes_here(Arch::Sm80, Some(&device(8, 6)))
+        );
+        assert!(!tunes_here(Arch::Sm80, None));
     }
 }
