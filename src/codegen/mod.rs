@@ -121,16 +121,120 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
     .as_object()
     .cloned()
     .map(|mut o| {
-        o.extend(fusion_vars(&k));
+        o.extend(if k.family == crate::space::Family::Sm80Gemm {
+            sm80_fusion_vars(&k)
+        } else {
+            fusion_vars(&k)
+        });
         serde_json::Value::Object(o)
     })
     .expect("kernel vars are an object")
 }
 
+/// The fused functor's body: one fp32 line per program value, `v0` from `v0_expr`.
+fn program_lines(e: &crate::rules::Epilogue, v0_expr: &str) -> Vec<String> {
+    use crate::rules::epilogue::Arg;
+    let mut lines = vec![format!("const float v0 = {v0_expr};")];
+    for (n, ins) in e.instrs.iter().enumerate() {
+        let operands: Vec<String> = ins
+            .args
+            .iter()
+            .map(|a| match a {
+                Arg::Value(v) => format!("v{v}"),
+                Arg::Leaf(l) => format!("l{l}[i]"),
+                Arg::Scalar(s) => s.device_literal(),
+            })
+            .collect();
+        let scalars: Vec<Option<f64>> = ins
+            .args
+            .iter()
+            .map(|a| {
+                if let Arg::Scalar(s) = a {
+                    Some(s.0)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        lines.push(format!(
+            "const float v{} = {};",
+            n + 1,
+            ins.op.device_expr(&operands, &scalars)
+        ));
+    }
+    lines
+}
+
+/// The Sm80EVT visitor tree of an sm80 kernel's fused epilogue: one compute node (the same fp32
+/// functor as sm90's) over the accumulator, the bias and the leaves, stored by an aux-store node.
+/// The tree runs on torch's row-major problem out[m,n] (the one the unfused kernels' column-major
+/// GemmUniversal transposes back into), so torch's n is the problem's N: the bias and row leaves
+/// are row broadcasts, col leaves column broadcasts, and each full leaf (a residual) is an aux
+/// load with the output's strides; sm80 has no C source, and one aux load per full leaf.
+fn sm80_fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
+    use crate::rules::epilogue::LeafKind;
+    let Some(e) = &k.fusion else {
+        return json!({ "fusion": false })
+            .as_object()
+            .cloned()
+            .expect("object");
+    };
+    let row = "cutlass::epilogue::threadblock::VisitorRowBroadcast<OutputTileThreadMap, Element, Stride<_0, _1, int64_t>>";
+    let mut params = vec!["T const& acc".to_string()];
+    let mut children = Vec::new();
+    let mut child_args = Vec::new();
+    if k.bias {
+        params.push("T const& bias".into());
+        children.push(row.to_string());
+        child_args.push("{static_cast<const Element*>(p.bias), Element(0), {}}".to_string());
+    }
+    for (i, leaf) in e.leaves.iter().enumerate() {
+        params.push(format!("T const& l{i}"));
+        let ptr = |ty: &str| format!("static_cast<{ty}*>(p.leaves[{i}])");
+        let (child, arg) = match leaf {
+            LeafKind::Row => (row.to_string(), format!("{{{}, Element(0), {{}}}}", ptr("const Element"))),
+            LeafKind::Col => (
+                "cutlass::epilogue::threadblock::VisitorColBroadcast<OutputTileThreadMap, Element, Stride<_1, _0, int64_t>>".to_string(),
+                format!("{{{}, Element(0), {{}}}}", ptr("const Element")),
+            ),
+            LeafKind::Scalar => (
+                "cutlass::epilogue::threadblock::VisitorScalarBroadcast<ElementCompute>".to_string(),
+                format!("{{{{ElementCompute(0)}}, {{{}}}, {{}}}}", ptr("const ElementCompute")),
+            ),
+            // VisitorAuxLoad's pointer is not const; the kernel only reads it.
+            LeafKind::Full => (
+                "cutlass::epilogue::threadblock::VisitorAuxLoad<OutputTileThreadMap, Element, Stride<int64_t, _1, int64_t>>".to_string(),
+                format!("{{const_cast<Element*>({}), Element(0), {{int64_t(N), _1{{}}, mn}}}}", ptr("const Element")),
+            ),
+        };
+        children.push(child);
+        child_args.push(arg);
+    }
+    let v0 = ["acc[i]", if k.bias { " + bias[i]" } else { "" }].concat();
+    json!({
+        "fusion": true,
+        "fusion_text": e.text(),
+        "fusion_params": params.join(", "),
+        "fusion_lines": program_lines(e, &v0),
+        "fusion_out": format!("v{}", e.instrs.len()),
+        "fusion_children": children,
+        "fusion_child_args": child_args,
+        "fusion_leaf_count": e.leaves.len(),
+        // torch's operands as the row-major problem reads them.
+        "layout_a": if k.layout.a() == crate::rules::Major::Row { "cutlass::layout::RowMajor" } else { "cutlass::layout::ColumnMajor" },
+        "layout_b": if k.layout.b() == crate::rules::Major::Row { "cutlass::layout::RowMajor" } else { "cutlass::layout::ColumnMajor" },
+        "a_row": k.layout.a() == crate::rules::Major::Row,
+        "b_row": k.layout.b() == crate::rules::Major::Row,
+    })
+    .as_object()
+    .cloned()
+    .expect("object")
+}
+
 /// The visitor tree of a fused epilogue: the functor's body (one fp32 line per program value),
 /// its inputs as the compute node's children, and their runtime arguments from FactGemmArgs.
 fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
-    use crate::rules::epilogue::{Arg, LeafKind};
+    use crate::rules::epilogue::LeafKind;
     // The split families add their first GEMM's result (read as C) and the bias in the second
     // GEMM's epilogue: a visitor tree even without an epilogue program.
     let split = k.family.is_split() && (k.bias || k.fusion.is_some());
@@ -198,34 +302,7 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         if k.bias { " + bias[i]" } else { "" },
     ]
     .concat();
-    let mut lines = vec![format!("const float v0 = {v0};")];
-    for (n, ins) in e.instrs.iter().enumerate() {
-        let operands: Vec<String> = ins
-            .args
-            .iter()
-            .map(|a| match a {
-                Arg::Value(v) => format!("v{v}"),
-                Arg::Leaf(l) => format!("l{l}[i]"),
-                Arg::Scalar(s) => s.device_literal(),
-            })
-            .collect();
-        let scalars: Vec<Option<f64>> = ins
-            .args
-            .iter()
-            .map(|a| {
-                if let Arg::Scalar(s) = a {
-                    Some(s.0)
-                } else {
-                    None
-                }
-            })
-            .collect();
-        lines.push(format!(
-            "const float v{} = {};",
-            n + 1,
-            ins.op.device_expr(&operands, &scalars)
-        ));
-    }
+    let lines = program_lines(e, &v0);
     json!({
         "fusion": true,
         "two_gemms": split,
@@ -557,6 +634,133 @@ mod tests {
         assert!(k.text.contains("OpMultiplyAddFastF32"));
         let plain = render_kernel(&sm80(MathType::Tf32, false)).text;
         assert!(plain.contains("cutlass::arch::OpMultiplyAdd>"), "{plain}");
+    }
+
+    /// The first sm80-build candidate (tile `tile`, persistent) for torch's `layout` problem
+    /// 4096x4096x4096 with `epilogue`.
+    fn for_sm80(
+        dtype: DType,
+        layout: GemmLayout,
+        bias: bool,
+        epilogue: Option<&str>,
+        tile: [u32; 3],
+    ) -> KernelSpec {
+        let epilogue = epilogue.map(|e| crate::rules::Epilogue::parse(e).unwrap());
+        let p = GemmProblem {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            layout,
+            dtype,
+            bias,
+            batch: 1,
+            epilogue,
+        };
+        let math = MathType::for_tensor(dtype, crate::types::Precision::Tf32).unwrap();
+        Knowledge::shipped()
+            .kernels(&p, math, Arch::Sm80)
+            .into_iter()
+            .find(|k| k.tile == tile && k.scheduler == TileScheduler::Persistent)
+            .unwrap_or_else(|| panic!("an sm80 {tile:?} kernel"))
+    }
+
+    #[test]
+    fn sm80_builds_render_golden_and_differ_from_sm90_builds_in_name_and_spec_alone() {
+        let k = for_sm80(DType::F32, GemmLayout::Rcr, false, None, [128, 128, 32]);
+        assert_eq!(
+            k.kernel_name(),
+            "sm80_gemm_rcr_tf32_f32_128x128x32_w2x2x1_s3_dp_align4_for_sm80"
+        );
+        let text = render_kernel(&k).text;
+        expect_test::expect_file!["../../tests/golden/sm80_gemm_rcr_tf32_for_sm80.cu"]
+            .assert_eq(&text);
+        let on_sm90 = KernelSpec {
+            arch: Arch::Sm90,
+            ..k.clone()
+        };
+        let same = render_kernel(&on_sm90)
+            .text
+            .replace(&on_sm90.kernel_name(), &k.kernel_name())
+            .replace(&on_sm90.to_json(), &k.to_json());
+        assert_eq!(
+            same, text,
+            "one template, two targets: nvcc's flags make the difference"
+        );
+    }
+
+    #[test]
+    fn sm80_evt_render_is_golden_and_reads_torch_s_problem_row_major() {
+        // bias + gelu + residual: the GPT block's MLP output with its skip connection.
+        let k = for_sm80(
+            DType::F32,
+            GemmLayout::Rcr,
+            true,
+            Some("leaves=full;v1=gelu(v0);v2=add(v1,l0)"),
+            [128, 128, 32],
+        );
+        assert_eq!(k.invalid_reason(), None);
+        assert!(
+            k.kernel_name()
+                .starts_with("sm80_gemm_rcr_tf32_f32_128x128x32_w2x2x1_s3_dp_bias_ep_gelu_add_")
+                && k.kernel_name().ends_with("_align4_for_sm80"),
+            "{}",
+            k.kernel_name()
+        );
+        let text = render_kernel(&k).text;
+        expect_test::expect_file!["../../tests/golden/sm80_gemm_rcr_tf32_bias_ep_for_sm80.cu"]
+            .assert_eq(&text);
+        assert!(
+            text.contains("const float v0 = acc[i] + bias[i];")
+                && text.contains("const float v2 = v1 + l0[i];")
+        );
+        assert!(text.contains("using LayoutA = cutlass::layout::RowMajor;\nusing LayoutB = cutlass::layout::ColumnMajor;\nusing LayoutC = cutlass::layout::RowMajor;"));
+        assert!(
+            text.contains("const int64_t lda = K, ldb = K;"),
+            "rcr: a is [m,k], b is [n,k]"
+        );
+        assert!(text.contains("VisitorRowBroadcast<OutputTileThreadMap, Element, Stride<_0, _1, int64_t>>,\n    cutlass::epilogue::threadblock::VisitorAuxLoad<"));
+        assert!(
+            !text.contains("tanh.approx") && !text.contains("GELU"),
+            "accurate functions only"
+        );
+        // Every leaf kind, on bf16 rrr Stream-K.
+        let k = for_sm80(DType::Bf16, GemmLayout::Rrr, false, Some("leaves=full,row,col,scalar;v1=mul(v0,l1);v2=add(v1,l2);v3=div(v2,l3);v4=add(v3,l0)"), [128, 128, 32]);
+        let sk = KernelSpec {
+            scheduler: TileScheduler::StreamK,
+            ..k
+        };
+        let text = render_kernel(&sk).text;
+        for line in [
+            "using LayoutA = cutlass::layout::RowMajor;\nusing LayoutB = cutlass::layout::RowMajor;",
+            "const int64_t lda = K, ldb = N;",
+            "cutlass::gemm::threadblock::ThreadblockSwizzleStreamK,",
+            "VisitorColBroadcast<OutputTileThreadMap, Element, Stride<_1, _0, int64_t>>",
+            "VisitorScalarBroadcast<ElementCompute>",
+            "{ {}, {const_cast<Element*>(static_cast<const Element*>(p.leaves[0])), Element(0), {int64_t(N), _1{}, mn}}, {static_cast<const Element*>(p.leaves[1]), Element(0), {}}, {static_cast<const Element*>(p.leaves[2]), Element(0), {}}, {{ElementCompute(0)}, {static_cast<const ElementCompute*>(p.leaves[3])}, {}}, {} },",
+            "  for (int i = 0; i < 4; ++i) {",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+        // Each residual is an aux load of its own, so sm80 takes two where sm90's C operand takes one.
+        let two = for_sm80(
+            DType::F32,
+            GemmLayout::Rcr,
+            true,
+            Some("leaves=full,full;v1=add(v0,l0);v2=add(v1,l1)"),
+            [128, 128, 32],
+        );
+        assert_eq!(two.invalid_reason(), None);
+        assert_eq!(
+            render_kernel(&two).text.matches("VisitorAuxLoad<").count(),
+            2
+        );
+        assert!(KernelSpec {
+            fusion: two.fusion.clone(),
+            ..spec(true)
+        }
+        .invalid_reason()
+        .unwrap()
+        .contains("at most one full-size"));
     }
 
     #[test]
@@ -946,6 +1150,27 @@ mod tests {
         assert!(
             b3.contains("const PaddedSplit sb{p->batch, p->k, p->n, kp, np, size_t(np),")
                 && b3.contains("constexpr int Alignment = 8;")
+        );
+    }
+
+    #[test]
+    fn sm80_attention_render_is_golden_and_says_its_target() {
+        let a = AttentionSpec {
+            arch: Arch::Sm80,
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            queries_per_block: 64,
+            keys_per_block: 64,
+            max_k: 64,
+            family: AttentionFamily::Sm80,
+        };
+        assert_eq!(a.name(), "sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80");
+        let text = render_attention(&a).text;
+        expect_test::expect_file!["../../tests/golden/sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80.cu"]
+            .assert_eq(&text);
+        assert!(
+            text.contains("sm80 mma.sync code, built for sm80)")
+                && text.contains("fact_o_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_run")
         );
     }
 

@@ -211,11 +211,12 @@ pub fn split_choices(k: &KernelSpec, p: &GemmProblem) -> Vec<u32> {
 }
 
 /// `k` with the split count the estimate prefers for its first timing: sm80 data-parallel kernels
-/// that would leave most SMs idle split K; everything else starts unsplit (sm90 Stream-K
-/// balances K by itself).
+/// that would leave most SMs idle split K (unless they fuse an epilogue, which serial split-K
+/// cannot); everything else starts unsplit (sm90 Stream-K balances K by itself).
 pub fn with_best_splits(k: &KernelSpec, p: &GemmProblem) -> KernelSpec {
     if k.family != Family::Sm80Gemm
         || k.scheduler != TileScheduler::Persistent
+        || k.fusion.is_some()
         || tiles(k, p) * 2.0 > sms(k)
     {
         return k.clone();

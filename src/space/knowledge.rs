@@ -276,8 +276,8 @@ impl Knowledge {
             }
             out.push(spec);
         }
-        // Epilogue fusion is rendered through sm90 visitor trees only.
-        for r in self.sm80.iter().filter(|_| p.epilogue.is_none()) {
+        // The sm80 family renders a fused epilogue as an Sm80EVT visitor tree.
+        for r in &self.sm80 {
             if r.math != math.short_name()
                 || r.element != p.dtype.short_name()
                 || !r.layouts.iter().any(|l| l == letters)
@@ -307,7 +307,7 @@ impl Knowledge {
                     stages: r.stages,
                     epilogue: EpilogueKind::Tma,
                     knobs: Knobs::default(),
-                    fusion: None,
+                    fusion: p.epilogue.clone(),
                 });
             }
         }

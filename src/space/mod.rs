@@ -671,8 +671,10 @@ impl KernelSpec {
                 if self.align_c > 0 {
                     return Some("sm80 kernels read and write with one alignment".into());
                 }
-                if self.fusion.is_some() {
-                    return Some("epilogue fusion is rendered for the sm90 family only".into());
+                if let Some(e) = &self.fusion {
+                    if let Err(why) = e.check() {
+                        return Some(format!("epilogue: {why}"));
+                    }
                 }
                 if self.schedule != KernelSchedule::Multistage {
                     return Some("sm80 kernels use the multistage schedule".into());
@@ -728,6 +730,9 @@ impl KernelSpec {
             (Family::Sm80Gemm, TileScheduler::StreamK) if k.splits > 1 => {
                 Some("Stream-K balances K itself; no split count".into())
             }
+            (Family::Sm80Gemm, _) if k.splits > 1 && self.fusion.is_some() => {
+                Some("the sm80 visitor-tree epilogue has no serial split-K (CUTLASS's Sm80 EVT refuses it); the Stream-K kernels split K".into())
+            }
             _ => None,
         }
     }
@@ -738,8 +743,11 @@ impl KernelSpec {
             && p.layout == self.layout
             && p.bias == self.bias
             && p.epilogue == self.fusion
-            // A column leaf is read along the CUTLASS problem's N (torch's M) in vectors.
-            && self.fusion.as_ref().is_none_or(|e| !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.m % self.align_out() as i64 == 0 && p.batch == 1))
+            // A column leaf has one batch; sm90 reads it along the CUTLASS problem's N (torch's M)
+            // in vectors, sm80 element by element.
+            && self.fusion.as_ref().is_none_or(|e| {
+                !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.batch == 1 && (!self.family.is_sm90() || p.m % self.align_out() as i64 == 0))
+            })
             // The contiguous dim of each operand and of the output in whole vectors (batch
             // strides are multiples of them).
             && p.alignment(self.align) == self.align
@@ -1096,10 +1104,12 @@ mod tests {
             epilogue: k.fusion.clone(),
             ..p.clone()
         };
-        assert!(Knowledge::shipped()
-            .kernels(&with_residual, MathType::Tf32x3, Arch::Sm90)
-            .iter()
-            .all(|k| !k.family.is_split()));
+        let ks = Knowledge::shipped().kernels(&with_residual, MathType::Tf32x3, Arch::Sm90);
+        assert!(ks.iter().all(|k| !k.family.is_split()));
+        // sm80 3xTF32 takes the residual as an aux load of its visitor tree.
+        assert!(ks.iter().any(|k| k.family == Family::Sm80Gemm
+            && k.fits(&with_residual)
+            && k.invalid_reason().is_none()));
         let mut k = b3;
         k.dtype = DType::Bf16;
         assert!(k.invalid_reason().is_some(), "bf16 tensors have no split");
@@ -1266,6 +1276,66 @@ mod tests {
             .invalid_reason(),
             None
         );
+    }
+
+    #[test]
+    fn sm80_kernels_fuse_epilogues_without_serial_split_k() {
+        let e = Epilogue::parse("leaves=full,col;v1=gelu(v0);v2=mul(v1,l1);v3=add(v2,l0)").unwrap();
+        // Long K over few tiles: an unfused data-parallel kernel would split K.
+        let p = GemmProblem {
+            bias: true,
+            epilogue: Some(e.clone()),
+            ..problem(256, 256, 524288, DType::F32)
+        };
+        for arch in Arch::ALL {
+            let ks = Knowledge::shipped().kernels(&p, MathType::Tf32, arch);
+            let sm80: Vec<&KernelSpec> =
+                ks.iter().filter(|k| k.family == Family::Sm80Gemm).collect();
+            assert!(
+                !sm80.is_empty()
+                    && sm80.iter().all(|k| k.fusion.as_ref() == Some(&e)
+                        && k.fits(&p)
+                        && k.invalid_reason().is_none()),
+                "{arch}"
+            );
+            let dp = sm80
+                .iter()
+                .find(|k| k.scheduler == TileScheduler::Persistent)
+                .unwrap();
+            assert_eq!(estimate::with_best_splits(dp, &p).knobs.splits, 1, "{arch}");
+            assert!(dp.knob_grid(&p).is_empty(), "{arch}");
+            let split = dp.with_knobs(Knobs {
+                splits: 4,
+                ..Knobs::default()
+            });
+            assert!(
+                split
+                    .invalid_reason()
+                    .unwrap()
+                    .contains("no serial split-K"),
+                "{arch}"
+            );
+            assert!(
+                sm80.iter().any(|k| k.scheduler == TileScheduler::StreamK),
+                "Stream-K splits K for them"
+            );
+        }
+        let c = gemm_candidates(&p, MathType::Tf32, Arch::Sm80);
+        assert!(!c.is_empty() && c.iter().all(|k| k.fusion.is_some() && k.knobs.splits == 1));
+        // A column leaf is read element by element on sm80: an m that is no multiple of the
+        // output's vector still fits, where sm90's vector reads refuse it.
+        let odd_m = GemmProblem {
+            m: 250,
+            ..p.clone()
+        };
+        let ks = Knowledge::shipped().kernels(&odd_m, MathType::Tf32, Arch::Sm90);
+        assert!(ks
+            .iter()
+            .any(|k| k.family == Family::Sm80Gemm && k.fits(&odd_m)));
+        assert!(ks
+            .iter()
+            .filter(|k| k.family == Family::Sm90Gemm)
+            .all(|k| !k.fits(&odd_m)));
     }
 
     #[test]
