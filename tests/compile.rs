@@ -256,18 +256,48 @@ fn fused_epilogues_compile_into_one_library() {
     assert_eq!(lib.epilogue(0).as_deref(), Some(program));
 }
 
-/// Under f32-accurate a residual cannot be fused (the split families take C for their first
-/// GEMM's result, the sm80 family renders no epilogue): the fused pattern gets no kernel and
-/// compose realizes the GEMM alone, saying why. Fixture: linear_ep.pt.
+/// A fused pattern no kernel realizes (here the user table has learned that every kernel of it
+/// fails to compile) falls back to its GEMM alone, and compose says why. Fixture: linear_ep.pt.
 #[test]
 fn a_fused_pattern_without_a_kernel_falls_back_to_its_gemm() {
+    use fact::space::validity::{FailureKind, Rule, Scope};
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let dir = tempfile::tempdir().unwrap();
+    let fused = GemmProblem {
+        epilogue: Some(
+            fact::rules::Epilogue::parse(
+                "leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)",
+            )
+            .unwrap(),
+        ),
+        ..linear_problem()
+    };
+    let mut t = Table::new();
+    t.rules.push(Rule {
+        scope: Scope {
+            arch: "sm90".into(),
+            dtype: "f32".into(),
+            math: MathType::Tf32x3,
+            rule: fused.rule_id(),
+            cutlass: tc.cutlass_version(),
+            shape: None,
+        },
+        kind: FailureKind::Compile,
+        predicate: Default::default(),
+        count: 2,
+        example: "error: test rule (no kernel of this pattern compiles)".into(),
+        kernels: vec![],
+    });
+    let user = dir.path().join("table.json");
+    t.save(&user).unwrap();
     let out = fact()
-        .env("FACT_TABLE", dir.path().join("table.json"))
+        .env("FACT_TABLE", &user)
         .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
         .args([
             "compose",
             "--json",
+            "--arch",
+            "sm90",
             "--precision",
             "f32",
             "--candidates",
@@ -593,5 +623,194 @@ fn sm90_attention_kernels_build_into_a_library() {
     assert_eq!(
         (lib.op_name(0), lib.op_name(1), lib.op_name(2)),
         (Some(causal.name()), Some(sm80.name()), Some(full.name()))
+    );
+}
+
+/// The fused GEMM of linear_ep.pt: out = r + gelu_tanh(x·wᵀ + b)·0.5.
+fn linear_ep_problem() -> GemmProblem {
+    let e =
+        fact::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)")
+            .unwrap();
+    GemmProblem {
+        epilogue: Some(e),
+        ..linear_problem()
+    }
+}
+
+/// An sm80 build without a GPU: a plain GEMM, EVT GEMMs (linear_ep's bias + gelu + residual, and
+/// every leaf kind in bf16 under Stream-K) and the sm80 attention, compiled by nvcc for sm_80 with
+/// compute_80 PTX (which newer GPUs compile when they load it) into one library.
+#[test]
+fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
+    use fact::rules::attention::AttentionOrigin;
+    use fact::rules::AttentionProblem;
+    use fact::space::{attention::candidates, gemm_candidates, Spec};
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let plain = GemmProblem {
+        bias: false,
+        ..linear_problem()
+    };
+    let plain = gemm_candidates(&plain, MathType::Tf32, Arch::Sm80).remove(0);
+    // The kernel `fact compose --arch sm80 --candidates 1 linear_ep.pt` compiles first.
+    let evt = gemm_candidates(&linear_ep_problem(), MathType::Tf32, Arch::Sm80).remove(0);
+    let leaves = fact::rules::Epilogue::parse("leaves=full,row,col,scalar;v1=gelu(v0);v2=mul(v1,l1);v3=add(v2,l2);v4=div(v3,l3);v5=add(v4,l0)").unwrap();
+    let every = GemmProblem {
+        layout: GemmLayout::Rrr,
+        dtype: DType::Bf16,
+        epilogue: Some(leaves.clone()),
+        ..linear_problem()
+    };
+    let every = Knowledge::shipped()
+        .kernels(&every, MathType::Bf16, Arch::Sm80)
+        .into_iter()
+        .find(|k| {
+            k.scheduler == TileScheduler::StreamK && k.tile[..2] == [128, 128] && k.fits(&every)
+        })
+        .expect("a bf16 Stream-K kernel with every leaf kind");
+    let p = AttentionProblem {
+        origin: AttentionOrigin::Sdpa,
+        batch: 2,
+        heads: 8,
+        seq_q: 512,
+        seq_k: 512,
+        head_dim: 64,
+        dtype: DType::Bf16,
+        causal: true,
+    };
+    let attention = candidates(&p, MathType::Bf16, Arch::Sm80).remove(0);
+    for name in [plain.name(), evt.name(), every.name(), attention.name()] {
+        assert!(
+            name.starts_with("sm80_") && name.ends_with("_for_sm80"),
+            "{name}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let specs: Vec<Spec> = vec![
+        plain.clone().into(),
+        evt.clone().into(),
+        every.clone().into(),
+        attention.clone().into(),
+    ];
+    let built = nvcc::build_library(
+        &tc,
+        &specs,
+        dir.path(),
+        "libsm80.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
+    assert!(
+        built.failures.is_empty(),
+        "{}",
+        built
+            .failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!((lib.len(), lib.op_len()), (3, 1));
+    assert_eq!(
+        (
+            lib.find(&plain.name()),
+            lib.find(&evt.name()),
+            lib.find(&every.name())
+        ),
+        (Some(0), Some(1), Some(2))
+    );
+    assert_eq!(
+        lib.epilogue(1),
+        Some(linear_ep_problem().epilogue.unwrap().text())
+    );
+    assert_eq!(lib.epilogue(2), Some(leaves.text()));
+    assert_eq!(lib.op_name(0), Some(attention.name()));
+    let bytes = std::fs::read(&built.library).unwrap();
+    assert!(
+        bytes.windows(13).any(|w| w == b".target sm_80"),
+        "the library carries sm_80 PTX"
+    );
+    let op = std::fs::read_to_string(dir.path().join("src/fact_torch_op.cpp")).unwrap();
+    assert!(op.contains(
+        "(props.major == 8 && props.minor == 0) || (props.major == 9 && props.minor == 0)"
+    ));
+    // One library, one arch.
+    let mixed: Vec<Spec> = vec![plain.into(), good_spec().into()];
+    let err = nvcc::build_library(
+        &tc,
+        &mixed,
+        dir.path(),
+        "libmixed.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("two archs"), "{err}");
+}
+
+/// `fact compose --arch sm80` without a GPU: the fused pattern of linear_ep.pt gets sm80 visitor-tree
+/// candidates, compiled for sm80, and compose says what is left for a GPU. Fixture: linear_ep.pt.
+#[test]
+fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
+    if fact::torch::cuda_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = |json: bool| {
+        let mut c = fact();
+        c.env("FACT_TABLE", dir.path().join("table.json"))
+            .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"));
+        c.args(["compose", "--arch", "sm80", "--candidates", "1", "--out"])
+            .arg(dir.path().join("out"));
+        if json {
+            c.arg("--json");
+        }
+        c.arg(fixture("linear_ep.pt")).output().unwrap()
+    };
+    let out = run(true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["compose"];
+    assert_eq!(
+        (c["arch"].as_str(), c["gpu"].as_bool()),
+        (Some("sm80"), Some(false)),
+        "{c}"
+    );
+    let p = &c["patterns"][0];
+    assert_eq!(p["rule"], linear_ep_problem().rule_id(), "{c}");
+    assert_eq!(
+        p["realization"],
+        serde_json::json!({ "how": "compiled", "candidates": 1, "failed": 0 }),
+        "{c}"
+    );
+    let evt =
+        fact::space::gemm_candidates(&linear_ep_problem(), MathType::Tf32, Arch::Sm80).remove(0);
+    let sweep = dir
+        .path()
+        .join("out/sweeps")
+        .join(format!("{}_f32_32x128x64", linear_ep_problem().rule_id()));
+    let source =
+        std::fs::read_to_string(sweep.join("src").join(format!("{}.cu", evt.kernel_name())))
+            .unwrap();
+    assert!(
+        source.contains("cutlass::epilogue::threadblock::Sm80EVT<")
+            && sweep.join("libsweep.so").is_file()
+    );
+    let text = String::from_utf8_lossy(&run(false).stdout).to_string();
+    assert!(
+        text.contains("fact compose") && text.contains("(tf32 precision, sm80)"),
+        "{text}"
+    );
+    assert!(text.contains("no CUDA device: tuning and benchmarking sm80 kernels need an sm80 GPU (A100, A30) or an sm90 one (H100, H200)"), "{text}");
+    assert!(
+        text.contains("1 need tuning: their candidate kernels are rendered and compiled under"),
+        "{text}"
     );
 }
