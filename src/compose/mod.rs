@@ -714,7 +714,7 @@ fn sweep_candidates(
             problem.shape_key(),
             space.candidates.len() + space.pruned.len(),
             space.pruned.len(),
-            space::alignment_note(problem)
+            space::alignment_note(problem, opts.arch)
         )));
     }
     Ok(Ok(SweepCandidates {

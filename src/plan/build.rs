@@ -86,7 +86,7 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
         ),
     ]
     .into_iter()
-    .chain([crate::space::alignment_note(p)])
+    .chain([crate::space::alignment_note(p, arch)])
     .chain(p.epilogue.as_ref().map(|e| {
         format!(
             "epilogue fused as a visitor tree ({}, fp32): {} ({} ops, {} leaves)",

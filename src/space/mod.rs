@@ -796,16 +796,18 @@ impl KernelSpec {
     }
 }
 
-/// The problem's alignment in its own elements (16 bytes at most), and what it takes: a line for
-/// the plan.
-pub fn alignment_note(p: &GemmProblem) -> String {
+/// The problem's alignment in its own elements (16 bytes at most), and what it takes on `arch`: a
+/// line for the plan.
+pub fn alignment_note(p: &GemmProblem, arch: Arch) -> String {
     let full = 16 / p.dtype.bytes() as u32;
+    let sm90 = arch == Arch::Sm90;
     match p.alignment(full) {
-        a if a == full => format!("alignment {a}: contiguous dims are whole 16-byte vectors (TMA kernels)"),
+        a if a == full => format!("alignment {a}: contiguous dims are whole 16-byte vectors ({})", if sm90 { "TMA kernels" } else { "16-byte cp.async loads" }),
         1 if p.dtype != DType::F32 => format!("alignment 1: a contiguous dim is odd, and CUTLASS's generator has no {} kernel that narrow; pad it to an even size", p.dtype),
         a => format!(
-            "alignment {a}: cp.async / sm80 candidates (a contiguous dim is not a multiple of {full}){}",
-            if p.dtype == DType::F32 && p.layout.a() == Major::Row { "; f32-accurate pads its split parts" } else { "" }
+            "alignment {a}: {} (a contiguous dim is not a multiple of {full}){}",
+            if sm90 { "cp.async / sm80 candidates" } else { "sm80 kernels of that alignment" },
+            if sm90 && p.dtype == DType::F32 && p.layout.a() == Major::Row { "; f32-accurate pads its split parts" } else { "" }
         ),
     }
 }
@@ -1361,6 +1363,17 @@ mod tests {
             .alignment(8),
             4
         );
+        // The plan's note names what the arch has: no TMA and no split on sm80.
+        let ragged = p(4096, 4094, 4096, GemmLayout::Rrr);
+        assert!(
+            alignment_note(&ragged, Arch::Sm90).contains("cp.async / sm80 candidates")
+                && alignment_note(&ragged, Arch::Sm90).contains("pads its split parts")
+        );
+        assert_eq!(
+            alignment_note(&ragged, Arch::Sm80),
+            "alignment 2: sm80 kernels of that alignment (a contiguous dim is not a multiple of 4)"
+        );
+        assert!(!alignment_note(&p(4096, 4096, 4096, GemmLayout::Rrr), Arch::Sm80).contains("TMA"));
     }
 
     #[test]
