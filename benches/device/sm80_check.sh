@@ -16,6 +16,9 @@
 #   then `3 accurate attention block`.
 set -uo pipefail
 export FACT_CACHE_DIR=${FACT_CACHE_DIR:-/tmp/fact-cache} FACT_TABLE=$OUT/sm80_table.json FACT_SHIPPED_TABLE=/nonexistent.json
+# The driver compiles each kernel's PTX at its first launch and caches the result: a cache big
+# enough for every step's kernels lets the composed library reuse what tuning compiled.
+export CUDA_CACHE_MAXSIZE=${CUDA_CACHE_MAXSIZE:-4294967296}
 bin=$PWD/.device/fact
 candidates=${1:-3}
 shift || true
