@@ -11,9 +11,9 @@
 #   STEP of gemm (plain tf32 GEMM), evt (linear + bias + gelu + residual, tf32), leaves (bf16
 #   epilogue over every leaf kind), residuals (two residuals, one aux load each), accurate
 #   (fp32-accurate 3xTF32 with bias, gelu and a residual), attention (bf16 causal SDPA, the sm80
-#   fused attention), block (the GPT block at C 768 composed and benchmarked). Default: all; at
-#   CANDIDATES=3 (the default) run them in two calls sharing $OUT, e.g. `3 gemm evt leaves residuals`
-#   then `3 accurate attention block`.
+#   fused attention), layernorm (fact's LayerNorm built for sm80), block (the GPT block at C 768
+#   composed and benchmarked). Default: all; at CANDIDATES=3 (the default) run them in two calls
+#   sharing $OUT, e.g. `3 gemm evt leaves residuals` then `3 accurate attention layernorm block`.
 set -uo pipefail
 export FACT_CACHE_DIR=${FACT_CACHE_DIR:-/tmp/fact-cache} FACT_TABLE=$OUT/sm80_table.json FACT_SHIPPED_TABLE=/nonexistent.json
 # The driver compiles each kernel's PTX at its first launch and caches the result: a cache big
@@ -23,7 +23,7 @@ bin=$PWD/.device/fact
 candidates=${1:-3}
 shift || true
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(gemm evt leaves residuals accurate attention block)
+[ ${#steps[@]} -eq 0 ] && steps=(gemm evt leaves residuals accurate attention layernorm block)
 log=$OUT/sm80_log.txt
 dir=/tmp/sm80_check
 mkdir -p "$dir"
@@ -50,6 +50,7 @@ for step in "${steps[@]}"; do
     residuals) realize residuals --rule gemm_rcr_bias --dtype f32 --shape 4096x768x3072 --epilogue 'leaves=full,full;v1=add(v0,l0);v2=sub(v1,l1)' ;;
     accurate) realize accurate --rule gemm_rcr_bias --dtype f32 --shape 4096x3072x768 --precision f32 --epilogue 'leaves=full;v1=gelu(v0);v2=add(v1,l0)' ;;
     attention) realize attention --rule sdpa_causal --dtype bf16 --shape 16x12x1024x1024x64 ;;
+    layernorm) realize layernorm --rule layernorm_affine --dtype f32 --shape 65536x768 ;;
     block)
       [ -f "$dir/fixtures/minigpt768.pt" ] || python3 tests/fixtures/make_models.py "$dir/fixtures" >> "$log" 2>&1
       echo "== block: compose --arch sm80 minigpt768.pt --input 16x512x768:f32" | tee -a "$log"

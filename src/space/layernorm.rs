@@ -34,15 +34,17 @@ pub struct LayerNormSpec {
 }
 
 impl LayerNormSpec {
-    /// The kernel's identity, e.g. `ln_f32_c768_t32_v4_r4`: symbol, table value and build-cache key.
+    /// The kernel's identity, e.g. `ln_f32_c768_t32_v4_r4` (built for sm90) or
+    /// `ln_f32_c768_t32_v4_r4_for_sm80`: symbol, table value and build-cache key.
     pub fn name(&self) -> String {
         format!(
-            "ln_{}_c{}_t{}_v{}_r{}",
+            "ln_{}_c{}_t{}_v{}_r{}{}",
             self.dtype.short_name(),
             self.cols,
             self.threads_per_row,
             self.vector,
-            self.rows_per_cta
+            self.rows_per_cta,
+            self.arch.name_suffix()
         )
     }
 
@@ -189,6 +191,15 @@ mod tests {
 
     fn names(c: &[LayerNormSpec]) -> Vec<String> {
         c.iter().map(LayerNormSpec::name).collect()
+    }
+
+    #[test]
+    fn an_sm80_build_names_its_kernels_for_sm80() {
+        let sm90 = names(&candidates(&problem(768, DType::F32), Arch::Sm90));
+        let sm80 = names(&candidates(&problem(768, DType::F32), Arch::Sm80));
+        assert!(!sm80.is_empty());
+        let expected: Vec<String> = sm90.iter().map(|n| format!("{n}_for_sm80")).collect();
+        assert_eq!(sm80, expected);
     }
 
     #[test]
