@@ -256,6 +256,124 @@ fn fused_epilogues_compile_into_one_library() {
     assert_eq!(lib.epilogue(0).as_deref(), Some(program));
 }
 
+/// Full-size leaves through aux loads: a tf32 kernel reading one residual as its C operand and a
+/// second through an aux load, and a bf16-split kernel (f32-accurate) whose second GEMM reads its
+/// first's result as C and the residual through an aux load, compile into one library (the
+/// goldens tests/golden/*_ep_aux.cu are these kernels).
+#[test]
+fn aux_load_epilogues_compile_into_one_library() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let pick = |family: Family, math: MathType, program: &str| {
+        let epilogue = fact::rules::Epilogue::parse(program).unwrap();
+        let p = GemmProblem {
+            m: 65536,
+            n: 768,
+            k: 768,
+            epilogue: Some(epilogue),
+            ..linear_problem()
+        };
+        Knowledge::shipped()
+            .kernels(&p, math, Arch::Sm90)
+            .into_iter()
+            .find(|k| {
+                k.family == family
+                    && k.tile[..2] == [128, 128]
+                    && k.schedule == KernelSchedule::WsCooperative
+                    && k.scheduler == TileScheduler::Persistent
+                    && k.cluster == [1, 2, 1]
+            })
+            .expect("a 128x128 cooperative kernel with the epilogue")
+    };
+    let two = pick(
+        Family::Sm90Gemm,
+        MathType::Tf32,
+        "leaves=full,full;v1=add(v0,l0);v2=add(v1,l1)",
+    );
+    let split = pick(
+        Family::Sm90GemmBf16x3,
+        MathType::Tf32x3,
+        "leaves=full;v1=add(l0,v0)",
+    );
+    assert_eq!((two.aux_loads(), split.aux_loads()), (1, 1));
+    let dir = tempfile::tempdir().unwrap();
+    let built = nvcc::build_library(
+        &tc,
+        &[two.clone(), split.clone()],
+        dir.path(),
+        "libaux.so",
+        &cache_dir(),
+        2,
+        false,
+    )
+    .unwrap();
+    assert!(
+        built.failures.is_empty(),
+        "{}",
+        built
+            .failures
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(
+        (lib.find(&two.name()), lib.find(&split.name())),
+        (Some(0), Some(1))
+    );
+    assert_eq!(
+        lib.epilogue(1).as_deref(),
+        Some("leaves=full;v1=add(l0,v0)")
+    );
+}
+
+/// Two residuals after one linear compose into one fused pattern (a tf32 kernel reading one as C,
+/// the other through an aux load, compiled); a residual after a linear whose rows are no 16-byte
+/// vectors has no fused kernel (C, aux loads and the output are TMA rows), so compose realizes
+/// that GEMM alone. Fixture: residuals.pt.
+#[test]
+fn two_residuals_fuse_and_a_ragged_residual_is_left_to_torch() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fact()
+        .env("FACT_TABLE", dir.path().join("table.json"))
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["compose", "--json", "--candidates", "1", "--out"])
+        .arg(dir.path().join("out"))
+        .arg(fixture("residuals.pt"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["compose"];
+    let patterns = c["patterns"].as_array().unwrap();
+    let mut rules: Vec<&str> = patterns
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap())
+        .collect();
+    rules.sort();
+    assert_eq!(rules.len(), 2, "{c}");
+    assert_eq!(rules[0], "gemm_rcr_bias");
+    assert!(rules[1].starts_with("gemm_rcr_bias_ep_add_add_"), "{c}");
+    assert!(
+        patterns
+            .iter()
+            .all(|p| p["realization"]["how"] == "compiled"),
+        "{c}"
+    );
+    let notes = c["agent_notes"].as_array().unwrap();
+    let fell_back: Vec<&str> = notes
+        .iter()
+        .filter_map(|n| n.as_str())
+        .filter(|n| n.contains("the fused epilogue is left to torch"))
+        .collect();
+    assert_eq!(fell_back.len(), 1, "{notes:?}");
+    assert!(fell_back[0].contains("32x30x64"), "{}", fell_back[0]);
+}
+
 /// A fused pattern no kernel realizes (here the user table has learned that every kernel of it
 /// fails to compile) falls back to its GEMM alone, and compose says why. Fixture: linear_ep.pt.
 #[test]

@@ -235,6 +235,7 @@ fn sm80_fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value
 /// its inputs as the compute node's children, and their runtime arguments from FactGemmArgs.
 fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
     use crate::rules::epilogue::LeafKind;
+    use crate::space::LeafRead;
     // The split families add their first GEMM's result (read as C) and the bias in the second
     // GEMM's epilogue: a visitor tree even without an epilogue program.
     let split = k.family.is_split() && (k.bias || k.fusion.is_some());
@@ -272,6 +273,7 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         children.push(col_broadcast.to_string());
         child_args.push("{static_cast<const ElementD*>(p.bias), ElementD(0), {}}".to_string());
     }
+    let reads = k.leaf_reads();
     for (i, leaf) in e.leaves.iter().enumerate() {
         params.push(format!("T const& l{i}"));
         let ptr = |ty: &str| format!("static_cast<const {ty}*>(p.leaves[{i}])");
@@ -286,12 +288,12 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
                 "cutlass::epilogue::fusion::Sm90ScalarBroadcast<ElementCompute, Stride<_0, _0, int64_t>>".to_string(),
                 format!("{{{{ElementCompute(0)}}, {{{}}}, {{}}}}", ptr("ElementCompute")),
             ),
-            LeafKind::Full => {
-                // The one full-size leaf is the collective's C operand.
+            LeafKind::Full if reads[i] == Some(LeafRead::C) => {
                 element_c = "ElementD";
                 c_pointer = ptr("ElementD");
                 ("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>".to_string(), "{}".to_string())
             }
+            LeafKind::Full => ("AuxLoad".to_string(), format!("{{{}, ElementAux(0), stride_aux}}", ptr("ElementAux"))),
         };
         children.push(child);
         child_args.push(arg);
@@ -313,6 +315,7 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         "fusion_children": children,
         "fusion_child_args": child_args,
         "fusion_leaf_count": e.leaves.len(),
+        "aux_loads": k.aux_loads() > 0,
         "element_c": element_c,
         "c_pointer": c_pointer,
     })
@@ -940,6 +943,129 @@ mod tests {
             "R\"fact_ep({})fact_ep\"",
             k.fusion.as_ref().unwrap().text()
         )));
+    }
+
+    /// A 128x128 cooperative persistent kernel of `family` for the GPT block's projection under
+    /// `math` (65536x768x768 linear with bias) fused with `program`.
+    fn projection(family: crate::space::Family, math: MathType, program: &str) -> KernelSpec {
+        let e = crate::rules::Epilogue::parse(program).unwrap();
+        let p = GemmProblem {
+            m: 65536,
+            n: 768,
+            k: 768,
+            layout: GemmLayout::Rcr,
+            dtype: DType::F32,
+            bias: true,
+            batch: 1,
+            epilogue: Some(e),
+        };
+        let k = Knowledge::shipped()
+            .kernels(&p, math, Arch::Sm90)
+            .into_iter()
+            .find(|k| {
+                k.family == family
+                    && k.tile[..2] == [128, 128]
+                    && k.schedule == KernelSchedule::WsCooperative
+                    && k.scheduler == TileScheduler::Persistent
+                    && k.cluster == [1, 2, 1]
+            })
+            .expect("a 128x128 cooperative kernel");
+        assert_eq!(k.invalid_reason(), None, "{}", k.name());
+        assert!(k.fits(&p), "{}", k.name());
+        k
+    }
+
+    #[test]
+    fn a_second_residual_is_an_aux_load_beside_the_c_operand() {
+        let k = projection(
+            crate::space::Family::Sm90Gemm,
+            MathType::Tf32,
+            "leaves=full,full;v1=add(v0,l0);v2=add(v1,l1)",
+        );
+        assert_eq!(
+            k.leaf_reads(),
+            vec![
+                Some(crate::space::LeafRead::C),
+                Some(crate::space::LeafRead::Aux)
+            ]
+        );
+        let text = render_kernel(&k).text;
+        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias_ep_aux.cu"]
+            .assert_eq(&text);
+        // l0 rides on C, l1 on its own TMA load, with its own stride.
+        assert!(
+            text.contains("{ {}, static_cast<const ElementD*>(p.leaves[0]), stride_d,"),
+            "l0 is the C operand"
+        );
+        assert!(text
+            .contains("{static_cast<const ElementAux*>(p.leaves[1]), ElementAux(0), stride_aux}"));
+        assert!(text.contains("auto stride_aux = cutlass::make_cute_packed_stride(typename AuxLoadDescriptor::Stride{}, {M, N, L});"));
+        assert_eq!(
+            text.matches("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>")
+                .count(),
+            1
+        );
+        assert!(text.contains("    AuxLoad>;") && text.contains("const float v2 = v1 + l1[i];"));
+        // The leaves' order is in the program's text, so in the name's digest: swapping which
+        // residual rides on C names another kernel.
+        let swapped = projection(
+            crate::space::Family::Sm90Gemm,
+            MathType::Tf32,
+            "leaves=full,full;v1=add(v0,l1);v2=add(v1,l0)",
+        );
+        assert_ne!(swapped.kernel_name(), k.kernel_name());
+        // One full-size leaf renders as before: C alone, no aux load.
+        let one = projection(
+            crate::space::Family::Sm90Gemm,
+            MathType::Tf32,
+            "leaves=full;v1=add(v0,l0)",
+        );
+        assert_eq!(one.aux_loads(), 0);
+        assert!(!render_kernel(&one).text.contains("AuxLoad"));
+    }
+
+    #[test]
+    fn the_split_families_take_a_residual_through_an_aux_load() {
+        let k = projection(
+            crate::space::Family::Sm90GemmBf16x3,
+            MathType::Tf32x3,
+            "leaves=full;v1=add(l0,v0)",
+        );
+        assert_eq!(k.leaf_reads(), vec![Some(crate::space::LeafRead::Aux)]);
+        let text = render_kernel(&k).text;
+        expect_test::expect_file!["../../tests/golden/sm90b3_gemm_rcr_bf16x3_bias_ep_aux.cu"]
+            .assert_eq(&text);
+        // The second GEMM: C is the first's result, the residual an aux load; the first reads none.
+        assert!(
+            text.contains("const float v0 = acc[i] + c[i] + bias[i];")
+                && text.contains("const float v1 = l0[i] + v0;")
+        );
+        assert!(text.contains("{ {}, static_cast<const ElementD*>(p.out), stride_d,"));
+        assert!(text
+            .contains("{static_cast<const ElementAux*>(p.leaves[0]), ElementAux(0), stride_aux}"));
+        assert_eq!(
+            text.matches("using AuxLoad = ").count(),
+            1,
+            "in the fused GEMM only"
+        );
+        assert_eq!(text.matches("using ElementC = void;").count(), 1);
+        // Two residuals are two aux loads: beside C that is 192 KB of 128-row subtiles, which
+        // leaves the mainloop no two stages, so the cooperative kernels are refused.
+        let two = KernelSpec {
+            fusion: Some(
+                crate::rules::Epilogue::parse("leaves=full,full;v1=add(l0,v0);v2=add(v1,l1)")
+                    .unwrap(),
+            ),
+            ..k.clone()
+        };
+        assert_eq!(two.aux_loads(), 2);
+        assert!(
+            two.invalid_reason()
+                .unwrap()
+                .contains("(2 aux load(s) as deep as C) do not fit in shared memory"),
+            "{:?}",
+            two.invalid_reason()
+        );
     }
 
     /// The 2048x4096x8192 problem of `a.t() @ b` (crr) or `a.t() @ b.t()` (ccr).

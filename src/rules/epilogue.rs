@@ -27,6 +27,14 @@ use std::hash::{Hash, Hasher};
 /// Leaf tensors a kernel takes (FACT_MAX_LEAVES in include/fact_kernels.h).
 pub const MAX_LEAVES: usize = 4;
 
+/// Full-size leaves a pattern takes. Kernels read one as the GEMM's C operand where C is free and
+/// the others through aux loads (`space::LeafRead`), each staging as many epilogue subtiles in
+/// shared memory as C (64 KB for the cooperative schedule's 128-row fp32 subtiles). Two keep the
+/// sm90 family's cooperative tiles (C and one aux load, 128 KB, beside two mainloop stages); a
+/// third would leave it the 64-row subtiles of the ping-pong schedule alone, as two already do
+/// for the split families, whose C is their first GEMM's result.
+pub const MAX_FULL_LEAVES: usize = 2;
+
 /// The elementwise operations an epilogue program can hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -676,9 +684,8 @@ struct Pattern {
 
 impl Pattern {
     /// The program operand for a node's operand: a program value, a constant, or a leaf (taken
-    /// now if new). None when it cannot be one: a tensor that does not lie over the output, a
-    /// second full-size leaf (one rides on the GEMM's C operand; another would need an aux load),
-    /// or more leaves than kernels take.
+    /// now if new). None when it cannot be one: a tensor that does not lie over the output, or
+    /// more leaves (or full-size leaves) than kernels take.
     fn arg(
         &mut self,
         o: Operand,
@@ -699,9 +706,12 @@ impl Pattern {
         }
         let t = g.tensor(v)?;
         let kind = leaf_kind(&t.shape, &t.dtype, out, dtype, batched)?;
-        if self.leaves.len() == MAX_LEAVES
-            || (kind == LeafKind::Full && self.leaves.iter().any(|(_, k)| *k == LeafKind::Full))
-        {
+        let full = self
+            .leaves
+            .iter()
+            .filter(|(_, k)| *k == LeafKind::Full)
+            .count();
+        if self.leaves.len() == MAX_LEAVES || (kind == LeafKind::Full && full == MAX_FULL_LEAVES) {
             return None;
         }
         self.leaves.push((v, kind));
@@ -852,18 +862,27 @@ mod tests {
     }
 
     #[test]
-    fn broadcasting_that_grows_the_output_or_a_second_full_leaf_ends_the_chain() {
+    fn two_residuals_fuse_and_a_third_or_broadcasting_that_grows_the_output_ends_the_chain() {
+        // Two full-size leaves (C and an aux load); the third residual stays in torch. A residual
+        // read twice is one leaf.
         let m = epilogue_of(
-            "graph(%x: f32[8,16], %w: f32[32,16], %r1: f32[8,32], %r2: f32[8,32]):
+            "graph(%x: f32[8,16], %w: f32[32,16], %r1: f32[8,32], %r2: f32[8,32], %r3: f32[8,32]):
                %none = prim::Constant[None]()
                %one = prim::Constant[1]()
                %h = aten::linear(%x, %w, %none) : f32[8,32]
                %a = aten::add(%h, %r1, %one) : f32[8,32]
-               %b = aten::add(%a, %r2, %one) : f32[8,32]
-               return (%b)",
+               %b = aten::mul(%a, %r2) : f32[8,32]
+               %c = aten::sub(%b, %r1, %one) : f32[8,32]
+               %d = aten::add(%c, %r3, %one) : f32[8,32]
+               return (%d)",
         )
         .unwrap();
-        assert_eq!(m.epilogue.text(), "leaves=full;v1=add(v0,l0)");
+        assert_eq!(
+            m.epilogue.text(),
+            "leaves=full,full;v1=add(v0,l0);v2=mul(v1,l1);v3=sub(v2,l0)"
+        );
+        assert_eq!(m.epilogue.full_leaves(), MAX_FULL_LEAVES);
+        assert_eq!(m.nodes.len(), 3);
         assert!(epilogue_of(
             "graph(%x: f32[8,16], %w: f32[32,16], %big: f32[2,8,32]):
                %none = prim::Constant[None]()

@@ -167,9 +167,7 @@ impl Knowledge {
         // row-major a; a column-major one has the sm80 3xTF32 kernels. A problem whose dims are
         // not whole vectors of parts gets the padded split (alignment 1), which has no bias or
         // epilogue.
-        let split = p.dtype == DType::F32
-            && p.layout.a() == Major::Row
-            && p.epilogue.as_ref().is_none_or(|e| e.full_leaves() == 0);
+        let split = p.dtype == DType::F32 && p.layout.a() == Major::Row;
         let plain = !p.bias && p.epilogue.is_none();
         let split_align = |parts: u32| {
             if p.alignment(parts) == parts {

@@ -177,6 +177,17 @@ pub enum EpilogueKind {
     NoSmem,
 }
 
+/// How a kernel reads a full-size epilogue leaf (a residual).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeafRead {
+    /// As the collective's C operand (`Sm90SrcFetch`): the cheaper way, since D's staging reuses
+    /// C's shared memory; one leaf at most, and none where C is taken.
+    C,
+    /// Through an `Sm90AuxLoad`: a TMA load of its own (16-byte aligned rows), staged in shared
+    /// memory as deep as C.
+    Aux,
+}
+
 /// Raster order of output tiles over the grid: a runtime argument of CUTLASS's sm90 schedulers.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord,
@@ -469,6 +480,67 @@ impl KernelSpec {
         }
     }
 
+    /// How the kernel reads each leaf of its epilogue that is full-size, in the program's leaf
+    /// order (None for the other kinds). The sm90 family reads the first through its C operand and
+    /// the others through aux loads; the split families' second GEMM reads the first GEMM's result
+    /// as C, so theirs are all aux loads. This follows from the family and the program's leaf
+    /// order, both in the kernel's name, so the name stays the identity: a kernel that assigned
+    /// them otherwise would need a name of its own.
+    pub fn leaf_reads(&self) -> Vec<Option<LeafRead>> {
+        let mut c_free = !self.family.is_split();
+        let leaves = self.fusion.as_ref().map_or(&[][..], |e| &e.leaves[..]);
+        leaves
+            .iter()
+            .map(|&l| {
+                (l == crate::rules::LeafKind::Full).then(|| {
+                    if std::mem::take(&mut c_free) {
+                        LeafRead::C
+                    } else {
+                        LeafRead::Aux
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Full-size leaves the kernel reads through aux loads.
+    pub fn aux_loads(&self) -> usize {
+        self.leaf_reads()
+            .iter()
+            .filter(|r| **r == Some(LeafRead::Aux))
+            .count()
+    }
+
+    /// Shared memory of an sm90 TMA epilogue in bytes, as CUTLASS 4.2's builder stages it
+    /// (sm90_get_tma_dispatch_policy): subtiles of 128 (cooperative) or 64 rows by 32 columns of
+    /// the CUTLASS output, C staged min(subtiles, 4) deep (at least 3) with D reusing its buffers,
+    /// D alone 2 deep, and every aux load as deep as C. A 128-row fp32 subtile is 16 KB, so C and
+    /// one aux load take 128 KB of the 227.
+    pub fn epilogue_smem_bytes(&self) -> u32 {
+        if self.epilogue == EpilogueKind::NoSmem || !self.family.is_sm90() {
+            return 0;
+        }
+        let [tm, tn, _] = self.tile;
+        let rows = if self.schedule.is_cooperative() {
+            tm.min(128)
+        } else {
+            tm.min(64)
+        };
+        // Tile N is one of 64, 128, 256: the builder's gcd(min(32, N), N) is 32.
+        let cols = tn.min(32);
+        let subtiles = (tm / rows) * (tn / cols);
+        let stages_d = subtiles.min(2);
+        // The split families' second GEMM reads its first's result as C.
+        let reads_c = self.family.is_split() || self.leaf_reads().contains(&Some(LeafRead::C));
+        let (c_or_d, stages_c) = if reads_c {
+            let c = subtiles.min(4).max(stages_d + 1);
+            (c, c)
+        } else {
+            (stages_d, subtiles.min(4))
+        };
+        (c_or_d + self.aux_loads() as u32 * stages_c) * rows * cols * self.dtype.bytes() as u32
+    }
+
     /// The variant's identity: the kernel name, plus the knobs when they are not the defaults.
     /// It is the dispatch-index name and the pattern-table value.
     pub fn name(&self) -> String {
@@ -565,11 +637,6 @@ impl KernelSpec {
                         "the split families compute fp32-accurate GEMMs of fp32 tensors".into(),
                     );
                 }
-                if self.family.is_split()
-                    && self.fusion.as_ref().is_some_and(|e| e.full_leaves() > 0)
-                {
-                    return Some("the split families read their first GEMM's result as C: no full-size epilogue leaf".into());
-                }
                 if tk * elem_bytes != 128 {
                     return Some(format!(
                         "tile K {tk} must span 128 bytes of {}",
@@ -603,7 +670,7 @@ impl KernelSpec {
                         ));
                     }
                     if self.bias || self.fusion.is_some() {
-                        return Some("a padded split (ragged dims) fuses no bias or epilogue yet; the sm80 family does the bias".into());
+                        return Some("a padded split (ragged dims) fuses no bias, epilogue or residual yet (its GEMMs write an n-padded workspace); the sm80 family does the bias".into());
                     }
                 } else if self.align != full {
                     return Some(format!(
@@ -641,10 +708,8 @@ impl KernelSpec {
                     if let Err(why) = e.check() {
                         return Some(format!("epilogue: {why}"));
                     }
-                    if e.full_leaves() > 1 {
-                        return Some(
-                            "an epilogue reads at most one full-size tensor (the C operand)".into(),
-                        );
+                    if e.full_leaves() > crate::rules::epilogue::MAX_FULL_LEAVES {
+                        return Some(format!("an epilogue reads at most {} full-size tensors (the C operand and aux loads)", crate::rules::epilogue::MAX_FULL_LEAVES));
                     }
                 }
                 let cluster_size = self.cluster.iter().product::<u32>();
@@ -654,17 +719,20 @@ impl KernelSpec {
                         self.cluster
                     ));
                 }
+                // Beside its subtiles the epilogue's carve-out holds barriers and swizzle alignment
+                // (under 1 KB); the builder gives the mainloop what is left, and it needs 2 stages.
                 let epilogue_bytes = if self.epilogue == EpilogueKind::Tma {
-                    32 * 1024
+                    self.epilogue_smem_bytes() + 1024
                 } else {
                     0
                 };
                 let stages = self.stages.max(2);
                 if stages * self.stage_bytes() + epilogue_bytes > smem {
-                    return Some(format!(
-                        "{stages} stages of {} B do not fit in shared memory",
-                        self.stage_bytes()
-                    ));
+                    let aux = match self.aux_loads() {
+                        0 => String::new(),
+                        n => format!(" ({n} aux load(s) as deep as C)"),
+                    };
+                    return Some(format!("{stages} stages of {} B and the epilogue's {epilogue_bytes} B{aux} do not fit in shared memory", self.stage_bytes()));
                 }
             }
             Family::Sm80Gemm => {
@@ -1090,24 +1158,53 @@ mod tests {
             k.invalid_reason()
         );
         // Bias and epilogues go into the second GEMM's epilogue, whose C operand is the first
-        // GEMM's result: a residual cannot be C too.
+        // GEMM's result: a residual comes in through an aux load.
         let mut k = b3.clone();
         k.bias = true;
         k.epilogue = EpilogueKind::Tma;
         k.fusion = Some(Epilogue::parse("leaves=row;v1=gelu(v0);v2=mul(v1,l0)").unwrap());
         assert_eq!(k.invalid_reason(), None);
         k.fusion = Some(Epilogue::parse("leaves=full;v1=add(v0,l0)").unwrap());
-        assert!(k
-            .invalid_reason()
-            .unwrap()
-            .contains("no full-size epilogue leaf"));
+        assert_eq!(
+            (k.invalid_reason(), k.leaf_reads()),
+            (None, vec![Some(LeafRead::Aux)])
+        );
         let with_residual = GemmProblem {
             bias: true,
             epilogue: k.fusion.clone(),
             ..p.clone()
         };
         let ks = Knowledge::shipped().kernels(&with_residual, MathType::Tf32x3, Arch::Sm90);
-        assert!(ks.iter().all(|k| !k.family.is_split()));
+        for family in [Family::Sm90GemmX3, Family::Sm90GemmBf16x3] {
+            assert!(
+                ks.iter().any(|k| k.family == family
+                    && k.invalid_reason().is_none()
+                    && k.fits(&with_residual)),
+                "{family:?}"
+            );
+        }
+        // The padded split (ragged dims) still takes none: its GEMMs write an n-padded workspace.
+        let ragged = GemmProblem {
+            n: 4095,
+            ..with_residual.clone()
+        };
+        assert!(Knowledge::shipped()
+            .kernels(&ragged, MathType::Tf32x3, Arch::Sm90)
+            .iter()
+            .all(|k| !k.family.is_split()));
+        let padded = KernelSpec {
+            align: 1,
+            ..k.clone()
+        };
+        assert!(
+            padded.is_padded_split()
+                && padded
+                    .invalid_reason()
+                    .unwrap()
+                    .contains("no bias, epilogue or residual"),
+            "{:?}",
+            padded.invalid_reason()
+        );
         // sm80 3xTF32 takes the residual as an aux load of its visitor tree.
         assert!(ks.iter().any(|k| k.family == Family::Sm80Gemm
             && k.fits(&with_residual)
@@ -1115,6 +1212,95 @@ mod tests {
         let mut k = b3;
         k.dtype = DType::Bf16;
         assert!(k.invalid_reason().is_some(), "bf16 tensors have no split");
+    }
+
+    #[test]
+    fn aux_loads_take_the_epilogue_shared_memory_of_c_from_the_mainloop() {
+        let e = |text: &str| Some(Epilogue::parse(text).unwrap());
+        let residuals = e("leaves=full,full;v1=add(v0,l0);v2=add(v1,l1)");
+        let p = GemmProblem {
+            bias: true,
+            epilogue: residuals,
+            ..problem(4096, 4096, 4096, DType::F32)
+        };
+        let coop = Knowledge::shipped()
+            .kernels(&p, MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.tile[..2] == [128, 128] && k.schedule == KernelSchedule::WsCooperative)
+            .unwrap();
+        assert_eq!(
+            coop.leaf_reads(),
+            vec![Some(LeafRead::C), Some(LeafRead::Aux)]
+        );
+        // A 128-row fp32 subtile of 128x32 is 16 KB, staged 4 deep: C (D reuses it) and one aux
+        // load; without a full-size leaf the builder stages D alone, 2 deep.
+        assert_eq!(coop.epilogue_smem_bytes(), 2 * 4 * 16 * 1024);
+        assert_eq!(
+            KernelSpec {
+                fusion: e("leaves=full;v1=add(v0,l0)"),
+                ..coop.clone()
+            }
+            .epilogue_smem_bytes(),
+            4 * 16 * 1024
+        );
+        assert_eq!(
+            KernelSpec {
+                fusion: e("leaves=;v1=relu(v0)"),
+                ..coop.clone()
+            }
+            .epilogue_smem_bytes(),
+            2 * 16 * 1024
+        );
+        // 64-row subtiles (one consumer warpgroup) are half of that.
+        let pp = KernelSpec {
+            schedule: KernelSchedule::WsPingpong,
+            ..coop.clone()
+        };
+        assert_eq!(pp.epilogue_smem_bytes(), 2 * 4 * 8 * 1024);
+        assert_eq!(coop.invalid_reason(), None);
+        // A 256x256 tile's 2 stages of 64 KB fit beside the epilogue's C (64 KB), not beside C and
+        // an aux load (128 KB), and that is said before nvcc finds out.
+        let big = KernelSpec {
+            tile: [256, 256, 32],
+            ..coop.clone()
+        };
+        assert_eq!(
+            KernelSpec {
+                fusion: e("leaves=full;v1=add(v0,l0)"),
+                ..big.clone()
+            }
+            .invalid_reason(),
+            None
+        );
+        let why = big.invalid_reason().unwrap();
+        assert!(
+            why.contains("(1 aux load(s) as deep as C) do not fit in shared memory"),
+            "{why}"
+        );
+        let three = KernelSpec {
+            fusion: e("leaves=full,full,full;v1=add(v0,l0);v2=add(v1,l1);v3=add(v2,l2)"),
+            ..coop.clone()
+        };
+        assert!(
+            three
+                .invalid_reason()
+                .unwrap()
+                .contains("at most 2 full-size tensors"),
+            "{:?}",
+            three.invalid_reason()
+        );
+        // bf16 output: subtiles of half the bytes.
+        let bf16 = KernelSpec {
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            align: 8,
+            tile: [128, 128, 64],
+            ..coop.clone()
+        };
+        assert_eq!(
+            (bf16.epilogue_smem_bytes(), bf16.invalid_reason()),
+            (2 * 4 * 8 * 1024, None)
+        );
     }
 
     #[test]

@@ -1,0 +1,179 @@
+// generated from templates/sm90_gemm.cu.hbs; do not edit
+// spec: {"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4,"fusion":{"leaves":["full","full"],"instrs":[{"op":"add","args":[{"value":0},{"leaf":0}]},{"op":"add","args":[{"value":1},{"leaf":1}]}]}}
+//
+// sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4: out[m,n] = f(a[m,k] . B + bias[n], leaves) (torch layout rcr), computed as the
+// column-major CUTLASS problem out^T[n,m] = B^T . a^T, so a torch row-major output needs no transpose
+// and the bias is per row of the CUTLASS problem.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace {
+namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns {
+using namespace cute;
+
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
+using Element = float;
+using ElementD = float;
+using ElementAccumulator = float;
+using ElementCompute = float;
+// CUTLASS operand A is torch's B transposed, operand B is torch's a transposed: a row-major torch
+// operand is a column-major CUTLASS one.
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::ColumnMajor;
+constexpr int Alignment = 4;
+constexpr int AlignmentD = 4;
+
+using TileShape = Shape<_128, _128, _32>;
+using ClusterShape = Shape<_1, _2, _1>;
+
+// The fused epilogue leaves=full,full;v1=add(v0,l0);v2=add(v1,l1)
+// as one fp32 functor over the accumulator, the bias and the leaves: a visitor tree of
+// one compute node whose children fetch its inputs, so a value used twice is computed once.
+template <class T>
+struct FusedEpilogue {
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias, T const& l0, T const& l1) const {
+    T out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < int(T::kElements); ++i) {
+      const float v0 = acc[i] + bias[i];
+      const float v1 = v0 + l0[i];
+      const float v2 = v1 + l1[i];
+      out[i] = v2;
+    }
+    return out;
+  }
+};
+
+using ElementC = ElementD;
+// Full-size leaves past the C operand: TMA loads of their own (16-byte aligned rows), each leaf
+// with its element type and its stride (it lies as torch's output does, packed: column-major in
+// the CUTLASS problem), staged in shared memory as deep as the builder stages C.
+using ElementAux = ElementD;
+using LayoutAux = cutlass::layout::ColumnMajor;
+using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
+    TileShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementC, ElementD, cutlass::epilogue::TmaWarpSpecializedCooperative>;
+using AuxLoadDescriptor = cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, LayoutAux, ElementAux>;
+using AuxLoad = cutlass::epilogue::fusion::Sm90AuxLoad<
+    AuxLoadDescriptor::Stages, typename EpilogueDescriptor::EpilogueTile, ElementAux, typename AuxLoadDescriptor::Stride,
+    typename AuxLoadDescriptor::SmemLayoutAtom, typename AuxLoadDescriptor::CopyOpS2R>;
+using FusionOp = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<FusedEpilogue, ElementD, ElementCompute, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch,
+    cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>,
+    cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>,
+    AuxLoad>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, LayoutD, AlignmentD,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::TmaWarpSpecializedCooperative,
+    FusionOp>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, LayoutA, Alignment,
+    Element, LayoutB, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+int sm_count() {
+  // Querying the device costs more than a short GEMM, so it is done once per process.
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed) {
+  const int M = p.n, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
+  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
+  auto stride_aux = cutlass::make_cute_packed_stride(typename AuxLoadDescriptor::Stride{}, {M, N, L});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
+      { {}, static_cast<const ElementD*>(p.leaves[0]), stride_d, static_cast<ElementD*>(p.out), stride_d},
+      hw};
+  (void)beta;
+  args.epilogue.thread = { {}, {static_cast<const ElementD*>(p.bias), ElementD(0), {}}, {}, {static_cast<const ElementAux*>(p.leaves[1]), ElementAux(0), stride_aux}, {} };
+  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
+  return args;
+}
+
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k);
+}
+}  // namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_can_implement(const FactGemmArgs* p) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns;
+  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
+  for (int i = 0; i < 2; ++i) {
+    if (p->leaves[i] == nullptr) return FACT_CANNOT_IMPLEMENT;
+  }
+  auto args = make_arguments(*p, p->a, p->b, 0.0f);
+  return Gemm::can_implement(args) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_workspace_size(const FactGemmArgs* p) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns;
+  return Gemm::get_workspace_size(make_arguments(*p, p->a, p->b, 0.0f));
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
+                                       void* stream) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns;
+  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
+  for (int i = 0; i < 2; ++i) {
+    if (p->leaves[i] == nullptr) return FACT_CANNOT_IMPLEMENT;
+  }
+  auto args = make_arguments(*p, p->a, p->b, 0.0f);
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
+  if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  Gemm gemm;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+  if (gemm.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  return FACT_OK;
+}

@@ -1,0 +1,346 @@
+// generated from templates/sm90_gemm_x3.cu.hbs; do not edit
+// spec: {"family":"sm90_gemm_bf16x3","arch":"sm90","layout":"rcr","math":"tf32x3","dtype":"f32","tile":[128,128,64],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":8,"fusion":{"leaves":["full"],"instrs":[{"op":"add","args":[{"leaf":0},{"value":0}]}]}}
+//
+// sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8: fp32-accurate out[m,n] = a[m,k] . B (torch layout rcr) on WGMMA as three
+// products of split operands, a.b ~ a_hi.b_hi + a_hi.b_lo + a_lo.b_hi, in two GEMMs:
+//   out  = a_hi . b_hi                        (over K)
+//   out += [a_hi | a_lo] . [b_lo ; b_hi]      (over 2K, beta = 1)
+// The split writes each operand's parts concatenated along K, a as [hi | lo] and b as [lo ; hi],
+// so the second GEMM reads them as one operand twice as deep and the first reads a K-slice of
+// each: the output is read back once, not twice, and nothing is written twice.
+// bf16 split: hi = bf16(x), lo = bf16(x - hi), so hi + lo holds 16 significant bits of x; the
+// dropped a_lo . b_lo term and lo's rounding are below 2^-16 relative per product. Parts keep
+// torch's layout (bf16 WGMMA reads M- or K-major shared memory at full rate).
+// The parts live in the workspace. Like the sm90 family it computes the column-major transposed
+// problem. The second GEMM reads the first's output as its C operand and applies
+// leaves=full;v1=add(l0,v0) in its epilogue, so bias and epilogue cost no extra pass.
+// C being the first GEMM's result, full-size leaves (residuals) come in through aux loads.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace {
+namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns {
+using namespace cute;
+
+namespace plain {
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
+using Element = cutlass::bfloat16_t;
+using ElementD = float;
+using ElementAccumulator = float;
+using ElementCompute = float;
+// CUTLASS operand A is torch's B transposed, operand B is torch's a transposed: a row-major torch
+// operand is a column-major CUTLASS one.
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::ColumnMajor;
+constexpr int Alignment = 8;
+constexpr int AlignmentD = 4;
+
+using TileShape = Shape<_128, _128, _64>;
+using ClusterShape = Shape<_1, _2, _1>;
+
+// Only the split families read the output back (beta = 1); without a C operand the epilogue
+// keeps no shared memory for it, which the mainloop's stages get instead.
+using ElementC = void;
+using FusionOp = cutlass::epilogue::fusion::LinearCombination<ElementD, ElementCompute, ElementC, ElementCompute>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, LayoutD, AlignmentD,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::TmaWarpSpecializedCooperative,
+    FusionOp>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, LayoutA, Alignment,
+    Element, LayoutB, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+int sm_count() {
+  // Querying the device costs more than a short GEMM, so it is done once per process.
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed) {
+  const int M = p.n, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
+  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
+      { {}, nullptr, stride_d, static_cast<ElementD*>(p.out), stride_d},
+      hw};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = beta;
+  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
+  return args;
+}
+
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k);
+}
+}  // namespace plain
+namespace fused {
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
+using Element = cutlass::bfloat16_t;
+using ElementD = float;
+using ElementAccumulator = float;
+using ElementCompute = float;
+// CUTLASS operand A is torch's B transposed, operand B is torch's a transposed: a row-major torch
+// operand is a column-major CUTLASS one.
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::ColumnMajor;
+constexpr int Alignment = 8;
+constexpr int AlignmentD = 4;
+
+using TileShape = Shape<_128, _128, _64>;
+using ClusterShape = Shape<_1, _2, _1>;
+
+// The fused epilogue leaves=full;v1=add(l0,v0)
+// as one fp32 functor over the accumulator, the bias and the leaves: a visitor tree of
+// one compute node whose children fetch its inputs, so a value used twice is computed once.
+template <class T>
+struct FusedEpilogue {
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& c, T const& bias, T const& l0) const {
+    T out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < int(T::kElements); ++i) {
+      const float v0 = acc[i] + c[i] + bias[i];
+      const float v1 = l0[i] + v0;
+      out[i] = v1;
+    }
+    return out;
+  }
+};
+
+using ElementC = ElementD;
+// Full-size leaves past the C operand: TMA loads of their own (16-byte aligned rows), each leaf
+// with its element type and its stride (it lies as torch's output does, packed: column-major in
+// the CUTLASS problem), staged in shared memory as deep as the builder stages C.
+using ElementAux = ElementD;
+using LayoutAux = cutlass::layout::ColumnMajor;
+using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
+    TileShape, cutlass::epilogue::collective::EpilogueTileAuto, ElementC, ElementD, cutlass::epilogue::TmaWarpSpecializedCooperative>;
+using AuxLoadDescriptor = cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, LayoutAux, ElementAux>;
+using AuxLoad = cutlass::epilogue::fusion::Sm90AuxLoad<
+    AuxLoadDescriptor::Stages, typename EpilogueDescriptor::EpilogueTile, ElementAux, typename AuxLoadDescriptor::Stride,
+    typename AuxLoadDescriptor::SmemLayoutAtom, typename AuxLoadDescriptor::CopyOpS2R>;
+using FusionOp = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<FusedEpilogue, ElementD, ElementCompute, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch,
+    cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>,
+    cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>,
+    AuxLoad>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, LayoutD, AlignmentD,
+    ElementD, LayoutD, AlignmentD,
+    cutlass::epilogue::TmaWarpSpecializedCooperative,
+    FusionOp>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, LayoutA, Alignment,
+    Element, LayoutB, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+int sm_count() {
+  // Querying the device costs more than a short GEMM, so it is done once per process.
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed) {
+  const int M = p.n, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
+  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
+  auto stride_aux = cutlass::make_cute_packed_stride(typename AuxLoadDescriptor::Stride{}, {M, N, L});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
+      { {}, static_cast<const ElementD*>(p.out), stride_d, static_cast<ElementD*>(p.out), stride_d},
+      hw};
+  (void)beta;
+  args.epilogue.thread = { {}, {}, {static_cast<const ElementD*>(p.bias), ElementD(0), {}}, {static_cast<const ElementAux*>(p.leaves[0]), ElementAux(0), stride_aux}, {} };
+  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
+  return args;
+}
+
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k);
+}
+}  // namespace fused
+using Element = plain::Element;
+using FirstGemm = plain::Gemm;
+using SecondGemm = fused::Gemm;
+FirstGemm::Arguments first_arguments(const FactGemmArgs& p, const void* a, const void* b) {
+  return plain::make_arguments(p, a, b, 0.0f, p.k, 2 * p.k);
+}
+SecondGemm::Arguments second_arguments(const FactGemmArgs& p, const void* a, const void* b) {
+  return fused::make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);
+}
+
+__device__ __forceinline__ void split_one(float v, Element& hi, Element& lo) {
+  hi = Element(v);
+  lo = Element(v - float(hi));
+}
+
+struct alignas(4 * sizeof(Element)) Quad {
+  Element v[4];
+};
+
+// Splits x, seen as groups of g floats (g % 4 == 0, 16-byte aligned), into parts laid out as
+// groups of 2g: each group's hi parts at offset hi_at (0 or g), its lo parts at the other half.
+__global__ void split_parts(const float4* __restrict__ x, Element* __restrict__ parts, size_t n4, size_t g,
+                            size_t hi_at) {
+  const size_t lo_at = g - hi_at;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 v = x[i];
+    const float in[4] = {v.x, v.y, v.z, v.w};
+    Quad h, l;
+    for (int j = 0; j < 4; ++j) split_one(in[j], h.v[j], l.v[j]);
+    // Four parts stay contiguous and aligned within a group (g % 4 == 0): one vector store each.
+    const size_t e = 4 * i, o = e / g * 2 * g + e % g;
+    *reinterpret_cast<Quad*>(parts + o + hi_at) = h;
+    *reinterpret_cast<Quad*>(parts + o + lo_at) = l;
+  }
+}
+
+size_t numel_a(const FactGemmArgs& p) { return size_t(p.batch) * p.m * p.k; }
+size_t numel_b(const FactGemmArgs& p) { return size_t(p.batch) * p.k * p.n; }
+size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
+size_t a_parts_bytes(const FactGemmArgs& p) { return round_up(2 * numel_a(p) * sizeof(Element)); }
+size_t parts_bytes(const FactGemmArgs& p) { return a_parts_bytes(p) + round_up(2 * numel_b(p) * sizeof(Element)); }
+
+void launch_split(const void* x, Element* parts, size_t n, size_t g, size_t hi_at, cudaStream_t s) {
+  const size_t n4 = n / 4;
+  const size_t wanted = (n4 + 255) / 256;
+  const int blocks = static_cast<int>(wanted < 132 * 16 ? wanted : 132 * 16);
+  split_parts<<<blocks, 256, 0, s>>>(static_cast<const float4*>(x), parts, n4, g, hi_at);
+}
+}  // namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_can_implement(const FactGemmArgs* p) {
+  using namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns;
+  if (p->k % 4 != 0 || p->n % 4 != 0) return FACT_CANNOT_IMPLEMENT;
+  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
+  for (int i = 0; i < 1; ++i) {
+    if (p->leaves[i] == nullptr) return FACT_CANNOT_IMPLEMENT;
+  }
+  if (FirstGemm::can_implement(first_arguments(*p, p->a, p->b)) != cutlass::Status::kSuccess ||
+      SecondGemm::can_implement(second_arguments(*p, p->a, p->b)) != cutlass::Status::kSuccess) {
+    return FACT_CANNOT_IMPLEMENT;
+  }
+  return FACT_OK;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_workspace_size(const FactGemmArgs* p) {
+  using namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns;
+  const size_t first = FirstGemm::get_workspace_size(first_arguments(*p, p->a, p->b));
+  const size_t second = SecondGemm::get_workspace_size(second_arguments(*p, p->a, p->b));
+  return parts_bytes(*p) + (first > second ? first : second);
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
+                                       void* stream) {
+  using namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns;
+  if (fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_can_implement(p) != FACT_OK) return FACT_CANNOT_IMPLEMENT;
+  if (fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_workspace_size(p) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  auto s = static_cast<cudaStream_t>(stream);
+  char* w = static_cast<char*>(workspace);
+  Element* a_parts = reinterpret_cast<Element*>(w);
+  Element* b_parts = reinterpret_cast<Element*>(w + a_parts_bytes(*p));
+  void* gemm_ws = w + parts_bytes(*p);
+  const size_t k = p->k;
+  // torch's a is K-major (rows of k): each row becomes [hi | lo].
+  launch_split(p->a, a_parts, numel_a(*p), k, 0, s);
+  // torch's b is n x k (K-major): each row becomes [lo | hi].
+  launch_split(p->b, b_parts, numel_b(*p), k, k, s);
+  const size_t b_hi_at = k;
+  FirstGemm first;
+  if (first.initialize(first_arguments(*p, a_parts, b_parts + b_hi_at), gemm_ws, s) != cutlass::Status::kSuccess) {
+    return FACT_INIT_FAILED;
+  }
+  if (first.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  SecondGemm second;
+  if (second.initialize(second_arguments(*p, a_parts, b_parts), gemm_ws, s) != cutlass::Status::kSuccess) {
+    return FACT_INIT_FAILED;
+  }
+  if (second.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  return FACT_OK;
+}
