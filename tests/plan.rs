@@ -186,6 +186,58 @@ fn mlp_and_bmm_plans() {
     );
 }
 
+/// The epilogue line of the pattern named `name` in a discover plan.
+fn epilogue_line<'a>(plan: &'a serde_json::Value, name: &str) -> &'a str {
+    let p = plan["patterns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no pattern {name}: {plan}"));
+    p["notes"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .as_str()
+        .unwrap()
+}
+
+#[test]
+fn plans_say_how_residuals_are_read_and_why_one_is_not_fused() {
+    // Two residuals after one linear: one pattern, a residual on C and one through an aux load.
+    // The residual after the 64 -> 30 linear: no fused kernel (rows of 30 floats are no 16-byte
+    // vectors), and the plan says so.
+    let (v, _) = discover(&fixture("residuals.pt"), &[]);
+    let two = epilogue_line(&v["plan"], "linear 32x128x64 + add → add");
+    assert!(
+        two.ends_with(
+            "(2 ops, 2 leaves); full-size leaves: l0 as the C operand, l1 through an aux load"
+        ),
+        "{two}"
+    );
+    let odd = epilogue_line(&v["plan"], "linear 32x30x64 + add");
+    assert!(odd.starts_with("epilogue leaves=full;v1=add(v0,l0) (1 ops, 1 leaves) left to torch, the GEMM alone realized: "), "{odd}");
+    assert!(
+        odd.contains("16-byte rows") && odd.contains("n = 30"),
+        "{odd}"
+    );
+    // Under f32-accurate the split families' second GEMM reads its first's result as C, and the
+    // residuals through aux loads.
+    let (v, _) = discover(&fixture("residuals.pt"), &["--precision", "f32"]);
+    let two = epilogue_line(&v["plan"], "linear 32x128x64 + add → add");
+    assert!(two.ends_with("full-size leaves: l0 through an aux load, l1 through an aux load (C holds the split's first GEMM)"), "{two}");
+    assert!(epilogue_line(&v["plan"], "linear 32x30x64 + add")
+        .contains("the padded split fuses no epilogue or residual yet"));
+    let (v, _) = discover(&fixture("linear_ep.pt"), &["--precision", "f32"]);
+    let ep = epilogue_line(&v["plan"], "linear 32x128x64 + gelu_tanh → mul → add");
+    assert!(
+        ep.starts_with("epilogue fused as a visitor tree")
+            && ep.ends_with("l0 through an aux load (C holds the split's first GEMM)"),
+        "{ep}"
+    );
+}
+
 #[test]
 fn every_indexed_example_exists_in_the_installed_cutlass() {
     let cutlass = std::env::var_os("CUTLASS_DIR")

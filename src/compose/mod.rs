@@ -709,12 +709,15 @@ fn sweep_candidates(
     candidates.truncate(space_opts.budget);
     if candidates.is_empty() {
         return Ok(Err(format!(
-            "no valid {} kernel for {} ({} in the knowledge base, {} pruned; {})",
+            "no valid {} kernel for {} ({} in the knowledge base, {} pruned; {}{})",
             opts.arch,
             problem.shape_key(),
             space.candidates.len() + space.pruned.len(),
             space.pruned.len(),
-            space::alignment_note(problem, opts.arch)
+            space::alignment_note(problem, opts.arch),
+            space::fusion_refusal(problem, math, opts.arch)
+                .map(|why| format!("; {why}"))
+                .unwrap_or_default()
         )));
     }
     Ok(Ok(SweepCandidates {

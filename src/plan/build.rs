@@ -87,15 +87,7 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
     ]
     .into_iter()
     .chain([crate::space::alignment_note(p, arch)])
-    .chain(p.epilogue.as_ref().map(|e| {
-        format!(
-            "epilogue fused as a visitor tree ({}, fp32): {} ({} ops, {} leaves)",
-            if wgmma { "TMA warp-specialized epilogue" } else { "sm80 EVT over the mainloop's accumulators" },
-            e.text(),
-            e.instrs.len(),
-            e.leaves.len()
-        )
-    }))
+    .chain(crate::space::epilogue_note(p, math, arch))
     .collect()
 }
 

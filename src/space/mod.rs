@@ -483,11 +483,11 @@ impl KernelSpec {
     /// How the kernel reads each leaf of its epilogue that is full-size, in the program's leaf
     /// order (None for the other kinds). The sm90 family reads the first through its C operand and
     /// the others through aux loads; the split families' second GEMM reads the first GEMM's result
-    /// as C, so theirs are all aux loads. This follows from the family and the program's leaf
-    /// order, both in the kernel's name, so the name stays the identity: a kernel that assigned
+    /// as C, so theirs are all aux loads, and the sm80 family's visitor tree has no C source, so
+    /// its are too. This follows from the family and the program's leaf order, both in the kernel's name, so the name stays the identity: a kernel that assigned
     /// them otherwise would need a name of its own.
     pub fn leaf_reads(&self) -> Vec<Option<LeafRead>> {
-        let mut c_free = !self.family.is_split();
+        let mut c_free = !self.family.is_split() && self.family != Family::Sm80Gemm;
         let leaves = self.fusion.as_ref().map_or(&[][..], |e| &e.leaves[..]);
         leaves
             .iter()
@@ -878,6 +878,90 @@ pub fn alignment_note(p: &GemmProblem, arch: Arch) -> String {
             if sm90 && p.dtype == DType::F32 && p.layout.a() == Major::Row { "; f32-accurate pads its split parts" } else { "" }
         ),
     }
+}
+
+/// Why no kernel fuses `p`'s epilogue under `math` on `arch` (None when one does): the reason a
+/// plan and a compose give when the epilogue is left to torch and the GEMM alone realized.
+pub fn fusion_refusal(p: &GemmProblem, math: MathType, arch: Arch) -> Option<String> {
+    p.epilogue.as_ref()?;
+    if Knowledge::shipped()
+        .kernels(p, math, arch)
+        .iter()
+        .any(|k| k.fusion.is_some() && k.invalid_reason().is_none() && k.fits(p))
+    {
+        return None;
+    }
+    let full = 16 / p.dtype.bytes() as u32;
+    let align = p.alignment(full);
+    Some(if align < full {
+        format!(
+            "fused epilogues run on TMA kernels only (their C operand, aux loads and output move 16-byte rows), and alignment {align} says a contiguous dim (of a, B or the output's n = {}, which full-size leaves share) is not a multiple of {full}{}",
+            p.n,
+            if math == MathType::Tf32x3 { "; the padded split fuses no epilogue or residual yet" } else { "" }
+        )
+    } else if math == MathType::Tf32x3 && p.layout.a() == Major::Col {
+        "f32-accurate with a column-major a runs on the sm80 family (3xTF32), which fuses no epilogue".to_string()
+    } else {
+        format!("no {arch} kernel that fuses it fits the problem")
+    })
+}
+
+/// The plan's line on a fused problem under `math`: the program and how its full-size leaves are
+/// read (C operand or aux load), or why no kernel fuses it.
+pub fn epilogue_note(p: &GemmProblem, math: MathType, arch: Arch) -> Option<String> {
+    let e = p.epilogue.as_ref()?;
+    let program = format!(
+        "{} ({} ops, {} leaves)",
+        e.text(),
+        e.instrs.len(),
+        e.leaves.len()
+    );
+    if let Some(why) = fusion_refusal(p, math, arch) {
+        return Some(format!(
+            "epilogue {program} left to torch, the GEMM alone realized: {why}"
+        ));
+    }
+    let k = Knowledge::shipped()
+        .kernels(p, math, arch)
+        .into_iter()
+        .find(|k| k.invalid_reason().is_none() && k.fits(p))?;
+    let reads: Vec<String> = k
+        .leaf_reads()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            r.map(|r| {
+                format!(
+                    "l{i} {}",
+                    if r == LeafRead::C {
+                        "as the C operand"
+                    } else {
+                        "through an aux load"
+                    }
+                )
+            })
+        })
+        .collect();
+    let leaves = match (reads.is_empty(), k.family.is_split()) {
+        (true, _) => String::new(),
+        (false, split) => format!(
+            "; full-size leaves: {}{}",
+            reads.join(", "),
+            if split {
+                " (C holds the split's first GEMM)"
+            } else {
+                ""
+            }
+        ),
+    };
+    let how = if k.family == Family::Sm80Gemm {
+        "sm80 EVT over the mainloop's accumulators"
+    } else {
+        "TMA warp-specialized epilogue"
+    };
+    Some(format!(
+        "epilogue fused as a visitor tree ({how}, fp32): {program}{leaves}"
+    ))
 }
 
 /// A candidate the space left out before nvcc, and why.
@@ -1300,6 +1384,56 @@ mod tests {
         assert_eq!(
             (bf16.epilogue_smem_bytes(), bf16.invalid_reason()),
             (2 * 4 * 8 * 1024, None)
+        );
+    }
+
+    #[test]
+    fn refusals_to_fuse_say_why() {
+        let residual = Some(Epilogue::parse("leaves=full;v1=add(v0,l0)").unwrap());
+        let p = GemmProblem {
+            epilogue: residual,
+            ..problem(4096, 4096, 4096, DType::F32)
+        };
+        assert_eq!(
+            (
+                fusion_refusal(&p, MathType::Tf32, Arch::Sm90),
+                fusion_refusal(&p, MathType::Tf32x3, Arch::Sm90)
+            ),
+            (None, None)
+        );
+        let crr = GemmProblem {
+            layout: GemmLayout::Crr,
+            ..p.clone()
+        };
+        assert_eq!(fusion_refusal(&crr, MathType::Tf32, Arch::Sm90), None);
+        assert!(fusion_refusal(&crr, MathType::Tf32x3, Arch::Sm90)
+            .unwrap()
+            .contains("column-major a runs on the sm80 family"));
+        let ragged = GemmProblem {
+            n: 4094,
+            ..p.clone()
+        };
+        let why = fusion_refusal(&ragged, MathType::Tf32, Arch::Sm90).unwrap();
+        assert!(
+            why.contains("alignment 2")
+                && why.contains("n = 4094")
+                && !why.contains("padded split"),
+            "{why}"
+        );
+        assert!(fusion_refusal(&ragged, MathType::Tf32x3, Arch::Sm90)
+            .unwrap()
+            .ends_with("the padded split fuses no epilogue or residual yet"));
+        assert_eq!(
+            fusion_refusal(
+                &GemmProblem {
+                    epilogue: None,
+                    ..ragged
+                },
+                MathType::Tf32,
+                Arch::Sm90
+            ),
+            None,
+            "nothing to fuse"
         );
     }
 
