@@ -84,6 +84,18 @@ class Residual(nn.Module):
         return r + self.fc(x)
 
 
+class Residual2(nn.Module):
+    """linear(x) + r + s: two residuals, one read as the GEMM's C operand (the split families:
+    through an aux load) and one through an aux load."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.fc = nn.Linear(k, n)
+
+    def forward(self, x, r, s):
+        return self.fc(x) + r + s
+
+
 class Chain6(nn.Module):
     """clamp((linear(x) * 0.5 + 1.0) * scale + r, -4, 4): bias, two scalar ops, a vector mul, the
     residual add and a clamp, six elementwise ops in one epilogue."""
@@ -220,6 +232,7 @@ def suite():
         ("gpt_out_chain6", p(Chain6, 4 * C, C), [(M, 4 * C), (M, C)]),
         # proj: 768 -> 768.
         ("gpt_proj_residual", p(Residual, C, C), [(B, T, C), (B, T, C)]),
+        ("gpt_proj_residual2", p(Residual2, C, C), [(B, T, C), (B, T, C), (B, T, C)]),
         ("gpt_proj_vec_affine", p(VecAffine, C, C), rows),
         # The whole GPT block (B, T, C) = (128, 512, 768), 8 heads: fc+GELU, proj+residual and
         # out+residual are its fused patterns.

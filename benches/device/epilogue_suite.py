@@ -28,8 +28,9 @@ f32-accurate kernels), bf16 (bf16 module and inputs, "high"). For each (model, p
 A record: model, policy, inputs (shapes), eager_ms, traced_ms, compile_ms, fact_ms (medians),
 max_rel_err (fact's, the largest over the inputs), eager_rel_err, compile_s, compose_s,
 substituted (compose.json's patterns given a kernel: id, rule, kernel, how, any epilogue fields;
-null when unreadable), fact_ops (the composed graph's fact:: nodes by kind) and error (null, or
-what failed, stage by stage). OUT_DIR/suite.json holds one record per pair, rewritten after
+null when unreadable), fact_ops (the composed graph's fact:: nodes by kind), op_calls (the op
+library's calls per kernel over verification and timing: ran, copied, fell_back) and error (null,
+or what failed, stage by stage). OUT_DIR/suite.json holds one record per pair, rewritten after
 each; stdout gets a line per record and a final table of fact's speedup (baseline ms / fact ms)
 over each baseline with geomeans per policy. A failing pair records its error and the suite goes on.
 """
@@ -304,12 +305,16 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
             res["fact_ops"] = {k: kinds.count(k) for k in sorted(set(kinds))}
             res["max_rel_err"] = max(rel_err(m(*x), r) for x, r in zip(trials, refs))
             res["fact_ms"] = time_ms(m, inputs, flush)
+            # Calls per kernel so far (verification and timing): a call the kernel could not
+            # implement ran the original ops and counts as fell_back.
+            lib = ctypes.CDLL(str(d / "libfact_ops.so"))
+            lib.fact_op_stats.restype = ctypes.c_char_p
+            res["op_calls"] = json.loads(lib.fact_op_stats())
             # Ablations: each pattern kind's calls run the original ops (the op library's
             # fact_disable), same module, same inputs, same process.
             present = [kind for kind, op in ABLATION_KINDS.items() if op in res["fact_ops"]]
             if len(present) < 2:
                 return
-            lib = ctypes.CDLL(str(d / "libfact_ops.so"))
             lib.fact_disable.argtypes, lib.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
             res["ablations"] = []
             for kind in present:
@@ -357,6 +362,10 @@ def record_line(rec):
         line += f" | max-autotune {fmt(rec['max_autotune_ms'])} ms"
     if rec.get("warm_compose_s") is not None:
         line += f" | warm compose {fmt(rec['warm_compose_s'], '.1f')} s"
+    if rec.get("op_calls"):
+        ran = sum(c["ran"] for c in rec["op_calls"].values())
+        fell_back = sum(c["fell_back"] for c in rec["op_calls"].values())
+        line += f" | kernel calls: ran {ran}, fell back {fell_back}"
     for a in rec.get("ablations") or []:
         line += f" | without {a['without']} {fmt(a['ms'])} ms (err {fmt(a['max_rel_err'], '.2e')})"
     return line + (f" | error: {rec['error']}" if rec["error"] else "")
