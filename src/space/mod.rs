@@ -880,20 +880,29 @@ pub fn alignment_note(p: &GemmProblem, arch: Arch) -> String {
     }
 }
 
-/// Why no kernel fuses `p`'s epilogue under `math` on `arch` (None when one does): the reason a
-/// plan and a compose give when the epilogue is left to torch and the GEMM alone realized.
+/// The first kernel of the shipped knowledge base that fuses `p`'s epilogue and fits `p`.
+fn fusing_kernel(p: &GemmProblem, math: MathType, arch: Arch) -> Option<KernelSpec> {
+    Knowledge::shipped()
+        .kernels(p, math, arch)
+        .into_iter()
+        .find(|k| k.fusion.is_some() && k.invalid_reason().is_none() && k.fits(p))
+}
+
+/// Why no kernel fuses `p`'s epilogue under `math` on `arch` (None when one does, or there is no
+/// epilogue): the reason a plan and a compose give when the epilogue is left to torch and the GEMM
+/// alone realized.
 pub fn fusion_refusal(p: &GemmProblem, math: MathType, arch: Arch) -> Option<String> {
     p.epilogue.as_ref()?;
-    if Knowledge::shipped()
-        .kernels(p, math, arch)
-        .iter()
-        .any(|k| k.fusion.is_some() && k.invalid_reason().is_none() && k.fits(p))
-    {
-        return None;
-    }
+    fusing_kernel(p, math, arch)
+        .is_none()
+        .then(|| refusal_reason(p, math, arch))
+}
+
+/// What keeps every kernel from fusing `p`'s epilogue, for a problem no kernel fuses.
+fn refusal_reason(p: &GemmProblem, math: MathType, arch: Arch) -> String {
     let full = 16 / p.dtype.bytes() as u32;
     let align = p.alignment(full);
-    Some(if align < full {
+    if align < full {
         format!(
             "fused epilogues run on TMA kernels only (their C operand, aux loads and output move 16-byte rows), and alignment {align} says a contiguous dim (of a, B or the output's n = {}, which full-size leaves share) is not a multiple of {full}{}",
             p.n,
@@ -903,7 +912,7 @@ pub fn fusion_refusal(p: &GemmProblem, math: MathType, arch: Arch) -> Option<Str
         "f32-accurate with a column-major a runs on the sm80 family (3xTF32), which fuses no epilogue".to_string()
     } else {
         format!("no {arch} kernel that fuses it fits the problem")
-    })
+    }
 }
 
 /// The plan's line on a fused problem under `math`: the program and how its full-size leaves are
@@ -916,15 +925,12 @@ pub fn epilogue_note(p: &GemmProblem, math: MathType, arch: Arch) -> Option<Stri
         e.instrs.len(),
         e.leaves.len()
     );
-    if let Some(why) = fusion_refusal(p, math, arch) {
+    let Some(k) = fusing_kernel(p, math, arch) else {
         return Some(format!(
-            "epilogue {program} left to torch, the GEMM alone realized: {why}"
+            "epilogue {program} left to torch, the GEMM alone realized: {}",
+            refusal_reason(p, math, arch)
         ));
-    }
-    let k = Knowledge::shipped()
-        .kernels(p, math, arch)
-        .into_iter()
-        .find(|k| k.invalid_reason().is_none() && k.fits(p))?;
+    };
     let reads: Vec<String> = k
         .leaf_reads()
         .iter()
@@ -942,17 +948,18 @@ pub fn epilogue_note(p: &GemmProblem, math: MathType, arch: Arch) -> Option<Stri
             })
         })
         .collect();
-    let leaves = match (reads.is_empty(), k.family.is_split()) {
-        (true, _) => String::new(),
-        (false, split) => format!(
+    let leaves = if reads.is_empty() {
+        String::new()
+    } else {
+        format!(
             "; full-size leaves: {}{}",
             reads.join(", "),
-            if split {
+            if k.family.is_split() {
                 " (C holds the split's first GEMM)"
             } else {
                 ""
             }
-        ),
+        )
     };
     let how = if k.family == Family::Sm80Gemm {
         "sm80 EVT over the mainloop's accumulators"
