@@ -9,7 +9,8 @@
 # where the fused pattern (rule *_ep_*) is substituted by a kernel of the expected family (f32: the
 # split families sm90x3_/sm90b3_, whose second GEMM reads the residuals through aux loads; tf32 and
 # bf16: sm90_), every call ran it, and the error is within the policy's bound; else FAIL and why.
-# One pair takes 4-6 minutes (a sweep of --candidates 4, then torch.compile): one pair per call.
+# One pair takes 4-6 minutes (a sweep of 4 candidates, then torch.compile): one pair per call.
+# FACT_ARGS (default "--candidates 4 --jobs 16") goes to fact compose.
 #   bash benches/device/aux_check.sh gpt_proj_residual f32 [MODEL POLICY ...]
 set -uo pipefail
 [ $# -ge 2 ] && [ $(( $# % 2 )) -eq 0 ] || { echo "usage: aux_check.sh MODEL POLICY [MODEL POLICY ...]" >&2; exit 2; }
@@ -25,7 +26,7 @@ while [ $# -ge 2 ]; do
   shift 2
   dir=$OUT/aux/${model}_$policy
   python3 benches/device/epilogue_suite.py "$dir" --policies "$policy" --only "$model" \
-    --fact-args "--candidates 4 --jobs 16" --compose-timeout 360 --measure-timeout 200 2>&1 | tee -a "$log"
+    --fact-args "${FACT_ARGS:---candidates 4 --jobs 16}" --compose-timeout 360 --measure-timeout 200 2>&1 | tee -a "$log"
   python3 - "$dir/suite.json" <<'PY' 2>&1 | tee -a "$log"
 import json, sys
 sys.path.insert(0, "benches/device")
