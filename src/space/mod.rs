@@ -904,12 +904,12 @@ fn refusal_reason(p: &GemmProblem, math: MathType, arch: Arch) -> String {
     let align = p.alignment(full);
     if align < full {
         format!(
-            "fused epilogues run on TMA kernels only (their C operand, aux loads and output move 16-byte rows), and alignment {align} says a contiguous dim (of a, B or the output's n = {}, which full-size leaves share) is not a multiple of {full}{}",
+            "sm90 fused epilogues run on TMA kernels only (their C operand, aux loads and output move 16-byte rows), no sm80 kernel of this alignment fuses it, and alignment {align} says a contiguous dim (of a, B or the output's n = {}, which full-size leaves share) is not a multiple of {full}{}",
             p.n,
             if math == MathType::Tf32x3 { "; the padded split fuses no epilogue or residual yet" } else { "" }
         )
     } else if math == MathType::Tf32x3 && p.layout.a() == Major::Col {
-        "f32-accurate with a column-major a runs on the sm80 family (3xTF32), which fuses no epilogue".to_string()
+        "f32-accurate with a column-major a runs on the sm80 family (3xTF32), and none of its kernels that fuse this program fits".to_string()
     } else {
         format!("no {arch} kernel that fuses it fits the problem")
     }
