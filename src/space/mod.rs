@@ -1408,35 +1408,44 @@ mod tests {
             ),
             (None, None)
         );
+        // f32-accurate with a column-major a has no split kernel; sm80 3xTF32 fuses it through
+        // its visitor tree.
         let crr = GemmProblem {
             layout: GemmLayout::Crr,
             ..p.clone()
         };
         assert_eq!(fusion_refusal(&crr, MathType::Tf32, Arch::Sm90), None);
-        assert!(fusion_refusal(&crr, MathType::Tf32x3, Arch::Sm90)
-            .unwrap()
-            .contains("column-major a runs on the sm80 family"));
+        assert_eq!(fusion_refusal(&crr, MathType::Tf32x3, Arch::Sm90), None);
+        assert_eq!(
+            fusing_kernel(&crr, MathType::Tf32x3, Arch::Sm90).map(|k| k.family),
+            Some(Family::Sm80Gemm)
+        );
+        // Rows that are no 16-byte vectors: no TMA kernel fuses, an sm80 one of that alignment
+        // does (every residual an aux load).
         let ragged = GemmProblem {
             n: 4094,
             ..p.clone()
         };
-        let why = fusion_refusal(&ragged, MathType::Tf32, Arch::Sm90).unwrap();
+        let k = fusing_kernel(&ragged, MathType::Tf32, Arch::Sm90).unwrap();
+        assert_eq!((k.family, k.align, k.aux_loads()), (Family::Sm80Gemm, 2, 1));
+        // bf16 with an odd dim: CUTLASS's generator has no kernel that narrow, so nothing fuses.
+        let odd = GemmProblem {
+            n: 4095,
+            dtype: DType::Bf16,
+            ..p.clone()
+        };
+        let why = fusion_refusal(&odd, MathType::Bf16, Arch::Sm90).unwrap();
         assert!(
-            why.contains("alignment 2")
-                && why.contains("n = 4094")
-                && !why.contains("padded split"),
+            why.contains("alignment 1") && why.contains("n = 4095"),
             "{why}"
         );
-        assert!(fusion_refusal(&ragged, MathType::Tf32x3, Arch::Sm90)
-            .unwrap()
-            .ends_with("the padded split fuses no epilogue or residual yet"));
         assert_eq!(
             fusion_refusal(
                 &GemmProblem {
                     epilogue: None,
-                    ..ragged
+                    ..odd
                 },
-                MathType::Tf32,
+                MathType::Bf16,
                 Arch::Sm90
             ),
             None,
