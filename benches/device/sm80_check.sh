@@ -72,14 +72,15 @@ for path in sorted(glob.glob(os.path.join(root, "*", "sweeps", "*", "sweep.json"
     rec = json.load(open(path))
     key = rec["key"]
     cands = rec["run"]["candidates"]
-    ok = [c for c in cands if c["outcome"]["status"] == "ok"]
-    bad = [(c["kernel"], c["outcome"]["status"]) for c in cands if c["outcome"]["status"] != "ok"]
-    worst = max((c["outcome"]["max_rel_err"] for c in ok), default=float("nan"))
-    best = min(ok, key=lambda c: c["outcome"]["timing"]["median_ms"], default=None)
+    # The table stores each candidate's outcome flattened into it (status, max_rel_err, timing).
+    ok = [c for c in cands if c["status"] == "ok"]
+    bad = [(c["kernel"], c["status"]) for c in cands if c["status"] != "ok"]
+    worst = max((c["max_rel_err"] for c in ok), default=float("nan"))
+    best = min(ok, key=lambda c: c["timing"]["median_ms"], default=None)
     base = (rec["run"].get("baseline") or {}).get("median_ms")
     name = os.path.relpath(path, root).split(os.sep)[0] + ":" + key["rule"]
     summary[name] = {"shape": key["shape"], "math": key["math"], "arch": key["arch"], "ok": len(ok), "failed": bad,
-                     "max_rel_err": worst, "best": best and best["kernel"], "best_ms": best and best["outcome"]["timing"]["median_ms"],
+                     "max_rel_err": worst, "best": best and best["kernel"], "best_ms": best and best["timing"]["median_ms"],
                      "torch_ms": base}
     print(f"{name:60} {key['shape']:>22} {key['arch']} {key['math']:6} {len(ok)}/{len(cands)} verified, max rel err {worst:.2e}, "
           f"best {summary[name]['best_ms'] or float('nan'):.4f} ms (torch {base or float('nan'):.4f}) {'FAILED: ' + str(bad) if bad else ''}")
