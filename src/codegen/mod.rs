@@ -14,6 +14,7 @@ const SM80_GEMM: &str = include_str!("../../templates/sm80_gemm.cu.hbs");
 const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
 const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
 const SM90_GEMM_TYPES: &str = include_str!("../../templates/sm90_gemm_types.hbs");
+const FUSED_EPILOGUE: &str = include_str!("../../templates/fused_epilogue.hbs");
 const SM80_FMHA: &str = include_str!("../../templates/sm80_fmha.cu.hbs");
 const SM90_FMHA: &str = include_str!("../../templates/sm90_fmha.cu.hbs");
 const LAYERNORM: &str = include_str!("../../templates/layernorm.cu.hbs");
@@ -29,6 +30,7 @@ fn registry() -> &'static Handlebars<'static> {
         for (name, text) in [
             ("sm90_gemm_core", SM90_GEMM_CORE),
             ("sm90_gemm_types", SM90_GEMM_TYPES),
+            ("fused_epilogue", FUSED_EPILOGUE),
         ] {
             h.register_partial(name, text)
                 .unwrap_or_else(|e| panic!("partial {name}: {e}"));
