@@ -1,6 +1,7 @@
 //! Shared set-up: fixture models, the fact binary, and the one compiled kernel library the
 //! compile and compose tests share (compiling CUTLASS takes a minute; the cache makes reuse free).
 
+use fact::nvcc::{self, Built, Toolchain};
 use fact::rules::{GemmProblem, Problem};
 use fact::space::{KernelSpec, Spec};
 use fact::table::{Entry, Provenance, Run, TableKey};
@@ -41,6 +42,21 @@ pub fn fixture(name: &str) -> PathBuf {
 /// A build cache shared by the tests of one run, so each CUTLASS kernel compiles once.
 pub fn cache_dir() -> PathBuf {
     root().join("target/test-build-cache")
+}
+
+/// Builds `specs` into the library `name` under `dir` through the shared build cache, and asserts
+/// that every kernel compiled (listing the failures otherwise).
+pub fn build_all(
+    tc: &Toolchain,
+    specs: &[impl Clone + Into<Spec>],
+    dir: &Path,
+    name: &str,
+    jobs: usize,
+) -> Built {
+    let built = nvcc::build_library(tc, specs, dir, name, &cache_dir(), jobs, false).unwrap();
+    let failures: Vec<String> = built.failures.iter().map(|f| f.to_string()).collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    built
 }
 
 pub fn fact() -> Command {

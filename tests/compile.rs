@@ -2,7 +2,7 @@
 //! linked into a kernel library; the composed module rewritten to call fact::gemm and loaded from
 //! Python with the README's two lines.
 
-use crate::common::{cache_dir, compose_json, fact, fixture, python, sample_entry};
+use crate::common::{build_all, cache_dir, compose_json, fact, fixture, python, sample_entry};
 use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem};
 use fact::space::{
@@ -170,26 +170,7 @@ fn split_families_compile_into_one_library() {
     let x3 = pick(GemmLayout::Rrr, Family::Sm90GemmX3);
     let b3 = pick(GemmLayout::Rcr, Family::Sm90GemmBf16x3);
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(
-        &tc,
-        &[x3.clone(), b3.clone()],
-        dir.path(),
-        "libs.so",
-        &cache_dir(),
-        2,
-        false,
-    )
-    .unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    let built = build_all(&tc, &[x3.clone(), b3.clone()], dir.path(), "libs.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!(
         (lib.find(&x3.name()), lib.find(&b3.name())),
@@ -228,25 +209,12 @@ fn fused_epilogues_compile_into_one_library() {
         ..linear_problem()
     }));
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(
+    let built = build_all(
         &tc,
         &[f32k.clone(), bf16k.clone()],
         dir.path(),
         "libe.so",
-        &cache_dir(),
         2,
-        false,
-    )
-    .unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
     );
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!(
@@ -296,25 +264,12 @@ fn aux_load_epilogues_compile_into_one_library() {
     );
     assert_eq!((two.aux_loads(), split.aux_loads()), (1, 1));
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(
+    let built = build_all(
         &tc,
         &[two.clone(), split.clone()],
         dir.path(),
         "libaux.so",
-        &cache_dir(),
         2,
-        false,
-    )
-    .unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
     );
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!(
@@ -582,18 +537,7 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let specs: Vec<Spec> = vec![tf32.clone().into(), good_spec().into(), bf16.clone().into()];
-    let built =
-        nvcc::build_library(&tc, &specs, dir.path(), "liba.so", &cache_dir(), 2, false).unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    let built = build_all(&tc, &specs, dir.path(), "liba.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!((lib.len(), lib.op_len()), (1, 2));
     assert_eq!(lib.find(&good_spec().name()), Some(0));
@@ -665,25 +609,12 @@ fn ragged_kernels_compile_into_one_library() {
     );
     assert!(cp.kernel_name().ends_with("_align1") && x3.is_padded_split() && b3.is_padded_split());
     let dir = tempfile::tempdir().unwrap();
-    let built = nvcc::build_library(
+    let built = build_all(
         &tc,
         &[cp.clone(), x3.clone(), b3.clone()],
         dir.path(),
         "libr.so",
-        &cache_dir(),
         2,
-        false,
-    )
-    .unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
     );
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!(
@@ -736,26 +667,7 @@ fn sm90_attention_kernels_build_into_a_library() {
         sm80.clone().into(),
         full.clone().into(),
     ];
-    let built = nvcc::build_library(
-        &tc,
-        &specs,
-        dir.path(),
-        "libfmha90.so",
-        &cache_dir(),
-        2,
-        false,
-    )
-    .unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    let built = build_all(&tc, &specs, dir.path(), "libfmha90.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!((lib.len(), lib.op_len()), (0, 3));
     assert_eq!(
@@ -829,26 +741,7 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
         every.clone().into(),
         attention.clone().into(),
     ];
-    let built = nvcc::build_library(
-        &tc,
-        &specs,
-        dir.path(),
-        "libsm80.so",
-        &cache_dir(),
-        2,
-        false,
-    )
-    .unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    let built = build_all(&tc, &specs, dir.path(), "libsm80.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!((lib.len(), lib.op_len()), (3, 1));
     assert_eq!(

@@ -5,9 +5,9 @@
 //! Fixture: layernorms.pt (an affine LayerNorm feeding a linear, one without parameters, one with
 //! the weight alone, and one over two dims).
 
-use crate::common::{cache_dir, compose_json, fixture, python, sample_entry, sample_op_entry};
+use crate::common::{build_all, compose_json, fixture, python, sample_entry, sample_op_entry};
 use fact::nvcc::library::{FactOpArgs, FactTensor};
-use fact::nvcc::{self, KernelLibrary, Toolchain};
+use fact::nvcc::{KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem, LayerNormProblem, Problem};
 use fact::space::layernorm::candidates;
 use fact::space::{LayerNormSpec, Spec};
@@ -75,18 +75,7 @@ fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
     let dir = tempfile::tempdir().unwrap();
     let mut all: Vec<Spec> = specs.iter().cloned().map(Spec::from).collect();
     all.push(crate::compile::good_spec().into());
-    let built =
-        nvcc::build_library(&tc, &all, dir.path(), "libln.so", &cache_dir(), 2, false).unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    let built = build_all(&tc, &all, dir.path(), "libln.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!((lib.len(), lib.op_len()), (1, specs.len()));
     for (i, s) in specs.iter().enumerate() {

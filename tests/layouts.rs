@@ -3,8 +3,8 @@
 //! layouts compile with the pip nvcc, and a composed `a.t() @ b` (transposed.pt) keeps the view
 //! feeding fact::gemm and computes the original's numbers when the op falls back on the CPU.
 
-use crate::common::{cache_dir, compose_json, fact, fixture, python, sample_entry};
-use fact::nvcc::{self, KernelLibrary, Toolchain};
+use crate::common::{build_all, compose_json, fact, fixture, python, sample_entry};
+use fact::nvcc::{KernelLibrary, Toolchain};
 use fact::rules::{match_gemms, GemmLayout, GemmProblem};
 use fact::space::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knowledge, TileScheduler};
 use fact::table::Table;
@@ -155,18 +155,7 @@ fn transposed_layouts_compile_into_one_library() {
         assert!(s.kernel_name().contains(layout), "{}", s.kernel_name());
     }
     let dir = tempfile::tempdir().unwrap();
-    let built =
-        nvcc::build_library(&tc, &specs, dir.path(), "libl.so", &cache_dir(), 3, false).unwrap();
-    assert!(
-        built.failures.is_empty(),
-        "{}",
-        built
-            .failures
-            .iter()
-            .map(|f| f.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    let built = build_all(&tc, &specs, dir.path(), "libl.so", 3);
     let lib = KernelLibrary::open(&built.library).unwrap();
     for (i, s) in specs.iter().enumerate() {
         assert_eq!(lib.find(&s.name()), Some(i));
