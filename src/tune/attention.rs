@@ -6,8 +6,9 @@
 
 use super::cuda::Cuda;
 use super::gpu::{relative_error, sample};
+use super::op::{fact_tensor, run_op};
 use super::{Bench, BenchError, Protocol};
-use crate::nvcc::library::{FactOpArgs, FactTensor, KernelLibrary};
+use crate::nvcc::library::KernelLibrary;
 use crate::rules::attention::AttentionOrigin;
 use crate::rules::AttentionProblem;
 use tch::{Device, Kind, Tensor};
@@ -87,27 +88,6 @@ impl Inputs {
     }
 }
 
-/// A tensor as the op-kernel ABI passes it.
-pub fn fact_tensor(t: &Tensor) -> FactTensor {
-    let dtype = match t.kind() {
-        Kind::BFloat16 => 1,
-        Kind::Half => 2,
-        _ => 0,
-    };
-    let mut ft = FactTensor {
-        data: t.data_ptr(),
-        dtype,
-        rank: t.dim() as i32,
-        sizes: [0; 6],
-        strides: [0; 6],
-    };
-    for (i, (s, st)) in t.size().iter().zip(t.stride()).enumerate().take(6) {
-        ft.sizes[i] = *s;
-        ft.strides[i] = st;
-    }
-    ft
-}
-
 /// The kernel's output: [B,H,Tq,D] stored as [B,Tq,H,D], what `y.transpose(1, 2).contiguous()` wants.
 pub fn output(p: &AttentionProblem, device: Device) -> Tensor {
     Tensor::empty(
@@ -166,20 +146,7 @@ impl<'a> AttentionBench<'a> {
             fact_tensor(out),
         ];
         let scalars = [self.scale, if self.p.causal { 1.0 } else { 0.0 }, 1.0];
-        let args = FactOpArgs {
-            tensors: tensors.as_ptr(),
-            num_tensors: 4,
-            scalars: scalars.as_ptr(),
-            num_scalars: 3,
-        };
-        if !self.lib.op_can_implement(index, &args) {
-            return Err(BenchError::CannotImplement);
-        }
-        let ws_size = self.lib.op_workspace_size(index, &args);
-        let ws = Tensor::empty([ws_size.max(1) as i64], (Kind::Uint8, self.device));
-        // SAFETY: the inputs, output and workspace are live device tensors of the sizes the
-        // FactTensors state; callers synchronize before dropping them.
-        unsafe { self.lib.op_run(index, &args, ws.data_ptr(), ws_size) }.map_err(BenchError::Launch)
+        run_op(self.lib, index, &tensors, &scalars, self.device)
     }
 }
 

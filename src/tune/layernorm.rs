@@ -5,11 +5,11 @@
 //! and bias are random, so swapping them shows. The reference is torch's layer_norm in fp64, the
 //! baseline torch's layer_norm on the same input.
 
-use super::attention::fact_tensor;
 use super::cuda::Cuda;
 use super::gpu::{relative_error, sample};
+use super::op::{absent, fact_tensor, run_op};
 use super::{Bench, BenchError, Protocol};
-use crate::nvcc::library::{FactOpArgs, FactTensor, KernelLibrary};
+use crate::nvcc::library::KernelLibrary;
 use crate::rules::LayerNormProblem;
 use tch::{Device, Kind, Tensor};
 
@@ -67,17 +67,6 @@ impl Inputs {
     }
 }
 
-/// An absent optional tensor as the op-kernel ABI passes it: NULL data.
-fn absent() -> FactTensor {
-    FactTensor {
-        data: std::ptr::null_mut(),
-        dtype: 0,
-        rank: 0,
-        sizes: [0; 6],
-        strides: [0; 6],
-    }
-}
-
 pub struct LayerNormBench<'a> {
     lib: &'a KernelLibrary,
     p: LayerNormProblem,
@@ -122,20 +111,8 @@ impl<'a> LayerNormBench<'a> {
             param(&x.weight),
             param(&x.bias),
         ];
-        let scalars = [EPS];
-        let args = FactOpArgs {
-            tensors: tensors.as_ptr(),
-            num_tensors: 4,
-            scalars: scalars.as_ptr(),
-            num_scalars: 1,
-        };
-        if !self.lib.op_can_implement(index, &args) {
-            return Err(BenchError::CannotImplement);
-        }
-        // SAFETY: the inputs and output are live device tensors of the sizes the FactTensors
-        // state; the kernels use no workspace; callers synchronize before dropping them.
-        unsafe { self.lib.op_run(index, &args, std::ptr::null_mut(), 0) }
-            .map_err(BenchError::Launch)
+        // The kernels ask for no workspace.
+        run_op(self.lib, index, &tensors, &[EPS], self.device)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod cuda;
 pub mod epilogue;
 pub mod gpu;
 pub mod layernorm;
+pub mod op;
 pub mod worker;
 
 use crate::types::MathType;
