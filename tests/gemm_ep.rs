@@ -6,40 +6,12 @@
 use crate::common::{cache_dir, fixture};
 use fact::graph::Graph;
 use fact::nvcc::{self, Toolchain};
-use fact::torch::{self, Edit, Operand, OperandKind};
+use fact::torch::{self, Edit, Operand};
 use std::path::Path;
 use tch::{CModule, Kind, Tensor};
 
 const EPILOGUE: &str = "leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)";
 const EPILOGUE_NO_LEAVES: &str = "leaves=;v1=gelu_tanh(v0);v2=mul(v1,0.5)";
-
-fn operand(kind: OperandKind) -> Operand {
-    Operand {
-        kind,
-        value: 0,
-        text: String::new(),
-        int_value: 0,
-        values: vec![],
-    }
-}
-fn value(v: usize) -> Operand {
-    Operand {
-        value: v as u32,
-        ..operand(OperandKind::Value)
-    }
-}
-fn text(s: &str) -> Operand {
-    Operand {
-        text: s.to_string(),
-        ..operand(OperandKind::Str)
-    }
-}
-fn values(vs: &[usize]) -> Operand {
-    Operand {
-        values: vs.iter().map(|&v| v as u32).collect(),
-        ..operand(OperandKind::Values)
-    }
-}
 
 fn node(g: &Graph, kind: &str) -> usize {
     let found: Vec<usize> = (0..g.nodes.len())
@@ -72,13 +44,13 @@ fn ep_edit(g: &Graph, last: &str, epilogue: &str) -> Edit {
         expect_kind: last.to_string(),
         op: "fact::gemm_ep".to_string(),
         operands: vec![
-            value(lin[0]),
-            value(lin[1]),
-            value(lin[2]),
-            values(&leaves),
-            text("linear"),
-            text(epilogue),
-            text("none"),
+            Operand::value(lin[0]),
+            Operand::value(lin[1]),
+            Operand::value(lin[2]),
+            Operand::values(&leaves),
+            Operand::text("linear"),
+            Operand::text(epilogue),
+            Operand::text("none"),
         ],
         remove: inner.iter().map(|(n, _)| *n as u32).collect(),
         remove_kinds: inner.iter().map(|(_, k)| k.to_string()).collect(),

@@ -14,7 +14,7 @@ use crate::rules::{
 };
 use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions, Spec};
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
-use crate::torch::{self, Edit, InputShape, Operand, OperandKind};
+use crate::torch::{self, Edit, InputShape, Operand};
 use crate::tune::{self, worker, CandidateResult, Outcome, Protocol};
 use crate::types::{Arch, MathType, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -273,33 +273,18 @@ pub struct ComposeReport {
 /// or, for a fused pattern, `fact::gemm_ep(a, b, bias?, [leaves], origin, epilogue, kernel)` in
 /// place of its last node, the GEMM and the other epilogue nodes removed.
 pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
-    let operand = |kind: OperandKind| Operand {
-        kind,
-        value: 0,
-        text: String::new(),
-        int_value: 0,
-        values: vec![],
-    };
-    let value = |v: usize| Operand {
-        value: v as u32,
-        ..operand(OperandKind::Value)
-    };
-    let text = |s: &str| Operand {
-        text: s.to_string(),
-        ..operand(OperandKind::Str)
-    };
-    let bias = m.bias.map_or(operand(OperandKind::None), value);
+    let bias = Operand::optional(m.bias);
     let Some(ep) = &m.epilogue else {
         return Edit {
             node: m.node as u32,
             expect_kind: m.origin.aten_kind().to_string(),
             op: "fact::gemm".to_string(),
             operands: vec![
-                value(m.a),
-                value(m.b),
+                Operand::value(m.a),
+                Operand::value(m.b),
                 bias,
-                text(m.origin.name()),
-                text(kernel),
+                Operand::text(m.origin.name()),
+                Operand::text(kernel),
             ],
             remove: vec![],
             remove_kinds: vec![],
@@ -307,22 +292,19 @@ pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
     };
     let nodes = m.nodes();
     let (last, rest) = nodes.split_last().expect("a pattern has nodes");
-    let leaves = Operand {
-        values: ep.leaves.iter().map(|&v| v as u32).collect(),
-        ..operand(OperandKind::Values)
-    };
+    let leaves = Operand::values(&ep.leaves);
     Edit {
         node: *last as u32,
         expect_kind: g.nodes[*last].kind.clone(),
         op: "fact::gemm_ep".to_string(),
         operands: vec![
-            value(m.a),
-            value(m.b),
+            Operand::value(m.a),
+            Operand::value(m.b),
             bias,
             leaves,
-            text(m.origin.name()),
-            text(&ep.epilogue.text()),
-            text(kernel),
+            Operand::text(m.origin.name()),
+            Operand::text(&ep.epilogue.text()),
+            Operand::text(kernel),
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
@@ -332,34 +314,19 @@ pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
 /// The rewrite of an attention match: `fact::attention(q, k, v, mask?, scale?, form, kernel)` in place of
 /// its last node, the pattern's other nodes removed.
 pub fn attention_edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
-    let operand = |kind: OperandKind| Operand {
-        kind,
-        value: 0,
-        text: String::new(),
-        int_value: 0,
-        values: vec![],
-    };
-    let value = |v: usize| Operand {
-        value: v as u32,
-        ..operand(OperandKind::Value)
-    };
-    let text = |s: &str| Operand {
-        text: s.to_string(),
-        ..operand(OperandKind::Str)
-    };
     let (last, rest) = a.nodes.split_last().expect("a pattern has nodes");
     Edit {
         node: *last as u32,
         expect_kind: g.nodes[*last].kind.clone(),
         op: "fact::attention".to_string(),
         operands: vec![
-            value(a.q),
-            value(a.k),
-            value(a.v),
-            a.mask.map_or(operand(OperandKind::None), |(m, _)| value(m)),
-            a.scale_operand().map_or(operand(OperandKind::None), value),
-            text(&a.form()),
-            text(kernel),
+            Operand::value(a.q),
+            Operand::value(a.k),
+            Operand::value(a.v),
+            Operand::optional(a.mask.map(|(m, _)| m)),
+            Operand::optional(a.scale_operand()),
+            Operand::text(&a.form()),
+            Operand::text(kernel),
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
@@ -370,32 +337,17 @@ pub fn attention_edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
 /// kernel)` in place of the `aten::layer_norm` node, its operands the node's own (the fallback
 /// replays the call with them).
 pub fn layernorm_edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
-    let operand = |kind: OperandKind| Operand {
-        kind,
-        value: 0,
-        text: String::new(),
-        int_value: 0,
-        values: vec![],
-    };
-    let value = |v: usize| Operand {
-        value: v as u32,
-        ..operand(OperandKind::Value)
-    };
-    let optional = |v: Option<usize>| v.map_or(operand(OperandKind::None), value);
     Edit {
         node: l.node as u32,
         expect_kind: g.nodes[l.node].kind.clone(),
         op: "fact::layernorm".to_string(),
         operands: vec![
-            value(l.x),
-            value(l.normalized_shape),
-            optional(l.weight),
-            optional(l.bias),
-            value(l.eps),
-            Operand {
-                text: kernel.to_string(),
-                ..operand(OperandKind::Str)
-            },
+            Operand::value(l.x),
+            Operand::value(l.normalized_shape),
+            Operand::optional(l.weight),
+            Operand::optional(l.bias),
+            Operand::value(l.eps),
+            Operand::text(kernel),
         ],
         remove: vec![],
         remove_kinds: vec![],

@@ -103,6 +103,48 @@ mod ffi {
 
 pub use ffi::{Edit, InputSpec, Operand, OperandKind};
 
+/// One constructor per operand kind of a graph edit.
+impl Operand {
+    fn of(kind: OperandKind) -> Operand {
+        Operand {
+            kind,
+            value: 0,
+            text: String::new(),
+            int_value: 0,
+            values: vec![],
+        }
+    }
+    /// Graph value `v` (a `load_graph` id).
+    pub fn value(v: usize) -> Operand {
+        Operand {
+            value: v as u32,
+            ..Operand::of(OperandKind::Value)
+        }
+    }
+    /// The None constant (an absent optional).
+    pub fn none() -> Operand {
+        Operand::of(OperandKind::None)
+    }
+    /// Graph value `v` when there is one, else None.
+    pub fn optional(v: Option<usize>) -> Operand {
+        v.map_or_else(Operand::none, Operand::value)
+    }
+    /// A string constant.
+    pub fn text(s: &str) -> Operand {
+        Operand {
+            text: s.to_string(),
+            ..Operand::of(OperandKind::Str)
+        }
+    }
+    /// A Tensor[] of graph values.
+    pub fn values(vs: &[usize]) -> Operand {
+        Operand {
+            values: vs.iter().map(|&v| v as u32).collect(),
+            ..Operand::of(OperandKind::Values)
+        }
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum TorchError {
     #[error("cannot read {path}: {detail}")]
