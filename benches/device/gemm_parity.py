@@ -1,0 +1,108 @@
+"""GEMM + bias parity probe (issue #10, item 4): for each composed Linear (fact compose
+--keep-slower, so fact's own winner runs even where torch measured faster), time torch's
+linear + bias (cuBLAS), torch's plain mm (cuBLAS, no bias) and the composed module in one
+process, after checking the composed module against fp64. With --ncu-once, run each once more
+after the timings (for `ncu --launch-skip`-free captures of the three kernels).
+
+    python3 gemm_parity.py OUT_DIR NAME:M:K:N:DTYPE   (OUT_DIR/fact/NAME holds the compose;
+                                                      one case a process, appended to parity.jsonl)
+"""
+import argparse
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def time_interleaved(fns, reps=60, warm=10):
+    """Median ms of each of `fns`, timed in turn within every repetition (L2 flushed before each),
+    so clock and power swings fall on all of them alike."""
+    flush = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
+    for _ in range(warm):
+        for fn in fns.values():
+            fn()
+    times = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            flush.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times[k].append(s.elapsed_time(e))
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out_dir", type=Path)
+    ap.add_argument("cases", nargs="+")
+    ap.add_argument("--ncu-once", action="store_true")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    rows = []
+    # Inference, as users run a composed module: under autograd every fact op falls back.
+    torch.set_grad_enabled(False)
+    for case in args.cases:
+        name, m, k, n, dt = case.split(":")
+        m, k, n = int(m), int(k), int(n)
+        dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
+        d = args.out_dir / "fact" / name
+        # One library per process: every composed library registers the same fact:: ops.
+        torch.ops.load_library(str(d / "libfact_ops.so"))
+        mod = torch.jit.load(str(d / "composed.pt"), map_location="cuda")
+        ops = [x.kind() for x in mod.inlined_graph.nodes() if x.kind().startswith("fact::")]
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=dtype)
+        sd = {kk: v for kk, v in mod.state_dict().items()}
+        wk = [kk for kk in sd if kk.endswith("weight")][0]
+        bk = [kk for kk in sd if kk.endswith("bias")][0]
+        with torch.no_grad():
+            sd[wk].copy_(w)
+            sd[bk].copy_(b)
+        ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+        out = mod(x)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        lin = lambda: torch.nn.functional.linear(x, w, b)
+        mm = lambda: torch.mm(x, w.t())
+        fact = lambda: mod(x)
+        r = {"case": name, "m": m, "k": k, "n": n, "dtype": dt, "fact_ops": ops, "rel_err": err}
+        # Two rounds: the spread between them says what a ratio can resolve.
+        for rnd in (1, 2):
+            t = time_interleaved({"linear": lin, "mm": mm, "fact": fact})
+            for kk, v in t.items():
+                r[f"{kk}_ms_{rnd}"] = v
+        r["fact_vs_mm"] = min(r["mm_ms_1"], r["mm_ms_2"]) / min(r["fact_ms_1"], r["fact_ms_2"])
+        r["fact_vs_linear"] = min(r["linear_ms_1"], r["linear_ms_2"]) / min(r["fact_ms_1"], r["fact_ms_2"])
+        # Say what ran: a call that fell back timed torch, not fact.
+        lib = ctypes.CDLL(str(d / "libfact_ops.so"))
+        lib.fact_op_stats.restype = ctypes.c_char_p
+        r["op_calls"] = json.loads(lib.fact_op_stats())
+        fell_back = sum(c.get("fell_back", 0) for c in r["op_calls"].values()) if isinstance(r["op_calls"], dict) else None
+        if fell_back:
+            r["error"] = f"{fell_back} fact calls fell back: fact_ms timed torch"
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        if args.ncu_once:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push(f"ncu_{name}")
+            lin(); mm(); fact()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+    with open(args.out_dir / "parity.jsonl", "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    print("| case | dtype | linear ms | mm ms | fact ms | fact/mm | fact/linear | err |")
+    for r in rows:
+        f = min(r["fact_ms_1"], r["fact_ms_2"])
+        print(f"| {r['case']} | {r['dtype']} | {r['linear_ms_1']:.3f}/{r['linear_ms_2']:.3f} | "
+              f"{r['mm_ms_1']:.3f}/{r['mm_ms_2']:.3f} | {r['fact_ms_1']:.3f}/{r['fact_ms_2']:.3f} | "
+              f"{r['fact_vs_mm']:.3f} | {r['fact_vs_linear']:.3f} | {r['rel_err']:.1e} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

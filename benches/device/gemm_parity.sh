@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GEMM + bias parity on the GPU machine (repo root, after `source .device/env.sh`): composes a
+# traced Linear per case from the shipped table with --keep-slower (fact's own winner runs), then
+# benches/device/gemm_parity.py times torch linear, torch mm and fact in one process; Nsight Compute
+# captures one call of each of NCU_CASES into $OUT/ncu_NAME.txt.
+# Cases: NAME:M:K:N:DTYPE (dtype f32 under tf32, or bf16).
+set -u
+export FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json FACT_TABLE=${FACT_TABLE:-/tmp/parity_table.json} FACT_CACHE_DIR=/tmp/fact-cache
+dir=/tmp/parity; mkdir -p $dir/models
+# REALIZE: shapes (MxNxK, f32 under tf32) to tune as gemm_rcr_bias first, so their composes hit
+# a winner of their own shape rather than a bucket neighbour's.
+for s in ${REALIZE:-}; do
+  .device/fact realize --rule gemm_rcr_bias --dtype f32 --shape $s --precision tf32 --jobs 16 --candidates ${CANDIDATES:-12} \
+      --out $dir/realize_$s > $dir/realize_$s.log 2>&1 || echo "realize $s failed"
+  tail -4 $dir/realize_$s.log
+done
+for c in "$@"; do
+  IFS=: read -r name m k n dt <<< "$c"
+  python3 - "$dir/models/$name.pt" $m $k $n $dt <<'PY'
+import sys, torch
+path, m, k, n, dt = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5]
+dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
+lin = torch.nn.Linear(k, n).cuda().to(dtype)
+torch.jit.trace(lin, torch.randn(m, k, device="cuda", dtype=dtype)).save(path)
+PY
+  .device/fact compose $dir/models/$name.pt --precision tf32 --keep-slower --no-bench --jobs 16 --candidates ${CANDIDATES:-12} \
+      --out $dir/fact/$name > $dir/compose_$name.log 2>&1 || { echo "compose $name failed"; tail -5 $dir/compose_$name.log; }
+  grep -h -i "winner\|kernel\|left to torch" $dir/compose_$name.log | tail -3
+done
+for c in "$@"; do python3 benches/device/gemm_parity.py $dir "$c" 2>&1 | tee -a $OUT/parity.txt; done
+# NCU_CASES: the names to capture with Nsight Compute (clocks left alone).
+for name in ${NCU_CASES:-}; do
+    c=$(printf '%s\n' "$@" | grep "^$name:")
+    ncu --clock-control none --nvtx --nvtx-include "ncu_$name/" --section SpeedOfLight --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        python3 benches/device/gemm_parity.py $dir "$c" --ncu-once > $OUT/ncu_$name.txt 2>&1
+    grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Dynamic Shared|Grid Size|Block Size|Cluster|Theoretical Occ|Achieved Occ|DRAM Throughput|L2 Hit|Issue Slots|Executed Ipc" $OUT/ncu_$name.txt | head -70
+done
