@@ -18,8 +18,10 @@ f32-accurate kernels), bf16 (bf16 module and inputs, "high"). For each (model, p
   verifies eager and fact on three fresh random inputs against the fp64 eager module (relative
   Frobenius error, NaN when an output holds one), then times eager, traced, torch.compile (its
   compile time apart), with --max-autotune torch.compile(mode="max-autotune") too, and fact on
-  the same inputs: 5 warm-up runs, then the median of 30 runs bracketed by CUDA events with L2
-  flushed (256 MB written) before each. Where the composed module holds two or more pattern kinds
+  the same inputs: 5 warm-up runs of each, then 30 iterations in which each module runs once in
+  turn, every run bracketed by CUDA events with L2 flushed (256 MB written) before it; the medians
+  are the record's (max-autotune, compiled last, is timed in turns with fact's module again:
+  fact_ms_beside_max_autotune). Where the composed module holds two or more pattern kinds
   it is timed again with each kind turned off (the op library's fact_disable: that kind's calls
   run the original ops): the record's ablations. --warm-compose composes each pair a second time
   (table hits, warm build cache) and records warm_compose_s. Its output goes to
@@ -220,21 +222,30 @@ def rel_err(out, ref):
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def time_ms(fn, inputs, flush):
-    """Median of ITERATIONS CUDA-event timings after WARMUP runs, L2 flushed before each."""
-    for _ in range(WARMUP):
-        fn(*inputs)
+def time_interleaved(fns, inputs, flush):
+    """Median of ITERATIONS CUDA-event timings of each callable of `fns` (a dict: result key to
+    callable), after WARMUP runs of each, L2 flushed before every run. The callables take turns
+    within each iteration, so the GPU's clock and power drift over a run (a tf32 GEMM holds it at
+    its power limit) falls on all of them alike, and their ratios do not depend on their order."""
+    for fn in fns.values():
+        for _ in range(WARMUP):
+            fn(*inputs)
     torch.cuda.synchronize()
-    samples = []
+    samples = {k: [] for k in fns}
     for _ in range(ITERATIONS):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*inputs)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+        for k, fn in fns.items():
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*inputs)
+            end.record()
+            end.synchronize()
+            samples[k].append(start.elapsed_time(end))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def time_ms(fn, inputs, flush):
+    return time_interleaved({"ms": fn}, inputs, flush)["ms"]
 
 
 def measure(out_dir, name, policy, with_fact, max_autotune_too):
@@ -273,13 +284,16 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
         inputs = trials[0]
         flush = torch.empty(FLUSH_FLOATS, device="cuda")
 
+        # Each stage checks and prepares its module; "timing" then times them all in turns.
+        timed = {}
+        fact_lib = {}
+
         def eager():
             res["eager_rel_err"] = max(rel_err(module(*x), r) for x, r in zip(trials, refs))
-            res["eager_ms"] = time_ms(module, inputs, flush)
+            timed["eager_ms"] = module
 
         def traced():
-            m = torch.jit.load(str(out_dir / "models" / f"{t}.pt"), map_location="cuda")
-            res["traced_ms"] = time_ms(m, inputs, flush)
+            timed["traced_ms"] = torch.jit.load(str(out_dir / "models" / f"{t}.pt"), map_location="cuda")
 
         def compiled():
             m = torch.compile(module)
@@ -287,7 +301,7 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
             m(*inputs)
             torch.cuda.synchronize()
             res["compile_s"] = time.monotonic() - start
-            res["compile_ms"] = time_ms(m, inputs, flush)
+            timed["compile_ms"] = m
 
         def max_autotune():
             m = torch.compile(module, mode="max-autotune")
@@ -295,7 +309,11 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
             m(*inputs)
             torch.cuda.synchronize()
             res["max_autotune_compile_s"] = time.monotonic() - start
-            res["max_autotune_ms"] = time_ms(m, inputs, flush)
+            # In turns with fact's module where there is one: the max-autotune ratio is of this pair.
+            pair = {"max_autotune_ms": m}
+            if "fact_ms" in timed:
+                pair["fact_ms_beside_max_autotune"] = timed["fact_ms"]
+            res.update(time_interleaved(pair, inputs, flush))
 
         def fact():
             d = out_dir / "fact" / t
@@ -304,10 +322,17 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
             kinds = [n.kind() for n in m.inlined_graph.nodes() if n.kind().startswith("fact::")]
             res["fact_ops"] = {k: kinds.count(k) for k in sorted(set(kinds))}
             res["max_rel_err"] = max(rel_err(m(*x), r) for x, r in zip(trials, refs))
-            res["fact_ms"] = time_ms(m, inputs, flush)
+            fact_lib["lib"] = ctypes.CDLL(str(d / "libfact_ops.so"))
+            timed["fact_ms"] = m
+
+        def timing():
+            res.update(time_interleaved(timed, inputs, flush))
+            res["timing"] = f"interleaved: {', '.join(timed)} in turns, {ITERATIONS} iterations, median"
+
+        def fact_calls_and_ablations():
+            lib, m = fact_lib["lib"], timed["fact_ms"]
             # Calls per kernel so far (verification and timing): a call the kernel could not
             # implement ran the original ops and counts as fell_back.
-            lib = ctypes.CDLL(str(d / "libfact_ops.so"))
             lib.fact_op_stats.restype = ctypes.c_char_p
             res["op_calls"] = json.loads(lib.fact_op_stats())
             # Ablations: each pattern kind's calls run the original ops (the op library's
@@ -330,6 +355,9 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
         stage("compile", compiled)
         if with_fact:
             stage("fact", fact)
+        stage("timing", timing)
+        if "fact_ms" in timed:
+            stage("fact_calls", fact_calls_and_ablations)
         # Last: its compile takes minutes, and a timeout then keeps what was measured before it.
         if max_autotune_too:
             stage("max_autotune", max_autotune)
@@ -360,6 +388,8 @@ def record_line(rec):
     )
     if rec.get("max_autotune_ms") is not None:
         line += f" | max-autotune {fmt(rec['max_autotune_ms'])} ms"
+        if rec.get("fact_ms_beside_max_autotune") is not None:
+            line += f" (fact beside it {fmt(rec['fact_ms_beside_max_autotune'])} ms)"
     if rec.get("warm_compose_s") is not None:
         line += f" | warm compose {fmt(rec['warm_compose_s'], '.1f')} s"
     if rec.get("op_calls"):
