@@ -95,7 +95,22 @@ pub struct TensorInfo {
     pub strides: Vec<i64>,
 }
 
+/// Bytes of one element of a dtype the bridge names (`f32`, `i64`, `bool`, ...); 4 for one it
+/// does not.
+pub fn elem_bytes(dtype: &str) -> f64 {
+    match dtype {
+        "f64" | "i64" => 8.0,
+        "bf16" | "f16" => 2.0,
+        "bool" => 1.0,
+        _ => 4.0,
+    }
+}
+
 impl TensorInfo {
+    /// Bytes the tensor's elements take (as if packed).
+    pub fn bytes(&self) -> f64 {
+        self.shape.iter().map(|&d| d as f64).product::<f64>() * elem_bytes(&self.dtype)
+    }
     /// The strides, or a packed row-major tensor's when none were recorded.
     pub fn strides(&self) -> Vec<i64> {
         if self.strides.len() == self.shape.len() {

@@ -3,7 +3,7 @@
 //! expected gain, and what no rule matched is grouped into regions so a user sees what is left on
 //! the table. Pure: no libtorch, GPU or disk.
 
-use crate::graph::{Graph, NodeId};
+use crate::graph::{elem_bytes, Graph, NodeId, TensorInfo};
 use crate::rules::{GemmMatch, GemmOrigin, GemmProblem};
 use crate::types::{Arch, DType, MathType, Precision};
 use serde::{Deserialize, Serialize};
@@ -65,15 +65,6 @@ fn numel(shape: &[i64]) -> f64 {
     shape.iter().map(|&d| d as f64).product()
 }
 
-fn elem_bytes(dtype: &str) -> f64 {
-    match dtype {
-        "f64" | "i64" => 8.0,
-        "bf16" | "f16" => 2.0,
-        "bool" => 1.0,
-        _ => 4.0,
-    }
-}
-
 /// Estimated cost of one node.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct NodeCost {
@@ -113,7 +104,7 @@ pub fn node_costs(
         let tensors = |vs: &[usize]| -> f64 {
             vs.iter()
                 .filter_map(|&v| g.tensor(v))
-                .map(|t| numel(&t.shape) * elem_bytes(&t.dtype))
+                .map(TensorInfo::bytes)
                 .sum()
         };
         let bytes = tensors(&n.inputs) + tensors(&n.outputs);
