@@ -14,8 +14,11 @@
 //! q, k and v are [B,H,T,D] (or [B,T,D]: one head) with equal B, H and D; the kernel reads them
 //! through their strides, so views of one qkv projection need no copies. The intermediates (scores,
 //! probabilities) must be used only inside the pattern.
+//!
+//! `AttentionRule` offers each form's match; the explicit form's two products are GEMMs of the
+//! GEMM rules too, and the cover gives them to the attention (it computes more products).
 
-use super::gemm::GemmMatch;
+use super::{boxed, Match, PatternKind, Rule};
 use crate::graph::{Const, Graph, NodeId, ValueId};
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
@@ -241,9 +244,26 @@ impl AttentionMatch {
             }
         }
     }
-    /// The GEMM matches inside this pattern (the explicit form's two matmuls): they go with it.
-    pub fn covers(&self, m: &GemmMatch) -> bool {
-        self.nodes.contains(&m.node)
+}
+
+impl Match for AttentionMatch {
+    fn nodes(&self) -> Vec<NodeId> {
+        self.nodes.clone()
+    }
+}
+
+/// The attention rule: both forms.
+pub struct AttentionRule;
+
+impl Rule for AttentionRule {
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+    fn kind(&self) -> PatternKind {
+        PatternKind::Attention
+    }
+    fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
+        boxed(match_attention(g))
     }
 }
 

@@ -14,8 +14,11 @@
 //! Ops: add, sub, mul, div (value, leaf or scalar on either side), relu, gelu (erf), gelu_tanh,
 //! sigmoid, silu, tanh, mish, softplus, exp, neg, leaky_relu, hardtanh/clamp/clamp_min/clamp_max,
 //! pow with a scalar exponent; `dropout` in eval is the identity. Anything else ends the chain.
+//!
+//! `EpilogueRule` offers each GEMM with its longest epilogue; the GEMM alone is `GemmRule`'s match.
 
-use super::gemm::GemmMatch;
+use super::gemm::{match_gemms, GemmMatch};
+use super::{boxed, Match, PatternKind, Rule};
 use crate::graph::{Const, Graph, NodeId, ValueId};
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
@@ -668,6 +671,27 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
     best
 }
 
+/// The epilogue rule: each GEMM with the longest epilogue after it, where it has one.
+pub struct EpilogueRule;
+
+impl Rule for EpilogueRule {
+    fn name(&self) -> &'static str {
+        "epilogue"
+    }
+    fn kind(&self) -> PatternKind {
+        PatternKind::Epilogue
+    }
+    fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
+        let fused = match_gemms(g).into_iter().filter_map(|mut m| {
+            let e = match_epilogue(g, &m)?;
+            m.problem.epilogue = Some(e.epilogue.clone());
+            m.epilogue = Some(e);
+            Some(m)
+        });
+        boxed(fused.collect())
+    }
+}
+
 /// Who reads each value, and what the graph returns: what decides whether a value escapes.
 struct Readers {
     users: Vec<Vec<NodeId>>,
@@ -746,7 +770,6 @@ impl Pattern {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::gemm::match_gemms;
 
     fn epilogue_of(text: &str) -> Option<EpilogueMatch> {
         let g = Graph::parse(text).unwrap();

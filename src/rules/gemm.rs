@@ -17,8 +17,12 @@
 //! its two matrix dims; linear's B is `c` when w is packed. An operand that lies neither way (a
 //! slice, a permutation interleaving batch and matrix dims) takes the row-major layout and the
 //! match says the op copies it (`GemmMatch::copies`). Other broadcasts are not matched.
+//!
+//! `GemmRule` offers every GEMM alone: the pattern of a GEMM whose epilogue (`epilogue.rs`) has no
+//! kernel or lost a node to another pattern.
 
 use super::epilogue::{Epilogue, EpilogueMatch};
+use super::{boxed, Match, PatternKind, Rule};
 use crate::graph::{Const, Graph, NodeId, TensorInfo, ValueId};
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
@@ -324,6 +328,27 @@ impl GemmMatch {
         let mut v = vec![self.node];
         v.extend(self.epilogue.iter().flat_map(|e| e.nodes.iter().copied()));
         v
+    }
+}
+
+impl Match for GemmMatch {
+    fn nodes(&self) -> Vec<NodeId> {
+        GemmMatch::nodes(self)
+    }
+}
+
+/// The GEMM rule: each GEMM node alone.
+pub struct GemmRule;
+
+impl Rule for GemmRule {
+    fn name(&self) -> &'static str {
+        "gemm"
+    }
+    fn kind(&self) -> PatternKind {
+        PatternKind::Gemm
+    }
+    fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
+        boxed(match_gemms(g))
     }
 }
 

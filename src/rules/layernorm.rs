@@ -8,7 +8,11 @@
 //! normalized_shape of the last dim alone (`[C]`) matches: a norm over several trailing dims stays
 //! torch's. The rule id says which of w and b the call passes: both (`_affine`, nn.LayerNorm),
 //! neither, or one of them (`nn.LayerNorm(bias=False)` passes the weight alone).
+//!
+//! `LayerNormRule` offers each such node as its own pattern: `layer_norm` is no epilogue op, so no
+//! GEMM's epilogue reaches into one.
 
+use super::{boxed, Match, PatternKind, Rule};
 use crate::graph::{Const, Graph, NodeId, ValueId};
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
@@ -86,6 +90,27 @@ pub struct LayerNormMatch {
     pub bias: Option<ValueId>,
     pub eps: ValueId,
     pub problem: LayerNormProblem,
+}
+
+impl Match for LayerNormMatch {
+    fn nodes(&self) -> Vec<NodeId> {
+        vec![self.node]
+    }
+}
+
+/// The LayerNorm rule: `aten::layer_norm` over the last dim.
+pub struct LayerNormRule;
+
+impl Rule for LayerNormRule {
+    fn name(&self) -> &'static str {
+        "layernorm"
+    }
+    fn kind(&self) -> PatternKind {
+        PatternKind::LayerNorm
+    }
+    fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
+        boxed(match_layernorms(g))
+    }
 }
 
 /// Every LayerNorm of the top-level block over the last dim alone.

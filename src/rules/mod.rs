@@ -1,27 +1,63 @@
 //! Pattern rules: pure matchers from the graph IR to the subgraphs fact can replace. No rule
-//! touches libtorch, the GPU or the disk. Each rule's module doc states its math.
+//! touches libtorch, the GPU or the disk. Each rule is one file whose module doc states its math,
+//! and one type implementing `Rule`, listed in `REGISTRY`:
+//! - `gemm.rs` (`GemmRule`): a GEMM alone, the pattern a fused one falls back to;
+//! - `epilogue.rs` (`EpilogueRule`): a GEMM with the elementwise epilogue that follows it;
+//! - `attention.rs` (`AttentionRule`): q·kᵀ, scale, mask, softmax and ·v as one pattern;
+//! - `layernorm.rs` (`LayerNormRule`): LayerNorm over the last dim, one node.
 //!
-//! Pattern kinds:
-//! - a GEMM (`gemm.rs`) and, where the graph allows, the elementwise epilogue that follows it
-//!   (`epilogue.rs`), the plain GEMM always available as the fallback when the fused pattern
-//!   cannot be realized;
-//! - attention (`attention.rs`): q·kᵀ, scale, mask, softmax and ·v as one pattern;
-//! - LayerNorm over the last dim (`layernorm.rs`), one node.
-//!
-//! `match_patterns` returns a non-overlapping cover of the graph by all kinds.
+//! Rules find matches that may overlap; `cover.rs` picks a non-overlapping set of them by gain,
+//! and `match_patterns` sorts that cover into `Patterns` by kind.
 
 pub mod attention;
+pub mod cover;
 pub mod epilogue;
 pub mod gemm;
 pub mod layernorm;
 
-pub use attention::{match_attention, AttentionMatch, AttentionProblem};
-pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, LeafKind};
-pub use gemm::{major, match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, Major};
-pub use layernorm::{match_layernorms, LayerNormMatch, LayerNormProblem};
+pub use attention::{match_attention, AttentionMatch, AttentionProblem, AttentionRule};
+pub use cover::{candidates, cover, Candidate, Gain, Site};
+pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, EpilogueRule, LeafKind};
+pub use gemm::{
+    major, match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, GemmRule, Major,
+};
+pub use layernorm::{match_layernorms, LayerNormMatch, LayerNormProblem, LayerNormRule};
 
-use crate::graph::Graph;
+use crate::graph::{Graph, NodeId};
 use serde::{Deserialize, Serialize};
+use std::any::Any;
+use std::fmt::Debug;
+
+/// A pattern rule: what one file of this module matches.
+pub trait Rule: Sync {
+    /// The rule's name, carried by its candidates.
+    fn name(&self) -> &'static str;
+    /// What users call its patterns.
+    fn kind(&self) -> PatternKind;
+    /// Every match in the graph's top-level block, overlapping ones included: the cover picks.
+    fn find(&self, g: &Graph) -> Vec<Box<dyn Match>>;
+}
+
+/// A match of any rule, as the cover sees it: the connected set of nodes it replaces. Its site
+/// (external inputs and outputs, gain) follows from those and the graph, the same for every kind.
+pub trait Match: Any + Debug {
+    fn nodes(&self) -> Vec<NodeId>;
+    fn site(&self, g: &Graph) -> Site {
+        Site::of(g, &self.nodes())
+    }
+}
+
+/// Matches as the cover takes them.
+pub fn boxed<M: Match>(found: Vec<M>) -> Vec<Box<dyn Match>> {
+    found
+        .into_iter()
+        .map(|m| Box::new(m) as Box<dyn Match>)
+        .collect()
+}
+
+/// Every rule `match_patterns` runs, one line each. The cover decides between their matches; this
+/// order breaks only exact ties (equal gain, same first node).
+pub static REGISTRY: &[&dyn Rule] = &[&AttentionRule, &LayerNormRule, &GemmRule, &EpilogueRule];
 
 /// The problem of any pattern kind: what a table entry and a tuning request carry.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -170,74 +206,307 @@ impl From<LayerNormProblem> for Problem {
     }
 }
 
-/// Every pattern of a graph, no node in two.
+/// Every pattern of a graph, no node in two, by kind, each list in graph order.
 #[derive(Clone, Debug, Default)]
 pub struct Patterns {
+    /// GEMMs, with their epilogues or alone.
     pub gemm: Vec<GemmMatch>,
     pub attention: Vec<AttentionMatch>,
     pub layernorm: Vec<LayerNormMatch>,
 }
 
-/// Attention patterns first (their two matmuls are not GEMM patterns of their own), and the
-/// LayerNorms (one node each), then every other GEMM of the top-level block, each with the longest
-/// epilogue the graph allows, as a non-overlapping cover: two epilogues can claim one node
-/// (`linear(x) + linear(z)`: the add is in both), and then the one that fuses more of the graph
-/// (the larger output times ops) keeps it and the other GEMM stays plain. An epilogue reaching into
-/// an attention or LayerNorm pattern is cut.
-pub fn match_patterns(g: &Graph) -> Patterns {
-    let attention = match_attention(g);
-    let mut claimed: std::collections::BTreeSet<usize> = attention
-        .iter()
-        .flat_map(|a| a.nodes.iter().copied())
-        .collect();
-    let layernorm: Vec<LayerNormMatch> = match_layernorms(g)
-        .into_iter()
-        .filter(|l| !claimed.contains(&l.node))
-        .collect();
-    claimed.extend(layernorm.iter().map(|l| l.node));
-    let mut matches: Vec<GemmMatch> = match_gemms(g)
-        .into_iter()
-        .filter(|m| !claimed.contains(&m.node))
-        .map(|mut m| {
-            if let Some(e) = match_epilogue(g, &m) {
-                m.problem.epilogue = Some(e.epilogue.clone());
-                m.epilogue = Some(e);
+impl Patterns {
+    /// The matches of a cover, each in its kind's list.
+    ///
+    /// # Panics
+    /// When a rule's matches are not its kind's match type: a rule registered without its kind's
+    /// plumbing.
+    pub fn of(cover: Vec<Candidate>) -> Patterns {
+        let mut p = Patterns::default();
+        for c in cover {
+            match c.kind {
+                PatternKind::Gemm | PatternKind::Epilogue => p.gemm.push(typed(c)),
+                PatternKind::Attention => p.attention.push(typed(c)),
+                PatternKind::LayerNorm => p.layernorm.push(typed(c)),
             }
-            m
-        })
-        .collect();
-    let gain = |m: &GemmMatch| {
-        m.epilogue.as_ref().map_or(0.0, |e| {
-            e.nodes.len() as f64 * (m.problem.batch * m.problem.m * m.problem.n) as f64
-        })
-    };
-    let mut order: Vec<usize> = (0..matches.len()).collect();
-    order.sort_by(|&a, &b| {
-        gain(&matches[b])
-            .total_cmp(&gain(&matches[a]))
-            .then(a.cmp(&b))
-    });
-    claimed.extend(matches.iter().map(|m| m.node));
-    for i in order {
-        let Some(e) = &matches[i].epilogue else {
-            continue;
-        };
-        if e.nodes.iter().any(|n| claimed.contains(n)) {
-            matches[i] = matches[i].plain();
-        } else {
-            claimed.extend(e.nodes.iter().copied());
         }
+        p
     }
-    Patterns {
-        gemm: matches,
-        attention,
-        layernorm,
-    }
+}
+
+fn typed<T: Match>(c: Candidate) -> T {
+    let (rule, kind) = (c.rule, c.kind);
+    let found: Box<dyn Any> = c.found;
+    *found.downcast::<T>().unwrap_or_else(|_| {
+        panic!(
+            "rule {rule}: a {kind} match must be a {}",
+            std::any::type_name::<T>()
+        )
+    })
+}
+
+/// The registry's cover of the graph: attention patterns (their two products are not GEMM
+/// patterns of their own), LayerNorms, and every other GEMM with the longest epilogue the graph
+/// allows, or alone where another pattern took a node of its epilogue (see `cover`).
+pub fn match_patterns(g: &Graph) -> Patterns {
+    Patterns::of(cover(candidates(g, REGISTRY)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::ValueId;
+    use std::collections::BTreeSet;
+
+    /// The node producing the value named `name`.
+    fn node(g: &Graph, name: &str) -> NodeId {
+        g.values[value(g, name)].producer.expect("a produced value")
+    }
+
+    fn value(g: &Graph, name: &str) -> ValueId {
+        g.values
+            .iter()
+            .position(|v| v.name == name)
+            .unwrap_or_else(|| panic!("no value %{name}"))
+    }
+
+    /// Whether the nodes are one piece through the values they pass each other.
+    fn connected(g: &Graph, nodes: &[NodeId]) -> bool {
+        let inside: BTreeSet<NodeId> = nodes.iter().copied().collect();
+        let mut seen = BTreeSet::from([nodes[0]]);
+        let mut todo = vec![nodes[0]];
+        while let Some(n) = todo.pop() {
+            for &m in &inside {
+                let linked = |a: NodeId, b: NodeId| {
+                    g.nodes[a]
+                        .outputs
+                        .iter()
+                        .any(|o| g.nodes[b].inputs.contains(o))
+                };
+                if !seen.contains(&m) && (linked(n, m) || linked(m, n)) {
+                    seen.insert(m);
+                    todo.push(m);
+                }
+            }
+        }
+        seen == inside
+    }
+
+    /// Every pattern node of the cover, checking none is in two patterns.
+    fn covered(chosen: &[Candidate]) -> BTreeSet<NodeId> {
+        let mut all = BTreeSet::new();
+        for c in chosen {
+            for &n in &c.site.nodes {
+                assert!(all.insert(n), "node {n} is in two patterns");
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn the_registry_has_a_rule_for_every_kind_under_its_own_name() {
+        for k in PatternKind::ALL {
+            assert!(
+                REGISTRY.iter().any(|r| r.kind() == k),
+                "no rule finds {k} patterns"
+            );
+        }
+        let names: BTreeSet<&str> = REGISTRY.iter().map(|r| r.name()).collect();
+        assert_eq!(names.len(), REGISTRY.len(), "two rules share a name");
+    }
+
+    /// A match of the tests' own, as hand-made sites give it.
+    #[derive(Debug)]
+    struct Nodes(Vec<NodeId>);
+
+    impl Match for Nodes {
+        fn nodes(&self) -> Vec<NodeId> {
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn the_cover_takes_the_largest_gain_first_and_no_node_twice() {
+        let site = |rule: &'static str, nodes: &[NodeId], products: usize, bytes: f64| Candidate {
+            rule,
+            kind: PatternKind::Epilogue,
+            site: Site {
+                nodes: nodes.to_vec(),
+                inputs: vec![],
+                outputs: vec![],
+                gain: Gain { products, bytes },
+            },
+            found: Box::new(Nodes(nodes.to_vec())),
+        };
+        let chosen = cover(vec![
+            site("a", &[1, 2], 0, 10.0),
+            site("b", &[2, 3], 0, 20.0),
+            site("c", &[4], 0, 5.0),
+            // A product outranks any bytes: d, not c, takes node 4.
+            site("d", &[4, 5], 1, 0.0),
+            site("e", &[6], 0, 0.0),
+            // Equal gains: the one starting earlier.
+            site("g", &[8], 0, 3.0),
+            site("f", &[7, 8], 0, 3.0),
+        ]);
+        let got: Vec<&str> = chosen.iter().map(|c| c.rule).collect();
+        assert_eq!(got, ["b", "d", "e", "f"], "in graph order");
+        assert_eq!(covered(&chosen), BTreeSet::from([2, 3, 4, 5, 6, 7, 8]));
+    }
+
+    #[test]
+    fn a_site_is_its_nodes_inputs_outputs_and_the_traffic_it_removes() {
+        // A chain of two ops after a linear, with a residual leaf.
+        let g = Graph::parse(
+            "graph(%x: f32[8,16], %w: f32[32,16], %r: f32[8,32]):
+               %none = prim::Constant[None]()
+               %one = prim::Constant[1]()
+               %a = aten::linear(%x, %w, %none) : f32[8,32]
+               %s = aten::add(%a, %r, %one) : f32[8,32]
+               %y = aten::relu(%s) : f32[8,32]
+               return (%y)",
+        )
+        .unwrap();
+        let fused = &candidates(&g, &[&EpilogueRule])[0];
+        let s = &fused.site;
+        assert_eq!(s.nodes, [node(&g, "a"), node(&g, "s"), node(&g, "y")]);
+        assert_eq!(s.inputs, [value(&g, "x"), value(&g, "w"), value(&g, "r")]);
+        assert_eq!(s.outputs, [value(&g, "y")]);
+        // a and s stay on chip: each written once and read once, 8·32 f32 each.
+        assert_eq!(
+            s.gain,
+            Gain {
+                products: 1,
+                bytes: 2.0 * 2.0 * 8.0 * 32.0 * 4.0
+            }
+        );
+        let plain = &candidates(&g, &[&GemmRule])[0].site;
+        assert_eq!(
+            (plain.outputs.as_slice(), plain.gain.bytes),
+            ([value(&g, "a")].as_slice(), 0.0)
+        );
+        assert!(s.gain > plain.gain);
+    }
+
+    /// A causal attention over [1,1,4,64] whose ·v feeds a mul and an add: an epilogue that, by
+    /// bytes alone (D = 64 against Tk = 4), would remove more traffic than the attention.
+    const ATTENTION_THEN_EPILOGUE: &str =
+        "graph(%q: f32[1,1,4,64], %k: f32[1,1,4,64], %v: f32[1,1,4,64], %m: bool[4,4], %r: f32[1,1,4,64]):
+           %m1 = prim::Constant[-1]()
+           %m2 = prim::Constant[-2]()
+           %one = prim::Constant[1]()
+           %ninf = prim::Constant[-inf]()
+           %none = prim::Constant[None]()
+           %c = prim::Constant[0.125]()
+           %two = prim::Constant[2.0]()
+           %kt = aten::transpose(%k, %m2, %m1) : f32[1,1,64,4]
+           %s0 = aten::matmul(%q, %kt) : f32[1,1,4,4]
+           %s1 = aten::mul(%s0, %c) : f32[1,1,4,4]
+           %nm = aten::bitwise_not(%m) : bool[4,4]
+           %s2 = aten::masked_fill(%s1, %nm, %ninf) : f32[1,1,4,4]
+           %p = aten::softmax(%s2, %m1, %none) : f32[1,1,4,4]
+           %o = aten::matmul(%p, %v) : f32[1,1,4,64]
+           %o2 = aten::mul(%o, %two) : f32[1,1,4,64]
+           %y = aten::add(%o2, %r, %one) : f32[1,1,4,64]
+           return (%y)";
+
+    #[test]
+    fn an_attentions_products_are_not_gemm_patterns() {
+        let g = Graph::parse(ATTENTION_THEN_EPILOGUE).unwrap();
+        let all = candidates(&g, REGISTRY);
+        let (qk, pv) = (node(&g, "s0"), node(&g, "o"));
+        let attention = all
+            .iter()
+            .find(|c| c.kind == PatternKind::Attention)
+            .expect("the attention matches");
+        let fused_pv = all
+            .iter()
+            .find(|c| c.kind == PatternKind::Epilogue && c.site.nodes[0] == pv)
+            .expect("·v has an epilogue of its own");
+        assert!(
+            fused_pv.site.gain.bytes > attention.site.gain.bytes,
+            "the products decide, not the bytes"
+        );
+        for n in [qk, pv] {
+            assert!(
+                all.iter()
+                    .any(|c| c.kind == PatternKind::Gemm && c.site.nodes == [n]),
+                "each product is a GEMM match too"
+            );
+        }
+        assert!(all.iter().all(|c| connected(&g, &c.site.nodes)));
+        let found = match_patterns(&g);
+        assert_eq!(found.attention.len(), 1);
+        assert!(found.gemm.is_empty(), "{:?}", found.gemm);
+        let a = &found.attention[0];
+        assert!(a.nodes.contains(&qk) && a.nodes.contains(&pv));
+        let site = Match::site(a, &g);
+        let inputs: BTreeSet<ValueId> = site.inputs.iter().copied().collect();
+        let want: BTreeSet<ValueId> = ["q", "k", "v", "m"].map(|v| value(&g, v)).into();
+        assert_eq!(
+            (inputs, site.outputs.as_slice()),
+            (want, [value(&g, "o")].as_slice())
+        );
+    }
+
+    /// A rule of the tests' own, registered nowhere: each relu alone, and each relu with the relu
+    /// it reads when nothing else reads that one.
+    struct Relus;
+
+    impl Rule for Relus {
+        fn name(&self) -> &'static str {
+            "relus"
+        }
+        fn kind(&self) -> PatternKind {
+            PatternKind::Epilogue
+        }
+        fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
+            let uses = g.use_counts();
+            let relu = |n: NodeId| g.nodes[n].kind == "aten::relu" && g.nodes[n].depth == 0;
+            let mut found = Vec::new();
+            for n in (0..g.nodes.len()).filter(|&n| relu(n)) {
+                found.push(Nodes(vec![n]));
+                let x = g.nodes[n].inputs[0];
+                if let Some(p) = g.values[x].producer.filter(|&p| relu(p) && uses[x] == 1) {
+                    found.push(Nodes(vec![p, n]));
+                }
+            }
+            boxed(found)
+        }
+    }
+
+    #[test]
+    fn a_rule_outside_the_registry_takes_part_in_the_cover() {
+        let g = Graph::parse(
+            "graph(%x: f32[8,16], %w: f32[32,16]):
+               %none = prim::Constant[None]()
+               %a = aten::relu(%x) : f32[8,16]
+               %b = aten::relu(%a) : f32[8,16]
+               %h = aten::linear(%b, %w, %none) : f32[8,32]
+               %c = aten::relu(%h) : f32[8,32]
+               return (%c)",
+        )
+        .unwrap();
+        let rules: Vec<&dyn Rule> = REGISTRY.iter().copied().chain([&Relus as _]).collect();
+        let all = candidates(&g, &rules);
+        assert_eq!(all.iter().filter(|c| c.rule == "relus").count(), 4);
+        let chosen = cover(all);
+        let got: Vec<(&str, Vec<NodeId>)> = chosen
+            .iter()
+            .map(|c| (c.rule, c.site.nodes.clone()))
+            .collect();
+        // The pair of relus removes a's traffic, so it beats either relu alone; the relu after
+        // the linear is its epilogue's, which holds a product.
+        let n = |v| node(&g, v);
+        assert_eq!(
+            got,
+            [
+                ("relus", vec![n("a"), n("b")]),
+                ("epilogue", vec![n("h"), n("c")])
+            ]
+        );
+        covered(&chosen);
+    }
 
     #[test]
     fn pattern_kinds_parse_by_name_and_problems_know_theirs() {
