@@ -2,8 +2,8 @@
 
 use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
 use crate::agent::{RankItem, Steward};
-use crate::graph::{Graph, NodeId};
-use crate::rules::{AttentionMatch, GemmMatch, LayerNormMatch, Major, Patterns, Problem};
+use crate::graph::{Graph, NodeId, ValueId};
+use crate::rules::{AttentionMatch, GemmMatch, LayerNormMatch, Major, Match, Patterns, Problem};
 use crate::space::examples::index;
 use crate::space::knowledge::cutlass_layouts;
 use crate::space::Knowledge;
@@ -18,7 +18,7 @@ pub struct PlanOptions {
     pub assumed_speedup: f64,
 }
 
-fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
+fn gemm_notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
     let p = &m.problem;
     let Some(math) = math else {
         return vec![format!(
@@ -172,109 +172,78 @@ fn speedup(
     }
 }
 
-/// The plan of a graph's patterns: shares from the cost model, gains from the tables where
-/// they hold a measurement, examples and order from the agent. GEMM patterns are `p<i>` (the
-/// i-th of `patterns.gemm`), attention patterns `a<i>`, LayerNorm patterns `l<i>`.
-pub fn plan(
-    g: &Graph,
-    matched: &Patterns,
-    opts: &PlanOptions,
-    tables: Option<&Tables>,
-    steward: &mut Steward,
-) -> Plan {
-    let matches = &matched.gemm;
-    let costs = node_costs(g, opts.arch, opts.precision, matches);
-    let total: f64 = costs.iter().map(|c| c.ms).sum();
-    let cost_of: HashMap<NodeId, f64> = costs.iter().map(|c| (c.node, c.ms)).collect();
-    let idx = index();
-    let mut patterns: Vec<PlannedPattern> = Vec::new();
-    for (i, a) in matched.attention.iter().enumerate() {
+/// What a pattern's kind alone knows of its match; `Pricing::pattern` adds the plan's estimates.
+struct Facts {
+    /// `a<i>` for the i-th attention pattern, `l<i>` for LayerNorm, `p<i>` for GEMM.
+    id: String,
+    name: String,
+    origin: String,
+    /// The node that names the pattern: the GEMM, the LayerNorm, attention's output.
+    node: NodeId,
+    /// Every node the pattern replaces (`Match::nodes`): its time is theirs.
+    nodes: Vec<NodeId>,
+    /// The operands whose shapes the plan shows (`PlannedPattern::input_shapes`).
+    operands: Vec<ValueId>,
+    problem: Problem,
+    math: Option<MathType>,
+    notes: Vec<String>,
+    copies: Vec<String>,
+}
+
+impl Facts {
+    fn attention(i: usize, a: &AttentionMatch, opts: &PlanOptions) -> Facts {
         let p = &a.problem;
-        let math = MathType::for_tensor(p.dtype, opts.precision);
         let problem = Problem::Attention(p.clone());
-        let est_ms: f64 = a.nodes.iter().filter_map(|n| cost_of.get(n)).sum();
-        let (speedup, source) = speedup(&problem, math, opts, tables);
-        let shapes = [a.q, a.k, a.v]
-            .iter()
-            .map(|&v| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default())
-            .collect();
-        patterns.push(PlannedPattern {
+        let math = problem.math(opts.precision);
+        Facts {
             id: format!("a{i}"),
             name: format!(
                 "attention{} {}",
                 if p.causal { " causal" } else { "" },
                 p.shape_key()
             ),
-            rule: p.rule_id(),
-            arch: opts.arch,
-            node: *a.nodes.last().expect("a pattern has nodes"),
             origin: if a.form().starts_with("sdpa") {
                 "scaled_dot_product_attention".into()
             } else {
                 "softmax(q·kᵀ)·v".into()
             },
-            input_shapes: shapes,
-            dtype: p.dtype,
-            math,
+            node: *a.nodes.last().expect("a pattern has nodes"),
+            nodes: a.nodes(),
+            operands: vec![a.q, a.k, a.v],
             notes: attention_notes(a, math),
             copies: vec![],
             problem,
-            examples: vec![],
-            est_ms,
-            share: if total > 0.0 { est_ms / total } else { 0.0 },
-            expected_speedup: speedup,
-            speedup_source: source,
-            expected_gain_ms: est_ms * (1.0 - 1.0 / speedup),
-            priority: 0,
-        });
-    }
-    for (i, l) in matched.layernorm.iter().enumerate() {
-        let p = &l.problem;
-        let problem = Problem::LayerNorm(p.clone());
-        let math = problem.math(opts.precision);
-        let est_ms = cost_of.get(&l.node).copied().unwrap_or(0.0);
-        let (speedup, source) = speedup(&problem, math, opts, tables);
-        let shapes = [Some(l.x), l.weight, l.bias]
-            .into_iter()
-            .flatten()
-            .map(|v| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default())
-            .collect();
-        patterns.push(PlannedPattern {
-            id: format!("l{i}"),
-            name: format!("layer_norm {}", p.shape_key()),
-            rule: p.rule_id(),
-            arch: opts.arch,
-            node: l.node,
-            origin: "layer_norm".into(),
-            input_shapes: shapes,
-            dtype: p.dtype,
             math,
+        }
+    }
+
+    fn layernorm(i: usize, l: &LayerNormMatch, opts: &PlanOptions) -> Facts {
+        let problem = Problem::LayerNorm(l.problem.clone());
+        let math = problem.math(opts.precision);
+        Facts {
+            id: format!("l{i}"),
+            name: format!("layer_norm {}", l.problem.shape_key()),
+            origin: "layer_norm".into(),
+            node: l.node,
+            nodes: l.nodes(),
+            operands: [Some(l.x), l.weight, l.bias]
+                .into_iter()
+                .flatten()
+                .collect(),
             notes: math
                 .map(|m| layernorm_notes(l, m, opts.arch))
                 .unwrap_or_default(),
             copies: vec![],
             problem,
-            examples: vec![],
-            est_ms,
-            share: if total > 0.0 { est_ms / total } else { 0.0 },
-            expected_speedup: speedup,
-            speedup_source: source,
-            expected_gain_ms: est_ms * (1.0 - 1.0 / speedup),
-            priority: 0,
-        });
+            math,
+        }
     }
-    for (i, m) in matches.iter().enumerate() {
+
+    fn gemm(i: usize, m: &GemmMatch, opts: &PlanOptions) -> Facts {
         let p = &m.problem;
-        let math = MathType::for_tensor(p.dtype, opts.precision);
-        // A fused pattern replaces its epilogue's kernels too.
-        let est_ms: f64 = m.nodes().iter().filter_map(|n| cost_of.get(n)).sum();
-        let (speedup, source) = speedup(&Problem::Gemm(p.clone()), math, opts, tables);
-        let shapes = [Some(m.a), Some(m.b), m.bias]
-            .into_iter()
-            .flatten()
-            .map(|v| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default())
-            .collect();
-        patterns.push(PlannedPattern {
+        let problem = Problem::Gemm(p.clone());
+        let math = problem.math(opts.precision);
+        Facts {
             id: format!("p{i}"),
             name: match &p.epilogue {
                 Some(e) => {
@@ -288,25 +257,113 @@ pub fn plan(
                 }
                 None => format!("{} {}", m.origin.name(), p.shape_key()),
             },
-            rule: p.rule_id(),
-            arch: opts.arch,
-            node: m.node,
             origin: m.origin.name().into(),
-            input_shapes: shapes,
-            dtype: p.dtype,
-            math,
-            problem: Problem::Gemm(p.clone()),
-            notes: notes(m, math, opts.arch),
+            node: m.node,
+            // A fused pattern replaces its epilogue's kernels too.
+            nodes: m.nodes(),
+            operands: [Some(m.a), Some(m.b), m.bias]
+                .into_iter()
+                .flatten()
+                .collect(),
+            notes: gemm_notes(m, math, opts.arch),
             copies: m.copies.clone(),
+            problem,
+            math,
+        }
+    }
+}
+
+/// What the plan prices a pattern by: the cost model's time per node and the tables.
+struct Pricing<'a> {
+    g: &'a Graph,
+    cost_of: HashMap<NodeId, f64>,
+    total_ms: f64,
+    opts: &'a PlanOptions,
+    tables: Option<&'a Tables>,
+}
+
+impl Pricing<'_> {
+    /// The planned pattern of a kind's facts: its nodes' time, share and expected gain, no
+    /// examples or priority yet (the agent's).
+    fn pattern(&self, f: Facts) -> PlannedPattern {
+        let est_ms: f64 = f.nodes.iter().filter_map(|n| self.cost_of.get(n)).sum();
+        let (speedup, source) = speedup(&f.problem, f.math, self.opts, self.tables);
+        PlannedPattern {
+            id: f.id,
+            name: f.name,
+            rule: f.problem.rule_id(),
+            arch: self.opts.arch,
+            node: f.node,
+            origin: f.origin,
+            input_shapes: f
+                .operands
+                .iter()
+                .map(|&v| {
+                    self.g
+                        .tensor(v)
+                        .map(|t| t.shape.clone())
+                        .unwrap_or_default()
+                })
+                .collect(),
+            dtype: f.problem.dtype(),
+            math: f.math,
+            problem: f.problem,
+            notes: f.notes,
+            copies: f.copies,
             examples: vec![],
             est_ms,
-            share: if total > 0.0 { est_ms / total } else { 0.0 },
+            share: if self.total_ms > 0.0 {
+                est_ms / self.total_ms
+            } else {
+                0.0
+            },
             expected_speedup: speedup,
             speedup_source: source,
             expected_gain_ms: est_ms * (1.0 - 1.0 / speedup),
             priority: 0,
-        });
+        }
     }
+}
+
+/// The plan of a graph's patterns: shares from the cost model, gains from the tables where
+/// they hold a measurement, examples and order from the agent. Patterns are named by kind and
+/// index in their kind's list of `matched` (see `Facts::id`).
+pub fn plan(
+    g: &Graph,
+    matched: &Patterns,
+    opts: &PlanOptions,
+    tables: Option<&Tables>,
+    steward: &mut Steward,
+) -> Plan {
+    let costs = node_costs(g, opts.arch, opts.precision, &matched.gemm);
+    let total: f64 = costs.iter().map(|c| c.ms).sum();
+    // The agent is asked about them in this order: attention, LayerNorm, GEMM.
+    let attention = matched
+        .attention
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Facts::attention(i, a, opts));
+    let layernorm = matched
+        .layernorm
+        .iter()
+        .enumerate()
+        .map(|(i, l)| Facts::layernorm(i, l, opts));
+    let gemm = matched
+        .gemm
+        .iter()
+        .enumerate()
+        .map(|(i, m)| Facts::gemm(i, m, opts));
+    let facts: Vec<Facts> = attention.chain(layernorm).chain(gemm).collect();
+    let matched_nodes: BTreeSet<NodeId> = facts.iter().flat_map(|f| f.nodes.clone()).collect();
+    let pricing = Pricing {
+        g,
+        cost_of: costs.iter().map(|c| (c.node, c.ms)).collect(),
+        total_ms: total,
+        opts,
+        tables,
+    };
+    let mut patterns: Vec<PlannedPattern> = facts.into_iter().map(|f| pricing.pattern(f)).collect();
+    let idx = index();
     for pat in &mut patterns {
         let offered = idx.for_rule(&pat.rule, pat.arch, pat.math);
         pat.examples = steward.examples(&pat.id, &pat.rule, pat.arch, &offered);
@@ -332,20 +389,9 @@ pub fn plan(
         p.priority = rank[p.id.as_str()];
     }
     patterns.sort_by_key(|p| p.priority);
-    let matched: BTreeSet<NodeId> = matches
-        .iter()
-        .flat_map(GemmMatch::nodes)
-        .chain(
-            matched
-                .attention
-                .iter()
-                .flat_map(|a| a.nodes.iter().copied()),
-        )
-        .chain(matched.layernorm.iter().map(|l| l.node))
-        .collect();
-    let unmatched = unmatched_regions(g, &costs, &matched, total);
+    let unmatched = unmatched_regions(g, &costs, &matched_nodes, total);
     let unmatched_share = unmatched.iter().map(|r| r.share).sum();
-    let unmatched_gemms = super::unmatched_gemms(g, &matched);
+    let unmatched_gemms = super::unmatched_gemms(g, &matched_nodes);
     Plan {
         arch: opts.arch,
         precision: opts.precision,
