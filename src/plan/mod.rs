@@ -346,7 +346,8 @@ pub struct PlannedPattern {
     pub arch: Arch,
     pub node: NodeId,
     pub origin: String,
-    /// Shapes of a, b (and bias) as the graph carries them.
+    /// Shapes of the pattern's operands as the graph carries them: a, b (and bias) for a GEMM;
+    /// q, k, v for attention (k as [.., Tk, D]); x (and weight, bias) for a LayerNorm.
     pub input_shapes: Vec<Vec<i64>>,
     pub dtype: DType,
     pub math: Option<MathType>,
