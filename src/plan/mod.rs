@@ -388,7 +388,7 @@ pub struct Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::match_gemms;
+    use crate::rules::{match_gemms, match_patterns, Match};
 
     fn attention_like() -> Graph {
         Graph::parse(
@@ -498,6 +498,84 @@ mod tests {
             "{}",
             skipped[1].reason
         );
+    }
+
+    /// A causal attention whose output a weight-only LayerNorm reads, then a linear with a relu.
+    const ONE_OF_EACH_KIND: &str =
+        "graph(%q: f32[1,2,16,32], %k: f32[1,2,16,32], %v: f32[1,2,16,32], %m: bool[16,16], %g: f32[32], %w: f32[64,32]):
+           %m1 = prim::Constant[-1]()
+           %m2 = prim::Constant[-2]()
+           %ninf = prim::Constant[-inf]()
+           %none = prim::Constant[None]()
+           %c = prim::Constant[0.125]()
+           %eps = prim::Constant[1e-05]()
+           %on = prim::Constant[True]()
+           %d = prim::Constant[32]()
+           %shape = prim::ListConstruct(%d)
+           %kt = aten::transpose(%k, %m2, %m1) : f32[1,2,32,16]
+           %s0 = aten::matmul(%q, %kt) : f32[1,2,16,16]
+           %s1 = aten::mul(%s0, %c) : f32[1,2,16,16]
+           %nm = aten::bitwise_not(%m) : bool[16,16]
+           %s2 = aten::masked_fill(%s1, %nm, %ninf) : f32[1,2,16,16]
+           %p = aten::softmax(%s2, %m1, %none) : f32[1,2,16,16]
+           %o = aten::matmul(%p, %v) : f32[1,2,16,32]
+           %n = aten::layer_norm(%o, %shape, %g, %none, %eps, %on) : f32[1,2,16,32]
+           %h = aten::linear(%n, %w, %none) : f32[1,2,16,64]
+           %y = aten::relu(%h) : f32[1,2,16,64]
+           return (%y)";
+
+    #[test]
+    fn every_kind_is_priced_by_its_own_nodes_and_shows_its_operands() {
+        let g = Graph::parse(ONE_OF_EACH_KIND).unwrap();
+        let found = match_patterns(&g);
+        let opts = PlanOptions {
+            arch: Arch::Sm90,
+            precision: Precision::Tf32,
+            assumed_speedup: 2.0,
+        };
+        let p = plan(
+            &g,
+            &found,
+            &opts,
+            None,
+            &mut crate::agent::Steward::builtin(),
+        );
+        let costs = node_costs(&g, opts.arch, opts.precision, &found.gemm);
+        let total: f64 = costs.iter().map(|c| c.ms).sum();
+        let cost: HashMap<NodeId, f64> = costs.iter().map(|c| (c.node, c.ms)).collect();
+        let time = |nodes: Vec<NodeId>| -> f64 { nodes.iter().filter_map(|n| cost.get(n)).sum() };
+        let want = [
+            (
+                "a0",
+                found.attention[0].nodes(),
+                vec![vec![1, 2, 16, 32]; 3],
+            ),
+            (
+                "l0",
+                found.layernorm[0].nodes(),
+                vec![vec![1, 2, 16, 32], vec![32]],
+            ),
+            (
+                "p0",
+                found.gemm[0].nodes(),
+                vec![vec![1, 2, 16, 32], vec![64, 32]],
+            ),
+        ];
+        for (id, nodes, shapes) in want {
+            let pat = p.patterns.iter().find(|q| q.id == id).expect(id);
+            let est_ms = time(nodes);
+            assert!(est_ms > 0.0, "{id}");
+            assert_eq!(
+                (pat.est_ms, pat.share, &pat.input_shapes),
+                (est_ms, est_ms / total, &shapes),
+                "{id}"
+            );
+            assert_eq!(pat.expected_gain_ms, est_ms / 2.0, "{id}");
+        }
+        assert_eq!(p.patterns.len(), 3);
+        // Only the views and constants are left: no kind's nodes are unmatched.
+        assert!(p.unmatched.is_empty(), "{:?}", p.unmatched);
+        assert!(p.unmatched_gemms.is_empty(), "{:?}", p.unmatched_gemms);
     }
 
     #[test]
