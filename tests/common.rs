@@ -1,7 +1,7 @@
 //! Shared set-up: fixture models, the fact binary, and the one compiled kernel library the
 //! compile and compose tests share (compiling CUTLASS takes a minute; the cache makes reuse free).
 
-use fact::nvcc::{self, Built, Toolchain};
+use fact::nvcc::{self, BuildOptions, Built, Toolchain};
 use fact::rules::{GemmProblem, Problem};
 use fact::space::{KernelSpec, Spec};
 use fact::table::{Entry, Provenance, Run, TableKey};
@@ -44,6 +44,16 @@ pub fn cache_dir() -> PathBuf {
     root().join("target/test-build-cache")
 }
 
+/// A quiet build into `dir` on `jobs` threads through the shared build cache.
+pub fn build_options(dir: &Path, jobs: usize) -> BuildOptions {
+    BuildOptions {
+        out_dir: dir.to_path_buf(),
+        cache: cache_dir(),
+        jobs,
+        show_progress: false,
+    }
+}
+
 /// Builds `specs` into the library `name` under `dir` through the shared build cache, and asserts
 /// that every kernel compiled (listing the failures otherwise).
 pub fn build_all(
@@ -53,7 +63,7 @@ pub fn build_all(
     name: &str,
     jobs: usize,
 ) -> Built {
-    let built = nvcc::build_library(tc, specs, dir, name, &cache_dir(), jobs, false).unwrap();
+    let built = nvcc::build_library(tc, specs, name, &build_options(dir, jobs)).unwrap();
     let failures: Vec<String> = built.failures.iter().map(|f| f.to_string()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     built

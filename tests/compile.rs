@@ -2,7 +2,7 @@
 //! linked into a kernel library; the composed module rewritten to call fact::gemm and loaded from
 //! Python with the README's two lines.
 
-use crate::common::{build_all, cache_dir, compose_json, fact, fixture, python, sample_entry};
+use crate::common::{build_all, build_options, compose_json, fact, fixture, python, sample_entry};
 use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem};
 use fact::space::{
@@ -71,16 +71,8 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     // Two jobs: the uncached kernels go into two translation units; a unit holding the bad kernel
     // fails and is bisected, so the others still make it (the 3xTF32 one with both variants).
     let variants = [good_spec(), accurate_spec(), bad.clone(), split.clone()];
-    let built = nvcc::build_library(
-        &tc,
-        &variants,
-        dir.path(),
-        "libt.so",
-        &cache_dir(),
-        2,
-        false,
-    )
-    .unwrap();
+    let built =
+        nvcc::build_library(&tc, &variants, "libt.so", &build_options(dir.path(), 2)).unwrap();
 
     assert_eq!(
         built.kernels,
@@ -109,11 +101,8 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     let rebuilt = nvcc::build_library(
         &tc,
         &[good_spec()],
-        again.path(),
         "libt.so",
-        &cache_dir(),
-        2,
-        false,
+        &build_options(again.path(), 2),
     )
     .unwrap();
     assert_eq!(
@@ -555,8 +544,8 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
 
     let x3 = candidates(&p(DType::F32), MathType::Tf32x3, Arch::Sm90).remove(0);
     let mixed: Vec<Spec> = vec![tf32.into(), x3.into()];
-    let err = nvcc::build_library(&tc, &mixed, dir.path(), "libm.so", &cache_dir(), 2, false)
-        .unwrap_err();
+    let err =
+        nvcc::build_library(&tc, &mixed, "libm.so", &build_options(dir.path(), 2)).unwrap_err();
     assert!(
         err.to_string().contains("one library per precision policy"),
         "{err}"
@@ -769,16 +758,8 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
     ));
     // One library, one arch.
     let mixed: Vec<Spec> = vec![plain.into(), good_spec().into()];
-    let err = nvcc::build_library(
-        &tc,
-        &mixed,
-        dir.path(),
-        "libmixed.so",
-        &cache_dir(),
-        2,
-        false,
-    )
-    .unwrap_err();
+    let err =
+        nvcc::build_library(&tc, &mixed, "libmixed.so", &build_options(dir.path(), 2)).unwrap_err();
     assert!(err.to_string().contains("two archs"), "{err}");
 }
 

@@ -3,7 +3,7 @@
 //! with aten ops) computing what the replaced nodes computed. Fixture: linear_ep.pt,
 //! `r + gelu(fc(x), approximate="tanh") * 0.5`.
 
-use crate::common::{cache_dir, fixture};
+use crate::common::{build_options, fixture};
 use fact::graph::Graph;
 use fact::nvcc::{self, Toolchain};
 use fact::torch::{self, Edit, Operand};
@@ -239,11 +239,8 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     let built = nvcc::build_library(
         &tc,
         &[crate::compile::good_spec()],
-        dir.path(),
         "libep.so",
-        &cache_dir(),
-        2,
-        false,
+        &build_options(dir.path(), 2),
     )
     .unwrap();
     torch::load_op_library(&built.library).unwrap();

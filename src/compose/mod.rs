@@ -146,6 +146,16 @@ impl Options {
             },
         }
     }
+
+    /// How this run builds a library (or compiles objects) into `out_dir`.
+    fn build(&self, out_dir: &Path) -> nvcc::BuildOptions {
+        nvcc::BuildOptions {
+            out_dir: out_dir.to_path_buf(),
+            cache: self.cache_dir.clone(),
+            jobs: self.jobs,
+            show_progress: self.progress,
+        }
+    }
 }
 
 /// Kernel names that failed to build or run (not numerics, which depend on the shape) in any
@@ -385,15 +395,7 @@ fn measure(
     dir: &Path,
 ) -> Result<(Run, Vec<CompileFailure>), ComposeError> {
     let key = TableKey::of(problem, math, opts.arch);
-    let built = nvcc::build_library(
-        tc,
-        candidates,
-        dir,
-        "libsweep.so",
-        &opts.cache_dir,
-        opts.jobs,
-        opts.progress,
-    )?;
+    let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
     let bar = if opts.progress {
         let b = ProgressBar::new(built.kernels.len() as u64);
         b.set_style(
@@ -760,8 +762,7 @@ fn prefetch(
     }
     nvcc::progress_line(opts.progress, format_args!("prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss"));
     let dir = opts.out_dir.join("sweeps").join("prefetch");
-    nvcc::compile_objects(tc, &specs, &dir, &opts.cache_dir, opts.jobs, opts.progress)
-        .map_err(ComposeError::from)?;
+    nvcc::compile_objects(tc, &specs, &opts.build(&dir)).map_err(ComposeError::from)?;
     Ok(())
 }
 
@@ -856,15 +857,7 @@ fn compile_only(
     candidates: &[Spec],
     dir: &Path,
 ) -> Result<Realized, ComposeError> {
-    let built = nvcc::build_library(
-        tc,
-        candidates,
-        dir,
-        "libsweep.so",
-        &opts.cache_dir,
-        opts.jobs,
-        opts.progress,
-    )?;
+    let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
     Ok(Realized {
         how: Realization::Compiled {
             candidates: candidates.len(),
@@ -1116,15 +1109,7 @@ pub fn compose(
     let mut composed = None;
     if !winners.is_empty() {
         let specs: Vec<Spec> = winners.values().cloned().collect();
-        let built = nvcc::build_library(
-            &tc,
-            &specs,
-            &opts.out_dir,
-            LIBRARY,
-            &opts.cache_dir,
-            opts.jobs,
-            opts.progress,
-        )?;
+        let built = nvcc::build_library(&tc, &specs, LIBRARY, &opts.build(&opts.out_dir))?;
         compile_failures.extend(built.failures.iter().cloned());
         let in_lib: std::collections::HashSet<String> =
             built.kernels.iter().map(Spec::name).collect();

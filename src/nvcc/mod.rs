@@ -479,8 +479,6 @@ pub fn partition(n: usize, jobs: usize) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// Renders, compiles and links the variants `specs` into `out_dir/<lib_name>`. Kernels that fail
-/// to compile are left out (with every variant of them) and reported in `Built::failures`.
 /// One line on stderr for a long step, when progress is wanted but stderr is no terminal (where
 /// the bars do not draw): logs of runs in the background show what is compiling and tuning.
 pub fn progress_line(show: bool, line: std::fmt::Arguments) {
@@ -551,17 +549,29 @@ fn include_dir(cache: &Path) -> Result<PathBuf, BuildError> {
     Ok(include)
 }
 
+/// Where a build writes and how it runs (`compile_objects`, `build_library`).
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    /// The folder the kernels' sources (`src/`) and the library go to.
+    pub out_dir: PathBuf,
+    /// The object cache (`default_cache_dir`), shared by every output folder.
+    pub cache: PathBuf,
+    /// Parallel nvcc jobs: uncached kernels split into about this many translation units.
+    pub jobs: usize,
+    /// Progress bars (or lines, where stderr is no terminal) on stderr.
+    pub show_progress: bool,
+}
+
 /// Compiles the kernels of `specs` to objects in the build cache (what is cached already is
-/// taken as it is), on `jobs` threads, a failing unit bisected down to the kernels that fail;
-/// their sources go to `out_dir/src`.
+/// taken as it is), on `opts.jobs` threads, a failing unit bisected down to the kernels that
+/// fail; their sources go to `opts.out_dir/src`.
 pub fn compile_objects(
     tc: &Toolchain,
     specs: &[impl Clone + Into<Spec>],
-    out_dir: &Path,
-    cache: &Path,
-    jobs: usize,
-    show_progress: bool,
+    opts: &BuildOptions,
 ) -> Result<Objects, BuildError> {
+    let (out_dir, cache) = (opts.out_dir.as_path(), opts.cache.as_path());
+    let (jobs, show_progress) = (opts.jobs, opts.show_progress);
     let start = std::time::Instant::now();
     let specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
     let arch = target_arch(&specs)?;
@@ -706,17 +716,17 @@ pub fn compile_objects(
     })
 }
 
-/// Compiles `specs` (GEMM variants and other kinds' kernels) into one library with its dispatch
-/// tables and the torch op (compiled beside the kernels: it does not depend on them).
+/// Renders, compiles and links `specs` (GEMM variants and other kinds' kernels) into
+/// `opts.out_dir/<lib_name>`, one library with its dispatch table and the torch op (compiled
+/// beside the kernels: it does not depend on them). Kernels that fail to compile are left out
+/// (with every variant of them) and reported in `Built::failures`.
 pub fn build_library(
     tc: &Toolchain,
     specs: &[impl Clone + Into<Spec>],
-    out_dir: &Path,
     lib_name: &str,
-    cache: &Path,
-    jobs: usize,
-    show_progress: bool,
+    opts: &BuildOptions,
 ) -> Result<Built, BuildError> {
+    let (out_dir, cache) = (opts.out_dir.as_path(), opts.cache.as_path());
     let start = std::time::Instant::now();
     let mut specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
     // GEMM variants first: their dispatch indices are their positions among the GEMMs.
@@ -750,7 +760,7 @@ pub fn build_library(
                 "torch_op",
             )
         });
-        let objects = compile_objects(tc, &specs, out_dir, cache, jobs, show_progress);
+        let objects = compile_objects(tc, &specs, opts);
         (
             objects,
             op_obj.join().expect("the torch op compile does not panic"),
