@@ -1,12 +1,25 @@
-/* The C ABI of every kernel library fact builds: two dispatch tables, found by index or by name.
+/* The C ABI of every kernel library fact builds: one dispatch table of kernels of every pattern kind
+ * (GEMM, attention, LayerNorm), found by index or by name. Every kernel is called the same way: a
+ * list of tensors (FactTensor: data, dtype, sizes and strides in elements) and a list of scalars,
+ * whose meaning by position FactKernelInfo::signature states. can_implement refuses
+ * (FACT_CANNOT_IMPLEMENT) any call whose counts, dtypes, sizes, strides or alignment the kernel cannot
+ * run, so a call that does not fit never gets a wrong number: the caller falls back.
  * Rust binds this header with bindgen (build.rs); the generated torch op calls it too.
- * - GEMM variants (fact_kernel_*): the problem is stated in torch's terms:
- *   out[batch][m][n] = f(a . B + bias[n], leaves), packed row-major, where f is the kernel's
- *   epilogue program (FactKernelInfo::epilogue; the identity when empty) and the layout's first two
- *   letters say how a and B lie, packed per batch: a is a[batch][m][k] ("r") or a[batch][k][m]
- *   ("c", a column-major a), B is b[batch][k][n] ("r") or b[batch][n][k] ("c", as linear's weight).
- * - Kernels of other pattern kinds (fact_op_kernel_*): a list of tensors with their sizes and
- *   strides, and a list of scalars; FactOpKernelInfo::signature says what each position means. */
+ *
+ * Kind "gemm": out[L][m][n] = f(a[L][m][k] . B[L][k][n] + bias[n], leaves) in torch's terms, where f
+ * is the kernel's epilogue program (FactKernelInfo::epilogue; the identity when empty) and L the
+ * batch (torch's leading dims joined into one). Tensors, in this order:
+ *   a     [L,M,K] as the layout's first letter says: "r" row-major (strides [M*K, K, 1]) or "c"
+ *         column-major, the transpose of a packed [L,K,M] (strides [M*K, 1, M]);
+ *   b     [L,K,N], torch's B, as the second letter says: "r" row-major (strides [K*N, N, 1]) or
+ *         "c" the transpose of a packed [L,N,K], as linear's weight is (strides [K*N, 1, K]);
+ *   bias  [N] (stride 1) for a kernel that adds one (its signature names bias[N]), else data NULL;
+ *   the epilogue's leaves in the program's order: "full" [L,M,N] packed like out, "row" [N], "col"
+ *         [M] (L = 1) and "scalar" [1] (f32; the others of the kernel's dtype), vectors of stride 1;
+ *   out   [L,M,N] row-major (strides [M*N, N, 1]).
+ * No scalars. M, N, K and L are 1 to INT32_MAX; a stride of a dim of size one is never stepped
+ * along and so is free; every tensor's data is 16-byte aligned (a scalar leaf's 4). Each kernel adds
+ * its own conditions (CUTLASS's alignment of M, N and K, which splits it takes). */
 #ifndef FACT_KERNELS_H
 #define FACT_KERNELS_H
 
@@ -17,33 +30,11 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 4
-/* Leaf tensors an epilogue may read. */
+#define FACT_ABI_VERSION 5
+/* Leaf tensors a GEMM's epilogue program may read. */
 #define FACT_MAX_LEAVES 4
-
-typedef struct FactGemmArgs {
-  int32_t m;
-  int32_t n;
-  int32_t k;
-  int32_t batch;
-  const void* a;
-  const void* b;
-  /* NULL when the kernel has no bias epilogue. */
-  const void* bias;
-  void* out;
-  /* Launch knobs. Callers leave them 0; the dispatch index sets each variant's own before it
-   * calls the kernel, so variants of one compiled kernel differ only here. */
-  /* K splits: serial split-K (sm80 family) or split-K through the Stream-K scheduler (sm90). */
-  int32_t splits;
-  /* Tile raster order of the sm90 schedulers: 0 heuristic, 1 along M, 2 along N. */
-  int32_t raster;
-  /* Tile swizzle of the sm90 schedulers (max_swizzle_size): 1, 2, 4 or 8. */
-  int32_t swizzle;
-  /* The epilogue's leaf tensors, in the program's order: a "full" leaf has out's shape and is
-   * packed like it; "row" is n contiguous elements, "col" m (batch 1); "scalar" is one float. Full,
-   * row and col leaves have out's element type. Unused entries are NULL. */
-  const void* leaves[FACT_MAX_LEAVES];
-} FactGemmArgs;
+/* Dims a FactTensor holds. */
+#define FACT_MAX_RANK 6
 
 typedef enum FactStatus {
   FACT_OK = 0,
@@ -54,19 +45,53 @@ typedef enum FactStatus {
   FACT_LAUNCH_FAILED = 5
 } FactStatus;
 
+typedef enum FactDtype { FACT_F32 = 0, FACT_BF16 = 1, FACT_F16 = 2 } FactDtype;
+
+/* A tensor as a kernel reads it: sizes and strides in elements. */
+typedef struct FactTensor {
+  void* data;
+  /* A FactDtype. */
+  int32_t dtype;
+  int32_t rank;
+  int64_t sizes[FACT_MAX_RANK];
+  int64_t strides[FACT_MAX_RANK];
+} FactTensor;
+
+/* One call of a kernel: what its signature lists, in that order. */
+typedef struct FactOpArgs {
+  const FactTensor* tensors;
+  int32_t num_tensors;
+  const double* scalars;
+  int32_t num_scalars;
+} FactOpArgs;
+
+/* A GEMM variant's launch knobs: runtime arguments of CUTLASS's schedulers, so variants of one
+ * compiled kernel differ only here. The dispatch table holds each variant's and passes them to its
+ * kernel beside the caller's FactOpArgs (callers never set them); other kinds' kernels get zeros. */
+typedef struct FactKnobs {
+  /* K splits: serial split-K (sm80 family) or split-K through the Stream-K scheduler (sm90). */
+  int32_t splits;
+  /* Tile raster order of the sm90 schedulers: 0 heuristic, 1 along M, 2 along N. */
+  int32_t raster;
+  /* Tile swizzle of the sm90 schedulers (max_swizzle_size): 1, 2, 4 or 8. */
+  int32_t swizzle;
+} FactKnobs;
+
 typedef struct FactKernelInfo {
-  /* The variant's identity (KernelSpec::name in Rust): the pattern-table value. */
+  /* The kernel's identity (Spec::name in Rust; a GEMM variant's adds its knobs): the pattern-table value. */
   const char* name;
-  /* The KernelSpec the kernel was rendered from, as one line of JSON. */
+  /* The pattern kind: "gemm", "attention" or "layernorm". */
+  const char* kind;
+  /* What the tensors and scalars are, e.g. "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps". */
+  const char* signature;
+  /* The spec the kernel was rendered from, as one line of JSON. */
   const char* spec_json;
-  /* Element type of a, b, bias and out: "f32", "bf16" or "f16". */
+  /* Element type of the kernel's tensors: "f32", "bf16" or "f16". */
   const char* dtype;
-  /* How a and B lie: "rrr" (as in mm), "rcr" (b is [n,k], as in linear), "crr" (a is [k,m]: a.t() @ b)
-   * or "ccr" (both). */
+  /* GEMMs: how a and B lie, "rrr" (as in mm), "rcr" (b is [n,k], as in linear), "crr" (a is [k,m]:
+   * a.t() @ b) or "ccr" (both); "" for other kinds. */
   const char* layout;
-  /* 1 when the kernel adds bias[n] and needs FactGemmArgs::bias. */
-  int32_t bias;
-  /* The fused epilogue program (rules::epilogue's text form), "" for none. */
+  /* GEMMs: the fused epilogue program (rules::epilogue's text form); "" for none and other kinds. */
   const char* epilogue;
 } FactKernelInfo;
 
@@ -76,50 +101,13 @@ int32_t fact_kernel_count(void);
 const FactKernelInfo* fact_kernel_info(int32_t index);
 /* The index of the named kernel, or -1. */
 int32_t fact_kernel_find(const char* name);
-/* FACT_OK when the kernel can run this problem (alignment, sizes), else FACT_CANNOT_IMPLEMENT. */
-int32_t fact_kernel_can_implement(int32_t index, const FactGemmArgs* args);
-size_t fact_kernel_workspace_size(int32_t index, const FactGemmArgs* args);
+/* FACT_OK when the kernel can run this call, else FACT_CANNOT_IMPLEMENT (FACT_BAD_INDEX for a bad index). */
+int32_t fact_kernel_can_implement(int32_t index, const FactOpArgs* args);
+/* Bytes of device workspace the call needs; 0 for a call the kernel cannot implement. */
+size_t fact_kernel_workspace_size(int32_t index, const FactOpArgs* args);
 /* Launches asynchronously on `stream` (a cudaStream_t; NULL is the legacy default stream). */
-int32_t fact_kernel_run(int32_t index, const FactGemmArgs* args, void* workspace, size_t workspace_size,
+int32_t fact_kernel_run(int32_t index, const FactOpArgs* args, void* workspace, size_t workspace_size,
                         void* stream);
-/* A tensor as a kernel of the op-kernel table reads it: sizes and strides in elements. */
-#define FACT_MAX_RANK 6
-typedef struct FactTensor {
-  void* data;
-  /* "f32", "bf16" or "f16" as 0, 1, 2 (FactDtype). */
-  int32_t dtype;
-  int32_t rank;
-  int64_t sizes[FACT_MAX_RANK];
-  int64_t strides[FACT_MAX_RANK];
-} FactTensor;
-
-typedef enum FactDtype { FACT_F32 = 0, FACT_BF16 = 1, FACT_F16 = 2 } FactDtype;
-
-typedef struct FactOpArgs {
-  const FactTensor* tensors;
-  int32_t num_tensors;
-  const double* scalars;
-  int32_t num_scalars;
-} FactOpArgs;
-
-typedef struct FactOpKernelInfo {
-  /* The kernel's identity (Spec::name in Rust): the pattern-table value. */
-  const char* name;
-  /* The pattern kind: "attention". */
-  const char* kind;
-  /* What the tensors and scalars are, e.g. "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D]; scale causal". */
-  const char* signature;
-  /* The spec the kernel was rendered from, as one line of JSON. */
-  const char* spec_json;
-} FactOpKernelInfo;
-
-int32_t fact_op_kernel_count(void);
-const FactOpKernelInfo* fact_op_kernel_info(int32_t index);
-int32_t fact_op_kernel_find(const char* name);
-int32_t fact_op_kernel_can_implement(int32_t index, const FactOpArgs* args);
-size_t fact_op_kernel_workspace_size(int32_t index, const FactOpArgs* args);
-int32_t fact_op_kernel_run(int32_t index, const FactOpArgs* args, void* workspace, size_t workspace_size,
-                           void* stream);
 
 /* The last CUDA error text seen by this library on this thread, for messages. */
 const char* fact_last_error(void);

@@ -500,8 +500,9 @@ print("ok", tuple(a.shape))
     assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok (32, 128)");
 }
 
-/// Attention kernels of both fp32 maths' policies and bf16, built by nvcc next to a GEMM: the
-/// dispatch tables keep the kinds apart, and a library mixing the two fp32 maths is refused.
+/// Attention kernels of both fp32 maths' policies and bf16, built by nvcc next to a GEMM: one
+/// dispatch table lists them in the order given, each with its kind, and a library mixing the two
+/// fp32 maths is refused.
 #[test]
 fn attention_kernels_build_beside_gemms_in_one_library() {
     use fact::rules::attention::AttentionOrigin;
@@ -528,11 +529,15 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
     let specs: Vec<Spec> = vec![tf32.clone().into(), good_spec().into(), bf16.clone().into()];
     let built = build_all(&tc, &specs, dir.path(), "liba.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!((lib.len(), lib.op_len()), (1, 2));
-    assert_eq!(lib.find(&good_spec().name()), Some(0));
+    assert_eq!(lib.len(), 3);
+    assert_eq!(lib.find(&good_spec().name()), Some(1));
     assert_eq!(
-        (lib.op_name(0), lib.op_name(1)),
+        (lib.name(0), lib.name(2)),
         (Some(tf32.name()), Some(bf16.name()))
+    );
+    assert_eq!(
+        (0..3).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
+        ["attention", "gemm", "attention"]
     );
     let source =
         std::fs::read_to_string(dir.path().join("src").join(format!("{}.cu", tf32.name())))
@@ -618,7 +623,7 @@ fn ragged_kernels_compile_into_one_library() {
 
 /// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, both masks and both
 /// schedules, built by nvcc into one library with an sm80 attention kernel: each family compiles in
-/// its own units (with its example's headers), and the op-kernel table lists all of them.
+/// its own units (with its example's headers), and the dispatch table lists all of them.
 #[test]
 fn sm90_attention_kernels_build_into_a_library() {
     use fact::rules::attention::AttentionOrigin;
@@ -658,9 +663,9 @@ fn sm90_attention_kernels_build_into_a_library() {
     ];
     let built = build_all(&tc, &specs, dir.path(), "libfmha90.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!((lib.len(), lib.op_len()), (0, 3));
+    assert_eq!(lib.len(), 3);
     assert_eq!(
-        (lib.op_name(0), lib.op_name(1), lib.op_name(2)),
+        (lib.name(0), lib.name(1), lib.name(2)),
         (Some(causal.name()), Some(sm80.name()), Some(full.name()))
     );
 }
@@ -732,7 +737,7 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
     ];
     let built = build_all(&tc, &specs, dir.path(), "libsm80.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!((lib.len(), lib.op_len()), (3, 1));
+    assert_eq!(lib.len(), 4);
     assert_eq!(
         (
             lib.find(&plain.name()),
@@ -746,7 +751,10 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
         Some(linear_ep_problem().epilogue.unwrap().text())
     );
     assert_eq!(lib.epilogue(2), Some(leaves.text()));
-    assert_eq!(lib.op_name(0), Some(attention.name()));
+    assert_eq!(
+        (lib.name(3), lib.kind(3).as_deref()),
+        (Some(attention.name()), Some("attention"))
+    );
     let bytes = std::fs::read(&built.library).unwrap();
     assert!(
         bytes.windows(13).any(|w| w == b".target sm_80"),

@@ -32,7 +32,7 @@ fn first(p: &LayerNormProblem, pick: impl Fn(&LayerNormSpec) -> bool) -> LayerNo
         .expect("a candidate")
 }
 
-/// A tensor as the op-kernel ABI passes it, at a fake address (can_implement never reads it).
+/// A tensor as the kernel ABI passes it, at a fake address (can_implement never reads it).
 fn tensor(addr: usize, dtype: i32, sizes: &[i64], strides: &[i64]) -> FactTensor {
     let mut t = FactTensor {
         data: addr as *mut std::ffi::c_void,
@@ -57,7 +57,7 @@ fn args(tensors: &[FactTensor], eps: &[f64]) -> FactOpArgs {
 
 /// Every shape of the template: a row split over warps (shared-memory sums), a warp per row, eight
 /// threads per row, bf16, f16 with 4-byte loads of a C the 16-byte ones do not divide, and a
-/// C of 8192; each compiles, beside a GEMM, into one library whose op-kernel table lists them.
+/// C of 8192; each compiles, beside a GEMM, into one library whose dispatch table lists them.
 #[test]
 fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
@@ -77,10 +77,14 @@ fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
     all.push(crate::compile::good_spec().into());
     let built = build_all(&tc, &all, dir.path(), "libln.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!((lib.len(), lib.op_len()), (1, specs.len()));
+    assert_eq!(lib.len(), specs.len() + 1);
     for (i, s) in specs.iter().enumerate() {
-        assert_eq!(lib.op_name(i), Some(s.name()));
+        assert_eq!(
+            (lib.name(i), lib.kind(i).as_deref()),
+            (Some(s.name()), Some("layernorm"))
+        );
     }
+    assert_eq!(lib.kind(specs.len()).as_deref(), Some("gemm"));
 
     // ln_f32_c768_t64_v4_r2: x and out [4096, 768], weight [768], no bias.
     let k = 0;
@@ -89,7 +93,7 @@ fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
     let out = tensor(0x20000, 0, &[4096, 768], &[768, 1]);
     let w = tensor(0x30000, 0, &[768], &[1]);
     let none = tensor(0, 0, &[], &[]);
-    let can = |t: &[FactTensor]| lib.op_can_implement(k, &args(t, &[1e-5]));
+    let can = |t: &[FactTensor]| lib.can_implement(k, &args(t, &[1e-5]));
     assert!(can(&[x, out, w, none]));
     assert!(can(&[x, out, none, w]), "a bias alone");
     assert!(
@@ -152,20 +156,20 @@ fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
         assert!(!can(&t), "{why}");
     }
     assert!(
-        !lib.op_can_implement(k, &args(&[x, out, w], &[1e-5])),
+        !lib.can_implement(k, &args(&[x, out, w], &[1e-5])),
         "three tensors"
     );
     assert!(
-        !lib.op_can_implement(k, &args(&[x, out, w, none], &[])),
+        !lib.can_implement(k, &args(&[x, out, w, none], &[])),
         "no eps"
     );
     // f16 with 4-byte loads takes rows 2 elements apart, which 16-byte kernels could not.
     let h = |addr: usize, stride: i64| tensor(addr, 2, &[4096, 770], &[stride, 1]);
-    assert!(lib.op_can_implement(
+    assert!(lib.can_implement(
         4,
         &args(&[h(0x10004, 772), h(0x20000, 770), none, none], &[1e-5])
     ));
-    assert!(!lib.op_can_implement(
+    assert!(!lib.can_implement(
         4,
         &args(&[h(0x10002, 772), h(0x20000, 770), none, none], &[1e-5])
     ));

@@ -15,6 +15,7 @@ const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
 const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
 const SM90_GEMM_TYPES: &str = include_str!("../../templates/sm90_gemm_types.hbs");
 const FUSED_EPILOGUE: &str = include_str!("../../templates/fused_epilogue.hbs");
+const GEMM_CALL: &str = include_str!("../../templates/gemm_call.hbs");
 const SM80_FMHA: &str = include_str!("../../templates/sm80_fmha.cu.hbs");
 const SM90_FMHA: &str = include_str!("../../templates/sm90_fmha.cu.hbs");
 const LAYERNORM: &str = include_str!("../../templates/layernorm.cu.hbs");
@@ -31,6 +32,7 @@ fn registry() -> &'static Handlebars<'static> {
             ("sm90_gemm_core", SM90_GEMM_CORE),
             ("sm90_gemm_types", SM90_GEMM_TYPES),
             ("fused_epilogue", FUSED_EPILOGUE),
+            ("gemm_call", GEMM_CALL),
         ] {
             h.register_partial(name, text)
                 .unwrap_or_else(|e| panic!("partial {name}: {e}"));
@@ -123,6 +125,7 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
     .as_object()
     .cloned()
     .map(|mut o| {
+        o.extend(call_vars(&k));
         o.extend(if k.family == crate::space::Family::Sm80Gemm {
             sm80_fusion_vars(&k)
         } else {
@@ -131,6 +134,33 @@ fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
         serde_json::Value::Object(o)
     })
     .expect("kernel vars are an object")
+}
+
+/// The call as templates/gemm_call.hbs reads it from the ABI: the dtype, how torch's operands
+/// lie, and the epilogue's leaves by kind (the enumerators of its `Leaf`, in the program's order).
+fn call_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
+    use crate::rules::{LeafKind, Major};
+    let leaf_kinds: Vec<&str> = k
+        .fusion
+        .iter()
+        .flat_map(|e| &e.leaves)
+        .map(|l| match l {
+            LeafKind::Full => "Full",
+            LeafKind::Row => "Row",
+            LeafKind::Col => "Col",
+            LeafKind::Scalar => "Scalar",
+        })
+        .collect();
+    json!({
+        "dtype_abi": dtype_abi(k.dtype),
+        "a_row": k.layout.a() == Major::Row,
+        "b_row": k.layout.b() == Major::Row,
+        "leaf_count": leaf_kinds.len(),
+        "leaf_kinds": leaf_kinds,
+    })
+    .as_object()
+    .cloned()
+    .expect("object")
 }
 
 /// The fused functor's body: one fp32 line per program value, `v0` from `v0_expr`.
@@ -221,12 +251,9 @@ fn sm80_fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value
         "fusion_out": format!("v{}", e.instrs.len()),
         "fusion_children": children,
         "fusion_child_args": child_args,
-        "fusion_leaf_count": e.leaves.len(),
         // torch's operands as the row-major problem reads them.
         "layout_a": if k.layout.a() == crate::rules::Major::Row { "cutlass::layout::RowMajor" } else { "cutlass::layout::ColumnMajor" },
         "layout_b": if k.layout.b() == crate::rules::Major::Row { "cutlass::layout::RowMajor" } else { "cutlass::layout::ColumnMajor" },
-        "a_row": k.layout.a() == crate::rules::Major::Row,
-        "b_row": k.layout.b() == crate::rules::Major::Row,
     })
     .as_object()
     .cloned()
@@ -234,7 +261,8 @@ fn sm80_fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value
 }
 
 /// The visitor tree of a fused epilogue: the functor's body (one fp32 line per program value),
-/// its inputs as the compute node's children, and their runtime arguments from FactGemmArgs.
+/// its inputs as the compute node's children, and their runtime arguments from the kernel's call
+/// (templates/gemm_call.hbs).
 fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
     use crate::rules::epilogue::LeafKind;
     use crate::space::LeafRead;
@@ -316,7 +344,6 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         "fusion_out": format!("v{}", e.instrs.len()),
         "fusion_children": children,
         "fusion_child_args": child_args,
-        "fusion_leaf_count": e.leaves.len(),
         "aux_loads": k.aux_loads() > 0,
         "element_c": element_c,
         "c_pointer": c_pointer,
@@ -464,45 +491,80 @@ pub fn unit_of(sources: &[&Source]) -> Source {
     }
 }
 
-/// The dispatch tables over the kernels in `specs`: GEMM variants in the given order (index =
-/// position among the GEMMs), then the other kinds' kernels (index = position among those).
-pub fn render_dispatch(specs: &[Spec]) -> Source {
-    let variants: Vec<&KernelSpec> = specs.iter().filter_map(Spec::as_gemm).collect();
-    let op_kernels: Vec<_> = specs
-        .iter()
-        .filter_map(|s| {
-            let (kind, signature) = match s {
-                Spec::Gemm(_) => return None,
-                Spec::Attention(_) => ("attention", "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D] (stored [B,Tq,H,D]) [factor f32[1]]; scale causal power (scale·factor^power)"),
-                Spec::LayerNorm(_) => ("layernorm", "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps"),
+/// What a kernel's tensors and scalars are, by position (FactKernelInfo::signature).
+fn signature(s: &Spec) -> String {
+    use crate::rules::{LeafKind, Major};
+    match s {
+        Spec::Attention(_) => "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D] (stored [B,Tq,H,D]) [factor f32[1]]; scale causal power (scale·factor^power)".into(),
+        Spec::LayerNorm(_) => "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps".into(),
+        Spec::Gemm(k) => {
+            let a = match k.layout.a() {
+                Major::Row => "a[L,M,K]",
+                Major::Col => "a[L,M,K] (stored [L,K,M])",
             };
-            Some(json!({ "name": s.name(), "kind": kind, "signature": signature, "spec_json": s.to_json() }))
-        })
-        .collect();
-    let entries: Vec<_> = variants
+            let b = match k.layout.b() {
+                Major::Row => "b[L,K,N]",
+                Major::Col => "b[L,K,N] (stored [L,N,K])",
+            };
+            let bias = if k.bias { "bias[N]" } else { "bias (NULL data)" };
+            let leaves = k.fusion.iter().flat_map(|e| &e.leaves).map(|l| match l {
+                LeafKind::Full => "full[L,M,N]",
+                LeafKind::Row => "row[N]",
+                LeafKind::Col => "col[M]",
+                LeafKind::Scalar => "scalar f32[1]",
+            });
+            let tensors: Vec<&str> = [a, b, bias]
+                .into_iter()
+                .chain(leaves)
+                .chain(["out[L,M,N]"])
+                .collect();
+            format!("{}; no scalars", tensors.join(" "))
+        }
+    }
+}
+
+/// The dispatch table over the kernels in `specs`, in the given order (index = position): a GEMM
+/// variant's entry holds its kernel and its launch knobs.
+pub fn render_dispatch(specs: &[Spec]) -> Source {
+    let entries: Vec<_> = specs
         .iter()
-        .map(|v| {
+        .map(|s| {
+            let (kind, layout, epilogue, knobs) = match s {
+                Spec::Gemm(v) => (
+                    "gemm",
+                    v.layout.short_name(),
+                    v.fusion.as_ref().map(|e| e.text()).unwrap_or_default(),
+                    [
+                        i64::from(v.knobs.splits),
+                        i64::from(v.knobs.raster.abi()),
+                        i64::from(v.knobs.swizzle),
+                    ],
+                ),
+                Spec::Attention(_) => ("attention", "", String::new(), [0; 3]),
+                Spec::LayerNorm(_) => ("layernorm", "", String::new(), [0; 3]),
+            };
             json!({
-                "name": v.name(),
-                "symbol": v.kernel_name(),
-                "spec_json": v.to_json(),
-                "dtype": v.dtype.short_name(),
-                "layout": v.layout.short_name(),
-                "bias": v.bias,
-                "epilogue": v.fusion.as_ref().map(|e| e.text()).unwrap_or_default(),
-                "splits": v.knobs.splits,
-                "raster": v.knobs.raster.abi(),
-                "swizzle": v.knobs.swizzle,
+                "name": s.name(),
+                "symbol": s.kernel_name(),
+                "kind": kind,
+                "signature": signature(s),
+                "spec_json": s.to_json(),
+                "dtype": s.dtype().short_name(),
+                "layout": layout,
+                "epilogue": epilogue,
+                "splits": knobs[0],
+                "raster": knobs[1],
+                "swizzle": knobs[2],
             })
         })
         .collect();
-    let mut symbols: Vec<String> = variants.iter().map(|k| k.kernel_name()).collect();
+    let mut symbols: Vec<String> = specs.iter().map(Spec::kernel_name).collect();
     symbols.sort();
     symbols.dedup();
     let text = registry()
         .render(
             "dispatch",
-            &json!({ "kernels": entries, "symbols": symbols, "count": variants.len(), "op_kernels": op_kernels, "op_count": op_kernels.len() }),
+            &json!({ "kernels": entries, "symbols": symbols, "count": specs.len() }),
         )
         .expect("dispatch renders");
     Source {
@@ -742,7 +804,9 @@ mod tests {
             "VisitorColBroadcast<OutputTileThreadMap, Element, Stride<_1, _0, int64_t>>",
             "VisitorScalarBroadcast<ElementCompute>",
             "{ {}, {const_cast<Element*>(static_cast<const Element*>(p.leaves[0])), Element(0), {int64_t(N), _1{}, mn}}, {static_cast<const Element*>(p.leaves[1]), Element(0), {}}, {static_cast<const Element*>(p.leaves[2]), Element(0), {}}, {{ElementCompute(0)}, {static_cast<const ElementCompute*>(p.leaves[3])}, {}}, {} },",
-            "  for (int i = 0; i < 4; ++i) {",
+            // The call's leaves as the ABI passes them, in the program's order.
+            "constexpr int kLeaves = 4;",
+            "constexpr Leaf kLeafKinds[FACT_MAX_LEAVES] = { Leaf::Full, Leaf::Row, Leaf::Col, Leaf::Scalar, };",
         ] {
             assert!(text.contains(line), "{line}\n{text}");
         }
@@ -776,7 +840,7 @@ mod tests {
             text.contains("return make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);"),
             "the second GEMM accumulates over both K halves"
         );
-        assert!(text.contains("second.initialize(second_arguments(*p, a_parts, b_parts)"));
+        assert!(text.contains("second.initialize(second_arguments(p, a_parts, b_parts)"));
         // torch's rrr b is split into K-major parts, so the passes read a RowMajor CUTLASS A.
         assert!(
             text.contains("split_parts_transposed<<<")
@@ -877,7 +941,7 @@ mod tests {
             .count(),
             1
         );
-        assert!(d.contains(&format!("{{\"{}\"", v.name())) && d.contains(", 8, 0, 1}"));
+        assert!(d.contains(&format!("{{\"{}\"", v.name())) && d.contains("{ 8, 0, 1 }}"));
         let unit = render_unit(&[spec(false), k.clone()]);
         assert!(unit.file_name.starts_with("unit_2k_"));
         assert_eq!(
@@ -939,11 +1003,17 @@ mod tests {
             "{}",
             k.kernel_name()
         );
-        // The dispatch entry carries the program for the op to check against its call.
-        assert!(render_dispatch(&[k.clone().into()]).text.contains(&format!(
+        // The dispatch entry carries the program for the op to check against its call, and the
+        // signature the tensors in the order the kernel reads them.
+        let d = render_dispatch(&[k.clone().into()]).text;
+        assert!(d.contains(&format!(
             "R\"fact_ep({})fact_ep\"",
             k.fusion.as_ref().unwrap().text()
         )));
+        assert!(d.contains("\"gemm\", \"a[L,M,K] b[L,K,N] (stored [L,N,K]) bias[N] full[L,M,N] row[N] col[M] scalar f32[1] out[L,M,N]; no scalars\""));
+        assert!(text.contains(
+            "constexpr Leaf kLeafKinds[FACT_MAX_LEAVES] = { Leaf::Full, Leaf::Row, Leaf::Col, Leaf::Scalar, };"
+        ));
     }
 
     /// A 128x128 cooperative persistent kernel of `family` for the GPT block's projection under
@@ -1164,12 +1234,17 @@ mod tests {
         assert!(
             bf16.contains("AttentionKernel<cutlass::bfloat16_t,") && bf16.contains("t->dtype != 1")
         );
-        // The op-kernel table lists attention kernels apart from the GEMM variants.
+        // One dispatch table lists every kind in the order given; a kernel without knobs gets zeros.
         let d = render_dispatch(&[a.clone().into(), spec(true).into()]).text;
-        assert!(
-            d.contains(&format!("{{\"{}\", \"attention\"", a.name()))
-                && d.contains(&format!("fact_o_{}_run", a.name()))
+        let (attention_at, gemm_at) = (
+            d.find(&format!("{{\"{}\", \"attention\"", a.name())),
+            d.find(&format!("{{\"{}\", \"gemm\"", spec(true).name())),
         );
+        assert!(attention_at.is_some() && attention_at < gemm_at, "{d}");
+        assert!(d.contains(&format!(
+            "fact_k_{0}_can_implement, fact_k_{0}_workspace_size, fact_k_{0}_run, {{ 0, 0, 0 }}}},",
+            a.name()
+        )));
     }
 
     /// The 4099x5003x3001 rrr problem: every contiguous dim odd (alignment 1).
@@ -1266,8 +1341,8 @@ mod tests {
             .assert_eq(&text);
         // The GEMMs read aligned parts and write an aligned output.
         assert!(text.contains("constexpr int Alignment = 4;\nconstexpr int AlignmentD = 4;"));
-        assert!(text.contains("split_parts_transposed<<<grid, dim3(32, 8), 0, s>>>(static_cast<const float*>(p->b), b_parts, p->k, p->n, kp, np);"));
-        assert!(text.contains("copy_out<<<") && !text.contains("if (p->k % 4 != 0"));
+        assert!(text.contains("split_parts_transposed<<<grid, dim3(32, 8), 0, s>>>(static_cast<const float*>(p.b), b_parts, p.k, p.n, kp, np);"));
+        assert!(text.contains("copy_out<<<") && !text.contains("if (p.k % 4 != 0"));
         // The bf16 split of an rrr b keeps it n-major: rows of np, kp of them per part.
         let b3 = ragged(MathType::Tf32x3)
             .into_iter()
@@ -1275,7 +1350,7 @@ mod tests {
             .unwrap();
         let b3 = render_kernel(&b3).text;
         assert!(
-            b3.contains("const PaddedSplit sb{p->batch, p->k, p->n, kp, np, size_t(np),")
+            b3.contains("const PaddedSplit sb{p.batch, p.k, p.n, kp, np, size_t(np),")
                 && b3.contains("constexpr int Alignment = 8;")
         );
     }
@@ -1297,7 +1372,7 @@ mod tests {
             .assert_eq(&text);
         assert!(
             text.contains("sm80 mma.sync code, built for sm80)")
-                && text.contains("fact_o_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_run")
+                && text.contains("fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_run")
         );
     }
 
@@ -1321,7 +1396,7 @@ mod tests {
         assert!(text.contains("Shape<_128, _128, _128>") && text.contains("cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedCooperative>"));
         assert!(
             text.contains("constexpr bool kCausal = true;")
-                && text.contains("fact_o_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run")
+                && text.contains("fact_k_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run")
         );
         let full = render_attention(&sm90(Sm90Schedule::Pingpong, false)).text;
         assert!(
@@ -1362,7 +1437,7 @@ mod tests {
             assert!(text.contains(line), "{line}");
         }
         assert!(
-            text.contains("fact_o_ln_f32_c768_t32_v4_r4_run") && !text.contains("cutlass"),
+            text.contains("fact_k_ln_f32_c768_t32_v4_r4_run") && !text.contains("cutlass"),
             "CUDA's own types"
         );
         let bf16 = render_layernorm(&LayerNormSpec {
@@ -1385,13 +1460,13 @@ mod tests {
             narrow.contains("using Vec = unsigned short;")
                 && narrow.contains("using Element = __half;")
         );
-        // The op-kernel table lists it as a layernorm kernel.
+        // The dispatch table lists it as a layernorm kernel.
         let d = render_dispatch(&[l.clone().into(), spec(true).into()]).text;
         assert!(
             d.contains(&format!(
                 "{{\"{}\", \"layernorm\", \"x[R,C] out[R,C]",
                 l.name()
-            )) && d.contains(&format!("fact_o_{}_run", l.name()))
+            )) && d.contains(&format!("fact_k_{}_run", l.name()))
         );
         assert_eq!(render_spec(&l.clone().into()), render_layernorm(&l));
     }

@@ -1,5 +1,6 @@
-//! A built kernel library opened for tuning: the dispatch table of include/fact_kernels.h, bound
-//! with bindgen and called through libloading.
+//! A built kernel library opened for tuning: the dispatch table of include/fact_kernels.h (every
+//! kind's kernels, called with tensors and scalars), bound with bindgen and called through
+//! libloading.
 
 use std::ffi::{CStr, CString};
 use std::path::Path;
@@ -14,33 +15,21 @@ pub mod abi {
     include!(concat!(env!("OUT_DIR"), "/fact_kernels.rs"));
 }
 
-pub use abi::{FactGemmArgs, FactOpArgs, FactStatus, FactTensor};
-/// Leaf tensors an epilogue passes (the length of FactGemmArgs::leaves).
-pub const FACT_MAX_LEAVES: usize = abi::FACT_MAX_LEAVES as usize;
+pub use abi::{FactOpArgs, FactStatus, FactTensor};
 
 type CountFn = unsafe extern "C" fn() -> i32;
 type InfoFn = unsafe extern "C" fn(i32) -> *const abi::FactKernelInfo;
 type FindFn = unsafe extern "C" fn(*const std::os::raw::c_char) -> i32;
-type CanFn = unsafe extern "C" fn(i32, *const FactGemmArgs) -> i32;
-type WsFn = unsafe extern "C" fn(i32, *const FactGemmArgs) -> usize;
+type CanFn = unsafe extern "C" fn(i32, *const FactOpArgs) -> i32;
+type WsFn = unsafe extern "C" fn(i32, *const FactOpArgs) -> usize;
 type RunFn = unsafe extern "C" fn(
-    i32,
-    *const FactGemmArgs,
-    *mut std::ffi::c_void,
-    usize,
-    *mut std::ffi::c_void,
-) -> i32;
-type ErrFn = unsafe extern "C" fn() -> *const std::os::raw::c_char;
-type OpInfoFn = unsafe extern "C" fn(i32) -> *const abi::FactOpKernelInfo;
-type OpCanFn = unsafe extern "C" fn(i32, *const FactOpArgs) -> i32;
-type OpWsFn = unsafe extern "C" fn(i32, *const FactOpArgs) -> usize;
-type OpRunFn = unsafe extern "C" fn(
     i32,
     *const FactOpArgs,
     *mut std::ffi::c_void,
     usize,
     *mut std::ffi::c_void,
 ) -> i32;
+type ErrFn = unsafe extern "C" fn() -> *const std::os::raw::c_char;
 
 pub struct KernelLibrary {
     _lib: libloading::Library,
@@ -51,11 +40,6 @@ pub struct KernelLibrary {
     workspace: WsFn,
     run: RunFn,
     last_error: ErrFn,
-    op_count: CountFn,
-    op_info: OpInfoFn,
-    op_can_implement: OpCanFn,
-    op_workspace: OpWsFn,
-    op_run: OpRunFn,
 }
 
 impl KernelLibrary {
@@ -88,17 +72,6 @@ impl KernelLibrary {
                     .map_err(|e| e.to_string())?,
                 run: *lib.get(b"fact_kernel_run").map_err(|e| e.to_string())?,
                 last_error: *lib.get(b"fact_last_error").map_err(|e| e.to_string())?,
-                op_count: *lib
-                    .get(b"fact_op_kernel_count")
-                    .map_err(|e| e.to_string())?,
-                op_info: *lib.get(b"fact_op_kernel_info").map_err(|e| e.to_string())?,
-                op_can_implement: *lib
-                    .get(b"fact_op_kernel_can_implement")
-                    .map_err(|e| e.to_string())?,
-                op_workspace: *lib
-                    .get(b"fact_op_kernel_workspace_size")
-                    .map_err(|e| e.to_string())?,
-                op_run: *lib.get(b"fact_op_kernel_run").map_err(|e| e.to_string())?,
                 _lib: lib,
             })
         }
@@ -113,7 +86,7 @@ impl KernelLibrary {
         self.len() == 0
     }
 
-    /// A text field of variant `index`'s kernel info.
+    /// A text field of kernel `index`'s info.
     fn info_text(
         &self,
         index: usize,
@@ -134,52 +107,46 @@ impl KernelLibrary {
         self.info_text(index, |i| i.name)
     }
 
-    /// The epilogue program of variant `index` ("" for none).
+    /// The pattern kind of kernel `index`: "gemm", "attention" or "layernorm".
+    pub fn kind(&self, index: usize) -> Option<String> {
+        self.info_text(index, |i| i.kind)
+    }
+
+    /// The epilogue program of kernel `index` ("" for none and for kinds other than GEMM).
     pub fn epilogue(&self, index: usize) -> Option<String> {
         self.info_text(index, |i| i.epilogue)
     }
 
-    /// Kernels in the op-kernel table (pattern kinds other than GEMM).
-    pub fn op_len(&self) -> usize {
-        // SAFETY: no arguments; reads a constant.
-        unsafe { (self.op_count)() as usize }
+    pub fn find(&self, name: &str) -> Option<usize> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+        let i = unsafe { (self.find)(c.as_ptr()) };
+        (i >= 0).then_some(i as usize)
     }
 
-    /// The name of op kernel `index`.
-    pub fn op_name(&self, index: usize) -> Option<String> {
-        // SAFETY: NULL for a bad index, else an entry whose text fields are static strings.
-        unsafe {
-            let info = (self.op_info)(index as i32);
-            if info.is_null() {
-                return None;
-            }
-            Some(CStr::from_ptr((*info).name).to_string_lossy().into_owned())
-        }
-    }
-
-    pub fn op_can_implement(&self, index: usize, args: &FactOpArgs) -> bool {
+    pub fn can_implement(&self, index: usize, args: &FactOpArgs) -> bool {
         // SAFETY: `args` and the tensors it points to outlive the call; the kernel only reads them.
-        unsafe { (self.op_can_implement)(index as i32, args) == FactStatus::FACT_OK as i32 }
+        unsafe { (self.can_implement)(index as i32, args) == FactStatus::FACT_OK as i32 }
     }
 
-    pub fn op_workspace_size(&self, index: usize, args: &FactOpArgs) -> usize {
-        // SAFETY: as for op_can_implement.
-        unsafe { (self.op_workspace)(index as i32, args) }
+    pub fn workspace_size(&self, index: usize, args: &FactOpArgs) -> usize {
+        // SAFETY: as for can_implement.
+        unsafe { (self.workspace)(index as i32, args) }
     }
 
-    /// Launches op kernel `index` on the legacy default stream.
+    /// Launches kernel `index` on the legacy default stream (the one tch uses).
     ///
     /// # Safety
     /// The tensors in `args` and `workspace` must be device memory of the sizes they state,
     /// alive until the launch completes.
-    pub unsafe fn op_run(
+    pub unsafe fn run(
         &self,
         index: usize,
         args: &FactOpArgs,
         workspace: *mut std::ffi::c_void,
         ws: usize,
     ) -> Result<(), String> {
-        let status = (self.op_run)(index as i32, args, workspace, ws, std::ptr::null_mut());
+        let status = (self.run)(index as i32, args, workspace, ws, std::ptr::null_mut());
         self.status(status)
     }
 
@@ -201,38 +168,5 @@ impl KernelLibrary {
                 format!(": {detail}")
             }
         ))
-    }
-
-    pub fn find(&self, name: &str) -> Option<usize> {
-        let c = CString::new(name).ok()?;
-        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
-        let i = unsafe { (self.find)(c.as_ptr()) };
-        (i >= 0).then_some(i as usize)
-    }
-
-    pub fn can_implement(&self, index: usize, args: &FactGemmArgs) -> bool {
-        // SAFETY: `args` outlives the call; the kernel only reads it.
-        unsafe { (self.can_implement)(index as i32, args) == FactStatus::FACT_OK as i32 }
-    }
-
-    pub fn workspace_size(&self, index: usize, args: &FactGemmArgs) -> usize {
-        // SAFETY: as for can_implement.
-        unsafe { (self.workspace)(index as i32, args) }
-    }
-
-    /// Launches kernel `index` on the legacy default stream (the one tch uses).
-    ///
-    /// # Safety
-    /// The pointers in `args` and `workspace` must be device memory of the sizes the problem
-    /// needs, alive until the launch completes.
-    pub unsafe fn run(
-        &self,
-        index: usize,
-        args: &FactGemmArgs,
-        workspace: *mut std::ffi::c_void,
-        ws: usize,
-    ) -> Result<(), String> {
-        let status = (self.run)(index as i32, args, workspace, ws, std::ptr::null_mut());
-        self.status(status)
     }
 }

@@ -1,7 +1,7 @@
 //! Builds kernel libraries. The kernels of a sweep are split into as many translation units as
 //! there are jobs (cores), compiled by nvcc (through `cc`) in parallel and cached by a hash of
-//! source, flags and the ABI header; the dispatch index (one entry per variant: a kernel plus
-//! launch knobs) and the torch op join them in one shared library. A unit that fails to compile
+//! source, flags and the ABI header; the dispatch table (one entry per kernel of any kind, a GEMM
+//! variant being a kernel plus launch knobs) and the torch op join them in one shared library. A unit that fails to compile
 //! is bisected until the failing kernels stand alone, so one bad instantiation costs only itself:
 //! its source stays on disk and the failure (command and log) is returned, not raised.
 
@@ -267,7 +267,7 @@ impl std::fmt::Display for CompileFailure {
 #[derive(Debug)]
 pub struct Built {
     pub library: PathBuf,
-    /// Kernels in the library, in dispatch order (GEMM variants, then the other kinds').
+    /// Kernels in the library, in dispatch order (the order given, less those that failed).
     pub kernels: Vec<Spec>,
     pub failures: Vec<CompileFailure>,
     pub compiled: usize,
@@ -728,9 +728,7 @@ pub fn build_library(
 ) -> Result<Built, BuildError> {
     let (out_dir, cache) = (opts.out_dir.as_path(), opts.cache.as_path());
     let start = std::time::Instant::now();
-    let mut specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
-    // GEMM variants first: their dispatch indices are their positions among the GEMMs.
-    specs.sort_by_key(|s| s.as_gemm().is_none());
+    let specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
     let float_attention: std::collections::BTreeSet<&str> = specs
         .iter()
         .filter_map(Spec::as_attention)

@@ -208,7 +208,7 @@ impl Raster {
             Raster::AlongN => 'n',
         }
     }
-    /// The value of FactGemmArgs::raster.
+    /// The value of FactKnobs::raster.
     pub fn abi(self) -> i32 {
         match self {
             Raster::Heuristic => 0,
@@ -325,6 +325,14 @@ impl Spec {
             Spec::Gemm(k) => k.arch,
             Spec::Attention(a) => a.arch,
             Spec::LayerNorm(l) => l.arch,
+        }
+    }
+    /// The element type of the kernel's tensors.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Spec::Gemm(k) => k.dtype,
+            Spec::Attention(a) => a.dtype,
+            Spec::LayerNorm(l) => l.dtype,
         }
     }
     pub fn as_gemm(&self) -> Option<&KernelSpec> {

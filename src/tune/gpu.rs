@@ -3,8 +3,9 @@
 //! fp64 reference; timing flushes L2 before every run and brackets only the op with CUDA events.
 
 use super::cuda::Cuda;
+use super::op::{absent, fact_tensor, run_op};
 use super::{Bench, BenchError, Protocol};
-use crate::nvcc::library::{FactGemmArgs, KernelLibrary, FACT_MAX_LEAVES};
+use crate::nvcc::library::{FactTensor, KernelLibrary};
 use crate::rules::{Epilogue, GemmLayout, GemmProblem, LeafKind, Major};
 use tch::{Device, Kind, Tensor};
 
@@ -96,13 +97,28 @@ impl Operands {
         .torch_op(layout)
     }
 
-    /// Leaf pointers in the ABI's order, NULL past the last.
-    fn leaf_pointers(&self) -> [*const std::ffi::c_void; FACT_MAX_LEAVES] {
-        let mut out = [std::ptr::null(); FACT_MAX_LEAVES];
-        for (slot, t) in out.iter_mut().zip(&self.leaves) {
-            *slot = t.data_ptr();
-        }
-        out
+    /// The kernel's tensors for these operands and `out` (include/fact_kernels.h, kind "gemm"):
+    /// a, b, the bias (absent without one), the leaves and out, matrices as [L, rows, cols] and
+    /// vectors and scalars as [len]; views of the same memory.
+    fn abi_tensors(&self, batch: i64, out: &Tensor) -> Vec<FactTensor> {
+        let matrix = |t: &Tensor| {
+            let s = t.size();
+            fact_tensor(&t.view([batch, s[s.len() - 2], s[s.len() - 1]]))
+        };
+        let kinds = self.epilogue.iter().flat_map(|e| &e.leaves);
+        let leaves = self.leaves.iter().zip(kinds).map(|(t, kind)| match kind {
+            LeafKind::Full => matrix(t),
+            LeafKind::Row | LeafKind::Col | LeafKind::Scalar => fact_tensor(&t.view([-1])),
+        });
+        [
+            matrix(&self.a),
+            matrix(&self.b),
+            self.bias.as_ref().map_or_else(absent, fact_tensor),
+        ]
+        .into_iter()
+        .chain(leaves)
+        .chain([matrix(out)])
+        .collect()
     }
 }
 
@@ -151,39 +167,6 @@ impl<'a> GpuBench<'a> {
             out,
         })
     }
-
-    fn args(&self, ops: &Operands, out: &Tensor) -> FactGemmArgs {
-        FactGemmArgs {
-            m: self.p.m as i32,
-            n: self.p.n as i32,
-            k: self.p.k as i32,
-            batch: self.p.batch as i32,
-            a: ops.a.data_ptr(),
-            b: ops.b.data_ptr(),
-            bias: ops
-                .bias
-                .as_ref()
-                .map_or(std::ptr::null_mut(), |t| t.data_ptr()),
-            out: out.data_ptr(),
-            // The dispatch index sets each variant's own knobs.
-            splits: 0,
-            raster: 0,
-            swizzle: 0,
-            leaves: ops.leaf_pointers(),
-        }
-    }
-
-    fn launch(&self, index: usize, args: &FactGemmArgs) -> Result<(), BenchError> {
-        if !self.lib.can_implement(index, args) {
-            return Err(BenchError::CannotImplement);
-        }
-        let ws_size = self.lib.workspace_size(index, args);
-        let ws = Tensor::empty([ws_size.max(1) as i64], (Kind::Uint8, self.device));
-        // SAFETY: the operands, output and workspace are live device tensors of the problem's
-        // sizes; `ws` and `args`' tensors outlive the launch because callers synchronize before
-        // dropping them (the caching allocator would also keep the memory valid on this stream).
-        unsafe { self.lib.run(index, args, ws.data_ptr(), ws_size) }.map_err(BenchError::Launch)
-    }
 }
 
 impl Bench for GpuBench<'_> {
@@ -194,18 +177,26 @@ impl Bench for GpuBench<'_> {
             (self.p.dtype.tch_kind(), self.device),
         );
         let _ = out.shallow_clone().fill_(f64::NAN);
-        self.launch(index, &self.args(&ops, &out))?;
+        // No scalars: the dispatch table passes the variant's knobs.
+        run_op(
+            self.lib,
+            index,
+            &ops.abi_tensors(self.p.batch, &out),
+            &[],
+            self.device,
+        )?;
         self.cuda.sync().map_err(BenchError::Launch)?;
         Ok(relative_error(&out, &ops.reference(self.p.layout)))
     }
 
     fn time(&mut self, index: usize) -> Result<Vec<f64>, BenchError> {
-        let args = self.args(&self.timed, &self.out);
+        let tensors = self.timed.abi_tensors(self.p.batch, &self.out);
+        let (lib, device) = (self.lib, self.device);
         sample(
             self.cuda,
             &self.flush,
             &self.protocol,
-            &mut || self.launch(index, &args),
+            &mut || run_op(lib, index, &tensors, &[], device),
             BenchError::Launch,
         )
     }

@@ -63,20 +63,16 @@ pub fn serve(req: Request) -> Result<(), String> {
     crate::torch::set_float32_matmul_precision(req.precision.torch_matmul_precision())
         .map_err(|e| e.to_string())?;
     let lib = KernelLibrary::open(&req.library)?;
-    let (mut bench, count): (Box<dyn Bench>, usize) = match &req.problem {
-        Problem::Gemm(p) => (
-            Box::new(GpuBench::new(&lib, p.clone(), req.protocol.clone())?),
-            lib.len(),
-        ),
-        Problem::Attention(p) => (
-            Box::new(AttentionBench::new(&lib, p.clone(), req.protocol.clone())?),
-            lib.op_len(),
-        ),
-        Problem::LayerNorm(p) => (
-            Box::new(LayerNormBench::new(&lib, p.clone(), req.protocol.clone())?),
-            lib.op_len(),
-        ),
+    let mut bench: Box<dyn Bench> = match &req.problem {
+        Problem::Gemm(p) => Box::new(GpuBench::new(&lib, p.clone(), req.protocol.clone())?),
+        Problem::Attention(p) => {
+            Box::new(AttentionBench::new(&lib, p.clone(), req.protocol.clone())?)
+        }
+        Problem::LayerNorm(p) => {
+            Box::new(LayerNormBench::new(&lib, p.clone(), req.protocol.clone())?)
+        }
     };
+    let count = lib.len();
     if req.baseline {
         let e = match bench.time_baseline() {
             Ok(s) => Event::Baseline {

@@ -301,17 +301,22 @@ bool lies(const at::Tensor& t, Major major) {
 }
 
 // The tensor whose memory the kernel reads as operand `t` ([.., rows, cols], read as [rows, cols]
-// when `fold` joins its leading dims to the rows): `t` itself when it lies as the kernel's layout
-// says, else a copy that does. A call whose strides fit no layout of its kernel runs the kernel on
-// the copy rather than the original op: the kernel was measured faster than torch on this problem
-// and the copy costs one pass over the operand; fact_op_stats counts such calls as "copied".
-at::Tensor operand(const at::Tensor& t, Major major, bool fold, int64_t rows, int64_t cols, bool& copied) {
+// when `fold` joins its leading dims to the rows), viewed as the kernel's [batch, rows, cols]: `t`
+// itself when it lies as the kernel's layout says, else a copy that does. A call whose strides fit
+// no layout of its kernel runs the kernel on the copy rather than the original op: the kernel was
+// measured faster than torch on this problem and the copy costs one pass over the operand;
+// fact_op_stats counts such calls as "copied".
+at::Tensor operand(const at::Tensor& t, Major major, bool fold, int64_t batch, int64_t rows, int64_t cols,
+                   bool& copied) {
   at::Tensor v = fold && t.dim() > 2 ? t.reshape({rows, cols}) : t;
   if (!v.is_alias_of(t)) copied = true;  // reshape had to copy: a folded column-major a
-  if (lies(v, major)) return v;
-  copied = true;
-  return major == Major::Row ? v.clone(at::MemoryFormat::Contiguous)
-                             : v.transpose(-2, -1).clone(at::MemoryFormat::Contiguous).transpose(-2, -1);
+  if (!lies(v, major)) {
+    copied = true;
+    v = major == Major::Row ? v.clone(at::MemoryFormat::Contiguous)
+                            : v.transpose(-2, -1).clone(at::MemoryFormat::Contiguous).transpose(-2, -1);
+  }
+  // Its leading dims lie packed outside the matrix, so they join into one without a copy.
+  return v.view({batch, rows, cols});
 }
 
 // `t` packed from an aligned start, for vectors and leaves (read packed, not as layouts).
@@ -320,16 +325,36 @@ at::Tensor packed(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
 
-// A call that fits a kernel of this library: operands as the kernel's layout reads them, the
-// output allocated, the problem in args, the device selected for as long as the launch lives.
+// A tensor as a kernel reads it (include/fact_kernels.h): its data, dtype, sizes and strides.
+FactTensor fact_tensor(const at::Tensor& t) {
+  FactTensor ft{};
+  ft.data = t.data_ptr();
+  // Another dtype (f64) is none of FactDtype's, so no kernel's check takes it for one.
+  const at::ScalarType s = t.scalar_type();
+  ft.dtype = s == at::kFloat ? FACT_F32 : s == at::kBFloat16 ? FACT_BF16 : s == at::kHalf ? FACT_F16 : -1;
+  ft.rank = static_cast<int32_t>(t.dim());
+  for (int64_t i = 0; i < t.dim() && i < FACT_MAX_RANK; ++i) {
+    ft.sizes[i] = t.size(i);
+    ft.strides[i] = t.stride(i);
+  }
+  return ft;
+}
+
+// A GEMM call that fits a kernel of this library: operands as the kernel's layout reads them, the
+// output allocated, the device selected for as long as the launch lives.
 struct Launch {
   c10::cuda::OptionalCUDAGuard guard;
   int32_t index = -1;
-  FactGemmArgs args{};
+  // The kernel's problem: out[batch, m, n].
+  int64_t batch = 1, m = 0, n = 0;
+  // a and b as the kernel's [batch, rows, cols] views; out as the op returns it.
   at::Tensor a, b, bias, out;
   // Whether an operand had to be copied into the kernel's layout.
   bool copied = false;
-  // Tensors args points into besides the operands (converted leaves), kept alive for the launch.
+  // The kernel's tensors in its signature's order: a, b, the bias (NULL data without one), then
+  // the leaves once bound; `launch` adds out.
+  std::vector<FactTensor> tensors;
+  // Tensors `tensors` points into besides the operands (converted leaves), kept alive for the launch.
   std::vector<at::Tensor> keep;
 };
 
@@ -346,13 +371,13 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
   const int32_t index = fact_kernel_find(std::string(kernel).c_str());
   if (index < 0) return false;
   const FactKernelInfo* info = fact_kernel_info(index);
+  if (std::string(info->kind) != "gemm") return false;
   // The layout's letters say how the kernel reads a and B ("crr": a column-major, B row-major).
   const std::string layout = info->layout;
   if (layout.size() != 3 || std::string(dtype_name(a.scalar_type())) != info->dtype) return false;
   const Major want_a = layout[0] == 'c' ? Major::Col : Major::Row;
   const Major want_b = layout[1] == 'c' ? Major::Col : Major::Row;
   if (b.scalar_type() != a.scalar_type() || b.dim() < 2 || a.dim() < 2) return false;
-  if (has_bias != (info->bias != 0)) return false;
   if (epilogue != c10::string_view(info->epilogue != nullptr ? info->epilogue : "")) return false;
   if (origin == "linear" && b.dim() != 2) return false;
   // torch's B[.., K, N]: linear's weight is w[N, K], B = wᵀ.
@@ -386,60 +411,48 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
 
   l.guard.set_device(a.device());
   l.index = index;
-  l.a = operand(a, want_a, folds, m, k, l.copied);
-  l.b = operand(bt, want_b, folds, k, n, l.copied);
+  l.batch = batch;
+  l.m = m;
+  l.n = n;
+  l.a = operand(a, want_a, folds, batch, m, k, l.copied);
+  l.b = operand(bt, want_b, folds, batch, k, n, l.copied);
   l.bias = has_bias ? packed(*bias) : at::Tensor();
   std::vector<int64_t> out_shape(a.sizes().begin(), a.sizes().end() - 1);
   out_shape.push_back(n);
   l.out = at::empty(out_shape, a.options());
-  l.args.m = static_cast<int32_t>(m);
-  l.args.n = static_cast<int32_t>(n);
-  l.args.k = static_cast<int32_t>(k);
-  l.args.batch = static_cast<int32_t>(batch);
-  l.args.a = l.a.data_ptr();
-  l.args.b = l.b.data_ptr();
-  l.args.bias = has_bias ? l.bias.data_ptr() : nullptr;
-  l.args.out = l.out.data_ptr();
+  l.tensors = {fact_tensor(l.a), fact_tensor(l.b), has_bias ? fact_tensor(l.bias) : FactTensor{}};
   return true;
 }
 
-// The entry points of one of the library's dispatch tables (GEMM variants, or other kinds' kernels).
-template <typename Args>
-struct Table {
-  int32_t (*can_implement)(int32_t, const Args*);
-  size_t (*workspace_size)(int32_t, const Args*);
-  int32_t (*run)(int32_t, const Args*, void*, size_t, void*);
-};
-const Table<FactGemmArgs> kGemmTable{fact_kernel_can_implement, fact_kernel_workspace_size, fact_kernel_run};
-const Table<FactOpArgs> kOpTable{fact_op_kernel_can_implement, fact_op_kernel_workspace_size, fact_op_kernel_run};
-
-// Launches kernel `index` of table `t` on the current stream of `like`'s device, its workspace from
-// torch's allocator; false when the kernel cannot implement the call (the op falls back).
-template <typename Args>
-bool launch_kernel(const Table<Args>& t, int32_t index, const Args& args, const at::Tensor& like,
-                   c10::string_view kernel, const char* op) {
-  if (t.can_implement(index, &args) != FACT_OK) return false;
-  const size_t ws_size = t.workspace_size(index, &args);
+// Launches kernel `index` on the current stream of `like`'s device, its workspace from torch's
+// allocator; false when the kernel cannot implement the call (the op falls back).
+bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like, c10::string_view kernel,
+                   const char* op) {
+  if (fact_kernel_can_implement(index, &args) != FACT_OK) return false;
+  const size_t ws_size = fact_kernel_workspace_size(index, &args);
   at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, like.options().dtype(at::kByte));
-  const int32_t status =
-      t.run(index, &args, ws.data_ptr(), ws_size, c10::cuda::getCurrentCUDAStream(like.device().index()).stream());
+  const int32_t status = fact_kernel_run(index, &args, ws.data_ptr(), ws_size,
+                                         c10::cuda::getCurrentCUDAStream(like.device().index()).stream());
   TORCH_CHECK(status == FACT_OK, "fact::", op, ": kernel ", std::string(kernel), " failed with status ", status,
               ": ", fact_last_error());
   return true;
 }
 
-// Runs a prepared GEMM call; false when the kernel cannot implement it (the op falls back).
+// Runs a prepared GEMM call, the output last among its tensors (no scalars: the dispatch table
+// passes the variant's knobs); false when the kernel cannot implement it (the op falls back).
 bool launch(Launch& l, c10::string_view kernel, const char* op) {
-  return launch_kernel(kGemmTable, l.index, l.args, l.a, kernel, op);
+  l.tensors.push_back(fact_tensor(l.out.view({l.batch, l.m, l.n})));
+  const FactOpArgs args{l.tensors.data(), static_cast<int32_t>(l.tensors.size()), nullptr, 0};
+  return launch_kernel(l.index, args, l.a, kernel, op);
 }
 
-// Sets args.leaves from `leaves` laid as the program says over the output [.., M, N]; false when
-// one does not lie the way the kernel reads it (or torch's broadcasting would give another
-// result type or shape than the kernel's output).
+// Adds `leaves`, laid as the program says over the output [.., M, N], to the kernel's tensors as
+// it reads them (full ones as [batch, M, N], the others as vectors); false when one does not fit
+// (or torch's broadcasting would give another result type or shape than the kernel's output).
 bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
   const at::Tensor& out = l.out;
-  const int64_t m = l.args.m;
-  const int64_t n = l.args.n;
+  const int64_t m = l.m;
+  const int64_t n = l.n;
   if (leaves.size() != p.leaves.size() || leaves.size() > FACT_MAX_LEAVES) return false;
   for (size_t i = 0; i < leaves.size(); ++i) {
     const at::Tensor& t = leaves[i];
@@ -451,27 +464,27 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
     switch (p.leaves[i]) {
       case LeafKind::Full:
         if (t.sizes() != out.sizes()) return false;
-        c = packed(t);
+        c = packed(t).view({l.batch, m, n});
         break;
       case LeafKind::Row:
         if (t.numel() != n || t.dim() < 1 || t.size(-1) != n) return false;
-        c = packed(t);
+        c = packed(t).view({n});
         break;
       case LeafKind::Col:
-        if (l.args.batch != 1 || t.numel() != m || t.dim() < 1 || t.size(-1) != 1) return false;
+        if (l.batch != 1 || t.numel() != m || t.dim() < 1 || t.size(-1) != 1) return false;
         for (int64_t d = 2; d <= t.dim(); ++d) {
           if (t.size(-d) != out.size(-d)) return false;
         }
-        c = packed(t);
+        c = packed(t).view({m});
         break;
       case LeafKind::Scalar:
         if (t.numel() != 1 || !c10::isFloatingType(t.scalar_type())) return false;
         if (at::result_type(out, t) != out.scalar_type()) return false;
-        c = t.to(at::kFloat).contiguous();
+        c = t.to(at::kFloat).contiguous().view({1});
         break;
     }
     l.keep.push_back(c);
-    l.args.leaves[i] = c.data_ptr();
+    l.tensors.push_back(fact_tensor(c));
   }
   return true;
 }
@@ -663,20 +676,6 @@ bool causal_mask(const Form& f, const at::Tensor& mask, int64_t tq, int64_t tk) 
   return causal;
 }
 
-FactTensor fact_tensor(const at::Tensor& t) {
-  FactTensor ft{};
-  ft.data = t.data_ptr();
-  // Another dtype (f64) is none of FactDtype's, so no kernel's check takes it for one.
-  const at::ScalarType s = t.scalar_type();
-  ft.dtype = s == at::kFloat ? FACT_F32 : s == at::kBFloat16 ? FACT_BF16 : s == at::kHalf ? FACT_F16 : -1;
-  ft.rank = static_cast<int32_t>(t.dim());
-  for (int64_t i = 0; i < t.dim() && i < FACT_MAX_RANK; ++i) {
-    ft.sizes[i] = t.size(i);
-    ft.strides[i] = t.stride(i);
-  }
-  return ft;
-}
-
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
 // reason in `why`.
 at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -688,7 +687,7 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   }
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return why = "mixed dtypes", at::Tensor();
   if (q.dim() != k.dim() || q.dim() != v.dim() || (q.dim() != 4 && q.dim() != 3)) return why = "q, k, v not all [B,H,T,D] or [B,T,D]", at::Tensor();
-  const int32_t index = fact_op_kernel_find(std::string(kernel).c_str());
+  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(q.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
@@ -732,7 +731,7 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
                                  factor.defined() ? fact_tensor(factor) : FactTensor{}};
   const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
   const FactOpArgs args{tensors, factor.defined() ? 5 : 4, scalars, 3};
-  if (!launch_kernel(kOpTable, index, args, q, kernel, "attention")) {
+  if (!launch_kernel(index, args, q, kernel, "attention")) {
     return why = "the kernel cannot implement these shapes, strides or alignments", at::Tensor();
   }
   return q.dim() == 4 ? out : out.squeeze(1);
@@ -783,7 +782,7 @@ at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shap
   }
   const int64_t c = x.size(-1);
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
-  const int32_t index = fact_op_kernel_find(std::string(kernel).c_str());
+  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
@@ -814,7 +813,7 @@ at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shap
                                  has_b ? fact_tensor(*bias) : FactTensor{}};
   const double scalars[1] = {eps};
   const FactOpArgs args{tensors, 4, scalars, 1};
-  if (!launch_kernel(kOpTable, index, args, x, kernel, "layernorm")) {
+  if (!launch_kernel(index, args, x, kernel, "layernorm")) {
     return why = "the kernel cannot implement this C, stride or alignment", at::Tensor();
   }
   return out;

@@ -167,13 +167,14 @@ inline int64_t rows_of(const FactOpArgs* a) {
 
 }  // namespace fact_ln_f32_c768_t32_v4_r4
 
-extern "C" __attribute__((weak)) int32_t fact_o_ln_f32_c768_t32_v4_r4_can_implement(const FactOpArgs* a) {
+extern "C" __attribute__((weak)) int32_t fact_k_ln_f32_c768_t32_v4_r4_can_implement(const FactOpArgs* a, const FactKnobs*) {
   return fact_ln_f32_c768_t32_v4_r4::rows_of(a) >= 0 ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
-extern "C" __attribute__((weak)) size_t fact_o_ln_f32_c768_t32_v4_r4_workspace_size(const FactOpArgs*) { return 0; }
+extern "C" __attribute__((weak)) size_t fact_k_ln_f32_c768_t32_v4_r4_workspace_size(const FactOpArgs*, const FactKnobs*) { return 0; }
 
-extern "C" __attribute__((weak)) int32_t fact_o_ln_f32_c768_t32_v4_r4_run(const FactOpArgs* a, void*, size_t, void* stream) {
+extern "C" __attribute__((weak)) int32_t fact_k_ln_f32_c768_t32_v4_r4_run(const FactOpArgs* a, const FactKnobs*, void*, size_t,
+                                                             void* stream) {
   using namespace fact_ln_f32_c768_t32_v4_r4;
   const int64_t rows = rows_of(a);
   if (rows < 0) return FACT_CANNOT_IMPLEMENT;

@@ -100,20 +100,20 @@ size_t accumulator_bytes(const FactOpArgs* a) {
 
 }  // namespace fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80
 
-extern "C" __attribute__((weak)) int32_t fact_o_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_can_implement(const FactOpArgs* a) {
+extern "C" __attribute__((weak)) int32_t fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_can_implement(const FactOpArgs* a, const FactKnobs*) {
   typename fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::AK::Params p;
   if (!fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::make_params(a, p)) return FACT_CANNOT_IMPLEMENT;
   return fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::AK::check_supported(p) ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
-extern "C" __attribute__((weak)) size_t fact_o_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_workspace_size(const FactOpArgs* a) {
+extern "C" __attribute__((weak)) size_t fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_workspace_size(const FactOpArgs* a, const FactKnobs*) {
   typename fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::AK::Params p;
   if (!fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::make_params(a, p)) return 0;
   return fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::accumulator_bytes(a);
 }
 
-extern "C" __attribute__((weak)) int32_t fact_o_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_run(const FactOpArgs* a, void* workspace, size_t workspace_size,
-                                                            void* stream) {
+extern "C" __attribute__((weak)) int32_t fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_run(const FactOpArgs* a, const FactKnobs*, void* workspace,
+                                                             size_t workspace_size, void* stream) {
   using AK = fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::AK;
   typename AK::Params p;
   if (!fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::make_params(a, p) || !AK::check_supported(p)) return FACT_CANNOT_IMPLEMENT;

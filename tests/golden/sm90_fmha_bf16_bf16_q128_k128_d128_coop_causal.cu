@@ -175,19 +175,19 @@ size_t lse_bytes(const FactOpArgs* a) {
 
 }  // namespace fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal
 
-extern "C" __attribute__((weak)) int32_t fact_o_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_can_implement(const FactOpArgs* a) {
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_can_implement(const FactOpArgs* a, const FactKnobs*) {
   typename fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal::Kernel::Arguments args;
   return fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal::make_arguments(a, nullptr, args) ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
-extern "C" __attribute__((weak)) size_t fact_o_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_workspace_size(const FactOpArgs* a) {
+extern "C" __attribute__((weak)) size_t fact_k_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_workspace_size(const FactOpArgs* a, const FactKnobs*) {
   typename fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal::Kernel::Arguments args;
   if (!fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal::make_arguments(a, nullptr, args)) return 0;
   return fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal::lse_bytes(a);
 }
 
-extern "C" __attribute__((weak)) int32_t fact_o_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run(const FactOpArgs* a, void* workspace, size_t workspace_size,
-                                                            void* stream) {
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run(const FactOpArgs* a, const FactKnobs*, void* workspace,
+                                                             size_t workspace_size, void* stream) {
   using Kernel = fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal::Kernel;
   typename Kernel::Arguments args;
   if (!fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal::make_arguments(a, workspace, args)) return FACT_CANNOT_IMPLEMENT;

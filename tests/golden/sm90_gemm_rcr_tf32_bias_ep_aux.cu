@@ -23,6 +23,84 @@ namespace {
 namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns {
 using namespace cute;
 
+// The call in torch's terms, out[L,M,N] = f(a[L,M,K] . B[L,K,N] + bias[N], leaves), every tensor
+// packed as the layout says (a row-major, B column-major), so the kernel needs only their sizes and data.
+struct Call {
+  int m, n, k, batch;
+  const void* a;
+  const void* b;
+  // NULL when the kernel adds no bias.
+  const void* bias;
+  void* out;
+  // The epilogue's leaves, in the program's order.
+  const void* leaves[FACT_MAX_LEAVES];
+  // The variant's launch knobs (FactKnobs).
+  int splits, raster, swizzle;
+};
+
+enum class Leaf { Full, Row, Col, Scalar };
+constexpr int kDtype = 0;
+constexpr bool kRowA = true, kRowB = false, kBias = true;
+constexpr int kLeaves = 2;
+constexpr Leaf kLeafKinds[FACT_MAX_LEAVES] = { Leaf::Full, Leaf::Full, };
+static_assert(kLeaves <= FACT_MAX_LEAVES, "an epilogue reads at most FACT_MAX_LEAVES leaves");
+
+// Whether `t` has element type `dtype`, `rank` dims of sizes `sizes` and, wherever a size is not
+// one (a dim of size one is never stepped along), strides `strides`, from data aligned to `align`
+// bytes.
+inline bool fits(const FactTensor& t, int dtype, int rank, const int64_t* sizes, const int64_t* strides, uintptr_t align) {
+  if (t.data == nullptr || t.dtype != dtype || t.rank != rank) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % align != 0) return false;
+  for (int d = 0; d < rank; ++d) {
+    if (t.sizes[d] != sizes[d] || (sizes[d] != 1 && t.strides[d] != strides[d])) return false;
+  }
+  return true;
+}
+
+// The call `args` states, with the variant's `knobs`; false when this kernel cannot take it: the
+// tensors are a, b, bias, the leaves and out, as include/fact_kernels.h says, and no scalars.
+inline bool read_call(const FactOpArgs* args, const FactKnobs* knobs, Call& c) {
+  if (args == nullptr || knobs == nullptr || args->tensors == nullptr) return false;
+  if (args->num_tensors != 4 + kLeaves || args->num_scalars != 0) return false;
+  const FactTensor* t = args->tensors;
+  if (t[0].rank != 3 || t[1].rank != 3) return false;
+  const int64_t L = t[0].sizes[0], M = t[0].sizes[1], K = t[0].sizes[2], N = t[1].sizes[2];
+  auto dim = [](int64_t v) { return v >= 1 && v <= INT32_MAX; };
+  if (!dim(L) || !dim(M) || !dim(K) || !dim(N)) return false;
+  const int64_t a_sizes[3] = {L, M, K}, a_strides[3] = {M * K, kRowA ? K : 1, kRowA ? 1 : M};
+  const int64_t b_sizes[3] = {L, K, N}, b_strides[3] = {K * N, kRowB ? N : 1, kRowB ? 1 : K};
+  const int64_t out_sizes[3] = {L, M, N}, out_strides[3] = {M * N, N, 1};
+  const int64_t row[1] = {N}, col[1] = {M}, one[1] = {1};
+  if (!fits(t[0], kDtype, 3, a_sizes, a_strides, 16) || !fits(t[1], kDtype, 3, b_sizes, b_strides, 16)) return false;
+  if (kBias ? !fits(t[2], kDtype, 1, row, one, 16) : t[2].data != nullptr) return false;
+  if (!fits(t[3 + kLeaves], kDtype, 3, out_sizes, out_strides, 16)) return false;
+  for (int i = 0; i < kLeaves; ++i) {
+    const FactTensor& l = t[3 + i];
+    bool ok = false;
+    switch (kLeafKinds[i]) {
+      case Leaf::Full: ok = fits(l, kDtype, 3, out_sizes, out_strides, 16); break;
+      case Leaf::Row: ok = fits(l, kDtype, 1, row, one, 16); break;
+      case Leaf::Col: ok = L == 1 && fits(l, kDtype, 1, col, one, 16); break;
+      case Leaf::Scalar: ok = fits(l, FACT_F32, 1, one, one, sizeof(float)); break;
+    }
+    if (!ok) return false;
+    c.leaves[i] = l.data;
+  }
+  for (int i = kLeaves; i < FACT_MAX_LEAVES; ++i) c.leaves[i] = nullptr;
+  c.m = static_cast<int>(M);
+  c.n = static_cast<int>(N);
+  c.k = static_cast<int>(K);
+  c.batch = static_cast<int>(L);
+  c.a = t[0].data;
+  c.b = t[1].data;
+  c.bias = t[2].data;
+  c.out = t[3 + kLeaves].data;
+  c.splits = knobs->splits;
+  c.raster = knobs->raster;
+  c.swizzle = knobs->swizzle;
+  return true;
+}
+
 // Operands and output share a type except in the split families, whose parts are narrower than
 // the fp32 output.
 using Element = float;
@@ -113,7 +191,7 @@ int sm_count() {
 
 // The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
 // `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
-typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta, int k,
                                         int k_packed) {
   const int M = p.n, N = p.m, K = k, L = p.batch;
   auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
@@ -131,7 +209,7 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
       hw};
   (void)beta;
   args.epilogue.thread = { {}, {static_cast<const ElementD*>(p.bias), ElementD(0), {}}, {}, {static_cast<const ElementAux*>(p.leaves[1]), ElementAux(0), stride_aux}, {} };
-  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  // Launch knobs (FactKnobs, set per variant by the dispatch table): no recompile needed.
   using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
   args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
   args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
@@ -140,35 +218,33 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
   return args;
 }
 
-[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta) {
   return make_arguments(p, a, b, beta, p.k, p.k);
 }
 }  // namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns
 }  // namespace
 
-extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_can_implement(const FactGemmArgs* p) {
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_can_implement(const FactOpArgs* fact_args, const FactKnobs* knobs) {
   using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns;
-  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
-  for (int i = 0; i < 2; ++i) {
-    if (p->leaves[i] == nullptr) return FACT_CANNOT_IMPLEMENT;
-  }
-  auto args = make_arguments(*p, p->a, p->b, 0.0f);
+  Call p;
+  if (!read_call(fact_args, knobs, p)) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(p, p.a, p.b, 0.0f);
   return Gemm::can_implement(args) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
-extern "C" __attribute__((weak)) size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_workspace_size(const FactGemmArgs* p) {
+extern "C" __attribute__((weak)) size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_workspace_size(const FactOpArgs* fact_args, const FactKnobs* knobs) {
   using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns;
-  return Gemm::get_workspace_size(make_arguments(*p, p->a, p->b, 0.0f));
+  Call p;
+  if (!read_call(fact_args, knobs, p)) return 0;
+  return Gemm::get_workspace_size(make_arguments(p, p.a, p.b, 0.0f));
 }
 
-extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
-                                       void* stream) {
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_run(const FactOpArgs* fact_args, const FactKnobs* knobs,
+                                                             void* workspace, size_t workspace_size, void* stream) {
   using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_bias_ep_add_add_920b7607_align4_ns;
-  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
-  for (int i = 0; i < 2; ++i) {
-    if (p->leaves[i] == nullptr) return FACT_CANNOT_IMPLEMENT;
-  }
-  auto args = make_arguments(*p, p->a, p->b, 0.0f);
+  Call p;
+  if (!read_call(fact_args, knobs, p)) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(p, p.a, p.b, 0.0f);
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
   if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
   Gemm gemm;

@@ -34,6 +34,84 @@ namespace {
 namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns {
 using namespace cute;
 
+// The call in torch's terms, out[L,M,N] = f(a[L,M,K] . B[L,K,N] + bias[N], leaves), every tensor
+// packed as the layout says (a row-major, B column-major), so the kernel needs only their sizes and data.
+struct Call {
+  int m, n, k, batch;
+  const void* a;
+  const void* b;
+  // NULL when the kernel adds no bias.
+  const void* bias;
+  void* out;
+  // The epilogue's leaves, in the program's order.
+  const void* leaves[FACT_MAX_LEAVES];
+  // The variant's launch knobs (FactKnobs).
+  int splits, raster, swizzle;
+};
+
+enum class Leaf { Full, Row, Col, Scalar };
+constexpr int kDtype = 0;
+constexpr bool kRowA = true, kRowB = false, kBias = true;
+constexpr int kLeaves = 1;
+constexpr Leaf kLeafKinds[FACT_MAX_LEAVES] = { Leaf::Full, };
+static_assert(kLeaves <= FACT_MAX_LEAVES, "an epilogue reads at most FACT_MAX_LEAVES leaves");
+
+// Whether `t` has element type `dtype`, `rank` dims of sizes `sizes` and, wherever a size is not
+// one (a dim of size one is never stepped along), strides `strides`, from data aligned to `align`
+// bytes.
+inline bool fits(const FactTensor& t, int dtype, int rank, const int64_t* sizes, const int64_t* strides, uintptr_t align) {
+  if (t.data == nullptr || t.dtype != dtype || t.rank != rank) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % align != 0) return false;
+  for (int d = 0; d < rank; ++d) {
+    if (t.sizes[d] != sizes[d] || (sizes[d] != 1 && t.strides[d] != strides[d])) return false;
+  }
+  return true;
+}
+
+// The call `args` states, with the variant's `knobs`; false when this kernel cannot take it: the
+// tensors are a, b, bias, the leaves and out, as include/fact_kernels.h says, and no scalars.
+inline bool read_call(const FactOpArgs* args, const FactKnobs* knobs, Call& c) {
+  if (args == nullptr || knobs == nullptr || args->tensors == nullptr) return false;
+  if (args->num_tensors != 4 + kLeaves || args->num_scalars != 0) return false;
+  const FactTensor* t = args->tensors;
+  if (t[0].rank != 3 || t[1].rank != 3) return false;
+  const int64_t L = t[0].sizes[0], M = t[0].sizes[1], K = t[0].sizes[2], N = t[1].sizes[2];
+  auto dim = [](int64_t v) { return v >= 1 && v <= INT32_MAX; };
+  if (!dim(L) || !dim(M) || !dim(K) || !dim(N)) return false;
+  const int64_t a_sizes[3] = {L, M, K}, a_strides[3] = {M * K, kRowA ? K : 1, kRowA ? 1 : M};
+  const int64_t b_sizes[3] = {L, K, N}, b_strides[3] = {K * N, kRowB ? N : 1, kRowB ? 1 : K};
+  const int64_t out_sizes[3] = {L, M, N}, out_strides[3] = {M * N, N, 1};
+  const int64_t row[1] = {N}, col[1] = {M}, one[1] = {1};
+  if (!fits(t[0], kDtype, 3, a_sizes, a_strides, 16) || !fits(t[1], kDtype, 3, b_sizes, b_strides, 16)) return false;
+  if (kBias ? !fits(t[2], kDtype, 1, row, one, 16) : t[2].data != nullptr) return false;
+  if (!fits(t[3 + kLeaves], kDtype, 3, out_sizes, out_strides, 16)) return false;
+  for (int i = 0; i < kLeaves; ++i) {
+    const FactTensor& l = t[3 + i];
+    bool ok = false;
+    switch (kLeafKinds[i]) {
+      case Leaf::Full: ok = fits(l, kDtype, 3, out_sizes, out_strides, 16); break;
+      case Leaf::Row: ok = fits(l, kDtype, 1, row, one, 16); break;
+      case Leaf::Col: ok = L == 1 && fits(l, kDtype, 1, col, one, 16); break;
+      case Leaf::Scalar: ok = fits(l, FACT_F32, 1, one, one, sizeof(float)); break;
+    }
+    if (!ok) return false;
+    c.leaves[i] = l.data;
+  }
+  for (int i = kLeaves; i < FACT_MAX_LEAVES; ++i) c.leaves[i] = nullptr;
+  c.m = static_cast<int>(M);
+  c.n = static_cast<int>(N);
+  c.k = static_cast<int>(K);
+  c.batch = static_cast<int>(L);
+  c.a = t[0].data;
+  c.b = t[1].data;
+  c.bias = t[2].data;
+  c.out = t[3 + kLeaves].data;
+  c.splits = knobs->splits;
+  c.raster = knobs->raster;
+  c.swizzle = knobs->swizzle;
+  return true;
+}
+
 namespace plain {
 // Operands and output share a type except in the split families, whose parts are narrower than
 // the fp32 output.
@@ -93,7 +171,7 @@ int sm_count() {
 
 // The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
 // `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
-typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta, int k,
                                         int k_packed) {
   const int M = p.n, N = p.m, K = k, L = p.batch;
   auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
@@ -110,7 +188,7 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = beta;
-  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  // Launch knobs (FactKnobs, set per variant by the dispatch table): no recompile needed.
   using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
   args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
   args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
@@ -119,7 +197,7 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
   return args;
 }
 
-[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta) {
   return make_arguments(p, a, b, beta, p.k, p.k);
 }
 }  // namespace plain
@@ -213,7 +291,7 @@ int sm_count() {
 
 // The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
 // `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
-typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta, int k,
+typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta, int k,
                                         int k_packed) {
   const int M = p.n, N = p.m, K = k, L = p.batch;
   auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
@@ -231,7 +309,7 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
       hw};
   (void)beta;
   args.epilogue.thread = { {}, {}, {static_cast<const ElementD*>(p.bias), ElementD(0), {}}, {static_cast<const ElementAux*>(p.leaves[0]), ElementAux(0), stride_aux}, {} };
-  // Launch knobs (FactGemmArgs, set per variant by the dispatch index): no recompile needed.
+  // Launch knobs (FactKnobs, set per variant by the dispatch table): no recompile needed.
   using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
   args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
   args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
@@ -240,17 +318,17 @@ typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, co
   return args;
 }
 
-[[maybe_unused]] typename Gemm::Arguments make_arguments(const FactGemmArgs& p, const void* a, const void* b, float beta) {
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta) {
   return make_arguments(p, a, b, beta, p.k, p.k);
 }
 }  // namespace fused
 using Element = plain::Element;
 using FirstGemm = plain::Gemm;
 using SecondGemm = fused::Gemm;
-FirstGemm::Arguments first_arguments(const FactGemmArgs& p, const void* a, const void* b) {
+FirstGemm::Arguments first_arguments(const Call& p, const void* a, const void* b) {
   return plain::make_arguments(p, a, b, 0.0f, p.k, 2 * p.k);
 }
-SecondGemm::Arguments second_arguments(const FactGemmArgs& p, const void* a, const void* b) {
+SecondGemm::Arguments second_arguments(const Call& p, const void* a, const void* b) {
   return fused::make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);
 }
 
@@ -280,11 +358,11 @@ __global__ void split_parts(const float4* __restrict__ x, Element* __restrict__ 
   }
 }
 
-size_t numel_a(const FactGemmArgs& p) { return size_t(p.batch) * p.m * p.k; }
-size_t numel_b(const FactGemmArgs& p) { return size_t(p.batch) * p.k * p.n; }
+size_t numel_a(const Call& p) { return size_t(p.batch) * p.m * p.k; }
+size_t numel_b(const Call& p) { return size_t(p.batch) * p.k * p.n; }
 size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
-size_t a_parts_bytes(const FactGemmArgs& p) { return round_up(2 * numel_a(p) * sizeof(Element)); }
-size_t parts_bytes(const FactGemmArgs& p) { return a_parts_bytes(p) + round_up(2 * numel_b(p) * sizeof(Element)); }
+size_t a_parts_bytes(const Call& p) { return round_up(2 * numel_a(p) * sizeof(Element)); }
+size_t parts_bytes(const Call& p) { return a_parts_bytes(p) + round_up(2 * numel_b(p) * sizeof(Element)); }
 
 void launch_split(const void* x, Element* parts, size_t n, size_t g, size_t hi_at, cudaStream_t s) {
   const size_t n4 = n / 4;
@@ -292,53 +370,59 @@ void launch_split(const void* x, Element* parts, size_t n, size_t g, size_t hi_a
   const int blocks = static_cast<int>(wanted < 132 * 16 ? wanted : 132 * 16);
   split_parts<<<blocks, 256, 0, s>>>(static_cast<const float4*>(x), parts, n4, g, hi_at);
 }
+
+// Whether both GEMMs (and the split, which reads whole vectors) take the call.
+bool implementable(const Call& p) {
+  if (p.k % 4 != 0 || p.n % 4 != 0) return false;
+  return FirstGemm::can_implement(first_arguments(p, p.a, p.b)) == cutlass::Status::kSuccess &&
+         SecondGemm::can_implement(second_arguments(p, p.a, p.b)) == cutlass::Status::kSuccess;
+}
+
+// The parts and the larger of the two GEMMs' own workspaces.
+size_t workspace_bytes(const Call& p) {
+  const size_t first = FirstGemm::get_workspace_size(first_arguments(p, p.a, p.b));
+  const size_t second = SecondGemm::get_workspace_size(second_arguments(p, p.a, p.b));
+  return parts_bytes(p) + (first > second ? first : second);
+}
 }  // namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns
 }  // namespace
 
-extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_can_implement(const FactGemmArgs* p) {
+extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_can_implement(const FactOpArgs* fact_args, const FactKnobs* knobs) {
   using namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns;
-  if (p->k % 4 != 0 || p->n % 4 != 0) return FACT_CANNOT_IMPLEMENT;
-  if (p->bias == nullptr) return FACT_CANNOT_IMPLEMENT;
-  for (int i = 0; i < 1; ++i) {
-    if (p->leaves[i] == nullptr) return FACT_CANNOT_IMPLEMENT;
-  }
-  if (FirstGemm::can_implement(first_arguments(*p, p->a, p->b)) != cutlass::Status::kSuccess ||
-      SecondGemm::can_implement(second_arguments(*p, p->a, p->b)) != cutlass::Status::kSuccess) {
-    return FACT_CANNOT_IMPLEMENT;
-  }
-  return FACT_OK;
+  Call p;
+  return read_call(fact_args, knobs, p) && implementable(p) ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
-extern "C" __attribute__((weak)) size_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_workspace_size(const FactGemmArgs* p) {
+extern "C" __attribute__((weak)) size_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_workspace_size(const FactOpArgs* fact_args, const FactKnobs* knobs) {
   using namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns;
-  const size_t first = FirstGemm::get_workspace_size(first_arguments(*p, p->a, p->b));
-  const size_t second = SecondGemm::get_workspace_size(second_arguments(*p, p->a, p->b));
-  return parts_bytes(*p) + (first > second ? first : second);
+  Call p;
+  return read_call(fact_args, knobs, p) ? workspace_bytes(p) : 0;
 }
 
-extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_run(const FactGemmArgs* p, void* workspace, size_t workspace_size,
-                                       void* stream) {
+extern "C" __attribute__((weak)) int32_t fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_run(const FactOpArgs* fact_args, const FactKnobs* knobs,
+                                                             void* workspace, size_t workspace_size, void* stream) {
   using namespace sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_ns;
-  if (fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_can_implement(p) != FACT_OK) return FACT_CANNOT_IMPLEMENT;
-  if (fact_k_sm90b3_gemm_rcr_bf16x3_f32_128x128x64_1x2x1_ws_coop_dp_bias_ep_add_85e46108_align8_workspace_size(p) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  Call p;
+  if (!read_call(fact_args, knobs, p) || !implementable(p)) return FACT_CANNOT_IMPLEMENT;
+  if (workspace_bytes(p) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
   auto s = static_cast<cudaStream_t>(stream);
   char* w = static_cast<char*>(workspace);
   Element* a_parts = reinterpret_cast<Element*>(w);
-  Element* b_parts = reinterpret_cast<Element*>(w + a_parts_bytes(*p));
-  void* gemm_ws = w + parts_bytes(*p);
-  const size_t k = p->k;
+  Element* b_parts = reinterpret_cast<Element*>(w + a_parts_bytes(p));
+  void* gemm_ws = w + parts_bytes(p);
+  const size_t k = p.k;
   // torch's a is K-major (rows of k): each row becomes [hi | lo].
-  launch_split(p->a, a_parts, numel_a(*p), k, 0, s);
+  launch_split(p.a, a_parts, numel_a(p), k, 0, s);
   // torch's b is n x k (K-major): each row becomes [lo | hi].
-  launch_split(p->b, b_parts, numel_b(*p), k, k, s);
+  launch_split(p.b, b_parts, numel_b(p), k, k, s);
   const size_t b_hi_at = k;
   FirstGemm first;
-  if (first.initialize(first_arguments(*p, a_parts, b_parts + b_hi_at), gemm_ws, s) != cutlass::Status::kSuccess) {
+  if (first.initialize(first_arguments(p, a_parts, b_parts + b_hi_at), gemm_ws, s) != cutlass::Status::kSuccess) {
     return FACT_INIT_FAILED;
   }
   if (first.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
   SecondGemm second;
-  if (second.initialize(second_arguments(*p, a_parts, b_parts), gemm_ws, s) != cutlass::Status::kSuccess) {
+  if (second.initialize(second_arguments(p, a_parts, b_parts), gemm_ws, s) != cutlass::Status::kSuccess) {
     return FACT_INIT_FAILED;
   }
   if (second.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
