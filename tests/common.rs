@@ -1,6 +1,7 @@
 //! Shared set-up: fixture models, the fact binary, and the one compiled kernel library the
 //! compile and compose tests share (compiling CUTLASS takes a minute; the cache makes reuse free).
 
+use fact::nvcc::library::{FactOpArgs, FactTensor};
 use fact::nvcc::{self, BuildOptions, Built, Toolchain};
 use fact::rules::{GemmProblem, Problem};
 use fact::space::{KernelSpec, Spec};
@@ -152,4 +153,29 @@ pub fn sample_op_entry(
         vec![run],
     )
     .expect("one timed candidate")
+}
+
+/// A tensor as the kernel ABI passes it, at a fake address (can_implement never reads the data):
+/// `dtype` as FactDtype (0 f32, 1 bf16, 2 f16), sizes and strides in elements.
+pub fn fake_tensor(addr: usize, dtype: i32, sizes: &[i64], strides: &[i64]) -> FactTensor {
+    let mut t = FactTensor {
+        data: addr as *mut std::ffi::c_void,
+        dtype,
+        rank: sizes.len() as i32,
+        sizes: [0; 6],
+        strides: [0; 6],
+    };
+    t.sizes[..sizes.len()].copy_from_slice(sizes);
+    t.strides[..strides.len()].copy_from_slice(strides);
+    t
+}
+
+/// A kernel call over `tensors` and `scalars`, which must outlive it.
+pub fn op_args(tensors: &[FactTensor], scalars: &[f64]) -> FactOpArgs {
+    FactOpArgs {
+        tensors: tensors.as_ptr(),
+        num_tensors: tensors.len() as i32,
+        scalars: scalars.as_ptr(),
+        num_scalars: scalars.len() as i32,
+    }
 }

@@ -41,7 +41,7 @@ pub(crate) fn good_spec() -> KernelSpec {
 }
 
 /// An fp32-accurate (3xTF32) sm80-family kernel for the same problem.
-fn accurate_spec() -> KernelSpec {
+pub(crate) fn accurate_spec() -> KernelSpec {
     Knowledge::shipped()
         .kernels(&linear_problem(), MathType::Tf32x3, Arch::Sm90)
         .into_iter()
@@ -132,32 +132,34 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     );
 }
 
+/// A 128x128 cooperative kernel of split `family` for the linear problem in `layout`, no bias.
+pub(crate) fn split_spec(layout: GemmLayout, family: Family) -> KernelSpec {
+    let p = GemmProblem {
+        layout,
+        bias: false,
+        ..linear_problem()
+    };
+    Knowledge::shipped()
+        .kernels(&p, MathType::Tf32x3, Arch::Sm90)
+        .into_iter()
+        .find(|k| {
+            k.family == family
+                && k.tile[..2] == [128, 128]
+                && k.schedule == KernelSchedule::WsCooperative
+                && k.scheduler == TileScheduler::Persistent
+                && k.epilogue == EpilogueKind::Tma
+                && k.invalid_reason().is_none()
+        })
+        .expect("a 128x128 cooperative split kernel")
+}
+
 /// The fp32-accurate split families on WGMMA: the tf32 split of an rrr problem (transposing b into
 /// K-major parts) and the bf16 split of an rcr one, each with its second, 2K-deep GEMM.
 #[test]
 fn split_families_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let pick = |layout: GemmLayout, family: Family| {
-        let p = GemmProblem {
-            layout,
-            bias: false,
-            ..linear_problem()
-        };
-        Knowledge::shipped()
-            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.family == family
-                    && k.tile[..2] == [128, 128]
-                    && k.schedule == KernelSchedule::WsCooperative
-                    && k.scheduler == TileScheduler::Persistent
-                    && k.epilogue == EpilogueKind::Tma
-                    && k.invalid_reason().is_none()
-            })
-            .expect("a 128x128 cooperative split kernel")
-    };
-    let x3 = pick(GemmLayout::Rrr, Family::Sm90GemmX3);
-    let b3 = pick(GemmLayout::Rcr, Family::Sm90GemmBf16x3);
+    let x3 = split_spec(GemmLayout::Rrr, Family::Sm90GemmX3);
+    let b3 = split_spec(GemmLayout::Rcr, Family::Sm90GemmBf16x3);
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &[x3.clone(), b3.clone()], dir.path(), "libs.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
@@ -167,32 +169,38 @@ fn split_families_compile_into_one_library() {
     );
 }
 
-/// Epilogue fusion through sm90 visitor trees: a DAG over a residual (the C operand), a bias-like
-/// row vector, a column vector and a scalar, in fp32 and bf16, compiles into one library whose
-/// dispatch entries carry their programs.
+/// An epilogue over every leaf kind: a residual (the C operand), a bias-like row vector, a column
+/// vector and a scalar, as a DAG (v0 is read twice).
+pub(crate) const EVERY_LEAF: &str = "leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=add(l0,v6)";
+
+/// A 128x128 cooperative sm90 kernel for the linear problem in `dtype` (with its bias) fused with
+/// EVERY_LEAF.
+pub(crate) fn fused_spec(dtype: DType) -> KernelSpec {
+    let p = GemmProblem {
+        dtype,
+        epilogue: Some(fact::rules::Epilogue::parse(EVERY_LEAF).unwrap()),
+        ..linear_problem()
+    };
+    let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
+    Knowledge::shipped()
+        .kernels(&p, math, Arch::Sm90)
+        .into_iter()
+        .find(|k| {
+            k.tile[..2] == [128, 128]
+                && k.schedule == KernelSchedule::WsCooperative
+                && k.scheduler == TileScheduler::Persistent
+        })
+        .expect("a 128x128 cooperative kernel with the epilogue")
+}
+
+/// Epilogue fusion through sm90 visitor trees: EVERY_LEAF in fp32 and bf16 compiles into one
+/// library whose dispatch entries carry their programs.
 #[test]
 fn fused_epilogues_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let program = "leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=add(l0,v6)";
+    let program = EVERY_LEAF;
     let epilogue = fact::rules::Epilogue::parse(program).unwrap();
-    let fused = |dtype: DType| {
-        let p = GemmProblem {
-            dtype,
-            epilogue: Some(epilogue.clone()),
-            ..linear_problem()
-        };
-        let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
-        Knowledge::shipped()
-            .kernels(&p, math, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.tile[..2] == [128, 128]
-                    && k.schedule == KernelSchedule::WsCooperative
-                    && k.scheduler == TileScheduler::Persistent
-            })
-            .expect("a 128x128 cooperative kernel with the epilogue")
-    };
-    let (f32k, bf16k) = (fused(DType::F32), fused(DType::Bf16));
+    let (f32k, bf16k) = (fused_spec(DType::F32), fused_spec(DType::Bf16));
     assert!(f32k.fits(&GemmProblem {
         epilogue: Some(epilogue.clone()),
         ..linear_problem()

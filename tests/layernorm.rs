@@ -5,8 +5,10 @@
 //! Fixture: layernorms.pt (an affine LayerNorm feeding a linear, one without parameters, one with
 //! the weight alone, and one over two dims).
 
-use crate::common::{build_all, compose_json, fixture, python, sample_entry, sample_op_entry};
-use fact::nvcc::library::{FactOpArgs, FactTensor};
+use crate::common::{
+    build_all, compose_json, fake_tensor, fixture, op_args, python, sample_entry, sample_op_entry,
+};
+use fact::nvcc::library::FactTensor;
 use fact::nvcc::{KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem, LayerNormProblem, Problem};
 use fact::space::layernorm::candidates;
@@ -30,29 +32,6 @@ fn first(p: &LayerNormProblem, pick: impl Fn(&LayerNormSpec) -> bool) -> LayerNo
         .into_iter()
         .find(pick)
         .expect("a candidate")
-}
-
-/// A tensor as the kernel ABI passes it, at a fake address (can_implement never reads it).
-fn tensor(addr: usize, dtype: i32, sizes: &[i64], strides: &[i64]) -> FactTensor {
-    let mut t = FactTensor {
-        data: addr as *mut std::ffi::c_void,
-        dtype,
-        rank: sizes.len() as i32,
-        sizes: [0; 6],
-        strides: [0; 6],
-    };
-    t.sizes[..sizes.len()].copy_from_slice(sizes);
-    t.strides[..strides.len()].copy_from_slice(strides);
-    t
-}
-
-fn args(tensors: &[FactTensor], eps: &[f64]) -> FactOpArgs {
-    FactOpArgs {
-        tensors: tensors.as_ptr(),
-        num_tensors: tensors.len() as i32,
-        scalars: eps.as_ptr(),
-        num_scalars: eps.len() as i32,
-    }
 }
 
 /// Every shape of the template: a row split over warps (shared-memory sums), a warp per row, eight
@@ -89,64 +68,89 @@ fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
     // ln_f32_c768_t64_v4_r2: x and out [4096, 768], weight [768], no bias.
     let k = 0;
     assert_eq!(specs[k].name(), "ln_f32_c768_t64_v4_r2");
-    let x = tensor(0x10000, 0, &[4096, 768], &[768, 1]);
-    let out = tensor(0x20000, 0, &[4096, 768], &[768, 1]);
-    let w = tensor(0x30000, 0, &[768], &[1]);
-    let none = tensor(0, 0, &[], &[]);
-    let can = |t: &[FactTensor]| lib.can_implement(k, &args(t, &[1e-5]));
+    let x = fake_tensor(0x10000, 0, &[4096, 768], &[768, 1]);
+    let out = fake_tensor(0x20000, 0, &[4096, 768], &[768, 1]);
+    let w = fake_tensor(0x30000, 0, &[768], &[1]);
+    let none = fake_tensor(0, 0, &[], &[]);
+    let can = |t: &[FactTensor]| lib.can_implement(k, &op_args(t, &[1e-5]));
     assert!(can(&[x, out, w, none]));
     assert!(can(&[x, out, none, w]), "a bias alone");
     assert!(
-        can(&[tensor(0x10000, 0, &[4096, 768], &[1536, 1]), out, w, none]),
+        can(&[
+            fake_tensor(0x10000, 0, &[4096, 768], &[1536, 1]),
+            out,
+            w,
+            none
+        ]),
         "rows of x a stride apart"
     );
     assert!(
-        can(&[tensor(0x10000, 0, &[4096, 768], &[0, 1]), out, w, none]),
+        can(&[fake_tensor(0x10000, 0, &[4096, 768], &[0, 1]), out, w, none]),
         "one row broadcast"
     );
     let refused = [
         (
             "another C",
             [
-                tensor(0x10000, 0, &[4096, 1024], &[1024, 1]),
-                tensor(0x20000, 0, &[4096, 1024], &[1024, 1]),
+                fake_tensor(0x10000, 0, &[4096, 1024], &[1024, 1]),
+                fake_tensor(0x20000, 0, &[4096, 1024], &[1024, 1]),
                 none,
                 none,
             ],
         ),
         (
             "a misaligned x",
-            [tensor(0x10004, 0, &[4096, 768], &[768, 1]), out, w, none],
+            [
+                fake_tensor(0x10004, 0, &[4096, 768], &[768, 1]),
+                out,
+                w,
+                none,
+            ],
         ),
         (
             "a strided last dim",
-            [tensor(0x10000, 0, &[4096, 768], &[1536, 2]), out, w, none],
+            [
+                fake_tensor(0x10000, 0, &[4096, 768], &[1536, 2]),
+                out,
+                w,
+                none,
+            ],
         ),
         (
             "a row stride that splits a vector",
-            [tensor(0x10000, 0, &[4096, 768], &[770, 1]), out, w, none],
+            [
+                fake_tensor(0x10000, 0, &[4096, 768], &[770, 1]),
+                out,
+                w,
+                none,
+            ],
         ),
         (
             "another dtype",
-            [tensor(0x10000, 1, &[4096, 768], &[768, 1]), out, w, none],
+            [
+                fake_tensor(0x10000, 1, &[4096, 768], &[768, 1]),
+                out,
+                w,
+                none,
+            ],
         ),
         (
             "rows of the output overlapping",
-            [x, tensor(0x20000, 0, &[4096, 768], &[0, 1]), w, none],
+            [x, fake_tensor(0x20000, 0, &[4096, 768], &[0, 1]), w, none],
         ),
         (
             "a weight of another C",
-            [x, out, tensor(0x30000, 0, &[1024], &[1]), none],
+            [x, out, fake_tensor(0x30000, 0, &[1024], &[1]), none],
         ),
         (
             "a misaligned bias",
-            [x, out, w, tensor(0x30008, 0, &[768], &[1])],
+            [x, out, w, fake_tensor(0x30008, 0, &[768], &[1])],
         ),
         (
             "no rows",
             [
-                tensor(0x10000, 0, &[0, 768], &[768, 1]),
-                tensor(0x20000, 0, &[0, 768], &[768, 1]),
+                fake_tensor(0x10000, 0, &[0, 768], &[768, 1]),
+                fake_tensor(0x20000, 0, &[0, 768], &[768, 1]),
                 none,
                 none,
             ],
@@ -156,22 +160,22 @@ fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
         assert!(!can(&t), "{why}");
     }
     assert!(
-        !lib.can_implement(k, &args(&[x, out, w], &[1e-5])),
+        !lib.can_implement(k, &op_args(&[x, out, w], &[1e-5])),
         "three tensors"
     );
     assert!(
-        !lib.can_implement(k, &args(&[x, out, w, none], &[])),
+        !lib.can_implement(k, &op_args(&[x, out, w, none], &[])),
         "no eps"
     );
     // f16 with 4-byte loads takes rows 2 elements apart, which 16-byte kernels could not.
-    let h = |addr: usize, stride: i64| tensor(addr, 2, &[4096, 770], &[stride, 1]);
+    let h = |addr: usize, stride: i64| fake_tensor(addr, 2, &[4096, 770], &[stride, 1]);
     assert!(lib.can_implement(
         4,
-        &args(&[h(0x10004, 772), h(0x20000, 770), none, none], &[1e-5])
+        &op_args(&[h(0x10004, 772), h(0x20000, 770), none, none], &[1e-5])
     ));
     assert!(!lib.can_implement(
         4,
-        &args(&[h(0x10002, 772), h(0x20000, 770), none, none], &[1e-5])
+        &op_args(&[h(0x10002, 772), h(0x20000, 770), none, none], &[1e-5])
     ));
 }
 

@@ -4,6 +4,7 @@
 mod common;
 mod compile;
 mod errors;
+mod gemm_abi;
 mod gemm_ep;
 mod ingest;
 mod layernorm;
