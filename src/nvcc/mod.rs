@@ -536,9 +536,11 @@ pub struct Objects {
 }
 
 /// Where the ABI header lives: in the cache, not the output folder, so the compile command (part
-/// of each object's cache key) is the same whichever folder a library is built for.
+/// of each object's cache key) is the same whichever folder a library is built for; in a folder
+/// named for the header's hash, so a fact of another ABI sharing the cache at the same time never
+/// swaps the header under this one's compiles.
 fn include_dir(cache: &Path) -> Result<PathBuf, BuildError> {
-    let include = cache.join("include");
+    let include = cache.join(format!("include-{}", hash_hex(&[ABI_HEADER.as_bytes()])));
     std::fs::create_dir_all(&include).map_err(io(&include))?;
     let header = include.join("fact_kernels.h");
     if std::fs::read_to_string(&header).ok().as_deref() != Some(ABI_HEADER) {
