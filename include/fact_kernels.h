@@ -103,7 +103,7 @@ const FactKernelInfo* fact_kernel_info(int32_t index);
 int32_t fact_kernel_find(const char* name);
 /* FACT_OK when the kernel can run this call, else FACT_CANNOT_IMPLEMENT (FACT_BAD_INDEX for a bad index). */
 int32_t fact_kernel_can_implement(int32_t index, const FactOpArgs* args);
-/* Bytes of device workspace the call needs; 0 for a call the kernel cannot implement. */
+/* Bytes of device workspace the call needs, once can_implement has taken it. */
 size_t fact_kernel_workspace_size(int32_t index, const FactOpArgs* args);
 /* Launches asynchronously on `stream` (a cudaStream_t; NULL is the legacy default stream). */
 int32_t fact_kernel_run(int32_t index, const FactOpArgs* args, void* workspace, size_t workspace_size,
