@@ -23,13 +23,19 @@ from epilogue_suite import DTYPE, MATMUL_PRECISION  # noqa: E402 -- the suite's,
 ITERS = 5
 
 
-def main():
-    d, policy, shape = Path(sys.argv[1]), sys.argv[2], [int(v) for v in sys.argv[3].split("x")]
-    out = Path(sys.argv[4]) if len(sys.argv) > 4 else None
+def load_composed(argv):
+    """COMPOSED_DIR POLICY SHAPE [OUT.json] from `argv`: the composed module (its op library
+    loaded, the policy's matmul precision set), a random input of SHAPE and the output path."""
+    d, policy, shape = Path(argv[1]), argv[2], [int(v) for v in argv[3].split("x")]
+    out = Path(argv[4]) if len(argv) > 4 else None
     torch.set_float32_matmul_precision(MATMUL_PRECISION[policy])
     torch.ops.load_library(str(d / "libfact_ops.so"))
     m = torch.jit.load(str(d / "composed.pt"), map_location="cuda").eval()
-    x = torch.randn(shape, device="cuda", dtype=DTYPE[policy])
+    return m, torch.randn(shape, device="cuda", dtype=DTYPE[policy]), out
+
+
+def main():
+    m, x, out = load_composed(sys.argv)
     with torch.no_grad():
         for _ in range(10):
             m(x)

@@ -17,18 +17,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from epilogue_suite import DTYPE, MATMUL_PRECISION  # noqa: E402
+from profile_composed import load_composed  # noqa: E402
 
 ITERS = 8
 
 
 def main():
-    d, policy, shape = Path(sys.argv[1]), sys.argv[2], [int(v) for v in sys.argv[3].split("x")]
-    out = Path(sys.argv[4]) if len(sys.argv) > 4 else None
-    torch.set_float32_matmul_precision(MATMUL_PRECISION[policy])
-    torch.ops.load_library(str(d / "libfact_ops.so"))
-    m = torch.jit.load(str(d / "composed.pt"), map_location="cuda").eval()
-    x = torch.randn(shape, device="cuda", dtype=DTYPE[policy])
+    m, x, out = load_composed(sys.argv)
     flush = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
     event_ms = []
     torch.set_grad_enabled(False)
