@@ -169,10 +169,7 @@ fn time_forward(
     protocol: &Protocol,
     cuda: &Cuda,
 ) -> Result<Timing, String> {
-    let flush = Tensor::empty(
-        [(protocol.flush_bytes / 4) as i64],
-        (Kind::Float, Device::Cuda(0)),
-    );
+    let flush = protocol.flush_buffer(Device::Cuda(0));
     let samples = sample(
         cuda,
         &flush,

@@ -121,7 +121,7 @@ impl<'a> AttentionBench<'a> {
         let device = Device::Cuda(0);
         let timed = Inputs::random(&p, device, 1.0);
         let out = output(&p, device);
-        let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, device));
+        let flush = protocol.flush_buffer(device);
         let scale = 1.0 / (p.head_dim as f64).sqrt();
         Ok(AttentionBench {
             lib,

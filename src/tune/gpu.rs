@@ -155,7 +155,7 @@ impl<'a> GpuBench<'a> {
         let device = Device::Cuda(0);
         let timed = Operands::random(&p, device);
         let out = Tensor::empty(Operands::out_shape(&p), (p.dtype.tch_kind(), device));
-        let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, device));
+        let flush = protocol.flush_buffer(device);
         Ok(GpuBench {
             lib,
             p,
@@ -213,6 +213,13 @@ impl Bench for GpuBench<'_> {
             },
             BenchError::Launch,
         )
+    }
+}
+
+impl Protocol {
+    /// The buffer `sample` writes between timed runs to flush L2 (`flush_bytes` of it).
+    pub fn flush_buffer(&self, device: Device) -> Tensor {
+        Tensor::empty([(self.flush_bytes / 4) as i64], (Kind::Float, device))
     }
 }
 

@@ -89,7 +89,7 @@ impl<'a> LayerNormBench<'a> {
         let device = Device::Cuda(0);
         let timed = Inputs::random(&p, device, false);
         let out = Tensor::empty([p.rows, p.cols], (p.dtype.tch_kind(), device));
-        let flush = Tensor::empty([(protocol.flush_bytes / 4) as i64], (Kind::Float, device));
+        let flush = protocol.flush_buffer(device);
         Ok(LayerNormBench {
             lib,
             p,
