@@ -7,12 +7,16 @@
 set -u
 export FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json FACT_TABLE=${FACT_TABLE:-/tmp/parity_table.json} FACT_CACHE_DIR=/tmp/fact-cache
 dir=/tmp/parity; mkdir -p $dir/models
-# REALIZE: shapes (MxNxK, f32 under tf32) to tune as gemm_rcr_bias first, so their composes hit
-# a winner of their own shape rather than a bucket neighbour's.
-for s in ${REALIZE:-}; do
-  .device/fact realize --rule gemm_rcr_bias --dtype f32 --shape $s --precision tf32 --jobs 16 --candidates ${CANDIDATES:-12} \
-      --out $dir/realize_$s > $dir/realize_$s.log 2>&1 || echo "realize $s failed"
-  tail -4 $dir/realize_$s.log
+# REALIZE: shapes (MxNxK[:DTYPE], f32 under tf32 unless bf16 is named) to tune as gemm_rcr_bias
+# first, so their composes hit a winner of their own shape rather than a bucket neighbour's.
+# REALIZE_FRESH=1 sweeps them even where the shipped table has a winner.
+for r in ${REALIZE:-}; do
+  IFS=: read -r s rdt <<< "$r"; rdt=${rdt:-f32}
+  shipped=$FACT_SHIPPED_TABLE; [ -n "${REALIZE_FRESH:-}" ] && shipped=/tmp/parity_no_shipped.json
+  FACT_SHIPPED_TABLE=$shipped .device/fact realize --rule gemm_rcr_bias --dtype $rdt --shape $s --precision tf32 \
+      --jobs 16 --candidates ${CANDIDATES:-12} --out $dir/realize_${s}_$rdt > $dir/realize_${s}_$rdt.log 2>&1 || echo "realize $s $rdt failed"
+  mkdir -p $OUT/realize && cp $dir/realize_${s}_$rdt.log $OUT/realize/
+  tail -4 $dir/realize_${s}_$rdt.log
 done
 for c in "$@"; do
   IFS=: read -r name m k n dt <<< "$c"
