@@ -1,0 +1,353 @@
+// generated from templates/sm90_gemm.cu.hbs; do not edit
+// spec: {"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"tf32","dtype":"f32","tile":[128,128,32],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"persistent","bias":true,"align":4,"epilogue":"no_smem","fusion":{"leaves":["full","row","col","scalar"],"instrs":[{"op":"gelu_tanh","args":[{"value":0}]},{"op":"mul","args":[{"value":1},{"leaf":1}]},{"op":"sigmoid","args":[{"value":0}]},{"op":"mul","args":[{"value":2},{"value":3}]},{"op":"add","args":[{"value":4},{"leaf":2}]},{"op":"div","args":[{"value":5},{"leaf":3}]},{"op":"pow","args":[{"value":6},{"scalar":3.0}]},{"op":"add","args":[{"leaf":0},{"value":7}]},{"op":"clamp","args":[{"value":8},{"scalar":null},{"scalar":6.0}]}]}}
+//
+// sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4: out[m,n] = a[m,k] . B + bias[n] (torch layout rcr), computed as the
+// column-major CUTLASS problem out^T[n,m] = B^T . a^T, so a torch row-major output needs no transpose
+// and the bias is per row of the CUTLASS problem.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace {
+namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns {
+using namespace cute;
+
+// The call in torch's terms, out[L,M,N] = f(a[L,M,K] . B[L,K,N] + bias[N], leaves), every tensor
+// packed as the layout says (a row-major, B column-major), so the kernel needs only their sizes and data.
+struct Call {
+  int m, n, k, batch;
+  const void* a;
+  const void* b;
+  // NULL when the kernel adds no bias.
+  const void* bias;
+  void* out;
+  // The epilogue's leaves, in the program's order.
+  const void* leaves[FACT_MAX_LEAVES];
+  // The variant's launch knobs (FactKnobs).
+  int splits, raster, swizzle;
+};
+
+enum class Leaf { Full, Row, Col, Scalar };
+constexpr int kDtype = 0;
+constexpr bool kRowA = true, kRowB = false, kBias = true;
+constexpr int kLeaves = 4;
+constexpr Leaf kLeafKinds[FACT_MAX_LEAVES] = { Leaf::Full, Leaf::Row, Leaf::Col, Leaf::Scalar, };
+static_assert(kLeaves <= FACT_MAX_LEAVES, "an epilogue reads at most FACT_MAX_LEAVES leaves");
+
+// Whether `t` has element type `dtype`, `rank` dims of sizes `sizes` and, wherever a size is not
+// one (a dim of size one is never stepped along), strides `strides`, from data aligned to `align`
+// bytes.
+inline bool fits(const FactTensor& t, int dtype, int rank, const int64_t* sizes, const int64_t* strides, uintptr_t align) {
+  if (t.data == nullptr || t.dtype != dtype || t.rank != rank) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % align != 0) return false;
+  for (int d = 0; d < rank; ++d) {
+    if (t.sizes[d] != sizes[d] || (sizes[d] != 1 && t.strides[d] != strides[d])) return false;
+  }
+  return true;
+}
+
+// The call `args` states, with the variant's `knobs`; false when this kernel cannot take it: the
+// tensors are a, b, bias, the leaves and out, as include/fact_kernels.h says, and no scalars.
+inline bool read_call(const FactOpArgs* args, const FactKnobs* knobs, Call& c) {
+  if (args == nullptr || knobs == nullptr || args->tensors == nullptr) return false;
+  if (args->num_tensors != 4 + kLeaves || args->num_scalars != 0) return false;
+  const FactTensor* t = args->tensors;
+  if (t[0].rank != 3 || t[1].rank != 3) return false;
+  const int64_t L = t[0].sizes[0], M = t[0].sizes[1], K = t[0].sizes[2], N = t[1].sizes[2];
+  auto dim = [](int64_t v) { return v >= 1 && v <= INT32_MAX; };
+  if (!dim(L) || !dim(M) || !dim(K) || !dim(N)) return false;
+  const int64_t a_sizes[3] = {L, M, K}, a_strides[3] = {M * K, kRowA ? K : 1, kRowA ? 1 : M};
+  const int64_t b_sizes[3] = {L, K, N}, b_strides[3] = {K * N, kRowB ? N : 1, kRowB ? 1 : K};
+  const int64_t out_sizes[3] = {L, M, N}, out_strides[3] = {M * N, N, 1};
+  const int64_t row[1] = {N}, col[1] = {M}, one[1] = {1};
+  if (!fits(t[0], kDtype, 3, a_sizes, a_strides, 16) || !fits(t[1], kDtype, 3, b_sizes, b_strides, 16)) return false;
+  if (kBias ? !fits(t[2], kDtype, 1, row, one, 16) : t[2].data != nullptr) return false;
+  if (!fits(t[3 + kLeaves], kDtype, 3, out_sizes, out_strides, 16)) return false;
+  for (int i = 0; i < kLeaves; ++i) {
+    const FactTensor& l = t[3 + i];
+    bool ok = false;
+    switch (kLeafKinds[i]) {
+      case Leaf::Full: ok = fits(l, kDtype, 3, out_sizes, out_strides, 16); break;
+      case Leaf::Row: ok = fits(l, kDtype, 1, row, one, 16); break;
+      case Leaf::Col: ok = L == 1 && fits(l, kDtype, 1, col, one, 16); break;
+      case Leaf::Scalar: ok = fits(l, FACT_F32, 1, one, one, sizeof(float)); break;
+    }
+    if (!ok) return false;
+    c.leaves[i] = l.data;
+  }
+  for (int i = kLeaves; i < FACT_MAX_LEAVES; ++i) c.leaves[i] = nullptr;
+  c.m = static_cast<int>(M);
+  c.n = static_cast<int>(N);
+  c.k = static_cast<int>(K);
+  c.batch = static_cast<int>(L);
+  c.a = t[0].data;
+  c.b = t[1].data;
+  c.bias = t[2].data;
+  c.out = t[3 + kLeaves].data;
+  c.splits = knobs->splits;
+  c.raster = knobs->raster;
+  c.swizzle = knobs->swizzle;
+  return true;
+}
+
+// Operands and output share a type except in the split families, whose parts are narrower than
+// the fp32 output.
+using Element = float;
+using ElementD = float;
+using ElementAccumulator = float;
+using ElementCompute = float;
+// CUTLASS operand A is torch's B transposed, operand B is torch's a transposed: a row-major torch
+// operand is a column-major CUTLASS one.
+using LayoutA = cutlass::layout::RowMajor;
+using LayoutB = cutlass::layout::ColumnMajor;
+using LayoutD = cutlass::layout::ColumnMajor;
+constexpr int Alignment = 4;
+constexpr int AlignmentD = 4;
+
+using TileShape = Shape<_128, _128, _32>;
+using ClusterShape = Shape<_1, _2, _1>;
+
+// The fused epilogue leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=pow(v6,3.0);v8=add(l0,v7);v9=clamp(v8,-inf,6.0)
+// as one fp32 functor over the accumulator, the bias and the leaves.
+template <class T>
+struct FusedEpilogue {
+  CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias, T const& l0, T const& l1, T const& l2, T const& l3) const {
+    T out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < int(T::kElements); ++i) {
+      const float v0 = acc[i] + bias[i];
+      const float v1 = 0.5f * v0 * (1.f + tanhf(0.79788456080286536f * (v0 + 0.044715f * v0 * v0 * v0)));
+      const float v2 = v1 * l1[i];
+      const float v3 = 1.f / (1.f + expf(-v0));
+      const float v4 = v2 * v3;
+      const float v5 = v4 + l2[i];
+      const float v6 = v5 / l3[i];
+      const float v7 = v6 * v6 * v6;
+      const float v8 = l0[i] + v7;
+      const float v9 = v8 != v8 ? v8 : fminf(fmaxf(v8, (-INFINITY)), 6e0f);
+      out[i] = v9;
+    }
+    return out;
+  }
+};
+
+// The direct epilogue: each consumer thread runs the functor on its own accumulators and stores the
+// result straight to global memory, reading the bias and the leaves at the element's coordinates.
+// It keeps no shared memory, so the mainloop gets every stage: a TMA epilogue's buffers cost a tf32
+// 128x128x32 tile its seventh. The CUTLASS problem is torch's transposed (column-major D, m
+// contiguous): the bias and torch's per-n leaves are indexed by m, torch's per-m leaves by n.
+struct DirectEpilogue {
+  using EpilogueSchedule = cutlass::gemm::EpilogueDefault;
+  using DispatchPolicy = EpilogueSchedule;
+  using ElementOutput = float;
+  using ElementD = float;
+  using ElementC = void;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using StrideD = cutlass::detail::TagToStrideC_t<cutlass::layout::ColumnMajor>;
+  using StrideC = StrideD;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+  // What CUTLASS's device adapter names the epilogue's thread-level operation.
+  using ThreadEpilogueOp = FusedEpilogue<cutlass::Array<float, 1>>;
+
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+
+  struct Arguments {
+    ElementD* ptr_D = nullptr;
+    StrideD dD{};
+    // NULL when the kernel adds no bias.
+    const ElementD* bias = nullptr;
+    // The epilogue's leaves in the program's order: full tensors laid out as D, vectors, and
+    // fp32 scalars.
+    const void* leaves[FACT_MAX_LEAVES] = {};
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const& args) {
+    return args.ptr_D != nullptr;
+  }
+
+  CUTLASS_HOST_DEVICE
+  DirectEpilogue(Params const& params_, SharedStorage const& = SharedStorage()) : params(params_) {}
+
+  CUTLASS_DEVICE bool is_source_needed() { return false; }
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    const int M = int(get<0>(problem_shape_mnkl)), N = int(get<1>(problem_shape_mnkl));
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    // Each accumulator's (m, n) in the problem, partitioned as the MMA holds them.
+    Tensor tile_mn = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_mnk),
+                                make_coord(m_coord, n_coord));
+    Tensor coords = tiled_mma.get_thread_slice(thread_idx).partition_C(tile_mn);
+    static_assert(is_static<FrgLayout>::value, "accumulator layout must be static");
+    const int64_t ld = get<1>(params.dD), batch = int64_t(l_coord) * get<2>(params.dD);
+    ElementD* __restrict__ out = params.ptr_D + batch;
+    const ElementD* __restrict__ bias_p = params.bias;
+    const ElementD* __restrict__ l0_p = static_cast<const ElementD*>(params.leaves[0]) + batch;
+    const ElementD* __restrict__ l1_p = static_cast<const ElementD*>(params.leaves[1]);
+    const ElementD* __restrict__ l2_p = static_cast<const ElementD*>(params.leaves[2]);
+    const float l3_s = *static_cast<const float*>(params.leaves[3]);
+    const FusedEpilogue<cutlass::Array<float, 1>> f{};
+    const bool whole = (int(m_coord) + 1) * int(size<0>(blk_shape_mnk)) <= M &&
+                       (int(n_coord) + 1) * int(size<1>(blk_shape_mnk)) <= N;
+    // A chunk's inputs are all read before its first store: the compiler cannot tell that the
+    // output aliases no input, so a load after a store would wait for it, element by element.
+    constexpr int kElements = decltype(size(accumulators))::value;
+    constexpr int kChunk = kElements % 32 == 0 ? 32 : kElements;
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < kElements; c += kChunk) {
+      cutlass::Array<ElementD, kChunk> result;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kChunk; ++j) {
+        const int m = get<0>(coords(c + j)), n = get<1>(coords(c + j));
+        if (whole || (m < M && n < N)) {
+          const int64_t at = m + int64_t(n) * ld;
+          (void)at;
+          cutlass::Array<float, 1> acc;
+          acc[0] = accumulators(c + j);
+          cutlass::Array<float, 1> bias;
+          bias[0] = float(bias_p[m]);
+          cutlass::Array<float, 1> l0;
+          l0[0] = float(l0_p[at]);
+          cutlass::Array<float, 1> l1;
+          l1[0] = float(l1_p[m]);
+          cutlass::Array<float, 1> l2;
+          l2[0] = float(l2_p[n]);
+          cutlass::Array<float, 1> l3;
+          l3[0] = l3_s;
+          result[j] = static_cast<ElementD>(f(acc, bias, l0, l1, l2, l3)[0]);
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kChunk; ++j) {
+        const int m = get<0>(coords(c + j)), n = get<1>(coords(c + j));
+        if (whole || (m < M && n < N)) out[m + int64_t(n) * ld] = result[j];
+      }
+    }
+  }
+
+  Params params;
+};
+
+using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<DirectEpilogue>;
+
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, LayoutA, Alignment,
+    Element, LayoutB, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+int sm_count() {
+  // Querying the device costs more than a short GEMM, so it is done once per process.
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+// The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
+// `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
+typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta, int k,
+                                        int k_packed) {
+  const int M = p.n, N = p.m, K = k, L = p.batch;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, k_packed, L});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, k_packed, L});
+  auto stride_d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, {M, N, L});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, L},
+      {static_cast<const Element*>(b), stride_a, static_cast<const Element*>(a), stride_b},
+      {static_cast<ElementD*>(p.out), stride_d, static_cast<const ElementD*>(p.bias)},
+      hw};
+  (void)beta;
+  for (int i = 0; i < FACT_MAX_LEAVES; ++i) args.epilogue.leaves[i] = p.leaves[i];
+  // Launch knobs (FactKnobs, set per variant by the dispatch table): no recompile needed.
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
+  return args;
+}
+
+[[maybe_unused]] typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta) {
+  return make_arguments(p, a, b, beta, p.k, p.k);
+}
+}  // namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_can_implement(const FactOpArgs* fact_args, const FactKnobs* knobs) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns;
+  Call p;
+  if (!read_call(fact_args, knobs, p)) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(p, p.a, p.b, 0.0f);
+  return Gemm::can_implement(args) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_workspace_size(const FactOpArgs* fact_args, const FactKnobs* knobs) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns;
+  Call p;
+  if (!read_call(fact_args, knobs, p)) return 0;
+  return Gemm::get_workspace_size(make_arguments(p, p.a, p.b, 0.0f));
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_run(const FactOpArgs* fact_args, const FactKnobs* knobs,
+                                                             void* workspace, size_t workspace_size, void* stream) {
+  using namespace sm90_gemm_rcr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_nosmem_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_b133fc1f_align4_ns;
+  Call p;
+  if (!read_call(fact_args, knobs, p)) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(p, p.a, p.b, 0.0f);
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
+  if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  Gemm gemm;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+  if (gemm.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  return FACT_OK;
+}
