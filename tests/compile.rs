@@ -221,50 +221,6 @@ fn fused_epilogues_compile_into_one_library() {
     assert_eq!(lib.epilogue(0).as_deref(), Some(program));
 }
 
-/// The direct epilogue (no shared memory, so the mainloop keeps every stage): a tf32 ping-pong
-/// kernel with the bias alone and EVERY_LEAF in tf32 and bf16 (a batched residual read at each
-/// element's coordinates) compile into one library.
-#[test]
-fn direct_epilogues_compile_into_one_library() {
-    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let pick = |dtype: DType, program: Option<&str>| {
-        let p = GemmProblem {
-            dtype,
-            epilogue: program.map(|e| fact::rules::Epilogue::parse(e).unwrap()),
-            ..linear_problem()
-        };
-        let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
-        Knowledge::shipped()
-            .kernels(&p, math, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.tile[..2] == [128, 128]
-                    && k.schedule == KernelSchedule::WsPingpong
-                    && k.epilogue == EpilogueKind::NoSmem
-            })
-            .expect("a 128x128 ping-pong kernel with the direct epilogue")
-    };
-    let kernels = [
-        pick(DType::F32, None),
-        pick(DType::F32, Some(EVERY_LEAF)),
-        pick(DType::Bf16, Some(EVERY_LEAF)),
-    ];
-    for k in &kernels {
-        assert!(
-            k.direct_epilogue() && k.invalid_reason().is_none(),
-            "{}",
-            k.name()
-        );
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let built = build_all(&tc, &kernels, dir.path(), "libdirect.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
-    for (i, k) in kernels.iter().enumerate() {
-        assert_eq!(lib.find(&k.name()), Some(i));
-    }
-    assert_eq!(lib.epilogue(1).as_deref(), Some(EVERY_LEAF));
-}
-
 /// Full-size leaves through aux loads: a tf32 kernel reading one residual as its C operand and a
 /// second through an aux load, and a bf16-split kernel (f32-accurate) whose second GEMM reads its
 /// first's result as C and the residual through an aux load, compile into one library (the

@@ -15,7 +15,6 @@ const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
 const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
 const SM90_GEMM_TYPES: &str = include_str!("../../templates/sm90_gemm_types.hbs");
 const FUSED_EPILOGUE: &str = include_str!("../../templates/fused_epilogue.hbs");
-const DIRECT_EPILOGUE: &str = include_str!("../../templates/direct_epilogue.hbs");
 const GEMM_CALL: &str = include_str!("../../templates/gemm_call.hbs");
 const SM80_FMHA: &str = include_str!("../../templates/sm80_fmha.cu.hbs");
 const SM90_FMHA: &str = include_str!("../../templates/sm90_fmha.cu.hbs");
@@ -34,7 +33,6 @@ fn registry() -> &'static Handlebars<'static> {
             ("sm90_gemm_types", SM90_GEMM_TYPES),
             ("fused_epilogue", FUSED_EPILOGUE),
             ("gemm_call", GEMM_CALL),
-            ("direct_epilogue", DIRECT_EPILOGUE),
         ] {
             h.register_partial(name, text)
                 .unwrap_or_else(|e| panic!("partial {name}: {e}"));
@@ -278,17 +276,13 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
     let e = match &k.fusion {
         Some(e) => e,
         None if split => &empty,
-        None if k.direct_epilogue() => &empty,
         None => {
-            return json!({ "fusion": false, "two_gemms": false, "direct": false })
+            return json!({ "fusion": false, "two_gemms": false })
                 .as_object()
                 .cloned()
                 .expect("object")
         }
     };
-    if k.direct_epilogue() {
-        return direct_vars(k, e);
-    }
     let col_broadcast = "cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>";
     let mut params = vec!["T const& acc".to_string()];
     let mut children = Vec::new();
@@ -343,7 +337,6 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
     let lines = program_lines(e, &v0);
     json!({
         "fusion": true,
-        "direct": false,
         "two_gemms": split,
         "fusion_text": if e.instrs.is_empty() { "the bias".to_string() } else { e.text() },
         "fusion_params": params.join(", "),
@@ -354,71 +347,6 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         "aux_loads": k.aux_loads() > 0,
         "element_c": element_c,
         "c_pointer": c_pointer,
-    })
-    .as_object()
-    .cloned()
-    .expect("object")
-}
-
-/// The direct epilogue of an sm90 kernel (templates/direct_epilogue.hbs): the same fp32 functor as
-/// the visitor tree's, fed per element from global memory. In the CUTLASS problem (torch's
-/// transposed) the bias and torch's per-n (row) leaves are indexed by m, torch's per-m (col) leaves
-/// by n, full leaves like the output (with its batch offset), and scalars are read once.
-fn direct_vars(
-    k: &KernelSpec,
-    e: &crate::rules::Epilogue,
-) -> serde_json::Map<String, serde_json::Value> {
-    use crate::rules::epilogue::LeafKind;
-    let mut params = vec!["T const& acc".to_string()];
-    let mut call = vec!["acc".to_string()];
-    let mut setup = Vec::new();
-    let mut loads = Vec::new();
-    let load = |name: &str, value: String| {
-        format!("cutlass::Array<float, 1> {name};\n          {name}[0] = {value};")
-    };
-    if k.bias {
-        params.push("T const& bias".into());
-        call.push("bias".into());
-        setup.push("const ElementD* __restrict__ bias_p = params.bias;".to_string());
-        loads.push(load("bias", "float(bias_p[m])".into()));
-    }
-    for (i, leaf) in e.leaves.iter().enumerate() {
-        params.push(format!("T const& l{i}"));
-        call.push(format!("l{i}"));
-        let ptr = format!("static_cast<const ElementD*>(params.leaves[{i}])");
-        let (init, value) = match leaf {
-            LeafKind::Full => (
-                format!("const ElementD* __restrict__ l{i}_p = {ptr} + batch;"),
-                format!("float(l{i}_p[at])"),
-            ),
-            LeafKind::Row => (
-                format!("const ElementD* __restrict__ l{i}_p = {ptr};"),
-                format!("float(l{i}_p[m])"),
-            ),
-            LeafKind::Col => (
-                format!("const ElementD* __restrict__ l{i}_p = {ptr};"),
-                format!("float(l{i}_p[n])"),
-            ),
-            LeafKind::Scalar => (
-                format!("const float l{i}_s = *static_cast<const float*>(params.leaves[{i}]);"),
-                format!("l{i}_s"),
-            ),
-        };
-        setup.push(init);
-        loads.push(load(&format!("l{i}"), value));
-    }
-    let v0 = if k.bias { "acc[i] + bias[i]" } else { "acc[i]" };
-    json!({
-        "fusion": false,
-        "direct": true,
-        "two_gemms": false,
-        "fusion_text": if e.instrs.is_empty() { "the bias".to_string() } else { e.text() },
-        "fusion_params": params.join(", "),
-        "fusion_lines": program_lines(e, v0),
-        "fusion_out": format!("v{}", e.instrs.len()),
-        "direct_setup": setup,
-        "direct_loads": loads,
-        "direct_call": call.join(", "),
     })
     .as_object()
     .cloned()
@@ -1036,49 +964,6 @@ mod tests {
         assert_eq!(a, render_kernel(&spec(true)));
         expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias.cu"]
             .assert_eq(&a.text);
-    }
-
-    #[test]
-    fn direct_render_is_golden_and_reads_each_leaf_at_its_coordinates() {
-        let k = KernelSpec {
-            epilogue: EpilogueKind::NoSmem,
-            ..fused()
-        };
-        assert!(k.direct_epilogue() && k.invalid_reason().is_none());
-        assert_eq!(k.epilogue_smem_bytes(), 0);
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias_ep_direct.cu"]
-            .assert_eq(&text);
-        assert!(!text.contains("Sm90EVT") && !text.contains("AuxLoad"));
-        // The bias and torch's row vector by the CUTLASS problem's m, its column vector by n, the
-        // residual at the output's own offset, the scalar once.
-        for read in [
-            "bias[0] = float(bias_p[m]);",
-            "l0[0] = float(l0_p[at]);",
-            "l1[0] = float(l1_p[m]);",
-            "l2[0] = float(l2_p[n]);",
-            "l3[0] = l3_s;",
-            "const ElementD* __restrict__ l0_p = static_cast<const ElementD*>(params.leaves[0]) + batch;",
-        ] {
-            assert!(text.contains(read), "{read}");
-        }
-        assert_eq!(
-            text.matches("const float v0 = acc[i] + bias[i];").count(),
-            1
-        );
-        assert!(
-            text.contains("result[j] = static_cast<ElementD>(f(acc, bias, l0, l1, l2, l3)[0]);")
-        );
-        // The bias alone runs the same epilogue with a one-line program.
-        let bias = KernelSpec {
-            fusion: None,
-            ..k.clone()
-        };
-        let text = render_kernel(&bias).text;
-        assert!(text.contains("struct DirectEpilogue") && text.contains("out[i] = v0;"));
-        assert!(!text.contains("bias_ptr"));
-        // Under the TMA epilogue the same program is a visitor tree, under another name.
-        assert_ne!(k.kernel_name(), fused().kernel_name());
     }
 
     #[test]

@@ -38,12 +38,6 @@ const NARROW_LOAD_RATE: [(u32, f64); 3] = [(8, 0.85), (4, 0.7), (2, 0.6)];
 /// The sm90 cp.async mainloop beyond its load width: producer warps compute addresses and
 /// predicates that TMA does in hardware, and the no-smem epilogue stores element by element.
 const CPASYNC_RATE: f64 = 0.9;
-/// A mainloop one stage shorter than the same kernel with a no-smem (or direct) epilogue would
-/// have, because a TMA epilogue's buffers took the shared memory: Nsight Compute on the H100 put
-/// fact's tf32 128x128x32 ping-pong GEMM + bias (65536x768x768, 6 stages) at 77% of the tensor
-/// pipe where cuBLAS's kernel of that tile, schedule and cluster (7 stages) reached 81–83%
-/// (benches/results/parity).
-const STAGE_SHORT_RATE: f64 = 0.95;
 /// The padded split pass reads and writes element by element (the aligned one in 16-byte
 /// vectors): its traffic at this fraction of DRAM bandwidth.
 const PADDED_SPLIT_EFFICIENCY: f64 = 0.8;
@@ -95,15 +89,6 @@ fn sm_rate(k: &KernelSpec) -> f64 {
             // The register-staged operand is multicast only by a cluster along M; one along N
             // doubles its traffic (H100 sweeps).
             rate *= 0.5;
-        }
-    }
-    if k.family.is_sm90() && k.stages == 0 {
-        let no_epilogue_smem = KernelSpec {
-            epilogue: super::EpilogueKind::NoSmem,
-            ..k.clone()
-        };
-        if k.mainloop_stages() < no_epilogue_smem.mainloop_stages() {
-            rate *= STAGE_SHORT_RATE;
         }
     }
     if k.schedule == KernelSchedule::Ws {

@@ -231,24 +231,17 @@ impl Knowledge {
                 continue;
             }
             let fused = p.bias || p.epilogue.is_some();
-            let epilogues = match r.epilogue_schedule.as_str() {
-                "tma_ws" | "tma_ws_cooperative" => vec![EpilogueKind::Tma],
-                // CUTLASS's no-smem epilogue takes only a plain linear combination; a bias or
-                // fused program runs in fact's direct epilogue instead (the sm90 family's; the
-                // split families' second GEMM reads C through the TMA epilogue). The generator
-                // pairs its big tf32 tiles (128x256, 256x128, 256x256) with the no-smem and
-                // transposed epilogues only, so a fused problem also gets each such row with the
-                // TMA epilogue (measured on the H100: 128x256 cooperative ran 65536x768x3072
-                // bias + residual in 0.843 ms where the generator's best pairing took 0.967).
-                // One that fails to build or run is learned like any other failure.
-                "no_smem" if fused && !schedule.is_cpasync() => {
-                    if family == Family::Sm90Gemm {
-                        vec![EpilogueKind::Tma, EpilogueKind::NoSmem]
-                    } else {
-                        vec![EpilogueKind::Tma]
-                    }
-                }
-                "no_smem" if !fused => vec![EpilogueKind::NoSmem],
+            let epilogue = match r.epilogue_schedule.as_str() {
+                "tma_ws" | "tma_ws_cooperative" => EpilogueKind::Tma,
+                // The no-smem epilogue takes only a plain linear combination: no bias, no
+                // fusion. The epilogue is the builder's choice apart from the mainloop, and the
+                // generator pairs its big tf32 tiles (128x256, 256x128, 256x256) with the
+                // no-smem and transposed epilogues only; a fused problem gets such a TMA row with
+                // the TMA epilogue instead (measured on the H100: 128x256 cooperative ran
+                // 65536x768x3072 bias + residual in 0.843 ms where the generator's best pairing
+                // took 0.967). One that fails to build or run is learned like any other failure.
+                "no_smem" if fused && !schedule.is_cpasync() => EpilogueKind::Tma,
+                "no_smem" if !fused => EpilogueKind::NoSmem,
                 _ => continue,
             };
             let scheduler = match r.tile_scheduler.as_str() {
@@ -256,32 +249,30 @@ impl Knowledge {
                 "stream_k" => TileScheduler::StreamK,
                 _ => continue,
             };
-            for epilogue in epilogues {
-                let mut spec = KernelSpec {
-                    family,
-                    arch,
-                    layout: p.layout,
-                    math,
-                    dtype: p.dtype,
-                    tile: r.tile,
-                    cluster: r.cluster,
-                    schedule,
-                    scheduler,
-                    bias: p.bias,
-                    align,
-                    align_c: 0,
-                    warps: [0, 0, 0],
-                    stages: r.stages,
-                    epilogue,
-                    knobs: Knobs::default(),
-                    fusion: p.epilogue.clone(),
-                };
-                // The row's own output alignment where it differs from the operands' (cp.async rows).
-                if family == Family::Sm90Gemm && r.alignment[2] != spec.implied_align_out() {
-                    spec.align_c = r.alignment[2];
-                }
-                out.push(spec);
+            let mut spec = KernelSpec {
+                family,
+                arch,
+                layout: p.layout,
+                math,
+                dtype: p.dtype,
+                tile: r.tile,
+                cluster: r.cluster,
+                schedule,
+                scheduler,
+                bias: p.bias,
+                align,
+                align_c: 0,
+                warps: [0, 0, 0],
+                stages: r.stages,
+                epilogue,
+                knobs: Knobs::default(),
+                fusion: p.epilogue.clone(),
+            };
+            // The row's own output alignment where it differs from the operands' (cp.async rows).
+            if family == Family::Sm90Gemm && r.alignment[2] != spec.implied_align_out() {
+                spec.align_c = r.alignment[2];
             }
+            out.push(spec);
         }
         // The sm80 family renders a fused epilogue as an Sm80EVT visitor tree.
         for r in &self.sm80 {

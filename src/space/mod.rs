@@ -173,9 +173,7 @@ pub enum EpilogueKind {
     /// TMA store through shared memory, the schedule's own TMA epilogue (fusions such as bias).
     #[default]
     Tma,
-    /// Direct register-to-global stores, no shared memory (more pipeline stages). A plain GEMM
-    /// takes CUTLASS's own; a bias or fused epilogue fact's direct epilogue
-    /// (templates/direct_epilogue.hbs), which reads its inputs from global memory per element.
+    /// Direct register-to-global stores, no shared memory (more pipeline stages; no fusion).
     NoSmem,
 }
 
@@ -188,8 +186,6 @@ pub enum LeafRead {
     /// Through an `Sm90AuxLoad`: a TMA load of its own (16-byte aligned rows), staged in shared
     /// memory as deep as C.
     Aux,
-    /// Element by element at each accumulator's coordinates, by the direct epilogue.
-    Direct,
 }
 
 /// Raster order of output tiles over the grid: a runtime argument of CUTLASS's sm90 schedulers.
@@ -482,14 +478,6 @@ impl KernelSpec {
         self.family.is_split() && self.align < 16 / self.operand_bytes()
     }
 
-    /// Whether the kernel adds its bias or runs its fused epilogue in fact's direct epilogue (an
-    /// sm90 no-smem epilogue with something to fuse), not in a TMA epilogue's visitor tree.
-    pub fn direct_epilogue(&self) -> bool {
-        self.family == Family::Sm90Gemm
-            && self.epilogue == EpilogueKind::NoSmem
-            && (self.bias || self.fusion.is_some())
-    }
-
     /// Alignment the tensor-core GEMMs inside the kernel load with: a padded split's parts are
     /// aligned whatever the problem.
     pub fn gemm_align(&self) -> u32 {
@@ -507,16 +495,13 @@ impl KernelSpec {
     /// its are too. This follows from the family and the program's leaf order, both in the kernel's name, so the name stays the identity: a kernel that assigned
     /// them otherwise would need a name of its own.
     pub fn leaf_reads(&self) -> Vec<Option<LeafRead>> {
-        let direct = self.direct_epilogue();
         let mut c_free = !self.family.is_split() && self.family != Family::Sm80Gemm;
         let leaves = self.fusion.as_ref().map_or(&[][..], |e| &e.leaves[..]);
         leaves
             .iter()
             .map(|&l| {
                 (l == crate::rules::LeafKind::Full).then(|| {
-                    if direct {
-                        LeafRead::Direct
-                    } else if std::mem::take(&mut c_free) {
+                    if std::mem::take(&mut c_free) {
                         LeafRead::C
                     } else {
                         LeafRead::Aux
@@ -610,27 +595,6 @@ impl KernelSpec {
     /// Shared memory of one mainloop stage, bytes.
     pub fn stage_bytes(&self) -> u32 {
         (self.tile[0] + self.tile[1]) * self.tile[2] * self.operand_bytes()
-    }
-
-    /// Shared memory the builder carves out for an sm90 epilogue before it stages the mainloop:
-    /// a TMA epilogue's buffers plus its barriers and swizzle alignment (under 1 KB); none for the
-    /// no-smem and direct epilogues.
-    pub fn epilogue_carveout(&self) -> u32 {
-        if self.family.is_sm90() && self.epilogue == EpilogueKind::Tma {
-            self.epilogue_smem_bytes() + 1024
-        } else {
-            0
-        }
-    }
-
-    /// Mainloop stages of an sm90 kernel: its own count, or what the builder's automatic count
-    /// fits beside the epilogue's carve-out.
-    pub fn mainloop_stages(&self) -> u32 {
-        if self.stages > 0 {
-            return self.stages;
-        }
-        let smem = self.arch.hardware().smem_per_cta;
-        smem.saturating_sub(self.epilogue_carveout()) / self.stage_bytes().max(1)
     }
 
     /// Why CUTLASS would reject this instantiation, if it would. Mirrors the static_asserts that
@@ -744,11 +708,8 @@ impl KernelSpec {
                 if elem_bytes == 4 && tn % tk != 0 {
                     return Some(format!("tf32 needs tile N {tn} divisible by tile K {tk}"));
                 }
-                if (self.bias || self.fusion.is_some())
-                    && self.epilogue == EpilogueKind::NoSmem
-                    && !self.direct_epilogue()
-                {
-                    return Some("the split families' no-smem epilogue has no bias or epilogue fusion (their second GEMM reads C through the TMA epilogue)".into());
+                if (self.bias || self.fusion.is_some()) && self.epilogue == EpilogueKind::NoSmem {
+                    return Some("the no-smem epilogue has no bias or epilogue fusion".into());
                 }
 
                 if let Some(e) = &self.fusion {
@@ -766,8 +727,13 @@ impl KernelSpec {
                         self.cluster
                     ));
                 }
-                // The builder gives the mainloop what the epilogue leaves, and it needs 2 stages.
-                let epilogue_bytes = self.epilogue_carveout();
+                // Beside its subtiles the epilogue's carve-out holds barriers and swizzle alignment
+                // (under 1 KB); the builder gives the mainloop what is left, and it needs 2 stages.
+                let epilogue_bytes = if self.epilogue == EpilogueKind::Tma {
+                    self.epilogue_smem_bytes() + 1024
+                } else {
+                    0
+                };
                 let stages = self.stages.max(2);
                 if stages * self.stage_bytes() + epilogue_bytes > smem {
                     let aux = match self.aux_loads() {
@@ -981,10 +947,10 @@ pub fn epilogue_note(p: &GemmProblem, math: MathType, arch: Arch) -> Option<Stri
             r.map(|r| {
                 format!(
                     "l{i} {}",
-                    match r {
-                        LeafRead::C => "as the C operand",
-                        LeafRead::Aux => "through an aux load",
-                        LeafRead::Direct => "per element by the direct epilogue",
+                    if r == LeafRead::C {
+                        "as the C operand"
+                    } else {
+                        "through an aux load"
                     }
                 )
             })
@@ -1005,8 +971,6 @@ pub fn epilogue_note(p: &GemmProblem, math: MathType, arch: Arch) -> Option<Stri
     };
     let how = if k.family == Family::Sm80Gemm {
         "sm80 EVT over the mainloop's accumulators"
-    } else if k.family == Family::Sm90Gemm {
-        "TMA warp-specialized epilogue, or the direct epilogue without shared memory"
     } else {
         "TMA warp-specialized epilogue"
     };
