@@ -39,7 +39,8 @@ def time_interleaved(fns, reps=60, warm=10):
 def kernel_ms(fns, reps=30):
     """Median GPU time per call of each of `fns` summed over the kernels it launches, from
     torch.profiler (L2 flushed before each call, flush kernels left out): the kernels alone,
-    without the host time a TorchScript module call adds before its kernel starts."""
+    without the host time a TorchScript module call adds before its kernel starts. With each,
+    what a call launched (kernel and memset names) and each one's median ms."""
     from torch.profiler import ProfilerActivity, profile
 
     flush = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
@@ -62,7 +63,7 @@ def kernel_ms(fns, reps=30):
                 flush.zero_()
                 fn()
             torch.cuda.synchronize()
-        calls, cur = [], None
+        calls, cur, launched = [], None, {}
         for e in device_events(prof):
             if e.name in flush_names:
                 if cur is not None:
@@ -70,10 +71,13 @@ def kernel_ms(fns, reps=30):
                 cur = 0.0
             elif cur is not None:
                 cur += e.time_range.elapsed_us() / 1e3
+                launched.setdefault(e.name[:120], []).append(e.time_range.elapsed_us() / 1e3)
         if cur is not None:
             calls.append(cur)
         calls = sorted(c for c in calls if c > 0)
-        out[name] = calls[len(calls) // 2] if calls else None
+        # What each call launched (kernels and memsets), with each one's median ms.
+        kernels = {k: sorted(v)[len(v) // 2] for k, v in launched.items()}
+        out[name] = (calls[len(calls) // 2] if calls else None, kernels)
     return out
 
 
@@ -120,8 +124,10 @@ def main():
                 r[f"{kk}_ms_{rnd}"] = v
         # The kernels alone, from the profiler (the ratio the issue's parity target is about).
         kt = kernel_ms({"linear": lin, "mm": mm, "fact": fact})
-        for kk, v in kt.items():
+        for kk, (v, launched) in kt.items():
             r[f"{kk}_kernel_ms"] = v
+            r[f"{kk}_launched"] = launched
+        kt = {kk: v for kk, (v, _) in kt.items()}
         if kt["fact"]:
             r["kernel_fact_vs_mm"] = kt["mm"] / kt["fact"]
         r["fact_vs_mm"] = min(r["mm_ms_1"], r["mm_ms_2"]) / min(r["fact_ms_1"], r["fact_ms_2"])
