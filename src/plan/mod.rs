@@ -192,7 +192,8 @@ pub struct Region {
     pub share: f64,
 }
 
-/// Groups the costed nodes outside `matched` into connected regions, largest first.
+/// Groups the costed nodes outside `matched` into connected regions, largest first (ties in graph
+/// order).
 pub fn unmatched_regions(
     g: &Graph,
     costs: &[NodeCost],
@@ -265,7 +266,12 @@ pub fn unmatched_regions(
             }
         })
         .collect();
-    regions.sort_by(|a, b| b.est_ms.partial_cmp(&a.est_ms).unwrap());
+    // Equal estimates keep graph order, so `discover` prints the same plan every run.
+    regions.sort_by(|a, b| {
+        b.est_ms
+            .total_cmp(&a.est_ms)
+            .then_with(|| a.nodes.cmp(&b.nodes))
+    });
     regions
 }
 
@@ -590,5 +596,32 @@ mod tests {
         assert_eq!(regions[0].name, "div → masked_fill → softmax");
         assert_eq!(regions[1].name, "gelu");
         assert!(regions[0].share > regions[1].share);
+    }
+
+    #[test]
+    fn regions_of_equal_cost_keep_graph_order() {
+        let g = attention_like();
+        let m = match_gemms(&g);
+        let matched: BTreeSet<NodeId> = m.iter().map(|m| m.node).collect();
+        let mut costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &m);
+        // The gelu alone costs what the three nodes of the softmax region cost together.
+        for c in &mut costs {
+            c.ms = if c.kind == "aten::gelu" { 3.0 } else { 1.0 };
+        }
+        let first = unmatched_regions(&g, &costs, &matched, 10.0);
+        let by_kind = |k: &str| first.iter().position(|r| r.kinds.contains(&k.to_string()));
+        let (softmax, gelu) = (
+            by_kind("aten::softmax").unwrap(),
+            by_kind("aten::gelu").unwrap(),
+        );
+        assert_eq!(first[softmax].est_ms, first[gelu].est_ms);
+        // Graph order: the region whose first node comes first is listed first, every time.
+        assert_eq!(
+            softmax < gelu,
+            first[softmax].nodes[0] < first[gelu].nodes[0]
+        );
+        for _ in 0..20 {
+            assert_eq!(unmatched_regions(&g, &costs, &matched, 10.0), first);
+        }
     }
 }
