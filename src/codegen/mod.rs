@@ -2,6 +2,7 @@
 //! kernel, the dispatch table, and the torch op. Pure: the same specs render byte-identical source,
 //! and nothing here touches the disk or the GPU (templates are compiled into the binary).
 
+use crate::rules::epilogue::Transcendentals;
 use crate::space::attention::{AttentionFamily, Sm90Schedule};
 use crate::space::{AttentionSpec, KernelSpec, LayerNormSpec, Spec};
 use handlebars::Handlebars;
@@ -164,7 +165,11 @@ fn call_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
 }
 
 /// The fused functor's body: one fp32 line per program value, `v0` from `v0_expr`.
-fn program_lines(e: &crate::rules::Epilogue, v0_expr: &str) -> Vec<String> {
+fn program_lines(
+    e: &crate::rules::Epilogue,
+    v0_expr: &str,
+    f: crate::rules::epilogue::Transcendentals,
+) -> Vec<String> {
     use crate::rules::epilogue::Arg;
     let mut lines = vec![format!("const float v0 = {v0_expr};")];
     for (n, ins) in e.instrs.iter().enumerate() {
@@ -191,7 +196,7 @@ fn program_lines(e: &crate::rules::Epilogue, v0_expr: &str) -> Vec<String> {
         lines.push(format!(
             "const float v{} = {};",
             n + 1,
-            ins.op.device_expr(&operands, &scalars)
+            ins.op.device_expr(&operands, &scalars, f)
         ));
     }
     lines
@@ -247,7 +252,7 @@ fn sm80_fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value
         "fusion": true,
         "fusion_text": e.text(),
         "fusion_params": params.join(", "),
-        "fusion_lines": program_lines(e, &v0),
+        "fusion_lines": program_lines(e, &v0, Transcendentals::for_math(k.math)),
         "fusion_out": format!("v{}", e.instrs.len()),
         "fusion_children": children,
         "fusion_child_args": child_args,
@@ -334,7 +339,7 @@ fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
         if k.bias { " + bias[i]" } else { "" },
     ]
     .concat();
-    let lines = program_lines(e, &v0);
+    let lines = program_lines(e, &v0, Transcendentals::for_math(k.math));
     json!({
         "fusion": true,
         "two_gemms": split,
@@ -787,8 +792,8 @@ mod tests {
         );
         assert!(text.contains("VisitorRowBroadcast<OutputTileThreadMap, Element, Stride<_0, _1, int64_t>>,\n    cutlass::epilogue::threadblock::VisitorAuxLoad<"));
         assert!(
-            !text.contains("tanh.approx") && !text.contains("GELU"),
-            "accurate functions only"
+            text.contains("erff(v0 * 0.70710678118654752f)") && !text.contains("GELU"),
+            "the erf GELU stays accurate under every policy"
         );
         // Every leaf kind, on bf16 rrr Stream-K.
         let k = for_sm80(DType::Bf16, GemmLayout::Rrr, false, Some("leaves=full,row,col,scalar;v1=mul(v0,l1);v2=add(v1,l2);v3=div(v2,l3);v4=add(v3,l0)"), [128, 128, 32]);
@@ -967,6 +972,29 @@ mod tests {
     }
 
     #[test]
+    fn only_f32_accurate_kernels_compute_tanh_and_exp_accurately() {
+        let e = crate::rules::Epilogue::parse("leaves=;v1=gelu_tanh(v0);v2=sigmoid(v1);v3=exp(v2)")
+            .unwrap();
+        let lines =
+            |m: MathType| program_lines(&e, "acc[i]", Transcendentals::for_math(m)).join("\n");
+        for m in [MathType::Tf32, MathType::Bf16, MathType::F16] {
+            let text = lines(m);
+            assert!(
+                text.contains("fact_tanh_approx(") && text.contains("fact_exp_approx(-v1)"),
+                "{m:?}: {text}"
+            );
+            assert!(
+                !text.contains("tanhf(") && !text.contains(" expf("),
+                "{m:?}: {text}"
+            );
+        }
+        let exact = lines(MathType::Tf32x3);
+        assert!(
+            exact.contains("tanhf(") && exact.contains("expf(-v1)") && !exact.contains("approx")
+        );
+    }
+
+    #[test]
     fn fused_render_is_golden_and_computes_each_value_once() {
         let k = fused();
         assert_eq!(k.invalid_reason(), None);
@@ -978,7 +1006,7 @@ mod tests {
             text.matches("const float v0 = acc[i] + bias[i];").count(),
             1
         );
-        assert!(text.contains("const float v3 = 1.f / (1.f + expf(-v0));"));
+        assert!(text.contains("const float v3 = 1.f / (1.f + fact_exp_approx(-v0));"));
         assert!(
             text.contains("const float v7 = v6 * v6 * v6;"),
             "pow 3 as torch computes it"
@@ -989,8 +1017,9 @@ mod tests {
                 && text.contains("Sm90ScalarBroadcast")
         );
         assert!(
-            !text.contains("tanh.approx") && !text.contains("GELU_taylor"),
-            "accurate functions only"
+            text.contains("(1.f + fact_tanh_approx(0.79788456080286536f * (v0 + ")
+                && !text.contains("GELU_taylor"),
+            "tf32: the hardware tanh, in fact's own functor"
         );
         // Without a full-size leaf the kernel loads no C.
         let mut no_c = k.clone();

@@ -121,6 +121,25 @@ using ClusterShape = Shape<_1, _2, _1>;
 // The fused epilogue leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=pow(v6,3.0);v8=add(l0,v7);v9=clamp(v8,-inf,6.0)
 // as one fp32 functor over the accumulator, the bias and the leaves: a visitor tree of
 // one compute node whose children fetch its inputs, so a value used twice is computed once.
+// The hardware's tanh and exp, which the program uses outside f32-accurate kernels (its accurate
+// ones are tanhf and expf); the host pass gets the library's.
+CUTLASS_HOST_DEVICE float fact_tanh_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return tanhf(x);
+#endif
+}
+CUTLASS_HOST_DEVICE float fact_exp_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+
 template <class T>
 struct FusedEpilogue {
   CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias, T const& l0, T const& l1, T const& l2, T const& l3) const {
@@ -128,9 +147,9 @@ struct FusedEpilogue {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < int(T::kElements); ++i) {
       const float v0 = acc[i] + bias[i];
-      const float v1 = 0.5f * v0 * (1.f + tanhf(0.79788456080286536f * (v0 + 0.044715f * v0 * v0 * v0)));
+      const float v1 = 0.5f * v0 * (1.f + fact_tanh_approx(0.79788456080286536f * (v0 + 0.044715f * v0 * v0 * v0)));
       const float v2 = v1 * l1[i];
-      const float v3 = 1.f / (1.f + expf(-v0));
+      const float v3 = 1.f / (1.f + fact_exp_approx(-v0));
       const float v4 = v2 * v3;
       const float v5 = v4 + l2[i];
       const float v6 = v5 / l3[i];

@@ -121,6 +121,25 @@ using ClusterShape = Shape<_1, _2, _1>;
 // The fused epilogue leaves=full,full;v1=add(v0,l0);v2=add(v1,l1)
 // as one fp32 functor over the accumulator, the bias and the leaves: a visitor tree of
 // one compute node whose children fetch its inputs, so a value used twice is computed once.
+// The hardware's tanh and exp, which the program uses outside f32-accurate kernels (its accurate
+// ones are tanhf and expf); the host pass gets the library's.
+CUTLASS_HOST_DEVICE float fact_tanh_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return tanhf(x);
+#endif
+}
+CUTLASS_HOST_DEVICE float fact_exp_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+
 template <class T>
 struct FusedEpilogue {
   CUTLASS_HOST_DEVICE T operator()(T const& acc, T const& bias, T const& l0, T const& l1) const {
