@@ -4,8 +4,11 @@ linear + bias (cuBLAS), torch's plain mm (cuBLAS, no bias) and the composed modu
 process, after checking the composed module against fp64. With --ncu-once, run each once more
 after the timings (for `ncu --launch-skip`-free captures of the three kernels).
 
-    python3 gemm_parity.py OUT_DIR NAME:M:K:N:DTYPE   (OUT_DIR/fact/NAME holds the compose;
+    python3 gemm_parity.py OUT_DIR NAME:M:K:N:DTYPE[:EPI]   (OUT_DIR/fact/NAME holds the compose;
                                                       one case a process, appended to parity.jsonl)
+
+EPI is what follows the linear in the composed model (gemm_parity.sh): bias (nothing), gelu (tanh
+GELU) or residual (+ a second input); then "eager" times torch's linear and that epilogue too.
 """
 import argparse
 import ctypes
@@ -93,7 +96,8 @@ def main():
     # Inference, as users run a composed module: under autograd every fact op falls back.
     torch.set_grad_enabled(False)
     for case in args.cases:
-        name, m, k, n, dt = case.split(":")
+        name, m, k, n, dt, *rest = case.split(":")
+        epi = rest[0] if rest else "bias"
         m, k, n = int(m), int(k), int(n)
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
         d = args.out_dir / "fact" / name
@@ -110,20 +114,29 @@ def main():
         with torch.no_grad():
             sd[wk].copy_(w)
             sd[bk].copy_(b)
+        res = torch.randn(m, n, device="cuda", dtype=dtype)
+        gelu = lambda y: torch.nn.functional.gelu(y, approximate="tanh")
         ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
-        out = mod(x)
+        ref = {"bias": ref, "gelu": gelu(ref), "residual": ref + res.double()}[epi]
+        inputs = (x,) if epi == "bias" else (x, res)
+        out = mod(*inputs)
         err = ((out.double() - ref).norm() / ref.norm()).item()
         lin = lambda: torch.nn.functional.linear(x, w, b)
         mm = lambda: torch.mm(x, w.t())
-        fact = lambda: mod(x)
-        r = {"case": name, "m": m, "k": k, "n": n, "dtype": dt, "fact_ops": ops, "rel_err": err}
+        fact = lambda: mod(*inputs)
+        fns = {"linear": lin, "mm": mm, "fact": fact}
+        if epi == "gelu":
+            fns["eager"] = lambda: gelu(torch.nn.functional.linear(x, w, b))
+        elif epi == "residual":
+            fns["eager"] = lambda: torch.nn.functional.linear(x, w, b) + res
+        r = {"case": name, "epilogue": epi, "m": m, "k": k, "n": n, "dtype": dt, "fact_ops": ops, "rel_err": err}
         # Two rounds: the spread between them says what a ratio can resolve.
         for rnd in (1, 2):
-            t = time_interleaved({"linear": lin, "mm": mm, "fact": fact})
+            t = time_interleaved(fns)
             for kk, v in t.items():
                 r[f"{kk}_ms_{rnd}"] = v
         # The kernels alone, from the profiler (the ratio the issue's parity target is about).
-        kt = kernel_ms({"linear": lin, "mm": mm, "fact": fact})
+        kt = kernel_ms(fns)
         for kk, (v, launched) in kt.items():
             r[f"{kk}_kernel_ms"] = v
             r[f"{kk}_launched"] = launched
@@ -152,11 +165,12 @@ def main():
     print("| case | dtype | linear ms | mm ms | fact ms | mm/fact | linear/fact | kernels: linear, mm, fact ms | mm/fact | err |")
     for r in rows:
         f = min(r["fact_ms_1"], r["fact_ms_2"])
-        print(f"| {r['case']} | {r['dtype']} | {r['linear_ms_1']:.3f}/{r['linear_ms_2']:.3f} | "
+        print(f"| {r['case']} ({r['epilogue']}) | {r['dtype']} | {r['linear_ms_1']:.3f}/{r['linear_ms_2']:.3f} | "
               f"{r['mm_ms_1']:.3f}/{r['mm_ms_2']:.3f} | {r['fact_ms_1']:.3f}/{r['fact_ms_2']:.3f} | "
               f"{r['fact_vs_mm']:.3f} | {r['fact_vs_linear']:.3f} | "
               f"{r['linear_kernel_ms']:.4f}, {r['mm_kernel_ms']:.4f}, {r['fact_kernel_ms']:.4f} | "
-              f"{r.get('kernel_fact_vs_mm', 0):.3f} | {r['rel_err']:.1e} |")
+              f"{r.get('kernel_fact_vs_mm', 0):.3f} | {r['rel_err']:.1e} |"
+              + (f" eager kernels {r['eager_kernel_ms']:.4f} ms" if r.get("eager_kernel_ms") else ""))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # traced Linear per case from the shipped table with --keep-slower (fact's own winner runs), then
 # benches/device/gemm_parity.py times torch linear, torch mm and fact in one process; Nsight Compute
 # captures one call of each of NCU_CASES into $OUT/ncu_NAME.txt.
-# Cases: NAME:M:K:N:DTYPE (dtype f32 under tf32, or bf16).
+# Cases: NAME:M:K:N:DTYPE[:EPI] (dtype f32 under tf32, or bf16; EPI bias (the default), gelu
+# (tanh GELU after the linear) or residual (the linear plus a second input)).
 set -u
 export FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json FACT_TABLE=${FACT_TABLE:-/tmp/parity_table.json} FACT_CACHE_DIR=/tmp/fact-cache
 dir=/tmp/parity; mkdir -p $dir/models
@@ -19,13 +20,26 @@ for r in ${REALIZE:-}; do
   tail -4 $dir/realize_${s}_$rdt.log
 done
 for c in "$@"; do
-  IFS=: read -r name m k n dt <<< "$c"
-  python3 - "$dir/models/$name.pt" $m $k $n $dt <<'PY'
+  IFS=: read -r name m k n dt epi <<< "$c"
+  python3 - "$dir/models/$name.pt" $m $k $n $dt ${epi:-bias} <<'PY'
 import sys, torch
-path, m, k, n, dt = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5]
+path, m, k, n, dt, epi = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], sys.argv[6]
 dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
-lin = torch.nn.Linear(k, n).cuda().to(dtype)
-torch.jit.trace(lin, torch.randn(m, k, device="cuda", dtype=dtype)).save(path)
+x = torch.randn(m, k, device="cuda", dtype=dtype)
+if epi == "bias":
+    torch.jit.trace(torch.nn.Linear(k, n).cuda().to(dtype), x).save(path)
+else:
+    class Fused(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(k, n)
+
+        def forward(self, x, r):
+            y = self.lin(x)
+            return torch.nn.functional.gelu(y, approximate="tanh") if epi == "gelu" else y + r
+
+    r = torch.randn(m, n, device="cuda", dtype=dtype)
+    torch.jit.trace(Fused().cuda().to(dtype), (x, r)).save(path)
 PY
   .device/fact compose $dir/models/$name.pt --precision tf32 --keep-slower --no-bench --jobs 16 --candidates ${CANDIDATES:-12} \
       --out $dir/fact/$name > $dir/compose_$name.log 2>&1 || { echo "compose $name failed"; tail -5 $dir/compose_$name.log; }
