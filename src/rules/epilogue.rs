@@ -43,7 +43,8 @@ pub const MAX_FULL_LEAVES: usize = 2;
 /// bound does not allow). Under tf32, bf16 and fp16 they are the hardware approximations
 /// (`tanh.approx.f32`, relative error under 2^-10.9, and `__expf`): well inside those policies'
 /// 1e-3 and 1e-2, and an accurate `tanhf` per element made the bf16 fc + tanh GELU epilogue cost
-/// 29% of its GEMM on the H100 (benches/results/parity). erf, log1p and pow stay accurate.
+/// 29% of its GEMM on the H100 (benches/results/parity). erf, pow and softplus's and mish's
+/// log1p(exp(x)) stay accurate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transcendentals {
     Accurate,
@@ -169,8 +170,8 @@ impl EpOp {
     }
 
     /// The fp32 device expression over operand expressions `x` (`scalars` holds the operands
-    /// that are constants), its tanh and exp as `f` says; NaN propagates as in torch; pow
-    /// special-cases the exponents torch's kernel does.
+    /// that are constants), its tanh and exp as `f` says (not the exp inside log1p); NaN
+    /// propagates as in torch; pow special-cases the exponents torch's kernel does.
     pub fn device_expr(self, x: &[String], scalars: &[Option<f64>], f: Transcendentals) -> String {
         let a = &x[0];
         let (tanh, exp) = match f {
