@@ -11,7 +11,9 @@
 #      default, flash and cuDNN backends in one process.
 # Steps run in that order while the time budget lasts (each is cut at what is left); a rerun into
 # the same $OUT on a warm machine finds the compiled kernels in /tmp/fact-cache.
-# Usage: benches/device/attention90.sh [BUDGET_S (default 560)] [STEP...]   (steps: gpt gpt2 full d32)
+# Usage: benches/device/attention90.sh [BUDGET_S (default 560)] [STEP...]   (steps: gpt gpt2 full enc d32;
+# enc is the attention suite's encoder, non-causal 32x12x512x512x64)
+# CANDIDATES=N sweeps the first N candidates only (the sm90 kernels come first).
 # Logs and JSON under $OUT/attention90/; the summary is the last lines of the output.
 set -uo pipefail
 budget=${1:-560}
@@ -35,7 +37,7 @@ run_step() {
   if (( t < 150 )); then echo "== $name skipped: ${t}s left" | tee -a "$summary"; return; fi
   echo "== $name: $rule bf16 $shape (${t}s left)" | tee -a "$summary"
   timeout $((t - 10)) "$PWD/.device/fact" realize --rule "$rule" --dtype bf16 --shape "$shape" \
-    --jobs 16 --json --out "$dir/$name" > "$dir/$name.json" 2> "$dir/$name.log"
+    --jobs 16 ${CANDIDATES:+--candidates "$CANDIDATES"} --json --out "$dir/$name" > "$dir/$name.json" 2> "$dir/$name.log"
   echo "   realize rc=$? in $((SECONDS - start))s" | tee -a "$summary"
   python3 - "$dir/$name.json" <<'PY' | tee -a "$summary"
 import json, sys
@@ -73,8 +75,9 @@ for s in $steps; do
     gpt) run_step gpt sdpa_causal 128x8x512x512x96 ;;
     gpt2) run_step gpt2 sdpa_causal 16x12x1024x1024x64 ;;
     full) run_step full sdpa 128x8x512x512x64 ;;
+    enc) run_step enc sdpa 32x12x512x512x64 ;;
     d32) run_step d32 sdpa_causal 16x12x256x256x32 ;;
-    *) echo "unknown step $s (gpt gpt2 full d32)" ;;
+    *) echo "unknown step $s (gpt gpt2 full enc d32)" ;;
   esac
 done
 echo "== summary ($((SECONDS - start))s)"

@@ -395,7 +395,8 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
         AttentionFamily::Sm80 => "sm80_fmha",
         AttentionFamily::Sm90 { schedule, causal } => {
             vars["schedule"] = json!(schedule.cutlass_policy());
-            vars["pingpong"] = json!(schedule == Sm90Schedule::Pingpong);
+            vars["persistent"] = json!(schedule.persistent());
+            vars["rotated"] = json!(schedule == Sm90Schedule::Persistent);
             vars["causal"] = json!(causal);
             // Without a causal mask the keys past Tk in the last key block still need one.
             vars["fusion"] = json!(if causal {
@@ -1427,10 +1428,35 @@ mod tests {
             text.contains("constexpr bool kCausal = true;")
                 && text.contains("fact_k_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run")
         );
+        assert!(!text.contains("RotatedTileScheduler") && !text.contains("kIsMainloopLocked"));
         let full = render_attention(&sm90(Sm90Schedule::Pingpong, false)).text;
         assert!(
             full.contains("ResidualFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")
                 && full.contains("constexpr bool kCausal = false;")
+                && !full.contains("RotatedTileScheduler")
+        );
+        // fact's tile order replaces examples/88's persistent scheduler.
+        let rotated = AttentionSpec {
+            max_k: 96,
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Persistent,
+                causal: true,
+            },
+            ..a.clone()
+        };
+        assert_eq!(
+            rotated.name(),
+            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_causal"
+        );
+        let text = render_attention(&rotated).text;
+        expect_test::expect_file![
+            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d96_persist_causal.cu"
+        ]
+        .assert_eq(&text);
+        assert!(
+            text.contains("Epilogue, RotatedTileScheduler, Options...>")
+                && text.contains("Shape<_128, _128, _96>")
+                && text.contains("KernelTmaWarpSpecializedPingpong>")
         );
         let f16 = render_attention(&AttentionSpec {
             dtype: DType::F16,

@@ -55,8 +55,15 @@ impl AttentionFamily {
 pub enum Sm90Schedule {
     /// One CTA per query block; the two consumer warp groups share each key block.
     Cooperative,
-    /// A persistent grid, Q loaded by its own producer warp.
+    /// A persistent grid, Q loaded by its own producer warp (examples/88's tile order).
     Pingpong,
+    /// examples/88's persistent grid in fact's tile order (templates/sm90_fmha.cu.hbs,
+    /// `RotatedTileScheduler`): each (batch, head)'s query blocks stay adjacent, rotated by the
+    /// (batch, head) index, so a CTA stepping by the grid size meets every query block in turn.
+    /// With examples/88's order a grid that is a multiple of the query-block count hands each CTA
+    /// one query block for the whole run: under a causal mask, one length of work (132 SMs and 4
+    /// blocks: some CTAs do four times the work of others).
+    Persistent,
 }
 
 impl Sm90Schedule {
@@ -64,32 +71,47 @@ impl Sm90Schedule {
         match self {
             Sm90Schedule::Cooperative => "coop",
             Sm90Schedule::Pingpong => "pingpong",
+            Sm90Schedule::Persistent => "persist",
         }
     }
     /// CUTLASS's dispatch policy.
     pub fn cutlass_policy(self) -> &'static str {
         match self {
             Sm90Schedule::Cooperative => "KernelTmaWarpSpecializedCooperative",
-            Sm90Schedule::Pingpong => "KernelTmaWarpSpecializedPingpong",
+            Sm90Schedule::Pingpong | Sm90Schedule::Persistent => "KernelTmaWarpSpecializedPingpong",
         }
+    }
+
+    /// Whether one CTA per SM walks the tiles (examples/88's `kIsPersistent`).
+    pub fn persistent(self) -> bool {
+        self != Sm90Schedule::Cooperative
     }
 }
 
-/// The (query block, key block, schedule) instantiations examples/88 runs in its forward pass for a
-/// head-dim tile, bf16/fp16 with fp32 accumulators. Left out: the non-warp-specialized `KernelTma`
-/// (64x128, d 32/64), whose mainloop is another collective; 128x256 at d 128 and 128x128 at d 256,
-/// whose five pipeline stages of K and V (320 KiB) do not fit in shared memory (head dims past 128
-/// run on sm80). Added: the 128 tile's blocks with a 96 head-dim tile (GPT's head dim), which the
-/// example does not run; the 128 tile spends a quarter of its products on padding there.
-fn sm90_tiles(max_k: u32) -> &'static [(u32, u32, Sm90Schedule)] {
-    use Sm90Schedule::*;
+/// The (query block, key block) pairs for a head-dim tile, bf16/fp16 with fp32 accumulators.
+/// examples/88's forward pass runs 128x64 (d 32, 64) and 128x128 (d 128). Left out: its
+/// non-warp-specialized `KernelTma` (64x128, d 32/64), whose mainloop is another collective;
+/// 128x256 at d 128 and 128x128 at d 256, whose five pipeline stages of K and V (320 KiB) do not
+/// fit in shared memory (head dims past 128 run on sm80). Added: the 128 tile's blocks with a 96
+/// head-dim tile (GPT's head dim), which the example does not run (the 128 tile spends a quarter
+/// of its products on padding there), and 128x128 at d 32 and 64: twice the keys per softmax
+/// step, 1.1x faster than 128x64 at d 64 (benches/results/attention90, run 2, where 128x256 and
+/// three consumer warp groups over 192 queries measured slower and are not swept).
+fn sm90_blocks(max_k: u32) -> &'static [(u32, u32)] {
     match max_k {
-        32 => &[(128, 64, Cooperative)],
-        64 => &[(128, 64, Cooperative), (128, 64, Pingpong)],
-        96 | 128 => &[(128, 128, Cooperative), (128, 128, Pingpong)],
+        32 | 64 => &[(128, 128), (128, 64)],
+        96 | 128 => &[(128, 128)],
         _ => &[],
     }
 }
+
+/// The schedules each block is swept with, in sweep order. Measured on the H100
+/// (benches/results/attention90, run 2): the persistent grid in fact's tile order ran bf16
+/// attention 1.15–1.30× faster than one CTA per query block; examples/88's own persistent order
+/// matched it without a mask and lost 1.4× with the causal one, and turns at the softmax
+/// (`kIsMainloopLocked`) were 1–4% slower, so neither is swept (table entries of the former still
+/// build).
+const SM90_SCHEDULES: [Sm90Schedule; 2] = [Sm90Schedule::Persistent, Sm90Schedule::Cooperative];
 
 impl AttentionSpec {
     /// The kernel's identity, e.g. `sm80_fmha_tf32_f32_q64_k64_d64` or
@@ -131,7 +153,7 @@ impl AttentionSpec {
     pub fn invalid_reason(&self) -> Option<String> {
         match self.family {
             AttentionFamily::Sm80 => self.sm80_invalid_reason(),
-            AttentionFamily::Sm90 { schedule, .. } => {
+            AttentionFamily::Sm90 { .. } => {
                 if self.arch != Arch::Sm90 {
                     return Some(format!("{}: the sm90 attention kernel needs sm90 (TMA, WGMMA); an {} build has sm80_fmha only", self.name(), self.arch));
                 }
@@ -142,10 +164,10 @@ impl AttentionSpec {
                     // The P·V product would need P in tf32 operand order and V K-major.
                     return Some(format!("{}: the sm90 attention kernel computes bf16 or fp16 tensors only; fp32 runs on sm80_fmha", self.name()));
                 }
-                let tile = (self.queries_per_block, self.keys_per_block, schedule);
-                if !sm90_tiles(self.max_k).contains(&tile) {
+                let blocks = (self.queries_per_block, self.keys_per_block);
+                if !sm90_blocks(self.max_k).contains(&blocks) {
                     return Some(format!(
-                        "{}: not an instantiation of examples/88 (head-dim tile 32, 64, 96 or 128 with the blocks of sm90_tiles)",
+                        "{}: not an instantiation of examples/88 (head-dim tile 32, 64, 96 or 128 with the blocks of sm90_blocks)",
                         self.name()
                     ));
                 }
@@ -246,27 +268,25 @@ fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
     else {
         return vec![];
     };
+    // The tight 96 tile first: it measured faster than the 128 tile at d 96 (benches/results/attention90).
     let tiles: &[u32] = match tile {
         32 => &[32, 64],
-        128 if p.head_dim <= 96 => &[128, 96],
+        128 if p.head_dim <= 96 => &[96, 128],
         _ => &[tile],
     };
-    tiles
-        .iter()
-        .flat_map(|&max_k| {
-            sm90_tiles(max_k).iter().map(move |&(q, k, schedule)| {
-                (
-                    q,
-                    k,
-                    max_k,
-                    AttentionFamily::Sm90 {
-                        schedule,
-                        causal: p.causal,
-                    },
-                )
-            })
-        })
-        .collect()
+    let mut shapes = vec![];
+    for &max_k in tiles {
+        for &(q, k) in sm90_blocks(max_k) {
+            for schedule in SM90_SCHEDULES {
+                let family = AttentionFamily::Sm90 {
+                    schedule,
+                    causal: p.causal,
+                };
+                shapes.push((q, k, max_k, family));
+            }
+        }
+    }
+    shapes
 }
 
 /// The sm80 block shapes: those xFormers and torch ship for the head-dim bound that fits (64, 128
@@ -360,8 +380,8 @@ mod tests {
     #[test]
     fn bf16_and_f16_get_both_families_sm90_first() {
         for (d, tiles) in [
-            (64, &["q128_k64_d64"][..]),
-            (96, &["q128_k128_d128", "q128_k128_d96"][..]),
+            (64, &["q128_k128_d64", "q128_k64_d64"][..]),
+            (96, &["q128_k128_d96", "q128_k128_d128"][..]),
             (128, &["q128_k128_d128"][..]),
         ] {
             for causal in [true, false] {
@@ -375,8 +395,8 @@ mod tests {
                     .iter()
                     .flat_map(|t| {
                         [
+                            format!("sm90_fmha_bf16_bf16_{t}_persist_{mask}"),
                             format!("sm90_fmha_bf16_bf16_{t}_coop_{mask}"),
-                            format!("sm90_fmha_bf16_bf16_{t}_pingpong_{mask}"),
                         ]
                     })
                     .collect();
@@ -390,7 +410,10 @@ mod tests {
             }
         }
         let c = candidates(&problem(64, DType::F16), MathType::F16, Arch::Sm90);
-        assert_eq!(c[0].name(), "sm90_fmha_f16_f16_q128_k64_d64_coop_causal");
+        assert_eq!(
+            c[0].name(),
+            "sm90_fmha_f16_f16_q128_k128_d64_persist_causal"
+        );
         // Head dims up to 32 also try the 64 tile.
         assert_eq!(
             names(
@@ -398,7 +421,7 @@ mod tests {
                 "sm90"
             )
             .len(),
-            3
+            8
         );
     }
 
@@ -440,7 +463,7 @@ mod tests {
         let p = AttentionProblem { causal: false, ..p };
         assert_eq!(
             names(&candidates(&p, MathType::Bf16, Arch::Sm90), "sm90").len(),
-            2
+            4
         );
         // A kernel built for one mask does not fit the other.
         let causal = &candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90)[0];
@@ -469,8 +492,13 @@ mod tests {
             serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(
             spec.name(),
-            "sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal"
+            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_causal"
         );
+        // Entries of examples/88's persistent order (no longer swept) still parse and build.
+        let old = r#"{"arch":"sm90","dtype":"bf16","math":"bf16","queries_per_block":128,"keys_per_block":64,"max_k":64,"family":{"sm90":{"schedule":"pingpong","causal":true}}}"#;
+        let a: AttentionSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(a.name(), "sm90_fmha_bf16_bf16_q128_k64_d64_pingpong_causal");
+        assert!(a.invalid_reason().is_none());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 // generated from templates/sm90_fmha.cu.hbs; do not edit
 // sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal: CUTLASS's sm90 fused multi-head attention forward (examples/88_hopper_fmha: TMA loads,
-// WGMMA, a producer warp group and two consumer warp groups), 128 queries x 128 keys per CTA, head-dim tile 128, bf16 math,
+// WGMMA, a producer warp group and two consumer warp groups),
+// 128 queries x 128 keys per CTA, head-dim tile 128, bf16 math,
 // causal (CausalFusion: key j > query i masked, torch's top-left is_causal).
 // Tensors (FactOpArgs): q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,D], out [B,H,Tq,D], all read and
 // written through their strides (unit stride along D, the others multiples of 16 bytes: TMA), and
@@ -130,7 +131,8 @@ bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Argum
   if (B <= 0 || H <= 0 || Tq <= 0 || Tk <= 0 || D <= 0) return false;
   // The one-CTA-per-tile grid is (query blocks, B, H).
   if (B > 65535 || H > 65535) return false;
-  if (!fits_i32(B) || !fits_i32(H) || !fits_i32(Tq) || !fits_i32(Tk) || !fits_i32(H * Tq)) return false;
+  // The persistent grid numbers its tiles B·H·(query blocks) as int.
+  if (!fits_i32(B) || !fits_i32(H) || !fits_i32(Tq) || !fits_i32(Tk) || !fits_i32(B * H * Tq)) return false;
   if (k.sizes[0] != B || k.sizes[1] != H || k.sizes[3] != D) return false;
   for (int i = 0; i < 4; ++i) {
     if (v.sizes[i] != k.sizes[i] || o.sizes[i] != q.sizes[i]) return false;
