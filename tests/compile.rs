@@ -630,7 +630,7 @@ fn ragged_kernels_compile_into_one_library() {
 }
 
 /// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, both masks, fact's
-/// and examples/88's persistent tile orders, built by nvcc into one library with an sm80 attention kernel: each family compiles in
+/// persistent tile order with its overlapped loop and four Q stages, and examples/88's own, built by nvcc into one library with an sm80 attention kernel: each family compiles in
 /// its own units (with its example's headers), and the dispatch table lists all of them.
 #[test]
 fn sm90_attention_kernels_build_into_a_library() {
@@ -656,13 +656,15 @@ fn sm90_attention_kernels_build_into_a_library() {
     };
     let causal = named(
         candidates(&p(96, true), MathType::Bf16, Arch::Sm90),
-        "sm90_fmha_bf16_bf16_q128_k128_d96_persist_causal",
+        "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal",
     );
     // examples/88's own persistent order is no longer swept; table entries of it still build.
     let full = fact::space::attention::AttentionSpec {
         family: fact::space::attention::AttentionFamily::Sm90 {
             schedule: fact::space::attention::Sm90Schedule::Pingpong,
             causal: false,
+            overlap: false,
+            prefetch_q: false,
         },
         ..named(
             candidates(&p(64, false), MathType::Bf16, Arch::Sm90),

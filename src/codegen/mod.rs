@@ -393,7 +393,14 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
     });
     let template = match a.family {
         AttentionFamily::Sm80 => "sm80_fmha",
-        AttentionFamily::Sm90 { schedule, causal } => {
+        AttentionFamily::Sm90 {
+            schedule,
+            causal,
+            overlap,
+            prefetch_q,
+        } => {
+            vars["overlap"] = json!(overlap);
+            vars["prefetch_q"] = json!(prefetch_q);
             vars["schedule"] = json!(schedule.cutlass_policy());
             vars["persistent"] = json!(schedule.persistent());
             vars["rotated"] = json!(schedule == Sm90Schedule::Persistent);
@@ -1415,7 +1422,12 @@ mod tests {
             queries_per_block: 128,
             keys_per_block: 128,
             max_k: 128,
-            family: AttentionFamily::Sm90 { schedule, causal },
+            family: AttentionFamily::Sm90 {
+                schedule,
+                causal,
+                overlap: false,
+                prefetch_q: false,
+            },
         };
         let a = sm90(Sm90Schedule::Cooperative, true);
         let text = render_attention(&a).text;
@@ -1435,28 +1447,38 @@ mod tests {
                 && full.contains("constexpr bool kCausal = false;")
                 && !full.contains("RotatedTileScheduler")
         );
-        // fact's tile order replaces examples/88's persistent scheduler.
+        // fact's tile order replaces examples/88's persistent scheduler; the overlapped loop and
+        // the four Q stages are knobs of it.
         let rotated = AttentionSpec {
             max_k: 96,
             family: AttentionFamily::Sm90 {
                 schedule: Sm90Schedule::Persistent,
                 causal: true,
+                overlap: true,
+                prefetch_q: true,
             },
             ..a.clone()
         };
         assert_eq!(
             rotated.name(),
-            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_causal"
+            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal"
         );
         let text = render_attention(&rotated).text;
         expect_test::expect_file![
-            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d96_persist_causal.cu"
+            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal.cu"
         ]
         .assert_eq(&text);
         assert!(
             text.contains("Epilogue, RotatedTileScheduler, Options...>")
                 && text.contains("Shape<_128, _128, _96>")
-                && text.contains("KernelTmaWarpSpecializedPingpong>")
+                && text.contains("KernelTmaWarpSpecializedPingpong,\n    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesQ, _4>>")
+                && text.contains("return overlapped(blk, wg, p, problem, rest...);")
+        );
+        let coop = render_attention(&a).text;
+        assert!(
+            coop.contains("return Base::compute(blk, wg, p, problem, rest...);")
+                && !coop.contains("overlapped(")
+                && !coop.contains("kStagesQ")
         );
         let f16 = render_attention(&AttentionSpec {
             dtype: DType::F16,

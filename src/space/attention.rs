@@ -40,6 +40,14 @@ pub enum AttentionFamily {
     Sm90 {
         schedule: Sm90Schedule,
         causal: bool,
+        /// fact's consumer loop (templates/sm90_fmha.cu.hbs, `overlapped`): a key block's
+        /// softmax runs while the previous block's P·V product is on the tensor cores.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        overlap: bool,
+        /// Four Q stages (examples/88's `kStagesQ`; two by default): a persistent CTA loads the
+        /// next tile's queries while it works on this one.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        prefetch_q: bool,
     },
 }
 
@@ -105,13 +113,20 @@ fn sm90_blocks(max_k: u32) -> &'static [(u32, u32)] {
     }
 }
 
-/// The schedules each block is swept with, in sweep order. Measured on the H100
-/// (benches/results/attention90, run 2): the persistent grid in fact's tile order ran bf16
-/// attention 1.15–1.30× faster than one CTA per query block; examples/88's own persistent order
-/// matched it without a mask and lost 1.4× with the causal one, and turns at the softmax
-/// (`kIsMainloopLocked`) were 1–4% slower, so neither is swept (table entries of the former still
-/// build).
-const SM90_SCHEDULES: [Sm90Schedule; 2] = [Sm90Schedule::Persistent, Sm90Schedule::Cooperative];
+/// The schedules each block is swept with (schedule, overlap, prefetch_q), in sweep order.
+/// Measured on the H100 (benches/results/attention90/schedules): the persistent grid in fact's
+/// tile order ran bf16 attention 1.15–1.30x faster than one CTA per query block; examples/88's
+/// own persistent order matched it without a mask and lost 1.4x with the causal one, and turns at
+/// the softmax (`kIsMainloopLocked`) were 1–4% slower, so neither is swept (table entries of the
+/// former still build). The overlapped loop and the next tile's queries gained 0.5–5% each,
+/// not on every shape, so they are swept rather than fixed.
+const SM90_SCHEDULES: [(Sm90Schedule, bool, bool); 5] = [
+    (Sm90Schedule::Persistent, true, true),
+    (Sm90Schedule::Persistent, true, false),
+    (Sm90Schedule::Persistent, false, true),
+    (Sm90Schedule::Persistent, false, false),
+    (Sm90Schedule::Cooperative, false, false),
+];
 
 impl AttentionSpec {
     /// The kernel's identity, e.g. `sm80_fmha_tf32_f32_q64_k64_d64` or
@@ -128,10 +143,17 @@ impl AttentionSpec {
         );
         let kernel = match self.family {
             AttentionFamily::Sm80 => format!("sm80_fmha_{base}"),
-            AttentionFamily::Sm90 { schedule, causal } => {
+            AttentionFamily::Sm90 {
+                schedule,
+                causal,
+                overlap,
+                prefetch_q,
+            } => {
                 format!(
-                    "sm90_fmha_{base}_{}_{}",
+                    "sm90_fmha_{base}_{}{}{}_{}",
                     schedule.short_name(),
+                    if overlap { "_ovl" } else { "" },
+                    if prefetch_q { "_pq" } else { "" },
                     if causal { "causal" } else { "full" }
                 )
             }
@@ -144,6 +166,22 @@ impl AttentionSpec {
         self.queries_per_block * self.keys_per_block / 1024
     }
 
+    /// The sm90 kernel's shared memory, roughly (the collective's buffers, not its barriers):
+    /// Q stages of 64 queries per consumer warp group, five K/V stages, and a persistent CTA's
+    /// output buffers beside them.
+    fn sm90_smem_bytes(&self, schedule: Sm90Schedule, prefetch_q: bool) -> u32 {
+        let e = self.dtype.bytes() as u32;
+        let q_stages = if prefetch_q { 4 } else { 2 };
+        let q = q_stages * 64 * self.max_k * e;
+        let kv = 5 * self.keys_per_block * self.max_k * e;
+        let out = if schedule.persistent() {
+            self.queries_per_block * self.max_k * e
+        } else {
+            0
+        };
+        q + kv + out
+    }
+
     /// Whether the output stays in registers (one pass over the values, no accumulator buffer).
     pub fn single_value_pass(&self) -> bool {
         self.max_k <= self.keys_per_block
@@ -153,7 +191,12 @@ impl AttentionSpec {
     pub fn invalid_reason(&self) -> Option<String> {
         match self.family {
             AttentionFamily::Sm80 => self.sm80_invalid_reason(),
-            AttentionFamily::Sm90 { .. } => {
+            AttentionFamily::Sm90 {
+                schedule,
+                overlap,
+                prefetch_q,
+                ..
+            } => {
                 if self.arch != Arch::Sm90 {
                     return Some(format!("{}: the sm90 attention kernel needs sm90 (TMA, WGMMA); an {} build has sm80_fmha only", self.name(), self.arch));
                 }
@@ -163,6 +206,19 @@ impl AttentionSpec {
                 ) {
                     // The P·V product would need P in tf32 operand order and V K-major.
                     return Some(format!("{}: the sm90 attention kernel computes bf16 or fp16 tensors only; fp32 runs on sm80_fmha", self.name()));
+                }
+                if (overlap || prefetch_q) && !schedule.persistent() {
+                    return Some(format!("{}: the overlapped loop and the queries' prefetch are built for the persistent grid only", self.name()));
+                }
+                let smem = self.sm90_smem_bytes(schedule, prefetch_q);
+                let limit = Arch::Sm90.hardware().smem_per_cta;
+                if smem > limit {
+                    return Some(format!(
+                        "{}: {} KiB of shared memory, more than an sm90 CTA's {} KiB",
+                        self.name(),
+                        smem / 1024,
+                        limit / 1024
+                    ));
                 }
                 let blocks = (self.queries_per_block, self.keys_per_block);
                 if !sm90_blocks(self.max_k).contains(&blocks) {
@@ -277,10 +333,12 @@ fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
     let mut shapes = vec![];
     for &max_k in tiles {
         for &(q, k) in sm90_blocks(max_k) {
-            for schedule in SM90_SCHEDULES {
+            for (schedule, overlap, prefetch_q) in SM90_SCHEDULES {
                 let family = AttentionFamily::Sm90 {
                     schedule,
                     causal: p.causal,
+                    overlap,
+                    prefetch_q,
                 };
                 shapes.push((q, k, max_k, family));
             }
@@ -394,11 +452,17 @@ mod tests {
                 let want: Vec<String> = tiles
                     .iter()
                     .flat_map(|t| {
+                        // Four Q stages do not fit beside the 128 head-dim tile's K/V stages.
+                        let pq = !t.ends_with("d128");
                         [
-                            format!("sm90_fmha_bf16_bf16_{t}_persist_{mask}"),
-                            format!("sm90_fmha_bf16_bf16_{t}_coop_{mask}"),
+                            pq.then(|| format!("sm90_fmha_bf16_bf16_{t}_persist_ovl_pq_{mask}")),
+                            Some(format!("sm90_fmha_bf16_bf16_{t}_persist_ovl_{mask}")),
+                            pq.then(|| format!("sm90_fmha_bf16_bf16_{t}_persist_pq_{mask}")),
+                            Some(format!("sm90_fmha_bf16_bf16_{t}_persist_{mask}")),
+                            Some(format!("sm90_fmha_bf16_bf16_{t}_coop_{mask}")),
                         ]
                     })
+                    .flatten()
                     .collect();
                 assert_eq!(names(&c, "sm90"), want, "d {d} causal {causal}");
                 assert!(
@@ -412,7 +476,7 @@ mod tests {
         let c = candidates(&problem(64, DType::F16), MathType::F16, Arch::Sm90);
         assert_eq!(
             c[0].name(),
-            "sm90_fmha_f16_f16_q128_k128_d64_persist_causal"
+            "sm90_fmha_f16_f16_q128_k128_d64_persist_ovl_pq_causal"
         );
         // Head dims up to 32 also try the 64 tile.
         assert_eq!(
@@ -421,7 +485,7 @@ mod tests {
                 "sm90"
             )
             .len(),
-            8
+            20
         );
     }
 
@@ -463,7 +527,7 @@ mod tests {
         let p = AttentionProblem { causal: false, ..p };
         assert_eq!(
             names(&candidates(&p, MathType::Bf16, Arch::Sm90), "sm90").len(),
-            4
+            10
         );
         // A kernel built for one mask does not fit the other.
         let causal = &candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90)[0];
@@ -492,7 +556,7 @@ mod tests {
             serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(
             spec.name(),
-            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_causal"
+            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal"
         );
         // Entries of examples/88's persistent order (no longer swept) still parse and build.
         let old = r#"{"arch":"sm90","dtype":"bf16","math":"bf16","queries_per_block":128,"keys_per_block":64,"max_k":64,"family":{"sm90":{"schedule":"pingpong","causal":true}}}"#;
@@ -561,6 +625,8 @@ mod tests {
         let sm90 = AttentionFamily::Sm90 {
             schedule: Sm90Schedule::Cooperative,
             causal: true,
+            overlap: false,
+            prefetch_q: false,
         };
         let s = AttentionSpec {
             math: MathType::Tf32,
@@ -583,5 +649,31 @@ mod tests {
             .invalid_reason()
             .unwrap()
             .contains("not an instantiation of examples/88"));
+        let s = AttentionSpec {
+            keys_per_block: 128,
+            max_k: 128,
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Persistent,
+                causal: true,
+                overlap: false,
+                prefetch_q: true,
+            },
+            ..s
+        };
+        assert!(s
+            .invalid_reason()
+            .unwrap()
+            .contains("256 KiB of shared memory, more than an sm90 CTA's 227 KiB"));
+        let s = AttentionSpec {
+            max_k: 96,
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Cooperative,
+                causal: true,
+                overlap: true,
+                prefetch_q: false,
+            },
+            ..s
+        };
+        assert!(s.invalid_reason().unwrap().contains("persistent grid only"));
     }
 }
