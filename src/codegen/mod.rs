@@ -1440,7 +1440,7 @@ mod tests {
             text.contains("constexpr bool kCausal = true;")
                 && text.contains("fact_k_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run")
         );
-        assert!(!text.contains("RotatedTileScheduler") && !text.contains("kIsMainloopLocked"));
+        assert!(!text.contains("RotatedTileScheduler"));
         let full = render_attention(&sm90(Sm90Schedule::Pingpong, false)).text;
         assert!(
             full.contains("ResidualFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")

@@ -103,8 +103,8 @@ impl Sm90Schedule {
 /// fit in shared memory (head dims past 128 run on sm80). Added: the 128 tile's blocks with a 96
 /// head-dim tile (GPT's head dim), which the example does not run (the 128 tile spends a quarter
 /// of its products on padding there), and 128x128 at d 32 and 64: twice the keys per softmax
-/// step, 1.1x faster than 128x64 at d 64 (benches/results/attention90, run 2, where 128x256 and
-/// three consumer warp groups over 192 queries measured slower and are not swept).
+/// step, 1.1x faster than 128x64 at d 64 (benches/results/attention90/schedules, where 128x256
+/// and three consumer warp groups over 192 queries measured slower and are not swept).
 fn sm90_blocks(max_k: u32) -> &'static [(u32, u32)] {
     match max_k {
         32 | 64 => &[(128, 128), (128, 64)],
@@ -324,7 +324,8 @@ fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
     else {
         return vec![];
     };
-    // The tight 96 tile first: it measured faster than the 128 tile at d 96 (benches/results/attention90).
+    // The tight 96 tile first: it measured faster than the 128 tile at d 96
+    // (benches/results/attention90).
     let tiles: &[u32] = match tile {
         32 => &[32, 64],
         128 if p.head_dim <= 96 => &[96, 128],

@@ -67,9 +67,9 @@ struct RotatedTileScheduler {
 
   CUTLASS_DEVICE
   auto get_block_coord() {
-    int bh, m, turns, b, h;
+    int bh, m, wraps, b, h;
     params.divmod_m_block(bh, m, block_idx);
-    params.divmod_m_block(turns, m, m + bh);
+    params.divmod_m_block(wraps, m, m + bh);  // (m + bh) % M
     params.divmod_h(b, h, bh);
     return make_coord(m, _0{}, make_coord(b, h));
   }
@@ -162,8 +162,9 @@ struct ScaledMainloop : Base {
   // Q·Kᵀ and block j-1's P·V are issued together, and block j's softmax runs while the tensor
   // cores still work on P·V; the output is rescaled once that product is done. examples/88 waits
   // for both products before each softmax, so its tensor cores idle while a warp group computes
-  // exponentials (the other warp group's products fill part of that). Pipeline stages are taken
-  // and given back in the producer's order (K0, V0, K1, V1, ...), two per key block, as there.
+  // exponentials (the other warp group's products fill part of that). Pipeline stages are given
+  // back in the producer's order (K0, V0, K1, V1, ...), two per key block as there; K of block j
+  // is waited on before V of block j-1, which the producer filled first, so that wait is short.
   template <class BlkCoord, class ProblemShape, class ReducerPipeline, class ReducerState, class OrderBarrier>
   CUTLASS_DEVICE auto overlapped(BlkCoord const& blk_coord, BlkCoord const& wg_coord, typename Base::Params const& params,
                                  ProblemShape const& problem_size, typename Base::MainloopPipeline& pipeline,
