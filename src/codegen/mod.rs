@@ -402,6 +402,7 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
             vars["overlap"] = json!(overlap);
             vars["prefetch_q"] = json!(prefetch_q);
             vars["schedule"] = json!(schedule.cutlass_policy());
+            vars["smem_per_cta"] = json!(crate::types::Arch::Sm90.hardware().smem_per_cta);
             vars["persistent"] = json!(schedule.persistent());
             vars["rotated"] = json!(schedule == Sm90Schedule::Persistent);
             vars["causal"] = json!(causal);
