@@ -172,6 +172,9 @@ struct ScaledMainloop : Base {
                                  typename Base::MainloopPipelineQ& pipeline_q,
                                  typename Base::PipelineStateQ& smem_pipe_read_q, ReducerPipeline&, ReducerState&,
                                  typename Base::SharedStorage& storage, OrderBarrier& math_wg_order_barrier) {
+    // Built for the persistent grid only (the space refuses it elsewhere), whose CTAs give back
+    // the last stages of a tile for the next one.
+    static_assert(Base::kIsPersistent, "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal: the overlapped loop needs the persistent grid");
     using namespace cutlass::fmha::collective;
     using TileShapeQK = typename Base::TileShapeQK;
     using TileShapePV = typename Base::TileShapePV;
@@ -280,10 +283,10 @@ struct ScaledMainloop : Base {
       cute::gemm(tiled_mma_pv, p, tOrV(_, _, _, v_read.index()), acc_pv);
     }
     warpgroup_commit_batch();
-    if (Base::kIsPersistent) pipeline_q.consumer_release(smem_pipe_release_q);
+    pipeline_q.consumer_release(smem_pipe_release_q);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_pv);
-    if (Base::kIsPersistent) pipeline.consumer_release(smem_pipe_release);
+    pipeline.consumer_release(smem_pipe_release);
 
     Tensor lse = softmax.tail(state, acc_pv, tiled_mma_pv);
     return make_tuple(acc_pv, lse);
