@@ -629,9 +629,11 @@ fn ragged_kernels_compile_into_one_library() {
     );
 }
 
-/// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, both masks, fact's
-/// persistent tile order with its overlapped loop and four Q stages, and examples/88's own, built by nvcc into one library with an sm80 attention kernel: each family compiles in
-/// its own units (with its example's headers), and the dispatch table lists all of them.
+/// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, both masks and both
+/// of fact's persistent tile orders (paired under the causal mask, with the overlapped loop and
+/// four Q stages; rotated without), built by nvcc into one library with an sm80 attention kernel:
+/// each family compiles in its own units (with its example's headers), and the dispatch table
+/// lists all of them.
 #[test]
 fn sm90_attention_kernels_build_into_a_library() {
     use fact::rules::attention::AttentionOrigin;
@@ -656,24 +658,11 @@ fn sm90_attention_kernels_build_into_a_library() {
     };
     let causal = named(
         candidates(&p(96, true), MathType::Bf16, Arch::Sm90),
-        "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal",
+        "sm90_fmha_bf16_bf16_q128_k128_d96_pair_ovl_pq_causal",
     );
-    // examples/88's own persistent order is no longer swept; table entries of it still build.
-    let full = fact::space::attention::AttentionSpec {
-        family: fact::space::attention::AttentionFamily::Sm90 {
-            schedule: fact::space::attention::Sm90Schedule::Pingpong,
-            causal: false,
-            overlap: false,
-            prefetch_q: false,
-        },
-        ..named(
-            candidates(&p(64, false), MathType::Bf16, Arch::Sm90),
-            "sm90_fmha_bf16_bf16_q128_k128_d64_coop_full",
-        )
-    };
-    assert_eq!(
-        full.name(),
-        "sm90_fmha_bf16_bf16_q128_k128_d64_pingpong_full"
+    let full = named(
+        candidates(&p(64, false), MathType::Bf16, Arch::Sm90),
+        "sm90_fmha_bf16_bf16_q128_k128_d64_persist_pq_full",
     );
     let sm80 = candidates(&p(96, true), MathType::Bf16, Arch::Sm90)
         .into_iter()

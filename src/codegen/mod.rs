@@ -404,7 +404,11 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
             vars["schedule"] = json!(schedule.cutlass_policy());
             vars["smem_per_cta"] = json!(crate::types::Arch::Sm90.hardware().smem_per_cta);
             vars["persistent"] = json!(schedule.persistent());
+            let (tile_scheduler, tile_order) = schedule.tile_scheduler();
+            vars["tile_scheduler"] = json!(tile_scheduler);
+            vars["tile_order"] = json!(tile_order);
             vars["rotated"] = json!(schedule == Sm90Schedule::Persistent);
+            vars["paired"] = json!(schedule == Sm90Schedule::Paired);
             vars["causal"] = json!(causal);
             // Without a causal mask the keys past Tk in the last key block still need one.
             vars["fusion"] = json!(if causal {
@@ -1474,6 +1478,33 @@ mod tests {
                 && text.contains("Shape<_128, _128, _96>")
                 && text.contains("KernelTmaWarpSpecializedPingpong,\n    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesQ, _4>>")
                 && text.contains("return overlapped(blk, wg, p, problem, rest...);")
+        );
+        assert!(!text.contains("PairedTileScheduler"));
+        // Under a causal mask the sweep's order is the paired one.
+        let paired = AttentionSpec {
+            max_k: 64,
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Paired,
+                causal: true,
+                overlap: false,
+                prefetch_q: true,
+            },
+            ..a.clone()
+        };
+        assert_eq!(
+            paired.name(),
+            "sm90_fmha_bf16_bf16_q128_k128_d64_pair_pq_causal"
+        );
+        let text = render_attention(&paired).text;
+        expect_test::expect_file![
+            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d64_pair_pq_causal.cu"
+        ]
+        .assert_eq(&text);
+        assert!(
+            text.contains("Epilogue, PairedTileScheduler, Options...>")
+                && text.contains("fact's paired tile order")
+                && !text.contains("RotatedTileScheduler")
+                && text.contains("return Base::compute(blk, wg, p, problem, rest...);")
         );
         let coop = render_attention(&a).text;
         assert!(

@@ -72,6 +72,12 @@ pub enum Sm90Schedule {
     /// one query block for the whole run: under a causal mask, one length of work (132 SMs and 4
     /// blocks: some CTAs do four times the work of others).
     Persistent,
+    /// examples/88's persistent grid in fact's paired tile order (templates/sm90_fmha.cu.hbs,
+    /// `PairedTileScheduler`), for a causal mask, under which query block m of M has m + 1 key
+    /// blocks: a CTA takes blocks M-1-j and j of one (batch, head) in a row, so every CTA's pairs
+    /// cost the same M + 1 key blocks. In the rotated order the busiest CTA does 1.13x the mean
+    /// work at GPT-2 small's 16·12 heads of 8 blocks on 132 SMs; paired, 1.03x.
+    Paired,
 }
 
 impl Sm90Schedule {
@@ -80,19 +86,31 @@ impl Sm90Schedule {
             Sm90Schedule::Cooperative => "coop",
             Sm90Schedule::Pingpong => "pingpong",
             Sm90Schedule::Persistent => "persist",
+            Sm90Schedule::Paired => "pair",
         }
     }
     /// CUTLASS's dispatch policy.
     pub fn cutlass_policy(self) -> &'static str {
         match self {
             Sm90Schedule::Cooperative => "KernelTmaWarpSpecializedCooperative",
-            Sm90Schedule::Pingpong | Sm90Schedule::Persistent => "KernelTmaWarpSpecializedPingpong",
+            Sm90Schedule::Pingpong | Sm90Schedule::Persistent | Sm90Schedule::Paired => {
+                "KernelTmaWarpSpecializedPingpong"
+            }
         }
     }
 
     /// Whether one CTA per SM walks the tiles (examples/88's `kIsPersistent`).
     pub fn persistent(self) -> bool {
         self != Sm90Schedule::Cooperative
+    }
+
+    /// The persistent grid's tile scheduler as the template names it, and its order in words.
+    pub fn tile_scheduler(self) -> (&'static str, &'static str) {
+        match self {
+            Sm90Schedule::Cooperative | Sm90Schedule::Pingpong => ("Scheduler", "examples/88's tile order"),
+            Sm90Schedule::Persistent => ("RotatedTileScheduler", "fact's rotated tile order"),
+            Sm90Schedule::Paired => ("PairedTileScheduler", "fact's paired tile order"),
+        }
     }
 }
 
@@ -113,20 +131,29 @@ fn sm90_blocks(max_k: u32) -> &'static [(u32, u32)] {
     }
 }
 
-/// The schedules each block is swept with (schedule, overlap, prefetch_q), in sweep order.
+/// The variants each block is swept with, in sweep order: (schedule, overlap, prefetch_q).
 /// Measured on the H100 (benches/results/attention90/schedules): the persistent grid in fact's
 /// tile order ran bf16 attention 1.15–1.30x faster than one CTA per query block; examples/88's
 /// own persistent order matched it without a mask and lost 1.4x with the causal one, and turns at
-/// the softmax (`kIsMainloopLocked`) were 1–4% slower, so neither is swept (table entries of the
-/// former still build). The overlapped loop and the next tile's queries gained 0.5–5% each,
-/// not on every shape, so they are swept rather than fixed.
-const SM90_SCHEDULES: [(Sm90Schedule, bool, bool); 5] = [
-    (Sm90Schedule::Persistent, true, true),
-    (Sm90Schedule::Persistent, true, false),
-    (Sm90Schedule::Persistent, false, true),
-    (Sm90Schedule::Persistent, false, false),
-    (Sm90Schedule::Cooperative, false, false),
-];
+/// the softmax (`kIsMainloopLocked`, and FlashAttention-3's turns at the products in the
+/// overlapped loop) were 1–4% slower, so neither is swept (table entries of the former still
+/// build). Under a causal mask the paired order runs GPT-2 small 1.08x faster than the rotated
+/// one, which it replaces there. The overlapped loop and the next tile's queries gained 0.5–5%
+/// each, not on every shape, so they are swept rather than fixed.
+fn sm90_variants(causal: bool) -> [(Sm90Schedule, bool, bool); 5] {
+    let order = if causal {
+        Sm90Schedule::Paired
+    } else {
+        Sm90Schedule::Persistent
+    };
+    [
+        (order, true, true),
+        (order, true, false),
+        (order, false, true),
+        (order, false, false),
+        (Sm90Schedule::Cooperative, false, false),
+    ]
+}
 
 impl AttentionSpec {
     /// The kernel's identity, e.g. `sm80_fmha_tf32_f32_q64_k64_d64` or
@@ -334,7 +361,7 @@ fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
     let mut shapes = vec![];
     for &max_k in tiles {
         for &(q, k) in sm90_blocks(max_k) {
-            for (schedule, overlap, prefetch_q) in SM90_SCHEDULES {
+            for (schedule, overlap, prefetch_q) in sm90_variants(p.causal) {
                 let family = AttentionFamily::Sm90 {
                     schedule,
                     causal: p.causal,
@@ -450,16 +477,18 @@ mod tests {
                 };
                 let c = candidates(&p, MathType::Bf16, Arch::Sm90);
                 let mask = if causal { "causal" } else { "full" };
+                // The paired tile order under a causal mask, the rotated one without.
+                let order = if causal { "pair" } else { "persist" };
                 let want: Vec<String> = tiles
                     .iter()
                     .flat_map(|t| {
                         // Four Q stages do not fit beside the 128 head-dim tile's K/V stages.
                         let pq = !t.ends_with("d128");
                         [
-                            pq.then(|| format!("sm90_fmha_bf16_bf16_{t}_persist_ovl_pq_{mask}")),
-                            Some(format!("sm90_fmha_bf16_bf16_{t}_persist_ovl_{mask}")),
-                            pq.then(|| format!("sm90_fmha_bf16_bf16_{t}_persist_pq_{mask}")),
-                            Some(format!("sm90_fmha_bf16_bf16_{t}_persist_{mask}")),
+                            pq.then(|| format!("sm90_fmha_bf16_bf16_{t}_{order}_ovl_pq_{mask}")),
+                            Some(format!("sm90_fmha_bf16_bf16_{t}_{order}_ovl_{mask}")),
+                            pq.then(|| format!("sm90_fmha_bf16_bf16_{t}_{order}_pq_{mask}")),
+                            Some(format!("sm90_fmha_bf16_bf16_{t}_{order}_{mask}")),
                             Some(format!("sm90_fmha_bf16_bf16_{t}_coop_{mask}")),
                         ]
                     })
@@ -477,7 +506,7 @@ mod tests {
         let c = candidates(&problem(64, DType::F16), MathType::F16, Arch::Sm90);
         assert_eq!(
             c[0].name(),
-            "sm90_fmha_f16_f16_q128_k128_d64_persist_ovl_pq_causal"
+            "sm90_fmha_f16_f16_q128_k128_d64_pair_ovl_pq_causal"
         );
         // Head dims up to 32 also try the 64 tile.
         assert_eq!(
@@ -557,8 +586,14 @@ mod tests {
             serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(
             spec.name(),
-            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal"
+            "sm90_fmha_bf16_bf16_q128_k128_d96_pair_ovl_pq_causal"
         );
+        // Entries of the rotated order under a causal mask (the paired one replaced it there)
+        // still parse and build.
+        let old = r#"{"arch":"sm90","dtype":"bf16","math":"bf16","queries_per_block":128,"keys_per_block":128,"max_k":96,"family":{"sm90":{"schedule":"persistent","causal":true,"overlap":true,"prefetch_q":true}}}"#;
+        let a: AttentionSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(a.name(), "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal");
+        assert!(a.invalid_reason().is_none());
         // Entries of examples/88's persistent order (no longer swept) still parse and build.
         let old = r#"{"arch":"sm90","dtype":"bf16","math":"bf16","queries_per_block":128,"keys_per_block":64,"max_k":64,"family":{"sm90":{"schedule":"pingpong","causal":true}}}"#;
         let a: AttentionSpec = serde_json::from_str(old).unwrap();
