@@ -412,9 +412,9 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
             vars["causal"] = json!(causal);
             // Without a causal mask the keys past Tk in the last key block still need one.
             vars["fusion"] = json!(if causal {
-                "CausalFusion"
+                "cutlass::fmha::collective::CausalFusion"
             } else {
-                "ResidualFusion"
+                "TailFusion"
             });
             "sm90_fmha"
         }
@@ -1448,7 +1448,7 @@ mod tests {
         assert!(!text.contains("RotatedTileScheduler"));
         let full = render_attention(&sm90(Sm90Schedule::Pingpong, false)).text;
         assert!(
-            full.contains("ResidualFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")
+            full.contains("TailFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")
                 && full.contains("constexpr bool kCausal = false;")
                 && !full.contains("RotatedTileScheduler")
         );

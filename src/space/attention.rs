@@ -107,7 +107,9 @@ impl Sm90Schedule {
     /// The persistent grid's tile scheduler as the template names it, and its order in words.
     pub fn tile_scheduler(self) -> (&'static str, &'static str) {
         match self {
-            Sm90Schedule::Cooperative | Sm90Schedule::Pingpong => ("Scheduler", "examples/88's tile order"),
+            Sm90Schedule::Cooperative | Sm90Schedule::Pingpong => {
+                ("Scheduler", "examples/88's tile order")
+            }
             Sm90Schedule::Persistent => ("RotatedTileScheduler", "fact's rotated tile order"),
             Sm90Schedule::Paired => ("PairedTileScheduler", "fact's paired tile order"),
         }
@@ -592,7 +594,10 @@ mod tests {
         // still parse and build.
         let old = r#"{"arch":"sm90","dtype":"bf16","math":"bf16","queries_per_block":128,"keys_per_block":128,"max_k":96,"family":{"sm90":{"schedule":"persistent","causal":true,"overlap":true,"prefetch_q":true}}}"#;
         let a: AttentionSpec = serde_json::from_str(old).unwrap();
-        assert_eq!(a.name(), "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal");
+        assert_eq!(
+            a.name(),
+            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal"
+        );
         assert!(a.invalid_reason().is_none());
         // Entries of examples/88's persistent order (no longer swept) still parse and build.
         let old = r#"{"arch":"sm90","dtype":"bf16","math":"bf16","queries_per_block":128,"keys_per_block":64,"max_k":64,"family":{"sm90":{"schedule":"pingpong","causal":true}}}"#;
