@@ -5,7 +5,10 @@ each against an fp64 reference with the output's memory poisoned first, whether 
 the op fell back; then the sweep's own shape timed: each kernel through the op against torch's
 SDPA (default choice, flash only, cuDNN only), medians of CUDA-event timings.
 
-    python3 benches/device/attention90_check.py SWEEP_DIR OUT_JSON [--time-only|--check-only]
+    python3 benches/device/attention90_check.py SWEEP_DIR OUT_JSON [--time-only|--check-only|--ncu-once]
+
+--ncu-once runs one call of torch's SDPA and of each kernel, after a warm-up, inside the NVTX range
+"ncu", for `ncu --nvtx --nvtx-include "ncu/"` to profile (benches/device/attention_ncu.sh).
 
 SWEEP_DIR is a `fact realize` sweep folder (libsweep.so and sweep.json).
 """
@@ -151,8 +154,28 @@ def timings():
     return rows
 
 
+def ncu_once():
+    p = problem
+    q, k, v = inputs(p["batch"], p["heads"], p["seq_q"], p["seq_q"], p["head_dim"], "qkv")
+    how = "sdpa;causal" if p["causal"] else "sdpa"
+    calls = [lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])]
+    calls += [lambda kn=kn: torch.ops.fact.attention(q, k, v, None, None, how, kn) for kn in kernels]
+    for f in calls:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("ncu")
+    for f in calls:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    print("profiled: sdpa, then", ", ".join(kernels))
+
+
 with torch.no_grad():
     result = {"problem": problem, "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if mode == "--ncu-once":
+        ncu_once()
+        sys.exit()
     if mode != "--time-only":
         checks = [check(kn, *c) for kn in kernels if kn.startswith("sm90_") for c in cases(kn)]
         result["checks"] = checks
