@@ -196,7 +196,8 @@ impl Toolchain {
     }
 
     /// The compile command of a unit of `family`'s kernels: the common one, plus examples/88's
-    /// folder for the sm90 attention kernels only, so every other object keeps its cache key.
+    /// folder and fast math for the sm90 attention kernels only, so every other object keeps its
+    /// cache key.
     fn unit_command(&self, arch: Arch, include: &Path, family: &str) -> Command {
         let mut cmd = self.nvcc_command(arch, include);
         if family.starts_with(SM90_ATTENTION) {
@@ -205,6 +206,11 @@ impl Toolchain {
                 "-I{}",
                 self.cutlass.join("examples/88_hopper_fmha").display()
             ));
+            // The example builds with fast math (its CMakeLists): without it the online softmax's
+            // exp2f is the accurate, denormal-handling sequence, and the kernel issues about 30%
+            // more instructions than cuDNN's of the same structure (benches/results/attention90/ncu).
+            // Its inputs are bf16/fp16, whose rounding dwarfs the approximations' error.
+            cmd.arg("--use_fast_math");
         }
         cmd
     }
@@ -862,6 +868,29 @@ mod tests {
             e.contains("two archs (sm80, sm90)") && e.contains("--arch"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn only_sm90_attention_units_take_fast_math_and_examples_88() {
+        // Paths only: building a command runs nothing.
+        let tc = Toolchain {
+            nvcc: "/opt/cuda/bin/nvcc".into(),
+            cuda_home: "/opt/cuda".into(),
+            cutlass: "/opt/cutlass".into(),
+            torch: "/opt/torch".into(),
+        };
+        let line =
+            |family: &str| command_line(&tc.unit_command(Arch::Sm90, Path::new("/i"), family));
+        let attention = line(&format!("{SM90_ATTENTION}_bf16"));
+        assert!(attention.contains("--use_fast_math"), "{attention}");
+        assert!(attention.contains("examples/88_hopper_fmha"), "{attention}");
+        for other in ["gemm", "layernorm", "attention_tf32"] {
+            let l = line(other);
+            assert!(
+                !l.contains("fast_math") && !l.contains("88_hopper"),
+                "{other}: {l}"
+            );
+        }
     }
 
     #[test]
