@@ -8,7 +8,8 @@ after the timings (for `ncu --launch-skip`-free captures of the three kernels).
                                                       one case a process, appended to parity.jsonl)
 
 EPI is what follows the linear in the composed model (gemm_parity.sh): bias (nothing), gelu (tanh
-GELU) or residual (+ a second input); then "eager" times torch's linear and that epilogue too.
+GELU) or residual (+ a second input); then "eager" times torch's linear and that epilogue too, and
+"vendor" cuBLAS's own fused equivalent (its GELU_BIAS epilogue; a GEMM reading the residual as C).
 """
 import argparse
 import ctypes
@@ -124,11 +125,23 @@ def main():
         mm = lambda: torch.mm(x, w.t())
         fact = lambda: mod(*inputs)
         fns = {"linear": lin, "mm": mm, "fact": fact}
+        # "vendor": cuBLAS's own GEMM with the same epilogue, where it has one: cuBLASLt's
+        # GELU_BIAS epilogue (torch._addmm_activation), and for a residual a GEMM reading a
+        # same-shape C with beta = 1 (the bias folded into C beforehand, outside the timing), which
+        # moves the residual's bytes as fact's kernel does.
+        vendor = None
         if epi == "gelu":
             fns["eager"] = lambda: gelu(torch.nn.functional.linear(x, w, b))
+            vendor = lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)
         elif epi == "residual":
             fns["eager"] = lambda: torch.nn.functional.linear(x, w, b) + res
+            res_b = res + b
+            vendor = lambda: torch.addmm(res_b, x, w.t())
         r = {"case": name, "epilogue": epi, "m": m, "k": k, "n": n, "dtype": dt, "fact_ops": ops, "rel_err": err}
+        if vendor is not None:
+            fns["vendor"] = vendor
+            v = vendor().double()
+            r["vendor_rel_err"] = ((v - ref).norm() / ref.norm()).item()
         # Two rounds: the spread between them says what a ratio can resolve.
         for rnd in (1, 2):
             t = time_interleaved(fns, flush)
@@ -142,6 +155,9 @@ def main():
         kt = {kk: v for kk, (v, _) in kt.items()}
         if kt["fact"]:
             r["kernel_fact_vs_mm"] = kt["mm"] / kt["fact"]
+            if kt.get("vendor"):
+                r["kernel_fact_vs_vendor"] = kt["vendor"] / kt["fact"]
+                r["kernel_vendor_vs_mm"] = kt["mm"] / kt["vendor"]
         r["fact_vs_mm"] = min(r["mm_ms_1"], r["mm_ms_2"]) / min(r["fact_ms_1"], r["fact_ms_2"])
         r["fact_vs_linear"] = min(r["linear_ms_1"], r["linear_ms_2"]) / min(r["fact_ms_1"], r["fact_ms_2"])
         # Say what ran: a call that fell back timed torch, not fact.
@@ -169,7 +185,10 @@ def main():
               f"{r['fact_vs_mm']:.3f} | {r['fact_vs_linear']:.3f} | "
               f"{r['linear_kernel_ms']:.4f}, {r['mm_kernel_ms']:.4f}, {r['fact_kernel_ms']:.4f} | "
               f"{r.get('kernel_fact_vs_mm', 0):.3f} | {r['rel_err']:.1e} |"
-              + (f" eager kernels {r['eager_kernel_ms']:.4f} ms" if r.get("eager_kernel_ms") else ""))
+              + (f" eager kernels {r['eager_kernel_ms']:.4f} ms" if r.get("eager_kernel_ms") else "")
+              + (f"; cuBLAS fused {r['vendor_kernel_ms']:.4f} ms (mm/it {r['kernel_vendor_vs_mm']:.3f}, "
+                 f"it/fact {r['kernel_fact_vs_vendor']:.3f}, err {r['vendor_rel_err']:.1e})"
+                 if r.get("kernel_fact_vs_vendor") else ""))
 
 
 if __name__ == "__main__":
