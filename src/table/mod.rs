@@ -170,7 +170,7 @@ pub struct Run {
 pub struct Entry {
     pub key: TableKey,
     pub problem: Problem,
-    /// The fastest verified candidate over all runs.
+    /// The verified candidate with the best time over its own run's torch time (`from_runs`).
     pub winner: String,
     pub winner_spec: Spec,
     pub winner_ms: f64,
@@ -180,24 +180,40 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// An entry from its runs; None when no run has a verified candidate.
+    /// An entry from its runs; None when no run has a verified candidate. Runs are compared by
+    /// each candidate's time over torch's time in its own run: the GPU's clock under its power
+    /// limit moves both alike between runs, so only a ratio within one run tells two runs'
+    /// kernels apart. Where a run with a verified candidate has no baseline, by time alone; ties
+    /// go to the faster time.
     pub fn from_runs(key: TableKey, problem: impl Into<Problem>, runs: Vec<Run>) -> Option<Entry> {
         let problem = problem.into();
-        let (run, best) = runs
-            .iter()
-            .enumerate()
-            .flat_map(|(i, r)| r.candidates.iter().map(move |c| (i, c)))
-            .filter(|(_, c)| c.outcome.median_ms().is_some())
-            .min_by(|a, b| {
-                a.1.outcome
-                    .median_ms()
-                    .partial_cmp(&b.1.outcome.median_ms())
-                    .unwrap()
-            })?;
+        let timed = || {
+            runs.iter()
+                .enumerate()
+                .flat_map(|(i, r)| r.candidates.iter().map(move |c| (i, c)))
+                .filter_map(|(i, c)| c.outcome.median_ms().map(|ms| (i, c, ms)))
+        };
+        let baseline = |i: usize| {
+            runs[i]
+                .baseline
+                .as_ref()
+                .map(|b| b.median_ms)
+                .filter(|ms| *ms > 0.0)
+        };
+        let relative = timed().all(|(i, _, _)| baseline(i).is_some());
+        let score = |i: usize, ms: f64| match baseline(i) {
+            Some(b) if relative => ms / b,
+            _ => ms,
+        };
+        let (run, best, best_ms) = timed().min_by(|a, b| {
+            score(a.0, a.2)
+                .total_cmp(&score(b.0, b.2))
+                .then(a.2.total_cmp(&b.2))
+        })?;
         Some(Entry {
             winner: best.kernel.clone(),
             winner_spec: best.spec.clone(),
-            winner_ms: best.outcome.median_ms().expect("filtered to timed"),
+            winner_ms: best_ms,
             winner_run: run,
             key,
             problem,
@@ -205,7 +221,7 @@ impl Entry {
         })
     }
 
-    /// Both entries' runs (identical ones once), the faster verified winner.
+    /// Both entries' runs (identical ones once), and the winner over all of them (`from_runs`).
     pub fn merged(&self, other: &Entry) -> Entry {
         let mut runs = self.runs.clone();
         for r in &other.runs {
@@ -396,7 +412,8 @@ impl Table {
     }
 
     /// Adds the entry; an entry already under its key is merged with it (both runs kept, the
-    /// faster verified winner wins). Keeps the table sorted by key for stable diffs.
+    /// winner picked over all of them by `Entry::from_runs`). Keeps the table sorted by key for
+    /// stable diffs.
     pub fn insert_merged(&mut self, entry: Entry) {
         let merged = match self.entries.iter().position(|e| e.key == entry.key) {
             Some(i) => self.entries.remove(i).merged(&entry),

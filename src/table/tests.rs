@@ -33,8 +33,14 @@ fn provenance(device: &str) -> Provenance {
     }
 }
 
-/// An entry for `problem(m)` whose run timed candidate `which` at `ms` and failed another.
+/// An entry for `problem(m)` whose run timed candidate `which` at `ms` (torch at the same time)
+/// and failed another.
 fn entry(m: i64, which: usize, ms: f64, device: &str) -> Entry {
+    entry_against(m, which, ms, Some(ms), device)
+}
+
+/// `entry` with torch's time in the run set apart: `baseline_ms`, or none.
+fn entry_against(m: i64, which: usize, ms: f64, baseline_ms: Option<f64>, device: &str) -> Entry {
     let p = problem(m);
     let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
     let timing = Timing {
@@ -63,7 +69,12 @@ fn entry(m: i64, which: usize, ms: f64, device: &str) -> Entry {
     };
     let run = Run {
         provenance: provenance(device),
-        baseline: Some(timing),
+        baseline: baseline_ms.map(|b| Timing {
+            median_ms: b,
+            min_ms: b,
+            max_ms: b,
+            ..timing
+        }),
         candidates: vec![ok, bad],
     };
     Entry::from_runs(TableKey::gemm(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap()
@@ -189,6 +200,25 @@ fn merge_keeps_both_runs_and_the_faster_verified_winner() {
         t.entries[0].winner_ms, 0.3,
         "a slower run never displaces the winner"
     );
+}
+
+#[test]
+fn runs_are_compared_by_their_own_torch_time() {
+    // Run b ran on a GPU slowed down 20% (torch too): its kernel is the faster one, though its
+    // time is not.
+    let a = entry_against(128, 0, 0.9, Some(1.0), "H100 (a)");
+    let b = entry_against(128, 2, 1.0, Some(1.2), "H100 (b)");
+    for m in [a.merged(&b), b.merged(&a)] {
+        assert_eq!((m.winner.as_str(), m.winner_ms), (b.winner.as_str(), 1.0));
+        assert_eq!(
+            m.baseline_ms(),
+            Some(1.2),
+            "the winner's own run's torch time"
+        );
+    }
+    // A run without torch's time leaves nothing to compare against: times decide.
+    let c = entry_against(128, 2, 1.0, None, "H100 (c)");
+    assert_eq!(a.merged(&c).winner, a.winner);
 }
 
 #[test]
