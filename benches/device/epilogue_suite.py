@@ -222,17 +222,17 @@ def rel_err(out, ref):
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def time_interleaved(fns, inputs, flush):
-    """Median of ITERATIONS CUDA-event timings of each callable of `fns` (a dict: result key to
-    callable), after WARMUP runs of each, L2 flushed before every run. The callables take turns
+def time_interleaved(fns, inputs, flush, iterations=ITERATIONS, warmup=WARMUP):
+    """Median of `iterations` CUDA-event timings of each callable of `fns` (a dict: result key to
+    callable), after `warmup` runs of each, L2 flushed before every run. The callables take turns
     within each iteration, so the GPU's clock and power drift over a run (a tf32 GEMM holds it at
     its power limit) falls on all of them alike, and their ratios do not depend on their order."""
     for fn in fns.values():
-        for _ in range(WARMUP):
+        for _ in range(warmup):
             fn(*inputs)
     torch.cuda.synchronize()
     samples = {k: [] for k in fns}
-    for _ in range(ITERATIONS):
+    for _ in range(iterations):
         for k, fn in fns.items():
             flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -7,7 +7,8 @@ after the timings (for `ncu --launch-skip`-free captures of the three kernels).
     python3 gemm_parity.py OUT_DIR NAME:M:K:N:DTYPE[:EPI]   (OUT_DIR/fact/NAME holds the compose;
                                                       one case a process, appended to parity.jsonl)
 
-EPI is what follows the linear in the composed model (gemm_parity.sh): bias (nothing), gelu (tanh
+EPI is what follows the linear in the composed model (gemm_parity.sh): bias (nothing), none (no
+bias either: fact's plain GEMM, so "linear" is cuBLAS's plain GEMM too), gelu (tanh
 GELU) or residual (+ a second input); then "eager" times torch's linear and that epilogue too, and
 "vendor" cuBLAS's own fused equivalent (its GELU_BIAS epilogue; a GEMM reading the residual as C).
 """
@@ -19,24 +20,8 @@ from pathlib import Path
 
 import torch
 
-
-def time_interleaved(fns, flush, reps=60, warm=10):
-    """Median ms of each of `fns`, timed in turn within every repetition (L2 flushed before each),
-    so clock and power swings fall on all of them alike."""
-    for _ in range(warm):
-        for fn in fns.values():
-            fn()
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
-            flush.zero_()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times[k].append(s.elapsed_time(e))
-    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from epilogue_suite import time_interleaved  # noqa: E402 -- one copy of the suite's timing
 
 
 def kernel_ms(fns, flush, reps=30):
@@ -107,18 +92,18 @@ def main():
         ops = [x.kind() for x in mod.inlined_graph.nodes() if x.kind().startswith("fact::")]
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
-        b = torch.randn(n, device="cuda", dtype=dtype)
+        # EPI none: a Linear without bias (fact's plain GEMM against cuBLAS's).
+        b = None if epi == "none" else torch.randn(n, device="cuda", dtype=dtype)
         sd = {kk: v for kk, v in mod.state_dict().items()}
-        wk = [kk for kk in sd if kk.endswith("weight")][0]
-        bk = [kk for kk in sd if kk.endswith("bias")][0]
         with torch.no_grad():
-            sd[wk].copy_(w)
-            sd[bk].copy_(b)
+            sd[[kk for kk in sd if kk.endswith("weight")][0]].copy_(w)
+            if b is not None:
+                sd[[kk for kk in sd if kk.endswith("bias")][0]].copy_(b)
         res = torch.randn(m, n, device="cuda", dtype=dtype)
         gelu = lambda y: torch.nn.functional.gelu(y, approximate="tanh")
-        ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
-        ref = {"bias": ref, "gelu": gelu(ref), "residual": ref + res.double()}[epi]
-        inputs = (x,) if epi == "bias" else (x, res)
+        ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+        ref = {"bias": ref, "none": ref, "gelu": gelu(ref), "residual": ref + res.double()}[epi]
+        inputs = (x,) if epi in ("bias", "none") else (x, res)
         out = mod(*inputs)
         err = ((out.double() - ref).norm() / ref.norm()).item()
         lin = lambda: torch.nn.functional.linear(x, w, b)
@@ -144,7 +129,7 @@ def main():
             r["vendor_rel_err"] = ((v - ref).norm() / ref.norm()).item()
         # Two rounds: the spread between them says what a ratio can resolve.
         for rnd in (1, 2):
-            t = time_interleaved(fns, flush)
+            t = time_interleaved(fns, (), flush, iterations=60, warmup=10)
             for kk, v in t.items():
                 r[f"{kk}_ms_{rnd}"] = v
         # The kernels alone, from the profiler (the ratio the issue's parity target is about).

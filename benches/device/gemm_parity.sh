@@ -3,18 +3,20 @@
 # traced Linear per case from the shipped table with --keep-slower (fact's own winner runs), then
 # benches/device/gemm_parity.py times torch linear, torch mm and fact in one process; Nsight Compute
 # captures one call of each of NCU_CASES into $OUT/ncu_NAME.txt.
-# Cases: NAME:M:K:N:DTYPE[:EPI] (dtype f32 under tf32, or bf16; EPI bias (the default), gelu
-# (tanh GELU after the linear) or residual (the linear plus a second input)).
+# Cases: NAME:M:K:N:DTYPE[:EPI] (dtype f32 under tf32, or bf16; EPI bias (the default), none (a
+# Linear without bias: fact's plain GEMM), gelu (tanh GELU after the linear) or residual (the
+# linear plus a second input)).
 set -u
 export FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json FACT_TABLE=${FACT_TABLE:-/tmp/parity_table.json} FACT_CACHE_DIR=/tmp/fact-cache
 dir=/tmp/parity; mkdir -p $dir/models
-# REALIZE: shapes (MxNxK[:DTYPE], f32 under tf32 unless bf16 is named) to tune as gemm_rcr_bias
-# first, so their composes hit a winner of their own shape rather than a bucket neighbour's.
+# REALIZE: shapes (MxNxK[:DTYPE[:RULE]], f32 under tf32 unless bf16 is named; RULE gemm_rcr_bias
+# unless gemm_rcr is named) to tune first, so their composes hit a winner of their own shape
+# rather than a bucket neighbour's.
 # REALIZE_FRESH=1 sweeps them even where the shipped table has a winner.
 for r in ${REALIZE:-}; do
-  IFS=: read -r s rdt <<< "$r"; rdt=${rdt:-f32}
+  IFS=: read -r s rdt rule <<< "$r"; rdt=${rdt:-f32}; rule=${rule:-gemm_rcr_bias}
   shipped=$FACT_SHIPPED_TABLE; [ -n "${REALIZE_FRESH:-}" ] && shipped=/tmp/parity_no_shipped.json
-  FACT_SHIPPED_TABLE=$shipped .device/fact realize --rule gemm_rcr_bias --dtype $rdt --shape $s --precision tf32 \
+  FACT_SHIPPED_TABLE=$shipped .device/fact realize --rule $rule --dtype $rdt --shape $s --precision tf32 \
       --jobs 16 --candidates ${CANDIDATES:-12} --out $dir/realize_${s}_$rdt > $dir/realize_${s}_$rdt.log 2>&1 || echo "realize $s $rdt failed"
   mkdir -p $OUT/realize && cp $dir/realize_${s}_$rdt.log $OUT/realize/
   tail -4 $dir/realize_${s}_$rdt.log
@@ -26,8 +28,8 @@ import sys, torch
 path, m, k, n, dt, epi = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], sys.argv[6]
 dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
 x = torch.randn(m, k, device="cuda", dtype=dtype)
-if epi == "bias":
-    torch.jit.trace(torch.nn.Linear(k, n).cuda().to(dtype), x).save(path)
+if epi in ("bias", "none"):
+    torch.jit.trace(torch.nn.Linear(k, n, bias=epi == "bias").cuda().to(dtype), x).save(path)
 else:
     class Fused(torch.nn.Module):
         def __init__(self):
