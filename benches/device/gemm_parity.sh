@@ -17,9 +17,9 @@ for r in ${REALIZE:-}; do
   IFS=: read -r s rdt rule <<< "$r"; rdt=${rdt:-f32}; rule=${rule:-gemm_rcr_bias}
   shipped=$FACT_SHIPPED_TABLE; [ -n "${REALIZE_FRESH:-}" ] && shipped=/tmp/parity_no_shipped.json
   FACT_SHIPPED_TABLE=$shipped .device/fact realize --rule $rule --dtype $rdt --shape $s --precision tf32 \
-      --jobs 16 --candidates ${CANDIDATES:-12} --out $dir/realize_${s}_$rdt > $dir/realize_${s}_$rdt.log 2>&1 || echo "realize $s $rdt failed"
-  mkdir -p $OUT/realize && cp $dir/realize_${s}_$rdt.log $OUT/realize/
-  tail -4 $dir/realize_${s}_$rdt.log
+      --jobs 16 --candidates ${CANDIDATES:-12} --out $dir/realize_${s}_${rdt}_$rule > $dir/realize_${s}_${rdt}_$rule.log 2>&1 || echo "realize $rule $s $rdt failed"
+  mkdir -p $OUT/realize && cp $dir/realize_${s}_${rdt}_$rule.log $OUT/realize/
+  tail -4 $dir/realize_${s}_${rdt}_$rule.log
 done
 for c in "$@"; do
   IFS=: read -r name m k n dt epi <<< "$c"
