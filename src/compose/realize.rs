@@ -1,0 +1,656 @@
+//! Realization of one pattern: a pattern-table hit (re-verified where the GPU or CUTLASS version
+//! differs), a bucket neighbour's winner, or a sweep (candidates from the agent, compiled into one
+//! library, verified and timed in the crash-resuming worker, knob variants of the fastest refined),
+//! recorded in the user table.
+
+use super::*;
+
+/// Kernel names that failed to build or run (not numerics, which depend on the shape) in any
+/// run the tables remember, for the arch and dtype of `key`.
+fn failed_kernels(tables: &Tables, key: &TableKey) -> BTreeSet<String> {
+    tables
+        .user
+        .entries
+        .iter()
+        .chain(&tables.shipped.entries)
+        .filter(|e| e.key.arch == key.arch && e.key.dtypes == key.dtypes)
+        .flat_map(|e| e.runs.iter().flat_map(|r| r.candidates.iter()))
+        .filter(|c| {
+            matches!(
+                c.outcome,
+                Outcome::CompileFailed { .. }
+                    | Outcome::Fault { .. }
+                    | Outcome::LaunchFailed { .. }
+            )
+        })
+        .map(|c| c.kernel.clone())
+        .collect()
+}
+
+fn provenance(tc: &Toolchain) -> Provenance {
+    let device = tune::cuda::Cuda::get()
+        .map(|c| c.device_info(0))
+        .unwrap_or_else(|_| tune::cuda::DeviceInfo {
+            name: "unknown".into(),
+            sm_count: 0,
+            compute_capability: "?".into(),
+            driver: "?".into(),
+            cuda_runtime: "?".into(),
+        });
+    Provenance {
+        device,
+        torch: torch::torch_version(),
+        nvcc: tc.nvcc_version(),
+        cutlass: tc.cutlass_version(),
+        fact: env!("CARGO_PKG_VERSION").to_string(),
+        date: table::today(),
+    }
+}
+
+/// Compiles `candidates` into one library and judges every one on the GPU in child processes.
+/// Returns the run (all outcomes, compile failures included) and the compile failures.
+fn measure(
+    opts: &Options,
+    tc: &Toolchain,
+    problem: &Problem,
+    math: MathType,
+    candidates: &[Spec],
+    dir: &Path,
+) -> Result<(Run, Vec<CompileFailure>), ComposeError> {
+    let key = TableKey::of(problem, math, opts.arch);
+    let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
+    let bar = if opts.progress {
+        let b = ProgressBar::new(built.kernels.len() as u64);
+        b.set_style(
+            ProgressStyle::with_template("tuning    {bar:30} {pos}/{len} variants {elapsed} {msg}")
+                .expect("template"),
+        );
+        b.set_message(problem.shape_key());
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let req = worker::Request {
+        library: built.library.clone(),
+        problem: problem.clone(),
+        math,
+        precision: opts.precision,
+        protocol: opts.protocol.clone(),
+        start: 0,
+        baseline: true,
+    };
+    let started = std::time::Instant::now();
+    nvcc::progress_line(
+        opts.progress,
+        format_args!(
+            "tuning {} variants of {} {}",
+            built.kernels.len(),
+            key.rule,
+            key.shape
+        ),
+    );
+    let sweep = worker::run_sweep(&opts.exe, req, built.kernels.len(), &|_| bar.inc(1)).map_err(
+        |detail| ComposeError::Tune {
+            key: key.to_string(),
+            detail,
+        },
+    )?;
+    bar.finish_and_clear();
+    nvcc::progress_line(
+        opts.progress,
+        format_args!(
+            "tuned {} in {:.0} s",
+            key.shape,
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    let mut candidates_out: Vec<CandidateResult> = Vec::new();
+    // A sweep holds one pattern kind: the worker's indices are positions in `built.kernels`.
+    for (index, outcome) in sweep.outcomes {
+        let spec = built.kernels[index].clone();
+        candidates_out.push(CandidateResult {
+            kernel: spec.name(),
+            spec,
+            outcome,
+        });
+    }
+    for f in &built.failures {
+        for spec in candidates.iter().filter(|k| k.kernel_name() == f.kernel) {
+            candidates_out.push(CandidateResult {
+                kernel: spec.name(),
+                spec: spec.clone(),
+                outcome: Outcome::CompileFailed { log: f.log.clone() },
+            });
+        }
+    }
+    let run = Run {
+        provenance: provenance(tc),
+        baseline: sweep.baseline,
+        candidates: candidates_out,
+    };
+    Ok((run, built.failures))
+}
+
+/// What realizing one problem produced.
+pub struct Realized {
+    pub how: Realization,
+    pub entry: Option<Entry>,
+    pub failures: Vec<CompileFailure>,
+}
+
+impl Realized {
+    /// Left to torch, and why.
+    fn skipped(reason: String) -> Realized {
+        Realized {
+            how: Realization::Skipped { reason },
+            entry: None,
+            failures: vec![],
+        }
+    }
+}
+
+fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
+    opts.out_dir
+        .join("sweeps")
+        .join(format!("{}_{}_{}{what}", key.rule, key.dtypes.a, key.shape))
+}
+
+/// Realizes one problem of any kind: a table hit (re-verified where it was measured elsewhere), a
+/// bucket hit re-verified on this shape, or a full sweep. Every new measurement goes into the user
+/// table at once, so a later failure loses no tuning result.
+pub fn realize(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    steward: &mut Steward,
+    problem: &Problem,
+    gpu: bool,
+) -> Result<Realized, ComposeError> {
+    let Some(math) = problem.math(opts.precision) else {
+        return Ok(Realized::skipped(format!(
+            "no kernel family computes {} under precision {}; use --precision tf32",
+            problem.dtype(),
+            opts.precision
+        )));
+    };
+    let key = TableKey::of(problem, math, opts.arch);
+    let sweep = |tables: &mut Tables, steward: &mut Steward| match problem {
+        Problem::Gemm(p) => realize_sweep(opts, tc, tables, steward, p, math, key.clone()),
+        Problem::Attention(_) | Problem::LayerNorm(_) => {
+            realize_op_sweep(opts, tc, tables, problem, math, key.clone())
+        }
+    };
+    let here = if gpu { Some(provenance(tc)) } else { None };
+    match tables.lookup(&key, problem) {
+        Lookup::Exact { entry, table } => {
+            let prov = entry.winner_provenance();
+            let elsewhere = here
+                .as_ref()
+                .filter(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
+                .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass));
+            if let Some(on) = elsewhere {
+                return match reverify(
+                    opts,
+                    tc,
+                    tables,
+                    problem,
+                    math,
+                    &key,
+                    &entry.winner_spec,
+                    "_reverify",
+                )? {
+                    Some((entry, failures)) => Ok(Realized {
+                        how: Realization::Hit {
+                            table: table.into(),
+                            measured_on: Some(on),
+                            reverified: true,
+                        },
+                        entry: Some(entry),
+                        failures,
+                    }),
+                    None => sweep(tables, steward),
+                };
+            }
+            let how = Realization::Hit {
+                table: table.into(),
+                measured_on: None,
+                reverified: false,
+            };
+            Ok(Realized {
+                how,
+                entry: Some(entry),
+                failures: vec![],
+            })
+        }
+        Lookup::Bucket { entry, table } if gpu => {
+            match reverify(
+                opts,
+                tc,
+                tables,
+                problem,
+                math,
+                &key,
+                &entry.winner_spec,
+                "_bucket",
+            )? {
+                Some((fresh, failures)) => Ok(Realized {
+                    how: Realization::Bucket {
+                        table: table.into(),
+                        from_shape: entry.key.shape.clone(),
+                    },
+                    entry: Some(fresh),
+                    failures,
+                }),
+                None => sweep(tables, steward),
+            }
+        }
+        _ => sweep(tables, steward),
+    }
+}
+
+/// Builds and judges a winner from elsewhere on this problem. When it passes, the run goes into
+/// the user table and the entry as it stands there now comes back; None when it failed here.
+#[allow(clippy::too_many_arguments)]
+fn reverify(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    problem: &Problem,
+    math: MathType,
+    key: &TableKey,
+    winner: &Spec,
+    what: &str,
+) -> Result<Option<(Entry, Vec<CompileFailure>)>, ComposeError> {
+    let dir = sweep_dir(opts, key, what);
+    let (run, failures) = measure(opts, tc, problem, math, std::slice::from_ref(winner), &dir)?;
+    let Some(fresh) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
+        return Ok(None);
+    };
+    tables.record(fresh)?;
+    Ok(tables.user.get(key).cloned().map(|e| (e, failures)))
+}
+
+/// The kernels a GEMM sweep compiles first, with the space they came from and the kernels the
+/// tables saw fail before.
+struct SweepCandidates {
+    kernels: Vec<KernelSpec>,
+    space: space::Space,
+    failed_before: BTreeSet<String>,
+}
+
+/// The kernels a GEMM sweep compiles first: the derived space (less what the tables learned to
+/// fail), as the agent proposes it, capped at the budget; or why there are none.
+fn sweep_candidates(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &Tables,
+    steward: &mut Steward,
+    problem: &GemmProblem,
+    math: MathType,
+    key: &TableKey,
+) -> Result<Result<SweepCandidates, String>, ComposeError> {
+    let failed_before = failed_kernels(tables, key);
+    let cutlass = tc.cutlass_version();
+    let (kb, kb_note) = Knowledge::for_cutlass(&cutlass).map_err(|detail| ComposeError::Tune {
+        key: key.to_string(),
+        detail,
+    })?;
+    if let Some(n) = kb_note {
+        if !steward.notes.contains(&n) {
+            steward.notes.push(n);
+        }
+    }
+    let rules = tables.rules();
+    let scope = key.scope(&cutlass);
+    let mut space_opts = opts.space.clone();
+    if let Some(n) = opts.max_candidates {
+        space_opts.budget = n.max(1);
+    }
+    let space = space::derive(&kb, problem, math, opts.arch, &rules, &scope, &space_opts);
+    let mut candidates = steward.propose(
+        problem,
+        math,
+        opts.arch,
+        space.candidates.clone(),
+        &failed_before,
+    );
+    candidates.retain(|k| match validity::rejecting(&rules, &scope, k) {
+        Some(r) => {
+            steward
+                .notes
+                .push(format!("{} not tried: {}", k.name(), r.describe()));
+            false
+        }
+        None => true,
+    });
+    candidates.truncate(space_opts.budget);
+    if candidates.is_empty() {
+        return Ok(Err(format!(
+            "no valid {} kernel for {} ({} in the knowledge base, {} pruned; {}{})",
+            opts.arch,
+            problem.shape_key(),
+            space.candidates.len() + space.pruned.len(),
+            space.pruned.len(),
+            space::alignment_note(problem, opts.arch),
+            space::fusion_refusal(problem, math, opts.arch)
+                .map(|why| format!("; {why}"))
+                .unwrap_or_default()
+        )));
+    }
+    Ok(Ok(SweepCandidates {
+        kernels: candidates,
+        space,
+        failed_before,
+    }))
+}
+
+/// The kernels a sweep of a kind other than GEMM compiles (the kind's space, no agent), or why
+/// there are none.
+fn op_sweep_candidates(
+    opts: &Options,
+    problem: &Problem,
+    math: MathType,
+) -> Result<Vec<Spec>, String> {
+    let mut candidates: Vec<Spec> = match problem {
+        Problem::Attention(p) => space::attention::candidates(p, math, opts.arch)
+            .into_iter()
+            .map(Spec::from)
+            .collect(),
+        Problem::LayerNorm(p) => space::layernorm::candidates(p, opts.arch)
+            .into_iter()
+            .map(Spec::from)
+            .collect(),
+        Problem::Gemm(_) => unreachable!("GEMM sweeps go through sweep_candidates"),
+    };
+    if let Some(n) = opts.max_candidates {
+        candidates.truncate(n.max(1));
+    }
+    if !candidates.is_empty() {
+        return Ok(candidates);
+    }
+    Err(match problem {
+        Problem::Attention(p) => {
+            format!("no attention kernel takes head dim {} in {} (multiples of {} up to 256)", p.head_dim, p.dtype, 16 / p.dtype.bytes())
+        }
+        Problem::LayerNorm(p) => format!(
+            "no LayerNorm kernel takes C = {}: a row is held in the registers of one CTA, at most {} elements",
+            p.cols,
+            space::layernorm::MAX_ROW
+        ),
+        Problem::Gemm(_) => unreachable!("GEMM sweeps go through sweep_candidates"),
+    })
+}
+
+/// Compiles the first candidates of every problem the tables cannot answer in one parallel build,
+/// into the object cache, before the sweeps run one by one: one nvcc unit takes the better part of
+/// a minute and a single sweep rarely fills every core, so pooling them shortens a cold compose
+/// by about the number of sweeps times a unit. Only the built-in agent's candidates are known in
+/// advance; an external agent's sweeps compile as they come. Failures are left to the sweeps to
+/// report.
+pub(super) fn prefetch(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &Tables,
+    steward: &Steward,
+    problems: &[Problem],
+) -> Result<(), ComposeError> {
+    if !steward.is_builtin() {
+        return Ok(());
+    }
+    let mut specs: Vec<Spec> = Vec::new();
+    let mut builtin = Steward::builtin();
+    let mut missed = 0;
+    for problem in problems {
+        let Some(math) = problem.math(opts.precision) else {
+            continue;
+        };
+        let key = TableKey::of(problem, math, opts.arch);
+        if !matches!(tables.lookup(&key, problem), Lookup::Miss) {
+            continue;
+        }
+        let found = match problem {
+            Problem::Gemm(p) => sweep_candidates(opts, tc, tables, &mut builtin, p, math, &key)?
+                .map(|c| c.kernels.into_iter().map(Spec::from).collect()),
+            Problem::Attention(_) | Problem::LayerNorm(_) => {
+                op_sweep_candidates(opts, problem, math)
+            }
+        };
+        missed += 1;
+        specs.extend(found.unwrap_or_default());
+    }
+    let mut seen = BTreeSet::new();
+    specs.retain(|s| seen.insert(s.kernel_name()));
+    if specs.len() < 2 {
+        return Ok(());
+    }
+    nvcc::progress_line(opts.progress, format_args!("prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss"));
+    let dir = opts.out_dir.join("sweeps").join("prefetch");
+    nvcc::compile_objects(tc, &specs, &opts.build(&dir)).map_err(ComposeError::from)?;
+    Ok(())
+}
+
+fn realize_sweep(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    steward: &mut Steward,
+    problem: &GemmProblem,
+    math: MathType,
+    key: TableKey,
+) -> Result<Realized, ComposeError> {
+    let SweepCandidates {
+        kernels: candidates,
+        space,
+        failed_before,
+    } = match sweep_candidates(opts, tc, tables, steward, problem, math, &key)? {
+        Ok(c) => c,
+        Err(reason) => return Ok(Realized::skipped(reason)),
+    };
+    let dir = sweep_dir(opts, &key, "");
+    let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
+    if !tunes_here(opts.arch, Device::detect().as_ref()) {
+        return compile_only(opts, tc, &specs(&candidates), &dir);
+    }
+    let started = std::time::Instant::now();
+    let gemm = Problem::Gemm(problem.clone());
+    let (mut run, mut failures) = measure(opts, tc, &gemm, math, &specs(&candidates), &dir)?;
+    if run
+        .candidates
+        .iter()
+        .all(|c| c.outcome.median_ms().is_none())
+    {
+        // Nothing survived: the agent may propose one more set.
+        let seen: Vec<(String, String)> = run
+            .candidates
+            .iter()
+            .map(|c| (c.kernel.clone(), c.outcome.label().to_string()))
+            .collect();
+        let mut avoid = failed_before.clone();
+        avoid.extend(seen.iter().map(|(k, _)| k.clone()));
+        if let Some(retry) = steward.after_failure(problem, math, opts.arch, &seen, &avoid) {
+            let (again, more) = measure(
+                opts,
+                tc,
+                &gemm,
+                math,
+                &specs(&retry),
+                &sweep_dir(opts, &key, "_retry"),
+            )?;
+            run.candidates.extend(again.candidates);
+            failures.extend(more);
+        }
+    }
+    // Launch knobs (raster, swizzle, K splits) of the fastest kernels: new variants of objects
+    // already compiled, so this costs a dispatch index and a link, not nvcc time.
+    let knob_variants = refine_candidates(&run, problem, opts.refine);
+    if !knob_variants.is_empty() {
+        let (more, _) = measure(
+            opts,
+            tc,
+            &gemm,
+            math,
+            &specs(&knob_variants),
+            &sweep_dir(opts, &key, "_knobs"),
+        )?;
+        run.candidates.extend(more.candidates);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let learned = tables.learn(&key, &run)?;
+    // Every candidate with its status, what was pruned before nvcc and why, next to the sweep's
+    // sources.
+    let record = serde_json::json!({
+        "key": key,
+        "problem": problem,
+        "space": { "source": space.source, "estimates_ms": candidates.iter().map(|k| (k.name(), space::estimate::estimate_ms(k, problem))).collect::<BTreeMap<_, _>>(), "pruned": space.pruned },
+        "rules_learned": learned,
+        "compile_and_tune_s": seconds,
+        "run": run,
+    });
+    let _ = std::fs::write(
+        dir.join("sweep.json"),
+        serde_json::to_string_pretty(&record).expect("run serializes"),
+    );
+    record_sweep(tables, key, gemm, run, failures, &dir)
+}
+
+/// Without a GPU that runs them a sweep ends once its candidates are compiled.
+fn compile_only(
+    opts: &Options,
+    tc: &Toolchain,
+    candidates: &[Spec],
+    dir: &Path,
+) -> Result<Realized, ComposeError> {
+    let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
+    Ok(Realized {
+        how: Realization::Compiled {
+            candidates: candidates.len(),
+            failed: built.failures.len(),
+        },
+        entry: None,
+        failures: built.failures,
+    })
+}
+
+/// A finished sweep's run into the user table (its scatter plot beside the sources), and the
+/// entry as it stands there now; left to torch, naming every candidate's outcome, when none passed.
+fn record_sweep(
+    tables: &mut Tables,
+    key: TableKey,
+    problem: Problem,
+    run: Run,
+    failures: Vec<CompileFailure>,
+    dir: &Path,
+) -> Result<Realized, ComposeError> {
+    let n = run.candidates.len();
+    let failed = run
+        .candidates
+        .iter()
+        .filter(|c| c.outcome.median_ms().is_none())
+        .count();
+    let summary = run
+        .candidates
+        .iter()
+        .map(|c| format!("{} {}", c.kernel, c.outcome.label()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let Some(entry) = Entry::from_runs(key.clone(), problem, vec![run]) else {
+        return Ok(Realized {
+            how: Realization::Skipped {
+                reason: format!("no candidate passed verification: {summary}"),
+            },
+            entry: None,
+            failures,
+        });
+    };
+    let _ = std::fs::write(
+        dir.join("scatter.svg"),
+        crate::bench::plot::scatter_svg(&entry),
+    );
+    tables.record(entry)?;
+    let merged = tables.user.get(&key).cloned();
+    Ok(Realized {
+        how: Realization::Tuned {
+            candidates: n,
+            failed,
+        },
+        entry: merged,
+        failures,
+    })
+}
+
+/// Sweeps a problem of a kind other than GEMM: its kind's candidates (the block shapes of
+/// CUTLASS's fused attention that take the head dim, space::attention; the LayerNorm knobs for
+/// its C, space::layernorm), compiled into one library and judged like GEMM candidates.
+fn realize_op_sweep(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    problem: &Problem,
+    math: MathType,
+    key: TableKey,
+) -> Result<Realized, ComposeError> {
+    let candidates = match op_sweep_candidates(opts, problem, math) {
+        Ok(c) => c,
+        Err(reason) => return Ok(Realized::skipped(reason)),
+    };
+    let dir = sweep_dir(opts, &key, "");
+    if !tunes_here(opts.arch, Device::detect().as_ref()) {
+        return compile_only(opts, tc, &candidates, &dir);
+    }
+    let started = std::time::Instant::now();
+    let (run, failures) = measure(opts, tc, problem, math, &candidates, &dir)?;
+    let record = serde_json::json!({ "key": key, "problem": problem, "compile_and_tune_s": started.elapsed().as_secs_f64(), "run": run });
+    let _ = std::fs::write(
+        dir.join("sweep.json"),
+        serde_json::to_string_pretty(&record).expect("run serializes"),
+    );
+    record_sweep(tables, key, problem.clone(), run, failures, &dir)
+}
+
+/// Knob variants of the `top` fastest verified kernels of `run` not yet measured in it.
+pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
+    let mut ok: Vec<&CandidateResult> = run
+        .candidates
+        .iter()
+        .filter(|c| c.outcome.median_ms().is_some())
+        .collect();
+    ok.sort_by(|a, b| {
+        a.outcome
+            .median_ms()
+            .partial_cmp(&b.outcome.median_ms())
+            .unwrap()
+    });
+    let seen: BTreeSet<String> = run.candidates.iter().map(|c| c.kernel.clone()).collect();
+    let mut out: Vec<KernelSpec> = Vec::new();
+    for c in ok.into_iter().take(top) {
+        let Some(spec) = c.spec.as_gemm() else {
+            continue;
+        };
+        for knobs in spec.knob_grid(p) {
+            let v = spec.with_knobs(knobs);
+            if !seen.contains(&v.name()) && !out.contains(&v) && v.fits(p) {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// Leaves a winner slower than torch to torch, unless the options keep it.
+pub(super) fn finish(opts: &Options, r: &mut Realized) {
+    if let Some(e) = r
+        .entry
+        .as_ref()
+        .filter(|e| !opts.keep_slower && e.baseline_ms().is_some_and(|b| b < e.winner_ms))
+    {
+        r.how = Realization::Skipped {
+            reason: format!(
+                "the winner {} ({:.4} ms) is slower than torch ({:.4} ms); --keep-slower substitutes it anyway",
+                e.winner,
+                e.winner_ms,
+                e.baseline_ms().unwrap_or_default()
+            ),
+        };
+        r.entry = None;
+    }
+}
