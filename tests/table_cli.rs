@@ -205,6 +205,26 @@ fn a_truncated_user_table_is_reported_and_left_as_it_was() {
 }
 
 #[test]
+fn realize_names_every_rule_family_for_an_unknown_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, err) = run(
+        &dir.path().join("user.json"),
+        &[
+            "realize", "--rule", "rmsnorm", "--dtype", "f32", "--shape", "64x64",
+        ],
+    );
+    assert!(!ok, "{err}");
+    for family in [
+        "unknown rule 'rmsnorm'",
+        "gemm_LAYOUT",
+        "sdpa_causal",
+        "layernorm_affine",
+    ] {
+        assert!(err.contains(family), "{family}: {err}");
+    }
+}
+
+#[test]
 fn realize_without_a_gpu_says_so() {
     if fact::torch::cuda_available() {
         return;

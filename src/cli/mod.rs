@@ -369,6 +369,9 @@ pub fn main() -> Result<()> {
             let kind = ["attention", "sdpa", "layernorm"]
                 .into_iter()
                 .find(|k| rule.starts_with(k));
+            if kind.is_none() && !rule.starts_with("gemm_") && !rule.starts_with("bmm_") {
+                bail!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT (LAYOUT one of rrr, rcr, crr, ccr); attention, attention_causal, sdpa or sdpa_causal; layernorm, layernorm_affine, layernorm_weight or layernorm_bias");
+            }
             if epilogue.is_some() && kind.is_some() {
                 bail!("--epilogue goes with a GEMM rule, not {rule}");
             }
