@@ -179,6 +179,9 @@ fn mlp_and_bmm_plans() {
         "{}",
         v["plan"]["unmatched"]
     );
+    // Nothing unmatched is a share of +0 (an empty f64 sum is -0.0, printed "-0.0%").
+    let share = v["plan"]["unmatched_share"].as_f64().unwrap();
+    assert!(share == 0.0 && share.is_sign_positive(), "{share}");
     let (v, _) = discover(&fixture("bmm.pt"), &[]);
     assert_eq!(
         rules_in_order(&v["plan"]),

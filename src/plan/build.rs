@@ -390,7 +390,8 @@ pub fn plan(
     }
     patterns.sort_by_key(|p| p.priority);
     let unmatched = unmatched_regions(g, &costs, &matched_nodes, total);
-    let unmatched_share = unmatched.iter().map(|r| r.share).sum();
+    // From +0.0: f64's `sum` starts at -0.0, which a plan with nothing unmatched printed as "-0.0%".
+    let unmatched_share = unmatched.iter().fold(0.0, |s, r| s + r.share);
     let unmatched_gemms = super::unmatched_gemms(g, &matched_nodes);
     Plan {
         arch: opts.arch,
