@@ -4,6 +4,7 @@
 //! variant being a kernel plus launch knobs) and the torch op join them in one shared library. A unit that fails to compile
 //! is bisected until the failing kernels stand alone, so one bad instantiation costs only itself:
 //! its source stays on disk and the failure (command and log) is returned, not raised.
+//! toolchain.rs finds the tools and builds the commands; library.rs opens a built library.
 
 use crate::codegen::{self, Source};
 use crate::space::attention::AttentionFamily;
@@ -18,7 +19,9 @@ use std::sync::Mutex;
 use thiserror::Error;
 
 pub mod library;
+mod toolchain;
 pub use library::KernelLibrary;
+pub use toolchain::Toolchain;
 
 pub const ABI_HEADER: &str = include_str!("../../include/fact_kernels.h");
 
@@ -54,194 +57,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
         path: path.display().to_string(),
         source,
     }
-}
-
-/// Where the compilers and headers are. Environment first (CUDA_HOME, CUTLASS_DIR, TORCH_DIR), then
-/// the paths ./setup made when this binary was built.
-#[derive(Clone, Debug)]
-pub struct Toolchain {
-    pub nvcc: PathBuf,
-    pub cuda_home: PathBuf,
-    pub cutlass: PathBuf,
-    pub torch: PathBuf,
-}
-
-impl Toolchain {
-    pub fn discover() -> Result<Toolchain, BuildError> {
-        let nvcc = std::env::var_os("CUDA_HOME")
-            .map(|h| PathBuf::from(h).join("bin/nvcc"))
-            .filter(|p| p.is_file())
-            .or_else(|| find_on_path("nvcc"))
-            .or_else(|| {
-                Some(PathBuf::from(env!("FACT_DEFAULT_CUDA_HOME")).join("bin/nvcc"))
-                    .filter(|p| p.is_file())
-            })
-            .ok_or(BuildError::NoNvcc)?;
-        let cuda_home = nvcc
-            .parent()
-            .and_then(Path::parent)
-            .ok_or(BuildError::NoNvcc)?
-            .to_path_buf();
-        let cutlass = std::env::var_os("CUTLASS_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("FACT_DEFAULT_CUTLASS_DIR")));
-        if !cutlass.join("include/cutlass/cutlass.h").is_file() {
-            return Err(BuildError::NoCutlass(cutlass.display().to_string()));
-        }
-        let torch = std::env::var_os("TORCH_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("FACT_DEFAULT_TORCH_DIR")));
-        if !torch.join("include/torch/library.h").is_file() {
-            return Err(BuildError::NoTorch(torch.display().to_string()));
-        }
-        Ok(Toolchain {
-            nvcc,
-            cuda_home,
-            cutlass,
-            torch,
-        })
-    }
-
-    /// CUTLASS's version from its headers, e.g. "4.2.0".
-    pub fn cutlass_version(&self) -> String {
-        let text = std::fs::read_to_string(self.cutlass.join("include/cutlass/version.h"))
-            .unwrap_or_default();
-        let grab = |key: &str| {
-            text.lines()
-                .find_map(|l| {
-                    l.strip_prefix(&format!("#define {key} "))
-                        .map(|v| v.trim().to_string())
-                })
-                .unwrap_or_else(|| "?".into())
-        };
-        format!(
-            "{}.{}.{}",
-            grab("CUTLASS_MAJOR"),
-            grab("CUTLASS_MINOR"),
-            grab("CUTLASS_PATCH")
-        )
-    }
-
-    pub fn nvcc_version(&self) -> String {
-        Command::new(&self.nvcc)
-            .arg("--version")
-            .output()
-            .ok()
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .find(|l| l.contains("release"))
-                    .map(str::to_string)
-            })
-            .and_then(|l| {
-                l.split("release ")
-                    .nth(1)
-                    .map(|v| v.split(',').next().unwrap_or(v).to_string())
-            })
-            .unwrap_or_else(|| "unknown".into())
-    }
-
-    fn cudart(&self) -> Option<PathBuf> {
-        for dir in ["lib64", "lib", "targets/x86_64-linux/lib"] {
-            let d = self.cuda_home.join(dir);
-            if d.join("libcudart.so").exists() {
-                return Some(d.join("libcudart.so"));
-            }
-            if let Ok(rd) = std::fs::read_dir(&d) {
-                let mut found: Vec<PathBuf> = rd
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| n.starts_with("libcudart.so."))
-                    })
-                    .collect();
-                found.sort();
-                if let Some(p) = found.into_iter().next() {
-                    return Some(p);
-                }
-            }
-        }
-        None
-    }
-
-    fn nvcc_command(&self, arch: Arch, include: &Path) -> Command {
-        let tool = cc::Build::new()
-            .cuda(true)
-            .cudart("shared")
-            .compiler(&self.nvcc)
-            .target("x86_64-unknown-linux-gnu")
-            .host("x86_64-unknown-linux-gnu")
-            .opt_level(3)
-            .debug(false)
-            .cargo_metadata(false)
-            .cargo_warnings(false)
-            .warnings(false)
-            // cc's defaults are host-compiler flags that nvcc rejects unwrapped.
-            .no_default_flags(true)
-            .flag("-O3")
-            .flag("-Xcompiler=-fPIC")
-            .flag("-std=c++17")
-            .flag(arch.nvcc_gencode())
-            .flag("--expt-relaxed-constexpr")
-            .flag("-DNDEBUG")
-            .include(include)
-            .include(self.cutlass.join("include"))
-            .include(self.cutlass.join("tools/util/include"))
-            // The fused attention kernel's headers (templates/sm80_fmha.cu.hbs).
-            .include(self.cutlass.join("examples/41_fused_multi_head_attention"))
-            .get_compiler();
-        tool.to_command()
-    }
-
-    /// The compile command of a unit of `family`'s kernels: the common one, plus examples/88's
-    /// folder and fast math for the sm90 attention kernels only, so every other object keeps its
-    /// cache key.
-    fn unit_command(&self, arch: Arch, include: &Path, family: &str) -> Command {
-        let mut cmd = self.nvcc_command(arch, include);
-        if family.starts_with(SM90_ATTENTION) {
-            // templates/sm90_fmha.cu.hbs includes the example's collective/ and kernel/ headers.
-            cmd.arg(format!(
-                "-I{}",
-                self.cutlass.join("examples/88_hopper_fmha").display()
-            ));
-            // The example builds with fast math (its CMakeLists): without it the online softmax's
-            // exp2f is the accurate, denormal-handling sequence, and the kernel issues about 30%
-            // more instructions than cuDNN's of the same structure (benches/results/attention90/ncu).
-            // Its inputs are bf16/fp16, whose rounding dwarfs the approximations' error.
-            cmd.arg("--use_fast_math");
-        }
-        cmd
-    }
-
-    fn cxx_command(&self, include: &Path) -> Command {
-        let tool = cc::Build::new()
-            .cpp(true)
-            .target("x86_64-unknown-linux-gnu")
-            .host("x86_64-unknown-linux-gnu")
-            .opt_level(2)
-            .debug(false)
-            .cargo_metadata(false)
-            .cargo_warnings(false)
-            .warnings(false)
-            .pic(true)
-            .flag("-std=c++17")
-            .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
-            .flag("-DGLOG_USE_GLOG_EXPORT")
-            .include(include)
-            .include(self.torch.join("include"))
-            .include(self.torch.join("include/torch/csrc/api/include"))
-            .include(self.cuda_home.join("include"))
-            .get_compiler();
-        tool.to_command()
-    }
-}
-
-fn find_on_path(exe: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(exe))
-        .find(|p| p.is_file())
 }
 
 /// One kernel that did not compile: what a user needs to reproduce it.
@@ -868,29 +683,6 @@ mod tests {
             e.contains("two archs (sm80, sm90)") && e.contains("--arch"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn only_sm90_attention_units_take_fast_math_and_examples_88() {
-        // Paths only: building a command runs nothing.
-        let tc = Toolchain {
-            nvcc: "/opt/cuda/bin/nvcc".into(),
-            cuda_home: "/opt/cuda".into(),
-            cutlass: "/opt/cutlass".into(),
-            torch: "/opt/torch".into(),
-        };
-        let line =
-            |family: &str| command_line(&tc.unit_command(Arch::Sm90, Path::new("/i"), family));
-        let attention = line(&format!("{SM90_ATTENTION}_bf16"));
-        assert!(attention.contains("--use_fast_math"), "{attention}");
-        assert!(attention.contains("examples/88_hopper_fmha"), "{attention}");
-        for other in ["gemm", "layernorm", "attention_tf32"] {
-            let l = line(other);
-            assert!(
-                !l.contains("fast_math") && !l.contains("88_hopper"),
-                "{other}: {l}"
-            );
-        }
     }
 
     #[test]
