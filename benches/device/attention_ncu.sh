@@ -20,5 +20,4 @@ ncu --clock-control none --nvtx --nvtx-include "ncu/" --section LaunchStats --se
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
   python3 benches/device/attention90_check.py "$sweep" /dev/null --ncu-once > "$dir/ncu_${rule}_$shape.txt" 2>&1
 echo "ncu rc=$?"
-grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Dynamic Shared|Grid Size|Block Size|Cluster Size|Theoretical Occ|Achieved Occ|Issue Slots|Executed Ipc|Warp Cycles Per Issued|profiled" \
-  "$dir/ncu_${rule}_$shape.txt" | head -120
+bash benches/device/ncu_summary.sh "$dir/ncu_${rule}_$shape.txt" 120 "Cluster Size|Warp Cycles Per Issued|profiled"

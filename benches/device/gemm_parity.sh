@@ -54,5 +54,5 @@ for name in ${NCU_CASES:-}; do
     ncu --clock-control none --nvtx --nvtx-include "ncu_$name/" --section SpeedOfLight --section LaunchStats \
         --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
         python3 benches/device/gemm_parity.py $dir "$c" --ncu-once > $OUT/ncu_$name.txt 2>&1
-    grep -E "^  [a-zA-Z_0-9]+.*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Dynamic Shared|Grid Size|Block Size|Cluster|Theoretical Occ|Achieved Occ|DRAM Throughput|L2 Hit|Issue Slots|Executed Ipc" $OUT/ncu_$name.txt | head -70
+    bash benches/device/ncu_summary.sh $OUT/ncu_$name.txt 70 "Cluster|DRAM Throughput|L2 Hit"
 done
