@@ -6,7 +6,6 @@
 use crate::compose::{self, ComposeReport};
 use crate::nvcc::{self, Toolchain};
 use crate::plan::PlanOptions;
-use crate::rules::GemmProblem;
 use crate::table::{self, Tables};
 use crate::torch::{self, InputShape};
 use crate::tune::{worker, Protocol};
@@ -366,35 +365,16 @@ pub fn main() -> Result<()> {
             let dims = table::parse_shape(&shape).with_context(|| {
                 format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr, BxHxTqxTkxD for attention, ROWSxC for layernorm), e.g. 4096x4096x4096")
             })?;
-            let kind = ["attention", "sdpa", "layernorm"]
-                .into_iter()
-                .find(|k| rule.starts_with(k));
-            if kind.is_none() && !rule.starts_with("gemm_") && !rule.starts_with("bmm_") {
-                bail!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT (LAYOUT one of rrr, rcr, crr, ccr); attention, attention_causal, sdpa or sdpa_causal; layernorm, layernorm_affine, layernorm_weight or layernorm_bias");
+            let mut problem = crate::rules::Problem::from_rule(&rule, &dims, dtype)
+                .map_err(anyhow::Error::msg)?;
+            if let Some(text) = epilogue {
+                let crate::rules::Problem::Gemm(p) = &mut problem else {
+                    bail!("--epilogue goes with a GEMM rule, not {rule}");
+                };
+                let e = crate::rules::Epilogue::parse(&text)
+                    .map_err(|why| anyhow::anyhow!("bad --epilogue '{text}': {why}; write it as discover prints it, e.g. 'leaves=;v1=relu(v0)'"))?;
+                p.epilogue = Some(e);
             }
-            if epilogue.is_some() && kind.is_some() {
-                bail!("--epilogue goes with a GEMM rule, not {rule}");
-            }
-            let problem = if kind == Some("layernorm") {
-                crate::rules::Problem::LayerNorm(
-                    crate::rules::LayerNormProblem::from_rule(&rule, &dims, dtype)
-                        .map_err(anyhow::Error::msg)?,
-                )
-            } else if kind.is_some() {
-                crate::rules::Problem::Attention(
-                    crate::rules::AttentionProblem::from_rule(&rule, &dims, dtype)
-                        .map_err(anyhow::Error::msg)?,
-                )
-            } else {
-                let mut problem =
-                    GemmProblem::from_rule(&rule, &dims, dtype).map_err(anyhow::Error::msg)?;
-                if let Some(text) = epilogue {
-                    let e = crate::rules::Epilogue::parse(&text)
-                        .map_err(|why| anyhow::anyhow!("bad --epilogue '{text}': {why}; write it as discover prints it, e.g. 'leaves=;v1=relu(v0)'"))?;
-                    problem.epilogue = Some(e);
-                }
-                crate::rules::Problem::Gemm(problem)
-            };
             let opts = compose::Options {
                 jobs: jobs(j),
                 max_candidates: candidates,

@@ -70,6 +70,25 @@ pub enum Problem {
 }
 
 impl Problem {
+    /// The problem a rule id names at a shape (`fact realize`): the family's own parser for
+    /// `attention*`/`sdpa*` (BxHxTqxTkxD), `layernorm*` (ROWSxC) and `gemm_*`/`bmm_*` (MxNxK,
+    /// LxMxNxK); any other id is refused with every family's ids.
+    pub fn from_rule(
+        rule: &str,
+        dims: &[i64],
+        dtype: crate::types::DType,
+    ) -> Result<Problem, String> {
+        if rule.starts_with("attention") || rule.starts_with("sdpa") {
+            AttentionProblem::from_rule(rule, dims, dtype).map(Problem::Attention)
+        } else if rule.starts_with("layernorm") {
+            LayerNormProblem::from_rule(rule, dims, dtype).map(Problem::LayerNorm)
+        } else if rule.starts_with("gemm_") || rule.starts_with("bmm_") {
+            GemmProblem::from_rule(rule, dims, dtype).map(Problem::Gemm)
+        } else {
+            Err(format!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT (LAYOUT one of rrr, rcr, crr, ccr); attention, attention_causal, sdpa or sdpa_causal; layernorm, layernorm_affine, layernorm_weight or layernorm_bias"))
+        }
+    }
+
     pub fn rule_id(&self) -> String {
         match self {
             Problem::Gemm(p) => p.rule_id(),
@@ -257,6 +276,32 @@ mod tests {
     use super::*;
     use crate::graph::ValueId;
     use std::collections::BTreeSet;
+
+    #[test]
+    fn a_rule_id_names_its_familys_problem() {
+        use crate::types::DType::Bf16;
+        let kind =
+            |rule: &str, dims: &[i64]| Problem::from_rule(rule, dims, Bf16).map(|p| p.kind());
+        assert_eq!(kind("gemm_rcr_bias", &[64, 64, 64]), Ok(PatternKind::Gemm));
+        assert_eq!(kind("bmm_rrr", &[2, 64, 64, 64]), Ok(PatternKind::Gemm));
+        assert_eq!(
+            kind("sdpa_causal", &[1, 2, 64, 64, 64]),
+            Ok(PatternKind::Attention)
+        );
+        assert_eq!(
+            kind("layernorm_affine", &[64, 768]),
+            Ok(PatternKind::LayerNorm)
+        );
+        // A family's own parser says what is wrong with its shape; an unknown id lists them all.
+        assert!(kind("sdpa", &[64, 64, 64])
+            .unwrap_err()
+            .contains("BxHxTqxTkxD"));
+        let e = kind("rmsnorm", &[64, 768]).unwrap_err();
+        assert!(
+            e.contains("gemm_LAYOUT") && e.contains("sdpa_causal") && e.contains("layernorm_bias"),
+            "{e}"
+        );
+    }
 
     /// The node producing the value named `name`.
     fn node(g: &Graph, name: &str) -> NodeId {
