@@ -89,7 +89,8 @@ enum Command {
         /// Compile and tune at most this many kernels per pattern (default 12, best estimate first; the best 3 of each family always).
         #[arg(long)]
         candidates: Option<usize>,
-        /// Tune launch knobs (raster, swizzle, K splits) of this many of each sweep's fastest kernels.
+        /// Tune launch knobs (raster, swizzle, K splits) of this many of each sweep's fastest kernels,
+        /// and CUTLASS's other cluster shapes of the fastest two of them (0: neither).
         #[arg(long, default_value_t = 4)]
         refine: usize,
         /// Skip the end-to-end benchmark.
@@ -150,7 +151,8 @@ enum Command {
         /// Compile and tune at most this many kernels (default 12, best estimate first; the best 3 of each family always).
         #[arg(long)]
         candidates: Option<usize>,
-        /// Tune launch knobs (raster, swizzle, K splits) of this many of the fastest kernels.
+        /// Tune launch knobs (raster, swizzle, K splits) of this many of the fastest kernels, and
+        /// CUTLASS's other cluster shapes of the fastest two of them (0: neither).
         #[arg(long, default_value_t = 4)]
         refine: usize,
         /// Cut kernels the estimate puts over this factor times the best one (the best 3 of

@@ -480,6 +480,20 @@ fn realize_sweep(
             failures.extend(more);
         }
     }
+    // CUTLASS's other cluster shapes of the fastest kernels: one more nvcc round, in parallel.
+    let cluster_variants = refine_clusters(&run, problem, opts.refine.min(CLUSTER_ROUND_TOP));
+    if !cluster_variants.is_empty() {
+        let (more, fails) = measure(
+            opts,
+            tc,
+            &gemm,
+            math,
+            &specs(&cluster_variants),
+            &sweep_dir(opts, &key, "_clusters"),
+        )?;
+        run.candidates.extend(more.candidates);
+        failures.extend(fails);
+    }
     // Launch knobs (raster, swizzle, K splits) of the fastest kernels: new variants of objects
     // already compiled, so this costs a dispatch index and a link, not nvcc time.
     let knob_variants = refine_candidates(&run, problem, opts.refine);
@@ -607,33 +621,69 @@ fn realize_op_sweep(
     record_sweep(tables, key, problem.clone(), run, failures, &dir)
 }
 
-/// Knob variants of the `top` fastest verified kernels of `run` not yet measured in it.
-pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
-    let mut ok: Vec<&CandidateResult> = run
+/// How many of a sweep's fastest tile and schedule pairs get a cluster round: each brings up to
+/// five new nvcc units, compiled in parallel.
+const CLUSTER_ROUND_TOP: usize = 3;
+
+/// The `top` fastest verified GEMM kernels of `run`, fastest first.
+fn fastest(run: &Run, top: usize) -> Vec<&KernelSpec> {
+    let mut ok: Vec<(&KernelSpec, f64)> = run
         .candidates
         .iter()
-        .filter(|c| c.outcome.median_ms().is_some())
+        .filter_map(|c| Some((c.spec.as_gemm()?, c.outcome.median_ms()?)))
         .collect();
-    ok.sort_by(|a, b| {
-        a.outcome
-            .median_ms()
-            .partial_cmp(&b.outcome.median_ms())
-            .unwrap()
-    });
+    ok.sort_by(|a, b| a.1.total_cmp(&b.1));
+    ok.into_iter().take(top).map(|(k, _)| k).collect()
+}
+
+/// `derive`'s variants of `leaders` not yet measured in `run`, each once.
+fn unmeasured_variants<'a>(
+    run: &Run,
+    leaders: impl IntoIterator<Item = &'a KernelSpec>,
+    derive: impl Fn(&KernelSpec) -> Vec<KernelSpec>,
+) -> Vec<KernelSpec> {
     let seen: BTreeSet<String> = run.candidates.iter().map(|c| c.kernel.clone()).collect();
     let mut out: Vec<KernelSpec> = Vec::new();
-    for c in ok.into_iter().take(top) {
-        let Some(spec) = c.spec.as_gemm() else {
-            continue;
-        };
-        for knobs in spec.knob_grid(p) {
-            let v = spec.with_knobs(knobs);
-            if !seen.contains(&v.name()) && !out.contains(&v) && v.fits(p) {
-                out.push(v);
-            }
+    for v in leaders.into_iter().flat_map(derive) {
+        if !seen.contains(&v.name()) && !out.contains(&v) {
+            out.push(v);
         }
     }
     out
+}
+
+/// Knob variants of the `top` fastest verified kernels of `run` not yet measured in it.
+pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
+    unmeasured_variants(run, fastest(run, top), |spec| {
+        spec.knob_grid(p)
+            .into_iter()
+            .map(|knobs| spec.with_knobs(knobs))
+            .filter(|v| v.fits(p))
+            .collect()
+    })
+}
+
+/// CUTLASS's other sm90 cluster shapes (space::SM90_CLUSTERS) of the fastest kernel of each of
+/// the `top` fastest tile and schedule pairs in `run`, those not yet measured in it. The estimate
+/// cannot tell cluster shapes apart, and the knowledge base's default build pairs TMA kernels with
+/// two of them, so the sweep measures the rest where a tile and schedule have done well. Pairs,
+/// not kernels: one pair's clusters differ by more than pairs do (tf32 65536x2304x768 + bias on
+/// the H100: 128x128 ping-pong 0.693 ms in 1x2x1, 0.629 in 2x2x1; 128x256 cooperative 0.656).
+pub fn refine_clusters(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
+    let pair = |k: &KernelSpec| (k.family, k.tile, k.schedule, k.epilogue, k.stages);
+    let mut pairs = Vec::new();
+    let leaders: Vec<&KernelSpec> = fastest(run, usize::MAX)
+        .into_iter()
+        .filter(|k| {
+            let fresh = !pairs.contains(&pair(k));
+            if fresh {
+                pairs.push(pair(k));
+            }
+            fresh
+        })
+        .take(top)
+        .collect();
+    unmeasured_variants(run, leaders, |k| k.cluster_siblings(p))
 }
 
 /// Leaves a winner slower than torch to torch, unless the options keep it.
@@ -652,5 +702,168 @@ pub(super) fn finish(opts: &Options, r: &mut Realized) {
             ),
         };
         r.entry = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::GemmLayout;
+    use crate::space::{gemm_candidates, Family, SM90_CLUSTERS};
+    use crate::table::Provenance;
+    use crate::tune::cuda::DeviceInfo;
+    use crate::tune::Timing;
+    use crate::types::DType;
+
+    fn problem() -> GemmProblem {
+        GemmProblem {
+            m: 65536,
+            n: 768,
+            k: 768,
+            layout: GemmLayout::Rcr,
+            dtype: DType::F32,
+            bias: true,
+            batch: 1,
+            epilogue: None,
+        }
+    }
+
+    fn timed(k: &KernelSpec, ms: f64) -> CandidateResult {
+        CandidateResult {
+            kernel: k.name(),
+            spec: k.clone().into(),
+            outcome: Outcome::Ok {
+                max_rel_err: 1e-4,
+                timing: Timing {
+                    median_ms: ms,
+                    min_ms: ms,
+                    max_ms: ms,
+                    spread: 0.0,
+                    samples: 1,
+                },
+                tflops: 1.0,
+            },
+        }
+    }
+
+    fn run(candidates: Vec<CandidateResult>) -> Run {
+        Run {
+            provenance: Provenance {
+                device: DeviceInfo {
+                    name: "H100".into(),
+                    sm_count: 132,
+                    compute_capability: "9.0".into(),
+                    driver: "13.0".into(),
+                    cuda_runtime: "13.0".into(),
+                },
+                torch: "2.11.0".into(),
+                nvcc: "13.0".into(),
+                cutlass: "4.2.0".into(),
+                fact: "0.1.0".into(),
+                date: "2026-11-23".into(),
+            },
+            baseline: None,
+            candidates,
+        }
+    }
+
+    #[test]
+    fn the_cluster_round_tries_the_other_shapes_of_the_fastest_tma_kernels_only() {
+        let p = problem();
+        let ks = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
+        let tma: Vec<&KernelSpec> = ks
+            .iter()
+            .filter(|k| k.family == Family::Sm90Gemm && !k.schedule.is_cpasync())
+            .collect();
+        let first = tma[0];
+        let other_pair = |k: &&&KernelSpec| k.tile != first.tile || k.schedule != first.schedule;
+        let second = *tma.iter().find(other_pair).unwrap();
+        let third = *tma
+            .iter()
+            .filter(other_pair)
+            .find(|k| k.tile != second.tile || k.schedule != second.schedule)
+            .unwrap();
+        // first's pair in another cluster, faster than second: the pair leads once.
+        let first_again = KernelSpec {
+            cluster: [1, 1, 1],
+            ..first.clone()
+        };
+        // The second-fastest's 1x1x1 shape was measured already; a failed kernel is not "fastest".
+        let measured_sibling = KernelSpec {
+            cluster: [1, 1, 1],
+            ..second.clone()
+        };
+        let mut failed = timed(third, 0.0);
+        failed.outcome = Outcome::Numeric {
+            max_rel_err: 0.5,
+            tolerance: 1e-3,
+        };
+        let r = run(vec![
+            timed(second, 0.30),
+            timed(first, 0.25),
+            timed(&first_again, 0.27),
+            timed(&measured_sibling, 0.40),
+            failed,
+        ]);
+        let out = refine_clusters(&r, &p, 2);
+        let names: Vec<String> = out.iter().map(|k| k.name()).collect();
+        assert!(!out.is_empty());
+        for k in &out {
+            assert!(k.invalid_reason().is_none() && k.fits(&p), "{}", k.name());
+            assert!(SM90_CLUSTERS.contains(&k.cluster));
+            let base = KernelSpec {
+                cluster: [0; 3],
+                ..k.clone()
+            };
+            let of = |s: &KernelSpec| {
+                KernelSpec {
+                    cluster: [0; 3],
+                    ..s.clone()
+                } == base
+            };
+            assert!(
+                of(first) || of(second),
+                "{} is no sibling of the two fastest (the failed one brings none)",
+                k.name()
+            );
+        }
+        assert!(
+            !names.contains(&measured_sibling.name()),
+            "measured once is enough"
+        );
+        assert!(!names.contains(&first.name()) && !names.contains(&second.name()));
+        assert!(!names.contains(&first_again.name()));
+        assert!(
+            out.iter()
+                .any(|k| k.tile == second.tile && k.schedule == second.schedule),
+            "the second pair leads although first's pair measured twice"
+        );
+        let firsts = out
+            .iter()
+            .filter(|k| {
+                k.tile == first.tile
+                    && k.schedule == first.schedule
+                    && k.epilogue == first.epilogue
+                    && k.scheduler == first.scheduler
+            })
+            .count();
+        assert!(firsts >= 1 && firsts < SM90_CLUSTERS.len());
+        assert!(
+            refine_clusters(&r, &p, 0).is_empty(),
+            "--refine 0 turns it off"
+        );
+        // Only the fastest pair: the second's siblings stay out.
+        let one = refine_clusters(&r, &p, 1);
+        assert!(!one.is_empty());
+        assert!(one.iter().all(|k| KernelSpec {
+            cluster: first.cluster,
+            ..k.clone()
+        } == *first));
+        // cp.async mainloops and sm80 kernels have no clusters to try.
+        let cp = ks.iter().find(|k| k.schedule.is_cpasync());
+        let sm80 = ks.iter().find(|k| k.family == Family::Sm80Gemm);
+        for k in cp.into_iter().chain(sm80) {
+            assert!(k.cluster_siblings(&p).is_empty(), "{}", k.name());
+        }
     }
 }

@@ -130,11 +130,10 @@ impl KernelSpec {
                         return Some(format!("an epilogue reads at most {} full-size tensors (the C operand and aux loads)", crate::rules::epilogue::MAX_FULL_LEAVES));
                     }
                 }
-                let cluster_size = self.cluster.iter().product::<u32>();
-                if cluster_size > 2 || self.cluster[2] != 1 {
+                if !SM90_CLUSTERS.contains(&self.cluster) {
                     return Some(format!(
-                        "cluster {:?} beyond the 1x1x1/2x1x1/1x2x1 set",
-                        self.cluster
+                        "cluster {}x{}x{} is none of CUTLASS's sm90 shapes (1x2x1, 2x1x1, 1x1x1, 2x2x1, 1x4x1, 4x1x1)",
+                        self.cluster[0], self.cluster[1], self.cluster[2]
                     ));
                 }
                 // Beside its subtiles the epilogue's carve-out holds barriers and swizzle alignment
@@ -240,6 +239,24 @@ impl KernelSpec {
             && p.n % self.align_out() as i64 == 0
             // Serial split-K and Stream-K in CUTLASS 2.x's GemmUniversal are for single GEMMs.
             && !(self.family == Family::Sm80Gemm && p.batch > 1 && (self.knobs.splits > 1 || self.scheduler == TileScheduler::StreamK))
+    }
+
+    /// The same kernel in CUTLASS's other sm90 cluster shapes that run `p` (TMA mainloops only:
+    /// cp.async ones multicast nothing), with default knobs.
+    pub fn cluster_siblings(&self, p: &GemmProblem) -> Vec<KernelSpec> {
+        if !self.family.is_sm90() || self.schedule.is_cpasync() {
+            return Vec::new();
+        }
+        SM90_CLUSTERS
+            .iter()
+            .filter(|c| **c != self.cluster)
+            .map(|&cluster| KernelSpec {
+                cluster,
+                knobs: Knobs::default(),
+                ..self.clone()
+            })
+            .filter(|k| k.invalid_reason().is_none() && k.fits(p))
+            .collect()
     }
 
     /// Knob settings worth timing for this kernel on `p` beyond its first one.

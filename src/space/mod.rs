@@ -900,6 +900,31 @@ mod tests {
             .invalid_reason()
             .unwrap()
             .contains("cluster 1x1x1"));
+        // TMA kernels take CUTLASS's sm90 cluster shapes, no others.
+        let aligned = problem(4096, 4096, 4096, DType::F32);
+        let tma = Knowledge::shipped()
+            .kernels(&aligned, MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .find(|k| k.family == Family::Sm90Gemm && !k.schedule.is_cpasync())
+            .unwrap();
+        for (cluster, ok) in [
+            ([2, 2, 1], true),
+            ([1, 1, 1], true),
+            ([1, 3, 1], false),
+            ([2, 4, 1], false),
+            ([1, 1, 2], false),
+        ] {
+            let k = KernelSpec {
+                cluster,
+                ..tma.clone()
+            };
+            assert_eq!(
+                k.invalid_reason().is_none(),
+                ok,
+                "{cluster:?}: {:?}",
+                k.invalid_reason()
+            );
+        }
         let canonical = KernelSpec {
             align_c: 1,
             ..cp.clone()

@@ -238,6 +238,22 @@ impl Knobs {
     }
 }
 
+/// The sm90 cluster shapes CUTLASS's generator stamps out up to its cluster instantiation level 3
+/// (cutlass_library/sm90_shapes.py, `SM90_CLUSTER_SIZES`). Its default library build, which the
+/// knowledge base distills, pairs TMA kernels with 1x2x1 and 2x1x1 only; the others are tried on a
+/// sweep's fastest tile and schedule pairs (compose::refine_clusters). On the H100 a 128x128x32
+/// ping-pong kernel ran tf32 65536x768x768 + bias in 0.221 ms without a cluster and 0.248 ms in
+/// 1x2x1, and 65536x2304x768 + bias in 0.629 ms in 2x2x1 and 0.693 ms in 1x2x1
+/// (benches/results/parity/clusters).
+pub const SM90_CLUSTERS: [[u32; 3]; 6] = [
+    [1, 2, 1],
+    [2, 1, 1],
+    [1, 1, 1],
+    [2, 2, 1],
+    [1, 4, 1],
+    [4, 1, 1],
+];
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct KernelSpec {
     pub family: Family,
