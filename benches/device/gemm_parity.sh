@@ -7,12 +7,13 @@
 # Linear without bias: fact's plain GEMM), gelu (tanh GELU after the linear) or residual (the
 # linear plus a second input)).
 set -u
-export FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json FACT_TABLE=${FACT_TABLE:-/tmp/parity_table.json} FACT_CACHE_DIR=/tmp/fact-cache
+export FACT_SHIPPED_TABLE=${FACT_SHIPPED_TABLE:-$PWD/pattern-table/table.json} FACT_TABLE=${FACT_TABLE:-/tmp/parity_table.json} FACT_CACHE_DIR=/tmp/fact-cache
 dir=/tmp/parity; mkdir -p $dir/models
 # REALIZE: shapes (MxNxK[:DTYPE[:RULE]], f32 under tf32 unless bf16 is named; RULE gemm_rcr_bias
 # unless gemm_rcr is named) to tune first, so their composes hit a winner of their own shape
 # rather than a bucket neighbour's.
-# REALIZE_FRESH=1 sweeps them even where the shipped table has a winner.
+# REALIZE_FRESH=1 sweeps them even where the shipped table has a winner; FACT_SHIPPED_TABLE=/tmp/none
+# (a missing file) sweeps every case's compose too.
 for r in ${REALIZE:-}; do
   IFS=: read -r s rdt rule <<< "$r"; rdt=${rdt:-f32}; rule=${rule:-gemm_rcr_bias}
   shipped=$FACT_SHIPPED_TABLE; [ -n "${REALIZE_FRESH:-}" ] && shipped=/tmp/parity_no_shipped.json
