@@ -710,8 +710,6 @@ mod tests {
     use super::*;
     use crate::rules::GemmLayout;
     use crate::space::{gemm_candidates, Family, SM90_CLUSTERS};
-    use crate::table::Provenance;
-    use crate::tune::cuda::DeviceInfo;
     use crate::tune::Timing;
     use crate::types::DType;
 
@@ -748,20 +746,7 @@ mod tests {
 
     fn run(candidates: Vec<CandidateResult>) -> Run {
         Run {
-            provenance: Provenance {
-                device: DeviceInfo {
-                    name: "H100".into(),
-                    sm_count: 132,
-                    compute_capability: "9.0".into(),
-                    driver: "13.0".into(),
-                    cuda_runtime: "13.0".into(),
-                },
-                torch: "2.11.0".into(),
-                nvcc: "13.0".into(),
-                cutlass: "4.2.0".into(),
-                fact: "0.1.0".into(),
-                date: "2026-11-23".into(),
-            },
+            provenance: crate::table::tests::provenance("H100"),
             baseline: None,
             candidates,
         }

@@ -605,4 +605,4 @@ pub fn today() -> String {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

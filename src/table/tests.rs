@@ -16,7 +16,7 @@ fn problem(m: i64) -> GemmProblem {
     }
 }
 
-fn provenance(device: &str) -> Provenance {
+pub(crate) fn provenance(device: &str) -> Provenance {
     Provenance {
         device: DeviceInfo {
             name: device.into(),
