@@ -480,33 +480,28 @@ fn realize_sweep(
             failures.extend(more);
         }
     }
-    // CUTLASS's other cluster shapes of the fastest kernels: one more nvcc round, in parallel.
-    let cluster_variants = refine_clusters(&run, problem, opts.refine.min(CLUSTER_ROUND_TOP));
-    if !cluster_variants.is_empty() {
+    // Two more rounds over what the first measured: CUTLASS's other cluster shapes of the fastest
+    // tile and schedule pairs (one more nvcc round, in parallel), then the launch knobs (raster,
+    // swizzle, K splits) of the fastest kernels, new variants of objects already compiled, so a
+    // dispatch index and a link, not nvcc time.
+    for (round, suffix) in [(Round::Clusters, "_clusters"), (Round::Knobs, "_knobs")] {
+        let variants = match round {
+            Round::Clusters => refine_clusters(&run, problem, opts.refine.min(CLUSTER_ROUND_TOP)),
+            Round::Knobs => refine_candidates(&run, problem, opts.refine),
+        };
+        if variants.is_empty() {
+            continue;
+        }
         let (more, fails) = measure(
             opts,
             tc,
             &gemm,
             math,
-            &specs(&cluster_variants),
-            &sweep_dir(opts, &key, "_clusters"),
+            &specs(&variants),
+            &sweep_dir(opts, &key, suffix),
         )?;
         run.candidates.extend(more.candidates);
         failures.extend(fails);
-    }
-    // Launch knobs (raster, swizzle, K splits) of the fastest kernels: new variants of objects
-    // already compiled, so this costs a dispatch index and a link, not nvcc time.
-    let knob_variants = refine_candidates(&run, problem, opts.refine);
-    if !knob_variants.is_empty() {
-        let (more, _) = measure(
-            opts,
-            tc,
-            &gemm,
-            math,
-            &specs(&knob_variants),
-            &sweep_dir(opts, &key, "_knobs"),
-        )?;
-        run.candidates.extend(more.candidates);
     }
     let seconds = started.elapsed().as_secs_f64();
     let learned = tables.learn(&key, &run)?;
@@ -619,6 +614,12 @@ fn realize_op_sweep(
         serde_json::to_string_pretty(&record).expect("run serializes"),
     );
     record_sweep(tables, key, problem.clone(), run, failures, &dir)
+}
+
+/// The rounds a GEMM sweep runs after its first, in order.
+enum Round {
+    Clusters,
+    Knobs,
 }
 
 /// How many of a sweep's fastest tile and schedule pairs get a cluster round: each brings up to
