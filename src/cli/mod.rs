@@ -90,7 +90,8 @@ enum Command {
         #[arg(long)]
         candidates: Option<usize>,
         /// Tune launch knobs (raster, swizzle, K splits) of this many of each sweep's fastest kernels,
-        /// and CUTLASS's other cluster shapes of the fastest two of them (0: neither).
+        /// and CUTLASS's other cluster shapes of its fastest tile and schedule pairs (at most 3;
+        /// 0: neither).
         #[arg(long, default_value_t = 4)]
         refine: usize,
         /// Skip the end-to-end benchmark.
@@ -152,7 +153,8 @@ enum Command {
         #[arg(long)]
         candidates: Option<usize>,
         /// Tune launch knobs (raster, swizzle, K splits) of this many of the fastest kernels, and
-        /// CUTLASS's other cluster shapes of the fastest two of them (0: neither).
+        /// CUTLASS's other cluster shapes of the fastest tile and schedule pairs (at most 3; 0:
+        /// neither).
         #[arg(long, default_value_t = 4)]
         refine: usize,
         /// Cut kernels the estimate puts over this factor times the best one (the best 3 of
