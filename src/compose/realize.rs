@@ -480,17 +480,10 @@ fn realize_sweep(
             failures.extend(more);
         }
     }
-    // Two more rounds over what the first measured: CUTLASS's other cluster shapes of the fastest
-    // tile and schedule pairs (one more nvcc round, in parallel), then the launch knobs (raster,
-    // swizzle, K splits) of the fastest kernels, new variants of objects already compiled, so a
-    // dispatch index and a link, not nvcc time.
-    for (round, suffix) in [(Round::Clusters, "_clusters"), (Round::Knobs, "_knobs")] {
-        let variants = match round {
-            Round::Clusters => refine_clusters(&run, problem, opts.refine.min(CLUSTER_ROUND_TOP)),
-            Round::Knobs => refine_candidates(&run, problem, opts.refine),
-        };
+    // Two more rounds over what the first measured, each adding to the run.
+    let mut extend = |run: &mut Run, variants: Vec<KernelSpec>, suffix: &str| {
         if variants.is_empty() {
-            continue;
+            return Ok(());
         }
         let (more, fails) = measure(
             opts,
@@ -502,7 +495,16 @@ fn realize_sweep(
         )?;
         run.candidates.extend(more.candidates);
         failures.extend(fails);
-    }
+        Ok::<(), ComposeError>(())
+    };
+    // CUTLASS's other cluster shapes of the fastest tile and schedule pairs: one more nvcc
+    // round, in parallel.
+    let clusters = refine_clusters(&run, problem, opts.refine.min(CLUSTER_ROUND_TOP));
+    extend(&mut run, clusters, "_clusters")?;
+    // Launch knobs (raster, swizzle, K splits) of the fastest kernels: new variants of objects
+    // already compiled, so this costs a dispatch index and a link, not nvcc time.
+    let knobs = refine_candidates(&run, problem, opts.refine);
+    extend(&mut run, knobs, "_knobs")?;
     let seconds = started.elapsed().as_secs_f64();
     let learned = tables.learn(&key, &run)?;
     // Every candidate with its status, what was pruned before nvcc and why, next to the sweep's
@@ -616,12 +618,6 @@ fn realize_op_sweep(
     record_sweep(tables, key, problem.clone(), run, failures, &dir)
 }
 
-/// The rounds a GEMM sweep runs after its first, in order.
-enum Round {
-    Clusters,
-    Knobs,
-}
-
 /// How many of a sweep's fastest tile and schedule pairs get a cluster round: each brings up to
 /// five new nvcc units, compiled in parallel.
 const CLUSTER_ROUND_TOP: usize = 3;
@@ -671,17 +667,10 @@ pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSp
 /// not kernels: one pair's clusters differ by more than pairs do (tf32 65536x2304x768 + bias on
 /// the H100: 128x128 ping-pong 0.693 ms in 1x2x1, 0.629 in 2x2x1; 128x256 cooperative 0.656).
 pub fn refine_clusters(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
-    let pair = |k: &KernelSpec| (k.family, k.tile, k.schedule, k.epilogue, k.stages);
-    let mut pairs = Vec::new();
+    let mut pairs = std::collections::HashSet::new();
     let leaders: Vec<&KernelSpec> = fastest(run, usize::MAX)
         .into_iter()
-        .filter(|k| {
-            let fresh = !pairs.contains(&pair(k));
-            if fresh {
-                pairs.push(pair(k));
-            }
-            fresh
-        })
+        .filter(|k| pairs.insert((k.family, k.tile, k.schedule, k.epilogue, k.stages)))
         .take(top)
         .collect();
     unmeasured_variants(run, leaders, |k| k.cluster_siblings(p))

@@ -131,9 +131,12 @@ impl KernelSpec {
                     }
                 }
                 if !SM90_CLUSTERS.contains(&self.cluster) {
+                    let shape = |[m, n, k]: [u32; 3]| format!("{m}x{n}x{k}");
+                    let all: Vec<String> = SM90_CLUSTERS.into_iter().map(shape).collect();
                     return Some(format!(
-                        "cluster {}x{}x{} is none of CUTLASS's sm90 shapes (1x2x1, 2x1x1, 1x1x1, 2x2x1, 1x4x1, 4x1x1)",
-                        self.cluster[0], self.cluster[1], self.cluster[2]
+                        "cluster {} is none of CUTLASS's sm90 shapes ({})",
+                        shape(self.cluster),
+                        all.join(", ")
                     ));
                 }
                 // Beside its subtiles the epilogue's carve-out holds barriers and swizzle alignment
