@@ -22,6 +22,10 @@ for r in ${REALIZE:-}; do
   mkdir -p $OUT/realize && cp $dir/realize_${s}_${rdt}_$rule.log $OUT/realize/
   tail -4 $dir/realize_${s}_${rdt}_$rule.log
 done
+compose() {
+  .device/fact compose $dir/models/$1.pt --precision tf32 --keep-slower --no-bench --jobs 16 --candidates ${CANDIDATES:-12} \
+      --out $dir/fact/$1 > $dir/compose_$1.log 2>&1 || { echo "compose $1 failed"; tail -5 $dir/compose_$1.log; }
+}
 for c in "$@"; do
   IFS=: read -r name m k n dt epi <<< "$c"
   python3 - "$dir/models/$name.pt" $m $k $n $dt ${epi:-bias} <<'PY'
@@ -44,9 +48,14 @@ else:
     r = torch.randn(m, n, device="cuda", dtype=dtype)
     torch.jit.trace(Fused().cuda().to(dtype), (x, r)).save(path)
 PY
-  .device/fact compose $dir/models/$name.pt --precision tf32 --keep-slower --no-bench --jobs 16 --candidates ${CANDIDATES:-12} \
-      --out $dir/fact/$name > $dir/compose_$name.log 2>&1 || { echo "compose $name failed"; tail -5 $dir/compose_$name.log; }
-  grep -h -i "winner\|kernel\|left to torch" $dir/compose_$name.log | tail -3
+  # COMPOSE_PARALLEL=1 composes the cases at once: only where each hits a table winner (sweeps
+  # at once would time their kernels on one GPU together).
+  if [ -n "${COMPOSE_PARALLEL:-}" ]; then compose $name & else compose $name; fi
+done
+wait
+for c in "$@"; do
+  name=${c%%:*}
+  echo "$name: $(grep -h -i "winner\|kernel\|left to torch" $dir/compose_$name.log | tail -3)"
 done
 for c in "$@"; do python3 benches/device/gemm_parity.py $dir "$c" 2>&1 | tee -a $OUT/parity.txt; done
 # NCU_CASES: the names to capture with Nsight Compute (clocks left alone).
