@@ -1,8 +1,8 @@
 """GEMM + bias parity probe (issue #10, item 4): for each composed Linear (fact compose
 --keep-slower, so fact's own winner runs even where torch measured faster), time torch's
 linear + bias (cuBLAS), torch's plain mm (cuBLAS, no bias) and the composed module in one
-process, after checking the composed module against fp64. With --ncu-once, run each once more
-after the timings (for `ncu --launch-skip`-free captures of the three kernels).
+process, after checking the composed module against fp64. With --ncu-once, run each once in an
+NVTX range instead of timing them (for `ncu --launch-skip`-free captures of the three kernels).
 
     python3 gemm_parity.py OUT_DIR NAME:M:K:N:DTYPE[:EPI]   (OUT_DIR/fact/NAME holds the compose;
                                                       one case a process, appended to parity.jsonl)
@@ -139,6 +139,16 @@ def main():
             fns["vendor"] = vendor
             v = vendor().double()
             r["vendor_rel_err"] = ((v - ref).norm() / ref.norm()).item()
+        if args.ncu_once:
+            # Under Nsight Compute only the capture: the profiler's timing cannot share CUPTI with it.
+            for fn in fns.values():
+                fn()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push(f"ncu_{name}")
+            lin(); mm(); fact()
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
+            continue
         # Two rounds: the spread between them says what a ratio can resolve.
         for rnd in (1, 2):
             t = time_interleaved(fns, (), flush, iterations=60, warmup=10)
@@ -166,12 +176,8 @@ def main():
             r["error"] = f"{fell_back} fact calls fell back: fact_ms timed torch"
         rows.append(r)
         print(json.dumps(r), flush=True)
-        if args.ncu_once:
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push(f"ncu_{name}")
-            lin(); mm(); fact()
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_pop()
+    if args.ncu_once:
+        return 0
     with open(args.out_dir / "parity.jsonl", "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     print("| case | dtype | linear ms | mm ms | fact ms | mm/fact | linear/fact | kernels: linear, mm, fact ms | mm/fact | err |")

@@ -62,7 +62,7 @@ for c in "$@"; do python3 benches/device/gemm_parity.py $dir "$c" 2>&1 | tee -a 
 for name in ${NCU_CASES:-}; do
     c=$(printf '%s\n' "$@" | grep "^$name:")
     ncu --clock-control none --nvtx --nvtx-include "ncu_$name/" --section SpeedOfLight --section LaunchStats \
-        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SchedulerStats \
         python3 benches/device/gemm_parity.py $dir "$c" --ncu-once > $OUT/ncu_$name.txt 2>&1
-    bash benches/device/ncu_summary.sh $OUT/ncu_$name.txt 70 "Cluster|DRAM Throughput|L2 Hit"
+    bash benches/device/ncu_summary.sh $OUT/ncu_$name.txt ${NCU_LINES:-70} "Cluster|DRAM Throughput|L2 Hit|Elapsed Cycles|SM Active Cycles|Warp Cycles Per Issued"
 done
