@@ -254,6 +254,33 @@ pub struct Table {
     pub rules: Vec<crate::space::validity::Rule>,
 }
 
+/// The first entry of a table's JSON that does not read as an `Entry`, by index, key and error. A
+/// build that added a kernel spec variant without a schema bump writes entries that fail on their
+/// spec, so the message says so for those.
+fn first_unreadable_entry(raw: &serde_json::Value) -> Option<String> {
+    let entries = raw.get("entries")?.as_array()?;
+    entries.iter().enumerate().find_map(|(i, e)| {
+        let err = Entry::deserialize(e).err()?;
+        let key = e
+            .get("key")
+            .map(|k| {
+                let field = |f: &str| k.get(f).and_then(|v| v.as_str()).unwrap_or("?").to_string();
+                format!("{} {} {}", field("rule"), field("shape"), field("math"))
+            })
+            .unwrap_or_else(|| "without a key".into());
+        let unknown = err.to_string().contains("any variant");
+        Some(format!(
+            "entry {i} of {} ({key}): {err}{}",
+            entries.len(),
+            if unknown {
+                "; this build of fact does not know that kernel spec: a build with other spec variants wrote it"
+            } else {
+                ""
+            }
+        ))
+    })
+}
+
 /// Schema 1 (fact 0.1.0 before the table became a product): one run per entry, dtype in the key.
 mod v1 {
     use super::*;
@@ -347,18 +374,23 @@ impl Table {
         };
         let raw: serde_json::Value = serde_json::from_str(text).map_err(corrupt)?;
         let schema = raw.get("schema").and_then(|s| s.as_u64()).unwrap_or(0) as u32;
+        // Where a table of a known schema does not parse, name the entry that does not.
+        let located = |e: serde_json::Error| TableError::Corrupt {
+            path: origin.to_string(),
+            detail: first_unreadable_entry(&raw).unwrap_or_else(|| e.to_string()),
+        };
         match schema {
             s if s > SCHEMA => Err(TableError::Newer {
                 path: origin.to_string(),
                 found: s,
             }),
-            1 => Ok(v1::migrate(serde_json::from_value(raw).map_err(corrupt)?)),
+            1 => Ok(v1::migrate(v1::Table::deserialize(&raw).map_err(corrupt)?)),
             // Schemas 2 to 4 are schema 5 without epilogues, attention or LayerNorm: nothing to convert.
             2..=4 => Ok(Table {
                 schema: SCHEMA,
-                ..serde_json::from_value(raw).map_err(corrupt)?
+                ..Table::deserialize(&raw).map_err(located)?
             }),
-            SCHEMA => serde_json::from_value(raw).map_err(corrupt),
+            SCHEMA => Table::deserialize(&raw).map_err(located),
             s => Err(TableError::Corrupt {
                 path: origin.to_string(),
                 detail: format!("unknown schema {s}"),

@@ -222,6 +222,30 @@ fn runs_are_compared_by_their_own_torch_time() {
 }
 
 #[test]
+fn an_entry_with_a_spec_this_build_does_not_know_is_named_and_the_table_left_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let mut t = Table::new();
+    t.insert_merged(entry(128, 0, 0.5, "H100"));
+    t.insert_merged(entry(256, 0, 0.5, "H100"));
+    t.save(&path).unwrap();
+    // Another build's epilogue kind in one candidate of the second entry.
+    let mut raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    raw["entries"][1]["runs"][0]["candidates"][0]["spec"]["epilogue"] = "tma_other".into();
+    let text = serde_json::to_string_pretty(&raw).unwrap();
+    std::fs::write(&path, &text).unwrap();
+    let e = Table::load(&path).unwrap_err().to_string();
+    let shape = raw["entries"][1]["key"]["shape"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("entry 1 of 2") && e.contains(&shape), "{e}");
+    assert!(e.contains("does not know that kernel spec"), "{e}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
+
+#[test]
 fn truncated_and_newer_tables_are_refused_and_left_intact() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.json");
