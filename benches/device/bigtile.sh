@@ -1,5 +1,13 @@
 export FACT_SHIPPED_TABLE=/nonexistent.json FACT_TABLE=$OUT/bt_table.json FACT_CACHE_DIR=/tmp/fact-cache
-A="python3 $PWD/benches/device/bigtile_agent.py"
+# Does CUTLASS's sm90 tf32 GEMM with the TMA epilogue (bias, EVT) run faster on the big tiles
+# (128x256, 256x128 cooperative) that the generator instantiates only with the no-smem or
+# transposed epilogue? Those tiles beside the space's first six sm90 kernels.
+A="python3 $PWD/benches/device/probe_agent.py"
+export FACT_PROBE_SPACE=6 FACT_PROBE='[
+  {"tile": [128, 256, 32], "cluster": [1, 2, 1], "schedule": "ws_cooperative", "scheduler": "persistent"},
+  {"tile": [128, 256, 32], "cluster": [2, 1, 1], "schedule": "ws_cooperative", "scheduler": "persistent"},
+  {"tile": [256, 128, 32], "cluster": [1, 2, 1], "schedule": "ws_cooperative", "scheduler": "persistent"},
+  {"tile": [256, 128, 32], "cluster": [2, 1, 1], "schedule": "ws_cooperative", "scheduler": "persistent"}]'
 run() { timeout 200 .device/fact realize --rule gemm_rcr_bias --dtype f32 --jobs 16 --refine 4 --out /tmp/bt "$@" --agent "$A" 2>&1 | grep -v "^ *$" | tail -6; }
 run --shape 65536x2304x768
 run --shape 65536x3072x768 --epilogue 'leaves=;v1=gelu(v0)'
