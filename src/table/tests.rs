@@ -223,16 +223,14 @@ fn runs_are_compared_by_their_own_torch_time() {
 
 #[test]
 fn an_entry_with_a_spec_this_build_does_not_know_is_named_and_the_table_left_intact() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t.json");
     let mut t = Table::new();
     t.insert_merged(entry(128, 0, 0.5, "H100"));
     t.insert_merged(entry(256, 0, 0.5, "H100"));
-    t.save(&path).unwrap();
     // Another build's epilogue kind in one candidate of the second entry.
-    let mut raw: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut raw = serde_json::to_value(&t).unwrap();
     raw["entries"][1]["runs"][0]["candidates"][0]["spec"]["epilogue"] = "tma_other".into();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
     let text = serde_json::to_string_pretty(&raw).unwrap();
     std::fs::write(&path, &text).unwrap();
     let e = Table::load(&path).unwrap_err().to_string();
