@@ -28,7 +28,7 @@ mod edit;
 mod realize;
 
 pub use edit::{attention_edit, gemm_edit, layernorm_edit};
-use realize::{finish, prefetch};
+use realize::{finish, measure_ahead, prefetch, realize_ahead};
 pub use realize::{realize, refine_candidates, Realized};
 
 pub const LIBRARY: &str = "libfact_ops.so";
@@ -294,6 +294,7 @@ pub fn compose(
         .map(|id| Matched::of_plan_id(id, &matches, &attention, &layernorm).problem())
         .collect();
     prefetch(opts, &tc, &tables, &steward, &problems)?;
+    let mut ahead = measure_ahead(opts, &tc, &tables, &mut steward, &problems)?;
 
     // Realize in the plan's order, so the patterns worth most are tuned first.
     let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
@@ -315,7 +316,15 @@ pub fn compose(
                         problem.shape_key()
                     ),
                 );
-                let mut r = realize(opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
+                let mut r = realize_ahead(
+                    opts,
+                    &tc,
+                    &mut tables,
+                    &mut steward,
+                    &problem,
+                    gpu,
+                    &mut ahead,
+                )?;
                 if let (
                     Matched::Gemm(GemmMatch {
                         epilogue: Some(_), ..

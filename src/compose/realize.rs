@@ -166,6 +166,27 @@ pub fn realize(
     problem: &Problem,
     gpu: bool,
 ) -> Result<Realized, ComposeError> {
+    realize_ahead(
+        opts,
+        tc,
+        tables,
+        steward,
+        problem,
+        gpu,
+        &mut Ahead::default(),
+    )
+}
+
+/// `realize`, taking a GEMM sweep's first round from `ahead` where `measure_ahead` measured it.
+pub(super) fn realize_ahead(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    steward: &mut Steward,
+    problem: &Problem,
+    gpu: bool,
+    ahead: &mut Ahead,
+) -> Result<Realized, ComposeError> {
     let Some(math) = problem.math(opts.precision) else {
         return Ok(Realized::skipped(format!(
             "no kernel family computes {} under precision {}; use --precision tf32",
@@ -174,8 +195,11 @@ pub fn realize(
         )));
     };
     let key = TableKey::of(problem, math, opts.arch);
-    let sweep = |tables: &mut Tables, steward: &mut Steward| match problem {
-        Problem::Gemm(p) => realize_sweep(opts, tc, tables, steward, p, math, key.clone()),
+    let mut sweep = |tables: &mut Tables, steward: &mut Steward| match problem {
+        Problem::Gemm(p) => {
+            let first = ahead.0.remove(&key);
+            realize_sweep(opts, tc, tables, steward, p, math, first)
+        }
         Problem::Attention(_) | Problem::LayerNorm(_) => {
             realize_op_sweep(opts, tc, tables, problem, math, key.clone())
         }
@@ -195,7 +219,6 @@ pub fn realize(
                     tables,
                     problem,
                     math,
-                    &key,
                     &entry.winner_spec,
                     "_reverify",
                 )? {
@@ -229,7 +252,6 @@ pub fn realize(
                 tables,
                 problem,
                 math,
-                &key,
                 &entry.winner_spec,
                 "_bucket",
             )? {
@@ -250,17 +272,16 @@ pub fn realize(
 
 /// Builds and judges a winner from elsewhere on this problem. When it passes, the run goes into
 /// the user table and the entry as it stands there now comes back; None when it failed here.
-#[allow(clippy::too_many_arguments)]
 fn reverify(
     opts: &Options,
     tc: &Toolchain,
     tables: &mut Tables,
     problem: &Problem,
     math: MathType,
-    key: &TableKey,
     winner: &Spec,
     what: &str,
 ) -> Result<Option<(Entry, Vec<CompileFailure>)>, ComposeError> {
+    let key = &TableKey::of(problem, math, opts.arch);
     let dir = sweep_dir(opts, key, what);
     let (run, failures) = measure(opts, tc, problem, math, std::slice::from_ref(winner), &dir)?;
     let Some(fresh) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
@@ -429,27 +450,47 @@ pub(super) fn prefetch(
     Ok(())
 }
 
-fn realize_sweep(
+/// A GEMM sweep's first round: the agent's candidates measured, with what they came from.
+pub(super) struct FirstRound {
+    run: Run,
+    failures: Vec<CompileFailure>,
+    candidates: Vec<KernelSpec>,
+    space: space::Space,
+    seconds: f64,
+}
+
+/// What a GEMM sweep's first round came to: measured, or the sweep's end (no candidates, or no
+/// GPU to tune on, where compiling them is all there is).
+enum Round {
+    Measured(FirstRound),
+    Done(Realized),
+}
+
+/// First rounds measured ahead of their sweeps' turns, by table key (`measure_ahead`).
+#[derive(Default)]
+pub(super) struct Ahead(BTreeMap<TableKey, FirstRound>);
+
+fn first_round(
     opts: &Options,
     tc: &Toolchain,
-    tables: &mut Tables,
+    tables: &Tables,
     steward: &mut Steward,
     problem: &GemmProblem,
     math: MathType,
-    key: TableKey,
-) -> Result<Realized, ComposeError> {
+    key: &TableKey,
+) -> Result<Round, ComposeError> {
     let SweepCandidates {
         kernels: candidates,
         space,
         failed_before,
-    } = match sweep_candidates(opts, tc, tables, steward, problem, math, &key)? {
+    } = match sweep_candidates(opts, tc, tables, steward, problem, math, key)? {
         Ok(c) => c,
-        Err(reason) => return Ok(Realized::skipped(reason)),
+        Err(reason) => return Ok(Round::Done(Realized::skipped(reason))),
     };
-    let dir = sweep_dir(opts, &key, "");
+    let dir = sweep_dir(opts, key, "");
     let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
     if !tunes_here(opts.arch, Device::detect().as_ref()) {
-        return compile_only(opts, tc, &specs(&candidates), &dir);
+        return compile_only(opts, tc, &specs(&candidates), &dir).map(Round::Done);
     }
     let started = std::time::Instant::now();
     let gemm = Problem::Gemm(problem.clone());
@@ -474,12 +515,124 @@ fn realize_sweep(
                 &gemm,
                 math,
                 &specs(&retry),
-                &sweep_dir(opts, &key, "_retry"),
+                &sweep_dir(opts, key, "_retry"),
             )?;
             run.candidates.extend(again.candidates);
             failures.extend(more);
         }
     }
+    Ok(Round::Measured(FirstRound {
+        run,
+        failures,
+        candidates,
+        space,
+        seconds: started.elapsed().as_secs_f64(),
+    }))
+}
+
+/// The cluster round's kernels of a first round (CUTLASS's other cluster shapes of its fastest
+/// tile and schedule pairs).
+fn cluster_round(opts: &Options, run: &Run, problem: &GemmProblem) -> Vec<KernelSpec> {
+    refine_clusters(run, problem, opts.refine.min(CLUSTER_ROUND_TOP))
+}
+
+/// The GEMM problems of `problems` the tables miss (so each is a sweep), each once, in order.
+fn gemm_sweeps<'a>(
+    tables: &Tables,
+    problems: &'a [Problem],
+    precision: Precision,
+    arch: Arch,
+) -> Vec<(&'a GemmProblem, MathType, TableKey)> {
+    let mut seen = BTreeSet::new();
+    problems
+        .iter()
+        .filter_map(|problem| {
+            let Problem::Gemm(p) = problem else {
+                return None;
+            };
+            let math = problem.math(precision)?;
+            let key = TableKey::of(problem, math, arch);
+            (matches!(tables.lookup(&key, problem), Lookup::Miss) && seen.insert(key.clone()))
+                .then_some((p, math, key))
+        })
+        .collect()
+}
+
+/// Measures the first round of every GEMM sweep the tables miss, in the plan's order, then
+/// compiles all their cluster rounds in one nvcc batch into the object cache: on the H100
+/// machine (16 cores) 48 sm90 units built in 88 s where 12 took 64, so one batch spares each
+/// sweep after the first most of a round. The sweeps then take their first rounds from what
+/// this returns. Only the built-in agent's proposals may be asked for ahead of their turn (as in
+/// `prefetch`); without a GPU that tunes there is nothing to measure. Compile failures are left
+/// to the sweeps to report. The first rounds live in memory until their sweeps record them: a
+/// crash before then costs their measurement again (their objects are cached), no table write.
+/// Rules learned from one sweep's failures now reach the next sweep's cluster round, not its
+/// first round.
+pub(super) fn measure_ahead(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &Tables,
+    steward: &mut Steward,
+    problems: &[Problem],
+) -> Result<Ahead, ComposeError> {
+    let mut ahead = Ahead::default();
+    if !steward.is_builtin() || !tunes_here(opts.arch, Device::detect().as_ref()) {
+        return Ok(ahead);
+    }
+    let sweeps = gemm_sweeps(tables, problems, opts.precision, opts.arch);
+    if sweeps.len() < 2 {
+        return Ok(ahead);
+    }
+    nvcc::progress_line(opts.progress, format_args!("measuring ahead: the first rounds of {} GEMM sweeps, then their cluster rounds compile together", sweeps.len()));
+    let mut specs: Vec<Spec> = Vec::new();
+    for (p, math, key) in sweeps {
+        if let Round::Measured(first) = first_round(opts, tc, tables, steward, p, math, &key)? {
+            specs.extend(
+                cluster_round(opts, &first.run, p)
+                    .into_iter()
+                    .map(Spec::from),
+            );
+            ahead.0.insert(key, first);
+        }
+    }
+    let mut seen = BTreeSet::new();
+    specs.retain(|s| seen.insert(s.kernel_name()));
+    if !specs.is_empty() {
+        let dir = opts.out_dir.join("sweeps").join("clusters_ahead");
+        nvcc::compile_objects(tc, &specs, &opts.build(&dir)).map_err(ComposeError::from)?;
+    }
+    Ok(ahead)
+}
+
+/// A GEMM sweep: its first round (measured here or ahead), the cluster and knob rounds, recorded.
+fn realize_sweep(
+    opts: &Options,
+    tc: &Toolchain,
+    tables: &mut Tables,
+    steward: &mut Steward,
+    problem: &GemmProblem,
+    math: MathType,
+    first: Option<FirstRound>,
+) -> Result<Realized, ComposeError> {
+    let gemm = Problem::Gemm(problem.clone());
+    let key = TableKey::of(&gemm, math, opts.arch);
+    let first = match first {
+        Some(f) => f,
+        None => match first_round(opts, tc, tables, steward, problem, math, &key)? {
+            Round::Measured(f) => f,
+            Round::Done(r) => return Ok(r),
+        },
+    };
+    let FirstRound {
+        mut run,
+        mut failures,
+        candidates,
+        space,
+        seconds: first_seconds,
+    } = first;
+    let dir = sweep_dir(opts, &key, "");
+    let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
+    let started = std::time::Instant::now();
     // Two more rounds over what the first measured, each adding to the run.
     let mut extend = |run: &mut Run, variants: Vec<KernelSpec>, suffix: &str| {
         if variants.is_empty() {
@@ -499,13 +652,13 @@ fn realize_sweep(
     };
     // CUTLASS's other cluster shapes of the fastest tile and schedule pairs: one more nvcc
     // round, in parallel.
-    let clusters = refine_clusters(&run, problem, opts.refine.min(CLUSTER_ROUND_TOP));
+    let clusters = cluster_round(opts, &run, problem);
     extend(&mut run, clusters, "_clusters")?;
     // Launch knobs (raster, swizzle, K splits) of the fastest kernels: new variants of objects
     // already compiled, so this costs a dispatch index and a link, not nvcc time.
     let knobs = refine_candidates(&run, problem, opts.refine);
     extend(&mut run, knobs, "_knobs")?;
-    let seconds = started.elapsed().as_secs_f64();
+    let seconds = first_seconds + started.elapsed().as_secs_f64();
     let learned = tables.learn(&key, &run)?;
     // Every candidate with its status, what was pruned before nvcc and why, next to the sweep's
     // sources.
@@ -740,6 +893,45 @@ mod tests {
             baseline: None,
             candidates,
         }
+    }
+
+    #[test]
+    fn sweeps_measured_ahead_are_the_gemm_misses_each_once_in_order() {
+        let a = problem();
+        let b = GemmProblem {
+            n: 2304,
+            ..a.clone()
+        };
+        let c = GemmProblem {
+            k: 3072,
+            ..a.clone()
+        };
+        let math = MathType::Tf32;
+        // b has a winner in the user table: a hit, no sweep.
+        let kb = gemm_candidates(&b, math, Arch::Sm90)[0].clone();
+        let hit = Problem::Gemm(b.clone());
+        let entry = Entry::from_runs(
+            TableKey::of(&hit, math, Arch::Sm90),
+            hit.clone(),
+            vec![run(vec![timed(&kb, 0.5)])],
+        )
+        .unwrap();
+        let mut tables = Tables {
+            user_path: PathBuf::from("/nonexistent/user.json"),
+            user: crate::table::Table::new(),
+            shipped: crate::table::Table::new(),
+        };
+        tables.user.insert_merged(entry);
+        let problems = [
+            Problem::Gemm(c.clone()),
+            hit,
+            Problem::Gemm(a.clone()),
+            Problem::Gemm(c.clone()),
+        ];
+        let sweeps = gemm_sweeps(&tables, &problems, Precision::Tf32, Arch::Sm90);
+        let shapes: Vec<String> = sweeps.iter().map(|(_, _, k)| k.shape.clone()).collect();
+        assert_eq!(shapes, [c.shape_key(), a.shape_key()]);
+        assert!(sweeps.iter().all(|(_, m, _)| *m == math));
     }
 
     #[test]
