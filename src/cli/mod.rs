@@ -411,7 +411,15 @@ pub fn main() -> Result<()> {
             }
             let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
             let mut steward = opts.steward();
-            let r = compose::realize(&opts, &tc, &mut tables, &mut steward, &problem, gpu)?;
+            let r = compose::realize(
+                &opts,
+                &tc,
+                &mut tables,
+                &mut steward,
+                &problem,
+                gpu,
+                &mut compose::Ahead::default(),
+            )?;
             for n in &steward.notes {
                 eprintln!("agent: {n}");
             }

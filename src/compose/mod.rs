@@ -28,8 +28,8 @@ mod edit;
 mod realize;
 
 pub use edit::{attention_edit, gemm_edit, layernorm_edit};
-use realize::{finish, measure_ahead, prefetch, realize_ahead};
-pub use realize::{realize, refine_candidates, Realized};
+use realize::{finish, measure_ahead, prefetch};
+pub use realize::{realize, refine_candidates, Ahead, Realized};
 
 pub const LIBRARY: &str = "libfact_ops.so";
 pub const COMPOSED: &str = "composed.pt";
@@ -316,7 +316,7 @@ pub fn compose(
                         problem.shape_key()
                     ),
                 );
-                let mut r = realize_ahead(
+                let mut r = realize(
                     opts,
                     &tc,
                     &mut tables,

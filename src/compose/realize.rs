@@ -156,29 +156,10 @@ fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
 }
 
 /// Realizes one problem of any kind: a table hit (re-verified where it was measured elsewhere), a
-/// bucket hit re-verified on this shape, or a full sweep. Every new measurement goes into the user
-/// table at once, so a later failure loses no tuning result.
+/// bucket hit re-verified on this shape, or a full sweep, taking a GEMM sweep's first round from
+/// `ahead` where `measure_ahead` measured it. Every new measurement goes into the user table at
+/// once, so a later failure loses no tuning result.
 pub fn realize(
-    opts: &Options,
-    tc: &Toolchain,
-    tables: &mut Tables,
-    steward: &mut Steward,
-    problem: &Problem,
-    gpu: bool,
-) -> Result<Realized, ComposeError> {
-    realize_ahead(
-        opts,
-        tc,
-        tables,
-        steward,
-        problem,
-        gpu,
-        &mut Ahead::default(),
-    )
-}
-
-/// `realize`, taking a GEMM sweep's first round from `ahead` where `measure_ahead` measured it.
-pub(super) fn realize_ahead(
     opts: &Options,
     tc: &Toolchain,
     tables: &mut Tables,
@@ -466,9 +447,10 @@ enum Round {
     Done(Realized),
 }
 
-/// First rounds measured ahead of their sweeps' turns, by table key (`measure_ahead`).
+/// First rounds measured ahead of their sweeps' turns, by table key (`measure_ahead`); empty
+/// where a problem is realized on its own.
 #[derive(Default)]
-pub(super) struct Ahead(BTreeMap<TableKey, FirstRound>);
+pub struct Ahead(BTreeMap<TableKey, FirstRound>);
 
 fn first_round(
     opts: &Options,
