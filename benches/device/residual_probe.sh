@@ -13,7 +13,7 @@ set -u
 shape=${SHAPE:-65536x768x3072}; dtype=${DTYPE:-f32}; epi=${EPI:-leaves=full;v1=add(v0,l0)}
 A="python3 $PWD/benches/device/probe_agent.py"
 export FACT_SHIPPED_TABLE=/tmp/probe_no_shipped.json
-realize() { # NAME BIN PROBE [extra env]
+realize() { # NAME BINARY PROBE_JSON
   FACT_PROBE="$3" FACT_CACHE_DIR=/tmp/probe-cache-$1 FACT_TABLE=$OUT/probe_table_$1.json \
     $2 realize --rule gemm_rcr_bias --dtype $dtype --shape $shape --epilogue "$epi" --precision tf32 \
     --jobs 16 --candidates 20 --refine 0 --agent "$A" --out /tmp/probe_$1
@@ -31,6 +31,6 @@ for e in d["entries"]:
         base = (r.get("baseline") or {}).get("median_ms")
         for c in sorted(r["candidates"], key=lambda c: (c.get("timing") or {}).get("median_ms") or 99):
             t = (c.get("timing") or {}).get("median_ms")
-            print(f"{sys.argv[2]:>10} {t if t is None else round(t, 4)} torch {base:.4f} {c.get('status')} {c['kernel']}")
+            print(f"{sys.argv[2]:>10} {t if t is None else round(t, 4)} torch {base if base is None else round(base, 4)} {c.get('status')} {c['kernel']}")
 PY
 done

@@ -294,7 +294,7 @@ pub fn compose(
         .map(|id| Matched::of_plan_id(id, &matches, &attention, &layernorm).problem())
         .collect();
     prefetch(opts, &tc, &tables, &steward, &problems)?;
-    let mut ahead = measure_ahead(opts, &tc, &tables, &mut steward, &problems)?;
+    let mut ahead = measure_ahead(opts, &tc, &tables, &mut steward, &problems, gpu)?;
 
     // Realize in the plan's order, so the patterns worth most are tuned first.
     let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();

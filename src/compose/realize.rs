@@ -545,7 +545,7 @@ fn gemm_sweeps<'a>(
 /// machine (16 cores) 48 sm90 units built in 88 s where 12 took 64, so one batch spares each
 /// sweep after the first most of a round. The sweeps then take their first rounds from what
 /// this returns. Only the built-in agent's proposals may be asked for ahead of their turn (as in
-/// `prefetch`); without a GPU that tunes there is nothing to measure. Compile failures are left
+/// `prefetch`); without a GPU that tunes (`gpu`, as compose found it) there is nothing to measure. Compile failures are left
 /// to the sweeps to report. The first rounds live in memory until their sweeps record them: a
 /// crash before then costs their measurement again (their objects are cached), no table write.
 /// Rules learned from one sweep's failures now reach the next sweep's cluster round, not its
@@ -556,9 +556,10 @@ pub(super) fn measure_ahead(
     tables: &Tables,
     steward: &mut Steward,
     problems: &[Problem],
+    gpu: bool,
 ) -> Result<Ahead, ComposeError> {
     let mut ahead = Ahead::default();
-    if !steward.is_builtin() || !tunes_here(opts.arch, Device::detect().as_ref()) {
+    if !steward.is_builtin() || !gpu {
         return Ok(ahead);
     }
     let sweeps = gemm_sweeps(tables, problems, opts.precision, opts.arch);
