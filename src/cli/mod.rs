@@ -411,13 +411,16 @@ pub fn main() -> Result<()> {
             }
             let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
             let mut steward = opts.steward();
+            let cx = compose::RealizeCtx {
+                opts: &opts,
+                tc: &tc,
+                gpu,
+            };
             let r = compose::realize(
-                &opts,
-                &tc,
+                cx,
                 &mut tables,
                 &mut steward,
                 &problem,
-                gpu,
                 &mut compose::Ahead::default(),
             )?;
             for n in &steward.notes {

@@ -29,7 +29,7 @@ mod realize;
 
 pub use edit::{attention_edit, gemm_edit, layernorm_edit};
 use realize::{finish, measure_ahead, prefetch};
-pub use realize::{realize, refine_candidates, Ahead, Realized};
+pub use realize::{realize, refine_candidates, Ahead, RealizeCtx, Realized};
 
 pub const LIBRARY: &str = "libfact_ops.so";
 pub const COMPOSED: &str = "composed.pt";
@@ -293,8 +293,9 @@ pub fn compose(
         .iter()
         .map(|id| Matched::of_plan_id(id, &matches, &attention, &layernorm).problem())
         .collect();
-    prefetch(opts, &tc, &tables, &steward, &problems)?;
-    let mut ahead = measure_ahead(opts, &tc, &tables, &mut steward, &problems, gpu)?;
+    let cx = RealizeCtx { opts, tc: &tc, gpu };
+    prefetch(cx, &tables, &steward, &problems)?;
+    let mut ahead = measure_ahead(cx, &tables, &mut steward, &problems)?;
 
     // Realize in the plan's order, so the patterns worth most are tuned first.
     let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
@@ -316,15 +317,7 @@ pub fn compose(
                         problem.shape_key()
                     ),
                 );
-                let mut r = realize(
-                    opts,
-                    &tc,
-                    &mut tables,
-                    &mut steward,
-                    &problem,
-                    gpu,
-                    &mut ahead,
-                )?;
+                let mut r = realize(cx, &mut tables, &mut steward, &problem, &mut ahead)?;
                 if let (
                     Matched::Gemm(GemmMatch {
                         epilogue: Some(_), ..

@@ -5,6 +5,16 @@
 
 use super::*;
 
+/// What every realization of one command shares: its options, the toolchain, and whether a GPU
+/// here tunes for the options' arch (`tunes_here`, found once by the caller, so that every sweep
+/// agrees with it).
+#[derive(Clone, Copy)]
+pub struct RealizeCtx<'a> {
+    pub opts: &'a Options,
+    pub tc: &'a Toolchain,
+    pub gpu: bool,
+}
+
 /// Kernel names that failed to build or run (not numerics, which depend on the shape) in any
 /// run the tables remember, for the arch and dtype of `key`.
 fn failed_kernels(tables: &Tables, key: &TableKey) -> BTreeSet<String> {
@@ -50,13 +60,13 @@ fn provenance(tc: &Toolchain) -> Provenance {
 /// Compiles `candidates` into one library and judges every one on the GPU in child processes.
 /// Returns the run (all outcomes, compile failures included) and the compile failures.
 fn measure(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     problem: &Problem,
     math: MathType,
     candidates: &[Spec],
     dir: &Path,
 ) -> Result<(Run, Vec<CompileFailure>), ComposeError> {
+    let RealizeCtx { opts, tc, .. } = cx;
     let key = TableKey::of(problem, math, opts.arch);
     let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
     let bar = if opts.progress {
@@ -160,14 +170,13 @@ fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
 /// `ahead` where `measure_ahead` measured it. Every new measurement goes into the user table at
 /// once, so a later failure loses no tuning result.
 pub fn realize(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     tables: &mut Tables,
     steward: &mut Steward,
     problem: &Problem,
-    gpu: bool,
     ahead: &mut Ahead,
 ) -> Result<Realized, ComposeError> {
+    let RealizeCtx { opts, tc, .. } = cx;
     let Some(math) = problem.math(opts.precision) else {
         return Ok(Realized::skipped(format!(
             "no kernel family computes {} under precision {}; use --precision tf32",
@@ -179,13 +188,13 @@ pub fn realize(
     let mut sweep = |tables: &mut Tables, steward: &mut Steward| match problem {
         Problem::Gemm(p) => {
             let first = ahead.0.remove(&key);
-            realize_sweep(opts, tc, tables, steward, p, math, first)
+            realize_sweep(cx, tables, steward, p, math, first)
         }
         Problem::Attention(_) | Problem::LayerNorm(_) => {
-            realize_op_sweep(opts, tc, tables, problem, math, key.clone())
+            realize_op_sweep(cx, tables, problem, math, key.clone())
         }
     };
-    let here = if gpu { Some(provenance(tc)) } else { None };
+    let here = if cx.gpu { Some(provenance(tc)) } else { None };
     match tables.lookup(&key, problem) {
         Lookup::Exact { entry, table } => {
             let prov = entry.winner_provenance();
@@ -194,15 +203,7 @@ pub fn realize(
                 .filter(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
                 .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass));
             if let Some(on) = elsewhere {
-                return match reverify(
-                    opts,
-                    tc,
-                    tables,
-                    problem,
-                    math,
-                    &entry.winner_spec,
-                    "_reverify",
-                )? {
+                return match reverify(cx, tables, problem, math, &entry.winner_spec, "_reverify")? {
                     Some((entry, failures)) => Ok(Realized {
                         how: Realization::Hit {
                             table: table.into(),
@@ -226,16 +227,8 @@ pub fn realize(
                 failures: vec![],
             })
         }
-        Lookup::Bucket { entry, table } if gpu => {
-            match reverify(
-                opts,
-                tc,
-                tables,
-                problem,
-                math,
-                &entry.winner_spec,
-                "_bucket",
-            )? {
+        Lookup::Bucket { entry, table } if cx.gpu => {
+            match reverify(cx, tables, problem, math, &entry.winner_spec, "_bucket")? {
                 Some((fresh, failures)) => Ok(Realized {
                     how: Realization::Bucket {
                         table: table.into(),
@@ -254,17 +247,17 @@ pub fn realize(
 /// Builds and judges a winner from elsewhere on this problem. When it passes, the run goes into
 /// the user table and the entry as it stands there now comes back; None when it failed here.
 fn reverify(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     tables: &mut Tables,
     problem: &Problem,
     math: MathType,
     winner: &Spec,
     what: &str,
 ) -> Result<Option<(Entry, Vec<CompileFailure>)>, ComposeError> {
+    let opts = cx.opts;
     let key = &TableKey::of(problem, math, opts.arch);
     let dir = sweep_dir(opts, key, what);
-    let (run, failures) = measure(opts, tc, problem, math, std::slice::from_ref(winner), &dir)?;
+    let (run, failures) = measure(cx, problem, math, std::slice::from_ref(winner), &dir)?;
     let Some(fresh) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
         return Ok(None);
     };
@@ -283,14 +276,14 @@ struct SweepCandidates {
 /// The kernels a GEMM sweep compiles first: the derived space (less what the tables learned to
 /// fail), as the agent proposes it, capped at the budget; or why there are none.
 fn sweep_candidates(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     tables: &Tables,
     steward: &mut Steward,
     problem: &GemmProblem,
     math: MathType,
     key: &TableKey,
 ) -> Result<Result<SweepCandidates, String>, ComposeError> {
+    let RealizeCtx { opts, tc, .. } = cx;
     let failed_before = failed_kernels(tables, key);
     let cutlass = tc.cutlass_version();
     let (kb, kb_note) = Knowledge::for_cutlass(&cutlass).map_err(|detail| ComposeError::Tune {
@@ -390,12 +383,12 @@ fn op_sweep_candidates(
 /// advance; an external agent's sweeps compile as they come. Failures are left to the sweeps to
 /// report.
 pub(super) fn prefetch(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     tables: &Tables,
     steward: &Steward,
     problems: &[Problem],
 ) -> Result<(), ComposeError> {
+    let opts = cx.opts;
     if !steward.is_builtin() {
         return Ok(());
     }
@@ -411,7 +404,7 @@ pub(super) fn prefetch(
             continue;
         }
         let found = match problem {
-            Problem::Gemm(p) => sweep_candidates(opts, tc, tables, &mut builtin, p, math, &key)?
+            Problem::Gemm(p) => sweep_candidates(cx, tables, &mut builtin, p, math, &key)?
                 .map(|c| c.kernels.into_iter().map(Spec::from).collect()),
             Problem::Attention(_) | Problem::LayerNorm(_) => {
                 op_sweep_candidates(opts, problem, math)
@@ -420,14 +413,32 @@ pub(super) fn prefetch(
         missed += 1;
         specs.extend(found.unwrap_or_default());
     }
+    let line = format!(
+        "prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss"
+    );
+    compile_ahead(cx, specs, "prefetch", 2, Some(&line))
+}
+
+/// Compiles `specs`, each kernel once, into the object cache in one nvcc batch under
+/// sweeps/`folder`, saying `line` first; nothing when fewer than `at_least` kernels remain.
+/// Failures are left to the sweeps that meet them to report.
+fn compile_ahead(
+    cx: RealizeCtx,
+    mut specs: Vec<Spec>,
+    folder: &str,
+    at_least: usize,
+    line: Option<&str>,
+) -> Result<(), ComposeError> {
     let mut seen = BTreeSet::new();
     specs.retain(|s| seen.insert(s.kernel_name()));
-    if specs.len() < 2 {
+    if specs.is_empty() || specs.len() < at_least {
         return Ok(());
     }
-    nvcc::progress_line(opts.progress, format_args!("prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss"));
-    let dir = opts.out_dir.join("sweeps").join("prefetch");
-    nvcc::compile_objects(tc, &specs, &opts.build(&dir)).map_err(ComposeError::from)?;
+    if let Some(line) = line {
+        nvcc::progress_line(cx.opts.progress, format_args!("{line}"));
+    }
+    let dir = cx.opts.out_dir.join("sweeps").join(folder);
+    nvcc::compile_objects(cx.tc, &specs, &cx.opts.build(&dir)).map_err(ComposeError::from)?;
     Ok(())
 }
 
@@ -453,30 +464,30 @@ enum Round {
 pub struct Ahead(BTreeMap<TableKey, FirstRound>);
 
 fn first_round(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     tables: &Tables,
     steward: &mut Steward,
     problem: &GemmProblem,
     math: MathType,
     key: &TableKey,
 ) -> Result<Round, ComposeError> {
+    let opts = cx.opts;
     let SweepCandidates {
         kernels: candidates,
         space,
         failed_before,
-    } = match sweep_candidates(opts, tc, tables, steward, problem, math, key)? {
+    } = match sweep_candidates(cx, tables, steward, problem, math, key)? {
         Ok(c) => c,
         Err(reason) => return Ok(Round::Done(Realized::skipped(reason))),
     };
     let dir = sweep_dir(opts, key, "");
     let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
-    if !tunes_here(opts.arch, Device::detect().as_ref()) {
-        return compile_only(opts, tc, &specs(&candidates), &dir).map(Round::Done);
+    if !cx.gpu {
+        return compile_only(cx, &specs(&candidates), &dir).map(Round::Done);
     }
     let started = std::time::Instant::now();
     let gemm = Problem::Gemm(problem.clone());
-    let (mut run, mut failures) = measure(opts, tc, &gemm, math, &specs(&candidates), &dir)?;
+    let (mut run, mut failures) = measure(cx, &gemm, math, &specs(&candidates), &dir)?;
     if run
         .candidates
         .iter()
@@ -492,8 +503,7 @@ fn first_round(
         avoid.extend(seen.iter().map(|(k, _)| k.clone()));
         if let Some(retry) = steward.after_failure(problem, math, opts.arch, &seen, &avoid) {
             let (again, more) = measure(
-                opts,
-                tc,
+                cx,
                 &gemm,
                 math,
                 &specs(&retry),
@@ -545,21 +555,20 @@ fn gemm_sweeps<'a>(
 /// machine (16 cores) 48 sm90 units built in 88 s where 12 took 64, so one batch spares each
 /// sweep after the first most of a round. The sweeps then take their first rounds from what
 /// this returns. Only the built-in agent's proposals may be asked for ahead of their turn (as in
-/// `prefetch`); without a GPU that tunes (`gpu`, as compose found it) there is nothing to measure. Compile failures are left
-/// to the sweeps to report. The first rounds live in memory until their sweeps record them: a
+/// `prefetch`); without a GPU that tunes (`cx.gpu`) there is nothing to measure. Compile
+/// failures are left to the sweeps to report. The first rounds live in memory until their sweeps record them: a
 /// crash before then costs their measurement again (their objects are cached), no table write.
 /// Rules learned from one sweep's failures now reach the next sweep's cluster round, not its
 /// first round.
 pub(super) fn measure_ahead(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     tables: &Tables,
     steward: &mut Steward,
     problems: &[Problem],
-    gpu: bool,
 ) -> Result<Ahead, ComposeError> {
+    let opts = cx.opts;
     let mut ahead = Ahead::default();
-    if !steward.is_builtin() || !gpu {
+    if !steward.is_builtin() || !cx.gpu {
         return Ok(ahead);
     }
     let sweeps = gemm_sweeps(tables, problems, opts.precision, opts.arch);
@@ -569,7 +578,7 @@ pub(super) fn measure_ahead(
     nvcc::progress_line(opts.progress, format_args!("measuring ahead: the first rounds of {} GEMM sweeps, then their cluster rounds compile together", sweeps.len()));
     let mut specs: Vec<Spec> = Vec::new();
     for (p, math, key) in sweeps {
-        if let Round::Measured(first) = first_round(opts, tc, tables, steward, p, math, &key)? {
+        if let Round::Measured(first) = first_round(cx, tables, steward, p, math, &key)? {
             specs.extend(
                 cluster_round(opts, &first.run, p)
                     .into_iter()
@@ -578,30 +587,25 @@ pub(super) fn measure_ahead(
             ahead.0.insert(key, first);
         }
     }
-    let mut seen = BTreeSet::new();
-    specs.retain(|s| seen.insert(s.kernel_name()));
-    if !specs.is_empty() {
-        let dir = opts.out_dir.join("sweeps").join("clusters_ahead");
-        nvcc::compile_objects(tc, &specs, &opts.build(&dir)).map_err(ComposeError::from)?;
-    }
+    compile_ahead(cx, specs, "clusters_ahead", 1, None)?;
     Ok(ahead)
 }
 
 /// A GEMM sweep: its first round (measured here or ahead), the cluster and knob rounds, recorded.
 fn realize_sweep(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     tables: &mut Tables,
     steward: &mut Steward,
     problem: &GemmProblem,
     math: MathType,
     first: Option<FirstRound>,
 ) -> Result<Realized, ComposeError> {
+    let opts = cx.opts;
     let gemm = Problem::Gemm(problem.clone());
     let key = TableKey::of(&gemm, math, opts.arch);
     let first = match first {
         Some(f) => f,
-        None => match first_round(opts, tc, tables, steward, problem, math, &key)? {
+        None => match first_round(cx, tables, steward, problem, math, &key)? {
             Round::Measured(f) => f,
             Round::Done(r) => return Ok(r),
         },
@@ -622,8 +626,7 @@ fn realize_sweep(
             return Ok(());
         }
         let (more, fails) = measure(
-            opts,
-            tc,
+            cx,
             &gemm,
             math,
             &specs(&variants),
@@ -661,12 +664,8 @@ fn realize_sweep(
 }
 
 /// Without a GPU that runs them a sweep ends once its candidates are compiled.
-fn compile_only(
-    opts: &Options,
-    tc: &Toolchain,
-    candidates: &[Spec],
-    dir: &Path,
-) -> Result<Realized, ComposeError> {
+fn compile_only(cx: RealizeCtx, candidates: &[Spec], dir: &Path) -> Result<Realized, ComposeError> {
+    let RealizeCtx { opts, tc, .. } = cx;
     let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
     Ok(Realized {
         how: Realization::Compiled {
@@ -729,23 +728,23 @@ fn record_sweep(
 /// CUTLASS's fused attention that take the head dim, space::attention; the LayerNorm knobs for
 /// its C, space::layernorm), compiled into one library and judged like GEMM candidates.
 fn realize_op_sweep(
-    opts: &Options,
-    tc: &Toolchain,
+    cx: RealizeCtx,
     tables: &mut Tables,
     problem: &Problem,
     math: MathType,
     key: TableKey,
 ) -> Result<Realized, ComposeError> {
+    let opts = cx.opts;
     let candidates = match op_sweep_candidates(opts, problem, math) {
         Ok(c) => c,
         Err(reason) => return Ok(Realized::skipped(reason)),
     };
     let dir = sweep_dir(opts, &key, "");
-    if !tunes_here(opts.arch, Device::detect().as_ref()) {
-        return compile_only(opts, tc, &candidates, &dir);
+    if !cx.gpu {
+        return compile_only(cx, &candidates, &dir);
     }
     let started = std::time::Instant::now();
-    let (run, failures) = measure(opts, tc, problem, math, &candidates, &dir)?;
+    let (run, failures) = measure(cx, problem, math, &candidates, &dir)?;
     let record = serde_json::json!({ "key": key, "problem": problem, "compile_and_tune_s": started.elapsed().as_secs_f64(), "run": run });
     let _ = std::fs::write(
         dir.join("sweep.json"),
