@@ -442,6 +442,11 @@ fn compile_ahead(
     Ok(())
 }
 
+/// GEMM kernels as the specs a build and a run take.
+fn specs(ks: &[KernelSpec]) -> Vec<Spec> {
+    ks.iter().cloned().map(Spec::from).collect()
+}
+
 /// A GEMM sweep's first round: the agent's candidates measured, with what they came from.
 pub(super) struct FirstRound {
     run: Run,
@@ -481,7 +486,6 @@ fn first_round(
         Err(reason) => return Ok(Round::Done(Realized::skipped(reason))),
     };
     let dir = sweep_dir(opts, key, "");
-    let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
     if !cx.gpu {
         return compile_only(cx, &specs(&candidates), &dir).map(Round::Done);
     }
@@ -556,8 +560,9 @@ fn gemm_sweeps<'a>(
 /// sweep after the first most of a round. The sweeps then take their first rounds from what
 /// this returns. Only the built-in agent's proposals may be asked for ahead of their turn (as in
 /// `prefetch`); without a GPU that tunes (`cx.gpu`) there is nothing to measure. Compile
-/// failures are left to the sweeps to report. The first rounds live in memory until their sweeps record them: a
-/// crash before then costs their measurement again (their objects are cached), no table write.
+/// failures are left to the sweeps to report. The first rounds live in memory until their
+/// sweeps record them: a crash before then costs their measurement again (their objects are
+/// cached), no table write.
 /// Rules learned from one sweep's failures now reach the next sweep's cluster round, not its
 /// first round.
 pub(super) fn measure_ahead(
@@ -618,7 +623,6 @@ fn realize_sweep(
         seconds: first_seconds,
     } = first;
     let dir = sweep_dir(opts, &key, "");
-    let specs = |ks: &[KernelSpec]| -> Vec<Spec> { ks.iter().cloned().map(Spec::from).collect() };
     let started = std::time::Instant::now();
     // Two more rounds over what the first measured, each adding to the run.
     let mut extend = |run: &mut Run, variants: Vec<KernelSpec>, suffix: &str| {
