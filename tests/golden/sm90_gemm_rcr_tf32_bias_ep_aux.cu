@@ -208,6 +208,40 @@ int sm_count() {
   return count;
 }
 
+// How many of this kernel's clusters the device runs at once. Without it CUTLASS's persistent
+// scheduler assumes 18 SMs in every GPC and launches 116 CTAs of 2x2 clusters on the H100's 132 SMs,
+// where cudaOccupancyMaxActiveClusters finds room for 30 clusters (120 CTAs). 0 (the query failed)
+// leaves CUTLASS's own estimate.
+int max_active_clusters() {
+  static int count = [] {
+    auto* kernel = cutlass::device_kernel<GemmKernel>;
+    int smem = static_cast<int>(GemmKernel::SharedStorageSize);
+    if (smem >= (48 << 10) &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = cute::size<0>(ClusterShape{});
+    cluster.val.clusterDim.y = cute::size<1>(ClusterShape{});
+    cluster.val.clusterDim.z = cute::size<2>(ClusterShape{});
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(cluster.val.clusterDim.x, cluster.val.clusterDim.y, cluster.val.clusterDim.z);
+    config.blockDim = dim3(GemmKernel::MaxThreadsPerBlock, 1, 1);
+    config.dynamicSmemBytes = smem;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
 // The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
 // `k` of K from operands packed with `k_packed` of it (k < k_packed runs on a K-slice).
 typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void* b, float beta, int k,
@@ -220,6 +254,7 @@ typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void
   cutlass::KernelHardwareInfo hw;
   cudaGetDevice(&hw.device_id);
   hw.sm_count = sm_count();
+  hw.max_active_clusters = max_active_clusters();
   typename Gemm::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {M, N, K, L},
