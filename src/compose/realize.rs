@@ -166,9 +166,9 @@ fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
 }
 
 /// Realizes one problem of any kind: a table hit (re-verified where it was measured elsewhere), a
-/// bucket hit re-verified on this shape, or a full sweep, taking a GEMM sweep's first round from
-/// `ahead` where `measure_ahead` measured it. Every new measurement goes into the user table at
-/// once, so a later failure loses no tuning result.
+/// bucket hit re-verified on this shape (and swept after all where it loses to torch), or a full
+/// sweep, taking a GEMM sweep's first round from `ahead` where `measure_ahead` measured it. Every
+/// new measurement goes into the user table at once, so a later failure loses no tuning result.
 pub fn realize(
     cx: RealizeCtx,
     tables: &mut Tables,
@@ -229,6 +229,23 @@ pub fn realize(
         }
         Lookup::Bucket { entry, table } if cx.gpu => {
             match reverify(cx, tables, problem, math, &entry.winner_spec, "_bucket")? {
+                // A neighbour's launch knobs can cost another shape 10% (on the H100, tf32
+                // 65536x3072x768's swizzle 2 ran 65536x2304x768 at 0.89x torch where its own
+                // sweep's winner ran 0.98x): a bucket winner that loses here earns the shape a
+                // sweep of its own, which merges with this run.
+                Some((fresh, _)) if fresh.loses_to_torch() => {
+                    nvcc::progress_line(
+                        opts.progress,
+                        format_args!(
+                            "{key}: {} from bucket neighbour {} ran {:.4} ms against torch's {:.4}; sweeping this shape",
+                            fresh.winner,
+                            entry.key.shape,
+                            fresh.winner_ms,
+                            fresh.baseline_ms().unwrap_or(f64::NAN)
+                        ),
+                    );
+                    sweep(tables, steward)
+                }
                 Some((fresh, failures)) => Ok(Realized {
                     how: Realization::Bucket {
                         table: table.into(),
@@ -820,7 +837,7 @@ pub(super) fn finish(opts: &Options, r: &mut Realized) {
     if let Some(e) = r
         .entry
         .as_ref()
-        .filter(|e| !opts.keep_slower && e.baseline_ms().is_some_and(|b| b < e.winner_ms))
+        .filter(|e| !opts.keep_slower && e.loses_to_torch())
     {
         r.how = Realization::Skipped {
             reason: format!(

@@ -243,6 +243,11 @@ impl Entry {
             .as_ref()
             .map(|b| b.median_ms)
     }
+
+    /// Whether torch ran faster than the winner in the winner's own run.
+    pub fn loses_to_torch(&self) -> bool {
+        self.baseline_ms().is_some_and(|b| b < self.winner_ms)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -222,6 +222,20 @@ fn runs_are_compared_by_their_own_torch_time() {
 }
 
 #[test]
+fn a_winner_loses_to_torch_only_against_its_own_run() {
+    // A bucket neighbour's winner re-verified here at 0.89x torch: the shape earns a sweep.
+    let bucket = entry_against(128, 0, 0.69, Some(0.61), "H100");
+    assert!(bucket.loses_to_torch());
+    // Its sweep merges with that run; the sweep's winner, ahead of torch in its own run, serves.
+    let swept = bucket.merged(&entry_against(128, 2, 0.62, Some(0.63), "H100"));
+    assert!(!swept.loses_to_torch(), "{}", swept.winner);
+    assert!(
+        !entry_against(128, 0, 0.69, None, "H100").loses_to_torch(),
+        "no torch time, no verdict"
+    );
+}
+
+#[test]
 fn an_entry_with_a_spec_this_build_does_not_know_is_named_and_the_table_left_intact() {
     let mut t = Table::new();
     t.insert_merged(entry(128, 0, 0.5, "H100"));
