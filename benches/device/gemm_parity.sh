@@ -57,7 +57,27 @@ for c in "$@"; do
   name=${c%%:*}
   echo "$name: $(grep -h -i "winner\|kernel\|left to torch" $dir/compose_$name.log | tail -3)"
 done
-for c in "$@"; do python3 benches/device/gemm_parity.py $dir "$c" 2>&1 | tee -a $OUT/parity.txt; done
+# REPEATS=N times every case in N processes, one after the other, and prints each case's
+# kernel-level ratios with their median: one run's ratio moves 2-3% on some shapes.
+rm -f $dir/parity.jsonl
+for i in $(seq ${REPEATS:-1}); do
+  for c in "$@"; do python3 benches/device/gemm_parity.py $dir "$c" 2>&1 | tee -a $OUT/parity.txt; done
+done
+if [ "${REPEATS:-1}" -gt 1 ]; then
+  python3 - $dir/parity.jsonl <<'PY' | tee -a $OUT/parity.txt
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    # A run whose kernels the profiler did not see has no kernel ratio: it is left out.
+    ratio = r.get("kernel_fact_vs_mm")
+    runs.setdefault((r["case"], r["epilogue"], r["dtype"]), []).extend([ratio] if ratio else [])
+print("| case | dtype | kernel mm/fact, each run | median |")
+for (case, epi, dt), v in runs.items():
+    median = f"{statistics.median(v):.3f}" if v else "-"
+    print(f"| {case} ({epi}) | {dt} | {', '.join(f'{x:.3f}' for x in v)} | {median} |")
+PY
+fi
 # NCU_CASES: the names to capture with Nsight Compute (clocks left alone).
 for name in ${NCU_CASES:-}; do
     c=$(printf '%s\n' "$@" | grep "^$name:")
