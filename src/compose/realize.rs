@@ -543,10 +543,10 @@ fn first_round(
     }))
 }
 
-/// The cluster round's kernels of a first round (CUTLASS's other cluster shapes of its fastest
-/// tile and schedule pairs).
-fn cluster_round(opts: &Options, run: &Run, problem: &GemmProblem) -> Vec<KernelSpec> {
-    refine_clusters(run, problem, opts.refine.min(CLUSTER_ROUND_TOP))
+/// The sibling round's kernels of a first round (CUTLASS's other cluster shapes and the
+/// cooperative 128x192 tile of its fastest tile and schedule pairs).
+fn sibling_round(opts: &Options, run: &Run, problem: &GemmProblem) -> Vec<KernelSpec> {
+    refine_siblings(run, problem, opts.refine.min(SIBLING_ROUND_TOP))
 }
 
 /// The GEMM problems of `problems` the tables miss (so each is a sweep), each once, in order.
@@ -572,7 +572,7 @@ fn gemm_sweeps<'a>(
 }
 
 /// Measures the first round of every GEMM sweep the tables miss, in the plan's order, then
-/// compiles all their cluster rounds in one nvcc batch into the object cache: on the H100
+/// compiles all their sibling rounds in one nvcc batch into the object cache: on the H100
 /// machine (16 cores) 48 sm90 units built in 88 s where 12 took 64, so one batch spares each
 /// sweep after the first most of a round. The sweeps then take their first rounds from what
 /// this returns. Only the built-in agent's proposals may be asked for ahead of their turn (as in
@@ -580,7 +580,7 @@ fn gemm_sweeps<'a>(
 /// failures are left to the sweeps to report. The first rounds live in memory until their
 /// sweeps record them: a crash before then costs their measurement again (their objects are
 /// cached), no table write.
-/// Rules learned from one sweep's failures now reach the next sweep's cluster round, not its
+/// Rules learned from one sweep's failures now reach the next sweep's sibling round, not its
 /// first round.
 pub(super) fn measure_ahead(
     cx: RealizeCtx,
@@ -597,23 +597,23 @@ pub(super) fn measure_ahead(
     if sweeps.len() < 2 {
         return Ok(ahead);
     }
-    nvcc::progress_line(opts.progress, format_args!("measuring ahead: the first rounds of {} GEMM sweeps, then their cluster rounds compile together", sweeps.len()));
+    nvcc::progress_line(opts.progress, format_args!("measuring ahead: the first rounds of {} GEMM sweeps, then their sibling rounds compile together", sweeps.len()));
     let mut specs: Vec<Spec> = Vec::new();
     for (p, math, key) in sweeps {
         if let Round::Measured(first) = first_round(cx, tables, steward, p, math, &key)? {
             specs.extend(
-                cluster_round(opts, &first.run, p)
+                sibling_round(opts, &first.run, p)
                     .into_iter()
                     .map(Spec::from),
             );
             ahead.0.insert(key, first);
         }
     }
-    compile_ahead(cx, specs, "clusters_ahead", 1, None)?;
+    compile_ahead(cx, specs, "siblings_ahead", 1, None)?;
     Ok(ahead)
 }
 
-/// A GEMM sweep: its first round (measured here or ahead), the cluster and knob rounds, recorded.
+/// A GEMM sweep: its first round (measured here or ahead), the sibling and knob rounds, recorded.
 fn realize_sweep(
     cx: RealizeCtx,
     tables: &mut Tables,
@@ -657,10 +657,10 @@ fn realize_sweep(
         failures.extend(fails);
         Ok::<(), ComposeError>(())
     };
-    // CUTLASS's other cluster shapes of the fastest tile and schedule pairs: one more nvcc
-    // round, in parallel.
-    let clusters = cluster_round(opts, &run, problem);
-    extend(&mut run, clusters, "_clusters")?;
+    // CUTLASS's other cluster shapes and the cooperative 128x192 tile of the fastest tile and
+    // schedule pairs: one more nvcc round, in parallel.
+    let siblings = sibling_round(opts, &run, problem);
+    extend(&mut run, siblings, "_siblings")?;
     // Launch knobs (raster, swizzle, K splits) of the fastest kernels: new variants of objects
     // already compiled, so this costs a dispatch index and a link, not nvcc time.
     let knobs = refine_candidates(&run, problem, opts.refine);
@@ -774,9 +774,9 @@ fn realize_op_sweep(
     record_sweep(tables, key, problem.clone(), run, failures, &dir)
 }
 
-/// How many of a sweep's fastest tile and schedule pairs get a cluster round: each brings up to
-/// five new nvcc units, compiled in parallel.
-const CLUSTER_ROUND_TOP: usize = 3;
+/// How many of a sweep's fastest tile and schedule pairs get a sibling round: each brings up to
+/// seven new nvcc units (five cluster shapes, two of the 192-wide tile), compiled in parallel.
+const SIBLING_ROUND_TOP: usize = 3;
 
 /// The `top` fastest verified GEMM kernels of `run`, fastest first.
 fn fastest(run: &Run, top: usize) -> Vec<&KernelSpec> {
@@ -816,20 +816,26 @@ pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSp
     })
 }
 
-/// CUTLASS's other sm90 cluster shapes (space::SM90_CLUSTERS) of the fastest kernel of each of
-/// the `top` fastest tile and schedule pairs in `run`, those not yet measured in it. The estimate
-/// cannot tell cluster shapes apart, and the knowledge base's default build pairs TMA kernels with
-/// two of them, so the sweep measures the rest where a tile and schedule have done well. Pairs,
-/// not kernels: one pair's clusters differ by more than pairs do (tf32 65536x2304x768 + bias on
-/// the H100: 128x128 ping-pong 0.693 ms in 1x2x1, 0.629 in 2x2x1; 128x256 cooperative 0.656).
-pub fn refine_clusters(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
+/// CUTLASS's other sm90 cluster shapes (space::SM90_CLUSTERS) and, for a cooperative 128x128 or
+/// 128x256 tile, the 128x192 one (space::SM90_COOPERATIVE_TILE_N192) of the fastest kernel of each
+/// of the `top` fastest tile and schedule pairs in `run`, those not yet measured in it. The
+/// estimate cannot tell cluster shapes apart, and the knowledge base's default build pairs TMA
+/// kernels with two of them and has no 192-wide tile, so the sweep measures these where a tile
+/// and schedule have done well. Pairs, not kernels: one pair's clusters differ by more than pairs
+/// do (tf32 65536x2304x768 + bias on the H100: 128x128 ping-pong 0.693 ms in 1x2x1, 0.629 in
+/// 2x2x1; 128x256 cooperative 0.656).
+pub fn refine_siblings(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
     let mut pairs = std::collections::HashSet::new();
     let leaders: Vec<&KernelSpec> = fastest(run, usize::MAX)
         .into_iter()
         .filter(|k| pairs.insert((k.family, k.tile, k.schedule, k.epilogue, k.stages)))
         .take(top)
         .collect();
-    unmeasured_variants(run, leaders, |k| k.cluster_siblings(p))
+    unmeasured_variants(run, leaders, |k| {
+        let mut v = k.cluster_siblings(p);
+        v.extend(k.tile_siblings(p));
+        v
+    })
 }
 
 /// Leaves a winner slower than torch to torch, unless the options keep it.
@@ -938,7 +944,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cluster_round_tries_the_other_shapes_of_the_fastest_tma_kernels_only() {
+    fn the_sibling_round_tries_the_other_shapes_of_the_fastest_tma_kernels_only() {
         let p = problem();
         let ks = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
         let tma: Vec<&KernelSpec> = ks
@@ -975,7 +981,7 @@ mod tests {
             timed(&measured_sibling, 0.40),
             failed,
         ]);
-        let out = refine_clusters(&r, &p, 2);
+        let out = refine_siblings(&r, &p, 2);
         let names: Vec<String> = out.iter().map(|k| k.name()).collect();
         assert!(!out.is_empty());
         for k in &out {
@@ -985,11 +991,13 @@ mod tests {
                 cluster: [0; 3],
                 ..k.clone()
             };
+            // Another cluster shape of a leader, or its cooperative 128x192 tile.
             let of = |s: &KernelSpec| {
                 KernelSpec {
                     cluster: [0; 3],
                     ..s.clone()
                 } == base
+                    || s.tile_siblings(&p).contains(k)
             };
             assert!(
                 of(first) || of(second),
@@ -1019,21 +1027,55 @@ mod tests {
             .count();
         assert!(firsts >= 1 && firsts < SM90_CLUSTERS.len());
         assert!(
-            refine_clusters(&r, &p, 0).is_empty(),
+            refine_siblings(&r, &p, 0).is_empty(),
             "--refine 0 turns it off"
         );
         // Only the fastest pair: the second's siblings stay out.
-        let one = refine_clusters(&r, &p, 1);
+        let one = refine_siblings(&r, &p, 1);
         assert!(!one.is_empty());
         assert!(one.iter().all(|k| KernelSpec {
             cluster: first.cluster,
             ..k.clone()
-        } == *first));
-        // cp.async mainloops and sm80 kernels have no clusters to try.
+        } == *first
+            || first.tile_siblings(&p).contains(k)));
+        // cp.async mainloops and sm80 kernels have no clusters or tiles to try.
         let cp = ks.iter().find(|k| k.schedule.is_cpasync());
         let sm80 = ks.iter().find(|k| k.family == Family::Sm80Gemm);
         for k in cp.into_iter().chain(sm80) {
             assert!(k.cluster_siblings(&p).is_empty(), "{}", k.name());
+            assert!(k.tile_siblings(&p).is_empty(), "{}", k.name());
         }
+    }
+
+    #[test]
+    fn a_cooperative_leader_brings_its_192_wide_tile_to_the_sibling_round() {
+        let p = problem();
+        let ks = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
+        let coop = ks
+            .iter()
+            .find(|k| {
+                k.family == Family::Sm90Gemm
+                    && k.schedule == crate::space::KernelSchedule::WsCooperative
+                    && k.tile[..2] == [128, 256]
+            })
+            .expect("a cooperative 128x256 candidate");
+        let wide = KernelSpec {
+            tile: [128, 192, coop.tile[2]],
+            ..coop.clone()
+        };
+        let out = refine_siblings(&run(vec![timed(coop, 0.8)]), &p, 1);
+        let alone = KernelSpec {
+            cluster: [1, 1, 1],
+            ..wide.clone()
+        };
+        assert!(
+            out.contains(&wide) && out.contains(&alone),
+            "{:?}",
+            out.iter().map(|k| k.name()).collect::<Vec<_>>()
+        );
+        assert_eq!(out.iter().filter(|k| k.tile != coop.tile).count(), 2);
+        // Measured once is enough.
+        let out = refine_siblings(&run(vec![timed(coop, 0.8), timed(&wide, 0.7)]), &p, 1);
+        assert!(!out.contains(&wide));
     }
 }

@@ -110,9 +110,10 @@ impl KernelSpec {
                 if self.scheduler == TileScheduler::StreamK && !self.schedule.is_cooperative() {
                     return Some("Stream-K runs only with the cooperative schedule".into());
                 }
-                if ![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm) {
+                let n192 = [tm, tn] == SM90_COOPERATIVE_TILE_N192 && self.schedule.is_cooperative();
+                if !n192 && (![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm)) {
                     return Some(format!(
-                        "tile {tm}x{tn} outside the generator's 64/128/256 set"
+                        "tile {tm}x{tn} outside the generator's 64/128/256 set and its cooperative 128x192"
                     ));
                 }
                 if elem_bytes == 4 && tn % tk != 0 {
@@ -254,6 +255,38 @@ impl KernelSpec {
             .iter()
             .filter(|c| **c != self.cluster)
             .map(|&cluster| KernelSpec {
+                cluster,
+                knobs: Knobs::default(),
+                ..self.clone()
+            })
+            .filter(|k| k.invalid_reason().is_none() && k.fits(p))
+            .collect()
+    }
+
+    /// The same cooperative 128x128 or 128x256 kernel with the 128x192 tile
+    /// (`SM90_COOPERATIVE_TILE_N192`) where it runs `p`, in its own cluster shape and in 1x1x1,
+    /// with default knobs; none for others. 1x1x1 because the tile's cluster shapes differ more
+    /// than the tiles do and that one ran it best: tf32 65536x768x3072 + bias + residual on the
+    /// H100 took 0.811 ms in 1x1x1, 0.849 in 2x1x1 and 0.956 in 1x2x1 (benches/results/parity,
+    /// tenth stop).
+    pub fn tile_siblings(&self, p: &GemmProblem) -> Vec<KernelSpec> {
+        let [tm, tn, tk] = self.tile;
+        if !self.family.is_sm90()
+            || !self.schedule.is_cooperative()
+            || self.schedule.is_cpasync()
+            || tm != SM90_COOPERATIVE_TILE_N192[0]
+            || ![128, 256].contains(&tn)
+        {
+            return Vec::new();
+        }
+        let mut clusters = vec![self.cluster];
+        if self.cluster != [1, 1, 1] {
+            clusters.push([1, 1, 1]);
+        }
+        clusters
+            .into_iter()
+            .map(|cluster| KernelSpec {
+                tile: [tm, SM90_COOPERATIVE_TILE_N192[1], tk],
                 cluster,
                 knobs: Knobs::default(),
                 ..self.clone()

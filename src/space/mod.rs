@@ -944,4 +944,80 @@ mod tests {
             .iter()
             .all(|k| k.fits(&odd) && k.fits(&problem(4096, 4096, 4096, DType::F32))));
     }
+
+    #[test]
+    fn cooperative_128_and_256_wide_tiles_have_a_192_wide_sibling_and_nothing_else_does() {
+        let p = problem(65536, 768, 3072, DType::F32);
+        let ks = Knowledge::shipped().kernels(&p, MathType::Tf32, Arch::Sm90);
+        let coop = |tile: [u32; 2]| {
+            ks.iter()
+                .find(|k| {
+                    k.family == Family::Sm90Gemm
+                        && k.schedule == KernelSchedule::WsCooperative
+                        && k.tile[..2] == tile
+                })
+                .unwrap_or_else(|| panic!("a cooperative {tile:?} kernel"))
+        };
+        for tile in [[128, 256], [128, 128]] {
+            let leader = KernelSpec {
+                knobs: Knobs {
+                    swizzle: 4,
+                    ..Knobs::default()
+                },
+                ..coop(tile).clone()
+            };
+            // The knowledge base pairs TMA kernels with 1x2x1 and 2x1x1 clusters only.
+            assert_ne!(leader.cluster, [1, 1, 1]);
+            let sib = leader.tile_siblings(&p);
+            let clusters: Vec<[u32; 3]> = sib.iter().map(|k| k.cluster).collect();
+            assert_eq!(clusters, [leader.cluster, [1, 1, 1]], "{}", leader.name());
+            for k in &sib {
+                assert_eq!(k.tile, [128, 192, leader.tile[2]]);
+                assert_eq!(
+                    KernelSpec {
+                        tile: leader.tile,
+                        cluster: leader.cluster,
+                        knobs: leader.knobs,
+                        ..k.clone()
+                    },
+                    leader,
+                    "only the tile, the cluster and the knobs change"
+                );
+                assert_eq!(k.knobs, Knobs::default());
+                assert!(k.invalid_reason().is_none() && k.fits(&p));
+                assert!(k.name().contains("128x192x32"), "{}", k.name());
+            }
+            let alone = KernelSpec {
+                cluster: [1, 1, 1],
+                ..leader.clone()
+            };
+            assert_eq!(alone.tile_siblings(&p).len(), 1);
+        }
+        // The 192-wide tile is cooperative and 128 tall only.
+        let pp = ks
+            .iter()
+            .find(|k| k.schedule == KernelSchedule::WsPingpong && k.tile[..2] == [128, 128])
+            .unwrap();
+        assert!(pp.tile_siblings(&p).is_empty());
+        let pp192 = KernelSpec {
+            tile: [128, 192, 32],
+            ..pp.clone()
+        };
+        assert!(pp192
+            .invalid_reason()
+            .unwrap()
+            .contains("cooperative 128x192"));
+        let tall = KernelSpec {
+            tile: [256, 192, 32],
+            ..coop([128, 256]).clone()
+        };
+        assert!(tall.invalid_reason().is_some());
+        let wide = KernelSpec {
+            tile: [256, 128, 32],
+            ..coop([128, 256]).clone()
+        };
+        assert!(wide.tile_siblings(&p).is_empty());
+        let sm80 = ks.iter().find(|k| k.family == Family::Sm80Gemm).unwrap();
+        assert!(sm80.tile_siblings(&p).is_empty());
+    }
 }

@@ -241,7 +241,7 @@ impl Knobs {
 /// The sm90 cluster shapes CUTLASS's generator stamps out up to its cluster instantiation level 3
 /// (cutlass_library/sm90_shapes.py, `SM90_CLUSTER_SIZES`). Its default library build, which the
 /// knowledge base distills, pairs TMA kernels with 1x2x1 and 2x1x1 only; the others are tried on a
-/// sweep's fastest tile and schedule pairs (compose::refine_clusters). On the H100 a 128x128x32
+/// sweep's fastest tile and schedule pairs (compose::refine_siblings). On the H100 a 128x128x32
 /// ping-pong kernel ran tf32 65536x768x768 + bias in 0.221 ms without a cluster and 0.248 ms in
 /// 1x2x1, and 65536x2304x768 + bias in 0.629 ms in 2x2x1 and 0.693 ms in 1x2x1
 /// (benches/results/parity/clusters).
@@ -253,6 +253,16 @@ pub const SM90_CLUSTERS: [[u32; 3]; 6] = [
     [1, 4, 1],
     [4, 1, 1],
 ];
+
+/// The cooperative tile CUTLASS's generator stamps out from its level-3 WGMMA shape 64x192
+/// (cutlass_library/sm90_shapes.py, `SM90_WGMMA_SHAPES_*_DENSE`) times its default MMA multiplier
+/// (2, 1, 4): 128x192. The default library build, which the knowledge base distills, has the
+/// shapes 64x128 and 64x256 only; the sibling round tries this one beside the cooperative 128x128
+/// and 128x256 kernels that lead a sweep (compose::refine_siblings). Its C tile leaves the mainloop
+/// as many stages with a residual as without: on the H100, tf32 65536x768x3072 + bias + residual
+/// ran in 0.8244 ms against 0.8557 for 128x256 (kernels only, the same call) and 0.7962 for
+/// cuBLAS's plain GEMM (benches/results/parity, tenth stop).
+pub const SM90_COOPERATIVE_TILE_N192: [u32; 2] = [128, 192];
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct KernelSpec {
