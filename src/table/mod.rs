@@ -14,6 +14,7 @@ use crate::tune::{CandidateResult, Timing};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -166,11 +167,17 @@ pub struct Run {
     pub candidates: Vec<CandidateResult>,
 }
 
+/// How much faster than the winner, in the runs that timed both, another kernel must be to take
+/// over (`Entry::from_runs`): a margin over the tuner's noise, so that kernels tied within it keep
+/// the ratios' choice.
+pub const HEAD_TO_HEAD_MARGIN: f64 = 0.01;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
     pub key: TableKey,
     pub problem: Problem,
-    /// The verified candidate with the best time over its own run's torch time (`from_runs`).
+    /// The verified candidate with the best time over its own run's torch time, unless another
+    /// run timed it beside a clearly faster kernel (`from_runs`).
     pub winner: String,
     pub winner_spec: Spec,
     pub winner_ms: f64,
@@ -182,17 +189,23 @@ pub struct Entry {
 impl Entry {
     /// An entry from its runs; None when no run has a verified candidate. Runs are compared by
     /// each candidate's time over torch's time in its own run: the GPU's clock under its power
-    /// limit moves both alike between runs, so only a ratio within one run tells two runs'
-    /// kernels apart. Where a run with a verified candidate has no baseline, by time alone; ties
-    /// go to the faster time.
+    /// limit moves both alike between runs. Where a run with a verified candidate has no
+    /// baseline, by time alone; ties go to the faster time. Then comparisons within runs, free of
+    /// the differences between machines and of torch's own noise, override the ratios: while a
+    /// kernel ran faster than the winner in the runs that timed both, by more than
+    /// `HEAD_TO_HEAD_MARGIN` in the geometric mean, the one that did so most takes over (never
+    /// back to one it took over from), with its figures from its best run by the ratios.
     pub fn from_runs(key: TableKey, problem: impl Into<Problem>, runs: Vec<Run>) -> Option<Entry> {
         let problem = problem.into();
-        let timed = || {
-            runs.iter()
-                .enumerate()
-                .flat_map(|(i, r)| r.candidates.iter().map(move |c| (i, c)))
-                .filter_map(|(i, c)| c.outcome.median_ms().map(|ms| (i, c, ms)))
-        };
+        // Every verified timing, by kernel: (run, candidate, ms).
+        let mut by_kernel: BTreeMap<&str, Vec<(usize, &CandidateResult, f64)>> = BTreeMap::new();
+        for (i, r) in runs.iter().enumerate() {
+            for c in &r.candidates {
+                if let Some(ms) = c.outcome.median_ms() {
+                    by_kernel.entry(&c.kernel).or_default().push((i, c, ms));
+                }
+            }
+        }
         let baseline = |i: usize| {
             runs[i]
                 .baseline
@@ -200,16 +213,51 @@ impl Entry {
                 .map(|b| b.median_ms)
                 .filter(|ms| *ms > 0.0)
         };
-        let relative = timed().all(|(i, _, _)| baseline(i).is_some());
+        let relative = by_kernel
+            .values()
+            .flatten()
+            .all(|&(i, _, _)| baseline(i).is_some());
         let score = |i: usize, ms: f64| match baseline(i) {
             Some(b) if relative => ms / b,
             _ => ms,
         };
-        let (run, best, best_ms) = timed().min_by(|a, b| {
+        let by_score = |a: &&(usize, &CandidateResult, f64),
+                        b: &&(usize, &CandidateResult, f64)| {
             score(a.0, a.2)
                 .total_cmp(&score(b.0, b.2))
                 .then(a.2.total_cmp(&b.2))
-        })?;
+        };
+        let mut best = *by_kernel.values().flatten().min_by(by_score)?;
+        let mut held = vec![best.1.kernel.as_str()];
+        loop {
+            let mine = &by_kernel[best.1.kernel.as_str()];
+            // (kernel, geometric mean of its time over the winner's in the runs that timed both)
+            let mut faster: Option<(&str, f64)> = None;
+            for (&kernel, times) in &by_kernel {
+                let logs: Vec<f64> = times
+                    .iter()
+                    .filter_map(|&(i, _, ms)| {
+                        let &(_, _, w) = mine.iter().find(|t| t.0 == i)?;
+                        Some((ms / w).ln())
+                    })
+                    .collect();
+                if kernel == best.1.kernel || logs.is_empty() {
+                    continue;
+                }
+                let h = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
+                if h < 1.0 - HEAD_TO_HEAD_MARGIN && faster.is_none_or(|f| h < f.1) {
+                    faster = Some((kernel, h));
+                }
+            }
+            match faster {
+                Some((kernel, _)) if !held.contains(&kernel) => {
+                    held.push(kernel);
+                    best = *by_kernel[kernel].iter().min_by(by_score).expect("timed");
+                }
+                _ => break,
+            }
+        }
+        let (run, best, best_ms) = best;
         Some(Entry {
             winner: best.kernel.clone(),
             winner_spec: best.spec.clone(),

@@ -221,6 +221,72 @@ fn runs_are_compared_by_their_own_torch_time() {
     assert_eq!(a.merged(&c).winner, a.winner);
 }
 
+/// A run of `problem(128)` timing candidates `(which, ms)` against torch at `baseline_ms`.
+fn run_of(times: &[(usize, f64)], baseline_ms: f64) -> Run {
+    let specs = gemm_candidates(&problem(128), MathType::Tf32, Arch::Sm90);
+    let timing = |ms: f64| Timing {
+        median_ms: ms,
+        min_ms: ms,
+        max_ms: ms,
+        spread: 0.0,
+        samples: 1,
+    };
+    Run {
+        provenance: provenance("H100"),
+        baseline: Some(timing(baseline_ms)),
+        candidates: times
+            .iter()
+            .map(|&(which, ms)| CandidateResult {
+                kernel: specs[which].name(),
+                spec: specs[which].clone().into(),
+                outcome: Outcome::Ok {
+                    max_rel_err: 1e-4,
+                    timing: timing(ms),
+                    tflops: 1.0,
+                },
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_kernel_beaten_within_another_run_does_not_win_on_its_own_runs_ratio() {
+    let p = problem(128);
+    let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
+    let key = TableKey::gemm(&p, MathType::Tf32, Arch::Sm90);
+    let winner = |runs: Vec<Run>| {
+        let e = Entry::from_runs(key.clone(), p.clone(), runs).unwrap();
+        let which = specs.iter().position(|k| k.name() == e.winner).unwrap();
+        (which, e.winner_ms, e.baseline_ms())
+    };
+    // Run a timed kernel 0 against a slow torch (0.84 / 1.03); run b timed it again beside
+    // kernel 1, which beat it there by 2.8%, against a faster torch (0.82 / 0.99).
+    let a = run_of(&[(0, 0.84)], 1.03);
+    let b = run_of(&[(0, 0.843), (1, 0.82)], 0.99);
+    assert_eq!(winner(vec![a.clone(), b.clone()]), (1, 0.82, Some(0.99)));
+    assert_eq!(winner(vec![b, a.clone()]), (1, 0.82, Some(0.99)));
+    // Within the margin the ratios decide.
+    let tied = run_of(&[(0, 0.824), (1, 0.82)], 0.99);
+    assert_eq!(winner(vec![a.clone(), tied]).0, 0);
+    // Kernels never timed together are compared by their ratios.
+    let c = run_of(&[(2, 0.80)], 0.99);
+    assert_eq!(winner(vec![a.clone(), c.clone()]).0, 2);
+    // Two runs that disagree by more than the margin end on one of their kernels, never on a
+    // slower one neither timed.
+    let x = run_of(&[(0, 0.80), (1, 0.816)], 1.0);
+    let y = run_of(&[(1, 0.80), (0, 0.816)], 1.0);
+    let z = run_of(&[(2, 0.95)], 1.0);
+    assert!([0, 1].contains(&winner(vec![x.clone(), y.clone(), z.clone()]).0));
+    assert!([0, 1].contains(&winner(vec![z, y, x]).0));
+    // One run's win does not outweigh losses in the others that timed both kernels.
+    let most = vec![
+        run_of(&[(0, 0.90), (1, 0.91)], 1.34),
+        run_of(&[(0, 0.904), (1, 0.924)], 1.35),
+        run_of(&[(1, 0.958), (0, 0.973)], 1.39),
+    ];
+    assert_eq!(winner(most).0, 0);
+}
+
 #[test]
 fn a_winner_loses_to_torch_only_against_its_own_run() {
     // A bucket neighbour's winner re-verified here at 0.89x torch: the shape earns a sweep.
