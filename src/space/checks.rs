@@ -110,7 +110,10 @@ impl KernelSpec {
                 if self.scheduler == TileScheduler::StreamK && !self.schedule.is_cooperative() {
                     return Some("Stream-K runs only with the cooperative schedule".into());
                 }
-                let n192 = [tm, tn] == SM90_COOPERATIVE_TILE_N192 && self.schedule.is_cooperative();
+                // The 128x192 tile was measured in the plain family's cooperative TMA kernels only.
+                let n192 = [tm, tn] == SM90_COOPERATIVE_TILE_N192
+                    && self.family == Family::Sm90Gemm
+                    && self.schedule == KernelSchedule::WsCooperative;
                 if !n192 && (![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm)) {
                     return Some(format!(
                         "tile {tm}x{tn} outside the generator's 64/128/256 set and its cooperative 128x192"
@@ -263,7 +266,7 @@ impl KernelSpec {
             .collect()
     }
 
-    /// The same cooperative 128x128 or 128x256 kernel with the 128x192 tile
+    /// The same cooperative (TMA, plain family) 128x128 or 128x256 kernel with the 128x192 tile
     /// (`SM90_COOPERATIVE_TILE_N192`) where it runs `p`, in its own cluster shape and in 1x1x1,
     /// with default knobs; none for others. 1x1x1 because the tile's cluster shapes differ more
     /// than the tiles do and that one ran it best: tf32 65536x768x3072 + bias + residual on the
@@ -271,9 +274,8 @@ impl KernelSpec {
     /// tenth stop).
     pub fn tile_siblings(&self, p: &GemmProblem) -> Vec<KernelSpec> {
         let [tm, tn, tk] = self.tile;
-        if !self.family.is_sm90()
-            || !self.schedule.is_cooperative()
-            || self.schedule.is_cpasync()
+        if self.family != Family::Sm90Gemm
+            || self.schedule != KernelSchedule::WsCooperative
             || tm != SM90_COOPERATIVE_TILE_N192[0]
             || ![128, 256].contains(&tn)
         {

@@ -1019,5 +1019,17 @@ mod tests {
         assert!(wide.tile_siblings(&p).is_empty());
         let sm80 = ks.iter().find(|k| k.family == Family::Sm80Gemm).unwrap();
         assert!(sm80.tile_siblings(&p).is_empty());
+        // Nor in the split families, where it was never measured.
+        let split = KernelSpec {
+            family: Family::Sm90GemmX3,
+            ..coop([128, 256]).clone()
+        };
+        assert!(split.tile_siblings(&p).is_empty());
+        assert!(KernelSpec {
+            tile: [128, 192, 32],
+            ..split
+        }
+        .invalid_reason()
+        .is_some());
     }
 }
