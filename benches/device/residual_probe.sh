@@ -23,14 +23,5 @@ for b in $BINS; do
   t0=$(date +%s)
   realize $name $bin "$(cat $probe)" > $OUT/realize_$name.log 2>&1 || echo "$name failed: $(tail -3 $OUT/realize_$name.log)"
   echo "$name: $(( $(date +%s) - t0 )) s"
-  python3 - $OUT/probe_table_$name.json $name <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for e in d["entries"]:
-    for r in e["runs"]:
-        base = (r.get("baseline") or {}).get("median_ms")
-        for c in sorted(r["candidates"], key=lambda c: (c.get("timing") or {}).get("median_ms") or 99):
-            t = (c.get("timing") or {}).get("median_ms")
-            print(f"{sys.argv[2]:>10} {t if t is None else round(t, 4)} torch {base if base is None else round(base, 4)} {c.get('status')} {c['kernel']}")
-PY
+  python3 benches/device/table_print.py $OUT/probe_table_$name.json $name
 done

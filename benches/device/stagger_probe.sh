@@ -18,14 +18,6 @@ for s in $SETTINGS; do
     --dtype $dtype --shape $shape --epilogue "$epi" --precision tf32 --jobs 16 --candidates 20 \
     --refine 0 --agent "python3 $PWD/benches/device/probe_agent.py" --out /tmp/stagger_$name \
     > $OUT/realize_$name.log 2>&1 || echo "$name failed: $(tail -3 $OUT/realize_$name.log)"
-  python3 - $OUT/stagger_table_$name.json "$s" $(( $(date +%s) - t0 )) <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-for e in d["entries"]:
-    for r in e["runs"]:
-        base = (r.get("baseline") or {}).get("median_ms")
-        for c in r["candidates"]:
-            t = (c.get("timing") or {}).get("median_ms")
-            print(f"{sys.argv[2]:>16} {sys.argv[3]:>4}s {t if t is None else round(t, 4)} torch {base if base is None else round(base, 4)} {c.get('status')} {c['kernel']}")
-PY
+  echo "$s: $(( $(date +%s) - t0 )) s"
+  python3 benches/device/table_print.py $OUT/stagger_table_$name.json "$s"
 done
