@@ -176,8 +176,8 @@ pub const HEAD_TO_HEAD_MARGIN: f64 = 0.01;
 pub struct Entry {
     pub key: TableKey,
     pub problem: Problem,
-    /// The verified candidate with the best time over its own run's torch time, unless another
-    /// run timed it beside a clearly faster kernel (`from_runs`).
+    /// The verified candidate with the best time over its own run's torch time, unless a kernel
+    /// ran clearly faster than it in the runs that timed both (`from_runs`).
     pub winner: String,
     pub winner_spec: Spec,
     pub winner_ms: f64,
