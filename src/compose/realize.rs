@@ -544,7 +544,7 @@ fn first_round(
 }
 
 /// The sibling round's kernels of a first round (CUTLASS's other cluster shapes and the
-/// cooperative 128x192 tile of its fastest tile and schedule pairs).
+/// cooperative and ping-pong 128x192 tiles of its fastest tile and schedule pairs).
 fn sibling_round(opts: &Options, run: &Run, problem: &GemmProblem) -> Vec<KernelSpec> {
     refine_siblings(run, problem, opts.refine.min(SIBLING_ROUND_TOP))
 }
@@ -657,8 +657,8 @@ fn realize_sweep(
         failures.extend(fails);
         Ok::<(), ComposeError>(())
     };
-    // CUTLASS's other cluster shapes and the cooperative 128x192 tile of the fastest tile and
-    // schedule pairs: one more nvcc round, in parallel.
+    // CUTLASS's other cluster shapes and the 128x192 tiles of the fastest tile and schedule
+    // pairs: one more nvcc round, in parallel.
     let siblings = sibling_round(opts, &run, problem);
     extend(&mut run, siblings, "_siblings")?;
     // Launch knobs (raster, swizzle, K splits) of the fastest kernels: new variants of objects
@@ -775,7 +775,7 @@ fn realize_op_sweep(
 }
 
 /// How many of a sweep's fastest tile and schedule pairs get a sibling round: each brings up to
-/// seven new nvcc units (five cluster shapes, two of the 192-wide tile), compiled in parallel.
+/// nine new nvcc units (five cluster shapes, four of the 192-wide tile), compiled in parallel.
 const SIBLING_ROUND_TOP: usize = 3;
 
 /// The `top` fastest verified GEMM kernels of `run`, fastest first.
@@ -816,14 +816,14 @@ pub fn refine_candidates(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSp
     })
 }
 
-/// CUTLASS's other sm90 cluster shapes (space::SM90_CLUSTERS) and, for a cooperative 128x128 or
-/// 128x256 tile, the 128x192 one (space::SM90_COOPERATIVE_TILE_N192) of the fastest kernel of each
-/// of the `top` fastest tile and schedule pairs in `run`, those not yet measured in it. The
-/// estimate cannot tell cluster shapes apart, and the knowledge base's default build pairs TMA
-/// kernels with two of them and has no 192-wide tile, so the sweep measures these where a tile
-/// and schedule have done well. Pairs, not kernels: one pair's clusters differ by more than pairs
-/// do (tf32 65536x2304x768 + bias on the H100: 128x128 ping-pong 0.693 ms in 1x2x1, 0.629 in
-/// 2x2x1; 128x256 cooperative 0.656).
+/// CUTLASS's other sm90 cluster shapes (space::SM90_CLUSTERS) and, for a cooperative or ping-pong
+/// 128x128 or 128x256 tile, the 128x192 one in both schedules (space::SM90_TILE_N192), of the
+/// fastest kernel of each of the `top` fastest tile and schedule pairs in `run`, those not yet
+/// measured in it. The estimate cannot tell cluster shapes apart, and the knowledge base's
+/// default build pairs TMA kernels with two of them and has no 192-wide tile, so the sweep
+/// measures these where a tile and schedule have done well. Pairs, not kernels: one pair's
+/// clusters differ by more than pairs do (tf32 65536x2304x768 + bias on the H100: 128x128
+/// ping-pong 0.693 ms in 1x2x1, 0.629 in 2x2x1; 128x256 cooperative 0.656).
 pub fn refine_siblings(run: &Run, p: &GemmProblem, top: usize) -> Vec<KernelSpec> {
     let mut pairs = std::collections::HashSet::new();
     let leaders: Vec<&KernelSpec> = fastest(run, usize::MAX)
@@ -991,7 +991,7 @@ mod tests {
                 cluster: [0; 3],
                 ..k.clone()
             };
-            // Another cluster shape of a leader, or its cooperative 128x192 tile.
+            // Another cluster shape of a leader, or one of its 128x192 tiles.
             let of = |s: &KernelSpec| {
                 KernelSpec {
                     cluster: [0; 3],
@@ -1048,7 +1048,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cooperative_leader_brings_its_192_wide_tile_to_the_sibling_round() {
+    fn a_cooperative_leader_brings_its_192_wide_tiles_to_the_sibling_round() {
         let p = problem();
         let ks = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
         let coop = ks
@@ -1063,19 +1063,23 @@ mod tests {
             tile: [128, 192, coop.tile[2]],
             ..coop.clone()
         };
-        let out = refine_siblings(&run(vec![timed(coop, 0.8)]), &p, 1);
-        let alone = KernelSpec {
-            cluster: [1, 1, 1],
+        let pingpong = KernelSpec {
+            schedule: crate::space::KernelSchedule::WsPingpong,
+            scheduler: crate::space::TileScheduler::Persistent,
             ..wide.clone()
         };
-        assert!(
-            out.contains(&wide) && out.contains(&alone),
-            "{:?}",
-            out.iter().map(|k| k.name()).collect::<Vec<_>>()
-        );
-        assert_eq!(out.iter().filter(|k| k.tile != coop.tile).count(), 2);
+        let out = refine_siblings(&run(vec![timed(coop, 0.8)]), &p, 1);
+        let names: Vec<String> = out.iter().map(|k| k.name()).collect();
+        for k in [&wide, &pingpong] {
+            let alone = KernelSpec {
+                cluster: [1, 1, 1],
+                ..k.clone()
+            };
+            assert!(out.contains(k) && out.contains(&alone), "{names:?}");
+        }
+        assert_eq!(out.iter().filter(|k| k.tile != coop.tile).count(), 4);
         // Measured once is enough.
-        let out = refine_siblings(&run(vec![timed(coop, 0.8), timed(&wide, 0.7)]), &p, 1);
-        assert!(!out.contains(&wide));
+        let out = refine_siblings(&run(vec![timed(coop, 0.8), timed(&pingpong, 0.9)]), &p, 1);
+        assert!(out.contains(&wide) && !out.contains(&pingpong));
     }
 }

@@ -110,13 +110,13 @@ impl KernelSpec {
                 if self.scheduler == TileScheduler::StreamK && !self.schedule.is_cooperative() {
                     return Some("Stream-K runs only with the cooperative schedule".into());
                 }
-                // The 128x192 tile was measured in the plain family's cooperative TMA kernels only.
-                let n192 = [tm, tn] == SM90_COOPERATIVE_TILE_N192
+                // The 128x192 tile was measured in the plain family's TMA kernels only.
+                let n192 = [tm, tn] == SM90_TILE_N192
                     && self.family == Family::Sm90Gemm
-                    && self.schedule == KernelSchedule::WsCooperative;
+                    && SM90_TILE_N192_SCHEDULES.contains(&self.schedule);
                 if !n192 && (![64, 128, 256].contains(&tn) || ![64, 128, 256].contains(&tm)) {
                     return Some(format!(
-                        "tile {tm}x{tn} outside the generator's 64/128/256 set and its cooperative 128x192"
+                        "tile {tm}x{tn} outside the generator's 64/128/256 set and its cooperative and ping-pong 128x192"
                     ));
                 }
                 if elem_bytes == 4 && tn % tk != 0 {
@@ -266,17 +266,21 @@ impl KernelSpec {
             .collect()
     }
 
-    /// The same cooperative (TMA, plain family) 128x128 or 128x256 kernel with the 128x192 tile
-    /// (`SM90_COOPERATIVE_TILE_N192`) where it runs `p`, in its own cluster shape and in 1x1x1,
-    /// with default knobs; none for others. 1x1x1 because the tile's cluster shapes differ more
-    /// than the tiles do and that one ran it best: tf32 65536x768x3072 + bias + residual on the
-    /// H100 took 0.811 ms in 1x1x1, 0.849 in 2x1x1 and 0.956 in 1x2x1 (benches/results/parity,
-    /// tenth stop).
+    /// The 128x192 tile (`SM90_TILE_N192`) of a TMA cooperative or ping-pong (plain family) 128x128
+    /// or 128x256 kernel where it runs `p`: in both schedules (the ping-pong one data-parallel),
+    /// each in the kernel's own cluster shape and in 1x1x1, with default knobs; none for others.
+    /// Both schedules because which one wins depends on the epilogue, not on the leader (128x192
+    /// ping-pong won the tf32 GELU and the bf16 residual, whose sweeps 128x128 ping-pong and 128x256
+    /// cooperative had led; cooperative won the tf32 residual). 1x1x1 because the tile's cluster
+    /// shapes differ more than the tiles do and that one ran it best: tf32 65536x768x3072 + bias +
+    /// residual on the H100 took 0.811 ms in 1x1x1, 0.849 in 2x1x1 and 0.956 in 1x2x1 (cooperative),
+    /// tf32 65536x3072x768 + bias + tanh GELU 0.776 in 1x1x1, 0.796 in 2x1x1 and 0.821 in 2x2x1
+    /// (ping-pong; benches/results/parity, tenth and eleventh stops).
     pub fn tile_siblings(&self, p: &GemmProblem) -> Vec<KernelSpec> {
         let [tm, tn, tk] = self.tile;
         if self.family != Family::Sm90Gemm
-            || self.schedule != KernelSchedule::WsCooperative
-            || tm != SM90_COOPERATIVE_TILE_N192[0]
+            || !SM90_TILE_N192_SCHEDULES.contains(&self.schedule)
+            || tm != SM90_TILE_N192[0]
             || ![128, 256].contains(&tn)
         {
             return Vec::new();
@@ -285,11 +289,19 @@ impl KernelSpec {
         if self.cluster != [1, 1, 1] {
             clusters.push([1, 1, 1]);
         }
-        clusters
+        SM90_TILE_N192_SCHEDULES
             .into_iter()
-            .map(|cluster| KernelSpec {
-                tile: [tm, SM90_COOPERATIVE_TILE_N192[1], tk],
+            .flat_map(|schedule| clusters.iter().map(move |&cluster| (schedule, cluster)))
+            .map(|(schedule, cluster)| KernelSpec {
+                tile: [tm, SM90_TILE_N192[1], tk],
                 cluster,
+                schedule,
+                // Stream-K runs only with the cooperative schedule.
+                scheduler: if schedule == self.schedule {
+                    self.scheduler
+                } else {
+                    TileScheduler::Persistent
+                },
                 knobs: Knobs::default(),
                 ..self.clone()
             })

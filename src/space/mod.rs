@@ -946,42 +946,68 @@ mod tests {
     }
 
     #[test]
-    fn cooperative_128_and_256_wide_tiles_have_a_192_wide_sibling_and_nothing_else_does() {
+    fn tma_128_and_256_wide_tiles_have_192_wide_siblings_in_both_schedules_and_nothing_else_does() {
         let p = problem(65536, 768, 3072, DType::F32);
         let ks = Knowledge::shipped().kernels(&p, MathType::Tf32, Arch::Sm90);
-        let coop = |tile: [u32; 2]| {
+        let find = |schedule: KernelSchedule, tile: [u32; 2]| {
             ks.iter()
                 .find(|k| {
-                    k.family == Family::Sm90Gemm
-                        && k.schedule == KernelSchedule::WsCooperative
-                        && k.tile[..2] == tile
+                    k.family == Family::Sm90Gemm && k.schedule == schedule && k.tile[..2] == tile
                 })
-                .unwrap_or_else(|| panic!("a cooperative {tile:?} kernel"))
+                .unwrap_or_else(|| panic!("a {schedule:?} {tile:?} kernel"))
         };
-        for tile in [[128, 256], [128, 128]] {
+        use KernelSchedule::{WsCooperative as Coop, WsPingpong as Pp};
+        let stream_k = KernelSpec {
+            scheduler: TileScheduler::StreamK,
+            ..find(Coop, [128, 256]).clone()
+        };
+        assert!(stream_k.invalid_reason().is_none());
+        let leaders = [
+            find(Coop, [128, 256]).clone(),
+            find(Coop, [128, 128]).clone(),
+            find(Pp, [128, 128]).clone(),
+            stream_k,
+        ];
+        for leader in leaders {
             let leader = KernelSpec {
                 knobs: Knobs {
                     swizzle: 4,
                     ..Knobs::default()
                 },
-                ..coop(tile).clone()
+                ..leader
             };
             // The knowledge base pairs TMA kernels with 1x2x1 and 2x1x1 clusters only.
             assert_ne!(leader.cluster, [1, 1, 1]);
             let sib = leader.tile_siblings(&p);
-            let clusters: Vec<[u32; 3]> = sib.iter().map(|k| k.cluster).collect();
-            assert_eq!(clusters, [leader.cluster, [1, 1, 1]], "{}", leader.name());
+            let got: Vec<(KernelSchedule, [u32; 3])> =
+                sib.iter().map(|k| (k.schedule, k.cluster)).collect();
+            let c = leader.cluster;
+            assert_eq!(
+                got,
+                [(Coop, c), (Coop, [1, 1, 1]), (Pp, c), (Pp, [1, 1, 1])],
+                "{}",
+                leader.name()
+            );
             for k in &sib {
                 assert_eq!(k.tile, [128, 192, leader.tile[2]]);
+                // Stream-K only where the leader's cooperative schedule is kept.
+                let scheduler = if k.schedule == leader.schedule {
+                    leader.scheduler
+                } else {
+                    TileScheduler::Persistent
+                };
+                assert_eq!(k.scheduler, scheduler, "{}", k.name());
                 assert_eq!(
                     KernelSpec {
                         tile: leader.tile,
                         cluster: leader.cluster,
+                        schedule: leader.schedule,
+                        scheduler: leader.scheduler,
                         knobs: leader.knobs,
                         ..k.clone()
                     },
                     leader,
-                    "only the tile, the cluster and the knobs change"
+                    "only the tile, the cluster, the schedule and the knobs change"
                 );
                 assert_eq!(k.knobs, Knobs::default());
                 assert!(k.invalid_reason().is_none() && k.fits(&p));
@@ -991,38 +1017,41 @@ mod tests {
                 cluster: [1, 1, 1],
                 ..leader.clone()
             };
-            assert_eq!(alone.tile_siblings(&p).len(), 1);
+            assert_eq!(alone.tile_siblings(&p).len(), 2);
         }
-        // The 192-wide tile is cooperative and 128 tall only.
-        let pp = ks
+        // 128 tall only, and from the 128- and 256-wide tiles.
+        let short = ks
             .iter()
-            .find(|k| k.schedule == KernelSchedule::WsPingpong && k.tile[..2] == [128, 128])
-            .unwrap();
-        assert!(pp.tile_siblings(&p).is_empty());
-        let pp192 = KernelSpec {
-            tile: [128, 192, 32],
-            ..pp.clone()
-        };
-        assert!(pp192
-            .invalid_reason()
-            .unwrap()
-            .contains("cooperative 128x192"));
+            .find(|k| k.schedule == Pp && k.tile[0] == 64)
+            .expect("a 64-row ping-pong kernel");
+        assert!(short.tile_siblings(&p).is_empty());
         let tall = KernelSpec {
             tile: [256, 192, 32],
-            ..coop([128, 256]).clone()
+            ..find(Coop, [128, 256]).clone()
         };
-        assert!(tall.invalid_reason().is_some());
+        assert!(tall
+            .invalid_reason()
+            .unwrap()
+            .contains("cooperative and ping-pong 128x192"));
         let wide = KernelSpec {
             tile: [256, 128, 32],
-            ..coop([128, 256]).clone()
+            ..find(Coop, [128, 256]).clone()
         };
         assert!(wide.tile_siblings(&p).is_empty());
         let sm80 = ks.iter().find(|k| k.family == Family::Sm80Gemm).unwrap();
         assert!(sm80.tile_siblings(&p).is_empty());
-        // Nor in the split families, where it was never measured.
+        // Nor the cp.async mainloops or the split families, where it was never measured.
+        for k in ks.iter().filter(|k| k.schedule.is_cpasync()) {
+            assert!(k.tile_siblings(&p).is_empty(), "{}", k.name());
+            let k192 = KernelSpec {
+                tile: [128, 192, k.tile[2]],
+                ..k.clone()
+            };
+            assert!(k192.invalid_reason().is_some(), "{}", k192.name());
+        }
         let split = KernelSpec {
             family: Family::Sm90GemmX3,
-            ..coop([128, 256]).clone()
+            ..find(Coop, [128, 256]).clone()
         };
         assert!(split.tile_siblings(&p).is_empty());
         assert!(KernelSpec {

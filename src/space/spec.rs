@@ -254,15 +254,23 @@ pub const SM90_CLUSTERS: [[u32; 3]; 6] = [
     [4, 1, 1],
 ];
 
-/// The cooperative tile CUTLASS's generator stamps out from its level-3 WGMMA shape 64x192
-/// (cutlass_library/sm90_shapes.py, `SM90_WGMMA_SHAPES_*_DENSE`) times its default MMA multiplier
-/// (2, 1, 4): 128x192. The default library build, which the knowledge base distills, has the
-/// shapes 64x128 and 64x256 only; the sibling round tries this one beside the cooperative 128x128
-/// and 128x256 kernels that lead a sweep (compose::refine_siblings). Its C tile leaves the mainloop
-/// as many stages with a residual as without: on the H100, tf32 65536x768x3072 + bias + residual
-/// ran in 0.8244 ms against 0.8557 for 128x256 (kernels only, the same call) and 0.7962 for
-/// cuBLAS's plain GEMM (benches/results/parity, tenth stop).
-pub const SM90_COOPERATIVE_TILE_N192: [u32; 2] = [128, 192];
+/// The 128x192 tile from CUTLASS's level-3 WGMMA shape 64x192 (cutlass_library/sm90_shapes.py,
+/// `SM90_WGMMA_SHAPES_*_DENSE`): times the generator's default MMA multiplier (2, 1, 4) in the
+/// cooperative schedule, and two of them stacked in one ping-pong warp group (192 fp32
+/// accumulators per thread of the 240 registers a ping-pong consumer gets). The default library
+/// build, which the knowledge base distills, has the shapes 64x128 and 64x256 only; the sibling
+/// round tries this one beside the 128x128 and 128x256 kernels that lead a sweep
+/// (compose::refine_siblings). Cooperative, its C tile leaves the mainloop as many stages with a
+/// residual as without (tf32 65536x768x3072 + bias + residual: 0.8244 ms against 0.8557 for
+/// 128x256). Ping-pong, its epilogue runs beside the other warp group's mainloop: on the H100, in
+/// one sweep each, tf32 65536x3072x768 + bias + tanh GELU took 0.7761 ms against 0.8402 for
+/// 128x128 ping-pong 2x2x1, bf16 0.4031 against 0.4325, and bf16 65536x768x3072 + bias +
+/// residual 0.4021 against 0.4243 for 128x256 cooperative (benches/results/parity, tenth and
+/// eleventh stops).
+pub const SM90_TILE_N192: [u32; 2] = [128, 192];
+/// The schedules `SM90_TILE_N192` runs in (TMA mainloops).
+pub const SM90_TILE_N192_SCHEDULES: [KernelSchedule; 2] =
+    [KernelSchedule::WsCooperative, KernelSchedule::WsPingpong];
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct KernelSpec {
