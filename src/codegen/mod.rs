@@ -805,8 +805,8 @@ mod tests {
         );
         assert!(text.contains("VisitorRowBroadcast<OutputTileThreadMap, Element, Stride<_0, _1, int64_t>>,\n    cutlass::epilogue::threadblock::VisitorAuxLoad<"));
         assert!(
-            text.contains("erff(v0 * 0.70710678118654752f)") && !text.contains("GELU"),
-            "the erf GELU stays accurate under every policy"
+            text.contains("fact_erf_approx(v0 * 0.70710678118654752f)") && !text.contains("GELU"),
+            "tf32: erf through the hardware's tanh, in fact's own functor"
         );
         // Every leaf kind, on bf16 rrr Stream-K.
         let k = for_sm80(DType::Bf16, GemmLayout::Rrr, false, Some("leaves=full,row,col,scalar;v1=mul(v0,l1);v2=add(v1,l2);v3=div(v2,l3);v4=add(v3,l0)"), [128, 128, 32]);
@@ -985,25 +985,32 @@ mod tests {
     }
 
     #[test]
-    fn only_f32_accurate_kernels_compute_tanh_and_exp_accurately() {
-        let e = crate::rules::Epilogue::parse("leaves=;v1=gelu_tanh(v0);v2=sigmoid(v1);v3=exp(v2)")
-            .unwrap();
+    fn only_f32_accurate_kernels_compute_tanh_exp_and_erf_accurately() {
+        let e = crate::rules::Epilogue::parse(
+            "leaves=;v1=gelu_tanh(v0);v2=sigmoid(v1);v3=exp(v2);v4=gelu(v3)",
+        )
+        .unwrap();
         let lines =
             |m: MathType| program_lines(&e, "acc[i]", Transcendentals::for_math(m)).join("\n");
         for m in [MathType::Tf32, MathType::Bf16, MathType::F16] {
             let text = lines(m);
             assert!(
-                text.contains("fact_tanh_approx(") && text.contains("fact_exp_approx(-v1)"),
+                text.contains("fact_tanh_approx(")
+                    && text.contains("fact_exp_approx(-v1)")
+                    && text.contains("fact_erf_approx(v3 * "),
                 "{m:?}: {text}"
             );
             assert!(
-                !text.contains("tanhf(") && !text.contains(" expf("),
+                !text.contains("tanhf(") && !text.contains(" expf(") && !text.contains("erff("),
                 "{m:?}: {text}"
             );
         }
         let exact = lines(MathType::Tf32x3);
         assert!(
-            exact.contains("tanhf(") && exact.contains("expf(-v1)") && !exact.contains("approx")
+            exact.contains("tanhf(")
+                && exact.contains("expf(-v1)")
+                && exact.contains("erff(v3 * ")
+                && !exact.contains("approx")
         );
     }
 

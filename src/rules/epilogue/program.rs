@@ -19,13 +19,15 @@ pub const MAX_LEAVES: usize = 4;
 /// for the split families, whose C is their first GEMM's result.
 pub const MAX_FULL_LEAVES: usize = 2;
 
-/// How a kernel's epilogue computes tanh and exp. Under f32-accurate they are the accurate
+/// How a kernel's epilogue computes tanh, exp and erf. Under f32-accurate they are the accurate
 /// library functions (CUTLASS's `Tanh` and `GELU_taylor` go through `tanh.approx`, which the 1e-4
 /// bound does not allow). Under tf32, bf16 and fp16 they are the hardware approximations
-/// (`tanh.approx.f32`, relative error under 2^-10.9, and `__expf`): well inside those policies'
-/// 1e-3 and 1e-2, and an accurate `tanhf` per element made the bf16 fc + tanh GELU epilogue cost
-/// 29% of its GEMM on the H100 (benches/results/parity). erf, pow and softplus's and mish's
-/// log1p(exp(x)) stay accurate.
+/// (`tanh.approx.f32`, relative error under 2^-10.9, and `__expf`), erf as tanh(x P(x²)) through
+/// the former (`fact_erf_approx` in templates/fused_epilogue.hbs: 4e-5 from erf with an exact
+/// tanh): well inside those policies' 1e-3 and 1e-2. An accurate `tanhf` per element made the
+/// bf16 fc + tanh GELU epilogue cost 29% of its GEMM on the H100, and `erff` kept the bf16 fc +
+/// GELU at 0.596 ms where the tanh GELU ran 0.403 (benches/results/parity). pow and softplus's
+/// and mish's log1p(exp(x)) stay accurate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transcendentals {
     Accurate,
@@ -151,13 +153,15 @@ impl EpOp {
     }
 
     /// The fp32 device expression over operand expressions `x` (`scalars` holds the operands
-    /// that are constants), its tanh and exp as `f` says (not the exp inside log1p); NaN
+    /// that are constants), its tanh, exp and erf as `f` says (not the exp inside log1p); NaN
     /// propagates as in torch; pow special-cases the exponents torch's kernel does.
     pub fn device_expr(self, x: &[String], scalars: &[Option<f64>], f: Transcendentals) -> String {
         let a = &x[0];
-        let (tanh, exp) = match f {
-            Transcendentals::Accurate => ("tanhf", "expf"),
-            Transcendentals::Approximate => ("fact_tanh_approx", "fact_exp_approx"),
+        let (tanh, exp, erf) = match f {
+            Transcendentals::Accurate => ("tanhf", "expf", "erff"),
+            Transcendentals::Approximate => {
+                ("fact_tanh_approx", "fact_exp_approx", "fact_erf_approx")
+            }
         };
         match self {
             EpOp::Add => format!("{a} + {}", x[1]),
@@ -165,7 +169,7 @@ impl EpOp {
             EpOp::Mul => format!("{a} * {}", x[1]),
             EpOp::Div => format!("{a} / {}", x[1]),
             EpOp::Relu => format!("{a} < 0.f ? 0.f : {a}"),
-            EpOp::Gelu => format!("0.5f * {a} * (1.f + erff({a} * 0.70710678118654752f))"),
+            EpOp::Gelu => format!("0.5f * {a} * (1.f + {erf}({a} * 0.70710678118654752f))"),
             EpOp::GeluTanh => format!("0.5f * {a} * (1.f + {tanh}(0.79788456080286536f * ({a} + 0.044715f * {a} * {a} * {a})))"),
             EpOp::Sigmoid => format!("1.f / (1.f + {exp}(-{a}))"),
             EpOp::Silu => format!("{a} / (1.f + {exp}(-{a}))"),
