@@ -92,7 +92,7 @@ pub(super) enum TableCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Merge table files into OUT (OUT's own entries kept): both runs kept; the winner is the verified kernel fastest against torch in its own run.
+    /// Merge table files into OUT (OUT's own entries kept): both runs kept; the winner is the verified kernel fastest against torch in its own run, unless another ran more than 1% faster than it in the runs that timed both.
     Merge {
         files: Vec<PathBuf>,
         #[arg(long, short)]
