@@ -4,15 +4,10 @@
 # bf16 out + bias + residual, swept through probe_agent.py into one table, then kernel-level parity
 # against cuBLAS from that table (benches/results/parity, eleventh stop).
 set -u
-export FACT_SHIPPED_TABLE=/tmp/none.json FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/t_pp192.json
-A="python3 $PWD/benches/device/probe_agent.py"
+# No shipped table: the parity step composes from the probe table alone.
+export FACT_SHIPPED_TABLE=/tmp/none.json FACT_TABLE=$OUT/t_pp192.json
 pp() { echo "{\"tile\":[128,192,$1],\"cluster\":[$2],\"schedule\":\"ws_pingpong\",\"scheduler\":\"persistent\"}"; }
-probe() { # name shape dtype epi json
-  t0=$(date +%s)
-  FACT_PROBE="$5" .device/fact realize --rule gemm_rcr_bias --dtype $3 --shape $2 --epilogue "$4" --precision tf32 \
-    --jobs 16 --candidates 20 --refine 0 --agent "$A" --out /tmp/p_$1 > $OUT/log_$1.txt 2>&1 || tail -3 $OUT/log_$1.txt
-  echo "== $1: $(( $(date +%s) - t0 )) s"
-}
+probe() { PROBE_LOGS=$OUT bash benches/device/probe_specs.sh "$@"; }
 G="leaves=;v1=gelu_tanh(v0)"; R="leaves=full;v1=add(v0,l0)"
 probe fcg 65536x3072x768 f32 "$G" "[{\"tile\":[128,128,32],\"cluster\":[2,2,1],\"schedule\":\"ws_pingpong\",\"scheduler\":\"persistent\"},$(pp 32 1,1,1),$(pp 32 2,1,1),$(pp 32 1,2,1),$(pp 32 2,2,1)]"
 probe fcg16 65536x3072x768 bf16 "$G" "[{\"tile\":[128,128,64],\"cluster\":[1,2,1],\"schedule\":\"ws_pingpong\",\"scheduler\":\"persistent\"},$(pp 64 1,1,1),$(pp 64 2,1,1),$(pp 64 1,2,1),$(pp 64 2,2,1)]"

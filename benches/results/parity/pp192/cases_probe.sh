@@ -1,14 +1,8 @@
 #!/usr/bin/env bash
 # Probe: each parity case's shipped winner against ping-pong 128x192 1x1x1, in one run each.
 set -u
-export FACT_SHIPPED_TABLE=/tmp/none.json FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/t_cases.json
-A="python3 $PWD/benches/device/probe_agent.py"
-probe() { # name shape dtype epi json
-  t0=$(date +%s)
-  FACT_PROBE="$5" .device/fact realize --rule gemm_rcr_bias --dtype $3 --shape $2 ${4:+--epilogue "$4"} --precision tf32 \
-    --jobs 16 --candidates 20 --refine 0 --agent "$A" --out /tmp/p_$1 > /tmp/log_$1.txt 2>&1 || tail -3 /tmp/log_$1.txt
-  echo "== $1: $(( $(date +%s) - t0 )) s $(grep -h 'compiled' /tmp/log_$1.txt | tail -1)"
-}
+export FACT_TABLE=$OUT/t_cases.json
+probe() { bash benches/device/probe_specs.sh "$@"; }
 probe qkv 65536x2304x768 f32 '' '[{"family": "sm90_gemm", "arch": "sm90", "layout": "rcr", "math": "tf32", "dtype": "f32", "tile": [128, 128, 32], "cluster": [2, 2, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "bias": true, "align": 4, "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}, {"tile": [128, 192, 32], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "heuristic", "swizzle": 1, "splits": 1}}, {"tile": [128, 192, 32], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}]'
 probe fc 65536x3072x768 f32 '' '[{"family": "sm90_gemm", "arch": "sm90", "layout": "rcr", "math": "tf32", "dtype": "f32", "tile": [128, 128, 32], "cluster": [2, 2, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "bias": true, "align": 4, "knobs": {"raster": "along_m", "swizzle": 2, "splits": 1}}, {"tile": [128, 192, 32], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "heuristic", "swizzle": 1, "splits": 1}}, {"tile": [128, 192, 32], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}]'
 probe proj 65536x768x768 f32 '' '[{"family": "sm90_gemm", "arch": "sm90", "layout": "rcr", "math": "tf32", "dtype": "f32", "tile": [128, 128, 32], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "bias": true, "align": 4}, {"tile": [128, 192, 32], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "heuristic", "swizzle": 1, "splits": 1}}, {"tile": [128, 192, 32], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}]'

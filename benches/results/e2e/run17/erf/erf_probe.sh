@@ -1,14 +1,8 @@
 #!/usr/bin/env bash
 # Probe: the F.gelu (erf) GEMM epilogue through fact_erf_approx, four kernels per policy; then the merge and both suites.
 set -u
-export FACT_SHIPPED_TABLE=/tmp/none.json FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/t_erf.json
-A="python3 $PWD/benches/device/probe_agent.py"
-probe() { # name shape dtype epi json
-  t0=$(date +%s)
-  FACT_PROBE="$5" .device/fact realize --rule gemm_rcr_bias --dtype $3 --shape $2 ${4:+--epilogue "$4"} --precision tf32 \
-    --jobs 16 --candidates 20 --refine 0 --agent "$A" --out /tmp/p_$1 > /tmp/log_$1.txt 2>&1 || tail -3 /tmp/log_$1.txt
-  echo "== $1: $(( $(date +%s) - t0 )) s $(grep -h 'compiled' /tmp/log_$1.txt | tail -1)"
-}
+export FACT_TABLE=$OUT/t_erf.json
+probe() { bash benches/device/probe_specs.sh "$@"; }
 probe erf_tf32 65536x3072x768 f32 'leaves=;v1=gelu(v0)' '[{"tile": [128, 128, 32], "cluster": [2, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}, {"tile": [128, 128, 32], "cluster": [1, 2, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}, {"tile": [128, 192, 32], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}, {"tile": [128, 192, 32], "cluster": [2, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}]'
 probe erf_bf16 65536x3072x768 bf16 'leaves=;v1=gelu(v0)' '[{"tile": [128, 128, 64], "cluster": [2, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}, {"tile": [128, 128, 64], "cluster": [1, 2, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}, {"tile": [128, 192, 64], "cluster": [1, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}, {"tile": [128, 192, 64], "cluster": [2, 1, 1], "schedule": "ws_pingpong", "scheduler": "persistent", "knobs": {"raster": "along_m", "swizzle": 1, "splits": 1}}]'
 python3 benches/device/table_print.py $FACT_TABLE erf
