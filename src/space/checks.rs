@@ -269,13 +269,14 @@ impl KernelSpec {
     /// The 128x192 tile (`SM90_TILE_N192`) of a TMA cooperative or ping-pong (plain family) 128x128
     /// or 128x256 kernel where it runs `p`: in both schedules (the ping-pong one data-parallel),
     /// each in the kernel's own cluster shape and in 1x1x1, with default knobs; none for others.
-    /// Both schedules because which one wins depends on the epilogue, not on the leader (128x192
-    /// ping-pong won the tf32 GELU and the bf16 residual, whose sweeps 128x128 ping-pong and 128x256
-    /// cooperative had led; cooperative won the tf32 residual). 1x1x1 because the tile's cluster
-    /// shapes differ more than the tiles do and that one ran it best: tf32 65536x768x3072 + bias +
-    /// residual on the H100 took 0.811 ms in 1x1x1, 0.849 in 2x1x1 and 0.956 in 1x2x1 (cooperative),
-    /// tf32 65536x3072x768 + bias + tanh GELU 0.776 in 1x1x1, 0.796 in 2x1x1 and 0.821 in 2x2x1
-    /// (ping-pong; benches/results/parity, tenth and eleventh stops).
+    /// Both schedules, whatever the leader's: ping-pong runs the epilogue beside the other warp
+    /// group's mainloop and won the tf32 GELU and the bf16 residual, whose sweeps 128x128 ping-pong
+    /// and 128x256 cooperative had led; cooperative keeps a residual's mainloop stages and ran the
+    /// tf32 out + residual 2% behind ping-pong, ahead of every other tile. 1x1x1 because the
+    /// tile's cluster shapes differ more than the tiles do and that one ran it best: tf32
+    /// 65536x768x3072 + bias + residual on the H100 took 0.811 ms in 1x1x1, 0.849 in 2x1x1 and
+    /// 0.956 in 1x2x1 (cooperative), tf32 65536x3072x768 + bias + tanh GELU 0.776 in 1x1x1, 0.796
+    /// in 2x1x1 and 0.821 in 2x2x1 (ping-pong; benches/results/parity, tenth and eleventh stops).
     pub fn tile_siblings(&self, p: &GemmProblem) -> Vec<KernelSpec> {
         let [tm, tn, tk] = self.tile;
         if self.family != Family::Sm90Gemm
