@@ -11,17 +11,10 @@
 # Their kernels keep main's names: never merge their tables anywhere.
 set -u
 shape=${SHAPE:-65536x768x3072}; dtype=${DTYPE:-f32}; epi=${EPI:-leaves=full;v1=add(v0,l0)}
-A="python3 $PWD/benches/device/probe_agent.py"
-export FACT_SHIPPED_TABLE=/tmp/probe_no_shipped.json
-realize() { # NAME BINARY PROBE_JSON
-  FACT_PROBE="$3" FACT_CACHE_DIR=/tmp/probe-cache-$1 FACT_TABLE=$OUT/probe_table_$1.json \
-    $2 realize --rule gemm_rcr_bias --dtype $dtype --shape $shape --epilogue "$epi" --precision tf32 \
-    --jobs 16 --candidates 20 --refine 0 --agent "$A" --out /tmp/probe_$1
-}
 for b in $BINS; do
   name=${b%%=*}; rest=${b#*=}; bin=${rest%%@*}; probe=${rest#*@}
-  t0=$(date +%s)
-  realize $name $bin "$(cat $probe)" > $OUT/realize_$name.log 2>&1 || echo "$name failed: $(tail -3 $OUT/realize_$name.log)"
-  echo "$name: $(( $(date +%s) - t0 )) s"
+  FACT_BIN=$bin FACT_CACHE_DIR=/tmp/probe-cache-$name FACT_TABLE=$OUT/probe_table_$name.json \
+    PROBE_LOG=$OUT/realize_$name.log PROBE_OUT=/tmp/probe_$name \
+    bash benches/device/probe_specs.sh "$name" "$shape" "$dtype" "$epi" "$(cat $probe)"
   python3 benches/device/table_print.py $OUT/probe_table_$name.json $name
 done

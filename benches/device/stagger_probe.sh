@@ -9,15 +9,11 @@
 set -u
 shape=${SHAPE:-65536x768x3072}; dtype=${DTYPE:-f32}; epi=${EPI:-leaves=full;v1=add(v0,l0)}
 bin=${BIN:-.device/fact}; tag=${TAG:-$dtype}
-export FACT_SHIPPED_TABLE=/tmp/probe_no_shipped.json FACT_CACHE_DIR=${CACHE:-/tmp/stagger-cache}
+export FACT_CACHE_DIR=${CACHE:-/tmp/stagger-cache}
 for s in $SETTINGS; do
-  t0=$(date +%s)
   if [ "$s" = none ]; then unset FACT_PROBE_STAGGER; else export FACT_PROBE_STAGGER=$s; fi
   name=${tag}_${s//:/_}
-  FACT_PROBE="$PROBE" FACT_TABLE=$OUT/stagger_table_$name.json $bin realize --rule gemm_rcr_bias \
-    --dtype $dtype --shape $shape --epilogue "$epi" --precision tf32 --jobs 16 --candidates 20 \
-    --refine 0 --agent "python3 $PWD/benches/device/probe_agent.py" --out /tmp/stagger_$name \
-    > $OUT/realize_$name.log 2>&1 || echo "$name failed: $(tail -3 $OUT/realize_$name.log)"
-  echo "$s: $(( $(date +%s) - t0 )) s"
+  FACT_BIN=$bin FACT_TABLE=$OUT/stagger_table_$name.json PROBE_LOG=$OUT/realize_$name.log \
+    PROBE_OUT=/tmp/stagger_$name bash benches/device/probe_specs.sh "$name" "$shape" "$dtype" "$epi" "$PROBE"
   python3 benches/device/table_print.py $OUT/stagger_table_$name.json "$s"
 done
