@@ -298,7 +298,7 @@ impl KernelSpec {
                 cluster,
                 schedule,
                 // Stream-K runs only with the cooperative schedule.
-                scheduler: if schedule == self.schedule {
+                scheduler: if schedule.is_cooperative() {
                     self.scheduler
                 } else {
                     TileScheduler::Persistent
