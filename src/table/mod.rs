@@ -233,7 +233,7 @@ impl Entry {
             let mine = &by_kernel[best.1.kernel.as_str()];
             // (kernel, geometric mean of its time over the winner's in the runs that timed both)
             let mut faster: Option<(&str, f64)> = None;
-            for (&kernel, times) in &by_kernel {
+            for (&kernel, times) in by_kernel.iter().filter(|(&k, _)| k != best.1.kernel) {
                 let logs: Vec<f64> = times
                     .iter()
                     .filter_map(|&(i, _, ms)| {
@@ -241,7 +241,7 @@ impl Entry {
                         Some((ms / w).ln())
                     })
                     .collect();
-                if kernel == best.1.kernel || logs.is_empty() {
+                if logs.is_empty() {
                     continue;
                 }
                 let h = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
