@@ -527,6 +527,8 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
         head_dim: 96,
         dtype,
         causal: true,
+        kv_heads: None,
+        padded: false,
     };
     let tf32 = candidates(&p(DType::F32), MathType::Tf32, Arch::Sm90).remove(0);
     let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90)
@@ -650,6 +652,8 @@ fn sm90_attention_kernels_build_into_a_library() {
         head_dim: d,
         dtype: DType::Bf16,
         causal,
+        kv_heads: None,
+        padded: false,
     };
     let named = |c: Vec<fact::space::attention::AttentionSpec>, name: &str| {
         c.into_iter()
@@ -733,6 +737,8 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
         head_dim: 64,
         dtype: DType::Bf16,
         causal: true,
+        kv_heads: None,
+        padded: false,
     };
     let attention = candidates(&p, MathType::Bf16, Arch::Sm80).remove(0);
     for name in [plain.name(), evt.name(), every.name(), attention.name()] {

@@ -43,20 +43,31 @@ pub struct AttentionProblem {
     pub head_dim: i64,
     pub dtype: DType,
     pub causal: bool,
+    /// Heads of k and v where they are fewer than q's (grouped-query attention: query head h
+    /// reads key/value head h / (heads / kv_heads), in place); None where they are as many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<i64>,
+    /// Each sequence's keys end at a length of its own (a key-padding mask: keys at or past
+    /// batch b's length are masked for every query of b); the kernel reads the lengths.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub padded: bool,
 }
 
 impl AttentionProblem {
-    /// `attention`, `attention_causal` (the explicit form), `sdpa`, `sdpa_causal`.
+    /// `attention`, `attention_causal` (the explicit form), `sdpa`, `sdpa_causal`, and for SDPA
+    /// with a key-padding mask `sdpa_padded`, `sdpa_causal_padded`.
     pub fn rule_id(&self) -> String {
         let kind = match self.origin {
             AttentionOrigin::Explicit => "attention",
             AttentionOrigin::Sdpa => "sdpa",
         };
-        if self.causal {
-            format!("{kind}_causal")
-        } else {
-            kind.into()
-        }
+        let causal = if self.causal { "_causal" } else { "" };
+        let padded = if self.padded { "_padded" } else { "" };
+        format!("{kind}{causal}{padded}")
+    }
+    /// Heads of k and v (q's heads unless grouped).
+    pub fn key_heads(&self) -> i64 {
+        self.kv_heads.unwrap_or(self.heads)
     }
     /// The widest power of two, at most 8, that both sequence lengths divide: the sm90 kernel
     /// takes only Tq % 8 == 0, so winners of one class cannot stand in for another's.
@@ -71,12 +82,16 @@ impl AttentionProblem {
         }
         align
     }
-    /// `BxHxTqxTkxD`.
+    /// `BxHxTqxTkxD`, and `BxHxTqxTkxDxHkv` for grouped-query attention.
     pub fn shape_key(&self) -> String {
-        format!(
+        let base = format!(
             "{}x{}x{}x{}x{}",
             self.batch, self.heads, self.seq_q, self.seq_k, self.head_dim
-        )
+        );
+        match self.kv_heads {
+            Some(kv) => format!("{base}x{kv}"),
+            None => base,
+        }
     }
     /// Multiply-adds of the two products, halved under the causal mask (the kernel skips the
     /// key blocks a query block cannot see).
@@ -92,11 +107,13 @@ impl AttentionProblem {
             full
         }
     }
-    /// Fewest bytes a fused kernel moves: q, k, v read once, the output written once.
+    /// Fewest bytes a fused kernel moves: q, k, v read once (k and v with their own heads), the
+    /// output written once.
     pub fn bytes(&self) -> f64 {
         let e = self.dtype.bytes() as f64;
-        e * (self.batch * self.heads * self.head_dim) as f64
-            * (2.0 * self.seq_q as f64 + 2.0 * self.seq_k as f64)
+        e * (self.batch * self.head_dim) as f64
+            * (2.0 * (self.heads * self.seq_q) as f64
+                + 2.0 * (self.key_heads() * self.seq_k) as f64)
     }
     /// Bytes eager torch moves in the explicit form: the score matrix written and read by each of
     /// scale, mask, softmax and the second product (fp32 scores for fp32 tensors).
@@ -107,36 +124,44 @@ impl AttentionProblem {
             * self.dtype.bytes() as f64;
         self.bytes() + 7.0 * scores
     }
-    /// The problem a rule id names at a shape `BxHxTqxTkxD`.
+    /// The problem a rule id names at a shape `BxHxTqxTkxD` (or `BxHxTqxTkxDxHkv`, grouped-query).
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<AttentionProblem, String> {
-        let (origin, causal) = match rule {
-            "attention" => (AttentionOrigin::Explicit, false),
-            "attention_causal" => (AttentionOrigin::Explicit, true),
-            "sdpa" => (AttentionOrigin::Sdpa, false),
-            "sdpa_causal" => (AttentionOrigin::Sdpa, true),
+        let (origin, causal, padded) = match rule {
+            "attention" => (AttentionOrigin::Explicit, false, false),
+            "attention_causal" => (AttentionOrigin::Explicit, true, false),
+            "sdpa" => (AttentionOrigin::Sdpa, false, false),
+            "sdpa_causal" => (AttentionOrigin::Sdpa, true, false),
+            "sdpa_padded" => (AttentionOrigin::Sdpa, false, true),
+            "sdpa_causal_padded" => (AttentionOrigin::Sdpa, true, true),
             _ => {
                 return Err(format!(
-                    "unknown rule '{rule}': use attention, attention_causal, sdpa or sdpa_causal"
+                    "unknown rule '{rule}': use attention, attention_causal, sdpa, sdpa_causal, sdpa_padded or sdpa_causal_padded"
                 ))
             }
         };
-        match dims {
-            &[batch, heads, seq_q, seq_k, head_dim] if dims.iter().all(|&d| d > 0) => {
-                Ok(AttentionProblem {
-                    origin,
-                    batch,
-                    heads,
-                    seq_q,
-                    seq_k,
-                    head_dim,
-                    dtype,
-                    causal,
-                })
-            }
-            _ => Err(format!(
-                "{rule} takes a shape of 5 positive dims (BxHxTqxTkxD), got {dims:?}"
-            )),
+        let (batch, heads, seq_q, seq_k, head_dim, kv_heads) = match *dims {
+            [b, h, tq, tk, d] => (b, h, tq, tk, d, None),
+            [b, h, tq, tk, d, kv] => (b, h, tq, tk, d, Some(kv)),
+            _ => (0, 0, 0, 0, 0, None),
+        };
+        let grouped_ok = kv_heads.is_none_or(|kv| kv > 0 && kv < heads && heads % kv == 0);
+        if !(5..=6).contains(&dims.len()) || dims.iter().any(|&d| d <= 0) || !grouped_ok {
+            return Err(format!(
+                "{rule} takes a shape of 5 positive dims (BxHxTqxTkxD), or 6 for grouped-query attention (BxHxTqxTkxDxHkv, Hkv < H dividing it), got {dims:?}"
+            ));
         }
+        Ok(AttentionProblem {
+            origin,
+            batch,
+            heads,
+            seq_q,
+            seq_k,
+            head_dim,
+            dtype,
+            causal,
+            kv_heads,
+            padded,
+        })
     }
 }
 
@@ -523,6 +548,8 @@ fn problem(
         head_dim: qs.1,
         dtype,
         causal,
+        kv_heads: None,
+        padded: false,
     };
     (p.batch > 0 && p.heads > 0 && p.seq_q > 0 && p.seq_k > 0 && p.head_dim > 0).then_some(p)
 }
@@ -577,7 +604,9 @@ mod tests {
                 seq_k: 16,
                 head_dim: 8,
                 dtype: DType::F32,
-                causal: true
+                causal: true,
+                kv_heads: None,
+                padded: false,
             }
         );
         assert_eq!(a.problem.rule_id(), "attention_causal");
@@ -738,7 +767,9 @@ mod tests {
                 seq_k: 80,
                 head_dim: 64,
                 dtype: DType::Bf16,
-                causal: true
+                causal: true,
+                kv_heads: None,
+                padded: false,
             }
         );
         assert_eq!(
@@ -771,6 +802,8 @@ mod tests {
             head_dim: 96,
             dtype: DType::F32,
             causal: true,
+            kv_heads: None,
+            padded: false,
         };
         let dims: Vec<i64> = p
             .shape_key()
@@ -787,5 +820,50 @@ mod tests {
                 .contains("5 positive dims")
         );
         assert!(p.flops() > 0.0 && p.eager_bytes() > p.bytes());
+        // Grouped-query and key-padded SDPA problems round-trip too; k/v heads must divide q's.
+        let g = AttentionProblem {
+            origin: AttentionOrigin::Sdpa,
+            kv_heads: Some(2),
+            padded: true,
+            dtype: DType::Bf16,
+            ..p
+        };
+        assert_eq!(
+            (g.rule_id(), g.shape_key()),
+            (
+                "sdpa_causal_padded".to_string(),
+                "128x8x512x512x96x2".to_string()
+            )
+        );
+        let dims: Vec<i64> = g
+            .shape_key()
+            .split('x')
+            .map(|d| d.parse().unwrap())
+            .collect();
+        assert_eq!(
+            AttentionProblem::from_rule(&g.rule_id(), &dims, DType::Bf16).unwrap(),
+            g
+        );
+        assert!(
+            g.bytes()
+                < AttentionProblem {
+                    kv_heads: None,
+                    ..g.clone()
+                }
+                .bytes()
+        );
+        for bad in [[1, 8, 64, 64, 64, 3], [1, 8, 64, 64, 64, 8]] {
+            assert!(
+                AttentionProblem::from_rule("sdpa", &bad, DType::Bf16).is_err(),
+                "{bad:?}"
+            );
+        }
+        // An older table's entry (no kv_heads, no padded) reads as before.
+        let old: AttentionProblem = serde_json::from_str(
+            r#"{"origin":"sdpa","batch":1,"heads":2,"seq_q":8,"seq_k":8,"head_dim":64,"dtype":"bf16","causal":false}"#,
+        )
+        .unwrap();
+        assert_eq!((old.kv_heads, old.padded), (None, false));
+        assert!(!serde_json::to_string(&old).unwrap().contains("padded"));
     }
 }

@@ -303,8 +303,13 @@ impl AttentionSpec {
     /// count; strides and alignment are checked per call).
     pub fn fits(&self, p: &AttentionProblem) -> bool {
         let align = 16 / self.dtype.bytes() as i64;
-        let head =
-            p.dtype == self.dtype && p.head_dim as u32 <= self.max_k && p.head_dim % align == 0;
+        // Grouped-query and key-padded problems need kernels that read k/v heads by group and
+        // per-sequence key lengths; none of these families does yet.
+        let head = p.dtype == self.dtype
+            && p.head_dim as u32 <= self.max_k
+            && p.head_dim % align == 0
+            && p.kv_heads.is_none()
+            && !p.padded;
         match self.family {
             AttentionFamily::Sm80 => head,
             // examples/88's can_implement asks Tq % 8 == 0; its causal mask sees padded keys when
@@ -422,6 +427,8 @@ mod tests {
             head_dim: d,
             dtype,
             causal: true,
+            kv_heads: None,
+            padded: false,
         }
     }
 
@@ -475,6 +482,8 @@ mod tests {
             for causal in [true, false] {
                 let p = AttentionProblem {
                     causal,
+                    kv_heads: None,
+                    padded: false,
                     ..problem(d, DType::Bf16)
                 };
                 let c = candidates(&p, MathType::Bf16, Arch::Sm90);
@@ -565,6 +574,8 @@ mod tests {
         let causal = &candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90)[0];
         assert!(!causal.fits(&AttentionProblem {
             causal: false,
+            kv_heads: None,
+            padded: false,
             ..problem(64, DType::Bf16)
         }));
     }
