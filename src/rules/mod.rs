@@ -6,6 +6,10 @@
 //! - `attention.rs` (`AttentionRule`): q·kᵀ, scale, mask, softmax and ·v as one pattern;
 //! - `layernorm.rs` (`LayerNormRule`): LayerNorm over the last dim, one node.
 //!
+//! Rules read the graph through `views.rs`: the normalisation that makes shape-only nodes (views,
+//! reshapes, eval dropout, `contiguous` of a packed tensor, same-dtype `to`) transparent, so a
+//! match passes through them and owns those nothing else reads.
+//!
 //! Rules find matches that may overlap; `cover.rs` picks a non-overlapping set of them by gain,
 //! and `match_patterns` sorts that cover into `Patterns` by kind.
 
@@ -14,6 +18,7 @@ pub mod cover;
 pub mod epilogue;
 pub mod gemm;
 pub mod layernorm;
+pub mod views;
 
 pub use attention::{match_attention, AttentionMatch, AttentionProblem, AttentionRule};
 pub use cover::{candidates, cover, Candidate, Gain, Site};
