@@ -51,7 +51,9 @@ pub fn pass(g: &Graph, id: NodeId) -> Option<Pass> {
         "view" | "reshape" | "_unsafe_view" | "flatten" | "unsqueeze" | "squeeze" | "view_as"
         | "reshape_as" => respells,
         // contiguous_format (0) of a packed tensor returns the tensor itself.
-        "contiguous" => respells && identity && matches!(cst(1), None | Some(Const::Int(0))),
+        "contiguous" => {
+            respells && identity && (n.inputs.len() < 2 || matches!(cst(1), Some(Const::Int(0))))
+        }
         "dropout"
         | "dropout_"
         | "feature_dropout"
