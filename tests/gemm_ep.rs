@@ -1,7 +1,7 @@
 //! The fused GEMM + epilogue op at the TorchScript boundary: a pattern of several nodes rewritten
 //! into one fact::gemm_ep call, and the op's fallback (the GEMM, then the epilogue program run
-//! with aten ops) computing what the replaced nodes computed. Fixture: linear_ep.pt,
-//! `r + gelu(fc(x), approximate="tanh") * 0.5`.
+//! with aten ops) computing what the replaced nodes computed. Fixtures: linear_ep.pt,
+//! `r + gelu(fc(x), approximate="tanh") * 0.5`; minigpt.pt; conv1d_mlp.pt, GPT-2's MLP on Conv1D.
 
 use crate::common::{build_options, fixture};
 use fact::graph::Graph;
@@ -312,6 +312,79 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
             .get("n")
             .map(|c| (c.ran, c.fell_back, c.why.as_deref())),
         Some((0, 2, Some("not CUDA tensors of one device"))),
+        "{calls:?}"
+    );
+    conv1d_mlp_falls_back_to_what_its_views_computed(&built.library, dir.path());
+}
+
+/// GPT-2's MLP on Conv1D (conv1d_mlp.pt): each GEMM reads x's rows through a view, and its
+/// pattern takes the view back, eval dropout, a residual met in the flattened rows ([B*T, C]) and
+/// a scale expanded over [B, T, C]. The composed module computes the original's function, at the
+/// traced shape and at another (the views' sizes are read from x at run time, as the op's output
+/// shape is).
+fn conv1d_mlp_falls_back_to_what_its_views_computed(library: &Path, dir: &Path) {
+    torch::op_stats(library, true).unwrap();
+    let model = fixture("conv1d_mlp.pt");
+    let (g, _) = torch::load_graph(&model, &[]).unwrap();
+    let found = fact::rules::match_patterns(&g);
+    let shapes: Vec<(Vec<i64>, String)> = found
+        .gemm
+        .iter()
+        .map(|m| {
+            let e = m.epilogue.as_ref().expect("both GEMMs fused");
+            (
+                g.tensor(m.operand_a()).unwrap().shape.clone(),
+                e.epilogue.text(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shapes,
+        [
+            (vec![2, 8, 64], "leaves=;v1=mul(v0,0.5);v2=pow(v0,3.0);v3=mul(v2,0.044715);v4=add(v0,v3);v5=mul(v4,0.7978845608028654);v6=tanh(v5);v7=add(v6,1.0);v8=mul(v1,v7)".to_string()),
+            (vec![2, 8, 256], "leaves=full,row;v1=add(v0,l0);v2=mul(v1,l1)".to_string()),
+        ]
+    );
+    let edits: Vec<Edit> = found
+        .gemm
+        .iter()
+        .map(|m| fact::compose::gemm_edit(&g, m, "c"))
+        .collect();
+    let out = dir.join("conv1d_mlp.pt");
+    let text = torch::rewrite_and_save(&model, &out, &edits).unwrap();
+    assert_eq!(text.matches("fact::gemm_ep(").count(), 2, "{text}");
+    for gone in [
+        "aten::addmm",
+        "aten::view(",
+        "aten::dropout",
+        "aten::expand_as",
+        "aten::tanh",
+        "aten::mul(",
+    ] {
+        assert!(!text.contains(gone), "{gone} left in\n{text}");
+    }
+    let (original, composed) = (CModule::load(&model).unwrap(), CModule::load(&out).unwrap());
+    for (b, t) in [(2, 8), (3, 5)] {
+        let cpu = (Kind::Float, tch::Device::Cpu);
+        let inputs = [
+            Tensor::randn([b, t, 64], cpu),
+            Tensor::randn([b * t, 64], cpu),
+            Tensor::randn([64], cpu),
+        ];
+        let run = |m: &CModule| {
+            tch::no_grad(|| m.forward_ts(&inputs.each_ref().map(Tensor::shallow_clone))).unwrap()
+        };
+        let (want, got) = (run(&original), run(&composed));
+        assert_eq!(got.size(), [b, t, 64]);
+        // The same ops on the same values; CPU sgemm rounds by its buffers' alignment, which
+        // differs between the two modules' runs (one ulp of outputs near 8).
+        let diff = (&got - &want).abs().max().double_value(&[]);
+        assert!(diff <= 1e-5, "B {b}, T {t}: differs by {diff}");
+    }
+    let calls = torch::op_stats(library, false).unwrap();
+    assert_eq!(
+        calls.get("c").map(|c| (c.ran, c.fell_back)),
+        Some((0, 4)),
         "{calls:?}"
     );
 }

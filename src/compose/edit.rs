@@ -5,7 +5,8 @@ use super::*;
 
 /// The rewrite of a match: `fact::gemm(a, b, bias?, origin, kernel)` in place of the GEMM node,
 /// or, for a fused pattern, `fact::gemm_ep(a, b, bias?, [leaves], origin, epilogue, kernel)` in
-/// place of its last node, the GEMM and the other epilogue nodes removed.
+/// place of its last node, the GEMM and the other epilogue nodes removed (the transparent nodes it
+/// owns among them: a flattening view of a it reads unflattened, views of its leaves).
 pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
     let bias = Operand::optional(m.bias);
     let Some(ep) = &m.epilogue else {
@@ -32,7 +33,7 @@ pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
         expect_kind: g.nodes[*last].kind.clone(),
         op: "fact::gemm_ep".to_string(),
         operands: vec![
-            Operand::value(m.a),
+            Operand::value(m.operand_a()),
             Operand::value(m.b),
             bias,
             leaves,

@@ -111,6 +111,14 @@ impl TensorInfo {
     pub fn bytes(&self) -> f64 {
         self.shape.iter().map(|&d| d as f64).product::<f64>() * elem_bytes(&self.dtype)
     }
+    pub fn numel(&self) -> i64 {
+        self.shape.iter().product()
+    }
+    /// Whether the elements lie packed in row-major order, as `is_contiguous` says (dims of size
+    /// one lie either way).
+    pub fn is_packed(&self) -> bool {
+        is_packed(&self.shape, &self.strides())
+    }
     /// The strides, or a packed row-major tensor's when none were recorded.
     pub fn strides(&self) -> Vec<i64> {
         if self.strides.len() == self.shape.len() {
@@ -122,6 +130,18 @@ impl TensorInfo {
         }
         out
     }
+}
+
+/// Whether `strides` lay out `shape` packed in row-major order (dims of size one lie either way).
+pub fn is_packed(shape: &[i64], strides: &[i64]) -> bool {
+    let mut want = 1;
+    for d in (0..shape.len()).rev() {
+        if shape[d] != 1 && strides[d] != want {
+            return false;
+        }
+        want *= shape[d];
+    }
+    true
 }
 
 #[derive(Clone, Debug)]

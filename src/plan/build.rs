@@ -261,7 +261,7 @@ impl Facts {
             node: m.node,
             // A fused pattern replaces its epilogue's kernels too.
             nodes: m.nodes(),
-            operands: [Some(m.a), Some(m.b), m.bias]
+            operands: [Some(m.operand_a()), Some(m.b), m.bias]
                 .into_iter()
                 .flatten()
                 .collect(),

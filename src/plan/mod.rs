@@ -4,7 +4,7 @@
 //! the table. Pure: no libtorch, GPU or disk.
 
 use crate::graph::{elem_bytes, Graph, NodeId, TensorInfo};
-use crate::rules::{GemmMatch, GemmOrigin, GemmProblem};
+use crate::rules::{views, GemmMatch, GemmOrigin, GemmProblem};
 use crate::types::{Arch, DType, MathType, Precision};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -98,7 +98,9 @@ pub fn node_costs(
         gemms.iter().map(|m| (m.node, &m.problem)).collect();
     let mut out = Vec::new();
     for (id, n) in g.nodes.iter().enumerate() {
-        if is_free(&n.kind) {
+        // Transparent nodes (`rules::views`: contiguous of a packed tensor, same-dtype `to`) launch
+        // nothing either.
+        if is_free(&n.kind) || views::pass(g, id).is_some() {
             continue;
         }
         let tensors = |vs: &[usize]| -> f64 {
@@ -435,6 +437,28 @@ mod tests {
             costs.iter().all(|c| c.kind != "aten::view"),
             "views are free"
         );
+    }
+
+    #[test]
+    fn a_contiguous_costs_only_where_it_copies() {
+        let g = Graph::parse(
+            "graph(%x: f32[64,32], %t: f32[32,64]{1,32}):
+               %zero = prim::Constant[0]()
+               %f32 = prim::Constant[6]()
+               %f = prim::Constant[False]()
+               %none = prim::Constant[None]()
+               %a = aten::contiguous(%x, %zero) : f32[64,32]
+               %b = aten::contiguous(%t, %zero) : f32[32,64]
+               %c = aten::to(%x, %f32, %f, %f, %none) : f32[64,32]
+               return (%a, %b, %c)",
+        )
+        .unwrap();
+        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &[]);
+        let names: Vec<&str> = costs
+            .iter()
+            .map(|c| g.values[g.nodes[c.node].outputs[0]].name.as_str())
+            .collect();
+        assert_eq!(names, ["b"], "the transposed tensor's copy alone");
     }
 
     #[test]

@@ -15,15 +15,16 @@
 //! 2. `bytes`: the eager traffic the match removes, Σ over its nodes of the tensor bytes each
 //!    reads and writes, less its external inputs read once and its outputs written once: the
 //!    intermediates it keeps on chip, each written once and read by each reader, and inputs read
-//!    again. A one-node match (a GEMM alone, a LayerNorm, SDPA) removes none; a GEMM whose
-//!    epilogue keeps k output-sized values on chip removes about 2k outputs, so it beats its
-//!    GEMM alone, and of two epilogues claiming one node the one fusing more keeps it.
+//!    again (a transparent node, `views.rs`, moves none). A one-node match (a GEMM alone, a
+//!    LayerNorm, SDPA) removes none; a GEMM whose epilogue keeps k output-sized values on chip
+//!    removes about 2k outputs, so it beats its GEMM alone, and of two epilogues claiming one
+//!    node the one fusing more keeps it.
 //!
 //! So an attention takes its products from the GEMM rules; a GEMM whose epilogue lost a node to
 //! another pattern is still a pattern, the GEMM rule's match of it alone; and a rule of any kind
 //! takes part by its site alone.
 
-use super::{GemmOrigin, Match, PatternKind, Rule};
+use super::{views, GemmOrigin, Match, PatternKind, Rule};
 use crate::graph::{Graph, NodeId, TensorInfo, ValueId};
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
@@ -103,8 +104,10 @@ impl Site {
             .filter(|v| returned.contains(v) || read_outside.contains(v))
             .collect();
         let bytes = |v: &ValueId| g.tensor(*v).map_or(0.0, TensorInfo::bytes);
+        // A transparent node (a view, eval dropout) moves no bytes.
         let traffic: f64 = nodes
             .iter()
+            .filter(|&&n| views::pass(g, n).is_none())
             .flat_map(|&n| g.nodes[n].inputs.iter().chain(&g.nodes[n].outputs))
             .filter(|v| data(v))
             .map(bytes)

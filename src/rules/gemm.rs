@@ -19,11 +19,12 @@
 //! match says the op copies it (`GemmMatch::copies`). Other broadcasts are not matched.
 //!
 //! `GemmRule` offers every GEMM alone: the pattern of a GEMM whose epilogue (`epilogue.rs`) has no
-//! kernel or lost a node to another pattern.
+//! kernel or lost a node to another pattern. A fused pattern may read a in place of a 2-D operand
+//! that flattens it (`GemmMatch::operand_a`; the problem is the same GEMM).
 
 use super::epilogue::{Epilogue, EpilogueMatch};
 use super::{boxed, Match, PatternKind, Rule};
-use crate::graph::{Const, Graph, NodeId, TensorInfo, ValueId};
+use crate::graph::{is_packed, Const, Graph, NodeId, TensorInfo, ValueId};
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
 
@@ -323,6 +324,11 @@ impl GemmMatch {
             ..self.clone()
         }
     }
+    /// The tensor the op reads as a: the GEMM's own operand, or the tensor it flattens where the
+    /// fused pattern reads that instead (`EpilogueMatch::a`).
+    pub fn operand_a(&self) -> ValueId {
+        self.epilogue.as_ref().and_then(|e| e.a).unwrap_or(self.a)
+    }
     /// The graph nodes the pattern replaces: the GEMM and its epilogue's nodes.
     pub fn nodes(&self) -> Vec<NodeId> {
         let mut v = vec![self.node];
@@ -370,24 +376,13 @@ pub fn major(t: &TensorInfo) -> Option<Major> {
     if n < 2 {
         return None;
     }
-    let strides = t.strides();
-    let packed = |shape: &[i64], strides: &[i64]| {
-        let mut want = 1;
-        for d in (0..shape.len()).rev() {
-            if shape[d] != 1 && strides[d] != want {
-                return false;
-            }
-            want *= shape[d];
-        }
-        true
-    };
-    if packed(&t.shape, &strides) {
+    if t.is_packed() {
         return Some(Major::Row);
     }
-    let (mut shape, mut st) = (t.shape.clone(), strides);
+    let (mut shape, mut st) = (t.shape.clone(), t.strides());
     shape.swap(n - 2, n - 1);
     st.swap(n - 2, n - 1);
-    packed(&shape, &st).then_some(Major::Col)
+    is_packed(&shape, &st).then_some(Major::Col)
 }
 
 fn lead(t: &TensorInfo) -> i64 {

@@ -6,6 +6,10 @@
 //! - `attention.rs` (`AttentionRule`): q·kᵀ, scale, mask, softmax and ·v as one pattern;
 //! - `layernorm.rs` (`LayerNormRule`): LayerNorm over the last dim, one node.
 //!
+//! Rules read the graph through `views.rs`: the normalisation that makes shape-only nodes (views,
+//! reshapes, eval dropout, `contiguous` of a packed tensor, same-dtype `to`) transparent, so a
+//! match passes through them and owns those nothing else reads.
+//!
 //! Rules find matches that may overlap; `cover.rs` picks a non-overlapping set of them by gain,
 //! and `match_patterns` sorts that cover into `Patterns` by kind.
 
@@ -14,6 +18,7 @@ pub mod cover;
 pub mod epilogue;
 pub mod gemm;
 pub mod layernorm;
+pub mod views;
 
 pub use attention::{match_attention, AttentionMatch, AttentionProblem, AttentionRule};
 pub use cover::{candidates, cover, Candidate, Gain, Site};
@@ -666,5 +671,133 @@ mod tests {
         nodes.sort();
         nodes.dedup();
         assert_eq!(nodes.len(), n, "no node in two patterns");
+    }
+
+    /// One GPT-2 block as a traced `GPT2LMHeadModel` reads (transformers 5.17, B 2, T 64).
+    const GPT2_BLOCK: &str = include_str!("testdata/gpt2_block.graph");
+
+    #[test]
+    fn a_gpt2_block_fuses_its_gelu_and_residual_adds_through_the_conv1d_views() {
+        let g = Graph::parse(GPT2_BLOCK).unwrap();
+        let found = match_patterns(&g);
+        assert_eq!(found.layernorm.len(), 2);
+        let name = |v: ValueId| g.values[v].name.clone();
+        let made = |n: NodeId| name(g.nodes[n].outputs[0]);
+        // (the tensor the op reads as a, the epilogue, its leaves, its nodes, its output) per GEMM.
+        let got: Vec<_> = found
+            .gemm
+            .iter()
+            .map(|m| {
+                let e = m.epilogue.as_ref();
+                (
+                    name(m.operand_a()),
+                    e.map(|e| e.epilogue.text()).unwrap_or_default(),
+                    e.map(|e| e.leaves.iter().map(|&l| name(l)).collect::<Vec<_>>()),
+                    m.nodes().into_iter().map(made).collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        let strs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(got.len(), 4, "{got:#?}");
+        // c_attn: addmm → view → split, a GEMM alone on its own 2-D operand.
+        assert_eq!(got[0], ("111".into(), String::new(), None, strs(&["x.6"])));
+        // attn.c_proj: reads the heads merged back (the contiguous before its view is read by
+        // size nodes too, so it stays), takes view → dropout → add, the residual read through
+        // the embeddings' dropout.
+        assert_eq!(
+            got[1],
+            (
+                "138".into(),
+                "leaves=full;v1=add(v0,l0)".into(),
+                Some(strs(&["input0.1"])),
+                strs(&["x0.1", "146", "149", "attn_output.1", "input.1"])
+            )
+        );
+        // c_fc: the whole written-out tanh GELU, its output [B,T,3072].
+        assert_eq!(
+            got[2],
+            (
+                "x.10".into(),
+                "leaves=;v1=mul(v0,0.5);v2=pow(v0,3.0);v3=mul(v2,0.044715);v4=add(v0,v3);v5=mul(v4,0.7978845608028654);v6=tanh(v5);v7=add(v6,1.0);v8=mul(v1,v7)".into(),
+                Some(vec![]),
+                strs(&["x.2", "164", "167", "168", "169", "170", "171", "172", "173", "174", "175"])
+            )
+        );
+        let gelu = found.gemm[2].epilogue.as_ref().unwrap().output;
+        assert_eq!(g.tensor(gelu).unwrap().shape, [2, 64, 3072]);
+        // mlp.c_proj: reads the GELU's output, takes view → dropout → add.
+        assert_eq!(
+            got[3],
+            (
+                "175".into(),
+                "leaves=full;v1=add(l0,v0)".into(),
+                Some(strs(&["input.1"])),
+                strs(&["x.1", "182", "185", "feed_forward_hidden_states.1", "187"])
+            )
+        );
+        // Nothing left in the graph reads a value a pattern removes: each pattern hands back its
+        // output alone.
+        let chosen = cover(candidates(&g, REGISTRY));
+        let all = covered(&chosen);
+        for c in &chosen {
+            let last = *c.site.nodes.last().unwrap();
+            assert_eq!(c.site.outputs, g.nodes[last].outputs, "{}", made(last));
+        }
+        for (i, n) in g.nodes.iter().enumerate().filter(|(i, _)| !all.contains(i)) {
+            for &v in &n.inputs {
+                if let Some(p) = g.values[v].producer.filter(|p| all.contains(p)) {
+                    assert!(
+                        chosen.iter().any(|c| c.site.outputs.contains(&v)),
+                        "{} ({}) reads {} of a pattern's {}",
+                        made(i),
+                        n.kind,
+                        name(v),
+                        made(p)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_view_moves_no_bytes_in_the_cover() {
+        // The same GEMM and relu, once as GPT-2's Conv1D (view, addmm, view back), once as a
+        // linear over [2,8,16]: the views add nothing to the traffic the pattern removes.
+        let conv1d = Graph::parse(
+            "graph(%x: f32[2,8,16], %w: f32[16,32], %b: f32[32]):
+               %one = prim::Constant[1]()
+               %m1 = prim::Constant[-1]()
+               %c2 = prim::Constant[2]()
+               %c8 = prim::Constant[8]()
+               %c16 = prim::Constant[16]()
+               %c32 = prim::Constant[32]()
+               %s2 = prim::ListConstruct(%m1, %c16)
+               %s3 = prim::ListConstruct(%c2, %c8, %c32)
+               %x2 = aten::view(%x, %s2) : f32[16,16]
+               %h2 = aten::addmm(%b, %x2, %w, %one, %one) : f32[16,32]
+               %h = aten::view(%h2, %s3) : f32[2,8,32]
+               %y = aten::relu(%h) : f32[2,8,32]
+               return (%y)",
+        )
+        .unwrap();
+        let linear = Graph::parse(
+            "graph(%x: f32[2,8,16], %w: f32[32,16], %b: f32[32]):
+               %h = aten::linear(%x, %w, %b) : f32[2,8,32]
+               %y = aten::relu(%h) : f32[2,8,32]
+               return (%y)",
+        )
+        .unwrap();
+        let site = |g: &Graph| {
+            let chosen = cover(candidates(g, REGISTRY));
+            assert_eq!(chosen.len(), 1);
+            assert_eq!(chosen[0].kind, PatternKind::Epilogue);
+            chosen[0].site.clone()
+        };
+        let (a, b) = (site(&conv1d), site(&linear));
+        assert_eq!(a.nodes.len(), 4, "both views are the pattern's");
+        assert_eq!(
+            (a.gain.products, a.gain.bytes),
+            (b.gain.products, b.gain.bytes)
+        );
     }
 }

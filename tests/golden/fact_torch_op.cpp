@@ -33,8 +33,17 @@
 
 namespace {
 
+// The GEMM the graph computed. addmm and mm take a 2-D a; a fused pattern that reads the tensor a
+// flattening view made (x in addmm(bias, x.view(-1, K), W), GPT-2's Conv1D) passes x: the same 2-D
+// call on its rows, viewed with its leading dims, as the view after the GEMM did.
 at::Tensor original(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
                     c10::string_view origin) {
+  if ((origin == "addmm" || origin == "mm") && a.dim() > 2) {
+    std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end() - 1);
+    shape.push_back(b.size(-1));
+    const at::Tensor rows = a.reshape({-1, a.size(-1)});
+    return (origin == "addmm" ? at::addmm(*bias, rows, b) : at::mm(rows, b)).view(shape);
+  }
   if (origin == "linear") return at::linear(a, b, bias);
   if (origin == "addmm") return at::addmm(*bias, a, b);
   if (origin == "mm") return at::mm(a, b);
@@ -237,8 +246,20 @@ at::Tensor wrapped(double x, const at::Tensor& like) {
 
 // The program run with the aten ops the traced graph held, on the original GEMM's result, so the
 // fallback computes what the replaced nodes computed. A number operand on the left of a tensor
-// is what Python's reflected operators give: add and mul commute, sub is rsub.
-at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList leaves) {
+// is what Python's reflected operators give: add and mul commute, sub is rsub. The graph may have
+// met a residual in another spelling of the output's leading dims (a pattern read through views:
+// [B*T, N] before the view back to [B, T, N]): such a leaf is respelled in v0's shape, as is the
+// result, so nothing broadcasts that the graph did not ([B*T, N] + [B, T, N] is no [B, B*T, N]).
+at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList given) {
+  std::vector<at::Tensor> leaves(given.begin(), given.end());
+  auto respelled = [&](const at::Tensor& t) {
+    return t.numel() == v0.numel() && t.dim() >= 1 && t.size(-1) == v0.size(-1) && t.sizes() != v0.sizes();
+  };
+  for (size_t i = 0; i < leaves.size() && i < p.leaves.size(); ++i) {
+    if (p.leaves[i] == LeafKind::Full && leaves[i].defined() && respelled(leaves[i])) {
+      leaves[i] = leaves[i].reshape(v0.sizes());
+    }
+  }
   std::vector<at::Tensor> values{v0};
   for (const EpInstr& ins : p.instrs) {
     auto tensor = [&](size_t j) -> at::Tensor {
@@ -283,7 +304,8 @@ at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList leav
     }
     values.push_back(std::move(r));
   }
-  return values.back();
+  // A row or scalar leaf with leading ones may have added dims of size one.
+  return respelled(values.back()) ? values.back().reshape(v0.sizes()) : values.back();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -394,7 +416,7 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
       if (a.size(d) != bt.size(d)) return false;
       batch *= a.size(d);
     }
-  } else if ((origin == "mm" || origin == "bmm") && a.dim() != 2) {
+  } else if (origin == "bmm" && a.dim() != 2) {
     return false;
   }
   const int64_t k = a.size(-1);
@@ -447,8 +469,9 @@ bool launch(Launch& l, c10::string_view kernel, const char* op) {
 }
 
 // Adds `leaves`, laid as the program says over the output [.., M, N], to the kernel's tensors as
-// it reads them (full ones as [batch, M, N], the others as vectors); false when one does not fit
-// (or torch's broadcasting would give another result type or shape than the kernel's output).
+// it reads them (full ones as [batch, M, N], in any spelling of the output's leading dims, as
+// `interpret` reads them; the others as vectors); false when one does not fit (or torch's
+// broadcasting would give another result type or shape than the kernel's output).
 bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
   const at::Tensor& out = l.out;
   const int64_t m = l.m;
@@ -463,7 +486,7 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
     at::Tensor c;
     switch (p.leaves[i]) {
       case LeafKind::Full:
-        if (t.sizes() != out.sizes()) return false;
+        if (t.numel() != out.numel() || t.dim() < 1 || t.size(-1) != n) return false;
         c = packed(t).view({l.batch, m, n});
         break;
       case LeafKind::Row:
