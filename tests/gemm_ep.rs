@@ -314,4 +314,5 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
         Some((0, 2, Some("not CUDA tensors of one device"))),
         "{calls:?}"
     );
+    crate::attention::composed_sdpa_falls_back_exactly(&built.library);
 }

@@ -286,7 +286,9 @@ pub struct UnmatchedGemm {
 }
 
 /// The GEMM nodes (the kinds the rules know) that no match in `matched` covers, with the reason:
-/// control flow (rules match only the top-level block), unknown shapes, or operands no rule takes.
+/// control flow (rules match only the top-level block), unknown shapes, or operands no rule takes;
+/// and the `scaled_dot_product_attention` calls the attention rule refuses, with its reason (a
+/// general or unknown mask, dropout, ...).
 pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGemm> {
     let mut out = Vec::new();
     for (id, n) in g.nodes.iter().enumerate() {
@@ -337,6 +339,17 @@ pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGe
             reason,
         });
     }
+    for (id, reason) in crate::rules::attention::sdpa_refusals(g) {
+        if !matched.contains(&id) {
+            out.push(UnmatchedGemm {
+                node: id,
+                kind: g.nodes[id].kind.clone(),
+                scope: g.nodes[id].scope.clone(),
+                reason,
+            });
+        }
+    }
+    out.sort_by_key(|u| u.node);
     out
 }
 
