@@ -133,7 +133,11 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         if a.repeat.is_some() {
             let before = torch::graph_text(&fixture(name)).unwrap();
             let count = |t: &str| t.matches("aten::reshape(").count();
-            assert_eq!(count(&text) + 2, count(&before), "k's and v's repeats are gone: {text}");
+            assert_eq!(
+                count(&text) + 2,
+                count(&before),
+                "k's and v's repeats are gone: {text}"
+            );
         }
         let run = |m: &CModule| tch::no_grad(|| m.forward_ts(&inputs)).unwrap();
         let want = run(&CModule::load(fixture(name)).unwrap());

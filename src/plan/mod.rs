@@ -476,6 +476,35 @@ mod tests {
     }
 
     #[test]
+    fn sdpa_calls_the_rule_refuses_are_listed_with_the_reason() {
+        let g = |fact: &str| {
+            Graph::parse(&format!(
+                "graph(%q: bf16[2,8,64,64], %k: bf16[2,8,64,64], %v: bf16[2,8,64,64], %m: bool[2,1,64,64]{fact}):
+                   %f = prim::Constant[False]()
+                   %p = prim::Constant[0.]()
+                   %none = prim::Constant[None]()
+                   %y = aten::scaled_dot_product_attention(%q, %k, %v, %m, %p, %f, %none, %f) : bf16[2,8,64,64]
+                   return (%y)"
+            ))
+            .unwrap()
+        };
+        let window = g(" @general/shape");
+        let skipped = unmatched_gemms(&window, &BTreeSet::new());
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].kind, "aten::scaled_dot_product_attention");
+        assert!(
+            skipped[0].reason.contains("general"),
+            "{}",
+            skipped[0].reason
+        );
+        // A causal one is a pattern: nothing to list once the plan covers it.
+        let causal = g(" @causal/shape");
+        let found = match_patterns(&causal);
+        let covered: BTreeSet<NodeId> = found.attention[0].nodes().into_iter().collect();
+        assert!(unmatched_gemms(&causal, &covered).is_empty());
+    }
+
+    #[test]
     fn gemms_in_control_flow_are_listed_with_the_reason() {
         let mut g = Graph::parse(
             "graph(%x: f32[4,64], %w: f32[64,64], %c: bool[]):

@@ -709,7 +709,8 @@ fn unrepeat(cx: &Ctx, x: ValueId) -> Option<Repeat> {
         let sizes = g.nodes[e].inputs[1];
         let constant_groups = g.values[sizes].producer.is_some_and(|l| {
             let l = &g.nodes[l];
-            l.kind == "prim::ListConstruct" && l.inputs.get(2).and_then(|&v| cx.int(v)) == Some(groups)
+            l.kind == "prim::ListConstruct"
+                && l.inputs.get(2).and_then(|&v| cx.int(v)) == Some(groups)
         });
         if (eb, et, ed) != (b, t, d) || !constant_groups {
             return None;
@@ -756,7 +757,9 @@ fn unrepeat(cx: &Ctx, x: ValueId) -> Option<Repeat> {
 /// x itself at every shape.
 fn identity_slice(cx: &Ctx, n: NodeId) -> bool {
     let i = &cx.g.nodes[n].inputs;
-    let start_zero = i.get(2).is_some_and(|&s| cx.is_none(s) || cx.int(s) == Some(0));
+    let start_zero = i
+        .get(2)
+        .is_some_and(|&s| cx.is_none(s) || cx.int(s) == Some(0));
     let end_open = i
         .get(3)
         .is_some_and(|&e| cx.is_none(e) || cx.int(e) == Some(i64::MAX));
@@ -1049,12 +1052,313 @@ mod tests {
         );
         assert!(
             match_attention(&g("False", "None", "%q", "0.")).is_empty(),
-            "an attn_mask is not matched"
+            "an attn_mask that widens the scores is not matched"
         );
         assert!(
             match_attention(&g("False", "None", "%none", "0.1")).is_empty(),
             "dropout is not matched"
         );
+    }
+
+    /// GPT-2's attention as the bridge reads a trace of GPT2LMHeadModel (transformers 5.17, n_embd
+    /// 128, 4 heads, B 2, T 16): q, k, v are views of one Conv1D output, the causal bool mask the
+    /// graph computes once (`arange`/`le`/`__and__`/`expand`), SDPA with scale 1/√32.
+    fn gpt2_block(mask_fact: &str) -> String {
+        format!(
+            "graph(%self: W, %x: f32[2,16,384], %am: bool[2,1,16,16]):
+               %0 = prim::Constant[0]()
+               %1 = prim::Constant[1]()
+               %2 = prim::Constant[2]()
+               %6 = prim::Constant[False]()
+               %9 = prim::Constant[-1]()
+               %20 = prim::Constant[32]()
+               %21 = prim::Constant[0.]()
+               %22 = prim::Constant[0.17677669529663689]()
+               %26 = prim::Constant[128]()
+               %64 = aten::size(%x, %0) : int
+               %54 = aten::size(%x, %1) : int
+               %94 = prim::ListConstruct(%64, %9, %54, %54) : int[]
+               %attention_mask0.1 = aten::expand(%am, %94, %6) : bool[2,1,16,16]{{0,256,16,1}}{mask_fact}
+               %118 = aten::split(%x, %26, %2) : Tensor[]
+               %query_states.1, %key_states.1, %value_states.1 = prim::ListUnpack(%118) : f32[2,16,128]{{6144,384,1}}, f32[2,16,128]{{6144,384,1}}, f32[2,16,128]{{6144,384,1}}
+               %124 = prim::ListConstruct(%64, %54, %9, %20) : int[]
+               %125 = aten::view(%key_states.1, %124) : f32[2,16,4,32]{{6144,384,32,1}}
+               %key.1 = aten::transpose(%125, %1, %2) : f32[2,4,16,32]{{6144,32,384,1}}
+               %128 = aten::view(%value_states.1, %124) : f32[2,16,4,32]{{6144,384,32,1}}
+               %value.1 = aten::transpose(%128, %1, %2) : f32[2,4,16,32]{{6144,32,384,1}}
+               %133 = aten::view(%query_states.1, %124) : f32[2,16,4,32]{{6144,384,32,1}}
+               %query.1 = aten::transpose(%133, %1, %2) : f32[2,4,16,32]{{6144,32,384,1}}
+               %attn_output.2 = aten::scaled_dot_product_attention(%query.1, %key.1, %value.1, %attention_mask0.1, %21, %6, %22, %6) : f32[2,4,16,32]
+               %136 = aten::transpose(%attn_output.2, %1, %2) : f32[2,16,4,32]
+               return (%136)"
+        )
+    }
+
+    fn sdpa_of(g: &Graph) -> NodeId {
+        (0..g.nodes.len())
+            .find(|&n| g.nodes[n].kind == "aten::scaled_dot_product_attention")
+            .unwrap()
+    }
+
+    #[test]
+    fn gpt2s_computed_causal_mask_matches_the_causal_kernel() {
+        let g = Graph::parse(&gpt2_block(" @causal/shape")).unwrap();
+        let m = match_attention(&g);
+        assert_eq!(m.len(), 1);
+        let a = &m[0];
+        assert_eq!(
+            (a.problem.rule_id(), a.problem.kv_heads, a.problem.padded),
+            ("sdpa_causal".to_string(), None, false)
+        );
+        assert_eq!(
+            a.form(),
+            "sdpa;mask=bool;class=causal;scale=0.1767766952966369"
+        );
+        // The SDPA alone: the mask's computation stays (every layer reads it), q, k, v are views.
+        assert_eq!(a.nodes, vec![sdpa_of(&g)]);
+        assert_eq!(
+            (
+                g.values[a.q].name.as_str(),
+                g.values[a.mask.unwrap().0].name.as_str()
+            ),
+            ("query.1", "attention_mask0.1")
+        );
+        assert_eq!(a.mask.unwrap().1, MaskMode::Bool);
+        // The same mask read from a user's attention_mask (data): causal and padded.
+        let a = &match_attention(&Graph::parse(&gpt2_block(" @causal")).unwrap())[0];
+        assert_eq!(a.problem.rule_id(), "sdpa_causal_padded");
+        assert!(a.form().contains(";class=causal_padded"), "{}", a.form());
+    }
+
+    #[test]
+    fn general_and_unknown_masks_do_not_match_and_say_why() {
+        for (fact, why) in [
+            (" @general/shape", "general"),
+            ("", "unknown"),
+            (" @unknown", "unknown"),
+        ] {
+            let g = Graph::parse(&gpt2_block(fact)).unwrap();
+            assert!(match_attention(&g).is_empty(), "{fact}");
+            let refused = sdpa_refusals(&g);
+            assert_eq!(refused.len(), 1, "{fact}");
+            assert_eq!(refused[0].0, sdpa_of(&g));
+            assert!(refused[0].1.contains(why), "{fact}: {}", refused[0].1);
+        }
+        // A mask of another dtype than bool or q's, or one that widens the scores.
+        let other = gpt2_block(" @causal/shape")
+            .replace("bool[2,1,16,16]{0,256,16,1}", "bf16[2,1,16,16]{0,256,16,1}");
+        assert!(sdpa_refusals(&Graph::parse(&other).unwrap())[0]
+            .1
+            .contains("neither bool"));
+        let wide =
+            gpt2_block(" @causal/shape").replace("bool[2,1,16,16]{0,256,16,1}", "bool[2,8,16,16]");
+        assert!(sdpa_refusals(&Graph::parse(&wide).unwrap())[0]
+            .1
+            .contains("does not broadcast"));
+        // An additive mask of q's dtype is matched like a bool one.
+        let add = gpt2_block(" @causal/shape")
+            .replace("bool[2,1,16,16]{0,256,16,1}", "f32[2,1,16,16]{0,256,16,1}");
+        let a = &match_attention(&Graph::parse(&add).unwrap())[0];
+        assert!(
+            a.form().starts_with("sdpa;mask=add;class=causal"),
+            "{}",
+            a.form()
+        );
+    }
+
+    /// Llama's attention as traced (LlamaForCausalLM, hidden 256, 8 heads, 2 KV heads, B 2,
+    /// T 16): k and v repeated 4 times by repeat_kv (`[:, :, None]` as slices around an unsqueeze,
+    /// expand, reshape) before SDPA.
+    fn llama_block(repeat_tail: &str) -> String {
+        let repeat = |src: &str, out: &str, p: &str| {
+            format!(
+                "%{p}a = aten::size(%{src}, %25) : int
+                 %{p}b = aten::size(%{src}, %23) : int
+                 %{p}n = prim::NumToTensor(%{p}b) : i64[]
+                 %{p}c = aten::size(%{src}, %22) : int
+                 %{p}d = aten::size(%{src}, %10) : int
+                 %{p}0 = aten::slice(%{src}, %25, %25, %24, %23) : bf16[2,2,16,32]
+                 %{p}1 = aten::slice(%{p}0, %23, %25, %24, %23) : bf16[2,2,16,32]
+                 %{p}2 = aten::unsqueeze(%{p}1, %22) : bf16[2,2,1,16,32]
+                 %{p}3 = aten::slice(%{p}2, %10, %25, %24, %23) : bf16[2,2,1,16,32]
+                 %{p}4 = aten::slice(%{p}3, %17, %25, %24, %23) : bf16[2,2,1,16,32]
+                 %{p}l = prim::ListConstruct(%{p}a, %{p}b, %17, %{p}c, %{p}d) : int[]
+                 %{p}5 = aten::expand(%{p}4, %{p}l, %6) : bf16[2,2,4,16,32]{{1024,512,0,32,1}}
+                 %{p}m = aten::mul(%{p}n, %14) : i64[]
+                 %{p}i = aten::Int(%{p}m) : int
+                 %{p}r = prim::ListConstruct(%{p}a, %{p}i, %{p}c, %{p}d) : int[]
+                 %{out} = aten::reshape(%{p}5, %{p}r) : bf16[2,8,16,32]"
+            )
+        };
+        format!(
+            "graph(%self: W, %query.1: bf16[2,8,16,32], %k.1: bf16[2,2,16,32], %v.1: bf16[2,2,16,32], %am: bool[2,1,16,16] @causal/shape):
+               %6 = prim::Constant[False]()
+               %10 = prim::Constant[3]()
+               %14 = prim::Constant[{{4}}]()
+               %17 = prim::Constant[4]()
+               %18 = prim::Constant[0.]()
+               %19 = prim::Constant[0.17677669529663689]()
+               %22 = prim::Constant[2]()
+               %23 = prim::Constant[1]()
+               %24 = prim::Constant[9223372036854775807]()
+               %25 = prim::Constant[0]()
+               {}
+               {}
+               %attn_output.1 = aten::scaled_dot_product_attention(%query.1, %key.1, %value.1, %am, %18, %6, %19, %6) : bf16[2,8,16,32]
+               return (%attn_output.1{repeat_tail})",
+            repeat("k.1", "key.1", "k"),
+            repeat("v.1", "value.1", "v"),
+        )
+    }
+
+    #[test]
+    fn llamas_repeated_kv_heads_are_read_in_place() {
+        let g = Graph::parse(&llama_block("")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(
+            (
+                a.problem.rule_id(),
+                a.problem.heads,
+                a.problem.kv_heads,
+                a.repeat
+            ),
+            ("sdpa_causal".to_string(), 8, Some(2), Some(4))
+        );
+        assert_eq!(
+            (g.values[a.k].name.as_str(), g.values[a.v].name.as_str()),
+            ("k.1", "v.1")
+        );
+        assert_eq!(
+            a.form(),
+            "sdpa;mask=bool;repeat=4;class=causal;scale=0.1767766952966369"
+        );
+        // SDPA and both repeats' tensor nodes (4 slices, unsqueeze, expand, reshape each); the
+        // size arithmetic feeding the reshape stays (it reads only sizes).
+        let kinds = |a: &AttentionMatch| -> Vec<String> {
+            a.nodes.iter().map(|&n| g.nodes[n].kind.clone()).collect()
+        };
+        let k = kinds(a);
+        assert_eq!(k.len(), 1 + 2 * 7, "{k:?}");
+        assert_eq!(k.iter().filter(|k| *k == "aten::slice").count(), 8);
+        assert!(!k
+            .iter()
+            .any(|k| k == "aten::mul" || k == "prim::ListConstruct"));
+        // A repeated key the graph also returns stays: the match reads through it, and owns only
+        // v's repeat.
+        let g = Graph::parse(&llama_block(", %key.1")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!((a.repeat, a.nodes.len()), (Some(4), 1 + 7));
+        // `repeat(1, G, 1, 1)` tiles the heads (head h reads h % Hkv): no grouped match.
+        let tiled = Graph::parse(
+            "graph(%q: bf16[2,8,16,32], %k: bf16[2,2,16,32], %v: bf16[2,8,16,32]):
+               %1 = prim::Constant[1]()
+               %4 = prim::Constant[4]()
+               %f = prim::Constant[False]()
+               %p = prim::Constant[0.]()
+               %none = prim::Constant[None]()
+               %r = prim::ListConstruct(%1, %4, %1, %1) : int[]
+               %kr = aten::repeat(%k, %r) : bf16[2,8,16,32]
+               %y = aten::scaled_dot_product_attention(%q, %kr, %v, %none, %p, %f, %none, %f) : bf16[2,8,16,32]
+               return (%y)",
+        )
+        .unwrap();
+        let a = &match_attention(&tiled)[0];
+        assert_eq!((a.repeat, a.problem.kv_heads), (None, None));
+        assert_eq!(
+            a.k,
+            tiled.values.iter().position(|v| v.name == "kr").unwrap()
+        );
+    }
+
+    #[test]
+    fn enable_gqa_and_repeat_interleave_are_grouped_query() {
+        let g = |call: &str, k_heads: i64| {
+            Graph::parse(&format!(
+                "graph(%q: f16[1,8,64,64], %k: f16[1,{k_heads},64,64], %v: f16[1,{k_heads},64,64]):
+                   %1 = prim::Constant[1]()
+                   %4 = prim::Constant[4]()
+                   %t = prim::Constant[True]()
+                   %f = prim::Constant[False]()
+                   %p = prim::Constant[0.]()
+                   %none = prim::Constant[None]()
+                   {call}
+                   return (%y)"
+            ))
+            .unwrap()
+        };
+        let gqa = g("%y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %t, %none, %t) : f16[1,8,64,64]", 2);
+        let a = &match_attention(&gqa)[0];
+        assert_eq!(
+            (a.problem.rule_id(), a.problem.kv_heads, a.form()),
+            (
+                "sdpa_causal".to_string(),
+                Some(2),
+                "sdpa;causal;gqa".to_string()
+            )
+        );
+        // Without enable_gqa, fewer k heads are no attention torch computes.
+        let no = g("%y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %t, %none, %f) : f16[1,8,64,64]", 2);
+        assert!(match_attention(&no).is_empty());
+        // 8 heads by 2 does not divide 3.
+        let bad = g("%y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %t, %none, %t) : f16[1,8,64,64]", 3);
+        assert!(match_attention(&bad).is_empty());
+        let interleaved = g(
+            "%kr = aten::repeat_interleave(%k, %4, %1, %none) : f16[1,8,64,64]
+             %vr = aten::repeat_interleave(%v, %4, %1, %none) : f16[1,8,64,64]
+             %y = aten::scaled_dot_product_attention(%q, %kr, %vr, %none, %p, %f, %none, %f) : f16[1,8,64,64]",
+            2,
+        );
+        let a = &match_attention(&interleaved)[0];
+        assert_eq!(
+            (a.problem.kv_heads, a.repeat, a.nodes.len(), a.form()),
+            (Some(2), Some(4), 3, "sdpa;repeat=4".to_string())
+        );
+    }
+
+    /// BERT's attention as traced (BertModel, 128 wide, 4 heads, B 2, T 16): without an
+    /// attention_mask the mask is `ge(q_idx, 0)` expanded to [B,H,T,T], every key visible; with
+    /// one it also reads the input's data (classified on a sample, so the kernel is the padded
+    /// one).
+    fn bert_block(mask_fact: &str) -> String {
+        format!(
+            "graph(%self: W, %query0.1: f32[2,4,16,32]{{2048,32,128,1}}, %key0.1: f32[2,4,16,32]{{2048,32,128,1}}, %value0.1: f32[2,4,16,32]{{2048,32,128,1}}, %m: bool[2,1,16,16]):
+               %4 = prim::Constant[4]()
+               %6 = prim::Constant[0.]()
+               %16 = prim::Constant[2]()
+               %5 = prim::Constant[0.17677669529663689]()
+               %20 = prim::Constant[False]()
+               %-1 = prim::Constant[-1]()
+               %l = prim::ListConstruct(%16, %4, %-1, %-1) : int[]
+               %attention_mask0.1 = aten::expand(%m, %l, %20) : bool[2,4,16,16]{{256,0,16,1}}{mask_fact}
+               %attn_output.1 = aten::scaled_dot_product_attention(%query0.1, %key0.1, %value0.1, %attention_mask0.1, %6, %20, %5, %20) : f32[2,4,16,32]
+               return (%attn_output.1)"
+        )
+    }
+
+    #[test]
+    fn berts_masks_with_and_without_padding() {
+        let rule = |fact: &str| {
+            let g = Graph::parse(&bert_block(fact)).unwrap();
+            match_attention(&g)
+                .first()
+                .map(|a| (a.problem.rule_id(), a.nodes.len(), a.form()))
+        };
+        let form = |class: &str| format!("sdpa;mask=bool;class={class};scale=0.1767766952966369");
+        assert_eq!(
+            rule(" @none/shape"),
+            Some(("sdpa".to_string(), 1, form("none")))
+        );
+        // A user's attention_mask: the sample may show no padding, other inputs will.
+        assert_eq!(
+            rule(" @none"),
+            Some(("sdpa_padded".to_string(), 1, form("padded")))
+        );
+        assert_eq!(
+            rule(" @padded"),
+            Some(("sdpa_padded".to_string(), 1, form("padded")))
+        );
+        // Left padding (a prefix no longer) is general.
+        assert_eq!(rule(" @general"), None);
     }
 
     #[test]
