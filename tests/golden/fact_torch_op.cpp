@@ -4,7 +4,7 @@
 // fact::layernorm (LayerNorm over the last dim). Each runs the named kernel of this library when
 // the call fits it (CUDA tensors on a device that runs sm90, the kernel's dtype, bias and epilogue,
 // CUTLASS's alignment rules; for the GEMMs an operand whose strides do not fit the kernel's layout
-// is copied into it; for attention a mask that is the causal one; for layernorm rows one stride
+// is copied into it; for attention a mask of the class its kernel computes; for layernorm rows one stride
 // apart) and otherwise falls back to the original aten ops (for gemm_ep, the GEMM and then the
 // program interpreted op by op; for attention the graph's own ops, as its form says; for
 // layernorm the same at::layer_norm call), so a composed module never computes a different
