@@ -33,6 +33,7 @@ fn main() {
         "src/torch/mod.rs",
         "src/torch/bridge.cc",
         "src/torch/bridge.h",
+        "src/torch/mask_class.h",
     ] {
         println!("cargo:rerun-if-changed={f}");
     }

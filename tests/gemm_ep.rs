@@ -315,6 +315,7 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
         "{calls:?}"
     );
     conv1d_mlp_falls_back_to_what_its_views_computed(&built.library, dir.path());
+    crate::attention::composed_sdpa_falls_back_exactly(&built.library);
 }
 
 /// GPT-2's MLP on Conv1D (conv1d_mlp.pt): each GEMM reads x's rows through a view, and its

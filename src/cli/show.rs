@@ -82,8 +82,13 @@ pub(super) fn print_unmatched_gemms(gemms: &[UnmatchedGemm]) {
         } else {
             format!(" ({})", u.scope)
         };
+        let what = if u.kind == "aten::scaled_dot_product_attention" {
+            "attention"
+        } else {
+            "GEMM"
+        };
         println!(
-            "  unmatched GEMM: node {} {}{scope}: {}",
+            "  unmatched {what}: node {} {}{scope}: {}",
             u.node, u.kind, u.reason
         );
     }

@@ -513,7 +513,7 @@ pub fn unit_of(sources: &[&Source]) -> Source {
 fn signature(s: &Spec) -> String {
     use crate::rules::{LeafKind, Major};
     match s {
-        Spec::Attention(_) => "q[B,H,Tq,D] k[B,H,Tk,D] v[B,H,Tk,D] out[B,H,Tq,D] (stored [B,Tq,H,D]) [factor f32[1]]; scale causal power (scale·factor^power)".into(),
+        Spec::Attention(_) => "q[B,H,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] (Hkv divides H: query head h reads h/(H/Hkv)) out[B,H,Tq,D] (stored [B,Tq,H,D]) factor f32[1] (NULL data: none) lengths i32[B] (keys j >= lengths[b] masked; NULL data: none); scale causal power (scale·factor^power)".into(),
         Spec::LayerNorm(_) => "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps".into(),
         Spec::Gemm(k) => {
             let a = match k.layout.a() {
@@ -591,6 +591,10 @@ pub fn render_dispatch(specs: &[Spec]) -> Source {
     }
 }
 
+/// The attention mask classifier, shared with the bridge (which includes the header): the op
+/// library classifies the masks calls pass with the same code that classified the graph's.
+const MASK_CLASS: &str = include_str!("../torch/mask_class.h");
+
 /// The torch op wrapper; it is the same for every library of one arch.
 pub fn render_torch_op(arch: crate::types::Arch) -> Source {
     let devices = arch.devices();
@@ -613,6 +617,7 @@ pub fn render_torch_op(arch: crate::types::Arch) -> Source {
                 "gemm_ep_schema": crate::torch::GEMM_EP_OP_SCHEMA,
                 "attention_schema": crate::torch::ATTENTION_OP_SCHEMA,
                 "layernorm_schema": crate::torch::LAYERNORM_OP_SCHEMA,
+                "mask_class": MASK_CLASS.replace("#pragma once\n", ""),
             }),
         )
         .expect("torch op renders");

@@ -144,6 +144,62 @@ pub fn is_packed(shape: &[i64], strides: &[i64]) -> bool {
     true
 }
 
+/// What is known of an attention mask's value: which keys each query sees. The bridge evaluates
+/// the producers of every `scaled_dot_product_attention` mask at load and classifies the result
+/// (bool masks: true = visible; additive float masks: 0 = visible, -inf or at most half the
+/// dtype's lowest value = masked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MaskClass {
+    /// Every key visible to every query.
+    None,
+    /// Key j visible to query i iff j ≤ i (aligned at the top left).
+    Causal,
+    /// Key j visible iff j < len[b]: a prefix per sequence, the same for every query and head
+    /// (every len ≥ 1).
+    Padded,
+    /// Both: j ≤ i and j < len[b].
+    CausalPadded,
+    /// Anything else: another pattern, a query with no visible key, other additive values.
+    General,
+    /// Not evaluated (the producers read something the bridge cannot run or has no value of).
+    Unknown,
+}
+
+impl MaskClass {
+    pub const ALL: [MaskClass; 6] = [
+        MaskClass::None,
+        MaskClass::Causal,
+        MaskClass::Padded,
+        MaskClass::CausalPadded,
+        MaskClass::General,
+        MaskClass::Unknown,
+    ];
+    /// The name the bridge, the text notation and the op's form use.
+    pub fn name(self) -> &'static str {
+        match self {
+            MaskClass::None => "none",
+            MaskClass::Causal => "causal",
+            MaskClass::Padded => "padded",
+            MaskClass::CausalPadded => "causal_padded",
+            MaskClass::General => "general",
+            MaskClass::Unknown => "unknown",
+        }
+    }
+    pub fn parse(s: &str) -> Option<MaskClass> {
+        MaskClass::ALL.into_iter().find(|c| c.name() == s)
+    }
+}
+
+/// A mask value's class, and whether its producers read only the graph inputs' sizes (with
+/// constants and module state): then its value is a function of the input shapes, classified at
+/// the shapes the graph was loaded with; else it also reads input data, classified on the example
+/// inputs the archive stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaskFact {
+    pub class: MaskClass,
+    pub shape_only: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct Value {
     pub name: String,
@@ -151,6 +207,8 @@ pub struct Value {
     pub ty: String,
     pub tensor: Option<TensorInfo>,
     pub producer: Option<NodeId>,
+    /// What is known of the value as an attention mask (set for the masks of SDPA calls).
+    pub mask: Option<MaskFact>,
 }
 
 #[derive(Clone, Debug)]
@@ -219,7 +277,9 @@ impl Graph {
     ///   return (%y)
     /// ```
     /// A value's annotation is `dtype[d0,d1,...]` for tensors (optionally followed by the strides,
-    /// `f32[8,16]{1,8}` for the transpose of a packed [16,8]) or a bare type name otherwise.
+    /// `f32[8,16]{1,8}` for the transpose of a packed [16,8]) or a bare type name otherwise. A
+    /// mask's fact follows as `@class` (`bool[2,1,16,16] @causal`: its producers read input
+    /// data) or `@class/shape` (a function of the input shapes), classes as `MaskClass::name`.
     pub fn parse(text: &str) -> Result<Graph, GraphError> {
         let mut g = Graph::default();
         let mut names: HashMap<String, ValueId> = HashMap::new();
@@ -335,6 +395,18 @@ fn declare(
     if !name.starts_with('%') {
         return Err(format!("value names start with %: {name}"));
     }
+    let (annot, mask) = match annot.and_then(|a| a.split_once('@')) {
+        Some((a, fact)) => {
+            let (class, shape_only) = match fact.trim().strip_suffix("/shape") {
+                Some(c) => (c, true),
+                None => (fact.trim(), false),
+            };
+            let class = MaskClass::parse(class)
+                .ok_or_else(|| format!("unknown mask class '{class}' in {decl}"))?;
+            (Some(a.trim()), Some(MaskFact { class, shape_only }))
+        }
+        None => (annot, None),
+    };
     let (ty, tensor) = match annot {
         Some(a) if a.contains('[') => {
             let (dt, rest) = a.split_once('[').unwrap();
@@ -383,6 +455,7 @@ fn declare(
         ty,
         tensor,
         producer,
+        mask,
     });
     names.insert(name.to_string(), id);
     Ok(id)
@@ -426,6 +499,35 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("1 strides for 2 dims"));
+    }
+
+    #[test]
+    fn mask_facts_follow_the_annotation() {
+        let g = Graph::parse(
+            "graph(%am: i64[2,16] @padded, %x: f32[2,16]):
+               %m = aten::expand(%am) : bool[2,1,16,16] @causal_padded/shape
+               return (%m)",
+        )
+        .unwrap();
+        let fact = |v: usize| g.values[v].mask;
+        assert_eq!(
+            fact(g.inputs[0]),
+            Some(MaskFact {
+                class: MaskClass::Padded,
+                shape_only: false
+            })
+        );
+        assert_eq!(fact(g.inputs[1]), None);
+        let m = fact(g.outputs[0]).unwrap();
+        assert_eq!((m.class, m.shape_only), (MaskClass::CausalPadded, true));
+        assert_eq!(g.tensor(g.outputs[0]).unwrap().shape, vec![2, 1, 16, 16]);
+        assert!(Graph::parse("graph(%m: bool[2] @lower):\n")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown mask class 'lower'"));
+        for c in MaskClass::ALL {
+            assert_eq!(MaskClass::parse(c.name()), Some(c));
+        }
     }
 
     #[test]

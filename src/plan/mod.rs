@@ -288,7 +288,9 @@ pub struct UnmatchedGemm {
 }
 
 /// The GEMM nodes (the kinds the rules know) that no match in `matched` covers, with the reason:
-/// control flow (rules match only the top-level block), unknown shapes, or operands no rule takes.
+/// control flow (rules match only the top-level block), unknown shapes, or operands no rule takes;
+/// and the `scaled_dot_product_attention` calls the attention rule refuses, with its reason (a
+/// general or unknown mask, dropout, ...).
 pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGemm> {
     let mut out = Vec::new();
     for (id, n) in g.nodes.iter().enumerate() {
@@ -339,6 +341,17 @@ pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGe
             reason,
         });
     }
+    for (id, reason) in crate::rules::attention::sdpa_refusals(g) {
+        if !matched.contains(&id) {
+            out.push(UnmatchedGemm {
+                node: id,
+                kind: g.nodes[id].kind.clone(),
+                scope: g.nodes[id].scope.clone(),
+                reason,
+            });
+        }
+    }
+    out.sort_by_key(|u| u.node);
     out
 }
 
@@ -484,6 +497,35 @@ mod tests {
         assert!(tile_efficiency(8192.0, 4.0) > 0.95);
         assert!(tile_efficiency(96.0, 4.0) < 0.35);
         assert!(tile_efficiency(96.0, 4.0) < tile_efficiency(96.0, 2.0) * 1.5);
+    }
+
+    #[test]
+    fn sdpa_calls_the_rule_refuses_are_listed_with_the_reason() {
+        let g = |fact: &str| {
+            Graph::parse(&format!(
+                "graph(%q: bf16[2,8,64,64], %k: bf16[2,8,64,64], %v: bf16[2,8,64,64], %m: bool[2,1,64,64]{fact}):
+                   %f = prim::Constant[False]()
+                   %p = prim::Constant[0.]()
+                   %none = prim::Constant[None]()
+                   %y = aten::scaled_dot_product_attention(%q, %k, %v, %m, %p, %f, %none, %f) : bf16[2,8,64,64]
+                   return (%y)"
+            ))
+            .unwrap()
+        };
+        let window = g(" @general/shape");
+        let skipped = unmatched_gemms(&window, &BTreeSet::new());
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].kind, "aten::scaled_dot_product_attention");
+        assert!(
+            skipped[0].reason.contains("general"),
+            "{}",
+            skipped[0].reason
+        );
+        // A causal one is a pattern: nothing to list once the plan covers it.
+        let causal = g(" @causal/shape");
+        let found = match_patterns(&causal);
+        let covered: BTreeSet<NodeId> = found.attention[0].nodes().into_iter().collect();
+        assert!(unmatched_gemms(&causal, &covered).is_empty());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 // that loads the same archive again can find the node a Rust rule matched by its index.
 #include "fact/src/torch/bridge.h"
 #include "fact/src/torch/mod.rs.h"
+#include "fact/src/torch/mask_class.h"
 
 #include <iomanip>
 #include <sstream>
@@ -159,6 +160,54 @@ c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(con
   return v;
 }
 
+using Env = std::unordered_map<const Value*, c10::IValue>;
+using TensorFn = std::function<at::Tensor(const at::Tensor&)>;
+
+enum class Plumbing { None, Done, Failed };
+
+// Runs a node that carries no registered operation (a constant, an attribute, list and tuple
+// plumbing) over `env`, its tensors mapped by `f`: Done, Failed (an unpack that does not fit),
+// or None for any other node.
+Plumbing run_plumbing(Node* n, Env& env, const TensorFn& f) {
+  if (n->kind() == c10::prim::Constant) {
+    if (auto iv = torch::jit::toIValue(n->output())) env[n->output()] = map_tensors(*iv, f);
+    return Plumbing::Done;
+  }
+  if (n->kind() == c10::prim::GetAttr) {
+    const auto& obj = env.at(n->input());
+    if (obj.isObject()) {
+      env[n->output()] = map_tensors(obj.toObject()->getAttr(n->s(c10::attr::name)), f);
+    }
+    return Plumbing::Done;
+  }
+  if (n->kind() == c10::prim::ListConstruct) {
+    auto elem = n->output()->type()->expectRef<c10::ListType>().getElementType();
+    c10::impl::GenericList list(elem);
+    for (Value* v : n->inputs()) list.push_back(env.at(v));
+    env[n->output()] = c10::IValue(list);
+    return Plumbing::Done;
+  }
+  if (n->kind() == c10::prim::TupleConstruct) {
+    std::vector<c10::IValue> elems;
+    for (Value* v : n->inputs()) elems.push_back(env.at(v));
+    env[n->output()] = c10::ivalue::Tuple::create(std::move(elems));
+    return Plumbing::Done;
+  }
+  if (n->kind() == c10::prim::ListUnpack || n->kind() == c10::prim::TupleUnpack) {
+    const auto& in = env.at(n->input());
+    std::vector<c10::IValue> elems;
+    if (in.isTuple()) {
+      for (const auto& e : in.toTupleRef().elements()) elems.push_back(e);
+    } else if (in.isList()) {
+      for (const c10::IValue& e : in.toListRef()) elems.push_back(e);
+    }
+    if (elems.size() != n->outputs().size()) return Plumbing::Failed;
+    for (size_t i = 0; i < elems.size(); ++i) env[n->outputs()[i]] = elems[i];
+    return Plumbing::Done;
+  }
+  return Plumbing::None;
+}
+
 // What a node that torch cannot run on the inputs was given, and what torch said (its first line:
 // the rest of a c10::Error message is the C++ source location).
 void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>& env, const std::string& message,
@@ -189,7 +238,7 @@ void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>
 std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& module, Graph& g,
                                                              const rust::Vec<InputSpec>& inputs,
                                                              std::string& note, OpFailure& failure) {
-  std::unordered_map<const Value*, c10::IValue> env;
+  Env env;
   env[g.inputs()[0]] = module._ivalue();
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::vector<int64_t> shape(inputs[i].shape.begin(), inputs[i].shape.end());
@@ -204,49 +253,14 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
       unknown_ops.push_back(n->kind().toQualString());
       continue;
     }
-    if (n->kind() == c10::prim::Constant) {
-      if (auto iv = torch::jit::toIValue(n->output())) env[n->output()] = map_tensors(*iv, as_meta);
-      continue;
-    }
-    if (n->kind() == c10::prim::GetAttr) {
-      const auto& obj = env.at(n->input());
-      if (obj.isObject()) {
-        env[n->output()] = map_tensors(obj.toObject()->getAttr(n->s(c10::attr::name)), as_meta);
-      }
-      continue;
-    }
-    // List and tuple plumbing is built here: these nodes carry no registered operation.
-    if (n->kind() == c10::prim::ListConstruct) {
-      auto elem = n->output()->type()->expectRef<c10::ListType>().getElementType();
-      c10::impl::GenericList list(elem);
-      for (Value* v : n->inputs()) list.push_back(env.at(v));
-      env[n->output()] = c10::IValue(list);
-      continue;
-    }
-    if (n->kind() == c10::prim::TupleConstruct) {
-      std::vector<c10::IValue> elems;
-      for (Value* v : n->inputs()) elems.push_back(env.at(v));
-      env[n->output()] = c10::ivalue::Tuple::create(std::move(elems));
-      continue;
-    }
-    if (n->kind() == c10::prim::ListUnpack || n->kind() == c10::prim::TupleUnpack) {
-      const auto& in = env.at(n->input());
-      std::vector<c10::IValue> elems;
-      if (in.isTuple()) {
-        for (const auto& e : in.toTupleRef().elements()) elems.push_back(e);
-      } else if (in.isList()) {
-        for (const c10::IValue& e : in.toListRef()) elems.push_back(e);
-      }
-      if (elems.size() == n->outputs().size()) {
-        for (size_t i = 0; i < elems.size(); ++i) env[n->outputs()[i]] = elems[i];
-      } else {
-        unknown_ops.push_back(n->kind().toQualString());
-      }
-      continue;
+    switch (run_plumbing(n, env, as_meta)) {
+      case Plumbing::Done: continue;
+      case Plumbing::Failed: unknown_ops.push_back(n->kind().toQualString()); continue;
+      case Plumbing::None: break;
     }
     // A device argument (a traced `device=x.device`, a `.to("cuda")`) names where the tensors of
     // this run live instead: a model traced on a GPU interprets without one.
-    auto run = [&](const std::function<at::Tensor(const at::Tensor&)>& f, at::Device device) {
+    auto run = [&](const TensorFn& f, at::Device device) {
       torch::jit::Stack stack;
       for (Value* v : n->inputs()) {
         const c10::IValue& iv = env.at(v);
@@ -298,30 +312,155 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
   return shapes;
 }
 
+// Whether node `n` reads its input `i` only for its metadata (sizes, dtype, device), never its
+// data: a mask built from `new_ones(x, ..)` and `x.size(1)` is a function of x's shape alone.
+bool reads_metadata_only(const Node* n, size_t i) {
+  static const std::unordered_set<std::string> kinds = {
+      "aten::size",     "aten::sym_size",  "aten::dim",      "aten::numel",     "prim::device",
+      "prim::dtype",    "prim::layout",    "aten::new_ones", "aten::new_zeros", "aten::new_empty",
+      "aten::new_full", "aten::ones_like", "aten::zeros_like", "aten::empty_like", "aten::full_like"};
+  return i == 0 && kinds.count(n->kind().toQualString()) > 0;
+}
+
+struct MaskFactOut {
+  std::string cls;
+  bool shape_only;
+};
+
+// The value of the mask SDPA node `sdpa` is given, evaluated on the CPU, and its class. The mask's
+// producers run with real values: constants and module state as the archive holds them, a value
+// read only for its metadata as an uninitialised tensor of its recorded size, and a graph input
+// whose data is read as `examples` gives it (see load_graph). "unknown" when a producer cannot run
+// that way.
+MaskFactOut classify_mask(torch::jit::Module& module, Graph& g, Node* sdpa,
+                          const std::unordered_map<const Value*, at::Tensor>& shapes,
+                          const std::vector<at::Tensor>& examples) {
+  Value* mask = sdpa->input(3);
+  // The values whose data the mask's value depends on, walking back from it.
+  std::unordered_set<const Value*> data, metadata;
+  std::vector<Value*> todo{mask};
+  bool shape_only = true, evaluable = true;
+  while (!todo.empty()) {
+    Value* v = todo.back();
+    todo.pop_back();
+    if (!data.insert(v).second) continue;
+    Node* p = v->node();
+    if (p->kind() == c10::prim::Param) {
+      if (v != g.inputs()[0]) shape_only = false;
+      continue;
+    }
+    if (p->owningBlock() != g.block()) evaluable = false;
+    for (size_t i = 0; i < p->inputs().size(); ++i) {
+      if (reads_metadata_only(p, i)) {
+        metadata.insert(p->input(i));
+      } else {
+        todo.push_back(p->input(i));
+      }
+    }
+  }
+  MaskFactOut unknown{"unknown", shape_only};
+  auto q = shapes.find(sdpa->input(0)), k = shapes.find(sdpa->input(1));
+  if (!evaluable || q == shapes.end() || k == shapes.end()) return unknown;
+  const at::Tensor &qs = q->second, &ks = k->second;
+  if ((qs.dim() != 3 && qs.dim() != 4) || ks.dim() != qs.dim()) return unknown;
+  Env env;
+  env[g.inputs()[0]] = module._ivalue();
+  for (size_t i = 1; i < g.inputs().size(); ++i) {
+    if (!data.count(g.inputs()[i])) continue;
+    if (i - 1 >= examples.size()) return unknown;
+    env[g.inputs()[i]] = examples[i - 1];
+  }
+  const TensorFn as_is = [](const at::Tensor& t) { return t; };
+  try {
+    for (Node* n : g.block()->nodes()) {
+      if (std::none_of(n->outputs().begin(), n->outputs().end(), [&](const Value* o) { return data.count(o) > 0; })) {
+        continue;
+      }
+      for (Value* v : n->inputs()) {
+        if (env.count(v)) continue;
+        auto meta = shapes.find(v);
+        if (!metadata.count(v) || meta == shapes.end()) return unknown;
+        const at::Tensor& t = meta->second;
+        env[v] = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU));
+      }
+      switch (run_plumbing(n, env, as_is)) {
+        case Plumbing::Done: continue;
+        case Plumbing::Failed: return unknown;
+        case Plumbing::None: break;
+      }
+      if (!n->blocks().empty() || n->maybeOperator() == nullptr) return unknown;
+      torch::jit::Stack stack;
+      for (Value* v : n->inputs()) {
+        const c10::IValue& iv = env.at(v);
+        // A model traced on a GPU builds its mask there: build it on the CPU instead.
+        stack.push_back(iv.isDevice() ? c10::IValue(at::Device(at::kCPU)) : iv);
+      }
+      n->getOperation()(stack);
+      for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]] = stack[i];
+    }
+  } catch (const std::exception&) {
+    return unknown;
+  }
+  auto it = env.find(mask);
+  if (it == env.end() || !it->second.isTensor()) return unknown;
+  const at::Tensor m = it->second.toTensor();
+  const auto mode = m.scalar_type() == at::kBool ? fact_mask::MaskMode::Bool : fact_mask::MaskMode::Additive;
+  const auto value = fact_mask::classify(m, mode, qs.dim(), qs.size(0), qs.dim() == 4 ? qs.size(1) : 1,
+                                         qs.size(-2), ks.size(-2));
+  return {fact_mask::class_name(value.cls), shape_only};
+}
+
+// The class of every SDPA call's mask (one entry per mask value: layers share theirs).
+std::unordered_map<const Value*, MaskFactOut> classify_masks(torch::jit::Module& module, Graph& g,
+                                                             const std::unordered_map<const Value*, at::Tensor>& shapes,
+                                                             const std::vector<at::Tensor>& examples) {
+  std::unordered_map<const Value*, MaskFactOut> facts;
+  for (Node* n : g.block()->nodes()) {
+    if (n->kind() != c10::aten::scaled_dot_product_attention || n->inputs().size() < 4) continue;
+    Value* mask = n->input(3);
+    if (mask->mustBeNone() || facts.count(mask)) continue;
+    facts.emplace(mask, classify_mask(module, g, n, shapes, examples));
+  }
+  return facts;
+}
+
+// The example inputs of `forward` a traced archive stores (empty when it stores none).
+// torch::jit::load does not restore them, so the archive record is read directly. torch.jit.trace
+// (torch 2.11) writes their sizes and dtypes but zero-byte data records: such a tensor comes back
+// with no data (`has_values` tells).
+std::vector<at::Tensor> traced_tensors(const std::string& path) {
+  caffe2::serialize::PyTorchStreamReader reader(path);
+  std::vector<at::Tensor> out;
+  if (!reader.hasRecord("traced_inputs.pkl")) return out;
+  c10::IValue all = torch::jit::readArchiveAndTensors("traced_inputs", "", "traced_inputs/", std::nullopt,
+                                                      std::nullopt, at::Device(at::kCPU), reader);
+  if (!all.isGenericDict()) return out;
+  for (const auto& entry : all.toGenericDict()) {
+    if (!entry.key().isString() || entry.key().toStringRef() != "forward") continue;
+    if (!entry.value().isList()) throw std::runtime_error("traced inputs of forward are not a list");
+    for (const c10::IValue& v : entry.value().toListRef()) {
+      if (!v.isTensor()) throw std::runtime_error("a traced input is not a tensor; give the inputs with --input");
+      out.push_back(v.toTensor());
+    }
+  }
+  return out;
+}
+
+bool has_values(const at::Tensor& t) {
+  return t.numel() == 0 || (t.storage().data() != nullptr &&
+                            t.storage().nbytes() >= static_cast<size_t>((t.storage_offset() + t.numel()) * t.element_size()));
+}
+
 }  // namespace
 
 rust::Vec<InputSpec> traced_inputs(rust::Str path) {
   return guarded("cannot read the traced inputs", [&] {
-    // torch::jit::load does not restore traced inputs, so the archive record is read directly.
-    caffe2::serialize::PyTorchStreamReader reader(to_std(path));
     rust::Vec<InputSpec> out;
-    if (!reader.hasRecord("traced_inputs.pkl")) return out;
-    c10::IValue all = torch::jit::readArchiveAndTensors("traced_inputs", "", "traced_inputs/", std::nullopt,
-                                                        std::nullopt, at::Device(at::kCPU), reader);
-    if (!all.isGenericDict()) return out;
-    for (const auto& entry : all.toGenericDict()) {
-      if (!entry.key().isString() || entry.key().toStringRef() != "forward") continue;
-      if (!entry.value().isList()) throw std::runtime_error("traced inputs of forward are not a list");
-      for (const c10::IValue& v : entry.value().toListRef()) {
-        if (!v.isTensor()) {
-          throw std::runtime_error("a traced input is not a tensor; give the inputs with --input");
-        }
-        const auto& t = v.toTensor();
-        InputSpec s;
-        for (auto d : t.sizes()) s.shape.push_back(d);
-        s.dtype = dtype_name(t.scalar_type());
-        out.push_back(std::move(s));
-      }
+    for (const at::Tensor& t : traced_tensors(to_std(path))) {
+      InputSpec s;
+      for (auto d : t.sizes()) s.shape.push_back(d);
+      s.dtype = dtype_name(t.scalar_type());
+      out.push_back(std::move(s));
     }
     return out;
   });
@@ -341,6 +480,31 @@ GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
     std::string note;
     auto shapes = capture_shapes(m, *g, inputs, note, dump.failure);
     dump.note = rust::String(note);
+    // A mask read from input data is evaluated on the example values where the archive holds them
+    // at these shapes, else on inputs of ones: Hugging Face's attention_mask with nothing padded
+    // (torch.jit.trace stores no values). Either way a sample: the fact says the mask reads data.
+    std::vector<at::Tensor> examples;
+    try {
+      examples = traced_tensors(to_std(path));
+    } catch (const std::exception&) {
+      // Inputs that are not all tensors: --input gave the shapes.
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::vector<int64_t> shape(inputs[i].shape.begin(), inputs[i].shape.end());
+      const bool stored = i < examples.size() && examples[i].sizes().vec() == shape &&
+                          dtype_name(examples[i].scalar_type()) == std::string(inputs[i].dtype) &&
+                          has_values(examples[i]);
+      const auto dt = parse_dtype(std::string(inputs[i].dtype));
+      const at::Tensor value = stored ? examples[i].clone() : at::ones(shape, at::TensorOptions().dtype(dt));
+      if (i < examples.size()) {
+        examples[i] = value;
+      } else {
+        examples.push_back(value);
+      }
+    }
+    examples.resize(inputs.size());
+    const auto masks = dump.failure.kind.empty() ? classify_masks(m, *g, shapes, examples)
+                                                 : std::unordered_map<const Value*, MaskFactOut>{};
     for (Value* v : num.values) {
       ValueInfo vi;
       vi.name = v->debugName();
@@ -353,6 +517,12 @@ GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
         // Views keep their strides on meta tensors: the rules read layouts from them.
         for (auto d : it->second.strides()) vi.strides.push_back(d);
         vi.dtype = dtype_name(it->second.scalar_type());
+      }
+      vi.mask_shape_only = false;
+      auto fact = masks.find(v);
+      if (fact != masks.end()) {
+        vi.mask = rust::String(fact->second.cls);
+        vi.mask_shape_only = fact->second.shape_only;
       }
       dump.values.push_back(std::move(vi));
     }

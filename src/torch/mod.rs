@@ -2,7 +2,7 @@
 //! propagation from example inputs, and the process-wide CUDA set-up (libtorch_cuda, op libraries).
 //! All C++ lives behind this module; nothing above it sees a C++ type.
 
-use crate::graph::{Const, Graph, Node, TensorInfo, Value};
+use crate::graph::{Const, Graph, MaskClass, MaskFact, Node, TensorInfo, Value};
 use archive::ArchiveKind;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
@@ -23,6 +23,11 @@ mod ffi {
         shape: Vec<i64>,
         strides: Vec<i64>,
         dtype: String,
+        /// The class of an SDPA mask's value (graph::MaskClass's names), empty for other values.
+        mask: String,
+        /// Whether that mask's producers read only the inputs' sizes (with constants and module
+        /// state), not their data.
+        mask_shape_only: bool,
     }
     struct NodeInfo {
         kind: String,
@@ -383,6 +388,10 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
                 strides: v.strides,
             }),
             producer: None,
+            mask: MaskClass::parse(&v.mask).map(|class| MaskFact {
+                class,
+                shape_only: v.mask_shape_only,
+            }),
         })
         .collect();
     let nodes: Vec<Node> = d

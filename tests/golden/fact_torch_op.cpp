@@ -4,7 +4,7 @@
 // fact::layernorm (LayerNorm over the last dim). Each runs the named kernel of this library when
 // the call fits it (CUDA tensors on a device that runs sm90, the kernel's dtype, bias and epilogue,
 // CUTLASS's alignment rules; for the GEMMs an operand whose strides do not fit the kernel's layout
-// is copied into it; for attention a mask that is the causal one; for layernorm rows one stride
+// is copied into it; for attention a mask of the class its kernel computes; for layernorm rows one stride
 // apart) and otherwise falls back to the original aten ops (for gemm_ep, the GEMM and then the
 // program interpreted op by op; for attention the graph's own ops, as its form says; for
 // layernorm the same at::layer_norm call), so a composed module never computes a different
@@ -19,6 +19,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +31,140 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+// The attention mask classifier the bridge uses at load, src/torch/mask_class.h as codegen
+// inlines it.
+// Classifies an attention mask's value: which keys each query sees. One implementation for two
+// users: the bridge (bridge.cc) classifies each SDPA mask on the CPU at load, so the graph carries
+// the class the rules read, and the op library (templates/torch_op.cpp.hbs, which codegen renders
+// with this file's text in it) classifies the mask a call is given, on its device, to decide
+// whether the kernel computes the call. Keep it self-contained: ATen only.
+//
+// Classes (MaskClass in src/graph): none (every key visible), causal (key j visible to query i
+// iff j <= i, top-left aligned), padded (j < len[b]: a prefix per sequence, the same for every
+// query and head), causal_padded (both), general (anything else, a query with no visible key
+// included). What "visible" means depends on how the graph passes the mask (MaskMode).
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <limits>
+
+namespace fact_mask {
+
+enum class MaskClass { None, Causal, Padded, CausalPadded, General };
+
+inline const char* class_name(MaskClass c) {
+  switch (c) {
+    case MaskClass::None: return "none";
+    case MaskClass::Causal: return "causal";
+    case MaskClass::Padded: return "padded";
+    case MaskClass::CausalPadded: return "causal_padded";
+    case MaskClass::General: return "general";
+  }
+  return "general";
+}
+
+// How the tensor given marks the visible keys.
+enum class MaskMode {
+  // SDPA's bool attn_mask: true = visible.
+  Bool,
+  // SDPA's float attn_mask, added to the scores: 0 = visible; -inf or at most half the dtype's
+  // lowest value = masked (HF writes finfo.min); any other value makes the mask general.
+  Additive,
+  // The explicit form's masked_fill(s, ~x, -inf), masked_fill(s, x == 0, -inf) and
+  // masked_fill(s, x, -inf): the filled cells are masked.
+  Not,
+  Eq0,
+  Fill,
+};
+
+// Half the lowest finite value of a float dtype: an additive mask value at or below it masks.
+// Why half: softmax(s + m) gives key j exactly 0 (fp32's exp underflows below -104) as long as
+// m + s_j - s_max < -104; with m <= lowest/2 that holds for any scores that differ by less than
+// |lowest|/2 - 104 (1.7e38 in fp32 and bf16, 32648 in fp16), which is every score a finite
+// product of q and k in that dtype gives in practice. A bound like -1e30 would miss fp16's
+// finfo.min (-65504), the value HF's fp16 masks hold. -1e9 or -10000 masks stay general: exact
+// only for bounded scores, so they run torch's SDPA.
+inline double masked_bound(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return -65504.0 / 2;
+    case at::kBFloat16: return -3.3895313892515355e38 / 2;
+    case at::kDouble: return -std::numeric_limits<double>::max() / 2;
+    default: return -static_cast<double>(std::numeric_limits<float>::max()) / 2;
+  }
+}
+
+struct MaskValue {
+  MaskClass cls = MaskClass::General;
+  // int32 [B] on the mask's device: the keys each sequence sees (j < len[b]), counted in its last
+  // query row; under none Tk, under causal min(Tq, Tk), so a padded kernel runs those masks too.
+  // Undefined for general.
+  at::Tensor lengths;
+};
+
+// The class of `mask` as the scores [B, H, Tq, Tk] see it: broadcast from the right, as SDPA and
+// masked_fill broadcast it (for q of rank 3, `q_rank` 3, the scores are [B, Tq, Tk], one head).
+// A few small ops on the mask's device and one host sync (the flags); a dim of stride 0 (an
+// expand) is read once.
+inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank, int64_t b, int64_t h, int64_t tq,
+                          int64_t tk) {
+  MaskValue general;
+  if (!mask.defined() || tq < 1 || tk < 1 || b < 1 || h < 1 || mask.dim() > q_rank) return general;
+  at::Tensor m = mask;
+  while (m.dim() < q_rank) m = m.unsqueeze(0);
+  if (q_rank == 3) m = m.unsqueeze(1);
+  if (m.dim() != 4) return general;
+  const int64_t want[4] = {b, h, tq, tk};
+  for (int64_t d = 0; d < 4; ++d) {
+    if (m.size(d) != 1 && m.size(d) != want[d]) return general;
+    if (m.size(d) > 1 && m.stride(d) == 0) m = m.narrow(d, 0, 1);
+  }
+  const at::TensorOptions bools = at::TensorOptions().dtype(at::kBool).device(m.device());
+  at::Tensor vis;
+  at::Tensor valid = at::ones({}, bools);
+  switch (mode) {
+    case MaskMode::Bool:
+      if (m.scalar_type() != at::kBool) return general;
+      vis = m;
+      break;
+    case MaskMode::Additive: {
+      if (!at::isFloatingType(m.scalar_type())) return general;
+      vis = m == 0;
+      valid = (vis | (m <= masked_bound(m.scalar_type()))).all();
+      break;
+    }
+    case MaskMode::Not:
+    case MaskMode::Eq0:
+    case MaskMode::Fill: {
+      const at::Tensor fill = mode == MaskMode::Not ? at::bitwise_not(m) : mode == MaskMode::Eq0 ? at::eq(m, 0) : m;
+      if (fill.scalar_type() != at::kBool) return general;
+      vis = at::logical_not(fill);
+      break;
+    }
+  }
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(m.device());
+  const at::Tensor j = at::arange(tk, longs);
+  const at::Tensor tri = j.view({1, tk}) <= at::arange(tq, longs).view({tq, 1});
+  const at::Tensor lengths = vis.select(2, vis.size(2) - 1).select(1, 0).sum(-1);
+  const at::Tensor prefix = j.view({1, 1, 1, tk}) < lengths.view({-1, 1, 1, 1});
+  const at::Tensor flags = at::stack({valid.reshape({}), vis.all(), at::eq(vis, tri).all(), at::eq(vis, prefix).all(),
+                                      at::eq(vis, prefix.logical_and(tri)).all(), (lengths > 0).all()})
+                               .to(at::kCPU);
+  const bool* f = flags.data_ptr<bool>();
+  MaskValue out;
+  if (!f[0]) return general;
+  if (f[1]) out.cls = MaskClass::None;
+  else if (f[2]) out.cls = MaskClass::Causal;
+  else if (f[3] && f[5]) out.cls = MaskClass::Padded;
+  else if (f[4] && f[5]) out.cls = MaskClass::CausalPadded;
+  else return general;
+  out.lengths = lengths.to(at::kInt).expand({b}).contiguous();
+  return out;
+}
+
+}  // namespace fact_mask
+
 
 namespace {
 
@@ -607,30 +742,42 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // Attention. The form says what the graph computed, e.g. "explicit;div=9.79;mask=not" (q·kᵀ, then
 // div by 9.79, then masked_fill(~mask, -inf), softmax(-1), ·v; "div=tensor" divides by the scale
 // operand) or "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
+// An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
+// "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
+// call: the op is given them un-repeated) and "class=..." (the mask class the kernel was built for:
+// none, causal, padded or causal_padded).
 
 struct Form {
-  bool sdpa = false, causal = false;
+  bool sdpa = false, causal = false, gqa = false;
   // Explicit form: 'm' mul, 'd' div, 0 none. SDPA: 's' when a scale was given.
   char scale_op = 0;
   double scale = 1.0;
   // The explicit form's factor is the op's scale operand.
   bool scale_tensor = false;
-  // Explicit form's mask: "" none, "not", "eq0" or "fill".
+  // How the mask operand is read: "" none; explicit "not", "eq0" or "fill"; SDPA "bool" or "add".
   std::string mask;
+  // K/V repeats along the heads that the graph made (1: none).
+  int64_t repeat = 1;
+  // The mask class the kernel computes.
+  fact_mask::MaskClass kernel_class = fact_mask::MaskClass::None;
 };
 
 Form parse_form(c10::string_view text) {
   Form f;
   const std::vector<std::string> parts = split(std::string(text), ';');
-  TORCH_CHECK(!parts.empty() && (parts[0] == "explicit" || parts[0] == "sdpa"), "fact::attention: bad form '",
-              std::string(text), "'");
+  auto bad = [&] { TORCH_CHECK(false, "fact::attention: bad form '", std::string(text), "'"); };
+  if (parts.empty() || (parts[0] != "explicit" && parts[0] != "sdpa")) bad();
   f.sdpa = parts[0] == "sdpa";
+  bool has_class = false;
   for (size_t i = 1; i < parts.size(); ++i) {
     const std::string& p = parts[i];
     const size_t eq = p.find('=');
     const std::string key = p.substr(0, eq), val = eq == std::string::npos ? "" : p.substr(eq + 1);
-    if (key == "causal" && f.sdpa) {
+    size_t groups = 0;
+    if (key == "causal" && f.sdpa && eq == std::string::npos) {
       f.causal = true;
+    } else if (key == "gqa" && f.sdpa && eq == std::string::npos) {
+      f.gqa = true;
     } else if ((key == "mul" || key == "div") && !f.sdpa) {
       f.scale_op = key[0];
       f.scale_tensor = val == "tensor";
@@ -640,10 +787,26 @@ Form parse_form(c10::string_view text) {
       f.scale = std::stod(val);
     } else if (key == "mask" && !f.sdpa && (val == "not" || val == "eq0" || val == "fill")) {
       f.mask = val;
+    } else if (key == "mask" && f.sdpa && (val == "bool" || val == "add")) {
+      f.mask = val;
+    } else if (key == "repeat" && f.sdpa && parse_index(val, groups) && groups >= 2) {
+      f.repeat = static_cast<int64_t>(groups);
+    } else if (key == "class" && f.sdpa) {
+      has_class = true;
+      if (val == "none") f.kernel_class = fact_mask::MaskClass::None;
+      else if (val == "causal") f.kernel_class = fact_mask::MaskClass::Causal;
+      else if (val == "padded") f.kernel_class = fact_mask::MaskClass::Padded;
+      else if (val == "causal_padded") f.kernel_class = fact_mask::MaskClass::CausalPadded;
+      else bad();
     } else {
-      TORCH_CHECK(false, "fact::attention: bad form '", std::string(text), "'");
+      bad();
     }
   }
+  // SDPA with a mask names its kernel's class; without one it is is_causal's; the explicit
+  // form's masked kernel is the causal one (forms written before classes read the same way).
+  if (f.sdpa && f.mask.empty() == has_class) bad();
+  if (f.sdpa && f.causal && !f.mask.empty()) bad();
+  if (!has_class && (f.causal || (!f.sdpa && !f.mask.empty()))) f.kernel_class = fact_mask::MaskClass::Causal;
   return f;
 }
 
@@ -654,11 +817,21 @@ at::Tensor filled(const Form& f, const at::Tensor& mask) {
   return mask;
 }
 
+// k or v [B,Hkv,T,D] with each head repeated `groups` times, as Hugging Face's repeat_kv writes it
+// (head h of the result is head h / groups), for the fallback of a form whose graph repeated them.
+at::Tensor repeat_heads(const at::Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  TORCH_CHECK(x.dim() == 4, "fact::attention: the form repeats the heads of a tensor of rank ", x.dim());
+  return x.unsqueeze(2).expand({x.size(0), x.size(1), groups, x.size(2), x.size(3)})
+      .reshape({x.size(0), x.size(1) * groups, x.size(2), x.size(3)});
+}
+
 at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale) {
   if (f.sdpa) {
-    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, f.causal,
-                                            f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt);
+    return at::scaled_dot_product_attention(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
+                                            f.mask.empty() ? std::nullopt : mask, 0.0, f.causal,
+                                            f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt, f.gqa);
   }
   at::Tensor s = at::matmul(q, k.transpose(-2, -1));
   if (f.scale_op == 'm') s = f.scale_tensor ? at::mul(s, *scale) : at::mul(s, f.scale);
@@ -667,36 +840,70 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   return at::matmul(at::softmax(s, -1), v);
 }
 
-// Masks already checked: a reference to each (so its memory is never reused for another tensor
-// while it is here), with the version it had and whether it was the causal one. A mask is a model
-// buffer in practice: one check, then a lookup per call.
-struct CheckedMask {
+fact_mask::MaskMode mask_mode(const Form& f) {
+  if (f.mask == "bool") return fact_mask::MaskMode::Bool;
+  if (f.mask == "add") return fact_mask::MaskMode::Additive;
+  if (f.mask == "not") return fact_mask::MaskMode::Not;
+  if (f.mask == "eq0") return fact_mask::MaskMode::Eq0;
+  return fact_mask::MaskMode::Fill;
+}
+
+// Masks already classified, newest first: a reference to each (so its memory is never another
+// tensor's while it is here), the version it had, how it was read and against which scores. A
+// mask is new each forward but one serves every layer, so the first layer classifies it and the
+// others hit; a slice of a mask buffer taken anew each call hits through its memory. At most four
+// are kept (an encoder-decoder passes two per forward), so the memory held is a few masks.
+struct ClassifiedMask {
   at::Tensor mask;
   uint32_t version;
-  std::string mode;
-  bool causal;
+  fact_mask::MaskMode mode;
+  int64_t dims[5];
+  fact_mask::MaskValue value;
 };
 std::mutex masks_mutex;
-std::vector<CheckedMask> checked_masks;
+std::vector<ClassifiedMask> classified_masks;
+constexpr size_t kMaskCache = 4;
 
-// Whether the explicit form's mask fills exactly the cells above the diagonal (key j > query i).
-bool causal_mask(const Form& f, const at::Tensor& mask, int64_t tq, int64_t tk) {
-  if (mask.dim() < 2 || mask.size(-2) != tq || mask.size(-1) != tk) return false;
-  for (int64_t d = 0; d + 2 < mask.dim(); ++d) {
-    if (mask.size(d) != 1) return false;
-  }
-  std::lock_guard<std::mutex> lock(masks_mutex);
-  for (const CheckedMask& c : checked_masks) {
-    if (c.mask.is_same(mask) || (c.mask.data_ptr() == mask.data_ptr() && c.mask.sizes() == mask.sizes() &&
-                                 c.mask.strides() == mask.strides() && c.mask.dtype() == mask.dtype())) {
-      if (c.version == mask._version() && c.mode == f.mask) return c.causal;
+// The class of `mask` against the scores [b, h, tq, tk] (q of rank `q_rank`), from the cache or
+// classified now (one pass on its device and one host sync).
+fact_mask::MaskValue mask_value(const at::Tensor& mask, fact_mask::MaskMode mode, int64_t q_rank, int64_t b,
+                                int64_t h, int64_t tq, int64_t tk) {
+  const int64_t dims[5] = {q_rank, b, h, tq, tk};
+  auto same = [&](const ClassifiedMask& c) {
+    const bool tensor = c.mask.is_same(mask) ||
+                        (c.mask.data_ptr() == mask.data_ptr() && c.mask.sizes() == mask.sizes() &&
+                         c.mask.strides() == mask.strides() && c.mask.dtype() == mask.dtype() &&
+                         c.mask.device() == mask.device());
+    return tensor && c.version == mask._version() && c.mode == mode && std::equal(dims, dims + 5, c.dims);
+  };
+  {
+    std::lock_guard<std::mutex> lock(masks_mutex);
+    for (size_t i = 0; i < classified_masks.size(); ++i) {
+      if (same(classified_masks[i])) {
+        std::rotate(classified_masks.begin(), classified_masks.begin() + i, classified_masks.begin() + i + 1);
+        return classified_masks.front().value;
+      }
     }
   }
-  const at::Tensor fill = filled(f, mask).reshape({tq, tk}).to(at::kBool);
-  const at::Tensor above = at::ones({tq, tk}, mask.options().dtype(at::kBool)).triu(1);
-  const bool causal = at::equal(fill, above);
-  if (checked_masks.size() < 16) checked_masks.push_back({mask, mask._version(), f.mask, causal});
-  return causal;
+  ClassifiedMask c{mask, mask._version(), mode, {q_rank, b, h, tq, tk}, fact_mask::classify(mask, mode, q_rank, b, h, tq, tk)};
+  std::lock_guard<std::mutex> lock(masks_mutex);
+  classified_masks.insert(classified_masks.begin(), c);
+  if (classified_masks.size() > kMaskCache) classified_masks.pop_back();
+  return c.value;
+}
+
+// Whether a kernel built for mask class `kernel` computes a mask of class `mask`: a padded kernel
+// also runs the masks it covers with every length Tk (none) or min(Tq, Tk) (causal).
+bool kernel_takes(fact_mask::MaskClass kernel, fact_mask::MaskClass mask) {
+  using fact_mask::MaskClass;
+  switch (kernel) {
+    case MaskClass::None: return mask == MaskClass::None;
+    case MaskClass::Causal: return mask == MaskClass::Causal;
+    case MaskClass::Padded: return mask == MaskClass::None || mask == MaskClass::Padded;
+    case MaskClass::CausalPadded: return mask == MaskClass::Causal || mask == MaskClass::CausalPadded;
+    case MaskClass::General: return false;
+  }
+  return false;
 }
 
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
@@ -704,6 +911,7 @@ bool causal_mask(const Form& f, const at::Tensor& mask, int64_t tq, int64_t tk) 
 at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale_t,
                             c10::string_view kernel, std::string& why) {
+  using fact_mask::MaskClass;
   if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device()) return why = "not CUDA tensors of one device", at::Tensor();
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
     return why = "autograd (the kernel has no backward)", at::Tensor();
@@ -718,13 +926,31 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   const at::Tensor q4 = q.dim() == 4 ? q : q.unsqueeze(1);
   const at::Tensor k4 = k.dim() == 4 ? k : k.unsqueeze(1);
   const at::Tensor v4 = v.dim() == 4 ? v : v.unsqueeze(1);
-  const int64_t tq = q4.size(2), tk = k4.size(2), d = q4.size(3);
-  bool causal = f.causal;
-  if (!f.sdpa && !f.mask.empty()) {
+  const int64_t b = q4.size(0), h = q4.size(1), tq = q4.size(2), tk = k4.size(2), d = q4.size(3);
+  // k and v heads: q's, or a divisor of them where the graph repeated k and v or asked for GQA
+  // (query head i reads k/v head i / (h / hkv)).
+  const int64_t hkv = k4.size(1);
+  const bool heads_ok = f.repeat > 1 ? hkv * f.repeat == h : f.gqa ? hkv > 0 && h % hkv == 0 : hkv == h;
+  if (!heads_ok || v4.size(1) != hkv) return why = "k and v heads do not divide q's as the form says", at::Tensor();
+  // The mask's class at run time must be one the kernel computes.
+  at::Tensor lengths;
+  if (!f.mask.empty()) {
     if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the mask is not on q's device", at::Tensor();
-    if (!causal_mask(f, *mask, tq, tk)) return why = "the mask is not the causal one", at::Tensor();
-    causal = true;
+    const fact_mask::MaskValue m = mask_value(*mask, mask_mode(f), q.dim(), b, h, tq, tk);
+    if (!kernel_takes(f.kernel_class, m.cls)) {
+      switch (m.cls) {
+        case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();
+        case MaskClass::Causal: return why = "the mask is causal (the kernel is built for another mask)", at::Tensor();
+        case MaskClass::Padded: return why = "the mask pads keys (the kernel is built for another mask)", at::Tensor();
+        case MaskClass::CausalPadded: return why = "the mask is causal and pads keys (the kernel is built for another mask)", at::Tensor();
+        case MaskClass::General: return why = "the mask is general (not all-visible, causal or a key-padding prefix)", at::Tensor();
+      }
+    }
+    lengths = m.lengths;
   }
+  const bool padded = f.kernel_class == MaskClass::Padded || f.kernel_class == MaskClass::CausalPadded;
+  const bool causal = f.kernel_class == MaskClass::Causal || f.kernel_class == MaskClass::CausalPadded;
+  if (padded && !lengths.defined()) return why = "a padded kernel without a mask", at::Tensor();
   double scale = 1.0;
   if (f.scale_op == 'm' || f.scale_op == 's') scale = f.scale;
   if (f.scale_op == 'd') scale = 1.0 / f.scale;
@@ -749,11 +975,14 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   }
   if (f.sdpa && f.scale_op == 0) scale = 1.0 / std::sqrt(static_cast<double>(d));
   c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty({q4.size(0), tq, q4.size(1), d}, q.options()).transpose(1, 2);
-  const FactTensor tensors[5] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
-                                 factor.defined() ? fact_tensor(factor) : FactTensor{}};
+  at::Tensor out = at::empty({b, tq, h, d}, q.options()).transpose(1, 2);
+  // The kernel ABI: q, k, v (k/v with their own heads), out, the scale factor and each sequence's
+  // key length (NULL data when absent).
+  const FactTensor tensors[6] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
+                                 factor.defined() ? fact_tensor(factor) : FactTensor{},
+                                 padded ? fact_tensor(lengths) : FactTensor{}};
   const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
-  const FactOpArgs args{tensors, factor.defined() ? 5 : 4, scalars, 3};
+  const FactOpArgs args{tensors, 6, scalars, 3};
   if (!launch_kernel(index, args, q, kernel, "attention")) {
     return why = "the kernel cannot implement these shapes, strides or alignments", at::Tensor();
   }
@@ -764,7 +993,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
                      c10::string_view form, c10::string_view kernel) {
   const Form f = parse_form(form);
-  TORCH_CHECK(f.sdpa || f.mask.empty() || (mask.has_value() && mask->defined()), "fact::attention: form '",
+  TORCH_CHECK(f.mask.empty() || (mask.has_value() && mask->defined()), "fact::attention: form '",
               std::string(form), "' masks but the call passes no mask");
   TORCH_CHECK(!f.scale_tensor || (scale.has_value() && scale->defined()), "fact::attention: form '",
               std::string(form), "' scales by a tensor but the call passes none");

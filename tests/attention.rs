@@ -1,0 +1,156 @@
+//! Attention as Hugging Face's sdpa path calls it, end to end on the CPU: the bridge classifies each
+//! SDPA mask's value at load (the graph's mask facts), the rule matches by them and reads k and v
+//! through their head repeat, and the composed module's op falls back to exactly the graph's call.
+//! Fixtures: sdpa_*.pt (tests/fixtures/make_models.py, `SdpaAttention`).
+
+use crate::common::fixture;
+use fact::graph::{Graph, MaskClass, MaskFact};
+use fact::rules::attention::{match_attention, sdpa_refusals};
+use fact::torch::{self, InputShape};
+use std::path::Path;
+use tch::{CModule, Kind, Tensor};
+
+fn sdpa_node(g: &Graph) -> usize {
+    let found: Vec<usize> = (0..g.nodes.len())
+        .filter(|&n| g.nodes[n].kind == "aten::scaled_dot_product_attention")
+        .collect();
+    assert_eq!(found.len(), 1);
+    found[0]
+}
+
+fn mask_fact(g: &Graph) -> Option<MaskFact> {
+    g.values[g.nodes[sdpa_node(g)].inputs[3]].mask
+}
+
+fn fact_of(class: MaskClass, shape_only: bool) -> Option<MaskFact> {
+    Some(MaskFact { class, shape_only })
+}
+
+#[test]
+fn sdpa_masks_are_classified_at_load_and_matched_by_class() {
+    let load = |name: &str| torch::load_graph(&fixture(name), &[]).unwrap().0;
+
+    // Causal from positions (shape-only), K/V repeated by repeat_kv: the match reads the
+    // un-repeated [2,2,16,16] tensors and owns the repeat's nodes.
+    let g = load("sdpa_causal_repeat.pt");
+    assert_eq!(mask_fact(&g), fact_of(MaskClass::Causal, true));
+    let a = &match_attention(&g)[0];
+    assert_eq!(
+        (a.problem.rule_id(), a.problem.kv_heads, a.repeat, a.form()),
+        (
+            "sdpa_causal".to_string(),
+            Some(2),
+            Some(2),
+            "sdpa;mask=bool;repeat=2;class=causal".to_string()
+        )
+    );
+    assert_eq!(g.tensor(a.k).unwrap().shape, vec![2, 2, 16, 16]);
+    let kinds: Vec<&str> = a.nodes.iter().map(|&n| g.nodes[n].kind.as_str()).collect();
+    for (kind, count) in [
+        ("aten::reshape", 2),
+        ("aten::expand", 2),
+        ("aten::unsqueeze", 2),
+    ] {
+        assert_eq!(
+            kinds.iter().filter(|&&k| k == kind).count(),
+            count,
+            "{kinds:?}"
+        );
+    }
+
+    // All-visible and'ed with an attention_mask input: it reads input data, classified on the
+    // probe of ones (no stored values), so the kernel is the padded one; enable_gqa reads k and v
+    // with their own 2 heads.
+    let g = load("sdpa_padded_gqa.pt");
+    assert_eq!(mask_fact(&g), fact_of(MaskClass::None, false));
+    let a = &match_attention(&g)[0];
+    assert_eq!(
+        (a.problem.rule_id(), a.problem.kv_heads, a.form()),
+        (
+            "sdpa_padded".to_string(),
+            Some(2),
+            "sdpa;mask=bool;gqa;class=padded".to_string()
+        )
+    );
+    assert_eq!(a.nodes, vec![sdpa_node(&g)]);
+
+    // An additive mask of 0 and finfo.min is causal too.
+    let g = load("sdpa_causal_additive.pt");
+    assert_eq!(mask_fact(&g), fact_of(MaskClass::Causal, true));
+    let a = &match_attention(&g)[0];
+    assert_eq!(
+        (a.problem.kv_heads, a.form().as_str()),
+        (None, "sdpa;mask=add;class=causal")
+    );
+
+    // A sliding window of 4 keys is general at T 16: no match, and the plan says why. At T 4 the
+    // same shape-only mask is causal: a class holds at the shapes it was evaluated at only.
+    let g = load("sdpa_window.pt");
+    assert_eq!(mask_fact(&g), fact_of(MaskClass::General, true));
+    assert!(match_attention(&g).is_empty());
+    let refusals = sdpa_refusals(&g);
+    assert_eq!(refusals.len(), 1);
+    assert!(refusals[0].1.contains("general"), "{refusals:?}");
+    let short = [InputShape::parse("2x4x64:f32").unwrap()];
+    let (g, _) = torch::load_graph(&fixture("sdpa_window.pt"), &short).unwrap();
+    assert_eq!(mask_fact(&g), fact_of(MaskClass::Causal, true));
+}
+
+/// Each fixture composed with its attention pattern (kernel "a", which the library does not hold)
+/// computes what the original computes on CPU tensors, the mask classes the kernels would not take
+/// included: the fallback repeats k and v as the graph did and passes the same mask, is_causal,
+/// scale and enable_gqa. Run by `gemm_ep_falls_back_to_the_original_ops_on_cpu`, which holds this
+/// process's op library.
+pub fn composed_sdpa_falls_back_exactly(library: &Path) {
+    let dir = tempfile::tempdir().unwrap();
+    torch::op_stats(library, true).unwrap();
+    let x = Tensor::randn([2, 16, 64], (Kind::Float, tch::Device::Cpu));
+    // Right padding for the second sequence, then left padding (a general mask).
+    let right = Tensor::ones([2, 16], (Kind::Int64, tch::Device::Cpu));
+    let _ = right.narrow(1, 10, 6).narrow(0, 1, 1).fill_(0);
+    let left = Tensor::ones([2, 16], (Kind::Int64, tch::Device::Cpu));
+    let _ = left.narrow(1, 0, 3).narrow(0, 0, 1).fill_(0);
+    let cases: [(&str, Vec<Tensor>); 4] = [
+        ("sdpa_causal_repeat.pt", vec![x.shallow_clone()]),
+        (
+            "sdpa_padded_gqa.pt",
+            vec![x.shallow_clone(), right.shallow_clone()],
+        ),
+        ("sdpa_causal_additive.pt", vec![x.shallow_clone()]),
+        ("sdpa_padded_gqa.pt", vec![x.shallow_clone(), left]),
+    ];
+    for (name, inputs) in cases {
+        let (g, _) = torch::load_graph(&fixture(name), &[]).unwrap();
+        let a = &match_attention(&g)[0];
+        let out = dir.path().join(name);
+        let text = torch::rewrite_and_save(
+            &fixture(name),
+            &out,
+            &[fact::compose::attention_edit(&g, a, "a")],
+        )
+        .unwrap();
+        assert!(!text.contains("scaled_dot_product_attention"), "{text}");
+        if a.repeat.is_some() {
+            let before = torch::graph_text(&fixture(name)).unwrap();
+            let count = |t: &str| t.matches("aten::reshape(").count();
+            assert_eq!(
+                count(&text) + 2,
+                count(&before),
+                "k's and v's repeats are gone: {text}"
+            );
+        }
+        let run = |m: &CModule| tch::no_grad(|| m.forward_ts(&inputs)).unwrap();
+        let want = run(&CModule::load(fixture(name)).unwrap());
+        let got = run(&CModule::load(&out).unwrap());
+        let diff = (&got - &want).abs().max().double_value(&[]);
+        assert!(diff <= 1e-6, "{name}: differs by {diff}");
+    }
+    let calls = torch::op_stats(library, false).unwrap();
+    assert_eq!(
+        calls
+            .get("a")
+            .map(|c| (c.ran, c.fell_back, c.why.as_deref())),
+        Some((0, 4, Some("not CUDA tensors of one device"))),
+        "{calls:?}"
+    );
+}
