@@ -11,3 +11,4 @@ mod layernorm;
 mod layouts;
 mod plan;
 mod table_cli;
+mod zoo;
