@@ -1,8 +1,166 @@
-//! The zoo in CI. Here so far: the MultiheadAttention fixture, which discover must see past.
+//! The zoo in CI: every model of benches/zoo traced at batch 1 on the CPU (`models.py --ci`) and
+//! `fact discover`ed; the patterns each must show are one table, EXPECT, that grows as rules
+//! land. Also the MultiheadAttention fixture (discover must see past the op). The zoo's GPU runs
+//! (benches/zoo/run.py) are not tested here.
 
-use crate::common::{fact, fixture};
+use crate::common::{fact, fixture, zoo_fixtures};
 use fact::plan::Plan;
+use std::collections::BTreeMap;
 use std::path::Path;
+
+/// What discover must find in one zoo model. Rules are named by their id without an epilogue's
+/// digest (`gemm_rcr_ep_silu_mul`, not `gemm_rcr_ep_silu_mul_a73cef95`); the counts are exact, per
+/// layer (times the fixture's layers, from manifest.json) plus once per model, so a rule that stops
+/// matching, or starts matching elsewhere, changes them. `wanted` is what issue 31 asks discover
+/// to find there that no rule finds yet: printed with the count of that kind found today, not
+/// asserted. When a rule lands, its patterns move from `wanted` into the counts.
+struct Expect {
+    model: &'static str,
+    per_layer: &'static [(&'static str, usize)],
+    once: &'static [(&'static str, usize)],
+    /// (pattern kind, what issue 31 wants found).
+    wanted: &'static [(&'static str, &'static str)],
+}
+
+const DECODER_ATTENTION: (&str, &str) = (
+    "attention",
+    "one per layer: SDPA with the mask the graph computes",
+);
+
+const EXPECT: &[Expect] = &[
+    Expect {
+        model: "gpt2",
+        // Conv1D is addmm over a flattened input with W row-major; layernorms before attention
+        // and MLP.
+        per_layer: &[("gemm_rrr_bias", 4), ("layernorm_affine", 2)],
+        // ln_f; the lm_head against the tied 50257-row embedding.
+        once: &[("layernorm_affine", 1), ("gemm_rcr", 1)],
+        wanted: &[
+            DECODER_ATTENTION,
+            (
+                "epilogue",
+                "per layer: the MLP's written-out tanh GELU after c_fc, the residual adds after the projections",
+            ),
+            ("gemm", "the lm_head (N = 50257) padded to the kernel's alignment"),
+        ],
+    },
+    Expect {
+        model: "llama",
+        // q, k, v and up; gate with silu times up; o and down with the residual.
+        per_layer: &[
+            ("gemm_rcr", 4),
+            ("gemm_rcr_ep_silu_mul", 1),
+            ("gemm_rcr_ep_add", 2),
+        ],
+        // The lm_head; the rotary frequencies (inv_freq · positions).
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1)],
+        wanted: &[(
+            "attention",
+            "one per layer: grouped-query SDPA (K/V heads repeated) with the computed causal mask",
+        )],
+    },
+    Expect {
+        model: "qwen2",
+        // q, k, v with bias; up; gate with silu times up; o and down with the residual.
+        per_layer: &[
+            ("gemm_rcr_bias", 3),
+            ("gemm_rcr", 1),
+            ("gemm_rcr_ep_silu_mul", 1),
+            ("gemm_rcr_ep_add", 2),
+        ],
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1)],
+        wanted: &[(
+            "attention",
+            "one per layer: grouped-query SDPA with the computed causal mask",
+        )],
+    },
+    Expect {
+        model: "pythia",
+        // Two layernorms off one residual; fused qkv and dense; fc with GELU; the MLP's out
+        // projection adding the attention output and the residual (parallel residual).
+        per_layer: &[
+            ("layernorm_affine", 2),
+            ("gemm_rcr_bias", 2),
+            ("gemm_rcr_bias_ep_gelu", 1),
+            ("gemm_rcr_bias_ep_add_add", 1),
+        ],
+        once: &[("layernorm_affine", 1), ("gemm_rcr", 1), ("gemm_rrr", 1)],
+        wanted: &[DECODER_ATTENTION],
+    },
+    Expect {
+        model: "opt",
+        // q with OPT's scaling in its epilogue; k, v; out_proj and fc2 with the residual; fc1
+        // with relu.
+        per_layer: &[
+            ("layernorm_affine", 2),
+            ("gemm_rcr_bias_ep_mul", 1),
+            ("gemm_rcr_bias", 2),
+            ("gemm_rcr_bias_ep_add", 2),
+            ("gemm_rcr_bias_ep_relu", 1),
+        ],
+        once: &[("layernorm_affine", 1), ("gemm_rcr", 1)],
+        wanted: &[DECODER_ATTENTION],
+    },
+    Expect {
+        model: "bert",
+        // q, k, v; both output denses with their residual; the intermediate with GELU.
+        per_layer: &[
+            ("gemm_rcr_bias", 3),
+            ("gemm_rcr_bias_ep_add", 2),
+            ("gemm_rcr_bias_ep_gelu", 1),
+            ("layernorm_affine", 2),
+        ],
+        once: &[("layernorm_affine", 1)],
+        wanted: &[(
+            "attention",
+            "one per layer: SDPA with the key-padding mask built from the attention_mask input",
+        )],
+    },
+    Expect {
+        model: "vit_b_16",
+        // The MLP (GELU; the residual through eval dropout); the in- and out-projections are
+        // inside aten::_native_multi_head_attention.
+        per_layer: &[
+            ("gemm_rcr_bias_ep_gelu", 1),
+            ("gemm_rcr_bias_ep_add", 1),
+            ("layernorm_affine", 2),
+        ],
+        once: &[("layernorm_affine", 1), ("gemm_rcr_bias", 1)],
+        wanted: &[
+            ("attention", "one per layer: the middle of _native_multi_head_attention"),
+            (
+                "gemm",
+                "two per layer: its in- and out-projections (the head's is found today)",
+            ),
+        ],
+    },
+    Expect {
+        model: "resnet50",
+        // The classifier; the convolutions wait for a convolution kind.
+        per_layer: &[],
+        once: &[("gemm_rcr_bias", 1)],
+        wanted: &[],
+    },
+    Expect {
+        model: "mobilenet_v3_large",
+        // The two classifier Linears (hardswish between them is no epilogue op).
+        per_layer: &[],
+        once: &[("gemm_rcr_bias", 2)],
+        wanted: &[],
+    },
+    Expect {
+        model: "convnext_tiny",
+        // One block per stage under --ci: its LayerNorm over channels and Linear-GELU-Linear;
+        // the stem's, downsamplers' and head's LayerNorm2d (a permuted layer_norm); the head.
+        per_layer: &[],
+        once: &[
+            ("layernorm_affine", 9),
+            ("gemm_rcr_bias_ep_gelu", 4),
+            ("gemm_rcr_bias", 5),
+        ],
+        wanted: &[],
+    },
+];
 
 /// `fact discover --json` on `model` with no pattern tables: (the plan, or discover's stderr).
 fn discover(model: &Path) -> Result<Plan, String> {
@@ -20,6 +178,117 @@ fn discover(model: &Path) -> Result<Plan, String> {
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     Ok(serde_json::from_value(v["plan"].clone()).expect("discover --json's plan"))
+}
+
+/// A rule id without the epilogue program's digest (`_` and eight hex digits at the end).
+fn rule_name(rule: &str) -> &str {
+    match rule.rsplit_once('_') {
+        Some((head, digest))
+            if digest.len() == 8 && digest.chars().all(|c| c.is_ascii_hexdigit()) =>
+        {
+            head
+        }
+        _ => rule,
+    }
+}
+
+fn counts<'a>(items: impl Iterator<Item = &'a str>) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for i in items {
+        *out.entry(i.to_string()).or_insert(0) += 1;
+    }
+    out
+}
+
+/// What discover found in one model and what it left, for a reader of the test's output.
+fn report(e: &Expect, layers: usize, plan: &Plan, found: &BTreeMap<String, usize>) -> String {
+    let kinds = counts(plan.patterns.iter().map(|p| p.problem.kind().name()));
+    let mut s = format!(
+        "{} ({layers} layers): rules {found:?}; kinds {kinds:?}; unmatched {:.1}% of the estimate\n",
+        e.model,
+        plan.unmatched_share * 100.0
+    );
+    for r in plan.unmatched.iter().take(3) {
+        let mut by_kind: Vec<(String, usize)> =
+            counts(r.kinds.iter().map(|k| k.trim_start_matches("aten::")))
+                .into_iter()
+                .collect();
+        // The ops that do the work first (attention, convolutions, products, norms), then the
+        // most frequent.
+        let heavy = |k: &str| {
+            ["attention", "convolution", "matmul", "mm", "norm", "mean"]
+                .iter()
+                .any(|h| k.contains(h))
+        };
+        by_kind.sort_by(|a, b| {
+            heavy(&b.0)
+                .cmp(&heavy(&a.0))
+                .then_with(|| b.1.cmp(&a.1))
+                .then_with(|| a.0.cmp(&b.0))
+        });
+        let most: Vec<String> = by_kind
+            .iter()
+            .take(6)
+            .map(|(k, n)| format!("{k} x{n}"))
+            .collect();
+        let name: String = r.name.chars().take(120).collect();
+        s += &format!(
+            "    unmatched {:5.1}%, {} nodes ({}): {name}\n",
+            r.share * 100.0,
+            r.nodes.len(),
+            most.join(", ")
+        );
+    }
+    for (kind, what) in e.wanted {
+        s += &format!(
+            "    wanted (issue 31), {kind}: {what}; {kind} patterns found: {}\n",
+            kinds.get(*kind).unwrap_or(&0)
+        );
+    }
+    s
+}
+
+#[test]
+fn zoo_models_discover_the_expected_patterns() {
+    let dir = zoo_fixtures();
+    let manifest: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let names: Vec<&str> = manifest
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    let rows: Vec<&str> = EXPECT.iter().map(|e| e.model).collect();
+    assert_eq!(
+        names, rows,
+        "every zoo model has one row in EXPECT, in the zoo's order"
+    );
+    let mut failures = Vec::new();
+    for (e, m) in EXPECT.iter().zip(&manifest) {
+        let layers = m["layers"].as_u64().unwrap() as usize;
+        let plan = match discover(&dir.join(m["file"].as_str().unwrap())) {
+            Ok(plan) => plan,
+            Err(stderr) => {
+                failures.push(format!("{}: discover failed: {stderr}", e.model));
+                continue;
+            }
+        };
+        let found = counts(plan.patterns.iter().map(|p| rule_name(&p.rule)));
+        let mut expected: BTreeMap<String, usize> = BTreeMap::new();
+        for (rule, n) in e.per_layer {
+            *expected.entry(rule.to_string()).or_insert(0) += n * layers;
+        }
+        for (rule, n) in e.once {
+            *expected.entry(rule.to_string()).or_insert(0) += n;
+        }
+        print!("{}", report(e, layers, &plan, &found));
+        if found != expected {
+            failures.push(format!(
+                "{}: discover found {found:?}, EXPECT says {expected:?}",
+                e.model
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
