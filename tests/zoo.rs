@@ -1,7 +1,7 @@
 //! The zoo in CI: every model of benches/zoo traced at batch 1 on the CPU (`models.py --ci`) and
 //! `fact discover`ed; the patterns each must show are one table, EXPECT, that grows as rules
-//! land. Also the MultiheadAttention fixture (discover must see past the op). The zoo's GPU runs
-//! (benches/zoo/run.py) are not tested here.
+//! land. Also the MultiheadAttention fixture (discover must see past the op) and `fact plot-e2e
+//! --over` on hand-written records. The zoo's GPU runs (benches/zoo/run.py) are not tested here.
 
 use crate::common::{fact, fixture, zoo_fixtures};
 use fact::plan::Plan;
@@ -303,4 +303,67 @@ fn discover_sees_past_multihead_attention() {
         .expect("the Linear after the attention is a pattern");
     assert_eq!(linear.input_shapes[0], vec![2, 16, 32]);
     assert!(plan.patterns.iter().any(|p| p.rule == "layernorm_affine"));
+}
+
+#[test]
+fn plot_e2e_draws_fact_over_torch_compile() {
+    // Test data, written by hand: no measurement.
+    let records = serde_json::json!({
+        "meta": {"device": "test GPU", "torch": "2.11.0", "date": "2026-01-01"},
+        "records": [
+            {"model": "alpha", "family": "a", "policy": "tf32", "eager_ms": 9.0, "traced_ms": 8.5,
+             "compile_ms": 6.0, "max_autotune_ms": 5.0, "fact_ms": 4.0, "errors": {}},
+            {"model": "alpha", "family": "a", "policy": "bf16", "eager_ms": 5.0, "traced_ms": null,
+             "compile_ms": 3.0, "max_autotune_ms": null, "fact_ms": 4.0, "errors": {}},
+            {"model": "beta", "family": "b", "policy": "tf32", "eager_ms": 7.0, "traced_ms": 7.0,
+             "compile_ms": 5.0, "max_autotune_ms": null, "fact_ms": null,
+             "errors": {"compose": "fact compose exited with 1"}},
+            {"model": "gamma", "family": "c", "policy": "tf32", "eager_ms": 2.0,
+             "compile_ms": null, "fact_ms": 1.0, "errors": {"compile": "timed out"}}
+        ]
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("zoo.json");
+    std::fs::write(&path, records.to_string()).unwrap();
+    let svg_path = dir.path().join("zoo.svg");
+    let out = fact()
+        .args(["plot-e2e", "--over", "torch.compile", "--out"])
+        .arg(&svg_path)
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let bar = |reference: f64, ms: f64| format!("{:.2}x ({ms:.3} ms)", reference / ms);
+    for (reference, ms) in [(6.0, 6.0), (6.0, 5.0), (6.0, 4.0), (6.0, 9.0), (3.0, 4.0)] {
+        assert!(svg.contains(&bar(reference, ms)), "{}", bar(reference, ms));
+    }
+    // torch.compile first in each group: the reference bar of every group is 1.00x.
+    let alpha = svg.find("alpha (tf32)").unwrap();
+    let first_bar = svg[alpha..].find("x (").unwrap() + alpha;
+    assert_eq!(&svg[first_bar - 4..first_bar + 1], "1.00x");
+    assert!(svg.contains("no fact time (compose: fact compose exited with 1)"));
+    assert!(svg.contains("no torch.compile time (compile: timed out)"));
+    let geo_tf32 = 6.0f64 / 4.0;
+    let geo_bf16 = 3.0f64 / 4.0;
+    assert!(svg.contains(&format!(
+        "fact over torch.compile, geomean: tf32 {geo_tf32:.2}x (1 model), bf16 {geo_bf16:.2}x (1 model)"
+    )));
+
+    let bad = fact()
+        .args(["plot-e2e", "--over", "jit", "--out"])
+        .arg(&svg_path)
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("eager, traced, torch.compile, max-autotune"),
+        "{err}"
+    );
 }
