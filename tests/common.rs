@@ -36,6 +36,23 @@ pub fn fixtures() -> &'static Path {
     })
 }
 
+/// The zoo traced small on the CPU (benches/zoo/models.py --ci): NAME.pt per model and
+/// manifest.json, made on first use.
+pub fn zoo_fixtures() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = root().join("target/zoo-fixtures");
+        let status = Command::new(python())
+            .arg(root().join("benches/zoo/models.py"))
+            .arg("--ci")
+            .arg(&dir)
+            .status()
+            .expect("run benches/zoo/models.py --ci (did ./setup run?)");
+        assert!(status.success(), "benches/zoo/models.py --ci failed");
+        dir
+    })
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     fixtures().join(name)
 }

@@ -245,7 +245,16 @@ fn a_table_hit_composes_fact_layernorm_whose_fallback_is_layer_norm() {
             "{p}"
         );
         assert_eq!(p["origin"], "layer_norm");
+        assert_eq!(
+            p["kind"], "layernorm",
+            "compose.json names each pattern's kind"
+        );
     }
+    let linear = patterns
+        .iter()
+        .find(|p| p["rule"] == "gemm_rcr_bias")
+        .expect("the Linear after the affine LayerNorm");
+    assert_eq!(linear["kind"], "gemm");
     let lib = out_dir.join("libfact_ops.so");
     let composed = out_dir.join("composed.pt");
     // FACT_DISABLE names the kind before the first call; fact_disable("") turns it on again, and

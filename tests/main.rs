@@ -12,3 +12,4 @@ mod layernorm;
 mod layouts;
 mod plan;
 mod table_cli;
+mod zoo;

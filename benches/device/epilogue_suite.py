@@ -38,45 +38,46 @@ over each baseline with geomeans per policy. A failing pair records its error an
 """
 import argparse
 import copy
-import ctypes
 import json
-import math
-import os
-import shlex
 import shutil
 import signal
-import statistics
-import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
 import epilogue_models
+from harness import (  # noqa: F401 -- re-exported: coverage.py, profile_composed.py and the probes import them from here
+    ABLATION_KINDS,
+    DTYPE,
+    FACT_PRECISION,
+    FLUSH_FLOATS,
+    ITERATIONS,
+    MATMUL_PRECISION,
+    POLICIES,
+    REPO,
+    TOLERANCE,
+    VERIFY_INPUTS,
+    WARMUP,
+    OpLibrary,
+    Stages,
+    ablations,
+    compile_timed,
+    fact_ops,
+    flush_buffer,
+    fmt,
+    geomean,
+    log,
+    rel_err,
+    run_logged,
+    substituted,
+    time_interleaved,
+    time_ms,
+    write_json,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-POLICIES = ("tf32", "f32", "bf16")
-MATMUL_PRECISION = {"tf32": "high", "f32": "highest", "bf16": "high"}
-FACT_PRECISION = {"tf32": "tf32", "f32": "f32", "bf16": "tf32"}
-DTYPE = {"tf32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16}
-# fact's own verification bounds per math (README, "What compose does"); the table marks errors over them.
-TOLERANCE = {"tf32": 1e-3, "f32": 1e-4, "bf16": 1e-2}
-VERIFY_INPUTS, WARMUP, ITERATIONS = 3, 5, 30
-FLUSH_FLOATS = 64 << 20
 SEED = 0
-# The pattern kinds fact_disable names, and the op each kind's calls go through.
-ABLATION_KINDS = {
-    "gemm": "fact::gemm",
-    "epilogue": "fact::gemm_ep",
-    "attention": "fact::attention",
-    "layernorm": "fact::layernorm",
-}
-
-
-def log(*args):
-    print(*args, flush=True)
 
 
 def models_by_name():
@@ -102,52 +103,6 @@ def trace(out_dir, name, policy, factory, shapes):
     models = out_dir / "models"
     traced.save(str(models / f"{tag(name, policy)}.pt"))
     torch.save(module.state_dict(), models / f"{tag(name, policy)}.state.pt")
-
-
-def write_json(path, obj):
-    """Writes obj to path through a temporary file, so a killed run leaves the previous version."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    tmp.replace(path)
-
-
-def run_logged(cmd, log_path, timeout_s):
-    """Runs cmd from the repo root in a process group of its own, its output in log_path. Returns
-    (exit code, or None when it ran past timeout_s; seconds). The group is killed when the command
-    overruns or this process is stopped while waiting (SIGINT, or SIGTERM through main's handler)."""
-    with open(log_path, "w") as out:
-        out.write(f"$ {shlex.join(cmd)}\n")
-        out.flush()
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        seconds = time.monotonic() - start
-        out.write(f"\n# exit {rc} after {seconds:.1f} s\n")
-    return rc, seconds
-
-
-def substituted(compose_json):
-    """The patterns compose.json says were given a kernel: id, rule, kernel, how they were realized
-    and any epilogue fields; None when the file is missing or not in the expected form."""
-    try:
-        report = json.loads(compose_json.read_text())
-        out = []
-        for pat in report["patterns"]:
-            if not pat.get("kernel"):
-                continue
-            item = {"id": pat["id"], "rule": pat["rule"], "kernel": pat["kernel"], "how": pat["realization"]["how"]}
-            item.update({k: v for k, v in pat.items() if "epilogue" in k})
-            out.append(item)
-        return out
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
 
 
 def new_record(name, policy, shapes):
@@ -214,40 +169,6 @@ def run_pair(args, rec, factory, shapes):
 # The child: one (model, policy) pair's verification and timings, in a process of its own.
 
 
-def rel_err(out, ref):
-    """‖out − ref‖ / ‖ref‖ (Frobenius) in fp64; NaN when either holds a NaN."""
-    out = out.double()
-    if torch.isnan(out).any() or torch.isnan(ref).any():
-        return float("nan")
-    return ((out - ref).norm() / ref.norm()).item()
-
-
-def time_interleaved(fns, inputs, flush, iterations=ITERATIONS, warmup=WARMUP):
-    """Median of `iterations` CUDA-event timings of each callable of `fns` (a dict: result key to
-    callable), after `warmup` runs of each, L2 flushed before every run. The callables take turns
-    within each iteration, so the GPU's clock and power drift over a run (a tf32 GEMM holds it at
-    its power limit) falls on all of them alike, and their ratios do not depend on their order."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn(*inputs)
-    torch.cuda.synchronize()
-    samples = {k: [] for k in fns}
-    for _ in range(iterations):
-        for k, fn in fns.items():
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(*inputs)
-            end.record()
-            end.synchronize()
-            samples[k].append(start.elapsed_time(end))
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
-def time_ms(fn, inputs, flush):
-    return time_interleaved({"ms": fn}, inputs, flush)["ms"]
-
-
 def measure(out_dir, name, policy, with_fact, max_autotune_too):
     """Writes measure/NAME_POLICY.json after every stage, so a crash keeps what was measured."""
     t = tag(name, policy)
@@ -256,18 +177,7 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
     factory, shapes = models_by_name()[name]
     res = {"errors": {}}
     path = out_dir / "measure" / f"{t}.json"
-
-    def save():
-        write_json(path, res)
-
-    def stage(key, fn):
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 -- a failing stage is recorded, the others still run
-            traceback.print_exc()
-            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            res["errors"][key] = f"{type(e).__name__}: {first} (traceback in logs/{t}.measure.log)"
-        save()
+    stages = Stages(res["errors"], lambda: write_json(path, res), f"logs/{t}.measure.log")
 
     module = factory().to(dtype)
     module.load_state_dict(torch.load(out_dir / "models" / f"{t}.state.pt"))
@@ -282,7 +192,7 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
         refs = [reference(*[x.double() for x in inputs]) for inputs in trials]
         del reference
         inputs = trials[0]
-        flush = torch.empty(FLUSH_FLOATS, device="cuda")
+        flush = flush_buffer()
 
         # Each stage checks and prepares its module; "timing" then times them all in turns.
         timed = {}
@@ -296,19 +206,10 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
             timed["traced_ms"] = torch.jit.load(str(out_dir / "models" / f"{t}.pt"), map_location="cuda")
 
         def compiled():
-            m = torch.compile(module)
-            start = time.monotonic()
-            m(*inputs)
-            torch.cuda.synchronize()
-            res["compile_s"] = time.monotonic() - start
-            timed["compile_ms"] = m
+            timed["compile_ms"], res["compile_s"] = compile_timed(module, inputs)
 
         def max_autotune():
-            m = torch.compile(module, mode="max-autotune")
-            start = time.monotonic()
-            m(*inputs)
-            torch.cuda.synchronize()
-            res["max_autotune_compile_s"] = time.monotonic() - start
+            m, res["max_autotune_compile_s"] = compile_timed(module, inputs, mode="max-autotune")
             # In turns with fact's module where there is one: the max-autotune ratio is of this pair.
             pair = {"max_autotune_ms": m}
             if "fact_ms" in timed:
@@ -319,10 +220,9 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
             d = out_dir / "fact" / t
             torch.ops.load_library(str(d / "libfact_ops.so"))
             m = torch.jit.load(str(d / "composed.pt"), map_location="cuda")
-            kinds = [n.kind() for n in m.inlined_graph.nodes() if n.kind().startswith("fact::")]
-            res["fact_ops"] = {k: kinds.count(k) for k in sorted(set(kinds))}
+            res["fact_ops"] = fact_ops(m)
             res["max_rel_err"] = max(rel_err(m(*x), r) for x, r in zip(trials, refs))
-            fact_lib["lib"] = ctypes.CDLL(str(d / "libfact_ops.so"))
+            fact_lib["lib"] = OpLibrary(d / "libfact_ops.so")
             timed["fact_ms"] = m
 
         def timing():
@@ -331,43 +231,30 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
 
         def fact_calls_and_ablations():
             lib, m = fact_lib["lib"], timed["fact_ms"]
-            # Calls per kernel so far (verification and timing): a call the kernel could not
-            # implement ran the original ops and counts as fell_back.
-            lib.fact_op_stats.restype = ctypes.c_char_p
-            res["op_calls"] = json.loads(lib.fact_op_stats())
+            # Calls per kernel so far (verification and timing).
+            res["op_calls"] = lib.stats()
             # Ablations: each pattern kind's calls run the original ops (the op library's
             # fact_disable), same module, same inputs, same process.
             present = [kind for kind, op in ABLATION_KINDS.items() if op in res["fact_ops"]]
             if len(present) < 2:
                 return
-            lib.fact_disable.argtypes, lib.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
             res["ablations"] = []
-            for kind in present:
-                assert lib.fact_disable(kind.encode()) == 0, kind
-                try:
-                    err = rel_err(m(*trials[0]), refs[0])
-                    res["ablations"].append({"without": kind, "ms": time_ms(m, inputs, flush), "max_rel_err": err})
-                finally:
-                    lib.fact_disable(b"")
+            ablations(lib, m, present, trials[0], refs[0], inputs, flush, res["ablations"])
 
-        stage("eager", eager)
-        stage("traced", traced)
-        stage("compile", compiled)
+        stages.run("eager", eager)
+        stages.run("traced", traced)
+        stages.run("compile", compiled)
         if with_fact:
-            stage("fact", fact)
-        stage("timing", timing)
+            stages.run("fact", fact)
+        stages.run("timing", timing)
         if "fact_ms" in timed:
-            stage("fact_calls", fact_calls_and_ablations)
+            stages.run("fact_calls", fact_calls_and_ablations)
         # Last: its compile takes minutes, and a timeout then keeps what was measured before it.
         if max_autotune_too:
-            stage("max_autotune", max_autotune)
+            stages.run("max_autotune", max_autotune)
 
 
 # Reporting.
-
-
-def fmt(v, spec=".3f"):
-    return "-" if v is None else format(v, spec)
 
 
 def speedup(rec, baseline):
@@ -399,10 +286,6 @@ def record_line(rec):
     for a in rec.get("ablations") or []:
         line += f" | without {a['without']} {fmt(a['ms'])} ms (err {fmt(a['max_rel_err'], '.2e')})"
     return line + (f" | error: {rec['error']}" if rec["error"] else "")
-
-
-def geomean(xs):
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def table(records):

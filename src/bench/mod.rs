@@ -11,6 +11,7 @@ use crate::tune::gpu::{relative_error, sample};
 use crate::tune::{Protocol, Timing};
 use crate::types::Precision;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::{CModule, Device, IValue, Kind, Tensor};
 
@@ -304,6 +305,7 @@ pub fn e2e_figure(b: &BenchReport) -> String {
     let group = plot::BarGroup {
         label: format!("{} ({})", b.workload, b.precision),
         bars,
+        note: None,
     };
     let subtitle = format!(
         "{}, torch {}, CUTLASS {}, {}: median of {} runs each, one process",
@@ -312,20 +314,29 @@ pub fn e2e_figure(b: &BenchReport) -> String {
     plot::e2e_svg("speedup over the original module", &subtitle, &[group])
 }
 
-/// A record of the benchmark harnesses under benches/device (suite.json): one model under one
-/// policy, the modules a user could pick timed in one process.
+/// A record of the benchmark harnesses (benches/device's suite.json, benches/zoo's zoo.json): one
+/// model under one policy, the modules a user could pick timed in one process.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SuiteRecord {
     pub model: String,
     pub policy: String,
+    #[serde(default)]
     pub eager_ms: Option<f64>,
+    #[serde(default)]
     pub traced_ms: Option<f64>,
+    #[serde(default)]
     pub compile_ms: Option<f64>,
     #[serde(default)]
     pub max_autotune_ms: Option<f64>,
+    #[serde(default)]
     pub fact_ms: Option<f64>,
     #[serde(default)]
     pub ablations: Vec<SuiteAblation>,
+    /// What failed: one text (epilogue suite) or a text per stage (zoo).
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub errors: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -334,35 +345,148 @@ pub struct SuiteAblation {
     pub ms: f64,
 }
 
-/// The figure of suite records: a group per record, eager first (the speedups are over it).
-pub fn suite_figure(title: &str, subtitle: &str, records: &[SuiteRecord]) -> String {
+/// The module a suite figure's speedups are over (`fact plot-e2e --over`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reference {
+    Eager,
+    Traced,
+    Compile,
+    MaxAutotune,
+}
+
+impl Reference {
+    pub const ALL: [Reference; 4] = [
+        Reference::Eager,
+        Reference::Traced,
+        Reference::Compile,
+        Reference::MaxAutotune,
+    ];
+
+    /// The name `--over` takes, and the bar's label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reference::Eager => "eager",
+            Reference::Traced => "traced",
+            Reference::Compile => "torch.compile",
+            Reference::MaxAutotune => "max-autotune",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Reference::MaxAutotune => "torch.compile max-autotune",
+            r => r.name(),
+        }
+    }
+
+    fn ms(self, r: &SuiteRecord) -> Option<f64> {
+        match self {
+            Reference::Eager => r.eager_ms,
+            Reference::Traced => r.traced_ms,
+            Reference::Compile => r.compile_ms,
+            Reference::MaxAutotune => r.max_autotune_ms,
+        }
+    }
+}
+
+impl std::str::FromStr for Reference {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Reference, String> {
+        let s = if s == "compile" { "torch.compile" } else { s };
+        Reference::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Reference::ALL.iter().map(|r| r.name()).collect();
+                format!(
+                    "unknown module '{s}' to draw speedups over: use one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// The figure of suite records: a group per record, `over`'s time first (the speedups are over
+/// it), then the other modules and fact's ablations; a record missing fact's time or `over`'s
+/// says so under its bars, with its errors. The subtitle gains fact's geomean speedup over `over`
+/// per policy, over the records that have both times.
+pub fn suite_figure(
+    title: &str,
+    subtitle: &str,
+    records: &[SuiteRecord],
+    over: Reference,
+) -> String {
     let groups: Vec<plot::BarGroup> = records
         .iter()
-        .filter(|r| r.fact_ms.is_some())
         .map(|r| {
-            let named = [
-                ("eager", r.eager_ms),
-                ("traced", r.traced_ms),
-                ("torch.compile", r.compile_ms),
-                ("torch.compile max-autotune", r.max_autotune_ms),
-                ("fact", r.fact_ms),
-            ];
-            let mut bars: Vec<(String, f64)> = named
-                .iter()
-                .filter_map(|(n, ms)| Some((n.to_string(), (*ms)?)))
-                .collect();
+            let errors = || {
+                let mut all: Vec<String> = r.error.iter().cloned().collect();
+                all.extend(r.errors.iter().map(|(stage, e)| format!("{stage}: {e}")));
+                let text = all.join("; ");
+                // What fits beside the bars at 12 px.
+                let short: String = text.chars().take(60).collect();
+                match (text.is_empty(), short.len() < text.len()) {
+                    (true, _) => String::new(),
+                    (false, false) => format!(" ({short})"),
+                    (false, true) => format!(" ({short}…)"),
+                }
+            };
+            let label = format!("{} ({})", r.model, r.policy);
+            let Some(base) = over.ms(r) else {
+                return plot::BarGroup {
+                    label,
+                    bars: vec![],
+                    note: Some(format!("no {} time{}", over.name(), errors())),
+                };
+            };
+            let mut bars = vec![(over.label().to_string(), base)];
+            bars.extend(
+                Reference::ALL
+                    .into_iter()
+                    .filter(|&m| m != over)
+                    .filter_map(|m| Some((m.label().to_string(), m.ms(r)?))),
+            );
+            bars.extend(r.fact_ms.map(|ms| ("fact".to_string(), ms)));
             bars.extend(
                 r.ablations
                     .iter()
                     .map(|a| (format!("fact without {}", a.without), a.ms)),
             );
-            plot::BarGroup {
-                label: format!("{} ({})", r.model, r.policy),
-                bars,
-            }
+            let note = r
+                .fact_ms
+                .is_none()
+                .then(|| format!("no fact time{}", errors()));
+            plot::BarGroup { label, bars, note }
         })
         .collect();
-    plot::e2e_svg(title, subtitle, &groups)
+    let mut policies: Vec<&str> = Vec::new();
+    for r in records {
+        if !policies.contains(&r.policy.as_str()) {
+            policies.push(&r.policy);
+        }
+    }
+    let means: Vec<String> = policies
+        .iter()
+        .filter_map(|p| {
+            let ratios: Vec<f64> = records
+                .iter()
+                .filter(|r| r.policy == *p)
+                .filter_map(|r| Some(over.ms(r)? / r.fact_ms?))
+                .collect();
+            let n = ratios.len();
+            (n > 0).then(|| {
+                let g = (ratios.iter().map(|x| x.ln()).sum::<f64>() / n as f64).exp();
+                format!("{p} {g:.2}x ({n} model{})", if n == 1 { "" } else { "s" })
+            })
+        })
+        .collect();
+    let geomeans = format!("fact over {}, geomean: {}", over.label(), means.join(", "));
+    let subtitle = match (means.is_empty(), subtitle.is_empty()) {
+        (true, _) => subtitle.to_string(),
+        (false, true) => geomeans,
+        (false, false) => format!("{subtitle}\n{geomeans}"),
+    };
+    plot::e2e_svg(title, &subtitle, &groups)
 }
 
 /// An error naming the substituted kernels that never ran during the composed runs: the module

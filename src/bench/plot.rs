@@ -105,13 +105,21 @@ pub struct BarGroup {
     pub label: String,
     /// (module, median ms); the first is the reference the speedups are over.
     pub bars: Vec<(String, f64)>,
+    /// A line under the bars: what is missing and why (a failed stage).
+    pub note: Option<String>,
 }
 
 /// The end-to-end figure: per group, a horizontal bar per module, its length the speedup over the
-/// group's first module, labelled with the speedup and the time.
+/// group's first module, labelled with the speedup and the time, and the group's note. Each line
+/// of `subtitle` is a line under the title.
 pub fn e2e_svg(title: &str, subtitle: &str, groups: &[BarGroup]) -> String {
-    let (w, l, r, top, bar, gap) = (760.0, 250.0, 150.0, 64.0, 18.0, 26.0);
-    let rows: usize = groups.iter().map(|g| g.bars.len()).sum();
+    let lines: Vec<&str> = subtitle.lines().collect();
+    let (w, l, r, bar, gap) = (760.0, 250.0, 150.0, 18.0, 26.0);
+    let top = 46.0 + 18.0 * lines.len().max(1) as f64;
+    let rows: usize = groups
+        .iter()
+        .map(|g| g.bars.len() + usize::from(g.note.is_some()))
+        .sum();
     let h = top + rows as f64 * bar + groups.len() as f64 * gap + 40.0;
     let speedups = |g: &BarGroup| -> Vec<f64> {
         let base = g.bars.first().map_or(f64::NAN, |b| b.1);
@@ -127,10 +135,16 @@ pub fn e2e_svg(title: &str, subtitle: &str, groups: &[BarGroup]) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h:.0}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n<text x=\"10\" y=\"38\" fill=\"#555\">{}</text>\n",
-        esc(title),
-        esc(subtitle)
+         <text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n",
+        esc(title)
     );
+    for (i, line) in lines.iter().enumerate() {
+        s += &format!(
+            "<text x=\"10\" y=\"{}\" fill=\"#555\">{}</text>\n",
+            38 + 18 * i,
+            esc(line)
+        );
+    }
     for i in 0..=(xmax * 2.0) as usize {
         let v = i as f64 / 2.0;
         s += &format!(
@@ -160,6 +174,14 @@ pub fn e2e_svg(title: &str, subtitle: &str, groups: &[BarGroup]) -> String {
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text><rect x=\"{l}\" y=\"{y:.1}\" width=\"{len:.1}\" height=\"{:.1}\" fill=\"{fill}\"/>\
                  <text x=\"{:.1}\" y=\"{:.1}\">{sp:.2}x ({ms:.3} ms)</text>\n",
                 l - 6.0, y + bar - 5.0, esc(name), bar - 3.0, l + len + 4.0, y + bar - 5.0
+            );
+            y += bar;
+        }
+        if let Some(note) = &g.note {
+            s += &format!(
+                "<text x=\"{l}\" y=\"{:.1}\" fill=\"#888\">{}</text>\n",
+                y + bar - 5.0,
+                esc(note)
             );
             y += bar;
         }
@@ -261,14 +283,18 @@ mod tests {
                     ("fact".into(), 4.0),
                     ("fact without attention".into(), 5.0),
                 ],
+                note: None,
             },
             BarGroup {
                 label: "block bf16".into(),
                 bars: vec![("eager".into(), 6.0), ("fact".into(), 2.0)],
+                note: Some("torch.compile: timed out & killed".into()),
             },
         ];
-        let svg = e2e_svg("GPT block", "H100", &groups);
+        let svg = e2e_svg("GPT block", "H100\ntorch 2.11", &groups);
         assert_eq!(svg.matches("<rect x=").count(), 5);
+        assert!(svg.contains(">torch.compile: timed out &amp; killed</text>"));
+        assert!(svg.contains(">H100</text>") && svg.contains(">torch 2.11</text>"));
         for label in [
             "2.00x (4.000 ms)",
             "1.60x (5.000 ms)",

@@ -104,7 +104,8 @@ pub(super) fn run_bench(
 }
 
 /// `fact plot-e2e`: the end-to-end figure of the benchmark harnesses' records.
-pub(super) fn plot_e2e(records: &Path, out: &Path, title: &str) -> Result<()> {
+pub(super) fn plot_e2e(records: &Path, out: &Path, title: &str, over: &str) -> Result<()> {
+    let over: bench::Reference = over.parse().map_err(anyhow::Error::msg)?;
     let text = std::fs::read_to_string(records)
         .with_context(|| format!("reading {}", records.display()))?;
     let v: serde_json::Value =
@@ -138,7 +139,7 @@ pub(super) fn plot_e2e(records: &Path, out: &Path, title: &str) -> Result<()> {
     .filter(|f| !f.is_empty())
     .collect::<Vec<_>>()
     .join(", ");
-    std::fs::write(out, bench::suite_figure(title, &subtitle, &list))
+    std::fs::write(out, bench::suite_figure(title, &subtitle, &list, over))
         .with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
     Ok(())

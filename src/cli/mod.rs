@@ -184,7 +184,8 @@ enum Command {
     /// Print the inlined forward graph of a TorchScript archive.
     Graph { model: PathBuf },
     /// Draw the end-to-end figure of benchmark records: a list of {model, policy, eager_ms,
-    /// traced_ms, compile_ms, fact_ms, ablations: [{without, ms}]} (what benches/device writes).
+    /// traced_ms, compile_ms, max_autotune_ms, fact_ms, ablations: [{without, ms}], errors} (what
+    /// benches/device and benches/zoo write), or {"meta": {device, torch, date}, "records": [...]}.
     PlotE2e {
         records: PathBuf,
         /// The SVG to write.
@@ -192,6 +193,9 @@ enum Command {
         out: PathBuf,
         #[arg(long, default_value = "fact end to end")]
         title: String,
+        /// The module the speedups are over: eager, traced, torch.compile or max-autotune.
+        #[arg(long, default_value = "eager")]
+        over: String,
     },
     /// Internal: judges kernel variants for the tuner in a child process.
     #[command(hide = true)]
@@ -509,7 +513,8 @@ pub fn main() -> Result<()> {
             records,
             out,
             title,
-        } => benchmark::plot_e2e(&records, &out, &title),
+            over,
+        } => benchmark::plot_e2e(&records, &out, &title, &over),
         Command::TuneWorker => {
             let mut body = String::new();
             std::io::stdin().read_to_string(&mut body)?;

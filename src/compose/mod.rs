@@ -11,7 +11,7 @@ use crate::graph::Graph;
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
 use crate::rules::{
-    match_patterns, AttentionMatch, GemmMatch, GemmProblem, LayerNormMatch, Problem,
+    match_patterns, AttentionMatch, GemmMatch, GemmProblem, LayerNormMatch, PatternKind, Problem,
 };
 use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions, Spec};
 use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
@@ -228,6 +228,10 @@ pub struct PatternReport {
     pub node: usize,
     pub origin: String,
     pub rule: String,
+    /// The problem's kind, for readers of compose.json (the harnesses count calls per kind);
+    /// absent in reports written before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<PatternKind>,
     pub problem: Problem,
     pub key: Option<TableKey>,
     pub realization: Realization,
@@ -370,6 +374,7 @@ pub fn compose(
             node: m.node(),
             origin: m.origin().to_string(),
             rule: problem.rule_id(),
+            kind: Some(problem.kind()),
             problem,
             key: entry.as_ref().map(|e| e.key.clone()),
             realization: how.clone(),

@@ -130,6 +130,7 @@ std::string ivalue_repr(const c10::IValue& v) {
   }
   if (v.isTensor()) {
     const auto& t = v.toTensor();
+    if (!t.defined()) return "undefined";
     // A traced Python scalar in arithmetic is a 0-dim tensor constant: its value matters.
     if (t.dim() == 0 && !t.is_meta() && (t.is_floating_point() || t.scalar_type() == at::kLong || t.scalar_type() == at::kInt)) {
       os << std::setprecision(17) << "{" << t.item<double>() << "}";
@@ -144,9 +145,11 @@ std::string ivalue_repr(const c10::IValue& v) {
 }
 
 // Large tensors become meta tensors (sizes only); 0-dim ones keep their value, because size
-// arithmetic in traced graphs flows through them (NumToTensor, floor_divide, Int).
+// arithmetic in traced graphs flows through them (NumToTensor, floor_divide, Int). An undefined
+// tensor (an op's output it did not compute, as `_native_multi_head_attention`'s weights without
+// need_weights) passes through: it has no device to ask about.
 at::Tensor as_meta(const at::Tensor& t) {
-  if (t.is_meta() || t.dim() == 0) return t;
+  if (!t.defined() || t.is_meta() || t.dim() == 0) return t;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
 }
 
@@ -216,7 +219,9 @@ void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>
   failure.scope = n->scopeName();
   for (Value* v : n->inputs()) {
     const c10::IValue& iv = env.at(v);
-    if (iv.isTensor()) {
+    if (iv.isTensor() && !iv.toTensor().defined()) {
+      failure.inputs.push_back(rust::String("undefined"));
+    } else if (iv.isTensor()) {
       const auto& t = iv.toTensor();
       std::string dims;
       for (auto d : t.sizes()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
@@ -278,13 +283,15 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
     } catch (const std::exception&) {
       try {
         run([](const at::Tensor& t) {
-          return t.is_meta() ? at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU)) : t;
+          return t.defined() && t.is_meta() ? at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kCPU))
+                                            : t;
         }, at::kCPU);
         cpu_ops.push_back(n->kind().toQualString());
       } catch (const std::exception&) {
         try {
-          run([](const at::Tensor& t) { return t.is_meta() ? at::zeros(t.sizes(), t.options().device(at::kCPU)) : t; },
-              at::kCPU);
+          run([](const at::Tensor& t) {
+            return t.defined() && t.is_meta() ? at::zeros(t.sizes(), t.options().device(at::kCPU)) : t;
+          }, at::kCPU);
           cpu_ops.push_back(n->kind().toQualString());
         } catch (const c10::Error& e) {
           record_failure(n, env, e.what_without_backtrace(), failure);
@@ -307,7 +314,8 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
   if (!cpu_ops.empty()) note += "ran on CPU for shapes (no meta kernel): " + list(cpu_ops);
   std::unordered_map<const Value*, at::Tensor> shapes;
   for (const auto& [v, iv] : env) {
-    if (iv.isTensor()) shapes.emplace(v, iv.toTensor());
+    // An undefined tensor has no shape: its value stays unshaped, as a None would.
+    if (iv.isTensor() && iv.toTensor().defined()) shapes.emplace(v, iv.toTensor());
   }
   return shapes;
 }

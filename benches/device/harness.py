@@ -1,0 +1,222 @@
+"""The measuring harness the GPU benchmarks share (epilogue_suite.py, benches/zoo/run.py, and the
+probes that import them): the precision policies, child processes with logs and time limits,
+errors against an fp64 reference, timings in turns with L2 flushed, the op library's call
+counters and kind switches through ctypes, and stage-by-stage error records. It owns how
+correctness and speed are judged for these harnesses; it builds no models and writes no
+records of its own.
+"""
+import ctypes
+import json
+import math
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+POLICIES = ("tf32", "f32", "bf16")
+MATMUL_PRECISION = {"tf32": "high", "f32": "highest", "bf16": "high"}
+FACT_PRECISION = {"tf32": "tf32", "f32": "f32", "bf16": "tf32"}
+DTYPE = {"tf32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16}
+# fact's own verification bounds per math (README, "What compose does"); the tables mark errors over them.
+TOLERANCE = {"tf32": 1e-3, "f32": 1e-4, "bf16": 1e-2}
+VERIFY_INPUTS, WARMUP, ITERATIONS = 3, 5, 30
+FLUSH_FLOATS = 64 << 20
+# The pattern kinds fact_disable names, and the op each kind's calls go through.
+ABLATION_KINDS = {
+    "gemm": "fact::gemm",
+    "epilogue": "fact::gemm_ep",
+    "attention": "fact::attention",
+    "layernorm": "fact::layernorm",
+}
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def write_json(path, obj):
+    """Writes obj to path through a temporary file, so a killed run leaves the previous version."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+
+
+def run_logged(cmd, log_path, timeout_s, stdout_path=None):
+    """Runs cmd from the repo root in a process group of its own, its output in log_path (stdout
+    apart in stdout_path when given). Returns (exit code, or None when it ran past timeout_s;
+    seconds). The group is killed when the command overruns or this process is stopped while
+    waiting (SIGINT, or SIGTERM through the caller's handler)."""
+    with open(log_path, "w") as out:
+        out.write(f"$ {shlex.join(cmd)}\n")
+        out.flush()
+        stdout = open(stdout_path, "w") if stdout_path else out
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=stdout, stderr=subprocess.STDOUT if stdout is out else out,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                rc = None
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        finally:
+            if stdout is not out:
+                stdout.close()
+        seconds = time.monotonic() - start
+        out.write(f"\n# exit {rc} after {seconds:.1f} s\n")
+    return rc, seconds
+
+
+def last_error(log_path):
+    """The last line of a child's log before run_logged's exit line: a Python traceback's
+    exception; None when the log is unreadable or empty."""
+    try:
+        lines = [ln.strip() for ln in Path(log_path).read_text(errors="replace").splitlines()]
+    except OSError:
+        return None
+    lines = [ln for ln in lines if ln and not ln.startswith("# exit ")]
+    return lines[-1][:300] if lines else None
+
+
+def substituted(compose_json):
+    """The patterns compose.json says were given a kernel: id, rule, kind, kernel, how they were
+    realized and any epilogue fields; None when the file is missing or not in the expected form."""
+    try:
+        report = json.loads(compose_json.read_text())
+        out = []
+        for pat in report["patterns"]:
+            if not pat.get("kernel"):
+                continue
+            item = {"id": pat["id"], "rule": pat["rule"], "kernel": pat["kernel"], "how": pat["realization"]["how"]}
+            if pat.get("kind"):
+                item["kind"] = pat["kind"]
+            item.update({k: v for k, v in pat.items() if "epilogue" in k})
+            out.append(item)
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def rel_err(out, ref):
+    """‖out − ref‖ / ‖ref‖ (Frobenius) in fp64; NaN when either holds a NaN."""
+    out = out.double()
+    if torch.isnan(out).any() or torch.isnan(ref).any():
+        return float("nan")
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def flush_buffer():
+    """The buffer zeroed before every timed run: 256 MB, five times the H100's 50 MB L2."""
+    return torch.empty(FLUSH_FLOATS, device="cuda")
+
+
+def time_interleaved(fns, inputs, flush, iterations=ITERATIONS, warmup=WARMUP):
+    """Median of `iterations` CUDA-event timings of each callable of `fns` (a dict: result key to
+    callable), after `warmup` runs of each, L2 flushed before every run. The callables take turns
+    within each iteration, so the GPU's clock and power drift over a run (a tf32 GEMM holds it at
+    its power limit) falls on all of them alike, and their ratios do not depend on their order."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn(*inputs)
+    torch.cuda.synchronize()
+    samples = {k: [] for k in fns}
+    for _ in range(iterations):
+        for k, fn in fns.items():
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(*inputs)
+            end.record()
+            end.synchronize()
+            samples[k].append(start.elapsed_time(end))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def time_ms(fn, inputs, flush):
+    return time_interleaved({"ms": fn}, inputs, flush)["ms"]
+
+
+def compile_timed(module, inputs, **kwargs):
+    """torch.compile(module, **kwargs) and its first call (which compiles): (module, seconds)."""
+    m = torch.compile(module, **kwargs)
+    start = time.monotonic()
+    m(*inputs)
+    torch.cuda.synchronize()
+    return m, time.monotonic() - start
+
+
+class Stages:
+    """Runs the stages of a measuring child: a failing stage records its error (first line, with
+    where the traceback went) and the others still run; `save` is called after every stage, so a
+    crash keeps what was measured."""
+
+    def __init__(self, errors, save, log_name):
+        self.errors, self.save, self.log_name = errors, save, log_name
+
+    def run(self, key, fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- a failing stage is recorded, the others still run
+            traceback.print_exc()
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            self.errors[key] = f"{type(e).__name__}: {first} (traceback in {self.log_name})"
+        self.save()
+
+
+def fact_ops(module):
+    """The composed graph's fact:: nodes by op."""
+    kinds = [n.kind() for n in module.inlined_graph.nodes() if n.kind().startswith("fact::")]
+    return {k: kinds.count(k) for k in sorted(set(kinds))}
+
+
+class OpLibrary:
+    """A composed module's op library through ctypes: its per-kernel call counters and its switch
+    that turns pattern kinds off (their calls run the original ops). Load it with
+    torch.ops.load_library first: a process holds one fact op library."""
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(str(path))
+        self.lib.fact_op_stats.restype = ctypes.c_char_p
+        self.lib.fact_disable.argtypes, self.lib.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+
+    def stats(self):
+        """{kernel: {ran, copied, fell_back, why?}} since the library was loaded or last reset: a
+        call the kernel could not implement ran the original ops and counts as fell_back."""
+        return json.loads(self.lib.fact_op_stats())
+
+    def reset(self):
+        self.lib.fact_op_stats_reset()
+
+    def disable(self, kinds):
+        """Turns the kinds named (comma-separated) off and every other on; "" turns all on."""
+        assert self.lib.fact_disable(kinds.encode()) == 0, kinds
+
+
+def ablations(lib, module, present, trial, ref, inputs, flush, out):
+    """Appends to `out` the module timed with each kind of `present` turned off in turn (same
+    module, inputs and process): {without, ms, max_rel_err}; a failure keeps those before it."""
+    for kind in present:
+        lib.disable(kind)
+        try:
+            err = rel_err(module(*trial), ref)
+            out.append({"without": kind, "ms": time_ms(module, inputs, flush), "max_rel_err": err})
+        finally:
+            lib.disable("")
+
+
+def fmt(v, spec=".3f"):
+    return "-" if v is None else format(v, spec)
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None

@@ -1,0 +1,305 @@
+"""The zoo: models as users have them, built from the `transformers` and `torchvision` configs with
+random weights (fixed seeds, no downloads), each wrapped to return one tensor, with its example
+inputs. Owns the model definitions alone; benches/zoo/run.py measures them on the GPU and
+`--ci` here traces them small on the CPU for the discover test (tests/zoo.rs).
+
+    python benches/zoo/models.py --list
+    python benches/zoo/models.py --ci OUT_DIR [--models a,b]
+
+`--ci` traces every model at batch 1 on the CPU (a user traces on the GPU: see run.py; a CPU trace
+bakes `device="cpu"` constants, which discover does not mind) and writes OUT_DIR/NAME.pt plus
+OUT_DIR/manifest.json (name, family, file, layers, inputs). The CI models are the same configs and
+code paths as the GPU ones with two cuts, so the fixtures stay small and quick to make on two cores:
+depth (CI_LAYERS layers or blocks per stage) and, where an embedding would dominate the file, the
+vocabulary (CI_VOCAB, a multiple of 64 like the real ones). GPT-2 keeps its odd 50257: its lm_head
+is 768x50257 in the plan, as users have it. Sequences are CI_SEQ tokens.
+"""
+import argparse
+import json
+import os
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+SEED = 0
+CI_LAYERS = 2
+CI_VOCAB = 1024
+CI_SEQ = 64
+CI_BATCH = 1
+
+
+class CausalLM(torch.nn.Module):
+    """A Hugging Face decoder as generation's first step calls it: logits of every position."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+
+
+class Encoder(torch.nn.Module):
+    """A Hugging Face encoder with its padding mask passed in: the last hidden state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
+
+
+@dataclass(frozen=True)
+class Model:
+    """One zoo model. `build(ci)` returns the wrapper in eval mode (random weights: seed first);
+    `batch` and `seq` are the GPU run's sizes (seq None for images)."""
+
+    name: str
+    family: str
+    what: str
+    build: Callable[[bool], torch.nn.Module]
+    batch: int
+    seq: int | None
+    vocab: int | None = None
+    ci_vocab: int | None = None
+    # Encoder: the second input is a key-padding mask of ones and zeros.
+    padding_mask: bool = False
+    ci_layers: int = CI_LAYERS
+    notes: list = field(default_factory=list)
+
+    def sizes(self, ci):
+        return (CI_BATCH, CI_SEQ) if ci else (self.batch, self.seq)
+
+    def inputs(self, ci, device="cpu", seed=SEED):
+        """The forward's inputs: token ids (and a padding mask) or fp32 images, from `seed`."""
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        batch, seq = self.sizes(ci)
+        if self.seq is None:
+            return (torch.randn(batch, 3, 224, 224, generator=gen, device=device),)
+        vocab = self.ci_vocab if ci and self.ci_vocab else self.vocab
+        ids = torch.randint(0, vocab, (batch, seq), generator=gen, device=device)
+        if not self.padding_mask:
+            return (ids,)
+        return padding(ids, seq)
+
+
+def padding(ids, seq):
+    """Sequence b keeps seq - ((b + 1) % 4) * seq / 8 tokens (7/8, 6/8, 5/8, all, ...; a batch of
+    one is padded too); the rest are pad tokens (id 0) that the mask hides."""
+    batch = ids.shape[0]
+    lengths = torch.tensor([seq - ((b + 1) % 4) * (seq // 8) for b in range(batch)], device=ids.device)
+    mask = (torch.arange(seq, device=ids.device)[None, :] < lengths[:, None]).to(torch.int64)
+    return (ids * mask, mask)
+
+
+def layers(ci, full):
+    return CI_LAYERS if ci else full
+
+
+def gpt2(ci):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    # GPT2Config() is GPT-2 small: 12 layers, 768 wide, Conv1D projections, learned positions,
+    # the tanh GELU written out, vocabulary 50257 tied to the lm_head (kept odd under --ci).
+    return CausalLM(GPT2LMHeadModel(GPT2Config(n_layer=layers(ci, 12))))
+
+
+def llama(ci):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        intermediate_size=5632,
+        num_hidden_layers=layers(ci, 4),
+        vocab_size=CI_VOCAB if ci else 32000,
+    )
+    return CausalLM(LlamaForCausalLM(config))
+
+
+def qwen2(ci):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    # Qwen2-0.5B's dims (14 heads of 64, 2 KV heads, q/k/v with bias, tied 151936 vocabulary),
+    # 4 of its 24 layers.
+    config = Qwen2Config(
+        hidden_size=896,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        num_hidden_layers=layers(ci, 4),
+        vocab_size=CI_VOCAB if ci else 151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    return CausalLM(Qwen2ForCausalLM(config))
+
+
+def pythia(ci):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    # Pythia-160m: rotary over a quarter of each head, attention and MLP in parallel off one
+    # residual, fused qkv with bias, erf GELU, untied 50304 vocabulary.
+    config = GPTNeoXConfig(
+        hidden_size=768,
+        num_attention_heads=12,
+        num_hidden_layers=layers(ci, 12),
+        intermediate_size=3072,
+        vocab_size=CI_VOCAB if ci else 50304,
+        use_parallel_residual=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
+    return CausalLM(GPTNeoXForCausalLM(config))
+
+
+def opt(ci):
+    from transformers import OPTConfig, OPTForCausalLM
+
+    # OPTConfig() is OPT-125m: pre-LayerNorm, ReLU MLP, biases everywhere, learned positions with
+    # OPT's offset of 2, vocabulary 50272 tied.
+    config = OPTConfig(num_hidden_layers=layers(ci, 12), **({"vocab_size": CI_VOCAB} if ci else {}))
+    return CausalLM(OPTForCausalLM(config))
+
+
+def bert(ci):
+    from transformers import BertConfig, BertModel
+
+    # BertConfig() is BERT-base; no pooler (the last hidden state is the output).
+    config = BertConfig(num_hidden_layers=layers(ci, 12), **({"vocab_size": CI_VOCAB} if ci else {}))
+    return Encoder(BertModel(config, add_pooling_layer=False))
+
+
+def vit_b_16(ci):
+    import torchvision
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    if not ci:
+        return torchvision.models.vit_b_16()
+    # vit_b_16() is this constructor with 12 layers (torchvision's _vision_transformer).
+    return VisionTransformer(image_size=224, patch_size=16, num_layers=CI_LAYERS, num_heads=12, hidden_dim=768, mlp_dim=3072)
+
+
+def resnet50(ci):
+    import torchvision
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    if not ci:
+        return torchvision.models.resnet50()
+    # resnet50() is ResNet(Bottleneck, [3, 4, 6, 3]); one bottleneck per stage keeps every
+    # stage's downsampling block.
+    return ResNet(Bottleneck, [1, 1, 1, 1])
+
+
+def mobilenet_v3_large(ci):
+    import torchvision
+
+    # Depthwise convolutions, squeeze-and-excitation and hardswish; 5.5M parameters, small enough
+    # to trace whole under --ci.
+    return torchvision.models.mobilenet_v3_large()
+
+
+def convnext_tiny(ci):
+    import torchvision
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    if not ci:
+        return torchvision.models.convnext_tiny()
+    # convnext_tiny() is these four stages with 3, 3, 9 and 3 blocks (depthwise 7x7 convolution,
+    # LayerNorm over channels through a permute, Linear-GELU-Linear, layer scale); one block each.
+    widths = [(96, 192), (192, 384), (384, 768), (768, None)]
+    return ConvNeXt([CNBlockConfig(i, o, 1) for i, o in widths], stochastic_depth_prob=0.1)
+
+
+MODELS = [
+    Model("gpt2", "gpt2", "GPT2LMHeadModel(GPT2Config()): GPT-2 small, 12 layers", gpt2, 8, 1024, vocab=50257, ci_vocab=50257),
+    Model("llama", "llama", "LlamaForCausalLM: hidden 2048, 16 heads, 4 KV heads, MLP 5632, 4 layers", llama, 4, 1024, vocab=32000, ci_vocab=CI_VOCAB),
+    Model("qwen2", "qwen2", "Qwen2ForCausalLM: Qwen2-0.5B's dims, 4 layers", qwen2, 4, 1024, vocab=151936, ci_vocab=CI_VOCAB),
+    Model("pythia", "gpt_neox", "GPTNeoXForCausalLM: Pythia-160m, 12 layers", pythia, 8, 512, vocab=50304, ci_vocab=CI_VOCAB),
+    Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),
+    Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True),
+    Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),
+    Model("resnet50", "resnet", "torchvision resnet50", resnet50, 32, None, ci_layers=1),
+    Model("mobilenet_v3_large", "mobilenet", "torchvision mobilenet_v3_large (depthwise, SE, hardswish)", mobilenet_v3_large, 32, None, ci_layers=15),
+    Model("convnext_tiny", "convnext", "torchvision convnext_tiny (depthwise 7x7, LayerNorm, Linear MLP)", convnext_tiny, 32, None, ci_layers=1),
+]
+
+
+def by_name():
+    return {m.name: m for m in MODELS}
+
+
+def select(names):
+    """The models named in a comma-separated list (all when None), in the zoo's order."""
+    if not names:
+        return list(MODELS)
+    wanted = names.split(",")
+    known = by_name()
+    if bad := [n for n in wanted if n not in known]:
+        raise SystemExit(f"unknown zoo models {bad}: the zoo has {', '.join(known)}")
+    return [m for m in MODELS if m.name in wanted]
+
+
+def build(model, ci, device="cpu", dtype=torch.float32):
+    """The seeded model in eval mode on `device` in `dtype` (floating parameters and buffers)."""
+    torch.manual_seed(SEED)
+    return model.build(ci).eval().to(device=device, dtype=dtype)
+
+
+def describe_inputs(inputs):
+    return [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")} for x in inputs]
+
+
+def trace_ci(out_dir, models):
+    """Traces each model at batch 1 on the CPU into out_dir, and writes manifest.json."""
+    os.makedirs(out_dir, exist_ok=True)
+    manifest = []
+    for m in models:
+        module = build(m, ci=True)
+        inputs = m.inputs(ci=True)
+        with torch.no_grad():
+            traced = torch.jit.trace(module, inputs, strict=False, check_trace=False)
+        path = os.path.join(out_dir, f"{m.name}.pt")
+        traced.save(path)
+        manifest.append(
+            {"name": m.name, "family": m.family, "file": f"{m.name}.pt", "layers": m.ci_layers, "inputs": describe_inputs(inputs)}
+        )
+        print(f"traced {m.name} -> {path}", flush=True)
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="print the zoo")
+    ap.add_argument("--ci", metavar="OUT_DIR", help="trace every model at batch 1 on the CPU into OUT_DIR")
+    ap.add_argument("--models", help="comma-separated model names (default: all)")
+    args = ap.parse_args()
+    if args.list:
+        for m in MODELS:
+            size = f"B {m.batch}, T {m.seq}" if m.seq else f"B {m.batch}, 3x224x224"
+            print(f"{m.name:20} {m.family:10} {size:16} {m.what}")
+    elif args.ci:
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+        # Tracing's warnings about Python values taken as constants (sizes, masks' shapes) are
+        # what tracing a user's model prints too; the CI log does without them.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        trace_ci(args.ci, select(args.models))
+    else:
+        ap.print_help()
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

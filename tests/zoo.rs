@@ -1,0 +1,369 @@
+//! The zoo in CI: every model of benches/zoo traced at batch 1 on the CPU (`models.py --ci`) and
+//! `fact discover`ed; the patterns each must show are one table, EXPECT, that grows as rules
+//! land. Also the MultiheadAttention fixture (discover must see past the op) and `fact plot-e2e
+//! --over` on hand-written records. The zoo's GPU runs (benches/zoo/run.py) are not tested here.
+
+use crate::common::{fact, fixture, zoo_fixtures};
+use fact::plan::Plan;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// What discover must find in one zoo model. Rules are named by their id without an epilogue's
+/// digest (`gemm_rcr_ep_silu_mul`, not `gemm_rcr_ep_silu_mul_a73cef95`); the counts are exact, per
+/// layer (times the fixture's layers, from manifest.json) plus once per model, so a rule that stops
+/// matching, or starts matching elsewhere, changes them. `wanted` is what issue 31 asks discover
+/// to find there that no rule finds yet: printed with the count of that kind found today, not
+/// asserted. When a rule lands, its patterns move from `wanted` into the counts.
+struct Expect {
+    model: &'static str,
+    per_layer: &'static [(&'static str, usize)],
+    once: &'static [(&'static str, usize)],
+    /// (pattern kind, what issue 31 wants found).
+    wanted: &'static [(&'static str, &'static str)],
+}
+
+const DECODER_ATTENTION: (&str, &str) = (
+    "attention",
+    "one per layer: SDPA with the mask the graph computes",
+);
+
+const EXPECT: &[Expect] = &[
+    Expect {
+        model: "gpt2",
+        // Conv1D is addmm over a flattened input with W row-major; layernorms before attention
+        // and MLP.
+        per_layer: &[("gemm_rrr_bias", 4), ("layernorm_affine", 2)],
+        // ln_f; the lm_head against the tied 50257-row embedding.
+        once: &[("layernorm_affine", 1), ("gemm_rcr", 1)],
+        wanted: &[
+            DECODER_ATTENTION,
+            (
+                "epilogue",
+                "per layer: the MLP's written-out tanh GELU after c_fc, the residual adds after the projections",
+            ),
+            ("gemm", "the lm_head (N = 50257) padded to the kernel's alignment"),
+        ],
+    },
+    Expect {
+        model: "llama",
+        // q, k, v and up; gate with silu times up; o and down with the residual.
+        per_layer: &[
+            ("gemm_rcr", 4),
+            ("gemm_rcr_ep_silu_mul", 1),
+            ("gemm_rcr_ep_add", 2),
+        ],
+        // The lm_head; the rotary frequencies (inv_freq · positions).
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1)],
+        wanted: &[(
+            "attention",
+            "one per layer: grouped-query SDPA (K/V heads repeated) with the computed causal mask",
+        )],
+    },
+    Expect {
+        model: "qwen2",
+        // q, k, v with bias; up; gate with silu times up; o and down with the residual.
+        per_layer: &[
+            ("gemm_rcr_bias", 3),
+            ("gemm_rcr", 1),
+            ("gemm_rcr_ep_silu_mul", 1),
+            ("gemm_rcr_ep_add", 2),
+        ],
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1)],
+        wanted: &[(
+            "attention",
+            "one per layer: grouped-query SDPA with the computed causal mask",
+        )],
+    },
+    Expect {
+        model: "pythia",
+        // Two layernorms off one residual; fused qkv and dense; fc with GELU; the MLP's out
+        // projection adding the attention output and the residual (parallel residual).
+        per_layer: &[
+            ("layernorm_affine", 2),
+            ("gemm_rcr_bias", 2),
+            ("gemm_rcr_bias_ep_gelu", 1),
+            ("gemm_rcr_bias_ep_add_add", 1),
+        ],
+        once: &[("layernorm_affine", 1), ("gemm_rcr", 1), ("gemm_rrr", 1)],
+        wanted: &[DECODER_ATTENTION],
+    },
+    Expect {
+        model: "opt",
+        // q with OPT's scaling in its epilogue; k, v; out_proj and fc2 with the residual; fc1
+        // with relu.
+        per_layer: &[
+            ("layernorm_affine", 2),
+            ("gemm_rcr_bias_ep_mul", 1),
+            ("gemm_rcr_bias", 2),
+            ("gemm_rcr_bias_ep_add", 2),
+            ("gemm_rcr_bias_ep_relu", 1),
+        ],
+        once: &[("layernorm_affine", 1), ("gemm_rcr", 1)],
+        wanted: &[DECODER_ATTENTION],
+    },
+    Expect {
+        model: "bert",
+        // q, k, v; both output denses with their residual; the intermediate with GELU.
+        per_layer: &[
+            ("gemm_rcr_bias", 3),
+            ("gemm_rcr_bias_ep_add", 2),
+            ("gemm_rcr_bias_ep_gelu", 1),
+            ("layernorm_affine", 2),
+        ],
+        once: &[("layernorm_affine", 1)],
+        wanted: &[(
+            "attention",
+            "one per layer: SDPA with the key-padding mask built from the attention_mask input",
+        )],
+    },
+    Expect {
+        model: "vit_b_16",
+        // The MLP (GELU; the residual through eval dropout); the in- and out-projections are
+        // inside aten::_native_multi_head_attention.
+        per_layer: &[
+            ("gemm_rcr_bias_ep_gelu", 1),
+            ("gemm_rcr_bias_ep_add", 1),
+            ("layernorm_affine", 2),
+        ],
+        once: &[("layernorm_affine", 1), ("gemm_rcr_bias", 1)],
+        wanted: &[
+            ("attention", "one per layer: the middle of _native_multi_head_attention"),
+            (
+                "gemm",
+                "two per layer: its in- and out-projections (the head's is found today)",
+            ),
+        ],
+    },
+    Expect {
+        model: "resnet50",
+        // The classifier; the convolutions wait for a convolution kind.
+        per_layer: &[],
+        once: &[("gemm_rcr_bias", 1)],
+        wanted: &[],
+    },
+    Expect {
+        model: "mobilenet_v3_large",
+        // The two classifier Linears (hardswish between them is no epilogue op).
+        per_layer: &[],
+        once: &[("gemm_rcr_bias", 2)],
+        wanted: &[],
+    },
+    Expect {
+        model: "convnext_tiny",
+        // One block per stage under --ci: its LayerNorm over channels and Linear-GELU-Linear;
+        // the stem's, downsamplers' and head's LayerNorm2d (a permuted layer_norm); the head.
+        per_layer: &[],
+        once: &[
+            ("layernorm_affine", 9),
+            ("gemm_rcr_bias_ep_gelu", 4),
+            ("gemm_rcr_bias", 5),
+        ],
+        wanted: &[],
+    },
+];
+
+/// `fact discover --json` on `model` with no pattern tables: (the plan, or discover's stderr).
+fn discover(model: &Path) -> Result<Plan, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fact()
+        .env("FACT_TABLE", dir.path().join("t.json"))
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .arg("discover")
+        .arg(model)
+        .arg("--json")
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    Ok(serde_json::from_value(v["plan"].clone()).expect("discover --json's plan"))
+}
+
+/// A rule id without the epilogue program's digest (`_` and eight hex digits at the end).
+fn rule_name(rule: &str) -> &str {
+    match rule.rsplit_once('_') {
+        Some((head, digest))
+            if digest.len() == 8 && digest.chars().all(|c| c.is_ascii_hexdigit()) =>
+        {
+            head
+        }
+        _ => rule,
+    }
+}
+
+fn counts<'a>(items: impl Iterator<Item = &'a str>) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for i in items {
+        *out.entry(i.to_string()).or_insert(0) += 1;
+    }
+    out
+}
+
+/// What discover found in one model and what it left, for a reader of the test's output.
+fn report(e: &Expect, layers: usize, plan: &Plan, found: &BTreeMap<String, usize>) -> String {
+    let kinds = counts(plan.patterns.iter().map(|p| p.problem.kind().name()));
+    let mut s = format!(
+        "{} ({layers} layers): rules {found:?}; kinds {kinds:?}; unmatched {:.1}% of the estimate\n",
+        e.model,
+        plan.unmatched_share * 100.0
+    );
+    for r in plan.unmatched.iter().take(3) {
+        let mut by_kind: Vec<(String, usize)> =
+            counts(r.kinds.iter().map(|k| k.trim_start_matches("aten::")))
+                .into_iter()
+                .collect();
+        // The ops that do the work first (attention, convolutions, products, norms), then the
+        // most frequent.
+        let heavy = |k: &str| {
+            ["attention", "convolution", "matmul", "mm", "norm", "mean"]
+                .iter()
+                .any(|h| k.contains(h))
+        };
+        by_kind.sort_by(|a, b| {
+            heavy(&b.0)
+                .cmp(&heavy(&a.0))
+                .then_with(|| b.1.cmp(&a.1))
+                .then_with(|| a.0.cmp(&b.0))
+        });
+        let most: Vec<String> = by_kind
+            .iter()
+            .take(6)
+            .map(|(k, n)| format!("{k} x{n}"))
+            .collect();
+        let name: String = r.name.chars().take(120).collect();
+        s += &format!(
+            "    unmatched {:5.1}%, {} nodes ({}): {name}\n",
+            r.share * 100.0,
+            r.nodes.len(),
+            most.join(", ")
+        );
+    }
+    for (kind, what) in e.wanted {
+        s += &format!(
+            "    wanted (issue 31), {kind}: {what}; {kind} patterns found: {}\n",
+            kinds.get(*kind).unwrap_or(&0)
+        );
+    }
+    s
+}
+
+#[test]
+fn zoo_models_discover_the_expected_patterns() {
+    let dir = zoo_fixtures();
+    let manifest: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let names: Vec<&str> = manifest
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    let rows: Vec<&str> = EXPECT.iter().map(|e| e.model).collect();
+    assert_eq!(
+        names, rows,
+        "every zoo model has one row in EXPECT, in the zoo's order"
+    );
+    let mut failures = Vec::new();
+    for (e, m) in EXPECT.iter().zip(&manifest) {
+        let layers = m["layers"].as_u64().unwrap() as usize;
+        let plan = match discover(&dir.join(m["file"].as_str().unwrap())) {
+            Ok(plan) => plan,
+            Err(stderr) => {
+                failures.push(format!("{}: discover failed: {stderr}", e.model));
+                continue;
+            }
+        };
+        let found = counts(plan.patterns.iter().map(|p| rule_name(&p.rule)));
+        let mut expected: BTreeMap<String, usize> = BTreeMap::new();
+        for (rule, n) in e.per_layer {
+            *expected.entry(rule.to_string()).or_insert(0) += n * layers;
+        }
+        for (rule, n) in e.once {
+            *expected.entry(rule.to_string()).or_insert(0) += n;
+        }
+        print!("{}", report(e, layers, &plan, &found));
+        if found != expected {
+            failures.push(format!(
+                "{}: discover found {found:?}, EXPECT says {expected:?}",
+                e.model
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn discover_sees_past_multihead_attention() {
+    // _native_multi_head_attention returns an undefined weights tensor: shape propagation must
+    // carry on to the Linear after it, whose operand shape comes from the attention's output.
+    let plan = discover(&fixture("mha.pt")).unwrap_or_else(|e| panic!("{e}"));
+    let linear = plan
+        .patterns
+        .iter()
+        .find(|p| p.rule == "gemm_rcr_bias")
+        .expect("the Linear after the attention is a pattern");
+    assert_eq!(linear.input_shapes[0], vec![2, 16, 32]);
+    assert!(plan.patterns.iter().any(|p| p.rule == "layernorm_affine"));
+}
+
+#[test]
+fn plot_e2e_draws_fact_over_torch_compile() {
+    // Test data, written by hand: no measurement.
+    let records = serde_json::json!({
+        "meta": {"device": "test GPU", "torch": "2.11.0", "date": "2026-01-01"},
+        "records": [
+            {"model": "alpha", "family": "a", "policy": "tf32", "eager_ms": 9.0, "traced_ms": 8.5,
+             "compile_ms": 6.0, "max_autotune_ms": 5.0, "fact_ms": 4.0, "errors": {}},
+            {"model": "alpha", "family": "a", "policy": "bf16", "eager_ms": 5.0, "traced_ms": null,
+             "compile_ms": 3.0, "max_autotune_ms": null, "fact_ms": 4.0, "errors": {}},
+            {"model": "beta", "family": "b", "policy": "tf32", "eager_ms": 7.0, "traced_ms": 7.0,
+             "compile_ms": 5.0, "max_autotune_ms": null, "fact_ms": null,
+             "errors": {"compose": "fact compose exited with 1"}},
+            {"model": "gamma", "family": "c", "policy": "tf32", "eager_ms": 2.0,
+             "compile_ms": null, "fact_ms": 1.0, "errors": {"compile": "timed out"}}
+        ]
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("zoo.json");
+    std::fs::write(&path, records.to_string()).unwrap();
+    let svg_path = dir.path().join("zoo.svg");
+    let out = fact()
+        .args(["plot-e2e", "--over", "torch.compile", "--out"])
+        .arg(&svg_path)
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let bar = |reference: f64, ms: f64| format!("{:.2}x ({ms:.3} ms)", reference / ms);
+    for (reference, ms) in [(6.0, 6.0), (6.0, 5.0), (6.0, 4.0), (6.0, 9.0), (3.0, 4.0)] {
+        assert!(svg.contains(&bar(reference, ms)), "{}", bar(reference, ms));
+    }
+    // torch.compile first in each group: the reference bar of every group is 1.00x.
+    let alpha = svg.find("alpha (tf32)").unwrap();
+    let first_bar = svg[alpha..].find("x (").unwrap() + alpha;
+    assert_eq!(&svg[first_bar - 4..first_bar + 1], "1.00x");
+    assert!(svg.contains("no fact time (compose: fact compose exited with 1)"));
+    assert!(svg.contains("no torch.compile time (compile: timed out)"));
+    let geo_tf32 = 6.0f64 / 4.0;
+    let geo_bf16 = 3.0f64 / 4.0;
+    assert!(svg.contains(&format!(
+        "fact over torch.compile, geomean: tf32 {geo_tf32:.2}x (1 model), bf16 {geo_bf16:.2}x (1 model)"
+    )));
+
+    let bad = fact()
+        .args(["plot-e2e", "--over", "jit", "--out"])
+        .arg(&svg_path)
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("eager, traced, torch.compile, max-autotune"),
+        "{err}"
+    );
+}
