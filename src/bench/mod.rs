@@ -330,13 +330,22 @@ pub struct SuiteRecord {
     pub max_autotune_ms: Option<f64>,
     #[serde(default)]
     pub fact_ms: Option<f64>,
-    #[serde(default)]
+    /// Absent or null where the harness ran none (one kind substituted, or the fact stage failed).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub ablations: Vec<SuiteAblation>,
     /// What failed: one text (epilogue suite) or a text per stage (zoo).
     #[serde(default)]
     pub error: Option<String>,
     #[serde(default)]
     pub errors: BTreeMap<String, String>,
+}
+
+fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -554,5 +563,18 @@ mod tests {
                 && !e.contains("k1"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_zoo_record_without_ablations_reads_as_none() {
+        let r: SuiteRecord = serde_json::from_str(
+            r#"{"model":"gpt2","policy":"bf16","fact_ms":12.5,"ablations":null,"errors":{}}"#,
+        )
+        .unwrap();
+        assert!(r.ablations.is_empty() && r.fact_ms == Some(12.5));
+        assert!(serde_json::from_str::<SuiteRecord>(
+            r#"{"model":"m","policy":"bf16","ablations":3}"#
+        )
+        .is_err());
     }
 }
