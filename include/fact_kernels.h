@@ -19,7 +19,15 @@
  *   out   [L,M,N] row-major (strides [M*N, N, 1]).
  * No scalars. M, N, K and L are 1 to INT32_MAX; a stride of a dim of size one is never stepped
  * along and so is free; every tensor's data is 16-byte aligned (a scalar leaf's 4). Each kernel adds
- * its own conditions (CUTLASS's alignment of M, N and K, which splits it takes). */
+ * its own conditions (CUTLASS's alignment of M, N and K, which splits it takes).
+ *
+ * Kind "attention": out = softmax(scale · q·kᵀ, masked)·v per (batch, query head). Six tensors:
+ *   q       [B,Hq,Tq,D], k and v [B,Hkv,Tk,D] (Hkv divides Hq; query head h reads k/v head
+ *           h / (Hq/Hkv), grouped-query attention read in place), out [B,Hq,Tq,D], unit stride along D;
+ *   factor  f32 [1] on the device (the scale times it, or over it: scalar power), else data NULL;
+ *   lengths i32 [B] on the device, each sequence's key count (keys j >= lengths[b] masked for every
+ *           query of batch b; 1 <= lengths[b] <= Tk), for the kernels that take them, else data NULL.
+ * Scalars: scale, causal (1: key j > query i masked), power (1 or -1). */
 #ifndef FACT_KERNELS_H
 #define FACT_KERNELS_H
 
@@ -30,7 +38,7 @@
 extern "C" {
 #endif
 
-#define FACT_ABI_VERSION 5
+#define FACT_ABI_VERSION 6
 /* Leaf tensors a GEMM's epilogue program may read. */
 #define FACT_MAX_LEAVES 4
 /* Dims a FactTensor holds. */
@@ -45,7 +53,8 @@ typedef enum FactStatus {
   FACT_LAUNCH_FAILED = 5
 } FactStatus;
 
-typedef enum FactDtype { FACT_F32 = 0, FACT_BF16 = 1, FACT_F16 = 2 } FactDtype;
+/* FACT_I32 only for index tensors (an attention kernel's key lengths). */
+typedef enum FactDtype { FACT_F32 = 0, FACT_BF16 = 1, FACT_F16 = 2, FACT_I32 = 3 } FactDtype;
 
 /* A tensor as a kernel reads it: sizes and strides in elements. */
 typedef struct FactTensor {

@@ -631,19 +631,25 @@ fn ragged_kernels_compile_into_one_library() {
     );
 }
 
-/// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, both masks and both
-/// of fact's persistent tile orders (paired under the causal mask, with the overlapped loop and
-/// four Q stages; rotated without), built by nvcc into one library with an sm80 attention kernel:
-/// each family compiles in its own units (with its example's headers), and the dispatch table
-/// lists all of them.
+/// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, built by nvcc into one
+/// library with an sm80 attention kernel (each family in its own units, with its example's
+/// headers): fact's paired tile order under the causal mask with the overlapped loop and four Q
+/// stages; a key-length kernel on one CTA per tile (BERT's padded encoder, examples/88's loads of q
+/// and k/v together); and a causal key-length kernel at head dim 80 (the 96 tile) for a padded,
+/// grouped-query decoder. Then, without a GPU, every kernel's can_implement (host code) against
+/// the six-tensor call of include/fact_kernels.h: grouped heads read in place where the kernel
+/// can (every sm80 kernel, sm90's persistent schedules), key lengths where it takes them (every
+/// sm80 kernel, sm90's `_klen` ones and only those), and any other call refused.
 #[test]
-fn sm90_attention_kernels_build_into_a_library() {
+fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_lengths() {
+    use crate::common::{fake_tensor, op_args};
+    use fact::nvcc::library::FactTensor;
     use fact::rules::attention::AttentionOrigin;
     use fact::rules::AttentionProblem;
     use fact::space::attention::candidates;
     use fact::space::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let p = |d: i64, causal: bool| AttentionProblem {
+    let p = |d: i64, causal: bool, padded: bool, kv_heads: Option<i64>| AttentionProblem {
         origin: AttentionOrigin::Sdpa,
         batch: 2,
         heads: 8,
@@ -652,8 +658,8 @@ fn sm90_attention_kernels_build_into_a_library() {
         head_dim: d,
         dtype: DType::Bf16,
         causal,
-        kv_heads: None,
-        padded: false,
+        kv_heads,
+        padded,
     };
     let named = |c: Vec<fact::space::attention::AttentionSpec>, name: &str| {
         c.into_iter()
@@ -661,30 +667,121 @@ fn sm90_attention_kernels_build_into_a_library() {
             .unwrap_or_else(|| panic!("{name} is a candidate"))
     };
     let causal = named(
-        candidates(&p(96, true), MathType::Bf16, Arch::Sm90),
+        candidates(&p(96, true, false, None), MathType::Bf16, Arch::Sm90),
         "sm90_fmha_bf16_bf16_q128_k128_d96_pair_ovl_pq_causal",
     );
-    let full = named(
-        candidates(&p(64, false), MathType::Bf16, Arch::Sm90),
-        "sm90_fmha_bf16_bf16_q128_k128_d64_persist_pq_full",
-    );
-    let sm80 = candidates(&p(96, true), MathType::Bf16, Arch::Sm90)
+    let sm80 = candidates(&p(96, true, false, None), MathType::Bf16, Arch::Sm90)
         .into_iter()
         .find(|a| a.name().starts_with("sm80_"))
         .unwrap();
+    let padded = named(
+        candidates(&p(64, false, true, None), MathType::Bf16, Arch::Sm90),
+        "sm90_fmha_bf16_bf16_q128_k128_d64_coop_full_klen",
+    );
+    let grouped_padded = named(
+        candidates(&p(80, true, true, Some(2)), MathType::Bf16, Arch::Sm90),
+        "sm90_fmha_bf16_bf16_q128_k128_d96_pair_ovl_pq_causal_klen",
+    );
     let dir = tempfile::tempdir().unwrap();
     let specs: Vec<Spec> = vec![
         causal.clone().into(),
         sm80.clone().into(),
-        full.clone().into(),
+        padded.clone().into(),
+        grouped_padded.clone().into(),
     ];
     let built = build_all(&tc, &specs, dir.path(), "libfmha90.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!(lib.len(), 3);
     assert_eq!(
-        (lib.name(0), lib.name(1), lib.name(2)),
-        (Some(causal.name()), Some(sm80.name()), Some(full.name()))
+        (0..lib.len())
+            .map(|i| lib.name(i).unwrap())
+            .collect::<Vec<_>>(),
+        specs.iter().map(Spec::name).collect::<Vec<_>>()
     );
+
+    const BF16: i32 = 1;
+    const F32: i32 = 0;
+    const I32: i32 = 3;
+    // q and out as views of [B,T,Hq,D] (a projection's), k and v contiguous [B,Hkv,T,D]; the
+    // factor absent; the lengths int32 [B] when `lengths`.
+    let call = |hkv: i64, d: i64, lengths: bool| -> Vec<FactTensor> {
+        let (b, h, t) = (2, 8, 512);
+        let bthd = [t * h * d, d, h * d, 1];
+        let kv = [hkv * t * d, t * d, d, 1];
+        vec![
+            fake_tensor(0x100000, BF16, &[b, h, t, d], &bthd),
+            fake_tensor(0x200000, BF16, &[b, hkv, t, d], &kv),
+            fake_tensor(0x300000, BF16, &[b, hkv, t, d], &kv),
+            fake_tensor(0x400000, BF16, &[b, h, t, d], &bthd),
+            fake_tensor(0, F32, &[], &[]),
+            if lengths {
+                fake_tensor(0x500000, I32, &[b], &[1])
+            } else {
+                fake_tensor(0, I32, &[], &[])
+            },
+        ]
+    };
+    let can = |index: usize, t: &[FactTensor], causal: bool| {
+        let scalars = [0.125, if causal { 1.0 } else { 0.0 }, 1.0];
+        lib.can_implement(index, &op_args(t, &scalars))
+    };
+
+    // sm80: grouped heads and key lengths are arguments of every kernel.
+    for (hkv, lengths) in [(8, false), (2, false), (8, true), (1, true)] {
+        assert!(
+            can(1, &call(hkv, 96, lengths), true),
+            "sm80 Hkv {hkv} lengths {lengths}"
+        );
+    }
+    assert!(
+        !can(1, &call(3, 96, false), true),
+        "3 k/v heads do not divide 8"
+    );
+    assert!(
+        !can(1, &call(2, 96, true)[..5], true),
+        "the five-tensor call of ABI v5"
+    );
+    assert!(!can(1, &call(2, 96, true)[..4], true));
+    let mut f32_lengths = call(2, 96, true);
+    f32_lengths[5].dtype = F32;
+    assert!(!can(1, &f32_lengths, true), "lengths are int32");
+    let mut short = call(2, 96, true);
+    short[5].sizes[0] = 1;
+    assert!(!can(1, &short, true), "one length per sequence");
+    let mut factor = call(2, 96, true);
+    factor[4] = fake_tensor(0x600000, F32, &[1], &[1]);
+    assert!(
+        can(1, &factor, true),
+        "a device factor beside grouped heads and lengths"
+    );
+
+    // sm90, persistent, no lengths: grouped heads yes, lengths no, and the mask it was built for.
+    assert!(can(0, &call(8, 96, false), true) && can(0, &call(2, 96, false), true));
+    assert!(
+        !can(0, &call(2, 96, true), true),
+        "an unpadded kernel refuses lengths"
+    );
+    assert!(
+        !can(0, &call(2, 96, false), false),
+        "a causal kernel refuses the full mask"
+    );
+    assert!(!can(0, &call(3, 96, false), true));
+
+    // sm90, one CTA per tile, key lengths: lengths required, grouped heads refused.
+    assert!(can(2, &call(8, 64, true), false));
+    assert!(
+        !can(2, &call(8, 64, false), false),
+        "a padded kernel needs its lengths"
+    );
+    assert!(
+        !can(2, &call(2, 64, true), false),
+        "q and k/v load from one coordinate here"
+    );
+    assert!(!can(2, &call(8, 64, true), true));
+
+    // sm90, persistent, causal with key lengths, head dim 80 in the 96 tile, grouped.
+    assert!(can(3, &call(2, 80, true), true) && can(3, &call(8, 80, true), true));
+    assert!(!can(3, &call(2, 80, false), true));
+    assert!(!can(3, &call(2, 104, true), true), "past the 96 tile");
 }
 
 /// The fused GEMM of linear_ep.pt: out = r + gelu_tanh(x·wᵀ + b)·0.5.

@@ -303,6 +303,50 @@ fn realize_without_a_gpu_says_so() {
     assert!(!ok && err.contains("MxNxK"), "{err}");
 }
 
+/// `realize --compile-only` builds a sweep's kernels without a GPU and records nothing: here the
+/// first candidate of a padded, grouped-query attention under tf32 (an sm80 kernel, which takes
+/// both as arguments; the compile tests build the same one, so the shared cache has it).
+#[test]
+fn realize_compile_only_builds_a_grouped_padded_attention_sweep_without_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("user.json");
+    let out = dir.path().join("out");
+    let (ok, v, err) = run(
+        &user,
+        &[
+            "realize",
+            "--rule",
+            "sdpa_causal_padded",
+            "--dtype",
+            "f32",
+            "--shape",
+            "2x8x512x512x96x2",
+            "--candidates",
+            "1",
+            "--compile-only",
+            "--json",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(v["realization"]["how"], "compiled", "{v}");
+    assert_eq!(
+        (&v["realization"]["candidates"], &v["realization"]["failed"]),
+        (&serde_json::json!(1), &serde_json::json!(0))
+    );
+    assert!(
+        v["entry"].is_null() && !user.exists(),
+        "nothing tuned, nothing recorded"
+    );
+    let lib = std::fs::read_dir(out.join("sweeps"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("libsweep.so"))
+        .find(|p| p.exists());
+    assert!(lib.is_some(), "the sweep's library is built");
+}
+
 #[test]
 fn learned_rules_are_listed_with_scope_predicate_and_count() {
     use fact::space::validity::{learn, FailureKind, Scope};

@@ -128,15 +128,17 @@ enum Command {
     /// Tune a rule for a shape and add the winner to the user pattern table, without a model.
     Realize {
         /// gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias, bmm_rrr; attention, attention_causal
-        /// (the explicit softmax(q·kᵀ)·v form), sdpa or sdpa_causal; layernorm, layernorm_affine
-        /// (weight and bias), layernorm_weight or layernorm_bias.
+        /// (the explicit softmax(q·kᵀ)·v form), sdpa, sdpa_causal, sdpa_padded or
+        /// sdpa_causal_padded (a key-padding mask: each sequence's own key length); layernorm,
+        /// layernorm_affine (weight and bias), layernorm_weight or layernorm_bias.
         #[arg(long)]
         rule: String,
         /// Tensor dtype: f32, bf16 or f16.
         #[arg(long)]
         dtype: String,
         /// MxNxK, LxMxNxK for bmm_rrr, BxHxTqxTkxD (batch, heads, query and key lengths, head
-        /// dim) for attention, ROWSxC (C the normalized dim) for layernorm.
+        /// dim) for attention, or BxHxTqxTkxDxHkv with k/v's fewer heads (grouped-query), ROWSxC
+        /// (C the normalized dim) for layernorm.
         #[arg(long)]
         shape: String,
         /// An elementwise program fused after the GEMM, in the text form discover prints
@@ -166,6 +168,10 @@ enum Command {
         /// Folder for the sweep's sources and libraries (default out/realize).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Compile the sweep's kernels into the build cache and stop, without a GPU or tuning (a
+        /// table hit compiles nothing): realizes compiled side by side then tune one by one.
+        #[arg(long)]
+        compile_only: bool,
         #[command(flatten)]
         agent: AgentArgs,
         #[arg(long)]
@@ -360,6 +366,7 @@ pub fn main() -> Result<()> {
             hopeless,
             jobs: j,
             out,
+            compile_only,
             agent,
             json,
         } => {
@@ -402,8 +409,8 @@ pub fn main() -> Result<()> {
             };
             let start = std::time::Instant::now();
             let tc = Toolchain::discover()?;
-            let gpu = compose::tunes_here(arch, device.as_ref());
-            if !gpu {
+            let gpu = !compile_only && compose::tunes_here(arch, device.as_ref());
+            if !gpu && !compile_only {
                 let here = device.map_or("no CUDA device".to_string(), |d| {
                     format!("{} runs no {arch} kernels", d.label())
                 });

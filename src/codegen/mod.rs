@@ -398,6 +398,7 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
             causal,
             overlap,
             prefetch_q,
+            key_lengths,
         } => {
             vars["overlap"] = json!(overlap);
             vars["prefetch_q"] = json!(prefetch_q);
@@ -410,11 +411,13 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
             vars["rotated"] = json!(schedule == Sm90Schedule::Persistent);
             vars["paired"] = json!(schedule == Sm90Schedule::Paired);
             vars["causal"] = json!(causal);
-            // Without a causal mask the keys past Tk in the last key block still need one.
-            vars["fusion"] = json!(if causal {
-                "cutlass::fmha::collective::CausalFusion"
-            } else {
-                "TailFusion"
+            vars["key_lengths"] = json!(key_lengths);
+            // Without a causal mask the keys past Tk (or past the sequence's length, which the
+            // key-length mainloop hands the fusion as Tk) in the last key block still need one.
+            vars["fusion"] = json!(match (causal, key_lengths) {
+                (true, false) => "cutlass::fmha::collective::CausalFusion",
+                (true, true) => "CausalLengthFusion",
+                (false, _) => "TailFusion",
             });
             "sm90_fmha"
         }
@@ -513,8 +516,23 @@ pub fn unit_of(sources: &[&Source]) -> Source {
 fn signature(s: &Spec) -> String {
     use crate::rules::{LeafKind, Major};
     match s {
-        Spec::Attention(_) => "q[B,H,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] (Hkv divides H: query head h reads h/(H/Hkv)) out[B,H,Tq,D] (stored [B,Tq,H,D]) factor f32[1] (NULL data: none) lengths i32[B] (keys j >= lengths[b] masked; NULL data: none); scale causal power (scale·factor^power)".into(),
-        Spec::LayerNorm(_) => "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps".into(),
+        Spec::Attention(a) => {
+            let out = match a.family {
+                AttentionFamily::Sm80 => "out[B,Hq,Tq,D] (stored [B,Tq,Hq,D])",
+                AttentionFamily::Sm90 { .. } => "out[B,Hq,Tq,D]",
+            };
+            let lengths = match a.family {
+                AttentionFamily::Sm90 {
+                    key_lengths: true, ..
+                } => "lengths i32[B]",
+                AttentionFamily::Sm90 { .. } => "lengths (NULL data)",
+                AttentionFamily::Sm80 => "lengths i32[B]?",
+            };
+            format!("q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] {out} factor f32[1]? {lengths} (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)")
+        }
+        Spec::LayerNorm(_) => {
+            "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps".into()
+        }
         Spec::Gemm(k) => {
             let a = match k.layout.a() {
                 Major::Row => "a[L,M,K]",
@@ -524,7 +542,11 @@ fn signature(s: &Spec) -> String {
                 Major::Row => "b[L,K,N]",
                 Major::Col => "b[L,K,N] (stored [L,N,K])",
             };
-            let bias = if k.bias { "bias[N]" } else { "bias (NULL data)" };
+            let bias = if k.bias {
+                "bias[N]"
+            } else {
+                "bias (NULL data)"
+            };
             let leaves = k.fusion.iter().flat_map(|e| &e.leaves).map(|l| match l {
                 LeafKind::Full => "full[L,M,N]",
                 LeafKind::Row => "row[N]",
@@ -1428,6 +1450,14 @@ mod tests {
             text.contains("sm80 mma.sync code, built for sm80)")
                 && text.contains("fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_run")
         );
+        // Every sm80 kernel is the variable-length one: grouped heads and key lengths are
+        // arguments of the launch, not of the compiled code.
+        assert!(
+            text.contains("c.p, c.factor, a->scalars[2] > 0 ? 1 : -1, c.lengths, c.group);")
+                && text
+                    .contains("if (lengths != nullptr) p.num_keys = cutlass::fast_min(p.num_keys,")
+                && text.contains("if (H % Hkv != 0 ||")
+        );
     }
 
     #[test]
@@ -1444,6 +1474,7 @@ mod tests {
                 causal,
                 overlap: false,
                 prefetch_q: false,
+                key_lengths: false,
             },
         };
         let a = sm90(Sm90Schedule::Cooperative, true);
@@ -1473,6 +1504,7 @@ mod tests {
                 causal: true,
                 overlap: true,
                 prefetch_q: true,
+                key_lengths: false,
             },
             ..a.clone()
         };
@@ -1489,7 +1521,7 @@ mod tests {
             text.contains("Epilogue, RotatedTileScheduler, Options...>")
                 && text.contains("Shape<_128, _128, _96>")
                 && text.contains("KernelTmaWarpSpecializedPingpong,\n    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesQ, _4>>")
-                && text.contains("return overlapped(blk, wg, p, problem, rest...);")
+                && text.contains("return overlapped(blk, wg, p, keys_of(blk, params, problem), rest...);")
         );
         assert!(!text.contains("PairedTileScheduler"));
         // Under a causal mask the sweep's order is the paired one.
@@ -1500,6 +1532,7 @@ mod tests {
                 causal: true,
                 overlap: false,
                 prefetch_q: true,
+                key_lengths: false,
             },
             ..a.clone()
         };
@@ -1516,12 +1549,15 @@ mod tests {
             text.contains("Epilogue, PairedTileScheduler, Options...>")
                 && text.contains("fact's paired tile order")
                 && !text.contains("RotatedTileScheduler")
-                && text.contains("return Base::compute(blk, wg, p, problem, rest...);")
+                && text.contains(
+                    "return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);"
+                )
         );
         let coop = render_attention(&a).text;
         assert!(
-            coop.contains("return Base::compute(blk, wg, p, problem, rest...);")
-                && !coop.contains("overlapped(")
+            coop.contains(
+                "return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);"
+            ) && !coop.contains("overlapped(")
                 && !coop.contains("kStagesQ")
         );
         let f16 = render_attention(&AttentionSpec {
@@ -1533,6 +1569,107 @@ mod tests {
         assert!(f16.contains("using Element = cutlass::half_t;") && f16.contains("t->dtype != 2"));
         let d = render_dispatch(&[a.clone().into()]).text;
         assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())));
+    }
+
+    #[test]
+    fn sm90_key_length_renders_are_golden_and_compile_the_lengths_in() {
+        let klen = |causal, schedule, overlap| AttentionSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            queries_per_block: 128,
+            keys_per_block: 128,
+            max_k: 128,
+            family: AttentionFamily::Sm90 {
+                schedule,
+                causal,
+                overlap,
+                prefetch_q: false,
+                key_lengths: true,
+            },
+        };
+        // A Llama-style padded decoder: the causal mask and each sequence's length in one fusion.
+        let causal = klen(true, Sm90Schedule::Paired, true);
+        assert_eq!(
+            causal.name(),
+            "sm90_fmha_bf16_bf16_q128_k128_d128_pair_ovl_causal_klen"
+        );
+        let text = render_attention(&causal).text;
+        expect_test::expect_file![
+            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d128_pair_ovl_causal_klen.cu"
+        ]
+        .assert_eq(&text);
+        assert!(
+            text.contains("struct CausalLengthFusion : cutlass::fmha::collective::CausalFusion")
+                && text.contains(
+                    "CausalLengthFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>"
+                )
+                && text.contains("using Fusion = CausalLengthFusion;")
+                && text.contains("constexpr bool kKeyLengths = true;")
+                && !text.contains("struct TailFusion")
+        );
+        // BERT's padded encoder: the tail fusion masks past the length the mainloop hands it.
+        let full = render_attention(&klen(false, Sm90Schedule::Cooperative, false)).text;
+        assert!(
+            full.contains("TailFusion, cutlass::gemm::KernelTmaWarpSpecializedCooperative>")
+                && full.contains("constexpr bool kKeyLengths = true;")
+                && !full.contains("CausalLengthFusion")
+        );
+        // Without lengths the same schedules compile the problem through unchanged.
+        let plain = render_attention(&AttentionSpec {
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Paired,
+                causal: true,
+                overlap: true,
+                prefetch_q: false,
+                key_lengths: false,
+            },
+            ..causal.clone()
+        })
+        .text;
+        assert!(
+            plain.contains("constexpr bool kKeyLengths = false;")
+                && !plain.contains("CausalLengthFusion")
+                && plain.contains("cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")
+        );
+    }
+
+    #[test]
+    fn attention_signatures_say_where_grouped_heads_and_lengths_go() {
+        let sm80 = AttentionSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            queries_per_block: 64,
+            keys_per_block: 64,
+            max_k: 64,
+            family: AttentionFamily::Sm80,
+        };
+        let sm90 = |key_lengths| AttentionSpec {
+            queries_per_block: 128,
+            keys_per_block: 128,
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Persistent,
+                causal: false,
+                overlap: false,
+                prefetch_q: false,
+                key_lengths,
+            },
+            ..sm80.clone()
+        };
+        assert_eq!(
+            signature(&sm80.clone().into()),
+            "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] (stored [B,Tq,Hq,D]) factor f32[1]? lengths i32[B]? (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
+        );
+        assert_eq!(
+            signature(&sm90(true).into()),
+            "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] factor f32[1]? lengths i32[B] (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
+        );
+        assert!(signature(&sm90(false).into()).contains(" lengths (NULL data) "));
+        // The dispatch table carries the signature the op reads.
+        assert!(render_dispatch(&[sm90(true).into()])
+            .text
+            .contains("lengths i32[B] (NULL data when absent"));
     }
 
     #[test]

@@ -10,6 +10,12 @@
 //! WGMMA, a producer warp group feeding two consumer warp groups that split the query block. The
 //! mask is compiled in there (causal, or only the tail of the last key block), so it is part of the
 //! kernel. Both families are candidates for bf16/fp16; the tuner picks by measurement.
+//!
+//! Grouped-query heads (k/v with Hq/G heads) are read in place by both: sm80 steps a CTA's k/v
+//! pointers to head h / G, sm90's producer loads k/v head h / G, so one kernel serves both (its
+//! one-CTA-per-tile schedule excepted). Per-sequence key lengths (a key-padding mask) are an
+//! argument of every sm80 kernel (examples/41's `num_keys` per CTA) and compiled into sm90's
+//! (`_klen`: the key loop runs to the batch's length and its fusion masks past it).
 
 use crate::rules::AttentionProblem;
 use crate::types::{Arch, DType, MathType};
@@ -48,6 +54,10 @@ pub enum AttentionFamily {
         /// next tile's queries while it works on this one.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         prefetch_q: bool,
+        /// Each sequence's keys end at a length read from the device (`_klen`): the key loop of a
+        /// tile runs to its batch's length and masks past it (a key-padding mask).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        key_lengths: bool,
     },
 }
 
@@ -159,7 +169,8 @@ fn sm90_variants(causal: bool) -> [(Sm90Schedule, bool, bool); 5] {
 
 impl AttentionSpec {
     /// The kernel's identity, e.g. `sm80_fmha_tf32_f32_q64_k64_d64` or
-    /// `sm90_fmha_bf16_bf16_q128_k64_d64_coop_causal` (built for sm90), and
+    /// `sm90_fmha_bf16_bf16_q128_k64_d64_coop_causal` (built for sm90; `_klen` after the mask for
+    /// the key-length kernels), and
     /// `sm80_fmha_tf32_f32_q64_k64_d64_for_sm80` (built for sm80): symbol, table value and build-cache key.
     pub fn name(&self) -> String {
         let base = format!(
@@ -177,13 +188,15 @@ impl AttentionSpec {
                 causal,
                 overlap,
                 prefetch_q,
+                key_lengths,
             } => {
                 format!(
-                    "sm90_fmha_{base}_{}{}{}_{}",
+                    "sm90_fmha_{base}_{}{}{}_{}{}",
                     schedule.short_name(),
                     if overlap { "_ovl" } else { "" },
                     if prefetch_q { "_pq" } else { "" },
-                    if causal { "causal" } else { "full" }
+                    if causal { "causal" } else { "full" },
+                    if key_lengths { "_klen" } else { "" }
                 )
             }
         };
@@ -299,23 +312,33 @@ impl AttentionSpec {
         None
     }
 
-    /// Whether the kernel takes the problem (its head dim fits, and for sm90 its mask and query
-    /// count; strides and alignment are checked per call).
+    /// Whether the kernel takes the problem (its head dim fits, and for sm90 its mask, key
+    /// lengths, grouped heads and query count; strides and alignment are checked per call).
+    /// Grouped-query heads are an argument of every kernel but sm90's one-CTA-per-tile schedule,
+    /// which loads q and k/v from one coordinate; key lengths one of every sm80 kernel and compiled
+    /// into sm90's (`_klen`).
     pub fn fits(&self, p: &AttentionProblem) -> bool {
         let align = 16 / self.dtype.bytes() as i64;
-        // Grouped-query and key-padded problems need kernels that read k/v heads by group and
-        // per-sequence key lengths; none of these families does yet.
+        let grouped_ok = p.kv_heads.is_none_or(|kv| kv > 0 && p.heads % kv == 0);
         let head = p.dtype == self.dtype
             && p.head_dim as u32 <= self.max_k
             && p.head_dim % align == 0
-            && p.kv_heads.is_none()
-            && !p.padded;
+            && grouped_ok;
         match self.family {
             AttentionFamily::Sm80 => head,
             // examples/88's can_implement asks Tq % 8 == 0; its causal mask sees padded keys when
             // Tq > Tk (templates/sm90_fmha.cu.hbs checks both per call too).
-            AttentionFamily::Sm90 { causal, .. } => {
-                head && causal == p.causal && p.seq_q % align == 0 && !(causal && p.seq_q > p.seq_k)
+            AttentionFamily::Sm90 {
+                causal,
+                key_lengths,
+                schedule,
+                ..
+            } => {
+                head && causal == p.causal
+                    && key_lengths == p.padded
+                    && (p.kv_heads.is_none() || schedule.persistent())
+                    && p.seq_q % align == 0
+                    && !(causal && p.seq_q > p.seq_k)
             }
         }
     }
@@ -374,6 +397,7 @@ fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
                     causal: p.causal,
                     overlap,
                     prefetch_q,
+                    key_lengths: p.padded,
                 };
                 shapes.push((q, k, max_k, family));
             }
@@ -679,6 +703,7 @@ mod tests {
             causal: true,
             overlap: false,
             prefetch_q: false,
+            key_lengths: false,
         };
         let s = AttentionSpec {
             math: MathType::Tf32,
@@ -709,6 +734,7 @@ mod tests {
                 causal: true,
                 overlap: false,
                 prefetch_q: true,
+                key_lengths: false,
             },
             ..s
         };
@@ -723,9 +749,194 @@ mod tests {
                 causal: true,
                 overlap: true,
                 prefetch_q: false,
+                key_lengths: false,
             },
             ..s
         };
         assert!(s.invalid_reason().unwrap().contains("persistent grid only"));
+    }
+
+    /// A grouped-query problem (Llama's 16 query heads over 4 k/v heads).
+    fn grouped(d: i64, dtype: DType, causal: bool) -> AttentionProblem {
+        AttentionProblem {
+            origin: crate::rules::attention::AttentionOrigin::Sdpa,
+            batch: 4,
+            heads: 16,
+            seq_q: 1024,
+            seq_k: 1024,
+            kv_heads: Some(4),
+            causal,
+            ..problem(d, dtype)
+        }
+    }
+
+    #[test]
+    fn grouped_heads_run_on_both_families_but_sm90s_one_cta_per_tile_schedule() {
+        let p = grouped(128, DType::Bf16, true);
+        let c = candidates(&p, MathType::Bf16, Arch::Sm90);
+        // Grouped heads are an argument of the kernels: the same names as the ungrouped sweep's,
+        // less the cooperative schedule (it loads q and k/v from one coordinate).
+        let ungrouped: Vec<String> = candidates(
+            &AttentionProblem {
+                kv_heads: None,
+                ..p.clone()
+            },
+            MathType::Bf16,
+            Arch::Sm90,
+        )
+        .iter()
+        .map(AttentionSpec::name)
+        .filter(|n| !n.contains("_coop_"))
+        .collect();
+        assert_eq!(
+            c.iter().map(AttentionSpec::name).collect::<Vec<_>>(),
+            ungrouped
+        );
+        assert_eq!(
+            names(&c, "sm90"),
+            [
+                "sm90_fmha_bf16_bf16_q128_k128_d128_pair_ovl_causal",
+                "sm90_fmha_bf16_bf16_q128_k128_d128_pair_causal"
+            ]
+        );
+        assert!(!names(&c, "sm80").is_empty());
+        let coop = AttentionSpec {
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Cooperative,
+                causal: true,
+                overlap: false,
+                prefetch_q: false,
+                key_lengths: false,
+            },
+            ..c[0].clone()
+        };
+        assert!(coop.fits(&AttentionProblem {
+            kv_heads: None,
+            ..p.clone()
+        }));
+        assert!(!coop.fits(&p));
+        // fp32 (tf32 and f32-accurate) grouped problems run on the sm80 family.
+        for math in [MathType::Tf32, MathType::Tf32x3] {
+            let c = candidates(&grouped(128, DType::F32, true), math, Arch::Sm90);
+            assert!(
+                !c.is_empty() && c.iter().all(|a| a.family.is_sm80()),
+                "{math:?}"
+            );
+        }
+        // Heads that k/v's do not divide fit no kernel.
+        let odd = AttentionProblem {
+            kv_heads: Some(3),
+            ..p
+        };
+        assert!(candidates(&odd, MathType::Bf16, Arch::Sm90).is_empty());
+    }
+
+    #[test]
+    fn padded_problems_take_sm90s_key_length_kernels_and_every_sm80_kernel() {
+        for causal in [false, true] {
+            let p = AttentionProblem {
+                origin: crate::rules::attention::AttentionOrigin::Sdpa,
+                batch: 32,
+                heads: 12,
+                seq_q: 512,
+                seq_k: 512,
+                causal,
+                padded: true,
+                ..problem(64, DType::Bf16)
+            };
+            let c = candidates(&p, MathType::Bf16, Arch::Sm90);
+            let sm90 = names(&c, "sm90");
+            let mask = if causal { "causal_klen" } else { "full_klen" };
+            assert_eq!(sm90.len(), 10, "{sm90:?}");
+            assert!(sm90.iter().all(|n| n.ends_with(mask)), "{sm90:?}");
+            let order = if causal { "pair" } else { "persist" };
+            assert_eq!(
+                sm90[0],
+                format!("sm90_fmha_bf16_bf16_q128_k128_d64_{order}_ovl_pq_{mask}")
+            );
+            // sm80 kernels take lengths as an argument: the unpadded sweep's kernels.
+            let unpadded = candidates(
+                &AttentionProblem {
+                    padded: false,
+                    ..p.clone()
+                },
+                MathType::Bf16,
+                Arch::Sm90,
+            );
+            assert_eq!(names(&c, "sm80"), names(&unpadded, "sm80"));
+            // A kernel without lengths does not fit a padded problem, nor the reverse.
+            let plain = &unpadded[0];
+            assert!(plain.name().starts_with("sm90_") && !plain.fits(&p));
+            assert!(!c[0].fits(&AttentionProblem {
+                padded: false,
+                ..p.clone()
+            }));
+            // Grouped and padded at once: the persistent key-length kernels.
+            let both = AttentionProblem {
+                heads: 16,
+                kv_heads: Some(4),
+                ..p.clone()
+            };
+            let c = candidates(&both, MathType::Bf16, Arch::Sm90);
+            assert!(names(&c, "sm90")
+                .iter()
+                .all(|n| n.ends_with(mask) && !n.contains("_coop_")));
+            assert_eq!(names(&c, "sm90").len(), 8);
+        }
+        // The serialized spec names the lengths only where it takes them (older entries parse).
+        let s = candidates(
+            &AttentionProblem {
+                padded: true,
+                ..problem(64, DType::Bf16)
+            },
+            MathType::Bf16,
+            Arch::Sm90,
+        )
+        .remove(0);
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"key_lengths\":true"), "{json}");
+        assert_eq!(serde_json::from_str::<AttentionSpec>(&json).unwrap(), s);
+    }
+
+    #[test]
+    fn head_dims_of_real_models_get_kernels_of_both_families() {
+        // bf16 on sm90: 64 and 128 in their own tiles, 80 and 96 in the 96 tile first, then 128's
+        // (the 128 tile's can_implement asks only d <= tile and d % 8 == 0).
+        for (d, tiles) in [
+            (64, &["d64"][..]),
+            (80, &["d96", "d128"][..]),
+            (96, &["d96", "d128"][..]),
+            (128, &["d128"][..]),
+        ] {
+            for p in [
+                problem(d, DType::Bf16),
+                grouped(d, DType::Bf16, true),
+                AttentionProblem {
+                    padded: true,
+                    causal: false,
+                    ..problem(d, DType::Bf16)
+                },
+            ] {
+                let c = candidates(&p, MathType::Bf16, Arch::Sm90);
+                let sm90 = names(&c, "sm90");
+                assert!(!sm90.is_empty(), "d {d}");
+                for n in &sm90 {
+                    assert!(tiles.iter().any(|t| n.contains(&format!("_{t}_"))), "{n}");
+                }
+                assert!(!names(&c, "sm80").is_empty(), "d {d}");
+                assert!(c.iter().all(|s| s.invalid_reason().is_none() && s.fits(&p)));
+            }
+            // fp32 under both policies: the sm80 family, its bound 64 or 128 and for 80 and 96
+            // the tight 96 too.
+            for math in [MathType::Tf32, MathType::Tf32x3] {
+                let c = candidates(&grouped(d, DType::F32, true), math, Arch::Sm90);
+                assert!(!c.is_empty() && c.iter().all(|s| s.family.is_sm80()));
+                assert_eq!(
+                    c.iter().any(|s| s.max_k == 96),
+                    d == 80 || d == 96,
+                    "d {d} {math:?}"
+                );
+            }
+        }
     }
 }

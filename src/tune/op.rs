@@ -12,6 +12,7 @@ pub fn fact_tensor(t: &Tensor) -> FactTensor {
         Kind::Float => 0,
         Kind::BFloat16 => 1,
         Kind::Half => 2,
+        Kind::Int => 3,
         _ => -1,
     };
     let mut ft = FactTensor {

@@ -488,7 +488,11 @@ FactTensor fact_tensor(const at::Tensor& t) {
   ft.data = t.data_ptr();
   // Another dtype (f64) is none of FactDtype's, so no kernel's check takes it for one.
   const at::ScalarType s = t.scalar_type();
-  ft.dtype = s == at::kFloat ? FACT_F32 : s == at::kBFloat16 ? FACT_BF16 : s == at::kHalf ? FACT_F16 : -1;
+  ft.dtype = s == at::kFloat      ? FACT_F32
+             : s == at::kBFloat16 ? FACT_BF16
+             : s == at::kHalf     ? FACT_F16
+             : s == at::kInt      ? FACT_I32  // an attention kernel's key lengths
+                                  : -1;
   ft.rank = static_cast<int32_t>(t.dim());
   for (int64_t i = 0; i < t.dim() && i < FACT_MAX_RANK; ++i) {
     ft.sizes[i] = t.size(i);

@@ -1,11 +1,15 @@
 // generated from templates/sm80_fmha.cu.hbs; do not edit
 // sm80_fmha_tf32_f32_q32_k128_d128: CUTLASS's fused multi-head attention forward (examples/41_fused_multi_head_attention,
 // sm80 mma.sync code, built for sm90), 32 queries x 128 keys per CTA, head dim up to
-// 128, tf32 math. Tensors (FactOpArgs): q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,D] read through
-// their strides (unit stride along D), out [B,H,Tq,D] stored as [B,Tq,H,D], and optionally a factor
-// (one fp32 value in device memory, e.g. a divisor the graph computes on the GPU); scalars: scale,
-// causal, and the factor's power (1: scale·factor, -1: scale/factor), read by the kernel itself so
-// the host never waits for the value.
+// 128, tf32 math. Tensors (FactOpArgs, include/fact_kernels.h): q [B,Hq,Tq,D], k and v
+// [B,Hkv,Tk,D] (Hkv dividing Hq: query head h reads k/v head h / (Hq/Hkv), in place) read through
+// their strides (unit stride along D), out [B,Hq,Tq,D] stored as [B,Tq,Hq,D], a factor (one fp32
+// value in device memory, e.g. a divisor the graph computes on the GPU; NULL data when none) and
+// each sequence's key count (int32 [B] in device memory: keys at or past lengths[b] masked for
+// every query of batch b; NULL data when all Tk keys count); scalars: scale, causal, and the
+// factor's power (1: scale·factor, -1: scale/factor). The kernel reads the factor and the lengths
+// itself, so the host never waits for them; grouped heads and lengths are arguments of one
+// compiled kernel.
 #include "fact_kernels.h"
 
 #include <cuda_runtime.h>
@@ -36,9 +40,21 @@ using AK = AttentionKernel<float, cutlass::arch::Sm80, /*isAligned=*/true, 32, 1
                            /*kSupportsDropout=*/false, /*kSupportsBias=*/false>;
 
 __global__ void __launch_bounds__(AK::kNumThreads, AK::kMinBlocksPerSm)
-    attention(typename AK::Params p, const float* factor, int power) {
+    attention(typename AK::Params p, const float* factor, int power, const int32_t* lengths, int group) {
   if (factor != nullptr) p.scale = power > 0 ? p.scale * *factor : p.scale / *factor;
   if (!p.advance_to_block()) return;
+  // The grid's y is the query head; advance_to_block stepped k and v by it, and grouped heads read
+  // k/v head h / group: step back the difference (make_call checks the kernel's 32-bit head
+  // offsets cannot wrap, so the two offsets cancel exactly).
+  if (group > 1) {
+    const int64_t back = int64_t(blockIdx.y) - int64_t(blockIdx.y / group);
+    p.key_ptr -= back * p.k_strideH;
+    p.value_ptr -= back * p.v_strideH;
+  }
+  // The kernel masks keys at or past num_keys in its last key block and skips the blocks past it
+  // (advance_to_block already cut num_keys to the causal bound); a length below 1 would leave a
+  // row with no key, so it counts as 1 (the op passes 1 <= length <= Tk).
+  if (lengths != nullptr) p.num_keys = cutlass::fast_min(p.num_keys, cutlass::fast_max(lengths[blockIdx.z], 1));
   AK::attention_kernel(p);
 }
 
@@ -46,16 +62,25 @@ constexpr int64_t kAlign = 16 / sizeof(float);
 
 bool fits_i32(int64_t v) { return v >= 0 && v <= INT32_MAX; }
 
-// The kernel's parameters for a call, or false when the call does not fit: every check the
-// kernel's own check_supported makes (which would print), plus shapes, dtypes and the output
-// layout the kernel writes.
-bool make_params(const FactOpArgs* a, typename AK::Params& p) {
-  if (a == nullptr || (a->num_tensors != 4 && a->num_tensors != 5) || a->num_scalars != 3) return false;
-  if (a->num_tensors == 5) {
-    const FactTensor& f = a->tensors[4];
+// One call: the kernel's parameters and what the wrapper reads beside them.
+struct Call {
+  typename AK::Params p;
+  const float* factor = nullptr;
+  const int32_t* lengths = nullptr;
+  int group = 1;
+};
+
+// The call's parameters, or false when the call does not fit: every check the kernel's own
+// check_supported makes (which would print), plus shapes, dtypes, the optional tensors and the
+// output layout the kernel writes.
+bool make_call(const FactOpArgs* a, Call& c) {
+  if (a == nullptr || a->num_tensors != 6 || a->num_scalars != 3) return false;
+  const FactTensor& f = a->tensors[4];
+  if (f.data != nullptr) {
     int64_t n = 1;
     for (int i = 0; i < f.rank; ++i) n *= f.sizes[i];
-    if (f.dtype != FACT_F32 || n != 1 || f.data == nullptr || (a->scalars[2] != 1.0 && a->scalars[2] != -1.0)) return false;
+    if (f.dtype != FACT_F32 || n != 1 || (a->scalars[2] != 1.0 && a->scalars[2] != -1.0)) return false;
+    c.factor = static_cast<const float*>(f.data);
   }
   const FactTensor& q = a->tensors[0];
   const FactTensor& k = a->tensors[1];
@@ -65,11 +90,17 @@ bool make_params(const FactOpArgs* a, typename AK::Params& p) {
     if (t->rank != 4 || t->dtype != 0 || t->strides[3] != 1) return false;
     if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
   }
-  const int64_t B = q.sizes[0], H = q.sizes[1], Tq = q.sizes[2], D = q.sizes[3], Tk = k.sizes[2];
-  if (B <= 0 || H <= 0 || Tq <= 0 || Tk <= 0 || D <= 0 || D > 128 || D % kAlign != 0) return false;
-  if (k.sizes[0] != B || k.sizes[1] != H || k.sizes[3] != D) return false;
+  const int64_t B = q.sizes[0], H = q.sizes[1], Tq = q.sizes[2], D = q.sizes[3], Tk = k.sizes[2], Hkv = k.sizes[1];
+  if (B <= 0 || H <= 0 || Hkv <= 0 || Tq <= 0 || Tk <= 0 || D <= 0 || D > 128 || D % kAlign != 0) return false;
+  if (H % Hkv != 0 || k.sizes[0] != B || k.sizes[3] != D) return false;
   for (int i = 0; i < 4; ++i) {
     if (v.sizes[i] != k.sizes[i] || o.sizes[i] != q.sizes[i]) return false;
+  }
+  const FactTensor& len = a->tensors[5];
+  if (len.data != nullptr) {
+    if (len.rank != 1 || len.dtype != FACT_I32 || len.sizes[0] != B || (B > 1 && len.strides[0] != 1)) return false;
+    if (reinterpret_cast<uintptr_t>(len.data) % sizeof(int32_t) != 0) return false;
+    c.lengths = static_cast<const int32_t*>(len.data);
   }
   // The kernel writes out[b][t][h][:] packed.
   if (o.strides[0] != Tq * H * D || o.strides[1] != D || o.strides[2] != H * D) return false;
@@ -78,8 +109,13 @@ bool make_params(const FactOpArgs* a, typename AK::Params& p) {
       if (t->strides[i] % kAlign != 0 || t->strides[i] < 0) return false;
     }
     if (!fits_i32(t->strides[1]) || !fits_i32(t->strides[2])) return false;
+    // advance_to_block offsets a head by blockIdx.y (a query head, up to H - 1) times the head
+    // stride in 32-bit unsigned arithmetic.
+    if ((H - 1) * t->strides[1] > int64_t(UINT32_MAX)) return false;
   }
   if (!fits_i32(B) || !fits_i32(H) || !fits_i32(Tq) || !fits_i32(Tk) || !fits_i32(H * D)) return false;
+  c.group = static_cast<int>(H / Hkv);
+  typename AK::Params& p = c.p;
   p.query_ptr = static_cast<float*>(q.data);
   p.key_ptr = static_cast<float*>(k.data);
   p.value_ptr = static_cast<float*>(v.data);
@@ -117,34 +153,33 @@ size_t accumulator_bytes(const FactOpArgs* a) {
 }  // namespace fact_sm80_fmha_tf32_f32_q32_k128_d128
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm80_fmha_tf32_f32_q32_k128_d128_can_implement(const FactOpArgs* a, const FactKnobs*) {
-  typename fact_sm80_fmha_tf32_f32_q32_k128_d128::AK::Params p;
-  if (!fact_sm80_fmha_tf32_f32_q32_k128_d128::make_params(a, p)) return FACT_CANNOT_IMPLEMENT;
-  return fact_sm80_fmha_tf32_f32_q32_k128_d128::AK::check_supported(p) ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+  fact_sm80_fmha_tf32_f32_q32_k128_d128::Call c;
+  if (!fact_sm80_fmha_tf32_f32_q32_k128_d128::make_call(a, c)) return FACT_CANNOT_IMPLEMENT;
+  return fact_sm80_fmha_tf32_f32_q32_k128_d128::AK::check_supported(c.p) ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
 extern "C" __attribute__((weak)) size_t fact_k_sm80_fmha_tf32_f32_q32_k128_d128_workspace_size(const FactOpArgs* a, const FactKnobs*) {
-  typename fact_sm80_fmha_tf32_f32_q32_k128_d128::AK::Params p;
-  if (!fact_sm80_fmha_tf32_f32_q32_k128_d128::make_params(a, p)) return 0;
+  fact_sm80_fmha_tf32_f32_q32_k128_d128::Call c;
+  if (!fact_sm80_fmha_tf32_f32_q32_k128_d128::make_call(a, c)) return 0;
   return fact_sm80_fmha_tf32_f32_q32_k128_d128::accumulator_bytes(a);
 }
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm80_fmha_tf32_f32_q32_k128_d128_run(const FactOpArgs* a, const FactKnobs*, void* workspace,
                                                              size_t workspace_size, void* stream) {
   using AK = fact_sm80_fmha_tf32_f32_q32_k128_d128::AK;
-  typename AK::Params p;
-  if (!fact_sm80_fmha_tf32_f32_q32_k128_d128::make_params(a, p) || !AK::check_supported(p)) return FACT_CANNOT_IMPLEMENT;
+  fact_sm80_fmha_tf32_f32_q32_k128_d128::Call c;
+  if (!fact_sm80_fmha_tf32_f32_q32_k128_d128::make_call(a, c) || !AK::check_supported(c.p)) return FACT_CANNOT_IMPLEMENT;
   const size_t need = fact_sm80_fmha_tf32_f32_q32_k128_d128::accumulator_bytes(a);
   if (need > 0) {
     if (workspace == nullptr || workspace_size < need) return FACT_WORKSPACE_TOO_SMALL;
-    p.output_accum_ptr = static_cast<typename AK::output_accum_t*>(workspace);
+    c.p.output_accum_ptr = static_cast<typename AK::output_accum_t*>(workspace);
   }
   constexpr auto kernel = fact_sm80_fmha_tf32_f32_q32_k128_d128::attention;
   const int smem = static_cast<int>(sizeof(typename AK::SharedStorage));
   if (smem > 0xc000 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
     return FACT_INIT_FAILED;
   }
-  const float* factor = a->num_tensors == 5 ? static_cast<const float*>(a->tensors[4].data) : nullptr;
-  kernel<<<p.getBlocksGrid(), p.getThreadsGrid(), smem, static_cast<cudaStream_t>(stream)>>>(
-      p, factor, a->scalars[2] > 0 ? 1 : -1);
+  kernel<<<c.p.getBlocksGrid(), c.p.getThreadsGrid(), smem, static_cast<cudaStream_t>(stream)>>>(
+      c.p, c.factor, a->scalars[2] > 0 ? 1 : -1, c.lengths, c.group);
   return FACT_OK;
 }

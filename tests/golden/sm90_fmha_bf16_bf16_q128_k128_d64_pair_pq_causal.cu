@@ -3,13 +3,14 @@
 // WGMMA, a producer warp group and two consumer warp groups on a persistent grid, Q
 // loaded by its own warp, fact's paired tile order),
 // 128 queries x 128 keys per CTA, head-dim tile 64, bf16 math,
-// causal (CausalFusion: key j > query i masked, torch's top-left is_causal).
-// Tensors (FactOpArgs): q [B,H,Tq,D], k [B,H,Tk,D], v [B,H,Tk,D], out [B,H,Tq,D], all read and
-// written through their strides (unit stride along D, the others multiples of 16 bytes: TMA), and
-// optionally a factor (one fp32 value in device memory, e.g. a divisor the graph computes on the
-// GPU); scalars: scale, causal, and the factor's power (1: scale·factor, -1: scale/factor), read by
-// the kernel itself so the host never waits for the value. The workspace holds the kernel's
-// log-sum-exp rows (fp32 [B,H,Tq]).
+// causal (key j > query i masked, torch's top-left is_causal): cutlass::fmha::collective::CausalFusion.
+// Tensors (FactOpArgs, include/fact_kernels.h): q [B,Hq,Tq,D], k and v [B,Hkv,Tk,D] (Hkv dividing
+// Hq: query head h reads k/v head h / (Hq/Hkv), in place), out [B,Hq,Tq,D],
+// all read and written through their strides (unit stride along D, the others multiples of 16
+// bytes: TMA), a factor (one fp32 value in device memory, e.g. a divisor the graph computes on the
+// GPU; NULL data when none) and no key lengths (NULL data); scalars: scale, causal, and the factor's power
+// (1: scale·factor, -1: scale/factor). The kernel reads the factor itself so the host never waits for them. The workspace holds the kernel's
+// log-sum-exp rows (fp32 [B,Hq,Tq]).
 #include "fact_kernels.h"
 
 #include <cuda_runtime.h>
@@ -28,6 +29,7 @@ using namespace cute;
 
 using Element = cutlass::bfloat16_t;
 using StrideQKVO = cute::tuple<int, _1, cute::tuple<int, int>>;  // T, D, (B, H)
+
 using Built = typename cutlass::fmha::kernel::FmhaBuilder<
     Element, float, float, Shape<_128, _128, _64>, StrideQKVO, StrideQKVO, StrideQKVO,
     cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
@@ -94,24 +96,68 @@ struct PairedTileScheduler {
 // The example's mainloop with the softmax scale of the call (the example fixes 1/sqrt(D)) and, when
 // the graph computes the scale on the GPU, the factor read in the kernel. Only the consumer warps
 // read the scale, so only `compute` sees the adjusted copy.
+// Grouped-query heads: k and v have Hq / group heads, their TMA descriptors are built over those,
+// and the producer loads k/v head h / group for query head h (`load_kv_maybe_q`); the consumers,
+// the epilogue and the tile order see Hq heads as before.
 template <class Base>
 struct ScaledMainloop : Base {
+  static constexpr bool kKeyLengths = false;
+
   struct Arguments : Base::Arguments {
     float scale;
     const float* factor;
     int power;
+    const int32_t* lengths;
+    int group;
   };
   struct Params : Base::Params {
     const float* factor;
     int power;
+    const int32_t* lengths;
+    int group;
   };
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const& problem, Arguments const& a, void* workspace) {
-    Params p{Base::to_underlying_arguments(problem, a, workspace), a.factor, a.power};
+    Params p{Base::to_underlying_arguments(problem, a, workspace), a.factor, a.power, a.lengths, a.group};
+    if (a.group > 1) {
+      ProblemShape kv = problem;
+      get<1>(kv) = get<1>(problem) / a.group;
+      typename Base::Params kv_params = Base::to_underlying_arguments(kv, a, workspace);
+      p.tma_load_k = kv_params.tma_load_k;
+      p.tma_load_v = kv_params.tma_load_v;
+    }
     p.scale_softmax = a.scale;
     p.scale_softmax_log2 = static_cast<float>(static_cast<double>(a.scale) * M_LOG2E);
     return p;
+  }
+
+  // The problem as tile `blk`'s key loop sees it: with key lengths, Tk is batch b's length, kept
+  // within [1, Tk] (the op passes lengths in it; a 0 would leave the producer and the consumers
+  // no key block to agree on).
+  template <class BlkCoord, class ProblemShape>
+  CUTLASS_DEVICE static ProblemShape keys_of(BlkCoord const& blk, Params const& params, ProblemShape const& problem) {
+    if constexpr (kKeyLengths) {
+      ProblemShape p = problem;
+      get<3>(p) = ::max(1, ::min(static_cast<int>(params.lengths[get<2, 0>(blk)]), get<3>(problem)));
+      return p;
+    } else {
+      return problem;
+    }
+  }
+
+  template <bool kLoadQ, class BlkCoord, class ProblemShape, class... Rest>
+  CUTLASS_DEVICE void load_kv_maybe_q(int block_rank_in_cluster, BlkCoord const& blk, Params const& params,
+                                      ProblemShape const& problem, Rest&&... rest) {
+    if constexpr (kLoadQ) {
+      // q and k/v load from one coordinate here: make_arguments refuses grouped heads.
+      Base::template load_kv_maybe_q<true>(block_rank_in_cluster, blk, params, keys_of(blk, params, problem),
+                                           static_cast<Rest&&>(rest)...);
+    } else {
+      auto kv_blk = make_coord(get<0>(blk), get<1>(blk), make_coord(get<2, 0>(blk), get<2, 1>(blk) / params.group));
+      Base::template load_kv_maybe_q<false>(block_rank_in_cluster, kv_blk, params, keys_of(blk, params, problem),
+                                            static_cast<Rest&&>(rest)...);
+    }
   }
 
   template <class BlkCoord, class ProblemShape, class... Rest>
@@ -123,7 +169,7 @@ struct ScaledMainloop : Base {
       p.scale_softmax = params.power > 0 ? p.scale_softmax * f : p.scale_softmax / f;
       p.scale_softmax_log2 = p.scale_softmax * static_cast<float>(M_LOG2E);
     }
-    return Base::compute(blk, wg, p, problem, rest...);
+    return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);
   }
 };
 
@@ -142,6 +188,7 @@ static_assert(Kernel::SharedStorageSize <= 232448, "sm90_fmha_bf16_bf16_q128_k12
 
 constexpr int64_t kAlign = 16 / sizeof(Element);
 constexpr bool kCausal = true;
+constexpr bool kKeyLengths = false;
 
 int sm_count() {
   // Querying the device costs more than a short kernel, so it is done once per process.
@@ -166,13 +213,13 @@ int64_t tma_stride(const FactTensor& t, int i) {
 // The kernel's arguments for a call, or false when the call does not fit: shapes, dtypes, the
 // mask the kernel was built for, strides and alignments TMA takes, and CUTLASS's own check.
 bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Arguments& args) {
-  if (a == nullptr || (a->num_tensors != 4 && a->num_tensors != 5) || a->num_scalars != 3) return false;
+  if (a == nullptr || a->num_tensors != 6 || a->num_scalars != 3) return false;
   const float* factor = nullptr;
-  if (a->num_tensors == 5) {
-    const FactTensor& f = a->tensors[4];
+  const FactTensor& f = a->tensors[4];
+  if (f.data != nullptr) {
     int64_t n = 1;
     for (int i = 0; i < f.rank; ++i) n *= f.sizes[i];
-    if (f.dtype != FACT_F32 || n != 1 || f.data == nullptr || (a->scalars[2] != 1.0 && a->scalars[2] != -1.0)) return false;
+    if (f.dtype != FACT_F32 || n != 1 || (a->scalars[2] != 1.0 && a->scalars[2] != -1.0)) return false;
     factor = static_cast<const float*>(f.data);
   }
   // The softmax subtracts the row maximum of the unscaled scores, which is the maximum of the
@@ -187,13 +234,24 @@ bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Argum
     if (t->rank != 4 || t->dtype != 1 || t->strides[3] != 1) return false;
     if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
   }
-  const int64_t B = q.sizes[0], H = q.sizes[1], Tq = q.sizes[2], D = q.sizes[3], Tk = k.sizes[2];
-  if (B <= 0 || H <= 0 || Tq <= 0 || Tk <= 0 || D <= 0) return false;
+  const int64_t B = q.sizes[0], H = q.sizes[1], Tq = q.sizes[2], D = q.sizes[3], Tk = k.sizes[2], Hkv = k.sizes[1];
+  if (B <= 0 || H <= 0 || Hkv <= 0 || Tq <= 0 || Tk <= 0 || D <= 0) return false;
+  // Grouped heads: the persistent schedules load q on a warp of its own and k/v from head h / group;
+  // the one-CTA-per-tile schedule loads both from one coordinate.
+  if (H % Hkv != 0 || (Hkv != H && !Kernel::kLoadsQSeparately)) return false;
+  const FactTensor& len = a->tensors[5];
+  const int32_t* lengths = nullptr;
+  if ((len.data != nullptr) != kKeyLengths) return false;
+  if (kKeyLengths) {
+    if (len.rank != 1 || len.dtype != FACT_I32 || len.sizes[0] != B || (B > 1 && len.strides[0] != 1)) return false;
+    if (reinterpret_cast<uintptr_t>(len.data) % sizeof(int32_t) != 0) return false;
+    lengths = static_cast<const int32_t*>(len.data);
+  }
   // The one-CTA-per-tile grid is (query blocks, B, H).
   if (B > 65535 || H > 65535) return false;
   // The persistent grid numbers its tiles B·H·(query blocks) as int.
   if (!fits_i32(B) || !fits_i32(H) || !fits_i32(Tq) || !fits_i32(Tk) || !fits_i32(B * H * Tq)) return false;
-  if (k.sizes[0] != B || k.sizes[1] != H || k.sizes[3] != D) return false;
+  if (k.sizes[0] != B || k.sizes[3] != D) return false;
   for (int i = 0; i < 4; ++i) {
     if (v.sizes[i] != k.sizes[i] || o.sizes[i] != q.sizes[i]) return false;
   }
@@ -221,6 +279,8 @@ bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Argum
   mainloop.scale = static_cast<float>(a->scalars[0]);
   mainloop.factor = factor;
   mainloop.power = a->scalars[2] > 0 ? 1 : -1;
+  mainloop.lengths = lengths;
+  mainloop.group = static_cast<int>(H / Hkv);
   args = typename Kernel::Arguments{
       {b, h, tq, static_cast<int>(Tk), static_cast<int>(D)},
       mainloop,
