@@ -70,6 +70,9 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
         );
     }
     print_unmatched_gemms(&plan.unmatched_gemms);
+    if !plan.shapes.is_empty() {
+        println!("shapes: {}", plan.shapes);
+    }
     for n in &plan.agent_notes {
         println!("agent: {n}");
     }

@@ -402,6 +402,7 @@ pub fn plan(
         unmatched,
         unmatched_share,
         unmatched_gemms,
+        shapes: g.note.trim_end_matches("; ").to_string(),
         agent: steward.name(),
         agent_notes: steward.notes.clone(),
     }

@@ -386,6 +386,10 @@ pub struct Plan {
     pub unmatched_share: f64,
     /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
     pub unmatched_gemms: Vec<UnmatchedGemm>,
+    /// What shape propagation fell back on or where it stopped (the graph's note): patterns
+    /// downstream of an op it could not run are not matched, and this says which op it was.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub shapes: String,
     /// Which agent ranked and chose examples, and anything it had to fall back on.
     pub agent: String,
     pub agent_notes: Vec<String>,

@@ -156,13 +156,36 @@ c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(con
     for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
     return out;
   }
+  // A list of optional tensors (aten::index's indices): its tensors too, its Nones as they are.
+  if (v.isList()) {
+    c10::impl::GenericList out(v.toList().elementType());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(e.isTensor() ? c10::IValue(f(e.toTensor())) : e);
+    return out;
+  }
   return v;
+}
+
+// A list input of a failed node as record_failure shows it: printing the list itself would read
+// the data of the meta tensors in it.
+std::string list_repr(const c10::IValue& v) {
+  std::string s;
+  for (const c10::IValue& e : v.toListRef()) {
+    std::string item = ivalue_repr(e);
+    if (e.isTensor() && e.toTensor().defined()) {
+      std::string dims;
+      for (auto d : e.toTensor().sizes()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+      item = dims + ":" + dtype_name(e.toTensor().scalar_type());
+    }
+    s += (s.empty() ? "" : ", ") + item;
+  }
+  return "[" + s + "]";
 }
 
 // What a node that torch cannot run on the inputs was given, and what torch said (its first line:
 // the rest of a c10::Error message is the C++ source location).
 void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>& env, const std::string& message,
                     OpFailure& failure) {
+  if (!failure.kind.empty()) return;  // the first such node is the one that stopped propagation
   failure.kind = n->kind().toQualString();
   failure.scope = n->scopeName();
   for (Value* v : n->inputs()) {
@@ -172,6 +195,8 @@ void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>
       std::string dims;
       for (auto d : t.sizes()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
       failure.inputs.push_back(rust::String((t.dim() == 0 ? "scalar" : dims) + ":" + dtype_name(t.scalar_type())));
+    } else if (iv.isList()) {
+      failure.inputs.push_back(rust::String(list_repr(iv)));
     } else {
       failure.inputs.push_back(rust::String(ivalue_repr(iv)));
     }
@@ -183,9 +208,11 @@ void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>
 // every tensor's shape. libtorch has meta kernels for the structured ops (mm, addmm, bmm, ...) but
 // not for all (relu has none), so a node whose meta run fails runs once on uninitialised CPU
 // tensors of the same sizes, and failing that on zeros (an index tensor of garbage fails embedding).
-// A node that fails all three ways fails on these inputs as torch would run them: interpretation
-// stops there and `failure` names it. Nodes with sub-blocks or without a registered operator, and
-// everything downstream of them, stay unknown.
+// A node that fails all three ways either fails on these inputs as torch would run them, or needs
+// more than sizes (a data-dependent shape upstream, an op that checks values): `failure` names the
+// first such node, and its outputs stay unknown like those of nodes with sub-blocks or without a
+// registered operator; interpretation goes on, and everything downstream of them stays unknown.
+// The caller decides which it was (src/torch/mod.rs: the archive's own inputs cannot be wrong).
 std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& module, Graph& g,
                                                              const rust::Vec<InputSpec>& inputs,
                                                              std::string& note, OpFailure& failure) {
@@ -274,10 +301,8 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
           cpu_ops.push_back(n->kind().toQualString());
         } catch (const c10::Error& e) {
           record_failure(n, env, e.what_without_backtrace(), failure);
-          break;
         } catch (const std::exception& e) {
           record_failure(n, env, e.what(), failure);
-          break;
         }
       }
     }
