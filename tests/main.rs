@@ -9,5 +9,6 @@ mod gemm_ep;
 mod ingest;
 mod layernorm;
 mod layouts;
+mod native_mha;
 mod plan;
 mod table_cli;

@@ -88,10 +88,108 @@ struct Numbering {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// aten::_native_multi_head_attention, nn.MultiheadAttention's fast path (self-attention,
+// batch_first, in eval without autograd: torchvision's ViT), is one node that hides two GEMMs and
+// an attention from the rules. It is rewritten into the aten ops it computes, as torch's own
+// kernel does on its SDPA path: linear in-projection ([3E] where q, k and v are one value, [2E]
+// for one k and v, else the weight's row slices), heads split by view and transpose,
+// aten::scaled_dot_product_attention (its default scale is the op's 1/sqrt(E/H)), heads merged
+// by transpose and reshape, linear out-projection. The op treats a mask as boolean, true where a
+// key is masked (a float mask: nonzero), and reads mask_type 0 as [Tq,Tk], 1 (key padding) as
+// [B,Tk], 2 as [B,H,Tq,Tk]; SDPA's boolean mask is true where a key takes part, so the mask
+// becomes logical_not(mask) (key padding: viewed as [B,1,1,Tk]). One difference remains: a row
+// whose keys are all masked gives SDPA's 0 where torch's CPU kernel gives NaN. A node is left as
+// it is where its weights output is used, or embed_dim, num_heads or a given mask's mask_type is
+// no constant: nothing is guessed. Runs right after inlining, on every load of an archive (discover
+// and the rewrite), so both number the same graph.
+
+std::optional<int64_t> constant_int(Value* v) {
+  auto iv = torch::jit::toIValue(v);
+  if (iv && iv->isInt()) return iv->toInt();
+  return std::nullopt;
+}
+
+bool is_none(Value* v) {
+  auto iv = torch::jit::toIValue(v);
+  return iv && iv->isNone();
+}
+
+bool decompose_native_mha_node(Graph& g, Node* n) {
+  if (n->inputs().size() != 13 || n->outputs().size() != 2 || n->outputs()[1]->hasUses()) return false;
+  const auto e = constant_int(n->input(3));
+  const auto h = constant_int(n->input(4));
+  if (!e || !h || *h <= 0 || *e % *h != 0) return false;
+  Value* mask = n->input(9);
+  const bool masked = !is_none(mask);
+  const auto mask_type = constant_int(n->input(12));
+  if (masked && (!mask_type || *mask_type < 0 || *mask_type > 2)) return false;
+
+  using torch::jit::NamedValue;
+  const int64_t E = *e, H = *h;
+  torch::jit::WithInsertPoint guard(n);
+  // The new nodes keep the module path of the one they replace (plans name it).
+  torch::jit::WithCurrentScope scope(g, n->scope());
+  auto op = [&](const char* name, std::vector<NamedValue> args) {
+    return g.insert(c10::Symbol::fromQualString(name), args);
+  };
+  auto rows = [&](Value* t, int64_t from, int64_t to) { return op("aten::slice", {t, int64_t(0), from, to, int64_t(1)}); };
+  auto ints = [&](std::vector<Value*> elems) { return g.insertNode(g.createList(c10::IntType::get(), elems))->output(); };
+  auto unpack = [&](Value* list, size_t count) {
+    auto outs = g.insertNode(g.createListUnpack(list, count))->outputs();
+    return std::vector<Value*>(outs.begin(), outs.end());
+  };
+  Value *q = n->input(0), *k = n->input(1), *v = n->input(2);
+  Value *w = n->input(5), *b = n->input(6);
+  std::vector<Value*> qkv;
+  if (q == k && k == v) {
+    qkv = unpack(op("aten::chunk", {op("aten::linear", {q, w, b}), int64_t(3), int64_t(-1)}), 3);
+  } else if (k == v) {
+    qkv = {op("aten::linear", {q, rows(w, 0, E), rows(b, 0, E)})};
+    auto kv = unpack(op("aten::chunk", {op("aten::linear", {k, rows(w, E, 3 * E), rows(b, E, 3 * E)}), int64_t(2),
+                                        int64_t(-1)}),
+                     2);
+    qkv.insert(qkv.end(), kv.begin(), kv.end());
+  } else {
+    for (int64_t i = 0; i < 3; ++i) {
+      qkv.push_back(op("aten::linear", {n->input(i), rows(w, i * E, (i + 1) * E), rows(b, i * E, (i + 1) * E)}));
+    }
+  }
+  Value* batch = op("aten::size", {q, int64_t(0)});
+  Value* minus_one = g.insertConstant(int64_t(-1));
+  Value* heads = ints({batch, minus_one, g.insertConstant(H), g.insertConstant(E / H)});
+  for (Value*& x : qkv) x = op("aten::transpose", {op("aten::view", {x, heads}), int64_t(1), int64_t(2)});
+  Value* attend = nullptr;
+  if (masked) {
+    attend = op("aten::logical_not", {mask});
+    if (*mask_type == 1) attend = op("aten::unsqueeze", {op("aten::unsqueeze", {attend, int64_t(1)}), int64_t(1)});
+  }
+  Value* none = g.insertConstant(c10::IValue());
+  Value* y = op("aten::scaled_dot_product_attention",
+                {qkv[0], qkv[1], qkv[2], masked ? NamedValue(attend) : NamedValue(none), 0.0, false});
+  Value* merged = op("aten::reshape", {op("aten::transpose", {y, int64_t(1), int64_t(2)}), ints({batch, minus_one, g.insertConstant(E)})});
+  Value* out = op("aten::linear", {merged, n->input(7), n->input(8)});
+  n->outputs()[0]->replaceAllUsesWith(out);
+  n->destroy();
+  return true;
+}
+
+void decompose_native_mha(Graph& g) {
+  static const auto kind = c10::Symbol::fromQualString("aten::_native_multi_head_attention");
+  std::vector<Node*> found;
+  for (Node* n : g.block()->nodes()) {
+    if (n->kind() == kind) found.push_back(n);
+  }
+  for (Node* n : found) decompose_native_mha_node(g, n);
+}
+
+// `forward` inlined, with the ops the rules read through rewritten as they compute: what the rules
+// see and the rewrite edits.
 std::shared_ptr<Graph> inlined_forward(torch::jit::Module& m) {
   auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
   auto g = fn.graph()->copy();
   torch::jit::Inline(*g);
+  decompose_native_mha(*g);
   return g;
 }
 
@@ -505,6 +603,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     // Rewrite the method's own graph in place so that saving prints the new code.
     std::shared_ptr<Graph> g = fn.graph();
     torch::jit::Inline(*g);
+    decompose_native_mha(*g);
     // One numbering for all edits: ids refer to the graph as load_graph saw it. Destroyed nodes
     // are remembered by id (their memory may be reused by new nodes), so that no later edit
     // touches their dangling pointers.
