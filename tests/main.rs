@@ -10,5 +10,6 @@ mod ingest;
 mod layernorm;
 mod layouts;
 mod native_mha;
+mod padding;
 mod plan;
 mod table_cli;

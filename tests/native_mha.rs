@@ -69,7 +69,11 @@ fn the_native_op_is_read_as_projections_and_sdpa() {
         _ => None,
     };
     let all = problems(&fixture("attentions.pt"));
-    let count = |n: i64| all.iter().filter(|p| gemm(p) == Some((n, 32, true))).count();
+    let count = |n: i64| {
+        all.iter()
+            .filter(|p| gemm(p) == Some((n, 32, true)))
+            .count()
+    };
     // In-projections: one [3E] GEMM per self-attention (four), a [2E] one for the shared k and
     // v of the first cross-attention, weight slices of E rows for q there and for all three in
     // the second; the out-projections (N = E) of all six; the seq-first module's four.
@@ -118,6 +122,11 @@ fn the_decomposed_module_composed_or_not_computes_the_original() {
         2,
     );
     let s = |p: &Path| p.display().to_string();
+    let models = saved
+        .iter()
+        .map(|(o, p, c)| format!("({:?}, {:?}, {:?})", s(o), s(p), s(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
     let script = format!(
         r#"
 import torch
@@ -128,7 +137,7 @@ kpm = torch.zeros(2, 6, dtype=torch.bool)
 kpm[0, 5:] = True
 kpm[1, 2:] = True
 inputs = {{"attentions": (x, y, z, kpm), "vit": (torch.randn(3, 3, 32, 32),)}}
-for (orig, plain, composed), name in zip({models}, ["attentions", "vit"]):
+for (orig, plain, composed), name in zip([{models}], ["attentions", "vit"]):
     want = torch.jit.load(orig)
     assert "_native_multi_head_attention" in str(want.inlined_graph)
     for path in (plain, composed):
@@ -146,14 +155,7 @@ for (orig, plain, composed), name in zip({models}, ["attentions", "vit"]):
 print("ok")
 "#,
         lib = s(&built.library),
-        models = format!(
-            "[{}]",
-            saved
-                .iter()
-                .map(|(o, p, c)| format!("({:?}, {:?}, {:?})", s(o), s(p), s(c)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        models = models,
     );
     let py = Command::new(python())
         .arg("-c")

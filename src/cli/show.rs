@@ -52,6 +52,9 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
         for c in &p.copies {
             println!("     copy: {c}");
         }
+        if let Some(pad) = &p.pad {
+            println!("     pad: {pad}");
+        }
         for e in &p.examples {
             println!("     example: {e}");
         }

@@ -639,6 +639,7 @@ mod tests {
             bias,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32, Arch::Sm90)
@@ -675,6 +676,7 @@ mod tests {
             bias,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
@@ -698,6 +700,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32x3, Arch::Sm90)
@@ -740,6 +743,7 @@ mod tests {
             bias,
             batch: 1,
             epilogue,
+            padded_from: None,
         };
         let math = MathType::for_tensor(dtype, crate::types::Precision::Tf32).unwrap();
         Knowledge::shipped()
@@ -884,6 +888,7 @@ mod tests {
             bias: true,
             batch: 1,
             epilogue: Some(crate::rules::Epilogue::parse("leaves=;v1=gelu(v0)").unwrap()),
+            padded_from: None,
         };
         let k = Knowledge::shipped()
             .kernels(&p, MathType::Tf32x3, Arch::Sm90)
@@ -1078,6 +1083,7 @@ mod tests {
             bias: true,
             batch: 1,
             epilogue: Some(e),
+            padded_from: None,
         };
         let k = Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
@@ -1199,6 +1205,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32, Arch::Sm90)
@@ -1307,6 +1314,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
@@ -1350,6 +1358,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         let k2 = Knowledge::shipped()
             .kernels(&even, MathType::Tf32, Arch::Sm90)

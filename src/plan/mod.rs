@@ -363,6 +363,9 @@ pub struct PlannedPattern {
     /// Operands whose strides fit no layout: the op copies them on every call (rules::GemmMatch).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<String>,
+    /// The weight compose pads along N, and what that does (rules::WeightPad).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad: Option<String>,
     /// Supporting CUTLASS examples (paths in the installed CUTLASS tree).
     pub examples: Vec<String>,
     pub est_ms: f64,

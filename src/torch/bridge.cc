@@ -594,6 +594,43 @@ void host_shape_arithmetic(Graph& g) {
   }
 }
 
+// A module attribute padded with zeros along its first dim to `rows` rows, as a buffer of the
+// module (`fact_padded_<path>`, made once whatever reads it; the attribute itself stays for the
+// fallback and its other readers), read by a new prim::GetAttr at the insert point. `v` is the
+// attribute as the graph reads it: a chain of prim::GetAttr from the module (graph input 0).
+Value* padded_attribute(torch::jit::Module& m, Graph& g, Value* v, int64_t rows) {
+  std::vector<std::string> path;
+  if (v == g.inputs()[0]) throw std::runtime_error("the module itself cannot be padded");
+  for (Value* at = v; at != g.inputs()[0]; at = at->node()->input(0)) {
+    if (at->node()->kind() != c10::prim::GetAttr) {
+      throw std::runtime_error("value " + v->debugName() + " is no module attribute: it cannot be padded");
+    }
+    path.insert(path.begin(), at->node()->s(c10::attr::name));
+  }
+  c10::IValue attr = m._ivalue();
+  std::string name = "fact_padded";
+  for (const auto& p : path) {
+    if (!attr.isObject()) throw std::runtime_error("value " + v->debugName() + " is no module attribute");
+    attr = attr.toObject()->getAttr(p);
+    name += "_" + p;
+  }
+  if (!attr.isTensor() || !attr.toTensor().defined() || attr.toTensor().dim() < 1 ||
+      attr.toTensor().size(0) > rows) {
+    throw std::runtime_error("attribute " + name.substr(12) + " is no tensor of at most " + std::to_string(rows) +
+                             " rows: it cannot be padded to them");
+  }
+  const at::Tensor t = attr.toTensor().detach();
+  name += "_" + std::to_string(rows);
+  if (!m.hasattr(name)) {
+    std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+    shape[0] = rows;
+    at::Tensor padded = at::zeros(shape, t.options());
+    padded.narrow(0, 0, t.size(0)).copy_(t);
+    m.register_buffer(name, padded);
+  }
+  return g.insertGetAttr(g.inputs()[0], name);
+}
+
 rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
                               const rust::Vec<rust::String>& schemas) {
   return guarded("cannot rewrite the TorchScript graph", [&] {
@@ -648,6 +685,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
             case OperandKind::Str: args.push_back(g->insertConstant(std::string(o.text))); break;
             case OperandKind::Int: args.push_back(g->insertConstant(o.int_value)); break;
             case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
+            case OperandKind::Padded: args.push_back(padded_attribute(m, *g, value_at(o.value), o.int_value)); break;
             case OperandKind::Values: {
               std::vector<Value*> elems;
               for (uint32_t v : o.values) elems.push_back(value_at(v));

@@ -61,6 +61,10 @@ mod ffi {
         None,
         /// A Tensor[] built from the graph values `values` (may be empty).
         Values,
+        /// The module attribute the graph value `value` reads (a `prim::GetAttr` chain from the
+        /// module), padded with zeros along its first dim to `int_value` rows: a buffer the
+        /// rewrite adds to the composed module once, whatever reads it.
+        Padded,
     }
     struct Operand {
         kind: OperandKind,
@@ -134,6 +138,15 @@ impl Operand {
         Operand {
             text: s.to_string(),
             ..Operand::of(OperandKind::Str)
+        }
+    }
+    /// The module attribute graph value `v` reads, padded with zeros to `rows` rows, as a buffer
+    /// of the composed module.
+    pub fn padded(v: usize, rows: i64) -> Operand {
+        Operand {
+            value: v as u32,
+            int_value: rows,
+            ..Operand::of(OperandKind::Padded)
         }
     }
     /// A Tensor[] of graph values.
