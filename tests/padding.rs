@@ -1,7 +1,8 @@
 //! Ragged GEMMs against weights: compose pads a weight whose N is off 16 bytes once, as a buffer
 //! of the composed module, and `fact::gemm` computes the graph's extent from it ("linear;n=N").
 //! Fixture: lm_head.pt (a logits linear tied to the token embedding, vocabulary 1001; an
-//! nn.Linear with 37 outputs and a bias; `h @ proj.t()` with 21 rows; fp32, so 16 bytes are 4).
+//! nn.Linear with 37 outputs and a bias; `h @ proj.t()` and `h.flip(1) @ proj.T`, 21 rows; fp32,
+//! so 16 bytes are 4).
 
 use crate::common::{compose_json, fact, fixture, python, sample_entry};
 use fact::rules::match_patterns;
@@ -40,15 +41,15 @@ fn the_plan_says_which_weights_are_padded() {
     }
 }
 
-/// The rewrite adds each padded weight as a buffer (the tied embedding keeps its own tensor), calls
-/// `fact::gemm` on it, and removes the transposing view of `h @ proj.t()`; a value that is no
-/// module attribute is refused, naming it.
+/// The rewrite adds each padded weight as a buffer (the tied embedding keeps its own tensor; the
+/// two GEMMs on `proj` share one), calls `fact::gemm` on it, and removes the transposing views of
+/// `proj`; a value that is no module attribute is refused, naming it.
 #[test]
 fn the_rewrite_adds_padded_buffers_and_calls_the_op_on_them() {
     let model = fixture("lm_head.pt");
     let (g, _) = torch::load_graph(&model, &[]).unwrap();
     let found = match_patterns(&g);
-    assert_eq!(found.gemm.len(), 3);
+    assert_eq!(found.gemm.len(), 4);
     assert!(found.gemm.iter().all(|m| m.pad.is_some()));
     let edits: Vec<Edit> = found
         .gemm
@@ -59,7 +60,14 @@ fn the_rewrite_adds_padded_buffers_and_calls_the_op_on_them() {
     let out = dir.path().join("padded.pt");
     torch::rewrite_and_save(&model, &out, &edits).unwrap();
     let text = torch::graph_text(&out).unwrap();
-    assert_eq!(text.matches("fact::gemm(").count(), 3, "{text}");
+    assert_eq!(text.matches("fact::gemm(").count(), 4, "{text}");
+    assert_eq!(
+        text.matches("prim::GetAttr[name=\"fact_padded_proj_24\"]")
+            .count(),
+        2,
+        "{text}"
+    );
+    assert!(!text.contains("fact_padded_proj_24_1"), "{text}");
     for name in [
         "fact_padded_wte_weight_1004",
         "fact_padded_odd_weight_40",
@@ -79,6 +87,7 @@ fn the_rewrite_adds_padded_buffers_and_calls_the_op_on_them() {
     }
     assert!(
         !text.contains("aten::t(")
+            && !text.contains("aten::numpy_T(")
             && !text.contains("aten::linear")
             && !text.contains("aten::matmul"),
         "{text}"
@@ -135,7 +144,12 @@ fn a_composed_padded_module_computes_the_original_on_cpu() {
         .collect();
     assert_eq!(
         rules,
-        ["gemm_rcr_padn", "gemm_rcr_bias_padn", "gemm_rcr_padn"]
+        [
+            "gemm_rcr_padn",
+            "gemm_rcr_bias_padn",
+            "gemm_rcr_padn",
+            "gemm_rcr_padn"
+        ]
     );
     assert!(patterns.iter().all(|p| p["realization"]["how"] == "hit"));
     let script = format!(
@@ -145,13 +159,13 @@ torch.ops.load_library({lib:?})
 m = torch.jit.load({composed:?})
 orig = torch.jit.load({orig:?})
 graph = str(m.forward.graph)
-assert graph.count("fact::gemm(") == 3, graph
+assert graph.count("fact::gemm(") == 4, graph
 buffers = dict(m.named_buffers())
 w = buffers["fact_padded_wte_weight_1004"]
 assert w.shape == (1004, 64) and torch.equal(w[:1001], orig.wte.weight) and not w[1001:].any()
 assert w.data_ptr() != m.wte.weight.data_ptr(), "the embedding keeps its own tensor"
 assert torch.equal(buffers["fact_padded_odd_bias_40"][:37], orig.odd.bias)
-assert buffers["fact_padded_proj_24"].shape == (24, 64)
+assert buffers["fact_padded_proj_24"].shape == (24, 64) and "fact_padded_proj_24_1" not in buffers
 ids = torch.randint(0, 1001, (3, 5))
 with torch.no_grad():
     got, want = m(ids), orig(ids)

@@ -11,7 +11,7 @@ use super::*;
 /// the first N columns, its fallback runs linear on the first N rows of each (the module's own
 /// tensors, exactly: `x @ w.t()` and `addmm(bias, x, w.t())` are what linear computes).
 pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
-    if let Some(pad) = &m.pad {
+    if let Some(pad) = m.applied_pad() {
         let to = pad.to;
         return Edit {
             node: m.node as u32,

@@ -270,7 +270,7 @@ impl Facts {
                 .collect(),
             notes: gemm_notes(m, math, opts.arch),
             copies: m.copies.clone(),
-            pad: m.pad.as_ref().map(|p| p.describe()),
+            pad: m.applied_pad().map(|p| p.describe()),
             problem,
             math,
         }

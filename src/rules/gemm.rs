@@ -30,6 +30,7 @@
 //! (wᵀ a transposing view of w); w and the bias must be plain module attributes (a `prim::GetAttr`
 //! chain from the module) and every `view` of the output must keep its last dim (a view can merge
 //! the leading dims of such rows, not split them); else the GEMM is matched as the graph has it.
+//! An epilogue fuses at the graph's N (`epilogue.rs`): its leaves are the graph's width.
 
 use super::epilogue::{Epilogue, EpilogueMatch};
 use super::{boxed, Match, PatternKind, Rule};
@@ -353,7 +354,9 @@ pub struct GemmMatch {
     pub epilogue: Option<EpilogueMatch>,
     /// The operands whose strides fit no layout, each with why: the op copies them on every call.
     pub copies: Vec<String>,
-    /// Where compose pads the weight along N (`problem.padded_from` says the graph's N).
+    /// Where the weight can be padded along N: applied to the GEMM alone (`problem.padded_from`
+    /// set, `padded`); a fused match keeps the graph's N (its leaves are the graph's width) and
+    /// pads again should compose fall back to the GEMM alone (`plain`).
     pub pad: Option<WeightPad>,
 }
 
@@ -398,6 +401,28 @@ impl GemmMatch {
             problem: self.problem.plain(),
             ..self.clone()
         }
+        .padded()
+    }
+    /// The match with its weight's padding applied (`pad`), where it has one.
+    pub fn padded(mut self) -> GemmMatch {
+        if let Some(pad) = &self.pad {
+            self.problem.padded_from = Some(pad.from);
+            self.problem.n = pad.to;
+        }
+        self
+    }
+    /// The match at the graph's N (its padding not applied).
+    pub fn unpadded(mut self) -> GemmMatch {
+        if let Some(from) = self.problem.padded_from.take() {
+            self.problem.n = from;
+        }
+        self
+    }
+    /// The padding this match applies: `pad` where the problem is padded.
+    pub fn applied_pad(&self) -> Option<&WeightPad> {
+        self.pad
+            .as_ref()
+            .filter(|_| self.problem.padded_from.is_some())
     }
     /// The graph nodes the pattern replaces: the GEMM and its epilogue's nodes.
     pub fn nodes(&self) -> Vec<NodeId> {
@@ -439,11 +464,7 @@ pub fn match_gemms(g: &Graph) -> Vec<GemmMatch> {
         .filter_map(|(i, _)| match_node(g, i))
         .map(|mut m| {
             m.pad = weight_pad(g, &readers, &m);
-            if let Some(pad) = &m.pad {
-                m.problem.padded_from = Some(pad.from);
-                m.problem.n = pad.to;
-            }
-            m
+            m.padded()
         })
         .collect()
 }
@@ -473,42 +494,64 @@ fn is_attribute(g: &Graph, v: ValueId) -> bool {
 }
 
 /// Whether a tensor whose rows lie further apart than its last dim (a padded output, narrowed)
-/// can stand for `v`: every `view` of it, directly or through other views, keeps the last dim.
-/// Ops that compute read any strides; `reshape`, `flatten` and `contiguous` copy where they must;
-/// a view behind another view-making op (transpose, slice, ...) is refused, not reasoned about.
+/// can stand for `v`: every `view` of it (`view`, `_unsafe_view`, `view_as`, `unflatten`),
+/// directly or through views that keep its strides (`alias`, `detach`) or other views that keep
+/// the last dim, keeps the last dim. Ops that compute read any strides; `reshape`, `flatten` and
+/// `contiguous` copy where they must; a view behind a view that moves or cuts dims (transpose,
+/// slice, split, ...) is refused, not reasoned about.
 fn takes_row_stride(g: &Graph, readers: &[Vec<NodeId>], v: ValueId) -> bool {
-    const VIEWS: [&str; 14] = [
+    const RESHAPES: [&str; 4] = [
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::view_as",
+        "aten::unflatten",
+    ];
+    const SAME: [&str; 2] = ["aten::alias", "aten::detach"];
+    const MOVES: [&str; 20] = [
         "aten::t",
         "aten::numpy_T",
         "aten::transpose",
         "aten::permute",
         "aten::mT",
+        "aten::movedim",
+        "aten::swapaxes",
+        "aten::swapdims",
         "aten::slice",
         "aten::select",
         "aten::narrow",
         "aten::unsqueeze",
         "aten::squeeze",
         "aten::expand",
+        "aten::expand_as",
         "aten::as_strided",
-        "aten::unflatten",
-        "aten::alias",
+        "aten::split",
+        "aten::chunk",
+        "aten::unbind",
+        "prim::ListUnpack",
     ];
+    let last = |x: ValueId| g.tensor(x).and_then(|t| t.shape.last().copied());
     let mut stack = vec![(v, false)];
     while let Some((v, behind)) = stack.pop() {
         for &r in &readers[v] {
             let n = &g.nodes[r];
-            let Some(&out) = n.outputs.first() else {
-                continue;
-            };
-            if matches!(n.kind.as_str(), "aten::view" | "aten::_unsafe_view") {
-                let last = |x: ValueId| g.tensor(x).and_then(|t| t.shape.last().copied());
+            let kind = n.kind.as_str();
+            if n.inputs.first() != Some(&v) {
+                continue; // it reads v otherwise (view_as's sizes): no view of v
+            }
+            let moved = if RESHAPES.contains(&kind) {
+                let out = *n.outputs.first().unwrap_or(&v);
                 if behind || last(v).is_none() || last(v) != last(out) {
                     return false;
                 }
-                stack.push((out, false));
-            } else if VIEWS.contains(&n.kind.as_str()) {
-                stack.push((out, true));
-            }
+                false
+            } else if SAME.contains(&kind) {
+                behind
+            } else if MOVES.contains(&kind) || kind.starts_with("aten::split") {
+                true
+            } else {
+                continue;
+            };
+            stack.extend(n.outputs.iter().map(|&o| (o, moved)));
         }
     }
     true
@@ -1134,19 +1177,40 @@ mod tests {
             "%t = aten::transpose(%logits) : bf16[8,50257,1024]{51463168,1,50257}
              %v = aten::view(%t) : bf16[8,50257,1024]",
         ));
-        // A view that merges the leading dims is fine.
+        // Nor an unflatten of the last dim, nor a view of one split of it.
+        plain(&lm_head(
+            "bf16",
+            768,
+            LINEAR,
+            "%u = aten::unflatten(%logits) : bf16[8,1024,7,7179]",
+        ));
+        plain(&lm_head(
+            "bf16",
+            768,
+            LINEAR,
+            "%parts = aten::split(%logits) : Tensor[]
+             %p0, %p1 = prim::ListUnpack(%parts) : bf16[8,1024,25000], bf16[8,1024,25257]
+             %v = aten::view(%p1) : bf16[8192,25257]",
+        ));
+        // A view that merges the leading dims is fine, through a detach too, and so is a view_as
+        // of the same shape (which also reads the logits' sizes: no view of them there).
         let text = lm_head(
             "bf16",
             768,
             LINEAR,
-            "%v = aten::view(%logits) : bf16[8192,50257]",
+            "%d = aten::detach(%logits) : bf16[8,1024,50257]
+             %v = aten::view(%d) : bf16[8192,50257]
+             %w = aten::view_as(%d, %logits) : bf16[8,1024,50257]",
         );
         let m = &match_gemms(&Graph::parse(&text).unwrap())[0];
         assert_eq!(m.problem.padded_from, Some(50257));
     }
 
+    /// An epilogue fuses on the GEMM as the graph has it (its leaves are the graph's width): the
+    /// cover weighs that against the padded GEMM alone, and the fused match pads again when it
+    /// falls back to the GEMM alone.
     #[test]
-    fn a_padded_gemm_fuses_no_epilogue() {
+    fn a_gemm_with_an_epilogue_fuses_it_unpadded_and_pads_alone() {
         let text = lm_head(
             "bf16",
             768,
@@ -1157,7 +1221,15 @@ mod tests {
         let g = Graph::parse(&text).unwrap();
         let found = crate::rules::match_patterns(&g);
         assert_eq!(found.gemm.len(), 1);
-        assert!(found.gemm[0].epilogue.is_none() && found.gemm[0].pad.is_some());
+        let fused = &found.gemm[0];
+        assert!(fused.epilogue.is_some() && fused.applied_pad().is_none());
+        assert_eq!((fused.problem.n, fused.problem.padded_from), (50257, None));
+        let alone = fused.plain();
+        assert_eq!(
+            (alone.problem.rule_id().as_str(), alone.problem.n),
+            ("gemm_rcr_padn", 50264)
+        );
+        assert!(alone.applied_pad().is_some() && alone.epilogue.is_none());
     }
 
     #[test]

@@ -620,14 +620,23 @@ Value* padded_attribute(torch::jit::Module& m, Graph& g, Value* v, int64_t rows)
                              " rows: it cannot be padded to them");
   }
   const at::Tensor t = attr.toTensor().detach();
-  name += "_" + std::to_string(rows);
-  if (!m.hasattr(name)) {
-    std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-    shape[0] = rows;
-    at::Tensor padded = at::zeros(shape, t.options());
-    padded.narrow(0, 0, t.size(0)).copy_(t);
-    m.register_buffer(name, padded);
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  shape[0] = rows;
+  at::Tensor padded = at::zeros(shape, t.options());
+  padded.narrow(0, 0, t.size(0)).copy_(t);
+  // The same padding of the same tensor is one buffer (two GEMMs read one weight); a name taken
+  // by anything else (another path that mangles alike) gets a number.
+  const std::string base = name + "_" + std::to_string(rows);
+  name = base;
+  for (int i = 1; m.hasattr(name); ++i) {
+    const c10::IValue have = m.attr(name);
+    if (have.isTensor() && have.toTensor().dtype() == padded.dtype() && have.toTensor().sizes() == padded.sizes() &&
+        have.toTensor().equal(padded)) {
+      return g.insertGetAttr(g.inputs()[0], name);
+    }
+    name = base + "_" + std::to_string(i);
   }
+  m.register_buffer(name, padded);
   return g.insertGetAttr(g.inputs()[0], name);
 }
 
