@@ -133,8 +133,12 @@ bool decompose_native_mha_node(Graph& g, Node* n) {
   auto op = [&](const char* name, std::vector<NamedValue> args) {
     return g.insert(c10::Symbol::fromQualString(name), args);
   };
-  auto rows = [&](Value* t, int64_t from, int64_t to) { return op("aten::slice", {t, int64_t(0), from, to, int64_t(1)}); };
-  auto ints = [&](std::vector<Value*> elems) { return g.insertNode(g.createList(c10::IntType::get(), elems))->output(); };
+  auto rows = [&](Value* t, int64_t from, int64_t to) {
+    return op("aten::slice", {t, int64_t(0), from, to, int64_t(1)});
+  };
+  auto ints = [&](std::vector<Value*> elems) {
+    return g.insertNode(g.createList(c10::IntType::get(), elems))->output();
+  };
   auto unpack = [&](Value* list, size_t count) {
     auto outs = g.insertNode(g.createListUnpack(list, count))->outputs();
     return std::vector<Value*>(outs.begin(), outs.end());
@@ -167,7 +171,8 @@ bool decompose_native_mha_node(Graph& g, Node* n) {
   Value* none = g.insertConstant(c10::IValue());
   Value* y = op("aten::scaled_dot_product_attention",
                 {qkv[0], qkv[1], qkv[2], masked ? NamedValue(attend) : NamedValue(none), 0.0, false});
-  Value* merged = op("aten::reshape", {op("aten::transpose", {y, int64_t(1), int64_t(2)}), ints({batch, minus_one, g.insertConstant(E)})});
+  Value* rows_of_heads = op("aten::transpose", {y, int64_t(1), int64_t(2)});
+  Value* merged = op("aten::reshape", {rows_of_heads, ints({batch, minus_one, g.insertConstant(E)})});
   Value* out = op("aten::linear", {merged, n->input(7), n->input(8)});
   n->outputs()[0]->replaceAllUsesWith(out);
   n->destroy();
@@ -268,7 +273,7 @@ c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(con
 std::string list_repr(const c10::IValue& v) {
   std::string s;
   for (const c10::IValue& e : v.toListRef()) {
-    std::string item = ivalue_repr(e);
+    std::string item = e.isTensor() ? "undefined" : ivalue_repr(e);
     if (e.isTensor() && e.toTensor().defined()) {
       std::string dims;
       for (auto d : e.toTensor().sizes()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
