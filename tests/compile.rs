@@ -23,6 +23,7 @@ fn linear_problem() -> GemmProblem {
         bias: true,
         batch: 1,
         epilogue: None,
+        padded_from: None,
     }
 }
 
@@ -582,6 +583,7 @@ fn ragged_kernels_compile_into_one_library() {
         bias: false,
         batch: 1,
         epilogue: None,
+        padded_from: None,
     };
     let pick = |math: MathType, family: Family, schedule: KernelSchedule| {
         Knowledge::shipped()

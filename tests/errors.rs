@@ -53,7 +53,7 @@ fn an_input_the_model_rejects_names_the_op_its_shapes_and_torchs_message() {
     let e = both_fail(&fixture("linear.pt"), &["--input", "4x63"]);
     assert!(
         e.contains(
-            "the model fails on inputs 4x63:f32: aten::linear got 4x63:f32, 128x64:f32, 128:f32"
+            "shape propagation stops at aten::linear on inputs 4x63:f32: aten::linear got 4x63:f32, 128x64:f32, 128:f32"
         ),
         "{e}"
     );
@@ -68,6 +68,68 @@ fn an_input_the_model_rejects_names_the_op_its_shapes_and_torchs_message() {
         "{e}"
     );
     assert!(!e.contains("shapes unknown"), "{e}");
+    // The op may also be one fact cannot run for shapes: the message says so too.
+    assert!(
+        e.contains("or aten::linear needs more than sizes to run")
+            && e.contains("that is fact's limit, not your input"),
+        "{e}"
+    );
+}
+
+/// data_dependent.pt views a boolean-mask index back to its traced sizes: no run on meta
+/// tensors, CPU empties or CPU zeros has the rows. On the archive's own inputs that is fact's
+/// limit: discover succeeds, matches the linear before the op, and says which op stopped shapes;
+/// with --input the error names the op and both possible causes.
+#[test]
+fn an_op_fact_cannot_run_for_shapes_stops_propagation_not_discover() {
+    let model = fixture("data_dependent.pt");
+    let out = fact()
+        .args(["discover", "--json"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = &v["plan"];
+    let patterns = plan["patterns"].as_array().unwrap();
+    assert_eq!(patterns.len(), 1, "{plan}");
+    assert_eq!(patterns[0]["rule"], "gemm_rcr_bias");
+    let shapes = plan["shapes"].as_str().unwrap();
+    assert!(
+        shapes.starts_with("shape propagation stopped at aten::view:")
+            && shapes.contains("this is fact's limit, not the model's input"),
+        "{shapes}"
+    );
+    let unmatched = plan["unmatched_gemms"].as_array().unwrap();
+    assert_eq!(unmatched.len(), 1, "{plan}");
+    assert!(
+        unmatched[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("its operand shapes are unknown (shape propagation stopped at aten::view"),
+        "{}",
+        unmatched[0]
+    );
+    // The plan a person reads says it too.
+    let text = fact().arg("discover").arg(&model).output().unwrap();
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("shapes: shape propagation stopped at aten::view"),
+        "{text}"
+    );
+
+    let e = both_fail(&model, &["--input", "64x64"]);
+    assert!(
+        e.contains("shape propagation stops at aten::view on inputs 64x64:f32")
+            && e.contains("either these inputs are not ones the model's forward takes")
+            && e.contains("or aten::view needs more than sizes to run"),
+        "{e}"
+    );
 }
 
 #[test]

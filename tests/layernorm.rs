@@ -199,6 +199,7 @@ fn test_table() -> (Table, LayerNormSpec) {
         bias: true,
         batch: 1,
         epilogue: None,
+        padded_from: None,
     };
     t.insert_merged(sample_entry(
         &linear,

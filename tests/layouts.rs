@@ -100,6 +100,7 @@ fn transposed_problem() -> GemmProblem {
         bias: false,
         batch: 1,
         epilogue: None,
+        padded_from: None,
     }
 }
 

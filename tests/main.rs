@@ -10,6 +10,8 @@ mod gemm_ep;
 mod ingest;
 mod layernorm;
 mod layouts;
+mod native_mha;
+mod padding;
 mod plan;
 mod table_cli;
 mod zoo;

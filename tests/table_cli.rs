@@ -17,6 +17,7 @@ fn problem(m: i64, dtype: DType) -> GemmProblem {
         bias: false,
         batch: 1,
         epilogue: None,
+        padded_from: None,
     }
 }
 

@@ -13,6 +13,7 @@ fn problem() -> GemmProblem {
         bias: false,
         batch: 1,
         epilogue: None,
+        padded_from: None,
     }
 }
 

@@ -211,6 +211,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
         let t = |ms: f64| Timing {

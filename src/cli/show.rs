@@ -52,6 +52,9 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
         for c in &p.copies {
             println!("     copy: {c}");
         }
+        if let Some(pad) = &p.pad {
+            println!("     pad: {pad}");
+        }
         for e in &p.examples {
             println!("     example: {e}");
         }
@@ -70,6 +73,9 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
         );
     }
     print_unmatched_gemms(&plan.unmatched_gemms);
+    if !plan.shapes.is_empty() {
+        println!("shapes: {}", plan.shapes);
+    }
     for n in &plan.agent_notes {
         println!("agent: {n}");
     }

@@ -666,6 +666,7 @@ mod tests {
             bias,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32, Arch::Sm90)
@@ -702,6 +703,7 @@ mod tests {
             bias,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
@@ -725,6 +727,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32x3, Arch::Sm90)
@@ -767,6 +770,7 @@ mod tests {
             bias,
             batch: 1,
             epilogue,
+            padded_from: None,
         };
         let math = MathType::for_tensor(dtype, crate::types::Precision::Tf32).unwrap();
         Knowledge::shipped()
@@ -911,6 +915,7 @@ mod tests {
             bias: true,
             batch: 1,
             epilogue: Some(crate::rules::Epilogue::parse("leaves=;v1=gelu(v0)").unwrap()),
+            padded_from: None,
         };
         let k = Knowledge::shipped()
             .kernels(&p, MathType::Tf32x3, Arch::Sm90)
@@ -1105,6 +1110,7 @@ mod tests {
             bias: true,
             batch: 1,
             epilogue: Some(e),
+            padded_from: None,
         };
         let k = Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
@@ -1226,6 +1232,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, MathType::Tf32, Arch::Sm90)
@@ -1334,6 +1341,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         Knowledge::shipped()
             .kernels(&p, math, Arch::Sm90)
@@ -1377,6 +1385,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         let k2 = Knowledge::shipped()
             .kernels(&even, MathType::Tf32, Arch::Sm90)

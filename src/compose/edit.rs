@@ -7,7 +7,29 @@ use super::*;
 /// or, for a fused pattern, `fact::gemm_ep(a, b, bias?, [leaves], origin, epilogue, kernel)` in
 /// place of its last node, the GEMM and the other epilogue nodes removed (the transparent nodes it
 /// owns among them: a flattening view of a it reads unflattened, views of its leaves).
+/// A GEMM whose weight compose pads (`rules::WeightPad`) calls `fact::gemm(a, w_padded,
+/// bias_padded?, "linear;n=N", kernel)` on buffers the rewrite adds to the module: the op returns
+/// the first N columns, its fallback runs linear on the first N rows of each (the module's own
+/// tensors, exactly: `x @ w.t()` and `addmm(bias, x, w.t())` are what linear computes).
 pub fn gemm_edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
+    if let Some(pad) = m.applied_pad() {
+        let to = pad.to;
+        return Edit {
+            node: m.node as u32,
+            expect_kind: m.origin.aten_kind().to_string(),
+            op: "fact::gemm".to_string(),
+            operands: vec![
+                Operand::value(m.a),
+                Operand::padded(pad.weight, to),
+                pad.bias
+                    .map_or_else(Operand::none, |b| Operand::padded(b, to)),
+                Operand::text(&format!("linear;n={}", pad.from)),
+                Operand::text(kernel),
+            ],
+            remove: pad.view.iter().map(|&v| v as u32).collect(),
+            remove_kinds: pad.view.iter().map(|&v| g.nodes[v].kind.clone()).collect(),
+        };
+    }
     let bias = Operand::optional(m.bias);
     let Some(ep) = &m.epilogue else {
         return Edit {

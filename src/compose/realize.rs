@@ -875,6 +875,7 @@ mod tests {
             bias: true,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         }
     }
 

@@ -188,6 +188,7 @@ struct Facts {
     math: Option<MathType>,
     notes: Vec<String>,
     copies: Vec<String>,
+    pad: Option<String>,
 }
 
 impl Facts {
@@ -212,6 +213,7 @@ impl Facts {
             operands: vec![a.q, a.k, a.v],
             notes: attention_notes(a, math),
             copies: vec![],
+            pad: None,
             problem,
             math,
         }
@@ -234,6 +236,7 @@ impl Facts {
                 .map(|m| layernorm_notes(l, m, opts.arch))
                 .unwrap_or_default(),
             copies: vec![],
+            pad: None,
             problem,
             math,
         }
@@ -267,6 +270,7 @@ impl Facts {
                 .collect(),
             notes: gemm_notes(m, math, opts.arch),
             copies: m.copies.clone(),
+            pad: m.applied_pad().map(|p| p.describe()),
             problem,
             math,
         }
@@ -310,6 +314,7 @@ impl Pricing<'_> {
             problem: f.problem,
             notes: f.notes,
             copies: f.copies,
+            pad: f.pad,
             examples: vec![],
             est_ms,
             share: if self.total_ms > 0.0 {
@@ -402,6 +407,7 @@ pub fn plan(
         unmatched,
         unmatched_share,
         unmatched_gemms,
+        shapes: g.note.trim_end_matches("; ").to_string(),
         agent: steward.name(),
         agent_notes: steward.notes.clone(),
     }

@@ -378,6 +378,9 @@ pub struct PlannedPattern {
     /// Operands whose strides fit no layout: the op copies them on every call (rules::GemmMatch).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<String>,
+    /// The weight compose pads along N, and what that does (rules::WeightPad).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad: Option<String>,
     /// Supporting CUTLASS examples (paths in the installed CUTLASS tree).
     pub examples: Vec<String>,
     pub est_ms: f64,
@@ -401,6 +404,10 @@ pub struct Plan {
     pub unmatched_share: f64,
     /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
     pub unmatched_gemms: Vec<UnmatchedGemm>,
+    /// What shape propagation fell back on or where it stopped (the graph's note): patterns
+    /// downstream of an op it could not run are not matched, and this says which op it was.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub shapes: String,
     /// Which agent ranked and chose examples, and anything it had to fall back on.
     pub agent: String,
     pub agent_notes: Vec<String>,

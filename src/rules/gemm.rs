@@ -21,6 +21,17 @@
 //! `GemmRule` offers every GEMM alone: the pattern of a GEMM whose epilogue (`epilogue.rs`) has no
 //! kernel or lost a node to another pattern. A fused pattern may read a in place of a 2-D operand
 //! that flattens it (`GemmMatch::operand_a`; the problem is the same GEMM).
+//!
+//! A GEMM whose only extent off the 16-byte vectors is N, where N comes from a weight the module
+//! holds (GPT-2's lm_head: `linear(x, wte.weight)`, N = 50257; any nn.Linear with an odd
+//! out_features), is matched padded (`WeightPad`): compose pads w[N,K] (and the bias) with zeros
+//! to the next multiple of 16 bytes once, as a buffer of the composed module, an aligned kernel
+//! computes the padded N, and the op returns the first N columns, a view whose rows lie the
+//! padded N apart. Spelled `linear(x, w, bias?)`, `matmul(x, wᵀ)`, `mm(x, wᵀ)` or `addmm(bias, x, wᵀ)`
+//! (wᵀ a transposing view of w); w and the bias must be plain module attributes (a `prim::GetAttr`
+//! chain from the module) and every `view` of the output must keep its last dim (a view can merge
+//! the leading dims of such rows, not split them); else the GEMM is matched as the graph has it.
+//! An epilogue fuses at the graph's N (`epilogue.rs`): its leaves are the graph's width.
 
 use super::epilogue::{Epilogue, EpilogueMatch};
 use super::{boxed, Match, PatternKind, Rule};
@@ -177,10 +188,23 @@ pub struct GemmProblem {
     /// Elementwise ops fused after the GEMM (and its bias), see `rules::epilogue`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epilogue: Option<Epilogue>,
+    /// The graph's own N where compose pads the weight along N (`WeightPad`): `n` is then the
+    /// padded extent the kernel computes. Such a problem has a rule id of its own (`_padn`) and
+    /// the graph's shape as its key, because the baseline it is judged against is the unpadded
+    /// GEMM the graph ran (unaligned in cuBLAS, far slower than the padded one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padded_from: Option<i64>,
 }
 
 fn one() -> i64 {
     1
+}
+
+/// `n` rounded up to whole 16-byte vectors of `dtype`: the N a padded weight gets (50257 is
+/// 50264 in bf16 and fp16, 50260 in fp32).
+pub fn padded_extent(n: i64, dtype: DType) -> i64 {
+    let v = 16 / dtype.bytes() as i64;
+    (n + v - 1) / v * v
 }
 
 impl GemmProblem {
@@ -215,9 +239,14 @@ impl GemmProblem {
             .map(|e| format!("_{}", e.tag()))
             .unwrap_or_default();
         format!(
-            "{kind}_{}{}{ep}",
+            "{kind}_{}{}{}{ep}",
             self.layout.short_name(),
-            if self.bias { "_bias" } else { "" }
+            if self.bias { "_bias" } else { "" },
+            if self.padded_from.is_some() {
+                "_padn"
+            } else {
+                ""
+            }
         )
     }
     /// The same GEMM without its epilogue.
@@ -243,10 +272,15 @@ impl GemmProblem {
         let full = self.epilogue.as_ref().map_or(0, Epilogue::full_leaves) as f64;
         e * (l * (m * k + k * n + m * n * (1.0 + full)) + if self.bias { n } else { 0.0 })
     }
-    /// The problem a rule id names at a shape: `dims` is M,N,K, or L,M,N,K for `bmm_*`.
+    /// The problem a rule id names at a shape: `dims` is M,N,K, or L,M,N,K for `bmm_*`; for
+    /// `gemm_rcr[_bias]_padn` N is the graph's, padded to 16 bytes.
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<GemmProblem, String> {
         let unknown = || {
-            format!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT, LAYOUT one of rrr, rcr, crr, ccr")
+            format!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT, LAYOUT one of rrr, rcr, crr, ccr (gemm_rcr and gemm_rcr_bias also with _padn: N padded)")
+        };
+        let (rule, padn) = match rule.strip_suffix("_padn") {
+            Some(r) => (r, true),
+            None => (rule, false),
         };
         let (rest, batched) = match (rule.strip_prefix("gemm_"), rule.strip_prefix("bmm_")) {
             (Some(r), _) => (r, false),
@@ -278,24 +312,33 @@ impl GemmProblem {
         if dims.iter().any(|&d| d <= 0) {
             return Err(format!("shape {dims:?}: every dim must be positive"));
         }
+        let padded = padded_extent(n, dtype);
+        if padn && (batched || layout != GemmLayout::Rcr || padded == n) {
+            return Err(format!(
+                "{rule}_padn: only gemm_rcr and gemm_rcr_bias pad N, and only an N off 16-byte vectors ({n} {dtype} is {})",
+                if padded == n { "on them" } else { "off them" }
+            ));
+        }
         Ok(GemmProblem {
             m,
-            n,
+            n: if padn { padded } else { n },
             k,
             layout,
             dtype,
             bias,
             batch,
             epilogue: None,
+            padded_from: padn.then_some(n),
         })
     }
 
-    /// `MxNxK`, or `LxMxNxK` when batched.
+    /// `MxNxK`, or `LxMxNxK` when batched; a padded problem's N is the graph's.
     pub fn shape_key(&self) -> String {
+        let n = self.padded_from.unwrap_or(self.n);
         if self.batch > 1 {
-            format!("{}x{}x{}x{}", self.batch, self.m, self.n, self.k)
+            format!("{}x{}x{}x{}", self.batch, self.m, n, self.k)
         } else {
-            format!("{}x{}x{}", self.m, self.n, self.k)
+            format!("{}x{}x{}", self.m, n, self.k)
         }
     }
 }
@@ -312,6 +355,42 @@ pub struct GemmMatch {
     pub epilogue: Option<EpilogueMatch>,
     /// The operands whose strides fit no layout, each with why: the op copies them on every call.
     pub copies: Vec<String>,
+    /// Where the weight can be padded along N: applied to the GEMM alone (`problem.padded_from`
+    /// set, `padded`); a fused match keeps the graph's N (its leaves are the graph's width) and
+    /// pads again should compose fall back to the GEMM alone (`plain`).
+    pub pad: Option<WeightPad>,
+}
+
+/// A weight (and its bias) that compose pads with zeros along N, once, as buffers of the composed
+/// module (the module's own tensors stay, for the fallback and for whatever else reads them:
+/// GPT-2's lm_head shares its weight with the token embedding).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightPad {
+    /// w[N, K], packed, as the graph reads it from the module.
+    pub weight: ValueId,
+    /// The bias [N], a module attribute too.
+    pub bias: Option<ValueId>,
+    /// The transposing view that makes wᵀ the GEMM's B (`x @ w.t()`), where the GEMM alone
+    /// reads it: the rewrite removes it with the GEMM.
+    pub view: Option<NodeId>,
+    /// N as the graph has it, and padded.
+    pub from: i64,
+    pub to: i64,
+}
+
+impl WeightPad {
+    /// What the plan says of it.
+    pub fn describe(&self) -> String {
+        format!(
+            "n {} → {}: the weight{} padded with zeros once, in the composed module; the aligned kernel computes {} columns and the op returns the first {} (a view, rows {} apart); torch's baseline is the unpadded GEMM the graph runs",
+            self.from,
+            self.to,
+            if self.bias.is_some() { " and bias" } else { "" },
+            self.to,
+            self.from,
+            self.to
+        )
+    }
 }
 
 impl GemmMatch {
@@ -323,6 +402,28 @@ impl GemmMatch {
             problem: self.problem.plain(),
             ..self.clone()
         }
+        .padded()
+    }
+    /// The match with its weight's padding applied (`pad`), where it has one.
+    pub fn padded(mut self) -> GemmMatch {
+        if let Some(pad) = &self.pad {
+            self.problem.padded_from = Some(pad.from);
+            self.problem.n = pad.to;
+        }
+        self
+    }
+    /// The match at the graph's N (its padding not applied).
+    pub fn unpadded(mut self) -> GemmMatch {
+        if let Some(from) = self.problem.padded_from.take() {
+            self.problem.n = from;
+        }
+        self
+    }
+    /// The padding this match applies: `pad` where the problem is padded.
+    pub fn applied_pad(&self) -> Option<&WeightPad> {
+        self.pad
+            .as_ref()
+            .filter(|_| self.problem.padded_from.is_some())
     }
     /// The tensor the op reads as a: the GEMM's own operand, or the tensor it flattens where the
     /// fused pattern reads that instead (`EpilogueMatch::a`).
@@ -358,14 +459,146 @@ impl Rule for GemmRule {
     }
 }
 
-/// Every GEMM in the top-level block whose shapes and dtypes are known and supported.
+/// Every GEMM in the top-level block whose shapes and dtypes are known and supported, padded
+/// where its weight can be (`WeightPad`).
 pub fn match_gemms(g: &Graph) -> Vec<GemmMatch> {
+    let readers = g.readers();
     g.nodes
         .iter()
         .enumerate()
         .filter(|(_, n)| n.depth == 0)
         .filter_map(|(i, _)| match_node(g, i))
+        .map(|mut m| {
+            m.pad = weight_pad(g, &readers, &m);
+            m.padded()
+        })
         .collect()
+}
+
+/// Views that transpose a 2-D weight (`w.t()`, `w.T`, `w.transpose(0, 1)`, `w.permute(1, 0)`,
+/// `w.mT`); shapes and strides say the rest.
+const TRANSPOSES: [&str; 5] = [
+    "aten::t",
+    "aten::numpy_T",
+    "aten::transpose",
+    "aten::permute",
+    "aten::mT",
+];
+
+/// Whether `v` is read from the module: a chain of `prim::GetAttr` from the graph's first input
+/// (the module itself).
+fn is_attribute(g: &Graph, v: ValueId) -> bool {
+    let mut at = v;
+    while let Some(p) = g.values[at].producer {
+        let n = &g.nodes[p];
+        if n.kind != "prim::GetAttr" || n.inputs.len() != 1 {
+            return false;
+        }
+        at = n.inputs[0];
+    }
+    at != v && g.inputs.first() == Some(&at)
+}
+
+/// Whether a tensor whose rows lie further apart than its last dim (a padded output, narrowed)
+/// can stand for `v`: every `view` of it (`view`, `_unsafe_view`, `view_as`, `unflatten`),
+/// directly or through views that keep its strides (`alias`, `detach`) or other views that keep
+/// the last dim, keeps the last dim. Ops that compute read any strides; `reshape`, `flatten` and
+/// `contiguous` copy where they must; a view behind a view that moves or cuts dims (transpose,
+/// slice, split, ...) is refused, not reasoned about.
+fn takes_row_stride(g: &Graph, readers: &[Vec<NodeId>], v: ValueId) -> bool {
+    const RESHAPES: [&str; 4] = [
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::view_as",
+        "aten::unflatten",
+    ];
+    const SAME: [&str; 2] = ["aten::alias", "aten::detach"];
+    const MOVES: [&str; 20] = [
+        "aten::t",
+        "aten::numpy_T",
+        "aten::transpose",
+        "aten::permute",
+        "aten::mT",
+        "aten::movedim",
+        "aten::swapaxes",
+        "aten::swapdims",
+        "aten::slice",
+        "aten::select",
+        "aten::narrow",
+        "aten::unsqueeze",
+        "aten::squeeze",
+        "aten::expand",
+        "aten::expand_as",
+        "aten::as_strided",
+        "aten::split",
+        "aten::chunk",
+        "aten::unbind",
+        "prim::ListUnpack",
+    ];
+    let last = |x: ValueId| g.tensor(x).and_then(|t| t.shape.last().copied());
+    let mut stack = vec![(v, false)];
+    while let Some((v, behind)) = stack.pop() {
+        for &r in &readers[v] {
+            let n = &g.nodes[r];
+            let kind = n.kind.as_str();
+            if n.inputs.first() != Some(&v) {
+                continue; // it reads v otherwise (view_as's sizes): no view of v
+            }
+            let moved = if RESHAPES.contains(&kind) {
+                let out = *n.outputs.first().unwrap_or(&v);
+                if behind || last(v).is_none() || last(v) != last(out) {
+                    return false;
+                }
+                false
+            } else if SAME.contains(&kind) {
+                behind
+            } else if MOVES.contains(&kind) || kind.starts_with("aten::split") {
+                true
+            } else {
+                continue;
+            };
+            stack.extend(n.outputs.iter().map(|&o| (o, moved)));
+        }
+    }
+    true
+}
+
+/// The padding of a GEMM's weight along N, where the module docs say it applies.
+fn weight_pad(g: &Graph, readers: &[Vec<NodeId>], m: &GemmMatch) -> Option<WeightPad> {
+    let p = &m.problem;
+    let vector = 16 / p.dtype.bytes() as i64;
+    if p.batch != 1 || p.layout != GemmLayout::Rcr || p.k % vector != 0 || p.n % vector == 0 {
+        return None;
+    }
+    let (weight, view) = match m.origin {
+        GemmOrigin::Linear => (m.b, None),
+        GemmOrigin::Matmul | GemmOrigin::Mm | GemmOrigin::Addmm => {
+            let t = g.values[m.b].producer?;
+            let n = &g.nodes[t];
+            if !TRANSPOSES.contains(&n.kind.as_str()) {
+                return None;
+            }
+            (n.inputs[0], (readers[m.b] == [m.node]).then_some(t))
+        }
+        GemmOrigin::Bmm => return None,
+    };
+    let w = g.tensor(weight)?;
+    if w.shape != [p.n, p.k] || major(w) != Some(Major::Row) || !is_attribute(g, weight) {
+        return None;
+    }
+    if m.bias.is_some_and(|b| !is_attribute(g, b)) {
+        return None;
+    }
+    if !takes_row_stride(g, readers, *g.nodes[m.node].outputs.first()?) {
+        return None;
+    }
+    Some(WeightPad {
+        weight,
+        bias: m.bias,
+        view,
+        from: p.n,
+        to: padded_extent(p.n, p.dtype),
+    })
 }
 
 /// How the matrix dims of `t` lie, with its leading dims packed outside them: `Row` for a packed
@@ -499,9 +732,11 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
             bias: bias.is_some(),
             batch,
             epilogue: None,
+            padded_from: None,
         },
         epilogue: None,
         copies,
+        pad: None,
     })
 }
 
@@ -788,6 +1023,208 @@ mod tests {
                 "{a} {b}"
             );
         }
+    }
+
+    /// GPT-2's lm_head as torch.jit.trace writes it (transformers 5.17, B 8, T 1024): the logits
+    /// linear reads the token embedding's weight, tied to it, through the module's attributes.
+    /// `linear` is the GEMM's line (`%weight` is the module's weight), `more` the lines after it.
+    fn lm_head(dtype: &str, k: i64, linear: &str, more: &str) -> String {
+        lm_head_after("", dtype, k, linear, more)
+    }
+
+    /// The same with `before` lines ahead of the GEMM.
+    fn lm_head_after(before: &str, dtype: &str, k: i64, linear: &str, more: &str) -> String {
+        format!(
+            "graph(%self.1: __torch__.Wrapper, %h: {dtype}[8,1024,{k}], %b: {dtype}[50257]):
+               %m = prim::GetAttr[name=\"m\"](%self.1) : __torch__.GPT2LMHeadModel
+               %transformer = prim::GetAttr[name=\"transformer\"](%m) : __torch__.GPT2Model
+               %wte = prim::GetAttr[name=\"wte\"](%transformer) : __torch__.Embedding
+               %weight = prim::GetAttr[name=\"weight\"](%wte) : {dtype}[50257,{k}]
+               %none = prim::Constant[None]()
+               {before}
+               {linear} : {dtype}[8,1024,50257]
+               {more}
+               return (%logits)"
+        )
+    }
+
+    const LINEAR: &str = "%logits = aten::linear(%h, %weight, %none)";
+
+    #[test]
+    fn an_odd_n_from_a_module_weight_is_padded_to_16_bytes() {
+        let g = Graph::parse(&lm_head("bf16", 768, LINEAR, "")).unwrap();
+        let m = &match_gemms(&g)[0];
+        let p = &m.problem;
+        assert_eq!(
+            (p.m, p.n, p.k, p.padded_from),
+            (8192, 50264, 768, Some(50257))
+        );
+        assert_eq!(
+            p.alignment(8),
+            8,
+            "an ordinary aligned GEMM for the kernels"
+        );
+        assert_eq!(
+            (p.rule_id().as_str(), p.shape_key().as_str()),
+            ("gemm_rcr_padn", "8192x50257x768"),
+            "its own key, at the graph's shape"
+        );
+        let pad = m.pad.as_ref().unwrap();
+        assert_eq!(g.values[pad.weight].name, "weight");
+        assert_eq!(
+            (pad.bias, pad.view, pad.from, pad.to),
+            (None, None, 50257, 50264)
+        );
+        assert!(pad
+            .describe()
+            .starts_with("n 50257 → 50264: the weight padded"));
+        // fp32: 16 bytes are four elements.
+        let g = Graph::parse(&lm_head("f32", 768, LINEAR, "")).unwrap();
+        assert_eq!(match_gemms(&g)[0].problem.n, 50260);
+        // The rule id names the same problem.
+        let from =
+            GemmProblem::from_rule("gemm_rcr_padn", &[8192, 50257, 768], DType::Bf16).unwrap();
+        assert_eq!(&from, p);
+        assert!(
+            GemmProblem::from_rule("gemm_rcr_padn", &[8192, 50264, 768], DType::Bf16)
+                .unwrap_err()
+                .contains("only an N off 16-byte vectors")
+        );
+        assert!(GemmProblem::from_rule("gemm_rrr_padn", &[8192, 50257, 768], DType::Bf16).is_err());
+    }
+
+    #[test]
+    fn matmul_and_addmm_with_the_weight_transposed_pad_too_with_a_bias() {
+        // x @ w.t() (the view goes with the GEMM) and addmm(bias, x, w.t()) with a module bias.
+        let g = Graph::parse(
+            "graph(%self: M, %x: f16[64,512]):
+               %fc = prim::GetAttr[name=\"fc\"](%self) : Linear
+               %w = prim::GetAttr[name=\"weight\"](%fc) : f16[1001,512]
+               %b = prim::GetAttr[name=\"bias\"](%fc) : f16[1001]
+               %one = prim::Constant[1]()
+               %wt = aten::t(%w) : f16[512,1001]{1,512}
+               %y = aten::matmul(%x, %wt) : f16[64,1001]
+               %wt2 = aten::numpy_T(%w) : f16[512,1001]{1,512}
+               %z = aten::addmm(%b, %x, %wt2, %one, %one) : f16[64,1001]
+               %u = aten::add(%wt2, %wt2) : f16[512,1001]
+               return (%y, %z, %u)",
+        )
+        .unwrap();
+        let m = match_gemms(&g);
+        let (mm, addmm) = (&m[0], &m[1]);
+        assert_eq!(
+            (mm.problem.rule_id().as_str(), mm.problem.n),
+            ("gemm_rcr_padn", 1008)
+        );
+        let pad = mm.pad.as_ref().unwrap();
+        assert_eq!(
+            (g.values[pad.weight].name.as_str(), pad.view),
+            ("w", Some(4))
+        );
+        assert_eq!(addmm.problem.rule_id(), "gemm_rcr_bias_padn");
+        let pad = addmm.pad.as_ref().unwrap();
+        assert_eq!(pad.bias, Some(addmm.bias.unwrap()));
+        assert_eq!(
+            pad.view, None,
+            "the add reads the second view too: it stays"
+        );
+        assert!(pad.describe().contains("the weight and bias padded"));
+    }
+
+    #[test]
+    fn a_weight_padding_would_not_fit_is_left_as_the_graph_has_it() {
+        let plain = |text: &str| {
+            let g = Graph::parse(text).unwrap();
+            let m = match_gemms(&g).remove(0);
+            assert_eq!(m.problem.padded_from, None, "{text}");
+            assert_eq!(m.problem.n % 8, 1, "{text}");
+            assert!(m.pad.is_none());
+        };
+        // A weight the graph computes is no module attribute.
+        plain(&lm_head_after(
+            "%w = aten::mul(%weight, %weight) : bf16[50257,768]",
+            "bf16",
+            768,
+            "%logits = aten::linear(%h, %w, %none)",
+            "",
+        ));
+        // A bias from the inputs.
+        plain(&lm_head(
+            "bf16",
+            768,
+            "%logits = aten::linear(%h, %weight, %b)",
+            "",
+        ));
+        // K off the vectors too: padding the weight alone would not align a's rows.
+        plain(&lm_head("bf16", 770, LINEAR, ""));
+        // A view that splits the rows cannot take rows 50264 apart.
+        plain(&lm_head(
+            "bf16",
+            768,
+            LINEAR,
+            "%v = aten::view(%logits) : bf16[8,1024,7,7179]",
+        ));
+        // Nor one behind another view.
+        plain(&lm_head(
+            "bf16",
+            768,
+            LINEAR,
+            "%t = aten::transpose(%logits) : bf16[8,50257,1024]{51463168,1,50257}
+             %v = aten::view(%t) : bf16[8,50257,1024]",
+        ));
+        // Nor an unflatten of the last dim, nor a view of one split of it.
+        plain(&lm_head(
+            "bf16",
+            768,
+            LINEAR,
+            "%u = aten::unflatten(%logits) : bf16[8,1024,7,7179]",
+        ));
+        plain(&lm_head(
+            "bf16",
+            768,
+            LINEAR,
+            "%parts = aten::split(%logits) : Tensor[]
+             %p0, %p1 = prim::ListUnpack(%parts) : bf16[8,1024,25000], bf16[8,1024,25257]
+             %v = aten::view(%p1) : bf16[8192,25257]",
+        ));
+        // A view that merges the leading dims is fine, through a detach too, and so is a view_as
+        // of the same shape (which also reads the logits' sizes: no view of them there).
+        let text = lm_head(
+            "bf16",
+            768,
+            LINEAR,
+            "%d = aten::detach(%logits) : bf16[8,1024,50257]
+             %v = aten::view(%d) : bf16[8192,50257]
+             %w = aten::view_as(%d, %logits) : bf16[8,1024,50257]",
+        );
+        let m = &match_gemms(&Graph::parse(&text).unwrap())[0];
+        assert_eq!(m.problem.padded_from, Some(50257));
+    }
+
+    /// An epilogue fuses on the GEMM as the graph has it (its leaves are the graph's width): the
+    /// cover weighs that against the padded GEMM alone, and the fused match pads again when it
+    /// falls back to the GEMM alone.
+    #[test]
+    fn a_gemm_with_an_epilogue_fuses_it_unpadded_and_pads_alone() {
+        let text = lm_head(
+            "bf16",
+            768,
+            LINEAR,
+            "%y = aten::tanh(%logits) : bf16[8,1024,50257]",
+        )
+        .replace("return (%logits)", "return (%y)");
+        let g = Graph::parse(&text).unwrap();
+        let found = crate::rules::match_patterns(&g);
+        assert_eq!(found.gemm.len(), 1);
+        let fused = &found.gemm[0];
+        assert!(fused.epilogue.is_some() && fused.applied_pad().is_none());
+        assert_eq!((fused.problem.n, fused.problem.padded_from), (50257, None));
+        let alone = fused.plain();
+        assert_eq!(
+            (alone.problem.rule_id().as_str(), alone.problem.n),
+            ("gemm_rcr_padn", 50264)
+        );
+        assert!(alone.applied_pad().is_some() && alone.epilogue.is_none());
     }
 
     #[test]

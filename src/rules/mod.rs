@@ -576,6 +576,7 @@ mod tests {
             bias: true,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         assert_eq!(Problem::Gemm(p.clone()).kind(), PatternKind::Gemm);
         p.epilogue = Some(Epilogue::parse("leaves=;v1=relu(v0)").unwrap());

@@ -36,6 +36,8 @@ impl Index {
     /// (`bmm_rrr` → `gemm_rrr`, `gemm_crr_bias` → `gemm_crr`), and a fused one
     /// (`gemm_rcr_bias_ep_gelu_…`) its GEMM's plus the epilogue visitor tree's.
     pub fn for_rule(&self, rule: &str, arch: Arch, math: Option<MathType>) -> Vec<Example> {
+        // A padded GEMM's kernels are the aligned GEMM's.
+        let rule = rule.strip_suffix("_padn").unwrap_or(rule);
         if let Some((gemm, _)) = rule.split_once("_ep_") {
             let mut out = self.for_rule(gemm, arch, math);
             out.extend(self.for_rule("epilogue", arch, math));

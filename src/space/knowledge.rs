@@ -379,6 +379,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         }
     }
 

@@ -263,6 +263,7 @@ mod tests {
             bias: false,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         }
     }
     fn scope() -> Scope {

@@ -100,6 +100,7 @@ mod tests {
             bias: true,
             batch: 1,
             epilogue: None,
+            padded_from: None,
         };
         let key = TableKey::gemm(&p, MathType::Bf16, Arch::Sm90);
         assert_eq!(

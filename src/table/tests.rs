@@ -13,6 +13,7 @@ fn problem(m: i64) -> GemmProblem {
         bias: true,
         batch: 1,
         epilogue: None,
+        padded_from: None,
     }
 }
 

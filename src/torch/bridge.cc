@@ -89,10 +89,113 @@ struct Numbering {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// aten::_native_multi_head_attention, nn.MultiheadAttention's fast path (self-attention,
+// batch_first, in eval without autograd: torchvision's ViT), is one node that hides two GEMMs and
+// an attention from the rules. It is rewritten into the aten ops it computes, as torch's own
+// kernel does on its SDPA path: linear in-projection ([3E] where q, k and v are one value, [2E]
+// for one k and v, else the weight's row slices), heads split by view and transpose,
+// aten::scaled_dot_product_attention (its default scale is the op's 1/sqrt(E/H)), heads merged
+// by transpose and reshape, linear out-projection. The op treats a mask as boolean, true where a
+// key is masked (a float mask: nonzero), and reads mask_type 0 as [Tq,Tk], 1 (key padding) as
+// [B,Tk], 2 as [B,H,Tq,Tk]; SDPA's boolean mask is true where a key takes part, so the mask
+// becomes logical_not(mask) (key padding: viewed as [B,1,1,Tk]). One difference remains: a row
+// whose keys are all masked gives SDPA's 0 where torch's CPU kernel gives NaN. A node is left as
+// it is where its weights output is used, or embed_dim, num_heads or a given mask's mask_type is
+// no constant: nothing is guessed. Runs right after inlining, on every load of an archive (discover
+// and the rewrite), so both number the same graph.
+
+std::optional<int64_t> constant_int(Value* v) {
+  auto iv = torch::jit::toIValue(v);
+  if (iv && iv->isInt()) return iv->toInt();
+  return std::nullopt;
+}
+
+bool is_none(Value* v) {
+  auto iv = torch::jit::toIValue(v);
+  return iv && iv->isNone();
+}
+
+bool decompose_native_mha_node(Graph& g, Node* n) {
+  if (n->inputs().size() != 13 || n->outputs().size() != 2 || n->outputs()[1]->hasUses()) return false;
+  const auto e = constant_int(n->input(3));
+  const auto h = constant_int(n->input(4));
+  if (!e || !h || *h <= 0 || *e % *h != 0) return false;
+  Value* mask = n->input(9);
+  const bool masked = !is_none(mask);
+  const auto mask_type = constant_int(n->input(12));
+  if (masked && (!mask_type || *mask_type < 0 || *mask_type > 2)) return false;
+
+  using torch::jit::NamedValue;
+  const int64_t E = *e, H = *h;
+  torch::jit::WithInsertPoint guard(n);
+  // The new nodes keep the module path of the one they replace (plans name it).
+  torch::jit::WithCurrentScope scope(g, n->scope());
+  auto op = [&](const char* name, std::vector<NamedValue> args) {
+    return g.insert(c10::Symbol::fromQualString(name), args);
+  };
+  auto rows = [&](Value* t, int64_t from, int64_t to) {
+    return op("aten::slice", {t, int64_t(0), from, to, int64_t(1)});
+  };
+  auto ints = [&](std::vector<Value*> elems) {
+    return g.insertNode(g.createList(c10::IntType::get(), elems))->output();
+  };
+  auto unpack = [&](Value* list, size_t count) {
+    auto outs = g.insertNode(g.createListUnpack(list, count))->outputs();
+    return std::vector<Value*>(outs.begin(), outs.end());
+  };
+  Value *q = n->input(0), *k = n->input(1), *v = n->input(2);
+  Value *w = n->input(5), *b = n->input(6);
+  std::vector<Value*> qkv;
+  if (q == k && k == v) {
+    qkv = unpack(op("aten::chunk", {op("aten::linear", {q, w, b}), int64_t(3), int64_t(-1)}), 3);
+  } else if (k == v) {
+    qkv = {op("aten::linear", {q, rows(w, 0, E), rows(b, 0, E)})};
+    auto kv = unpack(op("aten::chunk", {op("aten::linear", {k, rows(w, E, 3 * E), rows(b, E, 3 * E)}), int64_t(2),
+                                        int64_t(-1)}),
+                     2);
+    qkv.insert(qkv.end(), kv.begin(), kv.end());
+  } else {
+    for (int64_t i = 0; i < 3; ++i) {
+      qkv.push_back(op("aten::linear", {n->input(i), rows(w, i * E, (i + 1) * E), rows(b, i * E, (i + 1) * E)}));
+    }
+  }
+  Value* batch = op("aten::size", {q, int64_t(0)});
+  Value* minus_one = g.insertConstant(int64_t(-1));
+  Value* heads = ints({batch, minus_one, g.insertConstant(H), g.insertConstant(E / H)});
+  for (Value*& x : qkv) x = op("aten::transpose", {op("aten::view", {x, heads}), int64_t(1), int64_t(2)});
+  Value* attend = nullptr;
+  if (masked) {
+    attend = op("aten::logical_not", {mask});
+    if (*mask_type == 1) attend = op("aten::unsqueeze", {op("aten::unsqueeze", {attend, int64_t(1)}), int64_t(1)});
+  }
+  Value* none = g.insertConstant(c10::IValue());
+  Value* y = op("aten::scaled_dot_product_attention",
+                {qkv[0], qkv[1], qkv[2], masked ? NamedValue(attend) : NamedValue(none), 0.0, false});
+  Value* rows_of_heads = op("aten::transpose", {y, int64_t(1), int64_t(2)});
+  Value* merged = op("aten::reshape", {rows_of_heads, ints({batch, minus_one, g.insertConstant(E)})});
+  Value* out = op("aten::linear", {merged, n->input(7), n->input(8)});
+  n->outputs()[0]->replaceAllUsesWith(out);
+  n->destroy();
+  return true;
+}
+
+void decompose_native_mha(Graph& g) {
+  static const auto kind = c10::Symbol::fromQualString("aten::_native_multi_head_attention");
+  std::vector<Node*> found;
+  for (Node* n : g.block()->nodes()) {
+    if (n->kind() == kind) found.push_back(n);
+  }
+  for (Node* n : found) decompose_native_mha_node(g, n);
+}
+
+// `forward` inlined, with the ops the rules read through rewritten as they compute: what the rules
+// see and the rewrite edits.
 std::shared_ptr<Graph> inlined_forward(torch::jit::Module& m) {
   auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
   auto g = fn.graph()->copy();
   torch::jit::Inline(*g);
+  decompose_native_mha(*g);
   return g;
 }
 
@@ -160,6 +263,12 @@ c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(con
     for (const at::Tensor& t : v.toTensorList()) out.push_back(f(t));
     return out;
   }
+  // A list of optional tensors (aten::index's indices): its tensors too, its Nones as they are.
+  if (v.isList()) {
+    c10::impl::GenericList out(v.toList().elementType());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(e.isTensor() ? c10::IValue(f(e.toTensor())) : e);
+    return out;
+  }
   return v;
 }
 
@@ -211,10 +320,27 @@ Plumbing run_plumbing(Node* n, Env& env, const TensorFn& f) {
   return Plumbing::None;
 }
 
+// A list input of a failed node as record_failure shows it: printing the list itself would read
+// the data of the meta tensors in it.
+std::string list_repr(const c10::IValue& v) {
+  std::string s;
+  for (const c10::IValue& e : v.toListRef()) {
+    std::string item = e.isTensor() ? "undefined" : ivalue_repr(e);
+    if (e.isTensor() && e.toTensor().defined()) {
+      std::string dims;
+      for (auto d : e.toTensor().sizes()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+      item = dims + ":" + dtype_name(e.toTensor().scalar_type());
+    }
+    s += (s.empty() ? "" : ", ") + item;
+  }
+  return "[" + s + "]";
+}
+
 // What a node that torch cannot run on the inputs was given, and what torch said (its first line:
 // the rest of a c10::Error message is the C++ source location).
 void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>& env, const std::string& message,
                     OpFailure& failure) {
+  if (!failure.kind.empty()) return;  // the first such node is the one that stopped propagation
   failure.kind = n->kind().toQualString();
   failure.scope = n->scopeName();
   for (Value* v : n->inputs()) {
@@ -226,6 +352,8 @@ void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>
       std::string dims;
       for (auto d : t.sizes()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
       failure.inputs.push_back(rust::String((t.dim() == 0 ? "scalar" : dims) + ":" + dtype_name(t.scalar_type())));
+    } else if (iv.isList()) {
+      failure.inputs.push_back(rust::String(list_repr(iv)));
     } else {
       failure.inputs.push_back(rust::String(ivalue_repr(iv)));
     }
@@ -237,9 +365,11 @@ void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>
 // every tensor's shape. libtorch has meta kernels for the structured ops (mm, addmm, bmm, ...) but
 // not for all (relu has none), so a node whose meta run fails runs once on uninitialised CPU
 // tensors of the same sizes, and failing that on zeros (an index tensor of garbage fails embedding).
-// A node that fails all three ways fails on these inputs as torch would run them: interpretation
-// stops there and `failure` names it. Nodes with sub-blocks or without a registered operator, and
-// everything downstream of them, stay unknown.
+// A node that fails all three ways either fails on these inputs as torch would run them, or needs
+// more than sizes (a data-dependent shape upstream, an op that checks values): `failure` names the
+// first such node, and its outputs stay unknown like those of nodes with sub-blocks or without a
+// registered operator; interpretation goes on, and everything downstream of them stays unknown.
+// The caller decides which it was (src/torch/mod.rs: the archive's own inputs cannot be wrong).
 std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& module, Graph& g,
                                                              const rust::Vec<InputSpec>& inputs,
                                                              std::string& note, OpFailure& failure) {
@@ -295,10 +425,8 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
           cpu_ops.push_back(n->kind().toQualString());
         } catch (const c10::Error& e) {
           record_failure(n, env, e.what_without_backtrace(), failure);
-          break;
         } catch (const std::exception& e) {
           record_failure(n, env, e.what(), failure);
-          break;
         }
       }
     }
@@ -649,6 +777,52 @@ void host_shape_arithmetic(Graph& g) {
   }
 }
 
+// A module attribute padded with zeros along its first dim to `rows` rows, as a buffer of the
+// module (`fact_padded_<path>`, made once whatever reads it; the attribute itself stays for the
+// fallback and its other readers), read by a new prim::GetAttr at the insert point. `v` is the
+// attribute as the graph reads it: a chain of prim::GetAttr from the module (graph input 0).
+Value* padded_attribute(torch::jit::Module& m, Graph& g, Value* v, int64_t rows) {
+  std::vector<std::string> path;
+  if (v == g.inputs()[0]) throw std::runtime_error("the module itself cannot be padded");
+  for (Value* at = v; at != g.inputs()[0]; at = at->node()->input(0)) {
+    if (at->node()->kind() != c10::prim::GetAttr) {
+      throw std::runtime_error("value " + v->debugName() + " is no module attribute: it cannot be padded");
+    }
+    path.insert(path.begin(), at->node()->s(c10::attr::name));
+  }
+  c10::IValue attr = m._ivalue();
+  std::string name = "fact_padded";
+  for (const auto& p : path) {
+    if (!attr.isObject()) throw std::runtime_error("value " + v->debugName() + " is no module attribute");
+    attr = attr.toObject()->getAttr(p);
+    name += "_" + p;
+  }
+  if (!attr.isTensor() || !attr.toTensor().defined() || attr.toTensor().dim() < 1 ||
+      attr.toTensor().size(0) > rows) {
+    throw std::runtime_error("attribute " + name.substr(12) + " is no tensor of at most " + std::to_string(rows) +
+                             " rows: it cannot be padded to them");
+  }
+  const at::Tensor t = attr.toTensor().detach();
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  shape[0] = rows;
+  at::Tensor padded = at::zeros(shape, t.options());
+  padded.narrow(0, 0, t.size(0)).copy_(t);
+  // The same padding of the same tensor is one buffer (two GEMMs read one weight); a name taken
+  // by anything else (another path that mangles alike) gets a number.
+  const std::string base = name + "_" + std::to_string(rows);
+  name = base;
+  for (int i = 1; m.hasattr(name); ++i) {
+    const c10::IValue have = m.attr(name);
+    if (have.isTensor() && have.toTensor().dtype() == padded.dtype() && have.toTensor().sizes() == padded.sizes() &&
+        have.toTensor().equal(padded)) {
+      return g.insertGetAttr(g.inputs()[0], name);
+    }
+    name = base + "_" + std::to_string(i);
+  }
+  m.register_buffer(name, padded);
+  return g.insertGetAttr(g.inputs()[0], name);
+}
+
 rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
                               const rust::Vec<rust::String>& schemas) {
   return guarded("cannot rewrite the TorchScript graph", [&] {
@@ -658,6 +832,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     // Rewrite the method's own graph in place so that saving prints the new code.
     std::shared_ptr<Graph> g = fn.graph();
     torch::jit::Inline(*g);
+    decompose_native_mha(*g);
     // One numbering for all edits: ids refer to the graph as load_graph saw it. Destroyed nodes
     // are remembered by id (their memory may be reused by new nodes), so that no later edit
     // touches their dangling pointers.
@@ -702,6 +877,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
             case OperandKind::Str: args.push_back(g->insertConstant(std::string(o.text))); break;
             case OperandKind::Int: args.push_back(g->insertConstant(o.int_value)); break;
             case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
+            case OperandKind::Padded: args.push_back(padded_attribute(m, *g, value_at(o.value), o.int_value)); break;
             case OperandKind::Values: {
               std::vector<Value*> elems;
               for (uint32_t v : o.values) elems.push_back(value_at(v));

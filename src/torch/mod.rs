@@ -66,6 +66,10 @@ mod ffi {
         None,
         /// A Tensor[] built from the graph values `values` (may be empty).
         Values,
+        /// The module attribute the graph value `value` reads (a `prim::GetAttr` chain from the
+        /// module), padded with zeros along its first dim to `int_value` rows: a buffer the
+        /// rewrite adds to the composed module once, whatever reads it.
+        Padded,
     }
     struct Operand {
         kind: OperandKind,
@@ -141,6 +145,15 @@ impl Operand {
             ..Operand::of(OperandKind::Str)
         }
     }
+    /// The module attribute graph value `v` reads, padded with zeros to `rows` rows, as a buffer
+    /// of the composed module.
+    pub fn padded(v: usize, rows: i64) -> Operand {
+        Operand {
+            value: v as u32,
+            int_value: rows,
+            ..Operand::of(OperandKind::Padded)
+        }
+    }
     /// A Tensor[] of graph values.
     pub fn values(vs: &[usize]) -> Operand {
         Operand {
@@ -172,8 +185,9 @@ pub enum TorchError {
     OpLibrary { path: String, detail: String },
 }
 
-/// An op torch could not run on the given inputs while shapes were interpreted (boxed in
-/// `TorchError`, which stays small for the results that carry it).
+/// An op torch could not run while shapes were interpreted from `--input` shapes (boxed in
+/// `TorchError`, which stays small for the results that carry it): the inputs may be wrong, or
+/// the op may need more than sizes, and the message says both.
 #[derive(Debug)]
 pub struct OpFailure {
     pub path: String,
@@ -188,8 +202,8 @@ impl std::fmt::Display for OpFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: the model fails on inputs {}: {}{} got {} and torch says \"{}\"; pass --input shapes the model's forward accepts (once per forward input)",
-            self.path, self.given, self.op, self.scope, self.op_inputs, self.message
+            "{}: shape propagation stops at {op}{} on inputs {}: {op} got {} and torch says \"{}\"; either these inputs are not ones the model's forward takes (pass --input shapes the model's forward accepts, once per forward input), or {op} needs more than sizes to run (fact runs each op on meta tensors, then CPU empties, then CPU zeros): that is fact's limit, not your input, and without --input (the archive's own traced inputs) discover goes on past it with the shapes after it unknown",
+            self.path, self.scope, self.given, self.op_inputs, self.message, op = self.op
         )
     }
 }
@@ -323,12 +337,18 @@ pub fn traced_inputs(path: &Path) -> Result<Vec<InputShape>, TorchError> {
 
 /// Loads `forward` of a TorchScript archive, inlined, with every tensor's shape and dtype from one
 /// run on the given inputs (or the traced ones when `inputs` is empty).
+///
+/// An op that no interpretation runs (meta tensors, CPU empties, CPU zeros) fails the load when
+/// the inputs are the user's (they may be wrong); on the archive's own traced inputs, which ran
+/// the model when it was traced, it is fact's limit: the graph's note names the op and its
+/// outputs and everything computed from them stay without shapes (`stopped_note`).
 pub fn load_graph(
     path: &Path,
     inputs: &[InputShape],
 ) -> Result<(Graph, Vec<InputShape>), TorchError> {
     let p = check_archive(path)?;
-    let inputs = if inputs.is_empty() {
+    let traced = inputs.is_empty();
+    let inputs = if traced {
         let traced = traced_inputs(path)?;
         if traced.is_empty() {
             return Err(TorchError::MissingShapes { path: p });
@@ -355,9 +375,11 @@ pub fn load_graph(
             dtype: i.dtype.clone(),
         })
         .collect();
-    let dump = ffi::load_graph(&p, &specs).map_err(|e| bridge_err(&p, e))?;
-    let f = &dump.failure;
-    if !f.kind.is_empty() {
+    let mut dump = ffi::load_graph(&p, &specs).map_err(|e| bridge_err(&p, e))?;
+    if !dump.failure.kind.is_empty() && traced {
+        dump.note = format!("{}{}", stopped_note(&dump.failure), dump.note);
+    } else if !dump.failure.kind.is_empty() {
+        let f = &dump.failure;
         let given: Vec<String> = inputs.iter().map(InputShape::display).collect();
         return Err(TorchError::OpFailed(Box::new(OpFailure {
             path: p,
@@ -373,6 +395,21 @@ pub fn load_graph(
         })));
     }
     Ok((graph_from_dump(dump), inputs))
+}
+
+/// The note a graph carries when an op stopped shape propagation on the archive's traced inputs.
+fn stopped_note(f: &ffi::OpFailure) -> String {
+    let scope = if f.scope.is_empty() {
+        String::new()
+    } else {
+        format!(" (in {})", f.scope)
+    };
+    format!(
+        "shape propagation stopped at {}{scope}: fact could not run it for shapes on meta tensors, CPU empties or CPU zeros (it got {}; torch says \"{}\"); the inputs are the archive's own traced ones, so this is fact's limit, not the model's input: its outputs and everything computed from them have no shapes, and no pattern there is matched; ",
+        f.kind,
+        f.inputs.join(", "),
+        f.message
+    )
 }
 
 fn graph_from_dump(d: ffi::GraphDump) -> Graph {

@@ -713,16 +713,46 @@ void count_fell_back(c10::string_view kernel, const std::string& why = "") {
 // ---------------------------------------------------------------------------------------------
 // The ops.
 
+// fact::gemm's origin "linear;n=50257": compose padded the weight (and bias) with zeros along N
+// to whole 16-byte vectors, as buffers of the module, and the graph's GEMM computes the first n
+// columns. The kernel runs the padded GEMM and the op returns a view of those columns; the
+// fallback runs linear on the first n rows of each, which are the module's own tensors.
+struct Origin {
+  std::string op;
+  int64_t n = -1;
+};
+
+Origin parse_origin(c10::string_view text, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
+  const std::string s(text);
+  const size_t semi = s.find(";n=");
+  if (semi == std::string::npos) {
+    check_origin(text, "gemm");
+    return {s, -1};
+  }
+  Origin o{s.substr(0, semi), -1};
+  size_t n = 0;
+  TORCH_CHECK(o.op == "linear" && parse_index(s.substr(semi + 3), n) && n > 0, "fact::gemm: malformed origin '", s,
+              "' (a padded GEMM's is linear;n=N)");
+  o.n = static_cast<int64_t>(n);
+  TORCH_CHECK(b.dim() == 2 && b.size(0) >= o.n && (!bias.has_value() || !bias->defined() ||
+                                                    (bias->dim() == 1 && bias->size(0) == b.size(0))),
+              "fact::gemm: origin '", s, "' takes a weight of at least ", o.n, " rows and a bias as long");
+  return o;
+}
+
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
                 c10::string_view origin, c10::string_view kernel) {
-  check_origin(origin, "gemm");
+  const Origin o = parse_origin(origin, b, bias);
   Launch l;
-  if (!disabled(kGemmKind) && prepare(l, a, b, bias, origin, kernel, "") && launch(l, kernel, "gemm")) {
+  if (!disabled(kGemmKind) && prepare(l, a, b, bias, o.op, kernel, "") && launch(l, kernel, "gemm")) {
     count_ran(kernel, l.copied);
-    return l.out;
+    return o.n < 0 ? l.out : l.out.narrow(-1, 0, o.n);
   }
   count_fell_back(kernel);
-  return original(a, b, bias, origin);
+  if (o.n < 0) return original(a, b, bias, o.op);
+  const bool has_bias = bias.has_value() && bias->defined();
+  return original(a, b.narrow(0, 0, o.n), has_bias ? std::optional<at::Tensor>(bias->narrow(0, 0, o.n)) : std::nullopt,
+                  o.op);
 }
 
 at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,

@@ -409,7 +409,10 @@ impl Rule for EpilogueRule {
         PatternKind::Epilogue
     }
     fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
-        let fused = match_gemms(g).into_iter().filter_map(|mut m| {
+        // A GEMM whose weight compose would pad fuses at the graph's N: its leaves are the
+        // graph's width, not the padded one (`GemmMatch::plain` pads it again).
+        let fused = match_gemms(g).into_iter().filter_map(|m| {
+            let mut m = m.unpadded();
             let e = match_epilogue(g, &m)?;
             m.problem.epilogue = Some(e.epilogue.clone());
             m.epilogue = Some(e);
