@@ -14,6 +14,9 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+// Internal linkage: a unit may hold a kernel that another object linked beside it holds too
+// (a sweep's unit next to the same kernel built alone); only the weak entry points are shared.
+namespace {
 namespace fact_ln_f32_c768_t32_v4_r4 {
 
 using Element = float;
@@ -166,6 +169,7 @@ inline int64_t rows_of(const FactOpArgs* a) {
 }
 
 }  // namespace fact_ln_f32_c768_t32_v4_r4
+}  // namespace
 
 extern "C" __attribute__((weak)) int32_t fact_k_ln_f32_c768_t32_v4_r4_can_implement(const FactOpArgs* a, const FactKnobs*) {
   return fact_ln_f32_c768_t32_v4_r4::rows_of(a) >= 0 ? FACT_OK : FACT_CANNOT_IMPLEMENT;

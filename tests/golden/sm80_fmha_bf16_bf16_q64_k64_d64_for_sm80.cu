@@ -18,6 +18,9 @@
 #include "gemm_kernel_utils.h"
 #include "kernel_forward.h"
 
+// Internal linkage: a unit may hold a kernel that another object linked beside it holds too
+// (a sweep's unit next to the same kernel built alone); only the weak entry points are shared.
+namespace {
 namespace fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80 {
 
 using AK = AttentionKernel<cutlass::bfloat16_t, cutlass::arch::Sm80, /*isAligned=*/true, 64, 64, 64,
@@ -135,6 +138,7 @@ size_t accumulator_bytes(const FactOpArgs* a) {
 }
 
 }  // namespace fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80
+}  // namespace
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_can_implement(const FactOpArgs* a, const FactKnobs*) {
   fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::Call c;

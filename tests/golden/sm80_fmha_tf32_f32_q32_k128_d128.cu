@@ -34,6 +34,9 @@ struct gemm_kernel_utils::DefaultGemmType<cutlass::arch::Sm80, float, void> {
 #endif
 #include "kernel_forward.h"
 
+// Internal linkage: a unit may hold a kernel that another object linked beside it holds too
+// (a sweep's unit next to the same kernel built alone); only the weak entry points are shared.
+namespace {
 namespace fact_sm80_fmha_tf32_f32_q32_k128_d128 {
 
 using AK = AttentionKernel<float, cutlass::arch::Sm80, /*isAligned=*/true, 32, 128, 128,
@@ -151,6 +154,7 @@ size_t accumulator_bytes(const FactOpArgs* a) {
 }
 
 }  // namespace fact_sm80_fmha_tf32_f32_q32_k128_d128
+}  // namespace
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm80_fmha_tf32_f32_q32_k128_d128_can_implement(const FactOpArgs* a, const FactKnobs*) {
   fact_sm80_fmha_tf32_f32_q32_k128_d128::Call c;

@@ -23,6 +23,9 @@
 #include "collective/fmha_fusion.hpp"
 #include "kernel/fmha_kernel_builder.hpp"
 
+// Internal linkage: a unit may hold a kernel that another object linked beside it holds too
+// (a sweep's unit next to the same kernel built alone); only the weak entry points are shared.
+namespace {
 namespace fact_sm90_fmha_bf16_bf16_q128_k128_d64_pair_pq_causal {
 
 using namespace cute;
@@ -296,6 +299,7 @@ size_t lse_bytes(const FactOpArgs* a) {
 }
 
 }  // namespace fact_sm90_fmha_bf16_bf16_q128_k128_d64_pair_pq_causal
+}  // namespace
 
 extern "C" __attribute__((weak)) int32_t fact_k_sm90_fmha_bf16_bf16_q128_k128_d64_pair_pq_causal_can_implement(const FactOpArgs* a, const FactKnobs*) {
   typename fact_sm90_fmha_bf16_bf16_q128_k128_d64_pair_pq_causal::Kernel::Arguments args;
