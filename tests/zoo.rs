@@ -11,53 +11,64 @@ use std::path::Path;
 /// What discover must find in one zoo model. Rules are named by their id without an epilogue's
 /// digest (`gemm_rcr_ep_silu_mul`, not `gemm_rcr_ep_silu_mul_a73cef95`); the counts are exact, per
 /// layer (times the fixture's layers, from manifest.json) plus once per model, so a rule that stops
-/// matching, or starts matching elsewhere, changes them. `wanted` is what issue 31 asks discover
-/// to find there that no rule finds yet: printed with the count of that kind found today, not
-/// asserted. When a rule lands, its patterns move from `wanted` into the counts.
+/// matching, or starts matching elsewhere, changes them. `wanted` is what an open issue asks
+/// discover to find there that no rule finds yet: printed with the count of that kind found today,
+/// not asserted. When a rule lands, its patterns move from `wanted` into the counts. `kv_heads`:
+/// the grouped-query models' attention reads K/V with that many heads, in place.
 struct Expect {
     model: &'static str,
     per_layer: &'static [(&'static str, usize)],
     once: &'static [(&'static str, usize)],
-    /// (pattern kind, what issue 31 wants found).
+    /// (pattern kind, what an open issue wants found).
     wanted: &'static [(&'static str, &'static str)],
+    kv_heads: Option<i64>,
 }
 
-const DECODER_ATTENTION: (&str, &str) = (
-    "attention",
-    "one per layer: SDPA with the mask the graph computes",
+/// Issue 32's Llama-family kinds, which the Llama-style models' graphs hold unmatched.
+const LLAMA_KINDS: (&str, &str) = (
+    "rmsnorm, rotary, gated MLP (issue 32)",
+    "per layer: two RMSNorms (with the residual add), rotary on q and k, gate and up as one GEMM",
+);
+
+/// Issue 33's convolutions.
+const CONVOLUTIONS: (&str, &str) = (
+    "convolution (issue 33)",
+    "every conv with its folded BatchNorm and activation, channels-last chains",
 );
 
 const EXPECT: &[Expect] = &[
     Expect {
         model: "gpt2",
-        // Conv1D is addmm over a flattened input with W row-major; layernorms before attention
-        // and MLP.
-        per_layer: &[("gemm_rrr_bias", 4), ("layernorm_affine", 2)],
-        // ln_f; the lm_head against the tied 50257-row embedding.
-        once: &[("layernorm_affine", 1), ("gemm_rcr", 1)],
-        wanted: &[
-            DECODER_ATTENTION,
-            (
-                "epilogue",
-                "per layer: the MLP's written-out tanh GELU after c_fc, the residual adds after the projections",
-            ),
-            ("gemm", "the lm_head (N = 50257) padded to the kernel's alignment"),
+        // Conv1D is addmm over a flattened input with W row-major, read through its views: c_attn
+        // alone; c_fc with the written-out tanh GELU; both projections with the residual add
+        // (through view and eval dropout); the causal SDPA on the mask the graph computes;
+        // layernorms before attention and MLP.
+        per_layer: &[
+            ("gemm_rrr_bias", 1),
+            ("gemm_rrr_bias_ep_mul_pow_mul_add_mul_tanh_add_mul", 1),
+            ("gemm_rrr_bias_ep_add", 2),
+            ("sdpa_causal", 1),
+            ("layernorm_affine", 2),
         ],
+        // ln_f; the lm_head against the tied 50257-row embedding, padded to 50264.
+        once: &[("layernorm_affine", 1), ("gemm_rcr_padn", 1)],
+        wanted: &[],
+        kv_heads: None,
     },
     Expect {
         model: "llama",
-        // q, k, v and up; gate with silu times up; o and down with the residual.
+        // q, k, v and up; gate with silu times up; o and down with the residual; grouped-query
+        // SDPA (K/V heads repeated by repeat_kv, read in place) on the computed causal mask.
         per_layer: &[
             ("gemm_rcr", 4),
             ("gemm_rcr_ep_silu_mul", 1),
             ("gemm_rcr_ep_add", 2),
+            ("sdpa_causal", 1),
         ],
         // The lm_head; the rotary frequencies (inv_freq · positions).
         once: &[("gemm_rcr", 1), ("gemm_rrr", 1)],
-        wanted: &[(
-            "attention",
-            "one per layer: grouped-query SDPA (K/V heads repeated) with the computed causal mask",
-        )],
+        wanted: &[LLAMA_KINDS],
+        kv_heads: Some(4),
     },
     Expect {
         model: "qwen2",
@@ -67,12 +78,11 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr", 1),
             ("gemm_rcr_ep_silu_mul", 1),
             ("gemm_rcr_ep_add", 2),
+            ("sdpa_causal", 1),
         ],
         once: &[("gemm_rcr", 1), ("gemm_rrr", 1)],
-        wanted: &[(
-            "attention",
-            "one per layer: grouped-query SDPA with the computed causal mask",
-        )],
+        wanted: &[LLAMA_KINDS],
+        kv_heads: Some(2),
     },
     Expect {
         model: "pythia",
@@ -83,9 +93,14 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr_bias", 2),
             ("gemm_rcr_bias_ep_gelu", 1),
             ("gemm_rcr_bias_ep_add_add", 1),
+            ("sdpa_causal", 1),
         ],
         once: &[("layernorm_affine", 1), ("gemm_rcr", 1), ("gemm_rrr", 1)],
-        wanted: &[DECODER_ATTENTION],
+        wanted: &[(
+            "rotary (issue 32)",
+            "per layer: partial rotary on the first rotary_dim of each head of q and k",
+        )],
+        kv_heads: None,
     },
     Expect {
         model: "opt",
@@ -97,56 +112,58 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr_bias", 2),
             ("gemm_rcr_bias_ep_add", 2),
             ("gemm_rcr_bias_ep_relu", 1),
+            ("sdpa_causal", 1),
         ],
         once: &[("layernorm_affine", 1), ("gemm_rcr", 1)],
-        wanted: &[DECODER_ATTENTION],
+        wanted: &[],
+        kv_heads: None,
     },
     Expect {
         model: "bert",
-        // q, k, v; both output denses with their residual; the intermediate with GELU.
+        // q, k, v; both output denses with their residual; the intermediate with GELU; SDPA on
+        // the key-padding mask built from the attention_mask input (each sequence's key length).
         per_layer: &[
             ("gemm_rcr_bias", 3),
             ("gemm_rcr_bias_ep_add", 2),
             ("gemm_rcr_bias_ep_gelu", 1),
             ("layernorm_affine", 2),
+            ("sdpa_padded", 1),
         ],
         once: &[("layernorm_affine", 1)],
-        wanted: &[(
-            "attention",
-            "one per layer: SDPA with the key-padding mask built from the attention_mask input",
-        )],
+        wanted: &[],
+        kv_heads: None,
     },
     Expect {
         model: "vit_b_16",
-        // The MLP (GELU; the residual through eval dropout); the in- and out-projections are
-        // inside aten::_native_multi_head_attention.
+        // aten::_native_multi_head_attention read as what it computes: the [3E] in-projection,
+        // SDPA, the out-projection with the residual; the MLP (GELU; the residual through eval
+        // dropout).
         per_layer: &[
+            ("gemm_rcr_bias", 1),
+            ("sdpa", 1),
             ("gemm_rcr_bias_ep_gelu", 1),
-            ("gemm_rcr_bias_ep_add", 1),
+            ("gemm_rcr_bias_ep_add", 2),
             ("layernorm_affine", 2),
         ],
         once: &[("layernorm_affine", 1), ("gemm_rcr_bias", 1)],
-        wanted: &[
-            ("attention", "one per layer: the middle of _native_multi_head_attention"),
-            (
-                "gemm",
-                "two per layer: its in- and out-projections (the head's is found today)",
-            ),
-        ],
+        wanted: &[],
+        kv_heads: None,
     },
     Expect {
         model: "resnet50",
         // The classifier; the convolutions wait for a convolution kind.
         per_layer: &[],
         once: &[("gemm_rcr_bias", 1)],
-        wanted: &[],
+        wanted: &[CONVOLUTIONS],
+        kv_heads: None,
     },
     Expect {
         model: "mobilenet_v3_large",
         // The two classifier Linears (hardswish between them is no epilogue op).
         per_layer: &[],
         once: &[("gemm_rcr_bias", 2)],
-        wanted: &[],
+        wanted: &[CONVOLUTIONS],
+        kv_heads: None,
     },
     Expect {
         model: "convnext_tiny",
@@ -158,7 +175,8 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr_bias_ep_gelu", 4),
             ("gemm_rcr_bias", 5),
         ],
-        wanted: &[],
+        wanted: &[CONVOLUTIONS],
+        kv_heads: None,
     },
 ];
 
@@ -241,7 +259,7 @@ fn report(e: &Expect, layers: usize, plan: &Plan, found: &BTreeMap<String, usize
     }
     for (kind, what) in e.wanted {
         s += &format!(
-            "    wanted (issue 31), {kind}: {what}; {kind} patterns found: {}\n",
+            "    wanted, {kind}: {what}; {kind} patterns found: {}\n",
             kinds.get(*kind).unwrap_or(&0)
         );
     }
@@ -281,6 +299,17 @@ fn zoo_models_discover_the_expected_patterns() {
             *expected.entry(rule.to_string()).or_insert(0) += n;
         }
         print!("{}", report(e, layers, &plan, &found));
+        for p in plan.patterns.iter().filter(|p| p.rule.starts_with("sdpa")) {
+            let fact::rules::Problem::Attention(a) = &p.problem else {
+                panic!("{}: {} is no attention problem", e.model, p.rule);
+            };
+            if a.kv_heads != e.kv_heads {
+                failures.push(format!(
+                    "{}: {} reads k/v with {:?} heads, EXPECT says {:?}",
+                    e.model, p.id, a.kv_heads, e.kv_heads
+                ));
+            }
+        }
         if found != expected {
             failures.push(format!(
                 "{}: discover found {found:?}, EXPECT says {expected:?}",
