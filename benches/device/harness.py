@@ -108,11 +108,15 @@ def substituted(compose_json):
 
 
 def rel_err(out, ref):
-    """‖out − ref‖ / ‖ref‖ (Frobenius) in fp64; NaN when either holds a NaN."""
+    """‖out − ref‖ / ‖ref‖ (Frobenius) in fp64; NaN when either holds a NaN. A reference of zeros
+    verifies nothing (every output near zero would pass, 0/0 otherwise): that raises."""
     out = out.double()
     if torch.isnan(out).any() or torch.isnan(ref).any():
         return float("nan")
-    return ((out - ref).norm() / ref.norm()).item()
+    scale = ref.norm()
+    if scale == 0:
+        raise ValueError("the fp64 reference output is all zeros: nothing to verify (a zero-initialised layer?)")
+    return ((out - ref).norm() / scale).item()
 
 
 def flush_buffer():

@@ -235,7 +235,6 @@ fn options(
     precision: Precision,
     arch: Arch,
     agent: &AgentArgs,
-    json: bool,
 ) -> Result<compose::Options> {
     Ok(compose::Options {
         out_dir,
@@ -247,7 +246,8 @@ fn options(
         cache_dir: nvcc::default_cache_dir(),
         exe: std::env::current_exe().context("cannot find the fact executable")?,
         protocol: Protocol::default(),
-        progress: !json,
+        // Step lines go to stderr, so a harness logging a `--json` run still sees where time goes.
+        progress: true,
         max_candidates: None,
         space: crate::space::SpaceOptions::default(),
         refine: 4,
@@ -298,7 +298,7 @@ pub fn main() -> Result<()> {
                 max_candidates: candidates,
                 refine,
                 keep_slower,
-                ..options(out_dir.clone(), precision, arch, &agent, json)?
+                ..options(out_dir.clone(), precision, arch, &agent)?
             };
             let report = compose::compose(&model, &inputs, &opts)
                 .with_context(|| format!("composing {}", model.display()))?;
@@ -404,7 +404,6 @@ pub fn main() -> Result<()> {
                     precision,
                     arch,
                     &agent,
-                    json,
                 )?
             };
             let start = std::time::Instant::now();
@@ -493,7 +492,7 @@ pub fn main() -> Result<()> {
                 .with_context(|| format!("discovering {}", model.display()))?;
             let matches = crate::rules::match_patterns(&graph);
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
-            let mut steward = options(PathBuf::new(), precision, arch, &agent, json)?.steward();
+            let mut steward = options(PathBuf::new(), precision, arch, &agent)?.steward();
             let plan_opts = PlanOptions {
                 arch,
                 precision,
