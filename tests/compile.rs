@@ -479,7 +479,7 @@ import ctypes, json
 so = ctypes.CDLL({lib:?})
 so.fact_op_stats.restype = ctypes.c_char_p
 stats = json.loads(so.fact_op_stats())
-assert stats == {{{kernel:?}: {{"ran": 0, "copied": 0, "fell_back": 1}}}}, stats
+assert stats == {{{kernel:?}: {{"ran": 0, "copied": 0, "fell_back": 1, "why": "not CUDA tensors of one device"}}}}, stats
 so.fact_op_stats_reset()
 assert json.loads(so.fact_op_stats()) == {{}}
 # Pattern kinds turn off by name (fact bench's ablations); a name that is no kind changes nothing.
@@ -530,6 +530,7 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
         causal: true,
         kv_heads: None,
         padded: false,
+        masked: false,
     };
     let tf32 = candidates(&p(DType::F32), MathType::Tf32, Arch::Sm90).remove(0);
     let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90)
@@ -662,6 +663,7 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         causal,
         kv_heads,
         padded,
+        masked: false,
     };
     let named = |c: Vec<fact::space::attention::AttentionSpec>, name: &str| {
         c.into_iter()
@@ -838,6 +840,7 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
         causal: true,
         kv_heads: None,
         padded: false,
+        masked: false,
     };
     let attention = candidates(&p, MathType::Bf16, Arch::Sm80).remove(0);
     for name in [plain.name(), evt.name(), every.name(), attention.name()] {

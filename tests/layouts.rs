@@ -207,7 +207,7 @@ assert torch.equal(other, want), (other - want).abs().max()
 so = ctypes.CDLL({lib:?})
 so.fact_op_stats.restype = ctypes.c_char_p
 stats = json.loads(so.fact_op_stats())
-assert stats == {{{kernel:?}: {{"ran": 0, "copied": 0, "fell_back": 2}}}}, stats
+assert stats == {{{kernel:?}: {{"ran": 0, "copied": 0, "fell_back": 2, "why": "not CUDA tensors of one device"}}}}, stats
 print("ok", tuple(got.shape))
 "#,
         lib = out_dir.join("libfact_ops.so").display().to_string(),

@@ -517,6 +517,12 @@ struct Launch {
   std::vector<FactTensor> tensors;
   // Tensors `tensors` points into besides the operands (converted leaves), kept alive for the launch.
   std::vector<at::Tensor> keep;
+  // Why the call does not fit, once a check has said so (fact_op_stats reports it).
+  std::string why;
+  bool fail(const char* reason) {
+    why = reason;
+    return false;
+  }
 };
 
 // The checks fact::gemm and fact::gemm_ep share: false when the call does not fit kernel `kernel`
@@ -524,23 +530,23 @@ struct Launch {
 bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
              c10::string_view origin, c10::string_view kernel, c10::string_view epilogue) {
   const bool has_bias = bias.has_value() && bias->defined();
-  if (!a.is_cuda() || !b.is_cuda() || a.device() != b.device()) return false;
+  if (!a.is_cuda() || !b.is_cuda() || a.device() != b.device()) return l.fail("not CUDA tensors of one device");
   if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad() ||
                                      (has_bias && bias->requires_grad()))) {
-    return false;  // the kernels have no backward; autograd keeps the original op
+    return l.fail("autograd (the kernel has no backward)");
   }
   const int32_t index = fact_kernel_find(std::string(kernel).c_str());
-  if (index < 0) return false;
+  if (index < 0) return l.fail("no such kernel in this library");
   const FactKernelInfo* info = fact_kernel_info(index);
-  if (std::string(info->kind) != "gemm") return false;
+  if (std::string(info->kind) != "gemm") return l.fail("the kernel is no GEMM");
   // The layout's letters say how the kernel reads a and B ("crr": a column-major, B row-major).
   const std::string layout = info->layout;
-  if (layout.size() != 3 || std::string(dtype_name(a.scalar_type())) != info->dtype) return false;
+  if (layout.size() != 3 || std::string(dtype_name(a.scalar_type())) != info->dtype) return l.fail("a's dtype is not the kernel's");
   const Major want_a = layout[0] == 'c' ? Major::Col : Major::Row;
   const Major want_b = layout[1] == 'c' ? Major::Col : Major::Row;
-  if (b.scalar_type() != a.scalar_type() || b.dim() < 2 || a.dim() < 2) return false;
-  if (epilogue != c10::string_view(info->epilogue != nullptr ? info->epilogue : "")) return false;
-  if (origin == "linear" && b.dim() != 2) return false;
+  if (b.scalar_type() != a.scalar_type() || b.dim() < 2 || a.dim() < 2) return l.fail("mixed dtypes, or an operand of fewer than 2 dims");
+  if (epilogue != c10::string_view(info->epilogue != nullptr ? info->epilogue : "")) return l.fail("the kernel computes another epilogue");
+  if (origin == "linear" && b.dim() != 2) return l.fail("linear's weight is not 2-D");
   // torch's B[.., K, N]: linear's weight is w[N, K], B = wᵀ.
   const at::Tensor bt = origin == "linear" ? b.t() : b;
   // B's leading dims all 1 broadcast over a's: folded into M like a 2-D B.
@@ -550,25 +556,25 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
   int64_t batch = 1;
   if (!folds) {
     // Batched: equal leading dims on both sides, folded into the kernel's L.
-    if (has_bias || a.dim() != bt.dim()) return false;
+    if (has_bias || a.dim() != bt.dim()) return l.fail("a batched call with a bias or unequal ranks");
     for (int64_t d = 0; d < a.dim() - 2; ++d) {
-      if (a.size(d) != bt.size(d)) return false;
+      if (a.size(d) != bt.size(d)) return l.fail("batch dims differ");
       batch *= a.size(d);
     }
   } else if (origin == "bmm" && a.dim() != 2) {
-    return false;
+    return l.fail("bmm of a 2-D b");
   }
   const int64_t k = a.size(-1);
   const int64_t n = bt.size(-1);
-  if (bt.size(-2) != k || !fits_i32(k) || !fits_i32(n) || !fits_i32(batch)) return false;
+  if (bt.size(-2) != k || !fits_i32(k) || !fits_i32(n) || !fits_i32(batch)) return l.fail("K differs, or a dim past 32 bits");
   if (has_bias && (bias->dim() != 1 || bias->size(0) != n || bias->scalar_type() != a.scalar_type() ||
                    bias->device() != a.device())) {
-    return false;
+    return l.fail("the bias is not a vector of N of a's dtype and device");
   }
   const int64_t m = folds ? a.numel() / k : a.size(-2);
-  if (!fits_i32(m)) return false;
+  if (!fits_i32(m)) return l.fail("M past 32 bits");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
-  if (!runs_here(*props)) return false;
+  if (!runs_here(*props)) return l.fail("not a device of compute capability 9.0 (an sm90 library)");
 
   l.guard.set_device(a.device());
   l.index = index;
@@ -604,7 +610,8 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
 bool launch(Launch& l, c10::string_view kernel, const char* op) {
   l.tensors.push_back(fact_tensor(l.out.view({l.batch, l.m, l.n})));
   const FactOpArgs args{l.tensors.data(), static_cast<int32_t>(l.tensors.size()), nullptr, 0};
-  return launch_kernel(l.index, args, l.a, kernel, op);
+  return launch_kernel(l.index, args, l.a, kernel, op) ||
+         l.fail("the kernel cannot implement these shapes, strides or alignments");
 }
 
 // Adds `leaves`, laid as the program says over the output [.., M, N], to the kernel's tensors as
@@ -615,33 +622,36 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
   const at::Tensor& out = l.out;
   const int64_t m = l.m;
   const int64_t n = l.n;
-  if (leaves.size() != p.leaves.size() || leaves.size() > FACT_MAX_LEAVES) return false;
+  if (leaves.size() != p.leaves.size() || leaves.size() > FACT_MAX_LEAVES) return l.fail("leaves do not match the program");
   for (size_t i = 0; i < leaves.size(); ++i) {
     const at::Tensor& t = leaves[i];
-    if (!t.defined() || t.device() != out.device()) return false;
-    if (at::GradMode::is_enabled() && t.requires_grad()) return false;
-    if (p.leaves[i] != LeafKind::Scalar && t.scalar_type() != out.scalar_type()) return false;
-    if (t.dim() > out.dim()) return false;
+    if (!t.defined() || t.device() != out.device()) return l.fail("a leaf is undefined or on another device");
+    if (at::GradMode::is_enabled() && t.requires_grad()) return l.fail("autograd (the kernel has no backward)");
+    if (p.leaves[i] != LeafKind::Scalar && t.scalar_type() != out.scalar_type()) return l.fail("a leaf's dtype is not the output's");
+    // A vector or scalar with more dims than the output would broadcast the output to more dims; a
+    // full-size leaf is the output's shape in any spelling of its leading dims, more or fewer (a
+    // residual read through the reshape that flattened it, as OPT's fc2 adds [B,T,C] to [B*T,C]).
+    if (p.leaves[i] != LeafKind::Full && t.dim() > out.dim()) return l.fail("a vector leaf has more dims than the output");
     at::Tensor c;
     switch (p.leaves[i]) {
       case LeafKind::Full:
-        if (t.numel() != out.numel() || t.dim() < 1 || t.size(-1) != n) return false;
+        if (t.numel() != out.numel() || t.dim() < 1 || t.size(-1) != n) return l.fail("a full-size leaf is not the output's shape");
         c = packed(t).view({l.batch, m, n});
         break;
       case LeafKind::Row:
-        if (t.numel() != n || t.dim() < 1 || t.size(-1) != n) return false;
+        if (t.numel() != n || t.dim() < 1 || t.size(-1) != n) return l.fail("a row leaf is not a vector of N");
         c = packed(t).view({n});
         break;
       case LeafKind::Col:
-        if (l.batch != 1 || t.numel() != m || t.dim() < 1 || t.size(-1) != 1) return false;
+        if (l.batch != 1 || t.numel() != m || t.dim() < 1 || t.size(-1) != 1) return l.fail("a column leaf is not a vector of M");
         for (int64_t d = 2; d <= t.dim(); ++d) {
-          if (t.size(-d) != out.size(-d)) return false;
+          if (t.size(-d) != out.size(-d)) return l.fail("a column leaf's leading dims are not the output's");
         }
         c = packed(t).view({m});
         break;
       case LeafKind::Scalar:
-        if (t.numel() != 1 || !c10::isFloatingType(t.scalar_type())) return false;
-        if (at::result_type(out, t) != out.scalar_type()) return false;
+        if (t.numel() != 1 || !c10::isFloatingType(t.scalar_type())) return l.fail("a scalar leaf is not one floating value");
+        if (at::result_type(out, t) != out.scalar_type()) return l.fail("a scalar leaf would promote the output's dtype");
         c = t.to(at::kFloat).contiguous().view({1});
         break;
     }
@@ -744,11 +754,13 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
                 c10::string_view origin, c10::string_view kernel) {
   const Origin o = parse_origin(origin, b, bias);
   Launch l;
-  if (!disabled(kGemmKind) && prepare(l, a, b, bias, o.op, kernel, "") && launch(l, kernel, "gemm")) {
+  if (disabled(kGemmKind)) {
+    l.why = "gemm is turned off (FACT_DISABLE or fact_disable)";
+  } else if (prepare(l, a, b, bias, o.op, kernel, "") && launch(l, kernel, "gemm")) {
     count_ran(kernel, l.copied);
     return o.n < 0 ? l.out : l.out.narrow(-1, 0, o.n);
   }
-  count_fell_back(kernel);
+  count_fell_back(kernel, l.why);
   if (o.n < 0) return original(a, b, bias, o.op);
   const bool has_bias = bias.has_value() && bias->defined();
   return original(a, b.narrow(0, 0, o.n), has_bias ? std::optional<at::Tensor>(bias->narrow(0, 0, o.n)) : std::nullopt,
@@ -763,12 +775,14 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
   TORCH_CHECK(leaves.size() == program.leaves.size(), "fact::gemm_ep: epilogue '", std::string(epilogue), "' reads ",
               program.leaves.size(), " leaves, the call passes ", leaves.size());
   Launch l;
-  if (!disabled(kEpilogueKind) && prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
-      launch(l, kernel, "gemm_ep")) {
+  if (disabled(kEpilogueKind)) {
+    l.why = "epilogue is turned off (FACT_DISABLE or fact_disable)";
+  } else if (prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
+             launch(l, kernel, "gemm_ep")) {
     count_ran(kernel, l.copied);
     return l.out;
   }
-  count_fell_back(kernel);
+  count_fell_back(kernel, l.why);
   return interpret(program, original(a, b, bias, origin), leaves);
 }
 
