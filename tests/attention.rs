@@ -38,7 +38,7 @@ fn sdpa_masks_are_classified_at_load_and_matched_by_class() {
     assert_eq!(
         (a.problem.rule_id(), a.problem.kv_heads, a.repeat, a.form()),
         (
-            "sdpa_causal".to_string(),
+            "sdpa_causal_mask".to_string(),
             Some(2),
             Some(2),
             "sdpa;mask=bool;repeat=2;class=causal".to_string()

@@ -64,11 +64,18 @@ pub struct AttentionProblem {
     /// batch b's length are masked for every query of b); the kernel reads the lengths.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub padded: bool,
+    /// The graph hands SDPA a mask tensor (of a class the kernel computes: every key visible, or
+    /// the causal triangle) rather than is_causal: torch's time, against which a kernel is kept or
+    /// left, is that call's (a bool mask keeps torch off its flash and cuDNN paths). A padded
+    /// problem's mask is always a tensor, so this is set only where `padded` is not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub masked: bool,
 }
 
 impl AttentionProblem {
-    /// `attention`, `attention_causal` (the explicit form), `sdpa`, `sdpa_causal`, and for SDPA
-    /// with a key-padding mask `sdpa_padded`, `sdpa_causal_padded`.
+    /// `attention`, `attention_causal` (the explicit form), `sdpa`, `sdpa_causal`, for SDPA with a
+    /// key-padding mask `sdpa_padded`, `sdpa_causal_padded`, and with an all-visible or causal mask
+    /// tensor `sdpa_mask`, `sdpa_causal_mask`.
     pub fn rule_id(&self) -> String {
         let kind = match self.origin {
             AttentionOrigin::Explicit => "attention",
@@ -76,7 +83,8 @@ impl AttentionProblem {
         };
         let causal = if self.causal { "_causal" } else { "" };
         let padded = if self.padded { "_padded" } else { "" };
-        format!("{kind}{causal}{padded}")
+        let masked = if self.masked { "_mask" } else { "" };
+        format!("{kind}{causal}{padded}{masked}")
     }
     /// Heads of k and v (q's heads unless grouped).
     pub fn key_heads(&self) -> i64 {
@@ -139,16 +147,18 @@ impl AttentionProblem {
     }
     /// The problem a rule id names at a shape `BxHxTqxTkxD` (or `BxHxTqxTkxDxHkv`, grouped-query).
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<AttentionProblem, String> {
-        let (origin, causal, padded) = match rule {
-            "attention" => (AttentionOrigin::Explicit, false, false),
-            "attention_causal" => (AttentionOrigin::Explicit, true, false),
-            "sdpa" => (AttentionOrigin::Sdpa, false, false),
-            "sdpa_causal" => (AttentionOrigin::Sdpa, true, false),
-            "sdpa_padded" => (AttentionOrigin::Sdpa, false, true),
-            "sdpa_causal_padded" => (AttentionOrigin::Sdpa, true, true),
+        let (origin, causal, padded, masked) = match rule {
+            "attention" => (AttentionOrigin::Explicit, false, false, false),
+            "attention_causal" => (AttentionOrigin::Explicit, true, false, false),
+            "sdpa" => (AttentionOrigin::Sdpa, false, false, false),
+            "sdpa_causal" => (AttentionOrigin::Sdpa, true, false, false),
+            "sdpa_padded" => (AttentionOrigin::Sdpa, false, true, false),
+            "sdpa_causal_padded" => (AttentionOrigin::Sdpa, true, true, false),
+            "sdpa_mask" => (AttentionOrigin::Sdpa, false, false, true),
+            "sdpa_causal_mask" => (AttentionOrigin::Sdpa, true, false, true),
             _ => {
                 return Err(format!(
-                    "unknown rule '{rule}': use attention, attention_causal, sdpa, sdpa_causal, sdpa_padded or sdpa_causal_padded"
+                    "unknown rule '{rule}': use attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask"
                 ))
             }
         };
@@ -174,6 +184,7 @@ impl AttentionProblem {
             causal,
             kv_heads,
             padded,
+            masked,
         })
     }
 }
@@ -525,6 +536,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         origin: AttentionOrigin::Explicit,
         causal: mask.is_some(),
         padded: false,
+        masked: false,
         grouped: false,
     };
     let problem = problem(g, [q, k, v], form)?;
@@ -572,6 +584,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         origin: AttentionOrigin::Sdpa,
         causal: *is_causal,
         padded: false,
+        masked: false,
         grouped: gqa,
     };
     let mask = if cx.is_none(i[3]) {
@@ -616,6 +629,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         if fact.is_some_and(|f| !f.shape_only) {
             form.padded = true;
         }
+        form.masked = true;
         Some((m, mode))
     };
     let mut nodes = vec![n];
@@ -775,6 +789,8 @@ struct ProblemForm {
     /// or a causal attn_mask.
     causal: bool,
     padded: bool,
+    /// SDPA is given a mask tensor (AttentionProblem::masked).
+    masked: bool,
     /// k and v may have fewer heads than q (dividing them).
     grouped: bool,
 }
@@ -819,6 +835,7 @@ fn problem(g: &Graph, [q, k, v]: [ValueId; 3], form: ProblemForm) -> Option<Atte
         causal: form.causal,
         kv_heads: (kv != lead.1).then_some(kv),
         padded: form.padded,
+        masked: form.masked && !form.padded,
     };
     (p.batch > 0 && p.heads > 0 && p.seq_q > 0 && p.seq_k > 0 && p.head_dim > 0).then_some(p)
 }
@@ -876,6 +893,7 @@ mod tests {
                 causal: true,
                 kv_heads: None,
                 padded: false,
+                masked: false,
             }
         );
         assert_eq!(a.problem.rule_id(), "attention_causal");
@@ -1039,6 +1057,7 @@ mod tests {
                 causal: true,
                 kv_heads: None,
                 padded: false,
+                masked: false,
             }
         );
         assert_eq!(
@@ -1108,7 +1127,8 @@ mod tests {
         let a = &m[0];
         assert_eq!(
             (a.problem.rule_id(), a.problem.kv_heads, a.problem.padded),
-            ("sdpa_causal".to_string(), None, false)
+            // The graph passes the mask tensor: torch's time is that call's (`masked`).
+            ("sdpa_causal_mask".to_string(), None, false)
         );
         assert_eq!(
             a.form(),
@@ -1222,7 +1242,7 @@ mod tests {
                 a.problem.kv_heads,
                 a.repeat
             ),
-            ("sdpa_causal".to_string(), 8, Some(2), Some(4))
+            ("sdpa_causal_mask".to_string(), 8, Some(2), Some(4))
         );
         assert_eq!(
             (g.values[a.k].name.as_str(), g.values[a.v].name.as_str()),
@@ -1346,7 +1366,7 @@ mod tests {
         let form = |class: &str| format!("sdpa;mask=bool;class={class};scale=0.1767766952966369");
         assert_eq!(
             rule(" @none/shape"),
-            Some(("sdpa".to_string(), 1, form("none")))
+            Some(("sdpa_mask".to_string(), 1, form("none")))
         );
         // A user's attention_mask: the sample may show no padding, other inputs will.
         assert_eq!(
@@ -1374,6 +1394,7 @@ mod tests {
             causal: true,
             kv_heads: None,
             padded: false,
+            masked: false,
         };
         let dims: Vec<i64> = p
             .shape_key()
@@ -1395,6 +1416,7 @@ mod tests {
             origin: AttentionOrigin::Sdpa,
             kv_heads: Some(2),
             padded: true,
+            masked: false,
             dtype: DType::Bf16,
             ..p
         };
@@ -1422,6 +1444,21 @@ mod tests {
                 }
                 .bytes()
         );
+        // A computed mask tensor of a class the kernels take is its own key: torch's time is
+        // that call's.
+        for (causal, id) in [(false, "sdpa_mask"), (true, "sdpa_causal_mask")] {
+            let m = AttentionProblem {
+                origin: AttentionOrigin::Sdpa,
+                causal,
+                masked: true,
+                ..p.clone()
+            };
+            assert_eq!(m.rule_id(), id);
+            assert_eq!(
+                AttentionProblem::from_rule(id, &dims[..5], DType::F32).unwrap(),
+                m
+            );
+        }
         for bad in [[1, 8, 64, 64, 64, 3], [1, 8, 64, 64, 64, 8]] {
             assert!(
                 AttentionProblem::from_rule("sdpa", &bad, DType::Bf16).is_err(),

@@ -90,7 +90,7 @@ impl Problem {
         } else if rule.starts_with("gemm_") || rule.starts_with("bmm_") {
             GemmProblem::from_rule(rule, dims, dtype).map(Problem::Gemm)
         } else {
-            Err(format!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT (LAYOUT one of rrr, rcr, crr, ccr); attention, attention_causal, sdpa or sdpa_causal; layernorm, layernorm_affine, layernorm_weight or layernorm_bias"))
+            Err(format!("unknown rule '{rule}': use gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT (LAYOUT one of rrr, rcr, crr, ccr); attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask; layernorm, layernorm_affine, layernorm_weight or layernorm_bias"))
         }
     }
 

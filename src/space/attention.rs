@@ -453,6 +453,7 @@ mod tests {
             causal: true,
             kv_heads: None,
             padded: false,
+            masked: false,
         }
     }
 
@@ -508,6 +509,7 @@ mod tests {
                     causal,
                     kv_heads: None,
                     padded: false,
+                    masked: false,
                     ..problem(d, DType::Bf16)
                 };
                 let c = candidates(&p, MathType::Bf16, Arch::Sm90);
@@ -600,6 +602,7 @@ mod tests {
             causal: false,
             kv_heads: None,
             padded: false,
+            masked: false,
             ..problem(64, DType::Bf16)
         }));
     }
@@ -842,6 +845,7 @@ mod tests {
                 seq_k: 512,
                 causal,
                 padded: true,
+                masked: false,
                 ..problem(64, DType::Bf16)
             };
             let c = candidates(&p, MathType::Bf16, Arch::Sm90);
@@ -858,6 +862,7 @@ mod tests {
             let unpadded = candidates(
                 &AttentionProblem {
                     padded: false,
+                    masked: false,
                     ..p.clone()
                 },
                 MathType::Bf16,
@@ -869,6 +874,7 @@ mod tests {
             assert!(plain.name().starts_with("sm90_") && !plain.fits(&p));
             assert!(!c[0].fits(&AttentionProblem {
                 padded: false,
+                masked: false,
                 ..p.clone()
             }));
             // Grouped and padded at once: the persistent key-length kernels.
@@ -887,6 +893,7 @@ mod tests {
         let s = candidates(
             &AttentionProblem {
                 padded: true,
+                masked: false,
                 ..problem(64, DType::Bf16)
             },
             MathType::Bf16,
@@ -913,6 +920,7 @@ mod tests {
                 grouped(d, DType::Bf16, true),
                 AttentionProblem {
                     padded: true,
+                    masked: false,
                     causal: false,
                     ..problem(d, DType::Bf16)
                 },

@@ -97,8 +97,16 @@ impl Inputs {
     /// or with key lengths the boolean mask (with the causal triangle in it).
     pub fn sdpa(&self, p: &AttentionProblem, scale: f64) -> Tensor {
         let (k, v) = (repeat_kv(&self.k, p), repeat_kv(&self.v, p));
-        let mask = if p.padded {
-            self.keep.as_ref().map(Tensor::shallow_clone)
+        // The graph's call: a mask tensor where it passes one (padded, or a computed all-visible
+        // or causal mask), else the is_causal flag.
+        let mask = if p.padded || p.masked {
+            Some(self.keep.as_ref().map_or_else(
+                || {
+                    Tensor::ones([1, 1, 1, 1], (Kind::Bool, self.q.device()))
+                        .expand([p.batch, 1, p.seq_q, p.seq_k], false)
+                },
+                Tensor::shallow_clone,
+            ))
         } else {
             None
         };
@@ -108,7 +116,7 @@ impl Inputs {
             &v,
             mask,
             0.0,
-            p.causal && !p.padded,
+            p.causal && !p.padded && !p.masked,
             Some(scale),
             false,
         )
@@ -173,6 +181,12 @@ fn keep_mask(p: &AttentionProblem, lengths: Option<&Tensor>, device: Device) -> 
             .lt_tensor(&l.view([-1, 1, 1, 1]))
     });
     match (causal, padding) {
+        // A causal mask tensor as the graph passes it: [B,1,Tq,Tk] (a broadcast view).
+        (Some(causal), None) if p.masked => Some(
+            causal
+                .view([1, 1, p.seq_q, p.seq_k])
+                .expand([p.batch, 1, p.seq_q, p.seq_k], false),
+        ),
         (causal, None) => causal,
         (None, Some(keys)) => Some(keys.expand([p.batch, 1, p.seq_q, p.seq_k], false)),
         (Some(causal), Some(keys)) => Some(keys.logical_and(&causal)),
@@ -339,6 +353,7 @@ mod tests {
             causal,
             kv_heads,
             padded,
+            masked: false,
         }
     }
 
@@ -407,13 +422,19 @@ mod tests {
     #[test]
     fn baselines_compute_what_the_reference_does() {
         let _guard = tch::no_grad_guard();
-        for (causal, padded, kv) in [
-            (true, false, Some(2)),
-            (false, true, None),
-            (true, true, Some(1)),
-            (false, false, None),
+        for (causal, padded, kv, masked) in [
+            (true, false, Some(2), false),
+            (false, true, None, false),
+            (true, true, Some(1), false),
+            (false, false, None, false),
+            // The graph's own mask tensors: the causal triangle and an all-visible one.
+            (true, false, Some(2), true),
+            (false, false, None, true),
         ] {
-            let p = problem(causal, padded, kv);
+            let p = AttentionProblem {
+                masked,
+                ..problem(causal, padded, kv)
+            };
             let x = Inputs::random(&p, Device::Cpu, 2.0, 1);
             let r = x.reference(&p, 0.25);
             assert!(rel(&x.sdpa(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
