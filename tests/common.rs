@@ -53,6 +53,23 @@ pub fn zoo_fixtures() -> &'static Path {
     })
 }
 
+/// Runs `script` with the project venv's python; asserts it succeeded (showing both outputs
+/// otherwise) and returns what it printed, trimmed.
+pub fn run_python(script: &str) -> String {
+    let py = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&py.stdout);
+    assert!(
+        py.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    stdout.trim().to_string()
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     fixtures().join(name)
 }

@@ -2,7 +2,9 @@
 //! linked into a kernel library; the composed module rewritten to call fact::gemm and loaded from
 //! Python with the README's two lines.
 
-use crate::common::{build_all, build_options, compose_json, fact, fixture, python, sample_entry};
+use crate::common::{
+    build_all, build_options, compose_json, fact, fixture, run_python, sample_entry,
+};
 use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::rules::{GemmLayout, GemmProblem};
 use fact::space::{
@@ -10,7 +12,6 @@ use fact::space::{
 };
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
-use std::process::Command;
 
 /// The linear fixture's problem: out[32,128] = x[32,64] · w[128,64]ᵀ + b.
 fn linear_problem() -> GemmProblem {
@@ -495,18 +496,7 @@ print("ok", tuple(a.shape))
         orig = fixture("linear.pt").display().to_string(),
         kernel = good_spec().name(),
     );
-    let py = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .output()
-        .unwrap();
-    assert!(
-        py.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&py.stdout),
-        String::from_utf8_lossy(&py.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok (32, 128)");
+    assert_eq!(run_python(&script), "ok (32, 128)");
 }
 
 /// Attention kernels of both fp32 maths' policies and bf16, built by nvcc next to a GEMM: one

@@ -6,7 +6,8 @@
 //! the weight alone, and one over two dims).
 
 use crate::common::{
-    build_all, compose_json, fake_tensor, fixture, op_args, python, sample_entry, sample_op_entry,
+    build_all, compose_json, fake_tensor, fixture, op_args, run_python, sample_entry,
+    sample_op_entry,
 };
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::{KernelLibrary, Toolchain};
@@ -15,7 +16,6 @@ use fact::space::layernorm::candidates;
 use fact::space::{LayerNormSpec, Spec};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
-use std::process::Command;
 
 fn problem(rows: i64, cols: i64, dtype: DType) -> LayerNormProblem {
     LayerNormProblem {
@@ -297,16 +297,5 @@ print("ok")
         orig = fixture("layernorms.pt").display().to_string(),
         kernel = spec.name(),
     );
-    let py = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .output()
-        .unwrap();
-    assert!(
-        py.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&py.stdout),
-        String::from_utf8_lossy(&py.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok");
+    assert_eq!(run_python(&script), "ok");
 }

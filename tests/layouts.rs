@@ -3,14 +3,13 @@
 //! layouts compile with the pip nvcc, and a composed `a.t() @ b` (transposed.pt) keeps the view
 //! feeding fact::gemm and computes the original's numbers when the op falls back on the CPU.
 
-use crate::common::{build_all, compose_json, fact, fixture, python, sample_entry};
+use crate::common::{build_all, compose_json, fact, fixture, run_python, sample_entry};
 use fact::nvcc::{KernelLibrary, Toolchain};
 use fact::rules::{match_gemms, GemmLayout, GemmProblem};
 use fact::space::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knowledge, TileScheduler};
 use fact::table::Table;
 use fact::torch;
 use fact::types::{Arch, DType, MathType};
-use std::process::Command;
 
 #[test]
 fn traced_views_reach_the_rules_as_layouts() {
@@ -215,16 +214,5 @@ print("ok", tuple(got.shape))
         orig = fixture("transposed.pt").display().to_string(),
         kernel = crr_spec().name(),
     );
-    let py = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .output()
-        .unwrap();
-    assert!(
-        py.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&py.stdout),
-        String::from_utf8_lossy(&py.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok (32, 16)");
+    assert_eq!(run_python(&script), "ok (32, 16)");
 }

@@ -4,12 +4,11 @@
 //! the original did. Fixtures: attentions.pt (every form the op takes, see make_models.py) and
 //! vit.pt (torchvision's VisionTransformer, two layers).
 
-use crate::common::{build_all, fixture, python};
+use crate::common::{build_all, fixture, run_python};
 use fact::nvcc::Toolchain;
 use fact::rules::{match_patterns, Problem};
 use fact::torch::{self, Edit};
 use std::path::Path;
-use std::process::Command;
 
 /// The problems of a graph's patterns as `(rule, MxNxK or shape)`, the attention ones too.
 fn problems(model: &Path) -> Vec<Problem> {
@@ -157,16 +156,5 @@ print("ok")
         lib = s(&built.library),
         models = models,
     );
-    let py = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .output()
-        .unwrap();
-    assert!(
-        py.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&py.stdout),
-        String::from_utf8_lossy(&py.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok");
+    assert_eq!(run_python(&script), "ok");
 }

@@ -4,11 +4,10 @@
 //! nn.Linear with 37 outputs and a bias; `h @ proj.t()` and `h.flip(1) @ proj.T`, 21 rows; fp32,
 //! so 16 bytes are 4).
 
-use crate::common::{compose_json, fact, fixture, python, sample_entry};
+use crate::common::{compose_json, fact, fixture, run_python, sample_entry};
 use fact::rules::match_patterns;
 use fact::table::Table;
 use fact::torch::{self, Edit, Operand};
-use std::process::Command;
 
 #[test]
 fn the_plan_says_which_weights_are_padded() {
@@ -177,16 +176,5 @@ print("ok")
         composed = out_dir.join("composed.pt").display().to_string(),
         orig = model.display().to_string(),
     );
-    let py = Command::new(python())
-        .arg("-c")
-        .arg(script)
-        .output()
-        .unwrap();
-    assert!(
-        py.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&py.stdout),
-        String::from_utf8_lossy(&py.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok");
+    assert_eq!(run_python(&script), "ok");
 }
