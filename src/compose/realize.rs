@@ -393,12 +393,14 @@ fn op_sweep_candidates(
     })
 }
 
-/// Compiles the first candidates of every problem the tables cannot answer in one parallel build,
-/// into the object cache, before the sweeps run one by one: one nvcc unit takes the better part of
-/// a minute and a single sweep rarely fills every core, so pooling them shortens a cold compose
-/// by about the number of sweeps times a unit. Only the built-in agent's candidates are known in
-/// advance; an external agent's sweeps compile as they come. Failures are left to the sweeps to
-/// report.
+/// Compiles the first candidates of every problem the tables cannot answer, and the winners that
+/// `realize` will re-verify here (measured on another GPU or CUTLASS, or a bucket neighbour's), in
+/// one parallel build into the object cache, before the patterns run one by one: one nvcc unit
+/// takes the better part of a minute and a single sweep or re-verification rarely fills every
+/// core, so pooling them shortens a cold compose by about the number of patterns times a unit (a
+/// Llama-style model from a table measured on another GPU spent 50 s a pattern re-verifying one
+/// kernel at a time). Only the built-in agent's candidates are known in advance; an external
+/// agent's sweeps compile as they come. Failures are left to the sweeps to report.
 pub(super) fn prefetch(
     cx: RealizeCtx,
     tables: &Tables,
@@ -412,13 +414,32 @@ pub(super) fn prefetch(
     let mut specs: Vec<Spec> = Vec::new();
     let mut builtin = Steward::builtin();
     let mut missed = 0;
+    let mut again = 0;
+    let here = if cx.gpu { Some(provenance(cx.tc)) } else { None };
     for problem in problems {
         let Some(math) = problem.math(opts.precision) else {
             continue;
         };
         let key = TableKey::of(problem, math, opts.arch);
-        if !matches!(tables.lookup(&key, problem), Lookup::Miss) {
-            continue;
+        match tables.lookup(&key, problem) {
+            Lookup::Miss => {}
+            Lookup::Exact { entry, .. } => {
+                let prov = entry.winner_provenance();
+                if here.as_ref().is_some_and(|h| {
+                    h.device.name != prov.device.name || h.cutlass != prov.cutlass
+                }) {
+                    again += 1;
+                    specs.push(entry.winner_spec.clone());
+                }
+                continue;
+            }
+            Lookup::Bucket { entry, .. } => {
+                if cx.gpu {
+                    again += 1;
+                    specs.push(entry.winner_spec.clone());
+                }
+                continue;
+            }
         }
         let found = match problem {
             Problem::Gemm(p) => sweep_candidates(cx, tables, &mut builtin, p, math, &key)?
@@ -431,7 +452,7 @@ pub(super) fn prefetch(
         specs.extend(found.unwrap_or_default());
     }
     let line = format!(
-        "prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss"
+        "prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss and the winners of the {again} to re-verify here"
     );
     compile_ahead(cx, specs, "prefetch", 2, Some(&line))
 }
