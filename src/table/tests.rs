@@ -495,3 +495,26 @@ fn date_is_iso() {
     assert_eq!(d.len(), 10);
     assert!(d.starts_with("20"));
 }
+
+#[test]
+fn the_shipped_table_loads_and_serializes_to_the_same_json() {
+    // Every kind's problems and kernel specs as the shipped table holds them: what a build reads
+    // it writes back byte for byte, as `Table::save` writes it.
+    let path = shipped_table_path();
+    let text = std::fs::read_to_string(&path).expect("the shipped table");
+    let t = Table::parse(&text, &path.display().to_string()).expect("the shipped table parses");
+    assert!(t.entries.len() > 100, "{} entries", t.entries.len());
+    let rules: std::collections::BTreeSet<&str> =
+        t.entries.iter().map(|e| e.key.rule.as_str()).collect();
+    for kind in ["gemm_", "sdpa", "attention", "layernorm"] {
+        assert!(
+            rules.iter().any(|r| r.starts_with(kind)),
+            "{kind}: {rules:?}"
+        );
+    }
+    let back = serde_json::to_string_pretty(&t).expect("table serializes") + "\n";
+    assert!(
+        back == text,
+        "the shipped table changed on its way through this build"
+    );
+}
