@@ -126,7 +126,8 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         let text = torch::rewrite_and_save(
             &fixture(name),
             &out,
-            &[fact::compose::attention_edit(&g, a, "a")],
+            &[fact::kinds::attention::edit(&g, a, "a")],
+            &fact::kinds::registry::op_schemas(),
         )
         .unwrap();
         assert!(!text.contains("scaled_dot_product_attention"), "{text}");

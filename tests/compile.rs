@@ -504,10 +504,10 @@ print("ok", tuple(a.shape))
 /// fp32 maths is refused.
 #[test]
 fn attention_kernels_build_beside_gemms_in_one_library() {
+    use fact::kinds::Spec;
     use fact::rules::attention::AttentionOrigin;
     use fact::rules::AttentionProblem;
     use fact::space::attention::candidates;
-    use fact::space::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let p = |dtype: DType| AttentionProblem {
         origin: AttentionOrigin::Explicit,
@@ -636,11 +636,11 @@ fn ragged_kernels_compile_into_one_library() {
 #[test]
 fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_lengths() {
     use crate::common::{fake_tensor, op_args};
+    use fact::kinds::Spec;
     use fact::nvcc::library::FactTensor;
     use fact::rules::attention::AttentionOrigin;
     use fact::rules::AttentionProblem;
     use fact::space::attention::candidates;
-    use fact::space::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let p = |d: i64, causal: bool, padded: bool, kv_heads: Option<i64>| AttentionProblem {
         origin: AttentionOrigin::Sdpa,
@@ -794,9 +794,10 @@ fn linear_ep_problem() -> GemmProblem {
 /// compute_80 PTX (which newer GPUs compile when they load it) into one library.
 #[test]
 fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
+    use fact::kinds::Spec;
     use fact::rules::attention::AttentionOrigin;
     use fact::rules::AttentionProblem;
-    use fact::space::{attention::candidates, gemm_candidates, Spec};
+    use fact::space::{attention::candidates, gemm_candidates};
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let plain = GemmProblem {
         bias: false,

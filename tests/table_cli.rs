@@ -350,12 +350,13 @@ fn realize_compile_only_builds_a_grouped_padded_attention_sweep_without_a_gpu() 
 
 #[test]
 fn learned_rules_are_listed_with_scope_predicate_and_count() {
-    use fact::space::validity::{learn, FailureKind, Scope};
+    use fact::kinds::gemm::{learn, scope as gemm_scope};
+    use fact::space::validity::FailureKind;
     let dir = tempfile::tempdir().unwrap();
     let user = dir.path().join("table.json");
     let p = problem(512, DType::F32);
     let k = gemm_candidates(&p, MathType::Tf32, Arch::Sm90)[0].clone();
-    let scope = Scope::of(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
+    let scope = gemm_scope(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
     let mut t = Table::new();
     learn(
         &mut t.rules,

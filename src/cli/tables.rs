@@ -172,7 +172,7 @@ pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
                         .context("no math for this dtype and precision")?;
                     let tables =
                         Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
-                    let key = table::TableKey::gemm(&p, math, arch);
+                    let key = table::TableKey::of(&p.clone().into(), math, arch);
                     let scope = key.scope(&version);
                     Some(space::derive(
                         &kb,

@@ -4,7 +4,7 @@
 
 use crate::rules::epilogue::Transcendentals;
 use crate::space::attention::{AttentionFamily, Sm90Schedule};
-use crate::space::{AttentionSpec, KernelSpec, LayerNormSpec, Spec};
+use crate::space::{AttentionSpec, KernelSpec};
 use handlebars::Handlebars;
 use serde_json::json;
 use sha2::Digest;
@@ -19,39 +19,51 @@ const FUSED_EPILOGUE: &str = include_str!("../../templates/fused_epilogue.hbs");
 const GEMM_CALL: &str = include_str!("../../templates/gemm_call.hbs");
 const SM80_FMHA: &str = include_str!("../../templates/sm80_fmha.cu.hbs");
 const SM90_FMHA: &str = include_str!("../../templates/sm90_fmha.cu.hbs");
-const LAYERNORM: &str = include_str!("../../templates/layernorm.cu.hbs");
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
+
+/// A handlebars registry as every template here is rendered: strict (a missing variable is an
+/// error), no escaping (the output is C++), `partials` registered for `templates` to use. Each
+/// kind keeps one for its own templates.
+pub fn templates(partials: &[(&str, &str)], templates: &[(&str, &str)]) -> Handlebars<'static> {
+    let mut h = Handlebars::new();
+    h.set_strict_mode(true);
+    h.register_escape_fn(handlebars::no_escape);
+    for (name, text) in partials {
+        h.register_partial(name, *text)
+            .unwrap_or_else(|e| panic!("partial {name}: {e}"));
+    }
+    for (name, text) in templates {
+        h.register_template_string(name, *text)
+            .unwrap_or_else(|e| panic!("template {name}: {e}"));
+    }
+    h
+}
+
+/// The library-level templates: the dispatch table and the torch op library's frame.
+fn library_templates() -> &'static Handlebars<'static> {
+    static R: OnceLock<Handlebars<'static>> = OnceLock::new();
+    R.get_or_init(|| templates(&[], &[("dispatch", DISPATCH), ("torch_op", TORCH_OP)]))
+}
 
 fn registry() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
     R.get_or_init(|| {
-        let mut h = Handlebars::new();
-        h.set_strict_mode(true);
-        h.register_escape_fn(handlebars::no_escape);
-        for (name, text) in [
-            ("sm90_gemm_core", SM90_GEMM_CORE),
-            ("sm90_gemm_types", SM90_GEMM_TYPES),
-            ("fused_epilogue", FUSED_EPILOGUE),
-            ("gemm_call", GEMM_CALL),
-        ] {
-            h.register_partial(name, text)
-                .unwrap_or_else(|e| panic!("partial {name}: {e}"));
-        }
-        for (name, text) in [
-            ("sm90_gemm", SM90_GEMM),
-            ("sm80_gemm", SM80_GEMM),
-            ("sm90_gemm_x3", SM90_GEMM_X3),
-            ("sm80_fmha", SM80_FMHA),
-            ("sm90_fmha", SM90_FMHA),
-            ("layernorm", LAYERNORM),
-            ("dispatch", DISPATCH),
-            ("torch_op", TORCH_OP),
-        ] {
-            h.register_template_string(name, text)
-                .unwrap_or_else(|e| panic!("template {name}: {e}"));
-        }
-        h
+        templates(
+            &[
+                ("sm90_gemm_core", SM90_GEMM_CORE),
+                ("sm90_gemm_types", SM90_GEMM_TYPES),
+                ("fused_epilogue", FUSED_EPILOGUE),
+                ("gemm_call", GEMM_CALL),
+            ],
+            &[
+                ("sm90_gemm", SM90_GEMM),
+                ("sm80_gemm", SM80_GEMM),
+                ("sm90_gemm_x3", SM90_GEMM_X3),
+                ("sm80_fmha", SM80_FMHA),
+                ("sm90_fmha", SM90_FMHA),
+            ],
+        )
     })
 }
 
@@ -370,7 +382,7 @@ pub fn render_kernel(k: &KernelSpec) -> Source {
 }
 
 /// A dtype as FactTensor::dtype (FactDtype) says it.
-fn dtype_abi(d: crate::types::DType) -> u32 {
+pub fn dtype_abi(d: crate::types::DType) -> u32 {
     match d {
         crate::types::DType::F32 => 0,
         crate::types::DType::Bf16 => 1,
@@ -431,55 +443,6 @@ pub fn render_attention(a: &AttentionSpec) -> Source {
     }
 }
 
-/// The translation unit of one LayerNorm kernel (CUDA's own types: no CUTLASS).
-pub fn render_layernorm(l: &LayerNormSpec) -> Source {
-    use crate::types::DType;
-    let element = match l.dtype {
-        DType::F32 => "float",
-        DType::Bf16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-    };
-    let vec_type = match l.vector * l.dtype.bytes() as u32 {
-        16 => "uint4",
-        8 => "uint2",
-        4 => "unsigned int",
-        2 => "unsigned short",
-        other => panic!(
-            "{}: a {other}-byte vector (invalid_reason refuses it)",
-            l.name()
-        ),
-    };
-    let vars = json!({
-        "name": l.name(),
-        "spec_json": Spec::LayerNorm(l.clone()).to_json(),
-        "dtype": l.dtype.short_name(),
-        "dtype_abi": dtype_abi(l.dtype),
-        "element": element,
-        "vec_type": vec_type,
-        "cols": l.cols,
-        "threads": l.threads_per_row,
-        "vector": l.vector,
-        "rows": l.rows_per_cta,
-        "loads": l.loads(),
-    });
-    let text = registry()
-        .render("layernorm", &vars)
-        .unwrap_or_else(|e| panic!("rendering {}: {e}", l.name()));
-    Source {
-        file_name: format!("{}.cu", l.name()),
-        text,
-    }
-}
-
-/// The translation unit of one kernel of any kind.
-pub fn render_spec(s: &Spec) -> Source {
-    match s {
-        Spec::Gemm(k) => render_kernel(k),
-        Spec::Attention(a) => render_attention(a),
-        Spec::LayerNorm(l) => render_layernorm(l),
-    }
-}
-
 /// One translation unit holding several kernels (each in its own namespace), so a sweep builds
 /// as one unit per core rather than one per kernel. Named for its contents.
 pub fn render_unit(kernels: &[KernelSpec]) -> Source {
@@ -512,99 +475,99 @@ pub fn unit_of(sources: &[&Source]) -> Source {
     }
 }
 
-/// What a kernel's tensors and scalars are, by position (FactKernelInfo::signature).
-fn signature(s: &Spec) -> String {
-    use crate::rules::{LeafKind, Major};
-    match s {
-        Spec::Attention(a) => {
-            let out = match a.family {
-                AttentionFamily::Sm80 => "out[B,Hq,Tq,D] (stored [B,Tq,Hq,D])",
-                AttentionFamily::Sm90 { .. } => "out[B,Hq,Tq,D]",
-            };
-            let lengths = match a.family {
-                AttentionFamily::Sm90 {
-                    key_lengths: true, ..
-                } => "lengths i32[B]",
-                AttentionFamily::Sm90 { .. } => "lengths (NULL data)",
-                AttentionFamily::Sm80 => "lengths i32[B]?",
-            };
-            format!("q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] {out} factor f32[1]? {lengths} (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)")
-        }
-        Spec::LayerNorm(_) => {
-            "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps".into()
-        }
-        Spec::Gemm(k) => {
-            let a = match k.layout.a() {
-                Major::Row => "a[L,M,K]",
-                Major::Col => "a[L,M,K] (stored [L,K,M])",
-            };
-            let b = match k.layout.b() {
-                Major::Row => "b[L,K,N]",
-                Major::Col => "b[L,K,N] (stored [L,N,K])",
-            };
-            let bias = if k.bias {
-                "bias[N]"
-            } else {
-                "bias (NULL data)"
-            };
-            let leaves = k.fusion.iter().flat_map(|e| &e.leaves).map(|l| match l {
-                LeafKind::Full => "full[L,M,N]",
-                LeafKind::Row => "row[N]",
-                LeafKind::Col => "col[M]",
-                LeafKind::Scalar => "scalar f32[1]",
-            });
-            let tensors: Vec<&str> = [a, b, bias]
-                .into_iter()
-                .chain(leaves)
-                .chain(["out[L,M,N]"])
-                .collect();
-            format!("{}; no scalars", tensors.join(" "))
-        }
-    }
+/// What an attention kernel's tensors and scalars are, by position (FactKernelInfo::signature).
+pub fn attention_signature(a: &AttentionSpec) -> String {
+    let out = match a.family {
+        AttentionFamily::Sm80 => "out[B,Hq,Tq,D] (stored [B,Tq,Hq,D])",
+        AttentionFamily::Sm90 { .. } => "out[B,Hq,Tq,D]",
+    };
+    let lengths = match a.family {
+        AttentionFamily::Sm90 {
+            key_lengths: true, ..
+        } => "lengths i32[B]",
+        AttentionFamily::Sm90 { .. } => "lengths (NULL data)",
+        AttentionFamily::Sm80 => "lengths i32[B]?",
+    };
+    format!("q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] {out} factor f32[1]? {lengths} (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)")
 }
 
-/// The dispatch table over the kernels in `specs`, in the given order (index = position): a GEMM
-/// variant's entry holds its kernel and its launch knobs.
-pub fn render_dispatch(specs: &[Spec]) -> Source {
-    let entries: Vec<_> = specs
+/// What a GEMM kernel's tensors are, by position (FactKernelInfo::signature).
+pub fn gemm_signature(k: &KernelSpec) -> String {
+    use crate::rules::{LeafKind, Major};
+    let a = match k.layout.a() {
+        Major::Row => "a[L,M,K]",
+        Major::Col => "a[L,M,K] (stored [L,K,M])",
+    };
+    let b = match k.layout.b() {
+        Major::Row => "b[L,K,N]",
+        Major::Col => "b[L,K,N] (stored [L,N,K])",
+    };
+    let bias = if k.bias {
+        "bias[N]"
+    } else {
+        "bias (NULL data)"
+    };
+    let leaves = k.fusion.iter().flat_map(|e| &e.leaves).map(|l| match l {
+        LeafKind::Full => "full[L,M,N]",
+        LeafKind::Row => "row[N]",
+        LeafKind::Col => "col[M]",
+        LeafKind::Scalar => "scalar f32[1]",
+    });
+    let tensors: Vec<&str> = [a, b, bias]
+        .into_iter()
+        .chain(leaves)
+        .chain(["out[L,M,N]"])
+        .collect();
+    format!("{}; no scalars", tensors.join(" "))
+}
+
+/// One entry of a library's dispatch table: a kernel variant of any kind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DispatchEntry {
+    /// The variant's name (what the op and the tuner look the entry up by).
+    pub name: String,
+    /// The compiled kernel's symbol stem: `fact_k_<symbol>_run`.
+    pub symbol: String,
+    /// The kind the op checks: "gemm", "attention", "layernorm".
+    pub kind: &'static str,
+    /// What its tensors and scalars are, by position.
+    pub signature: String,
+    pub spec_json: String,
+    pub dtype: &'static str,
+    pub layout: String,
+    pub epilogue: String,
+    /// Launch knobs: splits, raster, swizzle.
+    pub knobs: [i64; 3],
+}
+
+/// The dispatch table over `entries`, in the given order (index = position): a GEMM variant's
+/// entry holds its kernel and its launch knobs.
+pub fn render_dispatch(entries: &[DispatchEntry]) -> Source {
+    let kernels: Vec<_> = entries
         .iter()
-        .map(|s| {
-            let (kind, layout, epilogue, knobs) = match s {
-                Spec::Gemm(v) => (
-                    "gemm",
-                    v.layout.short_name(),
-                    v.fusion.as_ref().map(|e| e.text()).unwrap_or_default(),
-                    [
-                        i64::from(v.knobs.splits),
-                        i64::from(v.knobs.raster.abi()),
-                        i64::from(v.knobs.swizzle),
-                    ],
-                ),
-                Spec::Attention(_) => ("attention", "", String::new(), [0; 3]),
-                Spec::LayerNorm(_) => ("layernorm", "", String::new(), [0; 3]),
-            };
+        .map(|e| {
             json!({
-                "name": s.name(),
-                "symbol": s.kernel_name(),
-                "kind": kind,
-                "signature": signature(s),
-                "spec_json": s.to_json(),
-                "dtype": s.dtype().short_name(),
-                "layout": layout,
-                "epilogue": epilogue,
-                "splits": knobs[0],
-                "raster": knobs[1],
-                "swizzle": knobs[2],
+                "name": e.name,
+                "symbol": e.symbol,
+                "kind": e.kind,
+                "signature": e.signature,
+                "spec_json": e.spec_json,
+                "dtype": e.dtype,
+                "layout": e.layout,
+                "epilogue": e.epilogue,
+                "splits": e.knobs[0],
+                "raster": e.knobs[1],
+                "swizzle": e.knobs[2],
             })
         })
         .collect();
-    let mut symbols: Vec<String> = specs.iter().map(Spec::kernel_name).collect();
+    let mut symbols: Vec<&str> = entries.iter().map(|e| e.symbol.as_str()).collect();
     symbols.sort();
     symbols.dedup();
-    let text = registry()
+    let text = library_templates()
         .render(
             "dispatch",
-            &json!({ "kernels": entries, "symbols": symbols, "count": specs.len() }),
+            &json!({ "kernels": kernels, "symbols": symbols, "count": entries.len() }),
         )
         .expect("dispatch renders");
     Source {
@@ -613,35 +576,75 @@ pub fn render_dispatch(specs: &[Spec]) -> Source {
     }
 }
 
-/// The attention mask classifier, shared with the bridge (which includes the header): the op
-/// library classifies the masks calls pass with the same code that classified the graph's.
-const MASK_CLASS: &str = include_str!("../torch/mask_class.h");
+/// One op of the torch op library: its name (`fact::<name>`), its schema, and the C++ function
+/// of its section that implements it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpDef {
+    pub name: &'static str,
+    pub schema: &'static str,
+    pub function: &'static str,
+}
 
-/// The torch op wrapper; it is the same for every library of one arch.
-pub fn render_torch_op(arch: crate::types::Arch) -> Source {
-    let devices = arch.devices();
-    let check: Vec<String> = devices
-        .iter()
-        .map(|(major, minor)| format!("(props.major == {major} && props.minor == {minor})"))
-        .collect();
-    let names: Vec<String> = devices
+/// A kind's section of the torch op library: `prelude` before the library's anonymous namespace
+/// (headers of its own), `body` inside it (the ops and their fallbacks).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpCode {
+    pub prelude: String,
+    pub body: String,
+}
+
+/// The variables every op section renders with: the library's arch and the devices that run it.
+pub fn op_vars(arch: crate::types::Arch) -> serde_json::Value {
+    let names: Vec<String> = arch
+        .devices()
         .iter()
         .map(|(major, minor)| format!("{major}.{minor}"))
         .collect();
-    let text = registry()
-        .render(
-            "torch_op",
-            &json!({
-                "arch": arch.short_name(),
-                "device_check": check.join(" || "),
-                "devices": names.join(" or "),
-                "gemm_schema": crate::torch::GEMM_OP_SCHEMA,
-                "gemm_ep_schema": crate::torch::GEMM_EP_OP_SCHEMA,
-                "attention_schema": crate::torch::ATTENTION_OP_SCHEMA,
-                "layernorm_schema": crate::torch::LAYERNORM_OP_SCHEMA,
-                "mask_class": MASK_CLASS.replace("#pragma once\n", ""),
-            }),
-        )
+    json!({ "arch": arch.short_name(), "devices": names.join(" or ") })
+}
+
+/// The torch op library for `arch`: the shared frame (helpers, the kinds a user turns off by
+/// name, call counts, schemas and registrations) around each kind's section (`sections`: its
+/// ops and its code, in the registry's order); `switches` are the pattern kinds' names, in the
+/// order of their bits. It is the same for every library of one arch.
+pub fn render_torch_op(
+    arch: crate::types::Arch,
+    sections: &[(&[OpDef], OpCode)],
+    switches: &[&str],
+) -> Source {
+    let check: Vec<String> = arch
+        .devices()
+        .iter()
+        .map(|(major, minor)| format!("(props.major == {major} && props.minor == {minor})"))
+        .collect();
+    let kinds: Vec<_> = switches
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut ident: Vec<char> = name.chars().collect();
+            ident[0] = ident[0].to_ascii_uppercase();
+            json!({
+                "name": name,
+                "ident": format!("k{}Kind", ident.into_iter().collect::<String>()),
+                "bit": 1u32 << i,
+            })
+        })
+        .collect();
+    let ops: Vec<&OpDef> = sections.iter().flat_map(|(ops, _)| ops.iter()).collect();
+    let mut vars = op_vars(arch);
+    vars["device_check"] = json!(check.join(" || "));
+    vars["kinds"] = json!(kinds);
+    vars["all"] = json!((1u32 << switches.len()) - 1);
+    vars["ops"] = json!(ops
+        .iter()
+        .map(|o| json!({ "name": o.name, "schema": o.schema, "function": o.function }))
+        .collect::<Vec<_>>());
+    vars["sections"] = json!(sections
+        .iter()
+        .map(|(_, code)| json!({ "prelude": code.prelude, "body": code.body }))
+        .collect::<Vec<_>>());
+    let text = library_templates()
+        .render("torch_op", &vars)
         .expect("torch op renders");
     Source {
         file_name: "fact_torch_op.cpp".into(),
@@ -982,7 +985,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(render_kernel(&k), render_kernel(&v));
-        let d = render_dispatch(&[k.clone().into(), v.clone().into()]).text;
+        let d = crate::kinds::render_dispatch(&[k.clone().into(), v.clone().into()]).text;
         assert_eq!(
             d.matches(&format!(
                 "extern \"C\" int32_t fact_k_{}_run",
@@ -1086,7 +1089,7 @@ mod tests {
         );
         // The dispatch entry carries the program for the op to check against its call, and the
         // signature the tensors in the order the kernel reads them.
-        let d = render_dispatch(&[k.clone().into()]).text;
+        let d = crate::kinds::render_dispatch(&[k.clone().into()]).text;
         assert!(d.contains(&format!(
             "R\"fact_ep({})fact_ep\"",
             k.fusion.as_ref().unwrap().text()
@@ -1276,7 +1279,7 @@ mod tests {
                 && text.contains("const int64_t ldb = N, ldd = M;")
         );
         // The dispatch entry carries the layout the op checks the call against.
-        assert!(render_dispatch(&[ccr.clone().into()])
+        assert!(crate::kinds::render_dispatch(&[ccr.clone().into()])
             .text
             .contains(&format!("{})fact_spec\", \"f32\", \"ccr\",", ccr.to_json())));
     }
@@ -1318,7 +1321,7 @@ mod tests {
             bf16.contains("AttentionKernel<cutlass::bfloat16_t,") && bf16.contains("t->dtype != 1")
         );
         // One dispatch table lists every kind in the order given; a kernel without knobs gets zeros.
-        let d = render_dispatch(&[a.clone().into(), spec(true).into()]).text;
+        let d = crate::kinds::render_dispatch(&[a.clone().into(), spec(true).into()]).text;
         let (attention_at, gemm_at) = (
             d.find(&format!("{{\"{}\", \"attention\"", a.name())),
             d.find(&format!("{{\"{}\", \"gemm\"", spec(true).name())),
@@ -1576,7 +1579,7 @@ mod tests {
         })
         .text;
         assert!(f16.contains("using Element = cutlass::half_t;") && f16.contains("t->dtype != 2"));
-        let d = render_dispatch(&[a.clone().into()]).text;
+        let d = crate::kinds::render_dispatch(&[a.clone().into()]).text;
         assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())));
     }
 
@@ -1667,99 +1670,24 @@ mod tests {
             ..sm80.clone()
         };
         assert_eq!(
-            signature(&sm80.clone().into()),
+            attention_signature(&sm80),
             "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] (stored [B,Tq,Hq,D]) factor f32[1]? lengths i32[B]? (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
         );
         assert_eq!(
-            signature(&sm90(true).into()),
+            attention_signature(&sm90(true)),
             "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] factor f32[1]? lengths i32[B] (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
         );
-        assert!(signature(&sm90(false).into()).contains(" lengths (NULL data) "));
+        assert!(attention_signature(&sm90(false)).contains(" lengths (NULL data) "));
         // The dispatch table carries the signature the op reads.
-        assert!(render_dispatch(&[sm90(true).into()])
+        assert!(crate::kinds::render_dispatch(&[sm90(true).into()])
             .text
             .contains("lengths i32[B] (NULL data when absent"));
     }
 
     #[test]
-    fn layernorm_render_is_golden_and_compiles_c_and_the_knobs_in() {
-        use crate::space::LayerNormSpec;
-        let l = LayerNormSpec {
-            arch: Arch::Sm90,
-            dtype: DType::F32,
-            cols: 768,
-            threads_per_row: 32,
-            vector: 4,
-            rows_per_cta: 4,
-        };
-        let text = render_layernorm(&l).text;
-        expect_test::expect_file!["../../tests/golden/ln_f32_c768_t32_v4_r4.cu"].assert_eq(&text);
-        for line in [
-            "using Element = float;",
-            "using Vec = uint4;",
-            "constexpr int kCols = 768;",
-            "constexpr int kThreads = 32;",
-            "constexpr int kRows = 4;",
-        ] {
-            assert!(text.contains(line), "{line}");
-        }
-        assert!(
-            text.contains("fact_k_ln_f32_c768_t32_v4_r4_run") && !text.contains("cutlass"),
-            "CUDA's own types"
-        );
-        let bf16 = render_layernorm(&LayerNormSpec {
-            dtype: DType::Bf16,
-            vector: 8,
-            ..l.clone()
-        })
-        .text;
-        assert!(
-            bf16.contains("using Element = __nv_bfloat16;")
-                && bf16.contains("constexpr int kDtype = 1;")
-        );
-        let narrow = render_layernorm(&LayerNormSpec {
-            dtype: DType::F16,
-            vector: 1,
-            ..l.clone()
-        })
-        .text;
-        assert!(
-            narrow.contains("using Vec = unsigned short;")
-                && narrow.contains("using Element = __half;")
-        );
-        // The dispatch table lists it as a layernorm kernel.
-        let d = render_dispatch(&[l.clone().into(), spec(true).into()]).text;
-        assert!(
-            d.contains(&format!(
-                "{{\"{}\", \"layernorm\", \"x[R,C] out[R,C]",
-                l.name()
-            )) && d.contains(&format!("fact_k_{}_run", l.name()))
-        );
-        assert_eq!(render_spec(&l.clone().into()), render_layernorm(&l));
-    }
-
-    #[test]
     fn dispatch_render_is_golden() {
-        let d = render_dispatch(&[spec(true).into(), spec(false).into()]);
+        let d = crate::kinds::render_dispatch(&[spec(true).into(), spec(false).into()]);
         expect_test::expect_file!["../../tests/golden/fact_dispatch.cu"].assert_eq(&d.text);
-    }
-
-    #[test]
-    fn torch_op_render_is_golden() {
-        expect_test::expect_file!["../../tests/golden/fact_torch_op.cpp"]
-            .assert_eq(&render_torch_op(Arch::Sm90).text);
-    }
-
-    #[test]
-    fn the_op_library_runs_its_kernels_where_its_arch_runs() {
-        let sm80 = render_torch_op(Arch::Sm80).text;
-        assert!(sm80.contains("return (props.major == 8 && props.minor == 0) || (props.major == 9 && props.minor == 0);"));
-        assert!(
-            sm80.contains("\"not a device of compute capability 8.0 or 9.0 (an sm80 library)\"")
-        );
-        assert!(render_torch_op(Arch::Sm90)
-            .text
-            .contains("return (props.major == 9 && props.minor == 0);"));
     }
 
     #[test]

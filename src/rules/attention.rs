@@ -346,7 +346,7 @@ impl Rule for AttentionRule {
         "attention"
     }
     fn kind(&self) -> PatternKind {
-        PatternKind::Attention
+        crate::kinds::attention::ATTENTION
     }
     fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
         boxed(match_attention(g))

@@ -452,7 +452,7 @@ impl Rule for GemmRule {
         "gemm"
     }
     fn kind(&self) -> PatternKind {
-        PatternKind::Gemm
+        crate::kinds::gemm::GEMM
     }
     fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
         boxed(match_gemms(g))
@@ -1214,9 +1214,9 @@ mod tests {
         )
         .replace("return (%logits)", "return (%y)");
         let g = Graph::parse(&text).unwrap();
-        let found = crate::rules::match_patterns(&g);
-        assert_eq!(found.gemm.len(), 1);
-        let fused = &found.gemm[0];
+        let found = crate::kinds::registry::match_patterns(&g);
+        assert_eq!(found.of::<GemmMatch>().len(), 1);
+        let fused = found.of::<GemmMatch>()[0];
         assert!(fused.epilogue.is_some() && fused.applied_pad().is_none());
         assert_eq!((fused.problem.n, fused.problem.padded_from), (50257, None));
         let alone = fused.plain();

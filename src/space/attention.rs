@@ -622,7 +622,7 @@ mod tests {
         let back: AttentionSpec =
             serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
-        let spec: crate::space::Spec =
+        let spec: crate::kinds::Spec =
             serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(
             spec.name(),

@@ -11,14 +11,12 @@ mod checks;
 pub mod estimate;
 pub mod examples;
 pub mod knowledge;
-pub mod layernorm;
 mod spec;
 pub mod validity;
 
 pub use attention::AttentionSpec;
 pub use checks::{alignment_note, epilogue_note, fusion_refusal};
 pub use knowledge::Knowledge;
-pub use layernorm::LayerNormSpec;
 pub use spec::*;
 
 use crate::rules::GemmProblem;
@@ -104,7 +102,7 @@ pub fn derive(
             continue;
         }
         let k = estimate::with_best_splits(&k, p);
-        if let Some(rule) = validity::rejecting(rules, scope, &k) {
+        if let Some(rule) = crate::kinds::gemm::rejecting(rules, scope, &k) {
             space.pruned.push(Pruned {
                 kernel: k.name(),
                 reason: rule.describe(),
@@ -169,7 +167,7 @@ pub fn derive(
 
 /// The default sweep for a GEMM problem from the shipped knowledge base with no learned rules.
 pub fn gemm_candidates(p: &GemmProblem, math: MathType, arch: Arch) -> Vec<KernelSpec> {
-    let scope = validity::Scope::of(p, math, arch, "");
+    let scope = validity::Scope::of(&p.rule_id(), p.dtype, &p.shape_key(), math, arch, "");
     derive(
         Knowledge::shipped(),
         p,
@@ -551,7 +549,7 @@ mod tests {
     #[test]
     fn derivation_keeps_both_families_and_explains_every_prune() {
         let p = problem(4096, 4096, 4096, DType::F32);
-        let scope = validity::Scope::of(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
+        let scope = crate::kinds::gemm::scope(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
         let opts = SpaceOptions {
             budget: 10,
             ..SpaceOptions::default()
@@ -579,7 +577,7 @@ mod tests {
         assert!(sp.pruned.iter().all(|x| !x.reason.is_empty()));
         // A learned rule prunes what it matches, and says so.
         let mut rules = vec![];
-        validity::learn(
+        crate::kinds::gemm::learn(
             &mut rules,
             &scope,
             validity::FailureKind::Compile,

@@ -1,8 +1,7 @@
 //! What a GEMM kernel is: the schedule, scheduler, family, epilogue and launch-knob choices, the
-//! `KernelSpec` they make up (with the `Spec` of every pattern kind), its name (the symbol, the
-//! pattern-table value and the build-cache key) and the sizes derived from it.
+//! `KernelSpec` they make up, its name (the symbol, the pattern-table value and the build-cache
+//! key) and the sizes derived from it.
 
-use super::{AttentionSpec, LayerNormSpec};
 use crate::rules::{Epilogue, GemmLayout};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
@@ -305,91 +304,6 @@ pub struct KernelSpec {
     /// The fused elementwise epilogue (after the bias), rendered as a visitor tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fusion: Option<Epilogue>,
-}
-
-/// The kernel spec of any pattern kind: what a table entry's winner and a tuning candidate are.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum Spec {
-    Attention(AttentionSpec),
-    Gemm(KernelSpec),
-    /// Last: untagged, a LayerNorm spec's fields (cols, threads_per_row, ...) are none of the others'.
-    LayerNorm(LayerNormSpec),
-}
-
-impl Spec {
-    /// The variant's identity (dispatch-index name, table value).
-    pub fn name(&self) -> String {
-        match self {
-            Spec::Gemm(k) => k.name(),
-            Spec::Attention(a) => a.name(),
-            Spec::LayerNorm(l) => l.name(),
-        }
-    }
-    /// The compiled kernel's identity (symbol, build-cache key).
-    pub fn kernel_name(&self) -> String {
-        match self {
-            Spec::Gemm(k) => k.kernel_name(),
-            Spec::Attention(a) => a.name(),
-            Spec::LayerNorm(l) => l.name(),
-        }
-    }
-    /// The compiled kernel's spec: this one without launch knobs.
-    pub fn kernel(&self) -> Spec {
-        match self {
-            Spec::Gemm(k) => Spec::Gemm(k.kernel()),
-            Spec::Attention(a) => Spec::Attention(a.clone()),
-            Spec::LayerNorm(l) => Spec::LayerNorm(l.clone()),
-        }
-    }
-    pub fn arch(&self) -> Arch {
-        match self {
-            Spec::Gemm(k) => k.arch,
-            Spec::Attention(a) => a.arch,
-            Spec::LayerNorm(l) => l.arch,
-        }
-    }
-    /// The element type of the kernel's tensors.
-    pub fn dtype(&self) -> DType {
-        match self {
-            Spec::Gemm(k) => k.dtype,
-            Spec::Attention(a) => a.dtype,
-            Spec::LayerNorm(l) => l.dtype,
-        }
-    }
-    pub fn as_gemm(&self) -> Option<&KernelSpec> {
-        match self {
-            Spec::Gemm(k) => Some(k),
-            Spec::Attention(_) | Spec::LayerNorm(_) => None,
-        }
-    }
-    pub fn as_attention(&self) -> Option<&AttentionSpec> {
-        match self {
-            Spec::Attention(a) => Some(a),
-            Spec::Gemm(_) | Spec::LayerNorm(_) => None,
-        }
-    }
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("spec serializes")
-    }
-}
-
-impl From<KernelSpec> for Spec {
-    fn from(k: KernelSpec) -> Spec {
-        Spec::Gemm(k)
-    }
-}
-
-impl From<AttentionSpec> for Spec {
-    fn from(a: AttentionSpec) -> Spec {
-        Spec::Attention(a)
-    }
-}
-
-impl From<LayerNormSpec> for Spec {
-    fn from(l: LayerNormSpec) -> Spec {
-        Spec::LayerNorm(l)
-    }
 }
 
 fn is_zero3(v: &[u32; 3]) -> bool {

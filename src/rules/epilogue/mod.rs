@@ -406,7 +406,7 @@ impl Rule for EpilogueRule {
         "epilogue"
     }
     fn kind(&self) -> PatternKind {
-        PatternKind::Epilogue
+        crate::kinds::gemm::EPILOGUE
     }
     fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
         // A GEMM whose weight compose would pad fuses at the graph's N: its leaves are the
@@ -1013,9 +1013,9 @@ mod tests {
                return (%y)",
         )
         .unwrap();
-        let found = crate::rules::match_patterns(&g);
+        let found = crate::kinds::registry::match_patterns(&g);
         let got: Vec<(Option<&str>, Vec<String>)> = found
-            .gemm
+            .of::<GemmMatch>()
             .iter()
             .map(|m| {
                 let e = m.epilogue.as_ref().expect("both fused");

@@ -5,12 +5,12 @@
 //! and bias are random, so swapping them shows. The reference is torch's layer_norm in fp64, the
 //! baseline torch's layer_norm on the same input.
 
-use super::cuda::Cuda;
-use super::gpu::{relative_error, sample};
-use super::op::{absent, fact_tensor, run_op};
-use super::{Bench, BenchError, Protocol};
+use super::LayerNormProblem;
 use crate::nvcc::library::KernelLibrary;
-use crate::rules::LayerNormProblem;
+use crate::tune::cuda::Cuda;
+use crate::tune::gpu::{relative_error, sample};
+use crate::tune::op::{absent, fact_tensor, run_op};
+use crate::tune::{Bench, BenchError, Protocol};
 use tch::{Device, Kind, Tensor};
 
 /// torch's default, and nn.LayerNorm's.

@@ -8,7 +8,7 @@
 //! the grid gets to it (loads in flight per thread, CTAs per SM, the tail of a row that does not
 //! fill the group), which measurement settles.
 
-use crate::rules::LayerNormProblem;
+use super::LayerNormProblem;
 use crate::types::{Arch, DType};
 use serde::{Deserialize, Serialize};
 
@@ -324,9 +324,9 @@ mod tests {
     #[test]
     fn specs_round_trip_through_the_untagged_spec() {
         let s = candidates(&problem(768, DType::Bf16), Arch::Sm90).remove(0);
-        let spec: crate::space::Spec =
+        let spec: crate::kinds::Spec =
             serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
-        assert_eq!(spec, crate::space::Spec::LayerNorm(s.clone()));
+        assert_eq!(spec, crate::kinds::Spec::from(s.clone()));
         assert_eq!(spec.name(), s.name());
     }
 }
