@@ -5,7 +5,7 @@
 
 use crate::common::fixture;
 use fact::graph::{Graph, MaskClass, MaskFact};
-use fact::rules::attention::{match_attention, sdpa_refusals};
+use fact::kinds::attention::{match_attention, sdpa_refusals};
 use fact::torch::{self, InputShape};
 use std::path::Path;
 use tch::{CModule, Kind, Tensor};

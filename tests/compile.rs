@@ -504,10 +504,10 @@ print("ok", tuple(a.shape))
 /// fp32 maths is refused.
 #[test]
 fn attention_kernels_build_beside_gemms_in_one_library() {
+    use fact::kinds::attention::candidates;
+    use fact::kinds::attention::AttentionOrigin;
+    use fact::kinds::attention::AttentionProblem;
     use fact::kinds::Spec;
-    use fact::rules::attention::AttentionOrigin;
-    use fact::rules::AttentionProblem;
-    use fact::space::attention::candidates;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let p = |dtype: DType| AttentionProblem {
         origin: AttentionOrigin::Explicit,
@@ -636,11 +636,11 @@ fn ragged_kernels_compile_into_one_library() {
 #[test]
 fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_lengths() {
     use crate::common::{fake_tensor, op_args};
+    use fact::kinds::attention::candidates;
+    use fact::kinds::attention::AttentionOrigin;
+    use fact::kinds::attention::AttentionProblem;
     use fact::kinds::Spec;
     use fact::nvcc::library::FactTensor;
-    use fact::rules::attention::AttentionOrigin;
-    use fact::rules::AttentionProblem;
-    use fact::space::attention::candidates;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let p = |d: i64, causal: bool, padded: bool, kv_heads: Option<i64>| AttentionProblem {
         origin: AttentionOrigin::Sdpa,
@@ -655,7 +655,7 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         padded,
         masked: false,
     };
-    let named = |c: Vec<fact::space::attention::AttentionSpec>, name: &str| {
+    let named = |c: Vec<fact::kinds::attention::AttentionSpec>, name: &str| {
         c.into_iter()
             .find(|a| a.name() == name)
             .unwrap_or_else(|| panic!("{name} is a candidate"))
@@ -794,10 +794,11 @@ fn linear_ep_problem() -> GemmProblem {
 /// compute_80 PTX (which newer GPUs compile when they load it) into one library.
 #[test]
 fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
+    use fact::kinds::attention::candidates;
+    use fact::kinds::attention::AttentionOrigin;
+    use fact::kinds::attention::AttentionProblem;
     use fact::kinds::Spec;
-    use fact::rules::attention::AttentionOrigin;
-    use fact::rules::AttentionProblem;
-    use fact::space::{attention::candidates, gemm_candidates};
+    use fact::space::gemm_candidates;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let plain = GemmProblem {
         bias: false,

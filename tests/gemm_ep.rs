@@ -115,8 +115,11 @@ fn compose_edits_of_a_whole_block_chain_through_each_other() {
         "qkv; fc + gelu, proj + residual, out + residual"
     );
     // The attention (q·kᵀ, div, the inverted causal mask, softmax, ·v) is one pattern.
-    assert_eq!(found.of::<fact::rules::AttentionMatch>().len(), 1);
-    let a = found.of::<fact::rules::AttentionMatch>()[0];
+    assert_eq!(
+        found.of::<fact::kinds::attention::AttentionMatch>().len(),
+        1
+    );
+    let a = found.of::<fact::kinds::attention::AttentionMatch>()[0];
     assert!(
         a.form().starts_with("explicit;div=") && a.form().ends_with(";mask=not"),
         "{}",
@@ -294,7 +297,7 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
     let found = fact::kinds::registry::match_patterns(&g);
     assert_eq!(
-        found.of::<fact::rules::AttentionMatch>()[0].form(),
+        found.of::<fact::kinds::attention::AttentionMatch>()[0].form(),
         "explicit;div=tensor;mask=not"
     );
     let mut edits: Vec<Edit> = found
@@ -304,7 +307,7 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
         .collect();
     edits.push(fact::kinds::attention::edit(
         &g,
-        found.of::<fact::rules::AttentionMatch>()[0],
+        found.of::<fact::kinds::attention::AttentionMatch>()[0],
         "a",
     ));
     edits.extend(

@@ -21,7 +21,7 @@ fn problems(model: &Path) -> Vec<Problem> {
         .map(|m| Problem::from(m.problem.clone()))
         .chain(
             found
-                .of::<fact::rules::AttentionMatch>()
+                .of::<fact::kinds::attention::AttentionMatch>()
                 .iter()
                 .map(|a| Problem::from(a.problem.clone())),
         )
@@ -40,7 +40,7 @@ fn compose_all(model: &Path, out: &Path) {
         .collect();
     edits.extend(
         found
-            .of::<fact::rules::AttentionMatch>()
+            .of::<fact::kinds::attention::AttentionMatch>()
             .iter()
             .map(|a| fact::kinds::attention::edit(&g, a, "a")),
     );
@@ -84,7 +84,7 @@ fn the_native_op_is_read_as_projections_and_sdpa() {
     let sdpa = all
         .iter()
         .filter(|p| {
-            p.get::<fact::rules::AttentionProblem>()
+            p.get::<fact::kinds::attention::AttentionProblem>()
                 .is_some_and(|a| a.head_dim == 8 && a.heads == 4)
         })
         .count();

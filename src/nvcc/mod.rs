@@ -640,14 +640,14 @@ mod tests {
     #[test]
     fn a_library_has_one_arch() {
         let a = |arch| -> Spec {
-            crate::space::AttentionSpec {
+            crate::kinds::attention::AttentionSpec {
                 arch,
                 dtype: crate::types::DType::F32,
                 math: crate::types::MathType::Tf32,
                 queries_per_block: 32,
                 keys_per_block: 128,
                 max_k: 128,
-                family: crate::space::attention::AttentionFamily::Sm80,
+                family: crate::kinds::attention::AttentionFamily::Sm80,
             }
             .into()
         };

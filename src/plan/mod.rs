@@ -367,10 +367,11 @@ pub struct Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::attention::AttentionMatch;
     use crate::kinds::layernorm::LayerNormMatch;
     use crate::kinds::registry::match_patterns;
     use crate::kinds::Kind;
-    use crate::rules::{match_gemms, AttentionMatch, GemmMatch, Match};
+    use crate::rules::{match_gemms, GemmMatch, Match};
 
     /// The matrix products of GEMM matches, as the cost model takes them.
     fn products(ms: &[GemmMatch]) -> Vec<Product> {

@@ -11,13 +11,11 @@
 //! `epilogue.rs` is the elementwise program a GEMM's epilogue computes, read four ways (the
 //! matcher's output, the table key, the kernel's visitor tree, the op's fallback).
 
-pub mod attention;
 pub mod cover;
 pub mod epilogue;
 pub mod gemm;
 pub mod views;
 
-pub use attention::{match_attention, AttentionMatch, AttentionProblem, AttentionRule};
 pub use cover::{candidates, cover, is_product, Candidate, Gain, Site};
 pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, EpilogueRule, LeafKind};
 pub use gemm::{

@@ -6,7 +6,6 @@
 //! knowledge.rs), pruned by those checks and learned validity rules (validity.rs) and ordered by an
 //! analytic estimate (estimate.rs).
 
-pub mod attention;
 mod checks;
 pub mod estimate;
 pub mod examples;
@@ -14,7 +13,6 @@ pub mod knowledge;
 mod spec;
 pub mod validity;
 
-pub use attention::AttentionSpec;
 pub use checks::{alignment_note, epilogue_note, fusion_refusal};
 pub use knowledge::Knowledge;
 pub use spec::*;

@@ -3,7 +3,6 @@
 //! proposes changes how correctness or speed are judged. `Bench` is the seam between the judging
 //! logic here and the GPU (`gpu::GpuBench`), so the logic is tested with a fake bench.
 
-pub mod attention;
 pub mod cuda;
 pub mod epilogue;
 pub mod gpu;

@@ -5,20 +5,29 @@
 //! as `form` records them. This file is the kind as the stages see it (`Attention`), with its plan
 //! notes and its graph edit.
 
+mod bench;
+mod problem;
+mod render;
+mod rule;
+mod spec;
+
+pub use bench::{attention_error, output, AttentionBench, Inputs};
+pub use problem::{AttentionOrigin, AttentionProblem};
+pub use render::{render, signature};
+pub use rule::{
+    match_attention, sdpa_refusals, AttentionMatch, AttentionRule, Factor, MaskMode, Scale,
+};
+pub use spec::{candidates, AttentionFamily, AttentionSpec, Sm90Schedule};
+
 use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec, SweepCx, Unit};
-use crate::codegen::{self, OpCode, OpDef, Source};
+use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
-use crate::rules::attention::sdpa_refusals;
-use crate::rules::{AttentionMatch, AttentionProblem, AttentionRule, Match, PatternKind, Rule};
-pub use crate::space::attention::{candidates, AttentionFamily, AttentionSpec, Sm90Schedule};
+use crate::rules::{Match, PatternKind, Rule};
 use crate::torch::{Edit, Operand};
-use crate::tune::attention::AttentionBench;
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
-use handlebars::Handlebars;
 use std::collections::BTreeSet;
-use std::sync::OnceLock;
 
 /// What users call attention patterns (`FACT_DISABLE=attention`).
 pub const ATTENTION: PatternKind = PatternKind::new("attention");
@@ -28,11 +37,6 @@ pub const ATTENTION: PatternKind = PatternKind::new("attention");
 /// tensor of a form whose factor the graph computes (`div=tensor`).
 pub const ATTENTION_OP_SCHEMA: &str =
     "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel) -> Tensor";
-
-/// The attention mask classifier, shared with the bridge (which includes the header): the op
-/// library classifies the masks calls pass with the same code that classified the graph's.
-const MASK_CLASS: &str = include_str!("../../torch/mask_class.h");
-const OP: &str = include_str!("../../../templates/attention_op.cpp.hbs");
 
 /// The attention kind.
 pub struct Attention;
@@ -176,7 +180,7 @@ impl Kind for Attention {
         spec(s).dtype
     }
     fn render(&self, s: &Spec) -> Source {
-        codegen::render_attention(spec(s))
+        render::render(spec(s))
     }
     /// Units never mix the two examples (each declares its own kernels) nor the two float maths
     /// (templates/sm80_fmha.cu.hbs specializes the float MMA for tf32). The sm90 units add
@@ -199,7 +203,7 @@ impl Kind for Attention {
     fn dispatch(&self, s: &Spec) -> Dispatch {
         Dispatch {
             kind: "attention",
-            signature: codegen::attention_signature(spec(s)),
+            signature: signature(spec(s)),
             layout: String::new(),
             epilogue: String::new(),
             knobs: [0; 3],
@@ -265,21 +269,8 @@ impl Kind for Attention {
             function: "attention",
         }]
     }
-    /// Its section, after the mask classifier it shares with the bridge (before the library's
-    /// namespace: a header of its own).
     fn op_code(&self, arch: Arch) -> OpCode {
-        static R: OnceLock<Handlebars<'static>> = OnceLock::new();
-        let body = R
-            .get_or_init(|| codegen::templates(&[], &[("op", OP)]))
-            .render("op", &codegen::op_vars(arch))
-            .expect("the attention op renders");
-        OpCode {
-            prelude: format!(
-                "// The attention mask classifier the bridge uses at load, src/torch/mask_class.h as codegen\n// inlines it.\n{}\n",
-                MASK_CLASS.replace("#pragma once\n", "")
-            ),
-            body,
-        }
+        render::op_code(arch)
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::graph::ValueId;
+use crate::kinds::attention::AttentionMatch;
 use crate::kinds::attention::ATTENTION;
 use crate::kinds::gemm::{EPILOGUE, GEMM};
 use crate::kinds::layernorm::{LayerNormMatch, LayerNormProblem, LAYERNORM};
@@ -644,4 +645,55 @@ fn only_sm90_attention_units_take_fast_math_and_examples_88() {
             other.name()
         );
     }
+}
+
+#[test]
+fn one_dispatch_table_lists_every_kind_in_the_order_given() {
+    use crate::kinds::attention::{AttentionFamily, AttentionSpec};
+    use crate::kinds::layernorm::LayerNormSpec;
+    use crate::types::{DType, MathType};
+    let attention: Spec = AttentionSpec {
+        arch: Arch::Sm90,
+        dtype: DType::F32,
+        math: MathType::Tf32,
+        queries_per_block: 32,
+        keys_per_block: 128,
+        max_k: 128,
+        family: AttentionFamily::Sm80,
+    }
+    .into();
+    let gemm: Spec = crate::space::gemm_candidates(
+        &GemmProblem {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            layout: GemmLayout::Rcr,
+            dtype: DType::F32,
+            bias: true,
+            batch: 1,
+            epilogue: None,
+            padded_from: None,
+        },
+        MathType::Tf32,
+        Arch::Sm90,
+    )
+    .remove(0)
+    .into();
+    let layernorm: Spec = LayerNormSpec {
+        arch: Arch::Sm90,
+        dtype: DType::F32,
+        cols: 768,
+        threads_per_row: 32,
+        vector: 4,
+        rows_per_cta: 4,
+    }
+    .into();
+    let d =
+        crate::kinds::render_dispatch(&[attention.clone(), gemm.clone(), layernorm.clone()]).text;
+    let at = |s: &Spec, kind: &str| {
+        d.find(&format!("{{\"{}\", \"{kind}\"", s.name()))
+            .unwrap_or_else(|| panic!("{} in\n{d}", s.name()))
+    };
+    assert!(at(&attention, "attention") < at(&gemm, "gemm"));
+    assert!(at(&gemm, "gemm") < at(&layernorm, "layernorm"));
 }

@@ -17,7 +17,7 @@
 //! argument of every sm80 kernel (examples/41's `num_keys` per CTA) and compiled into sm90's
 //! (`_klen`: the key loop runs to the batch's length and its fusion masks past it).
 
-use crate::rules::AttentionProblem;
+use super::AttentionProblem;
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 
@@ -443,7 +443,7 @@ mod tests {
 
     fn problem(d: i64, dtype: DType) -> AttentionProblem {
         AttentionProblem {
-            origin: crate::rules::attention::AttentionOrigin::Explicit,
+            origin: crate::kinds::attention::AttentionOrigin::Explicit,
             batch: 128,
             heads: 8,
             seq_q: 512,
@@ -762,7 +762,7 @@ mod tests {
     /// A grouped-query problem (Llama's 16 query heads over 4 k/v heads).
     fn grouped(d: i64, dtype: DType, causal: bool) -> AttentionProblem {
         AttentionProblem {
-            origin: crate::rules::attention::AttentionOrigin::Sdpa,
+            origin: crate::kinds::attention::AttentionOrigin::Sdpa,
             batch: 4,
             heads: 16,
             seq_q: 1024,
@@ -838,7 +838,7 @@ mod tests {
     fn padded_problems_take_sm90s_key_length_kernels_and_every_sm80_kernel() {
         for causal in [false, true] {
             let p = AttentionProblem {
-                origin: crate::rules::attention::AttentionOrigin::Sdpa,
+                origin: crate::kinds::attention::AttentionOrigin::Sdpa,
                 batch: 32,
                 heads: 12,
                 seq_q: 512,

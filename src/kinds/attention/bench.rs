@@ -10,13 +10,12 @@
 //! as Hugging Face's `repeat_kv` does (expand + reshape) and, for key lengths, the boolean mask it
 //! passes ([B,1,1,Tk] expanded, or with the causal triangle [B,1,Tq,Tk]).
 
-use super::cuda::Cuda;
-use super::gpu::sample;
-use super::op::{absent, fact_tensor, run_op};
-use super::{Bench, BenchError, Protocol};
+use super::{AttentionOrigin, AttentionProblem};
 use crate::nvcc::library::KernelLibrary;
-use crate::rules::attention::AttentionOrigin;
-use crate::rules::AttentionProblem;
+use crate::tune::cuda::Cuda;
+use crate::tune::gpu::sample;
+use crate::tune::op::{absent, fact_tensor, run_op};
+use crate::tune::{Bench, BenchError, Protocol};
 use tch::{Device, Kind, Tensor};
 
 pub struct Inputs {
