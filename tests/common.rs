@@ -1,11 +1,11 @@
 //! Shared set-up: fixture models, the fact binary, and the one compiled kernel library the
 //! compile and compose tests share (compiling CUTLASS takes a minute; the cache makes reuse free).
 
+use fact::kinds::gemm::space::KernelSpec;
+use fact::kinds::gemm::GemmProblem;
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::{FactOpArgs, FactTensor};
 use fact::nvcc::{self, BuildOptions, Built, Toolchain};
-use fact::rules::GemmProblem;
-use fact::space::KernelSpec;
 use fact::table::{CandidateResult, Entry, Provenance, Run, TableKey};
 use fact::tune::cuda::DeviceInfo;
 use fact::tune::{Outcome, Timing};

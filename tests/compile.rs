@@ -5,11 +5,11 @@
 use crate::common::{
     build_all, build_options, compose_json, fact, fixture, run_python, sample_entry,
 };
-use fact::nvcc::{self, KernelLibrary, Toolchain};
-use fact::rules::{GemmLayout, GemmProblem};
-use fact::space::{
+use fact::kinds::gemm::space::{
     EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, Knowledge, TileScheduler,
 };
+use fact::kinds::gemm::{GemmLayout, GemmProblem};
+use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 
@@ -180,7 +180,7 @@ pub(crate) const EVERY_LEAF: &str = "leaves=full,row,col,scalar;v1=gelu_tanh(v0)
 pub(crate) fn fused_spec(dtype: DType) -> KernelSpec {
     let p = GemmProblem {
         dtype,
-        epilogue: Some(fact::rules::Epilogue::parse(EVERY_LEAF).unwrap()),
+        epilogue: Some(fact::kinds::gemm::Epilogue::parse(EVERY_LEAF).unwrap()),
         ..linear_problem()
     };
     let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
@@ -201,7 +201,7 @@ pub(crate) fn fused_spec(dtype: DType) -> KernelSpec {
 fn fused_epilogues_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let program = EVERY_LEAF;
-    let epilogue = fact::rules::Epilogue::parse(program).unwrap();
+    let epilogue = fact::kinds::gemm::Epilogue::parse(program).unwrap();
     let (f32k, bf16k) = (fused_spec(DType::F32), fused_spec(DType::Bf16));
     assert!(f32k.fits(&GemmProblem {
         epilogue: Some(epilogue.clone()),
@@ -231,7 +231,7 @@ fn fused_epilogues_compile_into_one_library() {
 fn aux_load_epilogues_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let pick = |family: Family, math: MathType, program: &str| {
-        let epilogue = fact::rules::Epilogue::parse(program).unwrap();
+        let epilogue = fact::kinds::gemm::Epilogue::parse(program).unwrap();
         let p = GemmProblem {
             m: 65536,
             n: 768,
@@ -357,7 +357,7 @@ fn a_fused_pattern_without_a_kernel_falls_back_to_its_gemm() {
     let dir = tempfile::tempdir().unwrap();
     let fused = GemmProblem {
         epilogue: Some(
-            fact::rules::Epilogue::parse(
+            fact::kinds::gemm::Epilogue::parse(
                 "leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)",
             )
             .unwrap(),
@@ -780,9 +780,10 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
 
 /// The fused GEMM of linear_ep.pt: out = r + gelu_tanh(x·wᵀ + b)·0.5.
 fn linear_ep_problem() -> GemmProblem {
-    let e =
-        fact::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)")
-            .unwrap();
+    let e = fact::kinds::gemm::Epilogue::parse(
+        "leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)",
+    )
+    .unwrap();
     GemmProblem {
         epilogue: Some(e),
         ..linear_problem()
@@ -797,8 +798,8 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
     use fact::kinds::attention::candidates;
     use fact::kinds::attention::AttentionOrigin;
     use fact::kinds::attention::AttentionProblem;
+    use fact::kinds::gemm::space::gemm_candidates;
     use fact::kinds::Spec;
-    use fact::space::gemm_candidates;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let plain = GemmProblem {
         bias: false,
@@ -807,7 +808,7 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
     let plain = gemm_candidates(&plain, MathType::Tf32, Arch::Sm80).remove(0);
     // The kernel `fact compose --arch sm80 --candidates 1 linear_ep.pt` compiles first.
     let evt = gemm_candidates(&linear_ep_problem(), MathType::Tf32, Arch::Sm80).remove(0);
-    let leaves = fact::rules::Epilogue::parse("leaves=full,row,col,scalar;v1=gelu(v0);v2=mul(v1,l1);v3=add(v2,l2);v4=div(v3,l3);v5=add(v4,l0)").unwrap();
+    let leaves = fact::kinds::gemm::Epilogue::parse("leaves=full,row,col,scalar;v1=gelu(v0);v2=mul(v1,l1);v3=add(v2,l2);v4=div(v3,l3);v5=add(v4,l0)").unwrap();
     let every = GemmProblem {
         layout: GemmLayout::Rrr,
         dtype: DType::Bf16,
@@ -924,7 +925,8 @@ fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
         "{c}"
     );
     let evt =
-        fact::space::gemm_candidates(&linear_ep_problem(), MathType::Tf32, Arch::Sm80).remove(0);
+        fact::kinds::gemm::space::gemm_candidates(&linear_ep_problem(), MathType::Tf32, Arch::Sm80)
+            .remove(0);
     let sweep = dir
         .path()
         .join("out/sweeps")

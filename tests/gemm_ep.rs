@@ -107,7 +107,7 @@ fn a_multi_node_edit_replaces_the_pattern_by_one_gemm_ep_call() {
 fn compose_edits_of_a_whole_block_chain_through_each_other() {
     let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
     let found = fact::kinds::registry::match_patterns(&g);
-    let matches = &found.of::<fact::rules::GemmMatch>();
+    let matches = &found.of::<fact::kinds::gemm::GemmMatch>();
     let fused = matches.iter().filter(|m| m.epilogue.is_some()).count();
     assert_eq!(
         (matches.len(), fused),
@@ -301,7 +301,7 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
         "explicit;div=tensor;mask=not"
     );
     let mut edits: Vec<Edit> = found
-        .of::<fact::rules::GemmMatch>()
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
         .map(|m| fact::kinds::gemm::edit(&g, m, "k"))
         .collect();
@@ -360,7 +360,7 @@ fn conv1d_mlp_falls_back_to_what_its_views_computed(library: &Path, dir: &Path) 
     let (g, _) = torch::load_graph(&model, &[]).unwrap();
     let found = fact::kinds::registry::match_patterns(&g);
     let shapes: Vec<(Vec<i64>, String)> = found
-        .of::<fact::rules::GemmMatch>()
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
         .map(|m| {
             let e = m.epilogue.as_ref().expect("both GEMMs fused");
@@ -378,7 +378,7 @@ fn conv1d_mlp_falls_back_to_what_its_views_computed(library: &Path, dir: &Path) 
         ]
     );
     let edits: Vec<Edit> = found
-        .of::<fact::rules::GemmMatch>()
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
         .map(|m| fact::kinds::gemm::edit(&g, m, "c"))
         .collect();

@@ -9,11 +9,11 @@ use crate::common::{
     build_all, compose_json, fake_tensor, fixture, op_args, run_python, sample_entry,
     sample_op_entry,
 };
+use fact::kinds::gemm::{GemmLayout, GemmProblem};
 use fact::kinds::layernorm::{candidates, LayerNormProblem, LayerNormSpec};
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::{KernelLibrary, Toolchain};
-use fact::rules::{GemmLayout, GemmProblem};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 

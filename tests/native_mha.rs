@@ -16,7 +16,7 @@ fn problems(model: &Path) -> Vec<Problem> {
     let (g, _) = torch::load_graph(model, &[]).unwrap();
     let found = match_patterns(&g);
     found
-        .of::<fact::rules::GemmMatch>()
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
         .map(|m| Problem::from(m.problem.clone()))
         .chain(
@@ -34,7 +34,7 @@ fn compose_all(model: &Path, out: &Path) {
     let (g, _) = torch::load_graph(model, &[]).unwrap();
     let found = match_patterns(&g);
     let mut edits: Vec<Edit> = found
-        .of::<fact::rules::GemmMatch>()
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
         .map(|m| fact::kinds::gemm::edit(&g, m, "k"))
         .collect();
@@ -65,7 +65,7 @@ fn the_native_op_is_read_as_projections_and_sdpa() {
         "{text}"
     );
     let gemm = |p: &Problem| {
-        p.get::<fact::rules::GemmProblem>()
+        p.get::<fact::kinds::gemm::GemmProblem>()
             .map(|g| (g.n, g.k, g.bias))
     };
     let all = problems(&fixture("attentions.pt"));

@@ -48,13 +48,13 @@ fn the_rewrite_adds_padded_buffers_and_calls_the_op_on_them() {
     let model = fixture("lm_head.pt");
     let (g, _) = torch::load_graph(&model, &[]).unwrap();
     let found = match_patterns(&g);
-    assert_eq!(found.of::<fact::rules::GemmMatch>().len(), 4);
+    assert_eq!(found.of::<fact::kinds::gemm::GemmMatch>().len(), 4);
     assert!(found
-        .of::<fact::rules::GemmMatch>()
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
         .all(|m| m.pad.is_some()));
     let edits: Vec<Edit> = found
-        .of::<fact::rules::GemmMatch>()
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
         .map(|m| fact::kinds::gemm::edit(&g, m, "k"))
         .collect();
@@ -100,7 +100,7 @@ fn the_rewrite_adds_padded_buffers_and_calls_the_op_on_them() {
     );
 
     // The embedding's output is no module attribute.
-    let mut bad = fact::kinds::gemm::edit(&g, found.of::<fact::rules::GemmMatch>()[0], "k");
+    let mut bad = fact::kinds::gemm::edit(&g, found.of::<fact::kinds::gemm::GemmMatch>()[0], "k");
     let embedding = g
         .nodes
         .iter()
@@ -131,7 +131,7 @@ fn a_composed_padded_module_computes_the_original_on_cpu() {
     let (g, _) = torch::load_graph(&model, &[]).unwrap();
     let spec = crate::compile::good_spec();
     let mut table = Table::new();
-    for m in match_patterns(&g).of::<fact::rules::GemmMatch>() {
+    for m in match_patterns(&g).of::<fact::kinds::gemm::GemmMatch>() {
         table.insert_merged(sample_entry(
             &m.problem,
             &spec,

@@ -1,8 +1,8 @@
 //! The pattern table as users drive it: `fact table ...` on temporary tables.
 
 use crate::common::{fact, sample_entry};
-use fact::rules::{GemmLayout, GemmProblem};
-use fact::space::gemm_candidates;
+use fact::kinds::gemm::space::gemm_candidates;
+use fact::kinds::gemm::{GemmLayout, GemmProblem};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 use std::path::Path;
@@ -422,8 +422,9 @@ fn knowledge_refresh_reproduces_the_shipped_knowledge_and_is_then_used() {
         v["origin"]
     );
     // The distiller run on the pinned CUTLASS gives exactly the rows the binary ships with.
-    let fresh = fact::space::Knowledge::read(Path::new(v["origin"].as_str().unwrap())).unwrap();
-    let shipped = fact::space::Knowledge::shipped();
+    let fresh = fact::kinds::gemm::space::Knowledge::read(Path::new(v["origin"].as_str().unwrap()))
+        .unwrap();
+    let shipped = fact::kinds::gemm::space::Knowledge::shipped();
     assert_eq!((&fresh.sm90, &fresh.sm80), (&shipped.sm90, &shipped.sm80));
     // And a derived space names its candidates and every pruned row's reason.
     let show = fact()

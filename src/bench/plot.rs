@@ -193,8 +193,8 @@ pub fn e2e_svg(title: &str, subtitle: &str, groups: &[BarGroup]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{GemmLayout, GemmProblem};
-    use crate::space::gemm_candidates;
+    use crate::kinds::gemm::space::gemm_candidates;
+    use crate::kinds::gemm::{GemmLayout, GemmProblem};
     use crate::table::CandidateResult;
     use crate::table::{Provenance, Run, TableKey};
     use crate::tune::cuda::DeviceInfo;

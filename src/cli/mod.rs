@@ -383,12 +383,12 @@ pub fn main() -> Result<()> {
             let mut problem = crate::kinds::registry::problem_from_rule(&rule, &dims, dtype)
                 .map_err(anyhow::Error::msg)?;
             if let Some(text) = epilogue {
-                let Some(p) = problem.get::<crate::rules::GemmProblem>() else {
+                let Some(p) = problem.get::<crate::kinds::gemm::GemmProblem>() else {
                     bail!("--epilogue goes with a GEMM rule, not {rule}");
                 };
-                let e = crate::rules::Epilogue::parse(&text)
+                let e = crate::kinds::gemm::Epilogue::parse(&text)
                     .map_err(|why| anyhow::anyhow!("bad --epilogue '{text}': {why}; write it as discover prints it, e.g. 'leaves=;v1=relu(v0)'"))?;
-                problem = crate::rules::GemmProblem {
+                problem = crate::kinds::gemm::GemmProblem {
                     epilogue: Some(e),
                     ..p.clone()
                 }

@@ -233,7 +233,7 @@ pub struct PatternReport {
     pub kernel: Option<String>,
     pub kernel_ms: Option<f64>,
     pub torch_ms: Option<f64>,
-    /// Operands whose strides fit no layout: the op copies them on every call (rules::GemmMatch).
+    /// Operands whose strides fit no layout: the op copies them on every call (`kinds::gemm::GemmMatch`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<String>,
 }

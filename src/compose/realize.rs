@@ -691,8 +691,8 @@ pub(super) fn finish(opts: &Options, r: &mut Realized) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{GemmLayout, GemmProblem};
-    use crate::space::{gemm_candidates, KernelSpec};
+    use crate::kinds::gemm::space::{gemm_candidates, KernelSpec};
+    use crate::kinds::gemm::{GemmLayout, GemmProblem};
     use crate::tune::Timing;
     use crate::types::DType;
 

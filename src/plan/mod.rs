@@ -326,7 +326,7 @@ pub struct PlannedPattern {
     pub problem: crate::kinds::Problem,
     /// Pipelining, grid schedule and tensor-core instruction a kernel for it would use.
     pub notes: Vec<String>,
-    /// Operands whose strides fit no layout: the op copies them on every call (rules::GemmMatch).
+    /// Operands whose strides fit no layout: the op copies them on every call (`kinds::gemm::GemmMatch`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<String>,
     /// The weight compose pads along N, and what that does (rules::WeightPad).
@@ -368,10 +368,11 @@ pub struct Plan {
 mod tests {
     use super::*;
     use crate::kinds::attention::AttentionMatch;
+    use crate::kinds::gemm::{match_gemms, GemmMatch};
     use crate::kinds::layernorm::LayerNormMatch;
     use crate::kinds::registry::match_patterns;
     use crate::kinds::Kind;
-    use crate::rules::{match_gemms, GemmMatch, Match};
+    use crate::rules::Match;
 
     /// The matrix products of GEMM matches, as the cost model takes them.
     fn products(ms: &[GemmMatch]) -> Vec<Product> {

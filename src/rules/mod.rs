@@ -8,19 +8,11 @@
 //! match passes through them and owns those nothing else reads.
 //!
 //! Rules find matches that may overlap; `cover.rs` picks a non-overlapping set of them by gain.
-//! `epilogue.rs` is the elementwise program a GEMM's epilogue computes, read four ways (the
-//! matcher's output, the table key, the kernel's visitor tree, the op's fallback).
 
 pub mod cover;
-pub mod epilogue;
-pub mod gemm;
 pub mod views;
 
 pub use cover::{candidates, cover, is_product, Candidate, Gain, Site};
-pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, EpilogueRule, LeafKind};
-pub use gemm::{
-    major, match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, GemmRule, Major,
-};
 
 use crate::graph::{Graph, NodeId};
 use serde::{Serialize, Serializer};

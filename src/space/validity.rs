@@ -219,9 +219,11 @@ pub fn rejecting<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::gemm::space::{
+        gemm_candidates, Family, KernelSchedule, KernelSpec, TileScheduler,
+    };
     use crate::kinds::gemm::{learn, rejecting};
-    use crate::rules::{GemmLayout, GemmProblem};
-    use crate::space::{gemm_candidates, Family, KernelSchedule, KernelSpec, TileScheduler};
+    use crate::kinds::gemm::{GemmLayout, GemmProblem};
 
     fn problem() -> GemmProblem {
         GemmProblem {
@@ -282,7 +284,11 @@ mod tests {
 
     #[test]
     fn rules_generalise_to_shared_parameters_but_never_over_a_success() {
-        let ks = crate::space::Knowledge::shipped().kernels(&problem(), MathType::Tf32, Arch::Sm90);
+        let ks = crate::kinds::gemm::space::Knowledge::shipped().kernels(
+            &problem(),
+            MathType::Tf32,
+            Arch::Sm90,
+        );
         let pp_tile = |t: [u32; 2]| -> Vec<&KernelSpec> {
             ks.iter()
                 .filter(|k| {
@@ -294,13 +300,13 @@ mod tests {
         };
         let p128 = pp_tile([128, 128]);
         let other_tile = pp_tile([64, 128]);
-        let find = |c: [u32; 3], e: crate::space::EpilogueKind| {
+        let find = |c: [u32; 3], e: crate::kinds::gemm::space::EpilogueKind| {
             *p128
                 .iter()
                 .find(|k| k.cluster == c && k.epilogue == e)
                 .unwrap()
         };
-        use crate::space::EpilogueKind::{NoSmem, Tma};
+        use crate::kinds::gemm::space::EpilogueKind::{NoSmem, Tma};
         // a and b differ in cluster and epilogue; the other two 128x128 ping-pong kernels share
         // tile and schedule with both.
         let (a, b) = (find([1, 2, 1], Tma), find([2, 1, 1], NoSmem));
@@ -390,7 +396,7 @@ mod tests {
             sk
         )
         .is_none());
-        let split = sk.with_knobs(crate::space::Knobs {
+        let split = sk.with_knobs(crate::kinds::gemm::space::Knobs {
             splits: 4,
             ..sk.knobs
         });

@@ -93,7 +93,7 @@ pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[En
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{GemmLayout, GemmProblem};
+    use crate::kinds::gemm::{GemmLayout, GemmProblem};
     use crate::types::{Arch, DType, MathType};
 
     #[test]

@@ -1,6 +1,6 @@
 use super::*;
-use crate::rules::{GemmLayout, GemmProblem};
-use crate::space::gemm_candidates;
+use crate::kinds::gemm::space::gemm_candidates;
+use crate::kinds::gemm::{GemmLayout, GemmProblem};
 use crate::tune::Outcome;
 
 /// The key of a GEMM problem.
@@ -400,7 +400,8 @@ fn schema_two_to_four_tables_are_read_as_five_and_keep_their_entries() {
     }
     // A fused problem keeps its epilogue through a save and a load.
     let mut fused = entry(256, 0, 0.5, "H100");
-    let ep = crate::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=add(v1,l0)").unwrap();
+    let ep =
+        crate::kinds::gemm::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=add(v1,l0)").unwrap();
     let p = fused
         .problem
         .get::<GemmProblem>()

@@ -1,10 +1,9 @@
 //! The tuner: verifies every variant against torch, then times the correct ones, and picks the
 //! fastest. The harness is fixed code: templates never time themselves, and nothing an agent
 //! proposes changes how correctness or speed are judged. `Bench` is the seam between the judging
-//! logic here and the GPU (`gpu::GpuBench`), so the logic is tested with a fake bench.
+//! logic here and the GPU (a kind's bench, `crate::kinds`), so the logic is tested with a fake bench.
 
 pub mod cuda;
-pub mod epilogue;
 pub mod gpu;
 pub mod op;
 pub mod worker;

@@ -3,32 +3,40 @@
 //! collective-builder, sm80 GemmUniversal, the split families for f32-accurate) whose space comes
 //! from CUTLASS's generator, judged against the graph's own GEMM, called as `fact::gemm` and
 //! `fact::gemm_ep` (whose fallback is the GEMM and the program interpreted op by op). This file
-//! is the kind as the stages see it (`Gemm`), with its plan notes and its graph edit; sweep.rs its
-//! rounds.
+//! is the kind as the stages see it (`Gemm`), with its plan notes and its graph edit. The rest is
+//! its own: rule.rs the GEMM rules and the problem, epilogue/ the epilogue rule and its program,
+//! space/ the kernel spec and its candidates, sweep.rs the sweep's rounds, bench.rs the bench,
+//! render.rs the kernel and op renders.
 
+pub mod bench;
+pub mod epilogue;
+pub mod render;
+pub mod rule;
+pub mod space;
 pub mod sweep;
+
+pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, EpilogueRule, LeafKind};
+pub use rule::{
+    major, match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, GemmRule, Major,
+};
+pub use space::{gemm_candidates, KernelSpec, Knowledge};
 
 use super::{
     own, own_match, Candidates, Dispatch, Kind, Measured, PlanFacts, Problem, Product, Spec,
     SweepCx, Unfused, Unit,
 };
-use crate::codegen::{self, OpCode, OpDef, Source};
+use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
-use crate::rules::{
-    EpilogueRule, GemmMatch, GemmOrigin, GemmProblem, GemmRule, Major, Match, PatternKind, Rule,
-};
-use crate::space::knowledge::cutlass_layouts;
+use crate::rules::{Match, PatternKind, Rule};
 use crate::space::validity::{self, FailureKind, Scope};
-use crate::space::{self, KernelSpec, Knowledge};
 use crate::torch::{Edit, Operand};
-use crate::tune::gpu::GpuBench;
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
-use handlebars::Handlebars;
+use bench::GemmBench;
 use serde_json::Value;
+use space::knowledge::cutlass_layouts;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::OnceLock;
 
 /// What users call a GEMM alone (`fact::gemm`).
 pub const GEMM: PatternKind = PatternKind::new("gemm");
@@ -40,11 +48,9 @@ pub const GEMM_OP_SCHEMA: &str =
     "gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor";
 
 /// The schema of the fused GEMM + epilogue op: `epilogue` is the program's text
-/// (rules::epilogue), run over the GEMM's result and `leaves`.
+/// (`epilogue`), run over the GEMM's result and `leaves`.
 pub const GEMM_EP_OP_SCHEMA: &str =
     "gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor";
-
-const OP: &str = include_str!("../../../templates/gemm_op.cpp.hbs");
 
 /// The GEMM kind.
 pub struct Gemm;
@@ -132,7 +138,7 @@ impl Kind for Gemm {
     /// pattern, `fact::gemm_ep(a, b, bias?, [leaves], origin, epilogue, kernel)` in place of its
     /// last node, the GEMM and the other epilogue nodes removed (the transparent nodes it owns
     /// among them: a flattening view of a it reads unflattened, views of its leaves). A GEMM whose
-    /// weight compose pads (`rules::WeightPad`) calls `fact::gemm(a, w_padded, bias_padded?,
+    /// weight compose pads (`rule::WeightPad`) calls `fact::gemm(a, w_padded, bias_padded?,
     /// "linear;n=N", kernel)` on buffers the rewrite adds to the module: the op returns the first
     /// N columns, its fallback runs linear on the first N rows of each (the module's own tensors,
     /// exactly: `x @ w.t()` and `addmm(bias, x, w.t())` are what linear computes).
@@ -261,7 +267,7 @@ impl Kind for Gemm {
         spec(s).dtype
     }
     fn render(&self, s: &Spec) -> Source {
-        codegen::render_kernel(spec(s))
+        render::render(spec(s))
     }
     fn unit(&self, _s: &Spec) -> Unit {
         Unit::plain("gemm")
@@ -271,7 +277,7 @@ impl Kind for Gemm {
         let v = spec(s);
         Dispatch {
             kind: "gemm",
-            signature: codegen::gemm_signature(v),
+            signature: render::signature(v),
             layout: v.layout.short_name().into(),
             epilogue: v.fusion.as_ref().map(|e| e.text()).unwrap_or_default(),
             knobs: [
@@ -312,7 +318,7 @@ impl Kind for Gemm {
         p: &Problem,
         protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Ok(Box::new(GpuBench::new(lib, problem(p).clone(), protocol)?))
+        Ok(Box::new(GemmBench::new(lib, problem(p).clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {
@@ -330,14 +336,7 @@ impl Kind for Gemm {
         ]
     }
     fn op_code(&self, arch: Arch) -> OpCode {
-        static R: OnceLock<Handlebars<'static>> = OnceLock::new();
-        OpCode {
-            prelude: String::new(),
-            body: R
-                .get_or_init(|| codegen::templates(&[], &[("op", OP)]))
-                .render("op", &codegen::op_vars(arch))
-                .expect("the gemm op renders"),
-        }
+        render::op_code(arch)
     }
 }
 

@@ -6,11 +6,11 @@
 //! the knob round (raster, swizzle and K splits of the fastest kernels: new variants of objects
 //! already compiled, so a dispatch index and a link, not nvcc time).
 
+use super::space::{self, KernelSpec, Knowledge};
 use super::{problem, Gemm};
 use crate::agent::Steward;
+use crate::kinds::gemm::GemmProblem;
 use crate::kinds::{Candidates, Measured, Problem, Spec, SweepCx};
-use crate::rules::GemmProblem;
-use crate::space::{self, KernelSpec, Knowledge};
 use crate::types::{Arch, MathType};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -243,8 +243,8 @@ impl Gemm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::GemmLayout;
-    use crate::space::{gemm_candidates, Family, SM90_CLUSTERS};
+    use crate::kinds::gemm::space::{gemm_candidates, Family, SM90_CLUSTERS};
+    use crate::kinds::gemm::GemmLayout;
     use crate::types::DType;
 
     fn problem() -> GemmProblem {
@@ -384,7 +384,7 @@ mod tests {
             .iter()
             .find(|k| {
                 k.family == Family::Sm90Gemm
-                    && k.schedule == crate::space::KernelSchedule::WsCooperative
+                    && k.schedule == crate::kinds::gemm::space::KernelSchedule::WsCooperative
                     && k.tile[..2] == [128, 256]
             })
             .expect("a cooperative 128x256 candidate");
@@ -393,8 +393,8 @@ mod tests {
             ..coop.clone()
         };
         let pingpong = KernelSpec {
-            schedule: crate::space::KernelSchedule::WsPingpong,
-            scheduler: crate::space::TileScheduler::Persistent,
+            schedule: crate::kinds::gemm::space::KernelSchedule::WsPingpong,
+            scheduler: crate::kinds::gemm::space::TileScheduler::Persistent,
             ..wide.clone()
         };
         let out = refine_siblings(&run(vec![timed(coop, 0.8)]), &p, 1);
@@ -432,7 +432,7 @@ mod tests {
         let space = gemm_candidates(&square(), MathType::Tf32, Arch::Sm90);
         let mut bad = space[0].clone();
         bad.tile = [64, 128, 32];
-        bad.schedule = crate::space::KernelSchedule::WsCooperative;
+        bad.schedule = crate::kinds::gemm::space::KernelSchedule::WsCooperative;
         let agent = crate::agent::tests::Scripted {
             order: Ok(vec![]),
             proposals: vec![

@@ -5,6 +5,7 @@ use super::*;
 use crate::graph::ValueId;
 use crate::kinds::attention::AttentionMatch;
 use crate::kinds::attention::ATTENTION;
+use crate::kinds::gemm::*;
 use crate::kinds::gemm::{EPILOGUE, GEMM};
 use crate::kinds::layernorm::{LayerNormMatch, LayerNormProblem, LAYERNORM};
 use crate::rules::*;
@@ -607,7 +608,7 @@ fn only_sm90_attention_units_take_fast_math_and_examples_88() {
         sm90.cutlass_includes.contains(&"examples/88_hopper_fmha"),
         "{sm90:?}"
     );
-    let gemm: Spec = crate::space::gemm_candidates(
+    let gemm: Spec = crate::kinds::gemm::space::gemm_candidates(
         &GemmProblem {
             m: 64,
             n: 64,
@@ -662,7 +663,7 @@ fn one_dispatch_table_lists_every_kind_in_the_order_given() {
         family: AttentionFamily::Sm80,
     }
     .into();
-    let gemm: Spec = crate::space::gemm_candidates(
+    let gemm: Spec = crate::kinds::gemm::space::gemm_candidates(
         &GemmProblem {
             m: 4096,
             n: 4096,

@@ -3,7 +3,7 @@
 //! worth timing, and the plan's lines on alignment and epilogue fusion.
 
 use super::*;
-use crate::rules::Major;
+use crate::kinds::gemm::Major;
 use crate::types::DType;
 
 impl KernelSpec {
@@ -130,8 +130,8 @@ impl KernelSpec {
                     if let Err(why) = e.check() {
                         return Some(format!("epilogue: {why}"));
                     }
-                    if e.full_leaves() > crate::rules::epilogue::MAX_FULL_LEAVES {
-                        return Some(format!("an epilogue reads at most {} full-size tensors (the C operand and aux loads)", crate::rules::epilogue::MAX_FULL_LEAVES));
+                    if e.full_leaves() > crate::kinds::gemm::epilogue::MAX_FULL_LEAVES {
+                        return Some(format!("an epilogue reads at most {} full-size tensors (the C operand and aux loads)", crate::kinds::gemm::epilogue::MAX_FULL_LEAVES));
                     }
                 }
                 if !SM90_CLUSTERS.contains(&self.cluster) {
@@ -238,7 +238,7 @@ impl KernelSpec {
             // A column leaf has one batch; sm90 reads it along the CUTLASS problem's N (torch's M)
             // in vectors, sm80 element by element.
             && self.fusion.as_ref().is_none_or(|e| {
-                !e.leaves.contains(&crate::rules::LeafKind::Col) || (p.batch == 1 && (!self.family.is_sm90() || p.m % self.align_out() as i64 == 0))
+                !e.leaves.contains(&crate::kinds::gemm::LeafKind::Col) || (p.batch == 1 && (!self.family.is_sm90() || p.m % self.align_out() as i64 == 0))
             })
             // The contiguous dim of each operand and of the output in whole vectors (batch
             // strides are multiples of them).

@@ -23,19 +23,20 @@
 //!
 //! The program (program.rs) has one text form (`Epilogue::text`), read by the torch op to run the
 //! original ops when a call does not fit the kernel (leaves respelled in the output's shape), and
-//! rendered by codegen into a device functor. Ops: add, sub, mul, div (value, leaf or scalar on
+//! rendered by the kind's render.rs into a device functor. Ops: add, sub, mul, div (value, leaf or scalar on
 //! either side), relu, gelu (erf), gelu_tanh, sigmoid, silu, tanh, mish, softplus, exp, neg,
 //! leaky_relu, hardtanh/clamp/clamp_min/clamp_max, pow with a scalar exponent. Anything else ends
 //! the chain.
 //!
 //! `EpilogueRule` offers each GEMM with its longest epilogue; the GEMM alone is `GemmRule`'s match.
 
+pub mod eager;
 mod program;
 
-use super::gemm::{match_gemms, GemmMatch};
-use super::views::{self, Pass, Readers};
-use super::{boxed, Match, PatternKind, Rule};
+use super::rule::{match_gemms, GemmMatch};
 use crate::graph::{Const, Graph, NodeId, TensorInfo, ValueId};
+use crate::rules::views::{self, Pass, Readers};
+use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
 use std::collections::{BTreeSet, HashMap};
 

@@ -1,7 +1,7 @@
 //! The epilogue program: elementwise ops over fp32 values (`EpOp`, their math in torch's terms),
 //! leaves, scalars and instructions (`Epilogue`), its one text form (`Epilogue::text`, `parse`)
 //! and the name and limits kernels take from it. The epilogue rule (mod.rs) reads programs off the
-//! graph; codegen renders them into device functors; the torch op runs them as the original ops.
+//! graph; the kind's render.rs renders them into device functors; the torch op runs them as the original ops.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -465,6 +465,14 @@ impl Epilogue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_abi_takes_as_many_leaves_as_the_rules_match() {
+        assert_eq!(
+            crate::nvcc::library::abi::FACT_MAX_LEAVES as usize,
+            MAX_LEAVES
+        );
+    }
 
     #[test]
     fn text_round_trips_and_names_differ_by_constants() {

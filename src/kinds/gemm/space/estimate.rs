@@ -10,7 +10,7 @@
 //! GEMMs. It only has to rank; the tuner measures.
 
 use super::{Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
-use crate::rules::{GemmLayout, GemmProblem};
+use crate::kinds::gemm::{GemmLayout, GemmProblem};
 use crate::types::{Hardware, MathType};
 
 /// The GPU the kernel is built for.
@@ -244,7 +244,7 @@ pub fn with_best_splits(k: &KernelSpec, p: &GemmProblem) -> KernelSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::space::Knowledge;
+    use crate::kinds::gemm::space::Knowledge;
     use crate::types::{Arch, DType};
 
     fn problem(m: i64, n: i64, k: i64) -> GemmProblem {
@@ -391,7 +391,7 @@ mod tests {
             .unwrap_or_else(|| KernelSpec {
                 schedule: KernelSchedule::WsCooperative,
                 align: 4,
-                epilogue: crate::space::EpilogueKind::Tma,
+                epilogue: crate::kinds::gemm::space::EpilogueKind::Tma,
                 ..cp.clone()
             });
         assert!(

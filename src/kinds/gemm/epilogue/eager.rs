@@ -2,7 +2,7 @@
 //! fused kernel is verified against, in the tensors' dtype it is the eager baseline it is timed
 //! against (one torch kernel per op, as the original module runs them).
 
-use crate::rules::epilogue::{Arg, EpOp, Epilogue};
+use crate::kinds::gemm::epilogue::{Arg, EpOp, Epilogue};
 use tch::Tensor;
 
 /// `e` over the GEMM result `v0` (bias included) and the leaf tensors, each shaped to broadcast

@@ -5,13 +5,13 @@
 //! matches the toolchain's.
 
 use super::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, TileScheduler};
-use crate::rules::{GemmLayout, GemmProblem, Major};
+use crate::kinds::gemm::{GemmLayout, GemmProblem, Major};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-const SHIPPED: &str = include_str!("../../knowledge/cutlass-4.2.0.0.json");
+const SHIPPED: &str = include_str!("../../../../knowledge/cutlass-4.2.0.0.json");
 pub const FORMAT: u32 = 1;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

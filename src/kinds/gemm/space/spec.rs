@@ -2,7 +2,7 @@
 //! `KernelSpec` they make up, its name (the symbol, the pattern-table value and the build-cache
 //! key) and the sizes derived from it.
 
-use crate::rules::{Epilogue, GemmLayout};
+use crate::kinds::gemm::{Epilogue, GemmLayout};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 
@@ -436,7 +436,7 @@ impl KernelSpec {
         leaves
             .iter()
             .map(|&l| {
-                (l == crate::rules::LeafKind::Full).then(|| {
+                (l == crate::kinds::gemm::LeafKind::Full).then(|| {
                     if std::mem::take(&mut c_free) {
                         LeafRead::C
                     } else {

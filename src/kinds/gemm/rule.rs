@@ -1,5 +1,5 @@
 //! GEMM rules: `gemm_<layout>[_bias]` and the batched `bmm_<layout>`, for the four layouts
-//! rrr, rcr, crr and ccr (rules::GemmLayout: how a and B lie, read from their strides).
+//! rrr, rcr, crr and ccr (`GemmLayout`: how a and B lie, read from their strides).
 //!
 //! out[M,N] = a[M,K] · B (+ bias[N]), where
 //! - B = w[N,K]ᵀ in `aten::linear(a, w, bias?)`;
@@ -34,8 +34,8 @@
 //! An epilogue fuses at the graph's N (`epilogue.rs`): its leaves are the graph's width.
 
 use super::epilogue::{Epilogue, EpilogueMatch};
-use super::{boxed, Match, PatternKind, Rule};
 use crate::graph::{is_packed, Const, Graph, NodeId, TensorInfo, ValueId};
+use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
 
@@ -185,7 +185,7 @@ pub struct GemmProblem {
     /// Independent GEMMs of the same shape (L); 1 for a plain GEMM.
     #[serde(default = "one")]
     pub batch: i64,
-    /// Elementwise ops fused after the GEMM (and its bias), see `rules::epilogue`.
+    /// Elementwise ops fused after the GEMM (and its bias), see `super::epilogue`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epilogue: Option<Epilogue>,
     /// The graph's own N where compose pads the weight along N (`WeightPad`): `n` is then the
