@@ -624,8 +624,8 @@ fn ragged_kernels_compile_into_one_library() {
     );
 }
 
-/// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, built by nvcc into one
-/// library with an sm80 attention kernel (each family in its own units, with its example's
+/// CUTLASS's sm90 attention (examples/88) through the attention kind's sm90_fmha.cu.hbs, built
+/// by nvcc into one library with an sm80 attention kernel (each family in its own units, with its example's
 /// headers): fact's paired tile order under the causal mask with the overlapped loop and four Q
 /// stages; a key-length kernel on one CTA per tile (BERT's padded encoder, examples/88's loads of q
 /// and k/v together); and a causal key-length kernel at head dim 80 (the 96 tile) for a padded,

@@ -140,7 +140,7 @@ impl Toolchain {
             .include(include)
             .include(self.cutlass.join("include"))
             .include(self.cutlass.join("tools/util/include"))
-            // The fused attention kernel's headers (templates/sm80_fmha.cu.hbs).
+            // The fused attention kernel's headers (src/kinds/attention/templates/sm80_fmha.cu.hbs).
             .include(self.cutlass.join("examples/41_fused_multi_head_attention"))
             .get_compiler();
         tool.to_command()

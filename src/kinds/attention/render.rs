@@ -11,9 +11,9 @@ use handlebars::Handlebars;
 use serde_json::json;
 use std::sync::OnceLock;
 
-const SM80_FMHA: &str = include_str!("../../../templates/sm80_fmha.cu.hbs");
-const SM90_FMHA: &str = include_str!("../../../templates/sm90_fmha.cu.hbs");
-const OP: &str = include_str!("../../../templates/attention_op.cpp.hbs");
+const SM80_FMHA: &str = include_str!("templates/sm80_fmha.cu.hbs");
+const SM90_FMHA: &str = include_str!("templates/sm90_fmha.cu.hbs");
+const OP: &str = include_str!("templates/attention_op.cpp.hbs");
 
 /// The attention mask classifier, shared with the bridge (which includes the header): the op
 /// library classifies the masks calls pass with the same code that classified the graph's.

@@ -10,13 +10,13 @@ use handlebars::Handlebars;
 use serde_json::json;
 use std::sync::OnceLock;
 
-const SM90_GEMM: &str = include_str!("../../../templates/sm90_gemm.cu.hbs");
-const SM80_GEMM: &str = include_str!("../../../templates/sm80_gemm.cu.hbs");
-const SM90_GEMM_X3: &str = include_str!("../../../templates/sm90_gemm_x3.cu.hbs");
-const SM90_GEMM_CORE: &str = include_str!("../../../templates/sm90_gemm_core.hbs");
-const SM90_GEMM_TYPES: &str = include_str!("../../../templates/sm90_gemm_types.hbs");
-const FUSED_EPILOGUE: &str = include_str!("../../../templates/fused_epilogue.hbs");
-const GEMM_CALL: &str = include_str!("../../../templates/gemm_call.hbs");
+const SM90_GEMM: &str = include_str!("templates/sm90_gemm.cu.hbs");
+const SM80_GEMM: &str = include_str!("templates/sm80_gemm.cu.hbs");
+const SM90_GEMM_X3: &str = include_str!("templates/sm90_gemm_x3.cu.hbs");
+const SM90_GEMM_CORE: &str = include_str!("templates/sm90_gemm_core.hbs");
+const SM90_GEMM_TYPES: &str = include_str!("templates/sm90_gemm_types.hbs");
+const FUSED_EPILOGUE: &str = include_str!("templates/fused_epilogue.hbs");
+const GEMM_CALL: &str = include_str!("templates/gemm_call.hbs");
 
 fn registry() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
@@ -383,7 +383,7 @@ pub fn signature(k: &KernelSpec) -> String {
     format!("{}; no scalars", tensors.join(" "))
 }
 
-const OP: &str = include_str!("../../../templates/gemm_op.cpp.hbs");
+const OP: &str = include_str!("templates/gemm_op.cpp.hbs");
 
 /// The kind's section of the op library.
 pub fn op_code(arch: Arch) -> OpCode {

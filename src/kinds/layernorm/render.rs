@@ -10,8 +10,8 @@ use handlebars::Handlebars;
 use serde_json::json;
 use std::sync::OnceLock;
 
-const KERNEL: &str = include_str!("../../../templates/layernorm.cu.hbs");
-const OP: &str = include_str!("../../../templates/layernorm_op.cpp.hbs");
+const KERNEL: &str = include_str!("templates/layernorm.cu.hbs");
+const OP: &str = include_str!("templates/layernorm_op.cpp.hbs");
 
 fn templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
