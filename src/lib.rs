@@ -7,6 +7,7 @@ pub mod cli;
 pub mod codegen;
 pub mod compose;
 pub mod graph;
+pub mod kinds;
 pub mod nvcc;
 pub mod plan;
 pub mod rules;

@@ -5,7 +5,7 @@
 
 use crate::common::fixture;
 use fact::graph::{Graph, MaskClass, MaskFact};
-use fact::rules::attention::{match_attention, sdpa_refusals};
+use fact::kinds::attention::{match_attention, sdpa_refusals};
 use fact::torch::{self, InputShape};
 use std::path::Path;
 use tch::{CModule, Kind, Tensor};
@@ -126,7 +126,8 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         let text = torch::rewrite_and_save(
             &fixture(name),
             &out,
-            &[fact::compose::attention_edit(&g, a, "a")],
+            &[fact::kinds::attention::edit(&g, a, "a")],
+            &fact::kinds::registry::op_schemas(),
         )
         .unwrap();
         assert!(!text.contains("scaled_dot_product_attention"), "{text}");

@@ -1,13 +1,14 @@
 //! Shared set-up: fixture models, the fact binary, and the one compiled kernel library the
 //! compile and compose tests share (compiling CUTLASS takes a minute; the cache makes reuse free).
 
+use fact::kinds::gemm::space::KernelSpec;
+use fact::kinds::gemm::GemmProblem;
+use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::{FactOpArgs, FactTensor};
 use fact::nvcc::{self, BuildOptions, Built, Toolchain};
-use fact::rules::{GemmProblem, Problem};
-use fact::space::{KernelSpec, Spec};
-use fact::table::{Entry, Provenance, Run, TableKey};
+use fact::table::{CandidateResult, Entry, Provenance, Run, TableKey};
 use fact::tune::cuda::DeviceInfo;
-use fact::tune::{CandidateResult, Outcome, Timing};
+use fact::tune::{Outcome, Timing};
 use fact::types::{Arch, MathType};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -132,7 +133,7 @@ pub fn compose_json(user_table: &Path, model: &Path, out_dir: &Path) -> serde_js
 /// A table entry whose one run timed `spec` at `ms` on `device`: test data, never a measurement.
 pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &str) -> Entry {
     sample_op_entry(
-        &Problem::Gemm(problem.clone()),
+        &problem.clone().into(),
         &spec.clone().into(),
         MathType::Tf32,
         ms,

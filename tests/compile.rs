@@ -5,11 +5,11 @@
 use crate::common::{
     build_all, build_options, compose_json, fact, fixture, run_python, sample_entry,
 };
-use fact::nvcc::{self, KernelLibrary, Toolchain};
-use fact::rules::{GemmLayout, GemmProblem};
-use fact::space::{
+use fact::kinds::gemm::space::{
     EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, Knowledge, TileScheduler,
 };
+use fact::kinds::gemm::{GemmLayout, GemmProblem};
+use fact::nvcc::{self, KernelLibrary, Toolchain};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 
@@ -180,7 +180,7 @@ pub(crate) const EVERY_LEAF: &str = "leaves=full,row,col,scalar;v1=gelu_tanh(v0)
 pub(crate) fn fused_spec(dtype: DType) -> KernelSpec {
     let p = GemmProblem {
         dtype,
-        epilogue: Some(fact::rules::Epilogue::parse(EVERY_LEAF).unwrap()),
+        epilogue: Some(fact::kinds::gemm::Epilogue::parse(EVERY_LEAF).unwrap()),
         ..linear_problem()
     };
     let math = MathType::for_tensor(dtype, fact::types::Precision::Tf32).unwrap();
@@ -201,7 +201,7 @@ pub(crate) fn fused_spec(dtype: DType) -> KernelSpec {
 fn fused_epilogues_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let program = EVERY_LEAF;
-    let epilogue = fact::rules::Epilogue::parse(program).unwrap();
+    let epilogue = fact::kinds::gemm::Epilogue::parse(program).unwrap();
     let (f32k, bf16k) = (fused_spec(DType::F32), fused_spec(DType::Bf16));
     assert!(f32k.fits(&GemmProblem {
         epilogue: Some(epilogue.clone()),
@@ -231,7 +231,7 @@ fn fused_epilogues_compile_into_one_library() {
 fn aux_load_epilogues_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let pick = |family: Family, math: MathType, program: &str| {
-        let epilogue = fact::rules::Epilogue::parse(program).unwrap();
+        let epilogue = fact::kinds::gemm::Epilogue::parse(program).unwrap();
         let p = GemmProblem {
             m: 65536,
             n: 768,
@@ -357,7 +357,7 @@ fn a_fused_pattern_without_a_kernel_falls_back_to_its_gemm() {
     let dir = tempfile::tempdir().unwrap();
     let fused = GemmProblem {
         epilogue: Some(
-            fact::rules::Epilogue::parse(
+            fact::kinds::gemm::Epilogue::parse(
                 "leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)",
             )
             .unwrap(),
@@ -504,10 +504,10 @@ print("ok", tuple(a.shape))
 /// fp32 maths is refused.
 #[test]
 fn attention_kernels_build_beside_gemms_in_one_library() {
-    use fact::rules::attention::AttentionOrigin;
-    use fact::rules::AttentionProblem;
-    use fact::space::attention::candidates;
-    use fact::space::Spec;
+    use fact::kinds::attention::candidates;
+    use fact::kinds::attention::AttentionOrigin;
+    use fact::kinds::attention::AttentionProblem;
+    use fact::kinds::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let p = |dtype: DType| AttentionProblem {
         origin: AttentionOrigin::Explicit,
@@ -624,8 +624,8 @@ fn ragged_kernels_compile_into_one_library() {
     );
 }
 
-/// CUTLASS's sm90 attention (examples/88) through templates/sm90_fmha.cu.hbs, built by nvcc into one
-/// library with an sm80 attention kernel (each family in its own units, with its example's
+/// CUTLASS's sm90 attention (examples/88) through the attention kind's sm90_fmha.cu.hbs, built
+/// by nvcc into one library with an sm80 attention kernel (each family in its own units, with its example's
 /// headers): fact's paired tile order under the causal mask with the overlapped loop and four Q
 /// stages; a key-length kernel on one CTA per tile (BERT's padded encoder, examples/88's loads of q
 /// and k/v together); and a causal key-length kernel at head dim 80 (the 96 tile) for a padded,
@@ -636,11 +636,11 @@ fn ragged_kernels_compile_into_one_library() {
 #[test]
 fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_lengths() {
     use crate::common::{fake_tensor, op_args};
+    use fact::kinds::attention::candidates;
+    use fact::kinds::attention::AttentionOrigin;
+    use fact::kinds::attention::AttentionProblem;
+    use fact::kinds::Spec;
     use fact::nvcc::library::FactTensor;
-    use fact::rules::attention::AttentionOrigin;
-    use fact::rules::AttentionProblem;
-    use fact::space::attention::candidates;
-    use fact::space::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let p = |d: i64, causal: bool, padded: bool, kv_heads: Option<i64>| AttentionProblem {
         origin: AttentionOrigin::Sdpa,
@@ -655,7 +655,7 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         padded,
         masked: false,
     };
-    let named = |c: Vec<fact::space::attention::AttentionSpec>, name: &str| {
+    let named = |c: Vec<fact::kinds::attention::AttentionSpec>, name: &str| {
         c.into_iter()
             .find(|a| a.name() == name)
             .unwrap_or_else(|| panic!("{name} is a candidate"))
@@ -780,9 +780,10 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
 
 /// The fused GEMM of linear_ep.pt: out = r + gelu_tanh(x·wᵀ + b)·0.5.
 fn linear_ep_problem() -> GemmProblem {
-    let e =
-        fact::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)")
-            .unwrap();
+    let e = fact::kinds::gemm::Epilogue::parse(
+        "leaves=full;v1=gelu_tanh(v0);v2=mul(v1,0.5);v3=add(l0,v2)",
+    )
+    .unwrap();
     GemmProblem {
         epilogue: Some(e),
         ..linear_problem()
@@ -794,9 +795,11 @@ fn linear_ep_problem() -> GemmProblem {
 /// compute_80 PTX (which newer GPUs compile when they load it) into one library.
 #[test]
 fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
-    use fact::rules::attention::AttentionOrigin;
-    use fact::rules::AttentionProblem;
-    use fact::space::{attention::candidates, gemm_candidates, Spec};
+    use fact::kinds::attention::candidates;
+    use fact::kinds::attention::AttentionOrigin;
+    use fact::kinds::attention::AttentionProblem;
+    use fact::kinds::gemm::space::gemm_candidates;
+    use fact::kinds::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let plain = GemmProblem {
         bias: false,
@@ -805,7 +808,7 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
     let plain = gemm_candidates(&plain, MathType::Tf32, Arch::Sm80).remove(0);
     // The kernel `fact compose --arch sm80 --candidates 1 linear_ep.pt` compiles first.
     let evt = gemm_candidates(&linear_ep_problem(), MathType::Tf32, Arch::Sm80).remove(0);
-    let leaves = fact::rules::Epilogue::parse("leaves=full,row,col,scalar;v1=gelu(v0);v2=mul(v1,l1);v3=add(v2,l2);v4=div(v3,l3);v5=add(v4,l0)").unwrap();
+    let leaves = fact::kinds::gemm::Epilogue::parse("leaves=full,row,col,scalar;v1=gelu(v0);v2=mul(v1,l1);v3=add(v2,l2);v4=div(v3,l3);v5=add(v4,l0)").unwrap();
     let every = GemmProblem {
         layout: GemmLayout::Rrr,
         dtype: DType::Bf16,
@@ -922,7 +925,8 @@ fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
         "{c}"
     );
     let evt =
-        fact::space::gemm_candidates(&linear_ep_problem(), MathType::Tf32, Arch::Sm80).remove(0);
+        fact::kinds::gemm::space::gemm_candidates(&linear_ep_problem(), MathType::Tf32, Arch::Sm80)
+            .remove(0);
     let sweep = dir
         .path()
         .join("out/sweeps")

@@ -5,10 +5,11 @@
 
 use crate::common::{build_all, fake_tensor, op_args};
 use crate::compile::{accurate_spec, fused_spec, good_spec, split_spec};
+use fact::kinds::gemm::space::{Family, Knobs};
+use fact::kinds::gemm::GemmLayout;
+use fact::kinds::Spec;
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::{KernelLibrary, Toolchain};
-use fact::rules::GemmLayout;
-use fact::space::{Family, Knobs, Spec};
 use fact::types::DType;
 
 const F32: i32 = 0;

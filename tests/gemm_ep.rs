@@ -58,7 +58,13 @@ fn ep_edit(g: &Graph, last: &str, epilogue: &str) -> Edit {
 }
 
 fn rewrite(edit: Edit, out: &Path) -> Result<String, String> {
-    torch::rewrite_and_save(&fixture("linear_ep.pt"), out, &[edit]).map_err(|e| e.to_string())
+    torch::rewrite_and_save(
+        &fixture("linear_ep.pt"),
+        out,
+        &[edit],
+        &fact::kinds::registry::op_schemas(),
+    )
+    .map_err(|e| e.to_string())
 }
 
 #[test]
@@ -100,8 +106,8 @@ fn a_multi_node_edit_replaces_the_pattern_by_one_gemm_ep_call() {
 #[test]
 fn compose_edits_of_a_whole_block_chain_through_each_other() {
     let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
-    let found = fact::rules::match_patterns(&g);
-    let matches = &found.gemm;
+    let found = fact::kinds::registry::match_patterns(&g);
+    let matches = &found.of::<fact::kinds::gemm::GemmMatch>();
     let fused = matches.iter().filter(|m| m.epilogue.is_some()).count();
     assert_eq!(
         (matches.len(), fused),
@@ -109,8 +115,11 @@ fn compose_edits_of_a_whole_block_chain_through_each_other() {
         "qkv; fc + gelu, proj + residual, out + residual"
     );
     // The attention (q·kᵀ, div, the inverted causal mask, softmax, ·v) is one pattern.
-    assert_eq!(found.attention.len(), 1);
-    let a = &found.attention[0];
+    assert_eq!(
+        found.of::<fact::kinds::attention::AttentionMatch>().len(),
+        1
+    );
+    let a = found.of::<fact::kinds::attention::AttentionMatch>()[0];
     assert!(
         a.form().starts_with("explicit;div=") && a.form().ends_with(";mask=not"),
         "{}",
@@ -118,21 +127,30 @@ fn compose_edits_of_a_whole_block_chain_through_each_other() {
     );
     assert!(a.problem.causal);
     // Both LayerNorms are their own patterns; the qkv linear and the fc linear read their outputs.
-    assert_eq!(found.layernorm.len(), 2);
+    assert_eq!(
+        found.of::<fact::kinds::layernorm::LayerNormMatch>().len(),
+        2
+    );
     let mut edits: Vec<Edit> = matches
         .iter()
-        .map(|m| fact::compose::gemm_edit(&g, m, "k"))
+        .map(|m| fact::kinds::gemm::edit(&g, m, "k"))
         .collect();
-    edits.push(fact::compose::attention_edit(&g, a, "a"));
+    edits.push(fact::kinds::attention::edit(&g, a, "a"));
     edits.extend(
         found
-            .layernorm
+            .of::<fact::kinds::layernorm::LayerNormMatch>()
             .iter()
-            .map(|l| fact::compose::layernorm_edit(&g, l, "n")),
+            .map(|l| fact::kinds::layernorm::edit(&g, l, "n")),
     );
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("block.pt");
-    let text = torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
+    let text = torch::rewrite_and_save(
+        &fixture("minigpt.pt"),
+        &out,
+        &edits,
+        &fact::kinds::registry::op_schemas(),
+    )
+    .unwrap();
     assert_eq!(
         (
             text.matches("fact::gemm_ep(").count(),
@@ -277,22 +295,35 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     // computed), the LayerNorm op's the same layer_norm call.
     torch::op_stats(&built.library, true).unwrap();
     let (g, _) = torch::load_graph(&fixture("minigpt.pt"), &[]).unwrap();
-    let found = fact::rules::match_patterns(&g);
-    assert_eq!(found.attention[0].form(), "explicit;div=tensor;mask=not");
+    let found = fact::kinds::registry::match_patterns(&g);
+    assert_eq!(
+        found.of::<fact::kinds::attention::AttentionMatch>()[0].form(),
+        "explicit;div=tensor;mask=not"
+    );
     let mut edits: Vec<Edit> = found
-        .gemm
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
-        .map(|m| fact::compose::gemm_edit(&g, m, "k"))
+        .map(|m| fact::kinds::gemm::edit(&g, m, "k"))
         .collect();
-    edits.push(fact::compose::attention_edit(&g, &found.attention[0], "a"));
+    edits.push(fact::kinds::attention::edit(
+        &g,
+        found.of::<fact::kinds::attention::AttentionMatch>()[0],
+        "a",
+    ));
     edits.extend(
         found
-            .layernorm
+            .of::<fact::kinds::layernorm::LayerNormMatch>()
             .iter()
-            .map(|l| fact::compose::layernorm_edit(&g, l, "n")),
+            .map(|l| fact::kinds::layernorm::edit(&g, l, "n")),
     );
     let out = dir.path().join("block.pt");
-    torch::rewrite_and_save(&fixture("minigpt.pt"), &out, &edits).unwrap();
+    torch::rewrite_and_save(
+        &fixture("minigpt.pt"),
+        &out,
+        &edits,
+        &fact::kinds::registry::op_schemas(),
+    )
+    .unwrap();
     let x = Tensor::randn([2, 16, 32], (Kind::Float, tch::Device::Cpu));
     let run = |m: &CModule| tch::no_grad(|| m.forward_ts(&[x.shallow_clone()])).unwrap();
     let (want, got) = (
@@ -327,9 +358,9 @@ fn conv1d_mlp_falls_back_to_what_its_views_computed(library: &Path, dir: &Path) 
     torch::op_stats(library, true).unwrap();
     let model = fixture("conv1d_mlp.pt");
     let (g, _) = torch::load_graph(&model, &[]).unwrap();
-    let found = fact::rules::match_patterns(&g);
+    let found = fact::kinds::registry::match_patterns(&g);
     let shapes: Vec<(Vec<i64>, String)> = found
-        .gemm
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
         .map(|m| {
             let e = m.epilogue.as_ref().expect("both GEMMs fused");
@@ -347,12 +378,13 @@ fn conv1d_mlp_falls_back_to_what_its_views_computed(library: &Path, dir: &Path) 
         ]
     );
     let edits: Vec<Edit> = found
-        .gemm
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
-        .map(|m| fact::compose::gemm_edit(&g, m, "c"))
+        .map(|m| fact::kinds::gemm::edit(&g, m, "c"))
         .collect();
     let out = dir.join("conv1d_mlp.pt");
-    let text = torch::rewrite_and_save(&model, &out, &edits).unwrap();
+    let text = torch::rewrite_and_save(&model, &out, &edits, &fact::kinds::registry::op_schemas())
+        .unwrap();
     assert_eq!(text.matches("fact::gemm_ep(").count(), 2, "{text}");
     for gone in [
         "aten::addmm",

@@ -1,7 +1,7 @@
 //! Ingestion through the bridge and the GEMM rule on real TorchScript archives.
 
 use crate::common::{fact, fixture};
-use fact::rules::{match_gemms, GemmLayout, GemmOrigin};
+use fact::kinds::gemm::{match_gemms, GemmLayout, GemmOrigin};
 use fact::torch::{self, InputShape};
 use fact::types::DType;
 

@@ -9,11 +9,11 @@ use crate::common::{
     build_all, compose_json, fake_tensor, fixture, op_args, run_python, sample_entry,
     sample_op_entry,
 };
+use fact::kinds::gemm::{GemmLayout, GemmProblem};
+use fact::kinds::layernorm::{candidates, LayerNormProblem, LayerNormSpec};
+use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::{KernelLibrary, Toolchain};
-use fact::rules::{GemmLayout, GemmProblem, LayerNormProblem, Problem};
-use fact::space::layernorm::candidates;
-use fact::space::{LayerNormSpec, Spec};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 
@@ -210,7 +210,7 @@ fn test_table() -> (Table, LayerNormSpec) {
     for (weight, bias) in [(true, true), (false, false), (true, false)] {
         // Under either policy a LayerNorm's key is the f32 math's.
         t.insert_merged(sample_op_entry(
-            &Problem::LayerNorm(ln(weight, bias)),
+            &Problem::from(ln(weight, bias)),
             &spec.clone().into(),
             MathType::F32,
             0.002,

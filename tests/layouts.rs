@@ -4,9 +4,11 @@
 //! feeding fact::gemm and computes the original's numbers when the op falls back on the CPU.
 
 use crate::common::{build_all, compose_json, fact, fixture, run_python, sample_entry};
+use fact::kinds::gemm::space::{
+    EpilogueKind, Family, KernelSchedule, KernelSpec, Knowledge, TileScheduler,
+};
+use fact::kinds::gemm::{match_gemms, GemmLayout, GemmProblem};
 use fact::nvcc::{KernelLibrary, Toolchain};
-use fact::rules::{match_gemms, GemmLayout, GemmProblem};
-use fact::space::{EpilogueKind, Family, KernelSchedule, KernelSpec, Knowledge, TileScheduler};
 use fact::table::Table;
 use fact::torch;
 use fact::types::{Arch, DType, MathType};
@@ -131,7 +133,7 @@ fn crr_spec() -> KernelSpec {
 #[test]
 fn transposed_layouts_compile_into_one_library() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let epilogue = fact::rules::Epilogue::parse("leaves=;v1=gelu(v0)").unwrap();
+    let epilogue = fact::kinds::gemm::Epilogue::parse("leaves=;v1=gelu(v0)").unwrap();
     let fused = GemmProblem {
         layout: GemmLayout::Ccr,
         dtype: DType::Bf16,

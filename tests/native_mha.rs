@@ -5,8 +5,9 @@
 //! vit.pt (torchvision's VisionTransformer, two layers).
 
 use crate::common::{build_all, fixture, run_python};
+use fact::kinds::registry::match_patterns;
+use fact::kinds::Problem;
 use fact::nvcc::Toolchain;
-use fact::rules::{match_patterns, Problem};
 use fact::torch::{self, Edit};
 use std::path::Path;
 
@@ -15,14 +16,14 @@ fn problems(model: &Path) -> Vec<Problem> {
     let (g, _) = torch::load_graph(model, &[]).unwrap();
     let found = match_patterns(&g);
     found
-        .gemm
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
-        .map(|m| Problem::Gemm(m.problem.clone()))
+        .map(|m| Problem::from(m.problem.clone()))
         .chain(
             found
-                .attention
+                .of::<fact::kinds::attention::AttentionMatch>()
                 .iter()
-                .map(|a| Problem::Attention(a.problem.clone())),
+                .map(|a| Problem::from(a.problem.clone())),
         )
         .collect()
 }
@@ -33,23 +34,23 @@ fn compose_all(model: &Path, out: &Path) {
     let (g, _) = torch::load_graph(model, &[]).unwrap();
     let found = match_patterns(&g);
     let mut edits: Vec<Edit> = found
-        .gemm
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
-        .map(|m| fact::compose::gemm_edit(&g, m, "k"))
+        .map(|m| fact::kinds::gemm::edit(&g, m, "k"))
         .collect();
     edits.extend(
         found
-            .attention
+            .of::<fact::kinds::attention::AttentionMatch>()
             .iter()
-            .map(|a| fact::compose::attention_edit(&g, a, "a")),
+            .map(|a| fact::kinds::attention::edit(&g, a, "a")),
     );
     edits.extend(
         found
-            .layernorm
+            .of::<fact::kinds::layernorm::LayerNormMatch>()
             .iter()
-            .map(|l| fact::compose::layernorm_edit(&g, l, "n")),
+            .map(|l| fact::kinds::layernorm::edit(&g, l, "n")),
     );
-    torch::rewrite_and_save(model, out, &edits).unwrap();
+    torch::rewrite_and_save(model, out, &edits, &fact::kinds::registry::op_schemas()).unwrap();
 }
 
 #[test]
@@ -63,9 +64,9 @@ fn the_native_op_is_read_as_projections_and_sdpa() {
         7,
         "{text}"
     );
-    let gemm = |p: &Problem| match p {
-        Problem::Gemm(g) => Some((g.n, g.k, g.bias)),
-        _ => None,
+    let gemm = |p: &Problem| {
+        p.get::<fact::kinds::gemm::GemmProblem>()
+            .map(|g| (g.n, g.k, g.bias))
     };
     let all = problems(&fixture("attentions.pt"));
     let count = |n: i64| {
@@ -82,7 +83,10 @@ fn the_native_op_is_read_as_projections_and_sdpa() {
     // Unmasked ones are attention patterns (a mask is the attention rule's business).
     let sdpa = all
         .iter()
-        .filter(|p| matches!(p, Problem::Attention(a) if a.head_dim == 8 && a.heads == 4))
+        .filter(|p| {
+            p.get::<fact::kinds::attention::AttentionProblem>()
+                .is_some_and(|a| a.head_dim == 8 && a.heads == 4)
+        })
         .count();
     assert!(sdpa >= 5, "{all:?}");
 
@@ -107,7 +111,13 @@ fn the_decomposed_module_composed_or_not_computes_the_original() {
     let mut saved = vec![];
     for name in ["attentions.pt", "vit.pt"] {
         let plain = dir.path().join(format!("plain_{name}"));
-        torch::rewrite_and_save(&fixture(name), &plain, &[]).unwrap();
+        torch::rewrite_and_save(
+            &fixture(name),
+            &plain,
+            &[],
+            &fact::kinds::registry::op_schemas(),
+        )
+        .unwrap();
         let composed = dir.path().join(format!("composed_{name}"));
         compose_all(&fixture(name), &composed);
         saved.push((fixture(name), plain, composed));

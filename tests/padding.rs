@@ -5,7 +5,7 @@
 //! so 16 bytes are 4).
 
 use crate::common::{compose_json, fact, fixture, run_python, sample_entry};
-use fact::rules::match_patterns;
+use fact::kinds::registry::match_patterns;
 use fact::table::Table;
 use fact::torch::{self, Edit, Operand};
 
@@ -48,16 +48,19 @@ fn the_rewrite_adds_padded_buffers_and_calls_the_op_on_them() {
     let model = fixture("lm_head.pt");
     let (g, _) = torch::load_graph(&model, &[]).unwrap();
     let found = match_patterns(&g);
-    assert_eq!(found.gemm.len(), 4);
-    assert!(found.gemm.iter().all(|m| m.pad.is_some()));
-    let edits: Vec<Edit> = found
-        .gemm
+    assert_eq!(found.of::<fact::kinds::gemm::GemmMatch>().len(), 4);
+    assert!(found
+        .of::<fact::kinds::gemm::GemmMatch>()
         .iter()
-        .map(|m| fact::compose::gemm_edit(&g, m, "k"))
+        .all(|m| m.pad.is_some()));
+    let edits: Vec<Edit> = found
+        .of::<fact::kinds::gemm::GemmMatch>()
+        .iter()
+        .map(|m| fact::kinds::gemm::edit(&g, m, "k"))
         .collect();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("padded.pt");
-    torch::rewrite_and_save(&model, &out, &edits).unwrap();
+    torch::rewrite_and_save(&model, &out, &edits, &fact::kinds::registry::op_schemas()).unwrap();
     let text = torch::graph_text(&out).unwrap();
     assert_eq!(text.matches("fact::gemm(").count(), 4, "{text}");
     assert_eq!(
@@ -97,7 +100,7 @@ fn the_rewrite_adds_padded_buffers_and_calls_the_op_on_them() {
     );
 
     // The embedding's output is no module attribute.
-    let mut bad = fact::compose::gemm_edit(&g, &found.gemm[0], "k");
+    let mut bad = fact::kinds::gemm::edit(&g, found.of::<fact::kinds::gemm::GemmMatch>()[0], "k");
     let embedding = g
         .nodes
         .iter()
@@ -105,9 +108,14 @@ fn the_rewrite_adds_padded_buffers_and_calls_the_op_on_them() {
         .unwrap()
         .outputs[0];
     bad.operands[1] = Operand::padded(embedding, 1004);
-    let err = torch::rewrite_and_save(&model, &dir.path().join("bad.pt"), &[bad])
-        .unwrap_err()
-        .to_string();
+    let err = torch::rewrite_and_save(
+        &model,
+        &dir.path().join("bad.pt"),
+        &[bad],
+        &fact::kinds::registry::op_schemas(),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("is no module attribute: it cannot be padded"),
         "{err}"
@@ -123,7 +131,7 @@ fn a_composed_padded_module_computes_the_original_on_cpu() {
     let (g, _) = torch::load_graph(&model, &[]).unwrap();
     let spec = crate::compile::good_spec();
     let mut table = Table::new();
-    for m in match_patterns(&g).gemm {
+    for m in match_patterns(&g).of::<fact::kinds::gemm::GemmMatch>() {
         table.insert_merged(sample_entry(
             &m.problem,
             &spec,

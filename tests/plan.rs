@@ -390,7 +390,9 @@ fn an_external_agent_drives_a_compose_through_a_rejected_proposal() {
     // Without a GPU the agent's accepted candidate is what got compiled.
     assert_eq!(c["patterns"][0]["realization"]["how"], "compiled");
     let space0 = &proposes[0]["space"][0];
-    let name = fact::space::KernelSpec::name(&serde_json::from_value(space0.clone()).unwrap());
+    let name = fact::kinds::gemm::space::KernelSpec::name(
+        &serde_json::from_value(space0.clone()).unwrap(),
+    );
     assert!(dir
         .path()
         .join("out/sweeps")

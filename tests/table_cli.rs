@@ -1,8 +1,8 @@
 //! The pattern table as users drive it: `fact table ...` on temporary tables.
 
 use crate::common::{fact, sample_entry};
-use fact::rules::{GemmLayout, GemmProblem};
-use fact::space::gemm_candidates;
+use fact::kinds::gemm::space::gemm_candidates;
+use fact::kinds::gemm::{GemmLayout, GemmProblem};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 use std::path::Path;
@@ -350,12 +350,13 @@ fn realize_compile_only_builds_a_grouped_padded_attention_sweep_without_a_gpu() 
 
 #[test]
 fn learned_rules_are_listed_with_scope_predicate_and_count() {
-    use fact::space::validity::{learn, FailureKind, Scope};
+    use fact::kinds::gemm::{learn, scope as gemm_scope};
+    use fact::space::validity::FailureKind;
     let dir = tempfile::tempdir().unwrap();
     let user = dir.path().join("table.json");
     let p = problem(512, DType::F32);
     let k = gemm_candidates(&p, MathType::Tf32, Arch::Sm90)[0].clone();
-    let scope = Scope::of(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
+    let scope = gemm_scope(&p, MathType::Tf32, Arch::Sm90, "4.2.0");
     let mut t = Table::new();
     learn(
         &mut t.rules,
@@ -421,8 +422,9 @@ fn knowledge_refresh_reproduces_the_shipped_knowledge_and_is_then_used() {
         v["origin"]
     );
     // The distiller run on the pinned CUTLASS gives exactly the rows the binary ships with.
-    let fresh = fact::space::Knowledge::read(Path::new(v["origin"].as_str().unwrap())).unwrap();
-    let shipped = fact::space::Knowledge::shipped();
+    let fresh = fact::kinds::gemm::space::Knowledge::read(Path::new(v["origin"].as_str().unwrap()))
+        .unwrap();
+    let shipped = fact::kinds::gemm::space::Knowledge::shipped();
     assert_eq!((&fresh.sm90, &fresh.sm80), (&shipped.sm90, &shipped.sm80));
     // And a derived space names its candidates and every pruned row's reason.
     let show = fact()

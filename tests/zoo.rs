@@ -300,7 +300,7 @@ fn zoo_models_discover_the_expected_patterns() {
         }
         print!("{}", report(e, layers, &plan, &found));
         for p in plan.patterns.iter().filter(|p| p.rule.starts_with("sdpa")) {
-            let fact::rules::Problem::Attention(a) = &p.problem else {
+            let Some(a) = p.problem.get::<fact::kinds::attention::AttentionProblem>() else {
                 panic!("{}: {} is no attention problem", e.model, p.rule);
             };
             if a.kv_heads != e.kv_heads {

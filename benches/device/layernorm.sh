@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root, after `source .device/env.sh`: fact's LayerNorm
-# kernels (templates/layernorm.cu.hbs) against torch's layer_norm.
+# kernels (src/kinds/layernorm/templates/layernorm.cu.hbs) against torch's layer_norm.
 #   gpt, gpt_bf16  `fact realize --rule layernorm_affine --shape 65536x768` under f32 and bf16: the
 #                  GPT block's LayerNorm (B·T = 128·512 rows of C = 768). Every candidate verified
 #                  against fp64 (x = 3 + 10·randn, and rows of their own offsets and scales) and

@@ -3,9 +3,7 @@
 //! (fact-agent/2) is documented in README.md and docs/agent-protocol.schema.json.
 
 use super::{Agent, AgentError, FailureAction, RankItem, Rejection};
-use crate::rules::GemmProblem;
 use crate::space::examples::Example;
-use crate::space::KernelSpec;
 use crate::types::{Arch, MathType};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -151,15 +149,16 @@ impl Agent for ExternalAgent {
 
     fn propose(
         &mut self,
-        problem: &GemmProblem,
+        problem: &Value,
+        rule: &str,
         math: MathType,
         arch: Arch,
-        space: &[KernelSpec],
+        space: &[Value],
         rejected: &[Rejection],
     ) -> Result<Vec<Value>, AgentError> {
         let v = self.request(
             "propose",
-            json!({ "problem": problem, "rule": problem.rule_id(), "math": math, "arch": arch, "space": space, "rejected": rejected }),
+            json!({ "problem": problem, "rule": rule, "math": math, "arch": arch, "space": space, "rejected": rejected }),
         )?;
         field(&v, "candidates")?
             .as_array()
@@ -169,7 +168,8 @@ impl Agent for ExternalAgent {
 
     fn after_failure(
         &mut self,
-        problem: &GemmProblem,
+        problem: &Value,
+        rule: &str,
         failures: &[(String, String)],
     ) -> Result<FailureAction, AgentError> {
         let failures: Vec<Value> = failures
@@ -178,7 +178,7 @@ impl Agent for ExternalAgent {
             .collect();
         let v = self.request(
             "after_failure",
-            json!({ "problem": problem, "rule": problem.rule_id(), "failures": failures }),
+            json!({ "problem": problem, "rule": rule, "failures": failures }),
         )?;
         serde_json::from_value(v).map_err(|e| AgentError::Malformed(format!("after_failure: {e}")))
     }

@@ -1,17 +1,18 @@
 //! The pluggable agent, consulted at four points: ranking the patterns of a plan, choosing their
 //! supporting CUTLASS examples, proposing the candidate kernels for a pattern, and deciding what
 //! to do when no candidate survives. `Steward` validates every answer (against the examples index,
-//! the kernel validity rules and the failures the pattern table remembers) before anything is
-//! compiled; an invalid proposal goes back to the agent with its reasons, and an agent that times
-//! out, answers nonsense or crashes is replaced by the built-in one for the rest of the run.
+//! and, through the check the pattern's kind passes it, the kernel validity rules and the failures
+//! the pattern table remembers) before anything is compiled; an invalid proposal goes back to the
+//! agent with its reasons, and an agent that times out, answers nonsense or crashes is replaced by
+//! the built-in one for the rest of the run. Problems and kernels pass through here as their
+//! JSON: the agent speaks the protocol, the kind knows its kernels.
 
 pub mod external;
 
-use crate::rules::GemmProblem;
 use crate::space::examples::Example;
-use crate::space::KernelSpec;
 use crate::types::{Arch, MathType};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::collections::BTreeSet;
 use thiserror::Error;
 
@@ -64,20 +65,22 @@ pub trait Agent {
         arch: Arch,
         offered: &[Example],
     ) -> Result<Vec<String>, AgentError>;
-    /// Candidate kernels for a problem; `space` is the valid space fact derived, `rejected` what
-    /// fact refused of this agent's last proposal for it.
+    /// Candidate kernels for a problem (of rule `rule`); `space` is the valid space fact derived,
+    /// `rejected` what fact refused of this agent's last proposal for it.
     fn propose(
         &mut self,
-        problem: &GemmProblem,
+        problem: &Value,
+        rule: &str,
         math: MathType,
         arch: Arch,
-        space: &[KernelSpec],
+        space: &[Value],
         rejected: &[Rejection],
-    ) -> Result<Vec<serde_json::Value>, AgentError>;
+    ) -> Result<Vec<Value>, AgentError>;
     /// No candidate survived: `failures` is (kernel, outcome label) for each.
     fn after_failure(
         &mut self,
-        problem: &GemmProblem,
+        problem: &Value,
+        rule: &str,
         failures: &[(String, String)],
     ) -> Result<FailureAction, AgentError>;
 }
@@ -112,63 +115,27 @@ impl Agent for BuiltinAgent {
     }
     fn propose(
         &mut self,
-        _: &GemmProblem,
+        _: &Value,
+        _: &str,
         _: MathType,
         _: Arch,
-        space: &[KernelSpec],
+        space: &[Value],
         _: &[Rejection],
-    ) -> Result<Vec<serde_json::Value>, AgentError> {
-        Ok(space
-            .iter()
-            .map(|k| serde_json::to_value(k).expect("spec serializes"))
-            .collect())
+    ) -> Result<Vec<Value>, AgentError> {
+        Ok(space.to_vec())
     }
     fn after_failure(
         &mut self,
-        _: &GemmProblem,
+        _: &Value,
+        _: &str,
         _: &[(String, String)],
     ) -> Result<FailureAction, AgentError> {
         Ok(FailureAction::Skip)
     }
 }
 
-/// Why a proposed kernel is refused, if it is.
-pub fn check_candidate(
-    v: &serde_json::Value,
-    p: &GemmProblem,
-    math: MathType,
-    arch: Arch,
-    failed: &BTreeSet<String>,
-) -> Result<KernelSpec, String> {
-    let spec: KernelSpec =
-        serde_json::from_value(v.clone()).map_err(|e| format!("not a KernelSpec: {e}"))?;
-    if spec.arch != arch || spec.math != math {
-        return Err(format!(
-            "targets {} {}, the pattern needs {} {}",
-            spec.arch,
-            spec.math.short_name(),
-            arch,
-            math.short_name()
-        ));
-    }
-    if let Some(why) = spec.invalid_reason() {
-        return Err(format!("invalid instantiation: {why}"));
-    }
-    if !spec.fits(p) {
-        return Err(format!(
-            "does not fit {} {} (dtype, layout, bias or alignment)",
-            p.rule_id(),
-            p.shape_key()
-        ));
-    }
-    if failed.contains(&spec.name()) {
-        return Err(format!(
-            "{} failed before on this arch and dtype (pattern table)",
-            spec.name()
-        ));
-    }
-    Ok(spec)
-}
+/// A proposed kernel as the pattern's kind reads it: the spec, or why it is refused.
+pub type Check<'a, T> = &'a dyn Fn(&Value) -> Result<T, String>;
 
 /// The agent in charge plus the built-in one it falls back to; records what happened.
 pub struct Steward {
@@ -259,24 +226,29 @@ impl Steward {
             .expect("builtin chooses")
     }
 
-    /// Validated candidates: the agent gets one second try with the reasons for what was refused.
-    /// `space` is the derived sweep (knowledge base, learned rules and estimate applied).
-    pub fn propose(
+    /// Validated candidates (`check` is the kind's reading of a proposal) for the problem of rule
+    /// `rule` and shape `shape` (its JSON `problem`): the agent gets one second try with the
+    /// reasons for what was refused. `space` is the derived sweep (the kind's space, learned rules
+    /// and estimate applied, kernels known to fail left out), and what the built-in agent takes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn propose<T: Serialize + PartialEq>(
         &mut self,
-        p: &GemmProblem,
+        problem: &Value,
+        rule: &str,
+        shape: &str,
         math: MathType,
         arch: Arch,
-        space: Vec<KernelSpec>,
-        failed: &BTreeSet<String>,
-    ) -> Vec<KernelSpec> {
-        let space: Vec<KernelSpec> = space
-            .into_iter()
-            .filter(|k| !failed.contains(&k.name()))
+        space: Vec<T>,
+        check: Check<T>,
+    ) -> Vec<T> {
+        let offered: Vec<Value> = space
+            .iter()
+            .map(|k| serde_json::to_value(k).expect("spec serializes"))
             .collect();
         let mut rejected: Vec<Rejection> = Vec::new();
         for round in 0..2 {
             let Some(a) = self.agent.as_mut() else { break };
-            let proposal = match a.propose(p, math, arch, &space, &rejected) {
+            let proposal = match a.propose(problem, rule, math, arch, &offered, &rejected) {
                 Ok(v) => v,
                 Err(e) => {
                     self.give_up("proposing candidates", e);
@@ -286,7 +258,7 @@ impl Steward {
             rejected.clear();
             let mut ok = Vec::new();
             for v in proposal {
-                match check_candidate(&v, p, math, arch, failed) {
+                match check(&v) {
                     Ok(k) if !ok.contains(&k) => ok.push(k),
                     Ok(_) => {}
                     Err(reason) => rejected.push(Rejection {
@@ -297,9 +269,8 @@ impl Steward {
             }
             for r in &rejected {
                 self.notes.push(format!(
-                    "{}: rejected a candidate for {}: {}",
+                    "{}: rejected a candidate for {shape}: {}",
                     a.name(),
-                    p.shape_key(),
                     r.reason
                 ));
             }
@@ -312,30 +283,26 @@ impl Steward {
         }
         if self.agent.is_some() {
             self.notes.push(format!(
-                "{}: no valid proposal for {} after its second try; the derived space is used",
+                "{}: no valid proposal for {shape} after its second try; the derived space is used",
                 self.name(),
-                p.shape_key()
             ));
         }
         space
     }
 
-    /// After a failed sweep: candidates for one retry, or None to leave the pattern to torch.
-    pub fn after_failure(
+    /// After a failed sweep of the problem of rule `rule` (its JSON `problem`): candidates for one
+    /// retry, each read by the kind's `check`, or None to leave the pattern to torch.
+    pub fn after_failure<T>(
         &mut self,
-        p: &GemmProblem,
-        math: MathType,
-        arch: Arch,
+        problem: &Value,
+        rule: &str,
         failures: &[(String, String)],
-        failed: &BTreeSet<String>,
-    ) -> Option<Vec<KernelSpec>> {
+        check: Check<T>,
+    ) -> Option<Vec<T>> {
         let a = self.agent.as_mut()?;
-        match a.after_failure(p, failures) {
+        match a.after_failure(problem, rule, failures) {
             Ok(FailureAction::Retry { candidates }) => {
-                let ok: Vec<KernelSpec> = candidates
-                    .iter()
-                    .filter_map(|v| check_candidate(v, p, math, arch, failed).ok())
-                    .collect();
+                let ok: Vec<T> = candidates.iter().filter_map(|v| check(v).ok()).collect();
                 (!ok.is_empty()).then_some(ok)
             }
             Ok(FailureAction::Skip) => None,
@@ -348,4 +315,4 @@ impl Steward {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -193,11 +193,12 @@ pub fn e2e_svg(title: &str, subtitle: &str, groups: &[BarGroup]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{GemmLayout, GemmProblem};
-    use crate::space::gemm_candidates;
+    use crate::kinds::gemm::space::gemm_candidates;
+    use crate::kinds::gemm::{GemmLayout, GemmProblem};
+    use crate::table::CandidateResult;
     use crate::table::{Provenance, Run, TableKey};
     use crate::tune::cuda::DeviceInfo;
-    use crate::tune::{CandidateResult, Timing};
+    use crate::tune::Timing;
     use crate::types::DType;
 
     #[test]
@@ -265,8 +266,12 @@ mod tests {
             baseline: Some(t(0.35)),
             candidates: cands,
         };
-        let e =
-            Entry::from_runs(TableKey::gemm(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap();
+        let e = Entry::from_runs(
+            TableKey::of(&p.clone().into(), MathType::Tf32, Arch::Sm90),
+            p,
+            vec![run],
+        )
+        .unwrap();
         let svg = scatter_svg(&e);
         assert_eq!(svg.matches("<circle").count(), 2);
         assert!(svg.contains(&format!("winner {}", specs[1].name())));

@@ -37,7 +37,7 @@ pub(super) fn run_bench(
         .filter_map(|p| {
             Some(bench::PatternTime {
                 id: p.id.clone(),
-                kind: p.problem.kind(),
+                kind: p.problem.pattern_kind(),
                 rule: p.rule.clone(),
                 kernel: p.kernel.clone()?,
                 kernel_ms: p.kernel_ms,
@@ -45,9 +45,11 @@ pub(super) fn run_bench(
             })
         })
         .collect();
-    let mut kinds: Vec<PatternKind> = patterns.iter().map(|p| p.kind).collect();
-    kinds.sort();
-    kinds.dedup();
+    // The kinds substituted, in the registry's order.
+    let kinds: Vec<PatternKind> = crate::kinds::registry::pattern_kinds()
+        .into_iter()
+        .filter(|k| patterns.iter().any(|p| p.kind == *k))
+        .collect();
     let without = without.unwrap_or_else(|| {
         if kinds.len() >= 2 {
             kinds.clone()

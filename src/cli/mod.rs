@@ -380,15 +380,19 @@ pub fn main() -> Result<()> {
             let dims = table::parse_shape(&shape).with_context(|| {
                 format!("bad --shape '{shape}': write MxNxK (LxMxNxK for bmm_rrr, BxHxTqxTkxD for attention, ROWSxC for layernorm), e.g. 4096x4096x4096")
             })?;
-            let mut problem = crate::rules::Problem::from_rule(&rule, &dims, dtype)
+            let mut problem = crate::kinds::registry::problem_from_rule(&rule, &dims, dtype)
                 .map_err(anyhow::Error::msg)?;
             if let Some(text) = epilogue {
-                let crate::rules::Problem::Gemm(p) = &mut problem else {
+                let Some(p) = problem.get::<crate::kinds::gemm::GemmProblem>() else {
                     bail!("--epilogue goes with a GEMM rule, not {rule}");
                 };
-                let e = crate::rules::Epilogue::parse(&text)
+                let e = crate::kinds::gemm::Epilogue::parse(&text)
                     .map_err(|why| anyhow::anyhow!("bad --epilogue '{text}': {why}; write it as discover prints it, e.g. 'leaves=;v1=relu(v0)'"))?;
-                p.epilogue = Some(e);
+                problem = crate::kinds::gemm::GemmProblem {
+                    epilogue: Some(e),
+                    ..p.clone()
+                }
+                .into();
             }
             let opts = compose::Options {
                 jobs: jobs(j),
@@ -490,7 +494,7 @@ pub fn main() -> Result<()> {
                 .map_err(anyhow::Error::msg)?;
             let (graph, inputs) = torch::load_graph(&model, &inputs)
                 .with_context(|| format!("discovering {}", model.display()))?;
-            let matches = crate::rules::match_patterns(&graph);
+            let matches = crate::kinds::registry::match_patterns(&graph);
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
             let mut steward = options(PathBuf::new(), precision, arch, &agent)?.steward();
             let plan_opts = PlanOptions {

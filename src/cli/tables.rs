@@ -2,8 +2,8 @@
 //! tables for people or JSON.
 
 use super::show::fmt_ms;
+use crate::kinds::gemm::GemmProblem;
 use crate::nvcc::Toolchain;
-use crate::rules::GemmProblem;
 use crate::table::{self, Entry, Table, Tables};
 use crate::types::{DType, Precision};
 use anyhow::{bail, Context, Result};
@@ -136,7 +136,7 @@ pub(super) fn entry_summary(from: &str, e: &Entry) -> serde_json::Value {
 }
 
 pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
-    use crate::space::{self, Knowledge};
+    use crate::kinds::gemm::space::{self, Knowledge};
     match command {
         KnowledgeCommand::Show {
             rule,
@@ -172,7 +172,7 @@ pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
                         .context("no math for this dtype and precision")?;
                     let tables =
                         Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
-                    let key = table::TableKey::gemm(&p, math, arch);
+                    let key = table::TableKey::of(&p.clone().into(), math, arch);
                     let scope = key.scope(&version);
                     Some(space::derive(
                         &kb,
@@ -181,7 +181,7 @@ pub(super) fn knowledge_command(command: KnowledgeCommand) -> Result<()> {
                         arch,
                         &tables.rules(),
                         &scope,
-                        &space::SpaceOptions::default(),
+                        &crate::space::SpaceOptions::default(),
                     ))
                 }
                 (None, None) => None,

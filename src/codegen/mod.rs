@@ -1,58 +1,40 @@
-//! Renders kernel libraries from the handlebars templates in templates/: one translation unit per
-//! kernel, the dispatch table, and the torch op. Pure: the same specs render byte-identical source,
-//! and nothing here touches the disk or the GPU (templates are compiled into the binary).
+//! Renders what every kernel library has around its kinds' code, from the handlebars templates in
+//! templates/: the dispatch table over every kernel and the torch op library's frame around each
+//! kind's section; and what each kind's renderer shares (the template registry's settings, a
+//! rendered `Source`, the ABI's dtype codes, units of several kernels). Each kind renders its own
+//! kernels and op section (`crate::kinds`). Pure: the same specs render byte-identical source, and
+//! nothing here touches the disk or the GPU (templates are compiled into the binary).
 
-use crate::rules::epilogue::Transcendentals;
-use crate::space::attention::{AttentionFamily, Sm90Schedule};
-use crate::space::{AttentionSpec, KernelSpec, LayerNormSpec, Spec};
 use handlebars::Handlebars;
 use serde_json::json;
 use sha2::Digest;
 use std::sync::OnceLock;
 
-const SM90_GEMM: &str = include_str!("../../templates/sm90_gemm.cu.hbs");
-const SM80_GEMM: &str = include_str!("../../templates/sm80_gemm.cu.hbs");
-const SM90_GEMM_X3: &str = include_str!("../../templates/sm90_gemm_x3.cu.hbs");
-const SM90_GEMM_CORE: &str = include_str!("../../templates/sm90_gemm_core.hbs");
-const SM90_GEMM_TYPES: &str = include_str!("../../templates/sm90_gemm_types.hbs");
-const FUSED_EPILOGUE: &str = include_str!("../../templates/fused_epilogue.hbs");
-const GEMM_CALL: &str = include_str!("../../templates/gemm_call.hbs");
-const SM80_FMHA: &str = include_str!("../../templates/sm80_fmha.cu.hbs");
-const SM90_FMHA: &str = include_str!("../../templates/sm90_fmha.cu.hbs");
-const LAYERNORM: &str = include_str!("../../templates/layernorm.cu.hbs");
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
-fn registry() -> &'static Handlebars<'static> {
+/// A handlebars registry as every template here is rendered: strict (a missing variable is an
+/// error), no escaping (the output is C++), `partials` registered for `templates` to use. Each
+/// kind keeps one for its own templates.
+pub fn templates(partials: &[(&str, &str)], templates: &[(&str, &str)]) -> Handlebars<'static> {
+    let mut h = Handlebars::new();
+    h.set_strict_mode(true);
+    h.register_escape_fn(handlebars::no_escape);
+    for (name, text) in partials {
+        h.register_partial(name, *text)
+            .unwrap_or_else(|e| panic!("partial {name}: {e}"));
+    }
+    for (name, text) in templates {
+        h.register_template_string(name, *text)
+            .unwrap_or_else(|e| panic!("template {name}: {e}"));
+    }
+    h
+}
+
+/// The library-level templates: the dispatch table and the torch op library's frame.
+fn library_templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
-    R.get_or_init(|| {
-        let mut h = Handlebars::new();
-        h.set_strict_mode(true);
-        h.register_escape_fn(handlebars::no_escape);
-        for (name, text) in [
-            ("sm90_gemm_core", SM90_GEMM_CORE),
-            ("sm90_gemm_types", SM90_GEMM_TYPES),
-            ("fused_epilogue", FUSED_EPILOGUE),
-            ("gemm_call", GEMM_CALL),
-        ] {
-            h.register_partial(name, text)
-                .unwrap_or_else(|e| panic!("partial {name}: {e}"));
-        }
-        for (name, text) in [
-            ("sm90_gemm", SM90_GEMM),
-            ("sm80_gemm", SM80_GEMM),
-            ("sm90_gemm_x3", SM90_GEMM_X3),
-            ("sm80_fmha", SM80_FMHA),
-            ("sm90_fmha", SM90_FMHA),
-            ("layernorm", LAYERNORM),
-            ("dispatch", DISPATCH),
-            ("torch_op", TORCH_OP),
-        ] {
-            h.register_template_string(name, text)
-                .unwrap_or_else(|e| panic!("template {name}: {e}"));
-        }
-        h
-    })
+    R.get_or_init(|| templates(&[], &[("dispatch", DISPATCH), ("torch_op", TORCH_OP)]))
 }
 
 /// A rendered source file, named for the build.
@@ -62,315 +44,8 @@ pub struct Source {
     pub text: String,
 }
 
-fn kernel_vars(v: &KernelSpec) -> serde_json::Value {
-    // The kernel is rendered from its spec without launch knobs, so every variant of it shares
-    // one source text, one object and one symbol.
-    let k = v.kernel();
-    let [im, inn, ik] = k.instruction();
-    let math_op = match k.math {
-        crate::types::MathType::Tf32x3 => "cutlass::arch::OpMultiplyAddFastF32",
-        _ => "cutlass::arch::OpMultiplyAdd",
-    };
-    let epilogue_schedule = match k.epilogue {
-        crate::space::EpilogueKind::Tma => k.schedule.epilogue_tag(),
-        crate::space::EpilogueKind::NoSmem => "cutlass::epilogue::NoSmemWarpSpecialized",
-    };
-    let warp = |i: usize| k.tile[i].checked_div(k.warps[i]).unwrap_or(0);
-    // The tf32 split writes torch's b K-major (transposing an rrr b), so both WGMMA GEMMs read
-    // their operands from shared memory; the bf16 split keeps the layout.
-    let tf32_split = k.family == crate::space::Family::Sm90GemmX3;
-    let bf16_split = k.family == crate::space::Family::Sm90GemmBf16x3;
-    let cutlass_layout_a = if tf32_split {
-        crate::rules::GemmLayout::Rcr.cutlass_layout_a()
-    } else {
-        k.layout.cutlass_layout_a()
-    };
-    json!({
-        "name": k.kernel_name(),
-        "spec_json": k.to_json(),
-        "element": if bf16_split { "cutlass::bfloat16_t" } else { k.dtype.cutlass_tag() },
-        "element_out": k.dtype.cutlass_tag(),
-        // A padded split's GEMMs read aligned parts and write an aligned output (a workspace
-        // when torch's output is not).
-        "align_out": if k.is_padded_split() { 16 / k.dtype.bytes() as u32 } else { k.align_out() },
-        "padded": k.is_padded_split(),
-        "k_parts": if k.is_padded_split() { "kp" } else { "k" },
-        "n_parts": if k.is_padded_split() { "np" } else { "n" },
-        "out_expr": if k.is_padded_split() { "out" } else { "p.out" },
-        "b_n_major": k.layout.b() == crate::rules::Major::Row && !tf32_split,
-        "bf16_split": bf16_split,
-        "transpose_b": tf32_split && k.layout == crate::rules::GemmLayout::Rrr,
-        "b_k_major": k.layout.b() == crate::rules::Major::Col,
-        "dtype": k.dtype.short_name(),
-        "layout": k.layout.short_name(),
-        "cutlass_layout_a": cutlass_layout_a,
-        "cutlass_layout_b": k.layout.cutlass_layout_b(),
-        // Whether CUTLASS's A (torch's Bᵀ) and B (torch's aᵀ) are row-major: K-contiguous for A,
-        // N-contiguous (torch's M) for B.
-        "a_row_major": k.layout.b() == crate::rules::Major::Col,
-        "b_row_major": k.layout.a() == crate::rules::Major::Col,
-        "align": k.gemm_align(),
-        "tile_m": k.tile[0], "tile_n": k.tile[1], "tile_k": k.tile[2],
-        "cluster_m": k.cluster[0], "cluster_n": k.cluster[1], "cluster_k": k.cluster[2],
-        "warp_m": warp(0), "warp_n": warp(1),
-        "inst_m": im, "inst_n": inn, "inst_k": ik,
-        "stages": k.stages,
-        "math_op": math_op,
-        "kernel_schedule": k.schedule.cutlass_tag(),
-        "epilogue_schedule": epilogue_schedule,
-        "tile_scheduler": k.scheduler.cutlass_tag(),
-        "stream_k": k.scheduler == crate::space::TileScheduler::StreamK,
-        "bias": k.bias,
-        "c_operand": k.family.is_split(),
-    })
-    .as_object()
-    .cloned()
-    .map(|mut o| {
-        o.extend(call_vars(&k));
-        o.extend(if k.family == crate::space::Family::Sm80Gemm {
-            sm80_fusion_vars(&k)
-        } else {
-            fusion_vars(&k)
-        });
-        serde_json::Value::Object(o)
-    })
-    .expect("kernel vars are an object")
-}
-
-/// The call as templates/gemm_call.hbs reads it from the ABI: the dtype, how torch's operands
-/// lie, and the epilogue's leaves by kind (the enumerators of its `Leaf`, in the program's order).
-fn call_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
-    use crate::rules::{LeafKind, Major};
-    let leaf_kinds: Vec<&str> = k
-        .fusion
-        .iter()
-        .flat_map(|e| &e.leaves)
-        .map(|l| match l {
-            LeafKind::Full => "Full",
-            LeafKind::Row => "Row",
-            LeafKind::Col => "Col",
-            LeafKind::Scalar => "Scalar",
-        })
-        .collect();
-    json!({
-        "dtype_abi": dtype_abi(k.dtype),
-        "a_row": k.layout.a() == Major::Row,
-        "b_row": k.layout.b() == Major::Row,
-        "leaf_count": leaf_kinds.len(),
-        "leaf_kinds": leaf_kinds,
-    })
-    .as_object()
-    .cloned()
-    .expect("object")
-}
-
-/// The fused functor's body: one fp32 line per program value, `v0` from `v0_expr`.
-fn program_lines(
-    e: &crate::rules::Epilogue,
-    v0_expr: &str,
-    f: crate::rules::epilogue::Transcendentals,
-) -> Vec<String> {
-    use crate::rules::epilogue::Arg;
-    let mut lines = vec![format!("const float v0 = {v0_expr};")];
-    for (n, ins) in e.instrs.iter().enumerate() {
-        let operands: Vec<String> = ins
-            .args
-            .iter()
-            .map(|a| match a {
-                Arg::Value(v) => format!("v{v}"),
-                Arg::Leaf(l) => format!("l{l}[i]"),
-                Arg::Scalar(s) => s.device_literal(),
-            })
-            .collect();
-        let scalars: Vec<Option<f64>> = ins
-            .args
-            .iter()
-            .map(|a| {
-                if let Arg::Scalar(s) = a {
-                    Some(s.0)
-                } else {
-                    None
-                }
-            })
-            .collect();
-        lines.push(format!(
-            "const float v{} = {};",
-            n + 1,
-            ins.op.device_expr(&operands, &scalars, f)
-        ));
-    }
-    lines
-}
-
-/// The Sm80EVT visitor tree of an sm80 kernel's fused epilogue: one compute node (the same fp32
-/// functor as sm90's) over the accumulator, the bias and the leaves, stored by an aux-store node.
-/// The tree runs on torch's row-major problem out[m,n] (the one the unfused kernels' column-major
-/// GemmUniversal transposes back into), so torch's n is the problem's N: the bias and row leaves
-/// are row broadcasts, col leaves column broadcasts, and each full leaf (a residual) is an aux
-/// load with the output's strides; sm80 has no C source, and one aux load per full leaf.
-fn sm80_fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
-    use crate::rules::epilogue::LeafKind;
-    let Some(e) = &k.fusion else {
-        return json!({ "fusion": false })
-            .as_object()
-            .cloned()
-            .expect("object");
-    };
-    let row = "cutlass::epilogue::threadblock::VisitorRowBroadcast<OutputTileThreadMap, Element, Stride<_0, _1, int64_t>>";
-    let mut params = vec!["T const& acc".to_string()];
-    let mut children = Vec::new();
-    let mut child_args = Vec::new();
-    if k.bias {
-        params.push("T const& bias".into());
-        children.push(row.to_string());
-        child_args.push("{static_cast<const Element*>(p.bias), Element(0), {}}".to_string());
-    }
-    for (i, leaf) in e.leaves.iter().enumerate() {
-        params.push(format!("T const& l{i}"));
-        let ptr = |ty: &str| format!("static_cast<{ty}*>(p.leaves[{i}])");
-        let (child, arg) = match leaf {
-            LeafKind::Row => (row.to_string(), format!("{{{}, Element(0), {{}}}}", ptr("const Element"))),
-            LeafKind::Col => (
-                "cutlass::epilogue::threadblock::VisitorColBroadcast<OutputTileThreadMap, Element, Stride<_1, _0, int64_t>>".to_string(),
-                format!("{{{}, Element(0), {{}}}}", ptr("const Element")),
-            ),
-            LeafKind::Scalar => (
-                "cutlass::epilogue::threadblock::VisitorScalarBroadcast<ElementCompute>".to_string(),
-                format!("{{{{ElementCompute(0)}}, {{{}}}, {{}}}}", ptr("const ElementCompute")),
-            ),
-            // VisitorAuxLoad's pointer is not const; the kernel only reads it.
-            LeafKind::Full => (
-                "cutlass::epilogue::threadblock::VisitorAuxLoad<OutputTileThreadMap, Element, Stride<int64_t, _1, int64_t>>".to_string(),
-                format!("{{const_cast<Element*>({}), Element(0), {{int64_t(N), _1{{}}, mn}}}}", ptr("const Element")),
-            ),
-        };
-        children.push(child);
-        child_args.push(arg);
-    }
-    let v0 = ["acc[i]", if k.bias { " + bias[i]" } else { "" }].concat();
-    json!({
-        "fusion": true,
-        "fusion_text": e.text(),
-        "fusion_params": params.join(", "),
-        "fusion_lines": program_lines(e, &v0, Transcendentals::for_math(k.math)),
-        "fusion_out": format!("v{}", e.instrs.len()),
-        "fusion_children": children,
-        "fusion_child_args": child_args,
-        // torch's operands as the row-major problem reads them.
-        "layout_a": if k.layout.a() == crate::rules::Major::Row { "cutlass::layout::RowMajor" } else { "cutlass::layout::ColumnMajor" },
-        "layout_b": if k.layout.b() == crate::rules::Major::Row { "cutlass::layout::RowMajor" } else { "cutlass::layout::ColumnMajor" },
-    })
-    .as_object()
-    .cloned()
-    .expect("object")
-}
-
-/// The visitor tree of a fused epilogue: the functor's body (one fp32 line per program value),
-/// its inputs as the compute node's children, and their runtime arguments from the kernel's call
-/// (templates/gemm_call.hbs).
-fn fusion_vars(k: &KernelSpec) -> serde_json::Map<String, serde_json::Value> {
-    use crate::rules::epilogue::LeafKind;
-    use crate::space::LeafRead;
-    // The split families add their first GEMM's result (read as C) and the bias in the second
-    // GEMM's epilogue: a visitor tree even without an epilogue program.
-    let split = k.family.is_split() && (k.bias || k.fusion.is_some());
-    let empty = crate::rules::Epilogue {
-        leaves: vec![],
-        instrs: vec![],
-    };
-    let e = match &k.fusion {
-        Some(e) => e,
-        None if split => &empty,
-        None => {
-            return json!({ "fusion": false, "two_gemms": false })
-                .as_object()
-                .cloned()
-                .expect("object")
-        }
-    };
-    let col_broadcast = "cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_1, _0, int64_t>, AlignmentD>";
-    let mut params = vec!["T const& acc".to_string()];
-    let mut children = Vec::new();
-    let mut child_args = Vec::new();
-    let (mut element_c, mut c_pointer) = ("void", "nullptr".to_string());
-    if split {
-        params.push("T const& c".into());
-        children.push("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>".to_string());
-        child_args.push("{}".to_string());
-        element_c = "ElementD";
-        c_pointer = format!(
-            "static_cast<const ElementD*>({})",
-            if k.is_padded_split() { "out" } else { "p.out" }
-        );
-    }
-    if k.bias {
-        params.push("T const& bias".into());
-        children.push(col_broadcast.to_string());
-        child_args.push("{static_cast<const ElementD*>(p.bias), ElementD(0), {}}".to_string());
-    }
-    let reads = k.leaf_reads();
-    for (i, leaf) in e.leaves.iter().enumerate() {
-        params.push(format!("T const& l{i}"));
-        let ptr = |ty: &str| format!("static_cast<const {ty}*>(p.leaves[{i}])");
-        // torch's rows are the CUTLASS problem's columns: a per-n vector is a column broadcast.
-        let (child, arg) = match leaf {
-            LeafKind::Row => (col_broadcast.to_string(), format!("{{{}, ElementD(0), {{}}}}", ptr("ElementD"))),
-            LeafKind::Col => (
-                "cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, ElementD, ElementCompute, Stride<_0, _1, int64_t>, AlignmentD>".to_string(),
-                format!("{{{}, ElementD(0), {{}}}}", ptr("ElementD")),
-            ),
-            LeafKind::Scalar => (
-                "cutlass::epilogue::fusion::Sm90ScalarBroadcast<ElementCompute, Stride<_0, _0, int64_t>>".to_string(),
-                format!("{{{{ElementCompute(0)}}, {{{}}}, {{}}}}", ptr("ElementCompute")),
-            ),
-            LeafKind::Full if reads[i] == Some(LeafRead::C) => {
-                element_c = "ElementD";
-                c_pointer = ptr("ElementD");
-                ("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>".to_string(), "{}".to_string())
-            }
-            LeafKind::Full => ("AuxLoad".to_string(), format!("{{{}, ElementAux(0), stride_aux}}", ptr("ElementAux"))),
-        };
-        children.push(child);
-        child_args.push(arg);
-    }
-    let v0 = [
-        "acc[i]",
-        if split { " + c[i]" } else { "" },
-        if k.bias { " + bias[i]" } else { "" },
-    ]
-    .concat();
-    let lines = program_lines(e, &v0, Transcendentals::for_math(k.math));
-    json!({
-        "fusion": true,
-        "two_gemms": split,
-        "fusion_text": if e.instrs.is_empty() { "the bias".to_string() } else { e.text() },
-        "fusion_params": params.join(", "),
-        "fusion_lines": lines,
-        "fusion_out": format!("v{}", e.instrs.len()),
-        "fusion_children": children,
-        "fusion_child_args": child_args,
-        "aux_loads": k.aux_loads() > 0,
-        "element_c": element_c,
-        "c_pointer": c_pointer,
-    })
-    .as_object()
-    .cloned()
-    .expect("object")
-}
-
-/// The translation unit of one kernel.
-pub fn render_kernel(k: &KernelSpec) -> Source {
-    let text = registry()
-        .render(k.family.template(), &kernel_vars(k))
-        .unwrap_or_else(|e| panic!("rendering {}: {e}", k.kernel_name()));
-    Source {
-        file_name: format!("{}.cu", k.kernel_name()),
-        text,
-    }
-}
-
 /// A dtype as FactTensor::dtype (FactDtype) says it.
-fn dtype_abi(d: crate::types::DType) -> u32 {
+pub fn dtype_abi(d: crate::types::DType) -> u32 {
     match d {
         crate::types::DType::F32 => 0,
         crate::types::DType::Bf16 => 1,
@@ -378,117 +53,8 @@ fn dtype_abi(d: crate::types::DType) -> u32 {
     }
 }
 
-/// The translation unit of one attention kernel.
-pub fn render_attention(a: &AttentionSpec) -> Source {
-    let mut vars = json!({
-        "name": a.name(),
-        "arch": a.arch.short_name(),
-        "element": a.dtype.cutlass_tag(),
-        "dtype_abi": dtype_abi(a.dtype),
-        "math": a.math.short_name(),
-        "tf32": a.math == crate::types::MathType::Tf32,
-        "queries": a.queries_per_block,
-        "keys": a.keys_per_block,
-        "max_k": a.max_k,
-    });
-    let template = match a.family {
-        AttentionFamily::Sm80 => "sm80_fmha",
-        AttentionFamily::Sm90 {
-            schedule,
-            causal,
-            overlap,
-            prefetch_q,
-            key_lengths,
-        } => {
-            vars["overlap"] = json!(overlap);
-            vars["prefetch_q"] = json!(prefetch_q);
-            vars["schedule"] = json!(schedule.cutlass_policy());
-            vars["smem_per_cta"] = json!(crate::types::Arch::Sm90.hardware().smem_per_cta);
-            vars["persistent"] = json!(schedule.persistent());
-            let (tile_scheduler, tile_order) = schedule.tile_scheduler();
-            vars["tile_scheduler"] = json!(tile_scheduler);
-            vars["tile_order"] = json!(tile_order);
-            vars["rotated"] = json!(schedule == Sm90Schedule::Persistent);
-            vars["paired"] = json!(schedule == Sm90Schedule::Paired);
-            vars["causal"] = json!(causal);
-            vars["key_lengths"] = json!(key_lengths);
-            // Without a causal mask the keys past Tk (or past the sequence's length, which the
-            // key-length mainloop hands the fusion as Tk) in the last key block still need one.
-            vars["fusion"] = json!(match (causal, key_lengths) {
-                (true, false) => "cutlass::fmha::collective::CausalFusion",
-                (true, true) => "CausalLengthFusion",
-                (false, _) => "TailFusion",
-            });
-            "sm90_fmha"
-        }
-    };
-    let text = registry()
-        .render(template, &vars)
-        .unwrap_or_else(|e| panic!("rendering {}: {e}", a.name()));
-    Source {
-        file_name: format!("{}.cu", a.name()),
-        text,
-    }
-}
-
-/// The translation unit of one LayerNorm kernel (CUDA's own types: no CUTLASS).
-pub fn render_layernorm(l: &LayerNormSpec) -> Source {
-    use crate::types::DType;
-    let element = match l.dtype {
-        DType::F32 => "float",
-        DType::Bf16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-    };
-    let vec_type = match l.vector * l.dtype.bytes() as u32 {
-        16 => "uint4",
-        8 => "uint2",
-        4 => "unsigned int",
-        2 => "unsigned short",
-        other => panic!(
-            "{}: a {other}-byte vector (invalid_reason refuses it)",
-            l.name()
-        ),
-    };
-    let vars = json!({
-        "name": l.name(),
-        "spec_json": Spec::LayerNorm(l.clone()).to_json(),
-        "dtype": l.dtype.short_name(),
-        "dtype_abi": dtype_abi(l.dtype),
-        "element": element,
-        "vec_type": vec_type,
-        "cols": l.cols,
-        "threads": l.threads_per_row,
-        "vector": l.vector,
-        "rows": l.rows_per_cta,
-        "loads": l.loads(),
-    });
-    let text = registry()
-        .render("layernorm", &vars)
-        .unwrap_or_else(|e| panic!("rendering {}: {e}", l.name()));
-    Source {
-        file_name: format!("{}.cu", l.name()),
-        text,
-    }
-}
-
-/// The translation unit of one kernel of any kind.
-pub fn render_spec(s: &Spec) -> Source {
-    match s {
-        Spec::Gemm(k) => render_kernel(k),
-        Spec::Attention(a) => render_attention(a),
-        Spec::LayerNorm(l) => render_layernorm(l),
-    }
-}
-
-/// One translation unit holding several kernels (each in its own namespace), so a sweep builds
-/// as one unit per core rather than one per kernel. Named for its contents.
-pub fn render_unit(kernels: &[KernelSpec]) -> Source {
-    let sources: Vec<Source> = kernels.iter().map(render_kernel).collect();
-    unit_of(&sources.iter().collect::<Vec<_>>())
-}
-
-/// The translation unit of kernels already rendered by `render_kernel` (same text and name as
-/// `render_unit` of their specs).
+/// The translation unit of kernels already rendered (each in its own namespace), so a sweep
+/// builds as one unit per core rather than one per kernel. Named for its contents.
 pub fn unit_of(sources: &[&Source]) -> Source {
     match sources {
         [one] => (*one).clone(),
@@ -512,99 +78,53 @@ pub fn unit_of(sources: &[&Source]) -> Source {
     }
 }
 
-/// What a kernel's tensors and scalars are, by position (FactKernelInfo::signature).
-fn signature(s: &Spec) -> String {
-    use crate::rules::{LeafKind, Major};
-    match s {
-        Spec::Attention(a) => {
-            let out = match a.family {
-                AttentionFamily::Sm80 => "out[B,Hq,Tq,D] (stored [B,Tq,Hq,D])",
-                AttentionFamily::Sm90 { .. } => "out[B,Hq,Tq,D]",
-            };
-            let lengths = match a.family {
-                AttentionFamily::Sm90 {
-                    key_lengths: true, ..
-                } => "lengths i32[B]",
-                AttentionFamily::Sm90 { .. } => "lengths (NULL data)",
-                AttentionFamily::Sm80 => "lengths i32[B]?",
-            };
-            format!("q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] {out} factor f32[1]? {lengths} (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)")
-        }
-        Spec::LayerNorm(_) => {
-            "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps".into()
-        }
-        Spec::Gemm(k) => {
-            let a = match k.layout.a() {
-                Major::Row => "a[L,M,K]",
-                Major::Col => "a[L,M,K] (stored [L,K,M])",
-            };
-            let b = match k.layout.b() {
-                Major::Row => "b[L,K,N]",
-                Major::Col => "b[L,K,N] (stored [L,N,K])",
-            };
-            let bias = if k.bias {
-                "bias[N]"
-            } else {
-                "bias (NULL data)"
-            };
-            let leaves = k.fusion.iter().flat_map(|e| &e.leaves).map(|l| match l {
-                LeafKind::Full => "full[L,M,N]",
-                LeafKind::Row => "row[N]",
-                LeafKind::Col => "col[M]",
-                LeafKind::Scalar => "scalar f32[1]",
-            });
-            let tensors: Vec<&str> = [a, b, bias]
-                .into_iter()
-                .chain(leaves)
-                .chain(["out[L,M,N]"])
-                .collect();
-            format!("{}; no scalars", tensors.join(" "))
-        }
-    }
+/// One entry of a library's dispatch table: a kernel variant of any kind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DispatchEntry {
+    /// The variant's name (what the op and the tuner look the entry up by).
+    pub name: String,
+    /// The compiled kernel's symbol stem: `fact_k_<symbol>_run`.
+    pub symbol: String,
+    /// The kind the op checks: "gemm", "attention", "layernorm".
+    pub kind: &'static str,
+    /// What its tensors and scalars are, by position.
+    pub signature: String,
+    pub spec_json: String,
+    pub dtype: &'static str,
+    pub layout: String,
+    pub epilogue: String,
+    /// Launch knobs: splits, raster, swizzle.
+    pub knobs: [i64; 3],
 }
 
-/// The dispatch table over the kernels in `specs`, in the given order (index = position): a GEMM
-/// variant's entry holds its kernel and its launch knobs.
-pub fn render_dispatch(specs: &[Spec]) -> Source {
-    let entries: Vec<_> = specs
+/// The dispatch table over `entries`, in the given order (index = position): a GEMM variant's
+/// entry holds its kernel and its launch knobs.
+pub fn render_dispatch(entries: &[DispatchEntry]) -> Source {
+    let kernels: Vec<_> = entries
         .iter()
-        .map(|s| {
-            let (kind, layout, epilogue, knobs) = match s {
-                Spec::Gemm(v) => (
-                    "gemm",
-                    v.layout.short_name(),
-                    v.fusion.as_ref().map(|e| e.text()).unwrap_or_default(),
-                    [
-                        i64::from(v.knobs.splits),
-                        i64::from(v.knobs.raster.abi()),
-                        i64::from(v.knobs.swizzle),
-                    ],
-                ),
-                Spec::Attention(_) => ("attention", "", String::new(), [0; 3]),
-                Spec::LayerNorm(_) => ("layernorm", "", String::new(), [0; 3]),
-            };
+        .map(|e| {
             json!({
-                "name": s.name(),
-                "symbol": s.kernel_name(),
-                "kind": kind,
-                "signature": signature(s),
-                "spec_json": s.to_json(),
-                "dtype": s.dtype().short_name(),
-                "layout": layout,
-                "epilogue": epilogue,
-                "splits": knobs[0],
-                "raster": knobs[1],
-                "swizzle": knobs[2],
+                "name": e.name,
+                "symbol": e.symbol,
+                "kind": e.kind,
+                "signature": e.signature,
+                "spec_json": e.spec_json,
+                "dtype": e.dtype,
+                "layout": e.layout,
+                "epilogue": e.epilogue,
+                "splits": e.knobs[0],
+                "raster": e.knobs[1],
+                "swizzle": e.knobs[2],
             })
         })
         .collect();
-    let mut symbols: Vec<String> = specs.iter().map(Spec::kernel_name).collect();
+    let mut symbols: Vec<&str> = entries.iter().map(|e| e.symbol.as_str()).collect();
     symbols.sort();
     symbols.dedup();
-    let text = registry()
+    let text = library_templates()
         .render(
             "dispatch",
-            &json!({ "kernels": entries, "symbols": symbols, "count": specs.len() }),
+            &json!({ "kernels": kernels, "symbols": symbols, "count": entries.len() }),
         )
         .expect("dispatch renders");
     Source {
@@ -613,1167 +133,78 @@ pub fn render_dispatch(specs: &[Spec]) -> Source {
     }
 }
 
-/// The attention mask classifier, shared with the bridge (which includes the header): the op
-/// library classifies the masks calls pass with the same code that classified the graph's.
-const MASK_CLASS: &str = include_str!("../torch/mask_class.h");
+/// One op of the torch op library: its name (`fact::<name>`), its schema, and the C++ function
+/// of its section that implements it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpDef {
+    pub name: &'static str,
+    pub schema: &'static str,
+    pub function: &'static str,
+}
 
-/// The torch op wrapper; it is the same for every library of one arch.
-pub fn render_torch_op(arch: crate::types::Arch) -> Source {
-    let devices = arch.devices();
-    let check: Vec<String> = devices
-        .iter()
-        .map(|(major, minor)| format!("(props.major == {major} && props.minor == {minor})"))
-        .collect();
-    let names: Vec<String> = devices
+/// A kind's section of the torch op library: `prelude` before the library's anonymous namespace
+/// (headers of its own), `body` inside it (the ops and their fallbacks).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpCode {
+    pub prelude: String,
+    pub body: String,
+}
+
+/// The variables every op section renders with: the library's arch and the devices that run it.
+pub fn op_vars(arch: crate::types::Arch) -> serde_json::Value {
+    let names: Vec<String> = arch
+        .devices()
         .iter()
         .map(|(major, minor)| format!("{major}.{minor}"))
         .collect();
-    let text = registry()
-        .render(
-            "torch_op",
-            &json!({
-                "arch": arch.short_name(),
-                "device_check": check.join(" || "),
-                "devices": names.join(" or "),
-                "gemm_schema": crate::torch::GEMM_OP_SCHEMA,
-                "gemm_ep_schema": crate::torch::GEMM_EP_OP_SCHEMA,
-                "attention_schema": crate::torch::ATTENTION_OP_SCHEMA,
-                "layernorm_schema": crate::torch::LAYERNORM_OP_SCHEMA,
-                "mask_class": MASK_CLASS.replace("#pragma once\n", ""),
-            }),
-        )
+    json!({ "arch": arch.short_name(), "devices": names.join(" or ") })
+}
+
+/// The torch op library for `arch`: the shared frame (helpers, the kinds a user turns off by
+/// name, call counts, schemas and registrations) around each kind's section (`sections`: its
+/// ops and its code, in the registry's order); `switches` are the pattern kinds' names, in the
+/// order of their bits. It is the same for every library of one arch.
+pub fn render_torch_op(
+    arch: crate::types::Arch,
+    sections: &[(&[OpDef], OpCode)],
+    switches: &[&str],
+) -> Source {
+    let check: Vec<String> = arch
+        .devices()
+        .iter()
+        .map(|(major, minor)| format!("(props.major == {major} && props.minor == {minor})"))
+        .collect();
+    let kinds: Vec<_> = switches
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut ident: Vec<char> = name.chars().collect();
+            ident[0] = ident[0].to_ascii_uppercase();
+            json!({
+                "name": name,
+                "ident": format!("k{}Kind", ident.into_iter().collect::<String>()),
+                "bit": 1u32 << i,
+            })
+        })
+        .collect();
+    let ops: Vec<&OpDef> = sections.iter().flat_map(|(ops, _)| ops.iter()).collect();
+    let mut vars = op_vars(arch);
+    vars["device_check"] = json!(check.join(" || "));
+    vars["kinds"] = json!(kinds);
+    vars["all"] = json!((1u32 << switches.len()) - 1);
+    vars["ops"] = json!(ops
+        .iter()
+        .map(|o| json!({ "name": o.name, "schema": o.schema, "function": o.function }))
+        .collect::<Vec<_>>());
+    vars["sections"] = json!(sections
+        .iter()
+        .map(|(_, code)| json!({ "prelude": code.prelude, "body": code.body }))
+        .collect::<Vec<_>>());
+    let text = library_templates()
+        .render("torch_op", &vars)
         .expect("torch op renders");
     Source {
         file_name: "fact_torch_op.cpp".into(),
         text,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rules::{GemmLayout, GemmProblem};
-    use crate::space::{EpilogueKind, KernelSchedule, Knowledge, TileScheduler};
-    use crate::types::{Arch, DType, MathType};
-
-    fn spec(bias: bool) -> KernelSpec {
-        let p = GemmProblem {
-            m: 4096,
-            n: 4096,
-            k: 4096,
-            layout: GemmLayout::Rcr,
-            dtype: DType::F32,
-            bias,
-            batch: 1,
-            epilogue: None,
-            padded_from: None,
-        };
-        Knowledge::shipped()
-            .kernels(&p, MathType::Tf32, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.tile == [128, 128, 32]
-                    && k.cluster == [1, 2, 1]
-                    && k.schedule == KernelSchedule::WsCooperative
-                    && k.scheduler == TileScheduler::Persistent
-                    && k.epilogue == EpilogueKind::Tma
-            })
-            .unwrap()
-    }
-
-    /// The 4096³ linear kernel of `spec(true)` fused with an epilogue over every leaf kind.
-    fn fused() -> KernelSpec {
-        let e = crate::rules::Epilogue::parse(
-            "leaves=full,row,col,scalar;v1=gelu_tanh(v0);v2=mul(v1,l1);v3=sigmoid(v0);v4=mul(v2,v3);v5=add(v4,l2);v6=div(v5,l3);v7=pow(v6,3.0);v8=add(l0,v7);v9=clamp(v8,-inf,6.0)",
-        )
-        .unwrap();
-        KernelSpec {
-            fusion: Some(e),
-            ..spec(true)
-        }
-    }
-
-    fn sm80(math: MathType, bias: bool) -> KernelSpec {
-        let p = GemmProblem {
-            m: 256,
-            n: 256,
-            k: 524288,
-            layout: GemmLayout::Rrr,
-            dtype: DType::F32,
-            bias,
-            batch: 1,
-            epilogue: None,
-            padded_from: None,
-        };
-        Knowledge::shipped()
-            .kernels(&p, math, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.family == crate::space::Family::Sm80Gemm
-                    && k.tile == [128, 128, 32]
-                    && k.scheduler == TileScheduler::Persistent
-            })
-            .unwrap()
-    }
-
-    /// A persistent 2x1x1 split-family kernel of `tile` for the 4096³ fp32-accurate rrr GEMM.
-    fn split_kernel(family: crate::space::Family, tile: [u32; 3]) -> KernelSpec {
-        let p = GemmProblem {
-            m: 4096,
-            n: 4096,
-            k: 4096,
-            layout: GemmLayout::Rrr,
-            dtype: DType::F32,
-            bias: false,
-            batch: 1,
-            epilogue: None,
-            padded_from: None,
-        };
-        Knowledge::shipped()
-            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.family == family
-                    && k.tile == tile
-                    && k.cluster == [2, 1, 1]
-                    && k.scheduler == TileScheduler::Persistent
-            })
-            .unwrap()
-    }
-
-    #[test]
-    fn sm80_render_is_golden_and_names_its_math() {
-        let k = render_kernel(&sm80(MathType::Tf32x3, true));
-        expect_test::expect_file!["../../tests/golden/sm80_gemm_rrr_tf32x3_bias.cu"]
-            .assert_eq(&k.text);
-        assert!(k.text.contains("OpMultiplyAddFastF32"));
-        let plain = render_kernel(&sm80(MathType::Tf32, false)).text;
-        assert!(plain.contains("cutlass::arch::OpMultiplyAdd>"), "{plain}");
-    }
-
-    /// The first sm80-build candidate (tile `tile`, persistent) for torch's `layout` problem
-    /// 4096x4096x4096 with `epilogue`.
-    fn for_sm80(
-        dtype: DType,
-        layout: GemmLayout,
-        bias: bool,
-        epilogue: Option<&str>,
-        tile: [u32; 3],
-    ) -> KernelSpec {
-        let epilogue = epilogue.map(|e| crate::rules::Epilogue::parse(e).unwrap());
-        let p = GemmProblem {
-            m: 4096,
-            n: 4096,
-            k: 4096,
-            layout,
-            dtype,
-            bias,
-            batch: 1,
-            epilogue,
-            padded_from: None,
-        };
-        let math = MathType::for_tensor(dtype, crate::types::Precision::Tf32).unwrap();
-        Knowledge::shipped()
-            .kernels(&p, math, Arch::Sm80)
-            .into_iter()
-            .find(|k| k.tile == tile && k.scheduler == TileScheduler::Persistent)
-            .unwrap_or_else(|| panic!("an sm80 {tile:?} kernel"))
-    }
-
-    #[test]
-    fn sm80_builds_render_golden_and_differ_from_sm90_builds_in_name_and_spec_alone() {
-        let k = for_sm80(DType::F32, GemmLayout::Rcr, false, None, [128, 128, 32]);
-        assert_eq!(
-            k.kernel_name(),
-            "sm80_gemm_rcr_tf32_f32_128x128x32_w2x2x1_s3_dp_align4_for_sm80"
-        );
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm80_gemm_rcr_tf32_for_sm80.cu"]
-            .assert_eq(&text);
-        let on_sm90 = KernelSpec {
-            arch: Arch::Sm90,
-            ..k.clone()
-        };
-        let same = render_kernel(&on_sm90)
-            .text
-            .replace(&on_sm90.kernel_name(), &k.kernel_name())
-            .replace(&on_sm90.to_json(), &k.to_json());
-        assert_eq!(
-            same, text,
-            "one template, two targets: nvcc's flags make the difference"
-        );
-    }
-
-    #[test]
-    fn sm80_evt_render_is_golden_and_reads_torch_s_problem_row_major() {
-        // bias + gelu + residual: the GPT block's MLP output with its skip connection.
-        let k = for_sm80(
-            DType::F32,
-            GemmLayout::Rcr,
-            true,
-            Some("leaves=full;v1=gelu(v0);v2=add(v1,l0)"),
-            [128, 128, 32],
-        );
-        assert_eq!(k.invalid_reason(), None);
-        assert!(
-            k.kernel_name()
-                .starts_with("sm80_gemm_rcr_tf32_f32_128x128x32_w2x2x1_s3_dp_bias_ep_gelu_add_")
-                && k.kernel_name().ends_with("_align4_for_sm80"),
-            "{}",
-            k.kernel_name()
-        );
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm80_gemm_rcr_tf32_bias_ep_for_sm80.cu"]
-            .assert_eq(&text);
-        assert!(
-            text.contains("const float v0 = acc[i] + bias[i];")
-                && text.contains("const float v2 = v1 + l0[i];")
-        );
-        assert!(text.contains("using LayoutA = cutlass::layout::RowMajor;\nusing LayoutB = cutlass::layout::ColumnMajor;\nusing LayoutC = cutlass::layout::RowMajor;"));
-        assert!(
-            text.contains("const int64_t lda = K, ldb = K;"),
-            "rcr: a is [m,k], b is [n,k]"
-        );
-        assert!(text.contains("VisitorRowBroadcast<OutputTileThreadMap, Element, Stride<_0, _1, int64_t>>,\n    cutlass::epilogue::threadblock::VisitorAuxLoad<"));
-        assert!(
-            text.contains("fact_erf_approx(v0 * 0.70710678118654752f)") && !text.contains("GELU"),
-            "tf32: erf through the hardware's tanh, in fact's own functor"
-        );
-        // Every leaf kind, on bf16 rrr Stream-K.
-        let k = for_sm80(DType::Bf16, GemmLayout::Rrr, false, Some("leaves=full,row,col,scalar;v1=mul(v0,l1);v2=add(v1,l2);v3=div(v2,l3);v4=add(v3,l0)"), [128, 128, 32]);
-        let sk = KernelSpec {
-            scheduler: TileScheduler::StreamK,
-            ..k
-        };
-        let text = render_kernel(&sk).text;
-        for line in [
-            "using LayoutA = cutlass::layout::RowMajor;\nusing LayoutB = cutlass::layout::RowMajor;",
-            "const int64_t lda = K, ldb = N;",
-            "cutlass::gemm::threadblock::ThreadblockSwizzleStreamK,",
-            "VisitorColBroadcast<OutputTileThreadMap, Element, Stride<_1, _0, int64_t>>",
-            "VisitorScalarBroadcast<ElementCompute>",
-            "{ {}, {const_cast<Element*>(static_cast<const Element*>(p.leaves[0])), Element(0), {int64_t(N), _1{}, mn}}, {static_cast<const Element*>(p.leaves[1]), Element(0), {}}, {static_cast<const Element*>(p.leaves[2]), Element(0), {}}, {{ElementCompute(0)}, {static_cast<const ElementCompute*>(p.leaves[3])}, {}}, {} },",
-            // The call's leaves as the ABI passes them, in the program's order.
-            "constexpr int kLeaves = 4;",
-            "constexpr Leaf kLeafKinds[FACT_MAX_LEAVES] = { Leaf::Full, Leaf::Row, Leaf::Col, Leaf::Scalar, };",
-        ] {
-            assert!(text.contains(line), "{line}\n{text}");
-        }
-        // Each residual is an aux load of its own, so sm80 takes two where sm90's C operand takes one.
-        let two = for_sm80(
-            DType::F32,
-            GemmLayout::Rcr,
-            true,
-            Some("leaves=full,full;v1=add(v0,l0);v2=add(v1,l1)"),
-            [128, 128, 32],
-        );
-        assert_eq!(two.invalid_reason(), None);
-        assert_eq!(
-            render_kernel(&two).text.matches("VisitorAuxLoad<").count(),
-            2
-        );
-        // The sm90 family takes the same two residuals, the second through an aux load.
-        let sm90 = KernelSpec {
-            fusion: two.fusion.clone(),
-            ..spec(true)
-        };
-        assert_eq!((sm90.invalid_reason(), sm90.aux_loads()), (None, 1));
-    }
-
-    #[test]
-    fn x3_render_is_golden_and_runs_two_gemms() {
-        let k = split_kernel(crate::space::Family::Sm90GemmX3, [128, 256, 32]);
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3.cu"].assert_eq(&text);
-        assert!(
-            text.contains("return make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);"),
-            "the second GEMM accumulates over both K halves"
-        );
-        assert!(text.contains("second.initialize(second_arguments(p, a_parts, b_parts)"));
-        // torch's rrr b is split into K-major parts, so the passes read a RowMajor CUTLASS A.
-        assert!(
-            text.contains("split_parts_transposed<<<")
-                && text.contains("using LayoutA = cutlass::layout::RowMajor;")
-        );
-        let rcr = KernelSpec {
-            layout: GemmLayout::Rcr,
-            ..k
-        };
-        assert!(!render_kernel(&rcr)
-            .text
-            .contains("split_parts_transposed<<<"));
-    }
-
-    #[test]
-    fn split_families_fuse_bias_and_epilogue_into_their_second_gemm() {
-        let p = GemmProblem {
-            m: 4096,
-            n: 4096,
-            k: 4096,
-            layout: GemmLayout::Rcr,
-            dtype: DType::F32,
-            bias: true,
-            batch: 1,
-            epilogue: Some(crate::rules::Epilogue::parse("leaves=;v1=gelu(v0)").unwrap()),
-            padded_from: None,
-        };
-        let k = Knowledge::shipped()
-            .kernels(&p, MathType::Tf32x3, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.family == crate::space::Family::Sm90GemmBf16x3 && k.invalid_reason().is_none()
-            })
-            .expect("a bf16-split kernel for a fused f32-accurate problem");
-        assert!(k.fits(&p));
-        let text = render_kernel(&k).text;
-        assert!(
-            text.contains("namespace plain {") && text.contains("namespace fused {"),
-            "two GEMM types"
-        );
-        assert!(
-            text.contains("const float v0 = acc[i] + c[i] + bias[i];"),
-            "the first GEMM's result comes in as C"
-        );
-        assert!(text.contains("0.5f * v0 * (1.f + erff(v0 * 0.70710678118654752f))"));
-        assert_eq!(
-            text.matches("using ElementC = void;").count(),
-            1,
-            "the first GEMM reads no C"
-        );
-        assert_eq!(text.matches("using ElementC = ElementD;").count(), 1);
-        // Bias alone takes the same path.
-        let bias_only = KernelSpec {
-            fusion: None,
-            ..k.clone()
-        };
-        assert!(render_kernel(&bias_only)
-            .text
-            .contains("const float v0 = acc[i] + c[i] + bias[i];"));
-    }
-
-    #[test]
-    fn bf16_split_render_is_golden_and_keeps_the_layout() {
-        let k = split_kernel(crate::space::Family::Sm90GemmBf16x3, [128, 256, 64]);
-        assert!(
-            k.kernel_name()
-                .starts_with("sm90b3_gemm_rrr_bf16x3_f32_128x256x64_"),
-            "{}",
-            k.kernel_name()
-        );
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90b3_gemm_rrr_bf16x3.cu"].assert_eq(&text);
-        for line in [
-            "using Element = cutlass::bfloat16_t;",
-            "using ElementD = float;",
-            "constexpr int Alignment = 8;",
-            "constexpr int AlignmentD = 4;",
-            "using LayoutA = cutlass::layout::ColumnMajor;",
-        ] {
-            assert!(text.contains(line), "{line}");
-        }
-        assert!(!text.contains("split_parts_transposed"));
-    }
-
-    #[test]
-    fn variants_of_one_kernel_share_its_source_and_symbol() {
-        let k = sm80(MathType::Tf32x3, false);
-        let v = k.with_knobs(crate::space::Knobs {
-            splits: 8,
-            ..Default::default()
-        });
-        assert_eq!(render_kernel(&k), render_kernel(&v));
-        let d = render_dispatch(&[k.clone().into(), v.clone().into()]).text;
-        assert_eq!(
-            d.matches(&format!(
-                "extern \"C\" int32_t fact_k_{}_run",
-                k.kernel_name()
-            ))
-            .count(),
-            1
-        );
-        assert!(d.contains(&format!("{{\"{}\"", v.name())) && d.contains("{ 8, 0, 1 }}"));
-        let unit = render_unit(&[spec(false), k.clone()]);
-        assert!(unit.file_name.starts_with("unit_2k_"));
-        assert_eq!(
-            unit,
-            unit_of(&[&render_kernel(&spec(false)), &render_kernel(&k)]),
-            "a unit of rendered kernels is the same unit"
-        );
-        assert!(
-            unit.text
-                .contains(&format!("fact_k_{}_run", k.kernel_name()))
-                && unit
-                    .text
-                    .contains(&format!("fact_k_{}_run", spec(false).kernel_name()))
-        );
-    }
-
-    #[test]
-    fn kernel_render_is_deterministic_and_golden() {
-        let a = render_kernel(&spec(true));
-        assert_eq!(a, render_kernel(&spec(true)));
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias.cu"]
-            .assert_eq(&a.text);
-    }
-
-    #[test]
-    fn only_f32_accurate_kernels_compute_tanh_exp_and_erf_accurately() {
-        let e = crate::rules::Epilogue::parse(
-            "leaves=;v1=gelu_tanh(v0);v2=sigmoid(v1);v3=exp(v2);v4=gelu(v3)",
-        )
-        .unwrap();
-        let lines =
-            |m: MathType| program_lines(&e, "acc[i]", Transcendentals::for_math(m)).join("\n");
-        for m in [MathType::Tf32, MathType::Bf16, MathType::F16] {
-            let text = lines(m);
-            assert!(
-                text.contains("fact_tanh_approx(")
-                    && text.contains("fact_exp_approx(-v1)")
-                    && text.contains("fact_erf_approx(v3 * "),
-                "{m:?}: {text}"
-            );
-            assert!(
-                !text.contains("tanhf(") && !text.contains(" expf(") && !text.contains("erff("),
-                "{m:?}: {text}"
-            );
-        }
-        let exact = lines(MathType::Tf32x3);
-        assert!(
-            exact.contains("tanhf(")
-                && exact.contains("expf(-v1)")
-                && exact.contains("erff(v3 * ")
-                && !exact.contains("approx")
-        );
-    }
-
-    #[test]
-    fn fused_render_is_golden_and_computes_each_value_once() {
-        let k = fused();
-        assert_eq!(k.invalid_reason(), None);
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias_ep.cu"]
-            .assert_eq(&text);
-        // v0 (acc + bias) feeds gelu and sigmoid: one line defines it, both read it.
-        assert_eq!(
-            text.matches("const float v0 = acc[i] + bias[i];").count(),
-            1
-        );
-        assert!(text.contains("const float v3 = 1.f / (1.f + fact_exp_approx(-v0));"));
-        assert!(
-            text.contains("const float v7 = v6 * v6 * v6;"),
-            "pow 3 as torch computes it"
-        );
-        assert!(
-            text.contains("Sm90SrcFetch<ElementD>")
-                && text.contains("Sm90RowBroadcast")
-                && text.contains("Sm90ScalarBroadcast")
-        );
-        assert!(
-            text.contains("(1.f + fact_tanh_approx(0.79788456080286536f * (v0 + ")
-                && !text.contains("GELU_taylor"),
-            "tf32: the hardware tanh, in fact's own functor"
-        );
-        // Without a full-size leaf the kernel loads no C.
-        let mut no_c = k.clone();
-        no_c.fusion = Some(crate::rules::Epilogue::parse("leaves=;v1=relu(v0)").unwrap());
-        assert!(render_kernel(&no_c).text.contains("using ElementC = void;"));
-        assert_ne!(no_c.kernel_name(), k.kernel_name());
-        assert!(
-            k.kernel_name()
-                .contains("_bias_ep_gelu_tanh_mul_sigmoid_mul_add_div_pow_add_clamp_"),
-            "{}",
-            k.kernel_name()
-        );
-        // The dispatch entry carries the program for the op to check against its call, and the
-        // signature the tensors in the order the kernel reads them.
-        let d = render_dispatch(&[k.clone().into()]).text;
-        assert!(d.contains(&format!(
-            "R\"fact_ep({})fact_ep\"",
-            k.fusion.as_ref().unwrap().text()
-        )));
-        assert!(d.contains("\"gemm\", \"a[L,M,K] b[L,K,N] (stored [L,N,K]) bias[N] full[L,M,N] row[N] col[M] scalar f32[1] out[L,M,N]; no scalars\""));
-        assert!(text.contains(
-            "constexpr Leaf kLeafKinds[FACT_MAX_LEAVES] = { Leaf::Full, Leaf::Row, Leaf::Col, Leaf::Scalar, };"
-        ));
-    }
-
-    /// A 128x128 cooperative persistent kernel of `family` for the GPT block's projection under
-    /// `math` (65536x768x768 linear with bias) fused with `program`.
-    fn projection(family: crate::space::Family, math: MathType, program: &str) -> KernelSpec {
-        let e = crate::rules::Epilogue::parse(program).unwrap();
-        let p = GemmProblem {
-            m: 65536,
-            n: 768,
-            k: 768,
-            layout: GemmLayout::Rcr,
-            dtype: DType::F32,
-            bias: true,
-            batch: 1,
-            epilogue: Some(e),
-            padded_from: None,
-        };
-        let k = Knowledge::shipped()
-            .kernels(&p, math, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.family == family
-                    && k.tile[..2] == [128, 128]
-                    && k.schedule == KernelSchedule::WsCooperative
-                    && k.scheduler == TileScheduler::Persistent
-                    && k.cluster == [1, 2, 1]
-            })
-            .expect("a 128x128 cooperative kernel");
-        assert_eq!(k.invalid_reason(), None, "{}", k.name());
-        assert!(k.fits(&p), "{}", k.name());
-        k
-    }
-
-    #[test]
-    fn a_second_residual_is_an_aux_load_beside_the_c_operand() {
-        let k = projection(
-            crate::space::Family::Sm90Gemm,
-            MathType::Tf32,
-            "leaves=full,full;v1=add(v0,l0);v2=add(v1,l1)",
-        );
-        assert_eq!(
-            k.leaf_reads(),
-            vec![
-                Some(crate::space::LeafRead::C),
-                Some(crate::space::LeafRead::Aux)
-            ]
-        );
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_rcr_tf32_bias_ep_aux.cu"]
-            .assert_eq(&text);
-        // l0 rides on C, l1 on its own TMA load, with its own stride.
-        assert!(
-            text.contains("{ {}, static_cast<const ElementD*>(p.leaves[0]), stride_d,"),
-            "l0 is the C operand"
-        );
-        assert!(text
-            .contains("{static_cast<const ElementAux*>(p.leaves[1]), ElementAux(0), stride_aux}"));
-        assert!(text.contains("auto stride_aux = cutlass::make_cute_packed_stride(typename AuxLoadDescriptor::Stride{}, {M, N, L});"));
-        assert_eq!(
-            text.matches("cutlass::epilogue::fusion::Sm90SrcFetch<ElementD>")
-                .count(),
-            1
-        );
-        assert!(text.contains("    AuxLoad>;") && text.contains("const float v2 = v1 + l1[i];"));
-        // The leaves' order is in the program's text, so in the name's digest: swapping which
-        // residual rides on C names another kernel.
-        let swapped = projection(
-            crate::space::Family::Sm90Gemm,
-            MathType::Tf32,
-            "leaves=full,full;v1=add(v0,l1);v2=add(v1,l0)",
-        );
-        assert_ne!(swapped.kernel_name(), k.kernel_name());
-        // One full-size leaf renders as before: C alone, no aux load.
-        let one = projection(
-            crate::space::Family::Sm90Gemm,
-            MathType::Tf32,
-            "leaves=full;v1=add(v0,l0)",
-        );
-        assert_eq!(one.aux_loads(), 0);
-        assert!(!render_kernel(&one).text.contains("AuxLoad"));
-    }
-
-    #[test]
-    fn the_split_families_take_a_residual_through_an_aux_load() {
-        let k = projection(
-            crate::space::Family::Sm90GemmBf16x3,
-            MathType::Tf32x3,
-            "leaves=full;v1=add(l0,v0)",
-        );
-        assert_eq!(k.leaf_reads(), vec![Some(crate::space::LeafRead::Aux)]);
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90b3_gemm_rcr_bf16x3_bias_ep_aux.cu"]
-            .assert_eq(&text);
-        // The second GEMM: C is the first's result, the residual an aux load; the first reads none.
-        assert!(
-            text.contains("const float v0 = acc[i] + c[i] + bias[i];")
-                && text.contains("const float v1 = l0[i] + v0;")
-        );
-        assert!(text.contains("{ {}, static_cast<const ElementD*>(p.out), stride_d,"));
-        assert!(text
-            .contains("{static_cast<const ElementAux*>(p.leaves[0]), ElementAux(0), stride_aux}"));
-        assert_eq!(
-            text.matches("using AuxLoad = ").count(),
-            1,
-            "in the fused GEMM only"
-        );
-        assert_eq!(text.matches("using ElementC = void;").count(), 1);
-        // Two residuals are two aux loads: beside C that is 192 KB of 128-row subtiles, which
-        // leaves the mainloop no two stages, so the cooperative kernels are refused.
-        let two = KernelSpec {
-            fusion: Some(
-                crate::rules::Epilogue::parse("leaves=full,full;v1=add(l0,v0);v2=add(v1,l1)")
-                    .unwrap(),
-            ),
-            ..k.clone()
-        };
-        assert_eq!(two.aux_loads(), 2);
-        assert!(
-            two.invalid_reason()
-                .unwrap()
-                .contains("(2 aux load(s) as deep as C) do not fit in shared memory"),
-            "{:?}",
-            two.invalid_reason()
-        );
-    }
-
-    /// The 2048x4096x8192 problem of `a.t() @ b` (crr) or `a.t() @ b.t()` (ccr).
-    fn transposed(layout: GemmLayout, family: crate::space::Family) -> KernelSpec {
-        let p = GemmProblem {
-            m: 2048,
-            n: 4096,
-            k: 8192,
-            layout,
-            dtype: DType::F32,
-            bias: false,
-            batch: 1,
-            epilogue: None,
-            padded_from: None,
-        };
-        Knowledge::shipped()
-            .kernels(&p, MathType::Tf32, Arch::Sm90)
-            .into_iter()
-            .find(|k| {
-                k.family == family
-                    && k.tile[..2] == [128, 128]
-                    && k.scheduler == TileScheduler::Persistent
-                    && (k.family == crate::space::Family::Sm80Gemm
-                        || (k.schedule == KernelSchedule::WsCooperative
-                            && k.epilogue == EpilogueKind::Tma
-                            && k.cluster == [1, 2, 1]))
-            })
-            .unwrap()
-    }
-
-    #[test]
-    fn transposed_layouts_render_golden_and_read_operands_in_place() {
-        // crr: torch's a is column-major, CUTLASS's B (aᵀ) row-major; B stays as in rrr.
-        let crr = transposed(GemmLayout::Crr, crate::space::Family::Sm90Gemm);
-        assert_eq!(
-            crr.kernel_name(),
-            "sm90_gemm_crr_tf32_f32_128x128x32_1x2x1_ws_coop_dp_align4"
-        );
-        let text = render_kernel(&crr).text;
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_crr_tf32.cu"].assert_eq(&text);
-        assert!(text.contains("using LayoutA = cutlass::layout::ColumnMajor;\nusing LayoutB = cutlass::layout::RowMajor;"));
-        // ccr on the sm80 family: both CUTLASS operands row-major, leading dims K (A) and N (B).
-        let ccr = transposed(GemmLayout::Ccr, crate::space::Family::Sm80Gemm);
-        assert!(
-            ccr.kernel_name()
-                .starts_with("sm80_gemm_ccr_tf32_f32_128x128x"),
-            "{}",
-            ccr.kernel_name()
-        );
-        let text = render_kernel(&ccr).text;
-        expect_test::expect_file!["../../tests/golden/sm80_gemm_ccr_tf32.cu"].assert_eq(&text);
-        assert!(text.contains("using LayoutA = cutlass::layout::RowMajor;\nusing LayoutB = cutlass::layout::RowMajor;"));
-        assert!(
-            text.contains("const int64_t lda = K;")
-                && text.contains("const int64_t ldb = N, ldd = M;")
-        );
-        // The dispatch entry carries the layout the op checks the call against.
-        assert!(render_dispatch(&[ccr.clone().into()])
-            .text
-            .contains(&format!("{})fact_spec\", \"f32\", \"ccr\",", ccr.to_json())));
-    }
-
-    #[test]
-    fn attention_renders_are_golden_and_only_tf32_multiplies_once() {
-        let a = AttentionSpec {
-            arch: Arch::Sm90,
-            dtype: DType::F32,
-            math: MathType::Tf32,
-            queries_per_block: 32,
-            keys_per_block: 128,
-            max_k: 128,
-            family: AttentionFamily::Sm80,
-        };
-        let text = render_attention(&a).text;
-        expect_test::expect_file!["../../tests/golden/sm80_fmha_tf32_f32_q32_k128_d128.cu"]
-            .assert_eq(&text);
-        assert!(text.contains(
-            "AttentionKernel<float, cutlass::arch::Sm80, /*isAligned=*/true, 32, 128, 128,"
-        ));
-        let x3 = render_attention(&AttentionSpec {
-            math: MathType::Tf32x3,
-            ..a.clone()
-        })
-        .text;
-        assert!(
-            !x3.contains("DefaultGemmType")
-                && text.contains("using Operator = cutlass::arch::OpMultiplyAdd;"),
-            "3xTF32 keeps the example's own float MMA"
-        );
-        let bf16 = render_attention(&AttentionSpec {
-            dtype: DType::Bf16,
-            math: MathType::Bf16,
-            ..a.clone()
-        })
-        .text;
-        assert!(
-            bf16.contains("AttentionKernel<cutlass::bfloat16_t,") && bf16.contains("t->dtype != 1")
-        );
-        // One dispatch table lists every kind in the order given; a kernel without knobs gets zeros.
-        let d = render_dispatch(&[a.clone().into(), spec(true).into()]).text;
-        let (attention_at, gemm_at) = (
-            d.find(&format!("{{\"{}\", \"attention\"", a.name())),
-            d.find(&format!("{{\"{}\", \"gemm\"", spec(true).name())),
-        );
-        assert!(attention_at.is_some() && attention_at < gemm_at, "{d}");
-        assert!(d.contains(&format!(
-            "fact_k_{0}_can_implement, fact_k_{0}_workspace_size, fact_k_{0}_run, {{ 0, 0, 0 }}}},",
-            a.name()
-        )));
-    }
-
-    /// The 4099x5003x3001 rrr problem: every contiguous dim odd (alignment 1).
-    fn ragged(math: MathType) -> Vec<KernelSpec> {
-        let p = GemmProblem {
-            m: 4099,
-            n: 5003,
-            k: 3001,
-            layout: GemmLayout::Rrr,
-            dtype: DType::F32,
-            bias: false,
-            batch: 1,
-            epilogue: None,
-            padded_from: None,
-        };
-        Knowledge::shipped()
-            .kernels(&p, math, Arch::Sm90)
-            .into_iter()
-            .filter(|k| k.invalid_reason().is_none())
-            .collect()
-    }
-
-    #[test]
-    fn cp_async_render_is_golden_and_stores_element_wise() {
-        let k = ragged(MathType::Tf32)
-            .into_iter()
-            .find(|k| {
-                k.schedule == KernelSchedule::CpAsyncWsCooperative
-                    && k.tile == [128, 128, 32]
-                    && k.scheduler == TileScheduler::Persistent
-            })
-            .unwrap();
-        assert_eq!(
-            k.kernel_name(),
-            "sm90_gemm_rrr_tf32_f32_128x128x32_1x1x1_cp_ws_coop_dp_nosmem_align1"
-        );
-        let text = render_kernel(&k).text;
-        expect_test::expect_file!["../../tests/golden/sm90_gemm_rrr_tf32_cp_async_align1.cu"]
-            .assert_eq(&text);
-        for line in [
-            "constexpr int Alignment = 1;",
-            "constexpr int AlignmentD = 1;",
-            "    cutlass::gemm::KernelCpAsyncWarpSpecializedCooperative>::CollectiveOp;",
-            "    cutlass::epilogue::NoSmemWarpSpecialized,",
-        ] {
-            assert!(text.contains(line), "{line}");
-        }
-        // Alignment 2 rows keep CUTLASS's output alignment of 1.
-        let even = GemmProblem {
-            m: 64,
-            n: 30,
-            k: 64,
-            layout: GemmLayout::Rcr,
-            dtype: DType::F32,
-            bias: false,
-            batch: 1,
-            epilogue: None,
-            padded_from: None,
-        };
-        let k2 = Knowledge::shipped()
-            .kernels(&even, MathType::Tf32, Arch::Sm90)
-            .into_iter()
-            .find(|k| k.schedule.is_cpasync())
-            .unwrap();
-        let text = render_kernel(&k2).text;
-        assert!(
-            text.contains("constexpr int Alignment = 2;\nconstexpr int AlignmentD = 1;"),
-            "{}",
-            k2.name()
-        );
-    }
-
-    #[test]
-    fn padded_split_render_is_golden_and_pads_its_parts() {
-        let find = |family| {
-            ragged(MathType::Tf32x3)
-                .into_iter()
-                .find(|k| {
-                    k.family == family
-                        && k.tile[..2] == [128, 256]
-                        && k.schedule == KernelSchedule::WsCooperative
-                        && k.scheduler == TileScheduler::Persistent
-                })
-                .unwrap()
-        };
-        let x3 = find(crate::space::Family::Sm90GemmX3);
-        assert!(
-            x3.kernel_name()
-                .starts_with("sm90x3_gemm_rrr_tf32x3_f32_128x256x32_")
-                && x3.kernel_name().ends_with("_ws_coop_dp_nosmem_align1"),
-            "{}",
-            x3.kernel_name()
-        );
-        let text = render_kernel(&x3).text;
-        expect_test::expect_file!["../../tests/golden/sm90x3_gemm_rrr_tf32x3_padded.cu"]
-            .assert_eq(&text);
-        // The GEMMs read aligned parts and write an aligned output.
-        assert!(text.contains("constexpr int Alignment = 4;\nconstexpr int AlignmentD = 4;"));
-        assert!(text.contains("split_parts_transposed<<<grid, dim3(32, 8), 0, s>>>(static_cast<const float*>(p.b), b_parts, p.k, p.n, kp, np);"));
-        assert!(text.contains("copy_out<<<") && !text.contains("if (p.k % 4 != 0"));
-        // The bf16 split of an rrr b keeps it n-major: rows of np, kp of them per part.
-        let b3 = ragged(MathType::Tf32x3)
-            .into_iter()
-            .find(|k| k.family == crate::space::Family::Sm90GemmBf16x3)
-            .unwrap();
-        let b3 = render_kernel(&b3).text;
-        assert!(
-            b3.contains("const PaddedSplit sb{p.batch, p.k, p.n, kp, np, size_t(np),")
-                && b3.contains("constexpr int Alignment = 8;")
-        );
-    }
-
-    #[test]
-    fn sm80_attention_render_is_golden_and_says_its_target() {
-        let a = AttentionSpec {
-            arch: Arch::Sm80,
-            dtype: DType::Bf16,
-            math: MathType::Bf16,
-            queries_per_block: 64,
-            keys_per_block: 64,
-            max_k: 64,
-            family: AttentionFamily::Sm80,
-        };
-        assert_eq!(a.name(), "sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80");
-        let text = render_attention(&a).text;
-        expect_test::expect_file!["../../tests/golden/sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80.cu"]
-            .assert_eq(&text);
-        assert!(
-            text.contains("sm80 mma.sync code, built for sm80)")
-                && text.contains("fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80_run")
-        );
-        // Every sm80 kernel is the variable-length one: grouped heads and key lengths are
-        // arguments of the launch, not of the compiled code.
-        assert!(
-            text.contains("c.p, c.factor, a->scalars[2] > 0 ? 1 : -1, c.lengths, c.group);")
-                && text
-                    .contains("if (lengths != nullptr) p.num_keys = cutlass::fast_min(p.num_keys,")
-                && text.contains("if (H % Hkv != 0 ||")
-        );
-    }
-
-    #[test]
-    fn sm90_attention_render_is_golden_and_compiles_the_mask_in() {
-        let sm90 = |schedule, causal| AttentionSpec {
-            arch: Arch::Sm90,
-            dtype: DType::Bf16,
-            math: MathType::Bf16,
-            queries_per_block: 128,
-            keys_per_block: 128,
-            max_k: 128,
-            family: AttentionFamily::Sm90 {
-                schedule,
-                causal,
-                overlap: false,
-                prefetch_q: false,
-                key_lengths: false,
-            },
-        };
-        let a = sm90(Sm90Schedule::Cooperative, true);
-        let text = render_attention(&a).text;
-        expect_test::expect_file![
-            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal.cu"
-        ]
-        .assert_eq(&text);
-        assert!(text.contains("Shape<_128, _128, _128>") && text.contains("cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedCooperative>"));
-        assert!(
-            text.contains("constexpr bool kCausal = true;")
-                && text.contains("fact_k_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal_run")
-        );
-        assert!(!text.contains("RotatedTileScheduler"));
-        let full = render_attention(&sm90(Sm90Schedule::Pingpong, false)).text;
-        assert!(
-            full.contains("TailFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")
-                && full.contains("constexpr bool kCausal = false;")
-                && !full.contains("RotatedTileScheduler")
-        );
-        // fact's tile order replaces examples/88's persistent scheduler; the overlapped loop and
-        // the four Q stages are knobs of it.
-        let rotated = AttentionSpec {
-            max_k: 96,
-            family: AttentionFamily::Sm90 {
-                schedule: Sm90Schedule::Persistent,
-                causal: true,
-                overlap: true,
-                prefetch_q: true,
-                key_lengths: false,
-            },
-            ..a.clone()
-        };
-        assert_eq!(
-            rotated.name(),
-            "sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal"
-        );
-        let text = render_attention(&rotated).text;
-        expect_test::expect_file![
-            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal.cu"
-        ]
-        .assert_eq(&text);
-        assert!(
-            text.contains("Epilogue, RotatedTileScheduler, Options...>")
-                && text.contains("Shape<_128, _128, _96>")
-                && text.contains("KernelTmaWarpSpecializedPingpong,\n    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesQ, _4>>")
-                && text.contains("return overlapped(blk, wg, p, keys_of(blk, params, problem), rest...);")
-        );
-        assert!(!text.contains("PairedTileScheduler"));
-        // Under a causal mask the sweep's order is the paired one.
-        let paired = AttentionSpec {
-            max_k: 64,
-            family: AttentionFamily::Sm90 {
-                schedule: Sm90Schedule::Paired,
-                causal: true,
-                overlap: false,
-                prefetch_q: true,
-                key_lengths: false,
-            },
-            ..a.clone()
-        };
-        assert_eq!(
-            paired.name(),
-            "sm90_fmha_bf16_bf16_q128_k128_d64_pair_pq_causal"
-        );
-        let text = render_attention(&paired).text;
-        expect_test::expect_file![
-            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d64_pair_pq_causal.cu"
-        ]
-        .assert_eq(&text);
-        assert!(
-            text.contains("Epilogue, PairedTileScheduler, Options...>")
-                && text.contains("fact's paired tile order")
-                && !text.contains("RotatedTileScheduler")
-                && text.contains(
-                    "return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);"
-                )
-        );
-        let coop = render_attention(&a).text;
-        assert!(
-            coop.contains(
-                "return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);"
-            ) && !coop.contains("overlapped(")
-                && !coop.contains("kStagesQ")
-        );
-        let f16 = render_attention(&AttentionSpec {
-            dtype: DType::F16,
-            math: MathType::F16,
-            ..a.clone()
-        })
-        .text;
-        assert!(f16.contains("using Element = cutlass::half_t;") && f16.contains("t->dtype != 2"));
-        let d = render_dispatch(&[a.clone().into()]).text;
-        assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())));
-    }
-
-    #[test]
-    fn sm90_key_length_renders_are_golden_and_compile_the_lengths_in() {
-        let klen = |causal, schedule, overlap| AttentionSpec {
-            arch: Arch::Sm90,
-            dtype: DType::Bf16,
-            math: MathType::Bf16,
-            queries_per_block: 128,
-            keys_per_block: 128,
-            max_k: 128,
-            family: AttentionFamily::Sm90 {
-                schedule,
-                causal,
-                overlap,
-                prefetch_q: false,
-                key_lengths: true,
-            },
-        };
-        // A Llama-style padded decoder: the causal mask and each sequence's length in one fusion.
-        let causal = klen(true, Sm90Schedule::Paired, true);
-        assert_eq!(
-            causal.name(),
-            "sm90_fmha_bf16_bf16_q128_k128_d128_pair_ovl_causal_klen"
-        );
-        let text = render_attention(&causal).text;
-        expect_test::expect_file![
-            "../../tests/golden/sm90_fmha_bf16_bf16_q128_k128_d128_pair_ovl_causal_klen.cu"
-        ]
-        .assert_eq(&text);
-        assert!(
-            text.contains("struct CausalLengthFusion : cutlass::fmha::collective::CausalFusion")
-                && text.contains(
-                    "CausalLengthFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>"
-                )
-                && text.contains("using Fusion = CausalLengthFusion;")
-                && text.contains("constexpr bool kKeyLengths = true;")
-                && !text.contains("struct TailFusion")
-        );
-        // BERT's padded encoder: the tail fusion masks past the length the mainloop hands it.
-        let full = render_attention(&klen(false, Sm90Schedule::Cooperative, false)).text;
-        assert!(
-            full.contains("TailFusion, cutlass::gemm::KernelTmaWarpSpecializedCooperative>")
-                && full.contains("constexpr bool kKeyLengths = true;")
-                && !full.contains("CausalLengthFusion")
-        );
-        // Without lengths the same schedules compile the problem through unchanged.
-        let plain = render_attention(&AttentionSpec {
-            family: AttentionFamily::Sm90 {
-                schedule: Sm90Schedule::Paired,
-                causal: true,
-                overlap: true,
-                prefetch_q: false,
-                key_lengths: false,
-            },
-            ..causal.clone()
-        })
-        .text;
-        assert!(
-            plain.contains("constexpr bool kKeyLengths = false;")
-                && !plain.contains("CausalLengthFusion")
-                && plain.contains("cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")
-        );
-    }
-
-    #[test]
-    fn attention_signatures_say_where_grouped_heads_and_lengths_go() {
-        let sm80 = AttentionSpec {
-            arch: Arch::Sm90,
-            dtype: DType::Bf16,
-            math: MathType::Bf16,
-            queries_per_block: 64,
-            keys_per_block: 64,
-            max_k: 64,
-            family: AttentionFamily::Sm80,
-        };
-        let sm90 = |key_lengths| AttentionSpec {
-            queries_per_block: 128,
-            keys_per_block: 128,
-            family: AttentionFamily::Sm90 {
-                schedule: Sm90Schedule::Persistent,
-                causal: false,
-                overlap: false,
-                prefetch_q: false,
-                key_lengths,
-            },
-            ..sm80.clone()
-        };
-        assert_eq!(
-            signature(&sm80.clone().into()),
-            "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] (stored [B,Tq,Hq,D]) factor f32[1]? lengths i32[B]? (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
-        );
-        assert_eq!(
-            signature(&sm90(true).into()),
-            "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] factor f32[1]? lengths i32[B] (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
-        );
-        assert!(signature(&sm90(false).into()).contains(" lengths (NULL data) "));
-        // The dispatch table carries the signature the op reads.
-        assert!(render_dispatch(&[sm90(true).into()])
-            .text
-            .contains("lengths i32[B] (NULL data when absent"));
-    }
-
-    #[test]
-    fn layernorm_render_is_golden_and_compiles_c_and_the_knobs_in() {
-        use crate::space::LayerNormSpec;
-        let l = LayerNormSpec {
-            arch: Arch::Sm90,
-            dtype: DType::F32,
-            cols: 768,
-            threads_per_row: 32,
-            vector: 4,
-            rows_per_cta: 4,
-        };
-        let text = render_layernorm(&l).text;
-        expect_test::expect_file!["../../tests/golden/ln_f32_c768_t32_v4_r4.cu"].assert_eq(&text);
-        for line in [
-            "using Element = float;",
-            "using Vec = uint4;",
-            "constexpr int kCols = 768;",
-            "constexpr int kThreads = 32;",
-            "constexpr int kRows = 4;",
-        ] {
-            assert!(text.contains(line), "{line}");
-        }
-        assert!(
-            text.contains("fact_k_ln_f32_c768_t32_v4_r4_run") && !text.contains("cutlass"),
-            "CUDA's own types"
-        );
-        let bf16 = render_layernorm(&LayerNormSpec {
-            dtype: DType::Bf16,
-            vector: 8,
-            ..l.clone()
-        })
-        .text;
-        assert!(
-            bf16.contains("using Element = __nv_bfloat16;")
-                && bf16.contains("constexpr int kDtype = 1;")
-        );
-        let narrow = render_layernorm(&LayerNormSpec {
-            dtype: DType::F16,
-            vector: 1,
-            ..l.clone()
-        })
-        .text;
-        assert!(
-            narrow.contains("using Vec = unsigned short;")
-                && narrow.contains("using Element = __half;")
-        );
-        // The dispatch table lists it as a layernorm kernel.
-        let d = render_dispatch(&[l.clone().into(), spec(true).into()]).text;
-        assert!(
-            d.contains(&format!(
-                "{{\"{}\", \"layernorm\", \"x[R,C] out[R,C]",
-                l.name()
-            )) && d.contains(&format!("fact_k_{}_run", l.name()))
-        );
-        assert_eq!(render_spec(&l.clone().into()), render_layernorm(&l));
-    }
-
-    #[test]
-    fn dispatch_render_is_golden() {
-        let d = render_dispatch(&[spec(true).into(), spec(false).into()]);
-        expect_test::expect_file!["../../tests/golden/fact_dispatch.cu"].assert_eq(&d.text);
-    }
-
-    #[test]
-    fn torch_op_render_is_golden() {
-        expect_test::expect_file!["../../tests/golden/fact_torch_op.cpp"]
-            .assert_eq(&render_torch_op(Arch::Sm90).text);
-    }
-
-    #[test]
-    fn the_op_library_runs_its_kernels_where_its_arch_runs() {
-        let sm80 = render_torch_op(Arch::Sm80).text;
-        assert!(sm80.contains("return (props.major == 8 && props.minor == 0) || (props.major == 9 && props.minor == 0);"));
-        assert!(
-            sm80.contains("\"not a device of compute capability 8.0 or 9.0 (an sm80 library)\"")
-        );
-        assert!(render_torch_op(Arch::Sm90)
-            .text
-            .contains("return (props.major == 9 && props.minor == 0);"));
-    }
-
-    #[test]
-    fn generated_files_say_where_they_come_from() {
-        let k = render_kernel(&spec(false));
-        assert!(k
-            .text
-            .starts_with("// generated from templates/sm90_gemm.cu.hbs; do not edit\n// spec: {"));
-        assert!(k
-            .text
-            .contains(&format!("fact_k_{}_run", spec(false).name())));
-        assert!(
-            !k.text.contains("LinCombPerRowBias"),
-            "no bias epilogue without bias"
-        );
     }
 }

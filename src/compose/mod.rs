@@ -1,22 +1,19 @@
 //! Compose: realizes every matched pattern (pattern-table hit, or a compiled and tuned sweep) and
-//! rewrites the TorchScript graph so each pattern calls its kind's op (`fact::gemm`, `gemm_ep`,
-//! `attention`, `layernorm`) with its winner. Writes the composed module, the winners-only op
-//! library and compose.json to the output folder. Without a GPU it still discovers, renders and
-//! compiles, and says what is left for a GPU. realize.rs realizes one pattern, edit.rs is each
-//! kind's graph rewrite.
+//! rewrites the TorchScript graph so each pattern calls its kind's op with its winner (each kind's
+//! edit, `kinds::Kind::edit`). Writes the composed module, the winners-only op library and
+//! compose.json to the output folder. Without a GPU it still discovers, renders and compiles, and
+//! says what is left for a GPU. realize.rs realizes one problem of any kind.
 
 use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
-use crate::graph::Graph;
+use crate::kinds::{registry, Candidates, Measured, Problem, Spec, SweepCx};
 use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
-use crate::rules::{
-    match_patterns, AttentionMatch, GemmMatch, GemmProblem, LayerNormMatch, PatternKind, Problem,
-};
-use crate::space::{self, validity, KernelSpec, Knowledge, SpaceOptions, Spec};
-use crate::table::{self, Entry, Lookup, Provenance, Run, TableKey, Tables};
-use crate::torch::{self, Edit, InputShape, Operand};
-use crate::tune::{self, worker, CandidateResult, Outcome, Protocol};
+use crate::rules::PatternKind;
+use crate::space::SpaceOptions;
+use crate::table::{self, CandidateResult, Entry, Lookup, Provenance, Run, TableKey, Tables};
+use crate::torch::{self, Edit, InputShape};
+use crate::tune::{self, worker, Outcome, Protocol};
 use crate::types::{Arch, MathType, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -24,12 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
-mod edit;
 mod realize;
 
-pub use edit::{attention_edit, gemm_edit, layernorm_edit};
 use realize::{finish, measure_ahead, prefetch};
-pub use realize::{realize, refine_candidates, Ahead, RealizeCtx, Realized};
+pub use realize::{realize, Ahead, RealizeCtx, Realized};
 
 pub const LIBRARY: &str = "libfact_ops.so";
 pub const COMPOSED: &str = "composed.pt";
@@ -238,7 +233,7 @@ pub struct PatternReport {
     pub kernel: Option<String>,
     pub kernel_ms: Option<f64>,
     pub torch_ms: Option<f64>,
-    /// Operands whose strides fit no layout: the op copies them on every call (rules::GemmMatch).
+    /// Operands whose strides fit no layout: the op copies them on every call (`kinds::gemm::GemmMatch`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<String>,
 }
@@ -278,7 +273,7 @@ pub fn compose(
     let start = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
     let (graph, inputs) = torch::load_graph(model, inputs)?;
-    let found = match_patterns(&graph);
+    let mut found = registry::match_patterns(&graph);
     let tc = Toolchain::discover()?;
     let device = Device::detect();
     let gpu = tunes_here(opts.arch, device.as_ref());
@@ -290,13 +285,12 @@ pub fn compose(
         assumed_speedup: 1.05,
     };
     let the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
-    let (mut matches, attention, layernorm) = (found.gemm, found.attention, found.layernorm);
     let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
+    let pattern = |found: &crate::kinds::Patterns, id: &str| -> Problem {
+        found.get(id).expect("plan ids name patterns").problem()
+    };
 
-    let problems: Vec<Problem> = order
-        .iter()
-        .map(|id| Matched::of_plan_id(id, &matches, &attention, &layernorm).problem())
-        .collect();
+    let problems: Vec<Problem> = order.iter().map(|id| pattern(&found, id)).collect();
     let cx = RealizeCtx { opts, tc: &tc, gpu };
     prefetch(cx, &tables, &steward, &problems)?;
     let mut ahead = measure_ahead(cx, &tables, &mut steward, &problems)?;
@@ -304,13 +298,13 @@ pub fn compose(
     // Realize in the plan's order, so the patterns worth most are tuned first.
     let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
     let mut compile_failures = Vec::new();
-    // Fused problems no kernel could realize: every match of one falls back to its plain GEMM.
+    // Problems no kernel could realize whose pattern has a smaller one (a fused GEMM: the GEMM
+    // alone): every pattern of one falls back to it.
     let mut unfused: BTreeSet<ProblemKey> = BTreeSet::new();
     for id in &order {
         loop {
-            let m = Matched::of_plan_id(id, &matches, &attention, &layernorm);
-            let i = plan_index(id);
-            let problem = m.problem();
+            let f = found.get(id).expect("plan ids name patterns");
+            let problem = f.problem();
             let pk = ProblemKey::of(&problem);
             if !done.contains_key(&pk) {
                 nvcc::progress_line(
@@ -322,14 +316,13 @@ pub fn compose(
                     ),
                 );
                 let mut r = realize(cx, &mut tables, &mut steward, &problem, &mut ahead)?;
-                if let (
-                    Matched::Gemm(GemmMatch {
-                        epilogue: Some(_), ..
-                    }),
-                    Realization::Skipped { reason },
-                ) = (&m, &r.how)
+                if let (Some(u), Realization::Skipped { reason }) =
+                    (f.kind.unfused(&*f.found), &r.how)
                 {
-                    steward.notes.push(format!("{id}: the fused epilogue is left to torch ({reason}); the GEMM alone is realized"));
+                    steward.notes.push(format!(
+                        "{id}: {} is left to torch ({reason}); {} is realized",
+                        u.what, u.instead
+                    ));
                     unfused.insert(pk.clone());
                 }
                 finish(opts, &mut r);
@@ -339,49 +332,37 @@ pub fn compose(
             if !unfused.contains(&pk) {
                 break;
             }
-            // No fused kernel: the GEMM alone is still worth one; its epilogue stays in torch.
-            matches[i] = matches[i].plain();
+            // No kernel for it: the smaller pattern is still worth one; the rest stays in torch.
+            let f = found.get_mut(id).expect("plan ids name patterns");
+            let u = f
+                .kind
+                .unfused(&*f.found)
+                .expect("only patterns with a smaller one unfuse");
+            f.found = u.found;
         }
     }
 
     let mut patterns = Vec::new();
     let mut winners: BTreeMap<String, Spec> = BTreeMap::new();
-    let all: Vec<(String, Matched)> = matches
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (format!("p{i}"), Matched::Gemm(m)))
-        .chain(
-            attention
-                .iter()
-                .enumerate()
-                .map(|(i, a)| (format!("a{i}"), Matched::Attention(a))),
-        )
-        .chain(
-            layernorm
-                .iter()
-                .enumerate()
-                .map(|(i, l)| (format!("l{i}"), Matched::LayerNorm(l))),
-        )
-        .collect();
-    for (id, m) in &all {
-        let problem = m.problem();
+    for f in &found.found {
+        let problem = f.problem();
         let (how, entry) = &done[&ProblemKey::of(&problem)];
         if let Some(e) = entry {
             winners.insert(e.winner.clone(), e.winner_spec.clone());
         }
         patterns.push(PatternReport {
-            id: id.clone(),
-            node: m.node(),
-            origin: m.origin().to_string(),
+            id: f.id.clone(),
+            node: f.node(),
+            origin: f.origin().to_string(),
             rule: problem.rule_id(),
-            kind: Some(problem.kind()),
+            kind: Some(problem.pattern_kind()),
             problem,
             key: entry.as_ref().map(|e| e.key.clone()),
             realization: how.clone(),
             kernel: entry.as_ref().map(|e| e.winner.clone()),
             kernel_ms: entry.as_ref().map(|e| e.winner_ms),
             torch_ms: entry.as_ref().and_then(Entry::baseline_ms),
-            copies: m.copies(),
+            copies: f.copies(),
         });
     }
 
@@ -405,18 +386,19 @@ pub fn compose(
                 ),
             };
         }
-        let edits: Vec<Edit> = all
+        let edits: Vec<Edit> = found
+            .found
             .iter()
             .zip(&patterns)
-            .filter_map(|((_, m), r)| {
+            .filter_map(|(f, r)| {
                 r.kernel
                     .as_ref()
                     .filter(|k| in_lib.contains(*k))
-                    .map(|k| m.edit(&graph, k))
+                    .map(|k| f.edit(&graph, k))
             })
             .collect();
         let out = opts.out_dir.join(COMPOSED);
-        torch::rewrite_and_save(model, &out, &edits)?;
+        torch::rewrite_and_save(model, &out, &edits, &registry::op_schemas())?;
         library = Some(built.library);
         composed = Some(out);
     }
@@ -445,76 +427,6 @@ pub fn compose(
     )
     .map_err(io_err(&path))?;
     Ok(report)
-}
-
-/// The index in its kind's match list of the pattern a plan id (`p<i>`, `a<i>`, `l<i>`) names.
-fn plan_index(id: &str) -> usize {
-    id[1..]
-        .parse::<usize>()
-        .expect("plan ids are p<index>, a<index> or l<index>")
-}
-
-/// A match of any pattern kind, as the report and the rewrite see it.
-enum Matched<'a> {
-    Gemm(&'a GemmMatch),
-    Attention(&'a AttentionMatch),
-    LayerNorm(&'a LayerNormMatch),
-}
-
-impl<'a> Matched<'a> {
-    /// The match a plan id names: `p<i>` the i-th GEMM match, `a<i>` the i-th attention match,
-    /// `l<i>` the i-th LayerNorm match.
-    fn of_plan_id(
-        id: &str,
-        gemm: &'a [GemmMatch],
-        attention: &'a [AttentionMatch],
-        layernorm: &'a [LayerNormMatch],
-    ) -> Matched<'a> {
-        match id.as_bytes().first() {
-            Some(b'a') => Matched::Attention(&attention[plan_index(id)]),
-            Some(b'l') => Matched::LayerNorm(&layernorm[plan_index(id)]),
-            _ => Matched::Gemm(&gemm[plan_index(id)]),
-        }
-    }
-    fn problem(&self) -> Problem {
-        match self {
-            Matched::Gemm(m) => Problem::Gemm(m.problem.clone()),
-            Matched::Attention(a) => Problem::Attention(a.problem.clone()),
-            Matched::LayerNorm(l) => Problem::LayerNorm(l.problem.clone()),
-        }
-    }
-    /// The node the op replaces (the pattern's last).
-    fn node(&self) -> usize {
-        match self {
-            Matched::Gemm(m) => m.node,
-            Matched::Attention(a) => *a.nodes.last().expect("a pattern has nodes"),
-            Matched::LayerNorm(l) => l.node,
-        }
-    }
-    fn origin(&self) -> &'static str {
-        match self {
-            Matched::Gemm(m) => m.origin.name(),
-            Matched::Attention(a) if a.form().starts_with("sdpa") => "scaled_dot_product_attention",
-            Matched::Attention(_) => "attention",
-            Matched::LayerNorm(_) => "layer_norm",
-        }
-    }
-    /// Operands the op copies on every call (their strides fit no layout of the kernel); the
-    /// attention kernel reads q, k and v through their strides, the LayerNorm kernel x's rows
-    /// through a row stride.
-    fn copies(&self) -> Vec<String> {
-        match self {
-            Matched::Gemm(m) => m.copies.clone(),
-            Matched::Attention(_) | Matched::LayerNorm(_) => vec![],
-        }
-    }
-    fn edit(&self, g: &Graph, kernel: &str) -> Edit {
-        match self {
-            Matched::Gemm(m) => gemm_edit(g, m, kernel),
-            Matched::Attention(a) => attention_edit(g, a, kernel),
-            Matched::LayerNorm(l) => layernorm_edit(g, l, kernel),
-        }
-    }
 }
 
 /// Identity of a problem within one compose (patterns with equal problems realize once).

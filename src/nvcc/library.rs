@@ -170,14 +170,3 @@ impl KernelLibrary {
         ))
     }
 }
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_abi_takes_as_many_leaves_as_the_rules_match() {
-        assert_eq!(
-            super::abi::FACT_MAX_LEAVES as usize,
-            crate::rules::epilogue::MAX_LEAVES
-        );
-    }
-}

@@ -7,8 +7,7 @@
 //! toolchain.rs finds the tools and builds the commands; library.rs opens a built library.
 
 use crate::codegen::{self, Source};
-use crate::space::attention::AttentionFamily;
-use crate::space::Spec;
+use crate::kinds::{registry, Spec, Unit};
 use crate::types::Arch;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
@@ -309,24 +308,6 @@ pub fn progress_line(show: bool, line: std::fmt::Arguments) {
     }
 }
 
-/// The unit family of the sm90 attention kernels (examples/88), compiled with its own include.
-const SM90_ATTENTION: &str = "attention_sm90";
-
-/// The translation-unit family of a kernel: units never mix families (the attention headers and
-/// the GEMM templates declare overlapping CUTLASS extensions, the two attention examples each
-/// their own kernels), nor the two float attention maths. LayerNorm kernels include no CUTLASS:
-/// their units stay small and quick.
-fn unit_family(s: &Spec) -> String {
-    match s {
-        Spec::Gemm(_) => "gemm".into(),
-        Spec::LayerNorm(_) => "layernorm".into(),
-        Spec::Attention(a) => match a.family {
-            AttentionFamily::Sm80 => format!("attention_{}", a.math.short_name()),
-            AttentionFamily::Sm90 { .. } => format!("{SM90_ATTENTION}_{}", a.math.short_name()),
-        },
-    }
-}
-
 /// The one arch `specs` are built for (sm90 for none): nvcc's target is the library's, so a
 /// library never mixes them.
 fn target_arch(specs: &[Spec]) -> Result<Arch, BuildError> {
@@ -420,17 +401,20 @@ pub fn compile_objects(
         ProgressBar::hidden()
     };
     // Kernels already compiled alone (an earlier bisection or a small library) come from the
-    // cache as they are; the rest are split into one unit per job.
-    let families: Vec<String> = kernels.iter().map(unit_family).collect();
-    let nvcc_lines: Vec<String> = families
+    // cache as they are; the rest are split into one unit per job. Units never mix families
+    // (`kinds::Unit`: the attention headers and the GEMM templates declare overlapping CUTLASS
+    // extensions, the two attention examples each their own kernels).
+    let units: Vec<Unit> = kernels.iter().map(Spec::unit).collect();
+    let families: Vec<String> = units.iter().map(|u| u.family.clone()).collect();
+    let nvcc_lines: Vec<String> = units
         .iter()
-        .map(|f| command_line(&tc.unit_command(arch, &include, f)))
+        .map(|u| command_line(&tc.unit_command(arch, &include, u)))
         .collect();
     let mut objects: Vec<(Vec<usize>, PathBuf)> = Vec::new();
     let mut todo = Vec::new();
     let mut cached = 0;
     // Each kernel is rendered once: for the cache probe, its unit and the unit's `.ref` notes.
-    let sources: Vec<codegen::Source> = kernels.iter().map(codegen::render_spec).collect();
+    let sources: Vec<codegen::Source> = kernels.iter().map(Spec::render).collect();
     for (i, (k, source)) in kernels.iter().zip(&sources).enumerate() {
         match cached_object(tc, cache, source, &nvcc_lines[i], &k.kernel_name()) {
             Some(obj) => {
@@ -448,7 +432,7 @@ pub fn compile_objects(
         let source = codegen::unit_of(&unit.iter().map(|&i| &sources[i]).collect::<Vec<_>>());
         let stem = source.file_name.trim_end_matches(".cu").to_string();
         // Units never mix families, so the first kernel's command is the unit's.
-        let cmd = tc.unit_command(arch, &include, &families[unit[0]]);
+        let cmd = tc.unit_command(arch, &include, &units[unit[0]]);
         let r = compile_cached(tc, &src_dir, cache, &source, cmd, &stem).map_err(|e| match e {
             BuildError::Tool { log, .. } => log,
             other => other.to_string(),
@@ -552,24 +536,19 @@ pub fn build_library(
     let (out_dir, cache) = (opts.out_dir.as_path(), opts.cache.as_path());
     let start = std::time::Instant::now();
     let specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
-    let float_attention: std::collections::BTreeSet<&str> = specs
-        .iter()
-        .filter_map(Spec::as_attention)
-        .filter(|a| a.dtype == crate::types::DType::F32)
-        .map(|a| a.math.short_name())
-        .collect();
-    if float_attention.len() > 1 {
-        // templates/sm80_fmha.cu.hbs specializes the float MMA of the attention headers for tf32.
-        return Err(BuildError::Mixed(format!(
-            "one library cannot hold fp32 attention kernels of two maths ({}); build one library per precision policy",
-            float_attention.into_iter().collect::<Vec<_>>().join(", ")
-        )));
+    // What each kind's kernels cannot share (fp32 attention kernels of two maths).
+    for kind in registry::KINDS {
+        let mine: Vec<&Spec> = specs
+            .iter()
+            .filter(|s| s.kind().name() == kind.name())
+            .collect();
+        kind.check_library(&mine).map_err(BuildError::Mixed)?;
     }
     let arch = target_arch(&specs)?;
     let src_dir = out_dir.join("src");
     std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
     let include = include_dir(cache)?;
-    let op = codegen::render_torch_op(arch);
+    let op = registry::render_torch_op(arch);
     let (objects, op_obj) = std::thread::scope(|scope| {
         let op_obj = scope.spawn(|| {
             compile_cached(
@@ -602,7 +581,7 @@ pub fn build_library(
             .unwrap_or_else(|| "no kernels requested".into());
         return Err(BuildError::AllFailed(first));
     }
-    let dispatch = codegen::render_dispatch(&kernels);
+    let dispatch = crate::kinds::render_dispatch(&kernels);
     let (dispatch_obj, _) = compile_cached(
         tc,
         &src_dir,
@@ -661,14 +640,14 @@ mod tests {
     #[test]
     fn a_library_has_one_arch() {
         let a = |arch| -> Spec {
-            crate::space::AttentionSpec {
+            crate::kinds::attention::AttentionSpec {
                 arch,
                 dtype: crate::types::DType::F32,
                 math: crate::types::MathType::Tf32,
                 queries_per_block: 32,
                 keys_per_block: 128,
                 max_k: 128,
-                family: AttentionFamily::Sm80,
+                family: crate::kinds::attention::AttentionFamily::Sm80,
             }
             .into()
         };

@@ -1,7 +1,8 @@
 //! Where the compilers and headers are (nvcc, CUDA, CUTLASS, libtorch) and the compile commands
 //! built from them: one for each unit family, another for the torch op's C++.
 
-use super::{BuildError, SM90_ATTENTION};
+use super::BuildError;
+use crate::kinds::Unit;
 use crate::types::Arch;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -139,28 +140,22 @@ impl Toolchain {
             .include(include)
             .include(self.cutlass.join("include"))
             .include(self.cutlass.join("tools/util/include"))
-            // The fused attention kernel's headers (templates/sm80_fmha.cu.hbs).
+            // The fused attention kernel's headers (src/kinds/attention/templates/sm80_fmha.cu.hbs).
             .include(self.cutlass.join("examples/41_fused_multi_head_attention"))
             .get_compiler();
         tool.to_command()
     }
 
-    /// The compile command of a unit of `family`'s kernels: the common one, plus examples/88's
-    /// folder and fast math for the sm90 attention kernels only, so every other object keeps its
-    /// cache key.
-    pub(super) fn unit_command(&self, arch: Arch, include: &Path, family: &str) -> Command {
+    /// The compile command of a unit of kernels: the common one, plus the CUTLASS folders and
+    /// flags their kind adds (`kinds::Unit`: examples/88's folder and fast math for the sm90
+    /// attention kernels), so every other object keeps its cache key.
+    pub(super) fn unit_command(&self, arch: Arch, include: &Path, unit: &Unit) -> Command {
         let mut cmd = self.nvcc_command(arch, include);
-        if family.starts_with(SM90_ATTENTION) {
-            // templates/sm90_fmha.cu.hbs includes the example's collective/ and kernel/ headers.
-            cmd.arg(format!(
-                "-I{}",
-                self.cutlass.join("examples/88_hopper_fmha").display()
-            ));
-            // The example builds with fast math (its CMakeLists): without it the online softmax's
-            // exp2f is the accurate, denormal-handling sequence, and the kernel issues about 30%
-            // more instructions than cuDNN's of the same structure (benches/results/attention90/ncu).
-            // Its inputs are bf16/fp16, whose rounding dwarfs the approximations' error.
-            cmd.arg("--use_fast_math");
+        for folder in &unit.cutlass_includes {
+            cmd.arg(format!("-I{}", self.cutlass.join(folder).display()));
+        }
+        for flag in &unit.flags {
+            cmd.arg(flag);
         }
         cmd
     }
@@ -200,7 +195,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_sm90_attention_units_take_fast_math_and_examples_88() {
+    fn a_units_kind_adds_its_folders_and_flags_to_the_common_command() {
         // Paths only: building a command runs nothing.
         let tc = Toolchain {
             nvcc: "/opt/cuda/bin/nvcc".into(),
@@ -208,17 +203,17 @@ mod tests {
             cutlass: "/opt/cutlass".into(),
             torch: "/opt/torch".into(),
         };
-        let line =
-            |family: &str| command_line(&tc.unit_command(Arch::Sm90, Path::new("/i"), family));
-        let attention = line(&format!("{SM90_ATTENTION}_bf16"));
-        assert!(attention.contains("--use_fast_math"), "{attention}");
-        assert!(attention.contains("examples/88_hopper_fmha"), "{attention}");
-        for other in ["gemm", "layernorm", "attention_tf32"] {
-            let l = line(other);
-            assert!(
-                !l.contains("fast_math") && !l.contains("88_hopper"),
-                "{other}: {l}"
-            );
-        }
+        let line = |unit: &Unit| command_line(&tc.unit_command(Arch::Sm90, Path::new("/i"), unit));
+        let common = command_line(&tc.nvcc_command(Arch::Sm90, Path::new("/i")));
+        assert_eq!(line(&Unit::plain("gemm")), common);
+        let attention = line(&Unit {
+            family: "attention_sm90_bf16".into(),
+            cutlass_includes: vec!["examples/88_hopper_fmha"],
+            flags: vec!["--use_fast_math"],
+        });
+        assert_eq!(
+            attention,
+            format!("{common} -I/opt/cutlass/examples/88_hopper_fmha --use_fast_math")
+        );
     }
 }

@@ -3,10 +3,8 @@
 use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
 use crate::agent::{RankItem, Steward};
 use crate::graph::{Graph, NodeId, ValueId};
-use crate::rules::{AttentionMatch, GemmMatch, LayerNormMatch, Major, Match, Patterns, Problem};
+use crate::kinds::{Found, Patterns, Problem};
 use crate::space::examples::index;
-use crate::space::knowledge::cutlass_layouts;
-use crate::space::Knowledge;
 use crate::table::{Lookup, TableKey, Tables};
 use crate::types::{Arch, MathType, Precision};
 use std::collections::{BTreeSet, HashMap};
@@ -16,131 +14,6 @@ pub struct PlanOptions {
     pub precision: Precision,
     /// Speedup assumed for a pattern the tables hold no measurement of.
     pub assumed_speedup: f64,
-}
-
-fn gemm_notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
-    let p = &m.problem;
-    let Some(math) = math else {
-        return vec![format!(
-            "no {arch} kernel family computes {} under this precision policy",
-            p.dtype
-        )];
-    };
-    // The default 128x256 tile of the transposed problem: waves over the SMs of the arch's GPU.
-    let tiles = ((p.n as f64) / 128.0).ceil() * ((p.m as f64) / 256.0).ceil() * p.batch as f64;
-    let waves = tiles / arch.hardware().sms as f64;
-    let grid = if waves < 1.0 {
-        format!(
-            "{tiles:.0} tiles of 128x256 fill {:.0}% of one wave: Stream-K or smaller tiles",
-            waves * 100.0
-        )
-    } else {
-        format!("{tiles:.0} tiles of 128x256, {waves:.2} waves: persistent data-parallel, Stream-K to even out the last wave")
-    };
-    let k_note = if p.k >= 65536 {
-        "; K of {k} favours splitting K (Stream-K) for accuracy and parallelism"
-    } else {
-        ""
-    };
-    let kernels = Knowledge::shipped().kernels(p, math, arch);
-    let wgmma = kernels.iter().any(|k| k.family.is_sm90());
-    let tma = kernels
-        .iter()
-        .any(|k| k.family.is_sm90() && !k.schedule.is_cpasync());
-    let lie = |major: Major| {
-        if major == Major::Row {
-            "row-major"
-        } else {
-            "column-major, read in place"
-        }
-    };
-    vec![
-        format!(
-            "layout {}: a {}, B {} (CUTLASS \"{}\" in the transposed problem)",
-            p.layout.short_name(),
-            lie(p.layout.a()),
-            lie(p.layout.b()),
-            cutlass_layouts(p.layout)
-        ),
-        if wgmma && !tma {
-            "pipelining: cp.async loads (any alignment) into a shared-memory ring feeding WGMMA, warp-specialized (CUTLASS's KernelCpAsyncWarpSpecialized), the output stored element-wise; or sm80 GemmUniversal kernels".into()
-        } else if wgmma {
-            "pipelining: TMA loads into a multistage shared-memory ring (stage count carved from the epilogue's share), warp-specialized producer and consumer warpgroups".into()
-        } else {
-            match arch {
-                Arch::Sm80 => "pipelining: cp.async multistage shared-memory ring of sm80 GemmUniversal kernels".to_string(),
-                Arch::Sm90 => format!("pipelining: cp.async multistage shared-memory ring of sm80 GemmUniversal kernels: CUTLASS instantiates no sm90 kernel for layout {} under {}", p.layout.short_name(), math.short_name()),
-            }
-        },
-        format!("grid: {grid}{}", k_note.replace("{k}", &p.k.to_string())),
-        format!(
-            "tensor cores: {} {} with fp32 accumulation{}",
-            if wgmma { "WGMMA (sm_90a)" } else { "mma.sync (sm_80 instructions)" },
-            math.short_name(),
-            match (p.bias, wgmma) {
-                (false, _) => "",
-                (true, true) => ", bias added in the TMA epilogue",
-                (true, false) if p.epilogue.is_some() => ", bias added in the visitor tree",
-                (true, false) => ", bias added as the epilogue's C operand",
-            }
-        ),
-    ]
-    .into_iter()
-    .chain([crate::space::alignment_note(p, arch)])
-    .chain(crate::space::epilogue_note(p, math, arch))
-    .collect()
-}
-
-fn attention_notes(a: &AttentionMatch, math: Option<MathType>) -> Vec<String> {
-    let p = &a.problem;
-    let Some(math) = math else {
-        return vec![format!(
-            "no kernel family computes {} attention under this precision policy",
-            p.dtype
-        )];
-    };
-    vec![
-        format!(
-            "one kernel (CUTLASS's fused multi-head attention): q·kᵀ, scale {}, {}softmax online in registers and ·v, {} mma.sync with fp32 accumulation; the {}x{} score matrix never reaches memory",
-            a.kernel_scale().map_or("read from the graph".to_string(), |s| format!("{s:.4}")),
-            if p.causal { "causal mask (key blocks past the diagonal skipped), " } else { "" },
-            math.short_name(),
-            p.seq_q,
-            p.seq_k
-        ),
-        format!("q, k, v read through their strides ({}), the output written as [B,T,H,D]", a.form()),
-    ]
-}
-
-fn layernorm_notes(l: &LayerNormMatch, math: MathType, arch: Arch) -> Vec<String> {
-    let p = &l.problem;
-    let Some(first) = crate::space::layernorm::candidates(p, arch)
-        .into_iter()
-        .next()
-    else {
-        return vec![format!(
-            "no LayerNorm kernel takes C = {}: the row does not fit one CTA's registers",
-            p.cols
-        )];
-    };
-    let params = match (p.weight, p.bias) {
-        (true, true) => "weight and bias",
-        (true, false) => "the weight",
-        (false, true) => "the bias",
-        (false, false) => "no affine parameters",
-    };
-    vec![
-        format!(
-            "one kernel (fact's own): each row of {} held in registers by a group of threads, {}-byte vector loads, mean and variance in fp32 over the registers (warp shuffles, shared memory across the group's warps), then {params}; {} arithmetic",
-            p.cols,
-            first.vector as usize * p.dtype.bytes(),
-            math.short_name()
-        ),
-        format!(
-            "one read of x and one write of y ({:.1} MB); x's rows are read through their stride (a view whose rows are not one stride apart runs torch's layer_norm)",
-            p.bytes() / 1e6
-        ),
-    ]
 }
 
 /// The measured speedup of a problem's winner over torch, where the tables hold one.
@@ -174,7 +47,7 @@ fn speedup(
 
 /// What a pattern's kind alone knows of its match; `Pricing::pattern` adds the plan's estimates.
 struct Facts {
-    /// `a<i>` for the i-th attention pattern, `l<i>` for LayerNorm, `p<i>` for GEMM.
+    /// Its plan id: its kind's letter and its index among the kind's patterns (`p0`, `a1`).
     id: String,
     name: String,
     origin: String,
@@ -192,85 +65,22 @@ struct Facts {
 }
 
 impl Facts {
-    fn attention(i: usize, a: &AttentionMatch, opts: &PlanOptions) -> Facts {
-        let p = &a.problem;
-        let problem = Problem::Attention(p.clone());
+    /// A pattern's facts, as its kind gives them.
+    fn of(f: &Found, opts: &PlanOptions) -> Facts {
+        let problem = f.problem();
         let math = problem.math(opts.precision);
+        let facts = f.kind.plan_facts(&*f.found, math, opts.arch);
         Facts {
-            id: format!("a{i}"),
-            name: format!(
-                "attention{} {}",
-                if p.causal { " causal" } else { "" },
-                p.shape_key()
-            ),
-            origin: if a.form().starts_with("sdpa") {
-                "scaled_dot_product_attention".into()
-            } else {
-                "softmax(q·kᵀ)·v".into()
-            },
-            node: *a.nodes.last().expect("a pattern has nodes"),
-            nodes: a.nodes(),
-            operands: vec![a.q, a.k, a.v],
-            notes: attention_notes(a, math),
-            copies: vec![],
-            pad: None,
-            problem,
-            math,
-        }
-    }
-
-    fn layernorm(i: usize, l: &LayerNormMatch, opts: &PlanOptions) -> Facts {
-        let problem = Problem::LayerNorm(l.problem.clone());
-        let math = problem.math(opts.precision);
-        Facts {
-            id: format!("l{i}"),
-            name: format!("layer_norm {}", l.problem.shape_key()),
-            origin: "layer_norm".into(),
-            node: l.node,
-            nodes: l.nodes(),
-            operands: [Some(l.x), l.weight, l.bias]
-                .into_iter()
-                .flatten()
-                .collect(),
-            notes: math
-                .map(|m| layernorm_notes(l, m, opts.arch))
-                .unwrap_or_default(),
-            copies: vec![],
-            pad: None,
-            problem,
-            math,
-        }
-    }
-
-    fn gemm(i: usize, m: &GemmMatch, opts: &PlanOptions) -> Facts {
-        let p = &m.problem;
-        let problem = Problem::Gemm(p.clone());
-        let math = problem.math(opts.precision);
-        Facts {
-            id: format!("p{i}"),
-            name: match &p.epilogue {
-                Some(e) => {
-                    let ops: Vec<&str> = e.instrs.iter().map(|i| i.op.short_name()).collect();
-                    format!(
-                        "{} {} + {}",
-                        m.origin.name(),
-                        p.shape_key(),
-                        ops.join(" → ")
-                    )
-                }
-                None => format!("{} {}", m.origin.name(), p.shape_key()),
-            },
-            origin: m.origin.name().into(),
-            node: m.node,
+            id: f.id.clone(),
+            name: facts.name,
+            origin: facts.origin,
+            node: f.node(),
             // A fused pattern replaces its epilogue's kernels too.
-            nodes: m.nodes(),
-            operands: [Some(m.operand_a()), Some(m.b), m.bias]
-                .into_iter()
-                .flatten()
-                .collect(),
-            notes: gemm_notes(m, math, opts.arch),
-            copies: m.copies.clone(),
-            pad: m.applied_pad().map(|p| p.describe()),
+            nodes: f.nodes(),
+            operands: facts.operands,
+            notes: facts.notes,
+            copies: f.copies(),
+            pad: facts.pad,
             problem,
             math,
         }
@@ -331,8 +141,8 @@ impl Pricing<'_> {
 }
 
 /// The plan of a graph's patterns: shares from the cost model, gains from the tables where
-/// they hold a measurement, examples and order from the agent. Patterns are named by kind and
-/// index in their kind's list of `matched` (see `Facts::id`).
+/// they hold a measurement, examples and order from the agent. Patterns are named by their plan
+/// ids (`Found::id`).
 pub fn plan(
     g: &Graph,
     matched: &Patterns,
@@ -340,25 +150,10 @@ pub fn plan(
     tables: Option<&Tables>,
     steward: &mut Steward,
 ) -> Plan {
-    let costs = node_costs(g, opts.arch, opts.precision, &matched.gemm);
+    let costs = node_costs(g, opts.arch, opts.precision, &matched.products());
     let total: f64 = costs.iter().map(|c| c.ms).sum();
-    // The agent is asked about them in this order: attention, LayerNorm, GEMM.
-    let attention = matched
-        .attention
-        .iter()
-        .enumerate()
-        .map(|(i, a)| Facts::attention(i, a, opts));
-    let layernorm = matched
-        .layernorm
-        .iter()
-        .enumerate()
-        .map(|(i, l)| Facts::layernorm(i, l, opts));
-    let gemm = matched
-        .gemm
-        .iter()
-        .enumerate()
-        .map(|(i, m)| Facts::gemm(i, m, opts));
-    let facts: Vec<Facts> = attention.chain(layernorm).chain(gemm).collect();
+    // The agent is asked about them in the registry's order of kinds.
+    let facts: Vec<Facts> = matched.found.iter().map(|f| Facts::of(f, opts)).collect();
     let matched_nodes: BTreeSet<NodeId> = facts.iter().flat_map(|f| f.nodes.clone()).collect();
     let pricing = Pricing {
         g,

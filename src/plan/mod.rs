@@ -4,7 +4,8 @@
 //! the table. Pure: no libtorch, GPU or disk.
 
 use crate::graph::{elem_bytes, Graph, NodeId, TensorInfo};
-use crate::rules::{views, GemmMatch, GemmOrigin, GemmProblem};
+use crate::kinds::{registry, Product};
+use crate::rules::views;
 use crate::types::{Arch, DType, MathType, Precision};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -86,16 +87,17 @@ fn math_rate(c: &Ceilings, dtype: &str, precision: Precision) -> f64 {
     }
 }
 
-/// FLOPs and bytes of every node that launches work, and the time the roofline gives it.
+/// FLOPs and bytes of every node that launches work, and the time the roofline gives it;
+/// `products` are the matched patterns' matrix products (`Patterns::products`), priced at their
+/// math's rate and their tiles' efficiency.
 pub fn node_costs(
     g: &Graph,
     arch: Arch,
     precision: Precision,
-    gemms: &[GemmMatch],
+    products: &[Product],
 ) -> Vec<NodeCost> {
     let c = ceilings(arch);
-    let gemm_at: HashMap<NodeId, &GemmProblem> =
-        gemms.iter().map(|m| (m.node, &m.problem)).collect();
+    let gemm_at: HashMap<NodeId, &Product> = products.iter().map(|p| (p.node, p)).collect();
     let mut out = Vec::new();
     for (id, n) in g.nodes.iter().enumerate() {
         // Transparent nodes (`rules::views`: contiguous of a packed tensor, same-dtype `to`) launch
@@ -118,7 +120,7 @@ pub fn node_costs(
             .map(|t| t.dtype.clone())
             .unwrap_or_else(|| "f32".into());
         let flops = match gemm_at.get(&id) {
-            Some(p) => p.flops(),
+            Some(p) => p.flops,
             None if n.kind.contains("matmul")
                 || n.kind.contains("linear")
                 || n.kind.contains("mm") =>
@@ -158,7 +160,7 @@ pub fn node_costs(
 }
 
 /// K of a GEMM-like node (matched, or an unmatched matmul/linear/bmm), if it is one.
-fn gemm_k(g: &Graph, id: NodeId, gemm_at: &HashMap<NodeId, &GemmProblem>) -> Option<i64> {
+fn gemm_k(g: &Graph, id: NodeId, gemm_at: &HashMap<NodeId, &Product>) -> Option<i64> {
     if let Some(p) = gemm_at.get(&id) {
         return Some(p.k);
     }
@@ -287,72 +289,21 @@ pub struct UnmatchedGemm {
     pub reason: String,
 }
 
-/// The GEMM nodes (the kinds the rules know) that no match in `matched` covers, with the reason:
-/// control flow (rules match only the top-level block), unknown shapes, or operands no rule takes;
-/// and the `scaled_dot_product_attention` calls the attention rule refuses, with its reason (a
-/// general or unknown mask, dropout, ...).
+/// The nodes of the ops fact's kinds compute that no match in `matched` covers, with the reason
+/// each kind gives (`kinds::Kind::unmatched`): GEMMs inside control flow (rules match only the
+/// top-level block), of unknown shapes or with operands no rule takes, and the
+/// `scaled_dot_product_attention` calls the attention rule refuses (a general or unknown mask,
+/// dropout, ...).
 pub fn unmatched_gemms(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<UnmatchedGemm> {
-    let mut out = Vec::new();
-    for (id, n) in g.nodes.iter().enumerate() {
-        if matched.contains(&id) || GemmOrigin::of_kind(&n.kind).is_none() {
-            continue;
-        }
-        let reason = if n.depth > 0 {
-            // The graph lists a block's nodes right after the node that owns it, so the owner is the
-            // nearest earlier node one level up.
-            let owner = g.nodes[..id]
-                .iter()
-                .rev()
-                .find(|o| o.depth < n.depth)
-                .map_or("a sub-block", |o| o.kind.as_str());
-            let out_of = match owner {
-                "prim::If" => "move the GEMM out of the branch",
-                "prim::Loop" => "move the GEMM out of the loop body",
-                _ => "move the GEMM out of the block",
-            };
-            format!(
-                "inside {owner}: fact matches only the top-level block; trace the model (tracing unrolls control flow) or {out_of}"
-            )
-        } else {
-            let operands: Vec<String> = n
-                .inputs
-                .iter()
-                .take(2)
-                .map(|&v| {
-                    g.tensor(v)
-                        .map_or("?".into(), |t| format!("{:?}:{}", t.shape, t.dtype))
-                })
-                .collect();
-            if n.inputs.iter().take(2).any(|&v| g.tensor(v).is_none()) {
-                let after = if g.note.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({})", g.note.trim_end_matches("; "))
-                };
-                format!("its operand shapes are unknown{after}")
-            } else {
-                format!("no rule takes its operands ({}): dtype, rank, broadcast batch dims or scaling outside the GEMM rules", operands.join(", "))
-            }
-        };
-        out.push(UnmatchedGemm {
+    registry::unmatched(g, matched)
+        .into_iter()
+        .map(|(id, reason)| UnmatchedGemm {
             node: id,
-            kind: n.kind.clone(),
-            scope: n.scope.clone(),
+            kind: g.nodes[id].kind.clone(),
+            scope: g.nodes[id].scope.clone(),
             reason,
-        });
-    }
-    for (id, reason) in crate::rules::attention::sdpa_refusals(g) {
-        if !matched.contains(&id) {
-            out.push(UnmatchedGemm {
-                node: id,
-                kind: g.nodes[id].kind.clone(),
-                scope: g.nodes[id].scope.clone(),
-                reason,
-            });
-        }
-    }
-    out.sort_by_key(|u| u.node);
-    out
+        })
+        .collect()
 }
 
 mod build;
@@ -372,10 +323,10 @@ pub struct PlannedPattern {
     pub input_shapes: Vec<Vec<i64>>,
     pub dtype: DType,
     pub math: Option<MathType>,
-    pub problem: crate::rules::Problem,
+    pub problem: crate::kinds::Problem,
     /// Pipelining, grid schedule and tensor-core instruction a kernel for it would use.
     pub notes: Vec<String>,
-    /// Operands whose strides fit no layout: the op copies them on every call (rules::GemmMatch).
+    /// Operands whose strides fit no layout: the op copies them on every call (`kinds::gemm::GemmMatch`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<String>,
     /// The weight compose pads along N, and what that does (rules::WeightPad).
@@ -416,7 +367,19 @@ pub struct Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{match_gemms, match_patterns, Match};
+    use crate::kinds::attention::AttentionMatch;
+    use crate::kinds::gemm::{match_gemms, GemmMatch};
+    use crate::kinds::layernorm::LayerNormMatch;
+    use crate::kinds::registry::match_patterns;
+    use crate::kinds::Kind;
+    use crate::rules::Match;
+
+    /// The matrix products of GEMM matches, as the cost model takes them.
+    fn products(ms: &[GemmMatch]) -> Vec<Product> {
+        ms.iter()
+            .flat_map(|m| crate::kinds::gemm::Gemm.products(m))
+            .collect()
+    }
 
     fn attention_like() -> Graph {
         Graph::parse(
@@ -437,7 +400,7 @@ mod tests {
     fn gemms_cost_by_flops_and_elementwise_by_bytes() {
         let g = attention_like();
         let m = match_gemms(&g);
-        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &m);
+        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &products(&m));
         let linear = costs.iter().find(|c| c.kind == "aten::linear").unwrap();
         assert_eq!(linear.flops, 2.0 * 64.0 * 512.0 * 768.0 * 256.0);
         let roofline_ms = linear.flops / 397e12 * 1e3;
@@ -486,7 +449,7 @@ mod tests {
         let g = attention_like();
         let m = match_gemms(&g);
         let cost = |p: Precision| {
-            node_costs(&g, Arch::Sm90, p, &m)
+            node_costs(&g, Arch::Sm90, p, &products(&m))
                 .into_iter()
                 .find(|c| c.kind == "aten::linear")
                 .unwrap()
@@ -531,7 +494,10 @@ mod tests {
         // A causal one is a pattern: nothing to list once the plan covers it.
         let causal = g(" @causal/shape");
         let found = match_patterns(&causal);
-        let covered: BTreeSet<NodeId> = found.attention[0].nodes().into_iter().collect();
+        let covered: BTreeSet<NodeId> = found.of::<AttentionMatch>()[0]
+            .nodes()
+            .into_iter()
+            .collect();
         assert!(unmatched_gemms(&causal, &covered).is_empty());
     }
 
@@ -619,24 +585,24 @@ mod tests {
             None,
             &mut crate::agent::Steward::builtin(),
         );
-        let costs = node_costs(&g, opts.arch, opts.precision, &found.gemm);
+        let costs = node_costs(&g, opts.arch, opts.precision, &found.products());
         let total: f64 = costs.iter().map(|c| c.ms).sum();
         let cost: HashMap<NodeId, f64> = costs.iter().map(|c| (c.node, c.ms)).collect();
         let time = |nodes: Vec<NodeId>| -> f64 { nodes.iter().filter_map(|n| cost.get(n)).sum() };
         let want = [
             (
                 "a0",
-                found.attention[0].nodes(),
+                found.of::<AttentionMatch>()[0].nodes(),
                 vec![vec![1, 2, 16, 32]; 3],
             ),
             (
                 "l0",
-                found.layernorm[0].nodes(),
+                found.of::<LayerNormMatch>()[0].nodes(),
                 vec![vec![1, 2, 16, 32], vec![32]],
             ),
             (
                 "p0",
-                found.gemm[0].nodes(),
+                found.of::<GemmMatch>()[0].nodes(),
                 vec![vec![1, 2, 16, 32], vec![64, 32]],
             ),
         ];
@@ -662,7 +628,7 @@ mod tests {
         let g = attention_like();
         let m = match_gemms(&g);
         let matched: BTreeSet<NodeId> = m.iter().map(|m| m.node).collect();
-        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &m);
+        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &products(&m));
         let total: f64 = costs.iter().map(|c| c.ms).sum();
         let regions = unmatched_regions(&g, &costs, &matched, total);
         assert_eq!(regions.len(), 2);
@@ -676,7 +642,7 @@ mod tests {
         let g = attention_like();
         let m = match_gemms(&g);
         let matched: BTreeSet<NodeId> = m.iter().map(|m| m.node).collect();
-        let mut costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &m);
+        let mut costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &products(&m));
         // The gelu alone costs what the three nodes of the softmax region cost together.
         for c in &mut costs {
             c.ms = if c.kind == "aten::gelu" { 3.0 } else { 1.0 };

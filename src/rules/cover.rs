@@ -24,7 +24,7 @@
 //! another pattern is still a pattern, the GEMM rule's match of it alone; and a rule of any kind
 //! takes part by its site alone.
 
-use super::{views, GemmOrigin, Match, PatternKind, Rule};
+use super::{views, Match, PatternKind, Rule};
 use crate::graph::{Graph, NodeId, TensorInfo, ValueId};
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
@@ -115,7 +115,7 @@ impl Site {
         let boundary: f64 = inputs.iter().chain(&outputs).map(bytes).sum();
         let products = nodes
             .iter()
-            .filter(|&&n| GemmOrigin::of_kind(&g.nodes[n].kind).is_some())
+            .filter(|&&n| is_product(&g.nodes[n].kind))
             .count();
         Site {
             nodes,
@@ -127,6 +127,15 @@ impl Site {
             },
         }
     }
+}
+
+/// Whether a node of this kind computes a matrix product: the GEMM ops a model calls (the GEMM
+/// rules match them; an attention computes two).
+pub fn is_product(kind: &str) -> bool {
+    matches!(
+        kind,
+        "aten::linear" | "aten::mm" | "aten::bmm" | "aten::matmul" | "aten::addmm"
+    )
 }
 
 /// A rule's match with its site: what the cover takes or leaves.

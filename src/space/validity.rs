@@ -1,15 +1,16 @@
 //! Failure memory (the rules; src/table/learning.rs turns a sweep's outcomes into them): every failure a sweep meets (nvcc/static_assert, can_implement, launch,
 //! fault, numeric) becomes a validity rule — a scope (arch, dtype, math, rule, CUTLASS version,
 //! and the shape for failures that depend on it), a predicate over the kernel's parameters, a
-//! count and an example message. Rules prune later sweeps before nvcc.
+//! count and an example message. Rules prune later sweeps before nvcc. A kernel's parameters are
+//! what its kind says a rule may name (`kinds::Kind::features`); a kind that names none learns
+//! nothing.
 //!
 //! A rule starts as the failing kernel's full parameter set. When another kernel fails the same
 //! way in the same scope, the rule generalises to the parameters both share, but only if no
 //! kernel known to have passed that stage in the scope matches the generalisation: rules never
 //! contradict evidence, so a learned rule cannot prune a kernel that is known to work.
 
-use super::KernelSpec;
-use crate::types::MathType;
+use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -53,20 +54,23 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// The scope of a sweep over `p` (the table key's fields: the table derives the same from a key).
+    /// The scope of a sweep over the problem of `rule` and `shape` (the table key's fields: the
+    /// table derives the same from a key).
     pub fn of(
-        p: &crate::rules::GemmProblem,
+        rule: &str,
+        dtype: DType,
+        shape: &str,
         math: MathType,
-        arch: crate::types::Arch,
+        arch: Arch,
         cutlass: &str,
     ) -> Scope {
         Scope {
             arch: arch.short_name().into(),
-            dtype: p.dtype.short_name().into(),
+            dtype: dtype.short_name().into(),
             math,
-            rule: p.rule_id(),
+            rule: rule.into(),
             cutlass: cutlass.into(),
-            shape: Some(p.shape_key()),
+            shape: Some(shape.into()),
         }
     }
     /// The scope a rule of `kind` learned in this sweep holds for.
@@ -142,60 +146,22 @@ fn first_line(s: &str) -> String {
     l.chars().take(160).collect()
 }
 
-/// The parameters a predicate may name. Launch knobs count only for failures at launch or later.
-pub fn params(k: &KernelSpec, kind: FailureKind) -> BTreeMap<String, Value> {
-    let mut m = BTreeMap::new();
-    let s = |v: &str| Value::String(v.to_string());
-    m.insert("family".into(), s(k.family.prefix()));
-    m.insert("tile_m".into(), k.tile[0].into());
-    m.insert("tile_n".into(), k.tile[1].into());
-    m.insert("tile_k".into(), k.tile[2].into());
-    m.insert(
-        "cluster".into(),
-        s(&format!(
-            "{}x{}x{}",
-            k.cluster[0], k.cluster[1], k.cluster[2]
-        )),
-    );
-    m.insert("schedule".into(), s(k.schedule.short_name()));
-    m.insert("scheduler".into(), s(k.scheduler.short_name()));
-    m.insert(
-        "epilogue".into(),
-        s(match k.epilogue {
-            super::EpilogueKind::Tma => "tma",
-            super::EpilogueKind::NoSmem => "no_smem",
-        }),
-    );
-    m.insert("stages".into(), k.stages.into());
-    m.insert(
-        "warps".into(),
-        s(&format!("{}x{}x{}", k.warps[0], k.warps[1], k.warps[2])),
-    );
-    m.insert("align".into(), k.align.into());
-    m.insert("align_out".into(), k.align_out().into());
-    if kind != FailureKind::Compile {
-        m.insert("splits".into(), k.knobs.splits.into());
-        m.insert(
-            "raster".into(),
-            s(&format!("{:?}", k.knobs.raster).to_lowercase()),
-        );
-        m.insert("swizzle".into(), k.knobs.swizzle.into());
-    }
-    m
-}
+/// A kernel's parameters for a failure of a kind: what a rule's predicate may name.
+pub type Params = BTreeMap<String, Value>;
 
-/// Records one failure. `passed` are kernels known to have passed this kind's stage in scope.
+/// Records one failure of kernel `name`, whose parameters are `p`. `passed` are the parameters of
+/// kernels known to have passed this kind's stage in scope.
 pub fn learn(
     rules: &mut Vec<Rule>,
     scope: &Scope,
     kind: FailureKind,
-    k: &KernelSpec,
+    name: &str,
+    p: &Params,
     msg: &str,
-    passed: &[KernelSpec],
+    passed: &[Params],
 ) {
     let scope = scope.for_kind(kind);
-    let p = params(k, kind);
-    let name = k.name();
+    let name = name.to_string();
     let note = |r: &mut Rule| {
         r.count += 1;
         if r.kernels.len() < 8 && !r.kernels.contains(&name) {
@@ -203,11 +169,10 @@ pub fn learn(
         }
     };
     let same = |r: &Rule| r.scope == scope && r.kind == kind;
-    if let Some(r) = rules.iter_mut().find(|r| same(r) && r.matches(&p)) {
+    if let Some(r) = rules.iter_mut().find(|r| same(r) && r.matches(p)) {
         note(r);
         return;
     }
-    let passed: Vec<BTreeMap<String, Value>> = passed.iter().map(|k| params(k, kind)).collect();
     for r in rules.iter_mut().filter(|r| same(r)) {
         let general: BTreeMap<String, Value> = r
             .predicate
@@ -232,26 +197,33 @@ pub fn learn(
     rules.push(Rule {
         scope,
         kind,
-        predicate: p,
+        predicate: p.clone(),
         count: 1,
         example: msg.chars().take(2000).collect(),
         kernels: vec![name],
     });
 }
 
-/// The first rule that rejects `k` in a sweep scoped `sweep`.
-pub fn rejecting<'a>(rules: &'a [Rule], sweep: &Scope, k: &KernelSpec) -> Option<&'a Rule> {
+/// The first rule that rejects a kernel in a sweep scoped `sweep`: `params` gives the kernel's
+/// parameters for a failure of each kind.
+pub fn rejecting<'a>(
+    rules: &'a [Rule],
+    sweep: &Scope,
+    params: impl Fn(FailureKind) -> Params,
+) -> Option<&'a Rule> {
     rules
         .iter()
-        .find(|r| r.scope.covers(sweep) && r.matches(&params(k, r.kind)))
+        .find(|r| r.scope.covers(sweep) && r.matches(&params(r.kind)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{GemmLayout, GemmProblem};
-    use crate::space::{gemm_candidates, Family, KernelSchedule, TileScheduler};
-    use crate::types::{Arch, DType};
+    use crate::kinds::gemm::space::{
+        gemm_candidates, Family, KernelSchedule, KernelSpec, TileScheduler,
+    };
+    use crate::kinds::gemm::{learn, rejecting};
+    use crate::kinds::gemm::{GemmLayout, GemmProblem};
 
     fn problem() -> GemmProblem {
         GemmProblem {
@@ -267,7 +239,7 @@ mod tests {
         }
     }
     fn scope() -> Scope {
-        Scope::of(&problem(), MathType::Tf32, Arch::Sm90, "4.2.0.0")
+        crate::kinds::gemm::scope(&problem(), MathType::Tf32, Arch::Sm90, "4.2.0.0")
     }
     fn space() -> Vec<KernelSpec> {
         gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90)
@@ -312,7 +284,11 @@ mod tests {
 
     #[test]
     fn rules_generalise_to_shared_parameters_but_never_over_a_success() {
-        let ks = crate::space::Knowledge::shipped().kernels(&problem(), MathType::Tf32, Arch::Sm90);
+        let ks = crate::kinds::gemm::space::Knowledge::shipped().kernels(
+            &problem(),
+            MathType::Tf32,
+            Arch::Sm90,
+        );
         let pp_tile = |t: [u32; 2]| -> Vec<&KernelSpec> {
             ks.iter()
                 .filter(|k| {
@@ -324,13 +300,13 @@ mod tests {
         };
         let p128 = pp_tile([128, 128]);
         let other_tile = pp_tile([64, 128]);
-        let find = |c: [u32; 3], e: crate::space::EpilogueKind| {
+        let find = |c: [u32; 3], e: crate::kinds::gemm::space::EpilogueKind| {
             *p128
                 .iter()
                 .find(|k| k.cluster == c && k.epilogue == e)
                 .unwrap()
         };
-        use crate::space::EpilogueKind::{NoSmem, Tma};
+        use crate::kinds::gemm::space::EpilogueKind::{NoSmem, Tma};
         // a and b differ in cluster and epilogue; the other two 128x128 ping-pong kernels share
         // tile and schedule with both.
         let (a, b) = (find([1, 2, 1], Tma), find([2, 1, 1], NoSmem));
@@ -420,7 +396,7 @@ mod tests {
             sk
         )
         .is_none());
-        let split = sk.with_knobs(crate::space::Knobs {
+        let split = sk.with_knobs(crate::kinds::gemm::space::Knobs {
             splits: 4,
             ..sk.knobs
         });

@@ -3,8 +3,7 @@
 //! table beside the runs they were learned from.
 
 use super::{Entry, Run, TableKey};
-use crate::space::validity::{learn, FailureKind, Rule, Scope};
-use crate::space::KernelSpec;
+use crate::space::validity::{learn, FailureKind, Params, Rule, Scope};
 use crate::tune::Outcome;
 
 /// The kind of failure an outcome is, if it is one.
@@ -55,7 +54,8 @@ impl TableKey {
 }
 
 /// Learns every failure of `run` (a sweep on `key`). `history` is the table's entries, whose
-/// runs say which kernels passed which stage.
+/// runs say which kernels passed which stage. A rule names a kernel's features
+/// (`kinds::Kind::features`): the failures of a kind that has none stay in their runs.
 pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[Entry]) -> usize {
     let sweep = key.scope(&run.provenance.cutlass);
     let mut learned = 0;
@@ -63,21 +63,28 @@ pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[En
         let Some(kind) = failure_kind(&c.outcome) else {
             continue;
         };
+        let Some(features) = c.spec.features(kind) else {
+            continue;
+        };
         let scope = sweep.for_kind(kind);
-        let passed: Vec<KernelSpec> = history
+        let passed: Vec<Params> = history
             .iter()
             .flat_map(|e| e.runs.iter().map(move |r| (e, r)))
             .filter(|(e, r)| scope.covers(&e.key.scope(&r.provenance.cutlass)))
             .flat_map(|(_, r)| r.candidates.iter())
             .chain(run.candidates.iter())
             .filter(|c| passed(kind, &c.outcome))
-            .filter_map(|c| c.spec.as_gemm().cloned())
+            .filter_map(|c| c.spec.features(kind))
             .collect();
-        // Validity rules speak of GEMM kernel features; other kinds' failures stay in their runs.
-        let Some(spec) = c.spec.as_gemm() else {
-            continue;
-        };
-        learn(rules, &sweep, kind, spec, &message(&c.outcome), &passed);
+        learn(
+            rules,
+            &sweep,
+            kind,
+            &c.spec.name(),
+            &features,
+            &message(&c.outcome),
+            &passed,
+        );
         learned += 1;
     }
     learned
@@ -86,7 +93,7 @@ pub fn learn_run(rules: &mut Vec<Rule>, key: &TableKey, run: &Run, history: &[En
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rules::{GemmLayout, GemmProblem};
+    use crate::kinds::gemm::{GemmLayout, GemmProblem};
     use crate::types::{Arch, DType, MathType};
 
     #[test]
@@ -102,10 +109,10 @@ mod tests {
             epilogue: None,
             padded_from: None,
         };
-        let key = TableKey::gemm(&p, MathType::Bf16, Arch::Sm90);
+        let key = TableKey::of(&p.clone().into(), MathType::Bf16, Arch::Sm90);
         assert_eq!(
             key.scope("4.2.0.0"),
-            Scope::of(&p, MathType::Bf16, Arch::Sm90, "4.2.0.0")
+            crate::kinds::gemm::scope(&p, MathType::Bf16, Arch::Sm90, "4.2.0.0")
         );
         assert_eq!(
             failure_kind(&Outcome::CannotImplement),

@@ -7,10 +7,9 @@
 
 pub mod learning;
 
-use crate::rules::{GemmProblem, Problem};
-use crate::space::Spec;
+use crate::kinds::{Problem, Spec};
 use crate::tune::cuda::DeviceInfo;
-use crate::tune::{CandidateResult, Timing};
+use crate::tune::{Outcome, Timing};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -81,18 +80,8 @@ pub fn parse_shape(s: &str) -> Option<Vec<i64>> {
 }
 
 impl TableKey {
-    pub fn gemm(p: &GemmProblem, math: MathType, arch: Arch) -> TableKey {
-        TableKey {
-            rule: p.rule_id(),
-            dtypes: Dtypes::gemm(p.dtype),
-            math,
-            arch,
-            shape: p.shape_key(),
-        }
-    }
-
-    /// The key of any pattern kind's problem (attention reads and writes one dtype and
-    /// accumulates in fp32, like a GEMM).
+    /// The key of any pattern kind's problem (every kind's kernels read and write one dtype and
+    /// accumulate in fp32, as fact's GEMMs do).
     pub fn of(p: &Problem, math: MathType, arch: Arch) -> TableKey {
         TableKey {
             rule: p.rule_id(),
@@ -157,6 +146,15 @@ pub struct Provenance {
     pub cutlass: String,
     pub fact: String,
     pub date: String,
+}
+
+/// One candidate of a run: the kernel variant, its spec and what happened to it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CandidateResult {
+    pub kernel: String,
+    pub spec: Spec,
+    #[serde(flatten)]
+    pub outcome: Outcome,
 }
 
 /// One tuning run: every candidate it judged, and torch's time for the same problem.
@@ -348,7 +346,8 @@ mod v1 {
     #[derive(Deserialize)]
     pub struct Entry {
         pub key: Key,
-        pub problem: GemmProblem,
+        /// A GEMM problem: schema 1 held no other kind.
+        pub problem: Problem,
         pub baseline: Option<Timing>,
         pub candidates: Vec<CandidateResult>,
         pub provenance: Provenance,

@@ -1,7 +1,12 @@
 use super::*;
-use crate::rules::GemmLayout;
-use crate::space::gemm_candidates;
+use crate::kinds::gemm::space::gemm_candidates;
+use crate::kinds::gemm::{GemmLayout, GemmProblem};
 use crate::tune::Outcome;
+
+/// The key of a GEMM problem.
+fn gemm_key(p: &GemmProblem, math: MathType, arch: Arch) -> TableKey {
+    TableKey::of(&p.clone().into(), math, arch)
+}
 
 fn problem(m: i64) -> GemmProblem {
     GemmProblem {
@@ -78,7 +83,7 @@ fn entry_against(m: i64, which: usize, ms: f64, baseline_ms: Option<f64>, device
         }),
         candidates: vec![ok, bad],
     };
-    Entry::from_runs(TableKey::gemm(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap()
+    Entry::from_runs(gemm_key(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap()
 }
 
 #[test]
@@ -101,7 +106,7 @@ fn round_trip_keeps_every_field() {
 
 #[test]
 fn keys_bucket_by_powers_of_two_within_one_family() {
-    let k = |m: i64| TableKey::gemm(&problem(m), MathType::Tf32, Arch::Sm90);
+    let k = |m: i64| gemm_key(&problem(m), MathType::Tf32, Arch::Sm90);
     assert_eq!(k(3000).bucket(), "4096x256x512");
     assert_eq!(k(4096).bucket(), k(3000).bucket());
     assert_ne!(k(4097).bucket(), k(4096).bucket());
@@ -119,8 +124,8 @@ fn lookup_prefers_exact_then_user_then_bucket() {
         user: Table::new(),
         shipped: Table::new(),
     };
-    let key = |m| TableKey::gemm(&problem(m), MathType::Tf32, Arch::Sm90);
-    let lookup = |tables: &Tables, m| tables.lookup(&key(m), &Problem::Gemm(problem(m)));
+    let key = |m| gemm_key(&problem(m), MathType::Tf32, Arch::Sm90);
+    let lookup = |tables: &Tables, m| tables.lookup(&key(m), &Problem::from(problem(m)));
     assert_eq!(lookup(&tables, 3000), Lookup::Miss);
     tables.shipped.insert_merged(entry(4096, 0, 0.5, "H100"));
     tables.shipped.insert_merged(entry(2048, 0, 0.5, "H100"));
@@ -160,13 +165,13 @@ fn bucket_hits_stay_within_the_alignment_class() {
         n: 250,
         ..problem(3000)
     };
-    let key = TableKey::gemm(&ragged, MathType::Tf32, Arch::Sm90);
+    let key = gemm_key(&ragged, MathType::Tf32, Arch::Sm90);
     assert_eq!(
         key.bucket(),
-        TableKey::gemm(&problem(4096), MathType::Tf32, Arch::Sm90).bucket()
+        gemm_key(&problem(4096), MathType::Tf32, Arch::Sm90).bucket()
     );
     assert_eq!(
-        tables.lookup(&key, &Problem::Gemm(ragged.clone())),
+        tables.lookup(&key, &Problem::from(ragged.clone())),
         Lookup::Miss
     );
     // The same bucket at the entry's alignment is a hit.
@@ -174,9 +179,9 @@ fn bucket_hits_stay_within_the_alignment_class() {
         n: 252,
         ..problem(3000)
     };
-    let key = TableKey::gemm(&aligned, MathType::Tf32, Arch::Sm90);
+    let key = gemm_key(&aligned, MathType::Tf32, Arch::Sm90);
     assert!(matches!(
-        tables.lookup(&key, &Problem::Gemm(aligned)),
+        tables.lookup(&key, &Problem::from(aligned)),
         Lookup::Bucket { .. }
     ));
 }
@@ -254,7 +259,7 @@ fn run_of(times: &[(usize, f64)], baseline_ms: f64) -> Run {
 fn a_kernel_beaten_within_another_run_does_not_win_on_its_own_runs_ratio() {
     let p = problem(128);
     let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
-    let key = TableKey::gemm(&p, MathType::Tf32, Arch::Sm90);
+    let key = gemm_key(&p, MathType::Tf32, Arch::Sm90);
     let winner = |runs: Vec<Run>| {
         let e = Entry::from_runs(key.clone(), p.clone(), runs).unwrap();
         let which = specs.iter().position(|k| k.name() == e.winner).unwrap();
@@ -395,17 +400,28 @@ fn schema_two_to_four_tables_are_read_as_five_and_keep_their_entries() {
     }
     // A fused problem keeps its epilogue through a save and a load.
     let mut fused = entry(256, 0, 0.5, "H100");
-    let ep = crate::rules::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=add(v1,l0)").unwrap();
-    let crate::rules::Problem::Gemm(p) = &mut fused.problem else {
-        unreachable!("a GEMM entry")
-    };
-    p.epilogue = Some(ep.clone());
+    let ep =
+        crate::kinds::gemm::Epilogue::parse("leaves=full;v1=gelu_tanh(v0);v2=add(v1,l0)").unwrap();
+    let p = fused
+        .problem
+        .get::<GemmProblem>()
+        .expect("a GEMM entry")
+        .clone();
+    fused.problem = GemmProblem {
+        epilogue: Some(ep.clone()),
+        ..p
+    }
+    .into();
     fused.key.rule = fused.problem.rule_id();
     let mut t = Table::new();
     t.insert_merged(fused.clone());
     let back = Table::parse(&serde_json::to_string(&t).unwrap(), "v3.json").unwrap();
     assert_eq!(
-        back.entries[0].problem.as_gemm().unwrap().epilogue,
+        back.entries[0]
+            .problem
+            .get::<GemmProblem>()
+            .unwrap()
+            .epilogue,
         Some(ep)
     );
     assert!(
@@ -419,7 +435,7 @@ fn schema_two_to_four_tables_are_read_as_five_and_keep_their_entries() {
 /// enums are untagged), and the entry's key is the f32 math's whatever the policy.
 #[test]
 fn layernorm_entries_round_trip_beside_gemm_entries() {
-    use crate::rules::LayerNormProblem;
+    use crate::kinds::layernorm::LayerNormProblem;
     let p = LayerNormProblem {
         rows: 65536,
         cols: 768,
@@ -427,13 +443,13 @@ fn layernorm_entries_round_trip_beside_gemm_entries() {
         weight: true,
         bias: true,
     };
-    let problem = Problem::LayerNorm(p.clone());
+    let problem = Problem::from(p.clone());
     let math = problem.math(crate::types::Precision::Tf32).unwrap();
     assert_eq!(
         (math, problem.math(crate::types::Precision::F32)),
         (MathType::F32, Some(MathType::F32))
     );
-    let spec = crate::space::layernorm::candidates(&p, Arch::Sm90).remove(0);
+    let spec = crate::kinds::layernorm::candidates(&p, Arch::Sm90).remove(0);
     let timing = Timing {
         median_ms: 0.14,
         min_ms: 0.14,
@@ -466,12 +482,11 @@ fn layernorm_entries_round_trip_beside_gemm_entries() {
     t.insert_merged(ln.clone());
     let back = Table::parse(&serde_json::to_string(&t).unwrap(), "t.json").unwrap();
     assert_eq!(back, t);
-    assert_eq!(
-        back.get(&ln.key).unwrap().winner_spec,
-        crate::space::Spec::LayerNorm(spec)
-    );
+    assert_eq!(back.get(&ln.key).unwrap().winner_spec, Spec::from(spec));
     assert!(
-        back.entries.iter().any(|e| e.problem.as_gemm().is_some()),
+        back.entries
+            .iter()
+            .any(|e| e.problem.get::<GemmProblem>().is_some()),
         "the GEMM entry stays a GEMM"
     );
 }
@@ -494,4 +509,27 @@ fn date_is_iso() {
     let d = today();
     assert_eq!(d.len(), 10);
     assert!(d.starts_with("20"));
+}
+
+#[test]
+fn the_shipped_table_loads_and_serializes_to_the_same_json() {
+    // Every kind's problems and kernel specs as the shipped table holds them: what a build reads
+    // it writes back byte for byte, as `Table::save` writes it.
+    let path = shipped_table_path();
+    let text = std::fs::read_to_string(&path).expect("the shipped table");
+    let t = Table::parse(&text, &path.display().to_string()).expect("the shipped table parses");
+    assert!(t.entries.len() > 100, "{} entries", t.entries.len());
+    let rules: std::collections::BTreeSet<&str> =
+        t.entries.iter().map(|e| e.key.rule.as_str()).collect();
+    for kind in ["gemm_", "sdpa", "attention", "layernorm"] {
+        assert!(
+            rules.iter().any(|r| r.starts_with(kind)),
+            "{kind}: {rules:?}"
+        );
+    }
+    let back = serde_json::to_string_pretty(&t).expect("table serializes") + "\n";
+    assert!(
+        back == text,
+        "the shipped table changed on its way through this build"
+    );
 }

@@ -208,26 +208,6 @@ impl std::fmt::Display for OpFailure {
     }
 }
 
-/// The schema of the op composed graphs call; the op library template renders the same string.
-pub const GEMM_OP_SCHEMA: &str =
-    "gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor";
-
-/// The schema of the fused GEMM + epilogue op: `epilogue` is the program's text
-/// (rules::epilogue), run over the GEMM's result and `leaves`.
-pub const GEMM_EP_OP_SCHEMA: &str =
-    "gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor";
-
-/// The schema of the attention op: `form` is what the graph computed (rules::attention's
-/// `AttentionMatch::form`), which the fallback recomputes and the kernel's scale comes from;
-/// `scale` is the one-element tensor of a form whose factor the graph computes (`div=tensor`).
-pub const ATTENTION_OP_SCHEMA: &str =
-    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel) -> Tensor";
-
-/// The schema of the LayerNorm op: the `aten::layer_norm` call's own operands (without
-/// cudnn_enable, which torch ignores), which the fallback replays.
-pub const LAYERNORM_OP_SCHEMA: &str =
-    "layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor";
-
 /// fact's schemas are defined where missing, by rewrite_and_save or by an op library's static
 /// initialisers; a check and its definition must not interleave with another thread's.
 static SCHEMAS: Mutex<()> = Mutex::new(());
@@ -459,8 +439,14 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
 }
 
 /// Replaces nodes (or patterns of nodes) of `forward` by custom-op calls and saves the module;
-/// returns the new graph's text.
-pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<String, TorchError> {
+/// returns the new graph's text. `schemas` are the ops' schemas (every kind's, `kinds::registry::
+/// op_schemas`), defined first where missing.
+pub fn rewrite_and_save(
+    path: &Path,
+    out: &Path,
+    edits: &[Edit],
+    schemas: &[&str],
+) -> Result<String, TorchError> {
     let p = check_archive(path)?;
     let edits: Vec<Edit> = edits
         .iter()
@@ -483,14 +469,7 @@ pub fn rewrite_and_save(path: &Path, out: &Path, edits: &[Edit]) -> Result<Strin
             remove_kinds: e.remove_kinds.clone(),
         })
         .collect();
-    let schemas = [
-        GEMM_OP_SCHEMA,
-        GEMM_EP_OP_SCHEMA,
-        ATTENTION_OP_SCHEMA,
-        LAYERNORM_OP_SCHEMA,
-    ]
-    .map(String::from)
-    .to_vec();
+    let schemas: Vec<String> = schemas.iter().map(|s| s.to_string()).collect();
     let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
     ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas)
         .map_err(|e| TorchError::Bridge(first_line(e.what())))

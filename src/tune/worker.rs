@@ -1,15 +1,13 @@
 //! Crash isolation: tuning runs in a child process (`fact tune-worker`) that reads one JSON
 //! request on stdin and writes one JSON event per line. A variant that takes the child down
 //! (illegal address, any sticky CUDA error) is recorded as a fault and the sweep resumes in a fresh
-//! child after it. It also keeps the sweep library, which registers fact::gemm with torch, out of
-//! the process that later loads the composed module's library.
+//! child after it. It also keeps the sweep library, which registers fact's ops with torch, out of
+//! the process that later loads the composed module's library. The request carries any kind's
+//! problem, which builds its kind's bench (`kinds::Kind::bench`): the worker names no kind.
 
-use super::attention::AttentionBench;
-use super::gpu::GpuBench;
-use super::layernorm::LayerNormBench;
-use super::{judge, Bench, Outcome, Protocol, Timing};
+use super::{judge, Outcome, Protocol, Timing};
+use crate::kinds::Problem;
 use crate::nvcc::KernelLibrary;
-use crate::rules::Problem;
 use crate::types::{MathType, Precision};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -63,15 +61,10 @@ pub fn serve(req: Request) -> Result<(), String> {
     crate::torch::set_float32_matmul_precision(req.precision.torch_matmul_precision())
         .map_err(|e| e.to_string())?;
     let lib = KernelLibrary::open(&req.library)?;
-    let mut bench: Box<dyn Bench> = match &req.problem {
-        Problem::Gemm(p) => Box::new(GpuBench::new(&lib, p.clone(), req.protocol.clone())?),
-        Problem::Attention(p) => {
-            Box::new(AttentionBench::new(&lib, p.clone(), req.protocol.clone())?)
-        }
-        Problem::LayerNorm(p) => {
-            Box::new(LayerNormBench::new(&lib, p.clone(), req.protocol.clone())?)
-        }
-    };
+    let mut bench = req
+        .problem
+        .kind()
+        .bench(&lib, &req.problem, req.protocol.clone())?;
     let count = lib.len();
     if req.baseline {
         let e = match bench.time_baseline() {

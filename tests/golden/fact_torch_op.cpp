@@ -1,16 +1,13 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
-// The torch custom ops that composed modules call: fact::gemm (one GEMM), fact::gemm_ep (a GEMM
-// followed by an elementwise epilogue program), fact::attention (softmax(scale·q·kᵀ + mask)·v) and
-// fact::layernorm (LayerNorm over the last dim). Each runs the named kernel of this library when
-// the call fits it (CUDA tensors on a device that runs sm90, the kernel's dtype, bias and epilogue,
-// CUTLASS's alignment rules; for the GEMMs an operand whose strides do not fit the kernel's layout
-// is copied into it; for attention a mask of the class its kernel computes; for layernorm rows one stride
-// apart) and otherwise falls back to the original aten ops (for gemm_ep, the GEMM and then the
-// program interpreted op by op; for attention the graph's own ops, as its form says; for
-// layernorm the same at::layer_norm call), so a composed module never computes a different
-// function than the one it replaced. FACT_DISABLE=1 in the environment makes every call fall back
-// (FACT_DISABLE=attention,epilogue: those kinds' calls); fact_op_stats() counts, per kernel, the
-// calls that ran it, those that copied an operand first and those that fell back.
+// The torch custom ops that composed modules call, each pattern kind's in its section below:
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm
+// Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
+// runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
+// section says which), so a composed module never computes a different function than the one it
+// replaced. FACT_DISABLE=1 in the environment makes every call fall back (FACT_DISABLE=attention,
+// epilogue: those kinds' calls); fact_op_stats() counts, per kernel, the calls that ran it, those
+// that copied an operand first and those that fell back. The frame around the sections (helpers
+// every section uses, the kinds a user turns off, call counts, schemas) names no kind.
 #include "fact_kernels.h"
 
 #include <ATen/ATen.h>
@@ -165,8 +162,149 @@ inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank,
 
 }  // namespace fact_mask
 
-
 namespace {
+
+const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "f32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "f16";
+    default: return "";
+  }
+}
+
+bool fits_i32(int64_t v) { return v > 0 && v <= std::numeric_limits<int32_t>::max(); }
+
+// Whether the device runs every kernel of this sm90 library: compute capability 9.0.
+bool runs_here(const cudaDeviceProp& props) { return (props.major == 9 && props.minor == 0); }
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == sep) {
+      parts.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return parts;
+}
+
+bool parse_index(const std::string& s, size_t& out) {
+  if (s.empty() || s.size() > 9) return false;
+  out = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    out = out * 10 + static_cast<size_t>(c - '0');
+  }
+  return true;
+}
+
+// Numbers are printed by Rust's {:?} (0.5, 3.0, 1e-5, inf, -inf, nan), all of which strtod reads.
+bool parse_number(const std::string& s, double& out) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
+  char* end = nullptr;
+  out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size();
+}
+
+// A tensor as a kernel reads it (include/fact_kernels.h): its data, dtype, sizes and strides.
+FactTensor fact_tensor(const at::Tensor& t) {
+  FactTensor ft{};
+  ft.data = t.data_ptr();
+  // Another dtype (f64) is none of FactDtype's, so no kernel's check takes it for one.
+  const at::ScalarType s = t.scalar_type();
+  ft.dtype = s == at::kFloat      ? FACT_F32
+             : s == at::kBFloat16 ? FACT_BF16
+             : s == at::kHalf     ? FACT_F16
+             : s == at::kInt      ? FACT_I32  // an attention kernel's key lengths
+                                  : -1;
+  ft.rank = static_cast<int32_t>(t.dim());
+  for (int64_t i = 0; i < t.dim() && i < FACT_MAX_RANK; ++i) {
+    ft.sizes[i] = t.size(i);
+    ft.strides[i] = t.stride(i);
+  }
+  return ft;
+}
+
+// Launches kernel `index` on the current stream of `like`'s device, its workspace from torch's
+// allocator; false when the kernel cannot implement the call (the op falls back).
+bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like, c10::string_view kernel,
+                   const char* op) {
+  if (fact_kernel_can_implement(index, &args) != FACT_OK) return false;
+  const size_t ws_size = fact_kernel_workspace_size(index, &args);
+  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, like.options().dtype(at::kByte));
+  const int32_t status = fact_kernel_run(index, &args, ws.data_ptr(), ws_size,
+                                         c10::cuda::getCurrentCUDAStream(like.device().index()).stream());
+  TORCH_CHECK(status == FACT_OK, "fact::", op, ": kernel ", std::string(kernel), " failed with status ", status,
+              ": ", fact_last_error());
+  return true;
+}
+
+// The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
+// FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
+// the kinds named (read once per process); fact_disable() sets the same at run time.
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kAllKinds = 15 };
+
+// The bits of a comma-separated list of kind names; false on a name that is no kind.
+bool parse_kinds(const std::string& text, unsigned& bits) {
+  bits = 0;
+  for (const std::string& name : split(text, ',')) {
+    if (name == "gemm") bits |= kGemmKind;
+    else if (name == "epilogue") bits |= kEpilogueKind;
+    else if (name == "attention") bits |= kAttentionKind;
+    else if (name == "layernorm") bits |= kLayernormKind;
+    else if (name == "all" || name == "1") bits |= kAllKinds;
+    else if (!name.empty()) return false;
+  }
+  return true;
+}
+
+std::atomic<unsigned>& disabled_kinds() {
+  static std::atomic<unsigned> bits{[] {
+    const char* v = std::getenv("FACT_DISABLE");
+    if (v == nullptr || *v == '\0' || std::string(v) == "0") return 0u;
+    unsigned b = 0;
+    if (!parse_kinds(v, b)) {
+      // Safer to run torch's ops everywhere than to guess which kind was meant.
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, all); every fact op falls back\n", v);
+      return unsigned(kAllKinds);
+    }
+    return b;
+  }()};
+  return bits;
+}
+
+bool disabled(unsigned kind) { return (disabled_kinds().load(std::memory_order_relaxed) & kind) != 0; }
+
+// Calls per kernel: how many ran it (of those, how many on a copied operand) and how many fell
+// back to the original ops (with the reason of the last fallback, where the op knows it).
+struct Counts {
+  uint64_t ran = 0, copied = 0, fell_back = 0;
+  std::string why;
+};
+std::mutex stats_mutex;
+std::map<std::string, Counts> stats;
+
+void count_ran(c10::string_view kernel, bool copied) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  Counts& c = stats[std::string(kernel)];
+  c.ran += 1;
+  if (copied) c.copied += 1;
+}
+
+void count_fell_back(c10::string_view kernel, const std::string& why = "") {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  Counts& c = stats[std::string(kernel)];
+  c.fell_back += 1;
+  if (!why.empty()) c.why = why;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMMs: fact::gemm (one GEMM) and fact::gemm_ep (a GEMM followed by an elementwise epilogue
+// program). A call fits its kernel with the kernel's dtype, bias and epilogue and CUTLASS's
+// alignment rules; an operand whose strides do not fit the kernel's layout is copied into it.
+// The fallback is the graph's GEMM (for gemm_ep, then the program interpreted op by op).
 
 // The GEMM the graph computed. addmm and mm take a 2-D a; a fused pattern that reads the tensor a
 // flattening view made (x in addmm(bias, x.view(-1, K), W), GPT-2's Conv1D) passes x: the same 2-D
@@ -191,20 +329,6 @@ void check_origin(c10::string_view origin, const char* op) {
     TORCH_CHECK(false, "fact::", op, ": unknown origin op '", std::string(origin), "'");
   }
 }
-
-const char* dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "f32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "f16";
-    default: return "";
-  }
-}
-
-bool fits_i32(int64_t v) { return v > 0 && v <= std::numeric_limits<int32_t>::max(); }
-
-// Whether the device runs every kernel of this sm90 library: compute capability 9.0.
-bool runs_here(const cudaDeviceProp& props) { return (props.major == 9 && props.minor == 0); }
 
 // ---------------------------------------------------------------------------------------------
 // The epilogue program, in rules::epilogue's text form:
@@ -255,36 +379,6 @@ struct Program {
   std::vector<LeafKind> leaves;
   std::vector<EpInstr> instrs;
 };
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  for (size_t i = 0; i <= s.size(); ++i) {
-    if (i == s.size() || s[i] == sep) {
-      parts.push_back(s.substr(start, i - start));
-      start = i + 1;
-    }
-  }
-  return parts;
-}
-
-bool parse_index(const std::string& s, size_t& out) {
-  if (s.empty() || s.size() > 9) return false;
-  out = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    out = out * 10 + static_cast<size_t>(c - '0');
-  }
-  return true;
-}
-
-// Numbers are printed by Rust's {:?} (0.5, 3.0, 1e-5, inf, -inf, nan), all of which strtod reads.
-bool parse_number(const std::string& s, double& out) {
-  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
-  char* end = nullptr;
-  out = std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size();
-}
 
 // Throws std::invalid_argument saying what is wrong; the same rules as Epilogue::parse and
 // Epilogue::check, plus a tensor operand for every op (the interpreter needs one).
@@ -482,25 +576,6 @@ at::Tensor packed(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
 }
 
-// A tensor as a kernel reads it (include/fact_kernels.h): its data, dtype, sizes and strides.
-FactTensor fact_tensor(const at::Tensor& t) {
-  FactTensor ft{};
-  ft.data = t.data_ptr();
-  // Another dtype (f64) is none of FactDtype's, so no kernel's check takes it for one.
-  const at::ScalarType s = t.scalar_type();
-  ft.dtype = s == at::kFloat      ? FACT_F32
-             : s == at::kBFloat16 ? FACT_BF16
-             : s == at::kHalf     ? FACT_F16
-             : s == at::kInt      ? FACT_I32  // an attention kernel's key lengths
-                                  : -1;
-  ft.rank = static_cast<int32_t>(t.dim());
-  for (int64_t i = 0; i < t.dim() && i < FACT_MAX_RANK; ++i) {
-    ft.sizes[i] = t.size(i);
-    ft.strides[i] = t.stride(i);
-  }
-  return ft;
-}
-
 // A GEMM call that fits a kernel of this library: operands as the kernel's layout reads them, the
 // output allocated, the device selected for as long as the launch lives.
 struct Launch {
@@ -591,20 +666,6 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
   return true;
 }
 
-// Launches kernel `index` on the current stream of `like`'s device, its workspace from torch's
-// allocator; false when the kernel cannot implement the call (the op falls back).
-bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like, c10::string_view kernel,
-                   const char* op) {
-  if (fact_kernel_can_implement(index, &args) != FACT_OK) return false;
-  const size_t ws_size = fact_kernel_workspace_size(index, &args);
-  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, like.options().dtype(at::kByte));
-  const int32_t status = fact_kernel_run(index, &args, ws.data_ptr(), ws_size,
-                                         c10::cuda::getCurrentCUDAStream(like.device().index()).stream());
-  TORCH_CHECK(status == FACT_OK, "fact::", op, ": kernel ", std::string(kernel), " failed with status ", status,
-              ": ", fact_last_error());
-  return true;
-}
-
 // Runs a prepared GEMM call, the output last among its tensors (no scalars: the dispatch table
 // passes the variant's knobs); false when the kernel cannot implement it (the op falls back).
 bool launch(Launch& l, c10::string_view kernel, const char* op) {
@@ -659,65 +720,6 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
     l.tensors.push_back(fact_tensor(c));
   }
   return true;
-}
-
-// The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
-// FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
-// the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayerNormKind = 8, kAllKinds = 15 };
-
-// The bits of a comma-separated list of kind names; false on a name that is no kind.
-bool parse_kinds(const std::string& text, unsigned& bits) {
-  bits = 0;
-  for (const std::string& name : split(text, ',')) {
-    if (name == "gemm") bits |= kGemmKind;
-    else if (name == "epilogue") bits |= kEpilogueKind;
-    else if (name == "attention") bits |= kAttentionKind;
-    else if (name == "layernorm") bits |= kLayerNormKind;
-    else if (name == "all" || name == "1") bits |= kAllKinds;
-    else if (!name.empty()) return false;
-  }
-  return true;
-}
-
-std::atomic<unsigned>& disabled_kinds() {
-  static std::atomic<unsigned> bits{[] {
-    const char* v = std::getenv("FACT_DISABLE");
-    if (v == nullptr || *v == '\0' || std::string(v) == "0") return 0u;
-    unsigned b = 0;
-    if (!parse_kinds(v, b)) {
-      // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, all); every fact op falls back\n", v);
-      return unsigned(kAllKinds);
-    }
-    return b;
-  }()};
-  return bits;
-}
-
-bool disabled(unsigned kind) { return (disabled_kinds().load(std::memory_order_relaxed) & kind) != 0; }
-
-// Calls per kernel: how many ran it (of those, how many on a copied operand) and how many fell
-// back to the original ops (with the reason of the last fallback, where the op knows it).
-struct Counts {
-  uint64_t ran = 0, copied = 0, fell_back = 0;
-  std::string why;
-};
-std::mutex stats_mutex;
-std::map<std::string, Counts> stats;
-
-void count_ran(c10::string_view kernel, bool copied) {
-  std::lock_guard<std::mutex> lock(stats_mutex);
-  Counts& c = stats[std::string(kernel)];
-  c.ran += 1;
-  if (copied) c.copied += 1;
-}
-
-void count_fell_back(c10::string_view kernel, const std::string& why = "") {
-  std::lock_guard<std::mutex> lock(stats_mutex);
-  Counts& c = stats[std::string(kernel)];
-  c.fell_back += 1;
-  if (!why.empty()) c.why = why;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1122,7 +1124,7 @@ at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shap
 at::Tensor layernorm(const at::Tensor& x, at::IntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
                      const std::optional<at::Tensor>& bias, double eps, c10::string_view kernel) {
   std::string why = "layernorm is turned off (FACT_DISABLE or fact_disable)";
-  if (!disabled(kLayerNormKind)) {
+  if (!disabled(kLayernormKind)) {
     at::Tensor out = layernorm_kernel(x, normalized_shape, weight, bias, eps, kernel, why);
     if (out.defined()) {
       count_ran(kernel, false);
@@ -1185,7 +1187,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
     m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");
   }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
-  m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
+  m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
   m.impl("layernorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm)));
 }

@@ -1,0 +1,257 @@
+//! The attention problem: what an attention kernel computes, the pattern table's key (with math
+//! and arch), with its rule id and shape, and the problem a rule id names at a shape (`fact
+//! realize`). The rule that finds it is rule.rs.
+
+use crate::types::DType;
+use serde::{Deserialize, Serialize};
+
+/// Which form the graph wrote: it decides torch's baseline (eager's five kernels, or torch's own
+/// fused SDPA), so the two are separate table entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionOrigin {
+    Explicit,
+    Sdpa,
+}
+
+/// What an attention kernel computes: the pattern table keys on it (with math and arch).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AttentionProblem {
+    pub origin: AttentionOrigin,
+    pub batch: i64,
+    pub heads: i64,
+    pub seq_q: i64,
+    pub seq_k: i64,
+    pub head_dim: i64,
+    pub dtype: DType,
+    pub causal: bool,
+    /// Heads of k and v where they are fewer than q's (grouped-query attention: query head h
+    /// reads key/value head h / (heads / kv_heads), in place); None where they are as many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<i64>,
+    /// Each sequence's keys end at a length of its own (a key-padding mask: keys at or past
+    /// batch b's length are masked for every query of b); the kernel reads the lengths.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub padded: bool,
+    /// The graph hands SDPA a mask tensor (of a class the kernel computes: every key visible, or
+    /// the causal triangle) rather than is_causal: torch's time, against which a kernel is kept or
+    /// left, is that call's (a bool mask keeps torch off its flash and cuDNN paths). A padded
+    /// problem's mask is always a tensor, so this is set only where `padded` is not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub masked: bool,
+}
+
+impl AttentionProblem {
+    /// `attention`, `attention_causal` (the explicit form), `sdpa`, `sdpa_causal`, for SDPA with a
+    /// key-padding mask `sdpa_padded`, `sdpa_causal_padded`, and with an all-visible or causal mask
+    /// tensor `sdpa_mask`, `sdpa_causal_mask`.
+    pub fn rule_id(&self) -> String {
+        let kind = match self.origin {
+            AttentionOrigin::Explicit => "attention",
+            AttentionOrigin::Sdpa => "sdpa",
+        };
+        let causal = if self.causal { "_causal" } else { "" };
+        let padded = if self.padded { "_padded" } else { "" };
+        let masked = if self.masked { "_mask" } else { "" };
+        format!("{kind}{causal}{padded}{masked}")
+    }
+    /// Heads of k and v (q's heads unless grouped).
+    pub fn key_heads(&self) -> i64 {
+        self.kv_heads.unwrap_or(self.heads)
+    }
+    /// The widest power of two, at most 8, that both sequence lengths divide: the sm90 kernel
+    /// takes only Tq % 8 == 0, so winners of one class cannot stand in for another's.
+    pub fn alignment(&self) -> u32 {
+        let mut align = 8u32;
+        while align > 1
+            && [self.seq_q, self.seq_k]
+                .iter()
+                .any(|t| t % align as i64 != 0)
+        {
+            align /= 2;
+        }
+        align
+    }
+    /// `BxHxTqxTkxD`, and `BxHxTqxTkxDxHkv` for grouped-query attention.
+    pub fn shape_key(&self) -> String {
+        let base = format!(
+            "{}x{}x{}x{}x{}",
+            self.batch, self.heads, self.seq_q, self.seq_k, self.head_dim
+        );
+        match self.kv_heads {
+            Some(kv) => format!("{base}x{kv}"),
+            None => base,
+        }
+    }
+    /// Multiply-adds of the two products, halved under the causal mask (the kernel skips the
+    /// key blocks a query block cannot see).
+    pub fn flops(&self) -> f64 {
+        let full = 4.0
+            * (self.batch * self.heads) as f64
+            * self.seq_q as f64
+            * self.seq_k as f64
+            * self.head_dim as f64;
+        if self.causal {
+            full / 2.0
+        } else {
+            full
+        }
+    }
+    /// Fewest bytes a fused kernel moves: q, k, v read once (k and v with their own heads), the
+    /// output written once.
+    pub fn bytes(&self) -> f64 {
+        let e = self.dtype.bytes() as f64;
+        e * (self.batch * self.head_dim) as f64
+            * (2.0 * (self.heads * self.seq_q) as f64
+                + 2.0 * (self.key_heads() * self.seq_k) as f64)
+    }
+    /// Bytes eager torch moves in the explicit form: the score matrix written and read by each of
+    /// scale, mask, softmax and the second product (fp32 scores for fp32 tensors).
+    pub fn eager_bytes(&self) -> f64 {
+        let scores = (self.batch * self.heads) as f64
+            * self.seq_q as f64
+            * self.seq_k as f64
+            * self.dtype.bytes() as f64;
+        self.bytes() + 7.0 * scores
+    }
+    /// The problem a rule id names at a shape `BxHxTqxTkxD` (or `BxHxTqxTkxDxHkv`, grouped-query).
+    pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<AttentionProblem, String> {
+        let (origin, causal, padded, masked) = match rule {
+            "attention" => (AttentionOrigin::Explicit, false, false, false),
+            "attention_causal" => (AttentionOrigin::Explicit, true, false, false),
+            "sdpa" => (AttentionOrigin::Sdpa, false, false, false),
+            "sdpa_causal" => (AttentionOrigin::Sdpa, true, false, false),
+            "sdpa_padded" => (AttentionOrigin::Sdpa, false, true, false),
+            "sdpa_causal_padded" => (AttentionOrigin::Sdpa, true, true, false),
+            "sdpa_mask" => (AttentionOrigin::Sdpa, false, false, true),
+            "sdpa_causal_mask" => (AttentionOrigin::Sdpa, true, false, true),
+            _ => {
+                return Err(format!(
+                    "unknown rule '{rule}': use attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask"
+                ))
+            }
+        };
+        let (batch, heads, seq_q, seq_k, head_dim, kv_heads) = match *dims {
+            [b, h, tq, tk, d] => (b, h, tq, tk, d, None),
+            [b, h, tq, tk, d, kv] => (b, h, tq, tk, d, Some(kv)),
+            _ => (0, 0, 0, 0, 0, None),
+        };
+        let grouped_ok = kv_heads.is_none_or(|kv| kv > 0 && kv < heads && heads % kv == 0);
+        if !(5..=6).contains(&dims.len()) || dims.iter().any(|&d| d <= 0) || !grouped_ok {
+            return Err(format!(
+                "{rule} takes a shape of 5 positive dims (BxHxTqxTkxD), or 6 for grouped-query attention (BxHxTqxTkxDxHkv, Hkv < H dividing it), got {dims:?}"
+            ));
+        }
+        Ok(AttentionProblem {
+            origin,
+            batch,
+            heads,
+            seq_q,
+            seq_k,
+            head_dim,
+            dtype,
+            causal,
+            kv_heads,
+            padded,
+            masked,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rule_ids_and_shapes_round_trip() {
+        let p = AttentionProblem {
+            origin: AttentionOrigin::Explicit,
+            batch: 128,
+            heads: 8,
+            seq_q: 512,
+            seq_k: 512,
+            head_dim: 96,
+            dtype: DType::F32,
+            causal: true,
+            kv_heads: None,
+            padded: false,
+            masked: false,
+        };
+        let dims: Vec<i64> = p
+            .shape_key()
+            .split('x')
+            .map(|d| d.parse().unwrap())
+            .collect();
+        assert_eq!(
+            AttentionProblem::from_rule(&p.rule_id(), &dims, DType::F32).unwrap(),
+            p
+        );
+        assert!(
+            AttentionProblem::from_rule("attention", &[1, 2, 3], DType::F32)
+                .unwrap_err()
+                .contains("5 positive dims")
+        );
+        assert!(p.flops() > 0.0 && p.eager_bytes() > p.bytes());
+        // Grouped-query and key-padded SDPA problems round-trip too; k/v heads must divide q's.
+        let g = AttentionProblem {
+            origin: AttentionOrigin::Sdpa,
+            kv_heads: Some(2),
+            padded: true,
+            masked: false,
+            dtype: DType::Bf16,
+            ..p
+        };
+        assert_eq!(
+            (g.rule_id(), g.shape_key()),
+            (
+                "sdpa_causal_padded".to_string(),
+                "128x8x512x512x96x2".to_string()
+            )
+        );
+        let dims: Vec<i64> = g
+            .shape_key()
+            .split('x')
+            .map(|d| d.parse().unwrap())
+            .collect();
+        assert_eq!(
+            AttentionProblem::from_rule(&g.rule_id(), &dims, DType::Bf16).unwrap(),
+            g
+        );
+        assert!(
+            g.bytes()
+                < AttentionProblem {
+                    kv_heads: None,
+                    ..g.clone()
+                }
+                .bytes()
+        );
+        // A computed mask tensor of a class the kernels take is its own key: torch's time is
+        // that call's.
+        for (causal, id) in [(false, "sdpa_mask"), (true, "sdpa_causal_mask")] {
+            let m = AttentionProblem {
+                origin: AttentionOrigin::Sdpa,
+                causal,
+                masked: true,
+                ..p.clone()
+            };
+            assert_eq!(m.rule_id(), id);
+            assert_eq!(
+                AttentionProblem::from_rule(id, &dims[..5], DType::F32).unwrap(),
+                m
+            );
+        }
+        for bad in [[1, 8, 64, 64, 64, 3], [1, 8, 64, 64, 64, 8]] {
+            assert!(
+                AttentionProblem::from_rule("sdpa", &bad, DType::Bf16).is_err(),
+                "{bad:?}"
+            );
+        }
+        // An older table's entry (no kv_heads, no padded) reads as before.
+        let old: AttentionProblem = serde_json::from_str(
+            r#"{"origin":"sdpa","batch":1,"heads":2,"seq_q":8,"seq_k":8,"head_dim":64,"dtype":"bf16","causal":false}"#,
+        )
+        .unwrap();
+        assert_eq!((old.kv_heads, old.padded), (None, false));
+        assert!(!serde_json::to_string(&old).unwrap().contains("padded"));
+    }
+}

@@ -1,0 +1,1230 @@
+//! Attention rule: `attention[_causal]`.
+//!
+//! out[b,h,i,:] = Σ_j p[b,h,i,j] · v[b,h,j,:],  p[b,h,i,:] = softmax_j(s · q[b,h,i,:]·k[b,h,j,:] + m[i,j])
+//! where m[i,j] = -∞ for j > i under the causal mask (aligned at the top left: query i sees keys
+//! 0..=i) and 0 otherwise, and s is the scale. Two forms in a graph:
+//! - explicit: `matmul(q, transpose(k, -2, -1))`, then `mul` by a constant s or `div` by a
+//!   constant 1/s (or neither; the factor may also be a one-element tensor the graph computes, as
+//!   tracing records `(c // h) ** 0.5` from a runtime shape), then optionally `masked_fill(·, mask, -inf)`, then `softmax(·, -1)`,
+//!   then optionally `dropout(·, p, train=False)`, then `matmul(·, v)`. The mask is `~x`, `x == 0`
+//!   or `x` itself; which cells it fills is known only at run time, so the op checks the mask
+//!   tensor once (per tensor, cached) and runs the kernel only for the causal one.
+//! - `aten::scaled_dot_product_attention(q, k, v, attn_mask?, 0.0, is_causal, scale?, enable_gqa)`.
+//!   A mask (bool: true = visible; or additive: 0 = visible, -inf or finfo.min-like = masked,
+//!   broadcast over batch and heads, [B|1, H|1, Tq|1, Tk]) is matched by what the graph knows of
+//!   its value (`graph::MaskFact`, from the bridge's evaluation of its producers): every key
+//!   visible, causal, key padding (a prefix of keys per sequence) or both set the problem's
+//!   `causal` and `padded`; a general or unknown mask is no match (`sdpa_refusals` says why). A
+//!   mask whose producers read input data (a user's attention_mask) was classified on one
+//!   example, so its kernel is the padded one of its class: it also runs the padded masks other
+//!   inputs give. The op classifies the mask it is given at run time and runs the kernel only
+//!   where the mask's class fits the kernel's.
+//!
+//! q, k and v are [B,H,T,D] (or [B,T,D]: one head) with equal B and D; the kernel reads them
+//! through their strides, so views of one qkv projection need no copies. Grouped-query SDPA: k and
+//! v with Hkv heads dividing q's H, through `enable_gqa=True` or repeated to H heads before the
+//! call as Hugging Face's repeat_kv writes it (`k[:, :, None]` → expand [B,Hkv,G,T,D] → reshape
+//! [B,Hkv·G,T,D], or `repeat_interleave(k, G, 1)`): the match reads the un-repeated k and v (query
+//! head h reads k/v head h / G, never copied) and owns the repeat nodes nothing else reads. The
+//! intermediates (scores, probabilities) must be used only inside the pattern.
+//!
+//! `AttentionRule` offers each form's match; the explicit form's two products are GEMMs of the
+//! GEMM rules too, and the cover gives them to the attention (it computes more products).
+
+use super::{AttentionOrigin, AttentionProblem, ATTENTION};
+use crate::graph::{Const, Graph, MaskClass, NodeId, ValueId};
+use crate::rules::{boxed, Match, PatternKind, Rule};
+use crate::types::DType;
+
+/// A factor of the explicit form's scale: a constant, or a one-element tensor of the graph.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Factor {
+    Const(f64),
+    Tensor(ValueId),
+}
+
+/// How the explicit form scales the scores.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scale {
+    None,
+    Mul(Factor),
+    Div(Factor),
+    /// SDPA's: `scale` when given, else 1/√D.
+    Sdpa(Option<f64>),
+}
+
+/// How the mask operand `x` marks the masked cells: the explicit form's `masked_fill` derives
+/// them from x, SDPA takes x as its attn_mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskMode {
+    /// `masked_fill(·, ~x, -inf)`: x marks the cells kept.
+    Not,
+    /// `masked_fill(·, x == 0, -inf)`: nonzero x marks the cells kept.
+    Eq0,
+    /// `masked_fill(·, x, -inf)`: x marks the cells filled.
+    Fill,
+    /// SDPA's bool attn_mask: x marks the cells kept.
+    Bool,
+    /// SDPA's float attn_mask, added to the scores.
+    Add,
+}
+
+impl MaskMode {
+    fn text(self) -> &'static str {
+        match self {
+            MaskMode::Not => "not",
+            MaskMode::Eq0 => "eq0",
+            MaskMode::Fill => "fill",
+            MaskMode::Bool => "bool",
+            MaskMode::Add => "add",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionMatch {
+    /// Every node the pattern replaces, in program order; the last produces the output.
+    pub nodes: Vec<NodeId>,
+    pub q: ValueId,
+    /// The key as [.., Tk, D] (before the explicit form's transpose).
+    pub k: ValueId,
+    pub v: ValueId,
+    /// The tensor the mask is derived from (MaskMode), when the explicit form masks, or SDPA's
+    /// attn_mask.
+    pub mask: Option<(ValueId, MaskMode)>,
+    pub scale: Scale,
+    /// SDPA's `enable_gqa=True` (k and v of fewer heads than q).
+    pub gqa: bool,
+    /// k and v as the graph repeated them G times along the heads before SDPA (`k` and `v` are
+    /// the un-repeated tensors, the repeat's nodes are the match's where nothing else reads them).
+    pub repeat: Option<i64>,
+    pub problem: AttentionProblem,
+}
+
+impl AttentionMatch {
+    /// The multiplier the kernel applies to q·k; None when a tensor of the graph holds it.
+    pub fn kernel_scale(&self) -> Option<f64> {
+        match self.scale {
+            Scale::None => Some(1.0),
+            Scale::Mul(Factor::Const(s)) => Some(s),
+            Scale::Div(Factor::Const(d)) => Some(1.0 / d),
+            Scale::Mul(Factor::Tensor(_)) | Scale::Div(Factor::Tensor(_)) => None,
+            Scale::Sdpa(Some(s)) => Some(s),
+            Scale::Sdpa(None) => Some(1.0 / (self.problem.head_dim as f64).sqrt()),
+        }
+    }
+    /// The mask class the kernel is built for (the problem's `causal` and `padded`).
+    pub fn kernel_mask(&self) -> MaskClass {
+        match (self.problem.causal, self.problem.padded) {
+            (false, false) => MaskClass::None,
+            (true, false) => MaskClass::Causal,
+            (false, true) => MaskClass::Padded,
+            (true, true) => MaskClass::CausalPadded,
+        }
+    }
+    /// The one-element tensor the scale comes from, when the graph computes it.
+    pub fn scale_operand(&self) -> Option<ValueId> {
+        match self.scale {
+            Scale::Mul(Factor::Tensor(v)) | Scale::Div(Factor::Tensor(v)) => Some(v),
+            _ => None,
+        }
+    }
+    /// The op's `form` argument: what its fallback recomputes exactly as the graph did, e.g.
+    /// `explicit;div=8.0;mask=not`, `sdpa;causal;scale=0.125`; for SDPA with a mask the mask's
+    /// kind and the class the kernel is built for, `sdpa;mask=bool;repeat=4;class=causal`
+    /// (`causal` alone is SDPA's is_causal, `gqa` its enable_gqa, `repeat=G` k and v repeated
+    /// by the graph, which the op's fallback repeats the same way).
+    pub fn form(&self) -> String {
+        match self.scale {
+            Scale::Sdpa(s) => {
+                let mut f = "sdpa".to_string();
+                if self.problem.causal && self.mask.is_none() {
+                    f.push_str(";causal");
+                }
+                if let Some((_, mode)) = self.mask {
+                    f.push_str(&format!(";mask={}", mode.text()));
+                }
+                if self.gqa {
+                    f.push_str(";gqa");
+                }
+                if let Some(g) = self.repeat {
+                    f.push_str(&format!(";repeat={g}"));
+                }
+                if self.mask.is_some() {
+                    f.push_str(&format!(";class={}", self.kernel_mask().name()));
+                }
+                if let Some(s) = s {
+                    f.push_str(&format!(";scale={s:?}"));
+                }
+                f
+            }
+            scale => {
+                let mut f = "explicit".to_string();
+                let factor = |x: Factor| match x {
+                    Factor::Const(c) => format!("{c:?}"),
+                    // The op's `scale` operand.
+                    Factor::Tensor(_) => "tensor".into(),
+                };
+                match scale {
+                    Scale::Mul(s) => f.push_str(&format!(";mul={}", factor(s))),
+                    Scale::Div(d) => f.push_str(&format!(";div={}", factor(d))),
+                    _ => {}
+                }
+                if let Some((_, mode)) = self.mask {
+                    f.push_str(&format!(";mask={}", mode.text()));
+                }
+                f
+            }
+        }
+    }
+}
+
+impl Match for AttentionMatch {
+    fn nodes(&self) -> Vec<NodeId> {
+        self.nodes.clone()
+    }
+}
+
+/// The attention rule: both forms.
+pub struct AttentionRule;
+
+impl Rule for AttentionRule {
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+    fn kind(&self) -> PatternKind {
+        ATTENTION
+    }
+    fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
+        boxed(match_attention(g))
+    }
+}
+
+struct Ctx<'g> {
+    g: &'g Graph,
+    uses: Vec<usize>,
+    /// For each value, the nodes reading it.
+    readers: Vec<Vec<NodeId>>,
+}
+
+impl<'g> Ctx<'g> {
+    fn new(g: &'g Graph) -> Ctx<'g> {
+        Ctx {
+            g,
+            uses: g.use_counts(),
+            readers: g.readers(),
+        }
+    }
+    fn producer(&self, v: ValueId, kind: &str) -> Option<NodeId> {
+        let n = self.g.values[v].producer?;
+        (self.g.nodes[n].kind == kind && self.g.nodes[n].depth == 0).then_some(n)
+    }
+    /// The one node reading `v` (an intermediate used nowhere else), if it is of `kind`.
+    fn only_reader(&self, v: ValueId, kind: &str) -> Option<NodeId> {
+        if self.uses[v] != 1 {
+            return None;
+        }
+        let &[n] = self.readers[v].as_slice() else {
+            return None;
+        };
+        (self.g.nodes[n].kind == kind).then_some(n)
+    }
+    fn int(&self, v: ValueId) -> Option<i64> {
+        self.g.constant(v).and_then(Const::as_int)
+    }
+    fn float(&self, v: ValueId) -> Option<f64> {
+        self.g.constant(v).and_then(Const::as_f64)
+    }
+    fn is_none(&self, v: ValueId) -> bool {
+        matches!(self.g.constant(v), Some(Const::None))
+    }
+    fn out(&self, n: NodeId) -> ValueId {
+        self.g.nodes[n].outputs[0]
+    }
+}
+
+/// Every attention pattern of the top-level block.
+pub fn match_attention(g: &Graph) -> Vec<AttentionMatch> {
+    let cx = Ctx::new(g);
+    (0..g.nodes.len())
+        .filter(|&n| g.nodes[n].depth == 0)
+        .filter_map(|n| match g.nodes[n].kind.as_str() {
+            "aten::softmax" => explicit(&cx, n),
+            "aten::scaled_dot_product_attention" => sdpa(&cx, n).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Why each top-level SDPA call the rule does not match is no pattern (the plan lists them).
+pub fn sdpa_refusals(g: &Graph) -> Vec<(NodeId, String)> {
+    let cx = Ctx::new(g);
+    (0..g.nodes.len())
+        .filter(|&n| {
+            g.nodes[n].depth == 0 && g.nodes[n].kind == "aten::scaled_dot_product_attention"
+        })
+        .filter_map(|n| sdpa(&cx, n).err().map(|why| (n, why)))
+        .collect()
+}
+
+fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
+    let g = cx.g;
+    let sm = &g.nodes[softmax];
+    // softmax(x, dim=-1 or the last dim, dtype=None)
+    let x = sm.inputs[0];
+    let rank = g.tensor(x)?.shape.len() as i64;
+    let dim = cx.int(*sm.inputs.get(1)?)?;
+    if (dim != -1 && dim != rank - 1) || sm.inputs.get(2).is_some_and(|&d| !cx.is_none(d)) {
+        return None;
+    }
+    let mut nodes = vec![softmax];
+    // Backwards: masked_fill, then the scale, then q @ kᵀ.
+    let mut s = x;
+    let mut mask = None;
+    if let Some(mf) = cx.producer(s, "aten::masked_fill") {
+        let n = &g.nodes[mf];
+        if cx.uses[s] != 1 || cx.float(n.inputs[2]) != Some(f64::NEG_INFINITY) {
+            return None;
+        }
+        let m = n.inputs[1];
+        mask = Some(
+            if let Some(not) = cx
+                .producer(m, "aten::bitwise_not")
+                .or_else(|| cx.producer(m, "aten::logical_not"))
+            {
+                if cx.uses[m] != 1 {
+                    return None;
+                }
+                nodes.push(not);
+                (g.nodes[not].inputs[0], MaskMode::Not)
+            } else if let Some(eq) = cx
+                .producer(m, "aten::eq")
+                .filter(|&e| cx.float(g.nodes[e].inputs[1]) == Some(0.0))
+            {
+                if cx.uses[m] != 1 {
+                    return None;
+                }
+                nodes.push(eq);
+                (g.nodes[eq].inputs[0], MaskMode::Eq0)
+            } else {
+                (m, MaskMode::Fill)
+            },
+        );
+        nodes.push(mf);
+        s = n.inputs[0];
+    }
+    let mut scale = Scale::None;
+    for (kind, wrap) in [
+        ("aten::mul", Scale::Mul as fn(Factor) -> Scale),
+        ("aten::div", Scale::Div as fn(Factor) -> Scale),
+    ] {
+        if let Some(sc) = cx.producer(s, kind) {
+            let x = g.nodes[sc].inputs[1];
+            let factor = match cx.float(x) {
+                Some(c) if c.is_finite() && c != 0.0 => Factor::Const(c),
+                Some(_) => return None,
+                // A one-element tensor (not the scores' own shape): the op reads its value.
+                None if g.tensor(x).is_some_and(|t| {
+                    t.shape.iter().product::<i64>() == 1 && t.shape.len() <= 1
+                }) =>
+                {
+                    Factor::Tensor(x)
+                }
+                None => return None,
+            };
+            if cx.uses[s] != 1 {
+                return None;
+            }
+            scale = wrap(factor);
+            nodes.push(sc);
+            s = g.nodes[sc].inputs[0];
+            break;
+        }
+    }
+    let qk = cx.producer(s, "aten::matmul")?;
+    if cx.uses[s] != 1 {
+        return None;
+    }
+    nodes.push(qk);
+    let (q, kt) = (g.nodes[qk].inputs[0], g.nodes[qk].inputs[1]);
+    let tr = cx.producer(kt, "aten::transpose")?;
+    let (a, b) = (
+        cx.int(g.nodes[tr].inputs[1])?,
+        cx.int(g.nodes[tr].inputs[2])?,
+    );
+    let kr = g.tensor(g.nodes[tr].inputs[0])?.shape.len() as i64;
+    let norm = |d: i64| if d < 0 { d + kr } else { d };
+    let (a, b) = (norm(a).min(norm(b)), norm(a).max(norm(b)));
+    if (a, b) != (kr - 2, kr - 1) {
+        return None;
+    }
+    let k = g.nodes[tr].inputs[0];
+    // The transpose is the pattern's when nothing else reads it.
+    if cx.uses[kt] == 1 {
+        nodes.push(tr);
+    }
+    // Forwards: optional eval dropout, then @ v.
+    let mut p = cx.out(softmax);
+    if let Some(d) = cx.only_reader(p, "aten::dropout") {
+        let n = &g.nodes[d];
+        if !matches!(g.constant(n.inputs[2]), Some(Const::Bool(false))) {
+            return None;
+        }
+        nodes.push(d);
+        p = cx.out(d);
+    }
+    let pv = cx.only_reader(p, "aten::matmul")?;
+    if g.nodes[pv].inputs[0] != p {
+        return None;
+    }
+    nodes.push(pv);
+    let v = g.nodes[pv].inputs[1];
+    let form = ProblemForm {
+        origin: AttentionOrigin::Explicit,
+        causal: mask.is_some(),
+        padded: false,
+        masked: false,
+        grouped: false,
+    };
+    let problem = problem(g, [q, k, v], form)?;
+    nodes.sort();
+    nodes.dedup();
+    Some(AttentionMatch {
+        nodes,
+        q,
+        k,
+        v,
+        mask,
+        scale,
+        gqa: false,
+        repeat: None,
+        problem,
+    })
+}
+
+fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
+    let g = cx.g;
+    let i = &g.nodes[n].inputs;
+    // (q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if i.len() < 6 {
+        return Err("not the schema of scaled_dot_product_attention fact knows".into());
+    }
+    if cx.float(i[4]) != Some(0.0) {
+        return Err("dropout_p is not a constant 0 (training)".into());
+    }
+    let Some(Const::Bool(is_causal)) = g.constant(i[5]) else {
+        return Err("is_causal is not a constant".into());
+    };
+    let scale = match i.get(6) {
+        None => None,
+        Some(&s) if cx.is_none(s) => None,
+        Some(&s) => Some(cx.float(s).ok_or("scale is not a constant")?),
+    };
+    let gqa = match i.get(7).map(|&e| g.constant(e)) {
+        None | Some(Some(Const::Bool(false))) => false,
+        Some(Some(Const::Bool(true))) => true,
+        Some(_) => return Err("enable_gqa is not a constant".into()),
+    };
+    let (q, k, v) = (i[0], i[1], i[2]);
+    let shape = |v: ValueId| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default();
+    let mut form = ProblemForm {
+        origin: AttentionOrigin::Sdpa,
+        causal: *is_causal,
+        padded: false,
+        masked: false,
+        grouped: gqa,
+    };
+    let mask = if cx.is_none(i[3]) {
+        None
+    } else {
+        let m = i[3];
+        if *is_causal {
+            return Err("is_causal with an attn_mask (torch refuses the call)".into());
+        }
+        let (qt, mt) = (g.tensor(q), g.tensor(m));
+        let mode = match (qt, mt) {
+            (Some(_), Some(mt)) if mt.dtype == "bool" => MaskMode::Bool,
+            (Some(qt), Some(mt)) if mt.dtype == qt.dtype => MaskMode::Add,
+            _ => {
+                return Err(format!(
+                    "the attn_mask is neither bool nor of q's dtype ({})",
+                    mt.map_or("shape unknown".into(), |t| t.dtype.clone())
+                ))
+            }
+        };
+        let (qs, ks, ms) = (shape(q), shape(k), shape(m));
+        if !broadcasts_to_scores(&ms, &qs, &ks) {
+            return Err(format!(
+                "the attn_mask {ms:?} does not broadcast to the scores of q {qs:?} and k {ks:?} over batch and heads alone"
+            ));
+        }
+        let fact = g.values[m].mask;
+        let class = fact.map_or(MaskClass::Unknown, |f| f.class);
+        (form.causal, form.padded) = match class {
+            MaskClass::None => (false, false),
+            MaskClass::Causal => (true, false),
+            MaskClass::Padded => (false, true),
+            MaskClass::CausalPadded => (true, true),
+            MaskClass::General => {
+                return Err("the attn_mask is general (not all-visible, causal or a key-padding prefix, or a query sees no key): no kernel takes it".into())
+            }
+            MaskClass::Unknown => {
+                return Err("the attn_mask's value is unknown (its producers could not be evaluated on the CPU, or read input data the archive stores no example of): trace with example inputs".into())
+            }
+        };
+        // Classified on one example's data: other inputs give other padding.
+        if fact.is_some_and(|f| !f.shape_only) {
+            form.padded = true;
+        }
+        form.masked = true;
+        Some((m, mode))
+    };
+    let mut nodes = vec![n];
+    let (mut k0, mut v0, mut repeat) = (k, v, None);
+    if let (Some(rk), Some(rv)) = (unrepeat(cx, k), unrepeat(cx, v)) {
+        if rk.groups == rv.groups && !gqa {
+            (k0, v0, repeat) = (rk.source, rv.source, Some(rk.groups));
+            form.grouped = true;
+            nodes.extend(rk.nodes.iter().chain(&rv.nodes));
+        }
+    }
+    let problem = problem(g, [q, k0, v0], form).ok_or_else(|| {
+        format!(
+            "q {:?}, k {:?}, v {:?} are not [B,H,T,D] (or [B,T,D]) of one float dtype with equal B and D, and k/v heads dividing q's",
+            shape(q),
+            shape(k0),
+            shape(v0)
+        )
+    })?;
+    nodes.sort();
+    nodes.dedup();
+    Ok(AttentionMatch {
+        nodes,
+        q,
+        k: k0,
+        v: v0,
+        mask,
+        scale: Scale::Sdpa(scale),
+        gqa,
+        repeat,
+        problem,
+    })
+}
+
+/// Whether a mask of shape `m` broadcasts (from the right) to the scores [B,H,Tq,Tk] of q and k
+/// without widening them: each dim 1 or the scores' own.
+fn broadcasts_to_scores(m: &[i64], q: &[i64], k: &[i64]) -> bool {
+    let scores: Vec<i64> = match (q, k) {
+        ([b, h, tq, _], [_, _, tk, _]) => vec![*b, *h, *tq, *tk],
+        ([b, tq, _], [_, tk, _]) => vec![*b, *tq, *tk],
+        _ => return false,
+    };
+    m.len() <= scores.len()
+        && m.iter()
+            .rev()
+            .zip(scores.iter().rev())
+            .all(|(&d, &s)| d == 1 || d == s)
+}
+
+/// k or v as the graph repeated its heads G times before SDPA.
+struct Repeat {
+    /// The [B,Hkv,T,D] tensor before the repeat.
+    source: ValueId,
+    groups: i64,
+    /// The repeat's nodes nothing outside the repeat reads (from its end back).
+    nodes: Vec<NodeId>,
+}
+
+/// `x` read back through an interleaved repeat of its heads: Hugging Face's repeat_kv
+/// (`s[:, :, None]`, as identity slices around an unsqueeze at dim 2, then expand to
+/// [B,Hkv,G,T,D] with G a constant, then reshape to [B,Hkv·G,T,D]), or `repeat_interleave(s, G,
+/// dim=1)`. Both put head h of the result at s's head h / G. `x.repeat(1, G, 1, 1)` (head h at
+/// h % Hkv) is not one.
+fn unrepeat(cx: &Ctx, x: ValueId) -> Option<Repeat> {
+    let g = cx.g;
+    let shape = |v: ValueId| g.tensor(v).map(|t| t.shape.clone());
+    let out = shape(x)?;
+    let &[b, h, t, d] = out.as_slice() else {
+        return None;
+    };
+    let mut chain = Vec::new();
+    let (source, groups) = if let Some(ri) = cx.producer(x, "aten::repeat_interleave") {
+        let i = &g.nodes[ri].inputs;
+        let (s, reps, dim) = (i[0], cx.int(*i.get(1)?)?, cx.int(*i.get(2)?)?);
+        if g.tensor(i[1]).is_some() || !(dim == 1 || dim == -3) {
+            return None;
+        }
+        chain.push(ri);
+        (s, reps)
+    } else {
+        let r = ["aten::reshape", "aten::view", "aten::_unsafe_view"]
+            .iter()
+            .find_map(|k| cx.producer(x, k))?;
+        chain.push(r);
+        let e = cx.producer(g.nodes[r].inputs[0], "aten::expand")?;
+        chain.push(e);
+        let expanded = shape(g.nodes[e].outputs[0])?;
+        let &[eb, kv, groups, et, ed] = expanded.as_slice() else {
+            return None;
+        };
+        let sizes = g.nodes[e].inputs[1];
+        let constant_groups = g.values[sizes].producer.is_some_and(|l| {
+            let l = &g.nodes[l];
+            l.kind == "prim::ListConstruct"
+                && l.inputs.get(2).and_then(|&v| cx.int(v)) == Some(groups)
+        });
+        if (eb, et, ed) != (b, t, d) || !constant_groups {
+            return None;
+        }
+        // Back to [B,Hkv,T,D]: identity slices, one unsqueeze at dim 2.
+        let mut y = g.nodes[e].inputs[0];
+        let mut unsqueezed = false;
+        loop {
+            let p = g.values[y].producer;
+            match p.map(|p| (p, g.nodes[p].kind.as_str())) {
+                Some((p, "aten::slice")) if identity_slice(cx, p) => chain.push(p),
+                Some((p, "aten::unsqueeze")) if !unsqueezed => {
+                    let dim = cx.int(g.nodes[p].inputs[1])?;
+                    if !(dim == 2 || dim == -3) || shape(y)? != [b, kv, 1, t, d] {
+                        return None;
+                    }
+                    unsqueezed = true;
+                    chain.push(p);
+                }
+                _ if unsqueezed => break,
+                _ => return None,
+            }
+            y = g.nodes[p?].inputs[0];
+        }
+        (y, groups)
+    };
+    if groups < 2 || h % groups != 0 || shape(source)? != [b, h / groups, t, d] {
+        return None;
+    }
+    // From the SDPA back: a node is the match's while its output has no other reader.
+    let nodes = chain
+        .iter()
+        .take_while(|&&n| cx.uses[g.nodes[n].outputs[0]] == 1)
+        .copied()
+        .collect();
+    Some(Repeat {
+        source,
+        groups,
+        nodes,
+    })
+}
+
+/// `slice(x, dim, 0, end, 1)` with an end past any size (None or i64::MAX, as `x[:, :]` traces):
+/// x itself at every shape.
+fn identity_slice(cx: &Ctx, n: NodeId) -> bool {
+    let i = &cx.g.nodes[n].inputs;
+    let start_zero = i
+        .get(2)
+        .is_some_and(|&s| cx.is_none(s) || cx.int(s) == Some(0));
+    let end_open = i
+        .get(3)
+        .is_some_and(|&e| cx.is_none(e) || cx.int(e) == Some(i64::MAX));
+    let step_one = i.get(4).is_some_and(|&s| cx.int(s) == Some(1));
+    i.len() == 5 && start_zero && end_open && step_one
+}
+
+/// What decides a problem besides its tensors.
+#[derive(Clone, Copy, Debug)]
+struct ProblemForm {
+    origin: AttentionOrigin,
+    /// The explicit form's "has a mask" (the op verifies it is the causal one), SDPA's is_causal
+    /// or a causal attn_mask.
+    causal: bool,
+    padded: bool,
+    /// SDPA is given a mask tensor (AttentionProblem::masked).
+    masked: bool,
+    /// k and v may have fewer heads than q (dividing them).
+    grouped: bool,
+}
+
+/// The problem of q [B,H,Tq,D] (or [B,Tq,D]), k [B,Hkv,Tk,D], v [B,Hkv,Tk,D] of one float dtype
+/// (Hkv = H unless `form.grouped`).
+fn problem(g: &Graph, [q, k, v]: [ValueId; 3], form: ProblemForm) -> Option<AttentionProblem> {
+    let (tq, tk, tv) = (g.tensor(q)?, g.tensor(k)?, g.tensor(v)?);
+    let dtype = DType::parse(&tq.dtype)?;
+    if tk.dtype != tq.dtype || tv.dtype != tq.dtype {
+        return None;
+    }
+    let (lead, qs) = match tq.shape.as_slice() {
+        [b, h, t, d] => ((*b, *h), (*t, *d)),
+        [b, t, d] => ((*b, 1), (*t, *d)),
+        _ => return None,
+    };
+    let lead_of = |s: &[i64]| -> Option<((i64, i64), (i64, i64))> {
+        match s {
+            [b, h, t, d] if s.len() == tq.shape.len() => Some(((*b, *h), (*t, *d))),
+            [b, t, d] if s.len() == tq.shape.len() => Some(((*b, 1), (*t, *d))),
+            _ => None,
+        }
+    };
+    let (kl, ks) = lead_of(&tk.shape)?;
+    let (vl, vs) = lead_of(&tv.shape)?;
+    // One batch, k and v of one head count (q's, or a divisor of it when grouped), one head dim,
+    // as many values as keys.
+    let kv = kl.1;
+    let heads_ok = kv == lead.1 || (form.grouped && kv > 0 && lead.1 % kv == 0);
+    if kl.0 != lead.0 || vl != kl || !heads_ok || ks.1 != qs.1 || vs.1 != qs.1 || vs.0 != ks.0 {
+        return None;
+    }
+    let p = AttentionProblem {
+        origin: form.origin,
+        batch: lead.0,
+        heads: lead.1,
+        seq_q: qs.0,
+        seq_k: ks.0,
+        head_dim: qs.1,
+        dtype,
+        causal: form.causal,
+        kv_heads: (kv != lead.1).then_some(kv),
+        padded: form.padded,
+        masked: form.masked && !form.padded,
+    };
+    (p.batch > 0 && p.heads > 0 && p.seq_q > 0 && p.seq_k > 0 && p.head_dim > 0).then_some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The MiniGPT block's attention as tracing records it, with `scale` and `mask` lines swapped in.
+    fn block(scale: &str, mask: &str, tail: &str) -> String {
+        format!(
+            "graph(%q: f32[2,4,16,8], %k: f32[2,4,16,8], %v: f32[2,4,16,8], %buf: bool[32,32]):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %zero = prim::Constant[0]()
+               %one = prim::Constant[1]()
+               %t = prim::Constant[16]()
+               %ninf = prim::Constant[-inf]()
+               %none = prim::Constant[None]()
+               %c = prim::Constant[2.8284271247461903]()
+               %kt = aten::transpose(%k, %m2, %m1) : f32[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : f32[2,4,16,16]
+               {scale}
+               %r0 = aten::slice(%buf, %zero, %zero, %t, %one) : bool[16,32]
+               %r1 = aten::slice(%r0, %one, %zero, %t, %one) : bool[16,16]
+               {mask}
+               %p = aten::softmax(%s2, %m1, %none) : f32[2,4,16,16]
+               {tail}
+               return (%y)"
+        )
+    }
+
+    #[test]
+    fn explicit_causal_attention_with_div_and_inverted_mask() {
+        let g = Graph::parse(&block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%nm = aten::bitwise_not(%r1) : bool[16,16]
+             %s2 = aten::masked_fill(%s1, %nm, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        ))
+        .unwrap();
+        let m = match_attention(&g);
+        assert_eq!(m.len(), 1);
+        let a = &m[0];
+        assert_eq!(
+            a.problem,
+            AttentionProblem {
+                origin: AttentionOrigin::Explicit,
+                batch: 2,
+                heads: 4,
+                seq_q: 16,
+                seq_k: 16,
+                head_dim: 8,
+                dtype: DType::F32,
+                causal: true,
+                kv_heads: None,
+                padded: false,
+                masked: false,
+            }
+        );
+        assert_eq!(a.problem.rule_id(), "attention_causal");
+        assert_eq!(a.form(), "explicit;div=2.8284271247461903;mask=not");
+        assert!((a.kernel_scale().unwrap() - 1.0 / 8f64.sqrt()).abs() < 1e-12);
+        // transpose, matmul, div, bitwise_not, masked_fill, softmax, matmul; the slices stay.
+        let kinds: Vec<&str> = a.nodes.iter().map(|&n| g.nodes[n].kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "aten::transpose",
+                "aten::matmul",
+                "aten::div",
+                "aten::bitwise_not",
+                "aten::masked_fill",
+                "aten::softmax",
+                "aten::matmul"
+            ]
+        );
+        assert_eq!(g.values[a.mask.unwrap().0].name, "r1");
+        assert_eq!(a.mask.unwrap().1, MaskMode::Not);
+    }
+
+    #[test]
+    fn scale_forms_mask_forms_and_eval_dropout() {
+        // mul by a constant, `== 0` mask, dropout in eval.
+        let g = Graph::parse(&block(
+            "%s1 = aten::mul(%s0, %c) : f32[2,4,16,16]",
+            "%eq = aten::eq(%r1, %zero) : bool[16,16]
+             %s2 = aten::masked_fill(%s1, %eq, %ninf) : f32[2,4,16,16]",
+            "%f = prim::Constant[False]()
+             %pd = prim::Constant[0.1]()
+             %d = aten::dropout(%p, %pd, %f) : f32[2,4,16,16]
+             %y = aten::matmul(%d, %v) : f32[2,4,16,8]",
+        ))
+        .unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(a.form(), "explicit;mul=2.8284271247461903;mask=eq0");
+        assert_eq!(a.nodes.len(), 8);
+        // No scale and no mask: not causal.
+        let g = Graph::parse(&block(
+            "%s1 = aten::relu(%s0) : f32[2,4,16,16]",
+            "%s2 = aten::neg(%s0) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        ))
+        .unwrap();
+        assert!(
+            match_attention(&g).is_empty(),
+            "a neg between the product and softmax is not attention"
+        );
+        let plain = block("", "", "%y = aten::matmul(%p, %v) : f32[2,4,16,8]")
+            .replace("softmax(%s2", "softmax(%s0");
+        let a = &match_attention(&Graph::parse(&plain).unwrap())[0];
+        assert_eq!(
+            (a.form().as_str(), a.problem.causal, a.kernel_scale()),
+            ("explicit", false, Some(1.0))
+        );
+        // A divisor the graph computes (tracing's `(c // h) ** 0.5`) is the op's scale operand.
+        let g = Graph::parse(&block(
+            "%d = aten::pow(%c, %c) : f32[]
+             %s1 = aten::div(%s0, %d) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        ))
+        .unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(
+            (a.form().as_str(), a.kernel_scale()),
+            ("explicit;div=tensor;mask=fill", None)
+        );
+        assert_eq!(g.values[a.scale_operand().unwrap()].name, "d");
+    }
+
+    #[test]
+    fn q_k_and_v_used_elsewhere_still_match() {
+        // They are the pattern's inputs, not its intermediates: other readers keep them.
+        let g = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%nm = aten::bitwise_not(%r1) : bool[16,16]
+             %s2 = aten::masked_fill(%s1, %nm, %ninf) : f32[2,4,16,16]",
+            "%y0 = aten::matmul(%p, %v) : f32[2,4,16,8]
+             %y = aten::add(%y0, %q, %one) : f32[2,4,16,8]",
+        )
+        .replace("return (%y)", "return (%y, %k, %v)");
+        let m = match_attention(&Graph::parse(&g).unwrap());
+        assert_eq!(m.len(), 1);
+        // A kᵀ read elsewhere stays in the graph: the pattern keeps only what it alone reads.
+        let shared = g.replace("return (%y, %k, %v)", "return (%y, %kt)");
+        let g = Graph::parse(&shared).unwrap();
+        let m = match_attention(&g);
+        assert!(!m[0]
+            .nodes
+            .iter()
+            .any(|&n| g.nodes[n].kind == "aten::transpose"));
+    }
+
+    #[test]
+    fn training_dropout_an_escaping_score_and_a_bad_softmax_dim_do_not_match() {
+        let train = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%tr = prim::Constant[True]()
+             %pd = prim::Constant[0.1]()
+             %d = aten::dropout(%p, %pd, %tr) : f32[2,4,16,16]
+             %y = aten::matmul(%d, %v) : f32[2,4,16,8]",
+        );
+        assert!(match_attention(&Graph::parse(&train).unwrap()).is_empty());
+        // The scores are also returned: the pattern cannot swallow them.
+        let escaping = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        )
+        .replace("return (%y)", "return (%y, %s1)");
+        assert!(match_attention(&Graph::parse(&escaping).unwrap()).is_empty());
+        let dim0 = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        )
+        .replace("softmax(%s2, %m1", "softmax(%s2, %zero");
+        assert!(match_attention(&Graph::parse(&dim0).unwrap()).is_empty());
+        // A plain masked_fill is the fill mode.
+        let fill = block(
+            "%s1 = aten::div(%s0, %c) : f32[2,4,16,16]",
+            "%s2 = aten::masked_fill(%s1, %r1, %ninf) : f32[2,4,16,16]",
+            "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+        );
+        assert_eq!(
+            match_attention(&Graph::parse(&fill).unwrap())[0].form(),
+            "explicit;div=2.8284271247461903;mask=fill"
+        );
+    }
+
+    #[test]
+    fn sdpa_with_and_without_is_causal_and_scale() {
+        let g = |causal: &str, scale: &str, mask: &str, p: &str| {
+            Graph::parse(&format!(
+                "graph(%q: bf16[2,12,64,64], %k: bf16[2,12,80,64], %v: bf16[2,12,80,64]):
+                   %none = prim::Constant[None]()
+                   %p = prim::Constant[{p}]()
+                   %c = prim::Constant[{causal}]()
+                   %s = prim::Constant[{scale}]()
+                   %f = prim::Constant[False]()
+                   %y = aten::scaled_dot_product_attention(%q, %k, %v, {mask}, %p, %c, %s, %f) : bf16[2,12,64,64]
+                   return (%y)"
+            ))
+            .unwrap()
+        };
+        let a = &match_attention(&g("True", "None", "%none", "0."))[0];
+        assert_eq!(
+            a.problem,
+            AttentionProblem {
+                origin: AttentionOrigin::Sdpa,
+                batch: 2,
+                heads: 12,
+                seq_q: 64,
+                seq_k: 80,
+                head_dim: 64,
+                dtype: DType::Bf16,
+                causal: true,
+                kv_heads: None,
+                padded: false,
+                masked: false,
+            }
+        );
+        assert_eq!(
+            (a.form().as_str(), a.kernel_scale()),
+            ("sdpa;causal", Some(0.125))
+        );
+        let a = &match_attention(&g("False", "0.5", "%none", "0."))[0];
+        assert_eq!(
+            (a.form().as_str(), a.kernel_scale(), a.problem.causal),
+            ("sdpa;scale=0.5", Some(0.5), false)
+        );
+        assert!(
+            match_attention(&g("False", "None", "%q", "0.")).is_empty(),
+            "an attn_mask that widens the scores is not matched"
+        );
+        assert!(
+            match_attention(&g("False", "None", "%none", "0.1")).is_empty(),
+            "dropout is not matched"
+        );
+    }
+
+    /// GPT-2's attention as the bridge reads a trace of GPT2LMHeadModel (transformers 5.17, n_embd
+    /// 128, 4 heads, B 2, T 16): q, k, v are views of one Conv1D output, the causal bool mask the
+    /// graph computes once (`arange`/`le`/`__and__`/`expand`), SDPA with scale 1/√32.
+    fn gpt2_block(mask_fact: &str) -> String {
+        format!(
+            "graph(%self: W, %x: f32[2,16,384], %am: bool[2,1,16,16]):
+               %0 = prim::Constant[0]()
+               %1 = prim::Constant[1]()
+               %2 = prim::Constant[2]()
+               %6 = prim::Constant[False]()
+               %9 = prim::Constant[-1]()
+               %20 = prim::Constant[32]()
+               %21 = prim::Constant[0.]()
+               %22 = prim::Constant[0.17677669529663689]()
+               %26 = prim::Constant[128]()
+               %64 = aten::size(%x, %0) : int
+               %54 = aten::size(%x, %1) : int
+               %94 = prim::ListConstruct(%64, %9, %54, %54) : int[]
+               %attention_mask0.1 = aten::expand(%am, %94, %6) : bool[2,1,16,16]{{0,256,16,1}}{mask_fact}
+               %118 = aten::split(%x, %26, %2) : Tensor[]
+               %query_states.1, %key_states.1, %value_states.1 = prim::ListUnpack(%118) : f32[2,16,128]{{6144,384,1}}, f32[2,16,128]{{6144,384,1}}, f32[2,16,128]{{6144,384,1}}
+               %124 = prim::ListConstruct(%64, %54, %9, %20) : int[]
+               %125 = aten::view(%key_states.1, %124) : f32[2,16,4,32]{{6144,384,32,1}}
+               %key.1 = aten::transpose(%125, %1, %2) : f32[2,4,16,32]{{6144,32,384,1}}
+               %128 = aten::view(%value_states.1, %124) : f32[2,16,4,32]{{6144,384,32,1}}
+               %value.1 = aten::transpose(%128, %1, %2) : f32[2,4,16,32]{{6144,32,384,1}}
+               %133 = aten::view(%query_states.1, %124) : f32[2,16,4,32]{{6144,384,32,1}}
+               %query.1 = aten::transpose(%133, %1, %2) : f32[2,4,16,32]{{6144,32,384,1}}
+               %attn_output.2 = aten::scaled_dot_product_attention(%query.1, %key.1, %value.1, %attention_mask0.1, %21, %6, %22, %6) : f32[2,4,16,32]
+               %136 = aten::transpose(%attn_output.2, %1, %2) : f32[2,16,4,32]
+               return (%136)"
+        )
+    }
+
+    fn sdpa_of(g: &Graph) -> NodeId {
+        (0..g.nodes.len())
+            .find(|&n| g.nodes[n].kind == "aten::scaled_dot_product_attention")
+            .unwrap()
+    }
+
+    #[test]
+    fn gpt2s_computed_causal_mask_matches_the_causal_kernel() {
+        let g = Graph::parse(&gpt2_block(" @causal/shape")).unwrap();
+        let m = match_attention(&g);
+        assert_eq!(m.len(), 1);
+        let a = &m[0];
+        assert_eq!(
+            (a.problem.rule_id(), a.problem.kv_heads, a.problem.padded),
+            // The graph passes the mask tensor: torch's time is that call's (`masked`).
+            ("sdpa_causal_mask".to_string(), None, false)
+        );
+        assert_eq!(
+            a.form(),
+            "sdpa;mask=bool;class=causal;scale=0.1767766952966369"
+        );
+        // The SDPA alone: the mask's computation stays (every layer reads it), q, k, v are views.
+        assert_eq!(a.nodes, vec![sdpa_of(&g)]);
+        assert_eq!(
+            (
+                g.values[a.q].name.as_str(),
+                g.values[a.mask.unwrap().0].name.as_str()
+            ),
+            ("query.1", "attention_mask0.1")
+        );
+        assert_eq!(a.mask.unwrap().1, MaskMode::Bool);
+        // The same mask read from a user's attention_mask (data): causal and padded.
+        let a = &match_attention(&Graph::parse(&gpt2_block(" @causal")).unwrap())[0];
+        assert_eq!(a.problem.rule_id(), "sdpa_causal_padded");
+        assert!(a.form().contains(";class=causal_padded"), "{}", a.form());
+    }
+
+    #[test]
+    fn general_and_unknown_masks_do_not_match_and_say_why() {
+        for (fact, why) in [
+            (" @general/shape", "general"),
+            ("", "unknown"),
+            (" @unknown", "unknown"),
+        ] {
+            let g = Graph::parse(&gpt2_block(fact)).unwrap();
+            assert!(match_attention(&g).is_empty(), "{fact}");
+            let refused = sdpa_refusals(&g);
+            assert_eq!(refused.len(), 1, "{fact}");
+            assert_eq!(refused[0].0, sdpa_of(&g));
+            assert!(refused[0].1.contains(why), "{fact}: {}", refused[0].1);
+        }
+        // A mask of another dtype than bool or q's, or one that widens the scores.
+        let other = gpt2_block(" @causal/shape")
+            .replace("bool[2,1,16,16]{0,256,16,1}", "bf16[2,1,16,16]{0,256,16,1}");
+        assert!(sdpa_refusals(&Graph::parse(&other).unwrap())[0]
+            .1
+            .contains("neither bool"));
+        let wide =
+            gpt2_block(" @causal/shape").replace("bool[2,1,16,16]{0,256,16,1}", "bool[2,8,16,16]");
+        assert!(sdpa_refusals(&Graph::parse(&wide).unwrap())[0]
+            .1
+            .contains("does not broadcast"));
+        // An additive mask of q's dtype is matched like a bool one.
+        let add = gpt2_block(" @causal/shape")
+            .replace("bool[2,1,16,16]{0,256,16,1}", "f32[2,1,16,16]{0,256,16,1}");
+        let a = &match_attention(&Graph::parse(&add).unwrap())[0];
+        assert!(
+            a.form().starts_with("sdpa;mask=add;class=causal"),
+            "{}",
+            a.form()
+        );
+    }
+
+    /// Llama's attention as traced (LlamaForCausalLM, hidden 256, 8 heads, 2 KV heads, B 2,
+    /// T 16): k and v repeated 4 times by repeat_kv (`[:, :, None]` as slices around an unsqueeze,
+    /// expand, reshape) before SDPA.
+    fn llama_block(repeat_tail: &str) -> String {
+        let repeat = |src: &str, out: &str, p: &str| {
+            format!(
+                "%{p}a = aten::size(%{src}, %25) : int
+                 %{p}b = aten::size(%{src}, %23) : int
+                 %{p}n = prim::NumToTensor(%{p}b) : i64[]
+                 %{p}c = aten::size(%{src}, %22) : int
+                 %{p}d = aten::size(%{src}, %10) : int
+                 %{p}0 = aten::slice(%{src}, %25, %25, %24, %23) : bf16[2,2,16,32]
+                 %{p}1 = aten::slice(%{p}0, %23, %25, %24, %23) : bf16[2,2,16,32]
+                 %{p}2 = aten::unsqueeze(%{p}1, %22) : bf16[2,2,1,16,32]
+                 %{p}3 = aten::slice(%{p}2, %10, %25, %24, %23) : bf16[2,2,1,16,32]
+                 %{p}4 = aten::slice(%{p}3, %17, %25, %24, %23) : bf16[2,2,1,16,32]
+                 %{p}l = prim::ListConstruct(%{p}a, %{p}b, %17, %{p}c, %{p}d) : int[]
+                 %{p}5 = aten::expand(%{p}4, %{p}l, %6) : bf16[2,2,4,16,32]{{1024,512,0,32,1}}
+                 %{p}m = aten::mul(%{p}n, %14) : i64[]
+                 %{p}i = aten::Int(%{p}m) : int
+                 %{p}r = prim::ListConstruct(%{p}a, %{p}i, %{p}c, %{p}d) : int[]
+                 %{out} = aten::reshape(%{p}5, %{p}r) : bf16[2,8,16,32]"
+            )
+        };
+        format!(
+            "graph(%self: W, %query.1: bf16[2,8,16,32], %k.1: bf16[2,2,16,32], %v.1: bf16[2,2,16,32], %am: bool[2,1,16,16] @causal/shape):
+               %6 = prim::Constant[False]()
+               %10 = prim::Constant[3]()
+               %14 = prim::Constant[{{4}}]()
+               %17 = prim::Constant[4]()
+               %18 = prim::Constant[0.]()
+               %19 = prim::Constant[0.17677669529663689]()
+               %22 = prim::Constant[2]()
+               %23 = prim::Constant[1]()
+               %24 = prim::Constant[9223372036854775807]()
+               %25 = prim::Constant[0]()
+               {}
+               {}
+               %attn_output.1 = aten::scaled_dot_product_attention(%query.1, %key.1, %value.1, %am, %18, %6, %19, %6) : bf16[2,8,16,32]
+               return (%attn_output.1{repeat_tail})",
+            repeat("k.1", "key.1", "k"),
+            repeat("v.1", "value.1", "v"),
+        )
+    }
+
+    #[test]
+    fn llamas_repeated_kv_heads_are_read_in_place() {
+        let g = Graph::parse(&llama_block("")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(
+            (
+                a.problem.rule_id(),
+                a.problem.heads,
+                a.problem.kv_heads,
+                a.repeat
+            ),
+            ("sdpa_causal_mask".to_string(), 8, Some(2), Some(4))
+        );
+        assert_eq!(
+            (g.values[a.k].name.as_str(), g.values[a.v].name.as_str()),
+            ("k.1", "v.1")
+        );
+        assert_eq!(
+            a.form(),
+            "sdpa;mask=bool;repeat=4;class=causal;scale=0.1767766952966369"
+        );
+        // SDPA and both repeats' tensor nodes (4 slices, unsqueeze, expand, reshape each); the
+        // size arithmetic feeding the reshape stays (it reads only sizes).
+        let kinds = |a: &AttentionMatch| -> Vec<String> {
+            a.nodes.iter().map(|&n| g.nodes[n].kind.clone()).collect()
+        };
+        let k = kinds(a);
+        assert_eq!(k.len(), 1 + 2 * 7, "{k:?}");
+        assert_eq!(k.iter().filter(|k| *k == "aten::slice").count(), 8);
+        assert!(!k
+            .iter()
+            .any(|k| k == "aten::mul" || k == "prim::ListConstruct"));
+        // A repeated key the graph also returns stays: the match reads through it, and owns only
+        // v's repeat.
+        let g = Graph::parse(&llama_block(", %key.1")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!((a.repeat, a.nodes.len()), (Some(4), 1 + 7));
+        // `repeat(1, G, 1, 1)` tiles the heads (head h reads h % Hkv): no grouped match.
+        let tiled = Graph::parse(
+            "graph(%q: bf16[2,8,16,32], %k: bf16[2,2,16,32], %v: bf16[2,8,16,32]):
+               %1 = prim::Constant[1]()
+               %4 = prim::Constant[4]()
+               %f = prim::Constant[False]()
+               %p = prim::Constant[0.]()
+               %none = prim::Constant[None]()
+               %r = prim::ListConstruct(%1, %4, %1, %1) : int[]
+               %kr = aten::repeat(%k, %r) : bf16[2,8,16,32]
+               %y = aten::scaled_dot_product_attention(%q, %kr, %v, %none, %p, %f, %none, %f) : bf16[2,8,16,32]
+               return (%y)",
+        )
+        .unwrap();
+        let a = &match_attention(&tiled)[0];
+        assert_eq!((a.repeat, a.problem.kv_heads), (None, None));
+        assert_eq!(
+            a.k,
+            tiled.values.iter().position(|v| v.name == "kr").unwrap()
+        );
+    }
+
+    #[test]
+    fn enable_gqa_and_repeat_interleave_are_grouped_query() {
+        let g = |call: &str, k_heads: i64| {
+            Graph::parse(&format!(
+                "graph(%q: f16[1,8,64,64], %k: f16[1,{k_heads},64,64], %v: f16[1,{k_heads},64,64]):
+                   %1 = prim::Constant[1]()
+                   %4 = prim::Constant[4]()
+                   %t = prim::Constant[True]()
+                   %f = prim::Constant[False]()
+                   %p = prim::Constant[0.]()
+                   %none = prim::Constant[None]()
+                   {call}
+                   return (%y)"
+            ))
+            .unwrap()
+        };
+        let gqa = g("%y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %t, %none, %t) : f16[1,8,64,64]", 2);
+        let a = &match_attention(&gqa)[0];
+        assert_eq!(
+            (a.problem.rule_id(), a.problem.kv_heads, a.form()),
+            (
+                "sdpa_causal".to_string(),
+                Some(2),
+                "sdpa;causal;gqa".to_string()
+            )
+        );
+        // Without enable_gqa, fewer k heads are no attention torch computes.
+        let no = g("%y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %t, %none, %f) : f16[1,8,64,64]", 2);
+        assert!(match_attention(&no).is_empty());
+        // 8 heads by 2 does not divide 3.
+        let bad = g("%y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %t, %none, %t) : f16[1,8,64,64]", 3);
+        assert!(match_attention(&bad).is_empty());
+        let interleaved = g(
+            "%kr = aten::repeat_interleave(%k, %4, %1, %none) : f16[1,8,64,64]
+             %vr = aten::repeat_interleave(%v, %4, %1, %none) : f16[1,8,64,64]
+             %y = aten::scaled_dot_product_attention(%q, %kr, %vr, %none, %p, %f, %none, %f) : f16[1,8,64,64]",
+            2,
+        );
+        let a = &match_attention(&interleaved)[0];
+        assert_eq!(
+            (a.problem.kv_heads, a.repeat, a.nodes.len(), a.form()),
+            (Some(2), Some(4), 3, "sdpa;repeat=4".to_string())
+        );
+    }
+
+    /// BERT's attention as traced (BertModel, 128 wide, 4 heads, B 2, T 16): without an
+    /// attention_mask the mask is `ge(q_idx, 0)` expanded to [B,H,T,T], every key visible; with
+    /// one it also reads the input's data (classified on a sample, so the kernel is the padded
+    /// one).
+    fn bert_block(mask_fact: &str) -> String {
+        format!(
+            "graph(%self: W, %query0.1: f32[2,4,16,32]{{2048,32,128,1}}, %key0.1: f32[2,4,16,32]{{2048,32,128,1}}, %value0.1: f32[2,4,16,32]{{2048,32,128,1}}, %m: bool[2,1,16,16]):
+               %4 = prim::Constant[4]()
+               %6 = prim::Constant[0.]()
+               %16 = prim::Constant[2]()
+               %5 = prim::Constant[0.17677669529663689]()
+               %20 = prim::Constant[False]()
+               %-1 = prim::Constant[-1]()
+               %l = prim::ListConstruct(%16, %4, %-1, %-1) : int[]
+               %attention_mask0.1 = aten::expand(%m, %l, %20) : bool[2,4,16,16]{{256,0,16,1}}{mask_fact}
+               %attn_output.1 = aten::scaled_dot_product_attention(%query0.1, %key0.1, %value0.1, %attention_mask0.1, %6, %20, %5, %20) : f32[2,4,16,32]
+               return (%attn_output.1)"
+        )
+    }
+
+    #[test]
+    fn berts_masks_with_and_without_padding() {
+        let rule = |fact: &str| {
+            let g = Graph::parse(&bert_block(fact)).unwrap();
+            match_attention(&g)
+                .first()
+                .map(|a| (a.problem.rule_id(), a.nodes.len(), a.form()))
+        };
+        let form = |class: &str| format!("sdpa;mask=bool;class={class};scale=0.1767766952966369");
+        assert_eq!(
+            rule(" @none/shape"),
+            Some(("sdpa_mask".to_string(), 1, form("none")))
+        );
+        // A user's attention_mask: the sample may show no padding, other inputs will.
+        assert_eq!(
+            rule(" @none"),
+            Some(("sdpa_padded".to_string(), 1, form("padded")))
+        );
+        assert_eq!(
+            rule(" @padded"),
+            Some(("sdpa_padded".to_string(), 1, form("padded")))
+        );
+        // Left padding (a prefix no longer) is general.
+        assert_eq!(rule(" @general"), None);
+    }
+}

@@ -1,0 +1,262 @@
+//! LayerNorm over the last dim, one kind: `aten::layer_norm` (rule.rs) as one kernel of fact's own
+//! (spec.rs, render.rs: a group of threads holds a row in registers), judged against torch's
+//! `layer_norm` (bench.rs), called as `fact::layernorm(x, normalized_shape, weight?, bias?, eps,
+//! kernel)` whose fallback replays the node's own call. This file is the kind as the stages see
+//! it (`LayerNorm`), with its plan notes and its graph edit.
+
+mod bench;
+mod problem;
+mod render;
+mod rule;
+mod spec;
+
+pub use bench::{Inputs, LayerNormBench, EPS};
+pub use problem::LayerNormProblem;
+pub use render::render;
+pub use rule::{match_layernorms, LayerNormMatch, LayerNormRule};
+pub use spec::{candidates, LayerNormSpec, CANDIDATE_PER_THREAD, MAX_PER_THREAD, MAX_ROW};
+
+use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec, SweepCx, Unit};
+use crate::codegen::{OpCode, OpDef, Source};
+use crate::graph::{Graph, NodeId};
+use crate::nvcc::library::KernelLibrary;
+use crate::rules::{Match, PatternKind, Rule};
+use crate::torch::{Edit, Operand};
+use crate::tune::{Bench, Protocol};
+use crate::types::{Arch, DType, MathType, Precision};
+
+/// What users call LayerNorm patterns (`FACT_DISABLE=layernorm`).
+pub const LAYERNORM: PatternKind = PatternKind::new("layernorm");
+
+/// The schema of the LayerNorm op: the `aten::layer_norm` call's own operands (without
+/// cudnn_enable, which torch ignores), which the fallback replays.
+pub const LAYERNORM_OP_SCHEMA: &str =
+    "layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor";
+
+/// The LayerNorm kind.
+pub struct LayerNorm;
+
+impl From<LayerNormProblem> for Problem {
+    fn from(p: LayerNormProblem) -> Problem {
+        Problem::new(&LayerNorm, p)
+    }
+}
+
+impl From<LayerNormSpec> for Spec {
+    fn from(s: LayerNormSpec) -> Spec {
+        Spec::new(&LayerNorm, s)
+    }
+}
+
+fn problem(p: &Problem) -> &LayerNormProblem {
+    own("problem", p.get())
+}
+
+fn spec(s: &Spec) -> &LayerNormSpec {
+    own("spec", s.get())
+}
+
+impl Kind for LayerNorm {
+    fn name(&self) -> &'static str {
+        "layernorm"
+    }
+    fn pattern_kinds(&self) -> &'static [PatternKind] {
+        &[LAYERNORM]
+    }
+    fn letter(&self) -> char {
+        'l'
+    }
+
+    fn rules(&self) -> &'static [&'static dyn Rule] {
+        &[&LayerNormRule]
+    }
+    fn problem_of(&self, m: &dyn Match) -> Problem {
+        own_match::<LayerNormMatch>(m).problem.clone().into()
+    }
+    fn node_of(&self, m: &dyn Match) -> NodeId {
+        own_match::<LayerNormMatch>(m).node
+    }
+    fn origin_of(&self, _m: &dyn Match) -> &'static str {
+        "layer_norm"
+    }
+    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
+        let l = own_match::<LayerNormMatch>(m);
+        PlanFacts {
+            name: format!("layer_norm {}", l.problem.shape_key()),
+            origin: "layer_norm".into(),
+            operands: [Some(l.x), l.weight, l.bias]
+                .into_iter()
+                .flatten()
+                .collect(),
+            notes: math.map(|m| notes(l, m, arch)).unwrap_or_default(),
+            pad: None,
+        }
+    }
+    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
+        edit(g, own_match::<LayerNormMatch>(m), kernel)
+    }
+
+    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
+        serde_json::from_value::<LayerNormProblem>(v).map(Problem::from)
+    }
+    fn problem_from_rule(
+        &self,
+        rule: &str,
+        dims: &[i64],
+        dtype: DType,
+    ) -> Option<Result<Problem, String>> {
+        rule.starts_with("layernorm")
+            .then(|| LayerNormProblem::from_rule(rule, dims, dtype).map(Problem::from))
+    }
+    fn rule_ids(&self) -> &'static str {
+        "layernorm, layernorm_affine, layernorm_weight or layernorm_bias"
+    }
+    fn rule_id(&self, p: &Problem) -> String {
+        problem(p).rule_id()
+    }
+    fn shape_key(&self, p: &Problem) -> String {
+        problem(p).shape_key()
+    }
+    fn flops(&self, p: &Problem) -> f64 {
+        problem(p).flops()
+    }
+    fn dtype(&self, p: &Problem) -> DType {
+        problem(p).dtype
+    }
+    fn alignment(&self, p: &Problem) -> u32 {
+        problem(p).alignment()
+    }
+    /// fp32 itself under either policy: a LayerNorm computes no product the policy could lower,
+    /// so one table entry serves both policies, and it is judged at fp32's tolerance.
+    fn math(&self, p: &Problem, _precision: Precision) -> Option<MathType> {
+        Some(MathType::elementwise(problem(p).dtype))
+    }
+    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+        LAYERNORM
+    }
+
+    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
+        serde_json::from_value::<LayerNormSpec>(v).map(Spec::from)
+    }
+    fn spec_name(&self, s: &Spec) -> String {
+        spec(s).name()
+    }
+    fn kernel_name(&self, s: &Spec) -> String {
+        spec(s).name()
+    }
+    fn kernel(&self, s: &Spec) -> Spec {
+        s.clone()
+    }
+    fn spec_arch(&self, s: &Spec) -> Arch {
+        spec(s).arch
+    }
+    fn spec_dtype(&self, s: &Spec) -> DType {
+        spec(s).dtype
+    }
+    fn render(&self, s: &Spec) -> Source {
+        render::render(spec(s))
+    }
+    /// Its units include no CUTLASS: they stay small and quick.
+    fn unit(&self, _s: &Spec) -> Unit {
+        Unit::plain("layernorm")
+    }
+    fn dispatch(&self, _s: &Spec) -> Dispatch {
+        Dispatch {
+            kind: "layernorm",
+            signature: "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps".into(),
+            layout: String::new(),
+            epilogue: String::new(),
+            knobs: [0; 3],
+        }
+    }
+
+    /// The knobs for its C (`spec::candidates`), no agent.
+    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
+        let p = problem(p);
+        let mut specs: Vec<Spec> = candidates(p, cx.arch).into_iter().map(Spec::from).collect();
+        if let Some(n) = cx.max_candidates {
+            specs.truncate(n.max(1));
+        }
+        Ok(if specs.is_empty() {
+            Candidates::None(format!(
+                "no LayerNorm kernel takes C = {}: a row is held in the registers of one CTA, at most {} elements",
+                p.cols, MAX_ROW
+            ))
+        } else {
+            Candidates::Kernels { specs, space: None }
+        })
+    }
+    fn bench<'l>(
+        &self,
+        lib: &'l KernelLibrary,
+        p: &Problem,
+        protocol: Protocol,
+    ) -> Result<Box<dyn Bench + 'l>, String> {
+        Ok(Box::new(LayerNormBench::new(
+            lib,
+            problem(p).clone(),
+            protocol,
+        )?))
+    }
+
+    fn ops(&self) -> &'static [OpDef] {
+        &[OpDef {
+            name: "layernorm",
+            schema: LAYERNORM_OP_SCHEMA,
+            function: "layernorm",
+        }]
+    }
+    fn op_code(&self, arch: Arch) -> OpCode {
+        render::op_code(arch)
+    }
+}
+
+/// The match's graph rewrite (`Kind::edit`): `fact::layernorm(x, normalized_shape, weight?,
+/// bias?, eps, kernel)` in place of the `aten::layer_norm` node, its operands the node's own (the
+/// fallback replays the call with them).
+pub fn edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
+    Edit {
+        node: l.node as u32,
+        expect_kind: g.nodes[l.node].kind.clone(),
+        op: "fact::layernorm".to_string(),
+        operands: vec![
+            Operand::value(l.x),
+            Operand::value(l.normalized_shape),
+            Operand::optional(l.weight),
+            Operand::optional(l.bias),
+            Operand::value(l.eps),
+            Operand::text(kernel),
+        ],
+        remove: vec![],
+        remove_kinds: vec![],
+    }
+}
+
+/// What the plan says a LayerNorm kernel does for the match.
+fn notes(l: &LayerNormMatch, math: MathType, arch: Arch) -> Vec<String> {
+    let p = &l.problem;
+    let Some(first) = candidates(p, arch).into_iter().next() else {
+        return vec![format!(
+            "no LayerNorm kernel takes C = {}: the row does not fit one CTA's registers",
+            p.cols
+        )];
+    };
+    let params = match (p.weight, p.bias) {
+        (true, true) => "weight and bias",
+        (true, false) => "the weight",
+        (false, true) => "the bias",
+        (false, false) => "no affine parameters",
+    };
+    vec![
+        format!(
+            "one kernel (fact's own): each row of {} held in registers by a group of threads, {}-byte vector loads, mean and variance in fp32 over the registers (warp shuffles, shared memory across the group's warps), then {params}; {} arithmetic",
+            p.cols,
+            first.vector as usize * p.dtype.bytes(),
+            math.short_name()
+        ),
+        format!(
+            "one read of x and one write of y ({:.1} MB); x's rows are read through their stride (a view whose rows are not one stride apart runs torch's layer_norm)",
+            p.bytes() / 1e6
+        ),
+    ]
+}

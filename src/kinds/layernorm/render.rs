@@ -1,0 +1,130 @@
+//! LayerNorm's templates rendered: the kernel's translation unit (templates/layernorm.cu.hbs,
+//! CUDA's own types, no CUTLASS) and its section of the torch op library
+//! (templates/layernorm_op.cpp.hbs: `fact::layernorm` and its fallback, the same
+//! `at::layer_norm` call). Pure, like every rendering: the same spec renders the same text.
+
+use super::LayerNormSpec;
+use crate::codegen::{self, OpCode, Source};
+use crate::types::{Arch, DType};
+use handlebars::Handlebars;
+use serde_json::json;
+use std::sync::OnceLock;
+
+const KERNEL: &str = include_str!("templates/layernorm.cu.hbs");
+const OP: &str = include_str!("templates/layernorm_op.cpp.hbs");
+
+fn templates() -> &'static Handlebars<'static> {
+    static R: OnceLock<Handlebars<'static>> = OnceLock::new();
+    R.get_or_init(|| codegen::templates(&[], &[("layernorm", KERNEL), ("op", OP)]))
+}
+
+/// The translation unit of one LayerNorm kernel.
+pub fn render(l: &LayerNormSpec) -> Source {
+    let element = match l.dtype {
+        DType::F32 => "float",
+        DType::Bf16 => "__nv_bfloat16",
+        DType::F16 => "__half",
+    };
+    let vec_type = match l.vector * l.dtype.bytes() as u32 {
+        16 => "uint4",
+        8 => "uint2",
+        4 => "unsigned int",
+        2 => "unsigned short",
+        other => panic!(
+            "{}: a {other}-byte vector (invalid_reason refuses it)",
+            l.name()
+        ),
+    };
+    let vars = json!({
+        "name": l.name(),
+        "spec_json": serde_json::to_string(l).expect("spec serializes"),
+        "dtype": l.dtype.short_name(),
+        "dtype_abi": codegen::dtype_abi(l.dtype),
+        "element": element,
+        "vec_type": vec_type,
+        "cols": l.cols,
+        "threads": l.threads_per_row,
+        "vector": l.vector,
+        "rows": l.rows_per_cta,
+        "loads": l.loads(),
+    });
+    let text = templates()
+        .render("layernorm", &vars)
+        .unwrap_or_else(|e| panic!("rendering {}: {e}", l.name()));
+    Source {
+        file_name: format!("{}.cu", l.name()),
+        text,
+    }
+}
+
+/// LayerNorm's section of the op library for `arch`.
+pub fn op_code(arch: Arch) -> OpCode {
+    OpCode {
+        prelude: String::new(),
+        body: templates()
+            .render("op", &codegen::op_vars(arch))
+            .expect("the layernorm op renders"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layernorm_render_is_golden_and_compiles_c_and_the_knobs_in() {
+        let l = LayerNormSpec {
+            arch: Arch::Sm90,
+            dtype: DType::F32,
+            cols: 768,
+            threads_per_row: 32,
+            vector: 4,
+            rows_per_cta: 4,
+        };
+        let text = render(&l).text;
+        expect_test::expect_file!["../../../tests/golden/ln_f32_c768_t32_v4_r4.cu"]
+            .assert_eq(&text);
+        for line in [
+            "using Element = float;",
+            "using Vec = uint4;",
+            "constexpr int kCols = 768;",
+            "constexpr int kThreads = 32;",
+            "constexpr int kRows = 4;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        assert!(
+            text.contains("fact_k_ln_f32_c768_t32_v4_r4_run") && !text.contains("cutlass"),
+            "CUDA's own types"
+        );
+        let bf16 = render(&LayerNormSpec {
+            dtype: DType::Bf16,
+            vector: 8,
+            ..l.clone()
+        })
+        .text;
+        assert!(
+            bf16.contains("using Element = __nv_bfloat16;")
+                && bf16.contains("constexpr int kDtype = 1;")
+        );
+        let narrow = render(&LayerNormSpec {
+            dtype: DType::F16,
+            vector: 1,
+            ..l.clone()
+        })
+        .text;
+        assert!(
+            narrow.contains("using Vec = unsigned short;")
+                && narrow.contains("using Element = __half;")
+        );
+        // The dispatch table lists it as a layernorm kernel.
+        let d = crate::kinds::render_dispatch(&[l.clone().into()]).text;
+        assert!(
+            d.contains(&format!(
+                "{{\"{}\", \"layernorm\", \"x[R,C] out[R,C]",
+                l.name()
+            )) && d.contains(&format!("fact_k_{}_run", l.name()))
+        );
+        assert_eq!(crate::kinds::Spec::from(l.clone()).render(), render(&l));
+    }
+}

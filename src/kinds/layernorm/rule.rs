@@ -1,0 +1,203 @@
+//! LayerNorm rule: `layernorm`, `layernorm_affine`, `layernorm_weight`, `layernorm_bias`.
+//!
+//! y[r,:] = (x[r,:] − mean_r) / √(var_r + eps) · w + b over the last dim of C elements, one row r
+//! per position of the leading dims, where mean_r = Σ_c x[r,c] / C and var_r = Σ_c (x[r,c] −
+//! mean_r)² / C (the biased variance, as torch computes it), with fp32 statistics whatever the
+//! tensor dtype; w and b are optional ([C] each, the tensor's dtype). The graph writes it as
+//! `aten::layer_norm(x, normalized_shape, weight?, bias?, eps, cudnn_enable)`; only a
+//! normalized_shape of the last dim alone (`[C]`) matches: a norm over several trailing dims stays
+//! torch's. The rule id says which of w and b the call passes: both (`_affine`, nn.LayerNorm),
+//! neither, or one of them (`nn.LayerNorm(bias=False)` passes the weight alone).
+//!
+//! `LayerNormRule` offers each such node as its own pattern: `layer_norm` is no epilogue op, so no
+//! GEMM's epilogue reaches into one.
+
+use super::{LayerNormProblem, LAYERNORM};
+use crate::graph::{Const, Graph, NodeId, ValueId};
+use crate::rules::{boxed, Match, PatternKind, Rule};
+use crate::types::DType;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerNormMatch {
+    /// The `aten::layer_norm` node: the pattern is this one node.
+    pub node: NodeId,
+    pub x: ValueId,
+    /// The call's `normalized_shape` operand (`[C]`), which the op's fallback passes on as it is.
+    pub normalized_shape: ValueId,
+    pub weight: Option<ValueId>,
+    pub bias: Option<ValueId>,
+    pub eps: ValueId,
+    pub problem: LayerNormProblem,
+}
+
+impl Match for LayerNormMatch {
+    fn nodes(&self) -> Vec<NodeId> {
+        vec![self.node]
+    }
+}
+
+/// The LayerNorm rule: `aten::layer_norm` over the last dim.
+pub struct LayerNormRule;
+
+impl Rule for LayerNormRule {
+    fn name(&self) -> &'static str {
+        "layernorm"
+    }
+    fn kind(&self) -> PatternKind {
+        LAYERNORM
+    }
+    fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
+        boxed(match_layernorms(g))
+    }
+}
+
+/// Every LayerNorm of the top-level block over the last dim alone.
+pub fn match_layernorms(g: &Graph) -> Vec<LayerNormMatch> {
+    (0..g.nodes.len())
+        .filter(|&n| g.nodes[n].depth == 0 && g.nodes[n].kind == "aten::layer_norm")
+        .filter_map(|n| layernorm(g, n))
+        .collect()
+}
+
+/// The ints a list operand holds: a constant list, or a `prim::ListConstruct` of int constants
+/// (as tracing records `nn.LayerNorm`'s normalized_shape).
+fn int_list(g: &Graph, v: ValueId) -> Option<Vec<i64>> {
+    if let Some(Const::Ints(v)) = g.constant(v) {
+        return Some(v.clone());
+    }
+    let n = &g.nodes[g.values[v].producer?];
+    if n.kind != "prim::ListConstruct" {
+        return None;
+    }
+    n.inputs
+        .iter()
+        .map(|&i| g.constant(i).and_then(Const::as_int))
+        .collect()
+}
+
+fn layernorm(g: &Graph, n: NodeId) -> Option<LayerNormMatch> {
+    // (input, normalized_shape, weight, bias, eps, cudnn_enable)
+    let i = &g.nodes[n].inputs;
+    if i.len() < 5 || g.nodes[n].outputs.len() != 1 {
+        return None;
+    }
+    let x = i[0];
+    let tx = g.tensor(x)?;
+    let dtype = DType::parse(&tx.dtype)?;
+    let cols = *tx.shape.last()?;
+    if int_list(g, i[1])? != [cols] {
+        return None;
+    }
+    // An absent parameter is the None constant; a present one is a [C] tensor of x's dtype.
+    let param = |v: ValueId| -> Option<Option<ValueId>> {
+        if matches!(g.constant(v), Some(Const::None)) {
+            return Some(None);
+        }
+        let t = g.tensor(v)?;
+        (t.shape == [cols] && t.dtype == tx.dtype).then_some(Some(v))
+    };
+    let (weight, bias) = (param(i[2])?, param(i[3])?);
+    let rows: i64 = tx.shape[..tx.shape.len() - 1].iter().product();
+    let problem = LayerNormProblem {
+        rows,
+        cols,
+        dtype,
+        weight: weight.is_some(),
+        bias: bias.is_some(),
+    };
+    (rows > 0 && cols > 0).then_some(LayerNormMatch {
+        node: n,
+        x,
+        normalized_shape: i[1],
+        weight,
+        bias,
+        eps: i[4],
+        problem,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A [4,16,32] f32 input normalized with `shape`, `weight` and `bias` (values of the graph).
+    fn graph(shape: &str, weight: &str, bias: &str) -> Graph {
+        Graph::parse(&format!(
+            "graph(%x: f32[4,16,32], %w: f32[32], %b: f32[32], %h: bf16[32]):
+               %none = prim::Constant[None]()
+               %eps = prim::Constant[1e-05]()
+               %on = prim::Constant[True]()
+               %c = prim::Constant[32]()
+               %t = prim::Constant[16]()
+               %last = prim::ListConstruct(%c)
+               %two = prim::ListConstruct(%t, %c)
+               %k = prim::Constant[[32]]()
+               %y = aten::layer_norm(%x, {shape}, {weight}, {bias}, %eps, %on) : f32[4,16,32]
+               return (%y)"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn affine_and_plain_layernorms_over_the_last_dim_match() {
+        let g = graph("%last", "%w", "%b");
+        let m = match_layernorms(&g);
+        assert_eq!(m.len(), 1);
+        let p = &m[0].problem;
+        assert_eq!(
+            *p,
+            LayerNormProblem {
+                rows: 64,
+                cols: 32,
+                dtype: DType::F32,
+                weight: true,
+                bias: true
+            }
+        );
+        assert_eq!(
+            (p.rule_id().as_str(), p.shape_key().as_str()),
+            ("layernorm_affine", "64x32")
+        );
+        assert_eq!(
+            (
+                g.values[m[0].weight.unwrap()].name.as_str(),
+                g.values[m[0].eps].name.as_str()
+            ),
+            ("w", "eps")
+        );
+        let plain = &match_layernorms(&graph("%last", "%none", "%none"))[0];
+        assert_eq!(
+            (plain.problem.rule_id().as_str(), plain.weight, plain.bias),
+            ("layernorm", None, None)
+        );
+        assert_eq!(
+            match_layernorms(&graph("%k", "%w", "%none"))[0]
+                .problem
+                .rule_id(),
+            "layernorm_weight",
+            "a constant list, and bias=False"
+        );
+        assert_eq!(
+            match_layernorms(&graph("%last", "%none", "%b"))[0]
+                .problem
+                .rule_id(),
+            "layernorm_bias"
+        );
+    }
+
+    #[test]
+    fn other_norms_and_parameters_stay_torch() {
+        assert!(
+            match_layernorms(&graph("%two", "%w", "%b")).is_empty(),
+            "normalized over the last two dims"
+        );
+        assert!(
+            match_layernorms(&graph("%last", "%h", "%b")).is_empty(),
+            "a weight of another dtype"
+        );
+        assert!(
+            match_layernorms(&graph("%last", "%x", "%b")).is_empty(),
+            "a weight that is not [C]"
+        );
+    }
+}
