@@ -156,6 +156,21 @@ fn rmsnorm_kernels_build_beside_a_gemm_and_a_layernorm_and_refuse_what_they_cann
     ));
 }
 
+/// An sm80 library (A100, and H100 through its PTX) builds the same template.
+#[test]
+fn an_sm80_library_builds_an_rmsnorm_kernel() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let spec = candidates(&problem(4096, 2048, DType::Bf16), Arch::Sm80).remove(0);
+    assert_eq!(spec.name(), "rms_bf16_c2048_t128_v8_r1_for_sm80");
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_all(&tc, &[spec.clone()], dir.path(), "librms80.so", 1);
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(
+        (lib.name(0), lib.kind(0).as_deref()),
+        (Some(spec.name()), Some("rmsnorm"))
+    );
+}
+
 /// The fixture, traced here with the venv's torch: each norm feeds the next, and the last one
 /// keeps its fp32 result.
 const NORMS: &str = r#"
