@@ -163,7 +163,13 @@ fn an_sm80_library_builds_an_rmsnorm_kernel() {
     let spec = candidates(&problem(4096, 2048, DType::Bf16), Arch::Sm80).remove(0);
     assert_eq!(spec.name(), "rms_bf16_c2048_t128_v8_r1_for_sm80");
     let dir = tempfile::tempdir().unwrap();
-    let built = build_all(&tc, &[spec.clone()], dir.path(), "librms80.so", 1);
+    let built = build_all(
+        &tc,
+        std::slice::from_ref(&spec),
+        dir.path(),
+        "librms80.so",
+        1,
+    );
     let lib = KernelLibrary::open(&built.library).unwrap();
     assert_eq!(
         (lib.name(0), lib.kind(0).as_deref()),

@@ -265,8 +265,8 @@ impl Cx<'_> {
         }
         let (a, b) = (node.inputs[0], node.inputs[1]);
         let other = match (number(g, a), number(g, b)) {
-            (None, Some(one)) if one == 1.0 => a,
-            (Some(one), None) if one == 1.0 => b,
+            (None, Some(1.0)) => a,
+            (Some(1.0), None) => b,
             _ => return None,
         };
         if g.tensor(s)?.dtype != "f32" {
