@@ -24,10 +24,11 @@ struct Expect {
     kv_heads: Option<i64>,
 }
 
-/// Issue 32's Llama-family kinds, which the Llama-style models' graphs hold unmatched.
+/// Issue 32's Llama-family kinds, which the Llama-style models' graphs hold unmatched (their
+/// RMSNorms match; the residual add before each is the o and down projections' epilogue).
 const LLAMA_KINDS: (&str, &str) = (
-    "rmsnorm, rotary, gated MLP (issue 32)",
-    "per layer: two RMSNorms (with the residual add), rotary on q and k, gate and up as one GEMM",
+    "rotary, gated MLP (issue 32)",
+    "per layer: rotary on q and k, gate and up as one GEMM",
 );
 
 /// Issue 33's convolutions.
@@ -58,29 +59,33 @@ const EXPECT: &[Expect] = &[
     Expect {
         model: "llama",
         // q, k, v and up; gate with silu times up; o and down with the residual; grouped-query
-        // SDPA (K/V heads repeated by repeat_kv, read in place) on the computed causal mask.
+        // SDPA (K/V heads repeated by repeat_kv, read in place) on the computed causal mask; the
+        // input and post-attention RMSNorms, written out (traced in fp32: one rounding).
         per_layer: &[
             ("gemm_rcr", 4),
             ("gemm_rcr_ep_silu_mul", 1),
             ("gemm_rcr_ep_add", 2),
             ("sdpa_causal_mask", 1),
+            ("rmsnorm_weight", 2),
         ],
-        // The lm_head; the rotary frequencies (inv_freq · positions).
-        once: &[("gemm_rcr", 1), ("gemm_rrr", 1)],
+        // The lm_head; the rotary frequencies (inv_freq · positions); the final norm.
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("rmsnorm_weight", 1)],
         wanted: &[LLAMA_KINDS],
         kv_heads: Some(4),
     },
     Expect {
         model: "qwen2",
-        // q, k, v with bias; up; gate with silu times up; o and down with the residual.
+        // q, k, v with bias; up; gate with silu times up; o and down with the residual; two
+        // RMSNorms.
         per_layer: &[
             ("gemm_rcr_bias", 3),
             ("gemm_rcr", 1),
             ("gemm_rcr_ep_silu_mul", 1),
             ("gemm_rcr_ep_add", 2),
             ("sdpa_causal_mask", 1),
+            ("rmsnorm_weight", 2),
         ],
-        once: &[("gemm_rcr", 1), ("gemm_rrr", 1)],
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("rmsnorm_weight", 1)],
         wanted: &[LLAMA_KINDS],
         kv_heads: Some(2),
     },

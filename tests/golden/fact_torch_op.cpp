@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::rmsnorm
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -244,7 +244,7 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
 // The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
 // FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
 // the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kAllKinds = 15 };
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kAllKinds = 31 };
 
 // The bits of a comma-separated list of kind names; false on a name that is no kind.
 bool parse_kinds(const std::string& text, unsigned& bits) {
@@ -254,6 +254,7 @@ bool parse_kinds(const std::string& text, unsigned& bits) {
     else if (name == "epilogue") bits |= kEpilogueKind;
     else if (name == "attention") bits |= kAttentionKind;
     else if (name == "layernorm") bits |= kLayernormKind;
+    else if (name == "rmsnorm") bits |= kRmsnormKind;
     else if (name == "all" || name == "1") bits |= kAllKinds;
     else if (!name.empty()) return false;
   }
@@ -267,7 +268,7 @@ std::atomic<unsigned>& disabled_kinds() {
     unsigned b = 0;
     if (!parse_kinds(v, b)) {
       // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, all); every fact op falls back\n", v);
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, all); every fact op falls back\n", v);
       return unsigned(kAllKinds);
     }
     return b;
@@ -1135,6 +1136,138 @@ at::Tensor layernorm(const at::Tensor& x, at::IntArrayRef normalized_shape, cons
   return at::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
+// ---------------------------------------------------------------------------------------------
+// RMSNorm over the last dim: the kernel reads x as [R, C] rows one stride apart. `form` says which
+// ops the call replaced, and so what the fallback replays: "rms_norm" (torch's op, eps "None" for
+// its default) or the written-out form's rule id (rmsnorm, rmsnorm_weight, rmsnorm_cast_weight,
+// rmsnorm_weight1p); eps is the graph's constant as text.
+
+struct RmsForm {
+  bool aten = false;
+  // 0: no scale, 1: the weight, 2: one plus the weight (the kernel's scalars).
+  int scale = 0;
+  // The normalized value rounded to x's dtype before the weight multiplies it.
+  bool cast_first = false;
+};
+
+RmsForm rms_form(c10::string_view text, bool has_weight) {
+  const std::string f(text);
+  RmsForm r;
+  if (f == "rms_norm") {
+    r.aten = true;
+    r.scale = has_weight ? 1 : 0;
+  } else if (f == "rmsnorm_weight") {
+    r.scale = 1;
+  } else if (f == "rmsnorm_cast_weight") {
+    r.scale = 1;
+    r.cast_first = true;
+  } else if (f == "rmsnorm_weight1p") {
+    r.scale = 2;
+  } else {
+    TORCH_CHECK(f == "rmsnorm", "fact::rmsnorm: unknown form '", f, "' (a rewrite from another fact version?)");
+  }
+  TORCH_CHECK(r.aten || (r.scale != 0) == has_weight, "fact::rmsnorm: form '", f, "' ",
+              has_weight ? "takes no weight" : "needs a weight");
+  return r;
+}
+
+std::optional<double> rms_eps(c10::string_view text) {
+  const std::string s(text);
+  if (s == "None") return std::nullopt;
+  double eps = 0;
+  TORCH_CHECK(parse_number(s, eps), "fact::rmsnorm: eps '", s, "' is not a number");
+  return eps;
+}
+
+// The replaced nodes, replayed: torch's rms_norm, or the written-out ops in the graph's dtypes and
+// order (the square as pow, the normalized value in fp32, the casts where the graph has them).
+at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                          const std::optional<double>& eps, const RmsForm& f) {
+  if (f.aten) return at::rms_norm(x, {x.size(-1)}, weight, eps);
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor n = xf * at::rsqrt(xf.pow(2).mean({-1}, true) + *eps);
+  switch (f.scale) {
+    case 1:
+      return f.cast_first ? *weight * n.to(x.scalar_type()) : (n * *weight).to(x.scalar_type());
+    case 2:
+      return (n * (weight->to(at::kFloat) + 1.0)).to(x.scalar_type());
+    default:
+      return n.to(x.scalar_type());
+  }
+}
+
+// Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
+// reason in `why`.
+at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                          const std::optional<double>& eps, const RmsForm& f, c10::string_view kernel,
+                          std::string& why) {
+  const bool has_w = weight.has_value() && weight->defined();
+  if (!x.is_cuda() || (has_w && weight->device() != x.device())) return why = "not CUDA tensors of one device", at::Tensor();
+  if (at::GradMode::is_enabled() && (x.requires_grad() || (has_w && weight->requires_grad()))) {
+    return why = "autograd (the kernel has no backward)", at::Tensor();
+  }
+  if (x.dim() < 1) return why = "a scalar", at::Tensor();
+  if (*dtype_name(x.scalar_type()) == '\0') return why = "not an f32, bf16 or f16 tensor", at::Tensor();
+  if (has_w && weight->scalar_type() != x.scalar_type()) return why = "mixed dtypes", at::Tensor();
+  const int64_t c = x.size(-1);
+  if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
+  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  const auto* props = at::cuda::getDeviceProperties(x.device().index());
+  if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
+  // The leading dims as one: rows one stride apart (dims of size one have no say).
+  int64_t row_stride = -1, next = 0;
+  for (int64_t d = x.dim() - 2; d >= 0; --d) {
+    if (x.size(d) == 1) continue;
+    if (row_stride < 0) {
+      row_stride = next = x.stride(d);
+    } else if (x.stride(d) != next) {
+      return why = "x's rows are not one stride apart", at::Tensor();
+    }
+    next *= x.size(d);
+  }
+  const int64_t rows = x.numel() / c;
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  auto matrix = [&](const at::Tensor& t, int64_t stride) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 2;
+    ft.sizes[0] = rows;
+    ft.sizes[1] = c;
+    ft.strides[0] = stride < 0 ? c : stride;
+    ft.strides[1] = t.stride(-1);
+    return ft;
+  };
+  const FactTensor tensors[3] = {matrix(x, row_stride), matrix(out, c), has_w ? fact_tensor(*weight) : FactTensor{}};
+  // torch's rms_norm without eps takes fp32's machine epsilon (its opmath type's for every dtype
+  // the kernels take).
+  const double scalars[3] = {eps.value_or(std::numeric_limits<float>::epsilon()), static_cast<double>(f.scale),
+                             f.cast_first ? 1.0 : 0.0};
+  const FactOpArgs args{tensors, 3, scalars, 3};
+  if (!launch_kernel(index, args, x, kernel, "rmsnorm")) {
+    return why = "the kernel cannot implement this C, stride or alignment", at::Tensor();
+  }
+  return out;
+}
+
+at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight, c10::string_view eps_text,
+                   c10::string_view form, c10::string_view kernel) {
+  const bool has_w = weight.has_value() && weight->defined();
+  const RmsForm f = rms_form(form, has_w);
+  const std::optional<double> eps = rms_eps(eps_text);
+  TORCH_CHECK(f.aten || eps.has_value(), "fact::rmsnorm: the written-out form '", std::string(form), "' needs eps");
+  std::string why = "rmsnorm is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kRmsnormKind)) {
+    at::Tensor out = rmsnorm_kernel(x, weight, eps, f, kernel, why);
+    if (out.defined()) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  return rmsnorm_replay(x, weight, eps, f);
+}
+
 }  // namespace
 
 // The call counts since the library was loaded (or last reset) as JSON,
@@ -1157,7 +1290,7 @@ extern "C" const char* fact_op_stats(void) {
   return text.c_str();
 }
 
-// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, all) off
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, all) off
 // and every other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
 extern "C" int32_t fact_disable(const char* kinds) {
   unsigned bits = 0;
@@ -1186,8 +1319,12 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
     m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::rmsnorm", ""}).has_value()) {
+    m.def("rmsnorm(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor");
+  }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
   m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
   m.impl("layernorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm)));
+  m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm)));
 }

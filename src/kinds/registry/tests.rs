@@ -8,6 +8,7 @@ use crate::kinds::attention::ATTENTION;
 use crate::kinds::gemm::*;
 use crate::kinds::gemm::{EPILOGUE, GEMM};
 use crate::kinds::layernorm::{LayerNormMatch, LayerNormProblem, LAYERNORM};
+use crate::kinds::rmsnorm::RMSNORM;
 use crate::rules::*;
 use crate::types::Arch;
 use std::collections::BTreeSet;
@@ -25,9 +26,13 @@ fn a_rule_id_names_its_familys_problem() {
     assert!(kind("sdpa", &[64, 64, 64])
         .unwrap_err()
         .contains("BxHxTqxTkxD"));
-    let e = kind("rmsnorm", &[64, 768]).unwrap_err();
+    assert_eq!(kind("rmsnorm_cast_weight", &[4096, 2048]), Ok(RMSNORM));
+    let e = kind("groupnorm", &[64, 768]).unwrap_err();
     assert!(
-        e.contains("gemm_LAYOUT") && e.contains("sdpa_causal") && e.contains("layernorm_bias"),
+        e.contains("gemm_LAYOUT")
+            && e.contains("sdpa_causal")
+            && e.contains("layernorm_bias")
+            && e.contains("rmsnorm_weight1p"),
         "{e}"
     );
 }
@@ -290,10 +295,10 @@ fn pattern_kinds_parse_by_name_and_problems_know_theirs() {
     for k in pattern_kinds() {
         assert_eq!(k.name().parse::<PatternKind>().unwrap(), k);
     }
-    assert!("rmsnorm"
+    assert!("groupnorm"
         .parse::<PatternKind>()
         .unwrap_err()
-        .contains("use one of gemm, epilogue, attention, layernorm"));
+        .contains("use one of gemm, epilogue, attention, layernorm, rmsnorm"));
     let mut p = GemmProblem {
         m: 8,
         n: 8,
@@ -567,10 +572,13 @@ fn the_op_library_has_every_kinds_section_ops_and_switches() {
         }
     }
     let names: Vec<&str> = pattern_kinds().iter().map(|k| k.name()).collect();
-    assert_eq!(names, ["gemm", "epilogue", "attention", "layernorm"]);
-    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kAllKinds = 15 };"));
+    assert_eq!(
+        names,
+        ["gemm", "epilogue", "attention", "layernorm", "rmsnorm"]
+    );
+    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kAllKinds = 31 };"));
     assert!(text.contains(
-        "names no pattern kind (gemm, epilogue, attention, layernorm, all); every fact op falls back"
+        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, all); every fact op falls back"
     ));
     assert_eq!(
         op_schemas().len(),

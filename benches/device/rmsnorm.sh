@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the repository root, after `source .device/env.sh`: fact's RMSNorm
+# kernels (src/kinds/rmsnorm/rmsnorm.cu.hbs) at the Llama-style zoo's shapes, bf16, with Llama's
+# rounding (`rmsnorm_cast_weight`: the normalized value cast to bf16 before the weight).
+#   llama  `fact realize --rule rmsnorm_cast_weight --dtype bf16 --shape 4096x2048` (B 4 · T 1024
+#          rows of hidden 2048): every candidate verified against fp64 and timed against the
+#          written-out ops in the same worker (the sweep's baseline); then rmsnorm_check.py on the
+#          winner: each form through fact::rmsnorm against fp64, the calls that must fall back, and
+#          the op, torch's eager ops, the traced module (TorchScript's fused kernels), torch.compile
+#          and a plain copy of the same bytes timed, each as GB/s and as a share of the copy's rate.
+#   qwen   the same at 4096x896 (Qwen2-0.5B's hidden size).
+# Usage: benches/device/rmsnorm.sh [BUDGET_S (default 560)] [STEP...]   (steps: llama qwen)
+# Logs and JSON under $OUT/rmsnorm/; the summary is the last lines of the output.
+set -uo pipefail
+budget=${1:-560}
+shift || true
+steps=${*:-llama qwen}
+start=$SECONDS
+bin=$PWD/.device/fact
+export FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/rmsnorm/user_table.json FACT_SHIPPED_TABLE=/nonexistent.json
+dir=$OUT/rmsnorm
+mkdir -p "$dir"
+summary=$dir/summary.txt
+: > "$summary"
+left() { echo $((budget - (SECONDS - start))); }
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
+  python3 -c 'import torch; print("torch", torch.__version__)'
+  "$bin" --version
+} > "$dir/device.txt" 2>&1
+
+realize_step() { # NAME RULE DTYPE SHAPE
+  local name=$1 rule=$2 dtype=$3 shape=$4 t
+  t=$(left)
+  if (( t < 90 )); then echo "== $name skipped: ${t}s left" | tee -a "$summary"; return; fi
+  echo "== $name: $rule $dtype $shape (${t}s left)" | tee -a "$summary"
+  timeout $((t - 10)) "$bin" realize --rule "$rule" --dtype "$dtype" --shape "$shape" --jobs 16 --json \
+    --out "$dir/$name" > "$dir/$name.json" 2> "$dir/$name.log"
+  echo "   realize rc=$? in $((SECONDS - start))s" | tee -a "$summary"
+  python3 - "$dir/$name.json" "$shape" <<'PY' | tee -a "$summary"
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    print("   no result:", e); sys.exit()
+rows, cols = map(int, sys.argv[2].split("x"))
+# x read and y written once, the weight read once, bf16.
+gb = (2 * rows * cols + cols) * 2 / 1e9
+print("   realization:", json.dumps(r.get("realization"))[:300])
+e = r.get("entry")
+if e:
+    run = e["runs"][e["winner_run"]]
+    base = run["baseline"]["median_ms"] if run.get("baseline") else None
+    print(f"   winner {e['winner']} {e['winner_ms']:.4f} ms = {gb / e['winner_ms'] * 1e3:.0f} GB/s; torch's ops {base:.4f} ms = {gb / base * 1e3:.0f} GB/s; torch/winner {base / e['winner_ms']:.2f}")
+    for c in run["candidates"]:
+        ms = (c.get("timing") or {}).get("median_ms")
+        rate = f"{gb / ms * 1e3:5.0f} GB/s" if ms else "-"
+        err = c.get("max_rel_err")
+        print(f"    {c['kernel']:30s} {c['status']:16s} err {err if err is None else f'{err:.1e}'} ms {ms if ms is None else f'{ms:.4f}'} {rate} {(c.get('error') or c.get('log') or '')[:200]}")
+PY
+  local sweep winner
+  sweep=$(ls -d "$dir/$name"/sweeps/*/ 2>/dev/null | head -1)
+  winner=$(python3 -c "import json,sys; e=json.load(open(sys.argv[1])).get('entry'); print(e['winner'] if e else '')" "$dir/$name.json" 2>/dev/null)
+  t=$(left)
+  if [[ -n "$sweep" && -f "$sweep/libsweep.so" && -n "$winner" ]] && (( t > 30 )); then
+    timeout $((t - 5)) python3 benches/device/rmsnorm_check.py "$sweep/libsweep.so" "$winner" "$shape" "$dir/$name.check.json" \
+      > "$dir/$name.check.log" 2>&1
+    echo "   check rc=$?" | tee -a "$summary"
+    tail -n 20 "$dir/$name.check.log" | sed 's/^/   /' | tee -a "$summary"
+  else
+    echo "   nothing to check (sweep ${sweep:-none}, winner ${winner:-none}, ${t}s left)" | tee -a "$summary"
+  fi
+}
+
+for s in $steps; do
+  case $s in
+    llama) realize_step llama rmsnorm_cast_weight bf16 4096x2048 ;;
+    qwen) realize_step qwen rmsnorm_cast_weight bf16 4096x896 ;;
+    *) echo "unknown step $s (llama qwen)" ;;
+  esac
+done
+echo "== summary ($((SECONDS - start))s)"
+cat "$summary"
+true

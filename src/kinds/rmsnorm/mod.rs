@@ -1,0 +1,275 @@
+//! RMSNorm over the last dim, one kind: `aten::rms_norm` and the written-out form Llama-family
+//! models trace to (rule.rs), as one kernel of fact's own (spec.rs, render.rs and the two
+//! templates beside them: a group of threads holds a row in registers), judged against the
+//! graph's own ops and fp64 (bench.rs), called as `fact::rmsnorm(x, weight?, eps, form, kernel)`
+//! whose fallback replays the replaced ops (`form` says which). This file is the kind as the
+//! stages see it (`RmsNorm`), with its plan notes and its graph edit. Everything of the kind
+//! lives in this folder; the registry names it once.
+
+mod bench;
+mod problem;
+mod render;
+mod rule;
+mod spec;
+
+pub use bench::{Inputs, RmsNormBench, EPS};
+pub use problem::{RmsNormProblem, Scale, RULE_IDS};
+pub use render::{op_code, render};
+pub use rule::{match_rmsnorms, RmsNormMatch, RmsNormRule, Spelling};
+pub use spec::{candidates, RmsNormSpec, CANDIDATE_PER_THREAD, MAX_PER_THREAD, MAX_ROW};
+
+use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec, SweepCx, Unit};
+use crate::codegen::{OpCode, OpDef, Source};
+use crate::graph::{Graph, NodeId};
+use crate::nvcc::library::KernelLibrary;
+use crate::rules::{Match, PatternKind, Rule};
+use crate::torch::{Edit, Operand};
+use crate::tune::{Bench, Protocol};
+use crate::types::{Arch, DType, MathType, Precision};
+
+/// What users call RMSNorm patterns (`FACT_DISABLE=rmsnorm`).
+pub const RMSNORM: PatternKind = PatternKind::new("rmsnorm");
+
+/// The schema of the RMSNorm op. eps is the graph's constant as text (`None` for
+/// `aten::rms_norm`'s default): the graph holds it as a float or a one-element tensor, and the
+/// fallback replays the ops with it.
+pub const RMSNORM_OP_SCHEMA: &str =
+    "rmsnorm(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor";
+
+/// The RMSNorm kind.
+pub struct RmsNorm;
+
+impl From<RmsNormProblem> for Problem {
+    fn from(p: RmsNormProblem) -> Problem {
+        Problem::new(&RmsNorm, p)
+    }
+}
+
+impl From<RmsNormSpec> for Spec {
+    fn from(s: RmsNormSpec) -> Spec {
+        Spec::new(&RmsNorm, s)
+    }
+}
+
+fn problem(p: &Problem) -> &RmsNormProblem {
+    own("problem", p.get())
+}
+
+fn spec(s: &Spec) -> &RmsNormSpec {
+    own("spec", s.get())
+}
+
+impl Kind for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rmsnorm"
+    }
+    fn pattern_kinds(&self) -> &'static [PatternKind] {
+        &[RMSNORM]
+    }
+    /// `n` for norm (`r` is left to rotary).
+    fn letter(&self) -> char {
+        'n'
+    }
+
+    fn rules(&self) -> &'static [&'static dyn Rule] {
+        &[&RmsNormRule]
+    }
+    fn problem_of(&self, m: &dyn Match) -> Problem {
+        own_match::<RmsNormMatch>(m).problem.clone().into()
+    }
+    fn node_of(&self, m: &dyn Match) -> NodeId {
+        own_match::<RmsNormMatch>(m).node
+    }
+    fn origin_of(&self, m: &dyn Match) -> &'static str {
+        origin(own_match::<RmsNormMatch>(m))
+    }
+    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
+        let r = own_match::<RmsNormMatch>(m);
+        PlanFacts {
+            name: format!("{} {}", r.problem.rule_id(), r.problem.shape_key()),
+            origin: origin(r).into(),
+            operands: [Some(r.x), r.weight].into_iter().flatten().collect(),
+            notes: math.map(|m| notes(r, m, arch)).unwrap_or_default(),
+            pad: None,
+        }
+    }
+    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
+        edit(g, own_match::<RmsNormMatch>(m), kernel)
+    }
+
+    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
+        serde_json::from_value::<RmsNormProblem>(v).map(Problem::from)
+    }
+    fn problem_from_rule(
+        &self,
+        rule: &str,
+        dims: &[i64],
+        dtype: DType,
+    ) -> Option<Result<Problem, String>> {
+        rule.starts_with("rmsnorm")
+            .then(|| RmsNormProblem::from_rule(rule, dims, dtype).map(Problem::from))
+    }
+    fn rule_ids(&self) -> &'static str {
+        RULE_IDS
+    }
+    fn rule_id(&self, p: &Problem) -> String {
+        problem(p).rule_id()
+    }
+    fn shape_key(&self, p: &Problem) -> String {
+        problem(p).shape_key()
+    }
+    fn flops(&self, p: &Problem) -> f64 {
+        problem(p).flops()
+    }
+    fn dtype(&self, p: &Problem) -> DType {
+        problem(p).dtype
+    }
+    fn alignment(&self, p: &Problem) -> u32 {
+        problem(p).alignment()
+    }
+    /// The tensors' own under either policy: an RMSNorm computes no product the policy could
+    /// lower, so one table entry serves both, judged at the dtype's tolerance.
+    fn math(&self, p: &Problem, _precision: Precision) -> Option<MathType> {
+        Some(MathType::elementwise(problem(p).dtype))
+    }
+    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+        RMSNORM
+    }
+
+    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
+        serde_json::from_value::<RmsNormSpec>(v).map(Spec::from)
+    }
+    fn spec_name(&self, s: &Spec) -> String {
+        spec(s).name()
+    }
+    fn kernel_name(&self, s: &Spec) -> String {
+        spec(s).name()
+    }
+    fn kernel(&self, s: &Spec) -> Spec {
+        s.clone()
+    }
+    fn spec_arch(&self, s: &Spec) -> Arch {
+        spec(s).arch
+    }
+    fn spec_dtype(&self, s: &Spec) -> DType {
+        spec(s).dtype
+    }
+    fn render(&self, s: &Spec) -> Source {
+        render::render(spec(s))
+    }
+    /// Its units include no CUTLASS: they stay small and quick.
+    fn unit(&self, _s: &Spec) -> Unit {
+        Unit::plain("rmsnorm")
+    }
+    fn dispatch(&self, _s: &Spec) -> Dispatch {
+        Dispatch {
+            kind: "rmsnorm",
+            signature: "x[R,C] out[R,C] weight[C]? (NULL data when absent); eps, scale (0 none, 1 weight, 2 one plus weight), cast_first".into(),
+            layout: String::new(),
+            epilogue: String::new(),
+            knobs: [0; 3],
+        }
+    }
+
+    /// The knobs for its C (`spec::candidates`), no agent.
+    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
+        let p = problem(p);
+        let mut specs: Vec<Spec> = candidates(p, cx.arch).into_iter().map(Spec::from).collect();
+        if let Some(n) = cx.max_candidates {
+            specs.truncate(n.max(1));
+        }
+        Ok(if specs.is_empty() {
+            Candidates::None(format!(
+                "no RMSNorm kernel takes C = {}: a row is held in the registers of one CTA, at most {MAX_ROW} elements",
+                p.cols
+            ))
+        } else {
+            Candidates::Kernels { specs, space: None }
+        })
+    }
+    fn bench<'l>(
+        &self,
+        lib: &'l KernelLibrary,
+        p: &Problem,
+        protocol: Protocol,
+    ) -> Result<Box<dyn Bench + 'l>, String> {
+        Ok(Box::new(RmsNormBench::new(
+            lib,
+            problem(p).clone(),
+            protocol,
+        )?))
+    }
+
+    fn ops(&self) -> &'static [OpDef] {
+        &[OpDef {
+            name: "rmsnorm",
+            schema: RMSNORM_OP_SCHEMA,
+            function: "rmsnorm",
+        }]
+    }
+    fn op_code(&self, arch: Arch) -> OpCode {
+        render::op_code(arch)
+    }
+}
+
+fn origin(r: &RmsNormMatch) -> &'static str {
+    match r.spelling {
+        Spelling::Aten => "rms_norm",
+        Spelling::Written => "rmsnorm (written out)",
+    }
+}
+
+/// The match's graph rewrite (`Kind::edit`): `fact::rmsnorm(x, weight?, eps, form, kernel)` in
+/// place of the pattern's last node, its other nodes removed.
+pub fn edit(g: &Graph, r: &RmsNormMatch, kernel: &str) -> Edit {
+    let eps = r
+        .eps
+        .map_or_else(|| "None".to_string(), |e| format!("{e:?}"));
+    Edit {
+        node: r.node as u32,
+        expect_kind: g.nodes[r.node].kind.clone(),
+        op: "fact::rmsnorm".to_string(),
+        operands: vec![
+            Operand::value(r.x),
+            Operand::optional(r.weight),
+            Operand::text(&eps),
+            Operand::text(&r.form()),
+            Operand::text(kernel),
+        ],
+        remove: r.rest.iter().map(|&n| n as u32).collect(),
+        remove_kinds: r.rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+    }
+}
+
+/// What the plan says an RMSNorm kernel does for the match.
+fn notes(r: &RmsNormMatch, math: MathType, arch: Arch) -> Vec<String> {
+    let p = &r.problem;
+    let Some(first) = candidates(p, arch).into_iter().next() else {
+        return vec![format!(
+            "no RMSNorm kernel takes C = {}: the row does not fit one CTA's registers",
+            p.cols
+        )];
+    };
+    let scale = match (p.scale, p.cast_first) {
+        (Scale::None, _) => "no weight".to_string(),
+        (Scale::Weight, true) => format!(
+            "rounded to {} before the weight multiplies it, as the graph does",
+            p.dtype.short_name()
+        ),
+        (Scale::Weight, false) => "times the weight, rounded once".to_string(),
+        (Scale::WeightPlusOne, _) => "times one plus the weight, rounded once".to_string(),
+    };
+    vec![
+        format!(
+            "one kernel (fact's own) for {} node(s): each row of {} held in registers by a group of threads, {}-byte vector loads, the mean square in fp32 over the registers (warp shuffles, shared memory across the group's warps), {scale}; {} arithmetic",
+            r.nodes().len(),
+            p.cols,
+            first.vector as usize * p.dtype.bytes(),
+            math.short_name()
+        ),
+        format!(
+            "one read of x and one write of y ({:.1} MB); x's rows are read through their stride (a view whose rows are not one stride apart runs the replaced ops)",
+            p.bytes() / 1e6
+        ),
+    ]
+}

@@ -1,0 +1,140 @@
+//! RMSNorm's templates rendered, both in this folder: the kernel's translation unit
+//! (rmsnorm.cu.hbs, CUDA's own types, no CUTLASS) and its section of the torch op library
+//! (rmsnorm_op.cpp.hbs: `fact::rmsnorm` and its fallback, which replays the replaced ops). Pure,
+//! like every rendering: the same spec renders the same text.
+
+use super::RmsNormSpec;
+use crate::codegen::{self, OpCode, Source};
+use crate::types::{Arch, DType};
+use handlebars::Handlebars;
+use serde_json::json;
+use std::sync::OnceLock;
+
+const KERNEL: &str = include_str!("rmsnorm.cu.hbs");
+const OP: &str = include_str!("rmsnorm_op.cpp.hbs");
+
+fn templates() -> &'static Handlebars<'static> {
+    static R: OnceLock<Handlebars<'static>> = OnceLock::new();
+    R.get_or_init(|| codegen::templates(&[], &[("rmsnorm", KERNEL), ("op", OP)]))
+}
+
+/// The translation unit of one RMSNorm kernel.
+pub fn render(s: &RmsNormSpec) -> Source {
+    let element = match s.dtype {
+        DType::F32 => "float",
+        DType::Bf16 => "__nv_bfloat16",
+        DType::F16 => "__half",
+    };
+    let vec_type = match s.vector * s.dtype.bytes() as u32 {
+        16 => "uint4",
+        8 => "uint2",
+        4 => "unsigned int",
+        2 => "unsigned short",
+        other => panic!(
+            "{}: a {other}-byte vector (invalid_reason refuses it)",
+            s.name()
+        ),
+    };
+    let vars = json!({
+        "name": s.name(),
+        "spec_json": serde_json::to_string(s).expect("spec serializes"),
+        "dtype": s.dtype.short_name(),
+        "dtype_abi": codegen::dtype_abi(s.dtype),
+        "element": element,
+        "vec_type": vec_type,
+        "cols": s.cols,
+        "threads": s.threads,
+        "vector": s.vector,
+        "rows": s.rows_per_block,
+        "loads": s.loads(),
+    });
+    let text = templates()
+        .render("rmsnorm", &vars)
+        .unwrap_or_else(|e| panic!("rendering {}: {e}", s.name()));
+    Source {
+        file_name: format!("{}.cu", s.name()),
+        text,
+    }
+}
+
+/// RMSNorm's section of the op library for `arch`.
+pub fn op_code(arch: Arch) -> OpCode {
+    OpCode {
+        prelude: String::new(),
+        body: templates()
+            .render("op", &codegen::op_vars(arch))
+            .expect("the rmsnorm op renders"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama() -> RmsNormSpec {
+        RmsNormSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            cols: 2048,
+            threads: 128,
+            vector: 8,
+            rows_per_block: 2,
+        }
+    }
+
+    #[test]
+    fn rmsnorm_render_is_golden_and_compiles_c_and_the_knobs_in() {
+        let s = llama();
+        let text = render(&s).text;
+        expect_test::expect_file!["golden/rms_bf16_c2048_t128_v8_r2.cu"].assert_eq(&text);
+        for line in [
+            "using Element = __nv_bfloat16;",
+            "using Vec = uint4;",
+            "constexpr int kCols = 2048;",
+            "constexpr int kThreads = 128;",
+            "constexpr int kRows = 2;",
+            "constexpr int kDtype = 1;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        assert!(
+            text.contains("fact_k_rms_bf16_c2048_t128_v8_r2_run") && !text.contains("cutlass"),
+            "CUDA's own types"
+        );
+        let narrow = render(&RmsNormSpec {
+            dtype: DType::F32,
+            vector: 2,
+            ..s.clone()
+        })
+        .text;
+        assert!(narrow.contains("using Vec = uint2;") && narrow.contains("using Element = float;"));
+        // The dispatch table lists it as an rmsnorm kernel.
+        let d = crate::kinds::render_dispatch(&[s.clone().into()]).text;
+        assert!(
+            d.contains(&format!(
+                "{{\"{}\", \"rmsnorm\", \"x[R,C] out[R,C]",
+                s.name()
+            )) && d.contains(&format!("fact_k_{}_run", s.name())),
+            "{d}"
+        );
+        assert_eq!(crate::kinds::Spec::from(s.clone()).render(), render(&s));
+    }
+
+    #[test]
+    fn the_op_section_is_golden_and_replays_every_form() {
+        let body = op_code(Arch::Sm90).body;
+        expect_test::expect_file!["golden/rmsnorm_op_sm90.cpp"].assert_eq(&body);
+        for form in [
+            "\"rms_norm\"",
+            "\"rmsnorm_weight\"",
+            "\"rmsnorm_cast_weight\"",
+            "\"rmsnorm_weight1p\"",
+            "\"rmsnorm\"",
+        ] {
+            assert!(body.contains(form), "{form}");
+        }
+        assert!(body.contains("at::rms_norm(x, {x.size(-1)}, weight, eps)"));
+        assert!(body.contains("compute capability 9.0"));
+        assert!(op_code(Arch::Sm80).body.contains("an sm80 library"));
+    }
+}
