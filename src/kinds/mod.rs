@@ -17,6 +17,7 @@ pub mod erased;
 pub mod gemm;
 pub mod layernorm;
 pub mod registry;
+pub mod rotary;
 
 use crate::agent::Steward;
 use crate::codegen::{DispatchEntry, OpCode, OpDef, Source};
