@@ -13,5 +13,6 @@ mod layouts;
 mod native_mha;
 mod padding;
 mod plan;
+mod rotary;
 mod table_cli;
 mod zoo;
