@@ -409,7 +409,15 @@ fn rotation(g: &Graph, readers: &Readers, n: NodeId) -> Option<Rotation> {
                 }
                 let mut nodes = r.nodes.clone();
                 nodes.extend([m1, m2, n]);
-                if let Some(r) = finish(g, readers, n, x, &r, cos, sin, nodes) {
+                let core = Core {
+                    add: n,
+                    x,
+                    rot: &r,
+                    cos,
+                    sin,
+                    nodes,
+                };
+                if let Some(r) = finish(g, readers, core) {
                     return Some(r);
                 }
             }
@@ -418,19 +426,28 @@ fn rotation(g: &Graph, readers: &Readers, n: NodeId) -> Option<Rotation> {
     None
 }
 
-/// The rotation of x_rot `x` (read by the multiply; `r` what the slices read) ending in add `n`,
-/// with the partial form's pass-through when the add's output is cut back onto the rest of the
-/// head; None when its operands or outputs do not fit the kernel.
-fn finish(
-    g: &Graph,
-    readers: &Readers,
-    n: NodeId,
+/// A rotation's core as `rotation` found it: add `add` of `x`·`cos` (x the x_rot the multiply
+/// reads) and `rot`·`sin`, with those nodes.
+struct Core<'a> {
+    add: NodeId,
     x: ValueId,
-    r: &Rotated,
+    rot: &'a Rotated,
     cos: ValueId,
     sin: ValueId,
-    mut nodes: Vec<NodeId>,
-) -> Option<Rotation> {
+    nodes: Vec<NodeId>,
+}
+
+/// The rotation of a core, with the partial form's pass-through when the add's output is cut
+/// back onto the rest of the head; None when its operands or outputs do not fit the kernel.
+fn finish(g: &Graph, readers: &Readers, core: Core) -> Option<Rotation> {
+    let Core {
+        add: n,
+        x,
+        rot: r,
+        cos,
+        sin,
+        mut nodes,
+    } = core;
     let form = r.form;
     let y = g.nodes[n].outputs[0];
     let (tx, ty) = (g.tensor(x)?, g.tensor(y)?);
