@@ -67,6 +67,24 @@ __device__ __forceinline__ void store(Element* p, const float (&v)[kVector]) {
   *reinterpret_cast<Vec*>(p) = raw;
 }
 
+// Division of 32-bit numbers by a size known at launch without a divide instruction, a multiply-high
+// and a shift (Granlund and Montgomery's round-up method, exact for every 32-bit n): each unit
+// splits its row into three indices, and two divides would cost as much as its arithmetic.
+struct Divisor {
+  uint32_t d, m, l;
+};
+
+inline Divisor divisor(uint32_t d) {
+  uint32_t l = 0;
+  while ((uint64_t{1} << l) < d) ++l;
+  const uint64_t m = ((uint64_t{1} << 32) * ((uint64_t{1} << l) - d)) / d + 1;
+  return {d, static_cast<uint32_t>(m), l};
+}
+
+__device__ __forceinline__ uint32_t divide(uint32_t n, const Divisor& v) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(__umulhi(n, v.m)) + n) >> v.l);
+}
+
 // One tensor's rotation: its rows (one head of one position) as [N0,N1,N2] with the strides of
 // x, cos, sin and out along them.
 struct Side {
@@ -74,14 +92,14 @@ struct Side {
   const Element* cos;
   const Element* sin;
   Element* out;
-  uint32_t n1, n2;
+  Divisor n1, n2;
   int64_t xs[3], cs[3], ss[3], os[3];
 };
 
 // Vector `u` of row `row` of one side.
 __device__ __forceinline__ void unit(const Side& s, uint32_t row, int u) {
-  const uint32_t i2 = row % s.n2, rest = row / s.n2;
-  const uint32_t i1 = rest % s.n1, i0 = rest / s.n1;
+  const uint32_t rest = divide(row, s.n2), i2 = row - rest * s.n2.d;
+  const uint32_t i0 = divide(rest, s.n1), i1 = rest - i0 * s.n1.d;
   const int col = u * kVector;
   const Element* x = s.x + i0 * s.xs[0] + i1 * s.xs[1] + i2 * s.xs[2];
   Element* out = s.out + i0 * s.os[0] + i1 * s.os[1] + i2 * s.os[2];
@@ -160,8 +178,8 @@ inline int64_t side_of(const FactOpArgs* a, int x, int cos, int sin, int out, Si
   s.cos = static_cast<const Element*>(a->tensors[cos].data);
   s.sin = static_cast<const Element*>(a->tensors[sin].data);
   s.out = static_cast<Element*>(o.data);
-  s.n1 = static_cast<uint32_t>(t.sizes[1]);
-  s.n2 = static_cast<uint32_t>(t.sizes[2]);
+  s.n1 = divisor(static_cast<uint32_t>(t.sizes[1]));
+  s.n2 = divisor(static_cast<uint32_t>(t.sizes[2]));
   for (int d = 0; d < 3; ++d) {
     s.xs[d] = t.strides[d];
     s.cs[d] = a->tensors[cos].strides[d];
