@@ -54,6 +54,8 @@ fn ep_edit(g: &Graph, last: &str, epilogue: &str) -> Edit {
         ],
         remove: inner.iter().map(|(n, _)| *n as u32).collect(),
         remove_kinds: inner.iter().map(|(_, k)| k.to_string()).collect(),
+        outputs: vec![],
+        output_kinds: vec![],
     }
 }
 
@@ -419,5 +421,80 @@ fn conv1d_mlp_falls_back_to_what_its_views_computed(library: &Path, dir: &Path) 
         calls.get("c").map(|c| (c.ran, c.fell_back)),
         Some((0, 4)),
         "{calls:?}"
+    );
+}
+
+/// An edit whose op returns two tensors: the gelu's output and the mul's are taken over by one
+/// call's two outputs (the call where the later of them, the mul, was), and the add reads the
+/// second. An output read before that point cannot be taken over, and says so.
+#[test]
+fn an_edit_with_two_outputs_replaces_two_nodes_by_one_call() {
+    let (g, _) = torch::load_graph(&fixture("linear_ep.pt"), &[]).unwrap();
+    let schema = "pair_probe(Tensor x, Tensor w) -> (Tensor, Tensor)";
+    let linear = node(&g, "aten::linear");
+    let lin = &g.nodes[linear].inputs;
+    let edit = |first: usize, second: usize, remove: &[usize]| Edit {
+        node: first as u32,
+        expect_kind: g.nodes[first].kind.clone(),
+        op: "fact::pair_probe".to_string(),
+        operands: vec![Operand::value(lin[0]), Operand::value(lin[1])],
+        remove: remove.iter().map(|&n| n as u32).collect(),
+        remove_kinds: remove.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        outputs: vec![second as u32],
+        output_kinds: vec![g.nodes[second].kind.clone()],
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pair.pt");
+    let (gelu, mul) = (node(&g, "aten::gelu"), node(&g, "aten::mul"));
+    let text = torch::rewrite_and_save(
+        &fixture("linear_ep.pt"),
+        &out,
+        &[edit(gelu, mul, &[linear])],
+        &[schema],
+    )
+    .unwrap();
+    assert_eq!(text.matches("fact::pair_probe(").count(), 1, "{text}");
+    for gone in ["aten::linear", "aten::gelu", "aten::mul"] {
+        assert!(!text.contains(gone), "{gone} left in\n{text}");
+    }
+    // `%a : Tensor, %b : Tensor = fact::pair_probe(..)`, and the add reads %b.
+    let line = text
+        .lines()
+        .find(|l| l.contains("fact::pair_probe("))
+        .unwrap();
+    let names: Vec<&str> = line
+        .split(" = ")
+        .next()
+        .unwrap()
+        .split(',')
+        .map(|o| o.trim().split(' ').next().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{line}");
+    let add_line = text.lines().find(|l| l.contains("aten::add(")).unwrap();
+    assert!(
+        add_line.contains(&format!("{},", names[1]))
+            || add_line.contains(&format!("{})", names[1])),
+        "the add reads the call's second output: {add_line}\n{text}"
+    );
+    assert!(
+        !add_line.contains(&format!("{},", names[0]))
+            && !add_line.contains(&format!("{})", names[0]))
+    );
+    assert!(torch::graph_text(&out)
+        .unwrap()
+        .contains("fact::pair_probe("));
+
+    // The linear's output is read by the gelu, which stays and comes before the mul.
+    let err = torch::rewrite_and_save(
+        &fixture("linear_ep.pt"),
+        &dir.path().join("bad.pt"),
+        &[edit(linear, mul, &[])],
+        &[schema],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("(aten::linear) is read (by aten::gelu) before the call"),
+        "{err}"
     );
 }

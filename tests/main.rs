@@ -14,5 +14,6 @@ mod native_mha;
 mod padding;
 mod plan;
 mod rmsnorm;
+mod rotary;
 mod table_cli;
 mod zoo;

@@ -27,8 +27,8 @@ struct Expect {
 /// Issue 32's Llama-family kinds, which the Llama-style models' graphs hold unmatched (their
 /// RMSNorms match; the residual add before each is the o and down projections' epilogue).
 const LLAMA_KINDS: (&str, &str) = (
-    "rotary, gated MLP (issue 32)",
-    "per layer: rotary on q and k, gate and up as one GEMM",
+    "gated MLP (issue 32)",
+    "per layer: gate and up as one GEMM",
 );
 
 /// Issue 33's convolutions.
@@ -59,14 +59,16 @@ const EXPECT: &[Expect] = &[
     Expect {
         model: "llama",
         // q, k, v and up; gate with silu times up; o and down with the residual; grouped-query
-        // SDPA (K/V heads repeated by repeat_kv, read in place) on the computed causal mask; the
-        // input and post-attention RMSNorms, written out (traced in fp32: one rounding).
+        // SDPA (K/V heads repeated by repeat_kv, read in place) on the computed causal mask; q
+        // and k rotated in one kernel; the input and post-attention RMSNorms, written out
+        // (traced in fp32: one rounding).
         per_layer: &[
             ("gemm_rcr", 4),
             ("gemm_rcr_ep_silu_mul", 1),
             ("gemm_rcr_ep_add", 2),
             ("sdpa_causal_mask", 1),
             ("rmsnorm_weight", 2),
+            ("rotary_halves_qk", 1),
         ],
         // The lm_head; the rotary frequencies (inv_freq · positions); the final norm.
         once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("rmsnorm_weight", 1)],
@@ -84,6 +86,7 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr_ep_add", 2),
             ("sdpa_causal_mask", 1),
             ("rmsnorm_weight", 2),
+            ("rotary_halves_qk", 1),
         ],
         once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("rmsnorm_weight", 1)],
         wanted: &[LLAMA_KINDS],
@@ -92,19 +95,18 @@ const EXPECT: &[Expect] = &[
     Expect {
         model: "pythia",
         // Two layernorms off one residual; fused qkv and dense; fc with GELU; the MLP's out
-        // projection adding the attention output and the residual (parallel residual).
+        // projection adding the attention output and the residual (parallel residual); partial
+        // rotary (the first quarter of each head) on q and k in one kernel.
         per_layer: &[
             ("layernorm_affine", 2),
             ("gemm_rcr_bias", 2),
             ("gemm_rcr_bias_ep_gelu", 1),
             ("gemm_rcr_bias_ep_add_add", 1),
             ("sdpa_causal_mask", 1),
+            ("rotary_halves_qk", 1),
         ],
         once: &[("layernorm_affine", 1), ("gemm_rcr", 1), ("gemm_rrr", 1)],
-        wanted: &[(
-            "rotary (issue 32)",
-            "per layer: partial rotary on the first rotary_dim of each head of q and k",
-        )],
+        wanted: &[],
         kv_heads: None,
     },
     Expect {

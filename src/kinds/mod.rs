@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod layernorm;
 pub mod registry;
 pub mod rmsnorm;
+pub mod rotary;
 
 use crate::agent::Steward;
 use crate::codegen::{DispatchEntry, OpCode, OpDef, Source};

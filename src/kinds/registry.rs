@@ -9,7 +9,7 @@
 //! an untagged problem or spec is tried against them when read back. A kind's values never parse
 //! as another's (their fields differ), so that order decides nothing there.
 
-use super::{attention, gemm, layernorm, rmsnorm, Found, Kind, Patterns, Problem, Spec};
+use super::{attention, gemm, layernorm, rmsnorm, rotary, Found, Kind, Patterns, Problem, Spec};
 use crate::codegen::{self, Source};
 use crate::graph::{Graph, NodeId};
 use crate::rules::{candidates, cover, PatternKind, Rule};
@@ -24,6 +24,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &attention::Attention,
     &layernorm::LayerNorm,
     &rmsnorm::RmsNorm,
+    &rotary::Rotary,
 ];
 
 /// Every kind's rules, kind by kind.

@@ -6,7 +6,8 @@
 //! A node is transparent when its output holds its operand's elements in the same row-major order
 //! (`Pass::Same`): `view`, `reshape`, `_unsafe_view`, `flatten`, `unsqueeze`, `squeeze`,
 //! `view_as` and `reshape_as` of a packed tensor (no copy, no reordering); `contiguous` of a packed
-//! tensor; `to` and `type_as` to the dtype the tensor has, without a copy and without naming a
+//! tensor; a `slice` that keeps every element (start 0, step 1: GPT-J writes `x[:, :, :, :r]` as
+//! one such slice per leading dim); `to` and `type_as` to the dtype the tensor has, without a copy and without naming a
 //! device; eval dropout (`train=False`); `detach` and `alias`. Or when it repeats its operand
 //! (`Pass::Broadcast`: `expand`, `expand_as`, `broadcast_to`), which a rule reads through only where
 //! its kernel broadcasts the operand itself (an epilogue's row vector or scalar).
@@ -63,6 +64,11 @@ pub fn pass(g: &Graph, id: NodeId) -> Option<Pass> {
         | "feature_alpha_dropout"
         | "feature_alpha_dropout_" => identity && matches!(cst(2), Some(Const::Bool(false))),
         "detach" | "alias" | "type_as" => identity,
+        "slice" => {
+            identity
+                && matches!(cst(2), Some(Const::Int(0)))
+                && matches!(cst(4), Some(Const::Int(1)))
+        }
         "to" => identity && to_keeps(g, id, x.is_packed()),
         "expand" | "expand_as" | "broadcast_to" => return Some(Pass::Broadcast),
         _ => false,
@@ -253,6 +259,33 @@ mod tests {
         for name in ["dt", "tocopy", "tobf", "todev", "todevice", "tah"] {
             assert_eq!(passes(&g, name), None, "{name}");
         }
+    }
+
+    #[test]
+    fn a_slice_that_keeps_every_element_is_transparent() {
+        // GPT-J's `k[:, :, :, : self.rotary_dim]`: a full slice of each leading dim, then the cut.
+        let g = graph(
+            "graph(%x: f32[1,8,4,16]):
+               %zero = prim::Constant[0]()
+               %one = prim::Constant[1]()
+               %two = prim::Constant[2]()
+               %three = prim::Constant[3]()
+               %eight = prim::Constant[8]()
+               %max = prim::Constant[9223372036854775807]()
+               %a = aten::slice(%x, %zero, %zero, %max, %one) : f32[1,8,4,16]
+               %b = aten::slice(%a, %one, %zero, %max, %one) : f32[1,8,4,16]
+               %cut = aten::slice(%b, %three, %zero, %eight, %one) : f32[1,8,4,8]{512,64,16,1}
+               %odd = aten::slice(%b, %three, %zero, %max, %two) : f32[1,8,4,8]{512,64,16,2}
+               %late = aten::slice(%b, %one, %one, %max, %one) : f32[1,7,4,16]
+               return (%cut, %odd, %late)",
+        );
+        assert_eq!(passes(&g, "a"), Some(Pass::Same));
+        assert_eq!(passes(&g, "b"), Some(Pass::Same));
+        for name in ["cut", "odd", "late"] {
+            assert_eq!(passes(&g, name), None, "{name}");
+        }
+        let cut = g.nodes[node(&g, "cut")].inputs[0];
+        assert_eq!(g.values[source(&g, cut)].name, "x");
     }
 
     #[test]

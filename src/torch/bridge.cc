@@ -864,13 +864,45 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
           }) != remove.end()) {
         throw std::runtime_error("edit of node " + std::to_string(e.node) + " removes a node twice");
       }
+      // The nodes whose outputs the call takes over: `old`'s first, then the further ones; the
+      // call goes before the latest of them.
+      if (e.outputs.size() != e.output_kinds.size()) {
+        throw std::runtime_error("edit of node " + std::to_string(e.node) + " names " + std::to_string(e.outputs.size()) +
+                                 " further outputs but " + std::to_string(e.output_kinds.size()) + " kinds");
+      }
+      std::vector<std::pair<uint32_t, Node*>> outs = {{e.node, old}};
+      for (size_t i = 0; i < e.outputs.size(); ++i) {
+        const uint32_t id = e.outputs[i];
+        const bool taken = std::any_of(outs.begin(), outs.end(), [&](const auto& o) { return o.first == id; }) ||
+                           std::any_of(remove.begin(), remove.end(), [&](const auto& r) { return r.first == id; });
+        if (taken) throw std::runtime_error("edit of node " + std::to_string(e.node) + " names node " + std::to_string(id) + " twice");
+        outs.emplace_back(id, expect_node(num, destroyed, id, std::string(e.output_kinds[i])));
+      }
+      Node* at = old;
+      for (const auto& [id, n] : outs) {
+        if (n->outputs().size() != 1) throw std::runtime_error(node_label(id, n) + " has " + std::to_string(n->outputs().size()) + " outputs: a call takes over one per node");
+        if (n->isAfter(at)) at = n;
+      }
+      auto replaced = [&](const Node* n) {
+        return std::any_of(outs.begin(), outs.end(), [&](const auto& o) { return o.second == n; }) ||
+               std::any_of(remove.begin(), remove.end(), [&](const auto& r) { return r.second == n; });
+      };
+      for (const auto& [id, n] : outs) {
+        if (outs.size() == 1) break;
+        for (const torch::jit::Use& u : n->output()->uses()) {
+          if (!replaced(u.user) && !u.user->isAfter(at)) {
+            throw std::runtime_error(node_label(id, n) + " is read (by " + u.user->kind().toQualString() +
+                                     ") before the call can be made, where its last output is");
+          }
+        }
+      }
 
       // The call and what it needs (constants, lists) go right before the pattern's last node;
       // the insert point is restored before that node is destroyed.
       std::vector<Value*> args;
       Node* call = nullptr;
       {
-        torch::jit::WithInsertPoint guard(old);
+        torch::jit::WithInsertPoint guard(at);
         for (const Operand& o : e.operands) {
           switch (o.kind) {
             case OperandKind::Value: args.push_back(value_at(o.value)); break;
@@ -887,17 +919,20 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
             default: throw std::runtime_error("internal: unknown operand kind");
           }
         }
-        call = g->create(c10::Symbol::fromQualString(std::string(e.op)), args, 1);
-        call->insertBefore(old);
+        call = g->create(c10::Symbol::fromQualString(std::string(e.op)), args, outs.size());
+        call->insertBefore(at);
       }
-      call->output()->setType(old->output()->type());
       call->copyMetadata(old);
-      old->output()->replaceAllUsesWith(call->output());
-      // The pattern's output keeps its id: a later edit may read it (one pattern's result is the
-      // next one's residual), and now gets the call's output.
-      const uint32_t out_id = num.id.at(old->output());
-      num.values[out_id] = call->output();
-      num.owner[out_id] = -1;
+      for (size_t i = 0; i < outs.size(); ++i) {
+        Value* was = outs[i].second->output();
+        call->outputs()[i]->setType(was->type());
+        was->replaceAllUsesWith(call->outputs()[i]);
+        // The pattern's outputs keep their ids: a later edit may read them (one pattern's result
+        // is the next one's residual), and now gets the call's outputs.
+        const uint32_t out_id = num.id.at(was);
+        num.values[out_id] = call->outputs()[i];
+        num.owner[out_id] = -1;
+      }
 
       // Dead-code elimination would run alias analysis, which needs fact's ops registered in this
       // process; only the constants the destroyed nodes alone used can have died, so remove those.
@@ -912,14 +947,12 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
         }
         // Inputs produced inside the pattern are destroyed with it; keep only the others.
         for (Value* v : n->inputs()) {
-          if (std::none_of(remove.begin(), remove.end(), [&](const auto& r) { return r.second == v->node(); })) {
-            former.push_back(v);
-          }
+          if (!replaced(v->node())) former.push_back(v);
         }
         destroyed[id] = true;
         n->destroy();
       };
-      destroy(e.node, old);
+      for (const auto& [id, n] : outs) destroy(id, n);
       for (const auto& [id, n] : remove) destroy(id, n);
       // A constant may feed several destroyed nodes (or one twice): destroy each once.
       std::unordered_set<Node*> dead;

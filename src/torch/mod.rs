@@ -82,6 +82,12 @@ mod ffi {
     /// of `op`. `remove` are the pattern's other nodes, each of kind `remove_kinds[i]`: they are
     /// destroyed after the call took over, and must have no uses left by then. Node and value
     /// ids are those of `load_graph` on the same archive, taken before any edit.
+    ///
+    /// A pattern with several outputs names the further nodes whose (single) outputs the call's
+    /// later outputs take over, in order, in `outputs` (each of kind `output_kinds[i]`); the op
+    /// then returns that many tensors more, and the call goes where the latest of these nodes and
+    /// `node` was, so every output but that node's must be read only after it. Empty for the
+    /// usual one output.
     struct Edit {
         node: u32,
         expect_kind: String,
@@ -89,6 +95,8 @@ mod ffi {
         operands: Vec<Operand>,
         remove: Vec<u32>,
         remove_kinds: Vec<String>,
+        outputs: Vec<u32>,
+        output_kinds: Vec<String>,
     }
     unsafe extern "C++" {
         include!("fact/src/torch/bridge.h");
@@ -467,6 +475,8 @@ pub fn rewrite_and_save(
                 .collect(),
             remove: e.remove.clone(),
             remove_kinds: e.remove_kinds.clone(),
+            outputs: e.outputs.clone(),
+            output_kinds: e.output_kinds.clone(),
         })
         .collect();
     let schemas: Vec<String> = schemas.iter().map(|s| s.to_string()).collect();

@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::rmsnorm
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::rmsnorm, fact::rotary, fact::rotary_qk
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -244,7 +244,7 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
 // The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
 // FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
 // the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kAllKinds = 31 };
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kAllKinds = 63 };
 
 // The bits of a comma-separated list of kind names; false on a name that is no kind.
 bool parse_kinds(const std::string& text, unsigned& bits) {
@@ -255,6 +255,7 @@ bool parse_kinds(const std::string& text, unsigned& bits) {
     else if (name == "attention") bits |= kAttentionKind;
     else if (name == "layernorm") bits |= kLayernormKind;
     else if (name == "rmsnorm") bits |= kRmsnormKind;
+    else if (name == "rotary") bits |= kRotaryKind;
     else if (name == "all" || name == "1") bits |= kAllKinds;
     else if (!name.empty()) return false;
   }
@@ -268,7 +269,7 @@ std::atomic<unsigned>& disabled_kinds() {
     unsigned b = 0;
     if (!parse_kinds(v, b)) {
       // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, all); every fact op falls back\n", v);
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, all); every fact op falls back\n", v);
       return unsigned(kAllKinds);
     }
     return b;
@@ -1268,6 +1269,140 @@ at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   return rmsnorm_replay(x, weight, eps, f);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding of the last dim of [.., .., .., D] tensors: the kernel reads each head of x and
+// its position's cos and sin through their strides, and writes out in the layout the graph's own
+// ops write (bit `side` of `layout`: packed row-major, else rows in x's order).
+
+// The nodes the op replaces, replayed with the same aten ops in the same order: the same numbers
+// as the graph on any input.
+at::Tensor rotary_replay(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                         int64_t form) {
+  const int64_t d = x.size(-1), r = rotary_dim;
+  const at::Tensor xr = r == d ? x : x.slice(-1, 0, r);
+  at::Tensor rot;
+  if (form == 0) {
+    rot = at::cat({at::neg(xr.slice(-1, r / 2)), xr.slice(-1, 0, r / 2)}, -1);
+  } else {
+    rot = at::stack({at::neg(xr.slice(-1, 1, r, 2)), xr.slice(-1, 0, r, 2)}, -1).flatten(-2, -1);
+  }
+  const at::Tensor y = at::add(at::mul(xr, cos), at::mul(rot, sin));
+  return r == d ? y : at::cat({y, x.slice(-1, r)}, -1);
+}
+
+// Why the kernel cannot rotate x by cos and sin, or "" when it can (the op's checks beyond the
+// kernel's own).
+std::string rotary_refusal(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                           int64_t form) {
+  if (!x.is_cuda() || cos.device() != x.device() || sin.device() != x.device()) return "not CUDA tensors of one device";
+  if (at::GradMode::is_enabled() && (x.requires_grad() || cos.requires_grad() || sin.requires_grad())) {
+    return "autograd (the kernel has no backward)";
+  }
+  if (*dtype_name(x.scalar_type()) == '\0') return "not an f32, bf16 or f16 tensor";
+  if (cos.scalar_type() != x.scalar_type() || sin.scalar_type() != x.scalar_type()) return "mixed dtypes";
+  if (x.dim() != 4 || x.numel() == 0) return "not a non-empty [.., .., .., D] tensor";
+  if (form != 0 && form != 1) return "an unknown form";
+  if (rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > x.size(-1)) return "rotary_dim is not even and at most D";
+  std::vector<int64_t> rot(x.sizes().begin(), x.sizes().end());
+  rot[3] = rotary_dim;
+  for (const at::Tensor* t : {&cos, &sin}) {
+    if (t->dim() > 4 || t->dim() < 1 || t->size(-1) != rotary_dim) return "cos or sin do not hold rotary_dim elements";
+    for (int64_t i = 1; i <= t->dim(); ++i) {
+      const int64_t have = t->size(-i), want = rot[4 - i];
+      if (have != want && have != 1) return "cos or sin do not broadcast to x";
+    }
+  }
+  return "";
+}
+
+// x, cos, sin and out as the kernel reads them: the row dims ordered by x's strides (the largest
+// outermost, so consecutive rows are near in memory), cos and sin broadcast to x's rows; and out,
+// allocated packed or in x's order.
+struct RotarySide {
+  at::Tensor out;
+  FactTensor x, cos, sin, o;
+};
+
+RotarySide rotary_side(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                       bool packed) {
+  std::vector<int64_t> order = {0, 1, 2};
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x.stride(a) > x.stride(b); });
+  const std::vector<int64_t> perm = {order[0], order[1], order[2], 3};
+  std::vector<int64_t> inverse(4);
+  for (int64_t i = 0; i < 4; ++i) inverse[perm[i]] = i;
+  std::vector<int64_t> rot(x.sizes().begin(), x.sizes().end());
+  rot[3] = rotary_dim;
+  RotarySide s;
+  const at::Tensor xp = x.permute(perm);
+  s.out = packed ? at::empty(x.sizes(), x.options()) : at::empty(xp.sizes(), x.options()).permute(inverse);
+  s.x = fact_tensor(xp);
+  s.cos = fact_tensor(cos.expand(rot).permute(perm));
+  s.sin = fact_tensor(sin.expand(rot).permute(perm));
+  s.o = fact_tensor(s.out.permute(perm));
+  return s;
+}
+
+// Runs kernel `kernel` on q (and k when defined), or returns false when it does not fit, with the
+// reason in `why`.
+bool rotary_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                   int64_t rotary_dim, int64_t form, int64_t layout, c10::string_view kernel, at::Tensor& out_q,
+                   at::Tensor& out_k, std::string& why) {
+  why = rotary_refusal(q, cos, sin, rotary_dim, form);
+  if (why.empty() && k.defined()) {
+    why = rotary_refusal(k, cos, sin, rotary_dim, form);
+    if (why.empty() && (k.device() != q.device() || k.scalar_type() != q.scalar_type() || k.size(-1) != q.size(-1))) {
+      why = "q and k differ in device, dtype or head dim";
+    }
+  }
+  if (!why.empty()) return false;
+  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  if (index < 0) return why = "no such kernel in this library", false;
+  const auto* props = at::cuda::getDeviceProperties(q.device().index());
+  if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", false;
+  c10::cuda::CUDAGuard guard(q.device());
+  const RotarySide sq = rotary_side(q, cos, sin, rotary_dim, (layout & 1) != 0);
+  RotarySide sk;
+  if (k.defined()) sk = rotary_side(k, cos, sin, rotary_dim, (layout & 2) != 0);
+  const FactTensor tensors[8] = {sq.x,   sk.x, sq.cos, sq.sin, k.defined() ? sk.cos : FactTensor{},
+                                 k.defined() ? sk.sin : FactTensor{}, sq.o, k.defined() ? sk.o : FactTensor{}};
+  const FactOpArgs args{tensors, 8, nullptr, 0};
+  if (!launch_kernel(index, args, q, kernel, "rotary")) {
+    return why = "the kernel cannot implement this head dim, stride or alignment", false;
+  }
+  out_q = sq.out;
+  out_k = sk.out;
+  return true;
+}
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim, int64_t form,
+                  int64_t layout, c10::string_view kernel) {
+  std::string why = "rotary is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kRotaryKind)) {
+    at::Tensor out, none;
+    if (rotary_kernel(x, at::Tensor(), cos, sin, rotary_dim, form, layout, kernel, out, none, why)) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  return rotary_replay(x, cos, sin, rotary_dim, form);
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_qk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                             const at::Tensor& sin, int64_t rotary_dim, int64_t form, int64_t layout,
+                                             c10::string_view kernel) {
+  std::string why = "rotary is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kRotaryKind)) {
+    at::Tensor out_q, out_k;
+    if (rotary_kernel(q, k, cos, sin, rotary_dim, form, layout, kernel, out_q, out_k, why)) {
+      count_ran(kernel, false);
+      return {out_q, out_k};
+    }
+  }
+  count_fell_back(kernel, why);
+  return {rotary_replay(q, cos, sin, rotary_dim, form), rotary_replay(k, cos, sin, rotary_dim, form)};
+}
+
 }  // namespace
 
 // The call counts since the library was loaded (or last reset) as JSON,
@@ -1290,7 +1425,7 @@ extern "C" const char* fact_op_stats(void) {
   return text.c_str();
 }
 
-// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, all) off
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, all) off
 // and every other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
 extern "C" int32_t fact_disable(const char* kinds) {
   unsigned bits = 0;
@@ -1322,9 +1457,17 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::rmsnorm", ""}).has_value()) {
     m.def("rmsnorm(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::rotary", ""}).has_value()) {
+    m.def("rotary(Tensor x, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> Tensor");
+  }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::rotary_qk", ""}).has_value()) {
+    m.def("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> (Tensor, Tensor)");
+  }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
   m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
   m.impl("layernorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm)));
   m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm)));
+  m.impl("rotary", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary)));
+  m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary_qk)));
 }

@@ -438,6 +438,8 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
             ],
             remove: pad.view.iter().map(|&v| v as u32).collect(),
             remove_kinds: pad.view.iter().map(|&v| g.nodes[v].kind.clone()).collect(),
+            outputs: vec![],
+            output_kinds: vec![],
         };
     }
     let bias = Operand::optional(m.bias);
@@ -455,6 +457,8 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
             ],
             remove: vec![],
             remove_kinds: vec![],
+            outputs: vec![],
+            output_kinds: vec![],
         };
     };
     let nodes = m.nodes();
@@ -475,6 +479,8 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        outputs: vec![],
+        output_kinds: vec![],
     }
 }
 

@@ -229,6 +229,8 @@ pub fn edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
         ],
         remove: vec![],
         remove_kinds: vec![],
+        outputs: vec![],
+        output_kinds: vec![],
     }
 }
 

@@ -238,6 +238,8 @@ pub fn edit(g: &Graph, r: &RmsNormMatch, kernel: &str) -> Edit {
         ],
         remove: r.rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: r.rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        outputs: vec![],
+        output_kinds: vec![],
     }
 }
 
