@@ -49,7 +49,6 @@ import torch
 
 import epilogue_models
 from harness import (  # noqa: F401 -- re-exported: coverage.py, profile_composed.py and the probes import them from here
-    ABLATION_KINDS,
     DTYPE,
     FACT_PRECISION,
     FLUSH_FLOATS,
@@ -65,6 +64,7 @@ from harness import (  # noqa: F401 -- re-exported: coverage.py, profile_compose
     ablations,
     compile_timed,
     fact_ops,
+    present_kinds,
     flush_buffer,
     fmt,
     geomean,
@@ -235,7 +235,7 @@ def measure(out_dir, name, policy, with_fact, max_autotune_too):
             res["op_calls"] = lib.stats()
             # Ablations: each pattern kind's calls run the original ops (the op library's
             # fact_disable), same module, same inputs, same process.
-            present = [kind for kind, op in ABLATION_KINDS.items() if op in res["fact_ops"]]
+            present = present_kinds(res["fact_ops"])
             if len(present) < 2:
                 return
             res["ablations"] = []

@@ -29,12 +29,20 @@ TOLERANCE = {"tf32": 1e-3, "f32": 1e-4, "bf16": 1e-2}
 VERIFY_INPUTS, WARMUP, ITERATIONS = 3, 5, 30
 FLUSH_FLOATS = 64 << 20
 # The pattern kinds fact_disable names, and the op each kind's calls go through.
+# Each pattern kind a composed module's op library can turn off, with the ops its patterns call.
 ABLATION_KINDS = {
-    "gemm": "fact::gemm",
-    "epilogue": "fact::gemm_ep",
-    "attention": "fact::attention",
-    "layernorm": "fact::layernorm",
+    "gemm": ("fact::gemm",),
+    "epilogue": ("fact::gemm_ep",),
+    "attention": ("fact::attention",),
+    "layernorm": ("fact::layernorm",),
+    "rmsnorm": ("fact::rmsnorm",),
+    "rotary": ("fact::rotary", "fact::rotary_qk"),
 }
+
+
+def present_kinds(ops):
+    """The kinds of ABLATION_KINDS whose ops a composed module calls (`ops`: fact_ops's list)."""
+    return [kind for kind, names in ABLATION_KINDS.items() if any(n in ops for n in names)]
 
 
 def log(*args):
@@ -207,15 +215,25 @@ class OpLibrary:
 
 
 def ablations(lib, module, present, trial, ref, inputs, flush, out):
-    """Appends to `out` the module timed with each kind of `present` turned off in turn (same
-    module, inputs and process): {without, ms, max_rel_err}; a failure keeps those before it."""
-    for kind in present:
-        lib.disable(kind)
-        try:
-            err = rel_err(module(*trial), ref)
-            out.append({"without": kind, "ms": time_ms(module, inputs, flush), "max_rel_err": err})
-        finally:
-            lib.disable("")
+    """Appends to `out` the module with nothing turned off and with each kind of `present` turned
+    off, timed in turns with one another (same module, inputs and process, so the ratios are the
+    kinds' worth and not the clock's drift between separate timings): {without, ms, max_rel_err},
+    "none" first."""
+    def variant(kind):
+        def run(*xs):
+            lib.disable(kind)
+            return module(*xs)
+        return run
+
+    errs = {}
+    try:
+        for kind in ["none"] + present:
+            lib.disable("" if kind == "none" else kind)
+            errs[kind] = rel_err(module(*trial), ref)
+        times = time_interleaved({k: variant("" if k == "none" else k) for k in errs}, inputs, flush)
+        out.extend({"without": k, "ms": times[k], "max_rel_err": errs[k]} for k in errs)
+    finally:
+        lib.disable("")
 
 
 def fmt(v, spec=".3f"):

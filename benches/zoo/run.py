@@ -67,12 +67,12 @@ from harness import (  # noqa: E402 -- the shared measuring harness, one copy of
     POLICIES,
     TOLERANCE,
     VERIFY_INPUTS,
-    ABLATION_KINDS,
     OpLibrary,
     Stages,
     ablations,
     compile_timed,
     fact_ops,
+    present_kinds,
     flush_buffer,
     fmt,
     geomean,
@@ -232,7 +232,7 @@ def child_measure(out, name, policy, modes, with_fact, with_ablations):
         res["timing"] = f"interleaved: {', '.join(timed)} in turns, {ITERATIONS} iterations, L2 flushed, median"
 
     def kind_ablations():
-        present = [kind for kind, op in ABLATION_KINDS.items() if op in res["fact_ops"]]
+        present = present_kinds(res["fact_ops"])
         if len(present) >= 2:
             res["ablations"] = []
             ablations(ctx["lib"], timed["fact_ms"], present, ctx["trials"][0], ctx["refs"][0], inputs, flush, res["ablations"])
