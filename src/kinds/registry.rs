@@ -9,7 +9,7 @@
 //! an untagged problem or spec is tried against them when read back. A kind's values never parse
 //! as another's (their fields differ), so that order decides nothing there.
 
-use super::{attention, gemm, layernorm, Found, Kind, Patterns, Problem, Spec};
+use super::{attention, gemm, glu, layernorm, Found, Kind, Patterns, Problem, Spec};
 use crate::codegen::{self, Source};
 use crate::graph::{Graph, NodeId};
 use crate::rules::{candidates, cover, PatternKind, Rule};
@@ -19,7 +19,12 @@ use serde::{Deserialize, Deserializer};
 use std::collections::BTreeSet;
 
 /// Every kind.
-pub static KINDS: &[&dyn Kind] = &[&gemm::Gemm, &attention::Attention, &layernorm::LayerNorm];
+pub static KINDS: &[&dyn Kind] = &[
+    &gemm::Gemm,
+    &attention::Attention,
+    &layernorm::LayerNorm,
+    &glu::Glu,
+];
 
 /// Every kind's rules, kind by kind.
 pub fn rules() -> Vec<&'static dyn Rule> {

@@ -567,10 +567,10 @@ fn the_op_library_has_every_kinds_section_ops_and_switches() {
         }
     }
     let names: Vec<&str> = pattern_kinds().iter().map(|k| k.name()).collect();
-    assert_eq!(names, ["gemm", "epilogue", "attention", "layernorm"]);
-    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kAllKinds = 15 };"));
+    assert_eq!(names, ["gemm", "epilogue", "attention", "layernorm", "glu"]);
+    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kGluKind = 16, kAllKinds = 31 };"));
     assert!(text.contains(
-        "names no pattern kind (gemm, epilogue, attention, layernorm, all); every fact op falls back"
+        "names no pattern kind (gemm, epilogue, attention, layernorm, glu, all); every fact op falls back"
     ));
     assert_eq!(
         op_schemas().len(),
