@@ -365,4 +365,108 @@ mod tests {
             "one bias only"
         );
     }
+
+    /// Llama's MLP as torch.jit.trace records it (transformers 5.17, `fact graph` of the zoo's
+    /// llama), hidden 64, MLP 128, bf16: the post-attention RMSNorm's output and its fp32 input
+    /// leave through a tuple, gate and up read the same unpacked x, down adds the residual.
+    const LLAMA_MLP: &str = "graph(%self.1: CausalLM, %h: bf16[1,8,64], %r: f32[1,8,64]):
+       %8 = prim::Constant[None]()
+       %23 = prim::Constant[1]()
+       %mlp.2 = prim::GetAttr[name=\"mlp\"](%self.1) : LlamaMLP
+       %228 = prim::TupleConstruct(%h, %r) : Tuple
+       %229, %230 = prim::TupleUnpack(%228) : bf16[1,8,64], f32[1,8,64]
+       %down_proj.2 = prim::GetAttr[name=\"down_proj\"](%mlp.2) : Linear
+       %up_proj.2 = prim::GetAttr[name=\"up_proj\"](%mlp.2) : Linear
+       %gate_proj.2 = prim::GetAttr[name=\"gate_proj\"](%mlp.2) : Linear
+       %weight.22 = prim::GetAttr[name=\"weight\"](%gate_proj.2) : bf16[128,64]
+       %235 = aten::linear(%229, %weight.22, %8) : bf16[1,8,128]
+       %236 = aten::silu(%235) : bf16[1,8,128]
+       %weight.24 = prim::GetAttr[name=\"weight\"](%up_proj.2) : bf16[128,64]
+       %238 = aten::linear(%229, %weight.24, %8) : bf16[1,8,128]
+       %input.7 = aten::mul(%236, %238) : bf16[1,8,128]
+       %weight.26 = prim::GetAttr[name=\"weight\"](%down_proj.2) : bf16[64,128]
+       %241 = aten::linear(%input.7, %weight.26, %8) : bf16[1,8,64]
+       %hidden_states0.3 = aten::add(%229, %241, %23) : bf16[1,8,64]
+       return (%hidden_states0.3)";
+
+    #[test]
+    fn llamas_mlp_is_one_glu_that_the_cover_prefers_to_the_gate_epilogue() {
+        let g = Graph::parse(LLAMA_MLP).unwrap();
+        let m = match_glus(&g);
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            m[0].problem,
+            GluProblem {
+                m: 8,
+                inter: 128,
+                k: 64,
+                dtype: DType::Bf16,
+                act: Act::Silu,
+                bias: false
+            }
+        );
+        // The GEMM kind's match of the same nodes, the gate with silu times up, is the fallback.
+        let unfused = m[0]
+            .unfused
+            .as_ref()
+            .expect("the gate GEMM's epilogue match");
+        assert_eq!(unfused.node, m[0].gate);
+        assert!(
+            unfused
+                .problem
+                .rule_id()
+                .starts_with("gemm_rcr_ep_silu_mul"),
+            "{}",
+            unfused.problem.rule_id()
+        );
+        // The cover takes the GLU (two products) over the gate's epilogue (one); down keeps its
+        // residual add.
+        let found = crate::kinds::registry::match_patterns(&g);
+        let rules: Vec<String> = found.found.iter().map(|f| f.problem().rule_id()).collect();
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert!(rules.contains(&"glu_silu".to_string()), "{rules:?}");
+        assert!(
+            rules.iter().any(|r| r.starts_with("gemm_rcr_ep_add")),
+            "{rules:?}"
+        );
+        let glu = found.found.iter().find(|f| f.kind.name() == "glu").unwrap();
+        assert_eq!(glu.id, "g0");
+        let u = glu.kind.unfused(&*glu.found).expect("a smaller pattern");
+        assert_eq!(u.kind.name(), "gemm");
+        assert_eq!(u.found.nodes(), unfused.nodes());
+    }
+
+    #[test]
+    fn the_edit_passes_the_graphs_operands_and_the_interleaved_buffer() {
+        let g = Graph::parse(LLAMA_MLP).unwrap();
+        let m = &match_glus(&g)[0];
+        let e = super::super::edit(&g, m, "k");
+        assert_eq!(e.node as usize, m.node);
+        assert_eq!(e.op, "fact::glu");
+        assert_eq!(
+            e.remove_kinds,
+            ["aten::linear", "aten::silu", "aten::linear"]
+        );
+        use crate::torch::OperandKind as K;
+        let want = [
+            K::Value,
+            K::Value,
+            K::None,
+            K::Value,
+            K::None,
+            K::Interleaved,
+            K::None,
+            K::Str,
+            K::Str,
+        ];
+        assert_eq!(e.operands.len(), want.len());
+        assert!(e.operands.iter().zip(want).all(|(o, k)| o.kind == k));
+        assert_eq!(g.values[e.operands[0].value as usize].name, "229");
+        assert_eq!(e.operands[5].values, [m.w_gate as u32, m.w_up as u32]);
+        assert_eq!(e.operands[5].int_value, INTERLEAVE);
+        assert_eq!(
+            (e.operands[7].text.as_str(), e.operands[8].text.as_str()),
+            ("silu", "k")
+        );
+    }
 }

@@ -8,7 +8,7 @@
 use super::problem::{Act, GluProblem};
 use crate::kinds::gemm::space::{EpilogueKind, Family, KernelSchedule, TileScheduler};
 use crate::kinds::gemm::{gemm_candidates, GemmLayout, GemmProblem, KernelSpec};
-use crate::types::{Arch, DType, MathType};
+use crate::types::{Arch, MathType};
 use serde::{Deserialize, Serialize};
 
 /// How the GEMM's two halves meet.
@@ -129,6 +129,7 @@ pub fn candidates(p: &GluProblem, math: MathType, arch: Arch) -> Vec<GluSpec> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::DType;
 
     fn llama() -> GluProblem {
         GluProblem::from_rule("glu_silu", &[4096, 5632, 2048], DType::Bf16).unwrap()
