@@ -100,7 +100,7 @@ impl Kind for Glu {
                 .into_iter()
                 .flatten()
                 .collect(),
-            notes: math.map(|_| notes(p, arch)).unwrap_or_default(),
+            notes: math.map(|m| notes(p, m, arch)).unwrap_or_default(),
             pad: None,
         }
     }
@@ -288,11 +288,12 @@ pub fn edit(g: &Graph, l: &GluMatch, kernel: &str) -> Edit {
 }
 
 /// What the plan says a GLU kernel does for the problem.
-fn notes(p: &GluProblem, arch: Arch) -> Vec<String> {
-    let forms = if arch == Arch::Sm90 {
+fn notes(p: &GluProblem, math: MathType, arch: Arch) -> Vec<String> {
+    // The f32-accurate GEMMs are split families of their own: no fused epilogue over them.
+    let forms = if arch == Arch::Sm90 && math != MathType::Tf32x3 {
         "fused (the epilogue writes act(gate)·up, half the width) or split (both halves written, then one elementwise kernel), the faster verified"
     } else {
-        "split (both halves written, then one elementwise kernel); the fused epilogue is sm90's"
+        "split (both halves written, then one elementwise kernel); the fused epilogue is sm90's, over bf16, fp16 or tf32 products"
     };
     vec![
         format!(
@@ -301,6 +302,9 @@ fn notes(p: &GluProblem, arch: Arch) -> Vec<String> {
             2 * p.inter,
             p.k
         ),
-        format!("{forms}; {} arithmetic in the epilogue", p.act.short_name()),
+        format!(
+            "{forms}; {} products, the activation and the mul in fp32",
+            math.short_name()
+        ),
     ]
 }

@@ -94,7 +94,7 @@ pub fn fuses(k: &KernelSpec) -> bool {
             KernelSchedule::Ws | KernelSchedule::WsCooperative | KernelSchedule::WsPingpong
         )
         && k.scheduler == TileScheduler::Persistent
-        && k.tile[0] % 64 == 0
+        && k.tile[0].is_multiple_of(64)
 }
 
 /// A first round for `p` with `math` on `arch`: the fused forms of the GEMM kind's best sm90 kernels for the
