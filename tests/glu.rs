@@ -2,7 +2,7 @@
 //! a library beside a GEMM, their can_implement taking the interleaved call and refusing what they
 //! cannot take (host code, no device needed; the fused kernel's check reads CuTe's accumulator
 //! layout for every thread, so it also proves each gate value's up value lies 8 rows below it in
-//! the same thread); and a fixture composed from a test table: `fact::glu` in the graph, its
+//! the same thread); sm80's split kernel in an sm80 library; and a fixture composed from a test table: `fact::glu` in the graph, its
 //! interleaved buffers in the module, its fallback computing what the replaced nodes did and
 //! counted, with the reason, when the kind is off and on CPU tensors.
 //! Fixture: gated_mlps.pt (Llama's silu MLP without biases, and a tanh-GELU one with biases and
@@ -130,6 +130,41 @@ fn glu_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
         assert!(!can(1, &with_bias), "split: {why}");
     }
     assert!(!can(0, &[x, w, none]), "three tensors");
+}
+
+/// sm80 takes the split form alone: its GEMM kind kernel (an sm80 multistage one, built as sm_80
+/// code) and the elementwise kernel build into an sm80 library of their own and take the call.
+#[test]
+fn the_sm80_split_kernel_builds_for_sm80() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let p = llama(Act::Silu, false);
+    let spec = candidates(&p, MathType::Bf16, Arch::Sm80)
+        .into_iter()
+        .next()
+        .expect("an sm80 candidate");
+    assert_eq!((spec.glu, spec.gemm.arch), (Form::Split, Arch::Sm80));
+    assert!(spec.name().ends_with("_for_sm80"), "{}", spec.name());
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_all(
+        &tc,
+        &[Spec::from(spec.clone())],
+        dir.path(),
+        "libglu80.so",
+        2,
+    );
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(
+        (lib.name(0), lib.kind(0).as_deref()),
+        (Some(spec.name()), Some("glu"))
+    );
+    let (m, i, k) = (p.m, p.inter, p.k);
+    let t = [
+        fake_tensor(0x10000, 1, &[m, k], &[k, 1]),
+        fake_tensor(0x20000, 1, &[2 * i, k], &[k, 1]),
+        fake_tensor(0, 0, &[], &[]),
+        fake_tensor(0x40000, 1, &[m, i], &[i, 1]),
+    ];
+    assert!(lib.can_implement(0, &op_args(&t, &[])));
 }
 
 /// The fixture's two problems (x [2, 8, 64] is 16 rows, I = 32), under the default tf32 policy.
