@@ -25,8 +25,8 @@ pub use rule::{match_glus, GluMatch, GluRule};
 pub use spec::{candidates, fuses, gemm_problem, Form, GluSpec};
 
 use super::{
-    own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Product, Spec, SweepCx,
-    Unfused, Unit,
+    own, own_match, Candidates, Dispatch, Kind, Measured, PlanFacts, Problem, Product, Spec,
+    SweepCx, Unfused, Unit,
 };
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
@@ -237,6 +237,20 @@ impl Kind for Glu {
         } else {
             Candidates::Kernels { specs, space: None }
         })
+    }
+    /// The GEMM kind's rounds, each over both forms (`spec::round`).
+    fn rounds(&self) -> &'static [&'static str] {
+        crate::kinds::gemm::sweep::ROUNDS
+    }
+    fn round(&self, i: usize, p: &Problem, measured: &[Measured], cx: &SweepCx) -> Vec<Spec> {
+        let mine: Vec<(GluSpec, Option<f64>)> = measured
+            .iter()
+            .map(|m| (spec(&m.spec).clone(), m.ms))
+            .collect();
+        spec::round(i, problem(p), &mine, cx.refine)
+            .into_iter()
+            .map(Spec::from)
+            .collect()
     }
     fn bench<'l>(
         &self,

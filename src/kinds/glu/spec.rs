@@ -3,11 +3,14 @@
 //! mainloops and candidate space), and how its two halves meet: fused in the GEMM's epilogue
 //! (sm90: a collective of fact's own writes act(gate)·up, half the width), or split (the GEMM
 //! writes both halves to a workspace and one elementwise kernel multiplies them: the candidate
-//! the fused one must beat, and the only one on sm80).
+//! the fused one must beat, and the only one on sm80). The first round takes the GEMM kind's
+//! best kernels for the concatenated GEMM in both forms; the later rounds are the GEMM kind's
+//! (sibling cluster shapes and tiles, then launch knobs), each over the kernels of one form.
 
 use super::problem::{Act, GluProblem};
 use crate::kinds::gemm::space::{EpilogueKind, Family, KernelSchedule, TileScheduler};
-use crate::kinds::gemm::{gemm_candidates, GemmLayout, GemmProblem, KernelSpec};
+use crate::kinds::gemm::{gemm_candidates, sweep, GemmLayout, GemmProblem, KernelSpec};
+use crate::kinds::Measured;
 use crate::types::{Arch, MathType};
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +129,46 @@ pub fn candidates(p: &GluProblem, math: MathType, arch: Arch) -> Vec<GluSpec> {
     fused.into_iter().chain(split).collect()
 }
 
+/// Round `i` after the first, in each form: the GEMM kind's rounds (`gemm::sweep::ROUNDS`: the
+/// fastest kernels' sibling cluster shapes and tiles, then their launch knobs) over the GEMMs that
+/// form measured (`measured`: each kernel with its median time where it passed), kept in that
+/// form where it still fuses.
+pub fn round(
+    i: usize,
+    p: &GluProblem,
+    measured: &[(GluSpec, Option<f64>)],
+    refine: usize,
+) -> Vec<GluSpec> {
+    let gp = gemm_problem(p);
+    let mut out: Vec<GluSpec> = Vec::new();
+    for form in [Form::Fused, Form::Split] {
+        let gemms: Vec<Measured> = measured
+            .iter()
+            .filter(|(s, _)| s.glu == form)
+            .map(|(s, ms)| Measured {
+                spec: s.gemm.clone().into(),
+                ms: *ms,
+            })
+            .collect();
+        let next = match i {
+            0 => sweep::refine_siblings(&gemms, &gp, refine.min(sweep::SIBLING_ROUND_TOP)),
+            1 => sweep::refine_candidates(&gemms, &gp, refine),
+            _ => vec![],
+        };
+        for gemm in next {
+            let s = GluSpec {
+                glu: form,
+                act: p.act,
+                gemm,
+            };
+            if (form == Form::Split || fuses(&s.gemm)) && !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,6 +241,41 @@ mod tests {
         assert!(x3
             .iter()
             .all(|s| s.glu == Form::Split && s.gemm.math == MathType::Tf32x3));
+    }
+
+    #[test]
+    fn later_rounds_refine_each_form_through_the_gemm_kinds_rounds() {
+        let p = llama();
+        let first = candidates(&p, MathType::Bf16, Arch::Sm90);
+        let measured: Vec<(GluSpec, Option<f64>)> = first
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.clone(), Some(0.2 + 0.01 * i as f64)))
+            .collect();
+        let siblings = round(0, &p, &measured, 3);
+        assert!(siblings.iter().any(|s| s.glu == Form::Fused));
+        assert!(siblings.iter().any(|s| s.glu == Form::Split));
+        for s in &siblings {
+            assert!(!first.contains(s), "{} was measured", s.name());
+            assert!(
+                s.glu == Form::Split || (fuses(&s.gemm) && s.gemm.epilogue == EpilogueKind::NoSmem)
+            );
+        }
+        let knobs = round(1, &p, &measured, 2);
+        assert!(!knobs.is_empty());
+        assert!(knobs
+            .iter()
+            .all(|s| !s.gemm.knobs.is_default() && s.name() != s.kernel_name()));
+        assert!(knobs.iter().any(|s| s.glu == Form::Fused));
+        assert!(round(2, &p, &measured, 2).is_empty());
+        // A form nothing of which passed is not refined.
+        let failed: Vec<(GluSpec, Option<f64>)> = measured
+            .iter()
+            .map(|(s, ms)| (s.clone(), if s.glu == Form::Fused { None } else { *ms }))
+            .collect();
+        assert!(round(1, &p, &failed, 2)
+            .iter()
+            .all(|s| s.glu == Form::Split));
     }
 
     #[test]
