@@ -37,7 +37,7 @@ realize_step() { # NAME RULE SHAPE
   t=$(left)
   if (( t < 120 )); then echo "== $name skipped: ${t}s left" | tee -a "$summary"; return; fi
   echo "== $name: $rule bf16 $shape (${t}s left)" | tee -a "$summary"
-  timeout $((t - 60)) "$bin" realize --rule "$rule" --dtype bf16 --shape "$shape" --jobs 16 --json \
+  timeout $((t - 150)) "$bin" realize --rule "$rule" --dtype bf16 --shape "$shape" --jobs 16 --json \
     --out "$dir/$name" > "$dir/$name.json" 2> "$dir/$name.log"
   echo "   realize rc=$? in $((SECONDS - start))s" | tee -a "$summary"
   python3 - "$dir/$name.json" "$dir/$name.kernels" <<'PY' | tee -a "$summary"
@@ -61,18 +61,22 @@ if e:
         print(f"    {c['kernel']:90s} {c['status']:16s} err {err if err is None else f'{err:.1e}'} ms {ms if ms is None else f'{ms:.4f}'} torch/this {ratio} {(c.get('error') or c.get('log') or '')[:200]}")
     open(sys.argv[2], "w").write(" ".join(names))
 PY
-  local sweep
-  sweep=$(ls -d "$dir/$name"/sweeps/*/ 2>/dev/null | head -1)
-  t=$(left)
-  if [[ -n "$sweep" && -f "$sweep/libsweep.so" && -s "$dir/$name.kernels" ]] && (( t > 40 )); then
+  # Each round of the sweep built its own library (sweeps/KEY, KEY_siblings, KEY_knobs); torch
+  # takes one fact op library per process, so the check runs once per library, on its kernels,
+  # the round holding the winner first.
+  local lib winner n=0
+  winner=$(python3 -c "import json,sys; e=json.load(open(sys.argv[1])).get('entry'); print(e['winner'] if e else '')" "$dir/$name.json" 2>/dev/null)
+  for lib in $( (grep -l -- "${winner:-none}" "$dir/$name"/sweeps/*/libsweep.so 2>/dev/null; ls "$dir/$name"/sweeps/*/libsweep.so 2>/dev/null) | awk '!seen[$0]++'); do
+    t=$(left)
+    if (( t < 40 )); then echo "   check of $lib skipped: ${t}s left" | tee -a "$summary"; continue; fi
+    n=$((n + 1))
     # shellcheck disable=SC2046
-    timeout $((t - 5)) python3 benches/device/glu_check.py "$sweep/libsweep.so" "$shape" silu "$dir/$name.check.json" \
-      $(cat "$dir/$name.kernels") > "$dir/$name.check.log" 2>&1
-    echo "   check rc=$?" | tee -a "$summary"
-    tail -n 20 "$dir/$name.check.log" | sed 's/^/   /' | tee -a "$summary"
-  else
-    echo "   nothing to check (sweep ${sweep:-none}, ${t}s left)" | tee -a "$summary"
-  fi
+    timeout $((t - 5)) python3 benches/device/glu_check.py "$lib" "$shape" silu "$dir/$name.check$n.json" \
+      $(cat "$dir/$name.kernels") > "$dir/$name.check$n.log" 2>&1
+    echo "   check of $lib rc=$?" | tee -a "$summary"
+    tail -n 24 "$dir/$name.check$n.log" | sed 's/^/   /' | tee -a "$summary"
+  done
+  (( n > 0 )) || echo "   nothing to check (no sweep library, winner ${winner:-none})" | tee -a "$summary"
 }
 
 for s in $steps; do
