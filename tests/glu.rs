@@ -4,7 +4,8 @@
 //! layout for every thread, so it also proves each gate value's up value lies 8 rows below it in
 //! the same thread); sm80's split kernel in an sm80 library; and a fixture composed from a test table: `fact::glu` in the graph, its
 //! interleaved buffers in the module, its fallback computing what the replaced nodes did and
-//! counted, with the reason, when the kind is off and on CPU tensors.
+//! counted, with the reason, when the kind is off and on CPU tensors; and a GLU no kernel
+//! realizes composed as the gate GEMM with its epilogue, as before the kind.
 //! Fixture: gated_mlps.pt (Llama's silu MLP without biases, and a tanh-GELU one with biases and
 //! the product's operands swapped, off one x [2, 8, 64], I = 32).
 
@@ -265,6 +266,84 @@ print("ok")
         composed = composed.display().to_string(),
         orig = fixture("gated_mlps.pt").display().to_string(),
         kernels = specs.iter().map(|s| s.name()).collect::<Vec<_>>(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+/// A GLU no kernel realizes (every candidate failed to build in a run the table holds) falls
+/// back to what ran before the GLU kind: the gate GEMM with silu times up as its epilogue, up
+/// left to torch as its leaf.
+#[test]
+fn a_glu_with_no_kernel_falls_back_to_the_gate_gemm_with_its_epilogue() {
+    use fact::kinds::gemm::space::gemm_candidates;
+    use fact::table::CandidateResult;
+    use fact::tune::Outcome;
+    let (g, _) = fact::torch::load_graph(&fixture("gated_mlps.pt"), &[]).unwrap();
+    let glus = fact::kinds::glu::match_glus(&g);
+    let silu = glus
+        .iter()
+        .find(|m| m.problem.act == Act::Silu)
+        .expect("the silu GLU");
+    let ep = silu.unfused.clone().expect("the gate's epilogue match");
+    let ep_spec = gemm_candidates(&ep.problem, MathType::Tf32, Arch::Sm90).remove(0);
+    assert!(ep_spec.fusion.is_some());
+    let (mut table, _) = test_table();
+    let mut entry = crate::common::sample_entry(&ep.problem, &ep_spec, 0.01, "test table");
+    for s in candidates(&silu.problem, MathType::Tf32, Arch::Sm90) {
+        entry.runs[0].candidates.push(CandidateResult {
+            kernel: s.name(),
+            spec: s.into(),
+            outcome: Outcome::CompileFailed {
+                log: "test: failed to build".into(),
+            },
+        });
+    }
+    table.insert_merged(entry);
+    // The silu GLU's own entry is dropped: its problem is a miss whose candidates all failed.
+    table
+        .entries
+        .retain(|e| !e.key.rule.starts_with("glu_silu"));
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    table.save(&user).unwrap();
+    let out_dir = dir.path().join("out");
+    let v = compose_json(&user, &fixture("gated_mlps.pt"), &out_dir);
+    let patterns = v["compose"]["patterns"].as_array().unwrap();
+    let rules: Vec<&str> = patterns
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(rules.len(), 2, "{rules:?}");
+    assert!(rules.contains(&"glu_gelu_tanh_bias"), "{rules:?}");
+    let fallback = patterns
+        .iter()
+        .find(|p| p["rule"] == ep.problem.rule_id())
+        .unwrap_or_else(|| panic!("the gate's epilogue realized: {rules:?}"));
+    assert_eq!(fallback["kernel"].as_str(), Some(ep_spec.name().as_str()));
+    assert_eq!(fallback["kind"], "epilogue");
+    assert!(
+        v.to_string()
+            .contains("the gated MLP as one GEMM is left to torch"),
+        "compose's notes say what fell back"
+    );
+    let script = format!(
+        r#"
+import torch
+torch.ops.load_library({lib:?})
+m = torch.jit.load({composed:?})
+graph = str(m.forward.graph)
+assert graph.count("fact::glu(") == 1 and graph.count("fact::gemm_ep(") == 1, graph
+assert graph.count("aten::linear(") == 1 and "aten::silu" not in graph, graph
+orig = torch.jit.load({orig:?})
+x = torch.randn(2, 8, 64)
+with torch.no_grad():
+    for g, w in zip(m(x), orig(x)):
+        assert torch.equal(g, w), (g - w).abs().max()
+print("ok")
+"#,
+        lib = out_dir.join("libfact_ops.so").display().to_string(),
+        composed = out_dir.join("composed.pt").display().to_string(),
+        orig = fixture("gated_mlps.pt").display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");
 }
