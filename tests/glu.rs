@@ -12,6 +12,7 @@
 use crate::common::{
     build_all, compose_json, fake_tensor, fixture, op_args, run_python, sample_op_entry,
 };
+use fact::kinds::gemm::space::{KernelSchedule, TileScheduler};
 use fact::kinds::glu::{candidates, Act, Form, GluProblem, GluSpec};
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
@@ -40,10 +41,23 @@ fn llama(act: Act, bias: bool) -> GluProblem {
 #[test]
 fn glu_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let fused = candidates(&llama(Act::Silu, false), MathType::Bf16, Arch::Sm90);
+    let pingpong = fused
+        .iter()
+        .find(|s| s.glu == Form::Fused && s.gemm.schedule == KernelSchedule::WsPingpong)
+        .expect("a ping-pong fused candidate")
+        .clone();
     let specs = [
         first(&llama(Act::Silu, false), MathType::Bf16, Form::Fused),
         first(&llama(Act::Gelu, true), MathType::Bf16, Form::Split),
+        pingpong,
     ];
+    assert_eq!(
+        specs[0].gemm.scheduler,
+        TileScheduler::StreamK,
+        "{}",
+        specs[0].name()
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut all: Vec<Spec> = specs.iter().cloned().map(Spec::from).collect();
     all.push(crate::compile::good_spec().into());
@@ -70,6 +84,7 @@ fn glu_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
         can(0, &[x, w, none, out]),
         "the fused kernel takes the call"
     );
+    assert!(can(2, &[x, w, none, out]), "so does the ping-pong one");
     assert!(
         can(1, &[x, w, b, out]),
         "the split kernel takes it with the bias"
@@ -125,7 +140,7 @@ fn glu_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
         ),
     ];
     for (why, t) in refused {
-        assert!(!can(0, &t), "fused: {why}");
+        assert!(!can(0, &t) && !can(2, &t), "fused: {why}");
         let mut with_bias = t;
         with_bias[2] = b;
         assert!(!can(1, &with_bias), "split: {why}");

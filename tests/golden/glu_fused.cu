@@ -1,7 +1,7 @@
 // generated from templates/sm90_glu.cu.hbs; do not edit
-// spec: {"glu":"fused","act":"silu","gemm":{"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"bf16","dtype":"bf16","tile":[128,128,64],"cluster":[1,2,1],"schedule":"ws_pingpong","scheduler":"persistent","bias":false,"align":8,"epilogue":"no_smem"}}
+// spec: {"glu":"fused","act":"silu","gemm":{"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"bf16","dtype":"bf16","tile":[128,256,64],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"stream_k","bias":false,"align":8,"epilogue":"no_smem"}}
 //
-// glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8: out[m,i] = silu(x[m,:] . w[gate row of i] ) * (x[m,:] . w[up row of i])
+// glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8: out[m,i] = silu(x[m,:] . w[gate row of i] ) * (x[m,:] . w[up row of i])
 // as one GEMM over the interleaved weights w[2I,K] (blocks of 16 rows: 8 gate rows, then the 8 up
 // rows of the same outputs), computed as the column-major CUTLASS problem h^T[2I,M] = w . x^T whose
 // epilogue (GluEpilogue below) writes only out[M,I]: each thread holds a gate value and, 8 rows of
@@ -23,7 +23,7 @@
 #include "cutlass/util/packed_stride.hpp"
 
 namespace {
-namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8_ns {
+namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns {
 using namespace cute;
 
 using Element = cutlass::bfloat16_t;
@@ -179,7 +179,7 @@ class GluEpilogue {
   Params params;
 };
 
-using TileShape = Shape<_128, _128, _64>;
+using TileShape = Shape<_128, _256, _64>;
 using ClusterShape = Shape<_1, _2, _1>;
 using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GluEpilogue>;
 
@@ -192,10 +192,10 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
     TileShape, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<
         static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-    cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
-    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::StreamKScheduler>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
 // Whether every thread of the MMA holds each gate value's up value 8 rows below it, in value
@@ -205,7 +205,7 @@ using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 bool pairs_in_threads() {
   static const bool ok = [] {
     using TiledMma = typename CollectiveMainloop::TiledMma;
-    Tensor coords = make_identity_tensor(make_shape(Int<128>{}, Int<128>{}));
+    Tensor coords = make_identity_tensor(make_shape(Int<128>{}, Int<256>{}));
     for (int t = 0; t < int(size(TiledMma{})); ++t) {
       Tensor tCc = TiledMma{}.get_thread_slice(t).partition_C(coords);
       if (rank<0>(tCc) != 3 || size<0, 1>(tCc) != 2) return false;
@@ -255,26 +255,26 @@ typename Gemm::Arguments make_arguments(const Call& p) {
                                                 : RasterOrderOptions::Heuristic;
   return args;
 }
-}  // namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8_ns
+}  // namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns
 }  // namespace
 
-extern "C" __attribute__((weak)) int32_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8_can_implement(const FactOpArgs* fact_args, const FactKnobs* knobs) {
-  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8_ns;
+extern "C" __attribute__((weak)) int32_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_can_implement(const FactOpArgs* fact_args, const FactKnobs* knobs) {
+  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns;
   Call p;
   if (!read_call(fact_args, knobs, p) || !pairs_in_threads()) return FACT_CANNOT_IMPLEMENT;
   return Gemm::can_implement(make_arguments(p)) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
 }
 
-extern "C" __attribute__((weak)) size_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8_workspace_size(const FactOpArgs* fact_args, const FactKnobs* knobs) {
-  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8_ns;
+extern "C" __attribute__((weak)) size_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_workspace_size(const FactOpArgs* fact_args, const FactKnobs* knobs) {
+  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns;
   Call p;
   if (!read_call(fact_args, knobs, p)) return 0;
   return Gemm::get_workspace_size(make_arguments(p));
 }
 
-extern "C" __attribute__((weak)) int32_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8_run(const FactOpArgs* fact_args, const FactKnobs* knobs,
+extern "C" __attribute__((weak)) int32_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_run(const FactOpArgs* fact_args, const FactKnobs* knobs,
                                                              void* workspace, size_t workspace_size, void* stream) {
-  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x128x64_1x2x1_ws_pp_dp_nosmem_align8_ns;
+  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns;
   Call p;
   if (!read_call(fact_args, knobs, p) || !pairs_in_threads()) return FACT_CANNOT_IMPLEMENT;
   auto args = make_arguments(p);

@@ -8,7 +8,7 @@
 //! (sibling cluster shapes and tiles, then launch knobs), each over the kernels of one form.
 
 use super::problem::{Act, GluProblem};
-use crate::kinds::gemm::space::{EpilogueKind, Family, KernelSchedule, TileScheduler};
+use crate::kinds::gemm::space::{EpilogueKind, Family, KernelSchedule};
 use crate::kinds::gemm::{gemm_candidates, sweep, GemmLayout, GemmProblem, KernelSpec};
 use crate::kinds::Measured;
 use crate::types::{Arch, MathType};
@@ -87,16 +87,15 @@ pub fn gemm_problem(p: &GluProblem) -> GemmProblem {
     }
 }
 
-/// Whether the fused epilogue takes this GEMM kernel: the sm90 family's TMA mainloops with
-/// persistent tiles (the collective replaces the kernel's epilogue; Stream-K's partial tiles
-/// and the cp.async mainloops are left to the split form).
+/// Whether the fused epilogue takes this GEMM kernel: the sm90 family's TMA mainloops, persistent
+/// or Stream-K (whose partial tiles are reduced before the epilogue runs, once per tile); the
+/// cp.async mainloops and the split families are left to the split form.
 pub fn fuses(k: &KernelSpec) -> bool {
     k.family == Family::Sm90Gemm
         && matches!(
             k.schedule,
             KernelSchedule::Ws | KernelSchedule::WsCooperative | KernelSchedule::WsPingpong
         )
-        && k.scheduler == TileScheduler::Persistent
         && k.tile[0].is_multiple_of(64)
 }
 
