@@ -7,6 +7,7 @@ mod compile;
 mod errors;
 mod gemm_abi;
 mod gemm_ep;
+mod glu;
 mod ingest;
 mod layernorm;
 mod layouts;

@@ -338,6 +338,7 @@ pub fn compose(
                 .kind
                 .unfused(&*f.found)
                 .expect("only patterns with a smaller one unfuse");
+            f.kind = u.kind;
             f.found = u.found;
         }
     }

@@ -361,7 +361,11 @@ pub(super) fn prefetch(
     let mut builtin = Steward::builtin();
     let mut missed = 0;
     let mut again = 0;
-    let here = if cx.gpu { Some(provenance(cx.tc)) } else { None };
+    let here = if cx.gpu {
+        Some(provenance(cx.tc))
+    } else {
+        None
+    };
     for problem in problems {
         let Some(math) = problem.math(opts.precision) else {
             continue;
@@ -371,9 +375,10 @@ pub(super) fn prefetch(
             Lookup::Miss => {}
             Lookup::Exact { entry, .. } => {
                 let prov = entry.winner_provenance();
-                if here.as_ref().is_some_and(|h| {
-                    h.device.name != prov.device.name || h.cutlass != prov.cutlass
-                }) {
+                if here
+                    .as_ref()
+                    .is_some_and(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
+                {
                     again += 1;
                     specs.push(entry.winner_spec.clone());
                 }

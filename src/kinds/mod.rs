@@ -15,6 +15,7 @@
 pub mod attention;
 pub mod erased;
 pub mod gemm;
+pub mod glu;
 pub mod layernorm;
 pub mod registry;
 pub mod rmsnorm;
@@ -236,6 +237,9 @@ pub struct Product {
 
 /// A pattern's smaller fallback (`Kind::unfused`) and how compose's notes say it.
 pub struct Unfused {
+    /// The smaller pattern's kind (another kind's where a kind is built over it: the gated MLP
+    /// falls back to a GEMM with its epilogue).
+    pub kind: &'static dyn Kind,
     pub found: Box<dyn Match>,
     /// What is left to torch (`the fused epilogue`).
     pub what: &'static str,

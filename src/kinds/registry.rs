@@ -9,7 +9,7 @@
 //! an untagged problem or spec is tried against them when read back. A kind's values never parse
 //! as another's (their fields differ), so that order decides nothing there.
 
-use super::{attention, gemm, layernorm, rmsnorm, rotary, Found, Kind, Patterns, Problem, Spec};
+use super::{attention, gemm, layernorm, rmsnorm, rotary, glu, Found, Kind, Patterns, Problem, Spec};
 use crate::codegen::{self, Source};
 use crate::graph::{Graph, NodeId};
 use crate::rules::{candidates, cover, PatternKind, Rule};
@@ -25,6 +25,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &layernorm::LayerNorm,
     &rmsnorm::RmsNorm,
     &rotary::Rotary,
+    &glu::Glu,
 ];
 
 /// Every kind's rules, kind by kind.

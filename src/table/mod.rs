@@ -22,7 +22,8 @@ use thiserror::Error;
 /// 4: entries of other pattern kinds (attention problems and kernel specs) beside GEMMs.
 /// 5: LayerNorm problems and kernel specs, keyed under the `f32` math of kernels that multiply no
 /// matrices; a fact that reads schema 4 cannot parse them, so it must refuse these.
-pub const SCHEMA: u32 = 5;
+/// 6: gated-MLP problems and kernel specs (`kinds::glu`), which schema 5 cannot parse.
+pub const SCHEMA: u32 = 6;
 
 #[derive(Debug, Error)]
 pub enum TableError {
@@ -437,8 +438,9 @@ impl Table {
                 found: s,
             }),
             1 => Ok(v1::migrate(v1::Table::deserialize(&raw).map_err(corrupt)?)),
-            // Schemas 2 to 4 are schema 5 without epilogues, attention or LayerNorm: nothing to convert.
-            2..=4 => Ok(Table {
+            // Schemas 2 to 5 are schema 6 without epilogues, attention, LayerNorm or gated MLPs:
+            // nothing to convert.
+            2..=5 => Ok(Table {
                 schema: SCHEMA,
                 ..Table::deserialize(&raw).map_err(located)?
             }),

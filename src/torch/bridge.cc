@@ -777,50 +777,80 @@ void host_shape_arithmetic(Graph& g) {
   }
 }
 
-// A module attribute padded with zeros along its first dim to `rows` rows, as a buffer of the
-// module (`fact_padded_<path>`, made once whatever reads it; the attribute itself stays for the
-// fallback and its other readers), read by a new prim::GetAttr at the insert point. `v` is the
-// attribute as the graph reads it: a chain of prim::GetAttr from the module (graph input 0).
-Value* padded_attribute(torch::jit::Module& m, Graph& g, Value* v, int64_t rows) {
+// The module attribute `v` reads (a chain of prim::GetAttr from the module, graph input 0) and the
+// path that names it (`mlp_gate_proj_weight`); `what` says what the caller would do with it.
+std::pair<at::Tensor, std::string> module_attribute(torch::jit::Module& m, Graph& g, Value* v, const std::string& what) {
   std::vector<std::string> path;
-  if (v == g.inputs()[0]) throw std::runtime_error("the module itself cannot be padded");
+  if (v == g.inputs()[0]) throw std::runtime_error("the module itself cannot be " + what);
   for (Value* at = v; at != g.inputs()[0]; at = at->node()->input(0)) {
     if (at->node()->kind() != c10::prim::GetAttr) {
-      throw std::runtime_error("value " + v->debugName() + " is no module attribute: it cannot be padded");
+      throw std::runtime_error("value " + v->debugName() + " is no module attribute: it cannot be " + what);
     }
     path.insert(path.begin(), at->node()->s(c10::attr::name));
   }
   c10::IValue attr = m._ivalue();
-  std::string name = "fact_padded";
+  std::string name;
   for (const auto& p : path) {
     if (!attr.isObject()) throw std::runtime_error("value " + v->debugName() + " is no module attribute");
     attr = attr.toObject()->getAttr(p);
-    name += "_" + p;
+    name += (name.empty() ? "" : "_") + p;
   }
-  if (!attr.isTensor() || !attr.toTensor().defined() || attr.toTensor().dim() < 1 ||
-      attr.toTensor().size(0) > rows) {
-    throw std::runtime_error("attribute " + name.substr(12) + " is no tensor of at most " + std::to_string(rows) +
-                             " rows: it cannot be padded to them");
+  if (!attr.isTensor() || !attr.toTensor().defined() || attr.toTensor().dim() < 1) {
+    throw std::runtime_error("attribute " + name + " is no tensor: it cannot be " + what);
   }
-  const at::Tensor t = attr.toTensor().detach();
-  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
-  shape[0] = rows;
-  at::Tensor padded = at::zeros(shape, t.options());
-  padded.narrow(0, 0, t.size(0)).copy_(t);
-  // The same padding of the same tensor is one buffer (two GEMMs read one weight); a name taken
-  // by anything else (another path that mangles alike) gets a number.
-  const std::string base = name + "_" + std::to_string(rows);
-  name = base;
+  return {attr.toTensor().detach(), name};
+}
+
+// `t` as a buffer of the module named `base` (a number added where the name is taken by anything
+// else), read by a new prim::GetAttr at the insert point: the same tensor under the same name is
+// one buffer, whatever reads it.
+Value* module_buffer(torch::jit::Module& m, Graph& g, const std::string& base, const at::Tensor& t) {
+  std::string name = base;
   for (int i = 1; m.hasattr(name); ++i) {
     const c10::IValue have = m.attr(name);
-    if (have.isTensor() && have.toTensor().dtype() == padded.dtype() && have.toTensor().sizes() == padded.sizes() &&
-        have.toTensor().equal(padded)) {
+    if (have.isTensor() && have.toTensor().dtype() == t.dtype() && have.toTensor().sizes() == t.sizes() &&
+        have.toTensor().equal(t)) {
       return g.insertGetAttr(g.inputs()[0], name);
     }
     name = base + "_" + std::to_string(i);
   }
-  m.register_buffer(name, padded);
+  m.register_buffer(name, t);
   return g.insertGetAttr(g.inputs()[0], name);
+}
+
+// A module attribute padded with zeros along its first dim to `rows` rows, as a buffer of the
+// module (`fact_padded_<path>_<rows>`, made once whatever reads it; the attribute itself stays for
+// the fallback and its other readers).
+Value* padded_attribute(torch::jit::Module& m, Graph& g, Value* v, int64_t rows) {
+  auto [t, path] = module_attribute(m, g, v, "padded");
+  if (t.size(0) > rows) {
+    throw std::runtime_error("attribute " + path + " is no tensor of at most " + std::to_string(rows) +
+                             " rows: it cannot be padded to them");
+  }
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  shape[0] = rows;
+  at::Tensor padded = at::zeros(shape, t.options());
+  padded.narrow(0, 0, t.size(0)).copy_(t);
+  return module_buffer(m, g, "fact_padded_" + path + "_" + std::to_string(rows), padded);
+}
+
+// Two module attributes of one shape [R, ...] interleaved along their first dim in blocks of
+// `block` rows (block 0 of the first, block 0 of the second, block 1 of the first, ...: [2R, ...]),
+// as a buffer of the module (`fact_interleaved_<first>_<second>`, made once; the attributes stay
+// for the fallback and their other readers): the gated MLP's one weight over gate and up.
+Value* interleaved_attributes(torch::jit::Module& m, Graph& g, Value* first, Value* second, int64_t block) {
+  auto [a, pa] = module_attribute(m, g, first, "interleaved");
+  auto [b, pb] = module_attribute(m, g, second, "interleaved");
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype() || block < 1 || a.size(0) % block != 0) {
+    throw std::runtime_error("attributes " + pa + " and " + pb + " are not two tensors of one shape and dtype in blocks of " +
+                             std::to_string(block) + " rows: they cannot be interleaved");
+  }
+  std::vector<int64_t> blocks{a.size(0) / block, 1, block};
+  blocks.insert(blocks.end(), a.sizes().begin() + 1, a.sizes().end());
+  std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end());
+  shape[0] = 2 * a.size(0);
+  const at::Tensor t = at::cat({a.reshape(blocks), b.reshape(blocks)}, 1).reshape(shape).contiguous();
+  return module_buffer(m, g, "fact_interleaved_" + pa + "_" + pb, t);
 }
 
 rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
@@ -910,6 +940,11 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
             case OperandKind::Int: args.push_back(g->insertConstant(o.int_value)); break;
             case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
             case OperandKind::Padded: args.push_back(padded_attribute(m, *g, value_at(o.value), o.int_value)); break;
+            case OperandKind::Interleaved: {
+              if (o.values.size() != 2) throw std::runtime_error("an interleaved operand names two attributes");
+              args.push_back(interleaved_attributes(m, *g, value_at(o.values[0]), value_at(o.values[1]), o.int_value));
+              break;
+            }
             case OperandKind::Values: {
               std::vector<Value*> elems;
               for (uint32_t v : o.values) elems.push_back(value_at(v));

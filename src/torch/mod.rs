@@ -70,6 +70,9 @@ mod ffi {
         /// module), padded with zeros along its first dim to `int_value` rows: a buffer the
         /// rewrite adds to the composed module once, whatever reads it.
         Padded,
+        /// The module attributes the two graph values `values` read, interleaved along their
+        /// first dim in blocks of `int_value` rows: a buffer the rewrite adds once.
+        Interleaved,
     }
     struct Operand {
         kind: OperandKind,
@@ -160,6 +163,15 @@ impl Operand {
             value: v as u32,
             int_value: rows,
             ..Operand::of(OperandKind::Padded)
+        }
+    }
+    /// The module attributes graph values `a` and `b` read (one shape), interleaved along their
+    /// first dim in blocks of `block` rows, as a buffer of the composed module.
+    pub fn interleaved(a: usize, b: usize, block: i64) -> Operand {
+        Operand {
+            values: vec![a as u32, b as u32],
+            int_value: block,
+            ..Operand::of(OperandKind::Interleaved)
         }
     }
     /// A Tensor[] of graph values.

@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::rmsnorm, fact::rotary, fact::rotary_qk
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::rmsnorm, fact::rotary, fact::rotary_qk, fact::glu
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -244,7 +244,7 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
 // The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
 // FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
 // the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kAllKinds = 63 };
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kAllKinds = 127 };
 
 // The bits of a comma-separated list of kind names; false on a name that is no kind.
 bool parse_kinds(const std::string& text, unsigned& bits) {
@@ -256,6 +256,7 @@ bool parse_kinds(const std::string& text, unsigned& bits) {
     else if (name == "layernorm") bits |= kLayernormKind;
     else if (name == "rmsnorm") bits |= kRmsnormKind;
     else if (name == "rotary") bits |= kRotaryKind;
+    else if (name == "glu") bits |= kGluKind;
     else if (name == "all" || name == "1") bits |= kAllKinds;
     else if (!name.empty()) return false;
   }
@@ -269,7 +270,7 @@ std::atomic<unsigned>& disabled_kinds() {
     unsigned b = 0;
     if (!parse_kinds(v, b)) {
       // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, all); every fact op falls back\n", v);
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, all); every fact op falls back\n", v);
       return unsigned(kAllKinds);
     }
     return b;
@@ -1403,6 +1404,84 @@ std::tuple<at::Tensor, at::Tensor> rotary_qk(const at::Tensor& q, const at::Tens
   return {rotary_replay(q, cos, sin, rotary_dim, form), rotary_replay(k, cos, sin, rotary_dim, form)};
 }
 
+// ---------------------------------------------------------------------------------------------
+// The gated MLP as one GEMM: `fact::glu` takes the graph's own operands (x, both weights and
+// biases), which its fallback replays, and the interleaved weight (and bias) compose made once,
+// which the kernel reads.
+
+// The activation the graph applied to the gate, by the name the rewrite passes.
+at::Tensor glu_act(const at::Tensor& g, c10::string_view act) {
+  if (act == "silu") return at::silu(g);
+  if (act == "gelu_tanh") return at::gelu(g, "tanh");
+  TORCH_CHECK(act == "gelu", "fact::glu: unknown activation '", std::string(act), "' (silu, gelu_tanh or gelu)");
+  return at::gelu(g, "none");
+}
+
+// Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
+// reason in `why`.
+at::Tensor glu_kernel(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                      c10::string_view kernel, std::string& why) {
+  const bool has_b = b.has_value() && b->defined();
+  if (!x.is_cuda() || w.device() != x.device() || (has_b && b->device() != x.device())) {
+    return why = "not CUDA tensors of one device", at::Tensor();
+  }
+  if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (has_b && b->requires_grad()))) {
+    return why = "autograd (the kernel has no backward)", at::Tensor();
+  }
+  if (*dtype_name(x.scalar_type()) == '\0') return why = "not an f32, bf16 or f16 tensor", at::Tensor();
+  if (w.scalar_type() != x.scalar_type() || (has_b && b->scalar_type() != x.scalar_type())) {
+    return why = "mixed dtypes", at::Tensor();
+  }
+  if (x.dim() < 1 || w.dim() != 2 || x.size(-1) != w.size(1) || w.size(0) % 2 != 0) {
+    return why = "x's last dim is not the weights' K", at::Tensor();
+  }
+  if (!x.is_contiguous() || !w.is_contiguous() || (has_b && !b->is_contiguous())) {
+    return why = "an operand that is not packed", at::Tensor();
+  }
+  if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
+  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  const auto* props = at::cuda::getDeviceProperties(x.device().index());
+  if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
+  const int64_t k = x.size(-1), inter = w.size(0) / 2, rows = x.numel() / k;
+  c10::cuda::CUDAGuard guard(x.device());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = inter;
+  at::Tensor out = at::empty(shape, x.options());
+  auto matrix = [](const at::Tensor& t, int64_t r, int64_t c) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 2;
+    ft.sizes[0] = r;
+    ft.sizes[1] = c;
+    ft.strides[0] = c;
+    ft.strides[1] = 1;
+    return ft;
+  };
+  const FactTensor tensors[4] = {matrix(x, rows, k), fact_tensor(w), has_b ? fact_tensor(*b) : FactTensor{},
+                                 matrix(out, rows, inter)};
+  const FactOpArgs args{tensors, 4, nullptr, 0};
+  if (!launch_kernel(index, args, x, kernel, "glu")) {
+    return why = "the kernel cannot implement this shape or alignment", at::Tensor();
+  }
+  return out;
+}
+
+at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optional<at::Tensor>& b_gate,
+               const at::Tensor& w_up, const std::optional<at::Tensor>& b_up, const at::Tensor& w,
+               const std::optional<at::Tensor>& b, c10::string_view act, c10::string_view kernel) {
+  std::string why = "glu is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kGluKind)) {
+    at::Tensor out = glu_kernel(x, w, b, kernel, why);
+    if (out.defined()) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  // The replaced nodes, as the graph ran them.
+  return at::mul(glu_act(at::linear(x, w_gate, b_gate), act), at::linear(x, w_up, b_up));
+}
+
 }  // namespace
 
 // The call counts since the library was loaded (or last reset) as JSON,
@@ -1425,7 +1504,7 @@ extern "C" const char* fact_op_stats(void) {
   return text.c_str();
 }
 
-// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, all) off
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, all) off
 // and every other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
 extern "C" int32_t fact_disable(const char* kinds) {
   unsigned bits = 0;
@@ -1463,6 +1542,9 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::rotary_qk", ""}).has_value()) {
     m.def("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> (Tensor, Tensor)");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::glu", ""}).has_value()) {
+    m.def("glu(Tensor x, Tensor w_gate, Tensor? b_gate, Tensor w_up, Tensor? b_up, Tensor w, Tensor? b, str act, str kernel) -> Tensor");
+  }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
   m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
@@ -1470,4 +1552,5 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm)));
   m.impl("rotary", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary)));
   m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary_qk)));
+  m.impl("glu", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(glu)));
 }

@@ -149,6 +149,7 @@ impl Kind for Gemm {
     fn unfused(&self, m: &dyn Match) -> Option<Unfused> {
         let m = own_match::<GemmMatch>(m);
         m.epilogue.as_ref().map(|_| Unfused {
+            kind: &Gemm,
             found: Box::new(m.plain()),
             what: "the fused epilogue",
             instead: "the GEMM alone",

@@ -574,11 +574,11 @@ fn the_op_library_has_every_kinds_section_ops_and_switches() {
     let names: Vec<&str> = pattern_kinds().iter().map(|k| k.name()).collect();
     assert_eq!(
         names,
-        ["gemm", "epilogue", "attention", "layernorm", "rmsnorm", "rotary"]
+        ["gemm", "epilogue", "attention", "layernorm", "rmsnorm", "rotary", "glu"]
     );
-    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kAllKinds = 63 };"));
+    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kAllKinds = 127 };"));
     assert!(text.contains(
-        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, all); every fact op falls back"
+        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, all); every fact op falls back"
     ));
     assert_eq!(
         op_schemas().len(),

@@ -1,0 +1,288 @@
+// generated from templates/sm90_glu.cu.hbs; do not edit
+// spec: {"glu":"fused","act":"silu","gemm":{"family":"sm90_gemm","arch":"sm90","layout":"rcr","math":"bf16","dtype":"bf16","tile":[128,256,64],"cluster":[1,2,1],"schedule":"ws_cooperative","scheduler":"stream_k","bias":false,"align":8,"epilogue":"no_smem"}}
+//
+// glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8: out[m,i] = silu(x[m,:] . w[gate row of i] ) * (x[m,:] . w[up row of i])
+// as one GEMM over the interleaved weights w[2I,K] (blocks of 16 rows: 8 gate rows, then the 8 up
+// rows of the same outputs), computed as the column-major CUTLASS problem h^T[2I,M] = w . x^T whose
+// epilogue (GluEpilogue below) writes only out[M,I]: each thread holds a gate value and, 8 rows of
+// the CUTLASS problem below it, its up value, in the same accumulator fragment.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/detail.hpp"
+#include "cutlass/epilogue/thread/linear_combination.h"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace {
+namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns {
+using namespace cute;
+
+using Element = cutlass::bfloat16_t;
+constexpr int kDtype = 1;
+constexpr bool kBias = false;
+constexpr int kInterleave = 8;
+
+// The call: x[M,K], w[2I,K] and out[M,I] packed row-major, bias[2I] (NULL data without one).
+struct Call {
+  int m, inter, k;
+  const void* x;
+  const void* w;
+  const void* bias;
+  void* out;
+  int raster, swizzle;
+};
+
+inline bool fits(const FactTensor& t, int rank, const int64_t* sizes, const int64_t* strides) {
+  if (t.data == nullptr || t.dtype != kDtype || t.rank != rank) return false;
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) return false;
+  for (int d = 0; d < rank; ++d) {
+    if (t.sizes[d] != sizes[d] || (sizes[d] != 1 && t.strides[d] != strides[d])) return false;
+  }
+  return true;
+}
+
+// The call `args` states (tensors x, w, bias, out; no scalars); false when this kernel cannot
+// take it.
+inline bool read_call(const FactOpArgs* args, const FactKnobs* knobs, Call& c) {
+  if (args == nullptr || knobs == nullptr || args->tensors == nullptr) return false;
+  if (args->num_tensors != 4 || args->num_scalars != 0) return false;
+  const FactTensor* t = args->tensors;
+  if (t[0].rank != 2 || t[1].rank != 2) return false;
+  const int64_t M = t[0].sizes[0], K = t[0].sizes[1], N2 = t[1].sizes[0], I = N2 / 2;
+  auto dim = [](int64_t v) { return v >= 1 && v <= INT32_MAX; };
+  if (!dim(M) || !dim(K) || !dim(N2) || I % kInterleave != 0 || N2 != 2 * I) return false;
+  const int64_t x_sizes[2] = {M, K}, x_strides[2] = {K, 1};
+  const int64_t w_sizes[2] = {N2, K}, w_strides[2] = {K, 1};
+  const int64_t out_sizes[2] = {M, I}, out_strides[2] = {I, 1};
+  const int64_t row[1] = {N2}, one[1] = {1};
+  if (!fits(t[0], 2, x_sizes, x_strides) || !fits(t[1], 2, w_sizes, w_strides)) return false;
+  if (kBias ? !fits(t[2], 1, row, one) : t[2].data != nullptr) return false;
+  if (!fits(t[3], 2, out_sizes, out_strides)) return false;
+  c.m = static_cast<int>(M);
+  c.inter = static_cast<int>(I);
+  c.k = static_cast<int>(K);
+  c.x = t[0].data;
+  c.w = t[1].data;
+  c.bias = t[2].data;
+  c.out = t[3].data;
+  c.raster = knobs->raster;
+  c.swizzle = knobs->swizzle;
+  return true;
+}
+
+__device__ __forceinline__ float act(float g) { return g / (1.0f + expf(-g)); }
+
+// Registers to global memory, as CUTLASS's DefaultEpilogue (no shared memory), but pairing the
+// thread's accumulators: fragment element ((v0, 0, v2), mm, nn) holds a gate row of the CUTLASS
+// problem and ((v0, 1, v2), mm, nn) the row 8 below it, its up row (the accumulator layouts of
+// WGMMA put value mode (0,1) 8 rows down; `pairs_in_threads` checks it on the host for every
+// thread before a launch). It writes act(gate)·up at out[n, (m / 16) * 8 + m % 16], half the width.
+class GluEpilogue {
+ public:
+  using EpilogueSchedule = cutlass::epilogue::NoSmemWarpSpecialized;
+  using DispatchPolicy = EpilogueSchedule;
+  // What the GEMM kernel and its adapter ask of an epilogue; C is never read.
+  using ThreadEpilogueOp = cutlass::epilogue::thread::LinearCombination<Element, 1, float, float>;
+  using ElementOutput = Element;
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using ElementScalar = float;
+  using ElementC = void;
+  using StrideC = cute::Stride<cute::Int<1>, int64_t, int64_t>;
+  using ElementD = Element;
+  using StrideD = cute::Stride<cute::Int<1>, int64_t, int64_t>;
+  using GmemTiledCopyC = void;
+  using GmemTiledCopyD = void;
+
+  struct SharedStorage {};
+  using TensorStorage = SharedStorage;
+
+  struct Arguments {
+    const Element* bias = nullptr;
+    Element* out = nullptr;
+    int inter = 0;
+  };
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const& problem, Arguments const& args) {
+    return args.out != nullptr && 2 * args.inter == get<0>(problem) && args.inter % kInterleave == 0;
+  }
+
+  CUTLASS_HOST_DEVICE
+  GluEpilogue(Params const& params, SharedStorage const& = SharedStorage()) : params(params) {}
+
+  template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
+            class TiledMma, class ResidueMNK>
+  CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_MNK,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& accumulators,
+                                 TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    static_assert(is_static<FrgLayout>::value, "the accumulator layout must be static");
+    static_assert(rank<0>(FrgLayout{}) == 3 && size<0, 1>(FrgLayout{}) == 2,
+                  "an accumulator value mode of WGMMA's (2, 2, N/8) form");
+    const int M = get<0>(problem_shape_mnkl), N = get<1>(problem_shape_mnkl);
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
+    // The absolute (m, n) of every accumulator of this thread.
+    Tensor coords = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_MNK),
+                               make_coord(m_coord, n_coord));
+    Tensor tCc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+    CUTE_STATIC_ASSERT_V(size(tCc) == size(accumulators));
+    const int64_t inter = params.inter;
+    CUTLASS_PRAGMA_UNROLL
+    for (int v0 = 0; v0 < size<0, 0>(accumulators); ++v0) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v2 = 0; v2 < size<0, 2>(accumulators); ++v2) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int mm = 0; mm < size<1>(accumulators); ++mm) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int nn = 0; nn < size<2>(accumulators); ++nn) {
+            auto gate = make_coord(make_coord(v0, 0, v2), mm, nn);
+            auto up = make_coord(make_coord(v0, 1, v2), mm, nn);
+            const int m = get<0>(tCc(gate)), n = get<1>(tCc(gate));
+            if (m >= M || n >= N) continue;
+            float g = accumulators(gate), u = accumulators(up);
+            if constexpr (kBias) {
+              g += static_cast<float>(params.bias[m]);
+              u += static_cast<float>(params.bias[m + kInterleave]);
+            }
+            const int64_t i = (m / (2 * kInterleave)) * kInterleave + m % (2 * kInterleave);
+            params.out[static_cast<int64_t>(n) * inter + i] = static_cast<Element>(act(g) * u);
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  Params params;
+};
+
+using TileShape = Shape<_128, _256, _64>;
+using ClusterShape = Shape<_1, _2, _1>;
+using CollectiveEpilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<GluEpilogue>;
+
+// CUTLASS's A is the interleaved weight (K-contiguous rows), its B is torch's x transposed.
+using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    Element, cutlass::layout::RowMajor, 8,
+    Element, cutlass::layout::ColumnMajor, 8,
+    float,
+    TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
+    Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::StreamKScheduler>;
+using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+// Whether every thread of the MMA holds each gate value's up value 8 rows below it, in value
+// mode (0,1) of its fragment, with the gate rows the first 8 of each 16: what the epilogue pairs
+// on. Read from CuTe's layouts once per process, so a layout that breaks it refuses every call
+// rather than writing wrong numbers.
+bool pairs_in_threads() {
+  static const bool ok = [] {
+    using TiledMma = typename CollectiveMainloop::TiledMma;
+    Tensor coords = make_identity_tensor(make_shape(Int<128>{}, Int<256>{}));
+    for (int t = 0; t < int(size(TiledMma{})); ++t) {
+      Tensor tCc = TiledMma{}.get_thread_slice(t).partition_C(coords);
+      if (rank<0>(tCc) != 3 || size<0, 1>(tCc) != 2) return false;
+      for (int v0 = 0; v0 < size<0, 0>(tCc); ++v0)
+        for (int v2 = 0; v2 < size<0, 2>(tCc); ++v2)
+          for (int mm = 0; mm < size<1>(tCc); ++mm)
+            for (int nn = 0; nn < size<2>(tCc); ++nn) {
+              auto g = tCc(make_coord(make_coord(v0, 0, v2), mm, nn));
+              auto u = tCc(make_coord(make_coord(v0, 1, v2), mm, nn));
+              if (int(get<0>(g)) % (2 * kInterleave) >= kInterleave || int(get<0>(u)) != int(get<0>(g)) + kInterleave ||
+                  int(get<1>(u)) != int(get<1>(g))) {
+                return false;
+              }
+            }
+    }
+    return true;
+  }();
+  return ok;
+}
+
+int sm_count() {
+  static int count = [] {
+    int device = 0;
+    cudaGetDevice(&device);
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  }();
+  return count;
+}
+
+typename Gemm::Arguments make_arguments(const Call& p) {
+  const int M = 2 * p.inter, N = p.m, K = p.k;
+  auto stride_a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, {M, K, 1});
+  auto stride_b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, {N, K, 1});
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, 1},
+      {static_cast<const Element*>(p.w), stride_a, static_cast<const Element*>(p.x), stride_b},
+      {static_cast<const Element*>(p.bias), static_cast<Element*>(p.out), p.inter},
+      hw};
+  using RasterOrderOptions = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.max_swizzle_size = p.swizzle > 0 ? p.swizzle : 1;
+  args.scheduler.raster_order = p.raster == 1   ? RasterOrderOptions::AlongM
+                                : p.raster == 2 ? RasterOrderOptions::AlongN
+                                                : RasterOrderOptions::Heuristic;
+  return args;
+}
+}  // namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_can_implement(const FactOpArgs* fact_args, const FactKnobs* knobs) {
+  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns;
+  Call p;
+  if (!read_call(fact_args, knobs, p) || !pairs_in_threads()) return FACT_CANNOT_IMPLEMENT;
+  return Gemm::can_implement(make_arguments(p)) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_workspace_size(const FactOpArgs* fact_args, const FactKnobs* knobs) {
+  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns;
+  Call p;
+  if (!read_call(fact_args, knobs, p)) return 0;
+  return Gemm::get_workspace_size(make_arguments(p));
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_run(const FactOpArgs* fact_args, const FactKnobs* knobs,
+                                                             void* workspace, size_t workspace_size, void* stream) {
+  using namespace glu_silu_fused_sm90_gemm_rcr_bf16_bf16_128x256x64_1x2x1_ws_coop_sk_nosmem_align8_ns;
+  Call p;
+  if (!read_call(fact_args, knobs, p) || !pairs_in_threads()) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(p);
+  if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
+  if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  Gemm gemm;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+  if (gemm.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  return FACT_OK;
+}
