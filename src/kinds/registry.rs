@@ -9,7 +9,9 @@
 //! an untagged problem or spec is tried against them when read back. A kind's values never parse
 //! as another's (their fields differ), so that order decides nothing there.
 
-use super::{attention, gemm, layernorm, rmsnorm, rotary, glu, Found, Kind, Patterns, Problem, Spec};
+use super::{
+    attention, gemm, glu, layernorm, rmsnorm, rotary, Found, Kind, Patterns, Problem, Spec,
+};
 use crate::codegen::{self, Source};
 use crate::graph::{Graph, NodeId};
 use crate::rules::{candidates, cover, PatternKind, Rule};

@@ -574,7 +574,15 @@ fn the_op_library_has_every_kinds_section_ops_and_switches() {
     let names: Vec<&str> = pattern_kinds().iter().map(|k| k.name()).collect();
     assert_eq!(
         names,
-        ["gemm", "epilogue", "attention", "layernorm", "rmsnorm", "rotary", "glu"]
+        [
+            "gemm",
+            "epilogue",
+            "attention",
+            "layernorm",
+            "rmsnorm",
+            "rotary",
+            "glu"
+        ]
     );
     assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kAllKinds = 127 };"));
     assert!(text.contains(
