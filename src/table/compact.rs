@@ -523,6 +523,25 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_whose_winner_rests_on_a_dropped_kernel_is_kept_whole() {
+        // Kernel 0 leads on ratios; 1 (never its family's fastest in a run) beats it head to
+        // head, then 6 beats 1. Without 1's timings 0 would keep the lead.
+        let runs = vec![
+            sweep(128, "2026-11-20", &[(0, 0.80), (2, 0.90)], &[]),
+            sweep(128, "2026-11-21", &[(0, 1.00), (1, 0.95), (2, 0.94)], &[]),
+            sweep(128, "2026-11-22", &[(1, 1.00), (6, 0.95), (2, 0.99)], &[]),
+        ];
+        let mut t = Table::new();
+        t.insert_merged(Entry::from_runs(key(128), problem(128), runs).unwrap());
+        assert_eq!(t.entries[0].winner, specs(128)[6].name());
+        let (c, stats) = t.compacted(&CompactOptions { keep: 1 });
+        assert_eq!(stats.kept_whole, 1);
+        assert_eq!(c, t);
+        // With room for kernel 1 the entry compacts (nothing else to drop here).
+        assert_eq!(t.compacted(&CompactOptions { keep: 2 }).1.kept_whole, 0);
+    }
+
+    #[test]
     fn the_shipped_table_is_compact_and_keeps_its_winners() {
         let path = shipped_table_path();
         let t = Table::load(&path).unwrap();
