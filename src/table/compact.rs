@@ -6,7 +6,9 @@
 //! run failure (the sweeps' list of kernels known to fail reads them); every other failure a
 //! learned validity rule counts. Dropped: slower verified candidates, failures no rule counts,
 //! compile logs past what a rule keeps as its example, failures recorded twice in one run. The rules
-//! themselves are left as they are. An entry whose winner would change is kept whole.
+//! themselves are left as they are. An entry whose winner would change is kept whole. Rules
+//! learned later see only the kept kernels as known to pass, so one may generalise over a
+//! dropped (slower) kernel that passed.
 
 use super::learning::failure_kind;
 use super::{CandidateResult, Entry, Run, Table};
