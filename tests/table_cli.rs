@@ -455,3 +455,147 @@ fn knowledge_refresh_reproduces_the_shipped_knowledge_and_is_then_used() {
         .iter()
         .all(|p| !p["reason"].as_str().unwrap().is_empty()));
 }
+
+/// A user table whose entry for `problem(m)` timed every kernel of its space (kernel i at
+/// 0.5 + 0.01 i ms) and saw the last one fail its numerics, learned from.
+fn swept_table(path: &Path, ms: &[i64]) {
+    use fact::table::learning::learn_run;
+    use fact::table::{CandidateResult, Entry};
+    use fact::tune::Outcome;
+    let mut t = Table::new();
+    for &m in ms {
+        let p = problem(m, DType::F32);
+        let ks = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
+        let mut e = sample_entry(&p, &ks[0], 0.5, "H100");
+        let run = &mut e.runs[0];
+        let timed = run.candidates[0].clone();
+        for (i, k) in ks.iter().enumerate().skip(1) {
+            let outcome = if i + 1 == ks.len() {
+                Outcome::Numeric {
+                    max_rel_err: 0.5,
+                    tolerance: 1e-3,
+                }
+            } else {
+                let mut o = timed.outcome.clone();
+                if let Outcome::Ok { timing, .. } = &mut o {
+                    timing.median_ms = 0.5 + 0.01 * i as f64;
+                }
+                o
+            };
+            run.candidates.push(CandidateResult {
+                kernel: k.name(),
+                spec: k.clone().into(),
+                outcome,
+            });
+        }
+        let e = Entry::from_runs(e.key, e.problem, e.runs).unwrap();
+        let history = t.entries.clone();
+        learn_run(&mut t.rules, &e.key, &e.runs[0], &history);
+        t.insert_merged(e);
+    }
+    t.save(path).unwrap();
+}
+
+#[test]
+fn compact_keeps_the_listing_and_the_rules_and_says_what_it_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    swept_table(&user, &[512, 1024]);
+    let show = |args: &[&str]| {
+        let out = fact()
+            .env("FACT_TABLE", &user)
+            .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (rules, list) = (show(&["table", "rules"]), show(&["table", "list"]));
+    assert!(rules.contains("numeric"), "{rules}");
+    let size = std::fs::metadata(&user).unwrap().len();
+
+    // Into another file: the user table is left as it was.
+    let out = dir.path().join("small.json");
+    let (ok, v, err) = run(
+        &user,
+        &[
+            "table",
+            "compact",
+            "--keep",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::metadata(&user).unwrap().len(), size);
+    assert_eq!(v["stats"]["candidates_before"], 24);
+    assert_eq!(v["stats"]["kept_whole"], 0);
+    // One kernel of each of the two families, and the learned failure, in each entry.
+    assert_eq!(v["stats"]["candidates_after"], 6);
+    assert_eq!(
+        v["stats"]["bytes_after"],
+        std::fs::metadata(&out).unwrap().len()
+    );
+
+    // In place, by default the user table: the listing and the rules are unchanged.
+    let (ok, v, err) = run(&user, &["table", "compact", "--json"]);
+    assert!(ok, "{err}");
+    assert!(v["stats"]["bytes_after"].as_u64() < v["stats"]["bytes_before"].as_u64());
+    assert_eq!(show(&["table", "rules"]), rules);
+    assert_eq!(show(&["table", "list"]), list);
+    let text = show(&["table", "compact"]);
+    assert!(text.contains("size") && text.contains("MB"), "{text}");
+
+    let (ok, _, err) = run(&user, &["table", "compact", "nowhere.json"]);
+    assert!(!ok && err.contains("no such table file"), "{err}");
+    let (ok, _, err) = run(&user, &["table", "compact", "--keep", "0"]);
+    assert!(!ok && err.contains("give 1 or more"), "{err}");
+}
+
+#[test]
+fn compact_holds_the_lock_so_concurrent_imports_all_land() {
+    // Imports of disjoint tables while compactions of the same user table run: a compaction
+    // that read the table without the lock would write back a table without some imports.
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("user.json");
+    swept_table(&user, &[512]);
+    let files: Vec<_> = (0..3)
+        .map(|w| {
+            let path = dir.path().join(format!("w{w}.json"));
+            swept_table(&path, &[8 * (100 * w + 1), 8 * (100 * w + 2)]);
+            path
+        })
+        .collect();
+    std::thread::scope(|s| {
+        for f in &files {
+            let user = &user;
+            s.spawn(move || {
+                let (ok, _, err) = run(user, &["table", "import", f.to_str().unwrap()]);
+                assert!(ok, "{err}");
+            });
+            s.spawn(move || {
+                for _ in 0..2 {
+                    let (ok, _, err) = run(user, &["table", "compact", "--keep", "1"]);
+                    assert!(ok, "{err}");
+                }
+            });
+        }
+    });
+    let t = Table::load(&user).unwrap();
+    assert_eq!(t.entries.len(), 7, "no import was lost");
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().all(|f| !f
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains(".tmp")),
+        "no temporary file left"
+    );
+}

@@ -107,6 +107,21 @@ pub(super) enum TableCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Shrink a table: keep each entry's runs and winner, the best N verified kernels of each
+    /// family of each run (all their timings), every failure a learned rule counts or a sweep
+    /// avoids; drop the rest. Winners and rules come out unchanged.
+    Compact {
+        /// The table to compact (default: the user table).
+        file: Option<PathBuf>,
+        /// Verified kernels kept per family per run, fastest first.
+        #[arg(long, default_value_t = 3)]
+        keep: usize,
+        /// Write the compacted table here instead of over FILE.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove an entry from the user table.
     Remove {
         id: String,
@@ -433,6 +448,12 @@ shipped table: {}",
             );
             Ok(())
         }
+        TableCommand::Compact {
+            file,
+            keep,
+            out,
+            json,
+        } => compact(file.unwrap_or(user_path), keep, out, json),
         TableCommand::Remove { id, json } => {
             let removed = Table::update(&user_path, |t| t.remove_id(&id))??;
             if json {
@@ -453,6 +474,69 @@ shipped table: {}",
             Ok(())
         }
     }
+}
+
+/// `fact table compact`: in place under the table's lock, or into OUT under OUT's.
+fn compact(file: PathBuf, keep: usize, out: Option<PathBuf>, json: bool) -> Result<()> {
+    use crate::table::compact::CompactOptions;
+    if keep == 0 {
+        bail!("--keep 0 would keep no kernel but the winner: give 1 or more");
+    }
+    if !file.exists() {
+        bail!(
+            "{}: no such table file (nothing to compact)",
+            file.display()
+        );
+    }
+    let opts = CompactOptions { keep };
+    let (stats, written) = match out {
+        None => (
+            Table::update(&file, |t| {
+                let (c, stats) = t.compacted(&opts);
+                *t = c;
+                stats
+            })?,
+            file,
+        ),
+        Some(out) => {
+            let (c, stats) = Table::load(&file)?.compacted(&opts);
+            Table::update(&out, |t| *t = c)?;
+            (stats, out)
+        }
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "table": written, "keep": keep, "stats": stats })
+            )?
+        );
+        return Ok(());
+    }
+    let s = &stats;
+    println!(
+        "compacted {} (best {keep} of each family per run)",
+        written.display()
+    );
+    println!(
+        "  {} entries, {} runs; {} kept whole (their winner rests on every timing)",
+        s.entries, s.runs, s.kept_whole
+    );
+    println!(
+        "  candidates {} -> {} (verified {} -> {}, failures {} -> {})",
+        s.candidates_before,
+        s.candidates_after,
+        s.verified_before,
+        s.verified_after,
+        s.failures_before,
+        s.failures_after
+    );
+    println!(
+        "  size {:.2} MB -> {:.2} MB",
+        s.bytes_before as f64 / 1e6,
+        s.bytes_after as f64 / 1e6
+    );
+    Ok(())
 }
 
 pub(super) fn report_count(json: bool, what: &str, n: usize, path: &Path) -> Result<()> {

@@ -144,6 +144,11 @@ pub trait Kind: Sync + 'static {
     fn check_library(&self, _specs: &[&Spec]) -> Result<(), String> {
         Ok(())
     }
+    /// The family a kernel competes in when a table is compacted (`fact table compact` keeps
+    /// the best few of each per run): its unit's family, unless the kind knows a finer one.
+    fn spec_family(&self, s: &Spec) -> String {
+        self.unit(s).family
+    }
     /// The kernel parameters a learned validity rule may name (`space::validity`), for a
     /// failure of `failure`; None for a kind whose failures stay in their runs.
     fn features(
@@ -447,6 +452,10 @@ impl Spec {
     }
     pub fn dispatch(&self) -> Dispatch {
         self.kind.dispatch(self)
+    }
+    /// See `Kind::spec_family`.
+    pub fn family(&self) -> String {
+        self.kind.spec_family(self)
     }
     /// See `Kind::features`.
     pub fn features(&self, failure: FailureKind) -> Option<BTreeMap<String, serde_json::Value>> {

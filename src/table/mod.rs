@@ -5,6 +5,7 @@
 //! rename) and read-modify-write cycles hold a lock file, so concurrent fact runs never tear or
 //! drop each other's entries.
 
+pub mod compact;
 pub mod learning;
 
 use crate::kinds::{Problem, Spec};
@@ -166,6 +167,28 @@ pub struct Run {
     pub candidates: Vec<CandidateResult>,
 }
 
+impl Run {
+    /// Whether `other` is this run or this run compacted (`compact`), or the other way round:
+    /// the same provenance and torch timing, and every candidate of the one with fewer in the
+    /// other (compile logs as a compacted table keeps them).
+    pub fn same_run(&self, other: &Run) -> bool {
+        let (small, large) = if self.candidates.len() <= other.candidates.len() {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        self.provenance == other.provenance
+            && self.baseline == other.baseline
+            && small.candidates.iter().all(|c| {
+                let c = compact::shortened(c);
+                large
+                    .candidates
+                    .iter()
+                    .any(|d| d.kernel == c.kernel && compact::shortened(d) == c)
+            })
+    }
+}
+
 /// How much faster than the winner, in the runs that timed both, another kernel must be to take
 /// over (`Entry::from_runs`): a margin over the tuner's noise, so that kernels tied within it keep
 /// the ratios' choice.
@@ -268,12 +291,15 @@ impl Entry {
         })
     }
 
-    /// Both entries' runs (identical ones once), and the winner over all of them (`from_runs`).
+    /// Both entries' runs (one run once, the fuller record of it where one table holds it
+    /// compacted: `Run::same_run`), and the winner over all of them (`from_runs`).
     pub fn merged(&self, other: &Entry) -> Entry {
         let mut runs = self.runs.clone();
         for r in &other.runs {
-            if !runs.contains(r) {
-                runs.push(r.clone());
+            match runs.iter().position(|x| x.same_run(r)) {
+                Some(i) if r.candidates.len() > runs[i].candidates.len() => runs[i] = r.clone(),
+                Some(_) => {}
+                None => runs.push(r.clone()),
             }
         }
         Entry::from_runs(self.key.clone(), self.problem.clone(), runs)

@@ -4,11 +4,11 @@ use crate::kinds::gemm::{GemmLayout, GemmProblem};
 use crate::tune::Outcome;
 
 /// The key of a GEMM problem.
-fn gemm_key(p: &GemmProblem, math: MathType, arch: Arch) -> TableKey {
+pub(crate) fn gemm_key(p: &GemmProblem, math: MathType, arch: Arch) -> TableKey {
     TableKey::of(&p.clone().into(), math, arch)
 }
 
-fn problem(m: i64) -> GemmProblem {
+pub(crate) fn problem(m: i64) -> GemmProblem {
     GemmProblem {
         m,
         n: 256,
@@ -228,7 +228,7 @@ fn runs_are_compared_by_their_own_torch_time() {
 }
 
 /// A run of `problem(128)` timing candidates `(which, ms)` against torch at `baseline_ms`.
-fn run_of(times: &[(usize, f64)], baseline_ms: f64) -> Run {
+pub(crate) fn run_of(times: &[(usize, f64)], baseline_ms: f64) -> Run {
     let specs = gemm_candidates(&problem(128), MathType::Tf32, Arch::Sm90);
     let timing = |ms: f64| Timing {
         median_ms: ms,

@@ -273,6 +273,10 @@ impl Kind for Gemm {
     fn unit(&self, _s: &Spec) -> Unit {
         Unit::plain("gemm")
     }
+    /// One translation-unit family, but four kernel families that win on different problems.
+    fn spec_family(&self, s: &Spec) -> String {
+        format!("gemm_{:?}", spec(s).family)
+    }
     /// A variant's entry holds its kernel and its launch knobs.
     fn dispatch(&self, s: &Spec) -> Dispatch {
         let v = spec(s);

@@ -192,6 +192,11 @@ impl Kind for Glu {
     }
     /// The fused kernels share units; a split kernel holds its GEMM's unit (namespaces and all),
     /// so it compiles alone: two of them over one GEMM would define it twice in one unit.
+    /// A split kernel is its own unit; the split form is one family all the same.
+    fn spec_family(&self, s: &Spec) -> String {
+        let s = spec(s);
+        format!("glu_{}_{:?}", s.glu.short_name(), s.gemm.family)
+    }
     fn unit(&self, s: &Spec) -> Unit {
         let s = spec(s);
         match s.glu {
