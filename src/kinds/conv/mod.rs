@@ -1,0 +1,272 @@
+//! 2-D convolutions, one kind: `aten::_convolution` / `aten::conv2d` forward with the eval-mode
+//! BatchNorm, residual add and activation after it (rule.rs), as an implicit GEMM (problem.rs:
+//! M = N·P·Q, N = K, K = C·R·S). This first slice matches and plans convolutions: the plan shows
+//! each chain with its problem and the cost model prices it as the GEMM it is; the
+//! grouped, transposed and other convolutions it leaves are listed with the reason. No
+//! convolution kernel exists yet, so a sweep has no candidates and compose leaves every
+//! convolution to torch, saying so; the kernel (CUTLASS's sm90 implicit-GEMM fprop with the
+//! bias, residual and activation in its epilogue), the op `fact::conv` with its exact fallback,
+//! the BatchNorm folded into a module buffer and the bench are the next slices (issue 33).
+//! `ConvSpec` has no values until then, which is what makes the kernel methods below
+//! unreachable.
+
+mod problem;
+mod rule;
+
+pub use problem::{ConvAct, ConvProblem};
+pub use rule::{match_convs, refusals, BatchNorm, ConvCall, ConvMatch, ConvRule};
+
+use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Product, Spec};
+use super::{SweepCx, Unit};
+use crate::codegen::{OpCode, OpDef, Source};
+use crate::graph::{Graph, NodeId};
+use crate::nvcc::library::KernelLibrary;
+use crate::rules::{Match, PatternKind, Rule};
+use crate::torch::Edit;
+use crate::tune::{Bench, Protocol};
+use crate::types::{Arch, DType, MathType, Precision};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// What users call convolution patterns (`FACT_DISABLE=conv`).
+pub const CONV: PatternKind = PatternKind::new("conv");
+
+/// Why a convolution gets no kernel in this slice: the sweep's and the plan's words.
+pub const NO_KERNEL: &str = "no convolution kernel yet (issue 33: the sm90 implicit-GEMM fprop and fact::conv come next): torch runs it";
+
+/// A convolution kernel. None exists yet: the type has no values, so no table entry, candidate
+/// or library holds one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ConvSpec {}
+
+/// The convolution kind.
+pub struct Conv;
+
+impl From<ConvProblem> for Problem {
+    fn from(p: ConvProblem) -> Problem {
+        Problem::new(&Conv, p)
+    }
+}
+
+impl From<ConvSpec> for Spec {
+    fn from(s: ConvSpec) -> Spec {
+        Spec::new(&Conv, s)
+    }
+}
+
+fn problem(p: &Problem) -> &ConvProblem {
+    own("problem", p.get())
+}
+
+fn spec(s: &Spec) -> &ConvSpec {
+    own("spec", s.get())
+}
+
+impl Kind for Conv {
+    fn name(&self) -> &'static str {
+        "conv"
+    }
+    fn pattern_kinds(&self) -> &'static [PatternKind] {
+        &[CONV]
+    }
+    fn letter(&self) -> char {
+        'c'
+    }
+
+    fn rules(&self) -> &'static [&'static dyn Rule] {
+        &[&ConvRule]
+    }
+    fn problem_of(&self, m: &dyn Match) -> Problem {
+        own_match::<ConvMatch>(m).problem.clone().into()
+    }
+    fn node_of(&self, m: &dyn Match) -> NodeId {
+        own_match::<ConvMatch>(m).conv.node
+    }
+    fn origin_of(&self, _m: &dyn Match) -> &'static str {
+        "convolution"
+    }
+    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, _arch: Arch) -> PlanFacts {
+        let c = own_match::<ConvMatch>(m);
+        PlanFacts {
+            name: name(c),
+            origin: "convolution".into(),
+            operands: [Some(c.conv.x), Some(c.conv.weight), c.add.map(|a| a.1)]
+                .into_iter()
+                .flatten()
+                .collect(),
+            notes: math.map(|m| notes(c, m)).unwrap_or_default(),
+            pad: None,
+        }
+    }
+    /// The implicit GEMM, at the convolution node.
+    fn products(&self, m: &dyn Match) -> Vec<Product> {
+        let c = own_match::<ConvMatch>(m);
+        let (rows, cols, k) = c.problem.gemm();
+        vec![Product {
+            node: c.conv.node,
+            flops: 2.0 * (rows * cols * c.problem.groups) as f64 * k as f64,
+            k,
+        }]
+    }
+    fn edit(&self, _g: &Graph, _m: &dyn Match, kernel: &str) -> Edit {
+        unreachable!("no convolution kernel exists, yet compose rewrites with {kernel}")
+    }
+    fn unmatched(&self, g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<(NodeId, String)> {
+        refusals(g, matched)
+    }
+
+    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
+        serde_json::from_value::<ConvProblem>(v).map(Problem::from)
+    }
+    fn problem_from_rule(
+        &self,
+        rule: &str,
+        dims: &[i64],
+        dtype: DType,
+    ) -> Option<Result<Problem, String>> {
+        rule.starts_with("conv2d")
+            .then(|| ConvProblem::from_rule(rule, dims, dtype).map(Problem::from))
+    }
+    fn rule_ids(&self) -> &'static str {
+        "conv2d_s<stride>_p<padding>_d<dilation>[_bias][_add][_<act>]"
+    }
+    fn rule_id(&self, p: &Problem) -> String {
+        problem(p).rule_id()
+    }
+    fn shape_key(&self, p: &Problem) -> String {
+        problem(p).shape_key()
+    }
+    fn flops(&self, p: &Problem) -> f64 {
+        problem(p).flops()
+    }
+    fn dtype(&self, p: &Problem) -> DType {
+        problem(p).dtype
+    }
+    fn alignment(&self, p: &Problem) -> u32 {
+        problem(p).alignment()
+    }
+    /// A GEMM's math: the tensors' own for bf16 and fp16, tf32 or 3xTF32 for fp32 by the policy.
+    fn math(&self, p: &Problem, precision: Precision) -> Option<MathType> {
+        MathType::for_tensor(problem(p).dtype, precision)
+    }
+    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+        CONV
+    }
+
+    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
+        serde_json::from_value::<ConvSpec>(v).map(Spec::from)
+    }
+    fn spec_name(&self, s: &Spec) -> String {
+        match *spec(s) {}
+    }
+    fn kernel_name(&self, s: &Spec) -> String {
+        match *spec(s) {}
+    }
+    fn kernel(&self, s: &Spec) -> Spec {
+        match *spec(s) {}
+    }
+    fn spec_arch(&self, s: &Spec) -> Arch {
+        match *spec(s) {}
+    }
+    fn spec_dtype(&self, s: &Spec) -> DType {
+        match *spec(s) {}
+    }
+    fn render(&self, s: &Spec) -> Source {
+        match *spec(s) {}
+    }
+    fn unit(&self, s: &Spec) -> Unit {
+        match *spec(s) {}
+    }
+    fn dispatch(&self, s: &Spec) -> Dispatch {
+        match *spec(s) {}
+    }
+
+    fn candidates(&self, _p: &Problem, _cx: &mut SweepCx) -> Result<Candidates, String> {
+        Ok(Candidates::None(NO_KERNEL.into()))
+    }
+    fn bench<'l>(
+        &self,
+        _lib: &'l KernelLibrary,
+        _p: &Problem,
+        _protocol: Protocol,
+    ) -> Result<Box<dyn Bench + 'l>, String> {
+        Err(NO_KERNEL.into())
+    }
+
+    fn ops(&self) -> &'static [OpDef] {
+        &[]
+    }
+    /// No op yet: an empty section.
+    fn op_code(&self, _arch: Arch) -> OpCode {
+        OpCode {
+            prelude: String::new(),
+            body: String::new(),
+        }
+    }
+}
+
+/// `conv2d 32x64x56x56 → 256 1x1 s1 p0 + bn + add + relu`: the input as the graph lays it out
+/// (NCHW), the output channels, the filter, then the chain.
+fn name(c: &ConvMatch) -> String {
+    let p = &c.problem;
+    let pair = |v: [i64; 2]| {
+        if v[0] == v[1] {
+            v[0].to_string()
+        } else {
+            format!("{}x{}", v[0], v[1])
+        }
+    };
+    let mut s = format!(
+        "conv2d {}x{}x{}x{} → {} {}x{} s{} p{}",
+        p.images,
+        p.in_channels,
+        p.height,
+        p.width,
+        p.out_channels,
+        p.filter[0],
+        p.filter[1],
+        pair(p.stride),
+        pair(p.padding)
+    );
+    if p.dilation != [1, 1] {
+        s += &format!(" d{}", pair(p.dilation));
+    }
+    if c.conv.bias.is_some() {
+        s += " + bias";
+    }
+    if c.bn.is_some() {
+        s += " + bn";
+    }
+    if c.add.is_some() {
+        s += " + add";
+    }
+    if let Some((_, a)) = c.act {
+        s += " + ";
+        s += a.name();
+    }
+    s
+}
+
+/// What the plan says of the match: its implicit GEMM, the folding compose will do, and that no
+/// kernel computes it yet.
+fn notes(c: &ConvMatch, math: MathType) -> Vec<String> {
+    let p = &c.problem;
+    let (m, n, k) = p.gemm();
+    let [out_h, out_w] = p.output();
+    let mut notes = vec![format!(
+        "an implicit GEMM of M = N·P·Q = {}·{out_h}·{out_w} = {m}, N = K = {n}, K = C·R·S = {}·{}·{} = {k}; {} arithmetic",
+        p.images,
+        p.in_channels,
+        p.filter[0],
+        p.filter[1],
+        math.short_name()
+    )];
+    if c.bn.is_some() {
+        notes.push(
+            "the eval-mode BatchNorm is a per-channel scale and bias: folded into the weights and bias once, at compose time"
+                .into(),
+        );
+    }
+    notes.push(NO_KERNEL.into());
+    notes
+}
