@@ -270,3 +270,80 @@ fn notes(c: &ConvMatch, math: MathType) -> Vec<String> {
     notes.push(NO_KERNEL.into());
     notes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::node_costs;
+
+    /// A bf16 1x1 convolution, 256 → 1024 channels on 14x14 at batch 32, with its BatchNorm,
+    /// the residual add and ReLU (a resnet50 layer3 bottleneck's last convolution).
+    const BLOCK: &str = "graph(%self: M, %x: bf16[32,256,14,14], %r: bf16[32,1024,14,14]):
+       %none = prim::Constant[None]()
+       %f = prim::Constant[False]()
+       %t = prim::Constant[True]()
+       %one = prim::Constant[1]()
+       %zero = prim::Constant[0]()
+       %eps = prim::Constant[1e-05]()
+       %mom = prim::Constant[0.1]()
+       %l1 = prim::ListConstruct(%one, %one) : List_int_
+       %l0 = prim::ListConstruct(%zero, %zero) : List_int_
+       %m = prim::GetAttr[name=\"m\"](%self) : Block
+       %w = prim::GetAttr[name=\"w\"](%m) : bf16[1024,256,1,1]
+       %g = prim::GetAttr[name=\"g\"](%m) : bf16[1024]
+       %be = prim::GetAttr[name=\"be\"](%m) : bf16[1024]
+       %mu = prim::GetAttr[name=\"mu\"](%m) : bf16[1024]
+       %var = prim::GetAttr[name=\"var\"](%m) : bf16[1024]
+       %y = aten::_convolution(%x, %w, %none, %l1, %l0, %l1, %f, %l0, %one, %f, %f, %t, %t) : bf16[32,1024,14,14]
+       %n = aten::batch_norm(%y, %g, %be, %mu, %var, %f, %mom, %eps, %t) : bf16[32,1024,14,14]
+       %s = aten::add_(%n, %r, %one) : bf16[32,1024,14,14]
+       %a = aten::relu_(%s) : bf16[32,1024,14,14]
+       return (%a)";
+
+    #[test]
+    fn the_plan_shows_the_chain_and_prices_it_as_its_implicit_gemm() {
+        let g = Graph::parse(BLOCK).unwrap();
+        let found = crate::kinds::registry::match_patterns(&g);
+        assert_eq!(found.found.len(), 1);
+        let f = &found.found[0];
+        assert_eq!((f.id.as_str(), f.kind.name()), ("c0", "conv"));
+        let m = found.of::<ConvMatch>()[0];
+        let facts = Conv.plan_facts(m, Some(MathType::Bf16), Arch::Sm90);
+        assert_eq!(
+            facts.name,
+            "conv2d 32x256x14x14 → 1024 1x1 s1 p0 + bn + add + relu"
+        );
+        assert!(facts.notes[0].starts_with(
+            "an implicit GEMM of M = N·P·Q = 32·14·14 = 6272, N = K = 1024, K = C·R·S = 256·1·1 = 256"
+        ));
+        assert_eq!(facts.notes.last().unwrap(), NO_KERNEL);
+        // The cost model prices the convolution node at the tensor-core rate: its FLOPs are the
+        // GEMM's, not one per output element.
+        let products = found.products();
+        assert_eq!(products.len(), 1);
+        assert_eq!(products[0].flops, 2.0 * 6272.0 * 1024.0 * 256.0);
+        assert_eq!(products[0].k, 256);
+        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &products);
+        let conv = costs
+            .iter()
+            .find(|c| c.kind == "aten::_convolution")
+            .unwrap();
+        assert_eq!(conv.flops, products[0].flops);
+        let unpriced = node_costs(&g, Arch::Sm90, Precision::Tf32, &[]);
+        let alone = unpriced
+            .iter()
+            .find(|c| c.kind == "aten::_convolution")
+            .unwrap();
+        assert!(alone.flops < conv.flops / 100.0, "{}", alone.flops);
+    }
+
+    #[test]
+    fn the_problem_is_the_chains_and_no_spec_reads_back() {
+        let g = Graph::parse(BLOCK).unwrap();
+        let p = Conv.problem_of(&match_convs(&g).pop().unwrap());
+        assert_eq!(p.rule_id(), "conv2d_s1_p0_d1_bias_add_relu");
+        assert_eq!(p.shape_key(), "32x14x14x256x1024x1x1");
+        assert_eq!(p.math(Precision::F32), Some(MathType::Bf16));
+        assert!(Conv.spec_from_json(serde_json::json!({})).is_err());
+    }
+}
