@@ -147,9 +147,9 @@ fn int_list(g: &Graph, v: ValueId) -> Option<Vec<i64>> {
 
 /// A 2-D argument: two ints, or one for both dims (as `conv2d` expands it).
 fn pair(g: &Graph, v: ValueId) -> Option<[i64; 2]> {
-    match int_list(g, v)?.as_slice() {
-        &[a] => Some([a, a]),
-        &[a, b] => Some([a, b]),
+    match *int_list(g, v)?.as_slice() {
+        [a] => Some([a, a]),
+        [a, b] => Some([a, b]),
         _ => None,
     }
 }
@@ -308,8 +308,8 @@ fn conv(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
 
 /// The node reading `v` alone (the graph not returning it), if there is one.
 fn sole_reader(g: &Graph, readers: &[Vec<NodeId>], v: ValueId) -> Option<NodeId> {
-    match readers[v].as_slice() {
-        &[r] if !g.outputs.contains(&v) && g.nodes[r].depth == 0 => Some(r),
+    match *readers[v].as_slice() {
+        [r] if !g.outputs.contains(&v) && g.nodes[r].depth == 0 => Some(r),
         _ => None,
     }
 }
