@@ -1,20 +1,23 @@
 //! 2-D convolutions, one kind: `aten::_convolution` / `aten::conv2d` forward with the eval-mode
 //! BatchNorm, residual add and activation after it (rule.rs), as an implicit GEMM (problem.rs:
-//! M = N·P·Q, N = K, K = C·R·S). This first slice matches and plans convolutions: the plan shows
-//! each chain with its problem and the cost model prices it as the GEMM it is; the
-//! grouped, transposed and other convolutions it leaves are listed with the reason. No
-//! convolution kernel exists yet, so a sweep has no candidates and compose leaves every
-//! convolution to torch, saying so; the kernel (CUTLASS's sm90 implicit-GEMM fprop with the
-//! bias, residual and activation in its epilogue), the op `fact::conv` with its exact fallback,
-//! the BatchNorm folded into a module buffer and the bench are the next slices (issue 33).
-//! `ConvSpec` has no values until then, which is what makes the kernel methods below
-//! unreachable.
+//! M = N·P·Q, N = K, K = C·R·S). The plan shows each chain with its problem and the cost model
+//! prices it as the GEMM it is; the grouped, transposed and other convolutions it leaves are
+//! listed with the reason. Its kernels (spec.rs, render.rs: CUTLASS's sm90 implicit-GEMM fprop
+//! with the bias, residual and activation in its epilogue) render and compile, but no op calls
+//! them yet: the sweep offers none and compose leaves every convolution to torch, saying so.
+//! The op `fact::conv` with its exact fallback, the BatchNorm folded into a module buffer and the
+//! bench are the next slices (issue 33); until then no convolution winner is read back from a
+//! table (`spec_from_json`), so none reaches the graph edit.
 
 mod problem;
+mod render;
 mod rule;
+mod spec;
 
 pub use problem::{ConvAct, ConvProblem};
+pub use render::{render, signature};
 pub use rule::{match_convs, refusals, BatchNorm, ConvCall, ConvMatch, ConvRule};
+pub use spec::{candidates, ConvSpec};
 
 use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Product, Spec};
 use super::{SweepCx, Unit};
@@ -25,19 +28,13 @@ use crate::rules::{Match, PatternKind, Rule};
 use crate::torch::Edit;
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 /// What users call convolution patterns (`FACT_DISABLE=conv`).
 pub const CONV: PatternKind = PatternKind::new("conv");
 
 /// Why a convolution gets no kernel in this slice: the sweep's and the plan's words.
-pub const NO_KERNEL: &str = "no convolution kernel yet (issue 33: the sm90 implicit-GEMM fprop and fact::conv come next): torch runs it";
-
-/// A convolution kernel. None exists yet: the type has no values, so no table entry, candidate
-/// or library holds one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ConvSpec {}
+pub const NO_KERNEL: &str = "no convolution op yet (issue 33: the sm90 fprop kernels compile; fact::conv and its bench come next): torch runs it";
 
 /// The convolution kind.
 pub struct Conv;
@@ -109,7 +106,7 @@ impl Kind for Conv {
         }]
     }
     fn edit(&self, _g: &Graph, _m: &dyn Match, kernel: &str) -> Edit {
-        unreachable!("no convolution kernel exists, yet compose rewrites with {kernel}")
+        unreachable!("no convolution kernel wins a sweep or reads back from a table, yet compose rewrites with {kernel}")
     }
     fn unmatched(&self, g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<(NodeId, String)> {
         refusals(g, matched)
@@ -153,32 +150,42 @@ impl Kind for Conv {
         CONV
     }
 
-    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
-        serde_json::from_value::<ConvSpec>(v).map(Spec::from)
+    /// None yet: until `fact::conv` exists, a convolution winner in a table (which this version
+    /// never writes) is no spec it can act on.
+    fn spec_from_json(&self, _v: serde_json::Value) -> Result<Spec, serde_json::Error> {
+        Err(serde::de::Error::custom(
+            "this fact reads no convolution kernels from tables: fact::conv comes with the next slice of issue 33",
+        ))
     }
     fn spec_name(&self, s: &Spec) -> String {
-        match *spec(s) {}
+        spec(s).name()
     }
     fn kernel_name(&self, s: &Spec) -> String {
-        match *spec(s) {}
+        spec(s).name()
     }
     fn kernel(&self, s: &Spec) -> Spec {
-        match *spec(s) {}
+        s.clone()
     }
     fn spec_arch(&self, s: &Spec) -> Arch {
-        match *spec(s) {}
+        spec(s).arch
     }
     fn spec_dtype(&self, s: &Spec) -> DType {
-        match *spec(s) {}
+        spec(s).dtype
     }
     fn render(&self, s: &Spec) -> Source {
-        match *spec(s) {}
+        render::render(spec(s))
     }
-    fn unit(&self, s: &Spec) -> Unit {
-        match *spec(s) {}
+    fn unit(&self, _s: &Spec) -> Unit {
+        Unit::plain("conv")
     }
     fn dispatch(&self, s: &Spec) -> Dispatch {
-        match *spec(s) {}
+        Dispatch {
+            kind: "conv",
+            signature: signature(spec(s)),
+            layout: String::new(),
+            epilogue: String::new(),
+            knobs: [0; 3],
+        }
     }
 
     fn candidates(&self, _p: &Problem, _cx: &mut SweepCx) -> Result<Candidates, String> {
@@ -344,6 +351,14 @@ mod tests {
         assert_eq!(p.rule_id(), "conv2d_s1_p0_d1_bias_add_relu");
         assert_eq!(p.shape_key(), "32x14x14x256x1024x1x1");
         assert_eq!(p.math(Precision::F32), Some(MathType::Bf16));
-        assert!(Conv.spec_from_json(serde_json::json!({})).is_err());
+        let s = candidates(own("problem", p.get()), Arch::Sm90)
+            .unwrap()
+            .remove(0);
+        let json = serde_json::to_value(Spec::from(s)).unwrap();
+        assert!(Conv
+            .spec_from_json(json)
+            .unwrap_err()
+            .to_string()
+            .contains("fact::conv"));
     }
 }
