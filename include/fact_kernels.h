@@ -27,7 +27,13 @@
  *   factor  f32 [1] on the device (the scale times it, or over it: scalar power), else data NULL;
  *   lengths i32 [B] on the device, each sequence's key count (keys j >= lengths[b] masked for every
  *           query of batch b; 1 <= lengths[b] <= Tk), for the kernels that take them, else data NULL.
- * Scalars: scale, causal (1: key j > query i masked), power (1 or -1). */
+ * Scalars: scale, causal (1: key j > query i masked), power (1 or -1).
+ *
+ * Kind "conv": out = act(conv2d(x, w) + bias[K] + residual), a 2-D forward convolution (groups 1).
+ * Five tensors, sizes in torch's order, laid out channels-last: x [N,C,H,W] strides [H*W*C, 1, W*C, C];
+ * w [K,C,R,S] strides [R*S*C, 1, S*C, C]; bias [K] (stride 1) or data NULL, as the kernel's signature
+ * says; residual [N,K,P,Q] laid out as out, or data NULL; out [N,K,P,Q] strides [P*Q*K, 1, Q*K, K].
+ * Scalars: stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w. */
 #ifndef FACT_KERNELS_H
 #define FACT_KERNELS_H
 

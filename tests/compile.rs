@@ -949,3 +949,58 @@ fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
         "{text}"
     );
 }
+
+/// The convolution kind's sm90 fprop kernels (bf16 with bias, residual and ReLU in the epilogue;
+/// tf32 with none of them; fp16 with SiLU alone) compile beside a GEMM into one library, each
+/// listed as a conv kernel with its signature.
+#[test]
+fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
+    use fact::kinds::conv::{ConvAct, ConvSpec};
+    use fact::kinds::Spec;
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let bf16 = ConvSpec {
+        arch: Arch::Sm90,
+        dtype: DType::Bf16,
+        conv_tile: [128, 128, 64],
+        conv_cluster: [1, 1, 1],
+        bias: true,
+        residual: true,
+        act: Some(ConvAct::Relu),
+    };
+    let tf32 = ConvSpec {
+        dtype: DType::F32,
+        conv_tile: [128, 128, 32],
+        conv_cluster: [2, 1, 1],
+        bias: false,
+        residual: false,
+        act: None,
+        ..bf16.clone()
+    };
+    let f16 = ConvSpec {
+        dtype: DType::F16,
+        conv_tile: [64, 128, 64],
+        bias: false,
+        residual: false,
+        act: Some(ConvAct::Silu),
+        ..bf16.clone()
+    };
+    for s in [&bf16, &tf32, &f16] {
+        assert_eq!(s.invalid_reason(), None, "{}", s.name());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let specs: Vec<Spec> = vec![
+        bf16.clone().into(),
+        good_spec().into(),
+        tf32.clone().into(),
+        f16.clone().into(),
+    ];
+    let built = build_all(&tc, &specs, dir.path(), "libc.so", 2);
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(lib.len(), 4);
+    assert_eq!(
+        (0..4).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
+        ["conv", "gemm", "conv", "conv"]
+    );
+    assert_eq!(lib.find(&bf16.name()), Some(0));
+    assert_eq!(lib.find(&f16.name()), Some(3));
+}

@@ -13,6 +13,7 @@
 //! kinds were folders) by trying each kind of the registry in turn.
 
 pub mod attention;
+pub mod conv;
 pub mod erased;
 pub mod gemm;
 pub mod glu;

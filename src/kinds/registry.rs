@@ -10,7 +10,7 @@
 //! as another's (their fields differ), so that order decides nothing there.
 
 use super::{
-    attention, gemm, glu, layernorm, rmsnorm, rotary, Found, Kind, Patterns, Problem, Spec,
+    attention, conv, gemm, glu, layernorm, rmsnorm, rotary, Found, Kind, Patterns, Problem, Spec,
 };
 use crate::codegen::{self, Source};
 use crate::graph::{Graph, NodeId};
@@ -28,6 +28,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &rmsnorm::RmsNorm,
     &rotary::Rotary,
     &glu::Glu,
+    &conv::Conv,
 ];
 
 /// Every kind's rules, kind by kind.

@@ -27,14 +27,62 @@ fn a_rule_id_names_its_familys_problem() {
         .unwrap_err()
         .contains("BxHxTqxTkxD"));
     assert_eq!(kind("rmsnorm_cast_weight", &[4096, 2048]), Ok(RMSNORM));
+    assert_eq!(
+        kind("conv2d_s1_p1_d1_bias_add_relu", &[32, 56, 56, 64, 64, 3, 3]),
+        Ok(crate::kinds::conv::CONV)
+    );
     let e = kind("groupnorm", &[64, 768]).unwrap_err();
     assert!(
         e.contains("gemm_LAYOUT")
             && e.contains("sdpa_causal")
             && e.contains("layernorm_bias")
-            && e.contains("rmsnorm_weight1p"),
+            && e.contains("rmsnorm_weight1p")
+            && e.contains("conv2d_s<stride>"),
         "{e}"
     );
+}
+
+#[test]
+fn a_convolution_problem_reads_back_as_the_convolution_kinds_alone() {
+    use crate::kinds::conv::{ConvAct, ConvProblem, CONV};
+    let p = ConvProblem {
+        images: 32,
+        height: 56,
+        width: 56,
+        in_channels: 64,
+        out_channels: 256,
+        filter: [1, 1],
+        stride: [1, 1],
+        padding: [0, 0],
+        dilation: [1, 1],
+        groups: 1,
+        dtype: crate::types::DType::Bf16,
+        bias: true,
+        residual: true,
+        act: Some(ConvAct::Relu),
+    };
+    let json = serde_json::to_string(&Problem::from(p.clone())).unwrap();
+    let back: Problem = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.pattern_kind(), CONV);
+    assert_eq!(back.get::<ConvProblem>(), Some(&p));
+    // No other kind's problem parses as a convolution's, nor the other way round.
+    for k in KINDS.iter().filter(|k| k.name() != "conv") {
+        assert!(
+            k.problem_from_json(serde_json::from_str(&json).unwrap())
+                .is_err(),
+            "{}",
+            k.name()
+        );
+    }
+    let ln = serde_json::to_value(LayerNormProblem {
+        rows: 8,
+        cols: 8,
+        dtype: crate::types::DType::F32,
+        weight: true,
+        bias: true,
+    })
+    .unwrap();
+    assert!(crate::kinds::conv::Conv.problem_from_json(ln).is_err());
 }
 
 /// The node producing the value named `name`.
@@ -581,12 +629,13 @@ fn the_op_library_has_every_kinds_section_ops_and_switches() {
             "layernorm",
             "rmsnorm",
             "rotary",
-            "glu"
+            "glu",
+            "conv"
         ]
     );
-    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kAllKinds = 127 };"));
+    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kAllKinds = 255 };"));
     assert!(text.contains(
-        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, all); every fact op falls back"
+        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, all); every fact op falls back"
     ));
     assert_eq!(
         op_schemas().len(),

@@ -1,0 +1,163 @@
+//! The convolution kernel's translation unit rendered from templates/sm90_conv.cu.hbs: CUTLASS's
+//! sm90 conv collective builder with the problem's epilogue as one of CUTLASS's fusion operations
+//! (bias per column, that is per output channel, and the activation; the residual as C). Pure,
+//! like every rendering: the same spec renders the same text.
+
+use super::problem::ConvAct;
+use super::spec::ConvSpec;
+use crate::codegen::{self, Source};
+use handlebars::Handlebars;
+use serde_json::json;
+use std::sync::OnceLock;
+
+const KERNEL: &str = include_str!("templates/sm90_conv.cu.hbs");
+
+fn templates() -> &'static Handlebars<'static> {
+    static R: OnceLock<Handlebars<'static>> = OnceLock::new();
+    R.get_or_init(|| codegen::templates(&[], &[("sm90_conv", KERNEL)]))
+}
+
+/// CUTLASS's functor for the activation (`Identity` for none).
+fn act_functor(a: Option<ConvAct>) -> &'static str {
+    match a {
+        None => "cutlass::epilogue::thread::Identity",
+        Some(ConvAct::Relu) => "cutlass::epilogue::thread::ReLu",
+        Some(ConvAct::Silu) => "cutlass::epilogue::thread::SiLu",
+        Some(ConvAct::Hardswish) => "cutlass::epilogue::thread::HardSwish",
+        Some(ConvAct::Gelu) => "cutlass::epilogue::thread::GELU",
+        Some(ConvAct::GeluTanh) => "cutlass::epilogue::thread::GELU_taylor",
+    }
+}
+
+/// The epilogue's fusion operation: D = act(acc + bias + C), each part where the spec has it.
+fn fusion(s: &ConvSpec) -> String {
+    let ns = "cutlass::epilogue::fusion";
+    match (s.bias, s.act.is_some()) {
+        (true, _) => format!(
+            "{ns}::LinCombPerColBiasEltAct<{}, Element, ElementCompute, Element, ElementC, ElementCompute>",
+            act_functor(s.act)
+        ),
+        (false, true) => format!(
+            "{ns}::LinCombEltAct<{}, Element, ElementCompute, ElementC, ElementCompute>",
+            act_functor(s.act)
+        ),
+        (false, false) => format!("{ns}::LinearCombination<Element, ElementCompute, ElementC, ElementCompute>"),
+    }
+}
+
+/// The translation unit of one convolution kernel.
+pub fn render(s: &ConvSpec) -> Source {
+    let name = s.name();
+    let [tm, tn, tk] = s.conv_tile;
+    let [cm, cn, ck] = s.conv_cluster;
+    let vars = json!({
+        "name": name,
+        "spec_json": serde_json::to_string(s).expect("spec serializes"),
+        "element": s.dtype.cutlass_tag(),
+        "dtype_abi": codegen::dtype_abi(s.dtype),
+        "math": s.math_name(),
+        "tile_m": tm, "tile_n": tn, "tile_k": tk,
+        "cluster_m": cm, "cluster_n": cn, "cluster_k": ck,
+        "bias": s.bias,
+        "residual": s.residual,
+        "act": s.act.map(ConvAct::name).unwrap_or_default(),
+        "fusion": fusion(s),
+    });
+    let text = templates()
+        .render("sm90_conv", &vars)
+        .unwrap_or_else(|e| panic!("rendering {name}: {e}"));
+    Source {
+        file_name: format!("{name}.cu"),
+        text,
+    }
+}
+
+/// What the kernel's tensors and scalars are, by position (the dispatch table's signature).
+pub fn signature(s: &ConvSpec) -> String {
+    format!(
+        "x[N,C,H,W] w[K,C,R,S] (channels-last) bias[K]{} residual[N,K,P,Q]{} out[N,K,P,Q] (channels-last; NULL data when absent); stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w",
+        if s.bias { "" } else { "?" },
+        if s.residual { "" } else { "?" }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::conv::ConvProblem;
+    use crate::types::{Arch, DType};
+
+    fn spec() -> ConvSpec {
+        ConvSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            conv_tile: [128, 128, 64],
+            conv_cluster: [1, 1, 1],
+            bias: true,
+            residual: true,
+            act: Some(ConvAct::Relu),
+        }
+    }
+
+    #[test]
+    fn sm90_conv_render_is_golden_and_carries_the_epilogue() {
+        let s = spec();
+        let text = render(&s).text;
+        expect_test::expect_file![
+            "../../../tests/golden/sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu.cu"
+        ]
+        .assert_eq(&text);
+        assert!(text.contains(
+            "using FusionOp = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<cutlass::epilogue::thread::ReLu, Element, ElementCompute, Element, ElementC, ElementCompute>;"
+        ));
+        assert!(text.contains("using ElementC = Element;") && text.contains("fusion.beta = 1.0f;"));
+        let plain = render(&ConvSpec {
+            bias: false,
+            residual: false,
+            act: None,
+            dtype: DType::F32,
+            conv_tile: [128, 128, 32],
+            ..s.clone()
+        })
+        .text;
+        assert!(plain.contains("using Element = float;"));
+        assert!(plain.contains("using ElementC = void;") && plain.contains("fusion.beta = 0.0f;"));
+        assert!(plain.contains(
+            "fusion::LinearCombination<Element, ElementCompute, ElementC, ElementCompute>"
+        ));
+        assert!(!plain.contains("bias_ptr"));
+        let silu = render(&ConvSpec {
+            bias: false,
+            act: Some(ConvAct::GeluTanh),
+            ..s.clone()
+        })
+        .text;
+        assert!(silu.contains("LinCombEltAct<cutlass::epilogue::thread::GELU_taylor,"));
+        assert_eq!(crate::kinds::Spec::from(s.clone()).render(), render(&s));
+    }
+
+    #[test]
+    fn every_candidate_renders() {
+        let p = ConvProblem {
+            images: 32,
+            height: 56,
+            width: 56,
+            in_channels: 64,
+            out_channels: 64,
+            filter: [3, 3],
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+            dtype: DType::F16,
+            bias: true,
+            residual: false,
+            act: Some(ConvAct::Silu),
+        };
+        for s in super::super::spec::candidates(&p, Arch::Sm90).unwrap() {
+            let text = render(&s).text;
+            assert!(text.contains(&format!("fact_k_{}_run", s.name())));
+            assert!(text.contains("using Element = cutlass::half_t;"));
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The convolution kernels' side of the kernel ABI without a GPU: their can_implement (host code)
+//! takes the call include/fact_kernels.h states for kind "conv" (x, w, bias, residual, out
+//! channels-last, six scalars) and refuses any other count, layout, size, dtype, alignment or
+//! argument, so a call the kernel does not fit falls back instead of computing a wrong number.
+
+use crate::common::{build_all, fake_tensor, op_args};
+use fact::kinds::conv::{ConvAct, ConvSpec};
+use fact::nvcc::library::FactTensor;
+use fact::nvcc::{KernelLibrary, Toolchain};
+use fact::types::{Arch, DType};
+
+const F32: i32 = 0;
+const BF16: i32 = 1;
+
+/// A channels-last [d0,d1,d2,d3] (torch's NCHW sizes) at a fake 16-byte aligned address.
+fn nhwc(addr: usize, dtype: i32, s: [i64; 4]) -> FactTensor {
+    fake_tensor(addr, dtype, &s, &[s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]])
+}
+
+/// x [2,64,8,8], w [64,64,3,3], bias [64], residual and out [2,64,8,8]: stride 1, padding 1.
+fn call() -> [FactTensor; 5] {
+    [
+        nhwc(0x10000, BF16, [2, 64, 8, 8]),
+        nhwc(0x20000, BF16, [64, 64, 3, 3]),
+        fake_tensor(0x30000, BF16, &[64], &[1]),
+        nhwc(0x40000, BF16, [2, 64, 8, 8]),
+        nhwc(0x50000, BF16, [2, 64, 8, 8]),
+    ]
+}
+
+const SAME: [f64; 6] = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+
+#[test]
+fn conv_kernels_take_the_abi_s_channels_last_call_and_refuse_any_other() {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let spec = ConvSpec {
+        arch: Arch::Sm90,
+        dtype: DType::Bf16,
+        conv_tile: [128, 128, 64],
+        conv_cluster: [1, 1, 1],
+        bias: true,
+        residual: true,
+        act: Some(ConvAct::Relu),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_all(&tc, &[spec], dir.path(), "libconvabi.so", 2);
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(lib.kind(0).as_deref(), Some("conv"));
+    let can = |t: &[FactTensor], s: &[f64]| lib.can_implement(0, &op_args(t, s));
+
+    assert!(can(&call(), &SAME));
+    let [x, w, bias, res, out] = call();
+    // Stride 2 and no padding: a 3x3 output of the 8x8 image.
+    let small = nhwc(0x50000, BF16, [2, 64, 3, 3]);
+    let small_res = nhwc(0x40000, BF16, [2, 64, 3, 3]);
+    assert!(can(
+        &[x, w, bias, small_res, small],
+        &[2.0, 2.0, 0.0, 0.0, 1.0, 1.0]
+    ));
+
+    let none = fake_tensor(0, BF16, &[], &[]);
+    let nchw = fake_tensor(0x10000, BF16, &[2, 64, 8, 8], &[4096, 64, 8, 1]);
+    let mut misaligned = x;
+    misaligned.data = 0x10002 as *mut std::ffi::c_void;
+    let mut f32_x = x;
+    f32_x.dtype = F32;
+    let odd_c = nhwc(0x10000, BF16, [2, 60, 8, 8]);
+    let odd_w = nhwc(0x20000, BF16, [64, 60, 3, 3]);
+    let refused: Vec<(&str, Vec<FactTensor>, [f64; 6])> = vec![
+        ("x in NCHW", vec![nchw, w, bias, res, out], SAME),
+        (
+            "x 2 bytes off 16",
+            vec![misaligned, w, bias, res, out],
+            SAME,
+        ),
+        (
+            "x f32 in a bf16 kernel",
+            vec![f32_x, w, bias, res, out],
+            SAME,
+        ),
+        (
+            "no bias for a kernel that adds one",
+            vec![x, w, none, res, out],
+            SAME,
+        ),
+        (
+            "no residual for a kernel that adds one",
+            vec![x, w, bias, none, out],
+            SAME,
+        ),
+        (
+            "60 channels: rows not 16 bytes",
+            vec![odd_c, odd_w, bias, res, out],
+            SAME,
+        ),
+        (
+            "an output of the wrong size for the arguments",
+            vec![x, w, bias, res, out],
+            [2.0, 2.0, 1.0, 1.0, 1.0, 1.0],
+        ),
+        (
+            "a negative padding",
+            vec![x, w, bias, res, out],
+            [1.0, 1.0, -1.0, 1.0, 1.0, 1.0],
+        ),
+        (
+            "a fractional stride",
+            vec![x, w, bias, res, out],
+            [1.5, 1.0, 1.0, 1.0, 1.0, 1.0],
+        ),
+        ("four tensors", vec![x, w, bias, out], SAME),
+    ];
+    for (why, t, s) in refused {
+        assert!(!can(&t, &s), "{why}");
+    }
+    assert!(!can(&call(), &SAME[..5]), "five scalars");
+}

@@ -1,0 +1,198 @@
+// generated from src/kinds/conv/templates/sm90_conv.cu.hbs; do not edit
+// spec: {"arch":"sm90","dtype":"bf16","conv_tile":[128,128,64],"conv_cluster":[1,1,1],"bias":true,"residual":true,"act":"relu"}
+//
+// sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu: y = relu(conv2d(x, w) + bias[K] + residual), the
+// implicit GEMM of M = N*P*Q output pixels, N = K output channels, K = C*R*S through CUTLASS's sm90
+// conv collective builder (TMA im2col loads, warp-specialized GMMA), bf16 multiplies, fp32
+// accumulation and epilogue.
+// Tensors (FactOpArgs), as torch lays out channels-last tensors (sizes in torch's NCHW order):
+//   x [N,C,H,W] strides [H*W*C, 1, W*C, C]; w [K,C,R,S] strides [R*S*C, 1, S*C, C];
+//   bias [K] stride 1 (required); residual [N,K,P,Q] laid out as out (required);
+//   out [N,K,P,Q] strides [P*Q*K, 1, Q*K, K]; all of the kernel's dtype, 16-byte aligned.
+// Scalars: stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cutlass/kernel_hardware_info.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/conv/convolution.h"
+#include "cutlass/conv/convnd_problem_shape.hpp"
+#include "cutlass/conv/dispatch_policy.hpp"
+#include "cutlass/conv/collective/collective_builder.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/epilogue/thread/activation.h"
+#include "cutlass/conv/device/conv_universal_adapter.hpp"
+#include "cutlass/conv/kernel/conv_universal.hpp"
+
+// Internal linkage: a unit may hold a kernel another object linked beside it holds too; only the
+// weak entry points are shared.
+namespace {
+namespace sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu_ns {
+using namespace cute;
+
+using Element = cutlass::bfloat16_t;
+using ElementAccumulator = float;
+using ElementCompute = float;
+constexpr int kDtype = 1;
+constexpr int Alignment = 128 / cutlass::sizeof_bits<Element>::value;
+constexpr cutlass::conv::Operator ConvOp = cutlass::conv::Operator::kFprop;
+
+using TileShape = Shape<_128, _128, Shape<_64>>;
+using ClusterShape = Shape<_1, _1, _1>;
+
+// The residual is the epilogue's C operand (beta = 1); without one there is no C, and its shared
+// memory goes to the mainloop's stages.
+using ElementC = Element;
+// Output channels are the GEMM's N: the bias is per column. The epilogue's schedule is the one
+// that pairs with the mainloop's (the builder's automatic one takes no fusion).
+using FusionOp = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<cutlass::epilogue::thread::ReLu, Element, ElementCompute, Element, ElementC, ElementCompute>;
+
+using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+    TileShape, ClusterShape,
+    cutlass::epilogue::collective::EpilogueTileAuto,
+    ElementAccumulator, ElementCompute,
+    ElementC, cutlass::layout::TensorNHWC, Alignment,
+    Element, cutlass::layout::TensorNHWC, Alignment,
+    cutlass::epilogue::TmaWarpSpecialized,
+    FusionOp>::CollectiveOp;
+
+using CollectiveMainloop = typename cutlass::conv::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ConvOp,
+    Element, cutlass::layout::TensorNHWC, Alignment,
+    Element, cutlass::layout::TensorNHWC, Alignment,
+    ElementAccumulator,
+    TileShape, ClusterShape,
+    cutlass::conv::collective::StageCountAutoCarveout<
+        static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+    cutlass::conv::KernelImplicitTmaWarpSpecializedSm90>::CollectiveOp;
+
+using ProblemShape = cutlass::conv::ConvProblemShape<ConvOp, CollectiveMainloop::DispatchPolicy::NumSpatialDimensions>;
+using ConvKernel = cutlass::conv::kernel::ConvUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+using Conv = cutlass::conv::device::ConvUniversalAdapter<ConvKernel>;
+
+inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// A tensor [D0,D1,D2,D3] laid out channels-last: dim 1 innermost, then 3, 2, 0, packed.
+inline bool channels_last(const FactTensor& t) {
+  if (t.rank != 4 || t.dtype != kDtype || t.data == nullptr || !aligned(t.data)) return false;
+  const int64_t* s = t.sizes;
+  const int64_t* st = t.strides;
+  return st[1] == 1 && st[3] == s[1] && st[2] == s[3] * s[1] && st[0] == s[2] * s[3] * s[1];
+}
+
+struct Call {
+  int n, h, w, c, k, r, s, p, q;
+  int stride[2], pad[2], dil[2];
+  const Element* x;
+  const Element* wt;
+  const Element* bias;
+  const Element* residual;
+  Element* out;
+};
+
+// The call as the header says, or false when the kernel cannot take it: counts, dtypes, layouts,
+// alignment, sizes that agree, and every size in int range.
+inline bool read_call(const FactOpArgs* a, Call& c) {
+  if (a == nullptr || a->num_tensors != 5 || a->num_scalars != 6) return false;
+  const FactTensor& x = a->tensors[0];
+  const FactTensor& w = a->tensors[1];
+  const FactTensor& b = a->tensors[2];
+  const FactTensor& r = a->tensors[3];
+  const FactTensor& o = a->tensors[4];
+  if (!channels_last(x) || !channels_last(w) || !channels_last(o)) return false;
+  for (int i = 0; i < 4; ++i) {
+    if (x.sizes[i] < 1 || x.sizes[i] > INT32_MAX || w.sizes[i] < 1 || w.sizes[i] > INT32_MAX ||
+        o.sizes[i] < 1 || o.sizes[i] > INT32_MAX) return false;
+  }
+  c.n = int(x.sizes[0]); c.c = int(x.sizes[1]); c.h = int(x.sizes[2]); c.w = int(x.sizes[3]);
+  c.k = int(w.sizes[0]); c.r = int(w.sizes[2]); c.s = int(w.sizes[3]);
+  c.p = int(o.sizes[2]); c.q = int(o.sizes[3]);
+  if (w.sizes[1] != c.c || o.sizes[0] != c.n || o.sizes[1] != c.k) return false;
+  if (c.c % Alignment != 0 || c.k % Alignment != 0) return false;
+  for (int i = 0; i < 6; ++i) {
+    const double v = a->scalars[i];
+    if (v != double(int(v)) || v < (i == 2 || i == 3 ? 0 : 1)) return false;
+  }
+  c.stride[0] = int(a->scalars[0]); c.stride[1] = int(a->scalars[1]);
+  c.pad[0] = int(a->scalars[2]); c.pad[1] = int(a->scalars[3]);
+  c.dil[0] = int(a->scalars[4]); c.dil[1] = int(a->scalars[5]);
+  const int p = (c.h + 2 * c.pad[0] - c.dil[0] * (c.r - 1) - 1) / c.stride[0] + 1;
+  const int q = (c.w + 2 * c.pad[1] - c.dil[1] * (c.s - 1) - 1) / c.stride[1] + 1;
+  if (p != c.p || q != c.q) return false;
+  if (b.data == nullptr || !aligned(b.data) || b.dtype != kDtype || b.rank != 1 || b.sizes[0] != c.k || (c.k > 1 && b.strides[0] != 1)) return false;
+  if (!channels_last(r)) return false;
+  for (int i = 0; i < 4; ++i) if (r.sizes[i] != o.sizes[i]) return false;
+  c.x = static_cast<const Element*>(x.data);
+  c.wt = static_cast<const Element*>(w.data);
+  c.bias = static_cast<const Element*>(b.data);
+  c.residual = static_cast<const Element*>(r.data);
+  c.out = static_cast<Element*>(o.data);
+  return true;
+}
+
+inline typename Conv::Arguments make_arguments(const Call& c) {
+  ProblemShape shape(
+      cutlass::conv::Mode::kCrossCorrelation,
+      {c.n, c.h, c.w, c.c},
+      {c.k, c.r, c.s, c.c},
+      {c.pad[0], c.pad[1]},
+      {c.pad[0], c.pad[1]},
+      {c.stride[0], c.stride[1]},
+      {c.dil[0], c.dil[1]},
+      1);
+  typename ConvKernel::StrideC stride_c;
+  typename ConvKernel::StrideD stride_d;
+  // The output (and the residual laid out as it) packed NPQK, from the problem's own strides.
+  cute::for_each(cute::make_seq<cute::rank<0>(typename ConvKernel::StrideC{})>{}, [&](auto i) {
+    cute::get<0, i>(stride_c) = shape.stride_C[ProblemShape::RankT - 2 - i];
+  });
+  cute::for_each(cute::make_seq<cute::rank<0>(typename ConvKernel::StrideD{})>{}, [&](auto i) {
+    cute::get<0, i>(stride_d) = shape.stride_C[ProblemShape::RankT - 2 - i];
+  });
+  // The residual's pointer is NULL where the kernel reads no C.
+  typename Conv::Arguments args{
+      shape,
+      {c.x, c.wt},
+      { {}, c.residual, stride_c, c.out, stride_d } };
+  auto& fusion = args.epilogue.thread;
+  fusion.alpha = 1.0f;
+  fusion.beta = 1.0f;
+  fusion.bias_ptr = c.bias;
+  return args;
+}
+
+}  // namespace sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu_can_implement(const FactOpArgs* fact_args, const FactKnobs*) {
+  using namespace sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu_ns;
+  Call c;
+  if (!read_call(fact_args, c)) return FACT_CANNOT_IMPLEMENT;
+  return Conv::can_implement(make_arguments(c)) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu_workspace_size(const FactOpArgs* fact_args, const FactKnobs*) {
+  using namespace sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu_ns;
+  Call c;
+  if (!read_call(fact_args, c)) return 0;
+  return Conv::get_workspace_size(make_arguments(c));
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu_run(const FactOpArgs* fact_args, const FactKnobs*,
+                                                             void* workspace, size_t workspace_size, void* stream) {
+  using namespace sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu_ns;
+  Call c;
+  if (!read_call(fact_args, c)) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(c);
+  if (Conv::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
+  if (Conv::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  Conv conv;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (conv.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+  if (conv.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  return FACT_OK;
+}
