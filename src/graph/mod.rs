@@ -244,6 +244,36 @@ impl Graph {
         self.nodes[n].constant.as_ref()
     }
 
+    /// The ints a list operand holds: a constant list, or a `prim::ListConstruct` of int
+    /// constants (as tracing records `nn.LayerNorm`'s normalized_shape or `nn.Conv2d`'s stride).
+    pub fn int_list(&self, v: ValueId) -> Option<Vec<i64>> {
+        if let Some(Const::Ints(v)) = self.constant(v) {
+            return Some(v.clone());
+        }
+        let n = &self.nodes[self.values[v].producer?];
+        if n.kind != "prim::ListConstruct" {
+            return None;
+        }
+        n.inputs
+            .iter()
+            .map(|&i| self.constant(i).and_then(Const::as_int))
+            .collect()
+    }
+
+    /// Whether `v` is read from the module: a chain of `prim::GetAttr` from the graph's first
+    /// input (the module itself).
+    pub fn is_attribute(&self, v: ValueId) -> bool {
+        let mut at = v;
+        while let Some(p) = self.values[at].producer {
+            let n = &self.nodes[p];
+            if n.kind != "prim::GetAttr" || n.inputs.len() != 1 {
+                return false;
+            }
+            at = n.inputs[0];
+        }
+        at != v && self.inputs.first() == Some(&at)
+    }
+
     /// How many nodes read each value.
     pub fn use_counts(&self) -> Vec<usize> {
         let mut uses = vec![0; self.values.len()];

@@ -129,42 +129,13 @@ pub fn refusals(g: &Graph, matched: &std::collections::BTreeSet<NodeId>) -> Vec<
         .collect()
 }
 
-/// The ints a list operand holds: a constant list, or a `prim::ListConstruct` of int constants
-/// (as tracing records `nn.Conv2d`'s stride and padding).
-fn int_list(g: &Graph, v: ValueId) -> Option<Vec<i64>> {
-    if let Some(Const::Ints(v)) = g.constant(v) {
-        return Some(v.clone());
-    }
-    let n = &g.nodes[g.values[v].producer?];
-    if n.kind != "prim::ListConstruct" {
-        return None;
-    }
-    n.inputs
-        .iter()
-        .map(|&i| g.constant(i).and_then(Const::as_int))
-        .collect()
-}
-
 /// A 2-D argument: two ints, or one for both dims (as `conv2d` expands it).
 fn pair(g: &Graph, v: ValueId) -> Option<[i64; 2]> {
-    match *int_list(g, v)?.as_slice() {
+    match *g.int_list(v)?.as_slice() {
         [a] => Some([a, a]),
         [a, b] => Some([a, b]),
         _ => None,
     }
-}
-
-/// Whether `v` is read from the module: a chain of `prim::GetAttr` from the graph's first input.
-fn is_attribute(g: &Graph, v: ValueId) -> bool {
-    let mut at = v;
-    while let Some(p) = g.values[at].producer {
-        let n = &g.nodes[p];
-        if n.kind != "prim::GetAttr" || n.inputs.len() != 1 {
-            return false;
-        }
-        at = n.inputs[0];
-    }
-    at != v && g.inputs.first() == Some(&at)
 }
 
 fn is_none(g: &Graph, v: ValueId) -> bool {
@@ -192,7 +163,7 @@ fn channel_param(
             t.dtype, t.shape
         ));
     }
-    if !is_attribute(g, v) {
+    if !g.is_attribute(v) {
         return Err(format!(
             "its {what} is computed by the graph, not a module parameter that compose can fold"
         ));
@@ -259,7 +230,7 @@ fn conv(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
             "groups = {groups} (grouped and depthwise convolutions stay torch's for now)"
         ));
     }
-    if !is_attribute(g, w) {
+    if !g.is_attribute(w) {
         return Err(
             "its weight is computed by the graph, not a module parameter that compose can fold"
                 .into(),

@@ -485,20 +485,6 @@ const TRANSPOSES: [&str; 5] = [
     "aten::mT",
 ];
 
-/// Whether `v` is read from the module: a chain of `prim::GetAttr` from the graph's first input
-/// (the module itself).
-fn is_attribute(g: &Graph, v: ValueId) -> bool {
-    let mut at = v;
-    while let Some(p) = g.values[at].producer {
-        let n = &g.nodes[p];
-        if n.kind != "prim::GetAttr" || n.inputs.len() != 1 {
-            return false;
-        }
-        at = n.inputs[0];
-    }
-    at != v && g.inputs.first() == Some(&at)
-}
-
 /// Whether a tensor whose rows lie further apart than its last dim (a padded output, narrowed)
 /// can stand for `v`: every `view` of it (`view`, `_unsafe_view`, `view_as`, `unflatten`),
 /// directly or through views that keep its strides (`alias`, `detach`) or other views that keep
@@ -583,10 +569,10 @@ fn weight_pad(g: &Graph, readers: &[Vec<NodeId>], m: &GemmMatch) -> Option<Weigh
         GemmOrigin::Bmm => return None,
     };
     let w = g.tensor(weight)?;
-    if w.shape != [p.n, p.k] || major(w) != Some(Major::Row) || !is_attribute(g, weight) {
+    if w.shape != [p.n, p.k] || major(w) != Some(Major::Row) || !g.is_attribute(weight) {
         return None;
     }
-    if m.bias.is_some_and(|b| !is_attribute(g, b)) {
+    if m.bias.is_some_and(|b| !g.is_attribute(b)) {
         return None;
     }
     if !takes_row_stride(g, readers, *g.nodes[m.node].outputs.first()?) {

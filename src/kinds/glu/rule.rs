@@ -92,19 +92,6 @@ fn only_read_by(g: &Graph, readers: &[Vec<NodeId>], v: ValueId, node: NodeId) ->
     readers[v].iter().all(|&r| r == node) && !g.outputs.contains(&v)
 }
 
-/// Whether `v` is read from the module: a chain of `prim::GetAttr` from the graph's first input.
-fn is_attribute(g: &Graph, v: ValueId) -> bool {
-    let mut at = v;
-    while let Some(p) = g.values[at].producer {
-        let n = &g.nodes[p];
-        if n.kind != "prim::GetAttr" || n.inputs.len() != 1 {
-            return false;
-        }
-        at = n.inputs[0];
-    }
-    at != v && g.inputs.first() == Some(&at)
-}
-
 /// A `linear(x, w, b?)` node producing `v`: (node, x, w, b).
 fn linear(g: &Graph, v: ValueId) -> Option<(NodeId, ValueId, ValueId, Option<ValueId>)> {
     let n = g.values[v].producer?;
@@ -180,7 +167,7 @@ fn glu_of(
     let weight_ok = |w: &crate::graph::TensorInfo| {
         w.shape == [inter, k] && w.dtype == tx.dtype && w.is_packed()
     };
-    if !weight_ok(wg) || !weight_ok(wu) || !is_attribute(g, w_gate) || !is_attribute(g, w_up) {
+    if !weight_ok(wg) || !weight_ok(wu) || !g.is_attribute(w_gate) || !g.is_attribute(w_up) {
         return None;
     }
     let bias = match (b_gate, b_up) {
@@ -189,7 +176,7 @@ fn glu_of(
             let ok = |b: ValueId| {
                 g.tensor(b)
                     .is_some_and(|t| t.shape == [inter] && t.dtype == tx.dtype)
-                    && is_attribute(g, b)
+                    && g.is_attribute(b)
             };
             if !ok(bg) || !ok(bu) {
                 return None;

@@ -59,22 +59,6 @@ pub fn match_layernorms(g: &Graph) -> Vec<LayerNormMatch> {
         .collect()
 }
 
-/// The ints a list operand holds: a constant list, or a `prim::ListConstruct` of int constants
-/// (as tracing records `nn.LayerNorm`'s normalized_shape).
-fn int_list(g: &Graph, v: ValueId) -> Option<Vec<i64>> {
-    if let Some(Const::Ints(v)) = g.constant(v) {
-        return Some(v.clone());
-    }
-    let n = &g.nodes[g.values[v].producer?];
-    if n.kind != "prim::ListConstruct" {
-        return None;
-    }
-    n.inputs
-        .iter()
-        .map(|&i| g.constant(i).and_then(Const::as_int))
-        .collect()
-}
-
 fn layernorm(g: &Graph, n: NodeId) -> Option<LayerNormMatch> {
     // (input, normalized_shape, weight, bias, eps, cudnn_enable)
     let i = &g.nodes[n].inputs;
@@ -85,7 +69,7 @@ fn layernorm(g: &Graph, n: NodeId) -> Option<LayerNormMatch> {
     let tx = g.tensor(x)?;
     let dtype = DType::parse(&tx.dtype)?;
     let cols = *tx.shape.last()?;
-    if int_list(g, i[1])? != [cols] {
+    if g.int_list(i[1])? != [cols] {
         return None;
     }
     // An absent parameter is the None constant; a present one is a [C] tensor of x's dtype.

@@ -101,21 +101,6 @@ pub fn match_rmsnorms(g: &Graph) -> Vec<RmsNormMatch> {
     out
 }
 
-/// The ints a list operand holds: a constant list, or a `prim::ListConstruct` of int constants.
-fn int_list(g: &Graph, v: ValueId) -> Option<Vec<i64>> {
-    if let Some(Const::Ints(v)) = g.constant(v) {
-        return Some(v.clone());
-    }
-    let n = &g.nodes[g.values[v].producer?];
-    if n.kind != "prim::ListConstruct" {
-        return None;
-    }
-    n.inputs
-        .iter()
-        .map(|&i| g.constant(i).and_then(Const::as_int))
-        .collect()
-}
-
 /// A number constant (int, float or one-element tensor).
 fn number(g: &Graph, v: ValueId) -> Option<f64> {
     g.constant(v).and_then(Const::as_f64)
@@ -143,7 +128,7 @@ fn aten(g: &Graph, n: NodeId) -> Option<RmsNormMatch> {
     let tx = g.tensor(i[0])?;
     let dtype = DType::parse(&tx.dtype)?;
     let cols = *tx.shape.last()?;
-    if int_list(g, i[1])? != [cols] || g.tensor(node.outputs[0])?.shape != tx.shape {
+    if g.int_list(i[1])? != [cols] || g.tensor(node.outputs[0])?.shape != tx.shape {
         return None;
     }
     let weight = match g.constant(i[2]) {
@@ -289,7 +274,7 @@ impl Cx<'_> {
         let sq = mean.inputs[0];
         let tsq = g.tensor(sq)?;
         let rank = tsq.shape.len() as i64;
-        let dims = int_list(g, mean.inputs[1])?;
+        let dims = g.int_list(mean.inputs[1])?;
         if (dims != [-1] && dims != [rank - 1])
             || g.constant(mean.inputs[2]) != Some(&Const::Bool(true))
             || g.constant(mean.inputs[3]) != Some(&Const::None)
