@@ -39,6 +39,14 @@ fn failed_kernels(tables: &Tables, key: &TableKey) -> BTreeSet<String> {
         .collect()
 }
 
+/// Where a table winner was measured, when that is not here (another GPU or CUTLASS): such a
+/// winner is re-verified before use. None without a GPU here (`here` is None).
+fn measured_elsewhere(here: Option<&Provenance>, entry: &Entry) -> Option<String> {
+    let prov = entry.winner_provenance();
+    here.filter(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
+        .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass))
+}
+
 fn provenance(tc: &Toolchain) -> Provenance {
     let device = tune::cuda::Cuda::get()
         .map(|c| c.device_info(0))
@@ -194,12 +202,7 @@ pub fn realize(
     let here = if cx.gpu { Some(provenance(tc)) } else { None };
     match tables.lookup(&key, problem) {
         Lookup::Exact { entry, table } => {
-            let prov = entry.winner_provenance();
-            let elsewhere = here
-                .as_ref()
-                .filter(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
-                .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass));
-            if let Some(on) = elsewhere {
+            if let Some(on) = measured_elsewhere(here.as_ref(), &entry) {
                 return match reverify(cx, tables, problem, math, &entry.winner_spec, "_reverify")? {
                     Some((entry, failures)) => Ok(Realized {
                         how: Realization::Hit {
@@ -374,11 +377,7 @@ pub(super) fn prefetch(
         match tables.lookup(&key, problem) {
             Lookup::Miss => {}
             Lookup::Exact { entry, .. } => {
-                let prov = entry.winner_provenance();
-                if here
-                    .as_ref()
-                    .is_some_and(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
-                {
+                if measured_elsewhere(here.as_ref(), &entry).is_some() {
                     again += 1;
                     specs.push(entry.winner_spec.clone());
                 }
