@@ -242,3 +242,45 @@ def fmt(v, spec=".3f"):
 
 def geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def kernel_profile(fn, inputs, iters=5, top=25):
+    """Where one forward's GPU time goes: every CUDA kernel of `fn(*inputs)` summed over `iters`
+    profiled forwards (per forward), the back-to-back wall time against the kernels' sum (the gap
+    is launch and host work the GPU waits on), and the idle gaps over 5 us by the kernel before
+    them. {wall_ms, kernels_ms, idle_ms, kernels: [{ms, calls, name}], gaps_after: [...]}."""
+    import time
+    from collections import defaultdict
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) / 10 * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    cuda = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = defaultdict(lambda: [0.0, 0])
+    for e in cuda:
+        k = kernels[e.name[:140]]
+        k[0] += e.device_time / 1e3 / iters
+        k[1] += 1
+    timeline = sorted(cuda, key=lambda e: e.time_range.start)
+    gaps = defaultdict(lambda: [0.0, 0])
+    for a, b in zip(timeline, timeline[1:]):
+        idle = (b.time_range.start - a.time_range.end) / 1e3
+        if idle > 0.005:
+            g = gaps[a.name[:100]]
+            g[0] += idle / iters
+            g[1] += 1
+    rows = sorted(((ms, n // iters, name) for name, (ms, n) in kernels.items()), reverse=True)
+    gap_rows = sorted(((ms, n // iters, name) for name, (ms, n) in gaps.items()), reverse=True)
+    return {"wall_ms": wall_ms, "kernels_ms": sum(r[0] for r in rows), "idle_ms": sum(r[0] for r in gap_rows),
+            "kernels": [{"ms": ms, "calls": n, "name": name} for ms, n, name in rows[:top]],
+            "gaps_after": [{"ms": ms, "count": n, "name": name} for ms, n, name in gap_rows[:top]]}

@@ -75,6 +75,7 @@ from harness import (  # noqa: E402 -- the shared measuring harness, one copy of
     present_kinds,
     flush_buffer,
     fmt,
+    kernel_profile,
     geomean,
     last_error,
     log,
@@ -89,6 +90,7 @@ MODES = ("eager", "traced", "compile", "max-autotune", "fact")
 # Each mode's time and error keys in a record.
 MS_KEY = {"eager": "eager_ms", "traced": "traced_ms", "compile": "compile_ms", "max-autotune": "max_autotune_ms", "fact": "fact_ms"}
 ERR_KEY = {m: k.replace("_ms", "_err") for m, k in MS_KEY.items()}
+MODE_OF = {k: m for m, k in MS_KEY.items()}
 # The kind of a pattern whose compose.json entry names none (older fact): from its rule id.
 KIND_PREFIXES = (("attention", "attention"), ("sdpa", "attention"), ("layernorm", "layernorm"))
 
@@ -144,8 +146,9 @@ def child_trace(out, name, policy):
     write_json(out / "work" / f"{t}.trace.json", info)
 
 
-def child_measure(out, name, policy, modes, with_fact, with_ablations):
-    """Writes work/T.measure.json after every stage, so a crash keeps what was measured."""
+def child_measure(out, name, policy, modes, with_fact, extras):
+    """Writes work/T.measure.json after every stage, so a crash keeps what was measured.
+    `extras`: the optional stages asked for, of "ablations" and "profile"."""
     model = models.by_name()[name]
     t = tag(name, policy)
     torch.set_float32_matmul_precision(MATMUL_PRECISION[policy])
@@ -237,6 +240,10 @@ def child_measure(out, name, policy, modes, with_fact, with_ablations):
             res["ablations"] = []
             ablations(ctx["lib"], timed["fact_ms"], present, ctx["trials"][0], ctx["refs"][0], inputs, flush, res["ablations"])
 
+    def profiles():
+        # Per kernel, for fact's module and the modes beside it: where each one's time goes.
+        res["profile"] = {MODE_OF[k]: kernel_profile(m, inputs) for k, m in timed.items()}
+
     def max_autotune():
         m, res["max_autotune_compile_s"] = compile_timed(wrapper, inputs, mode="max-autotune")
         check("max-autotune", m)
@@ -262,8 +269,10 @@ def child_measure(out, name, policy, modes, with_fact, with_ablations):
         # only max-autotune beside fact times fact there alone (fact_ms_beside_max_autotune).
         if timed and (set(timed) != {"fact_ms"} or "max-autotune" not in modes):
             stages.run("timing", timing)
-        if with_ablations and "fact_ms" in timed:
+        if "ablations" in extras and "fact_ms" in timed:
             stages.run("ablations", kind_ablations)
+        if "profile" in extras and timed:
+            stages.run("profile", profiles)
         # Last: its compile takes minutes, and a timeout then keeps what was measured before it.
         if "max-autotune" in modes:
             stages.run("max_autotune", max_autotune)
@@ -316,10 +325,10 @@ MODE_FIELDS = {
     "compile": ["compile_ms", "compile_err", "compile_s"],
     "max-autotune": ["max_autotune_ms", "max_autotune_err", "max_autotune_compile_s", "fact_ms_beside_max_autotune"],
     "fact": ["fact_ms", "fact_err", "kernel_calls", "fallback_calls", "calls_by_kind", "calls_by_kernel", "patterns_by_kind",
-             "substituted", "fact_ops", "compose_s", "compose_table_entries_before", "ablations"],
+             "substituted", "fact_ops", "compose_s", "compose_table_entries_before", "ablations", "profile"],
 }
 MODE_STAGES = {"eager": ["eager"], "traced": ["traced"], "compile": ["compile"], "max-autotune": ["max_autotune"],
-               "fact": ["compose", "fact", "ablations"]}
+               "fact": ["compose", "fact", "ablations", "profile"]}
 CALL_STAGES = ["trace", "measure", "reference", "timing"]
 # The modes fact_ms is timed in turns with (see child_measure).
 TURN_MODES = {"eager", "traced", "compile"}
@@ -441,7 +450,7 @@ def run_pair(args, model, policy, deadline, env, command):
     if measured_modes:
         result = out / "work" / f"{t}.measure.json"
         result.unlink(missing_ok=True)
-        extra = ["--modes", ",".join(args.modes)] + (["--with-fact"] if composed else []) + (["--ablations"] if args.ablations else [])
+        extra = ["--modes", ",".join(args.modes)] + (["--with-fact"] if composed else []) + (["--ablations"] if args.ablations else []) + (["--profile"] if args.profile else [])
         child("measure", extra, args.measure_timeout)
         measured = json.loads(result.read_text()) if result.exists() else {}
         for stage, msg in measured.pop("errors", {}).items():
@@ -504,6 +513,7 @@ def main():
     ap.add_argument("--compose-timeout", type=float, default=1800, help="seconds per fact compose")
     ap.add_argument("--measure-timeout", type=float, default=900, help="seconds per measuring child")
     ap.add_argument("--ablations", action="store_true", help="also time fact with each pattern kind turned off")
+    ap.add_argument("--profile", action="store_true", help="also record each timed module's kernels (torch.profiler): where its time goes")
     ap.add_argument("--resume", action="store_true", help="skip pairs whose record in OUT already has every time the modes measure")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "MODEL", "POLICY"), help=argparse.SUPPRESS)
     ap.add_argument("--with-fact", action="store_true", help=argparse.SUPPRESS)
@@ -518,7 +528,8 @@ def main():
         if kind == "trace":
             child_trace(args.out, name, policy)
         else:
-            child_measure(args.out, name, policy, args.modes, args.with_fact, args.ablations)
+            extras = {k for k in ("ablations", "profile") if getattr(args, k)}
+            child_measure(args.out, name, policy, args.modes, args.with_fact, extras)
         return
 
     policies = args.policies.split(",")
