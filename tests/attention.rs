@@ -30,8 +30,9 @@ fn fact_of(class: MaskClass, shape_only: bool) -> Option<MaskFact> {
 fn sdpa_masks_are_classified_at_load_and_matched_by_class() {
     let load = |name: &str| torch::load_graph(&fixture(name), &[]).unwrap().0;
 
-    // Causal from positions (shape-only), K/V repeated by repeat_kv: the match reads the
-    // un-repeated [2,2,16,16] tensors and owns the repeat's nodes.
+    // Causal from positions (shape-only, so the op classifies it once per shape: `static`), K/V
+    // repeated by repeat_kv: the match reads the un-repeated [2,2,16,16] tensors and owns the
+    // repeat's nodes.
     let g = load("sdpa_causal_repeat.pt");
     assert_eq!(mask_fact(&g), fact_of(MaskClass::Causal, true));
     let a = &match_attention(&g)[0];
@@ -41,7 +42,7 @@ fn sdpa_masks_are_classified_at_load_and_matched_by_class() {
             "sdpa_causal_mask".to_string(),
             Some(2),
             Some(2),
-            "sdpa;mask=bool;repeat=2;class=causal".to_string()
+            "sdpa;mask=bool;repeat=2;class=causal;static".to_string()
         )
     );
     assert_eq!(g.tensor(a.k).unwrap().shape, vec![2, 2, 16, 16]);
@@ -80,7 +81,7 @@ fn sdpa_masks_are_classified_at_load_and_matched_by_class() {
     let a = &match_attention(&g)[0];
     assert_eq!(
         (a.problem.kv_heads, a.form().as_str()),
-        (None, "sdpa;mask=add;class=causal")
+        (None, "sdpa;mask=add;class=causal;static")
     );
 
     // A sliding window of 4 keys is general at T 16: no match, and the plan says why. At T 4 the

@@ -248,7 +248,8 @@ def kernel_profile(fn, inputs, iters=5, top=25):
     """Where one forward's GPU time goes: every CUDA kernel of `fn(*inputs)` summed over `iters`
     profiled forwards (per forward), the back-to-back wall time against the kernels' sum (the gap
     is launch and host work the GPU waits on), and the idle gaps over 5 us by the kernel before
-    them. {wall_ms, kernels_ms, idle_ms, kernels: [{ms, calls, name}], gaps_after: [...]}."""
+    them, and each op's host time per call (a pass of its own). {wall_ms, kernels_ms, idle_ms,
+    kernels: [{ms, calls, name}], gaps_after: [...], host_ops: [{name, calls, us_per_call, ...}]}."""
     import time
     from collections import defaultdict
     from torch.profiler import ProfilerActivity, profile
@@ -281,6 +282,18 @@ def kernel_profile(fn, inputs, iters=5, top=25):
             g[1] += 1
     rows = sorted(((ms, n // iters, name) for name, (ms, n) in kernels.items()), reverse=True)
     gap_rows = sorted(((ms, n // iters, name) for name, (ms, n) in gaps.items()), reverse=True)
+    # The host side, in a pass of its own (recording CPU ops slows the forward): each op's host
+    # time per call with what it calls, fact's ops first, then the others by their own time.
+    with profile(activities=[ProfilerActivity.CPU]) as host:
+        for _ in range(iters):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    ops = host.key_averages()
+    mine = sorted((e for e in ops if e.key.startswith("fact::")), key=lambda e: -e.cpu_time_total)
+    others = sorted((e for e in ops if not e.key.startswith("fact::")), key=lambda e: -e.self_cpu_time_total)
+    host_ops = [{"name": e.key, "calls": e.count // iters, "us_per_call": e.cpu_time_total / max(e.count, 1),
+                 "self_us_per_forward": e.self_cpu_time_total / iters} for e in mine + others[:top]]
     return {"wall_ms": wall_ms, "kernels_ms": sum(r[0] for r in rows), "idle_ms": sum(r[0] for r in gap_rows),
             "kernels": [{"ms": ms, "calls": n, "name": name} for ms, n, name in rows[:top]],
-            "gaps_after": [{"ms": ms, "count": n, "name": name} for ms, n, name in gap_rows[:top]]}
+            "gaps_after": [{"ms": ms, "count": n, "name": name} for ms, n, name in gap_rows[:top]],
+            "host_ops": host_ops}

@@ -231,11 +231,15 @@ FactTensor fact_tensor(const at::Tensor& t) {
 // allocator; false when the kernel cannot implement the call (the op falls back).
 bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like, c10::string_view kernel,
                    const char* op) {
-  if (fact_kernel_can_implement(index, &args) != FACT_OK) return false;
+  // The host path is per call and the GPU waits on it after a short kernel, so it is kept short:
+  // no separate can_implement (run checks the call before it launches anything and says
+  // FACT_CANNOT_IMPLEMENT), and no workspace allocation where the kernel needs none.
   const size_t ws_size = fact_kernel_workspace_size(index, &args);
-  at::Tensor ws = at::empty({static_cast<int64_t>(ws_size > 0 ? ws_size : 1)}, like.options().dtype(at::kByte));
-  const int32_t status = fact_kernel_run(index, &args, ws.data_ptr(), ws_size,
+  at::Tensor ws;
+  if (ws_size > 0) ws = at::empty({static_cast<int64_t>(ws_size)}, like.options().dtype(at::kByte));
+  const int32_t status = fact_kernel_run(index, &args, ws_size > 0 ? ws.data_ptr() : nullptr, ws_size,
                                          c10::cuda::getCurrentCUDAStream(like.device().index()).stream());
+  if (status == FACT_CANNOT_IMPLEMENT) return false;
   TORCH_CHECK(status == FACT_OK, "fact::", op, ": kernel ", std::string(kernel), " failed with status ", status,
               ": ", fact_last_error());
   return true;
@@ -798,8 +802,9 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // operand) or "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
-// call: the op is given them un-repeated) and "class=..." (the mask class the kernel was built for:
-// none, causal, padded or causal_padded).
+// call: the op is given them un-repeated), "class=..." (the mask class the kernel was built for:
+// none, causal, padded or causal_padded) and "static" (the graph computes the mask from the inputs'
+// sizes alone, so its class is one per shape).
 
 struct Form {
   bool sdpa = false, causal = false, gqa = false;
@@ -814,6 +819,8 @@ struct Form {
   int64_t repeat = 1;
   // The mask class the kernel computes.
   fact_mask::MaskClass kernel_class = fact_mask::MaskClass::None;
+  // The mask is a function of the inputs' sizes: classified once per shape, not per forward.
+  bool static_mask = false;
 };
 
 Form parse_form(c10::string_view text) {
@@ -845,6 +852,8 @@ Form parse_form(c10::string_view text) {
       f.mask = val;
     } else if (key == "repeat" && f.sdpa && parse_index(val, groups) && groups >= 2) {
       f.repeat = static_cast<int64_t>(groups);
+    } else if (key == "static" && f.sdpa && eq == std::string::npos) {
+      f.static_mask = true;
     } else if (key == "class" && f.sdpa) {
       has_class = true;
       if (val == "none") f.kernel_class = fact_mask::MaskClass::None;
@@ -860,6 +869,7 @@ Form parse_form(c10::string_view text) {
   // form's masked kernel is the causal one (forms written before classes read the same way).
   if (f.sdpa && f.mask.empty() == has_class) bad();
   if (f.sdpa && f.causal && !f.mask.empty()) bad();
+  if (f.static_mask && f.mask.empty()) bad();
   if (!has_class && (f.causal || (!f.sdpa && !f.mask.empty()))) f.kernel_class = fact_mask::MaskClass::Causal;
   return f;
 }
@@ -905,13 +915,17 @@ fact_mask::MaskMode mask_mode(const Form& f) {
 // Masks already classified, newest first: a reference to each (so its memory is never another
 // tensor's while it is here), the version it had, how it was read and against which scores. A
 // mask is new each forward but one serves every layer, so the first layer classifies it and the
-// others hit; a slice of a mask buffer taken anew each call hits through its memory. At most four
-// are kept (an encoder-decoder passes two per forward), so the memory held is a few masks.
+// others hit; a slice of a mask buffer taken anew each call hits through its memory. A static
+// mask (the graph computes it from the inputs' sizes alone, as a decoder's causal mask) hits on
+// its shape, layout and the scores' dims whatever tensor holds it: one classification (and host
+// sync) per shape, not per forward. At most four are kept (an encoder-decoder passes two per
+// forward), so the memory held is a few masks.
 struct ClassifiedMask {
   at::Tensor mask;
   uint32_t version;
   fact_mask::MaskMode mode;
   int64_t dims[5];
+  bool by_shape;
   fact_mask::MaskValue value;
 };
 std::mutex masks_mutex;
@@ -920,15 +934,16 @@ constexpr size_t kMaskCache = 4;
 
 // The class of `mask` against the scores [b, h, tq, tk] (q of rank `q_rank`), from the cache or
 // classified now (one pass on its device and one host sync).
-fact_mask::MaskValue mask_value(const at::Tensor& mask, fact_mask::MaskMode mode, int64_t q_rank, int64_t b,
-                                int64_t h, int64_t tq, int64_t tk) {
+fact_mask::MaskValue mask_value(const at::Tensor& mask, fact_mask::MaskMode mode, bool by_shape, int64_t q_rank,
+                                int64_t b, int64_t h, int64_t tq, int64_t tk) {
   const int64_t dims[5] = {q_rank, b, h, tq, tk};
   auto same = [&](const ClassifiedMask& c) {
-    const bool tensor = c.mask.is_same(mask) ||
-                        (c.mask.data_ptr() == mask.data_ptr() && c.mask.sizes() == mask.sizes() &&
-                         c.mask.strides() == mask.strides() && c.mask.dtype() == mask.dtype() &&
-                         c.mask.device() == mask.device());
-    return tensor && c.version == mask._version() && c.mode == mode && std::equal(dims, dims + 5, c.dims);
+    const bool layout = c.mask.sizes() == mask.sizes() && c.mask.strides() == mask.strides() &&
+                        c.mask.dtype() == mask.dtype() && c.mask.device() == mask.device();
+    const bool tensor = by_shape ? c.by_shape && layout
+                                 : !c.by_shape && c.version == mask._version() &&
+                                       (c.mask.is_same(mask) || (c.mask.data_ptr() == mask.data_ptr() && layout));
+    return tensor && c.mode == mode && std::equal(dims, dims + 5, c.dims);
   };
   {
     std::lock_guard<std::mutex> lock(masks_mutex);
@@ -939,7 +954,8 @@ fact_mask::MaskValue mask_value(const at::Tensor& mask, fact_mask::MaskMode mode
       }
     }
   }
-  ClassifiedMask c{mask, mask._version(), mode, {q_rank, b, h, tq, tk}, fact_mask::classify(mask, mode, q_rank, b, h, tq, tk)};
+  ClassifiedMask c{mask, mask._version(), mode, {q_rank, b, h, tq, tk}, by_shape,
+                   fact_mask::classify(mask, mode, q_rank, b, h, tq, tk)};
   std::lock_guard<std::mutex> lock(masks_mutex);
   classified_masks.insert(classified_masks.begin(), c);
   if (classified_masks.size() > kMaskCache) classified_masks.pop_back();
@@ -990,7 +1006,7 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   at::Tensor lengths;
   if (!f.mask.empty()) {
     if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the mask is not on q's device", at::Tensor();
-    const fact_mask::MaskValue m = mask_value(*mask, mask_mode(f), q.dim(), b, h, tq, tk);
+    const fact_mask::MaskValue m = mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
     if (!kernel_takes(f.kernel_class, m.cls)) {
       switch (m.cls) {
         case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();

@@ -92,6 +92,10 @@ pub struct AttentionMatch {
     /// The tensor the mask is derived from (MaskMode), when the explicit form masks, or SDPA's
     /// attn_mask.
     pub mask: Option<(ValueId, MaskMode)>,
+    /// SDPA's attn_mask reads only the inputs' sizes (with constants and module state), as a
+    /// decoder's causal mask built from its positions does: the op may classify it once per
+    /// shape, not once per forward (which costs a host sync each forward).
+    pub mask_static: bool,
     pub scale: Scale,
     /// SDPA's `enable_gqa=True` (k and v of fewer heads than q).
     pub gqa: bool,
@@ -152,6 +156,9 @@ impl AttentionMatch {
                 }
                 if self.mask.is_some() {
                     f.push_str(&format!(";class={}", self.kernel_mask().name()));
+                    if self.mask_static {
+                        f.push_str(";static");
+                    }
                 }
                 if let Some(s) = s {
                     f.push_str(&format!(";scale={s:?}"));
@@ -395,6 +402,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         k,
         v,
         mask,
+        mask_static: false,
         scale,
         gqa: false,
         repeat: None,
@@ -488,6 +496,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
             nodes.extend(rk.nodes.iter().chain(&rv.nodes));
         }
     }
+    let mask_static = mask.is_some_and(|(m, _)| g.values[m].mask.is_some_and(|f| f.shape_only));
     let problem = problem(g, [q, k0, v0], form).ok_or_else(|| {
         format!(
             "q {:?}, k {:?}, v {:?} are not [B,H,T,D] (or [B,T,D]) of one float dtype with equal B and D, and k/v heads dividing q's",
@@ -504,6 +513,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         k: k0,
         v: v0,
         mask,
+        mask_static,
         scale: Scale::Sdpa(scale),
         gqa,
         repeat,
@@ -977,9 +987,10 @@ mod tests {
             // The graph passes the mask tensor: torch's time is that call's (`masked`).
             ("sdpa_causal_mask".to_string(), None, false)
         );
+        // A function of the shapes: the op classifies it once per shape (`static`).
         assert_eq!(
             a.form(),
-            "sdpa;mask=bool;class=causal;scale=0.1767766952966369"
+            "sdpa;mask=bool;class=causal;static;scale=0.1767766952966369"
         );
         // The SDPA alone: the mask's computation stays (every layer reads it), q, k, v are views.
         assert_eq!(a.nodes, vec![sdpa_of(&g)]);
@@ -995,6 +1006,8 @@ mod tests {
         let a = &match_attention(&Graph::parse(&gpt2_block(" @causal")).unwrap())[0];
         assert_eq!(a.problem.rule_id(), "sdpa_causal_padded");
         assert!(a.form().contains(";class=causal_padded"), "{}", a.form());
+        // Its value changes with the data of one shape: classified per forward, never `static`.
+        assert!(!a.form().contains("static"), "{}", a.form());
     }
 
     #[test]
@@ -1097,7 +1110,7 @@ mod tests {
         );
         assert_eq!(
             a.form(),
-            "sdpa;mask=bool;repeat=4;class=causal;scale=0.1767766952966369"
+            "sdpa;mask=bool;repeat=4;class=causal;static;scale=0.1767766952966369"
         );
         // SDPA and both repeats' tensor nodes (4 slices, unsqueeze, expand, reshape each); the
         // size arithmetic feeding the reshape stays (it reads only sizes).
@@ -1211,9 +1224,10 @@ mod tests {
                 .map(|a| (a.problem.rule_id(), a.nodes.len(), a.form()))
         };
         let form = |class: &str| format!("sdpa;mask=bool;class={class};scale=0.1767766952966369");
+        // Computed from shapes alone (no padding input): classified once per shape.
         assert_eq!(
             rule(" @none/shape"),
-            Some(("sdpa_mask".to_string(), 1, form("none")))
+            Some(("sdpa_mask".to_string(), 1, form("none;static")))
         );
         // A user's attention_mask: the sample may show no padding, other inputs will.
         assert_eq!(
