@@ -1,7 +1,8 @@
 """Where a composed module's time goes on the GPU: every CUDA kernel of its forward, summed over a
 few profiled iterations, the forward's wall time against the sum of its kernels (the gap is
 launch and host work the GPU waits on), and the GPU's idle gaps over 5 us with the kernel before
-each (a gap after a device-to-host copy is the host catching up after waiting for the stream).
+each (a gap after a device-to-host copy is the host catching up after waiting for the stream),
+and each op's host time per call (harness.kernel_profile, which the zoo's --profile records too).
 
     python3 benches/device/profile_composed.py COMPOSED_DIR POLICY SHAPE [OUT.json]
 
@@ -10,15 +11,13 @@ forward's one input, e.g. 128x512x768.
 """
 import json
 import sys
-import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from epilogue_suite import DTYPE, MATMUL_PRECISION  # noqa: E402 -- the suite's, one copy each
+from harness import kernel_profile  # noqa: E402
 
 ITERS = 5
 
@@ -37,46 +36,19 @@ def load_composed(argv):
 def main():
     m, x, out = load_composed(sys.argv)
     with torch.no_grad():
-        for _ in range(10):
-            m(x)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(20):
-            m(x)
-        torch.cuda.synchronize()
-        wall_ms = (time.perf_counter() - start) / 20 * 1e3
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(ITERS):
-                m(x)
-            torch.cuda.synchronize()
-    kernels = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels[e.name[:140]]
-            k[0] += e.device_time / 1e3 / ITERS
-            k[1] += 1
-    timeline = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                      key=lambda e: e.time_range.start)
-    gaps = defaultdict(lambda: [0.0, 0])
-    for a, b in zip(timeline, timeline[1:]):
-        idle = (b.time_range.start - a.time_range.end) / 1e3
-        if idle > 0.005:
-            g = gaps[a.name[:100]]
-            g[0] += idle / ITERS
-            g[1] += 1
-    rows = sorted(((ms, n // ITERS, name) for name, (ms, n) in kernels.items()), reverse=True)
-    total = sum(r[0] for r in rows)
-    print(f"forward wall {wall_ms:.3f} ms (back to back), kernels {total:.3f} ms per forward")
-    for ms, n, name in rows:
-        print(f"{ms:8.3f} ms {100 * ms / total:5.1f}%  x{n:<3} {name}")
-    gap_rows = sorted(((ms, n, name) for name, (ms, n) in gaps.items()), reverse=True)
-    print(f"idle gaps over 5 us: {sum(r[0] for r in gap_rows):.3f} ms per forward")
-    for ms, n, name in gap_rows:
-        print(f"{ms:8.3f} ms  x{n:<3} after {name}")
+        r = kernel_profile(m, (x,), iters=ITERS, top=1000)
+    print(f"forward wall {r['wall_ms']:.3f} ms (back to back), kernels {r['kernels_ms']:.3f} ms per forward")
+    for k in r["kernels"]:
+        print(f"{k['ms']:8.3f} ms {100 * k['ms'] / r['kernels_ms']:5.1f}%  x{k['calls']:<3} {k['name']}")
+    print(f"idle gaps over 5 us: {r['idle_ms']:.3f} ms per forward")
+    for g in r["gaps_after"]:
+        print(f"{g['ms']:8.3f} ms  x{g['count']:<3} after {g['name']}")
+    print("host time per call:")
+    for h in r["host_ops"][:30]:
+        print(f"{h['us_per_call']:9.1f} us  x{h['calls']:<3} {h['name']}")
     if out:
-        out.write_text(json.dumps({"policy": policy, "shape": shape, "wall_ms": wall_ms, "kernels_ms": total,
-                                   "kernels": [{"ms": ms, "calls": n, "name": name} for ms, n, name in rows],
-                                   "gaps_after": [{"ms": ms, "count": n, "name": name} for ms, n, name in gap_rows]}, indent=1) + "\n")
+        shape = [int(v) for v in sys.argv[3].split("x")]
+        out.write_text(json.dumps({"policy": sys.argv[2], "shape": shape, **r}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
