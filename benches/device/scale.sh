@@ -13,7 +13,9 @@
 #                    build cache backed by the shared one; its step writes steps/shared_cache.json
 #                    ({"wall_s": ...}) and `assemble` then adds shared_cache_vs_cold
 # Usage: bash benches/device/scale.sh [STEPS...]   (default: cold warm; `cold` is cold_1gpu and
-#        cold_2gpu, `warm` the two warm_cache steps; `assemble` only rewrites the record)
+#        cold_2gpu, `warm` the two warm_cache steps; `assemble` only rewrites the record; `check`
+#        realizes one GEMM with --gpus 2 and writes check.json: each GPU's run of its entry, to
+#        see the dealing work before spending a call on the composes, about 2 minutes)
 # Environment: SCALE_MODEL (gpt2; bert works too), SCALE_POLICY (bf16), SCALE_FACT_ARGS
 # (--candidates 8 --refine 2: fewer candidates than compose's default 12 and 4 so that both cold
 # composes fit the call; "" for compose's defaults), SCALE_BUDGET_S (520: no step starts after it,
@@ -180,7 +182,27 @@ for step in "$@"; do
     assemble | tee -a "$log"
     ;;
   assemble) assemble | tee -a "$log" ;;
-  *) echo "unknown step $step: use cold, warm or assemble" >&2; exit 2 ;;
+  check)
+    FACT_TABLE=$work/tables/check.json FACT_SHIPPED_TABLE=/nonexistent.json FACT_CACHE_DIR=$work/cache-check \
+      timeout "$(left)" "$bin" realize --rule gemm_rcr_bias --dtype bf16 --shape 8192x768x768 --candidates 8 \
+      --gpus 2 --out "$work/out-check" --json > "$work/check.json" 2> "$out/logs/check.log"
+    echo "check: exit $?" | tee -a "$log"
+    python3 - "$work/check.json" "$out/check.json" <<'PY' | tee -a "$log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+e = r.get("entry") or {}
+runs = [{"gpu": run["provenance"]["device"].get("index"), "uuid": run["provenance"]["device"].get("uuid"),
+         "torch_ms": (run.get("baseline") or {}).get("median_ms"),
+         "variants": [c["kernel"] for c in run["candidates"]],
+         "ok": sum(c["status"] == "ok" for c in run["candidates"])} for run in e.get("runs", [])]
+out = {"realization": r.get("realization"), "winner": e.get("winner"), "winner_ms": e.get("winner_ms"),
+       "winner_gpu": runs[e["winner_run"]]["gpu"] if runs else None, "runs": runs, "seconds": r.get("seconds")}
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+print(json.dumps({k: out[k] for k in ("winner", "winner_gpu", "seconds")}),
+      [(x["gpu"], len(x["variants"]), x["torch_ms"]) for x in runs])
+PY
+    ;;
+  *) echo "unknown step $step: use cold, warm, check or assemble" >&2; exit 2 ;;
   esac
 done
 true

@@ -511,34 +511,76 @@ pub(super) fn prefetch(
     let line = format!(
         "prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss and the winners of the {again} to re-verify here"
     );
-    compile_ahead(cx, specs, "prefetch", 2, Some(&line), cx.opts.jobs)
+    compile_ahead(
+        cx,
+        specs,
+        Batch {
+            folder: "prefetch",
+            at_least: 2,
+            line: Some(&line),
+            jobs: cx.opts.jobs,
+            behind: false,
+        },
+    )
 }
 
-/// Compiles `specs`, each kernel once, into the object cache in one nvcc batch of `jobs` units
-/// under sweeps/`folder`, saying `line` first; nothing when fewer than `at_least` kernels remain.
-/// Failures are left to the sweeps that meet them to report.
-fn compile_ahead(
-    cx: RealizeCtx,
-    mut specs: Vec<Spec>,
-    folder: &str,
+/// How `compile_ahead` builds its batch.
+struct Batch<'a> {
+    /// Under sweeps/.
+    folder: &'a str,
+    /// Nothing is built for fewer kernels.
     at_least: usize,
-    line: Option<&str>,
+    /// Said first.
+    line: Option<&'a str>,
+    /// nvcc units.
     jobs: usize,
-) -> Result<(), ComposeError> {
+    /// Built behind other work: lines rather than a bar, which would draw over the tuning bars
+    /// on a terminal.
+    behind: bool,
+}
+
+/// Compiles `specs`, each kernel once, into the object cache in one nvcc batch. Failures are
+/// left to the sweeps that meet them to report.
+fn compile_ahead(cx: RealizeCtx, mut specs: Vec<Spec>, batch: Batch) -> Result<(), ComposeError> {
+    let Batch {
+        folder,
+        at_least,
+        line,
+        jobs,
+        behind,
+    } = batch;
     let mut seen = BTreeSet::new();
     specs.retain(|s| seen.insert(s.kernel_name()));
     if specs.is_empty() || specs.len() < at_least {
         return Ok(());
     }
+    let show = cx.opts.progress;
     if let Some(line) = line {
-        nvcc::progress_line(cx.opts.progress, format_args!("{line}"));
+        nvcc::progress_line(show, format_args!("{line}"));
     }
     let dir = cx.opts.out_dir.join("sweeps").join(folder);
     let build = nvcc::BuildOptions {
         jobs,
+        show_progress: show && !behind,
         ..cx.opts.build(&dir)
     };
-    nvcc::compile_objects(cx.tc, &specs, &build).map_err(ComposeError::from)?;
+    if behind && show {
+        eprintln!(
+            "compiling {} kernels in the background on {jobs} jobs into {}",
+            specs.len(),
+            dir.display()
+        );
+    }
+    let started = std::time::Instant::now();
+    let built = nvcc::compile_objects(cx.tc, &specs, &build).map_err(ComposeError::from)?;
+    if behind && show {
+        eprintln!(
+            "compiled {} kernels in {:.0} s, {} failed (in the background)",
+            specs.len(),
+            started.elapsed().as_secs_f64(),
+            built.failures.len()
+        );
+    }
     Ok(())
 }
 
@@ -815,7 +857,14 @@ pub(super) fn measure_ahead<'s>(
             }
         }
         let _opens = Opens(&ahead.siblings);
-        compile_ahead(cx, specs, "siblings_ahead", 1, None, jobs)
+        let batch = Batch {
+            folder: "siblings_ahead",
+            at_least: 1,
+            line: None,
+            jobs,
+            behind: true,
+        };
+        compile_ahead(cx, specs, batch)
     })))
 }
 
