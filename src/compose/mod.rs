@@ -158,6 +158,12 @@ pub fn gpu_pool(opts: &Options, gpu: bool) -> Result<(Pool, Vec<String>), Compos
         arch.runs_on(g.capability)
     })
     .map_err(ComposeError::Gpus)?;
+    if gpus.is_empty() {
+        // Device 0 runs the arch's kernels, yet CUDA listed no device to pin a worker to.
+        return Err(ComposeError::Gpus(format!(
+            "cudaGetDeviceCount lists no GPU that runs {arch} kernels, though torch sees one: check CUDA_VISIBLE_DEVICES and the driver"
+        )));
+    }
     Ok((Pool::new(gpus, spawn), notes))
 }
 

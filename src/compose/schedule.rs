@@ -9,6 +9,7 @@
 use super::realize::{lock, realize, Ahead, RealizeCtx, Realized, Shared};
 use super::{ComposeError, ProblemKey, Realization};
 use crate::kinds::{Found, Problem};
+use crate::nvcc;
 use crate::table::TableKey;
 use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex};
@@ -153,7 +154,9 @@ impl Board<'_> {
             let mut step = 0;
             loop {
                 let problem = &chain.problems[step];
-                let Some(skipped) = self.realize(&chain.keys[step], || realize_one(problem)) else {
+                let Some(skipped) =
+                    self.realize(&chain.keys[step], || realize_one(&chain.id, problem))
+                else {
                     return;
                 };
                 if skipped && step + 1 < chain.problems.len() {
@@ -167,8 +170,8 @@ impl Board<'_> {
     }
 }
 
-/// How one problem is realized (`realize`; tests script it).
-type RealizeOne<'a> = dyn Fn(&Problem) -> Result<Realized, ComposeError> + Sync + 'a;
+/// How one problem is realized, for the pattern of the id given (`realize`; tests script it).
+type RealizeOne<'a> = dyn Fn(&str, &Problem) -> Result<Realized, ComposeError> + Sync + 'a;
 
 /// Realizes every chain's problems, one realization at a time per GPU of the pool (one where
 /// there is none), each distinct problem once; see the module doc for the order.
@@ -187,7 +190,11 @@ pub(super) fn realize_all(
         })
         .collect();
     let workers = cx.pool.gpus().len().max(1);
-    schedule(chains, gated, workers, ahead, &|p| {
+    schedule(chains, gated, workers, ahead, &|id, p| {
+        nvcc::progress_line(
+            cx.opts.progress,
+            format_args!("pattern {id}: {} {}", p.rule_id(), p.shape_key()),
+        );
         realize(cx, sh, p, ahead)
     })
 }
@@ -302,7 +309,7 @@ mod tests {
         let ahead = Ahead::default();
         ahead.siblings.close();
         let order = Mutex::new(Vec::new());
-        let done = schedule(&chains, gated, 1, &ahead, &|p| {
+        let done = schedule(&chains, gated, 1, &ahead, &|_, p| {
             let mut order = lock(&order);
             order.push(m_of(p));
             assert!(
@@ -336,7 +343,7 @@ mod tests {
         let ahead = Ahead::default();
         let calls = Mutex::new(BTreeMap::<i64, usize>::new());
         let running = Mutex::new((0usize, 0usize));
-        let done = schedule(&chains, gated, 3, &ahead, &|p| {
+        let done = schedule(&chains, gated, 3, &ahead, &|_, p| {
             *lock(&calls).entry(m_of(p)).or_default() += 1;
             {
                 let mut r = lock(&running);
@@ -364,7 +371,7 @@ mod tests {
         let (chains, gated) = chains();
         let ahead = Ahead::default();
         let seen = Mutex::new(Vec::new());
-        let e = schedule(&chains, gated, 1, &ahead, &|p| {
+        let e = schedule(&chains, gated, 1, &ahead, &|_, p| {
             lock(&seen).push(m_of(p));
             if m_of(p) == 2 {
                 return Err(ComposeError::Tune {
