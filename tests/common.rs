@@ -164,6 +164,7 @@ pub fn sample_op_entry(
                 compute_capability: "9.0".into(),
                 driver: "-".into(),
                 cuda_runtime: "-".into(),
+                ..Default::default()
             },
             torch: "2.11.0".into(),
             nvcc: "13.0".into(),

@@ -273,3 +273,31 @@ fn a_model_that_names_a_gpu_still_interprets_on_the_cpu() {
     );
     assert_eq!(v["plan"]["unmatched_gemms"].as_array().unwrap().len(), 0);
 }
+
+#[test]
+fn a_gpus_value_that_is_no_count_list_or_all_names_the_forms() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let compose = fact()
+        .arg("compose")
+        .arg(fixture("linear.pt"))
+        .args(["--gpus", "two", "--out"])
+        .arg(out_dir.path())
+        .output()
+        .unwrap();
+    let realize = fact()
+        .args([
+            "realize", "--rule", "gemm_rcr", "--dtype", "f32", "--shape", "64x64x64",
+        ])
+        .args(["--gpus", "0", "--out"])
+        .arg(out_dir.path())
+        .output()
+        .unwrap();
+    for (o, says) in [
+        (&compose, "bad --gpus 'two': write a count (2), device indices with commas (0,1; one device alone as 1,) or all"),
+        (&realize, "--gpus 0: a count is at least 1; for device 0 alone write --gpus 0, (with the comma)"),
+    ] {
+        assert!(!o.status.success());
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains(says), "{e}");
+    }
+}

@@ -15,7 +15,7 @@ step() { # NAME ARGS...: one realize, its statuses counted from its sweep.json
 import json, sys, glob, collections
 for f in glob.glob(sys.argv[1] + "/**/sweep.json", recursive=True) + glob.glob(sys.argv[1] + "/sweep.json"):
     d = json.load(open(f))
-    cands = d["run"]["candidates"]
+    cands = [c for r in d.get("runs") or [d["run"]] for c in r["candidates"]]
     print("  ", f.split("/")[-2], dict(collections.Counter(c.get("status") for c in cands)),
           "max err", max((c.get("max_rel_err") or 0) for c in cands if c.get("status") == "ok") if cands else None)
 PY

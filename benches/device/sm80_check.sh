@@ -71,13 +71,14 @@ summary = {}
 for path in sorted(glob.glob(os.path.join(root, "*", "sweeps", "*", "sweep.json"))):
     rec = json.load(open(path))
     key = rec["key"]
-    cands = rec["run"]["candidates"]
+    runs = rec.get("runs") or [rec["run"]]  # a run per GPU that measured
+    cands = [c for r in runs for c in r["candidates"]]
     # The table stores each candidate's outcome flattened into it (status, max_rel_err, timing).
     ok = [c for c in cands if c["status"] == "ok"]
     bad = [(c["kernel"], c["status"]) for c in cands if c["status"] != "ok"]
     worst = max((c["max_rel_err"] for c in ok), default=float("nan"))
     best = min(ok, key=lambda c: c["timing"]["median_ms"], default=None)
-    base = (rec["run"].get("baseline") or {}).get("median_ms")
+    base = (runs[0].get("baseline") or {}).get("median_ms")
     name = os.path.relpath(path, root).split(os.sep)[0] + ":" + key["rule"]
     summary[name] = {"shape": key["shape"], "math": key["math"], "arch": key["arch"], "ok": len(ok), "failed": bad,
                      "max_rel_err": worst, "best": best and best["kernel"], "best_ms": best and best["timing"]["median_ms"],

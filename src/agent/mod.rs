@@ -53,7 +53,8 @@ pub enum FailureAction {
     Skip,
 }
 
-pub trait Agent {
+/// `Send`: compose's realizations run on several threads and share the agent behind a lock.
+pub trait Agent: Send {
     fn name(&self) -> String;
     /// Pattern ids, highest priority first.
     fn rank(&mut self, items: &[RankItem]) -> Result<Vec<String>, AgentError>;

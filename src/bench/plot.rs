@@ -254,6 +254,7 @@ mod tests {
                 compute_capability: "9.0".into(),
                 driver: "-".into(),
                 cuda_runtime: "-".into(),
+                ..Default::default()
             },
             torch: "2.11.0".into(),
             nvcc: "13.0".into(),

@@ -8,6 +8,7 @@ use crate::nvcc::{self, Toolchain};
 use crate::plan::PlanOptions;
 use crate::table::{self, Tables};
 use crate::torch::{self, InputShape};
+use crate::tune::devices::GpuChoice;
 use crate::tune::{worker, Protocol};
 use crate::types::DType;
 use crate::types::{Arch, Precision};
@@ -94,6 +95,12 @@ enum Command {
         /// 0: neither).
         #[arg(long, default_value_t = 4)]
         refine: usize,
+        /// The GPUs that time the candidates: a count (2: the first two), device indices (0,1; one
+        /// alone as 1,) or all (default: every visible GPU that runs the arch's kernels, of the
+        /// first one's model). One tuning worker per GPU; each sweep's variants are dealt across
+        /// them, and independent patterns' sweeps run side by side.
+        #[arg(long, default_value = "all")]
+        gpus: String,
         /// Skip the end-to-end benchmark.
         #[arg(long)]
         no_bench: bool,
@@ -168,6 +175,12 @@ enum Command {
         /// Folder for the sweep's sources and libraries (default out/realize).
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The GPUs that time the candidates: a count (2: the first two), device indices (0,1; one
+        /// alone as 1,) or all (default: every visible GPU that runs the arch's kernels, of the
+        /// first one's model). One tuning worker per GPU; each sweep's variants are dealt across
+        /// them, and independent patterns' sweeps run side by side.
+        #[arg(long, default_value = "all")]
+        gpus: String,
         /// Compile the sweep's kernels into the build cache and stop, without a GPU or tuning (a
         /// table hit compiles nothing): realizes compiled side by side then tune one by one.
         #[arg(long)]
@@ -254,6 +267,7 @@ fn options(
         keep_slower: false,
         agent: agent.agent.clone(),
         agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
+        gpus: GpuChoice::All,
     })
 }
 
@@ -273,6 +287,7 @@ pub fn main() -> Result<()> {
             jobs: j,
             candidates,
             refine,
+            gpus,
             no_bench,
             keep_slower,
             agent,
@@ -298,6 +313,7 @@ pub fn main() -> Result<()> {
                 max_candidates: candidates,
                 refine,
                 keep_slower,
+                gpus: gpus.parse().map_err(anyhow::Error::msg)?,
                 ..options(out_dir.clone(), precision, arch, &agent)?
             };
             let report = compose::compose(&model, &inputs, &opts)
@@ -366,6 +382,7 @@ pub fn main() -> Result<()> {
             hopeless,
             jobs: j,
             out,
+            gpus,
             compile_only,
             agent,
             json,
@@ -399,6 +416,7 @@ pub fn main() -> Result<()> {
                 max_candidates: candidates,
                 refine,
                 keep_slower: true,
+                gpus: gpus.parse().map_err(anyhow::Error::msg)?,
                 space: crate::space::SpaceOptions {
                     hopeless,
                     ..Default::default()
@@ -423,20 +441,25 @@ pub fn main() -> Result<()> {
                     opts.out_dir.display()
                 );
             }
-            let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
-            let mut steward = opts.steward();
+            let tables =
+                std::sync::Mutex::new(Tables::load(&opts.user_table, &opts.shipped_table)?);
+            let steward = std::sync::Mutex::new(opts.steward());
+            let (pool, notes) = compose::gpu_pool(&opts, gpu)?;
+            for n in &notes {
+                eprintln!("gpus: {n}");
+            }
             let cx = compose::RealizeCtx {
                 opts: &opts,
                 tc: &tc,
                 gpu,
+                pool: &pool,
             };
-            let r = compose::realize(
-                cx,
-                &mut tables,
-                &mut steward,
-                &problem,
-                &mut compose::Ahead::default(),
-            )?;
+            let sh = compose::Shared {
+                tables: &tables,
+                steward: &steward,
+            };
+            let r = compose::realize(cx, sh, &problem, &compose::Ahead::default())?;
+            let steward = steward.into_inner().unwrap_or_else(|e| e.into_inner());
             for n in &steward.notes {
                 eprintln!("agent: {n}");
             }

@@ -114,6 +114,22 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
     if !r.graph_note.is_empty() {
         println!("  shapes: {}", r.graph_note);
     }
+    if r.gpus.len() > 1 {
+        let which: Vec<String> = r
+            .gpus
+            .iter()
+            .map(|g| g.index.map_or("GPU?".into(), |i| format!("GPU{i}")))
+            .collect();
+        println!(
+            "  tuned on {} GPUs ({}, {})",
+            r.gpus.len(),
+            which.join(", "),
+            r.gpus[0].name
+        );
+    }
+    for n in &r.gpu_notes {
+        println!("  gpus: {n}");
+    }
     println!(
         "{:<4} {:<14} {:<16} {:<5} {:<22} {:>10} {:>10}  kernel",
         "id", "rule", "shape MxNxK", "dtype", "realized", "kernel ms", "torch ms"

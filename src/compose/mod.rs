@@ -2,7 +2,9 @@
 //! rewrites the TorchScript graph so each pattern calls its kind's op with its winner (each kind's
 //! edit, `kinds::Kind::edit`). Writes the composed module, the winners-only op library and
 //! compose.json to the output folder. Without a GPU it still discovers, renders and compiles, and
-//! says what is left for a GPU. realize.rs realizes one problem of any kind.
+//! says what is left for a GPU. realize.rs realizes one problem of any kind. With several GPUs
+//! the distinct problems are realized side by side, one at a time per GPU
+//! (`realize_all`), each measurement dealt across the GPUs free when it starts.
 
 use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
@@ -13,18 +15,22 @@ use crate::rules::PatternKind;
 use crate::space::SpaceOptions;
 use crate::table::{self, CandidateResult, Entry, Lookup, Provenance, Run, TableKey, Tables};
 use crate::torch::{self, Edit, InputShape};
+use crate::tune::devices::{self, Gpu, GpuChoice, Pool};
 use crate::tune::{self, worker, Outcome, Protocol};
 use crate::types::{Arch, MathType, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use thiserror::Error;
 
 mod realize;
+mod schedule;
 
 use realize::{finish, measure_ahead, prefetch};
-pub use realize::{realize, Ahead, RealizeCtx, Realized};
+pub use realize::{realize, Ahead, RealizeCtx, Realized, Shared};
+use schedule::{realize_all, Chain};
 
 pub const LIBRARY: &str = "libfact_ops.so";
 pub const COMPOSED: &str = "composed.pt";
@@ -42,6 +48,8 @@ pub enum ComposeError {
     Tune { key: String, detail: String },
     #[error("io error at {path}: {detail}")]
     Io { path: String, detail: String },
+    #[error("{0}")]
+    Gpus(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ComposeError + '_ {
@@ -132,6 +140,31 @@ pub struct Options {
     /// An external agent command (`fact-agent/2` over stdin/stdout); None for the built-in one.
     pub agent: Option<String>,
     pub agent_timeout: std::time::Duration,
+    /// The GPUs that tune (`--gpus`): all visible ones that run the arch's kernels by default.
+    pub gpus: GpuChoice,
+}
+
+/// The GPUs this command tunes on, as `opts.gpus` picks them among those visible, with a note for
+/// each GPU left out; none where no GPU tunes here (`gpu`: `tunes_here`), as without one.
+pub fn gpu_pool(opts: &Options, gpu: bool) -> Result<(Pool, Vec<String>), ComposeError> {
+    let spawn = Box::new(worker::Process {
+        exe: opts.exe.clone(),
+    });
+    if !gpu {
+        return Ok((Pool::new(vec![], spawn), vec![]));
+    }
+    let arch = opts.arch;
+    let (gpus, notes) = devices::select(&opts.gpus, &devices::visible(), |g: &Gpu| {
+        arch.runs_on(g.capability)
+    })
+    .map_err(ComposeError::Gpus)?;
+    if gpus.is_empty() {
+        // Device 0 runs the arch's kernels, yet CUDA listed no device to pin a worker to.
+        return Err(ComposeError::Gpus(format!(
+            "cudaGetDeviceCount lists no GPU that runs {arch} kernels, though torch sees one: check CUDA_VISIBLE_DEVICES and the driver"
+        )));
+    }
+    Ok((Pool::new(gpus, spawn), notes))
 }
 
 impl Options {
@@ -252,6 +285,11 @@ pub struct ComposeReport {
     /// The CUDA device present, whether or not it runs the arch's kernels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<Device>,
+    /// The GPUs that tuned (`--gpus`), and why any other was left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<tune::cuda::DeviceInfo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_notes: Vec<String>,
     pub compile_failures: Vec<CompileFailure>,
     pub graph_note: String,
     /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
@@ -277,7 +315,7 @@ pub fn compose(
     let tc = Toolchain::discover()?;
     let device = Device::detect();
     let gpu = tunes_here(opts.arch, device.as_ref());
-    let mut tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
+    let tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
     let mut steward = opts.steward();
     let plan_opts = PlanOptions {
         arch: opts.arch,
@@ -291,49 +329,64 @@ pub fn compose(
     };
 
     let problems: Vec<Problem> = order.iter().map(|id| pattern(&found, id)).collect();
-    let cx = RealizeCtx { opts, tc: &tc, gpu };
+    let (pool, gpu_notes) = gpu_pool(opts, gpu)?;
+    for n in &gpu_notes {
+        nvcc::progress_line(opts.progress, format_args!("gpus: {n}"));
+    }
+    if pool.gpus().len() > 1 {
+        let names: Vec<String> = pool.gpus().iter().map(Gpu::label).collect();
+        nvcc::progress_line(
+            opts.progress,
+            format_args!("tuning on {} GPUs: {}", names.len(), names.join(", ")),
+        );
+    }
+    let cx = RealizeCtx {
+        opts,
+        tc: &tc,
+        gpu,
+        pool: &pool,
+    };
     prefetch(cx, &tables, &steward, &problems)?;
-    let mut ahead = measure_ahead(cx, &tables, &mut steward, &problems)?;
 
-    // Realize in the plan's order, so the patterns worth most are tuned first.
+    // Each pattern's problem, then the smaller ones it falls back to where the larger gets no
+    // kernel (a fused GEMM: the GEMM alone).
+    let chains: Vec<Chain> = order
+        .iter()
+        .map(|id| Chain::of(found.get(id).expect("plan ids name patterns")))
+        .collect();
+    let tables = Mutex::new(tables);
+    let steward = Mutex::new(steward);
+    let sh = Shared {
+        tables: &tables,
+        steward: &steward,
+    };
+    let ahead = Ahead::default();
+    let realized = std::thread::scope(|s| {
+        let batch = measure_ahead(cx, sh, &problems, &ahead, s)?;
+        let realized = realize_all(cx, sh, &chains, &ahead);
+        if let Some(batch) = batch {
+            let compiled = batch.join().expect("the sibling batch's thread panicked");
+            if realized.is_ok() {
+                compiled?;
+            }
+        }
+        realized
+    })?;
+    let mut steward = steward.into_inner().unwrap_or_else(|e| e.into_inner());
     let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
     let mut compile_failures = Vec::new();
-    // Problems no kernel could realize whose pattern has a smaller one (a fused GEMM: the GEMM
-    // alone): every pattern of one falls back to it.
-    let mut unfused: BTreeSet<ProblemKey> = BTreeSet::new();
-    for id in &order {
-        loop {
-            let f = found.get(id).expect("plan ids name patterns");
-            let problem = f.problem();
-            let pk = ProblemKey::of(&problem);
-            if !done.contains_key(&pk) {
-                nvcc::progress_line(
-                    opts.progress,
-                    format_args!(
-                        "pattern {id}: {} {}",
-                        problem.rule_id(),
-                        problem.shape_key()
-                    ),
-                );
-                let mut r = realize(cx, &mut tables, &mut steward, &problem, &mut ahead)?;
-                if let (Some(u), Realization::Skipped { reason }) =
-                    (f.kind.unfused(&*f.found), &r.how)
-                {
-                    steward.notes.push(format!(
-                        "{id}: {} is left to torch ({reason}); {} is realized",
-                        u.what, u.instead
-                    ));
-                    unfused.insert(pk.clone());
-                }
-                finish(opts, &mut r);
-                compile_failures.extend(r.failures);
-                done.insert(pk.clone(), (r.how, r.entry));
-            }
-            if !unfused.contains(&pk) {
-                break;
-            }
-            // No kernel for it: the smaller pattern is still worth one; the rest stays in torch.
-            let f = found.get_mut(id).expect("plan ids name patterns");
+    for (chain, steps) in chains.iter().zip(realized.steps) {
+        // The smaller patterns it fell back to, in turn: the rest stays in torch.
+        for (i, (what, instead)) in chain.falls.iter().take(steps).enumerate() {
+            let reason = match &realized.done[&chain.keys[i]].realized.how {
+                Realization::Skipped { reason } => reason.clone(),
+                _ => unreachable!("only a pattern left to torch unfuses"),
+            };
+            steward.notes.push(format!(
+                "{}: {what} is left to torch ({reason}); {instead} is realized",
+                chain.id
+            ));
+            let f = found.get_mut(&chain.id).expect("plan ids name patterns");
             let u = f
                 .kind
                 .unfused(&*f.found)
@@ -341,6 +394,12 @@ pub fn compose(
             f.kind = u.kind;
             f.found = u.found;
         }
+    }
+    for (pk, r) in realized.done {
+        let mut r = r.realized;
+        finish(opts, &mut r);
+        compile_failures.extend(r.failures);
+        done.insert(pk, (r.how, r.entry));
     }
 
     let mut patterns = Vec::new();
@@ -413,6 +472,8 @@ pub fn compose(
         composed,
         gpu,
         device: device.clone(),
+        gpus: pool.gpus().iter().map(|g| g.info.clone()).collect(),
+        gpu_notes,
         compile_failures,
         graph_note: graph.note.clone(),
         unmatched_gemms: the_plan.unmatched_gemms.clone(),

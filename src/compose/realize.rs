@@ -4,17 +4,40 @@
 //! kernels compiled into one library and verified and timed in the crash-resuming worker, the
 //! later rounds derived from what the earlier ones measured (a GEMM's cluster shapes and launch
 //! knobs of its fastest kernels).
+//!
+//! Several realizations may run side by side (`compose` runs one per GPU): they share the tables
+//! and the agent behind locks held for a lookup, a record or a proposal, never across a build or
+//! a measurement, and a measurement's variants are dealt across the GPUs free when it starts
+//! (`tune::devices::Pool`). Each GPU's part comes back as a run of its own, judged against torch
+//! on that GPU, so a winner is always chosen by ratios over torch measured on one GPU
+//! (`Entry::from_runs`).
 
 use super::*;
+use std::sync::{Condvar, Mutex, MutexGuard};
 
-/// What every realization of one command shares: its options, the toolchain, and whether a GPU
+/// What every realization of one command shares: its options, the toolchain, whether a GPU
 /// here tunes for the options' arch (`tunes_here`, found once by the caller, so that every sweep
-/// agrees with it).
+/// agrees with it) and the GPUs that measure (`gpu_pool`; empty where `gpu` is false).
 #[derive(Clone, Copy)]
 pub struct RealizeCtx<'a> {
     pub opts: &'a Options,
     pub tc: &'a Toolchain,
     pub gpu: bool,
+    pub pool: &'a Pool,
+}
+
+/// What realizations running side by side share: the tables (lookups, and each measurement's
+/// record as it lands) and the agent.
+#[derive(Clone, Copy)]
+pub struct Shared<'a> {
+    pub tables: &'a Mutex<Tables>,
+    pub steward: &'a Mutex<Steward>,
+}
+
+/// The lock of `m`; a thread that panicked holding it left the value whole (every change under
+/// these locks is one call), so it is taken as it is.
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Kernel names that failed to build or run (not numerics, which depend on the shape) in any
@@ -47,18 +70,10 @@ fn measured_elsewhere(here: Option<&Provenance>, entry: &Entry) -> Option<String
         .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass))
 }
 
-fn provenance(tc: &Toolchain) -> Provenance {
-    let device = tune::cuda::Cuda::get()
-        .map(|c| c.device_info(0))
-        .unwrap_or_else(|_| tune::cuda::DeviceInfo {
-            name: "unknown".into(),
-            sm_count: 0,
-            compute_capability: "?".into(),
-            driver: "?".into(),
-            cuda_runtime: "?".into(),
-        });
+/// The provenance of a run measured on `device` with this toolchain.
+fn provenance(tc: &Toolchain, device: &tune::cuda::DeviceInfo) -> Provenance {
     Provenance {
-        device,
+        device: device.clone(),
         torch: torch::torch_version(),
         nvcc: tc.nvcc_version(),
         cutlass: tc.cutlass_version(),
@@ -67,19 +82,29 @@ fn provenance(tc: &Toolchain) -> Provenance {
     }
 }
 
-/// Compiles `candidates` into one library and judges every one on the GPU in child processes.
-/// Returns the run (all outcomes, compile failures included) and the compile failures.
+/// Where this command measures, for telling table winners measured elsewhere: its first GPU.
+fn here(cx: RealizeCtx) -> Option<Provenance> {
+    let gpu = cx.pool.gpus().first().filter(|_| cx.gpu)?;
+    Some(provenance(cx.tc, &gpu.info))
+}
+
+/// Compiles `candidates` into one library and judges every one on the GPUs in child processes.
+/// Returns one run per GPU that measured (each with its own torch baseline; compile failures in
+/// the first) and the compile failures.
 fn measure(
     cx: RealizeCtx,
     problem: &Problem,
     math: MathType,
     candidates: &[Spec],
     dir: &Path,
-) -> Result<(Run, Vec<CompileFailure>), ComposeError> {
-    let RealizeCtx { opts, tc, .. } = cx;
+) -> Result<(Vec<Run>, Vec<CompileFailure>), ComposeError> {
+    let RealizeCtx { opts, tc, pool, .. } = cx;
     let key = TableKey::of(problem, math, opts.arch);
     let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
-    let bar = if opts.progress {
+    // Measurements run side by side where there are several GPUs, whose bars would draw over
+    // each other: lines then, on a terminal too.
+    let lines = pool.gpus().len() > 1;
+    let bar = if opts.progress && !lines {
         let b = ProgressBar::new(built.kernels.len() as u64);
         b.set_style(
             ProgressStyle::with_template("tuning    {bar:30} {pos}/{len} variants {elapsed} {msg}")
@@ -90,65 +115,153 @@ fn measure(
     } else {
         ProgressBar::hidden()
     };
+    let say = |line: std::fmt::Arguments| {
+        if lines && opts.progress {
+            eprintln!("{line}");
+        } else {
+            nvcc::progress_line(opts.progress, line);
+        }
+    };
     let req = worker::Request {
         library: built.library.clone(),
         problem: problem.clone(),
         math,
         precision: opts.precision,
         protocol: opts.protocol.clone(),
-        start: 0,
+        variants: (0..built.kernels.len()).collect(),
         baseline: true,
+        gpu_uuid: None,
     };
     let started = std::time::Instant::now();
-    nvcc::progress_line(
-        opts.progress,
-        format_args!(
-            "tuning {} variants of {} {}",
-            built.kernels.len(),
-            key.rule,
-            key.shape
-        ),
-    );
-    let sweep = worker::run_sweep(&opts.exe, req, built.kernels.len(), &|_| bar.inc(1)).map_err(
-        |detail| ComposeError::Tune {
+    let results = pool
+        .measure(
+            &req,
+            &|dealt| {
+                say(format_args!(
+                    "tuning {} variants of {} {}{}",
+                    built.kernels.len(),
+                    key.rule,
+                    key.shape,
+                    on_gpus(lines, dealt)
+                ))
+            },
+            &|_| bar.inc(1),
+        )
+        .map_err(|detail| ComposeError::Tune {
             key: key.to_string(),
             detail,
-        },
-    )?;
+        })?;
     bar.finish_and_clear();
-    nvcc::progress_line(
-        opts.progress,
-        format_args!(
-            "tuned {} in {:.0} s",
-            key.shape,
-            started.elapsed().as_secs_f64()
-        ),
-    );
-    let mut candidates_out: Vec<CandidateResult> = Vec::new();
-    // A sweep holds one pattern kind: the worker's indices are positions in `built.kernels`.
-    for (index, outcome) in sweep.outcomes {
-        let spec = built.kernels[index].clone();
-        candidates_out.push(CandidateResult {
-            kernel: spec.name(),
-            spec,
-            outcome,
-        });
-    }
+    let each: Vec<String> = results
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} in {:.1} s",
+                r.gpu.label(),
+                r.variants.len(),
+                r.seconds
+            )
+        })
+        .collect();
+    say(format_args!(
+        "tuned {} in {:.0} s{}",
+        key.shape,
+        started.elapsed().as_secs_f64(),
+        if lines && !each.is_empty() {
+            format!(" ({})", each.join(", "))
+        } else {
+            String::new()
+        }
+    ));
+    let mut failed: Vec<CandidateResult> = Vec::new();
     for f in &built.failures {
         for spec in candidates.iter().filter(|k| k.kernel_name() == f.kernel) {
-            candidates_out.push(CandidateResult {
+            failed.push(CandidateResult {
                 kernel: spec.name(),
                 spec: spec.clone(),
                 outcome: Outcome::CompileFailed { log: f.log.clone() },
             });
         }
     }
-    let run = Run {
-        provenance: provenance(tc),
-        baseline: sweep.baseline,
-        candidates: candidates_out,
-    };
-    Ok((run, built.failures))
+    let first = &pool.gpus().first().expect("measured on a GPU").info;
+    let runs = runs_of(results, &built.kernels, failed, first, &|d| {
+        provenance(tc, d)
+    });
+    Ok((runs, built.failures))
+}
+
+/// ` on GPU0 (6), GPU1 (6)`: which GPU takes how many variants, where there are several.
+fn on_gpus(lines: bool, dealt: &[(&Gpu, usize)]) -> String {
+    if !lines {
+        return String::new();
+    }
+    let parts: Vec<String> = dealt
+        .iter()
+        .map(|(g, n)| format!("{} ({n})", g.label()))
+        .collect();
+    format!(" on {}", parts.join(", "))
+}
+
+/// The table runs of one measurement: one per GPU that measured, in the pool's order, each
+/// with the variants it judged (a worker's indices are positions in `kernels`: a library holds
+/// one kind) and its own torch baseline; the compile failures join the first. Without any GPU
+/// result (nothing compiled) the failures are a run of `first`'s, without a baseline.
+fn runs_of(
+    results: Vec<tune::devices::GpuResult>,
+    kernels: &[Spec],
+    failed: Vec<CandidateResult>,
+    first: &tune::cuda::DeviceInfo,
+    provenance: &dyn Fn(&tune::cuda::DeviceInfo) -> Provenance,
+) -> Vec<Run> {
+    let mut runs: Vec<Run> = results
+        .into_iter()
+        .map(|r| Run {
+            provenance: provenance(&r.gpu.info),
+            baseline: r.result.baseline,
+            candidates: r
+                .result
+                .outcomes
+                .into_iter()
+                .map(|(index, outcome)| {
+                    let spec = kernels[index].clone();
+                    CandidateResult {
+                        kernel: spec.name(),
+                        spec,
+                        outcome,
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    match runs.first_mut() {
+        Some(run) => run.candidates.extend(failed),
+        None => runs.push(Run {
+            provenance: provenance(first),
+            baseline: None,
+            candidates: failed,
+        }),
+    }
+    runs
+}
+
+/// `more` added to a sweep's `runs`: a GPU's candidates join the run of the same GPU (its
+/// baseline stays the first it measured, as one GPU's rounds always shared one), a GPU new to
+/// the sweep brings its run.
+fn merge_runs(runs: &mut Vec<Run>, more: Vec<Run>) {
+    for r in more {
+        match runs
+            .iter_mut()
+            .find(|x| x.provenance.device == r.provenance.device)
+        {
+            Some(x) => {
+                if x.baseline.is_none() {
+                    x.baseline = r.baseline;
+                }
+                x.candidates.extend(r.candidates);
+            }
+            None => runs.push(r),
+        }
+    }
 }
 
 /// What realizing one problem produced.
@@ -160,7 +273,7 @@ pub struct Realized {
 
 impl Realized {
     /// Left to torch, and why.
-    fn skipped(reason: String) -> Realized {
+    pub(super) fn skipped(reason: String) -> Realized {
         Realized {
             how: Realization::Skipped { reason },
             entry: None,
@@ -181,12 +294,11 @@ fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
 /// measurement goes into the user table at once, so a later failure loses no tuning result.
 pub fn realize(
     cx: RealizeCtx,
-    tables: &mut Tables,
-    steward: &mut Steward,
+    sh: Shared,
     problem: &Problem,
-    ahead: &mut Ahead,
+    ahead: &Ahead,
 ) -> Result<Realized, ComposeError> {
-    let RealizeCtx { opts, tc, .. } = cx;
+    let RealizeCtx { opts, .. } = cx;
     let Some(math) = problem.math(opts.precision) else {
         return Ok(Realized::skipped(format!(
             "no kernel family computes {} under precision {}; use --precision tf32",
@@ -195,15 +307,16 @@ pub fn realize(
         )));
     };
     let key = TableKey::of(problem, math, opts.arch);
-    let mut sweep = |tables: &mut Tables, steward: &mut Steward| {
-        let first = ahead.0.remove(&key);
-        realize_sweep(cx, tables, steward, problem, math, first)
+    let sweep = || {
+        let first = ahead.take(&key);
+        realize_sweep(cx, sh, problem, math, first, ahead)
     };
-    let here = if cx.gpu { Some(provenance(tc)) } else { None };
-    match tables.lookup(&key, problem) {
+    let here = here(cx);
+    let found = lock(sh.tables).lookup(&key, problem);
+    match found {
         Lookup::Exact { entry, table } => {
             if let Some(on) = measured_elsewhere(here.as_ref(), &entry) {
-                return match reverify(cx, tables, problem, math, &entry.winner_spec, "_reverify")? {
+                return match reverify(cx, sh, problem, math, &entry.winner_spec, "_reverify")? {
                     Some((entry, failures)) => Ok(Realized {
                         how: Realization::Hit {
                             table: table.into(),
@@ -213,7 +326,7 @@ pub fn realize(
                         entry: Some(entry),
                         failures,
                     }),
-                    None => sweep(tables, steward),
+                    None => sweep(),
                 };
             }
             let how = Realization::Hit {
@@ -228,7 +341,7 @@ pub fn realize(
             })
         }
         Lookup::Bucket { entry, table } if cx.gpu => {
-            match reverify(cx, tables, problem, math, &entry.winner_spec, "_bucket")? {
+            match reverify(cx, sh, problem, math, &entry.winner_spec, "_bucket")? {
                 // A neighbour's launch knobs can cost another shape 10% (on the H100, tf32
                 // 65536x3072x768's swizzle 2 ran 65536x2304x768 at 0.89x torch where its own
                 // sweep's winner ran 0.98x): a bucket winner that loses here earns the shape a
@@ -244,7 +357,7 @@ pub fn realize(
                             fresh.baseline_ms().unwrap_or(f64::NAN)
                         ),
                     );
-                    sweep(tables, steward)
+                    sweep()
                 }
                 Some((fresh, failures)) => Ok(Realized {
                     how: Realization::Bucket {
@@ -254,10 +367,10 @@ pub fn realize(
                     entry: Some(fresh),
                     failures,
                 }),
-                None => sweep(tables, steward),
+                None => sweep(),
             }
         }
-        _ => sweep(tables, steward),
+        _ => sweep(),
     }
 }
 
@@ -265,7 +378,7 @@ pub fn realize(
 /// the user table and the entry as it stands there now comes back; None when it failed here.
 fn reverify(
     cx: RealizeCtx,
-    tables: &mut Tables,
+    sh: Shared,
     problem: &Problem,
     math: MathType,
     winner: &Spec,
@@ -274,10 +387,11 @@ fn reverify(
     let opts = cx.opts;
     let key = &TableKey::of(problem, math, opts.arch);
     let dir = sweep_dir(opts, key, what);
-    let (run, failures) = measure(cx, problem, math, std::slice::from_ref(winner), &dir)?;
-    let Some(fresh) = Entry::from_runs(key.clone(), problem.clone(), vec![run]) else {
+    let (runs, failures) = measure(cx, problem, math, std::slice::from_ref(winner), &dir)?;
+    let Some(fresh) = Entry::from_runs(key.clone(), problem.clone(), runs) else {
         return Ok(None);
     };
+    let mut tables = lock(sh.tables);
     tables.record(fresh)?;
     Ok(tables.user.get(key).cloned().map(|e| (e, failures)))
 }
@@ -364,11 +478,7 @@ pub(super) fn prefetch(
     let mut builtin = Steward::builtin();
     let mut missed = 0;
     let mut again = 0;
-    let here = if cx.gpu {
-        Some(provenance(cx.tc))
-    } else {
-        None
-    };
+    let here = here(cx);
     for problem in problems {
         let Some(math) = problem.math(opts.precision) else {
             continue;
@@ -401,35 +511,82 @@ pub(super) fn prefetch(
     let line = format!(
         "prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss and the winners of the {again} to re-verify here"
     );
-    compile_ahead(cx, specs, "prefetch", 2, Some(&line))
+    compile_ahead(
+        cx,
+        specs,
+        Batch {
+            folder: "prefetch",
+            at_least: 2,
+            line: Some(&line),
+            jobs: cx.opts.jobs,
+            behind: false,
+        },
+    )
 }
 
-/// Compiles `specs`, each kernel once, into the object cache in one nvcc batch under
-/// sweeps/`folder`, saying `line` first; nothing when fewer than `at_least` kernels remain.
-/// Failures are left to the sweeps that meet them to report.
-fn compile_ahead(
-    cx: RealizeCtx,
-    mut specs: Vec<Spec>,
-    folder: &str,
+/// How `compile_ahead` builds its batch.
+struct Batch<'a> {
+    /// Under sweeps/.
+    folder: &'a str,
+    /// Nothing is built for fewer kernels.
     at_least: usize,
-    line: Option<&str>,
-) -> Result<(), ComposeError> {
+    /// Said first.
+    line: Option<&'a str>,
+    /// nvcc units.
+    jobs: usize,
+    /// Built behind other work: lines rather than a bar, which would draw over the tuning bars
+    /// on a terminal.
+    behind: bool,
+}
+
+/// Compiles `specs`, each kernel once, into the object cache in one nvcc batch. Failures are
+/// left to the sweeps that meet them to report.
+fn compile_ahead(cx: RealizeCtx, mut specs: Vec<Spec>, batch: Batch) -> Result<(), ComposeError> {
+    let Batch {
+        folder,
+        at_least,
+        line,
+        jobs,
+        behind,
+    } = batch;
     let mut seen = BTreeSet::new();
     specs.retain(|s| seen.insert(s.kernel_name()));
     if specs.is_empty() || specs.len() < at_least {
         return Ok(());
     }
+    let show = cx.opts.progress;
     if let Some(line) = line {
-        nvcc::progress_line(cx.opts.progress, format_args!("{line}"));
+        nvcc::progress_line(show, format_args!("{line}"));
     }
     let dir = cx.opts.out_dir.join("sweeps").join(folder);
-    nvcc::compile_objects(cx.tc, &specs, &cx.opts.build(&dir)).map_err(ComposeError::from)?;
+    let build = nvcc::BuildOptions {
+        jobs,
+        show_progress: show && !behind,
+        ..cx.opts.build(&dir)
+    };
+    if behind && show {
+        eprintln!(
+            "compiling {} kernels in the background on {jobs} jobs into {}",
+            specs.len(),
+            dir.display()
+        );
+    }
+    let started = std::time::Instant::now();
+    let built = nvcc::compile_objects(cx.tc, &specs, &build).map_err(ComposeError::from)?;
+    if behind && show {
+        eprintln!(
+            "compiled {} kernels in {:.0} s, {} failed (in the background)",
+            specs.len(),
+            started.elapsed().as_secs_f64(),
+            built.failures.len()
+        );
+    }
     Ok(())
 }
 
-/// A sweep's first round: its kernels measured, with what they came from.
+/// A sweep's first round: its kernels measured (a run per GPU), with what they came from.
 pub(super) struct FirstRound {
-    run: Run,
+    runs: Vec<Run>,
     failures: Vec<CompileFailure>,
     /// What the kernels came from (sweep.json's `space`), where the kind says.
     space: Option<serde_json::Value>,
@@ -443,33 +600,118 @@ enum Round {
     Done(Realized),
 }
 
-/// First rounds measured ahead of their sweeps' turns, by table key (`measure_ahead`); empty
-/// where a problem is realized on its own.
-#[derive(Default)]
-pub struct Ahead(BTreeMap<TableKey, FirstRound>);
+/// Shut until a background job ends (the sibling rounds' batch), then open for good.
+pub struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
 
-/// Every kernel a run measured, as a kind's later rounds read it.
-fn measured(run: &Run) -> Vec<Measured> {
-    run.candidates
-        .iter()
-        .map(|c| Measured {
-            spec: c.spec.clone(),
-            ms: c.outcome.median_ms(),
+impl Gate {
+    fn new(open: bool) -> Gate {
+        Gate {
+            open: Mutex::new(open),
+            opened: Condvar::new(),
+        }
+    }
+    pub(super) fn is_open(&self) -> bool {
+        *lock(&self.open)
+    }
+    pub(super) fn open(&self) {
+        *lock(&self.open) = true;
+        self.opened.notify_all();
+    }
+    pub(super) fn close(&self) {
+        *lock(&self.open) = false;
+    }
+    /// Returns once the gate is open.
+    pub(super) fn wait(&self) {
+        let mut open = lock(&self.open);
+        while !*open {
+            open = self.opened.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// First rounds measured ahead of their sweeps' turns, by table key (`measure_ahead`), and the
+/// gate their sibling rounds' batch opens when it has compiled: a sweep that takes its first round
+/// from here waits at it before its later rounds, whose kernels the batch holds. Empty, and open,
+/// where a problem is realized on its own.
+pub struct Ahead {
+    first: Mutex<BTreeMap<TableKey, FirstRound>>,
+    /// The keys measured ahead, taken or not.
+    keys: Mutex<BTreeSet<TableKey>>,
+    pub(super) siblings: Gate,
+}
+
+impl Default for Ahead {
+    fn default() -> Ahead {
+        Ahead {
+            first: Mutex::new(BTreeMap::new()),
+            keys: Mutex::new(BTreeSet::new()),
+            siblings: Gate::new(true),
+        }
+    }
+}
+
+impl Ahead {
+    fn take(&self, key: &TableKey) -> Option<FirstRound> {
+        lock(&self.first).remove(key)
+    }
+    /// Whether a sweep of `key` waits for the sibling batch.
+    pub(super) fn waits(&self, key: &TableKey) -> bool {
+        lock(&self.keys).contains(key)
+    }
+}
+
+/// Every kernel the runs measured, as a kind's later rounds read it: each time taken over torch's
+/// on the GPU that measured it and put back in the first GPU's milliseconds (the first run's
+/// baseline), so kernels timed on two GPUs are ranked by their ratios. Runs without a baseline
+/// keep their times.
+fn measured(runs: &[Run]) -> Vec<Measured> {
+    let base = |r: &Run| {
+        r.baseline
+            .as_ref()
+            .map(|b| b.median_ms)
+            .filter(|b| *b > 0.0)
+    };
+    let reference = runs.iter().find_map(base);
+    runs.iter()
+        .flat_map(|r| {
+            let scale = match (reference, base(r)) {
+                (Some(a), Some(b)) => a / b,
+                _ => 1.0,
+            };
+            r.candidates.iter().map(move |c| Measured {
+                spec: c.spec.clone(),
+                ms: c.outcome.median_ms().map(|ms| ms * scale),
+            })
         })
         .collect()
 }
 
+/// The candidates of every run, as one run of the first's provenance (what learning from a
+/// sweep's failures reads: a kernel that passed on one GPU counts against a rule learned from a
+/// failure on another).
+fn joined(runs: &[Run]) -> Option<Run> {
+    let first = runs.first()?;
+    Some(Run {
+        provenance: first.provenance.clone(),
+        baseline: first.baseline.clone(),
+        candidates: runs.iter().flat_map(|r| r.candidates.clone()).collect(),
+    })
+}
+
 fn first_round(
     cx: RealizeCtx,
-    tables: &Tables,
-    steward: &mut Steward,
+    sh: Shared,
     problem: &Problem,
     math: MathType,
     key: &TableKey,
 ) -> Result<Round, ComposeError> {
     let opts = cx.opts;
-    let inputs = SweepInputs::new(cx, tables, key);
-    let (candidates, space) = match first_candidates(cx, &inputs, steward, problem, math, key)? {
+    let inputs = SweepInputs::new(cx, &lock(sh.tables), key);
+    let found = first_candidates(cx, &inputs, &mut lock(sh.steward), problem, math, key)?;
+    let (candidates, space) = match found {
         Candidates::Kernels { specs, space } => (specs, space),
         Candidates::None(reason) => return Ok(Round::Done(Realized::skipped(reason))),
     };
@@ -478,32 +720,35 @@ fn first_round(
         return compile_only(cx, &candidates, &dir).map(Round::Done);
     }
     let started = std::time::Instant::now();
-    let (mut run, mut failures) = measure(cx, problem, math, &candidates, &dir)?;
-    if run
-        .candidates
+    let (mut runs, mut failures) = measure(cx, problem, math, &candidates, &dir)?;
+    if runs
         .iter()
+        .flat_map(|r| &r.candidates)
         .all(|c| c.outcome.median_ms().is_none())
     {
         // Nothing survived: the kind (its agent) may propose one more set.
-        let seen: Vec<(String, String)> = run
-            .candidates
+        let seen: Vec<(String, String)> = runs
             .iter()
+            .flat_map(|r| &r.candidates)
             .map(|c| (c.kernel.clone(), c.outcome.label().to_string()))
             .collect();
         let mut avoid = inputs.failed.clone();
         avoid.extend(seen.iter().map(|(k, _)| k.clone()));
-        let retry = problem
-            .kind()
-            .retry(problem, &mut inputs.cx(cx, math, steward), &seen, &avoid);
+        let retry = problem.kind().retry(
+            problem,
+            &mut inputs.cx(cx, math, &mut lock(sh.steward)),
+            &seen,
+            &avoid,
+        );
         if let Some(retry) = retry {
             let (again, more) =
                 measure(cx, problem, math, &retry, &sweep_dir(opts, key, "_retry"))?;
-            run.candidates.extend(again.candidates);
+            merge_runs(&mut runs, again);
             failures.extend(more);
         }
     }
     Ok(Round::Measured(FirstRound {
-        run,
+        runs,
         failures,
         space,
         seconds: started.elapsed().as_secs_f64(),
@@ -532,68 +777,122 @@ fn sweeps_ahead<'a>(
 }
 
 /// Measures the first round of every sweep the tables miss whose kind has later rounds (the
-/// GEMMs), in the plan's order, then compiles all their second rounds (a GEMM's sibling round) in
-/// one nvcc batch into the object cache: on the H100 machine (16 cores) 48 sm90 units built in
-/// 88 s where 12 took 64, so one batch spares each sweep after the first most of a round. The
-/// sweeps then take their first rounds from what this returns. Only the built-in agent's
-/// proposals may be asked for ahead of their turn (as in `prefetch`); without a GPU that tunes
-/// (`cx.gpu`) there is nothing to measure. Compile failures are left to the sweeps to report. The
-/// first rounds live in memory until their sweeps record them: a crash before then costs their
-/// measurement again (their objects are cached), no table write.
-/// Rules learned from one sweep's failures now reach the next sweep's sibling round, not its
-/// first round.
-pub(super) fn measure_ahead(
-    cx: RealizeCtx,
-    tables: &Tables,
-    steward: &mut Steward,
+/// GEMMs), side by side on the GPUs, then starts compiling all their second rounds (a GEMM's
+/// sibling round) in one nvcc batch into the object cache on a thread of `scope`, and returns
+/// with the batch under way: on the H100 machine (16 cores) 48 sm90 units built in 88 s where 12
+/// took 64, so one batch spares each sweep after the first most of a round. The sweeps then take
+/// their first rounds from `ahead` and wait at its gate, which the batch opens, while the
+/// patterns that need nothing of it (other kinds, table hits) are measured meanwhile. The batch
+/// leaves a core to each GPU's worker, whose timed launches would otherwise wait behind nvcc.
+/// Only the built-in agent's proposals may be asked for ahead of their turn (as in `prefetch`);
+/// without a GPU that tunes (`cx.gpu`) there is nothing to measure. Compile failures are left to
+/// the sweeps to report. The first rounds live in memory until their sweeps record them: a crash
+/// before then costs their measurement again (their objects are cached), no table write. Rules
+/// learned from one sweep's failures reach the sweeps that start after it has recorded them.
+pub(super) fn measure_ahead<'s>(
+    cx: RealizeCtx<'s>,
+    sh: Shared<'s>,
     problems: &[Problem],
-) -> Result<Ahead, ComposeError> {
+    ahead: &'s Ahead,
+    scope: &'s std::thread::Scope<'s, '_>,
+) -> Result<Option<std::thread::ScopedJoinHandle<'s, Result<(), ComposeError>>>, ComposeError> {
     let opts = cx.opts;
-    let mut ahead = Ahead::default();
-    if !steward.is_builtin() || !cx.gpu {
-        return Ok(ahead);
+    if !lock(sh.steward).is_builtin() || !cx.gpu {
+        return Ok(None);
     }
-    let sweeps = sweeps_ahead(tables, problems, opts.precision, opts.arch);
+    let sweeps = sweeps_ahead(&lock(sh.tables), problems, opts.precision, opts.arch);
     if sweeps.len() < 2 {
-        return Ok(ahead);
+        return Ok(None);
     }
     nvcc::progress_line(opts.progress, format_args!("measuring ahead: the first rounds of {} sweeps, then their sibling rounds compile together", sweeps.len()));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let rounds: Vec<Result<Round, ComposeError>> = std::thread::scope(|s| {
+        let workers = cx.pool.gpus().len().max(1);
+        let threads: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let Some((p, math, key)) = sweeps.get(i) else {
+                            return mine;
+                        };
+                        mine.push((i, first_round(cx, sh, p, *math, key)));
+                    }
+                })
+            })
+            .collect();
+        let mut all: Vec<(usize, Result<Round, ComposeError>)> = threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("a measuring thread panicked"))
+            .collect();
+        all.sort_by_key(|(i, _)| *i);
+        all.into_iter().map(|(_, r)| r).collect()
+    });
     let mut specs: Vec<Spec> = Vec::new();
-    for (p, math, key) in sweeps {
-        if let Round::Measured(first) = first_round(cx, tables, steward, p, math, &key)? {
-            let inputs = SweepInputs::new(cx, tables, &key);
-            let next = p
-                .kind()
-                .round(0, p, &measured(&first.run), &inputs.cx(cx, math, steward));
+    let mut first = BTreeMap::new();
+    for ((p, math, key), round) in sweeps.into_iter().zip(rounds) {
+        if let Round::Measured(f) = round? {
+            let inputs = SweepInputs::new(cx, &lock(sh.tables), &key);
+            let next = p.kind().round(
+                0,
+                p,
+                &measured(&f.runs),
+                &inputs.cx(cx, math, &mut lock(sh.steward)),
+            );
             specs.extend(next);
-            ahead.0.insert(key, first);
+            first.insert(key, f);
         }
     }
-    compile_ahead(cx, specs, "siblings_ahead", 1, None)?;
-    Ok(ahead)
+    *lock(&ahead.keys) = first.keys().cloned().collect();
+    *lock(&ahead.first) = first;
+    ahead.siblings.close();
+    let jobs = opts.jobs.saturating_sub(cx.pool.gpus().len()).max(1);
+    Ok(Some(scope.spawn(move || {
+        // Opened however the batch ends, so no sweep waits for ever.
+        struct Opens<'a>(&'a Gate);
+        impl Drop for Opens<'_> {
+            fn drop(&mut self) {
+                self.0.open();
+            }
+        }
+        let _opens = Opens(&ahead.siblings);
+        let batch = Batch {
+            folder: "siblings_ahead",
+            at_least: 1,
+            line: None,
+            jobs,
+            behind: true,
+        };
+        compile_ahead(cx, specs, batch)
+    })))
 }
 
 /// A sweep: its first round (measured here or ahead), its kind's later rounds, each adding to the
-/// run, then recorded (with sweep.json and scatter.svg beside the sources).
+/// runs, then recorded (with sweep.json and scatter.svg beside the sources).
 fn realize_sweep(
     cx: RealizeCtx,
-    tables: &mut Tables,
-    steward: &mut Steward,
+    sh: Shared,
     problem: &Problem,
     math: MathType,
     first: Option<FirstRound>,
+    ahead: &Ahead,
 ) -> Result<Realized, ComposeError> {
     let opts = cx.opts;
     let key = TableKey::of(problem, math, opts.arch);
     let first = match first {
-        Some(f) => f,
-        None => match first_round(cx, tables, steward, problem, math, &key)? {
+        Some(f) => {
+            // Its later rounds are in the sibling batch: compiling them here too would race it.
+            ahead.siblings.wait();
+            f
+        }
+        None => match first_round(cx, sh, problem, math, &key)? {
             Round::Measured(f) => f,
             Round::Done(r) => return Ok(r),
         },
     };
     let FirstRound {
-        mut run,
+        mut runs,
         mut failures,
         space,
         seconds: first_seconds,
@@ -601,27 +900,38 @@ fn realize_sweep(
     let dir = sweep_dir(opts, &key, "");
     let started = std::time::Instant::now();
     let kind = problem.kind();
-    let inputs = SweepInputs::new(cx, tables, &key);
+    let inputs = SweepInputs::new(cx, &lock(sh.tables), &key);
     for (i, suffix) in kind.rounds().iter().enumerate() {
-        let variants = kind.round(i, problem, &measured(&run), &inputs.cx(cx, math, steward));
+        let variants = kind.round(
+            i,
+            problem,
+            &measured(&runs),
+            &inputs.cx(cx, math, &mut lock(sh.steward)),
+        );
         if variants.is_empty() {
             continue;
         }
         let (more, fails) = measure(cx, problem, math, &variants, &sweep_dir(opts, &key, suffix))?;
-        run.candidates.extend(more.candidates);
+        merge_runs(&mut runs, more);
         failures.extend(fails);
     }
     let seconds = first_seconds + started.elapsed().as_secs_f64();
     // Every candidate with its status, and what the kernels came from (for a GEMM: what was
-    // pruned before nvcc and why), next to the sweep's sources.
+    // pruned before nvcc and why), next to the sweep's sources. `run` where one GPU measured
+    // it all, as before sweeps spread over GPUs.
     let mut record = serde_json::json!({
         "key": key,
         "problem": problem,
         "compile_and_tune_s": seconds,
-        "run": run,
+        "runs": runs,
     });
+    if let [run] = runs.as_slice() {
+        record["run"] = serde_json::to_value(run).expect("run serializes");
+    }
     if kind.learns() {
-        record["rules_learned"] = tables.learn(&key, &run)?.into();
+        if let Some(all) = joined(&runs) {
+            record["rules_learned"] = lock(sh.tables).learn(&key, &all)?.into();
+        }
     }
     if let Some(space) = space {
         record["space"] = space;
@@ -630,7 +940,7 @@ fn realize_sweep(
         dir.join("sweep.json"),
         serde_json::to_string_pretty(&record).expect("run serializes"),
     );
-    record_sweep(tables, key, problem.clone(), run, failures, &dir)
+    record_sweep(sh, key, problem.clone(), runs, failures, &dir)
 }
 
 /// Without a GPU that runs them a sweep ends once its candidates are compiled.
@@ -647,29 +957,28 @@ fn compile_only(cx: RealizeCtx, candidates: &[Spec], dir: &Path) -> Result<Reali
     })
 }
 
-/// A finished sweep's run into the user table (its scatter plot beside the sources), and the
+/// A finished sweep's runs into the user table (its scatter plot beside the sources), and the
 /// entry as it stands there now; left to torch, naming every candidate's outcome, when none passed.
 fn record_sweep(
-    tables: &mut Tables,
+    sh: Shared,
     key: TableKey,
     problem: Problem,
-    run: Run,
+    runs: Vec<Run>,
     failures: Vec<CompileFailure>,
     dir: &Path,
 ) -> Result<Realized, ComposeError> {
-    let n = run.candidates.len();
-    let failed = run
-        .candidates
+    let all: Vec<&CandidateResult> = runs.iter().flat_map(|r| &r.candidates).collect();
+    let n = all.len();
+    let failed = all
         .iter()
         .filter(|c| c.outcome.median_ms().is_none())
         .count();
-    let summary = run
-        .candidates
+    let summary = all
         .iter()
         .map(|c| format!("{} {}", c.kernel, c.outcome.label()))
         .collect::<Vec<_>>()
         .join(", ");
-    let Some(entry) = Entry::from_runs(key.clone(), problem, vec![run]) else {
+    let Some(entry) = Entry::from_runs(key.clone(), problem, runs) else {
         return Ok(Realized {
             how: Realization::Skipped {
                 reason: format!("no candidate passed verification: {summary}"),
@@ -682,6 +991,7 @@ fn record_sweep(
         dir.join("scatter.svg"),
         crate::bench::plot::scatter_svg(&entry),
     );
+    let mut tables = lock(sh.tables);
     tables.record(entry)?;
     let merged = tables.user.get(&key).cloned();
     Ok(Realized {
@@ -798,5 +1108,119 @@ mod tests {
         let shapes: Vec<String> = sweeps.iter().map(|(_, _, k)| k.shape.clone()).collect();
         assert_eq!(shapes, [c.shape_key(), a.shape_key()]);
         assert!(sweeps.iter().all(|(_, m, _)| *m == math));
+    }
+
+    /// Six candidates of `problem()` measured on two fake H100s, GPU1 1.3x slower at everything
+    /// (torch too), GPU0's worker dying on the fifth: the table runs of that measurement.
+    fn two_gpu_runs(kernels: &[Spec]) -> Vec<Run> {
+        use crate::tune::fake::{fake_pool, request, FakeGpus};
+        // On a GPU of speed 1: the fourth is the fastest, by 0.85 over torch's 1.0.
+        let ms = [1.00, 0.90, 0.95, 0.85, 1.10, 0.92];
+        let mut fake = FakeGpus::new(ms.iter().map(|&m| Some(m)).collect(), 1.0, vec![1.0, 1.3]);
+        fake.crashes = vec![(0, 4)];
+        let (pool, _) = fake_pool(fake);
+        let results = pool
+            .measure(&request((0..6).collect()), &|_| {}, &|_| {})
+            .unwrap();
+        runs_of(results, kernels, vec![], &pool.gpus()[0].info, &|d| {
+            Provenance {
+                device: d.clone(),
+                ..crate::table::tests::provenance("H100")
+            }
+        })
+    }
+
+    fn six_kernels() -> Vec<Spec> {
+        let k: Vec<Spec> = gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .take(6)
+            .map(Spec::from)
+            .collect();
+        assert_eq!(k.len(), 6);
+        k
+    }
+
+    #[test]
+    fn a_sweep_dealt_over_two_gpus_is_won_by_the_best_ratio_over_torch_on_its_own_gpu() {
+        let kernels = six_kernels();
+        let runs = two_gpu_runs(&kernels);
+        let key = TableKey::of(&Problem::from(problem()), MathType::Tf32, Arch::Sm90);
+        let entry = Entry::from_runs(key.clone(), problem(), runs.clone()).unwrap();
+        assert_eq!(entry.runs.len(), 2, "a run per GPU");
+        for (i, r) in entry.runs.iter().enumerate() {
+            assert_eq!(r.provenance.device.index, Some(i));
+            assert_eq!(
+                r.provenance.device.uuid.as_deref(),
+                Some(format!("GPU-fake-{i}").as_str())
+            );
+            let slow = [1.0, 1.3][i];
+            assert_eq!(
+                r.baseline.as_ref().unwrap().median_ms,
+                slow,
+                "torch on GPU{i}"
+            );
+        }
+        // Dealt round-robin: GPU0 timed 0, 2 (4 died), GPU1 1, 3, 5. By milliseconds the third
+        // (0.95 on GPU0) would win over the fourth (1.105 on the slower GPU1); by ratio over
+        // torch on its own GPU the fourth wins, as it does on one GPU.
+        assert_eq!(entry.winner, kernels[3].name());
+        assert_eq!(entry.winner_provenance().device.index, Some(1));
+        assert!((entry.winner_ms - 0.85 * 1.3).abs() < 1e-9);
+        assert_eq!(entry.baseline_ms(), Some(1.3));
+        assert!(!entry.loses_to_torch());
+        let fault = entry.runs[0]
+            .candidates
+            .iter()
+            .find(|c| c.kernel == kernels[4].name())
+            .expect("the crashed variant is recorded");
+        assert_eq!(fault.outcome.label(), "fault");
+        let judged: usize = entry.runs.iter().map(|r| r.candidates.len()).sum();
+        assert_eq!(judged, 6, "every variant judged once");
+        // The same measurement again: the same runs, the same winner.
+        assert_eq!(two_gpu_runs(&kernels), runs);
+        // The later rounds rank the kernels by the same ratios (in GPU0's milliseconds).
+        let m = measured(&runs);
+        let best = m
+            .iter()
+            .filter_map(|k| k.ms.map(|ms| (ms, k.spec.name())))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+            .unwrap();
+        assert_eq!(best.1, kernels[3].name());
+        assert!((best.0 - 0.85).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_later_round_joins_each_gpus_own_run() {
+        let kernels = six_kernels();
+        let mut runs = two_gpu_runs(&kernels);
+        let base1 = runs[1].baseline.clone();
+        let later = |index: usize, ms: f64| Run {
+            provenance: Provenance {
+                device: crate::tune::fake::gpu(index, "H100", (9, 0)).info,
+                ..crate::table::tests::provenance("H100")
+            },
+            baseline: Some(Timing {
+                median_ms: 9.0,
+                min_ms: 9.0,
+                max_ms: 9.0,
+                spread: 0.0,
+                samples: 1,
+            }),
+            candidates: vec![timed(
+                gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90)
+                    .last()
+                    .unwrap(),
+                ms,
+            )],
+        };
+        merge_runs(&mut runs, vec![later(1, 0.5), later(2, 0.4)]);
+        assert_eq!(runs.len(), 3, "a GPU new to the sweep brings its run");
+        assert_eq!(runs[1].candidates.len(), 4);
+        assert_eq!(
+            runs[1].baseline, base1,
+            "a GPU's rounds share its first baseline"
+        );
+        assert_eq!(runs[2].candidates.len(), 1);
+        assert_eq!(runs[2].baseline.as_ref().unwrap().median_ms, 9.0);
     }
 }

@@ -187,10 +187,18 @@ fn note_in_unit(
     unit_object: &Path,
 ) {
     let r = object_path(tc, cache, source, command, stem).with_extension("ref");
-    let tmp = r.with_extension(format!("ref.tmp{}", std::process::id()));
+    let tmp = tmp_path(&r, "ref");
     if std::fs::write(&tmp, unit_object.display().to_string()).is_ok() {
         let _ = std::fs::rename(&tmp, &r);
     }
+}
+
+/// A name beside `path` (whose extension is `ext`) that no other writer uses, in this process
+/// or another: compose builds on several threads at once, and two of them may compile one kernel.
+fn tmp_path(path: &Path, ext: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    path.with_extension(format!("{ext}.tmp{}-{n}", std::process::id()))
 }
 
 /// Compiles `source` to a cached object; returns (object, was_cached).
@@ -208,7 +216,7 @@ fn compile_cached(
     if obj.is_file() {
         return Ok((obj, true));
     }
-    let tmp = obj.with_extension(format!("o.tmp{}", std::process::id()));
+    let tmp = tmp_path(&obj, "o");
     let mut cmd = cmd;
     cmd.arg("-c").arg(&src).arg("-o").arg(&tmp);
     run(cmd, &format!("compiling {}", source.file_name))?;
@@ -346,7 +354,7 @@ fn include_dir(cache: &Path) -> Result<PathBuf, BuildError> {
     std::fs::create_dir_all(&include).map_err(io(&include))?;
     let header = include.join("fact_kernels.h");
     if std::fs::read_to_string(&header).ok().as_deref() != Some(ABI_HEADER) {
-        let tmp = include.join(format!("fact_kernels.h.tmp{}", std::process::id()));
+        let tmp = tmp_path(&header, "h");
         std::fs::write(&tmp, ABI_HEADER).map_err(io(&tmp))?;
         std::fs::rename(&tmp, &header).map_err(io(&header))?;
     }

@@ -24,6 +24,9 @@ use thiserror::Error;
 /// 5: LayerNorm problems and kernel specs, keyed under the `f32` math of kernels that multiply no
 /// matrices; a fact that reads schema 4 cannot parse them, so it must refuse these.
 /// 6: gated-MLP problems and kernel specs (`kinds::glu`), which schema 5 cannot parse.
+/// A run's GPU index and UUID (`DeviceInfo::index`, `uuid`: a sweep spread over several GPUs
+/// records a run per GPU) are optional fields an older fact ignores; it still reads each GPU's
+/// run as a run of its own (their baselines and candidates differ), so they need no new schema.
 pub const SCHEMA: u32 = 6;
 
 #[derive(Debug, Error)]

@@ -30,6 +30,7 @@ pub(crate) fn provenance(device: &str) -> Provenance {
             compute_capability: "9.0".into(),
             driver: "13.0".into(),
             cuda_runtime: "13.0".into(),
+            ..Default::default()
         },
         torch: "2.11.0".into(),
         nvcc: "13.0".into(),
@@ -184,6 +185,38 @@ fn bucket_hits_stay_within_the_alignment_class() {
         tables.lookup(&key, &Problem::from(aligned)),
         Lookup::Bucket { .. }
     ));
+}
+
+#[test]
+fn runs_on_two_gpus_of_one_host_stay_two_runs_and_name_their_gpu() {
+    // Two H100s of one host measuring alike: only the GPU's index and UUID tell the runs apart,
+    // and merging keeps both (one run merged twice is kept once).
+    let on = |i: usize, which: usize, ms: f64| {
+        let mut e = entry(128, which, ms, "H100");
+        e.runs[0].provenance.device.index = Some(i);
+        e.runs[0].provenance.device.uuid = Some(format!("GPU-{i}"));
+        e
+    };
+    let m = on(0, 0, 0.5).merged(&on(1, 0, 0.5));
+    assert_eq!(m.runs.len(), 2);
+    let m = m.merged(&on(1, 2, 0.3));
+    assert_eq!(m.runs.len(), 3);
+    assert_eq!(m.winner_provenance().device.index, Some(1));
+    assert_eq!(m.winner_provenance().device.uuid.as_deref(), Some("GPU-1"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    let mut t = Table::new();
+    t.insert_merged(m);
+    t.save(&path).unwrap();
+    assert_eq!(Table::load(&path).unwrap(), t);
+    // A run recorded before tuning spread over GPUs names none, and writes as it did.
+    let old = entry(64, 0, 0.25, "H100");
+    assert_eq!(old.runs[0].provenance.device.index, None);
+    let json = serde_json::to_string(&old).unwrap();
+    assert!(
+        !json.contains("\"index\"") && !json.contains("uuid"),
+        "{json}"
+    );
 }
 
 #[test]

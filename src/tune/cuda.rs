@@ -23,6 +23,8 @@ pub struct Cuda {
     driver_version: unsafe extern "C" fn(*mut i32) -> i32,
     runtime_version: unsafe extern "C" fn(*mut i32) -> i32,
     device_name: Option<unsafe extern "C" fn(*mut std::os::raw::c_char, i32, i32) -> i32>,
+    device_count: unsafe extern "C" fn(*mut i32) -> i32,
+    device_uuid: Option<unsafe extern "C" fn(*mut [u8; 16], i32) -> i32>,
 }
 
 // cudaDeviceAttr values from driver_types.h.
@@ -31,13 +33,21 @@ const ATTR_CC_MAJOR: i32 = 75;
 const ATTR_CC_MINOR: i32 = 76;
 
 /// Facts about the GPU that go into every measurement's provenance.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct DeviceInfo {
     pub name: String,
     pub sm_count: i32,
     pub compute_capability: String,
     pub driver: String,
     pub cuda_runtime: String,
+    /// The CUDA device ordinal among the devices the measuring fact saw (absent in runs recorded
+    /// before tuning used several GPUs): the runs one sweep spread over two GPUs differ in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// The GPU's UUID as nvidia-smi prints it (`GPU-…`), where the driver tells it: which
+    /// physical GPU that was, whatever CUDA_VISIBLE_DEVICES said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 fn version(v: i32) -> String {
@@ -79,6 +89,15 @@ impl Cuda {
                 device_name: drv
                     .as_ref()
                     .and_then(|d| d.get(b"cuDeviceGetName").ok().map(|s| *s)),
+                device_count: sym!(rt, b"cudaGetDeviceCount"),
+                // CUDA 13's cuda.h maps cuDeviceGetUuid to its _v2 (same signature); older
+                // drivers export only the first.
+                device_uuid: drv.as_ref().and_then(|d| {
+                    d.get(b"cuDeviceGetUuid_v2")
+                        .or_else(|_| d.get(b"cuDeviceGetUuid"))
+                        .ok()
+                        .map(|s| *s)
+                }),
                 _rt: rt,
                 _drv: drv,
             })
@@ -170,7 +189,42 @@ impl Cuda {
             compute_capability: format!("{}.{}", attr(ATTR_CC_MAJOR), attr(ATTR_CC_MINOR)),
             driver: version(drv),
             cuda_runtime: version(rt),
+            index: usize::try_from(device).ok(),
+            uuid: self.uuid(device),
         }
+    }
+
+    /// How many CUDA devices this process sees (CUDA_VISIBLE_DEVICES applied); 0 on error.
+    pub fn device_count(&self) -> usize {
+        let mut n = 0;
+        // SAFETY: writes one int.
+        let code = unsafe { (self.device_count)(&mut n) };
+        if code == 0 {
+            usize::try_from(n).unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, the form CUDA_VISIBLE_DEVICES takes too.
+    fn uuid(&self, device: i32) -> Option<String> {
+        let f = self.device_uuid?;
+        let mut b = [0u8; 16];
+        // SAFETY: the driver writes the 16 bytes of a CUuuid; device ordinals are CUdevice
+        // handles, as cuDeviceGetName above takes them.
+        if unsafe { f(&mut b, device) } != 0 {
+            return None;
+        }
+        let hex =
+            |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+        Some(format!(
+            "GPU-{}-{}-{}-{}-{}",
+            hex(0..4),
+            hex(4..6),
+            hex(6..8),
+            hex(8..10),
+            hex(10..16)
+        ))
     }
 
     pub fn capability(&self, device: i32) -> (i32, i32) {

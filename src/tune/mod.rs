@@ -4,6 +4,9 @@
 //! logic here and the GPU (a kind's bench, `crate::kinds`), so the logic is tested with a fake bench.
 
 pub mod cuda;
+pub mod devices;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod gpu;
 pub mod op;
 pub mod worker;
