@@ -63,7 +63,7 @@ impl Backend {
             .env("SCCACHE_SERVER_PORT", self.port.to_string())
             .env("SCCACHE_DIR", &self.dir)
             // A server a failed test leaves behind goes on its own.
-            .env("SCCACHE_IDLE_TIMEOUT", "120");
+            .env("SCCACHE_IDLE_TIMEOUT", "600");
         for (k, v) in &self.env {
             c.env(k, v);
         }
