@@ -1,6 +1,6 @@
 //! Builds the C++ TorchScript bridge (cxx) against the libtorch that torch-sys links, binds the
 //! kernel-library ABI header with bindgen, and bakes the set-up paths from ./setup as defaults that
-//! the environment can override at run time (CUTLASS_DIR, CUDA_HOME, TORCH_DIR).
+//! the environment can override at run time (CUTLASS_DIR, CUDA_HOME, TORCH_DIR, FACT_SCCACHE).
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -84,6 +84,7 @@ fn main() {
     bake("FACT_DEFAULT_TORCH_DIR", &libtorch);
     bake("FACT_DEFAULT_CUTLASS_DIR", &root.join(".fact/cutlass"));
     bake("FACT_DEFAULT_CUDA_HOME", &root.join(".fact/cuda"));
+    bake("FACT_DEFAULT_SCCACHE", &root.join(".fact/sccache"));
     println!("cargo:rustc-env=FACT_SOURCE_ROOT={}", root.display());
 }
 

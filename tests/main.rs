@@ -17,5 +17,6 @@ mod padding;
 mod plan;
 mod rmsnorm;
 mod rotary;
+mod sccache;
 mod table_cli;
 mod zoo;

@@ -1,7 +1,7 @@
 //! The command line: the only place that parses arguments or prints. Tables for people, `--json`
 //! for machines; errors are printed by main with their context chain. This file holds the
 //! arguments and the dispatch; `tables` the table and knowledge commands, `benchmark` the bench
-//! and its figures, `show` what the commands print for people.
+//! and its figures, `doctor` the set-up check, `show` what the commands print for people.
 
 use crate::compose::{self, ComposeReport};
 use crate::nvcc::{self, Toolchain};
@@ -18,6 +18,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 mod benchmark;
+mod doctor;
 mod show;
 mod tables;
 
@@ -202,6 +203,12 @@ enum Command {
     },
     /// Print the inlined forward graph of a TorchScript archive.
     Graph { model: PathBuf },
+    /// Check the set-up: the compilers and headers found, the build cache, the shared compile
+    /// cache (sccache: its backend and hit rate) and the GPU.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
     /// Draw the end-to-end figure of benchmark records: a list of {model, policy, eager_ms,
     /// traced_ms, compile_ms, max_autotune_ms, fact_ms, ablations: [{without, ms}], errors} (what
     /// benches/device and benches/zoo write), or {"meta": {device, torch, date}, "records": [...]}.
@@ -448,6 +455,7 @@ pub fn main() -> Result<()> {
             for n in &notes {
                 eprintln!("gpus: {n}");
             }
+            let cache_mark = tc.sccache_mark();
             let cx = compose::RealizeCtx {
                 opts: &opts,
                 tc: &tc,
@@ -463,12 +471,14 @@ pub fn main() -> Result<()> {
             for n in &steward.notes {
                 eprintln!("agent: {n}");
             }
+            let sccache = tc.sccache_report(cache_mark.as_ref());
             let seconds = start.elapsed().as_secs_f64();
             if json {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(&serde_json::json!({
                         "realization": r.how, "entry": r.entry, "seconds": seconds, "table": opts.user_table,
+                        "sccache": sccache,
                     }))?
                 );
             } else {
@@ -494,6 +504,9 @@ pub fn main() -> Result<()> {
                 }
                 for f in &r.failures {
                     print!("{f}");
+                }
+                if let Some(c) = &sccache {
+                    println!("  compile cache: {}", c.summary());
                 }
             }
             Ok(())
@@ -538,6 +551,7 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::Doctor { json } => doctor::doctor(json),
         Command::Graph { model } => {
             print!("{}", torch::graph_text(&model)?);
             Ok(())

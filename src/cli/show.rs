@@ -214,6 +214,9 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
             c.display()
         );
     }
+    if let Some(c) = &r.sccache {
+        println!("compile cache: {}", c.summary());
+    }
     println!(
         "report: {}  ({:.1} s)",
         out_dir.join(compose::REPORT).display(),

@@ -9,7 +9,7 @@
 use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
 use crate::kinds::{registry, Candidates, Measured, Problem, Spec, SweepCx};
-use crate::nvcc::{self, BuildError, CompileFailure, Toolchain};
+use crate::nvcc::{self, BuildError, CompileFailure, SccacheReport, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
 use crate::rules::PatternKind;
 use crate::space::SpaceOptions;
@@ -299,6 +299,9 @@ pub struct ComposeReport {
     pub order: Vec<String>,
     pub agent: String,
     pub agent_notes: Vec<String>,
+    /// What the shared compile cache did during the compose; None without sccache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sccache: Option<SccacheReport>,
     pub seconds: f64,
 }
 
@@ -313,6 +316,7 @@ pub fn compose(
     let (graph, inputs) = torch::load_graph(model, inputs)?;
     let mut found = registry::match_patterns(&graph);
     let tc = Toolchain::discover()?;
+    let cache_mark = tc.sccache_mark();
     let device = Device::detect();
     let gpu = tunes_here(opts.arch, device.as_ref());
     let tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
@@ -480,6 +484,7 @@ pub fn compose(
         order,
         agent: steward.name(),
         agent_notes: steward.notes.clone(),
+        sccache: tc.sccache_report(cache_mark.as_ref()),
         seconds: start.elapsed().as_secs_f64(),
     };
     let path = opts.out_dir.join(REPORT);

@@ -1,10 +1,12 @@
 //! Builds kernel libraries. The kernels of a sweep are split into as many translation units as
 //! there are jobs (cores), compiled by nvcc (through `cc`) in parallel and cached by a hash of
-//! source, flags and the ABI header; the dispatch table (one entry per kernel of any kind, a GEMM
-//! variant being a kernel plus launch knobs) and the torch op join them in one shared library. A unit that fails to compile
-//! is bisected until the failing kernels stand alone, so one bad instantiation costs only itself:
-//! its source stays on disk and the failure (command and log) is returned, not raised.
-//! toolchain.rs finds the tools and builds the commands; library.rs opens a built library.
+//! source, flags and the ABI header; a unit that misses that cache is compiled through sccache
+//! where it is installed, the shared layer under it (sccache.rs). The dispatch table (one entry
+//! per kernel of any kind, a GEMM variant being a kernel plus launch knobs) and the torch op join
+//! them in one shared library. A unit that fails to compile is bisected until the failing kernels
+//! stand alone, so one bad instantiation costs only itself: its source stays on disk and the
+//! failure (command and log) is returned, not raised. toolchain.rs finds the tools and builds the
+//! commands; library.rs opens a built library.
 
 use crate::codegen::{self, Source};
 use crate::kinds::{registry, Spec, Unit};
@@ -18,8 +20,10 @@ use std::sync::Mutex;
 use thiserror::Error;
 
 pub mod library;
+pub mod sccache;
 mod toolchain;
 pub use library::KernelLibrary;
+pub use sccache::SccacheReport;
 pub use toolchain::Toolchain;
 
 pub const ABI_HEADER: &str = include_str!("../../include/fact_kernels.h");
@@ -217,11 +221,39 @@ fn compile_cached(
         return Ok((obj, true));
     }
     let tmp = tmp_path(&obj, "o");
-    let mut cmd = cmd;
-    cmd.arg("-c").arg(&src).arg("-o").arg(&tmp);
-    run(cmd, &format!("compiling {}", source.file_name))?;
+    compile_to(tc, cmd, source, &src, &tmp)?;
     std::fs::rename(&tmp, &obj).map_err(io(&obj))?;
     Ok((obj, false))
+}
+
+/// Compiles `source` (written at `src`) with `cmd` into `out`: through sccache where it is in
+/// use, else (or where sccache itself fails) directly.
+fn compile_to(
+    tc: &Toolchain,
+    cmd: Command,
+    source: &Source,
+    src: &Path,
+    out: &Path,
+) -> Result<(), BuildError> {
+    let what = format!("compiling {}", source.file_name);
+    if let Some(s) = tc.sccache() {
+        match s.compile(&cmd, source, src, out) {
+            sccache::Routed::Compiled => return Ok(()),
+            sccache::Routed::Failed(log) => {
+                let mut line = cmd;
+                line.arg("-c").arg(src).arg("-o").arg(out);
+                return Err(BuildError::Tool {
+                    what,
+                    command: command_line(&line),
+                    log,
+                });
+            }
+            sccache::Routed::Unavailable => {}
+        }
+    }
+    let mut cmd = cmd;
+    cmd.arg("-c").arg(src).arg("-o").arg(out);
+    run(cmd, &what)
 }
 
 /// The folder compiled objects are cached in: $FACT_CACHE_DIR, else ~/.cache/fact/build.

@@ -1,11 +1,13 @@
-//! Where the compilers and headers are (nvcc, CUDA, CUTLASS, libtorch) and the compile commands
-//! built from them: one for each unit family, another for the torch op's C++.
+//! Where the compilers and headers are (nvcc, CUDA, CUTLASS, libtorch, sccache) and the compile
+//! commands built from them: one for each unit family, another for the torch op's C++.
 
+use super::sccache::{self, Sccache};
 use super::BuildError;
 use crate::kinds::Unit;
 use crate::types::Arch;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 /// Where the compilers and headers are. Environment first (CUDA_HOME, CUTLASS_DIR, TORCH_DIR), then
 /// the paths ./setup made when this binary was built.
@@ -15,6 +17,9 @@ pub struct Toolchain {
     pub cuda_home: PathBuf,
     pub cutlass: PathBuf,
     pub torch: PathBuf,
+    /// The shared compile cache every compile goes through (`sccache::find`), or why there is
+    /// none. Its server starts on the first compile that needs it.
+    pub sccache: Result<Arc<Sccache>, String>,
 }
 
 impl Toolchain {
@@ -50,7 +55,25 @@ impl Toolchain {
             cuda_home,
             cutlass,
             torch,
+            sccache: sccache::find().map(|b| Arc::new(Sccache::new(b))),
         })
+    }
+
+    /// sccache where compiles go through it now (found, its server answering, no request failed).
+    pub(super) fn sccache(&self) -> Option<&Sccache> {
+        self.sccache.as_deref().ok().filter(|s| s.ready())
+    }
+
+    /// The compile cache's state before a window of compiles (a compose), to report it with
+    /// `sccache_report`; None without sccache.
+    pub fn sccache_mark(&self) -> Option<sccache::Mark> {
+        self.sccache.as_deref().ok().map(Sccache::mark)
+    }
+
+    /// What sccache did since `mark`.
+    pub fn sccache_report(&self, mark: Option<&sccache::Mark>) -> Option<sccache::SccacheReport> {
+        let s = self.sccache.as_deref().ok()?;
+        Some(s.since(mark?))
     }
 
     /// CUTLASS's version from its headers, e.g. "4.2.0".
@@ -183,7 +206,7 @@ impl Toolchain {
     }
 }
 
-fn find_on_path(exe: &str) -> Option<PathBuf> {
+pub(super) fn find_on_path(exe: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(exe))
         .find(|p| p.is_file())
@@ -202,6 +225,7 @@ mod tests {
             cuda_home: "/opt/cuda".into(),
             cutlass: "/opt/cutlass".into(),
             torch: "/opt/torch".into(),
+            sccache: Err("off".into()),
         };
         let line = |unit: &Unit| command_line(&tc.unit_command(Arch::Sm90, Path::new("/i"), unit));
         let common = command_line(&tc.nvcc_command(Arch::Sm90, Path::new("/i")));
