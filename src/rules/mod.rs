@@ -10,6 +10,7 @@
 //! Rules find matches that may overlap; `cover.rs` picks a non-overlapping set of them by gain.
 
 pub mod cover;
+pub mod residual;
 pub mod views;
 
 pub use cover::{candidates, cover, is_product, Candidate, Gain, Site};
