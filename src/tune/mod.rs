@@ -6,6 +6,7 @@
 pub mod cuda;
 pub mod gpu;
 pub mod op;
+pub mod residual;
 pub mod worker;
 
 use crate::types::MathType;
