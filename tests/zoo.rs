@@ -38,8 +38,8 @@ const EXPECT: &[Expect] = &[
         // alone; c_fc with the written-out tanh GELU; both projections with the residual add
         // (through view and eval dropout); the causal SDPA on the mask the graph computes;
         // layernorms before attention and MLP. The embeddings' sum stays torch's, and the first
-        // ln_1 plain: GPT2Model sizes that sum (`output_shape`) before ln_1, where the op's call
-        // would stand.
+        // ln_1 plain: the sum is read again through eval dropout (rules::residual), and GPT2Model
+        // sizes it (`output_shape`) before ln_1, where the op's call would stand.
         per_layer: &[
             ("gemm_rrr_bias", 1),
             ("gemm_rrr_bias_ep_mul_pow_mul_add_mul_tanh_add_mul", 1),
@@ -154,12 +154,11 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr_bias_ep_add", 2),
             ("layernorm_affine", 2),
         ],
-        // The 16x16 stride-16 patch embedding, a convolution with bias. The encoder's final
-        // LayerNorm is one more layernorm_affine, and the first block's ln_1 one less: it takes
-        // the position embedding's add (through eval dropout) and writes the sum for the first
-        // residual.
+        // The 16x16 stride-16 patch embedding, a convolution with bias. The position
+        // embedding's add stays torch's: its sum is read again (the first residual) through the
+        // eval dropout before ln_1, which the add's call could not take over (rules::residual).
         once: &[
-            ("add_layernorm_affine_sum", 1),
+            ("layernorm_affine", 1),
             ("gemm_rcr_bias", 1),
             ("conv2d_s16_p0_d1_bias", 1),
         ],

@@ -18,14 +18,16 @@
 //! (`residual + h.to(residual.dtype)`, Gemma's `type_as` at the end of the norm before the add)
 //! is read as the cast wrote it: the cast stays the graph's, or the pattern's it ends (a norm's
 //! output written in the narrow dtype is cheaper to read than its fp32 value, and taking the cast
-//! would cut that norm's pattern short). A spelling of s that the norm reads and the rest of the graph too (an
-//! fp32 trace's `to(float32)` of the sum: RMSNorm's upcast, which is also the next residual) is
-//! taken with it. A shape change between the sum and the norm is not taken (the op returns y and
-//! s in the sum's shape).
+//! would cut that norm's pattern short). A shape change between the sum and the norm is not taken
+//! (the op returns y and s in the sum's shape).
 //!
-//! The sum is written where one of its spellings before the cast is read outside the pattern, and
-//! only where every such reader comes after the norm's last node (the op's call stands there);
-//! two spellings read outside, or the cast sum read outside, leave the add to torch.
+//! The sum is written where the add's own output is read outside the pattern, and only where
+//! every such reader comes after the norm's last node (the op's call stands there). A node between
+//! the add and the norm that the rest of the graph reads too (GPT-2's and ViT's eval dropout after
+//! their embeddings' sum, read again as the first residual; an fp32 trace's `to(float32)`, RMSNorm's
+//! upcast, read as the next residual) leaves the add to torch: the call could only take its
+//! output over, and other patterns read through such nodes to the tensor they respell (a GEMM's
+//! residual leaf is the add's output, `views::source`), which the rewrite would have removed.
 //!
 //! What the cover decides, not this module: an add that a GEMM's epilogue can take too (Llama's o
 //! and down projections, GPT-2's c_proj, BERT's output denses) goes to the GEMM, whose match
@@ -167,10 +169,10 @@ pub struct ResidualAdd {
     pub a: ValueId,
     pub b: ValueId,
     /// The nodes the pattern takes besides the norm's, other than `sum`: the add and the nodes
-    /// between it and the norm (and a respelling the norm reads); in program order.
+    /// between it and the norm; in program order.
     pub nodes: Vec<NodeId>,
-    /// The node whose output the rest of the graph reads as the sum (the add or a spelling of
-    /// it), where it does: the op's second output takes it over.
+    /// The add, where the rest of the graph reads its output: the op's second output takes it
+    /// over.
     pub sum: Option<NodeId>,
     pub residual: Residual,
 }
@@ -191,10 +193,9 @@ pub fn residual_add(
     let norm_dtype = DType::parse(&tx.dtype)?;
     let cols = *tx.shape.last()?;
     let end = *norm.iter().max()?;
-    // Back from x to the add: transparent nodes keeping the shape, and at most one cast. Each
-    // step remembers whether it still spells the sum (no cast between it and the add).
+    // Back from x to the add: transparent nodes keeping the shape, and at most one cast.
     let mut chain: Vec<NodeId> = Vec::new();
-    let mut cast: Option<usize> = None;
+    let mut cast = false;
     let mut v = x;
     let add = loop {
         let p = g.values[v].producer?;
@@ -207,8 +208,8 @@ pub fn residual_add(
         }
         let from = if views::pass(g, p) == Some(Pass::Same) {
             n.inputs[0]
-        } else if cast.is_none() {
-            cast = Some(chain.len());
+        } else if !cast {
+            cast = true;
             views::dtype_cast(g, p)?
         } else {
             return None;
@@ -226,7 +227,7 @@ pub fn residual_add(
     let s = an.outputs[0];
     let ts = g.tensor(s)?;
     let sum_dtype = DType::parse(&ts.dtype)?;
-    if ts.shape != tx.shape || (cast.is_none() && sum_dtype != norm_dtype) {
+    if ts.shape != tx.shape || (!cast && sum_dtype != norm_dtype) {
         return None;
     }
     // An operand: a tensor broadcast over the leading dims only.
@@ -246,49 +247,19 @@ pub fn residual_add(
     let (mut da, mut db) = (operand(a)?, operand(b)?);
     let mut nodes: BTreeSet<NodeId> = chain.iter().copied().collect();
     nodes.insert(add);
-    // The spellings of the sum: its value and the chain's before the cast (nearest the add).
-    let mut spelled: Vec<(NodeId, ValueId)> = vec![(add, s)];
-    for (i, &c) in chain.iter().enumerate().rev() {
-        if cast.is_some_and(|k| i <= k) {
-            break;
-        }
-        spelled.push((c, g.nodes[c].outputs[0]));
-    }
-    // A spelling of one that the norm reads and others too (see the module doc).
-    for (_, v) in spelled.clone() {
-        for &u in readers.of_value(v) {
-            let Some(&o) = g.nodes[u].outputs.first() else {
-                continue;
-            };
-            let respells = views::pass(g, u) == Some(Pass::Same)
-                && g.tensor(o).is_some_and(|t| t.shape == tx.shape);
-            if !nodes.contains(&u)
-                && !norm.contains(&u)
-                && respells
-                && readers.of_value(o).iter().any(|r| norm.contains(r))
-            {
-                nodes.insert(u);
-                spelled.push((u, o));
-            }
-        }
-    }
     let inside: BTreeSet<NodeId> = nodes.union(norm).copied().collect();
-    // What the rest of the graph reads: one spelling of the sum, after the norm.
-    let mut sum = None;
-    for &n in &nodes {
-        for &o in &g.nodes[n].outputs {
-            if !readers.escapes(o, &inside) {
-                continue;
-            }
-            if sum.is_some()
-                || !spelled.iter().any(|&(_, v)| v == o)
-                || readers.outside(o, &inside).any(|u| u < end)
-            {
-                return None;
-            }
-            sum = Some(n);
-        }
+    // The nodes between the add and the norm are the pattern's alone; the sum is read elsewhere
+    // only after the norm (see the module doc).
+    if chain.iter().any(|&c| {
+        g.nodes[c]
+            .outputs
+            .iter()
+            .any(|&o| readers.escapes(o, &inside))
+    }) || readers.outside(s, &inside).any(|u| u < end)
+    {
+        return None;
     }
+    let sum = readers.escapes(s, &inside).then_some(add);
     if da > db {
         std::mem::swap(&mut a, &mut b);
         std::mem::swap(&mut da, &mut db);

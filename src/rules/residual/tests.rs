@@ -107,10 +107,12 @@ fn bert_broadcasts_its_position_rows_and_keeps_no_sum() {
 }
 
 #[test]
-fn gpt2_reads_its_embeddings_sum_through_eval_dropout_but_sizes_it_before_the_norm() {
-    // GPT-2 (the zoo's trace): wte + wpe, eval dropout, ln_1, the sum as the first residual.
-    // `output_shape` reads the dropout's last dim before ln_1: the op's call stands at ln_1, so
-    // that reader would come before the sum exists, and the add stays torch's.
+fn gpt2_and_vit_read_their_embeddings_sum_through_eval_dropout_so_the_add_stays_torchs() {
+    // GPT-2 (the zoo's trace): wte + wpe, eval dropout, ln_1, the dropout's output the first
+    // residual. The call could take over only the dropout's output, and the c_proj epilogue that
+    // adds that residual reads through the dropout to the add's output. GPT2Model also sizes the
+    // dropout's output (`output_shape`) before ln_1, where the call would stand. torchvision's
+    // ViT adds its position embedding the same way.
     let text = |size: &str| {
         format!(
             "graph(%47: f32[1,64,768], %position_embeds.1: f32[1,64,768], %weight.8: f32[768], %bias.4: f32[768], %attn_output.5: f32[1,64,768]):
@@ -132,18 +134,24 @@ fn gpt2_reads_its_embeddings_sum_through_eval_dropout_but_sizes_it_before_the_no
     };
     let g = graph(&text("%96 = aten::size(%hidden_states.4, %9) : int"));
     assert_eq!(before_layernorm(&g, "x.5"), None);
-    // Without that reader, the dropout is the sum's spelling the residual reads.
     let g = graph(&text(""));
+    assert_eq!(before_layernorm(&g, "x.5"), None);
+    // With the residual read from the add's own output, the dropout is the pattern's.
+    let g = graph(&text("").replace(
+        "aten::add(%attn_output.5, %hidden_states.4, %28)",
+        "aten::add(%attn_output.5, %input0.1, %28)",
+    ));
     let r = before_layernorm(&g, "x.5").unwrap();
-    assert_eq!(r.sum, Some(node(&g, "hidden_states.4")));
-    assert_eq!(kinds(&g, &r.nodes), ["add"]);
+    assert_eq!(r.sum, Some(r.add));
+    assert_eq!(kinds(&g, &r.nodes), ["dropout"]);
     assert_eq!(r.residual, Residual::plain(DType::F32, true));
 }
 
 #[test]
-fn an_fp32_trace_takes_the_upcast_the_next_residual_reads() {
+fn an_fp32_trace_whose_next_residual_reads_the_upcast_leaves_the_add() {
     // The zoo's Llama (fp32): the last layer's residual add, then the final norm, whose
-    // `to(float32)` of the sum is a no-op that tracing records as what else reads the sum.
+    // `to(float32)` of the sum is a no-op that tracing records as what else reads the sum: the
+    // call could take over only the upcast's output (see the GPT-2 case above).
     let g = graph(
         "graph(%368: f32[1,64,2048], %379: f32[1,64,2048], %weight.13: f32[2048]):
            %6 = prim::Constant[False]()
@@ -180,10 +188,10 @@ fn an_fp32_trace_takes_the_upcast_the_next_residual_reads() {
     .map(|v| node(&g, v))
     .collect();
     // The RMSNorm rule's x is the sum (the upcast, read elsewhere, is not its own).
-    let r = residual_add(&g, &Readers::of(&g), value(&g, "380"), &norm).unwrap();
-    assert_eq!(r.sum, Some(node(&g, "hidden_states.1")));
-    assert_eq!(kinds(&g, &r.nodes), ["add"]);
-    assert_eq!(r.residual, Residual::plain(DType::F32, true));
+    assert_eq!(
+        residual_add(&g, &Readers::of(&g), value(&g, "380"), &norm),
+        None
+    );
 }
 
 /// A bf16 LayerNorm `%y` of `%x` after the graph's `body`, with `tail` read after it.
