@@ -24,6 +24,7 @@ fn problem(rows: i64, cols: i64, dtype: DType) -> LayerNormProblem {
         dtype,
         weight: true,
         bias: true,
+        add: None,
     }
 }
 
@@ -187,6 +188,7 @@ fn test_table() -> (Table, LayerNormSpec) {
         dtype: DType::F32,
         weight,
         bias,
+        add: None,
     };
     let spec = candidates(&ln(true, true), Arch::Sm90).remove(0);
     let mut t = Table::new();

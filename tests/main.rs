@@ -1,6 +1,7 @@
 //! Integration tests: one binary, so libtorch links once. Fixture models come from
 //! tests/fixtures/make_models.py, run once per test run with the project venv's torch.
 
+mod addnorm;
 mod attention;
 mod common;
 mod compile;

@@ -53,6 +53,7 @@ fn rmsnorm_kernels_build_beside_a_gemm_and_a_layernorm_and_refuse_what_they_cann
         dtype: DType::Bf16,
         weight: true,
         bias: true,
+        add: None,
     };
     all.push(layernorm::candidates(&ln, Arch::Sm90).remove(0).into());
     all.push(crate::compile::good_spec().into());

@@ -61,6 +61,7 @@ fn rotary_kernels_build_beside_the_others_and_refuse_what_they_cannot_take() {
             dtype: DType::Bf16,
             weight: true,
             bias: true,
+            add: None,
         },
         Arch::Sm90,
     )

@@ -9,7 +9,18 @@
 #          the op, torch's eager ops, the traced module (TorchScript's fused kernels), torch.compile
 #          and a plain copy of the same bytes timed, each as GB/s and as a share of the copy's rate.
 #   qwen   the same at 4096x896 (Qwen2-0.5B's hidden size).
-# Usage: benches/device/rmsnorm.sh [BUDGET_S (default 560)] [STEP...]   (steps: llama qwen)
+# The residual add before the norm as one kernel (rules::residual), bf16, realized the same way
+# and checked by addnorm_check.py (every form through fact::rmsnorm_add[_sum] or
+# fact::layernorm_add[_sum] against fp64, the sum bit for bit against the graph's add, the
+# fallbacks; the op, eager, traced, torch.compile and a copy of as many bytes timed):
+#   llama_add  `add_rmsnorm_cast_weight_sum` at 4096x2048: a + b, the sum written for the next
+#              residual (a pre-norm decoder whose add no GEMM epilogue takes: Gemma's sandwich)
+#   qwen_add   the same at 4096x896
+#   bert_add   `add_layernorm_affine` at 16384x768 (B 32 · T 512): BERT's embeddings and their
+#              LayerNorm, the sum read by the norm alone
+# Usage: benches/device/rmsnorm.sh [BUDGET_S (default 560)] [STEP...]
+#   (steps: llama qwen llama_add qwen_add bert_add; default llama qwen)
+#   The add steps alone in about 5 minutes: benches/device/rmsnorm.sh 300 llama_add qwen_add bert_add
 # Logs and JSON under $OUT/rmsnorm/; the summary is the last lines of the output.
 set -uo pipefail
 budget=${1:-560}
@@ -37,15 +48,19 @@ realize_step() { # NAME RULE DTYPE SHAPE
   timeout $((t - 10)) "$bin" realize --rule "$rule" --dtype "$dtype" --shape "$shape" --jobs 16 --json \
     --out "$dir/$name" > "$dir/$name.json" 2> "$dir/$name.log"
   echo "   realize rc=$? in $((SECONDS - start))s" | tee -a "$summary"
-  python3 - "$dir/$name.json" "$shape" <<'PY' | tee -a "$summary"
+  python3 - "$dir/$name.json" "$shape" "$rule" <<'PY' | tee -a "$summary"
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
 except Exception as e:
     print("   no result:", e); sys.exit()
 rows, cols = map(int, sys.argv[2].split("x"))
-# x read and y written once, the weight read once, bf16.
-gb = (2 * rows * cols + cols) * 2 / 1e9
+rule = sys.argv[3]
+# bf16: x (or the add's two operands) read once, y (and the sum, for `_sum`) written once, the
+# norm's parameters (one, LayerNorm's two) read once.
+tensors = 2 if not rule.startswith("add_") else 3 + rule.endswith("_sum")
+params = 2 if rule.endswith("layernorm_affine") else 1
+gb = (tensors * rows * cols + params * cols) * 2 / 1e9
 print("   realization:", json.dumps(r.get("realization"))[:300])
 e = r.get("entry")
 if e:
@@ -63,8 +78,13 @@ PY
   winner=$(python3 -c "import json,sys; e=json.load(open(sys.argv[1])).get('entry'); print(e['winner'] if e else '')" "$dir/$name.json" 2>/dev/null)
   t=$(left)
   if [[ -n "$sweep" && -f "$sweep/libsweep.so" && -n "$winner" ]] && (( t > 30 )); then
-    timeout $((t - 5)) python3 benches/device/rmsnorm_check.py "$sweep/libsweep.so" "$winner" "$shape" "$dir/$name.check.json" \
-      > "$dir/$name.check.log" 2>&1
+    if [[ $rule == add_* ]]; then
+      timeout $((t - 5)) python3 benches/device/addnorm_check.py "$sweep/libsweep.so" "$winner" "$rule" "$shape" \
+        "$dir/$name.check.json" > "$dir/$name.check.log" 2>&1
+    else
+      timeout $((t - 5)) python3 benches/device/rmsnorm_check.py "$sweep/libsweep.so" "$winner" "$shape" "$dir/$name.check.json" \
+        > "$dir/$name.check.log" 2>&1
+    fi
     echo "   check rc=$?" | tee -a "$summary"
     tail -n 20 "$dir/$name.check.log" | sed 's/^/   /' | tee -a "$summary"
   else
@@ -76,7 +96,10 @@ for s in $steps; do
   case $s in
     llama) realize_step llama rmsnorm_cast_weight bf16 4096x2048 ;;
     qwen) realize_step qwen rmsnorm_cast_weight bf16 4096x896 ;;
-    *) echo "unknown step $s (llama qwen)" ;;
+    llama_add) realize_step llama_add add_rmsnorm_cast_weight_sum bf16 4096x2048 ;;
+    qwen_add) realize_step qwen_add add_rmsnorm_cast_weight_sum bf16 4096x896 ;;
+    bert_add) realize_step bert_add add_layernorm_affine bf16 16384x768 ;;
+    *) echo "unknown step $s (llama qwen llama_add qwen_add bert_add)" ;;
   esac
 done
 echo "== summary ($((SECONDS - start))s)"

@@ -13,6 +13,14 @@ use std::sync::OnceLock;
 const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
+/// The partial the norm kinds' kernels share for the residual add before the norm
+/// (`rules::residual`): `{{> residual_add host=false}}` the device helpers, `host=true` the host
+/// checks of the add's tensors.
+pub const RESIDUAL_ADD: (&str, &str) = (
+    "residual_add",
+    include_str!("../../templates/residual_add.cu.hbs"),
+);
+
 /// A handlebars registry as every template here is rendered: strict (a missing variable is an
 /// error), no escaping (the output is C++), `partials` registered for `templates` to use. Each
 /// kind keeps one for its own templates.

@@ -8,8 +8,11 @@
 //! match passes through them and owns those nothing else reads.
 //!
 //! Rules find matches that may overlap; `cover.rs` picks a non-overlapping set of them by gain.
+//! `residual.rs` finds the residual add before a norm, which the norm kinds' rules offer with
+//! their norms.
 
 pub mod cover;
+pub mod residual;
 pub mod views;
 
 pub use cover::{candidates, cover, is_product, Candidate, Gain, Site};

@@ -103,6 +103,33 @@ fn to_keeps(g: &Graph, id: NodeId, packed: bool) -> bool {
     }
 }
 
+/// Node `id` as a cast of its first operand to an element type (its own or another), keeping
+/// the shape: `to` with a dtype and no device named, or `type_as`; the value it casts. A cast to
+/// another dtype is no transparent node (it rounds where it narrows): a rule reads through one
+/// only where its kernel rounds as the cast does, and checks the dtypes itself.
+pub fn dtype_cast(g: &Graph, id: NodeId) -> Option<ValueId> {
+    let n = &g.nodes[id];
+    if n.depth != 0 || n.outputs.len() != 1 {
+        return None;
+    }
+    let x = *n.inputs.first()?;
+    if g.tensor(x)?.shape != g.tensor(n.outputs[0])?.shape {
+        return None;
+    }
+    let cst = |i: usize| n.inputs.get(i).and_then(|&v| g.constant(v));
+    let cast = match n.kind.as_str() {
+        "aten::type_as" => n.inputs.len() == 2,
+        // to.dtype / to.other (5), to.prim_dtype (4), to.dtype_layout with no device (8).
+        "aten::to" => match n.inputs.len() {
+            4 | 5 => !matches!(cst(1), Some(Const::Str(_)) | Some(Const::Other(_))),
+            8 => matches!(cst(3), Some(Const::None)),
+            _ => false,
+        },
+        _ => false,
+    };
+    cast.then_some(x)
+}
+
 /// One transparent node a value comes through: the node, how it passes, and the value it read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Step {
@@ -147,6 +174,23 @@ impl Readers {
             users: g.readers(),
             returned: g.outputs.iter().copied().collect(),
         }
+    }
+
+    /// The nodes outside `inside` that read `v`, in program order.
+    pub fn outside<'a>(
+        &'a self,
+        v: ValueId,
+        inside: &'a BTreeSet<NodeId>,
+    ) -> impl Iterator<Item = NodeId> + 'a {
+        self.users[v]
+            .iter()
+            .copied()
+            .filter(|u| !inside.contains(u))
+    }
+
+    /// The nodes that read `v`, in program order.
+    pub fn of_value(&self, v: ValueId) -> &[NodeId] {
+        &self.users[v]
     }
 
     /// Whether a node outside `inside` reads `v`, or the graph returns it.

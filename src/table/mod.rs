@@ -24,10 +24,13 @@ use thiserror::Error;
 /// 5: LayerNorm problems and kernel specs, keyed under the `f32` math of kernels that multiply no
 /// matrices; a fact that reads schema 4 cannot parse them, so it must refuse these.
 /// 6: gated-MLP problems and kernel specs (`kinds::glu`), which schema 5 cannot parse.
-/// A run's GPU index and UUID (`DeviceInfo::index`, `uuid`: a sweep spread over several GPUs
-/// records a run per GPU) are optional fields an older fact ignores; it still reads each GPU's
-/// run as a run of its own (their baselines and candidates differ), so they need no new schema.
-pub const SCHEMA: u32 = 6;
+/// 7: norm problems and kernel specs with the residual add before the norm (`add`:
+/// `rules::residual`), which schema 6 would refuse (RMSNorm's) or read as the norm alone
+/// (LayerNorm's). A run's GPU index and UUID (`DeviceInfo::index`, `uuid`: a sweep spread over
+/// several GPUs records a run per GPU) are optional fields an older fact ignores; it still reads
+/// each GPU's run as a run of its own (their baselines and candidates differ), so they needed no
+/// schema of their own.
+pub const SCHEMA: u32 = 7;
 
 #[derive(Debug, Error)]
 pub enum TableError {
@@ -467,9 +470,9 @@ impl Table {
                 found: s,
             }),
             1 => Ok(v1::migrate(v1::Table::deserialize(&raw).map_err(corrupt)?)),
-            // Schemas 2 to 5 are schema 6 without epilogues, attention, LayerNorm or gated MLPs:
-            // nothing to convert.
-            2..=5 => Ok(Table {
+            // Schemas 2 to 6 are schema 7 without epilogues, attention, LayerNorm, gated MLPs or
+            // norms after an add: nothing to convert.
+            2..=6 => Ok(Table {
                 schema: SCHEMA,
                 ..Table::deserialize(&raw).map_err(located)?
             }),

@@ -475,6 +475,7 @@ fn layernorm_entries_round_trip_beside_gemm_entries() {
         dtype: DType::F32,
         weight: true,
         bias: true,
+        add: None,
     };
     let problem = Problem::from(p.clone());
     let math = problem.math(crate::types::Precision::Tf32).unwrap();

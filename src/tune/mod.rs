@@ -9,6 +9,7 @@ pub mod devices;
 pub(crate) mod fake;
 pub mod gpu;
 pub mod op;
+pub mod residual;
 pub mod worker;
 
 use crate::types::MathType;

@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::rmsnorm, fact::rotary, fact::rotary_qk, fact::glu
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -175,6 +175,14 @@ const char* dtype_name(at::ScalarType t) {
 
 bool fits_i32(int64_t v) { return v > 0 && v <= std::numeric_limits<int32_t>::max(); }
 
+// A dtype by the name fact gives it ("f32", "bf16", "f16"); false for another name.
+bool parse_dtype(const std::string& name, at::ScalarType& out) {
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    if (name == dtype_name(t)) return out = t, true;
+  }
+  return false;
+}
+
 // Whether the device runs every kernel of this sm90 library: compute capability 9.0.
 bool runs_here(const cudaDeviceProp& props) { return (props.major == 9 && props.minor == 0); }
 
@@ -225,6 +233,77 @@ FactTensor fact_tensor(const at::Tensor& t) {
     ft.strides[i] = t.stride(i);
   }
   return ft;
+}
+
+// `t` broadcast to `shape` along its leading dims as a kernel reads an operand's rows: [O,I,C], row
+// r at (r / I) * strides[0] + (r % I) * strides[1] (a repeated row has stride 0); false where its
+// rows need more than two strides.
+bool rows_in_two_strides(const at::Tensor& t, at::IntArrayRef shape, FactTensor& out) {
+  const at::Tensor e = t.expand(shape);
+  if (e.dim() < 1) return false;
+  // (size, stride) of the leading dims, innermost first, a dim merged into the one inside it where
+  // it steps over all of that one's rows; dims of size one have no say.
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int64_t d = e.dim() - 2; d >= 0; --d) {
+    if (e.size(d) == 1) continue;
+    if (!dims.empty() && e.stride(d) == dims.back().first * dims.back().second) {
+      dims.back().first *= e.size(d);
+    } else {
+      dims.emplace_back(e.size(d), e.stride(d));
+    }
+  }
+  if (dims.size() > 2) return false;
+  dims.resize(2, {1, 0});
+  out = fact_tensor(e);
+  out.rank = 3;
+  out.sizes[0] = dims[1].first;
+  out.sizes[1] = dims[0].first;
+  out.sizes[2] = e.size(-1);
+  out.strides[0] = dims[1].second;
+  out.strides[1] = dims[0].second;
+  out.strides[2] = e.stride(-1);
+  return true;
+}
+
+// The residual add before a norm (the norm kinds' ops after an add): its dtypes as the op gets them,
+// "<sum>,<norm>" (the add's dtype, and the norm's, which reads the sum cast to it).
+struct ResidualDtypes {
+  at::ScalarType sum, norm;
+};
+
+ResidualDtypes residual_dtypes(c10::string_view text, const char* op) {
+  const std::vector<std::string> parts = split(std::string(text), ',');
+  ResidualDtypes d{};
+  TORCH_CHECK(parts.size() == 2 && parse_dtype(parts[0], d.sum) && parse_dtype(parts[1], d.norm), "fact::", op,
+              ": dtypes '", std::string(text), "' are not <sum>,<norm> (a rewrite from another fact version?)");
+  return d;
+}
+
+// The add as the graph computes it: each operand cast to the sum's dtype (exact where that widens, as
+// type promotion does), then torch's add.
+at::Tensor residual_sum(const at::Tensor& a, const at::Tensor& b, at::ScalarType sum) {
+  return at::add(a.to(sum), b.to(sum));
+}
+
+// The add's operands as a norm kernel reads them: `shape` their broadcast shape, `rows` a and b as
+// rows of two strides over it; false, with the reason in `why`, where a call does not fit such a
+// kernel (the caller falls back).
+bool residual_operands(const at::Tensor& a, const at::Tensor& b, std::vector<int64_t>& shape, FactTensor (&rows)[2],
+                       std::string& why) {
+  if (!a.is_cuda() || b.device() != a.device()) return why = "not CUDA tensors of one device", false;
+  if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) {
+    return why = "autograd (the kernel has no backward)", false;
+  }
+  if (a.dim() < 1 || b.dim() < 1) return why = "a scalar", false;
+  shape = at::infer_size(a.sizes(), b.sizes());
+  if (a.size(-1) != shape.back() || b.size(-1) != shape.back()) {
+    return why = "an operand repeated along the normalized dim", false;
+  }
+  if (c10::multiply_integers(shape) == 0) return why = "an empty tensor", false;
+  if (!rows_in_two_strides(a, shape, rows[0]) || !rows_in_two_strides(b, shape, rows[1])) {
+    return why = "an operand's rows are not two strides", false;
+  }
+  return true;
 }
 
 // Launches kernel `index` on the current stream of `like`'s device, its workspace from torch's
@@ -1155,6 +1234,103 @@ at::Tensor layernorm(const at::Tensor& x, at::IntArrayRef normalized_shape, cons
   return at::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
+// After a residual add (`fact::layernorm_add`, and `fact::layernorm_add_sum` where the graph reads
+// the sum too): s = a + b in the add's dtype, the LayerNorm of s cast to the norm's dtype (`dtypes`,
+// the frame's ResidualDtypes). The kernel reads a and b (either repeated along leading dims) and
+// writes y, and s where asked; a call it does not fit replays the add, the cast and the
+// `layer_norm` call.
+
+// Runs kernel `kernel` for the call: y, and s where `with_sum`; undefined tensors when the call does
+// not fit it, with the reason in `why`.
+std::tuple<at::Tensor, at::Tensor> layernorm_add_kernel(const at::Tensor& a, const at::Tensor& b,
+                                                        at::IntArrayRef normalized_shape,
+                                                        const std::optional<at::Tensor>& weight,
+                                                        const std::optional<at::Tensor>& bias, double eps,
+                                                        const ResidualDtypes& d, bool with_sum,
+                                                        c10::string_view kernel, std::string& why) {
+  const auto fail = [&](const char* reason) {
+    why = reason;
+    return std::make_tuple(at::Tensor(), at::Tensor());
+  };
+  const bool has_w = weight.has_value() && weight->defined(), has_b = bias.has_value() && bias->defined();
+  std::vector<int64_t> shape;
+  FactTensor rows[2];
+  if (!residual_operands(a, b, shape, rows, why)) return std::make_tuple(at::Tensor(), at::Tensor());
+  if ((has_w && weight->device() != a.device()) || (has_b && bias->device() != a.device())) {
+    return fail("not CUDA tensors of one device");
+  }
+  if (at::GradMode::is_enabled() && ((has_w && weight->requires_grad()) || (has_b && bias->requires_grad()))) {
+    return fail("autograd (the kernel has no backward)");
+  }
+  if (normalized_shape.size() != 1 || normalized_shape[0] != shape.back()) {
+    return fail("not normalized over the last dim alone");
+  }
+  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  if (index < 0) return fail("no such kernel in this library");
+  const auto* props = at::cuda::getDeviceProperties(a.device().index());
+  if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
+  const int64_t c = shape.back();
+  const int64_t n = c10::multiply_integers(shape) / c;
+  c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor y = at::empty(shape, a.options().dtype(d.norm));
+  at::Tensor s = with_sum ? at::empty(shape, a.options().dtype(d.sum)) : at::Tensor();
+  auto matrix = [&](const at::Tensor& t) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 2;
+    ft.sizes[0] = n;
+    ft.sizes[1] = c;
+    ft.strides[0] = c;
+    ft.strides[1] = 1;
+    return ft;
+  };
+  const FactTensor tensors[6] = {rows[0],
+                                 rows[1],
+                                 with_sum ? matrix(s) : FactTensor{},
+                                 matrix(y),
+                                 has_w ? fact_tensor(*weight) : FactTensor{},
+                                 has_b ? fact_tensor(*bias) : FactTensor{}};
+  const double scalars[1] = {eps};
+  const FactOpArgs args{tensors, 6, scalars, 1};
+  if (!launch_kernel(index, args, a, kernel, "layernorm_add")) {
+    return fail("the kernel cannot implement these dtypes, this C, stride or alignment");
+  }
+  return {y, s};
+}
+
+std::tuple<at::Tensor, at::Tensor> layernorm_add_call(const at::Tensor& a, const at::Tensor& b,
+                                                      at::IntArrayRef normalized_shape,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      const std::optional<at::Tensor>& bias, double eps,
+                                                      c10::string_view dtypes, c10::string_view kernel,
+                                                      bool with_sum) {
+  const ResidualDtypes d = residual_dtypes(dtypes, "layernorm_add");
+  std::string why = "layernorm is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kLayernormKind)) {
+    auto out = layernorm_add_kernel(a, b, normalized_shape, weight, bias, eps, d, with_sum, kernel, why);
+    if (std::get<0>(out).defined()) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  const at::Tensor s = residual_sum(a, b, d.sum);
+  return {at::layer_norm(s.to(d.norm), normalized_shape, weight, bias, eps), s};
+}
+
+at::Tensor layernorm_add(const at::Tensor& a, const at::Tensor& b, at::IntArrayRef normalized_shape,
+                         const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                         c10::string_view dtypes, c10::string_view kernel) {
+  return std::get<0>(layernorm_add_call(a, b, normalized_shape, weight, bias, eps, dtypes, kernel, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> layernorm_add_sum(const at::Tensor& a, const at::Tensor& b,
+                                                     at::IntArrayRef normalized_shape,
+                                                     const std::optional<at::Tensor>& weight,
+                                                     const std::optional<at::Tensor>& bias, double eps,
+                                                     c10::string_view dtypes, c10::string_view kernel) {
+  return layernorm_add_call(a, b, normalized_shape, weight, bias, eps, dtypes, kernel, true);
+}
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm over the last dim: the kernel reads x as [R, C] rows one stride apart. `form` says which
 // ops the call replaced, and so what the fallback replays: "rms_norm" (torch's op, eps "None" for
@@ -1285,6 +1461,92 @@ at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   }
   count_fell_back(kernel, why);
   return rmsnorm_replay(x, weight, eps, f);
+}
+
+// After a residual add (`fact::rmsnorm_add`, and `fact::rmsnorm_add_sum` where the graph reads the
+// sum too): s = a + b in the add's dtype, the norm of s cast to the norm's dtype (`dtypes`, the
+// frame's ResidualDtypes), the norm as `form` says. The kernel reads a and b (either repeated along
+// leading dims) and writes y, and s where asked; a call it does not fit replays the add, the cast and
+// the norm.
+
+// Runs kernel `kernel` for the call: y, and s where `with_sum`; undefined tensors when the call does
+// not fit it, with the reason in `why`.
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const at::Tensor& b,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      const std::optional<double>& eps, const RmsForm& f,
+                                                      const ResidualDtypes& d, bool with_sum,
+                                                      c10::string_view kernel, std::string& why) {
+  const auto fail = [&](const char* reason) {
+    why = reason;
+    return std::make_tuple(at::Tensor(), at::Tensor());
+  };
+  const bool has_w = weight.has_value() && weight->defined();
+  std::vector<int64_t> shape;
+  FactTensor rows[2];
+  if (!residual_operands(a, b, shape, rows, why)) return std::make_tuple(at::Tensor(), at::Tensor());
+  if (has_w && weight->device() != a.device()) return fail("not CUDA tensors of one device");
+  if (has_w && at::GradMode::is_enabled() && weight->requires_grad()) return fail("autograd (the kernel has no backward)");
+  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  if (index < 0) return fail("no such kernel in this library");
+  const auto* props = at::cuda::getDeviceProperties(a.device().index());
+  if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
+  const int64_t c = shape.back();
+  const int64_t n = c10::multiply_integers(shape) / c;
+  c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor y = at::empty(shape, a.options().dtype(d.norm));
+  at::Tensor s = with_sum ? at::empty(shape, a.options().dtype(d.sum)) : at::Tensor();
+  auto matrix = [&](const at::Tensor& t) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 2;
+    ft.sizes[0] = n;
+    ft.sizes[1] = c;
+    ft.strides[0] = c;
+    ft.strides[1] = 1;
+    return ft;
+  };
+  const FactTensor tensors[5] = {rows[0], rows[1], with_sum ? matrix(s) : FactTensor{}, matrix(y),
+                                 has_w ? fact_tensor(*weight) : FactTensor{}};
+  const double scalars[3] = {eps.value_or(std::numeric_limits<float>::epsilon()), static_cast<double>(f.scale),
+                             f.cast_first ? 1.0 : 0.0};
+  const FactOpArgs args{tensors, 5, scalars, 3};
+  if (!launch_kernel(index, args, a, kernel, "rmsnorm_add")) {
+    return fail("the kernel cannot implement these dtypes, this C, stride or alignment");
+  }
+  return {y, s};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_call(const at::Tensor& a, const at::Tensor& b,
+                                                    const std::optional<at::Tensor>& weight, c10::string_view eps_text,
+                                                    c10::string_view form, c10::string_view dtypes,
+                                                    c10::string_view kernel, bool with_sum) {
+  const bool has_w = weight.has_value() && weight->defined();
+  const RmsForm f = rms_form(form, has_w);
+  const std::optional<double> eps = rms_eps(eps_text);
+  TORCH_CHECK(f.aten || eps.has_value(), "fact::rmsnorm_add: the written-out form '", std::string(form), "' needs eps");
+  const ResidualDtypes d = residual_dtypes(dtypes, "rmsnorm_add");
+  std::string why = "rmsnorm is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kRmsnormKind)) {
+    auto out = rmsnorm_add_kernel(a, b, weight, eps, f, d, with_sum, kernel, why);
+    if (std::get<0>(out).defined()) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  const at::Tensor s = residual_sum(a, b, d.sum);
+  return {rmsnorm_replay(s.to(d.norm), weight, eps, f), s};
+}
+
+at::Tensor rmsnorm_add(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& weight,
+                       c10::string_view eps, c10::string_view form, c10::string_view dtypes, c10::string_view kernel) {
+  return std::get<0>(rmsnorm_add_call(a, b, weight, eps, form, dtypes, kernel, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_sum(const at::Tensor& a, const at::Tensor& b,
+                                                   const std::optional<at::Tensor>& weight, c10::string_view eps,
+                                                   c10::string_view form, c10::string_view dtypes,
+                                                   c10::string_view kernel) {
+  return rmsnorm_add_call(a, b, weight, eps, form, dtypes, kernel, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1552,8 +1814,20 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
     m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm_add", ""}).has_value()) {
+    m.def("layernorm_add(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> Tensor");
+  }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm_add_sum", ""}).has_value()) {
+    m.def("layernorm_add_sum(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> (Tensor, Tensor)");
+  }
   if (!c10::Dispatcher::singleton().findSchema({"fact::rmsnorm", ""}).has_value()) {
     m.def("rmsnorm(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor");
+  }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::rmsnorm_add", ""}).has_value()) {
+    m.def("rmsnorm_add(Tensor a, Tensor b, Tensor? weight, str eps, str form, str dtypes, str kernel) -> Tensor");
+  }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::rmsnorm_add_sum", ""}).has_value()) {
+    m.def("rmsnorm_add_sum(Tensor a, Tensor b, Tensor? weight, str eps, str form, str dtypes, str kernel) -> (Tensor, Tensor)");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::rotary", ""}).has_value()) {
     m.def("rotary(Tensor x, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> Tensor");
@@ -1568,7 +1842,11 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
   m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
   m.impl("layernorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm)));
+  m.impl("layernorm_add", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm_add)));
+  m.impl("layernorm_add_sum", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm_add_sum)));
   m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm)));
+  m.impl("rmsnorm_add", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm_add)));
+  m.impl("rmsnorm_add_sum", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm_add_sum)));
   m.impl("rotary", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary)));
   m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary_qk)));
   m.impl("glu", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(glu)));

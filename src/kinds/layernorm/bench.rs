@@ -3,13 +3,17 @@
 //! offsets and scales every other time), so a variance formula that cancels, drops the mean or
 //! divides by C − 1, or a row that reads another's statistics, misses fp32's tolerance; weight
 //! and bias are random, so swapping them shows. The reference is torch's layer_norm in fp64, the
-//! baseline torch's layer_norm on the same input.
+//! baseline torch's layer_norm on the same input. With the residual add before the norm
+//! (`tune::residual`), x is the sum of two operands rounded as the graph's add rounds (the
+//! graph's value, which the reference normalizes in fp64); the kernel's sum, where it writes one,
+//! must equal it, and the baseline runs the add before the layer_norm.
 
 use super::LayerNormProblem;
 use crate::nvcc::library::KernelLibrary;
 use crate::tune::cuda::Cuda;
 use crate::tune::gpu::{relative_error, sample};
 use crate::tune::op::{absent, fact_tensor, run_op};
+use crate::tune::residual::{graph_sum, sum_tensor, worst, AddInputs};
 use crate::tune::{Bench, BenchError, Protocol};
 use tch::{Device, Kind, Tensor};
 
@@ -17,10 +21,12 @@ use tch::{Device, Kind, Tensor};
 pub const EPS: f64 = 1e-5;
 
 pub struct Inputs {
-    /// [rows, C].
+    /// [rows, C]: the norm's input (the add's sum as the norm's dtype, where there is an add).
     pub x: Tensor,
     pub weight: Option<Tensor>,
     pub bias: Option<Tensor>,
+    /// The add's operands and their sum, where the problem has an add.
+    pub add: Option<AddInputs>,
 }
 
 impl Inputs {
@@ -41,29 +47,45 @@ impl Inputs {
                 (Tensor::randn([p.cols], (Kind::Float, device)) * 0.5 + center).to_kind(kind)
             })
         };
+        let add = p.add.map(|r| AddInputs::random(&r, &x));
+        let x = match &add {
+            Some(add) => add.sum.to_kind(kind),
+            None => x.to_kind(kind),
+        };
         Inputs {
-            x: x.to_kind(kind),
+            x,
             weight: param(p.weight, 1.0),
             bias: param(p.bias, 0.0),
+            add,
         }
     }
 
-    /// torch's layer_norm over the last dim, in the tensors' dtype.
-    pub fn torch(&self) -> Tensor {
-        let c = self.x.size()[1];
-        self.x
-            .layer_norm([c], self.weight.as_ref(), self.bias.as_ref(), EPS, true)
+    /// torch's layer_norm of `x` over the last dim.
+    fn layer_norm(&self, x: &Tensor, up: impl Fn(&Tensor) -> Tensor) -> Tensor {
+        let c = x.size()[1];
+        x.layer_norm(
+            [c],
+            self.weight.as_ref().map(&up).as_ref(),
+            self.bias.as_ref().map(&up).as_ref(),
+            EPS,
+            true,
+        )
     }
 
-    /// The same in fp64.
+    /// torch's layer_norm over the last dim, in the tensors' dtype (the graph's add first, where
+    /// the problem has one).
+    pub fn torch(&self, p: &LayerNormProblem) -> Tensor {
+        let x = match (&self.add, &p.add) {
+            (Some(t), Some(add)) => graph_sum(add, &t.a, &t.b).to_kind(self.x.kind()),
+            _ => self.x.shallow_clone(),
+        };
+        self.layer_norm(&x, Tensor::shallow_clone)
+    }
+
+    /// The same in fp64, of the graph's x.
     pub fn reference(&self) -> Tensor {
         let up = |t: &Tensor| t.to_kind(Kind::Double);
-        Inputs {
-            x: up(&self.x),
-            weight: self.weight.as_ref().map(up),
-            bias: self.bias.as_ref().map(up),
-        }
-        .torch()
+        self.layer_norm(&up(&self.x), up)
     }
 }
 
@@ -76,6 +98,8 @@ pub struct LayerNormBench<'a> {
     flush: Tensor,
     timed: Inputs,
     out: Tensor,
+    /// Where the kernel writes the sum (a problem whose add's sum the graph reads).
+    sum: Option<Tensor>,
     verified: usize,
 }
 
@@ -89,6 +113,10 @@ impl<'a> LayerNormBench<'a> {
         let device = Device::Cuda(0);
         let timed = Inputs::random(&p, device, false);
         let out = Tensor::empty([p.rows, p.cols], (p.dtype.tch_kind(), device));
+        let sum = p
+            .add
+            .filter(|a| a.writes_sum)
+            .map(|a| Tensor::empty([p.rows, p.cols], (a.sum.tch_kind(), device)));
         let flush = protocol.flush_buffer(device);
         Ok(LayerNormBench {
             lib,
@@ -99,18 +127,27 @@ impl<'a> LayerNormBench<'a> {
             flush,
             timed,
             out,
+            sum,
             verified: 0,
         })
     }
 
-    fn launch(&self, index: usize, x: &Inputs, out: &Tensor) -> Result<(), BenchError> {
+    fn launch(
+        &self,
+        index: usize,
+        x: &Inputs,
+        out: &Tensor,
+        sum: Option<&Tensor>,
+    ) -> Result<(), BenchError> {
         let param = |t: &Option<Tensor>| t.as_ref().map_or_else(absent, fact_tensor);
-        let tensors = [
-            fact_tensor(&x.x),
-            fact_tensor(out),
-            param(&x.weight),
-            param(&x.bias),
-        ];
+        let mut tensors = match &x.add {
+            Some(add) => {
+                let [a, b] = add.operands();
+                vec![a, b, sum_tensor(sum)]
+            }
+            None => vec![fact_tensor(&x.x)],
+        };
+        tensors.extend([fact_tensor(out), param(&x.weight), param(&x.bias)]);
         // The kernels ask for no workspace.
         run_op(self.lib, index, &tensors, &[EPS], self.device)
     }
@@ -121,36 +158,43 @@ impl Bench for LayerNormBench<'_> {
         let rowwise = self.verified % 2 == 1;
         self.verified += 1;
         let x = Inputs::random(&self.p, self.device, rowwise);
-        let out = Tensor::empty(
-            [self.p.rows, self.p.cols],
-            (self.p.dtype.tch_kind(), self.device),
-        );
-        let _ = out.shallow_clone().fill_(f64::NAN);
-        self.launch(index, &x, &out)?;
+        let poisoned = |kind: Kind| {
+            let t = Tensor::empty([self.p.rows, self.p.cols], (kind, self.device));
+            let _ = t.shallow_clone().fill_(f64::NAN);
+            t
+        };
+        let out = poisoned(self.p.dtype.tch_kind());
+        let sum = self.sum.as_ref().map(|s| poisoned(s.kind()));
+        self.launch(index, &x, &out, sum.as_ref())?;
         self.cuda.sync().map_err(BenchError::Launch)?;
-        Ok(relative_error(&out, &x.reference()))
+        let y = relative_error(&out, &x.reference());
+        let s = x
+            .add
+            .as_ref()
+            .map_or(0.0, |add| add.sum_error(sum.as_ref()));
+        Ok(worst(y, s))
     }
 
     fn time(&mut self, index: usize) -> Result<Vec<f64>, BenchError> {
-        let (x, out) = (&self.timed, &self.out);
+        let (x, out, sum) = (&self.timed, &self.out, self.sum.as_ref());
         let this = &*self;
         sample(
             self.cuda,
             &self.flush,
             &self.protocol,
-            &mut || this.launch(index, x, out),
+            &mut || this.launch(index, x, out, sum),
             BenchError::Launch,
         )
     }
 
     fn time_baseline(&mut self) -> Result<Vec<f64>, BenchError> {
-        let x = &self.timed;
+        let (x, p) = (&self.timed, &self.p);
         sample(
             self.cuda,
             &self.flush,
             &self.protocol,
             &mut || {
-                let _ = x.torch();
+                let _ = x.torch(p);
                 Ok(())
             },
             BenchError::Launch,

@@ -1,8 +1,11 @@
 //! LayerNorm over the last dim, one kind: `aten::layer_norm` (rule.rs) as one kernel of fact's own
 //! (spec.rs, render.rs: a group of threads holds a row in registers), judged against torch's
 //! `layer_norm` (bench.rs), called as `fact::layernorm(x, normalized_shape, weight?, bias?, eps,
-//! kernel)` whose fallback replays the node's own call. This file is the kind as the stages see
-//! it (`LayerNorm`), with its plan notes and its graph edit.
+//! kernel)` whose fallback replays the node's own call. The LayerNorm of a residual add's sum is
+//! the same kind with the add in its problem (`rules::residual`): one kernel reads both operands,
+//! and `fact::layernorm_add` (or `fact::layernorm_add_sum`, which returns the sum too) replays the
+//! add and the call where it falls back. This file is the kind as the stages see it
+//! (`LayerNorm`), with its plan notes and its graph edit.
 
 mod bench;
 mod problem;
@@ -11,7 +14,7 @@ mod rule;
 mod spec;
 
 pub use bench::{Inputs, LayerNormBench, EPS};
-pub use problem::LayerNormProblem;
+pub use problem::{LayerNormProblem, RULE_IDS};
 pub use render::render;
 pub use rule::{match_layernorms, LayerNormMatch, LayerNormRule};
 pub use spec::{candidates, LayerNormSpec, CANDIDATE_PER_THREAD, MAX_PER_THREAD, MAX_ROW};
@@ -20,6 +23,7 @@ use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
+use crate::rules::residual::Residual;
 use crate::rules::{Match, PatternKind, Rule};
 use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
@@ -32,6 +36,13 @@ pub const LAYERNORM: PatternKind = PatternKind::new("layernorm");
 /// cudnn_enable, which torch ignores), which the fallback replays.
 pub const LAYERNORM_OP_SCHEMA: &str =
     "layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor";
+
+/// The schemas of the LayerNorm of a residual add's sum a + b: `dtypes` is the add's dtype and
+/// the norm's (`<sum>,<norm>`); `_sum` returns the sum after y, for the graph's other readers.
+pub const LAYERNORM_ADD_OP_SCHEMA: &str =
+    "layernorm_add(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> Tensor";
+pub const LAYERNORM_ADD_SUM_OP_SCHEMA: &str =
+    "layernorm_add_sum(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> (Tensor, Tensor)";
 
 /// The LayerNorm kind.
 pub struct LayerNorm;
@@ -76,18 +87,23 @@ impl Kind for LayerNorm {
     fn node_of(&self, m: &dyn Match) -> NodeId {
         own_match::<LayerNormMatch>(m).node
     }
-    fn origin_of(&self, _m: &dyn Match) -> &'static str {
-        "layer_norm"
+    fn origin_of(&self, m: &dyn Match) -> &'static str {
+        origin(own_match::<LayerNormMatch>(m))
     }
     fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
         let l = own_match::<LayerNormMatch>(m);
+        let x = match &l.add {
+            Some(add) => vec![add.a, add.b],
+            None => vec![l.x],
+        };
+        let name = match &l.problem.add {
+            Some(_) => format!("{} {}", l.problem.rule_id(), l.problem.shape_key()),
+            None => format!("layer_norm {}", l.problem.shape_key()),
+        };
         PlanFacts {
-            name: format!("layer_norm {}", l.problem.shape_key()),
-            origin: "layer_norm".into(),
-            operands: [Some(l.x), l.weight, l.bias]
-                .into_iter()
-                .flatten()
-                .collect(),
+            name,
+            origin: origin(l).into(),
+            operands: x.into_iter().chain(l.weight).chain(l.bias).collect(),
             notes: math.map(|m| notes(l, m, arch)).unwrap_or_default(),
             pad: None,
         }
@@ -105,11 +121,12 @@ impl Kind for LayerNorm {
         dims: &[i64],
         dtype: DType,
     ) -> Option<Result<Problem, String>> {
-        rule.starts_with("layernorm")
+        Residual::split_rule(rule, dtype)
+            .is_ok_and(|(_, norm)| norm.starts_with("layernorm"))
             .then(|| LayerNormProblem::from_rule(rule, dims, dtype).map(Problem::from))
     }
     fn rule_ids(&self) -> &'static str {
-        "layernorm, layernorm_affine, layernorm_weight or layernorm_bias"
+        RULE_IDS
     }
     fn rule_id(&self, p: &Problem) -> String {
         problem(p).rule_id()
@@ -160,10 +177,15 @@ impl Kind for LayerNorm {
     fn unit(&self, _s: &Spec) -> Unit {
         Unit::plain("layernorm")
     }
-    fn dispatch(&self, _s: &Spec) -> Dispatch {
+    fn dispatch(&self, s: &Spec) -> Dispatch {
+        let x = if spec(s).add.is_some() {
+            "a[O,I,C] b[O,I,C] sum[R,C]?"
+        } else {
+            "x[R,C]"
+        };
         Dispatch {
             kind: "layernorm",
-            signature: "x[R,C] out[R,C] weight[C]? bias[C]? (NULL data when absent); eps".into(),
+            signature: format!("{x} out[R,C] weight[C]? bias[C]? (NULL data when absent); eps"),
             layout: String::new(),
             epilogue: String::new(),
             knobs: [0; 3],
@@ -200,37 +222,79 @@ impl Kind for LayerNorm {
     }
 
     fn ops(&self) -> &'static [OpDef] {
-        &[OpDef {
-            name: "layernorm",
-            schema: LAYERNORM_OP_SCHEMA,
-            function: "layernorm",
-        }]
+        &[
+            OpDef {
+                name: "layernorm",
+                schema: LAYERNORM_OP_SCHEMA,
+                function: "layernorm",
+            },
+            OpDef {
+                name: "layernorm_add",
+                schema: LAYERNORM_ADD_OP_SCHEMA,
+                function: "layernorm_add",
+            },
+            OpDef {
+                name: "layernorm_add_sum",
+                schema: LAYERNORM_ADD_SUM_OP_SCHEMA,
+                function: "layernorm_add_sum",
+            },
+        ]
     }
     fn op_code(&self, arch: Arch) -> OpCode {
         render::op_code(arch)
     }
 }
 
+fn origin(l: &LayerNormMatch) -> &'static str {
+    if l.add.is_some() {
+        "add + layer_norm"
+    } else {
+        "layer_norm"
+    }
+}
+
 /// The match's graph rewrite (`Kind::edit`): `fact::layernorm(x, normalized_shape, weight?,
 /// bias?, eps, kernel)` in place of the `aten::layer_norm` node, its operands the node's own (the
-/// fallback replays the call with them).
+/// fallback replays the call with them); after an add, `fact::layernorm_add(a, b, ...,
+/// dtypes, kernel)`, or `fact::layernorm_add_sum` whose second output takes over the sum the rest
+/// of the graph reads, the add's nodes removed.
 pub fn edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
+    let (op, x, dtypes, sum) = match &l.add {
+        None => ("fact::layernorm", vec![Operand::value(l.x)], vec![], None),
+        Some(add) => (
+            if add.sum.is_some() {
+                "fact::layernorm_add_sum"
+            } else {
+                "fact::layernorm_add"
+            },
+            vec![Operand::value(add.a), Operand::value(add.b)],
+            vec![Operand::text(&format!(
+                "{},{}",
+                add.residual.sum.short_name(),
+                l.problem.dtype.short_name()
+            ))],
+            add.sum,
+        ),
+    };
+    let mut operands = x;
+    operands.extend([
+        Operand::value(l.normalized_shape),
+        Operand::optional(l.weight),
+        Operand::optional(l.bias),
+        Operand::value(l.eps),
+    ]);
+    operands.extend(dtypes);
+    operands.push(Operand::text(kernel));
+    let rest = l.rest();
     Edit {
         node: l.node as u32,
         expect_kind: g.nodes[l.node].kind.clone(),
-        op: "fact::layernorm".to_string(),
-        operands: vec![
-            Operand::value(l.x),
-            Operand::value(l.normalized_shape),
-            Operand::optional(l.weight),
-            Operand::optional(l.bias),
-            Operand::value(l.eps),
-            Operand::text(kernel),
-        ],
-        remove: vec![],
-        remove_kinds: vec![],
-        outputs: vec![],
-        output_kinds: vec![],
+        op: op.to_string(),
+        operands,
+        remove: rest.iter().map(|&n| n as u32).collect(),
+        remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        outputs: sum.iter().map(|&n| n as u32).collect(),
+        output_kinds: sum.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
     }
 }
 
@@ -249,16 +313,29 @@ fn notes(l: &LayerNormMatch, math: MathType, arch: Arch) -> Vec<String> {
         (false, true) => "the bias",
         (false, false) => "no affine parameters",
     };
-    vec![
-        format!(
-            "one kernel (fact's own): each row of {} held in registers by a group of threads, {}-byte vector loads, mean and variance in fp32 over the registers (warp shuffles, shared memory across the group's warps), then {params}; {} arithmetic",
-            p.cols,
-            first.vector as usize * p.dtype.bytes(),
-            math.short_name()
-        ),
-        format!(
+    let mut notes = vec![format!(
+        "one kernel (fact's own): each row of {} held in registers by a group of threads, {}-byte vector loads, mean and variance in fp32 over the registers (warp shuffles, shared memory across the group's warps), then {params}; {} arithmetic",
+        p.cols,
+        first.vector as usize * p.dtype.bytes(),
+        math.short_name()
+    )];
+    notes.push(match &p.add {
+        None => format!(
             "one read of x and one write of y ({:.1} MB); x's rows are read through their stride (a view whose rows are not one stride apart runs torch's layer_norm)",
             p.bytes() / 1e6
         ),
-    ]
+        Some(add) => format!(
+            "the residual add before it in the same pass: a ({}) and b ({}) read once, their sum rounded to {} as the graph's add rounds{}, then y written ({:.1} MB); an operand repeated along the leading dims is read in place",
+            add.a.short_name(),
+            add.b.short_name(),
+            add.sum.short_name(),
+            if add.writes_sum {
+                " and written for the graph's other readers"
+            } else {
+                ", read by the norm alone"
+            },
+            p.bytes() / 1e6
+        ),
+    });
+    notes
 }

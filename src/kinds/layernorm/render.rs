@@ -15,16 +15,26 @@ const OP: &str = include_str!("templates/layernorm_op.cpp.hbs");
 
 fn templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
-    R.get_or_init(|| codegen::templates(&[], &[("layernorm", KERNEL), ("op", OP)]))
+    R.get_or_init(|| {
+        codegen::templates(
+            &[codegen::RESIDUAL_ADD],
+            &[("layernorm", KERNEL), ("op", OP)],
+        )
+    })
+}
+
+/// CUDA's type of a dtype's elements.
+fn element_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::Bf16 => "__nv_bfloat16",
+        DType::F16 => "__half",
+    }
 }
 
 /// The translation unit of one LayerNorm kernel.
 pub fn render(l: &LayerNormSpec) -> Source {
-    let element = match l.dtype {
-        DType::F32 => "float",
-        DType::Bf16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-    };
+    let element = element_type(l.dtype);
     let vec_type = match l.vector * l.dtype.bytes() as u32 {
         16 => "uint4",
         8 => "uint2",
@@ -35,7 +45,7 @@ pub fn render(l: &LayerNormSpec) -> Source {
             l.name()
         ),
     };
-    let vars = json!({
+    let mut vars = json!({
         "name": l.name(),
         "spec_json": serde_json::to_string(l).expect("spec serializes"),
         "dtype": l.dtype.short_name(),
@@ -47,7 +57,15 @@ pub fn render(l: &LayerNormSpec) -> Source {
         "vector": l.vector,
         "rows": l.rows_per_cta,
         "loads": l.loads(),
+        "add": l.add.is_some(),
     });
+    if let Some(add) = l.add {
+        for (key, d) in [("a", add.a), ("b", add.b), ("sum", add.sum)] {
+            vars[format!("{key}_dtype")] = json!(d.short_name());
+            vars[format!("{key}_element")] = json!(element_type(d));
+            vars[format!("{key}_abi")] = json!(codegen::dtype_abi(d));
+        }
+    }
     let text = templates()
         .render("layernorm", &vars)
         .unwrap_or_else(|e| panic!("rendering {}: {e}", l.name()));
@@ -80,6 +98,7 @@ mod tests {
             threads_per_row: 32,
             vector: 4,
             rows_per_cta: 4,
+            add: None,
         };
         let text = render(&l).text;
         expect_test::expect_file!["../../../tests/golden/ln_f32_c768_t32_v4_r4.cu"]
@@ -126,5 +145,40 @@ mod tests {
             )) && d.contains(&format!("fact_k_{}_run", l.name()))
         );
         assert_eq!(crate::kinds::Spec::from(l.clone()).render(), render(&l));
+    }
+
+    #[test]
+    fn an_add_kernel_is_golden_and_reads_both_operands() {
+        use crate::rules::residual::AddDtypes;
+        // BERT's and OPT's embeddings in bf16: the sum of two bf16 tensors, then the LayerNorm.
+        let l = LayerNormSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            cols: 768,
+            threads_per_row: 32,
+            vector: 8,
+            rows_per_cta: 4,
+            add: Some(AddDtypes {
+                a: DType::Bf16,
+                b: DType::Bf16,
+                sum: DType::Bf16,
+            }),
+        };
+        assert_eq!(l.name(), "ln_bf16_c768_t32_v8_r4_add");
+        let text = render(&l).text;
+        expect_test::expect_file!["../../../tests/golden/ln_bf16_c768_t32_v8_r4_add.cu"]
+            .assert_eq(&text);
+        for line in [
+            "using ElementB = __nv_bfloat16;",
+            "load_as(br + col, vb);",
+            "a->num_tensors != 6",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        let d = crate::kinds::render_dispatch(&[l.into()]).text;
+        assert!(
+            d.contains("\"a[O,I,C] b[O,I,C] sum[R,C]? out[R,C] weight[C]? bias[C]?"),
+            "{d}"
+        );
     }
 }

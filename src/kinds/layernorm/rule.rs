@@ -10,12 +10,18 @@
 //! neither, or one of them (`nn.LayerNorm(bias=False)` passes the weight alone).
 //!
 //! `LayerNormRule` offers each such node as its own pattern: `layer_norm` is no epilogue op, so no
-//! GEMM's epilogue reaches into one.
+//! GEMM's epilogue reaches into one. Where x is the sum of a residual add (`rules::residual`:
+//! BERT's and OPT's embeddings, a sandwich norm's residual), it offers the node a second time with
+//! the add (`add_` rule ids); the cover keeps the add with the norm unless a GEMM's epilogue
+//! takes it.
 
 use super::{LayerNormProblem, LAYERNORM};
 use crate::graph::{Const, Graph, NodeId, ValueId};
+use crate::rules::residual::{residual_add, ResidualAdd};
+use crate::rules::views::Readers;
 use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
+use std::collections::BTreeSet;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerNormMatch {
@@ -28,11 +34,40 @@ pub struct LayerNormMatch {
     pub bias: Option<ValueId>,
     pub eps: ValueId,
     pub problem: LayerNormProblem,
+    /// The residual add whose sum x is, where the match takes it: its operands, its nodes and the
+    /// node whose output the call's second output takes over.
+    pub add: Option<ResidualAdd>,
+}
+
+impl LayerNormMatch {
+    /// The nodes the rewrite removes besides the norm and the sum's node: the add's.
+    pub fn rest(&self) -> &[NodeId] {
+        self.add.as_ref().map_or(&[], |a| &a.nodes)
+    }
+
+    /// This norm with the residual add before it, where x is such a sum.
+    fn with_add(&self, g: &Graph, readers: &Readers) -> Option<LayerNormMatch> {
+        let add = residual_add(g, readers, self.x, &BTreeSet::from([self.node]))?;
+        Some(LayerNormMatch {
+            problem: LayerNormProblem {
+                add: Some(add.residual),
+                ..self.problem.clone()
+            },
+            add: Some(add),
+            ..self.clone()
+        })
+    }
 }
 
 impl Match for LayerNormMatch {
     fn nodes(&self) -> Vec<NodeId> {
-        vec![self.node]
+        let mut all = vec![self.node];
+        if let Some(add) = &self.add {
+            all.extend(&add.nodes);
+            all.extend(add.sum);
+        }
+        all.sort_unstable();
+        all
     }
 }
 
@@ -51,11 +86,17 @@ impl Rule for LayerNormRule {
     }
 }
 
-/// Every LayerNorm of the top-level block over the last dim alone.
+/// Every LayerNorm of the top-level block over the last dim alone, each followed by the same
+/// norm with the residual add before it where x is such a sum.
 pub fn match_layernorms(g: &Graph) -> Vec<LayerNormMatch> {
+    let readers = Readers::of(g);
     (0..g.nodes.len())
         .filter(|&n| g.nodes[n].depth == 0 && g.nodes[n].kind == "aten::layer_norm")
         .filter_map(|n| layernorm(g, n))
+        .flat_map(|m| {
+            let add = m.with_add(g, &readers);
+            std::iter::once(m).chain(add)
+        })
         .collect()
 }
 
@@ -88,6 +129,7 @@ fn layernorm(g: &Graph, n: NodeId) -> Option<LayerNormMatch> {
         dtype,
         weight: weight.is_some(),
         bias: bias.is_some(),
+        add: None,
     };
     (rows > 0 && cols > 0).then_some(LayerNormMatch {
         node: n,
@@ -97,6 +139,7 @@ fn layernorm(g: &Graph, n: NodeId) -> Option<LayerNormMatch> {
         bias,
         eps: i[4],
         problem,
+        add: None,
     })
 }
 
@@ -135,7 +178,8 @@ mod tests {
                 cols: 32,
                 dtype: DType::F32,
                 weight: true,
-                bias: true
+                bias: true,
+                add: None,
             }
         );
         assert_eq!(

@@ -9,6 +9,7 @@
 //! fill the group), which measurement settles.
 
 use super::LayerNormProblem;
+use crate::rules::residual::AddDtypes;
 use crate::types::{Arch, DType};
 use serde::{Deserialize, Serialize};
 
@@ -31,19 +32,25 @@ pub struct LayerNormSpec {
     pub vector: u32,
     /// Rows (thread groups) per CTA.
     pub rows_per_cta: u32,
+    /// The residual add before the norm: its dtypes (absent from the serde form without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add: Option<AddDtypes>,
 }
 
 impl LayerNormSpec {
-    /// The kernel's identity, e.g. `ln_f32_c768_t32_v4_r4` (built for sm90) or
-    /// `ln_f32_c768_t32_v4_r4_for_sm80`: symbol, table value and build-cache key.
+    /// The kernel's identity, e.g. `ln_f32_c768_t32_v4_r4` (built for sm90),
+    /// `ln_f32_c768_t32_v4_r4_add` (after an add) or `ln_f32_c768_t32_v4_r4_for_sm80`: symbol,
+    /// table value and build-cache key.
     pub fn name(&self) -> String {
         format!(
-            "ln_{}_c{}_t{}_v{}_r{}{}",
+            "ln_{}_c{}_t{}_v{}_r{}{}{}",
             self.dtype.short_name(),
             self.cols,
             self.threads_per_row,
             self.vector,
             self.rows_per_cta,
+            self.add
+                .map_or(String::new(), |a| a.name_suffix(self.dtype)),
             self.arch.name_suffix()
         )
     }
@@ -112,9 +119,10 @@ impl LayerNormSpec {
         None
     }
 
-    /// Whether the kernel takes the problem (its C and dtype; strides and alignment are checked per call).
+    /// Whether the kernel takes the problem (its C, dtype and add; strides and alignment are
+    /// checked per call).
     pub fn fits(&self, p: &LayerNormProblem) -> bool {
-        p.dtype == self.dtype && p.cols == self.cols as i64
+        p.dtype == self.dtype && p.cols == self.cols as i64 && p.add.map(|a| a.dtypes()) == self.add
     }
 }
 
@@ -154,6 +162,7 @@ pub fn candidates(p: &LayerNormProblem, arch: Arch) -> Vec<LayerNormSpec> {
                 threads_per_row: t,
                 vector,
                 rows_per_cta,
+                add: p.add.map(|a| a.dtypes()),
             };
             if s.per_thread() <= CANDIDATE_PER_THREAD
                 && s.invalid_reason().is_none()
@@ -186,6 +195,7 @@ mod tests {
             dtype,
             weight: true,
             bias: true,
+            add: None,
         }
     }
 
@@ -280,6 +290,7 @@ mod tests {
             threads_per_row: 32,
             vector: 4,
             rows_per_cta: 4,
+            add: None,
         };
         assert_eq!(s.invalid_reason(), None);
         assert!(LayerNormSpec {

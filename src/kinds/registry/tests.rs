@@ -80,6 +80,7 @@ fn a_convolution_problem_reads_back_as_the_convolution_kinds_alone() {
         dtype: crate::types::DType::F32,
         weight: true,
         bias: true,
+        add: None,
     })
     .unwrap();
     assert!(crate::kinds::conv::Conv.problem_from_json(ln).is_err());
@@ -367,6 +368,7 @@ fn pattern_kinds_parse_by_name_and_problems_know_theirs() {
         dtype: crate::types::DType::F32,
         weight: false,
         bias: false,
+        add: None,
     });
     assert_eq!(
         (ln.pattern_kind(), ln.pattern_kind().name()),
@@ -697,6 +699,7 @@ fn only_sm90_attention_units_take_fast_math_and_examples_88() {
         threads_per_row: 32,
         vector: 4,
         rows_per_cta: 4,
+        add: None,
     }
     .into();
     for other in [
@@ -752,6 +755,7 @@ fn one_dispatch_table_lists_every_kind_in_the_order_given() {
         threads_per_row: 32,
         vector: 4,
         rows_per_cta: 4,
+        add: None,
     }
     .into();
     let d =
@@ -762,4 +766,113 @@ fn one_dispatch_table_lists_every_kind_in_the_order_given() {
     };
     assert!(at(&attention, "attention") < at(&gemm, "gemm"));
     assert!(at(&gemm, "gemm") < at(&layernorm, "layernorm"));
+}
+
+/// The rule ids of the patterns the cover keeps, in order.
+fn rule_ids(found: &Patterns) -> Vec<String> {
+    let mut ids: Vec<(NodeId, String)> = found
+        .found
+        .iter()
+        .map(|f| (f.node(), f.problem().rule_id()))
+        .collect();
+    ids.sort();
+    ids.into_iter().map(|(_, r)| r).collect()
+}
+
+#[test]
+fn a_residual_add_a_gemm_reaches_is_the_gemms_epilogue_not_the_norms() {
+    // Copied from `torch.jit.trace` of a bf16 LlamaForCausalLM (transformers 5.17): o_proj, the
+    // residual add, the post-attention RMSNorm, the sum read again as the MLP's residual. Both
+    // the GEMM's epilogue and the norm's add claim the add: the GEMM's takes it (one product
+    // replaced), and it is also the cheaper: o_proj writes the sum once, where with the add in
+    // the norm kernel it would write its output for that kernel to read back.
+    let g = Graph::parse(
+        "graph(%input.2: bf16[2,8,64], %weight.5: bf16[64,64], %34: bf16[2,8,64], %weight.11: bf16[64], %236: bf16[2,8,64]):
+           %6 = prim::Constant[False]()
+           %8 = prim::Constant[None]()
+           %9 = prim::Constant[-1]()
+           %12 = prim::Constant[15]()
+           %13 = prim::Constant[6]()
+           %20 = prim::Constant[{1e-6}]()
+           %21 = prim::Constant[True]()
+           %22 = prim::Constant[2]()
+           %23 = prim::Constant[1]()
+           %214 = aten::linear(%input.2, %weight.5, %8) : bf16[2,8,64]
+           %hidden_states.2 = aten::add(%34, %214, %23) : bf16[2,8,64]
+           %hidden_states0.3 = aten::to(%hidden_states.2, %13, %6, %6, %8) : f32[2,8,64]
+           %218 = aten::pow(%hidden_states0.3, %22) : f32[2,8,64]
+           %219 = prim::ListConstruct(%9)
+           %variance.3 = aten::mean(%218, %219, %21, %8) : f32[2,8,1]
+           %221 = aten::add(%variance.3, %20, %23) : f32[2,8,1]
+           %222 = aten::rsqrt(%221) : f32[2,8,1]
+           %hidden_states1.3 = aten::mul(%hidden_states0.3, %222) : f32[2,8,64]
+           %224 = aten::to(%hidden_states1.3, %12, %6, %6, %8) : bf16[2,8,64]
+           %input.4 = aten::mul(%weight.11, %224) : bf16[2,8,64]
+           %hidden_states0.2 = aten::add(%hidden_states.2, %236, %23) : bf16[2,8,64]
+           return (%input.4, %hidden_states0.2)",
+    )
+    .unwrap();
+    let all = candidates(&g, &rules());
+    let gain = |rule: &str| {
+        all.iter()
+            .find(|c| {
+                let p = crate::kinds::registry::KINDS
+                    .iter()
+                    .find(|k| k.pattern_kinds().contains(&c.kind))
+                    .unwrap()
+                    .problem_of(&*c.found);
+                p.rule_id().starts_with(rule)
+            })
+            .map(|c| c.site.gain)
+            .unwrap_or_else(|| panic!("no {rule} candidate"))
+    };
+    let (epilogue, add_norm) = (gain("gemm_rcr_ep_add"), gain("add_rmsnorm"));
+    assert!(epilogue.products == 1 && add_norm.products == 0 && add_norm.bytes > 0.0);
+    assert!(epilogue > add_norm);
+    assert_eq!(
+        rule_ids(&match_patterns(&g))
+            .iter()
+            .map(|r| r.split("_ep_add").next().unwrap())
+            .collect::<Vec<_>>(),
+        ["gemm_rcr", "rmsnorm_cast_weight"]
+    );
+}
+
+#[test]
+fn an_add_no_gemm_reaches_goes_with_the_norm_after_it() {
+    // The zoo's OPT (fp32, batch 1): the embeddings' sum, the first self_attn_layer_norm, the sum
+    // as the first residual. The add with the norm keeps the sum's read by the norm on chip, so
+    // it outranks the norm alone.
+    let g = Graph::parse(
+        "graph(%46: f32[1,64,768], %pos_embeds.1: f32[1,64,768], %weight.12: f32[768], %bias.8: f32[768], %hidden_states.5: f32[1,64,768]):
+           %20 = prim::Constant[True]()
+           %21 = prim::Constant[1e-05]()
+           %25 = prim::Constant[1]()
+           %c = prim::Constant[768]()
+           %input0.6 = aten::add(%46, %pos_embeds.1, %25) : f32[1,64,768]
+           %104 = prim::ListConstruct(%c)
+           %hidden_states.3 = aten::layer_norm(%input0.6, %104, %weight.12, %bias.8, %21, %20) : f32[1,64,768]
+           %hidden_states0.2 = aten::add(%input0.6, %hidden_states.5, %25) : f32[1,64,768]
+           return (%hidden_states.3, %hidden_states0.2)",
+    )
+    .unwrap();
+    let found = match_patterns(&g);
+    assert_eq!(rule_ids(&found), ["add_layernorm_affine_sum"]);
+    let ln = found.of::<LayerNormMatch>()[0];
+    let site = ln.site(&g);
+    assert_eq!(
+        site.gain.bytes,
+        64.0 * 768.0 * 4.0,
+        "the norm's read of the sum"
+    );
+    assert_eq!(
+        site.outputs,
+        [value(&g, "input0.6"), value(&g, "hidden_states.3")],
+        "the sum and y"
+    );
+    let edit = found.found[0].edit(&g, "k");
+    assert_eq!(
+        (edit.op.as_str(), edit.outputs.len(), edit.remove.len()),
+        ("fact::layernorm_add_sum", 1, 0)
+    );
 }

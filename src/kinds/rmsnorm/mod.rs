@@ -2,9 +2,12 @@
 //! models trace to (rule.rs), as one kernel of fact's own (spec.rs, render.rs and the two
 //! templates beside them: a group of threads holds a row in registers), judged against the
 //! graph's own ops and fp64 (bench.rs), called as `fact::rmsnorm(x, weight?, eps, form, kernel)`
-//! whose fallback replays the replaced ops (`form` says which). This file is the kind as the
-//! stages see it (`RmsNorm`), with its plan notes and its graph edit. Everything of the kind
-//! lives in this folder; the registry names it once.
+//! whose fallback replays the replaced ops (`form` says which). The norm of a residual add's sum
+//! is the same kind with the add in its problem (`rules::residual`): one kernel reads both
+//! operands, and `fact::rmsnorm_add` (or `fact::rmsnorm_add_sum`, which returns the sum too)
+//! replays the add and the norm where it falls back. This file is the kind as the stages see it
+//! (`RmsNorm`), with its plan notes and its graph edit. Everything of the kind lives in this
+//! folder; the registry names it once.
 
 mod bench;
 mod problem;
@@ -22,6 +25,7 @@ use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
+use crate::rules::residual::Residual;
 use crate::rules::{Match, PatternKind, Rule};
 use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
@@ -35,6 +39,13 @@ pub const RMSNORM: PatternKind = PatternKind::new("rmsnorm");
 /// fallback replays the ops with it.
 pub const RMSNORM_OP_SCHEMA: &str =
     "rmsnorm(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor";
+
+/// The schemas of the RMSNorm of a residual add's sum a + b: `dtypes` is the add's dtype and the
+/// norm's (`<sum>,<norm>`); `_sum` returns the sum after y, for the graph's other readers.
+pub const RMSNORM_ADD_OP_SCHEMA: &str =
+    "rmsnorm_add(Tensor a, Tensor b, Tensor? weight, str eps, str form, str dtypes, str kernel) -> Tensor";
+pub const RMSNORM_ADD_SUM_OP_SCHEMA: &str =
+    "rmsnorm_add_sum(Tensor a, Tensor b, Tensor? weight, str eps, str form, str dtypes, str kernel) -> (Tensor, Tensor)";
 
 /// The RMSNorm kind.
 pub struct RmsNorm;
@@ -85,10 +96,14 @@ impl Kind for RmsNorm {
     }
     fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
         let r = own_match::<RmsNormMatch>(m);
+        let x = match &r.add {
+            Some(add) => vec![add.a, add.b],
+            None => vec![r.x],
+        };
         PlanFacts {
             name: format!("{} {}", r.problem.rule_id(), r.problem.shape_key()),
             origin: origin(r).into(),
-            operands: [Some(r.x), r.weight].into_iter().flatten().collect(),
+            operands: x.into_iter().chain(r.weight).collect(),
             notes: math.map(|m| notes(r, m, arch)).unwrap_or_default(),
             pad: None,
         }
@@ -106,7 +121,8 @@ impl Kind for RmsNorm {
         dims: &[i64],
         dtype: DType,
     ) -> Option<Result<Problem, String>> {
-        rule.starts_with("rmsnorm")
+        Residual::split_rule(rule, dtype)
+            .is_ok_and(|(_, norm)| norm.starts_with("rmsnorm"))
             .then(|| RmsNormProblem::from_rule(rule, dims, dtype).map(Problem::from))
     }
     fn rule_ids(&self) -> &'static str {
@@ -161,10 +177,15 @@ impl Kind for RmsNorm {
     fn unit(&self, _s: &Spec) -> Unit {
         Unit::plain("rmsnorm")
     }
-    fn dispatch(&self, _s: &Spec) -> Dispatch {
+    fn dispatch(&self, s: &Spec) -> Dispatch {
+        let x = if spec(s).add.is_some() {
+            "a[O,I,C] b[O,I,C] sum[R,C]?"
+        } else {
+            "x[R,C]"
+        };
         Dispatch {
             kind: "rmsnorm",
-            signature: "x[R,C] out[R,C] weight[C]? (NULL data when absent); eps, scale (0 none, 1 weight, 2 one plus weight), cast_first".into(),
+            signature: format!("{x} out[R,C] weight[C]? (NULL data when absent); eps, scale (0 none, 1 weight, 2 one plus weight), cast_first"),
             layout: String::new(),
             epilogue: String::new(),
             knobs: [0; 3],
@@ -201,11 +222,23 @@ impl Kind for RmsNorm {
     }
 
     fn ops(&self) -> &'static [OpDef] {
-        &[OpDef {
-            name: "rmsnorm",
-            schema: RMSNORM_OP_SCHEMA,
-            function: "rmsnorm",
-        }]
+        &[
+            OpDef {
+                name: "rmsnorm",
+                schema: RMSNORM_OP_SCHEMA,
+                function: "rmsnorm",
+            },
+            OpDef {
+                name: "rmsnorm_add",
+                schema: RMSNORM_ADD_OP_SCHEMA,
+                function: "rmsnorm_add",
+            },
+            OpDef {
+                name: "rmsnorm_add_sum",
+                schema: RMSNORM_ADD_SUM_OP_SCHEMA,
+                function: "rmsnorm_add_sum",
+            },
+        ]
     }
     fn op_code(&self, arch: Arch) -> OpCode {
         render::op_code(arch)
@@ -213,33 +246,56 @@ impl Kind for RmsNorm {
 }
 
 fn origin(r: &RmsNormMatch) -> &'static str {
-    match r.spelling {
-        Spelling::Aten => "rms_norm",
-        Spelling::Written => "rmsnorm (written out)",
+    match (r.spelling, r.add.is_some()) {
+        (Spelling::Aten, false) => "rms_norm",
+        (Spelling::Written, false) => "rmsnorm (written out)",
+        (Spelling::Aten, true) => "add + rms_norm",
+        (Spelling::Written, true) => "add + rmsnorm (written out)",
     }
 }
 
 /// The match's graph rewrite (`Kind::edit`): `fact::rmsnorm(x, weight?, eps, form, kernel)` in
-/// place of the pattern's last node, its other nodes removed.
+/// place of the pattern's last node, its other nodes removed; after an add,
+/// `fact::rmsnorm_add(a, b, weight?, eps, form, dtypes, kernel)`, or `fact::rmsnorm_add_sum`
+/// whose second output takes over the sum the rest of the graph reads.
 pub fn edit(g: &Graph, r: &RmsNormMatch, kernel: &str) -> Edit {
     let eps = r
         .eps
         .map_or_else(|| "None".to_string(), |e| format!("{e:?}"));
+    let (op, x, dtypes, sum) = match &r.add {
+        None => ("fact::rmsnorm", vec![Operand::value(r.x)], vec![], None),
+        Some(add) => (
+            if add.sum.is_some() {
+                "fact::rmsnorm_add_sum"
+            } else {
+                "fact::rmsnorm_add"
+            },
+            vec![Operand::value(add.a), Operand::value(add.b)],
+            vec![Operand::text(&format!(
+                "{},{}",
+                add.residual.sum.short_name(),
+                r.problem.dtype.short_name()
+            ))],
+            add.sum,
+        ),
+    };
+    let mut operands = x;
+    operands.extend([
+        Operand::optional(r.weight),
+        Operand::text(&eps),
+        Operand::text(&r.form()),
+    ]);
+    operands.extend(dtypes);
+    operands.push(Operand::text(kernel));
     Edit {
         node: r.node as u32,
         expect_kind: g.nodes[r.node].kind.clone(),
-        op: "fact::rmsnorm".to_string(),
-        operands: vec![
-            Operand::value(r.x),
-            Operand::optional(r.weight),
-            Operand::text(&eps),
-            Operand::text(&r.form()),
-            Operand::text(kernel),
-        ],
+        op: op.to_string(),
+        operands,
         remove: r.rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: r.rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
-        outputs: vec![],
-        output_kinds: vec![],
+        outputs: sum.iter().map(|&n| n as u32).collect(),
+        output_kinds: sum.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
     }
 }
 
@@ -261,17 +317,30 @@ fn notes(r: &RmsNormMatch, math: MathType, arch: Arch) -> Vec<String> {
         (Scale::Weight, false) => "times the weight, rounded once".to_string(),
         (Scale::WeightPlusOne, _) => "times one plus the weight, rounded once".to_string(),
     };
-    vec![
-        format!(
-            "one kernel (fact's own) for {} node(s): each row of {} held in registers by a group of threads, {}-byte vector loads, the mean square in fp32 over the registers (warp shuffles, shared memory across the group's warps), {scale}; {} arithmetic",
-            r.nodes().len(),
-            p.cols,
-            first.vector as usize * p.dtype.bytes(),
-            math.short_name()
-        ),
-        format!(
+    let mut notes = vec![format!(
+        "one kernel (fact's own) for {} node(s): each row of {} held in registers by a group of threads, {}-byte vector loads, the mean square in fp32 over the registers (warp shuffles, shared memory across the group's warps), {scale}; {} arithmetic",
+        r.nodes().len(),
+        p.cols,
+        first.vector as usize * p.dtype.bytes(),
+        math.short_name()
+    )];
+    notes.push(match &p.add {
+        None => format!(
             "one read of x and one write of y ({:.1} MB); x's rows are read through their stride (a view whose rows are not one stride apart runs the replaced ops)",
             p.bytes() / 1e6
         ),
-    ]
+        Some(add) => format!(
+            "the residual add before it in the same pass: a ({}) and b ({}) read once, their sum rounded to {} as the graph's add rounds{}, then y written ({:.1} MB); an operand repeated along the leading dims is read in place",
+            add.a.short_name(),
+            add.b.short_name(),
+            add.sum.short_name(),
+            if add.writes_sum {
+                " and written for the graph's other readers"
+            } else {
+                ", read by the norm alone"
+            },
+            p.bytes() / 1e6
+        ),
+    });
+    notes
 }

@@ -1,7 +1,9 @@
 //! The RMSNorm problem: what an RMSNorm kernel computes, the pattern table's key (with math and
 //! arch), with its rule id and shape, and the problem a rule id names at a shape (`fact
-//! realize`). The rules that find it are rule.rs.
+//! realize`). The rules that find it are rule.rs. A problem may take the residual add before the
+//! norm (`add`: `rules::residual`), which its rule id names (`add_rmsnorm_cast_weight_sum`).
 
+use crate::rules::residual::Residual;
 use crate::types::DType;
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +33,10 @@ pub struct RmsNormProblem {
     /// Always false where it changes nothing (fp32 tensors, no weight) and for one plus the
     /// weight (no library rounds before that scale).
     pub cast_first: bool,
+    /// The residual add whose sum the norm reads, computed by the same kernel (absent from the
+    /// serde form without one, so the keys of plain RMSNorms are unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add: Option<Residual>,
 }
 
 impl RmsNormProblem {
@@ -44,7 +50,12 @@ impl RmsNormProblem {
             dtype,
             scale,
             cast_first,
+            add: None,
         }
+    }
+    /// The problem with the residual add `add` before the norm.
+    pub fn with_add(self, add: Option<Residual>) -> Self {
+        RmsNormProblem { add, ..self }
     }
     /// The widest vector, in elements and at most 16 bytes, that C divides: the loads a kernel
     /// may use on every row.
@@ -56,42 +67,56 @@ impl RmsNormProblem {
         align
     }
     /// `rmsnorm`, `rmsnorm_weight`, `rmsnorm_weight1p` (one plus the weight), and
-    /// `rmsnorm_cast_weight` where the normalized value is rounded before the weight (Llama).
+    /// `rmsnorm_cast_weight` where the normalized value is rounded before the weight (Llama);
+    /// with the add before it `add_` in front and `_sum` behind where the sum is written
+    /// (`Residual::rule_id`).
     pub fn rule_id(&self) -> String {
-        match (self.scale, self.cast_first) {
+        let norm = match (self.scale, self.cast_first) {
             (Scale::None, _) => "rmsnorm",
             (Scale::Weight, false) => "rmsnorm_weight",
             (Scale::Weight, true) => "rmsnorm_cast_weight",
             (Scale::WeightPlusOne, _) => "rmsnorm_weight1p",
+        };
+        match &self.add {
+            Some(add) => add.rule_id(self.dtype, norm),
+            None => norm.into(),
         }
-        .into()
     }
     /// `ROWSxC`.
     pub fn shape_key(&self) -> String {
         format!("{}x{}", self.rows, self.cols)
     }
-    /// Per element: the square and its sum, the normalization's multiply, and the scale's
-    /// operations.
+    /// Per element: the add where there is one, the square and its sum, the normalization's
+    /// multiply, and the scale's operations.
     pub fn flops(&self) -> f64 {
         let scale = match self.scale {
             Scale::None => 0,
             Scale::Weight => 1,
             Scale::WeightPlusOne => 2,
         };
-        (self.rows * self.cols) as f64 * (3 + scale) as f64
+        let add = self.add.is_some() as i64;
+        (self.rows * self.cols) as f64 * (3 + scale + add) as f64
     }
-    /// Fewest bytes a kernel moves: x read once, y written once, the weight read once.
+    /// Fewest bytes a kernel moves: x read once (or the add's operands, and its sum written
+    /// where it is), y written once, the weight read once.
     pub fn bytes(&self) -> f64 {
         let weight = if self.scale == Scale::None {
             0
         } else {
             self.cols
         };
-        (2 * self.rows * self.cols + weight) as f64 * self.dtype.bytes() as f64
+        let elem = self.dtype.bytes() as f64;
+        let x = match &self.add {
+            Some(add) => add.bytes(self.rows, self.cols),
+            None => (self.rows * self.cols) as f64 * elem,
+        };
+        x + (self.rows * self.cols + weight) as f64 * elem
     }
-    /// The problem a rule id names at a shape `ROWSxC`.
+    /// The problem a rule id names at a shape `ROWSxC` (the add's tensors in `dtype` unless the
+    /// id names theirs).
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<RmsNormProblem, String> {
-        let (scale, cast_first) = match rule {
+        let (add, norm) = Residual::split_rule(rule, dtype)?;
+        let (scale, cast_first) = match norm {
             "rmsnorm" => (Scale::None, false),
             "rmsnorm_weight" => (Scale::Weight, false),
             "rmsnorm_cast_weight" => (Scale::Weight, true),
@@ -100,7 +125,7 @@ impl RmsNormProblem {
         };
         match dims {
             &[rows, cols] if rows > 0 && cols > 0 => {
-                Ok(RmsNormProblem::new(rows, cols, dtype, scale, cast_first))
+                Ok(RmsNormProblem::new(rows, cols, dtype, scale, cast_first).with_add(add))
             }
             _ => Err(format!(
                 "{rule} takes a shape of 2 positive dims (ROWSxC: rows, then the normalized dim), got {dims:?}"
@@ -110,7 +135,7 @@ impl RmsNormProblem {
 }
 
 /// Every rule id of the kind.
-pub const RULE_IDS: &str = "rmsnorm, rmsnorm_weight, rmsnorm_cast_weight or rmsnorm_weight1p";
+pub const RULE_IDS: &str = "rmsnorm, rmsnorm_weight, rmsnorm_cast_weight or rmsnorm_weight1p, each also after an add: add_[A_B_SUM_]<rule>[_sum]";
 
 #[cfg(test)]
 mod tests {
@@ -118,20 +143,35 @@ mod tests {
 
     #[test]
     fn rule_ids_and_shapes_round_trip() {
+        let adds = |dtype| {
+            [
+                None,
+                Some(Residual::plain(dtype, false)),
+                Some(Residual::plain(dtype, true)),
+                Some(Residual {
+                    a: DType::F32,
+                    b: DType::Bf16,
+                    sum: DType::F32,
+                    writes_sum: true,
+                }),
+            ]
+        };
         for dtype in [DType::Bf16, DType::F32] {
-            for scale in [Scale::None, Scale::Weight, Scale::WeightPlusOne] {
-                for cast_first in [false, true] {
-                    let p = RmsNormProblem::new(4096, 2048, dtype, scale, cast_first);
-                    let dims: Vec<i64> = p
-                        .shape_key()
-                        .split('x')
-                        .map(|d| d.parse().unwrap())
-                        .collect();
-                    assert_eq!(
-                        RmsNormProblem::from_rule(&p.rule_id(), &dims, dtype).unwrap(),
-                        p
-                    );
-                }
+            for (scale, cast_first, add) in [Scale::None, Scale::Weight, Scale::WeightPlusOne]
+                .into_iter()
+                .flat_map(|s| [(s, false), (s, true)])
+                .flat_map(|(s, c)| adds(dtype).map(|a| (s, c, a)))
+            {
+                let p = RmsNormProblem::new(4096, 2048, dtype, scale, cast_first).with_add(add);
+                let dims: Vec<i64> = p
+                    .shape_key()
+                    .split('x')
+                    .map(|d| d.parse().unwrap())
+                    .collect();
+                assert_eq!(
+                    RmsNormProblem::from_rule(&p.rule_id(), &dims, dtype).unwrap(),
+                    p
+                );
             }
         }
         assert_eq!(
@@ -155,6 +195,23 @@ mod tests {
         assert_eq!(p.bytes(), (2.0 * 4096.0 * 2048.0 + 2048.0) * 2.0);
         assert_eq!(p.flops(), 4096.0 * 2048.0 * 4.0);
         assert_eq!(p.alignment(), 8);
+        // The add reads two tensors where the norm read one, and writes the sum where it is.
+        let sum = p.clone().with_add(Some(Residual::plain(DType::Bf16, true)));
+        assert_eq!(sum.bytes(), (4.0 * 4096.0 * 2048.0 + 2048.0) * 2.0);
+        assert_eq!(sum.flops(), 4096.0 * 2048.0 * 5.0);
+        assert_eq!(sum.rule_id(), "add_rmsnorm_cast_weight_sum");
+        let y_only = p.with_add(Some(Residual::plain(DType::Bf16, false)));
+        assert_eq!(y_only.bytes(), (3.0 * 4096.0 * 2048.0 + 2048.0) * 2.0);
+        assert!(
+            serde_json::to_string(&RmsNormProblem::new(8, 64, DType::Bf16, Scale::None, false))
+                .unwrap()
+                .find("add")
+                .is_none(),
+            "a plain problem's key is as it was"
+        );
+        assert!(RmsNormProblem::from_rule("add_", &[8, 64], DType::Bf16)
+            .unwrap_err()
+            .contains("add_[A_B_SUM_]"));
     }
 
     #[test]

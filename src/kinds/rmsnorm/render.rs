@@ -15,16 +15,23 @@ const OP: &str = include_str!("rmsnorm_op.cpp.hbs");
 
 fn templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
-    R.get_or_init(|| codegen::templates(&[], &[("rmsnorm", KERNEL), ("op", OP)]))
+    R.get_or_init(|| {
+        codegen::templates(&[codegen::RESIDUAL_ADD], &[("rmsnorm", KERNEL), ("op", OP)])
+    })
+}
+
+/// CUDA's type of a dtype's elements.
+fn element_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::Bf16 => "__nv_bfloat16",
+        DType::F16 => "__half",
+    }
 }
 
 /// The translation unit of one RMSNorm kernel.
 pub fn render(s: &RmsNormSpec) -> Source {
-    let element = match s.dtype {
-        DType::F32 => "float",
-        DType::Bf16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-    };
+    let element = element_type(s.dtype);
     let vec_type = match s.vector * s.dtype.bytes() as u32 {
         16 => "uint4",
         8 => "uint2",
@@ -35,7 +42,7 @@ pub fn render(s: &RmsNormSpec) -> Source {
             s.name()
         ),
     };
-    let vars = json!({
+    let mut vars = json!({
         "name": s.name(),
         "spec_json": serde_json::to_string(s).expect("spec serializes"),
         "dtype": s.dtype.short_name(),
@@ -47,7 +54,15 @@ pub fn render(s: &RmsNormSpec) -> Source {
         "vector": s.vector,
         "rows": s.rows_per_block,
         "loads": s.loads(),
+        "add": s.add.is_some(),
     });
+    if let Some(add) = s.add {
+        for (key, d) in [("a", add.a), ("b", add.b), ("sum", add.sum)] {
+            vars[format!("{key}_dtype")] = json!(d.short_name());
+            vars[format!("{key}_element")] = json!(element_type(d));
+            vars[format!("{key}_abi")] = json!(codegen::dtype_abi(d));
+        }
+    }
     let text = templates()
         .render("rmsnorm", &vars)
         .unwrap_or_else(|e| panic!("rendering {}: {e}", s.name()));
@@ -79,6 +94,7 @@ mod tests {
             threads: 128,
             vector: 8,
             rows_per_block: 2,
+            add: None,
         }
     }
 
@@ -118,6 +134,52 @@ mod tests {
             "{d}"
         );
         assert_eq!(crate::kinds::Spec::from(s.clone()).render(), render(&s));
+    }
+
+    #[test]
+    fn an_add_kernel_reads_both_operands_and_rounds_where_the_graph_does() {
+        use crate::rules::residual::AddDtypes;
+        let s = RmsNormSpec {
+            add: Some(AddDtypes {
+                a: DType::Bf16,
+                b: DType::Bf16,
+                sum: DType::Bf16,
+            }),
+            ..llama()
+        };
+        assert_eq!(s.name(), "rms_bf16_c2048_t128_v8_r2_add");
+        let text = render(&s).text;
+        expect_test::expect_file!["golden/rms_bf16_c2048_t128_v8_r2_add.cu"].assert_eq(&text);
+        for line in [
+            "using ElementA = __nv_bfloat16;",
+            "using ElementS = __nv_bfloat16;",
+            "constexpr int kDtypeS = 1;",
+            "if (sr != nullptr) store_as(sr + col, s);",
+            "a->num_tensors != 5",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        // An fp32 residual stream before a bf16 norm: its own name and element types.
+        let mixed = RmsNormSpec {
+            add: Some(AddDtypes {
+                a: DType::F32,
+                b: DType::Bf16,
+                sum: DType::F32,
+            }),
+            ..llama()
+        };
+        assert_eq!(mixed.name(), "rms_bf16_c2048_t128_v8_r2_add_f32_bf16_f32");
+        let text = render(&mixed).text;
+        for line in [
+            "using ElementA = float;",
+            "using ElementB = __nv_bfloat16;",
+            "using ElementS = float;",
+            "using Element = __nv_bfloat16;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        let d = crate::kinds::render_dispatch(&[mixed.into()]).text;
+        assert!(d.contains("\"a[O,I,C] b[O,I,C] sum[R,C]? out[R,C]"), "{d}");
     }
 
     #[test]

@@ -15,10 +15,16 @@
 //! and the weight's own cast and offset are the pattern's where nothing else reads them (Llama's
 //! fp32 copy of x is also its residual: it stays). `x / sqrt(·)` is not matched: its roundings
 //! differ from the rsqrt spelling the op's fallback replays.
+//!
+//! Where x is the sum of a residual add (`rules::residual`: Gemma's sandwich norms, an embedding
+//! sum, an fp32 residual stream), each norm is offered twice, alone and with the add (`add_`
+//! rule ids): the cover keeps the add with the norm unless a GEMM's epilogue takes it.
 
 use super::{RmsNormProblem, Scale, RMSNORM};
 use crate::graph::{Const, Graph, NodeId, ValueId};
-use crate::rules::{boxed, Match, PatternKind, Rule};
+use crate::rules::residual::{residual_add, ResidualAdd};
+use crate::rules::views::Readers;
+use crate::rules::{boxed, views, Match, PatternKind, Rule};
 use crate::types::DType;
 use std::collections::BTreeSet;
 
@@ -45,16 +51,34 @@ pub struct RmsNormMatch {
     pub eps: Option<f64>,
     pub spelling: Spelling,
     pub problem: RmsNormProblem,
+    /// The residual add whose sum x is, where the match takes it: the operands the kernel reads
+    /// and the node whose output the call's second output takes over (its nodes are in `rest`).
+    pub add: Option<ResidualAdd>,
 }
 
 impl RmsNormMatch {
     /// What the op's fallback replays: `rms_norm` (torch's op), or the rule id of the written
-    /// form.
+    /// form (the norm's alone: the add is the op's).
     pub fn form(&self) -> String {
         match self.spelling {
             Spelling::Aten => "rms_norm".into(),
-            Spelling::Written => self.problem.rule_id(),
+            Spelling::Written => self.problem.clone().with_add(None).rule_id(),
         }
+    }
+
+    /// This norm with the residual add before it, where x is such a sum.
+    fn with_add(&self, g: &Graph, readers: &Readers) -> Option<RmsNormMatch> {
+        let norm: BTreeSet<NodeId> = self.nodes().into_iter().collect();
+        let add = residual_add(g, readers, self.x, &norm)?;
+        let mut rest = self.rest.clone();
+        rest.extend(&add.nodes);
+        rest.sort_unstable();
+        Some(RmsNormMatch {
+            rest,
+            problem: self.problem.clone().with_add(Some(add.residual)),
+            add: Some(add),
+            ..self.clone()
+        })
     }
 }
 
@@ -62,6 +86,7 @@ impl Match for RmsNormMatch {
     fn nodes(&self) -> Vec<NodeId> {
         let mut all = self.rest.clone();
         all.push(self.node);
+        all.extend(self.add.as_ref().and_then(|a| a.sum));
         all.sort_unstable();
         all
     }
@@ -82,14 +107,15 @@ impl Rule for RmsNormRule {
     }
 }
 
-/// Every RMSNorm of the top-level block over the last dim alone, in graph order.
+/// Every RMSNorm of the top-level block over the last dim alone, in graph order, each followed by
+/// the same norm with the residual add before it where x is such a sum.
 pub fn match_rmsnorms(g: &Graph) -> Vec<RmsNormMatch> {
     let cx = Cx {
         g,
         readers: g.readers(),
         returned: g.outputs.iter().copied().collect(),
     };
-    let mut out: Vec<RmsNormMatch> = (0..g.nodes.len())
+    let mut norms: Vec<RmsNormMatch> = (0..g.nodes.len())
         .filter(|&n| g.nodes[n].depth == 0)
         .filter_map(|n| match g.nodes[n].kind.as_str() {
             "aten::rms_norm" => aten(g, n),
@@ -97,8 +123,15 @@ pub fn match_rmsnorms(g: &Graph) -> Vec<RmsNormMatch> {
             _ => None,
         })
         .collect();
-    out.sort_by_key(|m| m.node);
-    out
+    norms.sort_by_key(|m| m.node);
+    let readers = Readers::of(g);
+    norms
+        .into_iter()
+        .flat_map(|m| {
+            let add = m.with_add(g, &readers);
+            std::iter::once(m).chain(add)
+        })
+        .collect()
 }
 
 /// A number constant (int, float or one-element tensor).
@@ -155,6 +188,7 @@ fn aten(g: &Graph, n: NodeId) -> Option<RmsNormMatch> {
         eps,
         spelling: Spelling::Aten,
         problem: RmsNormProblem::new(rows, cols, dtype, scale, false),
+        add: None,
     })
 }
 
@@ -183,31 +217,13 @@ impl Cx<'_> {
         })
     }
 
-    /// Node `n` as a dtype cast to `dtype` of its first operand, keeping the shape: `to` with a
-    /// dtype (no device named) or `type_as`.
+    /// Node `n` as a dtype cast to `dtype` of its first operand, keeping the shape
+    /// (`views::dtype_cast`).
     fn cast(&self, n: NodeId, dtype: &str) -> bool {
         let g = self.g;
-        let node = &g.nodes[n];
-        let (Some(x), Some(y)) = (
-            node.inputs.first().and_then(|&v| g.tensor(v)),
-            node.outputs.first().and_then(|&v| g.tensor(v)),
-        ) else {
-            return false;
-        };
-        if node.outputs.len() != 1 || y.dtype != dtype || y.shape != x.shape {
-            return false;
-        }
-        let cst = |i: usize| node.inputs.get(i).and_then(|&v| g.constant(v));
-        match node.kind.as_str() {
-            "aten::type_as" => node.inputs.len() == 2,
-            // to.dtype / to.other (5), to.prim_dtype (4), to.dtype_layout with no device (8).
-            "aten::to" => match node.inputs.len() {
-                4 | 5 => !matches!(cst(1), Some(Const::Str(_)) | Some(Const::Other(_))),
-                8 => matches!(cst(3), Some(Const::None)),
-                _ => false,
-            },
-            _ => false,
-        }
+        views::dtype_cast(g, n).is_some()
+            && g.tensor(g.nodes[n].outputs[0])
+                .is_some_and(|y| y.dtype == dtype)
     }
 
     /// The other operand of a two-operand `mul` node that reads `v`.
@@ -403,6 +419,7 @@ impl Cx<'_> {
             eps: Some(eps),
             spelling: Spelling::Written,
             problem: RmsNormProblem::new(rows, cols, dtype, scale, cast_first),
+            add: None,
         })
     }
 }

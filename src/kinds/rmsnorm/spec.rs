@@ -4,10 +4,12 @@
 //! shuffles, shared memory across the group's warps) and writes the scaled row: one read of x and
 //! one write of y, the floor an RMSNorm can reach. A CTA holds `rows_per_block` groups. C is
 //! compiled in, so the loops unroll and the row is an array of known size; a kernel takes only its
-//! C and dtype. The knobs (threads per row, rows per CTA, vector width) decide how close the grid
+//! C and dtype. A kernel for the residual add before the norm (`add`, the add's dtypes compiled
+//! in, `_add` in the name) reads both operands instead of x and writes their sum where asked. The knobs (threads per row, rows per CTA, vector width) decide how close the grid
 //! gets to the DRAM rate, which measurement settles.
 
 use super::RmsNormProblem;
+use crate::rules::residual::AddDtypes;
 use crate::types::{Arch, DType};
 use serde::{Deserialize, Serialize};
 
@@ -33,19 +35,25 @@ pub struct RmsNormSpec {
     pub vector: u32,
     /// Rows (thread groups) per CTA.
     pub rows_per_block: u32,
+    /// The residual add before the norm: its dtypes (absent from the serde form without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub add: Option<AddDtypes>,
 }
 
 impl RmsNormSpec {
-    /// The kernel's identity, e.g. `rms_bf16_c2048_t128_v8_r2` (built for sm90) or
-    /// `rms_bf16_c2048_t128_v8_r2_for_sm80`: symbol, table value and build-cache key.
+    /// The kernel's identity, e.g. `rms_bf16_c2048_t128_v8_r2` (built for sm90),
+    /// `rms_bf16_c2048_t128_v8_r2_add` (after an add) or `rms_bf16_c2048_t128_v8_r2_for_sm80`:
+    /// symbol, table value and build-cache key.
     pub fn name(&self) -> String {
         format!(
-            "rms_{}_c{}_t{}_v{}_r{}{}",
+            "rms_{}_c{}_t{}_v{}_r{}{}{}",
             self.dtype.short_name(),
             self.cols,
             self.threads,
             self.vector,
             self.rows_per_block,
+            self.add
+                .map_or(String::new(), |a| a.name_suffix(self.dtype)),
             self.arch.name_suffix()
         )
     }
@@ -109,10 +117,10 @@ impl RmsNormSpec {
         None
     }
 
-    /// Whether the kernel takes the problem (its C and dtype; strides and alignment are checked
-    /// per call).
+    /// Whether the kernel takes the problem (its C, dtype and add; strides and alignment are
+    /// checked per call).
     pub fn fits(&self, p: &RmsNormProblem) -> bool {
-        p.dtype == self.dtype && p.cols == self.cols as i64
+        p.dtype == self.dtype && p.cols == self.cols as i64 && p.add.map(|a| a.dtypes()) == self.add
     }
 }
 
@@ -121,7 +129,8 @@ impl RmsNormSpec {
 /// CANDIDATE_PER_THREAD elements per thread and none idle (a group's first load covers C at
 /// most once), with the multiples of a warp that cover C exactly added; for each, CTAs of 128
 /// and 256 threads (one group when it is larger). Ordered with groups whose last load fills
-/// the group first, then by how close a thread's share is to 16 elements, then wider vectors.
+/// the group first, then by how close a thread's share is to 16 elements, then wider vectors. A
+/// problem with an add gets the same knobs on kernels that compute it.
 pub fn candidates(p: &RmsNormProblem, arch: Arch) -> Vec<RmsNormSpec> {
     let Ok(cols) = u32::try_from(p.cols) else {
         return vec![];
@@ -154,6 +163,7 @@ pub fn candidates(p: &RmsNormProblem, arch: Arch) -> Vec<RmsNormSpec> {
                     threads: t,
                     vector,
                     rows_per_block: (block / t).max(1),
+                    add: p.add.map(|a| a.dtypes()),
                 };
                 if s.per_thread() <= CANDIDATE_PER_THREAD
                     && s.invalid_reason().is_none()
@@ -241,6 +251,7 @@ mod tests {
             threads: 128,
             vector: 8,
             rows_per_block: 2,
+            add: None,
         };
         assert_eq!(s.invalid_reason(), None);
         let bad = |s: RmsNormSpec| s.invalid_reason().unwrap();

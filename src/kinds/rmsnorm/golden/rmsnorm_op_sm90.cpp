@@ -128,3 +128,89 @@ at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   count_fell_back(kernel, why);
   return rmsnorm_replay(x, weight, eps, f);
 }
+
+// After a residual add (`fact::rmsnorm_add`, and `fact::rmsnorm_add_sum` where the graph reads the
+// sum too): s = a + b in the add's dtype, the norm of s cast to the norm's dtype (`dtypes`, the
+// frame's ResidualDtypes), the norm as `form` says. The kernel reads a and b (either repeated along
+// leading dims) and writes y, and s where asked; a call it does not fit replays the add, the cast and
+// the norm.
+
+// Runs kernel `kernel` for the call: y, and s where `with_sum`; undefined tensors when the call does
+// not fit it, with the reason in `why`.
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const at::Tensor& b,
+                                                      const std::optional<at::Tensor>& weight,
+                                                      const std::optional<double>& eps, const RmsForm& f,
+                                                      const ResidualDtypes& d, bool with_sum,
+                                                      c10::string_view kernel, std::string& why) {
+  const auto fail = [&](const char* reason) {
+    why = reason;
+    return std::make_tuple(at::Tensor(), at::Tensor());
+  };
+  const bool has_w = weight.has_value() && weight->defined();
+  std::vector<int64_t> shape;
+  FactTensor rows[2];
+  if (!residual_operands(a, b, shape, rows, why)) return std::make_tuple(at::Tensor(), at::Tensor());
+  if (has_w && weight->device() != a.device()) return fail("not CUDA tensors of one device");
+  if (has_w && at::GradMode::is_enabled() && weight->requires_grad()) return fail("autograd (the kernel has no backward)");
+  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  if (index < 0) return fail("no such kernel in this library");
+  const auto* props = at::cuda::getDeviceProperties(a.device().index());
+  if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
+  const int64_t c = shape.back();
+  const int64_t n = c10::multiply_integers(shape) / c;
+  c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor y = at::empty(shape, a.options().dtype(d.norm));
+  at::Tensor s = with_sum ? at::empty(shape, a.options().dtype(d.sum)) : at::Tensor();
+  auto matrix = [&](const at::Tensor& t) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 2;
+    ft.sizes[0] = n;
+    ft.sizes[1] = c;
+    ft.strides[0] = c;
+    ft.strides[1] = 1;
+    return ft;
+  };
+  const FactTensor tensors[5] = {rows[0], rows[1], with_sum ? matrix(s) : FactTensor{}, matrix(y),
+                                 has_w ? fact_tensor(*weight) : FactTensor{}};
+  const double scalars[3] = {eps.value_or(std::numeric_limits<float>::epsilon()), static_cast<double>(f.scale),
+                             f.cast_first ? 1.0 : 0.0};
+  const FactOpArgs args{tensors, 5, scalars, 3};
+  if (!launch_kernel(index, args, a, kernel, "rmsnorm_add")) {
+    return fail("the kernel cannot implement these dtypes, this C, stride or alignment");
+  }
+  return {y, s};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_call(const at::Tensor& a, const at::Tensor& b,
+                                                    const std::optional<at::Tensor>& weight, c10::string_view eps_text,
+                                                    c10::string_view form, c10::string_view dtypes,
+                                                    c10::string_view kernel, bool with_sum) {
+  const bool has_w = weight.has_value() && weight->defined();
+  const RmsForm f = rms_form(form, has_w);
+  const std::optional<double> eps = rms_eps(eps_text);
+  TORCH_CHECK(f.aten || eps.has_value(), "fact::rmsnorm_add: the written-out form '", std::string(form), "' needs eps");
+  const ResidualDtypes d = residual_dtypes(dtypes, "rmsnorm_add");
+  std::string why = "rmsnorm is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kRmsnormKind)) {
+    auto out = rmsnorm_add_kernel(a, b, weight, eps, f, d, with_sum, kernel, why);
+    if (std::get<0>(out).defined()) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  const at::Tensor s = residual_sum(a, b, d.sum);
+  return {rmsnorm_replay(s.to(d.norm), weight, eps, f), s};
+}
+
+at::Tensor rmsnorm_add(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& weight,
+                       c10::string_view eps, c10::string_view form, c10::string_view dtypes, c10::string_view kernel) {
+  return std::get<0>(rmsnorm_add_call(a, b, weight, eps, form, dtypes, kernel, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_sum(const at::Tensor& a, const at::Tensor& b,
+                                                   const std::optional<at::Tensor>& weight, c10::string_view eps,
+                                                   c10::string_view form, c10::string_view dtypes,
+                                                   c10::string_view kernel) {
+  return rmsnorm_add_call(a, b, weight, eps, form, dtypes, kernel, true);
+}

@@ -372,3 +372,160 @@ fn other_reductions_and_escaping_statistics_stay_torch() {
         "the cast is the pattern's end; the fp32 product stays torch's"
     );
 }
+
+/// The matches of the graph with the add before their norm.
+fn with_add(g: &Graph) -> Vec<RmsNormMatch> {
+    match_rmsnorms(g)
+        .into_iter()
+        .filter(|m| m.add.is_some())
+        .collect()
+}
+
+#[test]
+fn gemma_sandwich_norms_take_the_residual_add_between_them() {
+    // Copied from `torch.jit.trace` of a bf16 Gemma2ForCausalLM (transformers 5.17): the
+    // post-attention norm of o_proj's output, the residual add, the pre-feedforward norm of the
+    // sum, and the sum again as the MLP's residual. No GEMM reaches that add: its operand is a
+    // norm's output.
+    let g = graph(
+        "graph(%238: bf16[2,8,64], %inputs_embeds.1: bf16[2,8,64], %weight.7: bf16[64], %weight.13: bf16[64], %286: bf16[2,8,64]):
+           %7 = prim::Constant[False]()
+           %9 = prim::Constant[None]()
+           %10 = prim::Constant[-1]()
+           %14 = prim::Constant[6]()
+           %15 = prim::Constant[{1.0}]()
+           %22 = prim::Constant[{1e-6}]()
+           %23 = prim::Constant[True]()
+           %24 = prim::Constant[2]()
+           %25 = prim::Constant[1]()
+           %x.6 = aten::to(%238, %14, %7, %7, %9) : f32[2,8,64]
+           %241 = aten::pow(%x.6, %24) : f32[2,8,64]
+           %242 = prim::ListConstruct(%10)
+           %243 = aten::mean(%241, %242, %23, %9) : f32[2,8,1]
+           %244 = aten::add(%243, %22, %25) : f32[2,8,1]
+           %245 = aten::rsqrt(%244) : f32[2,8,1]
+           %output.4 = aten::mul(%x.6, %245) : f32[2,8,64]
+           %247 = aten::to(%weight.7, %14, %7, %7, %9) : f32[64]
+           %248 = aten::add(%247, %15, %25) : f32[64]
+           %output0.4 = aten::mul(%output.4, %248) : f32[2,8,64]
+           %250 = aten::type_as(%output0.4, %238) : bf16[2,8,64]
+           %x.2 = aten::add(%inputs_embeds.1, %250, %25) : bf16[2,8,64]
+           %x0.1 = aten::to(%x.2, %14, %7, %7, %9) : f32[2,8,64]
+           %254 = aten::pow(%x0.1, %24) : f32[2,8,64]
+           %255 = prim::ListConstruct(%10)
+           %256 = aten::mean(%254, %255, %23, %9) : f32[2,8,1]
+           %257 = aten::add(%256, %22, %25) : f32[2,8,1]
+           %258 = aten::rsqrt(%257) : f32[2,8,1]
+           %output.6 = aten::mul(%x0.1, %258) : f32[2,8,64]
+           %260 = aten::to(%weight.13, %14, %7, %7, %9) : f32[64]
+           %261 = aten::add(%260, %15, %25) : f32[64]
+           %output0.6 = aten::mul(%output.6, %261) : f32[2,8,64]
+           %263 = aten::type_as(%output0.6, %x.2) : bf16[2,8,64]
+           %287 = aten::add(%x.2, %286, %25) : bf16[2,8,64]
+           return (%263, %287)",
+    );
+    let all = match_rmsnorms(&g);
+    assert_eq!(
+        all.iter().map(|m| m.problem.rule_id()).collect::<Vec<_>>(),
+        [
+            "rmsnorm_weight1p",
+            "rmsnorm_weight1p",
+            "add_rmsnorm_weight1p_sum"
+        ],
+        "each norm alone, and the second with the add: the cover picks"
+    );
+    let m = &all[2];
+    let add = m.add.as_ref().unwrap();
+    assert_eq!(
+        (name(&g, add.a), name(&g, add.b)),
+        ("inputs_embeds.1", "250"),
+        "the residual and the first norm's output, whose type_as stays that norm's"
+    );
+    assert_eq!(
+        add.sum,
+        g.values[value(&g, "x.2")].producer,
+        "the MLP's residual"
+    );
+    assert_eq!(g.nodes[m.node].outputs[0], value(&g, "263"));
+    assert_eq!(
+        m.form(),
+        "rmsnorm_weight1p",
+        "the fallback replays the norm's own form"
+    );
+    // Every node from the add to the norm's end but the sum's: the add's is an output.
+    assert_eq!(m.nodes().len(), 11);
+    assert!(!m.rest.contains(&add.sum.unwrap()));
+    // Without the later residual the sum is the norm's alone.
+    let last = graph(
+        "graph(%x.2: bf16[2,8,64], %286: bf16[2,8,64], %weight.1: bf16[64]):
+           %7 = prim::Constant[False]()
+           %9 = prim::Constant[None]()
+           %10 = prim::Constant[-1]()
+           %14 = prim::Constant[6]()
+           %15 = prim::Constant[{1.0}]()
+           %22 = prim::Constant[{1e-6}]()
+           %23 = prim::Constant[True]()
+           %24 = prim::Constant[2]()
+           %25 = prim::Constant[1]()
+           %287 = aten::add(%x.2, %286, %25) : bf16[2,8,64]
+           %x.1 = aten::to(%287, %14, %7, %7, %9) : f32[2,8,64]
+           %290 = aten::pow(%x.1, %24) : f32[2,8,64]
+           %291 = prim::ListConstruct(%10)
+           %292 = aten::mean(%290, %291, %23, %9) : f32[2,8,1]
+           %293 = aten::add(%292, %22, %25) : f32[2,8,1]
+           %294 = aten::rsqrt(%293) : f32[2,8,1]
+           %output.1 = aten::mul(%x.1, %294) : f32[2,8,64]
+           %296 = aten::to(%weight.1, %14, %7, %7, %9) : f32[64]
+           %297 = aten::add(%296, %15, %25) : f32[64]
+           %output0.1 = aten::mul(%output.1, %297) : f32[2,8,64]
+           %299 = aten::type_as(%output0.1, %287) : bf16[2,8,64]
+           return (%299)",
+    );
+    let m = with_add(&last);
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].problem.rule_id(), "add_rmsnorm_weight1p");
+    assert_eq!(m[0].add.as_ref().unwrap().sum, None);
+    assert_eq!(m[0].nodes().len(), 11);
+}
+
+#[test]
+fn an_add_before_aten_rms_norm_but_not_one_an_fp32_traces_upcast_respells() {
+    // nn.RMSNorm after a residual add whose sum is read again.
+    let g = graph(
+        "graph(%r: bf16[4,16,32], %h: bf16[4,16,32], %w: bf16[32]):
+           %one = prim::Constant[1]()
+           %eps = prim::Constant[1e-05]()
+           %c = prim::Constant[32]()
+           %shape = prim::ListConstruct(%c)
+           %s = aten::add(%r, %h, %one) : bf16[4,16,32]
+           %y = aten::rms_norm(%s, %shape, %w, %eps) : bf16[4,16,32]
+           %next = aten::add(%s, %y, %one) : bf16[4,16,32]
+           return (%next)",
+    );
+    let m = with_add(&g);
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].problem.rule_id(), "add_rmsnorm_weight_sum");
+    assert_eq!(m[0].form(), "rms_norm");
+    assert!(m[0].rest.is_empty(), "the add is the sum's node");
+    // The zoo's fp32 Llama: the norm's `to(float32)` of the sum is what the residual reads, so
+    // the add stays torch's (rules::residual).
+    let g = written(
+        "f32",
+        "f32",
+        "%s = aten::add(%x, %h, %one) : f32[2,8,64]
+         %xf = aten::to(%s, %f32, %false, %false, %none) : f32[2,8,64]
+         %sq = aten::pow(%xf, %two) : f32[2,8,64]
+         %var = aten::mean(%sq, %dims, %true, %none) : f32[2,8,1]
+         %ve = aten::add(%var, %eps, %one) : f32[2,8,1]
+         %r = aten::rsqrt(%ve) : f32[2,8,1]
+         %n = aten::mul(%xf, %r) : f32[2,8,64]
+         %c = aten::to(%n, %f32, %false, %false, %none) : f32[2,8,64]
+         %y = aten::mul(%w, %c) : f32[2,8,64]
+         %t = prim::TupleConstruct(%y, %xf)",
+    );
+    assert!(
+        with_add(&g).is_empty(),
+        "the call could take over only the upcast's output, which other patterns read through"
+    );
+    assert_eq!(match_rmsnorms(&g).len(), 1, "the norm alone");
+}
