@@ -4,6 +4,7 @@
 mod attention;
 mod common;
 mod compile;
+mod conv;
 mod conv_abi;
 mod errors;
 mod gemm_abi;
