@@ -24,7 +24,8 @@ use thiserror::Error;
 /// 5: LayerNorm problems and kernel specs, keyed under the `f32` math of kernels that multiply no
 /// matrices; a fact that reads schema 4 cannot parse them, so it must refuse these.
 /// 6: gated-MLP problems and kernel specs (`kinds::glu`), which schema 5 cannot parse.
-pub const SCHEMA: u32 = 6;
+/// 7: convolution kernel specs (`kinds::conv`), which a schema 6 fact does not read back.
+pub const SCHEMA: u32 = 7;
 
 #[derive(Debug, Error)]
 pub enum TableError {
@@ -464,9 +465,9 @@ impl Table {
                 found: s,
             }),
             1 => Ok(v1::migrate(v1::Table::deserialize(&raw).map_err(corrupt)?)),
-            // Schemas 2 to 5 are schema 6 without epilogues, attention, LayerNorm or gated MLPs:
-            // nothing to convert.
-            2..=5 => Ok(Table {
+            // Schemas 2 to 6 are schema 7 without epilogues, attention, LayerNorm, gated MLPs or
+            // convolutions: nothing to convert.
+            2..=6 => Ok(Table {
                 schema: SCHEMA,
                 ..Table::deserialize(&raw).map_err(located)?
             }),
