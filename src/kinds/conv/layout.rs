@@ -132,7 +132,7 @@ pub fn nchw_reader(
         for &r in &readers[v] {
             let node = &g.nodes[r];
             match role(&node.kind) {
-                _ if subs.contains_key(&r) => {}
+                _ if subs.contains_key(&r) || pooled_view(g, r, v) => {}
                 _ if node.depth > 0 => return Some(format!("{} inside a block", node.kind)),
                 Some(Role::Reads) => {}
                 Some(Role::Passes) => todo.extend(node.outputs.iter().rev()),
@@ -143,15 +143,49 @@ pub fn nchw_reader(
     None
 }
 
+/// Whether node `r` views `v`, a 4-D tensor of one pixel ([N,C,1,1], a global pool's output),
+/// as `[N, C]` or the like: its channels-last strides and torch's default ones differ only
+/// along dims of size one, which a view ignores (`x.view(x.size(0), -1)` after pooling).
+fn pooled_view(g: &Graph, r: NodeId, v: ValueId) -> bool {
+    let node = &g.nodes[r];
+    matches!(
+        node.kind.as_str(),
+        "aten::view" | "aten::_unsafe_view" | "aten::reshape" | "aten::flatten"
+    ) && node.inputs.first() == Some(&v)
+        && g.tensor(v)
+            .is_some_and(|t| t.shape.len() == 4 && t.shape[2] == 1 && t.shape[3] == 1)
+}
+
 /// Where a convolution's input comes from, as far as its layout goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
     /// The output of the matched convolution at this node, channels-last (its chain's op writes
     /// channels-last and every reader takes it), through ops that keep its layout.
     Chain(NodeId),
+    /// A tensor the graph itself lays out channels-last (its recorded strides: ConvNeXt's
+    /// `permute` back from NHWC), made by this op: read in place.
+    Strided(String),
     /// An NCHW tensor: the graph's input, or the output of this op (which makes its own layout
     /// or reads an NCHW tensor): the op converts it on every call.
     Nchw(String),
+}
+
+/// Whether the graph recorded `v`'s strides as channels-last for its 4-D shape (dims of size one
+/// lie either way): the op reads such a tensor in place.
+fn strided_channels_last(g: &Graph, v: ValueId) -> bool {
+    let Some(t) = g.tensor(v) else { return false };
+    if t.shape.len() != 4 || t.strides.len() != 4 {
+        return false;
+    }
+    // NHWC order: C innermost, then W, H, N.
+    let mut want = 1;
+    for d in [1, 3, 2, 0] {
+        if t.shape[d] != 1 && t.strides[d] != want {
+            return false;
+        }
+        want *= t.shape[d];
+    }
+    true
 }
 
 /// The inputs that decide the layout of `node`'s output: those of its output's shape (an
@@ -203,6 +237,9 @@ pub fn x_source(g: &Graph, readers: &[Vec<NodeId>], subs: &Substituted, x: Value
             return Source::Nchw("the graph's input".into());
         };
         let node = &g.nodes[p];
+        if v == x && !subs.contains_key(&p) && strided_channels_last(g, v) {
+            return Source::Strided(node.kind.clone());
+        }
         if let Some(&conv) = subs.get(&p) {
             if nchw_reader(g, readers, subs, v).is_some() {
                 return Source::Nchw(format!(
@@ -326,6 +363,20 @@ mod tests {
             Source::Nchw("the graph's input".into())
         );
         assert_eq!(source(&g, &both, "m"), Source::Chain(producer(&g, "y1")));
+        // ConvNeXt's downsampling reads the permute back from NHWC, which the graph records with
+        // channels-last strides.
+        let g = chain(
+            "%p = prim::ListConstruct(%zero, %two, %three, %one) : List_int_
+               %nhwc = aten::permute(%a1, %p) : bf16[8,16,16,32]
+               %q = prim::ListConstruct(%zero, %three, %one, %two) : List_int_
+               %m = aten::permute(%nhwc, %q) : bf16[8,32,16,16]{8192,1,512,32}",
+            HEAD,
+            "%o",
+        );
+        assert_eq!(
+            source(&g, &subs(&g, &[]), "m"),
+            Source::Strided("aten::permute".into())
+        );
         // Every reader of either output takes channels-last: the pool, the convolution, the
         // head's pooling, flatten and linear.
         assert_eq!(reader(&g, &both, "a1"), None);
@@ -350,6 +401,12 @@ mod tests {
             reader(&g, &subs(&g, &[]), "a2").as_deref(),
             Some("the graph's output")
         );
+        // A view of the globally pooled output, as older CNNs write their head, takes either.
+        let pooled = "%p = aten::adaptive_avg_pool2d(%a2, %l1) : bf16[8,64,1,1]
+               %sz = prim::ListConstruct(%one, %one) : List_int_
+               %o = aten::view(%p, %sz) : bf16[8,64]";
+        let g = chain(POOL, pooled, "%o");
+        assert_eq!(reader(&g, &subs(&g, &[]), "a2"), None);
         // A view of the pool's output between the two.
         let g = chain(
             &format!("{POOL}\n %sz = prim::ListConstruct(%one, %one) : List_int_\n %v = aten::view(%m, %sz) : bf16[8,2048]"),

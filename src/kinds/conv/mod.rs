@@ -472,6 +472,9 @@ fn notes(c: &ConvMatch, math: MathType, arch: Arch) -> Vec<String> {
         Source::Chain(node) => {
             format!("x channels-last from the convolution at node {node}: read in place")
         }
+        Source::Strided(op) => {
+            format!("x channels-last as the graph lays it out ({op}): read in place")
+        }
         Source::Nchw(from) => {
             format!("x converted to channels-last on every call: it comes NCHW from {from}")
         }

@@ -14,7 +14,8 @@
 //! for 16-bit and tf32 fprop (bf16 and fp16 share their GMMA shapes, so both take the union of
 //! the two lists), with the 1x1x1 cluster it calls valid, and the tile descriptions
 //! `GenerateSM80_TensorOp_16816` and `_1688` hand its conv2d operators. A small estimate (waves of
-//! tiles, the K loop's fill and the accumulators a thread holds) orders them; measurement picks.
+//! tiles, the K loop's fill and the accumulators a thread holds) orders them within each tile
+//! height, the heights taking turns; measurement picks.
 //! Operands are rows of 16 bytes of channels (TMA's and the optimized iterators' access), so C and
 //! K are multiples of 8 (16-bit) or 4 (fp32) channels.
 
@@ -307,8 +308,8 @@ pub fn estimate(p: &ConvProblem, s: &ConvSpec) -> f64 {
     waves * per_tile * pressure
 }
 
-/// The kernels a first sweep of `p` tries on `arch`, best estimate first; Err where no kernel
-/// computes it (the plan's and the sweep's reason).
+/// The kernels a first sweep of `p` tries on `arch`, tile heights in turns, each best estimate
+/// first (`by_height`); Err where no kernel computes it (the plan's and the sweep's reason).
 pub fn candidates(p: &ConvProblem, math: MathType, arch: Arch) -> Result<Vec<ConvSpec>, String> {
     if let Some(why) = refusal(p, math) {
         return Err(why);
@@ -336,7 +337,27 @@ pub fn candidates(p: &ConvProblem, math: MathType, arch: Arch) -> Result<Vec<Con
     };
     out.retain(|s| s.invalid_reason().is_none());
     out.sort_by(|a, b| estimate(p, a).total_cmp(&estimate(p, b)));
-    Ok(out)
+    Ok(by_height(out))
+}
+
+/// `specs` (best estimate first) taken in turns from each tile height (64, 128, 256 output
+/// pixels), the heights in the order of their best: the estimate cannot weigh a tall tile's reuse
+/// of the filter against a short one's waves well, so a first round cut to a few kernels still
+/// measures every height.
+fn by_height(specs: Vec<ConvSpec>) -> Vec<ConvSpec> {
+    let mut groups: Vec<Vec<ConvSpec>> = vec![];
+    for s in specs {
+        match groups.iter_mut().find(|g| g[0].conv_tile[0] == s.conv_tile[0]) {
+            Some(g) => g.push(s),
+            None => groups.push(vec![s]),
+        }
+    }
+    let mut out = vec![];
+    let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
+    for i in 0..longest {
+        out.extend(groups.iter().filter_map(|g| g.get(i).cloned()));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -437,8 +458,18 @@ mod tests {
         // a thread and spills, so a 128x128 one ranks above it.
         let rank = |tile: [u32; 3]| specs.iter().position(|s| s.conv_tile == tile).unwrap();
         assert!(rank([128, 128, 64]) < rank([128, 256, 64]));
-        let est: Vec<f64> = specs.iter().map(|s| estimate(&problem(), s)).collect();
-        assert!(est.windows(2).all(|w| w[0] <= w[1]));
+        // The first three are one of each tile height, each its height's best estimate.
+        let mut heights: Vec<u32> = specs[..3].iter().map(|s| s.conv_tile[0]).collect();
+        heights.sort();
+        assert_eq!(heights, [64, 128, 256]);
+        for s in &specs[..3] {
+            let best = specs
+                .iter()
+                .filter(|o| o.conv_tile[0] == s.conv_tile[0])
+                .map(|o| estimate(&problem(), o))
+                .fold(f64::INFINITY, f64::min);
+            assert_eq!(estimate(&problem(), s), best);
+        }
     }
 
     #[test]
