@@ -347,7 +347,10 @@ pub fn candidates(p: &ConvProblem, math: MathType, arch: Arch) -> Result<Vec<Con
 fn by_height(specs: Vec<ConvSpec>) -> Vec<ConvSpec> {
     let mut groups: Vec<Vec<ConvSpec>> = vec![];
     for s in specs {
-        match groups.iter_mut().find(|g| g[0].conv_tile[0] == s.conv_tile[0]) {
+        match groups
+            .iter_mut()
+            .find(|g| g[0].conv_tile[0] == s.conv_tile[0])
+        {
             Some(g) => g.push(s),
             None => groups.push(vec![s]),
         }
