@@ -963,6 +963,8 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         dtype: DType::Bf16,
         conv_tile: [128, 128, 64],
         conv_cluster: [1, 1, 1],
+        conv_warps: None,
+        conv_stages: None,
         bias: true,
         residual: true,
         act: Some(ConvAct::Relu),
@@ -1003,4 +1005,59 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
     );
     assert_eq!(lib.find(&bf16.name()), Some(0));
     assert_eq!(lib.find(&f16.name()), Some(3));
+}
+
+/// The convolution kind's sm80 kernels (CUTLASS 2's implicit GEMM: bf16 with bias, residual and
+/// ReLU through the broadcast epilogue; tf32 with none of them) compile for sm_80 beside an sm80
+/// GEMM into one library, so CI builds both families' convolutions.
+#[test]
+fn sm80_conv_kernels_build_beside_a_gemm_in_an_sm80_library() {
+    use fact::kinds::conv::{candidates, ConvAct, ConvProblem};
+    use fact::kinds::gemm::space::gemm_candidates;
+    use fact::kinds::Spec;
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let p = ConvProblem {
+        images: 32,
+        height: 56,
+        width: 56,
+        in_channels: 64,
+        out_channels: 256,
+        filter: [1, 1],
+        stride: [1, 1],
+        padding: [0, 0],
+        dilation: [1, 1],
+        groups: 1,
+        dtype: DType::Bf16,
+        bias: true,
+        residual: true,
+        act: Some(ConvAct::Relu),
+    };
+    let pick = |p: &ConvProblem, math, tile: [u32; 3]| {
+        candidates(p, math, Arch::Sm80)
+            .unwrap()
+            .into_iter()
+            .find(|s| s.conv_tile == tile)
+            .expect("a generator tile")
+    };
+    let bf16 = pick(&p, MathType::Bf16, [128, 128, 32]);
+    let plain = ConvProblem {
+        dtype: DType::F32,
+        bias: false,
+        residual: false,
+        act: None,
+        ..p
+    };
+    let tf32 = pick(&plain, MathType::Tf32, [128, 128, 16]);
+    let gemm = gemm_candidates(&linear_problem(), MathType::Tf32, Arch::Sm80).remove(0);
+    let dir = tempfile::tempdir().unwrap();
+    let specs: Vec<Spec> = vec![bf16.clone().into(), gemm.into(), tf32.clone().into()];
+    let built = build_all(&tc, &specs, dir.path(), "libconv80.so", 2);
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(
+        (0..3).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
+        ["conv", "gemm", "conv"]
+    );
+    assert_eq!(lib.find(&bf16.name()), Some(0));
+    assert_eq!(lib.find(&tf32.name()), Some(2));
+    assert!(tf32.name().ends_with("_for_sm80"), "{}", tf32.name());
 }

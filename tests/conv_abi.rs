@@ -1,7 +1,8 @@
-//! The convolution kernels' side of the kernel ABI without a GPU: their can_implement (host code)
-//! takes the call include/fact_kernels.h states for kind "conv" (x, w, bias, residual, out
-//! channels-last, six scalars) and refuses any other count, layout, size, dtype, alignment or
-//! argument, so a call the kernel does not fit falls back instead of computing a wrong number.
+//! The convolution kernels' side of the kernel ABI without a GPU: their can_implement (host code),
+//! sm90's and sm80's alike, takes the call include/fact_kernels.h states for kind "conv" (x, w,
+//! bias, residual, out channels-last, six scalars) and refuses any other count, layout, size,
+//! dtype, alignment or argument, so a call the kernel does not fit falls back instead of
+//! computing a wrong number.
 
 use crate::common::{build_all, fake_tensor, op_args};
 use fact::kinds::conv::{ConvAct, ConvSpec};
@@ -30,18 +31,43 @@ fn call() -> [FactTensor; 5] {
 
 const SAME: [f64; 6] = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
 
-#[test]
-fn conv_kernels_take_the_abi_s_channels_last_call_and_refuse_any_other() {
-    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-    let spec = ConvSpec {
+/// bf16 with bias, residual and ReLU: sm90's builder kernel, or sm80's implicit GEMM.
+fn spec(arch: Arch) -> ConvSpec {
+    let sm90 = ConvSpec {
         arch: Arch::Sm90,
         dtype: DType::Bf16,
         conv_tile: [128, 128, 64],
         conv_cluster: [1, 1, 1],
+        conv_warps: None,
+        conv_stages: None,
         bias: true,
         residual: true,
         act: Some(ConvAct::Relu),
     };
+    match arch {
+        Arch::Sm90 => sm90,
+        Arch::Sm80 => ConvSpec {
+            arch,
+            conv_tile: [128, 128, 32],
+            conv_warps: Some([2, 2, 1]),
+            conv_stages: Some(4),
+            ..sm90
+        },
+    }
+}
+
+#[test]
+fn sm90_conv_kernels_take_the_abi_s_channels_last_call_and_refuse_any_other() {
+    takes_the_abi_call(spec(Arch::Sm90));
+}
+
+#[test]
+fn sm80_conv_kernels_take_the_abi_s_channels_last_call_and_refuse_any_other() {
+    takes_the_abi_call(spec(Arch::Sm80));
+}
+
+fn takes_the_abi_call(spec: ConvSpec) {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &[spec], dir.path(), "libconvabi.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();

@@ -5,6 +5,7 @@ mod addnorm;
 mod attention;
 mod common;
 mod compile;
+mod conv;
 mod conv_abi;
 mod errors;
 mod gemm_abi;

@@ -25,7 +25,7 @@ struct Expect {
 }
 
 /// Issue 33's convolutions that no rule matches yet (conv chains of groups 1 are `conv`
-/// patterns, counted above; no kernel runs them yet).
+/// patterns, counted above).
 const CONVOLUTIONS: (&str, &str) = (
     "grouped and depthwise convolutions (issue 33)",
     "every depthwise and grouped conv with its folded BatchNorm and activation",

@@ -1,5 +1,5 @@
 """torch's (cuDNN's) convolutions at the problems fact's convolution rule finds in a model: the
-baselines a convolution kernel must beat, before any exists (issue 33).
+baselines a convolution kernel must beat (issue 33; benches/device/conv.sh times fact's).
 
     python3 benches/device/conv_baseline.py FACT_BIN OUT_DIR [BATCH] [DTYPE] [MODEL]
 
@@ -13,8 +13,8 @@ times, L2 flushed, in turns:
   nchw_folded  the BatchNorm folded into the weight and bias (in fp32, then cast), conv with bias
                → (+ residual) → act in NCHW: cuDNN on the function fact::conv will compute;
   cl_folded    the same with activations, weights and residual channels-last (cuDNN's NHWC);
-  to_cl        converting x to channels-last and the output back: what a per-call conversion in
-               the op costs before chains run channels-last end to end.
+  to_cl        converting x to channels-last and the output back: what the op pays where a
+               channels-last chain starts and ends.
 Errors of the chain and of both folded forms against the chain in fp64 (the fold's rounding beside
 the chain's own). Writes OUT_DIR/conv_baseline_<MODEL>.json; the summary is the last lines.
 """

@@ -4,8 +4,8 @@
 # mobilenet_v3_large and convnext_tiny, their groups-1 convolutions), batch 32, bf16: the graph's
 # conv → batch_norm → add → act in NCHW, the same with the BatchNorm folded in NCHW and in
 # channels-last, and the cost of converting x to channels-last per call (conv_baseline.py says
-# what each is). No fact kernel runs: none exists yet (issue 33); these are the baselines the
-# first kernels must beat, and the fold's error beside the chain's own.
+# what each is). No fact kernel runs here (benches/device/conv.sh times them): these are the
+# baselines fact's kernels must beat, and the fold's error beside the chain's own.
 # Usage: benches/device/conv_baseline.sh [MODEL...]   (default: resnet50 mobilenet_v3_large convnext_tiny)
 # JSON under $OUT/conv_baseline/; each model's summary is its last line.
 set -uo pipefail

@@ -37,6 +37,7 @@ ABLATION_KINDS = {
     "layernorm": ("fact::layernorm",),
     "rmsnorm": ("fact::rmsnorm",),
     "rotary": ("fact::rotary", "fact::rotary_qk"),
+    "conv": ("fact::conv",),
 }
 
 

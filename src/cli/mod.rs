@@ -138,7 +138,10 @@ enum Command {
         /// gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias, bmm_rrr; attention, attention_causal
         /// (the explicit softmax(q·kᵀ)·v form), sdpa, sdpa_causal, sdpa_padded or
         /// sdpa_causal_padded (a key-padding mask: each sequence's own key length); layernorm,
-        /// layernorm_affine (weight and bias), layernorm_weight or layernorm_bias.
+        /// layernorm_affine (weight and bias), layernorm_weight or layernorm_bias;
+        /// conv2d_s<stride>_p<padding>_d<dilation>[_bias][_add][_<act>] (a convolution with its
+        /// bias, residual add and activation: conv2d_s1_p1_d1_bias_relu); the other kinds' rule ids
+        /// as an unknown rule's error lists them.
         #[arg(long)]
         rule: String,
         /// Tensor dtype: f32, bf16 or f16.
@@ -146,7 +149,8 @@ enum Command {
         dtype: String,
         /// MxNxK, LxMxNxK for bmm_rrr, BxHxTqxTkxD (batch, heads, query and key lengths, head
         /// dim) for attention, or BxHxTqxTkxDxHkv with k/v's fewer heads (grouped-query), ROWSxC
-        /// (C the normalized dim) for layernorm.
+        /// (C the normalized dim) for layernorm, NxHxWxCxKxRxS (images, input height and width,
+        /// input and output channels, filter height and width) for a convolution.
         #[arg(long)]
         shape: String,
         /// An elementwise program fused after the GEMM, in the text form discover prints

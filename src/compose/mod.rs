@@ -450,17 +450,33 @@ pub fn compose(
                 ),
             };
         }
-        let edits: Vec<Edit> = found
+        let chosen: Vec<(&crate::kinds::Found, &str)> = found
             .found
             .iter()
             .zip(&patterns)
             .filter_map(|(f, r)| {
                 r.kernel
-                    .as_ref()
+                    .as_deref()
                     .filter(|k| in_lib.contains(*k))
-                    .map(|k| f.edit(&graph, k))
+                    .map(|k| (f, k))
             })
             .collect();
+        // Each kind's edits are made together (`Kind::edits`), kinds in the order they appear.
+        let mut edits: Vec<Edit> = Vec::new();
+        let mut kinds: Vec<&'static dyn crate::kinds::Kind> = Vec::new();
+        for (f, _) in &chosen {
+            if !kinds.iter().any(|k| k.name() == f.kind.name()) {
+                kinds.push(f.kind);
+            }
+        }
+        for kind in kinds {
+            let mine: Vec<(&dyn crate::rules::Match, &str)> = chosen
+                .iter()
+                .filter(|(f, _)| f.kind.name() == kind.name())
+                .map(|(f, k)| (&*f.found, *k))
+                .collect();
+            edits.extend(kind.edits(&graph, &mine));
+        }
         let out = opts.out_dir.join(COMPOSED);
         torch::rewrite_and_save(model, &out, &edits, &registry::op_schemas())?;
         library = Some(built.library);

@@ -78,8 +78,20 @@ pub trait Kind: Sync + 'static {
     fn products(&self, _m: &dyn Match) -> Vec<Product> {
         vec![]
     }
+    /// What the pattern's kernel computes and moves, for the plan's cost model to price against
+    /// the nodes it replaces where no table holds a measurement (the plan's expected speedup),
+    /// under `math`; None where the plan assumes one, or no kernel computes it.
+    fn work(&self, _m: &dyn Match, _math: MathType) -> Option<Work> {
+        None
+    }
     /// The graph rewrite: its op (`ops`) called with `kernel` in place of the pattern's nodes.
     fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit;
+    /// The rewrites of the kind's patterns that get a kernel (`found`: each match with its
+    /// kernel), made together: a kind whose edit depends on which of its other patterns are
+    /// substituted overrides it (a convolution's output layout); by default each one's `edit`.
+    fn edits(&self, g: &Graph, found: &[(&dyn Match, &str)]) -> Vec<Edit> {
+        found.iter().map(|(m, k)| self.edit(g, *m, k)).collect()
+    }
     /// The smaller pattern compose realizes when this one's problem gets no kernel (a GEMM
     /// whose fused epilogue none computes: the GEMM alone), if there is one.
     fn unfused(&self, _m: &dyn Match) -> Option<Unfused> {
@@ -239,6 +251,19 @@ pub struct Product {
     pub flops: f64,
     /// The reduction length: a short K runs far below the roofline (the tiles' fill and epilogue).
     pub k: i64,
+}
+
+/// A pattern's kernel as the plan's cost model prices it (`Kind::work`): its matrix products
+/// at their math's rate and tiles' efficiency, its DRAM bytes and its launches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Work {
+    pub products: Vec<Product>,
+    /// Bytes it reads and writes, any copies it makes included.
+    pub bytes: f64,
+    /// Kernels it launches, its own and each copy's.
+    pub launches: usize,
+    /// What the estimate counts, for the plan (`one kernel, x converted to channels-last`).
+    pub note: String,
 }
 
 /// A pattern's smaller fallback (`Kind::unfused`) and how compose's notes say it.

@@ -3,7 +3,7 @@
 use super::{node_costs, unmatched_regions, Plan, PlannedPattern};
 use crate::agent::{RankItem, Steward};
 use crate::graph::{Graph, NodeId, ValueId};
-use crate::kinds::{Found, Patterns, Problem};
+use crate::kinds::{Found, Patterns, Problem, Work};
 use crate::space::examples::index;
 use crate::table::{Lookup, TableKey, Tables};
 use crate::types::{Arch, MathType, Precision};
@@ -16,13 +16,20 @@ pub struct PlanOptions {
     pub assumed_speedup: f64,
 }
 
-/// The measured speedup of a problem's winner over torch, where the tables hold one.
+/// The measured speedup of a problem's winner over torch, where the tables hold one; else the
+/// cost model's (`estimate`: the nodes' time over the kernel's, and what the kernel's counts),
+/// where its kind prices its kernel; else the assumed one.
 fn speedup(
     problem: &Problem,
     math: Option<MathType>,
     opts: &PlanOptions,
     tables: Option<&Tables>,
+    estimate: Option<(f64, &str)>,
 ) -> (f64, String) {
+    let assumed = |why: &str| match estimate {
+        Some((s, note)) => (s, format!("estimated by the cost model ({note})")),
+        None => (opts.assumed_speedup, why.to_string()),
+    };
     match (math, tables) {
         (None, _) => (1.0, "left to torch under this precision".to_string()),
         (Some(math), Some(t)) => match t.lookup(&TableKey::of(problem, math, opts.arch), problem) {
@@ -34,14 +41,11 @@ fn speedup(
                         entry.winner_provenance().device.name
                     ),
                 ),
-                None => (opts.assumed_speedup, "assumed".into()),
+                None => assumed("assumed"),
             },
-            _ => (
-                opts.assumed_speedup,
-                "assumed (no measurement in the tables)".into(),
-            ),
+            _ => assumed("assumed (no measurement in the tables)"),
         },
-        (Some(_), None) => (opts.assumed_speedup, "assumed".into()),
+        (Some(_), None) => assumed("assumed"),
     }
 }
 
@@ -62,6 +66,8 @@ struct Facts {
     notes: Vec<String>,
     copies: Vec<String>,
     pad: Option<String>,
+    /// The kernel's work as its kind describes it, for the cost model.
+    work: Option<Work>,
 }
 
 impl Facts {
@@ -81,6 +87,7 @@ impl Facts {
             notes: facts.notes,
             copies: f.copies(),
             pad: facts.pad,
+            work: math.and_then(|m| f.kind.work(&*f.found, m)),
             problem,
             math,
         }
@@ -101,7 +108,15 @@ impl Pricing<'_> {
     /// examples or priority yet (the agent's).
     fn pattern(&self, f: Facts) -> PlannedPattern {
         let est_ms: f64 = f.nodes.iter().filter_map(|n| self.cost_of.get(n)).sum();
-        let (speedup, source) = speedup(&f.problem, f.math, self.opts, self.tables);
+        let kernel_ms = f
+            .work
+            .as_ref()
+            .map(|w| super::price(w, self.opts.arch, self.opts.precision, f.problem.dtype()));
+        let estimate = kernel_ms
+            .zip(f.work.as_ref())
+            .filter(|(ms, _)| *ms > 0.0 && est_ms > 0.0)
+            .map(|(ms, w)| (est_ms / ms, w.note.as_str()));
+        let (speedup, source) = speedup(&f.problem, f.math, self.opts, self.tables, estimate);
         PlannedPattern {
             id: f.id,
             name: f.name,

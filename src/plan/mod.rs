@@ -159,6 +159,21 @@ pub fn node_costs(
     out
 }
 
+/// The time the cost model gives a pattern's kernel (`Kind::work`): each product at its math's
+/// rate over its tiles' efficiency, or its bytes at the DRAM rate where that is longer, and a
+/// launch each.
+pub fn price(work: &crate::kinds::Work, arch: Arch, precision: Precision, dtype: DType) -> f64 {
+    let c = ceilings(arch);
+    let rate = math_rate(&c, dtype.short_name(), precision) * 1e12;
+    let compute: f64 = work
+        .products
+        .iter()
+        .map(|p| p.flops / rate / tile_efficiency(p.k as f64, dtype.bytes() as f64))
+        .sum();
+    let memory = work.bytes / (c.dram_tbps * 1e12);
+    compute.max(memory) * 1e3 + work.launches as f64 * c.launch_us * 1e-3
+}
+
 /// K of a GEMM-like node (matched, or an unmatched matmul/linear/bmm), if it is one.
 fn gemm_k(g: &Graph, id: NodeId, gemm_at: &HashMap<NodeId, &Product>) -> Option<i64> {
     if let Some(p) = gemm_at.get(&id) {

@@ -30,7 +30,8 @@ use thiserror::Error;
 /// several GPUs records a run per GPU) are optional fields an older fact ignores; it still reads
 /// each GPU's run as a run of its own (their baselines and candidates differ), so they needed no
 /// schema of their own.
-pub const SCHEMA: u32 = 7;
+/// 8: convolution kernel specs (`kinds::conv`), which a schema 7 fact does not read back.
+pub const SCHEMA: u32 = 8;
 
 #[derive(Debug, Error)]
 pub enum TableError {
@@ -470,9 +471,9 @@ impl Table {
                 found: s,
             }),
             1 => Ok(v1::migrate(v1::Table::deserialize(&raw).map_err(corrupt)?)),
-            // Schemas 2 to 6 are schema 7 without epilogues, attention, LayerNorm, gated MLPs or
-            // norms after an add: nothing to convert.
-            2..=6 => Ok(Table {
+            // Schemas 2 to 7 are schema 8 without epilogues, attention, LayerNorm, gated MLPs,
+            // norms after an add or convolutions: nothing to convert.
+            2..=7 => Ok(Table {
                 schema: SCHEMA,
                 ..Table::deserialize(&raw).map_err(located)?
             }),

@@ -853,6 +853,50 @@ Value* interleaved_attributes(torch::jit::Module& m, Graph& g, Value* first, Val
   return module_buffer(m, g, "fact_interleaved_" + pa + "_" + pb, t);
 }
 
+// A convolution's weight (`part` 0) or bias (1) with an eval-mode BatchNorm folded in, from the module
+// attributes `values` reads ([weight, bias, gamma, beta, mean, var], kAbsent where there is none; `eps`
+// empty without a BatchNorm), as a buffer of the module (`fact_folded_<weight path>[_bias]`, made once;
+// the attributes stay for the fallback and their other readers). Computed in fp64 and rounded to the
+// weight's dtype: w' = w * gamma / sqrt(var + eps), laid out channels-last (KRSC, the kernels'
+// layout), and b' = (b - mean) * gamma / sqrt(var + eps) + beta.
+Value* folded_attributes(torch::jit::Module& m, Graph& g, const rust::Vec<uint32_t>& values, const std::string& eps_text,
+                         int64_t part, const std::function<Value*(uint32_t)>& value_at) {
+  constexpr uint32_t kAbsent = UINT32_MAX;
+  if (values.size() != 6 || values[0] == kAbsent || (part != 0 && part != 1)) {
+    throw std::runtime_error("internal: a folded operand names a weight, five optional attributes and its part");
+  }
+  auto [w, path] = module_attribute(m, g, value_at(values[0]), "folded");
+  if (w.dim() != 4 || !w.is_floating_point()) {
+    throw std::runtime_error("attribute " + path + " is no 4-D convolution weight: it cannot be folded");
+  }
+  const int64_t k = w.size(0);
+  auto channel = [&](uint32_t id, double none) {
+    if (id == kAbsent) return at::full({k}, none, at::kDouble);
+    auto [t, p] = module_attribute(m, g, value_at(id), "folded");
+    if (t.dim() != 1 || t.size(0) != k) {
+      throw std::runtime_error("attribute " + p + " is no vector of " + std::to_string(k) + " channels: it cannot be folded into " + path);
+    }
+    return t.to(at::kDouble);
+  };
+  at::Tensor scale = at::ones({k}, at::kDouble), shift = at::zeros({k}, at::kDouble);
+  if (!eps_text.empty()) {
+    if (values[4] == kAbsent || values[5] == kAbsent) throw std::runtime_error("a folded BatchNorm needs its running mean and variance");
+    char* end = nullptr;
+    const double eps = std::strtod(eps_text.c_str(), &end);
+    if (end != eps_text.c_str() + eps_text.size()) throw std::runtime_error("a folded BatchNorm's eps '" + eps_text + "' is no number");
+    scale = channel(values[2], 1.0) / at::sqrt(channel(values[5], 0.0) + eps);
+    shift = channel(values[3], 0.0) - channel(values[4], 0.0) * scale;
+  }
+  if (part == 0) {
+    const at::Tensor folded = (w.to(at::kDouble) * scale.view({k, 1, 1, 1}))
+                                  .to(w.scalar_type())
+                                  .contiguous(at::MemoryFormat::ChannelsLast);
+    return module_buffer(m, g, "fact_folded_" + path, folded);
+  }
+  const at::Tensor folded = (channel(values[1], 0.0) * scale + shift).to(w.scalar_type());
+  return module_buffer(m, g, "fact_folded_" + path + "_bias", folded);
+}
+
 rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
                               const rust::Vec<rust::String>& schemas) {
   return guarded("cannot rewrite the TorchScript graph", [&] {
@@ -945,6 +989,9 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
               args.push_back(interleaved_attributes(m, *g, value_at(o.values[0]), value_at(o.values[1]), o.int_value));
               break;
             }
+            case OperandKind::Folded:
+              args.push_back(folded_attributes(m, *g, o.values, std::string(o.text), o.int_value, value_at));
+              break;
             case OperandKind::Values: {
               std::vector<Value*> elems;
               for (uint32_t v : o.values) elems.push_back(value_at(v));

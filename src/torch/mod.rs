@@ -73,6 +73,12 @@ mod ffi {
         /// The module attributes the two graph values `values` read, interleaved along their
         /// first dim in blocks of `int_value` rows: a buffer the rewrite adds once.
         Interleaved,
+        /// A convolution's weight (`int_value` 0) or bias (1) with an eval-mode BatchNorm folded
+        /// in, from the module attributes `values` reads: [weight, bias, γ, β, mean, var], each
+        /// absent one `ABSENT`, the BatchNorm's eps as `text` (empty without a BatchNorm). The
+        /// weight is laid out channels-last (KRSC), the kernels' layout: a buffer the rewrite
+        /// adds once.
+        Folded,
     }
     struct Operand {
         kind: OperandKind,
@@ -123,6 +129,27 @@ mod ffi {
 
 pub use ffi::{Edit, InputSpec, Operand, OperandKind};
 
+/// An absent value among an operand's `values` (`Operand::folded`).
+pub const ABSENT: u32 = u32::MAX;
+
+/// The module attributes a folded convolution operand is made of (graph values reading them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fold {
+    pub weight: usize,
+    pub bias: Option<usize>,
+    pub bn: Option<FoldBn>,
+}
+
+/// An eval-mode BatchNorm's attributes (γ and β absent for `affine=False`) and its eps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FoldBn {
+    pub weight: Option<usize>,
+    pub bias: Option<usize>,
+    pub mean: usize,
+    pub var: usize,
+    pub eps: f64,
+}
+
 /// One constructor per operand kind of a graph edit.
 impl Operand {
     fn of(kind: OperandKind) -> Operand {
@@ -172,6 +199,33 @@ impl Operand {
             values: vec![a as u32, b as u32],
             int_value: block,
             ..Operand::of(OperandKind::Interleaved)
+        }
+    }
+    /// A convolution's weight (`bias` false) or bias (true) with an eval-mode BatchNorm folded
+    /// in, as a buffer of the composed module: w' = w·γ/√(var+eps) in the kernels' channels-last
+    /// layout, b' = (b − mean)·γ/√(var+eps) + β, computed once in fp64 from the module's
+    /// attributes `fold` names, and rounded to their dtype.
+    pub fn folded(bias: bool, fold: &Fold) -> Operand {
+        let id = |v: Option<usize>| v.map_or(ABSENT, |v| v as u32);
+        let (bn, eps) = match &fold.bn {
+            Some(bn) => (
+                [
+                    id(bn.weight),
+                    id(bn.bias),
+                    id(Some(bn.mean)),
+                    id(Some(bn.var)),
+                ],
+                format!("{:?}", bn.eps),
+            ),
+            None => ([ABSENT; 4], String::new()),
+        };
+        let mut values = vec![fold.weight as u32, id(fold.bias)];
+        values.extend(bn);
+        Operand {
+            values,
+            text: eps,
+            int_value: i64::from(bias),
+            ..Operand::of(OperandKind::Folded)
         }
     }
     /// A Tensor[] of graph values.

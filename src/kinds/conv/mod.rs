@@ -1,31 +1,38 @@
 //! 2-D convolutions, one kind: `aten::_convolution` / `aten::conv2d` forward with the eval-mode
 //! BatchNorm, residual add and activation after it (rule.rs), as an implicit GEMM (problem.rs:
-//! M = N·P·Q, N = K, K = C·R·S). The plan shows each chain with its problem and the cost model
-//! prices it as the GEMM it is; the grouped, transposed and other convolutions it leaves are
-//! listed with the reason. Its kernels (spec.rs, render.rs: CUTLASS's sm90 implicit-GEMM fprop
-//! with the bias, residual and activation in its epilogue) render and compile, but no op calls
-//! them yet: the sweep offers none and compose leaves every convolution to torch, saying so.
-//! The op `fact::conv` with its exact fallback, the BatchNorm folded into a module buffer and the
-//! bench are the next slices (issue 33); until then no convolution winner is read back from a
-//! table (`spec_from_json`), so none reaches the graph edit.
+//! M = N·P·Q, N = K, K = C·R·S) over channels-last tensors. Its kernels (spec.rs, render.rs:
+//! CUTLASS's sm90 conv collective builder and sm80 `ImplicitGemmConvolution`, bias, residual and
+//! activation in the epilogue) are judged against cuDNN on the same function (bench.rs). The op,
+//! `fact::conv(x, weight, bias?, stride, padding, dilation, groups, bn_weight?, bn_bias?, bn_mean?,
+//! bn_var?, residual?, w_kernel, b_kernel?, form, kernel)`, runs the kernel on the weight and bias
+//! compose folds the BatchNorm into once (module buffers, the weight channels-last), and falls
+//! back to the replaced ops on the module's own parameters. Outputs stay channels-last from one
+//! convolution to the next (layout.rs): a chain converts where it starts and where a reader needs
+//! NCHW. This file is the kind as the stages see it (`Conv`), with its plan notes and its edit.
 
+mod bench;
+mod layout;
 mod problem;
 mod render;
 mod rule;
 mod spec;
 
+pub use bench::{channels_last, ConvBench, Inputs};
+pub use layout::{nchw_reader, x_source, Source, Substituted};
 pub use problem::{ConvAct, ConvProblem};
-pub use render::{render, signature};
-pub use rule::{match_convs, refusals, BatchNorm, ConvCall, ConvMatch, ConvRule};
-pub use spec::{candidates, ConvSpec};
+pub use render::{op_code, render, signature};
+pub use rule::{
+    match_convs, refusals, substituted, with_layout, BatchNorm, ConvCall, ConvMatch, ConvRule,
+};
+pub use spec::{candidates, estimate, kernels_take, refusal, ConvSpec};
 
 use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Product, Spec};
-use super::{SweepCx, Unit};
-use crate::codegen::{OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId};
+use super::{SweepCx, Unit, Work};
+use crate::codegen::{OpCode, OpDef, Source as Code};
+use crate::graph::{Const, Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{Match, PatternKind, Rule};
-use crate::torch::Edit;
+use crate::torch::{Edit, Fold, FoldBn, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use std::collections::BTreeSet;
@@ -33,8 +40,9 @@ use std::collections::BTreeSet;
 /// What users call convolution patterns (`FACT_DISABLE=conv`).
 pub const CONV: PatternKind = PatternKind::new("conv");
 
-/// Why a convolution gets no kernel in this slice: the sweep's and the plan's words.
-pub const NO_KERNEL: &str = "no convolution op yet (issue 33: the sm90 fprop kernels compile; fact::conv and its bench come next): torch runs it";
+/// The schema of the convolution op: the graph's operands (which the fallback replays), the
+/// folded weight and bias the kernel reads, what the call replaced and the kernel.
+pub const CONV_OP_SCHEMA: &str = "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, Tensor? bn_mean, Tensor? bn_var, Tensor? residual, Tensor w_kernel, Tensor? b_kernel, str form, str kernel) -> Tensor";
 
 /// The convolution kind.
 pub struct Conv;
@@ -82,7 +90,10 @@ impl Kind for Conv {
     fn origin_of(&self, _m: &dyn Match) -> &'static str {
         "convolution"
     }
-    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, _arch: Arch) -> PlanFacts {
+    fn copies_of(&self, m: &dyn Match) -> Vec<String> {
+        copies(own_match::<ConvMatch>(m))
+    }
+    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
         let c = own_match::<ConvMatch>(m);
         PlanFacts {
             name: name(c),
@@ -91,7 +102,7 @@ impl Kind for Conv {
                 .into_iter()
                 .flatten()
                 .collect(),
-            notes: math.map(|m| notes(c, m)).unwrap_or_default(),
+            notes: math.map(|m| notes(c, m, arch)).unwrap_or_default(),
             pad: None,
         }
     }
@@ -105,8 +116,61 @@ impl Kind for Conv {
             k,
         }]
     }
-    fn edit(&self, _g: &Graph, _m: &dyn Match, kernel: &str) -> Edit {
-        unreachable!("no convolution kernel wins a sweep or reads back from a table, yet compose rewrites with {kernel}")
+    /// One kernel: the implicit GEMM, x, the weight, bias and residual read once and the output
+    /// written once, and each conversion the chain makes here (layout.rs) a copy of its own.
+    fn work(&self, m: &dyn Match, math: MathType) -> Option<Work> {
+        let c = own_match::<ConvMatch>(m);
+        let p = &c.problem;
+        if refusal(p, math).is_some() {
+            return None;
+        }
+        let bytes = p.dtype.bytes() as f64;
+        let [out_h, out_w] = p.output();
+        let x = (p.images * p.in_channels * p.height * p.width) as f64 * bytes;
+        let w =
+            (p.out_channels * p.in_channels / p.groups * p.filter[0] * p.filter[1]) as f64 * bytes;
+        let out = (p.images * p.out_channels * out_h * out_w) as f64 * bytes;
+        let mut total = x + w + out + if p.residual { out } else { 0.0 };
+        let mut launches = 1;
+        let mut note = "one kernel".to_string();
+        if matches!(c.x_from, Source::Nchw(_)) {
+            total += 2.0 * x;
+            launches += 1;
+            note += ", x converted to channels-last";
+        }
+        if c.out_nchw.is_some() {
+            total += 2.0 * out;
+            launches += 1;
+            note += ", the output converted back to NCHW";
+        }
+        Some(Work {
+            products: self.products(m),
+            bytes: total,
+            launches,
+            note,
+        })
+    }
+    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
+        edit(g, own_match::<ConvMatch>(m), kernel)
+    }
+    /// Each chain's layouts decided again over the chains that are substituted: a chain torch
+    /// keeps passes its input's layout on, so one before it hands back NCHW where a reader after
+    /// it needs that.
+    fn edits(&self, g: &Graph, found: &[(&dyn Match, &str)]) -> Vec<Edit> {
+        let matches: Vec<ConvMatch> = found
+            .iter()
+            .map(|(m, _)| own_match::<ConvMatch>(*m).clone())
+            .collect();
+        let subs = substituted(matches.iter());
+        let readers = g.readers();
+        matches
+            .into_iter()
+            .zip(found)
+            .map(|(mut m, (_, kernel))| {
+                with_layout(g, &readers, &subs, &mut m);
+                edit(g, &m, kernel)
+            })
+            .collect()
     }
     fn unmatched(&self, g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<(NodeId, String)> {
         refusals(g, matched)
@@ -150,12 +214,8 @@ impl Kind for Conv {
         CONV
     }
 
-    /// None yet: until `fact::conv` exists, a convolution winner in a table (which this version
-    /// never writes) is no spec it can act on.
-    fn spec_from_json(&self, _v: serde_json::Value) -> Result<Spec, serde_json::Error> {
-        Err(serde::de::Error::custom(
-            "this fact reads no convolution kernels from tables: fact::conv comes with the next slice of issue 33",
-        ))
+    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
+        serde_json::from_value::<ConvSpec>(v).map(Spec::from)
     }
     fn spec_name(&self, s: &Spec) -> String {
         spec(s).name()
@@ -172,11 +232,12 @@ impl Kind for Conv {
     fn spec_dtype(&self, s: &Spec) -> DType {
         spec(s).dtype
     }
-    fn render(&self, s: &Spec) -> Source {
+    fn render(&self, s: &Spec) -> Code {
         render::render(spec(s))
     }
-    fn unit(&self, _s: &Spec) -> Unit {
-        Unit::plain("conv")
+    /// One family per arch: CUTLASS 3's builder and CUTLASS 2's implicit GEMM share no unit.
+    fn unit(&self, s: &Spec) -> Unit {
+        Unit::plain(format!("conv_{}", spec(s).arch.short_name()))
     }
     fn dispatch(&self, s: &Spec) -> Dispatch {
         Dispatch {
@@ -188,28 +249,157 @@ impl Kind for Conv {
         }
     }
 
-    fn candidates(&self, _p: &Problem, _cx: &mut SweepCx) -> Result<Candidates, String> {
-        Ok(Candidates::None(NO_KERNEL.into()))
+    /// CUTLASS's generator's tiles for the arch, best estimate first, within the space's budget
+    /// (`--candidates` cuts further), less those that failed before; no agent.
+    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
+        let p = problem(p);
+        let specs = match candidates(p, cx.math, cx.arch) {
+            Ok(specs) => specs,
+            Err(why) => return Ok(Candidates::None(why)),
+        };
+        let mut specs: Vec<Spec> = specs
+            .into_iter()
+            .filter(|s| !cx.failed.contains(&s.name()))
+            .map(Spec::from)
+            .collect();
+        specs.truncate(cx.max_candidates.unwrap_or(cx.space.budget).max(1));
+        Ok(if specs.is_empty() {
+            Candidates::None(format!(
+                "every {} convolution kernel for it failed before",
+                cx.arch.short_name()
+            ))
+        } else {
+            Candidates::Kernels { specs, space: None }
+        })
     }
     fn bench<'l>(
         &self,
-        _lib: &'l KernelLibrary,
-        _p: &Problem,
-        _protocol: Protocol,
+        lib: &'l KernelLibrary,
+        p: &Problem,
+        protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Err(NO_KERNEL.into())
+        Ok(Box::new(ConvBench::new(lib, problem(p).clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {
-        &[]
+        &[OpDef {
+            name: "conv",
+            schema: CONV_OP_SCHEMA,
+            function: "conv",
+        }]
     }
-    /// No op yet: an empty section.
-    fn op_code(&self, _arch: Arch) -> OpCode {
-        OpCode {
-            prelude: String::new(),
-            body: String::new(),
+    fn op_code(&self, arch: Arch) -> OpCode {
+        op_code(arch)
+    }
+}
+
+/// What the op copies on every call: x where it comes from an NCHW producer, the output where a
+/// reader needs NCHW.
+fn copies(c: &ConvMatch) -> Vec<String> {
+    let mut out = vec![];
+    if let Source::Nchw(from) = &c.x_from {
+        out.push(format!("x to channels-last (it comes NCHW from {from})"));
+    }
+    if let Some(reader) = &c.out_nchw {
+        out.push(format!("the output back to NCHW (for {reader})"));
+    }
+    out
+}
+
+/// The match's graph rewrite (`Kind::edit`): `fact::conv` in place of the chain's last node,
+/// the chain's other nodes removed. The weight and bias the kernel reads are buffers the rewrite
+/// adds once, the BatchNorm folded in (`Operand::folded`); the graph's own operands go along for
+/// the fallback.
+pub fn edit(g: &Graph, c: &ConvMatch, kernel: &str) -> Edit {
+    let last = c.last();
+    let remove: Vec<NodeId> = c.nodes().into_iter().filter(|&n| n != last).collect();
+    let bn = c.bn.as_ref();
+    let fold = Fold {
+        weight: c.conv.weight,
+        bias: c.conv.bias,
+        bn: bn.map(|b| FoldBn {
+            weight: b.weight,
+            bias: b.bias,
+            mean: b.mean,
+            var: b.var,
+            eps: eps(g, b),
+        }),
+    };
+    let opt = |v: Option<usize>| Operand::optional(v);
+    Edit {
+        node: last as u32,
+        expect_kind: g.nodes[last].kind.clone(),
+        op: "fact::conv".to_string(),
+        operands: vec![
+            Operand::value(c.conv.x),
+            Operand::value(c.conv.weight),
+            opt(c.conv.bias),
+            Operand::value(c.conv.stride),
+            Operand::value(c.conv.padding),
+            Operand::value(c.conv.dilation),
+            Operand::value(c.conv.groups),
+            opt(bn.and_then(|b| b.weight)),
+            opt(bn.and_then(|b| b.bias)),
+            opt(bn.map(|b| b.mean)),
+            opt(bn.map(|b| b.var)),
+            opt(c.add.map(|a| a.1)),
+            Operand::folded(false, &fold),
+            if c.problem.bias {
+                Operand::folded(true, &fold)
+            } else {
+                Operand::none()
+            },
+            Operand::text(&form(g, c)),
+            Operand::text(kernel),
+        ],
+        remove_kinds: remove.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        remove: remove.into_iter().map(|n| n as u32).collect(),
+        outputs: vec![],
+        output_kinds: vec![],
+    }
+}
+
+/// The BatchNorm's eps (the rule matched it only as a number).
+fn eps(g: &Graph, b: &BatchNorm) -> f64 {
+    g.constant(b.eps)
+        .and_then(Const::as_f64)
+        .expect("a matched BatchNorm's eps is a constant")
+}
+
+/// The op's `form`: the convolution as the graph wrote it (`_convolution` with its flags), the
+/// BatchNorm's eps and cudnn flag, the activation, and the layout the output is handed back in.
+pub fn form(g: &Graph, c: &ConvMatch) -> String {
+    let node = &g.nodes[c.conv.node];
+    let flag = |v: usize| match g.constant(v) {
+        Some(Const::Bool(true)) => '1',
+        _ => '0',
+    };
+    let mut parts = vec![match node.kind.as_str() {
+        "aten::_convolution" => format!(
+            "_convolution:{}",
+            node.inputs[9..]
+                .iter()
+                .map(|&v| flag(v))
+                .collect::<String>()
+        ),
+        _ => "conv2d".to_string(),
+    }];
+    if let Some(b) = &c.bn {
+        let cudnn = flag(g.nodes[b.node].inputs[8]);
+        parts.push(format!("bn:{:?}:{cudnn}", eps(g, b)));
+    }
+    if let Some((_, a)) = c.act {
+        parts.push(format!("act:{}", a.name()));
+    }
+    parts.push(
+        if c.out_nchw.is_some() {
+            "out:nchw"
+        } else {
+            "out:cl"
         }
-    }
+        .into(),
+    );
+    parts.join(";")
 }
 
 /// `conv2d 32x64x56x56 → 256 1x1 s1 p0 + bn + add + relu`: the input as the graph lays it out
@@ -254,9 +444,9 @@ fn name(c: &ConvMatch) -> String {
     s
 }
 
-/// What the plan says of the match: its implicit GEMM, the folding compose will do, and that no
-/// kernel computes it yet.
-fn notes(c: &ConvMatch, math: MathType) -> Vec<String> {
+/// What the plan says of the match: its implicit GEMM, the folding compose does, where its
+/// tensors' layouts change, and the kernel family that computes it or why none does.
+fn notes(c: &ConvMatch, math: MathType, arch: Arch) -> Vec<String> {
     let p = &c.problem;
     let (m, n, k) = p.gemm();
     let [out_h, out_w] = p.output();
@@ -268,13 +458,37 @@ fn notes(c: &ConvMatch, math: MathType) -> Vec<String> {
         p.filter[1],
         math.short_name()
     )];
+    if let Some(why) = refusal(p, math) {
+        notes.push(format!("no kernel: {why}"));
+        return notes;
+    }
     if c.bn.is_some() {
         notes.push(
-            "the eval-mode BatchNorm is a per-channel scale and bias: folded into the weights and bias once, at compose time"
+            "the eval-mode BatchNorm is a per-channel scale and bias: folded into the weights and bias once, at compose time (module buffers; the fallback replays the BatchNorm on the module's own parameters)"
                 .into(),
         );
     }
-    notes.push(NO_KERNEL.into());
+    notes.push(match &c.x_from {
+        Source::Chain(node) => {
+            format!("x channels-last from the convolution at node {node}: read in place")
+        }
+        Source::Strided(op) => {
+            format!("x channels-last as the graph lays it out ({op}): read in place")
+        }
+        Source::Nchw(from) => {
+            format!("x converted to channels-last on every call: it comes NCHW from {from}")
+        }
+    });
+    notes.push(match &c.out_nchw {
+        None => "the output stays channels-last: every reader takes it".into(),
+        Some(reader) => format!(
+            "the output handed back in NCHW for {reader} (the channels-last chain ends here)"
+        ),
+    });
+    notes.push(match arch {
+        Arch::Sm90 => "CUTLASS's sm90 conv collective builder: TMA im2col loads, warp-specialized GMMA; bias, residual and activation in its epilogue",
+        Arch::Sm80 => "CUTLASS's sm80 ImplicitGemmConvolution: multistage cp.async, mma.sync; bias, residual and activation in its epilogue",
+    }.into());
     notes
 }
 
@@ -323,7 +537,19 @@ mod tests {
         assert!(facts.notes[0].starts_with(
             "an implicit GEMM of M = N·P·Q = 32·14·14 = 6272, N = K = 1024, K = C·R·S = 256·1·1 = 256"
         ));
-        assert_eq!(facts.notes.last().unwrap(), NO_KERNEL);
+        // x is the graph's input and the output is returned: the op converts both ways.
+        let notes = facts.notes.join("\n");
+        for note in [
+            "folded into the weights and bias once",
+            "x converted to channels-last on every call: it comes NCHW from the graph's input",
+            "the output handed back in NCHW for the graph's output",
+            "sm90 conv collective builder",
+        ] {
+            assert!(notes.contains(note), "{note}: {notes}");
+        }
+        assert_eq!(Conv.copies_of(m).len(), 2);
+        let f32_accurate = Conv.plan_facts(m, Some(MathType::Tf32x3), Arch::Sm90);
+        assert!(f32_accurate.notes[1].starts_with("no kernel: f32-accurate"));
         // The cost model prices the convolution node at the tensor-core rate: its FLOPs are the
         // GEMM's, not one per output element.
         let products = found.products();
@@ -345,20 +571,132 @@ mod tests {
     }
 
     #[test]
-    fn the_problem_is_the_chains_and_no_spec_reads_back() {
+    fn the_problem_is_the_chains_and_its_winner_reads_back() {
         let g = Graph::parse(BLOCK).unwrap();
         let p = Conv.problem_of(&match_convs(&g).pop().unwrap());
         assert_eq!(p.rule_id(), "conv2d_s1_p0_d1_bias_add_relu");
         assert_eq!(p.shape_key(), "32x14x14x256x1024x1x1");
         assert_eq!(p.math(Precision::F32), Some(MathType::Bf16));
-        let s = candidates(own("problem", p.get()), Arch::Sm90)
-            .unwrap()
-            .remove(0);
-        let json = serde_json::to_value(Spec::from(s)).unwrap();
-        assert!(Conv
-            .spec_from_json(json)
-            .unwrap_err()
-            .to_string()
-            .contains("fact::conv"));
+        for arch in Arch::ALL {
+            let s = candidates(own("problem", p.get()), MathType::Bf16, arch)
+                .unwrap()
+                .remove(0);
+            let spec = Spec::from(s);
+            let json = serde_json::to_value(&spec).unwrap();
+            assert_eq!(Conv.spec_from_json(json).unwrap(), spec);
+        }
+    }
+
+    /// The edit: `fact::conv` at the ReLU, the convolution, BatchNorm and add removed, the graph's
+    /// operands for the fallback, the folded weight and bias, the form.
+    #[test]
+    fn the_edit_replaces_the_chain_with_one_call_on_folded_buffers() {
+        let g = Graph::parse(BLOCK).unwrap();
+        let m = match_convs(&g).pop().unwrap();
+        let e = edit(&g, &m, "k");
+        let id = |name: &str| g.values.iter().position(|v| v.name == name).unwrap();
+        let node = |name: &str| g.values[id(name)].producer.unwrap() as u32;
+        assert_eq!((e.node, e.expect_kind.as_str()), (node("a"), "aten::relu_"));
+        assert_eq!(e.op, "fact::conv");
+        assert_eq!(e.remove, vec![node("y"), node("n"), node("s")]);
+        assert_eq!(
+            e.remove_kinds,
+            ["aten::_convolution", "aten::batch_norm", "aten::add_"]
+        );
+        let values: Vec<u32> = e.operands[..12].iter().map(|o| o.value).collect();
+        assert_eq!(
+            values,
+            [
+                id("x"),
+                id("w"),
+                0,
+                id("l1"),
+                id("l0"),
+                id("l1"),
+                id("one"),
+                id("g"),
+                id("be"),
+                id("mu"),
+                id("var"),
+                id("r")
+            ]
+            .map(|v| v as u32)
+        );
+        use crate::torch::OperandKind;
+        assert!(e.operands[2].kind == OperandKind::None);
+        let (w, b) = (&e.operands[12], &e.operands[13]);
+        assert!(w.kind == OperandKind::Folded && b.kind == OperandKind::Folded);
+        assert_eq!((w.int_value, b.int_value, w.text.as_str()), (0, 1, "1e-5"));
+        let absent = crate::torch::ABSENT;
+        assert_eq!(
+            w.values,
+            [
+                id("w") as u32,
+                absent,
+                id("g") as u32,
+                id("be") as u32,
+                id("mu") as u32,
+                id("var") as u32
+            ]
+        );
+        assert_eq!(
+            e.operands[14].text,
+            "_convolution:0011;bn:1e-5:1;act:relu;out:nchw"
+        );
+        assert_eq!(e.operands[15].text, "k");
+        // The convolution alone substituted (its BatchNorm, add and ReLU left to torch, which
+        // keep its layout up to the graph's output): without BatchNorm or bias, the weight is
+        // still laid out for the kernel; no bias; the output back in NCHW.
+        let plain = match_convs(&g).remove(0);
+        let e = Conv.edits(&g, &[(&plain, "k")]).remove(0);
+        assert_eq!(e.node, node("y"));
+        assert!(e.remove.is_empty());
+        assert!(e.operands[12].kind == OperandKind::Folded && e.operands[12].text.is_empty());
+        assert!(e.operands[13].kind == OperandKind::None);
+        assert_eq!(e.operands[14].text, "_convolution:0011;out:nchw");
+    }
+
+    /// Without a measurement the plan prices the kernel with the cost model: one pass over its
+    /// tensors in place of the convolution's, the BatchNorm's, the add's and the ReLU's, less
+    /// the conversions this chain makes.
+    #[test]
+    fn the_plan_estimates_the_gain_from_the_passes_the_kernel_saves() {
+        let g = Graph::parse(BLOCK).unwrap();
+        let found = crate::kinds::registry::match_patterns(&g);
+        let opts = crate::plan::PlanOptions {
+            arch: Arch::Sm90,
+            precision: Precision::Tf32,
+            assumed_speedup: 1.05,
+        };
+        let plan = crate::plan::plan(
+            &g,
+            &found,
+            &opts,
+            None,
+            &mut crate::agent::Steward::builtin(),
+        );
+        let p = &plan.patterns[0];
+        assert!(
+            p.speedup_source.starts_with("estimated by the cost model (one kernel, x converted to channels-last, the output converted back to NCHW)"),
+            "{}",
+            p.speedup_source
+        );
+        assert!(p.expected_speedup > 1.05, "{}", p.expected_speedup);
+        // Read in place and handed on channels-last, the same chain saves more.
+        let m = found.of::<ConvMatch>()[0];
+        let inside = ConvMatch {
+            x_from: Source::Chain(0),
+            out_nchw: None,
+            ..m.clone()
+        };
+        let price = |m: &ConvMatch| {
+            crate::plan::price(
+                &Conv.work(m, MathType::Bf16).unwrap(),
+                Arch::Sm90,
+                Precision::Tf32,
+                DType::Bf16,
+            )
+        };
+        assert!(price(&inside) < price(m));
     }
 }

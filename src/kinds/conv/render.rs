@@ -1,20 +1,43 @@
-//! The convolution kernel's translation unit rendered from templates/sm90_conv.cu.hbs: CUTLASS's
-//! sm90 conv collective builder with the problem's epilogue as one of CUTLASS's fusion operations
-//! (bias per column, that is per output channel, and the activation; the residual as C). Pure,
-//! like every rendering: the same spec renders the same text.
+//! The convolution kind's templates rendered: the kernel's translation unit, one template per
+//! family (templates/sm90_conv.cu.hbs: CUTLASS's sm90 conv collective builder with the problem's
+//! epilogue as one of CUTLASS's fusion operations, bias per column, that is per output channel,
+//! and the activation, the residual as C; templates/sm80_conv.cu.hbs: CUTLASS 2's
+//! `ImplicitGemmConvolution` with the broadcast epilogue, the bias its vector, the residual its
+//! C), both reading the ABI's call through one partial (templates/conv_call.hbs), and its
+//! section of the torch op library (templates/conv_op.cpp.hbs: `fact::conv` and its fallback,
+//! the replaced ops). Pure, like every rendering: the same spec renders the same text.
 
 use super::problem::ConvAct;
 use super::spec::ConvSpec;
-use crate::codegen::{self, Source};
+use crate::codegen::{self, OpCode, Source};
+use crate::types::Arch;
 use handlebars::Handlebars;
 use serde_json::json;
 use std::sync::OnceLock;
 
 const KERNEL: &str = include_str!("templates/sm90_conv.cu.hbs");
+const KERNEL80: &str = include_str!("templates/sm80_conv.cu.hbs");
+const CALL: &str = include_str!("templates/conv_call.hbs");
+const OP: &str = include_str!("templates/conv_op.cpp.hbs");
 
 fn templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
-    R.get_or_init(|| codegen::templates(&[], &[("sm90_conv", KERNEL)]))
+    R.get_or_init(|| {
+        codegen::templates(
+            &[("conv_call", CALL)],
+            &[("sm90_conv", KERNEL), ("sm80_conv", KERNEL80), ("op", OP)],
+        )
+    })
+}
+
+/// The convolution section of the op library for `arch`.
+pub fn op_code(arch: Arch) -> OpCode {
+    OpCode {
+        prelude: String::new(),
+        body: templates()
+            .render("op", &codegen::op_vars(arch))
+            .expect("the conv op renders"),
+    }
 }
 
 /// CUTLASS's functor for the activation (`Identity` for none).
@@ -45,26 +68,45 @@ fn fusion(s: &ConvSpec) -> String {
     }
 }
 
-/// The translation unit of one convolution kernel.
+/// The translation unit of one convolution kernel, from its family's template.
 pub fn render(s: &ConvSpec) -> Source {
     let name = s.name();
     let [tm, tn, tk] = s.conv_tile;
     let [cm, cn, ck] = s.conv_cluster;
-    let vars = json!({
+    let mut vars = json!({
         "name": name,
         "spec_json": serde_json::to_string(s).expect("spec serializes"),
         "element": s.dtype.cutlass_tag(),
         "dtype_abi": codegen::dtype_abi(s.dtype),
         "math": s.math_name(),
         "tile_m": tm, "tile_n": tn, "tile_k": tk,
-        "cluster_m": cm, "cluster_n": cn, "cluster_k": ck,
         "bias": s.bias,
         "residual": s.residual,
         "act": s.act.map(ConvAct::name).unwrap_or_default(),
-        "fusion": fusion(s),
     });
+    let template = match (s.conv_warps, s.conv_stages) {
+        (Some([wm, wn, _]), Some(stages)) => {
+            vars["warp_m"] = json!(tm / wm);
+            vars["warp_n"] = json!(tn / wn);
+            vars["stages"] = json!(stages);
+            vars["instruction"] = json!(if s.dtype == crate::types::DType::F32 {
+                "16, 8, 8"
+            } else {
+                "16, 8, 16"
+            });
+            vars["act_functor"] = json!(act_functor(s.act));
+            "sm80_conv"
+        }
+        _ => {
+            vars["cluster_m"] = json!(cm);
+            vars["cluster_n"] = json!(cn);
+            vars["cluster_k"] = json!(ck);
+            vars["fusion"] = json!(fusion(s));
+            "sm90_conv"
+        }
+    };
     let text = templates()
-        .render("sm90_conv", &vars)
+        .render(template, &vars)
         .unwrap_or_else(|e| panic!("rendering {name}: {e}"));
     Source {
         file_name: format!("{name}.cu"),
@@ -93,6 +135,8 @@ mod tests {
             dtype: DType::Bf16,
             conv_tile: [128, 128, 64],
             conv_cluster: [1, 1, 1],
+            conv_warps: None,
+            conv_stages: None,
             bias: true,
             residual: true,
             act: Some(ConvAct::Relu),
@@ -137,6 +181,63 @@ mod tests {
     }
 
     #[test]
+    fn the_op_section_is_golden_and_replays_the_graphs_ops() {
+        let body = op_code(Arch::Sm90).body;
+        expect_test::expect_file!["../../../tests/golden/conv_op.cpp"].assert_eq(&body);
+        for call in [
+            "at::conv2d(x, weight, bias, stride, padding, dilation, groups)",
+            "at::_convolution(x, weight, bias, stride, padding, dilation, false, output_padding, groups",
+            "at::batch_norm(y, bn_weight, bn_bias, bn_mean, bn_var, false, 0.1, f.eps, f.bn_cudnn)",
+            "at::hardswish(y)",
+            "count_fell_back(kernel, why)",
+            "disabled(kConvKind)",
+            "at::MemoryFormat::ChannelsLast",
+        ] {
+            assert!(body.contains(call), "{call}");
+        }
+        assert!(op_code(Arch::Sm80).body.contains("(an sm80 library)"));
+    }
+
+    #[test]
+    fn sm80_conv_render_is_golden_and_carries_the_epilogue() {
+        let s = ConvSpec {
+            arch: Arch::Sm80,
+            conv_tile: [128, 128, 32],
+            conv_warps: Some([2, 2, 1]),
+            conv_stages: Some(4),
+            ..spec()
+        };
+        assert_eq!(s.invalid_reason(), None);
+        let text = render(&s).text;
+        expect_test::expect_file![
+            "../../../tests/golden/sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80.cu"
+        ]
+        .assert_eq(&text);
+        for line in [
+            "using WarpShape = cutlass::gemm::GemmShape<64, 64, 32>;",
+            "using InstructionShape = cutlass::gemm::GemmShape<16, 8, 16>;",
+            "cutlass::epilogue::thread::ReLu<ElementCompute>, cutlass::plus<ElementCompute>, false, Element>;",
+            "{ElementCompute(1), ElementCompute(1)},",
+            "if (!channels_last(r)) return false;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        let tf32 = render(&ConvSpec {
+            dtype: crate::types::DType::F32,
+            conv_tile: [128, 128, 16],
+            residual: false,
+            act: None,
+            ..s.clone()
+        })
+        .text;
+        assert!(
+            tf32.contains("GemmShape<16, 8, 8>")
+                && tf32.contains("thread::Identity<ElementCompute>")
+        );
+        assert!(tf32.contains("{ElementCompute(1), ElementCompute(0)},"));
+    }
+
+    #[test]
     fn every_candidate_renders() {
         let p = ConvProblem {
             images: 32,
@@ -154,7 +255,9 @@ mod tests {
             residual: false,
             act: Some(ConvAct::Silu),
         };
-        for s in super::super::spec::candidates(&p, Arch::Sm90).unwrap() {
+        for s in
+            super::super::spec::candidates(&p, crate::types::MathType::F16, Arch::Sm90).unwrap()
+        {
             let text = render(&s).text;
             assert!(text.contains(&format!("fact_k_{}_run", s.name())));
             assert!(text.contains("using Element = cutlass::half_t;"));

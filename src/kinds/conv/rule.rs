@@ -24,7 +24,9 @@
 //! residual add that two chains reach (a bottleneck's last convolution and its downsample's) goes
 //! to the one the cover prefers, and the other keeps the chain before the add.
 
+use super::layout::{nchw_reader, x_source, Source, Substituted};
 use super::problem::{ConvAct, ConvProblem};
+use super::spec::kernels_take;
 use super::CONV;
 use crate::graph::{Const, Graph, NodeId, ValueId};
 use crate::rules::{boxed, views, Match, PatternKind, Rule};
@@ -63,6 +65,12 @@ pub struct ConvMatch {
     pub add: Option<(NodeId, ValueId)>,
     pub act: Option<(NodeId, ConvAct)>,
     pub problem: ConvProblem,
+    /// Where x comes from, as far as its layout goes (layout.rs): a channels-last chain or an
+    /// NCHW producer the op converts on every call.
+    pub x_from: Source,
+    /// The reader of the pattern's output that needs torch's default strides (so the op hands
+    /// its output back in NCHW), if there is one.
+    pub out_nchw: Option<String>,
 }
 
 impl ConvMatch {
@@ -101,13 +109,39 @@ impl Rule for ConvRule {
     }
 }
 
-/// Every chain of every matching convolution of the top-level block, each prefix its own match.
+/// Every chain of every matching convolution of the top-level block, each prefix its own match,
+/// its layouts (`x_from`, `out_nchw`) as they would be were every chain a kernel takes
+/// substituted (the plan's view; compose's edit decides them again over the chains it
+/// substitutes, `with_layout`).
 pub fn match_convs(g: &Graph) -> Vec<ConvMatch> {
     let readers = g.readers();
-    conv_nodes(g)
-        .filter_map(|n| conv(g, n).ok())
+    let mut all: Vec<ConvMatch> = conv_nodes(g)
+        .filter_map(|n| conv_call(g, n).ok())
         .flat_map(|(call, problem)| chains(g, &readers, call, problem))
-        .collect()
+        .collect();
+    let subs = substituted(all.iter().filter(|m| kernels_take(&m.problem)));
+    for m in &mut all {
+        with_layout(g, &readers, &subs, m);
+    }
+    all
+}
+
+/// The nodes of `matches`, each mapped to its convolution (layout.rs's `Substituted`).
+pub fn substituted<'a>(matches: impl Iterator<Item = &'a ConvMatch>) -> Substituted {
+    let mut out = Substituted::new();
+    for m in matches {
+        for n in m.nodes() {
+            out.insert(n, m.conv.node);
+        }
+    }
+    out
+}
+
+/// Sets where `m`'s x comes from and whether its output goes back to NCHW, were `subs`
+/// substituted.
+pub fn with_layout(g: &Graph, readers: &[Vec<NodeId>], subs: &Substituted, m: &mut ConvMatch) {
+    m.x_from = x_source(g, readers, subs, m.conv.x);
+    m.out_nchw = nchw_reader(g, readers, subs, g.nodes[m.last()].outputs[0]);
 }
 
 /// The top-level convolution nodes, matched or not.
@@ -125,7 +159,7 @@ fn conv_nodes(g: &Graph) -> impl Iterator<Item = NodeId> + '_ {
 pub fn refusals(g: &Graph, matched: &std::collections::BTreeSet<NodeId>) -> Vec<(NodeId, String)> {
     conv_nodes(g)
         .filter(|n| !matched.contains(n))
-        .filter_map(|n| conv(g, n).err().map(|why| (n, why)))
+        .filter_map(|n| conv_call(g, n).err().map(|why| (n, why)))
         .collect()
 }
 
@@ -172,7 +206,7 @@ fn channel_param(
 }
 
 /// The convolution at `n` as the rule reads it, or why it stays torch's.
-fn conv(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
+pub(super) fn conv_call(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
     let node = &g.nodes[n];
     let i = &node.inputs;
     // (x, w, b, stride, padding, dilation, transposed, output_padding, groups, ...) or
@@ -227,7 +261,7 @@ fn conv(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
     };
     if groups != 1 {
         return Err(format!(
-            "groups = {groups} (grouped and depthwise convolutions stay torch's for now)"
+            "groups = {groups}: grouped and depthwise convolutions stay torch's (CUTLASS's sm90 conv builder computes groups of 1; its sm80 grouped and depthwise kernels are not yet measured against cuDNN)"
         ));
     }
     if !g.is_attribute(w) {
@@ -386,6 +420,8 @@ fn chains(
         add: None,
         act: None,
         problem,
+        x_from: Source::Nchw(String::new()),
+        out_nchw: None,
     };
     let mut y = g.nodes[at.conv.node].outputs[0];
     let mut out = vec![at.clone()];

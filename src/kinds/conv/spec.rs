@@ -1,23 +1,46 @@
-//! The convolution kernel spec: an sm90 implicit-GEMM fprop through CUTLASS's conv collective
-//! builder (TMA, warp-specialized GMMA; NHWC activations, KRSC filters), its epilogue the problem's
-//! own: bias per output channel, the residual as the C operand (beta 1), the activation. Its name
-//! is its identity: `sm90_conv2d_fprop_<math>_<tile>_<cluster>[_bias][_add][_<act>]`. Operands
-//! are 16-byte aligned rows of channels (TMA's requirement), so C and K are multiples of 16 bytes.
+//! The convolution kernel spec and its candidate space. Two families, one per arch, both
+//! implicit-GEMM fprop over channels-last tensors (NHWC activations, KRSC filters) with the
+//! problem's own epilogue: bias per output channel, the residual as the C operand (beta 1), the
+//! activation.
+//! - sm90: CUTLASS 3's conv collective builder (TMA im2col loads, warp-specialized GMMA, one
+//!   consumer warpgroup: the builder's only conv schedule), a tile and a thread-block cluster.
+//!   Named `sm90_conv2d_fprop_<math>_<tile>_<cluster>[_bias][_add][_<act>]`.
+//! - sm80: CUTLASS 2's `ImplicitGemmConvolution` (`DefaultConv2dFprop`, multistage cp.async,
+//!   mma.sync), a tile, its warps and the pipeline's stages; the epilogue through
+//!   `DefaultConv2dFpropWithBroadcast`. Named `sm80_conv2d_fprop_<math>_<tile>_<warps>_s<stages>
+//!   [_bias][_add][_<act>]_for_sm80`, as every kernel built for sm80 is.
+//!
+//! The space is CUTLASS's generator's: the tiles and clusters `GenerateSM90_Conv3x` instantiates
+//! for 16-bit and tf32 fprop (bf16 and fp16 share their GMMA shapes, so both take the union of
+//! the two lists), with the 1x1x1 cluster it calls valid, and the tile descriptions
+//! `GenerateSM80_TensorOp_16816` and `_1688` hand its conv2d operators. A small estimate (waves of
+//! tiles, the K loop's fill and the accumulators a thread holds) orders them within each tile
+//! height, the heights taking turns; measurement picks.
+//! Operands are rows of 16 bytes of channels (TMA's and the optimized iterators' access), so C and
+//! K are multiples of 8 (16-bit) or 4 (fp32) channels.
 
 use super::problem::{ConvAct, ConvProblem};
-use crate::types::{Arch, DType};
+use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 
 /// One convolution kernel. Its field names are none of another kind's spec (`conv_tile`,
 /// `conv_cluster`), so an untagged table value parses as this kind only.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ConvSpec {
+    /// The family: sm90's or sm80's (the library's nvcc target).
     pub arch: Arch,
     /// The tensors' type; f32 tensors multiply in tf32.
     pub dtype: DType,
     /// The CTA's tile of the implicit GEMM: output pixels × output channels × reduction.
     pub conv_tile: [u32; 3],
+    /// sm90: the thread-block cluster; sm80: 1x1x1.
     pub conv_cluster: [u32; 3],
+    /// sm80: the warps the tile is split among (M, N, K); absent on sm90.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_warps: Option<[u32; 3]>,
+    /// sm80: the mainloop's pipeline stages; absent on sm90 (the builder fills shared memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_stages: Option<u32>,
     pub bias: bool,
     pub residual: bool,
     pub act: Option<ConvAct>,
@@ -35,9 +58,14 @@ impl ConvSpec {
         let [tm, tn, tk] = self.conv_tile;
         let [cm, cn, ck] = self.conv_cluster;
         let mut s = format!(
-            "sm90_conv2d_fprop_{}_{tm}x{tn}x{tk}_{cm}x{cn}x{ck}",
+            "{}_conv2d_fprop_{}_{tm}x{tn}x{tk}",
+            self.arch.short_name(),
             self.math_name()
         );
+        match (self.conv_warps, self.conv_stages) {
+            (Some([wm, wn, wk]), Some(stages)) => s += &format!("_{wm}x{wn}x{wk}_s{stages}"),
+            _ => s += &format!("_{cm}x{cn}x{ck}"),
+        }
         if self.bias {
             s += "_bias";
         }
@@ -48,86 +76,291 @@ impl ConvSpec {
             s += "_";
             s += a.name();
         }
+        if self.arch == Arch::Sm80 {
+            s += "_for_sm80";
+        }
         s
     }
     /// The elements of one 16-byte access: what C and K must be multiples of.
     pub fn align(&self) -> u32 {
         16 / self.dtype.bytes() as u32
     }
-    /// Why CUTLASS's builder would refuse the kernel, if it would: a tile of 64 or 128 output
-    /// pixels (one or two consumer warpgroups), 64 to 256 channels in steps of 16 (the GMMA's N),
-    /// a reduction step of 128 bytes (four GMMAs' K, as CUTLASS's generator instantiates), clusters
-    /// of 1 or 2 along one dim.
+    /// The tensor-core instruction's K: 8 for tf32, 16 for 16-bit types (sm80's mma.sync and
+    /// sm90's GMMA alike).
+    fn mma_k(&self) -> u32 {
+        if self.dtype == DType::F32 {
+            8
+        } else {
+            16
+        }
+    }
+    /// Why CUTLASS would refuse the kernel, if it would.
     pub fn invalid_reason(&self) -> Option<String> {
         let [tm, tn, tk] = self.conv_tile;
-        let k_bytes = tk as usize * self.dtype.bytes();
-        if !matches!(tm, 64 | 128) {
-            return Some(format!("tile M {tm}: 64 or 128 output pixels"));
-        }
-        if !(64..=256).contains(&tn) || tn % 16 != 0 {
-            return Some(format!("tile N {tn}: 64 to 256 channels in steps of 16"));
-        }
-        if !matches!(k_bytes, 64 | 128) {
+        if tk % self.mma_k() != 0 {
             return Some(format!(
-                "tile K {tk}: 64 or 128 bytes of {}",
-                self.dtype.short_name()
+                "tile K {tk}: a multiple of the instruction's K {}",
+                self.mma_k()
             ));
         }
-        let [cm, cn, ck] = self.conv_cluster;
-        if ck != 1 || !matches!((cm, cn), (1, 1) | (2, 1) | (1, 2)) {
-            return Some(format!("cluster {cm}x{cn}x{ck}: 1x1x1, 2x1x1 or 1x2x1"));
+        match (self.arch, self.conv_warps, self.conv_stages) {
+            (Arch::Sm90, None, None) => {
+                let k_bytes = tk as usize * self.dtype.bytes();
+                if !matches!(tm, 64 | 128 | 256) {
+                    return Some(format!("tile M {tm}: 64, 128 or 256 output pixels"));
+                }
+                if !(32..=256).contains(&tn) || tn % 8 != 0 {
+                    return Some(format!("tile N {tn}: 32 to 256 channels in steps of 8"));
+                }
+                if !matches!(k_bytes, 64 | 128) {
+                    return Some(format!(
+                        "tile K {tk}: 64 or 128 bytes of {}",
+                        self.dtype.short_name()
+                    ));
+                }
+                let [cm, cn, ck] = self.conv_cluster;
+                if ck != 1 || !matches!((cm, cn), (1, 1) | (2, 1) | (1, 2)) {
+                    return Some(format!("cluster {cm}x{cn}x{ck}: 1x1x1, 2x1x1 or 1x2x1"));
+                }
+                None
+            }
+            (Arch::Sm80, Some([wm, wn, wk]), Some(stages)) => {
+                if self.conv_cluster != [1, 1, 1] {
+                    return Some("sm80 kernels have no clusters".into());
+                }
+                if wk != 1 || wm == 0 || wn == 0 || tm % (16 * wm) != 0 || tn % (8 * wn) != 0 {
+                    return Some(format!(
+                        "warps {wm}x{wn}x{wk}: the tile {tm}x{tn} split into whole warp tiles"
+                    ));
+                }
+                let smem = stages as usize * (tm + tn) as usize * tk as usize * self.dtype.bytes();
+                if !(2..=10).contains(&stages) || smem > Arch::Sm80.hardware().smem_per_cta as usize
+                {
+                    return Some(format!(
+                        "{stages} stages of {tm}x{tn}x{tk}: 2 to 10 within the A100's shared memory"
+                    ));
+                }
+                None
+            }
+            (arch, ..) => Some(format!(
+                "an {} kernel takes {}",
+                arch.short_name(),
+                match arch {
+                    Arch::Sm90 => "a cluster and no warps or stages",
+                    Arch::Sm80 => "warps and stages",
+                }
+            )),
         }
-        None
+    }
+    /// Accumulators one thread holds: sm90's one consumer warpgroup (128 threads) holds the
+    /// whole tile; sm80's warps share it, 32 threads each.
+    fn accumulators_per_thread(&self) -> u32 {
+        let [tm, tn, _] = self.conv_tile;
+        let threads = match self.conv_warps {
+            Some([wm, wn, wk]) => 32 * wm * wn * wk,
+            None => 128,
+        };
+        tm * tn / threads
     }
 }
 
-/// The tiles a first sweep tries for `p` on sm90, or why there are none.
-pub fn candidates(p: &ConvProblem, arch: Arch) -> Result<Vec<ConvSpec>, String> {
-    if arch != Arch::Sm90 {
-        return Err(format!(
-            "no {} convolution kernel: the first ones are sm90's",
-            arch.short_name()
-        ));
-    }
+/// Whether a kernel of either family can run `p` at all: groups of 1 and channels in 16-byte
+/// rows. The plan's layout note and the sweep ask the same.
+pub fn kernels_take(p: &ConvProblem) -> bool {
+    p.groups == 1 && p.alignment() as usize * p.dtype.bytes() == 16
+}
+
+/// Why no kernel of `arch` computes `p` under `math`, if none does.
+pub fn refusal(p: &ConvProblem, math: MathType) -> Option<String> {
     if p.groups != 1 {
-        return Err(format!(
+        return Some(format!(
             "groups = {}: the kernels compute groups of 1",
             p.groups
         ));
     }
-    let spec = |tile, cluster| ConvSpec {
+    if math == MathType::Tf32x3 {
+        return Some(
+            "f32-accurate: CUTLASS's conv builders multiply tf32 once (no 3xTF32 convolution); torch runs it in fp32"
+                .into(),
+        );
+    }
+    let align = 16 / p.dtype.bytes() as i64;
+    if !kernels_take(p) {
+        return Some(format!(
+            "C = {} and K = {} must be multiples of {align} (16-byte rows of channels, the kernels' loads)",
+            p.in_channels, p.out_channels
+        ));
+    }
+    None
+}
+
+/// sm90's tiles (M, N, K in elements) and clusters from `GenerateSM90_Conv3x`: for 16-bit types
+/// the bf16 and fp16 lists (mma K 8 and 16, so tile K 32 and 64), for tf32 its own (mma K 8:
+/// tile K 32), each with the unit tests' 64x64 tile.
+fn sm90_tiles(dtype: DType) -> Vec<([u32; 3], [u32; 3])> {
+    let two = [2, 1, 1];
+    let one = [1, 1, 1];
+    let mut out = vec![];
+    if dtype == DType::F32 {
+        for mn in [[128, 192], [128, 256], [256, 128], [256, 96]] {
+            out.push(([mn[0], mn[1], 32], two));
+        }
+        out.push(([64, 64, 32], two));
+        out.push(([64, 64, 32], [1, 2, 1]));
+        return out;
+    }
+    for k in [32, 64] {
+        for mn in [[128, 192], [128, 256], [256, 96], [256, 128]] {
+            out.push(([mn[0], mn[1], k], two));
+        }
+        for mn in [
+            [64, 64],
+            [64, 128],
+            [64, 256],
+            [128, 128],
+            [128, 256],
+            [256, 64],
+            [256, 128],
+        ] {
+            out.push(([mn[0], mn[1], k], one));
+        }
+    }
+    out.push(([64, 64, 64], two));
+    out.push(([64, 64, 64], [1, 2, 1]));
+    out
+}
+
+/// sm80's tile descriptions (tile, warps, stages) from `GenerateSM80_TensorOp_16816` (16-bit)
+/// and `GenerateSM80_TensorOp_1688` (tf32), which its conv2d operators take.
+fn sm80_tiles(dtype: DType) -> Vec<([u32; 3], [u32; 3], u32)> {
+    let rows: &[([u32; 3], [u32; 2], u32)] = if dtype == DType::F32 {
+        &[
+            ([256, 128, 16], [4, 2], 3),
+            ([128, 256, 16], [2, 4], 3),
+            ([256, 64, 16], [4, 1], 4),
+            ([64, 256, 16], [1, 4], 4),
+            ([128, 128, 16], [2, 2], 5),
+            ([128, 128, 16], [2, 2], 4),
+            ([128, 128, 16], [2, 2], 3),
+            ([128, 64, 16], [2, 2], 6),
+            ([64, 128, 16], [2, 2], 6),
+            ([64, 64, 16], [2, 2], 10),
+            ([256, 128, 32], [4, 2], 3),
+            ([128, 256, 32], [2, 4], 3),
+            ([256, 64, 32], [4, 1], 4),
+            ([64, 256, 32], [1, 4], 4),
+            ([128, 128, 32], [2, 2], 4),
+            ([128, 128, 32], [2, 2], 3),
+            ([128, 64, 32], [2, 2], 3),
+            ([64, 128, 32], [2, 2], 3),
+            ([64, 64, 32], [2, 2], 5),
+        ]
+    } else {
+        &[
+            ([256, 128, 32], [4, 2], 3),
+            ([128, 256, 32], [2, 4], 3),
+            ([256, 64, 32], [4, 1], 3),
+            ([256, 64, 32], [4, 1], 4),
+            ([64, 256, 32], [1, 4], 4),
+            ([128, 128, 32], [2, 2], 3),
+            ([128, 128, 32], [2, 2], 4),
+            ([128, 128, 32], [2, 2], 5),
+            ([128, 64, 32], [2, 2], 6),
+            ([64, 128, 32], [2, 2], 6),
+            ([64, 64, 32], [2, 2], 10),
+            ([256, 128, 64], [4, 2], 3),
+            ([128, 256, 64], [2, 4], 3),
+            ([256, 64, 64], [4, 1], 4),
+            ([64, 256, 64], [1, 4], 4),
+            ([128, 128, 64], [2, 2], 4),
+            ([256, 64, 64], [4, 1], 3),
+            ([64, 256, 64], [1, 4], 3),
+            ([128, 128, 64], [2, 2], 3),
+            ([128, 64, 64], [2, 2], 3),
+            ([64, 128, 64], [2, 2], 3),
+            ([64, 64, 64], [2, 2], 5),
+        ]
+    };
+    rows.iter()
+        .map(|&(tile, [wm, wn], stages)| (tile, [wm, wn, 1], stages))
+        .collect()
+}
+
+/// The kernel's time on `p` relative to its family's rate, for ordering: waves of output tiles
+/// over the SMs, each tile's K loop lengthened by its fill and epilogue (about four stages of
+/// its K and the output tile's bytes over the operand rows', as the plan's cost model charges
+/// GEMMs), and half the rate again where a thread would hold more than 128 accumulators
+/// (registers spill).
+pub fn estimate(p: &ConvProblem, s: &ConvSpec) -> f64 {
+    let (m, n, k) = p.gemm();
+    let [tm, tn, tk] = s.conv_tile.map(|d| d as f64);
+    let tiles = (m as f64 / tm).ceil() * (n as f64 / tn).ceil();
+    let sms = f64::from(s.arch.hardware().sms);
+    let waves = (tiles / sms).ceil();
+    let fill = 4.0 * tk + tm * tn / (tm + tn);
+    let k_steps = (k as f64 / tk).ceil() * tk;
+    let per_tile = tm * tn * (k_steps + fill);
+    let pressure = if s.accumulators_per_thread() > 128 {
+        2.0
+    } else {
+        1.0
+    };
+    waves * per_tile * pressure
+}
+
+/// The kernels a first sweep of `p` tries on `arch`, tile heights in turns, each best estimate
+/// first (`by_height`); Err where no kernel computes it (the plan's and the sweep's reason).
+pub fn candidates(p: &ConvProblem, math: MathType, arch: Arch) -> Result<Vec<ConvSpec>, String> {
+    if let Some(why) = refusal(p, math) {
+        return Err(why);
+    }
+    let spec = |tile, cluster, warps, stages| ConvSpec {
         arch,
         dtype: p.dtype,
         conv_tile: tile,
         conv_cluster: cluster,
+        conv_warps: warps,
+        conv_stages: stages,
         bias: p.bias,
         residual: p.residual,
         act: p.act,
     };
-    let align = spec([128, 128, 64], [1, 1, 1]).align() as i64;
-    if p.in_channels % align != 0 || p.out_channels % align != 0 {
-        return Err(format!(
-            "C = {} and K = {} must be multiples of {align} (16-byte rows of channels, TMA's alignment)",
-            p.in_channels, p.out_channels
-        ));
-    }
-    // 128 bytes of reduction a stage: 64 bf16/fp16 elements or 32 tf32 ones.
-    let deep = 128 / p.dtype.bytes() as u32;
-    let mut out = vec![];
-    for tile in [
-        [128, 128, deep],
-        [128, 256, deep],
-        [128, 64, deep],
-        [64, 128, deep],
-    ] {
-        for cluster in [[1, 1, 1], [2, 1, 1]] {
-            let s = spec(tile, cluster);
-            if s.invalid_reason().is_none() && (tile[1] as i64) <= p.out_channels.max(64) {
-                out.push(s);
-            }
+    let mut out: Vec<ConvSpec> = match arch {
+        Arch::Sm90 => sm90_tiles(p.dtype)
+            .into_iter()
+            .map(|(tile, cluster)| spec(tile, cluster, None, None))
+            .collect(),
+        Arch::Sm80 => sm80_tiles(p.dtype)
+            .into_iter()
+            .map(|(tile, warps, stages)| spec(tile, [1, 1, 1], Some(warps), Some(stages)))
+            .collect(),
+    };
+    out.retain(|s| s.invalid_reason().is_none());
+    out.sort_by(|a, b| estimate(p, a).total_cmp(&estimate(p, b)));
+    Ok(by_height(out))
+}
+
+/// `specs` (best estimate first) taken in turns from each tile height (64, 128, 256 output
+/// pixels), the heights in the order of their best: the estimate cannot weigh a tall tile's reuse
+/// of the filter against a short one's waves well, so a first round cut to a few kernels still
+/// measures every height.
+fn by_height(specs: Vec<ConvSpec>) -> Vec<ConvSpec> {
+    let mut groups: Vec<Vec<ConvSpec>> = vec![];
+    for s in specs {
+        match groups
+            .iter_mut()
+            .find(|g| g[0].conv_tile[0] == s.conv_tile[0])
+        {
+            Some(g) => g.push(s),
+            None => groups.push(vec![s]),
         }
     }
-    Ok(out)
+    let mut out = vec![];
+    let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
+    for i in 0..longest {
+        out.extend(groups.iter().filter_map(|g| g.get(i).cloned()));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -153,25 +386,93 @@ mod tests {
         }
     }
 
+    fn sm90(tile: [u32; 3], cluster: [u32; 3]) -> ConvSpec {
+        ConvSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            conv_tile: tile,
+            conv_cluster: cluster,
+            conv_warps: None,
+            conv_stages: None,
+            bias: true,
+            residual: true,
+            act: Some(ConvAct::Relu),
+        }
+    }
+
     #[test]
-    fn names_say_the_math_tile_cluster_and_epilogue() {
-        let specs = candidates(&problem(), Arch::Sm90).unwrap();
+    fn names_say_the_family_math_tile_and_epilogue() {
         assert_eq!(
-            specs[0].name(),
+            sm90([128, 128, 64], [1, 1, 1]).name(),
             "sm90_conv2d_fprop_bf16_128x128x64_1x1x1_bias_add_relu"
         );
-        assert!(specs.iter().all(|s| s.invalid_reason().is_none()));
-        let names: std::collections::BTreeSet<String> = specs.iter().map(ConvSpec::name).collect();
-        assert_eq!(names.len(), specs.len(), "names are identities");
         let f32 = ConvSpec {
             dtype: DType::F32,
             conv_tile: [128, 128, 32],
             act: None,
             residual: false,
-            ..specs[0].clone()
+            ..sm90([128, 128, 64], [1, 1, 1])
         };
         assert_eq!(f32.name(), "sm90_conv2d_fprop_tf32_128x128x32_1x1x1_bias");
         assert_eq!(f32.align(), 4);
+        let sm80 = candidates(&problem(), MathType::Bf16, Arch::Sm80).unwrap();
+        assert!(sm80
+            .iter()
+            .all(|s| s.name().starts_with("sm80_conv2d_fprop_bf16_")
+                && s.name().ends_with("_bias_add_relu_for_sm80")));
+        let one = sm80
+            .iter()
+            .find(|s| s.conv_tile == [128, 128, 32] && s.conv_stages == Some(4))
+            .unwrap();
+        assert_eq!(
+            one.name(),
+            "sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80"
+        );
+        for arch in Arch::ALL {
+            let specs = candidates(&problem(), MathType::Bf16, arch).unwrap();
+            let names: std::collections::BTreeSet<String> =
+                specs.iter().map(ConvSpec::name).collect();
+            assert_eq!(names.len(), specs.len(), "names are identities");
+            assert!(specs.iter().all(|s| s.invalid_reason().is_none()));
+        }
+    }
+
+    #[test]
+    fn the_space_is_the_generators_and_the_estimate_orders_it() {
+        let specs = candidates(&problem(), MathType::Bf16, Arch::Sm90).unwrap();
+        // bf16 and fp16 lists: 11 tiles at each of two K depths, and the unit tests' 64x64x64
+        // in two clusters.
+        assert_eq!(specs.len(), 24);
+        assert!(specs
+            .iter()
+            .any(|s| s.conv_tile == [256, 96, 64] && s.conv_cluster == [2, 1, 1]));
+        let tf32 = candidates(
+            &ConvProblem {
+                dtype: DType::F32,
+                ..problem()
+            },
+            MathType::Tf32,
+            Arch::Sm90,
+        )
+        .unwrap();
+        assert_eq!(tf32.len(), 6);
+        assert!(tf32.iter().all(|s| s.conv_tile[2] == 32));
+        // 32·56·56 = 100352 output pixels by 256 channels: a 128x256 tile holds 256 accumulators
+        // a thread and spills, so a 128x128 one ranks above it.
+        let rank = |tile: [u32; 3]| specs.iter().position(|s| s.conv_tile == tile).unwrap();
+        assert!(rank([128, 128, 64]) < rank([128, 256, 64]));
+        // The first three are one of each tile height, each its height's best estimate.
+        let mut heights: Vec<u32> = specs[..3].iter().map(|s| s.conv_tile[0]).collect();
+        heights.sort();
+        assert_eq!(heights, [64, 128, 256]);
+        for s in &specs[..3] {
+            let best = specs
+                .iter()
+                .filter(|o| o.conv_tile[0] == s.conv_tile[0])
+                .map(|o| estimate(&problem(), o))
+                .fold(f64::INFINITY, f64::min);
+            assert_eq!(estimate(&problem(), s), best);
+        }
     }
 
     #[test]
@@ -180,16 +481,38 @@ mod tests {
             in_channels: 3,
             ..problem()
         };
-        assert!(candidates(&stem, Arch::Sm90)
+        assert!(candidates(&stem, MathType::Bf16, Arch::Sm90)
             .unwrap_err()
             .contains("multiples of 8"));
-        assert!(candidates(&problem(), Arch::Sm80)
-            .unwrap_err()
-            .contains("sm90"));
-        let bad = ConvSpec {
-            conv_tile: [256, 128, 64],
-            ..candidates(&problem(), Arch::Sm90).unwrap()[0].clone()
+        assert!(!kernels_take(&stem) && kernels_take(&problem()));
+        let f32 = ConvProblem {
+            dtype: DType::F32,
+            ..problem()
         };
-        assert!(bad.invalid_reason().unwrap().contains("tile M"));
+        assert!(candidates(&f32, MathType::Tf32x3, Arch::Sm90)
+            .unwrap_err()
+            .contains("3xTF32"));
+        assert!(sm90([512, 128, 64], [1, 1, 1])
+            .invalid_reason()
+            .unwrap()
+            .contains("tile M"));
+        assert!(sm90([128, 128, 64], [2, 2, 1])
+            .invalid_reason()
+            .unwrap()
+            .contains("cluster"));
+        let bad80 = ConvSpec {
+            arch: Arch::Sm80,
+            conv_warps: Some([2, 2, 1]),
+            conv_stages: Some(12),
+            ..sm90([128, 128, 64], [1, 1, 1])
+        };
+        assert!(bad80.invalid_reason().unwrap().contains("stages"));
+        assert!(ConvSpec {
+            arch: Arch::Sm80,
+            ..sm90([128, 128, 64], [1, 1, 1])
+        }
+        .invalid_reason()
+        .unwrap()
+        .contains("warps and stages"));
     }
 }

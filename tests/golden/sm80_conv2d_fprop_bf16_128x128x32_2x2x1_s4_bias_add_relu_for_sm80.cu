@@ -1,0 +1,173 @@
+// generated from src/kinds/conv/templates/sm80_conv.cu.hbs; do not edit
+// spec: {"arch":"sm80","dtype":"bf16","conv_tile":[128,128,32],"conv_cluster":[1,1,1],"conv_warps":[2,2,1],"conv_stages":4,"bias":true,"residual":true,"act":"relu"}
+//
+// sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80: y = relu(conv2d(x, w) + bias[K] + residual), the
+// implicit GEMM of M = N*P*Q output pixels, N = K output channels, K = C*R*S through CUTLASS's
+// ImplicitGemmConvolution for sm80 (optimized iterators, 4-stage cp.async pipeline,
+// mma.sync 16, 8, 16), bf16 multiplies, fp32 accumulation and epilogue: the broadcast
+// epilogue adds the bias (a NULL vector reads as zeros), beta times C (the residual) and applies
+// the activation.
+// Tensors (FactOpArgs), as torch lays out channels-last tensors (sizes in torch's NCHW order):
+//   x [N,C,H,W] strides [H*W*C, 1, W*C, C]; w [K,C,R,S] strides [R*S*C, 1, S*C, C];
+//   bias [K] stride 1 (required); residual [N,K,P,Q] laid out as out (required);
+//   out [N,K,P,Q] strides [P*Q*K, 1, Q*K, K]; all of the kernel's dtype, 16-byte aligned.
+// Scalars: stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w.
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+
+#include "cutlass/cutlass.h"
+#include "cutlass/conv/conv2d_problem_size.h"
+#include "cutlass/conv/kernel/default_conv2d_fprop_with_broadcast.h"
+#include "cutlass/conv/device/implicit_gemm_convolution.h"
+#include "cutlass/epilogue/thread/activation.h"
+#include "cutlass/epilogue/thread/linear_combination_bias_elementwise.h"
+
+// Internal linkage: a unit may hold a kernel another object linked beside it holds too; only the
+// weak entry points are shared.
+namespace {
+namespace sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_ns {
+
+using Element = cutlass::bfloat16_t;
+using ElementAccumulator = float;
+using ElementCompute = float;
+constexpr int kDtype = 1;
+constexpr int Alignment = 128 / cutlass::sizeof_bits<Element>::value;
+
+using ThreadblockShape = cutlass::gemm::GemmShape<128, 128, 32>;
+using WarpShape = cutlass::gemm::GemmShape<64, 64, 32>;
+using InstructionShape = cutlass::gemm::GemmShape<16, 8, 16>;
+
+// D = act(acc + bias[K] + beta * C): output channels are the GEMM's N, so the bias is the
+// epilogue's broadcast vector along N; T (the value before the activation) is not stored.
+using EpilogueOp = cutlass::epilogue::thread::LinearCombinationBiasElementwise<
+    Element, ElementAccumulator, ElementCompute, Element, Element, Alignment,
+    cutlass::epilogue::thread::ReLu<ElementCompute>, cutlass::plus<ElementCompute>, false, Element>;
+
+using ConvKernel = typename cutlass::conv::kernel::DefaultConv2dFpropWithBroadcast<
+    Element, cutlass::layout::TensorNHWC,
+    Element, cutlass::layout::TensorNHWC,
+    Element, cutlass::layout::TensorNHWC,
+    ElementAccumulator,
+    cutlass::arch::OpClassTensorOp, cutlass::arch::Sm80,
+    ThreadblockShape, WarpShape, InstructionShape,
+    EpilogueOp,
+    cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<>,
+    4,
+    cutlass::arch::OpMultiplyAdd,
+    cutlass::conv::IteratorAlgorithm::kOptimized,
+    cutlass::conv::StrideSupport::kStrided,
+    Alignment, Alignment>::Kernel;
+using Conv = cutlass::conv::device::ImplicitGemmConvolution<ConvKernel>;
+
+inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// A tensor [D0,D1,D2,D3] laid out channels-last: dim 1 innermost, then 3, 2, 0, packed.
+inline bool channels_last(const FactTensor& t) {
+  if (t.rank != 4 || t.dtype != kDtype || t.data == nullptr || !aligned(t.data)) return false;
+  const int64_t* s = t.sizes;
+  const int64_t* st = t.strides;
+  return st[1] == 1 && st[3] == s[1] && st[2] == s[3] * s[1] && st[0] == s[2] * s[3] * s[1];
+}
+
+struct Call {
+  int n, h, w, c, k, r, s, p, q;
+  int stride[2], pad[2], dil[2];
+  const Element* x;
+  const Element* wt;
+  const Element* bias;
+  const Element* residual;
+  Element* out;
+};
+
+// The call as the header says, or false when the kernel cannot take it: counts, dtypes, layouts,
+// alignment, sizes that agree, and every size in int range.
+inline bool read_call(const FactOpArgs* a, Call& c) {
+  if (a == nullptr || a->num_tensors != 5 || a->num_scalars != 6) return false;
+  const FactTensor& x = a->tensors[0];
+  const FactTensor& w = a->tensors[1];
+  const FactTensor& b = a->tensors[2];
+  const FactTensor& r = a->tensors[3];
+  const FactTensor& o = a->tensors[4];
+  if (!channels_last(x) || !channels_last(w) || !channels_last(o)) return false;
+  for (int i = 0; i < 4; ++i) {
+    if (x.sizes[i] < 1 || x.sizes[i] > INT32_MAX || w.sizes[i] < 1 || w.sizes[i] > INT32_MAX ||
+        o.sizes[i] < 1 || o.sizes[i] > INT32_MAX) return false;
+  }
+  c.n = int(x.sizes[0]); c.c = int(x.sizes[1]); c.h = int(x.sizes[2]); c.w = int(x.sizes[3]);
+  c.k = int(w.sizes[0]); c.r = int(w.sizes[2]); c.s = int(w.sizes[3]);
+  c.p = int(o.sizes[2]); c.q = int(o.sizes[3]);
+  if (w.sizes[1] != c.c || o.sizes[0] != c.n || o.sizes[1] != c.k) return false;
+  if (c.c % Alignment != 0 || c.k % Alignment != 0) return false;
+  for (int i = 0; i < 6; ++i) {
+    const double v = a->scalars[i];
+    if (v != double(int(v)) || v < (i == 2 || i == 3 ? 0 : 1)) return false;
+  }
+  c.stride[0] = int(a->scalars[0]); c.stride[1] = int(a->scalars[1]);
+  c.pad[0] = int(a->scalars[2]); c.pad[1] = int(a->scalars[3]);
+  c.dil[0] = int(a->scalars[4]); c.dil[1] = int(a->scalars[5]);
+  const int p = (c.h + 2 * c.pad[0] - c.dil[0] * (c.r - 1) - 1) / c.stride[0] + 1;
+  const int q = (c.w + 2 * c.pad[1] - c.dil[1] * (c.s - 1) - 1) / c.stride[1] + 1;
+  if (p != c.p || q != c.q) return false;
+  if (b.data == nullptr || !aligned(b.data) || b.dtype != kDtype || b.rank != 1 || b.sizes[0] != c.k || (c.k > 1 && b.strides[0] != 1)) return false;
+  if (!channels_last(r)) return false;
+  for (int i = 0; i < 4; ++i) if (r.sizes[i] != o.sizes[i]) return false;
+  c.x = static_cast<const Element*>(x.data);
+  c.wt = static_cast<const Element*>(w.data);
+  c.bias = static_cast<const Element*>(b.data);
+  c.residual = static_cast<const Element*>(r.data);
+  c.out = static_cast<Element*>(o.data);
+  return true;
+}
+
+inline typename Conv::Arguments make_arguments(const Call& c) {
+  cutlass::conv::Conv2dProblemSize shape(
+      c.n, c.h, c.w, c.c, c.k, c.r, c.s, c.p, c.q,
+      c.pad[0], c.pad[1], c.stride[0], c.stride[1], c.dil[0], c.dil[1],
+      cutlass::conv::Mode::kCrossCorrelation);
+  using Layout = cutlass::layout::TensorNHWC;
+  // Without a residual C is never read (beta 0); it points at the output only to be valid.
+  Element* source = const_cast<Element*>(c.residual != nullptr ? c.residual : c.out);
+  return typename Conv::Arguments(
+      shape,
+      {const_cast<Element*>(c.x), Layout::packed({c.n, c.h, c.w, c.c})},
+      {const_cast<Element*>(c.wt), Layout::packed({c.k, c.r, c.s, c.c})},
+      {source, Layout::packed({c.n, c.p, c.q, c.k})},
+      {c.out, Layout::packed({c.n, c.p, c.q, c.k})},
+      {ElementCompute(1), ElementCompute(1)},
+      cutlass::conv::SplitKMode::kSerial,
+      const_cast<Element*>(c.bias),
+      nullptr);
+}
+
+}  // namespace sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_ns
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_can_implement(const FactOpArgs* fact_args, const FactKnobs*) {
+  using namespace sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_ns;
+  Call c;
+  if (!read_call(fact_args, c)) return FACT_CANNOT_IMPLEMENT;
+  return Conv::can_implement(make_arguments(c)) == cutlass::Status::kSuccess ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_workspace_size(const FactOpArgs* fact_args, const FactKnobs*) {
+  using namespace sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_ns;
+  Call c;
+  if (!read_call(fact_args, c)) return 0;
+  return Conv::get_workspace_size(make_arguments(c));
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_run(const FactOpArgs* fact_args, const FactKnobs*,
+                                                             void* workspace, size_t workspace_size, void* stream) {
+  using namespace sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_ns;
+  Call c;
+  if (!read_call(fact_args, c)) return FACT_CANNOT_IMPLEMENT;
+  auto args = make_arguments(c);
+  if (Conv::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
+  if (Conv::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  Conv conv;
+  auto s = static_cast<cudaStream_t>(stream);
+  if (conv.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+  if (conv.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  return FACT_OK;
+}
