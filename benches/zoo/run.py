@@ -91,6 +91,8 @@ MODES = ("eager", "traced", "compile", "max-autotune", "fact")
 MS_KEY = {"eager": "eager_ms", "traced": "traced_ms", "compile": "compile_ms", "max-autotune": "max_autotune_ms", "fact": "fact_ms"}
 ERR_KEY = {m: k.replace("_ms", "_err") for m, k in MS_KEY.items()}
 MODE_OF = {k: m for m, k in MS_KEY.items()}
+# The optional measuring stages, each a flag of the parent passed on to the measuring child.
+EXTRAS = ("ablations", "profile")
 # The kind of a pattern whose compose.json entry names none (older fact): from its rule id.
 KIND_PREFIXES = (("attention", "attention"), ("sdpa", "attention"), ("layernorm", "layernorm"))
 
@@ -148,7 +150,7 @@ def child_trace(out, name, policy):
 
 def child_measure(out, name, policy, modes, with_fact, extras):
     """Writes work/T.measure.json after every stage, so a crash keeps what was measured.
-    `extras`: the optional stages asked for, of "ablations" and "profile"."""
+    `extras`: the optional stages asked for, of EXTRAS."""
     model = models.by_name()[name]
     t = tag(name, policy)
     torch.set_float32_matmul_precision(MATMUL_PRECISION[policy])
@@ -450,7 +452,7 @@ def run_pair(args, model, policy, deadline, env, command):
     if measured_modes:
         result = out / "work" / f"{t}.measure.json"
         result.unlink(missing_ok=True)
-        extra = ["--modes", ",".join(args.modes)] + (["--with-fact"] if composed else []) + (["--ablations"] if args.ablations else []) + (["--profile"] if args.profile else [])
+        extra = ["--modes", ",".join(args.modes)] + (["--with-fact"] if composed else []) + [f"--{k}" for k in EXTRAS if getattr(args, k)]
         child("measure", extra, args.measure_timeout)
         measured = json.loads(result.read_text()) if result.exists() else {}
         for stage, msg in measured.pop("errors", {}).items():
@@ -528,7 +530,7 @@ def main():
         if kind == "trace":
             child_trace(args.out, name, policy)
         else:
-            extras = {k for k in ("ablations", "profile") if getattr(args, k)}
+            extras = {k for k in EXTRAS if getattr(args, k)}
             child_measure(args.out, name, policy, args.modes, args.with_fact, extras)
         return
 
