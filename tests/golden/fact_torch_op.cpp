@@ -306,6 +306,37 @@ bool residual_operands(const at::Tensor& a, const at::Tensor& b, std::vector<int
   return true;
 }
 
+// A norm-after-add call's outputs over the operands' broadcast `shape`, on `like`'s device: y in
+// the norm's dtype and, where the graph reads it (`with_sum`), s in the add's; each with the
+// kernel's packed [rows, C] view of it (s's NULL without it).
+struct ResidualOutputs {
+  at::Tensor y, s;
+  FactTensor y_rows{}, s_rows{};
+};
+
+ResidualOutputs residual_outputs(const at::Tensor& like, const std::vector<int64_t>& shape, const ResidualDtypes& d,
+                                 bool with_sum) {
+  const int64_t c = shape.back();
+  const int64_t n = c10::multiply_integers(shape) / c;
+  auto matrix = [&](const at::Tensor& t) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 2;
+    ft.sizes[0] = n;
+    ft.sizes[1] = c;
+    ft.strides[0] = c;
+    ft.strides[1] = 1;
+    return ft;
+  };
+  ResidualOutputs o;
+  o.y = at::empty(shape, like.options().dtype(d.norm));
+  o.y_rows = matrix(o.y);
+  if (with_sum) {
+    o.s = at::empty(shape, like.options().dtype(d.sum));
+    o.s_rows = matrix(o.s);
+  }
+  return o;
+}
+
 // Launches kernel `index` on the current stream of `like`'s device, its workspace from torch's
 // allocator; false when the kernel cannot implement the call (the op falls back).
 bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like, c10::string_view kernel,
@@ -1269,24 +1300,12 @@ std::tuple<at::Tensor, at::Tensor> layernorm_add_kernel(const at::Tensor& a, con
   if (index < 0) return fail("no such kernel in this library");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
-  const int64_t c = shape.back();
-  const int64_t n = c10::multiply_integers(shape) / c;
   c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor y = at::empty(shape, a.options().dtype(d.norm));
-  at::Tensor s = with_sum ? at::empty(shape, a.options().dtype(d.sum)) : at::Tensor();
-  auto matrix = [&](const at::Tensor& t) {
-    FactTensor ft = fact_tensor(t);
-    ft.rank = 2;
-    ft.sizes[0] = n;
-    ft.sizes[1] = c;
-    ft.strides[0] = c;
-    ft.strides[1] = 1;
-    return ft;
-  };
+  const ResidualOutputs o = residual_outputs(a, shape, d, with_sum);
   const FactTensor tensors[6] = {rows[0],
                                  rows[1],
-                                 with_sum ? matrix(s) : FactTensor{},
-                                 matrix(y),
+                                 o.s_rows,
+                                 o.y_rows,
                                  has_w ? fact_tensor(*weight) : FactTensor{},
                                  has_b ? fact_tensor(*bias) : FactTensor{}};
   const double scalars[1] = {eps};
@@ -1294,7 +1313,7 @@ std::tuple<at::Tensor, at::Tensor> layernorm_add_kernel(const at::Tensor& a, con
   if (!launch_kernel(index, args, a, kernel, "layernorm_add")) {
     return fail("the kernel cannot implement these dtypes, this C, stride or alignment");
   }
-  return {y, s};
+  return {o.y, o.s};
 }
 
 std::tuple<at::Tensor, at::Tensor> layernorm_add_call(const at::Tensor& a, const at::Tensor& b,
@@ -1490,29 +1509,16 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const
   if (index < 0) return fail("no such kernel in this library");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
-  const int64_t c = shape.back();
-  const int64_t n = c10::multiply_integers(shape) / c;
   c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor y = at::empty(shape, a.options().dtype(d.norm));
-  at::Tensor s = with_sum ? at::empty(shape, a.options().dtype(d.sum)) : at::Tensor();
-  auto matrix = [&](const at::Tensor& t) {
-    FactTensor ft = fact_tensor(t);
-    ft.rank = 2;
-    ft.sizes[0] = n;
-    ft.sizes[1] = c;
-    ft.strides[0] = c;
-    ft.strides[1] = 1;
-    return ft;
-  };
-  const FactTensor tensors[5] = {rows[0], rows[1], with_sum ? matrix(s) : FactTensor{}, matrix(y),
-                                 has_w ? fact_tensor(*weight) : FactTensor{}};
+  const ResidualOutputs o = residual_outputs(a, shape, d, with_sum);
+  const FactTensor tensors[5] = {rows[0], rows[1], o.s_rows, o.y_rows, has_w ? fact_tensor(*weight) : FactTensor{}};
   const double scalars[3] = {eps.value_or(std::numeric_limits<float>::epsilon()), static_cast<double>(f.scale),
                              f.cast_first ? 1.0 : 0.0};
   const FactOpArgs args{tensors, 5, scalars, 3};
   if (!launch_kernel(index, args, a, kernel, "rmsnorm_add")) {
     return fail("the kernel cannot implement these dtypes, this C, stride or alignment");
   }
-  return {y, s};
+  return {o.y, o.s};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_add_call(const at::Tensor& a, const at::Tensor& b,

@@ -156,29 +156,16 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const
   if (index < 0) return fail("no such kernel in this library");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
-  const int64_t c = shape.back();
-  const int64_t n = c10::multiply_integers(shape) / c;
   c10::cuda::CUDAGuard guard(a.device());
-  at::Tensor y = at::empty(shape, a.options().dtype(d.norm));
-  at::Tensor s = with_sum ? at::empty(shape, a.options().dtype(d.sum)) : at::Tensor();
-  auto matrix = [&](const at::Tensor& t) {
-    FactTensor ft = fact_tensor(t);
-    ft.rank = 2;
-    ft.sizes[0] = n;
-    ft.sizes[1] = c;
-    ft.strides[0] = c;
-    ft.strides[1] = 1;
-    return ft;
-  };
-  const FactTensor tensors[5] = {rows[0], rows[1], with_sum ? matrix(s) : FactTensor{}, matrix(y),
-                                 has_w ? fact_tensor(*weight) : FactTensor{}};
+  const ResidualOutputs o = residual_outputs(a, shape, d, with_sum);
+  const FactTensor tensors[5] = {rows[0], rows[1], o.s_rows, o.y_rows, has_w ? fact_tensor(*weight) : FactTensor{}};
   const double scalars[3] = {eps.value_or(std::numeric_limits<float>::epsilon()), static_cast<double>(f.scale),
                              f.cast_first ? 1.0 : 0.0};
   const FactOpArgs args{tensors, 5, scalars, 3};
   if (!launch_kernel(index, args, a, kernel, "rmsnorm_add")) {
     return fail("the kernel cannot implement these dtypes, this C, stride or alignment");
   }
-  return {y, s};
+  return {o.y, o.s};
 }
 
 std::tuple<at::Tensor, at::Tensor> rmsnorm_add_call(const at::Tensor& a, const at::Tensor& b,
