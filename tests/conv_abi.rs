@@ -84,6 +84,26 @@ fn takes_the_abi_call(spec: ConvSpec) {
         &[2.0, 2.0, 0.0, 0.0, 1.0, 1.0]
     ));
 
+    // A 1x1 filter as torch leaves it when asked for channels-last: its size-1 dims keep their
+    // NCHW strides ([64, 1, 1, 1], not [64, 1, 64, 64]); no element moves, so the kernel takes it.
+    // Likewise an image of 1x1 pixels (a squeeze-and-excitation block's pooled input).
+    let w_1x1 = fake_tensor(0x20000, BF16, &[64, 64, 1, 1], &[64, 1, 1, 1]);
+    let one_px = |addr| fake_tensor(addr, BF16, &[2, 64, 1, 1], &[64, 1, 1, 1]);
+    assert!(can(
+        &[one_px(0x10000), w_1x1, bias, one_px(0x40000), one_px(0x50000)],
+        &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    ));
+    let w_1x1_packed = nhwc(0x20000, BF16, [64, 64, 1, 1]);
+    let out_8x8 = |addr| nhwc(addr, BF16, [2, 64, 8, 8]);
+    assert!(can(
+        &[x, w_1x1, bias, out_8x8(0x40000), out_8x8(0x50000)],
+        &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    ));
+    assert!(can(
+        &[x, w_1x1_packed, bias, out_8x8(0x40000), out_8x8(0x50000)],
+        &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    ));
+
     let none = fake_tensor(0, BF16, &[], &[]);
     let nchw = fake_tensor(0x10000, BF16, &[2, 64, 8, 8], &[4096, 64, 8, 1]);
     let mut misaligned = x;

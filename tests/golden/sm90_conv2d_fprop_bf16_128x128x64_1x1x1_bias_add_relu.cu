@@ -76,12 +76,18 @@ using Conv = cutlass::conv::device::ConvUniversalAdapter<ConvKernel>;
 
 inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// A tensor [D0,D1,D2,D3] laid out channels-last: dim 1 innermost, then 3, 2, 0, packed.
+// A tensor [D0,D1,D2,D3] laid out channels-last: dim 1 innermost, then 3, 2, 0, packed. A dim of
+// size one may carry any stride (torch leaves a 1x1 filter's or a 1x1 image's NCHW strides when it
+// makes it channels-last: no element moves); the kernels compute the packed strides themselves.
 inline bool channels_last(const FactTensor& t) {
   if (t.rank != 4 || t.dtype != kDtype || t.data == nullptr || !aligned(t.data)) return false;
   const int64_t* s = t.sizes;
   const int64_t* st = t.strides;
-  return st[1] == 1 && st[3] == s[1] && st[2] == s[3] * s[1] && st[0] == s[2] * s[3] * s[1];
+  const int64_t packed[4] = {s[2] * s[3] * s[1], 1, s[3] * s[1], s[1]};
+  for (int i = 0; i < 4; ++i) {
+    if (s[i] != 1 && st[i] != packed[i]) return false;
+  }
+  return true;
 }
 
 struct Call {
