@@ -352,7 +352,7 @@ int32_t find_kernel(c10::string_view name) {
   constexpr size_t kSlots = 256;
   thread_local Slot slots[kSlots];
   Slot& s = slots[(reinterpret_cast<uintptr_t>(name.data()) >> 4) % kSlots];
-  if (s.data == name.data() && s.size == name.size()) {
+  if (s.index >= 0 && s.data == name.data() && s.size == name.size()) {
     const char* kept = fact_kernel_info(s.index)->name;
     if (std::memcmp(kept, name.data(), name.size()) == 0 && kept[name.size()] == '\0') return s.index;
   }
