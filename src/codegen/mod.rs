@@ -21,6 +21,11 @@ pub const RESIDUAL_ADD: (&str, &str) = (
     include_str!("../../templates/residual_add.cu.hbs"),
 );
 
+/// The partial of what a kernel keeps per device (`{{> per_device adapter=…}}` inside its
+/// namespace): its dynamic shared memory opt-in, made once per device rather than on every launch,
+/// and with `adapter=true` the launch of a CUTLASS 3.x adapter around it.
+pub const PER_DEVICE: (&str, &str) = ("per_device", include_str!("../../templates/per_device.hbs"));
+
 /// A handlebars registry as every template here is rendered: strict (a missing variable is an
 /// error), no escaping (the output is C++), `partials` registered for `templates` to use. Each
 /// kind keeps one for its own templates.

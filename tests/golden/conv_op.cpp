@@ -154,7 +154,7 @@ at::Tensor conv_kernel(const at::Tensor& x, const at::Tensor& w, const std::opti
   if (has_r && residual->sizes() != at::IntArrayRef({x.size(0), w.size(0), out_h, out_w})) {
     return why = "a residual of another shape than the output (a broadcast)", at::Tensor();
   }
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();

@@ -21,6 +21,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -337,6 +339,28 @@ ResidualOutputs residual_outputs(const at::Tensor& like, const std::vector<int64
   return o;
 }
 
+// The dispatch table's index of kernel `name`, -1 for none. A composed module calls each op with
+// the same constant strings on every forward, so the answer is kept per string (by its address and
+// length, checked against the table's name, so a reused address finds no stale index); the table's
+// own lookup compares names one by one.
+int32_t find_kernel(c10::string_view name) {
+  struct Slot {
+    const char* data = nullptr;
+    size_t size = 0;
+    int32_t index = -1;
+  };
+  constexpr size_t kSlots = 256;
+  thread_local Slot slots[kSlots];
+  Slot& s = slots[(reinterpret_cast<uintptr_t>(name.data()) >> 4) % kSlots];
+  if (s.index >= 0 && s.data == name.data() && s.size == name.size()) {
+    const char* kept = fact_kernel_info(s.index)->name;
+    if (std::memcmp(kept, name.data(), name.size()) == 0 && kept[name.size()] == '\0') return s.index;
+  }
+  const int32_t index = fact_kernel_find(std::string(name).c_str());
+  if (index >= 0) s = Slot{name.data(), name.size(), index};
+  return index;
+}
+
 // Launches kernel `index` on the current stream of `like`'s device, its workspace from torch's
 // allocator; false when the kernel cannot implement the call (the op falls back).
 bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like, c10::string_view kernel,
@@ -402,13 +426,33 @@ struct Counts {
   std::string why;
 };
 std::mutex stats_mutex;
+// Fallbacks (and their reasons) by kernel name; calls that ran are counted per table entry below.
 std::map<std::string, Counts> stats;
 
+// The calls that ran each kernel of the table, by index: counted without a lock or a string on the
+// path every call takes.
+struct RanCounts {
+  std::atomic<uint64_t> ran{0}, copied{0};
+};
+
+RanCounts* ran_counts() {
+  static const std::unique_ptr<RanCounts[]> counts(new RanCounts[std::max<int32_t>(fact_kernel_count(), 1)]);
+  return counts.get();
+}
+
 void count_ran(c10::string_view kernel, bool copied) {
-  std::lock_guard<std::mutex> lock(stats_mutex);
-  Counts& c = stats[std::string(kernel)];
-  c.ran += 1;
-  if (copied) c.copied += 1;
+  const int32_t index = find_kernel(kernel);
+  if (index < 0) {
+    // Not a kernel of the table (no op gets here): counted by name.
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    Counts& c = stats[std::string(kernel)];
+    c.ran += 1;
+    if (copied) c.copied += 1;
+    return;
+  }
+  RanCounts& c = ran_counts()[index];
+  c.ran.fetch_add(1, std::memory_order_relaxed);
+  if (copied) c.copied.fetch_add(1, std::memory_order_relaxed);
 }
 
 void count_fell_back(c10::string_view kernel, const std::string& why = "") {
@@ -662,30 +706,58 @@ at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList give
 // packed tensor, as `x.t()` and `x.transpose(-2, -1)` give), batch dims packed outside the matrix.
 enum class Major { Row, Col };
 
-// Whether `t` lies as `major` says (torch's is_contiguous ignores dims of size one, as the kernel's
-// indexing does) from a 16-byte aligned start (the kernels' vector and TMA loads need one).
+// Whether `t` lies as `major` says (as torch's is_contiguous, of `t` or of its transpose, it ignores
+// dims of size one, as the kernel's indexing does) from a 16-byte aligned start (the kernels' vector
+// and TMA loads need one). Read from the strides: a transposed view per call costs host time.
 bool lies(const at::Tensor& t, Major major) {
   if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
-  return major == Major::Row ? t.is_contiguous() : t.transpose(-2, -1).is_contiguous();
+  if (major == Major::Row) return t.is_contiguous();
+  if (t.dim() < 2) return false;
+  if (t.numel() == 0) return true;
+  const int64_t n = t.dim();
+  int64_t expected = 1;
+  // Innermost first: the rows dim (n - 2), then the columns (n - 1), then the leading dims.
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t d = i == 0 ? n - 2 : i == 1 ? n - 1 : n - 1 - i;
+    if (t.size(d) != 1 && t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+// `t` (lying as `major` says) as the kernel reads it: [batch, rows, cols], packed.
+FactTensor gemm_matrix(const at::Tensor& t, Major major, int64_t batch, int64_t rows, int64_t cols) {
+  FactTensor ft = fact_tensor(t);
+  ft.rank = 3;
+  ft.sizes[0] = batch;
+  ft.sizes[1] = rows;
+  ft.sizes[2] = cols;
+  ft.strides[0] = rows * cols;
+  ft.strides[1] = major == Major::Row ? cols : 1;
+  ft.strides[2] = major == Major::Row ? 1 : rows;
+  return ft;
 }
 
 // The tensor whose memory the kernel reads as operand `t` ([.., rows, cols], read as [rows, cols]
-// when `fold` joins its leading dims to the rows), viewed as the kernel's [batch, rows, cols]: `t`
-// itself when it lies as the kernel's layout says, else a copy that does. A call whose strides fit
-// no layout of its kernel runs the kernel on the copy rather than the original op: the kernel was
-// measured faster than torch on this problem and the copy costs one pass over the operand;
-// fact_op_stats counts such calls as "copied".
+// when `fold` joins its leading dims to the rows), and in `ft` the kernel's [batch, rows, cols] of
+// it: `t` itself when it lies as the kernel's layout says, else a copy that does. A call whose
+// strides fit no layout of its kernel runs the kernel on the copy rather than the original op: the
+// kernel was measured faster than torch on this problem and the copy costs one pass over the
+// operand; fact_op_stats counts such calls as "copied".
 at::Tensor operand(const at::Tensor& t, Major major, bool fold, int64_t batch, int64_t rows, int64_t cols,
-                   bool& copied) {
-  at::Tensor v = fold && t.dim() > 2 ? t.reshape({rows, cols}) : t;
+                   bool& copied, FactTensor& ft) {
+  // A packed row-major operand's leading dims join its rows as they lie: no reshape needed.
+  const bool reshape = fold && t.dim() > 2 && !(major == Major::Row && t.is_contiguous());
+  at::Tensor v = reshape ? t.reshape({rows, cols}) : t;
   if (!v.is_alias_of(t)) copied = true;  // reshape had to copy: a folded column-major a
   if (!lies(v, major)) {
     copied = true;
     v = major == Major::Row ? v.clone(at::MemoryFormat::Contiguous)
                             : v.transpose(-2, -1).clone(at::MemoryFormat::Contiguous).transpose(-2, -1);
   }
-  // Its leading dims lie packed outside the matrix, so they join into one without a copy.
-  return v.view({batch, rows, cols});
+  // Its leading dims lie packed outside the matrix, so they join into one.
+  ft = gemm_matrix(v, major, batch, rows, cols);
+  return v;
 }
 
 // `t` packed from an aligned start, for vectors and leaves (read packed, not as layouts).
@@ -728,13 +800,13 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
                                      (has_bias && bias->requires_grad()))) {
     return l.fail("autograd (the kernel has no backward)");
   }
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return l.fail("no such kernel in this library");
   const FactKernelInfo* info = fact_kernel_info(index);
-  if (std::string(info->kind) != "gemm") return l.fail("the kernel is no GEMM");
+  if (std::strcmp(info->kind, "gemm") != 0) return l.fail("the kernel is no GEMM");
   // The layout's letters say how the kernel reads a and B ("crr": a column-major, B row-major).
-  const std::string layout = info->layout;
-  if (layout.size() != 3 || std::string(dtype_name(a.scalar_type())) != info->dtype) return l.fail("a's dtype is not the kernel's");
+  const char* layout = info->layout;
+  if (std::strlen(layout) != 3 || std::strcmp(dtype_name(a.scalar_type()), info->dtype) != 0) return l.fail("a's dtype is not the kernel's");
   const Major want_a = layout[0] == 'c' ? Major::Col : Major::Row;
   const Major want_b = layout[1] == 'c' ? Major::Col : Major::Row;
   if (b.scalar_type() != a.scalar_type() || b.dim() < 2 || a.dim() < 2) return l.fail("mixed dtypes, or an operand of fewer than 2 dims");
@@ -774,20 +846,22 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
   l.batch = batch;
   l.m = m;
   l.n = n;
-  l.a = operand(a, want_a, folds, batch, m, k, l.copied);
-  l.b = operand(bt, want_b, folds, batch, k, n, l.copied);
+  FactTensor ta, tb;
+  l.a = operand(a, want_a, folds, batch, m, k, l.copied, ta);
+  l.b = operand(bt, want_b, folds, batch, k, n, l.copied, tb);
   l.bias = has_bias ? packed(*bias) : at::Tensor();
   std::vector<int64_t> out_shape(a.sizes().begin(), a.sizes().end() - 1);
   out_shape.push_back(n);
   l.out = at::empty(out_shape, a.options());
-  l.tensors = {fact_tensor(l.a), fact_tensor(l.b), has_bias ? fact_tensor(l.bias) : FactTensor{}};
+  l.tensors = {ta, tb, has_bias ? fact_tensor(l.bias) : FactTensor{}};
   return true;
 }
 
 // Runs a prepared GEMM call, the output last among its tensors (no scalars: the dispatch table
 // passes the variant's knobs); false when the kernel cannot implement it (the op falls back).
 bool launch(Launch& l, c10::string_view kernel, const char* op) {
-  l.tensors.push_back(fact_tensor(l.out.view({l.batch, l.m, l.n})));
+  // out is new and packed: the kernel's [batch, m, n] of it, without a view.
+  l.tensors.push_back(gemm_matrix(l.out, Major::Row, l.batch, l.m, l.n));
   const FactOpArgs args{l.tensors.data(), static_cast<int32_t>(l.tensors.size()), nullptr, 0};
   return launch_kernel(l.index, args, l.a, kernel, op) ||
          l.fail("the kernel cannot implement these shapes, strides or alignments");
@@ -1098,7 +1172,7 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   }
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return why = "mixed dtypes", at::Tensor();
   if (q.dim() != k.dim() || q.dim() != v.dim() || (q.dim() != 4 && q.dim() != 3)) return why = "q, k, v not all [B,H,T,D] or [B,T,D]", at::Tensor();
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(q.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
@@ -1214,7 +1288,7 @@ at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shap
   }
   const int64_t c = x.size(-1);
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
@@ -1296,7 +1370,7 @@ std::tuple<at::Tensor, at::Tensor> layernorm_add_kernel(const at::Tensor& a, con
   if (normalized_shape.size() != 1 || normalized_shape[0] != shape.back()) {
     return fail("not normalized over the last dim alone");
   }
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return fail("no such kernel in this library");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
@@ -1425,7 +1499,7 @@ at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& 
   if (has_w && weight->scalar_type() != x.scalar_type()) return why = "mixed dtypes", at::Tensor();
   const int64_t c = x.size(-1);
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
@@ -1505,7 +1579,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const
   if (!residual_operands(a, b, shape, rows, why)) return std::make_tuple(at::Tensor(), at::Tensor());
   if (has_w && weight->device() != a.device()) return fail("not CUDA tensors of one device");
   if (has_w && at::GradMode::is_enabled() && weight->requires_grad()) return fail("autograd (the kernel has no backward)");
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return fail("no such kernel in this library");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
@@ -1641,7 +1715,7 @@ bool rotary_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& c
     }
   }
   if (!why.empty()) return false;
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", false;
   const auto* props = at::cuda::getDeviceProperties(q.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", false;
@@ -1724,7 +1798,7 @@ at::Tensor glu_kernel(const at::Tensor& x, const at::Tensor& w, const std::optio
     return why = "an operand that is not packed", at::Tensor();
   }
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
@@ -1924,7 +1998,7 @@ at::Tensor conv_kernel(const at::Tensor& x, const at::Tensor& w, const std::opti
   if (has_r && residual->sizes() != at::IntArrayRef({x.size(0), w.size(0), out_h, out_w})) {
     return why = "a residual of another shape than the output (a broadcast)", at::Tensor();
   }
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
@@ -1984,8 +2058,17 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const std::option
 extern "C" const char* fact_op_stats(void) {
   static thread_local std::string text;
   std::lock_guard<std::mutex> lock(stats_mutex);
+  std::map<std::string, Counts> all = stats;
+  for (int32_t i = 0; i < fact_kernel_count(); ++i) {
+    const RanCounts& r = ran_counts()[i];
+    const uint64_t ran = r.ran.load(std::memory_order_relaxed);
+    if (ran == 0) continue;
+    Counts& c = all[fact_kernel_info(i)->name];
+    c.ran += ran;
+    c.copied += r.copied.load(std::memory_order_relaxed);
+  }
   text = "{";
-  for (const auto& [kernel, c] : stats) {
+  for (const auto& [kernel, c] : all) {
     if (text.size() > 1) text += ",";
     text += "\"" + kernel + "\":{\"ran\":" + std::to_string(c.ran) + ",\"copied\":" + std::to_string(c.copied) +
             ",\"fell_back\":" + std::to_string(c.fell_back);
@@ -2009,6 +2092,10 @@ extern "C" int32_t fact_disable(const char* kinds) {
 extern "C" void fact_op_stats_reset(void) {
   std::lock_guard<std::mutex> lock(stats_mutex);
   stats.clear();
+  for (int32_t i = 0; i < fact_kernel_count(); ++i) {
+    ran_counts()[i].ran.store(0, std::memory_order_relaxed);
+    ran_counts()[i].copied.store(0, std::memory_order_relaxed);
+  }
 }
 
 // A fragment that defines the schemas only where they are missing: the fact CLI defines them

@@ -32,7 +32,7 @@ at::Tensor glu_kernel(const at::Tensor& x, const at::Tensor& w, const std::optio
     return why = "an operand that is not packed", at::Tensor();
   }
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();

@@ -16,6 +16,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "cutlass/cutlass.h"
 #include "cutlass/conv/conv2d_problem_size.h"
 #include "cutlass/conv/kernel/default_conv2d_fprop_with_broadcast.h"
@@ -126,6 +128,43 @@ inline bool read_call(const FactOpArgs* a, Call& c) {
   return true;
 }
 
+// `find(device)` for the current device, found on the device's first call and kept per `Tag`:
+// setting a kernel's attribute or querying the device costs microseconds, which every launch of a
+// short kernel would make the GPU wait for, and CUDA keeps a kernel's attributes per device. A
+// negative value (it failed) is not kept, so the next call asks again; two threads may both find
+// it, and keep the same value.
+template <class Tag, class Find>
+int per_device(Find find) {
+  constexpr int kDevices = 64;
+  // The value plus one; 0 until found (static storage starts zeroed).
+  static std::atomic<int> kept[kDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (device < 0 || device >= kDevices) return find(device);
+  const int k = kept[device].load(std::memory_order_acquire);
+  if (k > 0) return k - 1;
+  const int v = find(device);
+  if (v >= 0) kept[device].store(v + 1, std::memory_order_release);
+  return v;
+}
+
+template <class Kernel>
+struct SmemOptIn {};
+
+// Opts `kernel` (of type `Kernel`) into `smem` bytes of dynamic shared memory on the current
+// device, where it needs more than the 48 KiB every kernel may use, once per device: CUTLASS's
+// adapters set it in every initialize (3 us a call). False when CUDA refuses.
+template <class Kernel>
+bool smem_opt_in(const void* kernel, int smem) {
+  if (smem <= (48 << 10)) return true;
+  return per_device<SmemOptIn<Kernel>>([&](int) {
+           if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) return 1;
+           // Cleared, so the launch check after the next kernel does not report it.
+           (void)cudaGetLastError();
+           return -1;
+         }) > 0;
+}
+
 inline typename Conv::Arguments make_arguments(const Call& c) {
   cutlass::conv::Conv2dProblemSize shape(
       c.n, c.h, c.w, c.c, c.k, c.r, c.s, c.p, c.q,
@@ -144,6 +183,24 @@ inline typename Conv::Arguments make_arguments(const Call& c) {
       cutlass::conv::SplitKMode::kSerial,
       const_cast<Element*>(c.bias),
       nullptr);
+}
+
+// What ImplicitGemmConvolution's initialize and run do, but the shared memory opt-in, which its
+// initialize sets on every call and smem_opt_in once per device (the adapter keeps its Params
+// private, so the launch is its own): the workspace zeroed for serial split-K (none here: one
+// slice), the kernel's Params, one launch over the swizzle's grid. A FACT_ status.
+int32_t launch(const typename Conv::Arguments& args, void* workspace, cudaStream_t s) {
+  constexpr int smem = static_cast<int>(sizeof(typename ConvKernel::SharedStorage));
+  if (!smem_opt_in<ConvKernel>(reinterpret_cast<const void*>(cutlass::Kernel<ConvKernel>), smem)) return FACT_INIT_FAILED;
+  if (args.problem_size.split_k_slices > 1) {
+    if (workspace == nullptr || cudaMemsetAsync(workspace, 0, Conv::get_workspace_size(args), s) != cudaSuccess) {
+      return FACT_INIT_FAILED;
+    }
+  }
+  typename ConvKernel::Params params(args, static_cast<int*>(workspace));
+  const dim3 grid = typename Conv::ThreadblockSwizzle().get_grid_shape(params.grid_tiled_shape);
+  cutlass::Kernel<ConvKernel><<<grid, dim3(32 * Conv::kWarpCount, 1, 1), smem, s>>>(params);
+  return cudaGetLastError() == cudaSuccess ? FACT_OK : FACT_LAUNCH_FAILED;
 }
 
 }  // namespace sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_ns
@@ -171,9 +228,5 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_bf16_128x128x3
   auto args = make_arguments(c);
   if (Conv::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
   if (Conv::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
-  Conv conv;
-  auto s = static_cast<cudaStream_t>(stream);
-  if (conv.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
-  if (conv.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
-  return FACT_OK;
+  return launch(args, workspace, static_cast<cudaStream_t>(stream));
 }

@@ -13,6 +13,7 @@
 #include "fact_kernels.h"
 
 #include <cuda_runtime.h>
+#include <atomic>
 #include <cstdint>
 
 #include "gemm_kernel_utils.h"
@@ -22,6 +23,43 @@
 // (a sweep's unit next to the same kernel built alone); only the weak entry points are shared.
 namespace {
 namespace fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80 {
+
+// `find(device)` for the current device, found on the device's first call and kept per `Tag`:
+// setting a kernel's attribute or querying the device costs microseconds, which every launch of a
+// short kernel would make the GPU wait for, and CUDA keeps a kernel's attributes per device. A
+// negative value (it failed) is not kept, so the next call asks again; two threads may both find
+// it, and keep the same value.
+template <class Tag, class Find>
+int per_device(Find find) {
+  constexpr int kDevices = 64;
+  // The value plus one; 0 until found (static storage starts zeroed).
+  static std::atomic<int> kept[kDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (device < 0 || device >= kDevices) return find(device);
+  const int k = kept[device].load(std::memory_order_acquire);
+  if (k > 0) return k - 1;
+  const int v = find(device);
+  if (v >= 0) kept[device].store(v + 1, std::memory_order_release);
+  return v;
+}
+
+template <class Kernel>
+struct SmemOptIn {};
+
+// Opts `kernel` (of type `Kernel`) into `smem` bytes of dynamic shared memory on the current
+// device, where it needs more than the 48 KiB every kernel may use, once per device: CUTLASS's
+// adapters set it in every initialize (3 us a call). False when CUDA refuses.
+template <class Kernel>
+bool smem_opt_in(const void* kernel, int smem) {
+  if (smem <= (48 << 10)) return true;
+  return per_device<SmemOptIn<Kernel>>([&](int) {
+           if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) return 1;
+           // Cleared, so the launch check after the next kernel does not report it.
+           (void)cudaGetLastError();
+           return -1;
+         }) > 0;
+}
 
 using AK = AttentionKernel<cutlass::bfloat16_t, cutlass::arch::Sm80, /*isAligned=*/true, 64, 64, 64,
                            /*kSupportsDropout=*/false, /*kSupportsBias=*/false>;
@@ -164,9 +202,7 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_
   }
   constexpr auto kernel = fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::attention;
   const int smem = static_cast<int>(sizeof(typename AK::SharedStorage));
-  if (smem > 0xc000 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
-    return FACT_INIT_FAILED;
-  }
+  if (!fact_sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80::smem_opt_in<AK>(reinterpret_cast<const void*>(kernel), smem)) return FACT_INIT_FAILED;
   kernel<<<c.p.getBlocksGrid(), c.p.getThreadsGrid(), smem, static_cast<cudaStream_t>(stream)>>>(
       c.p, c.factor, a->scalars[2] > 0 ? 1 : -1, c.lengths, c.group);
   return FACT_OK;

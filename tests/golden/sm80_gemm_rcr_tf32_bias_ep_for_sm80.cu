@@ -231,6 +231,8 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm80_gemm_rcr_tf32_f32_128x128x3
   if (!read_call(fact_args, knobs, p) || !implementable(p)) return FACT_CANNOT_IMPLEMENT;
   auto args = make_arguments(p);
   if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  // CUTLASS 2.x's GemmUniversal sets the shared memory attribute only when the thread's device
+  // changes (its device properties are thread-local), so initialize costs no attribute per call.
   Gemm gemm;
   auto s = static_cast<cudaStream_t>(stream);
   if (gemm.initialize(args, workspace, s) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;

@@ -14,6 +14,7 @@
 #include "fact_kernels.h"
 
 #include <cuda_runtime.h>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -27,6 +28,43 @@
 // (a sweep's unit next to the same kernel built alone); only the weak entry points are shared.
 namespace {
 namespace fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal {
+
+// `find(device)` for the current device, found on the device's first call and kept per `Tag`:
+// setting a kernel's attribute or querying the device costs microseconds, which every launch of a
+// short kernel would make the GPU wait for, and CUDA keeps a kernel's attributes per device. A
+// negative value (it failed) is not kept, so the next call asks again; two threads may both find
+// it, and keep the same value.
+template <class Tag, class Find>
+int per_device(Find find) {
+  constexpr int kDevices = 64;
+  // The value plus one; 0 until found (static storage starts zeroed).
+  static std::atomic<int> kept[kDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (device < 0 || device >= kDevices) return find(device);
+  const int k = kept[device].load(std::memory_order_acquire);
+  if (k > 0) return k - 1;
+  const int v = find(device);
+  if (v >= 0) kept[device].store(v + 1, std::memory_order_release);
+  return v;
+}
+
+template <class Kernel>
+struct SmemOptIn {};
+
+// Opts `kernel` (of type `Kernel`) into `smem` bytes of dynamic shared memory on the current
+// device, where it needs more than the 48 KiB every kernel may use, once per device: CUTLASS's
+// adapters set it in every initialize (3 us a call). False when CUDA refuses.
+template <class Kernel>
+bool smem_opt_in(const void* kernel, int smem) {
+  if (smem <= (48 << 10)) return true;
+  return per_device<SmemOptIn<Kernel>>([&](int) {
+           if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) return 1;
+           // Cleared, so the launch check after the next kernel does not report it.
+           (void)cudaGetLastError();
+           return -1;
+         }) > 0;
+}
 
 using namespace cute;
 
@@ -134,14 +172,12 @@ constexpr int64_t kAlign = 16 / sizeof(Element);
 constexpr bool kCausal = true;
 constexpr bool kKeyLengths = false;
 
+// The device's SMs, asked once per device: querying costs more than a short kernel.
 int sm_count() {
-  // Querying the device costs more than a short kernel, so it is done once per process.
-  static int count = [] {
-    int device = 0;
-    cudaGetDevice(&device);
+  struct SmCount;
+  return per_device<SmCount>([](int device) {
     return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-  }();
-  return count;
+  });
 }
 
 bool fits_i32(int64_t v) { return v >= 0 && v <= INT32_MAX; }
@@ -262,10 +298,7 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm90_fmha_bf16_bf16_q128_k128_d1
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
   constexpr auto kernel = cutlass::device_kernel<Kernel>;
   constexpr int smem = Kernel::SharedStorageSize;
-  // Set on every call: the attribute belongs to the current device.
-  if (smem > 0xc000 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
-    return FACT_INIT_FAILED;
-  }
+  if (!fact_sm90_fmha_bf16_bf16_q128_k128_d128_coop_causal::smem_opt_in<Kernel>(reinterpret_cast<const void*>(kernel), smem)) return FACT_INIT_FAILED;
   kernel<<<Kernel::get_grid_shape(params), Kernel::get_block_shape(), smem, static_cast<cudaStream_t>(stream)>>>(params);
   return FACT_OK;
 }

@@ -18,6 +18,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "cutlass/cutlass.h"
 #include "cute/tensor.hpp"
 #include "cutlass/gemm/dispatch_policy.hpp"
@@ -111,6 +113,58 @@ inline bool read_call(const FactOpArgs* args, const FactKnobs* knobs, Call& c) {
   return true;
 }
 
+// `find(device)` for the current device, found on the device's first call and kept per `Tag`:
+// setting a kernel's attribute or querying the device costs microseconds, which every launch of a
+// short kernel would make the GPU wait for, and CUDA keeps a kernel's attributes per device. A
+// negative value (it failed) is not kept, so the next call asks again; two threads may both find
+// it, and keep the same value.
+template <class Tag, class Find>
+int per_device(Find find) {
+  constexpr int kDevices = 64;
+  // The value plus one; 0 until found (static storage starts zeroed).
+  static std::atomic<int> kept[kDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (device < 0 || device >= kDevices) return find(device);
+  const int k = kept[device].load(std::memory_order_acquire);
+  if (k > 0) return k - 1;
+  const int v = find(device);
+  if (v >= 0) kept[device].store(v + 1, std::memory_order_release);
+  return v;
+}
+
+template <class Kernel>
+struct SmemOptIn {};
+
+// Opts `kernel` (of type `Kernel`) into `smem` bytes of dynamic shared memory on the current
+// device, where it needs more than the 48 KiB every kernel may use, once per device: CUTLASS's
+// adapters set it in every initialize (3 us a call). False when CUDA refuses.
+template <class Kernel>
+bool smem_opt_in(const void* kernel, int smem) {
+  if (smem <= (48 << 10)) return true;
+  return per_device<SmemOptIn<Kernel>>([&](int) {
+           if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) return 1;
+           // Cleared, so the launch check after the next kernel does not report it.
+           (void)cudaGetLastError();
+           return -1;
+         }) > 0;
+}
+
+// Runs CUTLASS 3.x adapter `Op` (GemmUniversalAdapter, ConvUniversalAdapter) of kernel `Kernel` on
+// `args`: the adapter's initialize (the kernel's workspace, then its Params) without the shared
+// memory attribute it sets on every call, which smem_opt_in sets once per device, then the
+// adapter's static run (the cluster launch for sm90 kernels). A FACT_ status.
+template <class Op, class Kernel>
+int32_t launch_adapter(const typename Op::Arguments& args, void* workspace, cudaStream_t stream) {
+  if (!smem_opt_in<Kernel>(reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>),
+                           static_cast<int>(Kernel::SharedStorageSize))) {
+    return FACT_INIT_FAILED;
+  }
+  if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  return Op::run(params, stream) == cutlass::Status::kSuccess ? FACT_OK : FACT_LAUNCH_FAILED;
+}
+
 // Operands and output share a type except in the split families, whose parts are narrower than
 // the fp32 output.
 using Element = float;
@@ -157,29 +211,24 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
+// The device's SMs, asked once per device: querying costs more than a short GEMM.
 int sm_count() {
-  // Querying the device costs more than a short GEMM, so it is done once per process.
-  static int count = [] {
-    int device = 0;
-    cudaGetDevice(&device);
+  struct SmCount;
+  return per_device<SmCount>([](int device) {
     return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-  }();
-  return count;
+  });
 }
 
-// How many of this kernel's clusters the device runs at once. Without it CUTLASS's persistent
-// scheduler assumes 18 SMs in every GPC and launches 116 CTAs of 2x2 clusters on the H100's 132 SMs,
-// where cudaOccupancyMaxActiveClusters finds room for 30 clusters (120 CTAs). 0 (the query failed)
-// leaves CUTLASS's own estimate.
+// How many of this kernel's clusters the device runs at once, asked once per device. Without it
+// CUTLASS's persistent scheduler assumes 18 SMs in every GPC and launches 116 CTAs of 2x2 clusters
+// on the H100's 132 SMs, where cudaOccupancyMaxActiveClusters finds room for 30 clusters (120
+// CTAs). 0 (the query failed) leaves CUTLASS's own estimate.
 int max_active_clusters() {
-  static int count = [] {
+  struct Clusters;
+  const int count = per_device<Clusters>([](int) {
     auto* kernel = cutlass::device_kernel<GemmKernel>;
-    int smem = static_cast<int>(GemmKernel::SharedStorageSize);
-    if (smem >= (48 << 10) &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
+    const int smem = static_cast<int>(GemmKernel::SharedStorageSize);
+    if (!smem_opt_in<GemmKernel>(reinterpret_cast<const void*>(kernel), smem)) return 0;
     cudaLaunchAttribute cluster;
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = cute::size<0>(ClusterShape{});
@@ -197,8 +246,8 @@ int max_active_clusters() {
       return 0;
     }
     return n;
-  }();
-  return count;
+  });
+  return count > 0 ? count : 0;
 }
 
 // The problem of `p` with operands a (torch's a) and b (torch's b) and out = a.b + beta.out, over
@@ -236,6 +285,8 @@ typename Gemm::Arguments make_arguments(const Call& p, const void* a, const void
 }
 using FirstGemm = Gemm;
 using SecondGemm = Gemm;
+using FirstKernel = GemmKernel;
+using SecondKernel = GemmKernel;
 // Padded parts (torch's dims need not be whole vectors): K rounded up to 16 bytes of parts, and
 // b's n (the CUTLASS problem's M, the output's contiguous dim) too, the padding zero, so both GEMMs
 // see aligned extents and strides; they write an n-padded workspace when torch's output is not.
@@ -396,16 +447,10 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm90x3_gemm_rrr_tf32x3_f32_128x2
   split_parts_transposed<<<grid, dim3(32, 8), 0, s>>>(static_cast<const float*>(p.b), b_parts, p.k, p.n, kp, np);
   const size_t b_hi_at = kp;
   void* out = np == p.n ? p.out : w + a_parts_bytes(p) + b_parts_bytes(p);
-  FirstGemm first;
-  if (first.initialize(first_arguments(p, a_parts, b_parts + b_hi_at, out), gemm_ws, s) != cutlass::Status::kSuccess) {
-    return FACT_INIT_FAILED;
-  }
-  if (first.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
-  SecondGemm second;
-  if (second.initialize(second_arguments(p, a_parts, b_parts, out), gemm_ws, s) != cutlass::Status::kSuccess) {
-    return FACT_INIT_FAILED;
-  }
-  if (second.run(s) != cutlass::Status::kSuccess) return FACT_LAUNCH_FAILED;
+  const int32_t first = launch_adapter<FirstGemm, FirstKernel>(first_arguments(p, a_parts, b_parts + b_hi_at, out), gemm_ws, s);
+  if (first != FACT_OK) return first;
+  const int32_t second = launch_adapter<SecondGemm, SecondKernel>(second_arguments(p, a_parts, b_parts, out), gemm_ws, s);
+  if (second != FACT_OK) return second;
   if (out != p.out) {
     const size_t rows = size_t(p.batch) * p.m;
     copy_out<<<grid_for(rows * p.n), 256, 0, s>>>(static_cast<const float*>(out), static_cast<float*>(p.out), rows, p.n, np);

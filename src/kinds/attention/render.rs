@@ -23,7 +23,7 @@ fn templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
     R.get_or_init(|| {
         codegen::templates(
-            &[],
+            &[codegen::PER_DEVICE],
             &[
                 ("sm80_fmha", SM80_FMHA),
                 ("sm90_fmha", SM90_FMHA),

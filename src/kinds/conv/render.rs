@@ -24,7 +24,7 @@ fn templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
     R.get_or_init(|| {
         codegen::templates(
-            &[("conv_call", CALL)],
+            &[("conv_call", CALL), codegen::PER_DEVICE],
             &[("sm90_conv", KERNEL), ("sm80_conv", KERNEL80), ("op", OP)],
         )
     })

@@ -27,6 +27,7 @@ fn registry() -> &'static Handlebars<'static> {
                 ("sm90_gemm_types", SM90_GEMM_TYPES),
                 ("fused_epilogue", FUSED_EPILOGUE),
                 ("gemm_call", GEMM_CALL),
+                crate::codegen::PER_DEVICE,
             ],
             &[
                 ("sm90_gemm", SM90_GEMM),
@@ -638,7 +639,9 @@ mod tests {
             text.contains("return make_arguments(p, a, b, 1.0f, 2 * p.k, 2 * p.k);"),
             "the second GEMM accumulates over both K halves"
         );
-        assert!(text.contains("second.initialize(second_arguments(p, a_parts, b_parts)"));
+        assert!(text.contains(
+            "launch_adapter<SecondGemm, SecondKernel>(second_arguments(p, a_parts, b_parts)"
+        ));
         // torch's rrr b is split into K-major parts, so the passes read a RowMajor CUTLASS A.
         assert!(
             text.contains("split_parts_transposed<<<")

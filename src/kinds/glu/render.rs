@@ -19,7 +19,12 @@ const OP: &str = include_str!("templates/glu_op.cpp.hbs");
 
 fn templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
-    R.get_or_init(|| codegen::templates(&[], &[("fused", FUSED), ("split", SPLIT), ("op", OP)]))
+    R.get_or_init(|| {
+        codegen::templates(
+            &[codegen::PER_DEVICE],
+            &[("fused", FUSED), ("split", SPLIT), ("op", OP)],
+        )
+    })
 }
 
 /// The translation unit of one GLU kernel (launch knobs aside: every variant shares it).

@@ -72,7 +72,7 @@ at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& 
   if (has_w && weight->scalar_type() != x.scalar_type()) return why = "mixed dtypes", at::Tensor();
   const int64_t c = x.size(-1);
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
@@ -152,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const
   if (!residual_operands(a, b, shape, rows, why)) return std::make_tuple(at::Tensor(), at::Tensor());
   if (has_w && weight->device() != a.device()) return fail("not CUDA tensors of one device");
   if (has_w && at::GradMode::is_enabled() && weight->requires_grad()) return fail("autograd (the kernel has no backward)");
-  const int32_t index = fact_kernel_find(std::string(kernel).c_str());
+  const int32_t index = find_kernel(kernel);
   if (index < 0) return fail("no such kernel in this library");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
