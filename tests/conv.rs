@@ -1,7 +1,8 @@
 //! The convolution kind composed without a GPU: a torchvision-style fixture (conv_blocks.pt: a
 //! stem, max pooling, a bottleneck with its residual add, a convolution with a bias and
 //! hardswish) composed from a test table, so every convolution chain becomes one `fact::conv`;
-//! the BatchNorms folded into buffers of the module (the weights channels-last); the op's
+//! the BatchNorms folded into buffers of the module (the weights channels-last, the stem's 3 input
+//! channels padded with a zero one to fp32's 16-byte rows); the op's
 //! fallback computing exactly what the replaced nodes did, on NCHW and channels-last inputs,
 //! counted with its reason when the kind is off and on CPU tensors; `FACT_DISABLE=conv`.
 
@@ -70,6 +71,12 @@ fn a_table_hit_composes_fact_conv_on_folded_weights_whose_fallback_is_the_graphs
         .map(|p| p["copies"].as_array().map_or(0, Vec::len))
         .collect();
     assert_eq!(copies, [1, 0, 0, 0, 0], "{patterns:?}");
+    // The stem's one copy pads x's 3 channels to 4 as it converts it.
+    let stem_copy = patterns[0]["copies"][0].as_str().unwrap();
+    assert!(
+        stem_copy.starts_with("x padded from 3 to 4 channels, channels-last"),
+        "{stem_copy}"
+    );
     let mut kernels: Vec<String> = specs.iter().map(|(_, s)| s.name()).collect();
     kernels.sort();
     kernels.dedup();
@@ -108,12 +115,21 @@ def fold(conv, bn):
 
 for conv, bn in (("stem", "bn0"), ("c1", "bn1"), ("c2", "bn2"), ("c3", "bn3"), ("tail", None)):
     w, b = fold(conv, bn)
-    fw, fb = buffers["fact_folded_" + conv + "_weight"], buffers["fact_folded_" + conv + "_weight_bias"]
+    # The stem's 3 input channels padded to 4: the kernel reads x in 16-byte rows of fp32.
+    padded = "_c4" if conv == "stem" else ""
+    fw, fb = buffers["fact_folded_" + conv + "_weight" + padded], buffers["fact_folded_" + conv + "_weight_bias"]
     # KRSC; a 1x1 filter's is its KCRS too.
     assert fw.is_contiguous(memory_format=cl) and (fw.shape[2] == 1 or not fw.is_contiguous()), (conv, fw.stride())
+    if padded:
+        assert fw.shape == (16, 4, 3, 3) and w.shape == (16, 3, 3, 3), (fw.shape, w.shape)
+        assert torch.equal(fw[:, 3:], torch.zeros(16, 1, 3, 3)), fw[:, 3:]
+        assert "fact_folded_stem_weight" not in buffers, sorted(buffers)
+        fw = fw[:, :3]
     assert fw.dtype == torch.float32 and fb.dtype == torch.float32
     assert torch.allclose(fw.double(), w, rtol=1e-6, atol=1e-7), conv
     assert torch.allclose(fb.double(), b, rtol=1e-6, atol=1e-7), conv
+# The fallback's weight is the model's own, unpadded.
+assert params["stem.weight"].shape == (16, 3, 3, 3)
 # Without a BatchNorm the weight and bias are the module's own, laid out for the kernel.
 assert torch.equal(buffers["fact_folded_tail_weight"], params["tail.weight"])
 assert torch.equal(buffers["fact_folded_tail_weight_bias"], params["tail.bias"])
@@ -132,13 +148,13 @@ def check(x):
     assert sum(c["fell_back"] for c in counts) == 5 and all(c["ran"] == 0 for c in counts), stats
     return {{c["why"] for c in counts}}
 
-x = torch.randn(2, 8, 16, 16)
+x = torch.randn(2, 3, 16, 16)
 assert check(x) == {{"conv is turned off (FACT_DISABLE or fact_disable)"}}
 assert so.fact_disable(b"") == 0
 assert check(x) == {{"not CUDA tensors of one device"}}
 assert check(x.contiguous(memory_format=cl)) == {{"not CUDA tensors of one device"}}
 # Another batch and image size: the same function.
-assert check(torch.randn(3, 8, 12, 20)) == {{"not CUDA tensors of one device"}}
+assert check(torch.randn(3, 3, 12, 20)) == {{"not CUDA tensors of one device"}}
 print("ok")
 "#,
         lib = lib.display().to_string(),

@@ -90,7 +90,13 @@ fn takes_the_abi_call(spec: ConvSpec) {
     let w_1x1 = fake_tensor(0x20000, BF16, &[64, 64, 1, 1], &[64, 1, 1, 1]);
     let one_px = |addr| fake_tensor(addr, BF16, &[2, 64, 1, 1], &[64, 1, 1, 1]);
     assert!(can(
-        &[one_px(0x10000), w_1x1, bias, one_px(0x40000), one_px(0x50000)],
+        &[
+            one_px(0x10000),
+            w_1x1,
+            bias,
+            one_px(0x40000),
+            one_px(0x50000)
+        ],
         &[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
     ));
     let w_1x1_packed = nhwc(0x20000, BF16, [64, 64, 1, 1]);

@@ -3,18 +3,24 @@
 # convolution kernels (src/kinds/conv) against cuDNN, then composed models.
 #   realize  `fact realize` at resnet50's B 64 shapes, bf16 and tf32: a 1x1 (256 -> 64 on 56x56),
 #            the bottleneck's last 1x1 with the residual add (64 -> 256), a 3x3 stride 1 (64 on
-#            56x56), a 3x3 stride 2 (128 on 56x56) and the 7x7 stem (3 channels: no kernel takes
-#            it, realize says why). Each sweep compiles the generator's tiles (--candidates 6),
+#            56x56), a 3x3 stride 2 (128 on 56x56) and the 7x7 stem (3 channels, which the kernels
+#            read padded with zeros to 16-byte rows; the baseline is torch's C = 3 convolution). Each sweep compiles the generator's tiles (--candidates 6),
 #            verifies each against fp64 and times it against torch on the same function (the
 #            faster of NCHW and channels-last); printed per candidate (status, error, ms) with the
 #            ratio to cuDNN's time in NCHW and in channels-last for the folded function, timed
 #            here in the same process (conv_baseline.py's forms).
 #   chain    conv_check.py chain: two convolutions with a max pool between, composed; every call
 #            runs its kernel, the first converts x to channels-last, the second reads in place.
+#   stem     conv_check.py stem: resnet50's stem (7x7 s2 over 3 channels + BatchNorm + ReLU), max
+#            pooling and a 1x1 convolution at B 32, bf16, composed with --keep-slower: both run their
+#            kernels, the stem's padding x to 8 channels as it converts it, the 1x1 reading in place;
+#            error against fp64; traced and fact timed in turns.
+#   stem_alone conv_check.py stem_alone: the stem's convolution, BatchNorm and ReLU alone, cuDNN
+#            (NCHW) against the one fact::conv call (pad, kernel, output back to NCHW).
 #   resnet50 conv_check.py resnet50 at B 32, bf16: composed (--candidates 2, seeded by the realize
 #            step's table), every substituted convolution runs its kernel (no fallbacks), error
 #            against fp64, the traced module and fact's timed in turns.
-# Usage: benches/device/conv.sh [BUDGET_S (default 470)] [STEP...]   (steps: realize chain resnet50)
+# Usage: benches/device/conv.sh [BUDGET_S (default 470)] [STEP...]   (steps: realize chain stem stem_alone resnet50)
 # Logs and JSON under $OUT/conv/; the summary is the last lines of the output. A rerun on a warm
 # machine finds compiled kernels in /tmp/fact-cache and the table in $OUT/conv/user_table.json.
 set -uo pipefail
@@ -121,8 +127,10 @@ for s in $steps; do
   case $s in
     realize) realize_step ;;
     chain) check_step chain bf16 --candidates 2 --jobs 16 ;;
+    stem) check_step stem bf16 --candidates 4 --jobs 16 --keep-slower ;;
+    stem_alone) check_step stem_alone bf16 --candidates 4 --jobs 16 --keep-slower ;;
     resnet50) check_step resnet50 bf16 --candidates 2 --jobs 16 ;;
-    *) echo "unknown step $s (realize chain resnet50)" ;;
+    *) echo "unknown step $s (realize chain stem stem_alone resnet50)" ;;
   esac
 done
 echo "== summary ($((SECONDS - start))s)"

@@ -9,6 +9,16 @@ BatchNorm + ReLU, a pooled linear head), B 32, 64 channels, 56x56, traced on the
 none fell back), the first converting x to channels-last (copied 1 a call) and the second reading
 the first's output in place through the pool (copied 0), the output against the original in
 fp64.
+STEP `stem`: resnet50's stem (conv 7x7 stride 2 over the image's 3 channels + BatchNorm + ReLU, max
+pooling) and the first 1x1 convolution after it (+ BatchNorm + ReLU), pooled and flattened, B 32,
+224x224, composed the same way (pass `--keep-slower`, so the padded stem runs its kernel even where
+its sweep found cuDNN faster; the pattern lines say which was): both convolutions run their kernels,
+the stem's padding x's 3 channels to 16-byte rows as it converts it (copied 1 a call), the 1x1
+reading the stem's output in place through the pool (copied 0); the error against fp64; the traced
+module and the composed one timed in turns.
+STEP `stem_alone`: the stem's convolution, BatchNorm and ReLU alone (its output the graph's, so the
+op hands it back NCHW), composed the same way: torch (cuDNN on NCHW, as the model runs) against one
+`fact::conv` call that pads and converts x, runs the kernel and converts the output back (copied 1).
 STEP `resnet50`: torchvision's resnet50 at B 32 the same way: every substituted convolution runs
 its kernel (fell_back 0), the output against the original in fp64, and the traced module and the
 composed one timed in turns (medians of CUDA-event timings, L2 flushed before each).
@@ -56,9 +66,40 @@ class Chain(torch.nn.Module):
         return self.fc(F.adaptive_avg_pool2d(y, 1).flatten(1))
 
 
+class Stem(torch.nn.Module):
+    def __init__(self, c=64):
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(3, c, 7, 2, 3, bias=False), torch.nn.BatchNorm2d(c)
+        self.c2, self.b2 = torch.nn.Conv2d(c, c, 1, bias=False), torch.nn.BatchNorm2d(c)
+        for bn in (self.bn1, self.b2):
+            bn.running_mean.normal_(0, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.data.normal_(1, 0.2)
+            bn.bias.data.normal_(0, 0.2)
+
+    def stem(self, x):
+        return F.relu(self.bn1(self.conv1(x)))
+
+    def forward(self, x):
+        y = F.max_pool2d(self.stem(x), 3, 2, 1)
+        y = F.relu(self.b2(self.c2(y)))
+        return F.adaptive_avg_pool2d(y, 1).flatten(1)
+
+
+class StemOnly(Stem):
+    """The stem's convolution, BatchNorm and ReLU alone (its output NCHW, the graph's)."""
+
+    def forward(self, x):
+        return self.stem(x)
+
+
 def model(name):
     if name == "chain":
         return Chain(), torch.randn(32, 64, 56, 56)
+    if name == "stem":
+        return Stem(), torch.randn(32, 3, 224, 224)
+    if name == "stem_alone":
+        return StemOnly(), torch.randn(32, 3, 224, 224)
     import torchvision
 
     return torchvision.models.resnet50(), torch.randn(32, 3, 224, 224)
@@ -121,7 +162,14 @@ def main():
     for k, c in sorted(conv_stats.items()):
         log(f"  {k:70s} ran {c['ran']:3d} copied {c['copied']:3d} fell_back {c['fell_back']:3d} {c.get('why', '')}")
     ok = fell == 0 and ran == len(kept) and all(k in stats for k in conv_kernels)
-    if step == "chain" and len(kept) == 2:
+    if step in ("stem", "stem_alone"):
+        # Every convolution through its kernel, the stem's among them (its problem keeps C = 3).
+        ok = ok and len(kept) == len(convs) == (2 if step == "stem" else 1)
+        ok = ok and kept[0]["problem"]["in_channels"] == 3
+    if step == "stem_alone" and len(kept) == 1:
+        ok = ok and stats[kept[0]["kernel"]]["copied"] == 1
+        log(f"  conversions: {stats[kept[0]['kernel']]['copied']} (want 1: x padded and converted, the output back)")
+    if step in ("chain", "stem") and len(kept) == 2:
         first, second = kept[0]["kernel"], kept[1]["kernel"]
         # Two kernels, or one kernel serving both calls.
         if first != second:

@@ -853,21 +853,27 @@ Value* interleaved_attributes(torch::jit::Module& m, Graph& g, Value* first, Val
   return module_buffer(m, g, "fact_interleaved_" + pa + "_" + pb, t);
 }
 
-// A convolution's weight (`part` 0) or bias (1) with an eval-mode BatchNorm folded in, from the module
-// attributes `values` reads ([weight, bias, gamma, beta, mean, var], kAbsent where there is none; `eps`
-// empty without a BatchNorm), as a buffer of the module (`fact_folded_<weight path>[_bias]`, made once;
-// the attributes stay for the fallback and their other readers). Computed in fp64 and rounded to the
-// weight's dtype: w' = w * gamma / sqrt(var + eps), laid out channels-last (KRSC, the kernels'
-// layout), and b' = (b - mean) * gamma / sqrt(var + eps) + beta.
+// A convolution's bias (`channels` 0) or weight (`channels` input channels) with an eval-mode BatchNorm
+// folded in, from the module attributes `values` reads ([weight, bias, gamma, beta, mean, var], kAbsent
+// where there is none; `eps` empty without a BatchNorm), as a buffer of the module
+// (`fact_folded_<weight path>[_c<channels>]` or `..._bias`, made once; the attributes stay for the
+// fallback and their other readers). Computed in fp64 and rounded to the weight's dtype:
+// w' = w * gamma / sqrt(var + eps), its input channels past the weight's own zero (a stem's 3 padded to
+// 16-byte rows: zero channels of x meet them, so the convolution is the same), laid out channels-last
+// (KRSC, the kernels' layout), and b' = (b - mean) * gamma / sqrt(var + eps) + beta.
 Value* folded_attributes(torch::jit::Module& m, Graph& g, const rust::Vec<uint32_t>& values, const std::string& eps_text,
-                         int64_t part, const std::function<Value*(uint32_t)>& value_at) {
+                         int64_t channels, const std::function<Value*(uint32_t)>& value_at) {
   constexpr uint32_t kAbsent = UINT32_MAX;
-  if (values.size() != 6 || values[0] == kAbsent || (part != 0 && part != 1)) {
+  if (values.size() != 6 || values[0] == kAbsent || channels < 0) {
     throw std::runtime_error("internal: a folded operand names a weight, five optional attributes and its part");
   }
   auto [w, path] = module_attribute(m, g, value_at(values[0]), "folded");
   if (w.dim() != 4 || !w.is_floating_point()) {
     throw std::runtime_error("attribute " + path + " is no 4-D convolution weight: it cannot be folded");
+  }
+  if (channels != 0 && channels < w.size(1)) {
+    throw std::runtime_error("attribute " + path + " has " + std::to_string(w.size(1)) + " input channels: it cannot be padded to " +
+                             std::to_string(channels));
   }
   const int64_t k = w.size(0);
   auto channel = [&](uint32_t id, double none) {
@@ -887,11 +893,14 @@ Value* folded_attributes(torch::jit::Module& m, Graph& g, const rust::Vec<uint32
     scale = channel(values[2], 1.0) / at::sqrt(channel(values[5], 0.0) + eps);
     shift = channel(values[3], 0.0) - channel(values[4], 0.0) * scale;
   }
-  if (part == 0) {
-    const at::Tensor folded = (w.to(at::kDouble) * scale.view({k, 1, 1, 1}))
-                                  .to(w.scalar_type())
-                                  .contiguous(at::MemoryFormat::ChannelsLast);
-    return module_buffer(m, g, "fact_folded_" + path, folded);
+  if (channels != 0) {
+    const at::Tensor scaled = (w.to(at::kDouble) * scale.view({k, 1, 1, 1})).to(w.scalar_type());
+    // at::zeros drops a memory format its options carry; at::empty keeps it.
+    at::Tensor folded = at::empty({k, channels, w.size(2), w.size(3)}, scaled.options().memory_format(at::MemoryFormat::ChannelsLast));
+    folded.zero_();
+    folded.narrow(1, 0, w.size(1)).copy_(scaled);
+    const std::string padded = channels == w.size(1) ? "" : "_c" + std::to_string(channels);
+    return module_buffer(m, g, "fact_folded_" + path + padded, folded);
   }
   const at::Tensor folded = (channel(values[1], 0.0) * scale + shift).to(w.scalar_type());
   return module_buffer(m, g, "fact_folded_" + path + "_bias", folded);

@@ -73,11 +73,12 @@ mod ffi {
         /// The module attributes the two graph values `values` read, interleaved along their
         /// first dim in blocks of `int_value` rows: a buffer the rewrite adds once.
         Interleaved,
-        /// A convolution's weight (`int_value` 0) or bias (1) with an eval-mode BatchNorm folded
-        /// in, from the module attributes `values` reads: [weight, bias, γ, β, mean, var], each
-        /// absent one `ABSENT`, the BatchNorm's eps as `text` (empty without a BatchNorm). The
-        /// weight is laid out channels-last (KRSC), the kernels' layout: a buffer the rewrite
-        /// adds once.
+        /// A convolution's weight or bias with an eval-mode BatchNorm folded in, from the module
+        /// attributes `values` reads: [weight, bias, γ, β, mean, var], each absent one `ABSENT`,
+        /// the BatchNorm's eps as `text` (empty without a BatchNorm). `int_value` 0 makes the
+        /// bias; a positive one the weight with that many input channels, those past the
+        /// weight's own zero (a stem's C = 3 padded to 16-byte rows), laid out channels-last
+        /// (KRSC), the kernels' layout: a buffer the rewrite adds once.
         Folded,
     }
     struct Operand {
@@ -136,6 +137,8 @@ pub const ABSENT: u32 = u32::MAX;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fold {
     pub weight: usize,
+    /// The input channels of the folded weight: the weight's own, or more, padded with zeros.
+    pub channels: i64,
     pub bias: Option<usize>,
     pub bn: Option<FoldBn>,
 }
@@ -203,8 +206,9 @@ impl Operand {
     }
     /// A convolution's weight (`bias` false) or bias (true) with an eval-mode BatchNorm folded
     /// in, as a buffer of the composed module: w' = w·γ/√(var+eps) in the kernels' channels-last
-    /// layout, b' = (b − mean)·γ/√(var+eps) + β, computed once in fp64 from the module's
-    /// attributes `fold` names, and rounded to their dtype.
+    /// layout with `fold.channels` input channels (zero past the weight's own), b' = (b −
+    /// mean)·γ/√(var+eps) + β, computed once in fp64 from the module's attributes `fold` names,
+    /// and rounded to their dtype.
     pub fn folded(bias: bool, fold: &Fold) -> Operand {
         let id = |v: Option<usize>| v.map_or(ABSENT, |v| v as u32);
         let (bn, eps) = match &fold.bn {
@@ -224,7 +228,7 @@ impl Operand {
         Operand {
             values,
             text: eps,
-            int_value: i64::from(bias),
+            int_value: if bias { 0 } else { fold.channels },
             ..Operand::of(OperandKind::Folded)
         }
     }

@@ -3,11 +3,13 @@
 // takes the graph's own operands (x, the convolution's weight, bias and arguments, the
 // BatchNorm's parameters, the residual), which its fallback replays, and the weight and bias
 // compose folded the BatchNorm into once (`w_kernel`, KRSC: channels-last), which the kernel
-// reads. `form` says what the call replaced: the convolution as the graph wrote it
-// ("conv2d", or "_convolution:BDCT" with its benchmark, deterministic, cudnn_enabled and
-// allow_tf32 flags as 0/1, three of them for the older overload), "bn:EPS:C" (the BatchNorm's eps
-// and cudnn_enabled), "act:NAME", and "out:cl" or "out:nchw": the layout the output is handed
-// back in (channels-last where every reader takes it, the chain's end otherwise).
+// reads. Where the kernels' 16-byte rows of channels are more than x's (a stem's C = 3), compose
+// padded `w_kernel` with zero input channels, and the op pads x to match where it converts it.
+// `form` says what the call replaced: the convolution as the graph wrote it ("conv2d", or
+// "_convolution:BDCT" with its benchmark, deterministic, cudnn_enabled and allow_tf32 flags as
+// 0/1, three of them for the older overload), "bn:EPS:C" (the BatchNorm's eps and cudnn_enabled),
+// "act:NAME", and "out:cl" or "out:nchw": the layout the output is handed back in (channels-last
+// where every reader takes it, the chain's end otherwise).
 
 struct ConvForm {
   bool conv2d = true;
@@ -96,6 +98,22 @@ at::Tensor conv_channels_last(const at::Tensor& t, bool& copied) {
   return c;
 }
 
+// `x` as the kernel reads it with `channels` input channels: where that is x's own, x channels-last
+// (`conv_channels_last`); where it is more (the weight compose padded with zero channels), a fresh
+// channels-last tensor, x in its first channels and zeros after: a zero channel meets a zero
+// weight, so the convolution is the model's. Each channel is written once: the zeros, then x (the
+// conversion x would need anyway, made into the wider rows).
+at::Tensor conv_input(const at::Tensor& x, int64_t channels, bool& copied) {
+  const int64_t c = x.size(1);
+  if (c == channels) return conv_channels_last(x, copied);
+  copied = true;
+  at::Tensor padded = at::empty({x.size(0), channels, x.size(2), x.size(3)},
+                                x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  padded.narrow(1, c, channels - c).zero_();
+  padded.narrow(1, 0, c).copy_(x);
+  return padded;
+}
+
 // A channels-last tensor as the ABI passes it, its strides the packed NHWC ones (a dim of size
 // one may carry any stride in torch; the kernels check the packed ones).
 FactTensor conv_tensor(const at::Tensor& t) {
@@ -121,9 +139,10 @@ bool conv_pair(at::IntArrayRef v, int64_t out[2]) {
 }
 
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
-// reason in `why`; `copied` says whether x or the residual was converted to channels-last first, or
-// the output back to NCHW.
-at::Tensor conv_kernel(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+// reason in `why`; `copied` says whether x (padded or not) or the residual was converted to
+// channels-last first, or the output back to NCHW. `in_channels` are the graph's weight's: x must
+// have them, and `w` (the kernel's weight) as many or more, zero past them.
+at::Tensor conv_kernel(const at::Tensor& x, int64_t in_channels, const at::Tensor& w, const std::optional<at::Tensor>& b,
                        const std::optional<at::Tensor>& residual, at::IntArrayRef stride, at::IntArrayRef padding,
                        at::IntArrayRef dilation, int64_t groups, bool out_cl, c10::string_view kernel,
                        std::string& why, bool& copied) {
@@ -146,7 +165,9 @@ at::Tensor conv_kernel(const at::Tensor& x, const at::Tensor& w, const std::opti
   if (!conv_pair(stride, s) || !conv_pair(padding, p) || !conv_pair(dilation, d)) {
     return why = "not a 2-D convolution's arguments", at::Tensor();
   }
-  if (x.dim() != 4 || w.dim() != 4 || x.size(1) != w.size(1)) return why = "not a 2-D convolution of x's channels", at::Tensor();
+  if (x.dim() != 4 || w.dim() != 4 || x.size(1) != in_channels || w.size(1) < in_channels) {
+    return why = "not a 2-D convolution of x's channels", at::Tensor();
+  }
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
   const int64_t out_h = (x.size(2) + 2 * p[0] - d[0] * (w.size(2) - 1) - 1) / s[0] + 1;
   const int64_t out_w = (x.size(3) + 2 * p[1] - d[1] * (w.size(3) - 1) - 1) / s[1] + 1;
@@ -160,7 +181,7 @@ at::Tensor conv_kernel(const at::Tensor& x, const at::Tensor& w, const std::opti
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   c10::cuda::CUDAGuard guard(x.device());
   bool conv_copied = false;
-  const at::Tensor xc = conv_channels_last(x, conv_copied);
+  const at::Tensor xc = conv_input(x, w.size(1), conv_copied);
   const at::Tensor wc = conv_channels_last(w, conv_copied);
   const at::Tensor rc = has_r ? conv_channels_last(*residual, conv_copied) : at::Tensor();
   at::Tensor out = at::empty({x.size(0), w.size(0), out_h, out_w}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
@@ -191,8 +212,9 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const std::option
   std::string why = "conv is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kConvKind)) {
     bool copied = false;
-    at::Tensor out = conv_kernel(x, w_kernel, b_kernel, residual, stride, padding, dilation, groups, f.out_cl, kernel,
-                                 why, copied);
+    const int64_t in_channels = weight.dim() == 4 ? weight.size(1) : -1;
+    at::Tensor out = conv_kernel(x, in_channels, w_kernel, b_kernel, residual, stride, padding, dilation, groups,
+                                 f.out_cl, kernel, why, copied);
     if (out.defined()) {
       count_ran(kernel, copied);
       return out;

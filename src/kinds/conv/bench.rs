@@ -4,6 +4,11 @@
 //! channels-last as the kernels read them. The reference is the same function in fp64; the bias
 //! and residual are of the output's scale, so a kernel that drops either misses the tolerance.
 //!
+//! A problem whose C the kernel pads (`ConvProblem::kernel_channels`, a stem's C = 3) draws its
+//! inputs at the model's C; the kernel reads them padded with zero channels (`Inputs::for_kernel`,
+//! made outside the timing, as the other problems' channels-last x is), and the baseline and the
+//! reference compute the model's C = 3 convolution: what the user would otherwise run.
+//!
 //! The baseline is torch computing the same function, `act(conv2d(x, w, b) + residual)`, the
 //! faster of NCHW (the layout the model runs in) and channels-last (cuDNN's NHWC kernels, what a
 //! model converted to channels-last runs): a kernel is kept only where it beats cuDNN in both,
@@ -69,6 +74,31 @@ impl Inputs {
         }
     }
 
+    /// The tensors the kernel reads for `p`: x and the weight padded with zero channels to
+    /// `p.kernel_channels()` (the op's and compose's padding), channels-last; the same tensors
+    /// where the kernel runs the model's C.
+    pub fn for_kernel(&self, p: &ConvProblem) -> Inputs {
+        let channels = p.kernel_channels();
+        let pad = |t: &Tensor| {
+            let [n, c, h, w] = t.size()[..] else {
+                unreachable!("a 4-D convolution operand")
+            };
+            if c == channels {
+                return t.shallow_clone();
+            }
+            let out = empty_channels_last([n, channels, h, w], t.kind(), t.device());
+            let _ = out.narrow(1, c, channels - c).zero_();
+            out.narrow(1, 0, c).copy_(t);
+            out
+        };
+        Inputs {
+            x: pad(&self.x),
+            w: pad(&self.w),
+            bias: self.bias.as_ref().map(Tensor::shallow_clone),
+            residual: self.residual.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+
     /// The same tensors in NCHW (packed row-major), as the model lays them out.
     pub fn nchw(&self) -> Inputs {
         Inputs {
@@ -124,7 +154,9 @@ pub struct ConvBench<'a> {
     cuda: &'static Cuda,
     device: Device,
     flush: Tensor,
+    /// The model's inputs (the baseline's) and the kernel's (`Inputs::for_kernel`).
     timed: Inputs,
+    timed_kernel: Inputs,
     out: Tensor,
 }
 
@@ -137,6 +169,7 @@ impl<'a> ConvBench<'a> {
         let cuda = Cuda::get()?;
         let device = Device::Cuda(0);
         let timed = Inputs::random(&p, device);
+        let timed_kernel = timed.for_kernel(&p);
         let out = Self::output(&p, device);
         let flush = protocol.flush_buffer(device);
         Ok(ConvBench {
@@ -147,6 +180,7 @@ impl<'a> ConvBench<'a> {
             device,
             flush,
             timed,
+            timed_kernel,
             out,
         })
     }
@@ -182,13 +216,13 @@ impl Bench for ConvBench<'_> {
         let x = Inputs::random(&self.p, self.device);
         let out = Self::output(&self.p, self.device);
         let _ = out.shallow_clone().fill_(f64::NAN);
-        self.launch(index, &x, &out)?;
+        self.launch(index, &x.for_kernel(&self.p), &out)?;
         self.cuda.sync().map_err(BenchError::Launch)?;
         Ok(relative_error(&out, &x.reference(&self.p)))
     }
 
     fn time(&mut self, index: usize) -> Result<Vec<f64>, BenchError> {
-        let (x, out) = (&self.timed, &self.out);
+        let (x, out) = (&self.timed_kernel, &self.out);
         let this = &*self;
         sample(
             self.cuda,
@@ -225,5 +259,71 @@ impl Bench for ConvBench<'_> {
             .into_iter()
             .min_by(|a, b| median(a).total_cmp(&median(b)))
             .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::DType;
+
+    /// resnet50's stem at a test's size: 7x7 stride 2 padding 3, three channels in, with its
+    /// folded bias and ReLU.
+    fn stem(dtype: DType) -> ConvProblem {
+        ConvProblem {
+            images: 2,
+            height: 20,
+            width: 18,
+            in_channels: 3,
+            out_channels: 16,
+            filter: [7, 7],
+            stride: [2, 2],
+            padding: [3, 3],
+            dilation: [1, 1],
+            groups: 1,
+            dtype,
+            bias: true,
+            residual: false,
+            act: Some(ConvAct::Relu),
+        }
+    }
+
+    #[test]
+    fn the_kernels_inputs_pad_c_with_zero_channels_and_compute_the_models_convolution() {
+        let _guard = tch::no_grad_guard();
+        for (dtype, channels) in [(DType::F32, 4), (DType::Bf16, 8)] {
+            let p = stem(dtype);
+            let x = Inputs::random(&p, Device::Cpu);
+            let k = x.for_kernel(&p);
+            for (model, padded) in [(&x.x, &k.x), (&x.w, &k.w)] {
+                assert_eq!(padded.size()[1], channels);
+                assert_eq!(padded.size()[2..], model.size()[2..]);
+                let [_, c, h, w] = padded.size()[..] else {
+                    unreachable!()
+                };
+                assert_eq!(padded.stride(), [h * w * c, 1, w * c, c], "channels-last");
+                assert!(padded.narrow(1, 0, 3).equal(model), "{dtype:?}");
+                let zeros = padded.narrow(1, 3, channels - 3);
+                assert_eq!(zeros.abs().sum(Kind::Double).double_value(&[]), 0.0);
+            }
+            // The padded convolution is the model's: zero channels add exact zeros.
+            let up = |t: &Tensor| t.to_kind(Kind::Double);
+            let want = x.reference(&p);
+            let got = Inputs {
+                x: up(&k.x),
+                w: up(&k.w),
+                bias: k.bias.as_ref().map(up),
+                residual: None,
+            }
+            .torch(&p);
+            assert!(got.equal(&want) || (got - &want).abs().max().double_value(&[]) < 1e-12);
+        }
+        // Aligned C: the kernel reads the model's tensors themselves.
+        let aligned = ConvProblem {
+            in_channels: 8,
+            ..stem(DType::Bf16)
+        };
+        let x = Inputs::random(&aligned, Device::Cpu);
+        assert_eq!(x.for_kernel(&aligned).x.data_ptr(), x.x.data_ptr());
     }
 }

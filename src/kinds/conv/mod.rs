@@ -116,24 +116,38 @@ impl Kind for Conv {
             k,
         }]
     }
-    /// One kernel: the implicit GEMM, x, the weight, bias and residual read once and the output
-    /// written once, and each conversion the chain makes here (layout.rs) a copy of its own.
+    /// One kernel: the implicit GEMM (of the padded channels where the kernel pads C), x, the
+    /// weight, bias and residual read once and the output written once, and each conversion the
+    /// chain makes here (layout.rs) a copy of its own; padding x is one wherever x comes from
+    /// (zeroing the pad channels and copying x in: two launches).
     fn work(&self, m: &dyn Match, math: MathType) -> Option<Work> {
         let c = own_match::<ConvMatch>(m);
         let p = &c.problem;
         if refusal(p, math).is_some() {
             return None;
         }
+        let runs = p.kernel_problem();
         let bytes = p.dtype.bytes() as f64;
         let [out_h, out_w] = p.output();
-        let x = (p.images * p.in_channels * p.height * p.width) as f64 * bytes;
-        let w =
-            (p.out_channels * p.in_channels / p.groups * p.filter[0] * p.filter[1]) as f64 * bytes;
+        let image = (p.images * p.height * p.width) as f64 * bytes;
+        let (x, x_kernel) = (
+            image * p.in_channels as f64,
+            image * runs.in_channels as f64,
+        );
+        let w = (p.out_channels * runs.in_channels / p.groups * p.filter[0] * p.filter[1]) as f64
+            * bytes;
         let out = (p.images * p.out_channels * out_h * out_w) as f64 * bytes;
-        let mut total = x + w + out + if p.residual { out } else { 0.0 };
+        let mut total = x_kernel + w + out + if p.residual { out } else { 0.0 };
         let mut launches = 1;
         let mut note = "one kernel".to_string();
-        if matches!(c.x_from, Source::Nchw(_)) {
+        if p.padded() {
+            total += x + x_kernel;
+            launches += 2;
+            note += &format!(
+                ", x padded to {} channels as it is converted to channels-last",
+                runs.in_channels
+            );
+        } else if matches!(c.x_from, Source::Nchw(_)) {
             total += 2.0 * x;
             launches += 1;
             note += ", x converted to channels-last";
@@ -143,8 +157,13 @@ impl Kind for Conv {
             launches += 1;
             note += ", the output converted back to NCHW";
         }
+        let (rows, cols, k) = runs.gemm();
         Some(Work {
-            products: self.products(m),
+            products: vec![Product {
+                node: c.conv.node,
+                flops: 2.0 * (rows * cols * p.groups) as f64 * k as f64,
+                k,
+            }],
             bytes: total,
             launches,
             note,
@@ -293,12 +312,26 @@ impl Kind for Conv {
     }
 }
 
-/// What the op copies on every call: x where it comes from an NCHW producer, the output where a
-/// reader needs NCHW.
+/// What the op copies on every call: x where it comes from an NCHW producer or the kernel pads
+/// its channels, the output where a reader needs NCHW.
 fn copies(c: &ConvMatch) -> Vec<String> {
     let mut out = vec![];
-    if let Source::Nchw(from) = &c.x_from {
-        out.push(format!("x to channels-last (it comes NCHW from {from})"));
+    let p = &c.problem;
+    let from = match &c.x_from {
+        Source::Nchw(from) => format!("it comes NCHW from {from}"),
+        Source::Chain(node) => {
+            format!("it comes channels-last from the convolution at node {node}")
+        }
+        Source::Strided(op) => format!("it comes channels-last from {op}"),
+    };
+    if p.padded() {
+        out.push(format!(
+            "x padded from {} to {} channels, channels-last ({from})",
+            p.in_channels,
+            p.kernel_channels()
+        ));
+    } else if matches!(c.x_from, Source::Nchw(_)) {
+        out.push(format!("x to channels-last ({from})"));
     }
     if let Some(reader) = &c.out_nchw {
         out.push(format!("the output back to NCHW (for {reader})"));
@@ -316,6 +349,7 @@ pub fn edit(g: &Graph, c: &ConvMatch, kernel: &str) -> Edit {
     let bn = c.bn.as_ref();
     let fold = Fold {
         weight: c.conv.weight,
+        channels: c.problem.kernel_channels(),
         bias: c.conv.bias,
         bn: bn.map(|b| FoldBn {
             weight: b.weight,
@@ -448,19 +482,33 @@ fn name(c: &ConvMatch) -> String {
 /// tensors' layouts change, and the kernel family that computes it or why none does.
 fn notes(c: &ConvMatch, math: MathType, arch: Arch) -> Vec<String> {
     let p = &c.problem;
-    let (m, n, k) = p.gemm();
+    let refused = refusal(p, math);
+    // The GEMM the kernel runs: of the padded channels where it pads them.
+    let runs = if refused.is_none() {
+        p.kernel_problem()
+    } else {
+        p.clone()
+    };
+    let (m, n, k) = runs.gemm();
     let [out_h, out_w] = p.output();
     let mut notes = vec![format!(
         "an implicit GEMM of M = N·P·Q = {}·{out_h}·{out_w} = {m}, N = K = {n}, K = C·R·S = {}·{}·{} = {k}; {} arithmetic",
         p.images,
-        p.in_channels,
+        runs.in_channels,
         p.filter[0],
         p.filter[1],
         math.short_name()
     )];
-    if let Some(why) = refusal(p, math) {
+    if let Some(why) = refused {
         notes.push(format!("no kernel: {why}"));
         return notes;
+    }
+    if p.padded() {
+        notes.push(format!(
+            "C = {} padded to {} (zero channels; x padded where it is converted): the kernels read 16-byte rows of channels; the weight is padded once at compose time, x on every call",
+            p.in_channels,
+            runs.in_channels
+        ));
     }
     if c.bn.is_some() {
         notes.push(
@@ -468,13 +516,25 @@ fn notes(c: &ConvMatch, math: MathType, arch: Arch) -> Vec<String> {
                 .into(),
         );
     }
+    let in_place = if p.padded() {
+        format!(
+            "copied on every call all the same, its {} channels padded to {}",
+            p.in_channels, runs.in_channels
+        )
+    } else {
+        "read in place".to_string()
+    };
     notes.push(match &c.x_from {
         Source::Chain(node) => {
-            format!("x channels-last from the convolution at node {node}: read in place")
+            format!("x channels-last from the convolution at node {node}: {in_place}")
         }
         Source::Strided(op) => {
-            format!("x channels-last as the graph lays it out ({op}): read in place")
+            format!("x channels-last as the graph lays it out ({op}): {in_place}")
         }
+        Source::Nchw(from) if p.padded() => format!(
+            "x padded to {} channels as it is converted to channels-last on every call (one copy): it comes NCHW from {from}",
+            runs.in_channels
+        ),
         Source::Nchw(from) => {
             format!("x converted to channels-last on every call: it comes NCHW from {from}")
         }
@@ -626,7 +686,11 @@ mod tests {
         assert!(e.operands[2].kind == OperandKind::None);
         let (w, b) = (&e.operands[12], &e.operands[13]);
         assert!(w.kind == OperandKind::Folded && b.kind == OperandKind::Folded);
-        assert_eq!((w.int_value, b.int_value, w.text.as_str()), (0, 1, "1e-5"));
+        // The weight's buffer has its own 256 input channels (none padded); 0 makes the bias.
+        assert_eq!(
+            (w.int_value, b.int_value, w.text.as_str()),
+            (256, 0, "1e-5")
+        );
         let absent = crate::torch::ABSENT;
         assert_eq!(
             w.values,
@@ -698,5 +762,193 @@ mod tests {
             )
         };
         assert!(price(&inside) < price(m));
+    }
+}
+
+#[cfg(test)]
+mod stem_tests {
+    use super::*;
+    use crate::kinds::registry::match_patterns;
+    use crate::torch::OperandKind;
+
+    /// torchvision's resnet stem at batch 32 in `dtype`: conv 7x7 stride 2 padding 3 over the
+    /// image's 3 channels, its BatchNorm and ReLU, max pooling, then a 1x1 convolution with a
+    /// bias (the first bottleneck's, as `aten::conv2d`), whose output `out_channels` channels
+    /// are returned.
+    fn stem(dtype: &str, out_channels: i64) -> Graph {
+        Graph::parse(&format!(
+            "graph(%self: M, %x: {dtype}[32,3,224,224]):
+               %none = prim::Constant[None]()
+               %f = prim::Constant[False]()
+               %t = prim::Constant[True]()
+               %zero = prim::Constant[0]()
+               %one = prim::Constant[1]()
+               %two = prim::Constant[2]()
+               %three = prim::Constant[3]()
+               %eps = prim::Constant[1e-05]()
+               %mom = prim::Constant[0.1]()
+               %l0 = prim::ListConstruct(%zero, %zero) : List_int_
+               %l1 = prim::ListConstruct(%one, %one) : List_int_
+               %l2 = prim::ListConstruct(%two, %two) : List_int_
+               %l3 = prim::ListConstruct(%three, %three) : List_int_
+               %m = prim::GetAttr[name=\"m\"](%self) : Stem
+               %w = prim::GetAttr[name=\"w\"](%m) : {dtype}[64,3,7,7]
+               %g = prim::GetAttr[name=\"g\"](%m) : {dtype}[64]
+               %be = prim::GetAttr[name=\"be\"](%m) : {dtype}[64]
+               %mu = prim::GetAttr[name=\"mu\"](%m) : {dtype}[64]
+               %var = prim::GetAttr[name=\"var\"](%m) : {dtype}[64]
+               %w2 = prim::GetAttr[name=\"w2\"](%m) : {dtype}[{out_channels},64,1,1]
+               %b2 = prim::GetAttr[name=\"b2\"](%m) : {dtype}[{out_channels}]
+               %y = aten::_convolution(%x, %w, %none, %l2, %l3, %l1, %f, %l0, %one, %f, %f, %t, %t) : {dtype}[32,64,112,112]
+               %n = aten::batch_norm(%y, %g, %be, %mu, %var, %f, %mom, %eps, %t) : {dtype}[32,64,112,112]
+               %a = aten::relu_(%n) : {dtype}[32,64,112,112]
+               %p = aten::max_pool2d(%a, %l3, %l2, %l1, %l1, %f) : {dtype}[32,64,56,56]
+               %z = aten::conv2d(%p, %w2, %b2, %l1, %l0, %l1, %one) : {dtype}[32,{out_channels},56,56]
+               return (%z)"
+        ))
+        .unwrap()
+    }
+
+    fn convs(g: &Graph) -> Vec<ConvMatch> {
+        match_patterns(g)
+            .of::<ConvMatch>()
+            .into_iter()
+            .cloned()
+            .collect()
+    }
+
+    fn value(g: &Graph, name: &str) -> usize {
+        g.values.iter().position(|v| v.name == name).unwrap()
+    }
+
+    #[test]
+    fn resnets_stem_runs_the_kernel_on_channels_padded_to_sixteen_bytes() {
+        let g = stem("bf16", 64);
+        let found = convs(&g);
+        assert_eq!(found.len(), 2);
+        let (s, next) = (&found[0], &found[1]);
+        // The table keys the model's problem; the kernel runs it on 8 channels.
+        assert_eq!(s.problem.rule_id(), "conv2d_s2_p3_d1_bias_relu");
+        assert_eq!(s.problem.shape_key(), "32x224x224x3x64x7x7");
+        assert!(kernels_take(&s.problem) && s.problem.padded());
+        let facts = Conv.plan_facts(s, Some(MathType::Bf16), Arch::Sm90);
+        assert_eq!(facts.name, "conv2d 32x3x224x224 → 64 7x7 s2 p3 + bn + relu");
+        let notes = facts.notes.join("\n");
+        for note in [
+            "K = C·R·S = 8·7·7 = 392; bf16 arithmetic",
+            "C = 3 padded to 8 (zero channels; x padded where it is converted)",
+            "x padded to 8 channels as it is converted to channels-last on every call (one copy): it comes NCHW from the graph's input",
+            "folded into the weights and bias once",
+        ] {
+            assert!(notes.contains(note), "{note}: {notes}");
+        }
+        assert!(!notes.contains("no kernel"), "{notes}");
+        assert_eq!(
+            Conv.copies_of(s),
+            ["x padded from 3 to 8 channels, channels-last (it comes NCHW from the graph's input)"]
+        );
+        // Substituted, the stem hands its output on channels-last: through the max pool the
+        // next convolution reads it in place (before, it converted there).
+        assert_eq!(s.out_nchw, None);
+        assert_eq!(next.x_from, Source::Chain(s.conv.node));
+        assert!(Conv.copies_of(next).iter().all(|c| !c.starts_with("x ")));
+        // The cost model charges the padded GEMM and the pad's passes: x read at 3 channels and
+        // written at 8, then read by the kernel at 8.
+        let work = Conv.work(s, MathType::Bf16).unwrap();
+        let m = 32.0 * 112.0 * 112.0;
+        assert_eq!(work.products[0].flops, 2.0 * m * 64.0 * 392.0);
+        assert_eq!(work.products[0].k, 392);
+        assert_eq!(Conv.products(s)[0].flops, 2.0 * m * 64.0 * 147.0, "torch's");
+        let image = 32.0 * 224.0 * 224.0 * 2.0;
+        let (w, out) = (64.0 * 392.0 * 2.0, m * 64.0 * 2.0);
+        assert_eq!(
+            work.bytes,
+            8.0 * image + w + out + 3.0 * image + 8.0 * image
+        );
+        assert_eq!(work.launches, 3);
+        assert!(
+            work.note
+                .contains("x padded to 8 channels as it is converted to channels-last"),
+            "{}",
+            work.note
+        );
+        // fp32 rows of 16 bytes are 4 channels.
+        let g32 = stem("f32", 64);
+        let s32 = &convs(&g32)[0];
+        let notes = Conv
+            .plan_facts(s32, Some(MathType::Tf32), Arch::Sm90)
+            .notes
+            .join("\n");
+        assert!(
+            notes.contains("C = 3 padded to 4 (zero channels"),
+            "{notes}"
+        );
+    }
+
+    #[test]
+    fn the_stems_edit_pads_the_folded_weight_and_keeps_the_models_own_for_the_fallback() {
+        let g = stem("bf16", 64);
+        let found = convs(&g);
+        let e = Conv
+            .edits(&g, &[(&found[0], "k"), (&found[1], "k2")])
+            .remove(0);
+        assert_eq!(e.operands[0].value as usize, value(&g, "x"));
+        assert_eq!(
+            e.operands[1].value as usize,
+            value(&g, "w"),
+            "the fallback's"
+        );
+        let (w, b) = (&e.operands[12], &e.operands[13]);
+        assert!(w.kind == OperandKind::Folded && b.kind == OperandKind::Folded);
+        assert_eq!((w.int_value, b.int_value), (8, 0));
+        assert_eq!(w.values[0] as usize, value(&g, "w"));
+        assert_eq!(
+            e.operands[14].text,
+            "_convolution:0011;bn:1e-5:1;act:relu;out:cl"
+        );
+    }
+
+    #[test]
+    fn a_patch_embedding_without_a_batchnorm_pads_too_and_three_output_channels_stay_torchs() {
+        // ViT's conv_proj: 16x16 stride 16 with a bias, the model's weight padded alone.
+        let g = Graph::parse(
+            "graph(%self: M, %x: bf16[8,3,224,224]):
+               %zero = prim::Constant[0]()
+               %one = prim::Constant[1]()
+               %s = prim::Constant[16]()
+               %l0 = prim::ListConstruct(%zero, %zero) : List_int_
+               %l1 = prim::ListConstruct(%one, %one) : List_int_
+               %l16 = prim::ListConstruct(%s, %s) : List_int_
+               %m = prim::GetAttr[name=\"conv_proj\"](%self) : Conv2d
+               %w = prim::GetAttr[name=\"weight\"](%m) : bf16[768,3,16,16]
+               %b = prim::GetAttr[name=\"bias\"](%m) : bf16[768]
+               %y = aten::conv2d(%x, %w, %b, %l16, %l0, %l1, %one) : bf16[8,768,14,14]
+               return (%y)",
+        )
+        .unwrap();
+        let found = convs(&g);
+        assert_eq!(found.len(), 1);
+        let p = &found[0].problem;
+        assert_eq!(
+            (p.rule_id().as_str(), p.shape_key().as_str()),
+            ("conv2d_s16_p0_d1_bias", "8x224x224x3x768x16x16")
+        );
+        assert_eq!(p.kernel_problem().gemm(), (8 * 14 * 14, 768, 8 * 256));
+        let e = edit(&g, &found[0], "k");
+        let w = &e.operands[12];
+        assert_eq!((w.int_value, w.text.as_str()), (8, ""), "no BatchNorm");
+        assert_eq!(e.operands[14].text, "conv2d;out:nchw");
+        // The stem's chain ending in 3 output channels (an image-to-image head): that
+        // convolution stays torch's, with the reason; the stem still runs its kernel.
+        let g = stem("bf16", 3);
+        let found = convs(&g);
+        let facts = Conv.plan_facts(&found[1], Some(MathType::Bf16), Arch::Sm90);
+        assert!(
+            facts.notes[1].starts_with("no kernel: K = 3 output channels must be a multiple of 8"),
+            "{:?}",
+            facts.notes
+        );
+        assert!(Conv.work(&found[1], MathType::Bf16).is_none());
+        assert!(kernels_take(&found[0].problem));
     }
 }

@@ -158,7 +158,9 @@ impl ConvProblem {
         2.0 * outputs * k as f64 + outputs * epilogue as f64
     }
     /// The widest vector, in elements and at most 16 bytes, that both C/groups and K/groups
-    /// divide: the channels-last loads and stores a kernel may use on every pixel.
+    /// divide: the channels-last loads and stores a kernel may use on every pixel of the model's
+    /// tensors. A problem whose C the kernel pads (`kernel_channels`) keeps its own class, so a
+    /// table entry of an aligned shape never serves it as a bucket neighbour.
     pub fn alignment(&self) -> u32 {
         let mut align = 16 / self.dtype.bytes() as u32;
         let (c, k) = (
@@ -169,6 +171,31 @@ impl ConvProblem {
             align /= 2;
         }
         align
+    }
+    /// The input channels the kernel runs: C where its rows of channels are 16 bytes
+    /// (`alignment`), else C rounded up to them (a stem's C = 3 to 8 in 16-bit types, 4 in
+    /// fp32). Compose pads the weight with zero channels once and the op writes x into a
+    /// zero-filled channels-last buffer of that many channels where it converts it, so the
+    /// padded convolution is the model's exactly. Grouped convolutions are not padded.
+    pub fn kernel_channels(&self) -> i64 {
+        let row = 16 / self.dtype.bytes() as i64;
+        if self.groups != 1 || self.in_channels % row == 0 {
+            return self.in_channels;
+        }
+        (self.in_channels + row - 1) / row * row
+    }
+    /// Whether the kernel runs more input channels than the model has (`kernel_channels`).
+    pub fn padded(&self) -> bool {
+        self.kernel_channels() != self.in_channels
+    }
+    /// The problem the kernel runs: the model's with its input channels padded
+    /// (`kernel_channels`). The table keys the model's problem (its bench's baseline is the
+    /// model's convolution), the kernel's work is this one's.
+    pub fn kernel_problem(&self) -> ConvProblem {
+        ConvProblem {
+            in_channels: self.kernel_channels(),
+            ..self.clone()
+        }
     }
     /// The problem a rule id names at a shape `NxHxWxCxKxRxS`.
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<ConvProblem, String> {
@@ -372,6 +399,26 @@ mod tests {
         assert_eq!(stem.output(), [112, 112]);
         assert_eq!(stem.alignment(), 1, "three input channels");
         assert_eq!(p.alignment(), 8);
+        assert!(!p.padded() && p.kernel_problem() == p);
+        // The kernel runs the stem on 16-byte rows: 8 bf16 channels, 4 fp32 ones, the
+        // implicit GEMM's K of the padded channels; the model's problem keeps its FLOPs.
+        assert_eq!((stem.kernel_channels(), stem.padded()), (8, true));
+        assert_eq!(stem.kernel_problem().gemm(), (32 * 112 * 112, 64, 8 * 49));
+        assert_eq!(stem.gemm().2, 3 * 49);
+        assert!(stem.kernel_problem().flops() > 2.6 * stem.flops());
+        let f32_stem = ConvProblem {
+            dtype: DType::F32,
+            ..stem.clone()
+        };
+        assert_eq!(f32_stem.kernel_channels(), 4);
+        assert_eq!(
+            ConvProblem {
+                in_channels: 12,
+                ..stem.clone()
+            }
+            .kernel_channels(),
+            16
+        );
         let dilated = ConvProblem {
             dilation: [2, 2],
             padding: [2, 2],
@@ -387,5 +434,16 @@ mod tests {
         };
         assert_eq!(grouped.gemm(), (32 * 56 * 56, 4, 4 * 9));
         assert_eq!(grouped.alignment(), 4, "four channels a group");
+        let odd_groups = ConvProblem {
+            groups: 3,
+            in_channels: 9,
+            out_channels: 24,
+            ..grouped
+        };
+        assert_eq!(
+            odd_groups.kernel_channels(),
+            9,
+            "grouped convolutions are not padded"
+        );
     }
 }

@@ -608,6 +608,11 @@ mod tests {
             .iter()
             .all(|m| !m.nodes().contains(&node(&g, "input.18"))));
         assert_eq!(found[1].conv.x, value(&g, "input.18"));
+        // The stem's 3 channels are padded to fp32's 16-byte rows, so it runs a kernel too and
+        // both of the pool's readers read its channels-last output in place.
+        assert!(found[0].problem.padded() && kernels_take(&found[0].problem));
+        let stem = Source::Chain(node(&g, "input.14"));
+        assert_eq!((&found[1].x_from, &found[4].x_from), (&stem, &stem));
     }
 
     #[test]

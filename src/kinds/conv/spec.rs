@@ -17,7 +17,9 @@
 //! tiles, the K loop's fill and the accumulators a thread holds) orders them within each tile
 //! height, the heights taking turns; measurement picks.
 //! Operands are rows of 16 bytes of channels (TMA's and the optimized iterators' access), so C and
-//! K are multiples of 8 (16-bit) or 4 (fp32) channels.
+//! K are multiples of 8 (16-bit) or 4 (fp32) channels. A problem whose C is not runs on C padded
+//! with zero channels (`ConvProblem::kernel_channels`: an image model's stem, C = 3); K cannot be
+//! padded (the output's channels are the model's).
 
 use super::problem::{ConvAct, ConvProblem};
 use crate::types::{Arch, DType, MathType};
@@ -165,9 +167,10 @@ impl ConvSpec {
 }
 
 /// Whether a kernel of either family can run `p` at all: groups of 1 and channels in 16-byte
-/// rows. The plan's layout note and the sweep ask the same.
+/// rows once C is padded (`ConvProblem::kernel_channels`). The plan's layout note and the sweep
+/// ask the same.
 pub fn kernels_take(p: &ConvProblem) -> bool {
-    p.groups == 1 && p.alignment() as usize * p.dtype.bytes() == 16
+    p.groups == 1 && p.kernel_problem().alignment() as usize * p.dtype.bytes() == 16
 }
 
 /// Why no kernel of `arch` computes `p` under `math`, if none does.
@@ -187,8 +190,8 @@ pub fn refusal(p: &ConvProblem, math: MathType) -> Option<String> {
     let align = 16 / p.dtype.bytes() as i64;
     if !kernels_take(p) {
         return Some(format!(
-            "C = {} and K = {} must be multiples of {align} (16-byte rows of channels, the kernels' loads)",
-            p.in_channels, p.out_channels
+            "K = {} output channels must be a multiple of {align} (16-byte rows of channels, the kernels' stores; input channels are padded with zeros, output channels cannot be)",
+            p.out_channels
         ));
     }
     None
@@ -336,7 +339,8 @@ pub fn candidates(p: &ConvProblem, math: MathType, arch: Arch) -> Result<Vec<Con
             .collect(),
     };
     out.retain(|s| s.invalid_reason().is_none());
-    out.sort_by(|a, b| estimate(p, a).total_cmp(&estimate(p, b)));
+    let runs = p.kernel_problem();
+    out.sort_by(|a, b| estimate(&runs, a).total_cmp(&estimate(&runs, b)));
     Ok(by_height(out))
 }
 
@@ -476,15 +480,43 @@ mod tests {
     }
 
     #[test]
-    fn problems_no_kernel_takes_say_why() {
+    fn a_stem_runs_padded_and_three_output_channels_say_why_not() {
+        // C = 3: the same kernels as C = 8, ordered by the padded problem's estimate.
         let stem = ConvProblem {
             in_channels: 3,
+            height: 224,
+            width: 224,
+            filter: [7, 7],
+            stride: [2, 2],
+            padding: [3, 3],
+            residual: false,
             ..problem()
         };
-        assert!(candidates(&stem, MathType::Bf16, Arch::Sm90)
-            .unwrap_err()
-            .contains("multiples of 8"));
-        assert!(!kernels_take(&stem) && kernels_take(&problem()));
+        assert!(kernels_take(&stem) && refusal(&stem, MathType::Bf16).is_none());
+        let padded = ConvProblem {
+            in_channels: 8,
+            ..stem.clone()
+        };
+        assert_eq!(
+            candidates(&stem, MathType::Bf16, Arch::Sm90).unwrap(),
+            candidates(&padded, MathType::Bf16, Arch::Sm90).unwrap()
+        );
+        // K = 3 (an image-to-image model's last convolution): the output cannot be padded.
+        let rgb_out = ConvProblem {
+            out_channels: 3,
+            ..problem()
+        };
+        assert!(!kernels_take(&rgb_out));
+        let why = candidates(&rgb_out, MathType::Bf16, Arch::Sm90).unwrap_err();
+        assert!(
+            why.contains("K = 3 output channels must be a multiple of 8"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn problems_no_kernel_takes_say_why() {
+        assert!(kernels_take(&problem()));
         let f32 = ConvProblem {
             dtype: DType::F32,
             ..problem()
