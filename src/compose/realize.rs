@@ -62,12 +62,37 @@ fn failed_kernels(tables: &Tables, key: &TableKey) -> BTreeSet<String> {
         .collect()
 }
 
-/// Where a table winner was measured, when that is not here (another GPU or CUTLASS): such a
-/// winner is re-verified before use. None without a GPU here (`here` is None).
+/// Whether a run measured at `run` counts as measured `here`: the same GPU model and CUTLASS.
+fn same_place(here: &Provenance, run: &Provenance) -> bool {
+    here.device.name == run.device.name && here.cutlass == run.cutlass
+}
+
+/// How many of a table entry's best kernels a GPU it was not measured on times before use
+/// (`Entry::leading_specs`): the winner elsewhere is often not the winner here, and its
+/// runners-up are most of the time the kernels that are.
+const REVERIFY_KERNELS: usize = 3;
+
+/// Where a table entry was measured, when none of its runs was here (another GPU model or
+/// CUTLASS): its leading kernels are re-verified and timed here before use. None without a GPU
+/// here (`here` is None).
 fn measured_elsewhere(here: Option<&Provenance>, entry: &Entry) -> Option<String> {
+    let here = here?;
+    if entry.runs.iter().any(|r| same_place(here, &r.provenance)) {
+        return None;
+    }
     let prov = entry.winner_provenance();
-    here.filter(|h| h.device.name != prov.device.name || h.cutlass != prov.cutlass)
-        .map(|_| format!("{} with CUTLASS {}", prov.device.name, prov.cutlass))
+    Some(format!(
+        "{} with CUTLASS {}",
+        prov.device.name, prov.cutlass
+    ))
+}
+
+/// `entry` as this GPU model uses it (`Entry::for_device`), or as it stands without a GPU here.
+fn for_here(here: Option<&Provenance>, entry: Entry) -> Entry {
+    match here {
+        Some(h) => entry.for_device(|p| same_place(h, p)).unwrap_or(entry),
+        None => entry,
+    }
 }
 
 /// The provenance of a run measured on `device` with this toolchain.
@@ -316,14 +341,26 @@ pub fn realize(
     match found {
         Lookup::Exact { entry, table } => {
             if let Some(on) = measured_elsewhere(here.as_ref(), &entry) {
-                return match reverify(cx, sh, problem, math, &entry.winner_spec, "_reverify")? {
-                    Some((entry, failures)) => Ok(Realized {
+                let leading = entry.leading_specs(REVERIFY_KERNELS);
+                return match reverify(cx, sh, problem, math, &leading, "_reverify")? {
+                    // As a bucket neighbour's (below): what loses to torch here earns a sweep.
+                    Some((fresh, _)) if for_here(here.as_ref(), fresh.clone()).loses_to_torch() => {
+                        nvcc::progress_line(
+                            opts.progress,
+                            format_args!(
+                                "{key}: the {} kernel(s) leading on {on} lose to torch here; sweeping",
+                                leading.len()
+                            ),
+                        );
+                        sweep()
+                    }
+                    Some((fresh, failures)) => Ok(Realized {
                         how: Realization::Hit {
                             table: table.into(),
                             measured_on: Some(on),
                             reverified: true,
                         },
-                        entry: Some(entry),
+                        entry: Some(for_here(here.as_ref(), fresh)),
                         failures,
                     }),
                     None => sweep(),
@@ -336,12 +373,19 @@ pub fn realize(
             };
             Ok(Realized {
                 how,
-                entry: Some(entry),
+                entry: Some(for_here(here.as_ref(), entry)),
                 failures: vec![],
             })
         }
         Lookup::Bucket { entry, table } if cx.gpu => {
-            match reverify(cx, sh, problem, math, &entry.winner_spec, "_bucket")? {
+            match reverify(
+                cx,
+                sh,
+                problem,
+                math,
+                std::slice::from_ref(&entry.winner_spec),
+                "_bucket",
+            )? {
                 // A neighbour's launch knobs can cost another shape 10% (on the H100, tf32
                 // 65536x3072x768's swizzle 2 ran 65536x2304x768 at 0.89x torch where its own
                 // sweep's winner ran 0.98x): a bucket winner that loses here earns the shape a
@@ -374,20 +418,21 @@ pub fn realize(
     }
 }
 
-/// Builds and judges a winner from elsewhere on this problem. When it passes, the run goes into
-/// the user table and the entry as it stands there now comes back; None when it failed here.
+/// Builds and judges kernels from elsewhere (a winner, and its runners-up) on this problem. When
+/// one passes, the run goes into the user table and the entry as it stands there now comes back;
+/// None when every one failed here.
 fn reverify(
     cx: RealizeCtx,
     sh: Shared,
     problem: &Problem,
     math: MathType,
-    winner: &Spec,
+    kernels: &[Spec],
     what: &str,
 ) -> Result<Option<(Entry, Vec<CompileFailure>)>, ComposeError> {
     let opts = cx.opts;
     let key = &TableKey::of(problem, math, opts.arch);
     let dir = sweep_dir(opts, key, what);
-    let (runs, failures) = measure(cx, problem, math, std::slice::from_ref(winner), &dir)?;
+    let (runs, failures) = measure(cx, problem, math, kernels, &dir)?;
     let Some(fresh) = Entry::from_runs(key.clone(), problem.clone(), runs) else {
         return Ok(None);
     };
@@ -489,7 +534,7 @@ pub(super) fn prefetch(
             Lookup::Exact { entry, .. } => {
                 if measured_elsewhere(here.as_ref(), &entry).is_some() {
                     again += 1;
-                    specs.push(entry.winner_spec.clone());
+                    specs.extend(entry.leading_specs(REVERIFY_KERNELS));
                 }
                 continue;
             }
@@ -509,7 +554,7 @@ pub(super) fn prefetch(
         }
     }
     let line = format!(
-        "prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss and the winners of the {again} to re-verify here"
+        "prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss and the leading kernels of the {again} to re-verify here"
     );
     compile_ahead(
         cx,

@@ -14,7 +14,7 @@ use crate::tune::{Outcome, Timing};
 use crate::types::{Arch, DType, MathType};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -315,6 +315,56 @@ impl Entry {
 
     pub fn winner_provenance(&self) -> &Provenance {
         &self.runs[self.winner_run].provenance
+    }
+
+    /// The entry as a GPU where `here` holds should use it: the winner among the runs measured
+    /// there alone (`from_runs` over them), every run kept; None when no run was. A kernel's rank
+    /// moves between GPU models of one arch (the gated MLP's winner on an H200 ran 4% behind
+    /// cuBLAS's two GEMMs on an H100), and the ratios across GPUs would let another model's run
+    /// pick the kernel this one runs.
+    pub fn for_device(&self, here: impl Fn(&Provenance) -> bool) -> Option<Entry> {
+        let local: Vec<usize> = (0..self.runs.len())
+            .filter(|&i| here(&self.runs[i].provenance))
+            .collect();
+        let runs = local.iter().map(|&i| self.runs[i].clone()).collect();
+        let best = Entry::from_runs(self.key.clone(), self.problem.clone(), runs)?;
+        Some(Entry {
+            winner_run: local[best.winner_run],
+            runs: self.runs.clone(),
+            ..best
+        })
+    }
+
+    /// The specs of the `n` best distinct verified kernels over every run, the winner first, then
+    /// by time over torch's in their own run (by time where a run has no baseline): the ones to
+    /// time on a GPU the entry was not measured on.
+    pub fn leading_specs(&self, n: usize) -> Vec<Spec> {
+        let mut timed: Vec<(f64, f64, &CandidateResult)> = Vec::new();
+        for r in &self.runs {
+            let base = r
+                .baseline
+                .as_ref()
+                .map(|b| b.median_ms)
+                .filter(|b| *b > 0.0);
+            for c in &r.candidates {
+                if let Some(ms) = c.outcome.median_ms() {
+                    timed.push((base.map_or(ms, |b| ms / b), ms, c));
+                }
+            }
+        }
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let mut specs = vec![self.winner_spec.clone()];
+        let mut seen = BTreeSet::from([self.winner.as_str()]);
+        for (_, _, c) in timed {
+            if specs.len() >= n {
+                break;
+            }
+            if seen.insert(c.kernel.as_str()) {
+                specs.push(c.spec.clone());
+            }
+        }
+        specs.truncate(n.max(1));
+        specs
     }
 
     pub fn baseline_ms(&self) -> Option<f64> {

@@ -567,3 +567,50 @@ fn the_shipped_table_loads_and_serializes_to_the_same_json() {
         "the shipped table changed on its way through this build"
     );
 }
+
+/// An H200's run where kernel 0 ran at half torch's time and an H100's where kernel 2 ran at two
+/// thirds of it: by the ratios kernel 0 wins, which is the H200's choice.
+fn two_gpus() -> Entry {
+    let h200 = entry_against(128, 0, 0.5, Some(1.0), "NVIDIA H200");
+    let h100 = entry_against(128, 2, 0.6, Some(0.9), "NVIDIA H100 80GB HBM3");
+    h200.merged(&h100)
+}
+
+#[test]
+fn a_gpu_model_uses_the_winner_of_its_own_runs() {
+    let e = two_gpus();
+    let specs = gemm_candidates(&problem(128), MathType::Tf32, Arch::Sm90);
+    assert_eq!(e.winner, specs[0].name());
+    let on = |name: &'static str| move |p: &Provenance| p.device.name == name;
+
+    let h100 = e.for_device(on("NVIDIA H100 80GB HBM3")).unwrap();
+    assert_eq!(h100.winner, specs[2].name());
+    assert_eq!(h100.winner_ms, 0.6);
+    assert_eq!(h100.runs, e.runs, "every run kept");
+    assert_eq!(
+        h100.winner_provenance().device.name,
+        "NVIDIA H100 80GB HBM3"
+    );
+    assert_eq!(h100.baseline_ms(), Some(0.9));
+
+    let h200 = e.for_device(on("NVIDIA H200")).unwrap();
+    assert_eq!(h200.winner, specs[0].name());
+    assert_eq!(h200.winner_provenance().device.name, "NVIDIA H200");
+    assert!(e.for_device(on("NVIDIA A100-SXM4-80GB")).is_none());
+}
+
+#[test]
+fn the_kernels_to_time_elsewhere_lead_with_the_winner_and_skip_failures() {
+    let e = two_gpus();
+    let specs = gemm_candidates(&problem(128), MathType::Tf32, Arch::Sm90);
+    let names = |n| {
+        e.leading_specs(n)
+            .iter()
+            .map(|s| s.kernel_name())
+            .collect::<Vec<_>>()
+    };
+    // Kernels 1 and 3 failed verification in their runs: only 0 and 2 were timed.
+    assert_eq!(names(4), vec![specs[0].name(), specs[2].name()]);
+    assert_eq!(names(1), vec![specs[0].name()]);
+    assert_eq!(names(0), vec![specs[0].name()], "the winner at least");
+}
