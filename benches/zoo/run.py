@@ -479,15 +479,28 @@ def assemble(out, fact):
     return records
 
 
+def fact_err_flagged(r):
+    """Whether fact's error fails issue 31's criterion: over the policy's tolerance and over twice
+    eager's own error against fp64 (or eager's is unknown). Deep bf16 models exceed the tolerance
+    in eager itself; fact within 2x of eager there is as accurate as the model allows. NaN fails."""
+    err = r.get("fact_err")
+    if err is None:
+        return False
+    tol = r.get("tolerance") or TOLERANCE.get(r["policy"], 0)
+    eager = r.get("eager_err")
+    return not err <= tol and (eager is None or not err <= 2 * eager)
+
+
 def summary(records):
-    log("\nfact over torch.compile (default) = compile_ms / fact_ms; '!' marks an error over the policy's bound")
+    log("\nfact over torch.compile (default) = compile_ms / fact_ms; '!' marks a fact error over the policy's tolerance "
+        "and over 2x eager's own error against fp64 (or eager's unknown)")
     head = (f"{'model':20} {'policy':6} {'eager':>8} {'traced':>8} {'compile':>8} {'autotune':>8} {'fact':>8} "
             f"{'x compile':>9} {'fact err':>9} {'calls':>11} {'compose s':>9}  errors")
     log(head)
     log("-" * len(head))
     for r in records:
         err = r.get("fact_err")
-        flag = "!" if err is not None and not err <= TOLERANCE.get(r["policy"], 0) else " "
+        flag = "!" if fact_err_flagged(r) else " "
         ratio = r["compile_ms"] / r["fact_ms"] if r.get("compile_ms") and r.get("fact_ms") else None
         calls = "-" if r.get("kernel_calls") is None else f"{r['kernel_calls']}/{r['fallback_calls']}"
         log(f"{r['model']:20} {r['policy']:6} {fmt(r.get('eager_ms')):>8} {fmt(r.get('traced_ms')):>8} {fmt(r.get('compile_ms')):>8} "
