@@ -327,8 +327,10 @@ MODE_FIELDS = {
     "compile": ["compile_ms", "compile_err", "compile_s"],
     "max-autotune": ["max_autotune_ms", "max_autotune_err", "max_autotune_compile_s", "fact_ms_beside_max_autotune"],
     "fact": ["fact_ms", "fact_err", "kernel_calls", "fallback_calls", "calls_by_kind", "calls_by_kernel", "patterns_by_kind",
-             "substituted", "fact_ops", "compose_s", "compose_table_entries_before", "ablations", "profile"],
+             "substituted", "fact_ops", "compose_s", "compose_table_entries_before", "ablations"],
 }
+# `profile` (--profile) is per mode, {mode: kernel_profile}: a call's modes clear and refill their
+# own entries and keep the other modes' of earlier calls, as their other fields.
 MODE_STAGES = {"eager": ["eager"], "traced": ["traced"], "compile": ["compile"], "max-autotune": ["max_autotune"],
                "fact": ["compose", "fact", "ablations", "profile"]}
 CALL_STAGES = ["trace", "measure", "reference", "timing"]
@@ -358,9 +360,11 @@ def start_record(old, model, policy, modes, command, env):
         "model": model.name, "family": model.family, "what": model.what, "policy": policy, "gpu": None,
         "inputs": None, "batch": model.batch, "seq": model.seq, "tolerance": TOLERANCE[policy], "trace_s": None,
         **{k: None for fields in MODE_FIELDS.values() for k in fields},
-        "errors": {}, "commands": [],
+        "profile": None, "errors": {}, "commands": [],
     }
     rec.update(old or {})
+    profile = {m: p for m, p in (rec["profile"] or {}).items() if m not in modes}
+    rec["profile"] = profile or None
     for mode in modes:
         fields = MODE_FIELDS[mode]
         if not TURN_MODES & set(modes):
@@ -458,6 +462,8 @@ def run_pair(args, model, policy, deadline, env, command):
         for stage, msg in measured.pop("errors", {}).items():
             rec["errors"][stage] = msg
         rec["gpu"] = rec["gpu"] or measured.get("torch_device")
+        if measured.get("profile"):
+            rec["profile"] = {**(rec["profile"] or {}), **measured.pop("profile")}
         if measured.get("timing"):
             rec["timings"] = rec.get("timings", []) + [measured.pop("timing")]
         rec.update(measured)
