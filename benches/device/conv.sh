@@ -24,31 +24,14 @@
 # Logs and JSON under $OUT/conv/; the summary is the last lines of the output. A rerun on a warm
 # machine finds compiled kernels in /tmp/fact-cache and the table in $OUT/conv/user_table.json.
 set -uo pipefail
-budget=${1:-470}
-shift || true
-steps=${*:-realize chain resnet50}
-start=$SECONDS
-bin=$PWD/.device/fact
-dir=$OUT/conv
-mkdir -p "$dir"
-export FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$dir/user_table.json FACT_SHIPPED_TABLE=/nonexistent.json
-summary=$dir/summary.txt
-: > "$summary"
-left() { echo $((budget - (SECONDS - start))); }
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
-  python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
-  "$bin" --version
-} > "$dir/device.txt" 2>&1
+# shellcheck source=benches/device/lib.sh
+source "$(dirname "$0")/lib.sh"
+bench_init conv 470 "realize chain resnet50" 'print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())' -- "$@"
 
 realize_one() { # NAME RULE DTYPE SHAPE
-  local name=$1 rule=$2 dtype=$3 shape=$4 t
-  t=$(left)
-  if (( t < 90 )); then echo "== $name $dtype skipped: ${t}s left" | tee -a "$summary"; return; fi
-  echo "== $name: $rule $dtype $shape (${t}s left)" | tee -a "$summary"
-  timeout $((t - 60)) "$bin" realize --rule "$rule" --dtype "$dtype" --shape "$shape" --candidates 6 --jobs 16 --json \
-    --out "$dir/$name-$dtype" > "$dir/$name-$dtype.json" 2> "$dir/$name-$dtype.log"
-  echo "   realize rc=$? in $((SECONDS - start))s" | tee -a "$summary"
+  local name=$1 rule=$2 dtype=$3 shape=$4
+  need_time 90 "$name $dtype" || return 0
+  realize_run "$name-$dtype" "$name" "$rule" "$dtype" "$shape" 60 --candidates 6
   python3 - "$dir/$name-$dtype.json" "$rule" "$dtype" "$shape" "$dir/$name-$dtype.log" <<'PY' | tee -a "$summary"
 import json, re, sys
 import torch
@@ -114,8 +97,8 @@ realize_step() {
 check_step() { # STEP POLICY FACT_ARGS...
   local step=$1 policy=$2 t
   shift 2
+  need_time 120 "$step $policy" || return 0
   t=$(left)
-  if (( t < 120 )); then echo "== $step $policy skipped: ${t}s left" | tee -a "$summary"; return; fi
   echo "== $step $policy (${t}s left)" | tee -a "$summary"
   timeout $((t - 10)) python3 benches/device/conv_check.py "$bin" "$dir" "$step" "$policy" "$@" \
     > "$dir/check_${step}_${policy}.log" 2>&1
@@ -133,6 +116,4 @@ for s in $steps; do
     *) echo "unknown step $s (realize chain stem stem_alone resnet50)" ;;
   esac
 done
-echo "== summary ($((SECONDS - start))s)"
-cat "$summary"
-true
+bench_done

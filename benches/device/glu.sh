@@ -15,31 +15,14 @@
 # Logs and JSON under $OUT/glu/; the summary is the last lines of the output. A rerun on a warm
 # machine finds compiled kernels in /tmp/fact-cache.
 set -uo pipefail
-budget=${1:-560}
-shift || true
-steps=${*:-llama qwen2}
-start=$SECONDS
-bin=$PWD/.device/fact
-export FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/glu/user_table.json FACT_SHIPPED_TABLE=/nonexistent.json
-dir=$OUT/glu
-mkdir -p "$dir"
-summary=$dir/summary.txt
-: > "$summary"
-left() { echo $((budget - (SECONDS - start))); }
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
-  python3 -c 'import torch; print("torch", torch.__version__)'
-  "$bin" --version
-} > "$dir/device.txt" 2>&1
+# shellcheck source=benches/device/lib.sh
+source "$(dirname "$0")/lib.sh"
+bench_init glu 560 "llama qwen2" -- "$@"
 
 realize_step() { # NAME RULE SHAPE
   local name=$1 rule=$2 shape=$3 t
-  t=$(left)
-  if (( t < 120 )); then echo "== $name skipped: ${t}s left" | tee -a "$summary"; return; fi
-  echo "== $name: $rule bf16 $shape (${t}s left)" | tee -a "$summary"
-  timeout $((t - 150)) "$bin" realize --rule "$rule" --dtype bf16 --shape "$shape" --jobs 16 --json \
-    --out "$dir/$name" > "$dir/$name.json" 2> "$dir/$name.log"
-  echo "   realize rc=$? in $((SECONDS - start))s" | tee -a "$summary"
+  need_time 120 "$name" || return 0
+  realize_run "$name" "$name" "$rule" bf16 "$shape" 150
   python3 - "$dir/$name.json" "$dir/$name.kernels" <<'PY' | tee -a "$summary"
 import json, sys
 try:
@@ -65,7 +48,7 @@ PY
   # takes one fact op library per process, so the check runs once per library, on its kernels,
   # the round holding the winner first.
   local lib winner n=0
-  winner=$(python3 -c "import json,sys; e=json.load(open(sys.argv[1])).get('entry'); print(e['winner'] if e else '')" "$dir/$name.json" 2>/dev/null)
+  winner=$(realize_winner "$name")
   for lib in $( (grep -l -- "${winner:-none}" "$dir/$name"/sweeps/*/libsweep.so 2>/dev/null; ls "$dir/$name"/sweeps/*/libsweep.so 2>/dev/null) | awk '!seen[$0]++'); do
     t=$(left)
     if (( t < 40 )); then echo "   check of $lib skipped: ${t}s left" | tee -a "$summary"; continue; fi
@@ -86,6 +69,4 @@ for s in $steps; do
     *) echo "unknown step $s (llama qwen2)" ;;
   esac
 done
-echo "== summary ($((SECONDS - start))s)"
-cat "$summary"
-true
+bench_done

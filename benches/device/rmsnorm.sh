@@ -23,31 +23,14 @@
 #   The add steps alone in about 5 minutes: benches/device/rmsnorm.sh 300 llama_add qwen_add bert_add
 # Logs and JSON under $OUT/rmsnorm/; the summary is the last lines of the output.
 set -uo pipefail
-budget=${1:-560}
-shift || true
-steps=${*:-llama qwen}
-start=$SECONDS
-bin=$PWD/.device/fact
-export FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/rmsnorm/user_table.json FACT_SHIPPED_TABLE=/nonexistent.json
-dir=$OUT/rmsnorm
-mkdir -p "$dir"
-summary=$dir/summary.txt
-: > "$summary"
-left() { echo $((budget - (SECONDS - start))); }
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
-  python3 -c 'import torch; print("torch", torch.__version__)'
-  "$bin" --version
-} > "$dir/device.txt" 2>&1
+# shellcheck source=benches/device/lib.sh
+source "$(dirname "$0")/lib.sh"
+bench_init rmsnorm 560 "llama qwen" -- "$@"
 
 realize_step() { # NAME RULE DTYPE SHAPE
   local name=$1 rule=$2 dtype=$3 shape=$4 t
-  t=$(left)
-  if (( t < 90 )); then echo "== $name skipped: ${t}s left" | tee -a "$summary"; return; fi
-  echo "== $name: $rule $dtype $shape (${t}s left)" | tee -a "$summary"
-  timeout $((t - 10)) "$bin" realize --rule "$rule" --dtype "$dtype" --shape "$shape" --jobs 16 --json \
-    --out "$dir/$name" > "$dir/$name.json" 2> "$dir/$name.log"
-  echo "   realize rc=$? in $((SECONDS - start))s" | tee -a "$summary"
+  need_time 90 "$name" || return 0
+  realize_run "$name" "$name" "$rule" "$dtype" "$shape" 10
   python3 - "$dir/$name.json" "$shape" "$rule" <<'PY' | tee -a "$summary"
 import json, sys
 try:
@@ -75,7 +58,7 @@ if e:
 PY
   local sweep winner
   sweep=$(ls -d "$dir/$name"/sweeps/*/ 2>/dev/null | head -1)
-  winner=$(python3 -c "import json,sys; e=json.load(open(sys.argv[1])).get('entry'); print(e['winner'] if e else '')" "$dir/$name.json" 2>/dev/null)
+  winner=$(realize_winner "$name")
   t=$(left)
   if [[ -n "$sweep" && -f "$sweep/libsweep.so" && -n "$winner" ]] && (( t > 30 )); then
     if [[ $rule == add_* ]]; then
@@ -102,6 +85,4 @@ for s in $steps; do
     *) echo "unknown step $s (llama qwen llama_add qwen_add bert_add)" ;;
   esac
 done
-echo "== summary ($((SECONDS - start))s)"
-cat "$summary"
-true
+bench_done

@@ -19,31 +19,14 @@
 # Usage: benches/device/rotary.sh [BUDGET_S (default 560)] [STEP...]   (steps: llama qwen2 pythia gptj model)
 # Logs and JSON under $OUT/rotary/; the summary is the last lines of the output.
 set -uo pipefail
-budget=${1:-560}
-shift || true
-steps=${*:-llama qwen2 pythia gptj model}
-start=$SECONDS
-bin=$PWD/.device/fact
-export FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/rotary/user_table.json FACT_SHIPPED_TABLE=/nonexistent.json
-dir=$OUT/rotary
-mkdir -p "$dir"
-summary=$dir/summary.txt
-: > "$summary"
-left() { echo $((budget - (SECONDS - start))); }
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
-  python3 -c 'import torch; print("torch", torch.__version__)'
-  "$bin" --version
-} > "$dir/device.txt" 2>&1
+# shellcheck source=benches/device/lib.sh
+source "$(dirname "$0")/lib.sh"
+bench_init rotary 560 "llama qwen2 pythia gptj model" -- "$@"
 
 step() { # NAME RULE SHAPE
   local name=$1 rule=$2 shape=$3 t
-  t=$(left)
-  if (( t < 60 )); then echo "== $name skipped: ${t}s left" | tee -a "$summary"; return; fi
-  echo "== $name: $rule bf16 $shape (${t}s left)" | tee -a "$summary"
-  timeout $((t - 10)) "$bin" realize --rule "$rule" --dtype bf16 --shape "$shape" --jobs 16 --json \
-    --out "$dir/$name" > "$dir/$name.json" 2> "$dir/$name.log"
-  echo "   realize rc=$? in $((SECONDS - start))s" | tee -a "$summary"
+  need_time 60 "$name" || return 0
+  realize_run "$name" "$name" "$rule" bf16 "$shape" 10
   t=$(left)
   timeout $((t > 20 ? t - 5 : 15)) python3 - "$dir/$name.json" "$rule" "$shape" <<'PY' 2>&1 | tee -a "$summary"
 import json, sys, torch
@@ -100,8 +83,8 @@ PY
 
 model_step() {
   local t m=$dir/model
+  need_time 120 model || return 0
   t=$(left)
-  if (( t < 120 )); then echo "== model skipped: ${t}s left" | tee -a "$summary"; return; fi
   echo "== model: rotary on q, k (halves) and v (partial pairs), bf16, composed at B 4, T 1024 (${t}s left)" | tee -a "$summary"
   mkdir -p "$m"
   cat > "$m/rotaries.py" <<'PY'

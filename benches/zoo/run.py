@@ -327,8 +327,10 @@ MODE_FIELDS = {
     "compile": ["compile_ms", "compile_err", "compile_s"],
     "max-autotune": ["max_autotune_ms", "max_autotune_err", "max_autotune_compile_s", "fact_ms_beside_max_autotune"],
     "fact": ["fact_ms", "fact_err", "kernel_calls", "fallback_calls", "calls_by_kind", "calls_by_kernel", "patterns_by_kind",
-             "substituted", "fact_ops", "compose_s", "compose_table_entries_before", "ablations", "profile"],
+             "substituted", "fact_ops", "compose_s", "compose_table_entries_before", "ablations"],
 }
+# `profile` (--profile) is per mode, {mode: kernel_profile}: a call's modes clear and refill their
+# own entries and keep the other modes' of earlier calls, as their other fields.
 MODE_STAGES = {"eager": ["eager"], "traced": ["traced"], "compile": ["compile"], "max-autotune": ["max_autotune"],
                "fact": ["compose", "fact", "ablations", "profile"]}
 CALL_STAGES = ["trace", "measure", "reference", "timing"]
@@ -358,9 +360,11 @@ def start_record(old, model, policy, modes, command, env):
         "model": model.name, "family": model.family, "what": model.what, "policy": policy, "gpu": None,
         "inputs": None, "batch": model.batch, "seq": model.seq, "tolerance": TOLERANCE[policy], "trace_s": None,
         **{k: None for fields in MODE_FIELDS.values() for k in fields},
-        "errors": {}, "commands": [],
+        "profile": None, "errors": {}, "commands": [],
     }
     rec.update(old or {})
+    profile = {m: p for m, p in (rec["profile"] or {}).items() if m not in modes}
+    rec["profile"] = profile or None
     for mode in modes:
         fields = MODE_FIELDS[mode]
         if not TURN_MODES & set(modes):
@@ -458,6 +462,8 @@ def run_pair(args, model, policy, deadline, env, command):
         for stage, msg in measured.pop("errors", {}).items():
             rec["errors"][stage] = msg
         rec["gpu"] = rec["gpu"] or measured.get("torch_device")
+        if measured.get("profile"):
+            rec["profile"] = {**(rec["profile"] or {}), **measured.pop("profile")}
         if measured.get("timing"):
             rec["timings"] = rec.get("timings", []) + [measured.pop("timing")]
         rec.update(measured)
@@ -479,15 +485,28 @@ def assemble(out, fact):
     return records
 
 
+def fact_err_flagged(r):
+    """Whether fact's error fails issue 31's criterion: over the policy's tolerance and over twice
+    eager's own error against fp64 (or eager's is unknown). Deep bf16 models exceed the tolerance
+    in eager itself; fact within 2x of eager there is as accurate as the model allows. NaN fails."""
+    err = r.get("fact_err")
+    if err is None:
+        return False
+    tol = r.get("tolerance") or TOLERANCE.get(r["policy"], 0)
+    eager = r.get("eager_err")
+    return not err <= tol and (eager is None or not err <= 2 * eager)
+
+
 def summary(records):
-    log("\nfact over torch.compile (default) = compile_ms / fact_ms; '!' marks an error over the policy's bound")
+    log("\nfact over torch.compile (default) = compile_ms / fact_ms; '!' marks a fact error over the policy's tolerance "
+        "and over 2x eager's own error against fp64 (or eager's unknown)")
     head = (f"{'model':20} {'policy':6} {'eager':>8} {'traced':>8} {'compile':>8} {'autotune':>8} {'fact':>8} "
             f"{'x compile':>9} {'fact err':>9} {'calls':>11} {'compose s':>9}  errors")
     log(head)
     log("-" * len(head))
     for r in records:
         err = r.get("fact_err")
-        flag = "!" if err is not None and not err <= TOLERANCE.get(r["policy"], 0) else " "
+        flag = "!" if fact_err_flagged(r) else " "
         ratio = r["compile_ms"] / r["fact_ms"] if r.get("compile_ms") and r.get("fact_ms") else None
         calls = "-" if r.get("kernel_calls") is None else f"{r['kernel_calls']}/{r['fallback_calls']}"
         log(f"{r['model']:20} {r['policy']:6} {fmt(r.get('eager_ms')):>8} {fmt(r.get('traced_ms')):>8} {fmt(r.get('compile_ms')):>8} "
