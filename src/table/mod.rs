@@ -319,9 +319,9 @@ impl Entry {
 
     /// The entry as a GPU where `here` holds should use it: the winner among the runs measured
     /// there alone (`from_runs` over them), every run kept; None when no run was. A kernel's rank
-    /// moves between GPU models of one arch (the gated MLP's winner on an H200 ran 4% behind
-    /// cuBLAS's two GEMMs on an H100), and the ratios across GPUs would let another model's run
-    /// pick the kernel this one runs.
+    /// moves between GPU models of one arch (on an H100, the gated MLP kernel an H200 had chosen
+    /// ran 3.5% behind cuBLAS's two GEMMs and torch.compile's silu·mul together), and the ratios
+    /// across GPUs would let another model's run pick the kernel this one runs.
     pub fn for_device(&self, here: impl Fn(&Provenance) -> bool) -> Option<Entry> {
         let local: Vec<usize> = (0..self.runs.len())
             .filter(|&i| here(&self.runs[i].provenance))
