@@ -67,23 +67,34 @@ fn same_place(here: &Provenance, run: &Provenance) -> bool {
     here.device.name == run.device.name && here.cutlass == run.cutlass
 }
 
-/// How many of a table entry's best kernels a GPU it was not measured on times before use
-/// (`Entry::leading_specs`): the winner elsewhere is often not the winner here, and its
-/// runners-up are most of the time the kernels that are.
+/// How many of a table entry's best kernels a GPU model must have timed before it uses the entry
+/// as it stands (`Entry::leading_specs`): a kernel's rank moves between GPU models of one arch, so
+/// the winner elsewhere is often not the winner here, and its runners-up mostly are.
 const REVERIFY_KERNELS: usize = 3;
 
-/// Where a table entry was measured, when none of its runs was here (another GPU model or
-/// CUTLASS): its leading kernels are re-verified and timed here before use. None without a GPU
-/// here (`here` is None).
-fn measured_elsewhere(here: Option<&Provenance>, entry: &Entry) -> Option<String> {
+/// The entry's leading kernels when any of them was never tried here (this GPU model and
+/// CUTLASS), with where its winner was measured: they are timed here, in one run, before use;
+/// once a run here has tried them all, the entry is used as this model's runs rank it. None
+/// without a GPU here (`here` is None) or when every leading kernel was tried here.
+fn to_time_here(here: Option<&Provenance>, entry: &Entry) -> Option<(String, Vec<Spec>)> {
     let here = here?;
-    if entry.runs.iter().any(|r| same_place(here, &r.provenance)) {
+    let tried: BTreeSet<&str> = entry
+        .runs
+        .iter()
+        .filter(|r| same_place(here, &r.provenance))
+        .flat_map(|r| r.candidates.iter().map(|c| c.kernel.as_str()))
+        .collect();
+    let leading = entry.leading_specs(REVERIFY_KERNELS);
+    if leading
+        .iter()
+        .all(|s| tried.contains(s.kernel_name().as_str()))
+    {
         return None;
     }
     let prov = entry.winner_provenance();
-    Some(format!(
-        "{} with CUTLASS {}",
-        prov.device.name, prov.cutlass
+    Some((
+        format!("{} with CUTLASS {}", prov.device.name, prov.cutlass),
+        leading,
     ))
 }
 
@@ -340,8 +351,7 @@ pub fn realize(
     let found = lock(sh.tables).lookup(&key, problem);
     match found {
         Lookup::Exact { entry, table } => {
-            if let Some(on) = measured_elsewhere(here.as_ref(), &entry) {
-                let leading = entry.leading_specs(REVERIFY_KERNELS);
+            if let Some((on, leading)) = to_time_here(here.as_ref(), &entry) {
                 return match reverify(cx, sh, problem, math, &leading, "_reverify")? {
                     // As a bucket neighbour's (below): what loses to torch here earns a sweep.
                     Some((fresh, _)) if for_here(here.as_ref(), fresh.clone()).loses_to_torch() => {
@@ -532,9 +542,9 @@ pub(super) fn prefetch(
         match tables.lookup(&key, problem) {
             Lookup::Miss => {}
             Lookup::Exact { entry, .. } => {
-                if measured_elsewhere(here.as_ref(), &entry).is_some() {
+                if let Some((_, leading)) = to_time_here(here.as_ref(), &entry) {
                     again += 1;
-                    specs.extend(entry.leading_specs(REVERIFY_KERNELS));
+                    specs.extend(leading);
                 }
                 continue;
             }
@@ -1267,5 +1277,48 @@ mod tests {
         );
         assert_eq!(runs[2].candidates.len(), 1);
         assert_eq!(runs[2].baseline.as_ref().unwrap().median_ms, 9.0);
+    }
+
+    /// What a GPU model times of a table entry before using it: the leading kernels where any of
+    /// them was never tried there, nothing once a run there tried them all.
+    #[test]
+    fn a_gpu_model_times_the_leading_kernels_it_never_tried() {
+        use crate::table::tests::{entry_against, provenance, two_gpus};
+        let names = |specs: &[Spec]| specs.iter().map(|s| s.kernel_name()).collect::<Vec<_>>();
+        let kernels = gemm_candidates(
+            &crate::table::tests::problem(128),
+            MathType::Tf32,
+            Arch::Sm90,
+        );
+        let e = two_gpus(); // kernel 0 timed on the H200 only, kernel 2 on the H100 only
+        let h100 = provenance("NVIDIA H100 80GB HBM3");
+        let (on, leading) = to_time_here(Some(&h100), &e).expect("kernel 0 never ran here");
+        assert_eq!(on, "NVIDIA H200 with CUTLASS 4.2.0");
+        assert_eq!(names(&leading), vec![kernels[0].name(), kernels[2].name()]);
+        assert!(
+            to_time_here(None, &e).is_none(),
+            "nothing to time without a GPU"
+        );
+        assert!(
+            to_time_here(Some(&provenance("NVIDIA A100-SXM4-80GB")), &e).is_some(),
+            "a model that ran none of them"
+        );
+
+        // A run here that tried both (one of them failing counts as tried): used as it stands,
+        // by this model's runs.
+        let mut both = entry_against(128, 0, 0.7, Some(0.9), "NVIDIA H100 80GB HBM3");
+        let two = entry_against(128, 2, 0.6, Some(0.9), "NVIDIA H100 80GB HBM3");
+        both.runs[0]
+            .candidates
+            .extend(two.runs[0].candidates.iter().cloned());
+        let merged = e.merged(&both);
+        assert!(to_time_here(Some(&h100), &merged).is_none());
+        let used = for_here(Some(&h100), merged.clone());
+        assert_eq!(used.winner, kernels[2].name(), "this model's own ranking");
+        let other_cutlass = Provenance {
+            cutlass: "4.3.0".into(),
+            ..h100.clone()
+        };
+        assert!(to_time_here(Some(&other_cutlass), &merged).is_some());
     }
 }

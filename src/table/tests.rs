@@ -47,7 +47,13 @@ fn entry(m: i64, which: usize, ms: f64, device: &str) -> Entry {
 }
 
 /// `entry` with torch's time in the run set apart: `baseline_ms`, or none.
-fn entry_against(m: i64, which: usize, ms: f64, baseline_ms: Option<f64>, device: &str) -> Entry {
+pub(crate) fn entry_against(
+    m: i64,
+    which: usize,
+    ms: f64,
+    baseline_ms: Option<f64>,
+    device: &str,
+) -> Entry {
     let p = problem(m);
     let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
     let timing = Timing {
@@ -570,7 +576,7 @@ fn the_shipped_table_loads_and_serializes_to_the_same_json() {
 
 /// An H200's run where kernel 0 ran at half torch's time and an H100's where kernel 2 ran at two
 /// thirds of it: by the ratios kernel 0 wins, which is the H200's choice.
-fn two_gpus() -> Entry {
+pub(crate) fn two_gpus() -> Entry {
     let h200 = entry_against(128, 0, 0.5, Some(1.0), "NVIDIA H200");
     let h100 = entry_against(128, 2, 0.6, Some(0.9), "NVIDIA H100 80GB HBM3");
     h200.merged(&h100)
