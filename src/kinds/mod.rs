@@ -21,6 +21,9 @@ pub mod layernorm;
 pub mod registry;
 pub mod rmsnorm;
 pub mod rotary;
+pub mod typed;
+
+pub use typed::TypedKind;
 
 use crate::agent::Steward;
 use crate::codegen::{DispatchEntry, OpCode, OpDef, Source};
