@@ -266,8 +266,7 @@ pub fn edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
-        outputs: vec![],
-        output_kinds: vec![],
+        ..Default::default()
     }
 }
 

@@ -428,8 +428,7 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
             ],
             remove: pad.view.iter().map(|&v| v as u32).collect(),
             remove_kinds: pad.view.iter().map(|&v| g.nodes[v].kind.clone()).collect(),
-            outputs: vec![],
-            output_kinds: vec![],
+            ..Default::default()
         };
     }
     let bias = Operand::optional(m.bias);
@@ -445,10 +444,7 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
                 Operand::text(m.origin.name()),
                 Operand::text(kernel),
             ],
-            remove: vec![],
-            remove_kinds: vec![],
-            outputs: vec![],
-            output_kinds: vec![],
+            ..Default::default()
         };
     };
     let nodes = m.nodes();
@@ -469,8 +465,7 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
-        outputs: vec![],
-        output_kinds: vec![],
+        ..Default::default()
     }
 }
 

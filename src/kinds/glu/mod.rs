@@ -288,8 +288,7 @@ pub fn edit(g: &Graph, l: &GluMatch, kernel: &str) -> Edit {
         ],
         remove_kinds: remove.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
         remove: remove.into_iter().map(|n| n as u32).collect(),
-        outputs: vec![],
-        output_kinds: vec![],
+        ..Default::default()
     }
 }
 
