@@ -54,8 +54,7 @@ fn ep_edit(g: &Graph, last: &str, epilogue: &str) -> Edit {
         ],
         remove: inner.iter().map(|(n, _)| *n as u32).collect(),
         remove_kinds: inner.iter().map(|(_, k)| k.to_string()).collect(),
-        outputs: vec![],
-        output_kinds: vec![],
+        ..Default::default()
     }
 }
 

@@ -21,6 +21,9 @@ pub mod layernorm;
 pub mod registry;
 pub mod rmsnorm;
 pub mod rotary;
+pub mod typed;
+
+pub use typed::TypedKind;
 
 use crate::agent::Steward;
 use crate::codegen::{DispatchEntry, OpCode, OpDef, Source};
@@ -42,8 +45,9 @@ use std::sync::Arc;
 /// What a pattern kind provides, in the order a pattern goes through fact: its rules and what
 /// the plan and compose need of a match, its problem (the table key), its kernels (spec, build,
 /// dispatch entry), its sweep and bench, and its section of the op library. A kind's values come
-/// in erased (`&dyn Match`, `&Problem`, `&Spec`) and are always its own: a kind downcasts them to
-/// its types (`Problem::get`), and a value of another kind is a broken invariant.
+/// in erased (`&dyn Match`, `&Problem`, `&Spec`) and are always its own: a kind implements
+/// `TypedKind` on its own types, whose adapter downcasts them (a value of another kind is a broken
+/// invariant).
 pub trait Kind: Sync + 'static {
     // What the kind is called.
 

@@ -7,7 +7,7 @@ use crate::kinds::Unit;
 use crate::types::Arch;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Where the compilers and headers are. Environment first (CUDA_HOME, CUTLASS_DIR, TORCH_DIR), then
 /// the paths ./setup made when this binary was built.
@@ -20,6 +20,9 @@ pub struct Toolchain {
     /// The shared compile cache every compile goes through (`sccache::find`), or why there is
     /// none. Its server starts on the first compile that needs it.
     pub sccache: Result<Arc<Sccache>, String>,
+    /// nvcc's version once asked (`nvcc_version`): every realized pattern's provenance names it,
+    /// and each ask spawns nvcc.
+    nvcc_version: OnceLock<String>,
 }
 
 impl Toolchain {
@@ -56,6 +59,7 @@ impl Toolchain {
             cutlass,
             torch,
             sccache: sccache::find().map(|b| Arc::new(Sccache::new(b))),
+            nvcc_version: OnceLock::new(),
         })
     }
 
@@ -96,23 +100,11 @@ impl Toolchain {
         )
     }
 
+    /// nvcc's release, e.g. "13.0" ("unknown" where it does not say), asked once.
     pub fn nvcc_version(&self) -> String {
-        Command::new(&self.nvcc)
-            .arg("--version")
-            .output()
-            .ok()
-            .and_then(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .find(|l| l.contains("release"))
-                    .map(str::to_string)
-            })
-            .and_then(|l| {
-                l.split("release ")
-                    .nth(1)
-                    .map(|v| v.split(',').next().unwrap_or(v).to_string())
-            })
-            .unwrap_or_else(|| "unknown".into())
+        self.nvcc_version
+            .get_or_init(|| ask_nvcc_version(&self.nvcc))
+            .clone()
     }
 
     pub(super) fn cudart(&self) -> Option<PathBuf> {
@@ -212,6 +204,26 @@ pub(super) fn find_on_path(exe: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The release `nvcc --version` states (its child process: the reason `nvcc_version` keeps it).
+fn ask_nvcc_version(nvcc: &Path) -> String {
+    Command::new(nvcc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find(|l| l.contains("release"))
+                .map(str::to_string)
+        })
+        .and_then(|l| {
+            l.split("release ")
+                .nth(1)
+                .map(|v| v.split(',').next().unwrap_or(v).to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::command_line;
@@ -226,6 +238,7 @@ mod tests {
             cutlass: "/opt/cutlass".into(),
             torch: "/opt/torch".into(),
             sccache: Err("off".into()),
+            nvcc_version: OnceLock::new(),
         };
         let line = |unit: &Unit| command_line(&tc.unit_command(Arch::Sm90, Path::new("/i"), unit));
         let common = command_line(&tc.nvcc_command(Arch::Sm90, Path::new("/i")));
@@ -239,5 +252,33 @@ mod tests {
             attention,
             format!("{common} -I/opt/cutlass/examples/88_hopper_fmha --use_fast_math")
         );
+    }
+
+    #[test]
+    fn nvccs_version_is_asked_once_and_read_from_its_release_line() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let calls = dir.path().join("calls");
+        let nvcc = dir.path().join("nvcc");
+        std::fs::write(
+            &nvcc,
+            format!(
+                "#!/bin/sh\necho asked >> {}\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n",
+                calls.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&nvcc, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let tc = Toolchain {
+            nvcc,
+            cuda_home: "/opt/cuda".into(),
+            cutlass: "/opt/cutlass".into(),
+            torch: "/opt/torch".into(),
+            sccache: Err("off".into()),
+            nvcc_version: OnceLock::new(),
+        };
+        assert_eq!(tc.nvcc_version(), "13.0");
+        assert_eq!(tc.clone().nvcc_version(), "13.0");
+        assert_eq!(std::fs::read_to_string(&calls).unwrap(), "asked\n");
     }
 }

@@ -97,7 +97,8 @@ mod ffi {
     /// later outputs take over, in order, in `outputs` (each of kind `output_kinds[i]`); the op
     /// then returns that many tensors more, and the call goes where the latest of these nodes and
     /// `node` was, so every output but that node's must be read only after it. Empty for the
-    /// usual one output.
+    /// usual one output. `Default` leaves every list empty: kinds spell only what they fill.
+    #[derive(Default)]
     struct Edit {
         node: u32,
         expect_kind: String,

@@ -19,11 +19,11 @@ pub use rule::{
 };
 pub use spec::{candidates, AttentionFamily, AttentionSpec, Sm90Schedule};
 
-use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec, SweepCx, Unit};
+use super::{Candidates, Dispatch, PlanFacts, Problem, Spec, SweepCx, TypedKind, Unit};
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
-use crate::rules::{Match, PatternKind, Rule};
+use crate::rules::{PatternKind, Rule};
 use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
@@ -53,15 +53,11 @@ impl From<AttentionSpec> for Spec {
     }
 }
 
-fn problem(p: &Problem) -> &AttentionProblem {
-    own("problem", p.get())
-}
+impl TypedKind for Attention {
+    type Match = AttentionMatch;
+    type Problem = AttentionProblem;
+    type Spec = AttentionSpec;
 
-fn spec(s: &Spec) -> &AttentionSpec {
-    own("spec", s.get())
-}
-
-impl Kind for Attention {
     fn name(&self) -> &'static str {
         "attention"
     }
@@ -75,25 +71,21 @@ impl Kind for Attention {
     fn rules(&self) -> &'static [&'static dyn Rule] {
         &[&AttentionRule]
     }
-    fn problem_of(&self, m: &dyn Match) -> Problem {
-        own_match::<AttentionMatch>(m).problem.clone().into()
+    fn problem_of(&self, m: &AttentionMatch) -> AttentionProblem {
+        m.problem.clone()
     }
     /// The pattern's last node: the op takes over its output.
-    fn node_of(&self, m: &dyn Match) -> NodeId {
-        *own_match::<AttentionMatch>(m)
-            .nodes
-            .last()
-            .expect("a pattern has nodes")
+    fn node_of(&self, m: &AttentionMatch) -> NodeId {
+        *m.nodes.last().expect("a pattern has nodes")
     }
-    fn origin_of(&self, m: &dyn Match) -> &'static str {
-        if own_match::<AttentionMatch>(m).form().starts_with("sdpa") {
+    fn origin_of(&self, m: &AttentionMatch) -> &'static str {
+        if m.form().starts_with("sdpa") {
             "scaled_dot_product_attention"
         } else {
             "attention"
         }
     }
-    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, _arch: Arch) -> PlanFacts {
-        let a = own_match::<AttentionMatch>(m);
+    fn plan_facts(&self, a: &AttentionMatch, math: Option<MathType>, _arch: Arch) -> PlanFacts {
         let p = &a.problem;
         PlanFacts {
             name: format!(
@@ -111,8 +103,8 @@ impl Kind for Attention {
             pad: None,
         }
     }
-    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
-        edit(g, own_match::<AttentionMatch>(m), kernel)
+    fn edit(&self, g: &Graph, m: &AttentionMatch, kernel: &str) -> Edit {
+        edit(g, m, kernel)
     }
     /// The `scaled_dot_product_attention` calls the rule refuses, with its reason (a general or
     /// unknown mask, dropout, ...).
@@ -123,64 +115,52 @@ impl Kind for Attention {
             .collect()
     }
 
-    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
-        serde_json::from_value::<AttentionProblem>(v).map(Problem::from)
-    }
     fn problem_from_rule(
         &self,
         rule: &str,
         dims: &[i64],
         dtype: DType,
-    ) -> Option<Result<Problem, String>> {
+    ) -> Option<Result<AttentionProblem, String>> {
         (rule.starts_with("attention") || rule.starts_with("sdpa"))
-            .then(|| AttentionProblem::from_rule(rule, dims, dtype).map(Problem::from))
+            .then(|| AttentionProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
         "attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask"
     }
-    fn rule_id(&self, p: &Problem) -> String {
-        problem(p).rule_id()
+    fn rule_id(&self, p: &AttentionProblem) -> String {
+        p.rule_id()
     }
-    fn shape_key(&self, p: &Problem) -> String {
-        problem(p).shape_key()
+    fn shape_key(&self, p: &AttentionProblem) -> String {
+        p.shape_key()
     }
-    fn flops(&self, p: &Problem) -> f64 {
-        problem(p).flops()
+    fn flops(&self, p: &AttentionProblem) -> f64 {
+        p.flops()
     }
-    fn dtype(&self, p: &Problem) -> DType {
-        problem(p).dtype
+    fn dtype(&self, p: &AttentionProblem) -> DType {
+        p.dtype
     }
-    fn alignment(&self, p: &Problem) -> u32 {
-        problem(p).alignment()
+    fn alignment(&self, p: &AttentionProblem) -> u32 {
+        p.alignment()
     }
     /// The policy's math for its two products.
-    fn math(&self, p: &Problem, precision: Precision) -> Option<MathType> {
-        MathType::for_tensor(problem(p).dtype, precision)
+    fn math(&self, p: &AttentionProblem, precision: Precision) -> Option<MathType> {
+        MathType::for_tensor(p.dtype, precision)
     }
-    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+    fn pattern_kind(&self, _p: &AttentionProblem) -> PatternKind {
         ATTENTION
     }
 
-    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
-        serde_json::from_value::<AttentionSpec>(v).map(Spec::from)
+    fn spec_name(&self, s: &AttentionSpec) -> String {
+        s.name()
     }
-    fn spec_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_arch(&self, s: &AttentionSpec) -> Arch {
+        s.arch
     }
-    fn kernel_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_dtype(&self, s: &AttentionSpec) -> DType {
+        s.dtype
     }
-    fn kernel(&self, s: &Spec) -> Spec {
-        s.clone()
-    }
-    fn spec_arch(&self, s: &Spec) -> Arch {
-        spec(s).arch
-    }
-    fn spec_dtype(&self, s: &Spec) -> DType {
-        spec(s).dtype
-    }
-    fn render(&self, s: &Spec) -> Source {
-        render::render(spec(s))
+    fn render(&self, s: &AttentionSpec) -> Source {
+        render::render(s)
     }
     /// Units never mix the two examples (each declares its own kernels) nor the two float maths
     /// (templates/sm80_fmha.cu.hbs specializes the float MMA for tf32). The sm90 units add
@@ -189,8 +169,7 @@ impl Kind for Attention {
     /// denormal-handling sequence, and the kernel issues about 30% more instructions than cuDNN's
     /// of the same structure (benches/results/attention90/ncu). Its inputs are bf16/fp16, whose
     /// rounding dwarfs the approximations' error; every other unit keeps its command (and cache key).
-    fn unit(&self, s: &Spec) -> Unit {
-        let a = spec(s);
+    fn unit(&self, a: &AttentionSpec) -> Unit {
         match a.family {
             AttentionFamily::Sm80 => Unit::plain(format!("attention_{}", a.math.short_name())),
             AttentionFamily::Sm90 { .. } => Unit {
@@ -200,10 +179,10 @@ impl Kind for Attention {
             },
         }
     }
-    fn dispatch(&self, s: &Spec) -> Dispatch {
+    fn dispatch(&self, s: &AttentionSpec) -> Dispatch {
         Dispatch {
             kind: "attention",
-            signature: signature(spec(s)),
+            signature: signature(s),
             layout: String::new(),
             epilogue: String::new(),
             knobs: [0; 3],
@@ -211,10 +190,9 @@ impl Kind for Attention {
     }
     /// templates/sm80_fmha.cu.hbs specializes the float MMA of the attention headers for tf32:
     /// one library holds fp32 attention kernels of one math.
-    fn check_library(&self, specs: &[&Spec]) -> Result<(), String> {
+    fn check_library(&self, specs: &[&AttentionSpec]) -> Result<(), String> {
         let maths: BTreeSet<&str> = specs
             .iter()
-            .map(|s| spec(s))
             .filter(|a| a.dtype == DType::F32)
             .map(|a| a.math.short_name())
             .collect();
@@ -229,8 +207,7 @@ impl Kind for Attention {
 
     /// The block shapes of CUTLASS's fused attention that take the head dim (`candidates`), no
     /// agent.
-    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        let p = problem(p);
+    fn candidates(&self, p: &AttentionProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         let mut specs: Vec<Spec> = candidates(p, cx.math, cx.arch)
             .into_iter()
             .map(Spec::from)
@@ -252,14 +229,10 @@ impl Kind for Attention {
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,
-        p: &Problem,
+        p: &AttentionProblem,
         protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Ok(Box::new(AttentionBench::new(
-            lib,
-            problem(p).clone(),
-            protocol,
-        )?))
+        Ok(Box::new(AttentionBench::new(lib, p.clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {
@@ -293,8 +266,7 @@ pub fn edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
-        outputs: vec![],
-        output_kinds: vec![],
+        ..Default::default()
     }
 }
 

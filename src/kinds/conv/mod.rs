@@ -26,7 +26,7 @@ pub use rule::{
 };
 pub use spec::{candidates, estimate, kernels_take, refusal, ConvSpec};
 
-use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Product, Spec};
+use super::{Candidates, Dispatch, PlanFacts, Problem, Product, Spec, TypedKind};
 use super::{SweepCx, Unit, Work};
 use crate::codegen::{OpCode, OpDef, Source as Code};
 use crate::graph::{Const, Graph, NodeId};
@@ -59,15 +59,11 @@ impl From<ConvSpec> for Spec {
     }
 }
 
-fn problem(p: &Problem) -> &ConvProblem {
-    own("problem", p.get())
-}
+impl TypedKind for Conv {
+    type Match = ConvMatch;
+    type Problem = ConvProblem;
+    type Spec = ConvSpec;
 
-fn spec(s: &Spec) -> &ConvSpec {
-    own("spec", s.get())
-}
-
-impl Kind for Conv {
     fn name(&self) -> &'static str {
         "conv"
     }
@@ -81,20 +77,19 @@ impl Kind for Conv {
     fn rules(&self) -> &'static [&'static dyn Rule] {
         &[&ConvRule]
     }
-    fn problem_of(&self, m: &dyn Match) -> Problem {
-        own_match::<ConvMatch>(m).problem.clone().into()
+    fn problem_of(&self, m: &ConvMatch) -> ConvProblem {
+        m.problem.clone()
     }
-    fn node_of(&self, m: &dyn Match) -> NodeId {
-        own_match::<ConvMatch>(m).conv.node
+    fn node_of(&self, m: &ConvMatch) -> NodeId {
+        m.conv.node
     }
-    fn origin_of(&self, _m: &dyn Match) -> &'static str {
+    fn origin_of(&self, _m: &ConvMatch) -> &'static str {
         "convolution"
     }
-    fn copies_of(&self, m: &dyn Match) -> Vec<String> {
-        copies(own_match::<ConvMatch>(m))
+    fn copies_of(&self, m: &ConvMatch) -> Vec<String> {
+        copies(m)
     }
-    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
-        let c = own_match::<ConvMatch>(m);
+    fn plan_facts(&self, c: &ConvMatch, math: Option<MathType>, arch: Arch) -> PlanFacts {
         PlanFacts {
             name: name(c),
             origin: "convolution".into(),
@@ -107,8 +102,7 @@ impl Kind for Conv {
         }
     }
     /// The implicit GEMM, at the convolution node.
-    fn products(&self, m: &dyn Match) -> Vec<Product> {
-        let c = own_match::<ConvMatch>(m);
+    fn products(&self, c: &ConvMatch) -> Vec<Product> {
         let (rows, cols, k) = c.problem.gemm();
         vec![Product {
             node: c.conv.node,
@@ -120,8 +114,7 @@ impl Kind for Conv {
     /// weight, bias and residual read once and the output written once, and each conversion the
     /// chain makes here (layout.rs) a copy of its own; padding x is one wherever x comes from
     /// (zeroing the pad channels and copying x in: two launches).
-    fn work(&self, m: &dyn Match, math: MathType) -> Option<Work> {
-        let c = own_match::<ConvMatch>(m);
+    fn work(&self, c: &ConvMatch, math: MathType) -> Option<Work> {
         let p = &c.problem;
         if refusal(p, math).is_some() {
             return None;
@@ -169,17 +162,14 @@ impl Kind for Conv {
             note,
         })
     }
-    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
-        edit(g, own_match::<ConvMatch>(m), kernel)
+    fn edit(&self, g: &Graph, m: &ConvMatch, kernel: &str) -> Edit {
+        edit(g, m, kernel)
     }
     /// Each chain's layouts decided again over the chains that are substituted: a chain torch
     /// keeps passes its input's layout on, so one before it hands back NCHW where a reader after
     /// it needs that.
-    fn edits(&self, g: &Graph, found: &[(&dyn Match, &str)]) -> Vec<Edit> {
-        let matches: Vec<ConvMatch> = found
-            .iter()
-            .map(|(m, _)| own_match::<ConvMatch>(*m).clone())
-            .collect();
+    fn edits(&self, g: &Graph, found: &[(&ConvMatch, &str)]) -> Vec<Edit> {
+        let matches: Vec<ConvMatch> = found.iter().map(|(m, _)| (*m).clone()).collect();
         let subs = substituted(matches.iter());
         let readers = g.readers();
         matches
@@ -195,73 +185,61 @@ impl Kind for Conv {
         refusals(g, matched)
     }
 
-    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
-        serde_json::from_value::<ConvProblem>(v).map(Problem::from)
-    }
     fn problem_from_rule(
         &self,
         rule: &str,
         dims: &[i64],
         dtype: DType,
-    ) -> Option<Result<Problem, String>> {
+    ) -> Option<Result<ConvProblem, String>> {
         rule.starts_with("conv2d")
-            .then(|| ConvProblem::from_rule(rule, dims, dtype).map(Problem::from))
+            .then(|| ConvProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
         "conv2d_s<stride>_p<padding>_d<dilation>[_bias][_add][_<act>]"
     }
-    fn rule_id(&self, p: &Problem) -> String {
-        problem(p).rule_id()
+    fn rule_id(&self, p: &ConvProblem) -> String {
+        p.rule_id()
     }
-    fn shape_key(&self, p: &Problem) -> String {
-        problem(p).shape_key()
+    fn shape_key(&self, p: &ConvProblem) -> String {
+        p.shape_key()
     }
-    fn flops(&self, p: &Problem) -> f64 {
-        problem(p).flops()
+    fn flops(&self, p: &ConvProblem) -> f64 {
+        p.flops()
     }
-    fn dtype(&self, p: &Problem) -> DType {
-        problem(p).dtype
+    fn dtype(&self, p: &ConvProblem) -> DType {
+        p.dtype
     }
-    fn alignment(&self, p: &Problem) -> u32 {
-        problem(p).alignment()
+    fn alignment(&self, p: &ConvProblem) -> u32 {
+        p.alignment()
     }
     /// A GEMM's math: the tensors' own for bf16 and fp16, tf32 or 3xTF32 for fp32 by the policy.
-    fn math(&self, p: &Problem, precision: Precision) -> Option<MathType> {
-        MathType::for_tensor(problem(p).dtype, precision)
+    fn math(&self, p: &ConvProblem, precision: Precision) -> Option<MathType> {
+        MathType::for_tensor(p.dtype, precision)
     }
-    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+    fn pattern_kind(&self, _p: &ConvProblem) -> PatternKind {
         CONV
     }
 
-    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
-        serde_json::from_value::<ConvSpec>(v).map(Spec::from)
+    fn spec_name(&self, s: &ConvSpec) -> String {
+        s.name()
     }
-    fn spec_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_arch(&self, s: &ConvSpec) -> Arch {
+        s.arch
     }
-    fn kernel_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_dtype(&self, s: &ConvSpec) -> DType {
+        s.dtype
     }
-    fn kernel(&self, s: &Spec) -> Spec {
-        s.clone()
-    }
-    fn spec_arch(&self, s: &Spec) -> Arch {
-        spec(s).arch
-    }
-    fn spec_dtype(&self, s: &Spec) -> DType {
-        spec(s).dtype
-    }
-    fn render(&self, s: &Spec) -> Code {
-        render::render(spec(s))
+    fn render(&self, s: &ConvSpec) -> Code {
+        render::render(s)
     }
     /// One family per arch: CUTLASS 3's builder and CUTLASS 2's implicit GEMM share no unit.
-    fn unit(&self, s: &Spec) -> Unit {
-        Unit::plain(format!("conv_{}", spec(s).arch.short_name()))
+    fn unit(&self, s: &ConvSpec) -> Unit {
+        Unit::plain(format!("conv_{}", s.arch.short_name()))
     }
-    fn dispatch(&self, s: &Spec) -> Dispatch {
+    fn dispatch(&self, s: &ConvSpec) -> Dispatch {
         Dispatch {
             kind: "conv",
-            signature: signature(spec(s)),
+            signature: signature(s),
             layout: String::new(),
             epilogue: String::new(),
             knobs: [0; 3],
@@ -270,8 +248,7 @@ impl Kind for Conv {
 
     /// CUTLASS's generator's tiles for the arch, best estimate first, within the space's budget
     /// (`--candidates` cuts further), less those that failed before; no agent.
-    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        let p = problem(p);
+    fn candidates(&self, p: &ConvProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         let specs = match candidates(p, cx.math, cx.arch) {
             Ok(specs) => specs,
             Err(why) => return Ok(Candidates::None(why)),
@@ -294,10 +271,10 @@ impl Kind for Conv {
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,
-        p: &Problem,
+        p: &ConvProblem,
         protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Ok(Box::new(ConvBench::new(lib, problem(p).clone(), protocol)?))
+        Ok(Box::new(ConvBench::new(lib, p.clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {
@@ -555,6 +532,7 @@ fn notes(c: &ConvMatch, math: MathType, arch: Arch) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::own;
     use crate::plan::node_costs;
 
     /// A bf16 1x1 convolution, 256 → 1024 channels on 14x14 at batch 32, with its BatchNorm,
@@ -633,7 +611,7 @@ mod tests {
     #[test]
     fn the_problem_is_the_chains_and_its_winner_reads_back() {
         let g = Graph::parse(BLOCK).unwrap();
-        let p = Conv.problem_of(&match_convs(&g).pop().unwrap());
+        let p = crate::kinds::Kind::problem_of(&Conv, &match_convs(&g).pop().unwrap());
         assert_eq!(p.rule_id(), "conv2d_s1_p0_d1_bias_add_relu");
         assert_eq!(p.shape_key(), "32x14x14x256x1024x1x1");
         assert_eq!(p.math(Precision::F32), Some(MathType::Bf16));
@@ -643,7 +621,10 @@ mod tests {
                 .remove(0);
             let spec = Spec::from(s);
             let json = serde_json::to_value(&spec).unwrap();
-            assert_eq!(Conv.spec_from_json(json).unwrap(), spec);
+            assert_eq!(
+                crate::kinds::Kind::spec_from_json(&Conv, json).unwrap(),
+                spec
+            );
         }
     }
 

@@ -22,13 +22,13 @@ pub use rule::{
 pub use space::{gemm_candidates, KernelSpec, Knowledge};
 
 use super::{
-    own, own_match, Candidates, Dispatch, Kind, Measured, PlanFacts, Problem, Product, Spec,
-    SweepCx, Unfused, Unit,
+    Candidates, Dispatch, Measured, PlanFacts, Problem, Product, Spec, SweepCx, TypedKind, Unfused,
+    Unit,
 };
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
-use crate::rules::{Match, PatternKind, Rule};
+use crate::rules::{PatternKind, Rule};
 use crate::space::validity::{self, FailureKind, Scope};
 use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
@@ -67,15 +67,11 @@ impl From<KernelSpec> for Spec {
     }
 }
 
-fn problem(p: &Problem) -> &GemmProblem {
-    own("problem", p.get())
-}
+impl TypedKind for Gemm {
+    type Match = GemmMatch;
+    type Problem = GemmProblem;
+    type Spec = KernelSpec;
 
-fn spec(s: &Spec) -> &KernelSpec {
-    own("spec", s.get())
-}
-
-impl Kind for Gemm {
     fn name(&self) -> &'static str {
         "gemm"
     }
@@ -89,20 +85,19 @@ impl Kind for Gemm {
     fn rules(&self) -> &'static [&'static dyn Rule] {
         &[&GemmRule, &EpilogueRule]
     }
-    fn problem_of(&self, m: &dyn Match) -> Problem {
-        own_match::<GemmMatch>(m).problem.clone().into()
+    fn problem_of(&self, m: &GemmMatch) -> GemmProblem {
+        m.problem.clone()
     }
-    fn node_of(&self, m: &dyn Match) -> NodeId {
-        own_match::<GemmMatch>(m).node
+    fn node_of(&self, m: &GemmMatch) -> NodeId {
+        m.node
     }
-    fn origin_of(&self, m: &dyn Match) -> &'static str {
-        own_match::<GemmMatch>(m).origin.name()
+    fn origin_of(&self, m: &GemmMatch) -> &'static str {
+        m.origin.name()
     }
-    fn copies_of(&self, m: &dyn Match) -> Vec<String> {
-        own_match::<GemmMatch>(m).copies.clone()
+    fn copies_of(&self, m: &GemmMatch) -> Vec<String> {
+        m.copies.clone()
     }
-    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
-        let m = own_match::<GemmMatch>(m);
+    fn plan_facts(&self, m: &GemmMatch, math: Option<MathType>, arch: Arch) -> PlanFacts {
         let p = &m.problem;
         PlanFacts {
             name: match &p.epilogue {
@@ -126,8 +121,7 @@ impl Kind for Gemm {
             pad: m.applied_pad().map(|p| p.describe()),
         }
     }
-    fn products(&self, m: &dyn Match) -> Vec<Product> {
-        let m = own_match::<GemmMatch>(m);
+    fn products(&self, m: &GemmMatch) -> Vec<Product> {
         vec![Product {
             node: m.node,
             flops: m.problem.flops(),
@@ -142,12 +136,11 @@ impl Kind for Gemm {
     /// "linear;n=N", kernel)` on buffers the rewrite adds to the module: the op returns the first
     /// N columns, its fallback runs linear on the first N rows of each (the module's own tensors,
     /// exactly: `x @ w.t()` and `addmm(bias, x, w.t())` are what linear computes).
-    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
-        edit(g, own_match::<GemmMatch>(m), kernel)
+    fn edit(&self, g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
+        edit(g, m, kernel)
     }
     /// A fused pattern no kernel realizes falls back to its GEMM alone; its epilogue stays in torch.
-    fn unfused(&self, m: &dyn Match) -> Option<Unfused> {
-        let m = own_match::<GemmMatch>(m);
+    fn unfused(&self, m: &GemmMatch) -> Option<Unfused> {
         m.epilogue.as_ref().map(|_| Unfused {
             kind: &Gemm,
             found: Box::new(m.plain()),
@@ -205,81 +198,73 @@ impl Kind for Gemm {
         out
     }
 
-    fn problem_from_json(&self, v: Value) -> Result<Problem, serde_json::Error> {
-        serde_json::from_value::<GemmProblem>(v).map(Problem::from)
-    }
     fn problem_from_rule(
         &self,
         rule: &str,
         dims: &[i64],
         dtype: DType,
-    ) -> Option<Result<Problem, String>> {
+    ) -> Option<Result<GemmProblem, String>> {
         (rule.starts_with("gemm_") || rule.starts_with("bmm_"))
-            .then(|| GemmProblem::from_rule(rule, dims, dtype).map(Problem::from))
+            .then(|| GemmProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
         "gemm_LAYOUT, gemm_LAYOUT_bias or bmm_LAYOUT (LAYOUT one of rrr, rcr, crr, ccr)"
     }
-    fn rule_id(&self, p: &Problem) -> String {
-        problem(p).rule_id()
+    fn rule_id(&self, p: &GemmProblem) -> String {
+        p.rule_id()
     }
-    fn shape_key(&self, p: &Problem) -> String {
-        problem(p).shape_key()
+    fn shape_key(&self, p: &GemmProblem) -> String {
+        p.shape_key()
     }
-    fn flops(&self, p: &Problem) -> f64 {
-        problem(p).flops()
+    fn flops(&self, p: &GemmProblem) -> f64 {
+        p.flops()
     }
-    fn dtype(&self, p: &Problem) -> DType {
-        problem(p).dtype
+    fn dtype(&self, p: &GemmProblem) -> DType {
+        p.dtype
     }
     /// In its own elements, 16 bytes at most.
-    fn alignment(&self, p: &Problem) -> u32 {
-        let p = problem(p);
+    fn alignment(&self, p: &GemmProblem) -> u32 {
         p.alignment(16 / p.dtype.bytes() as u32)
     }
     /// The policy's math for fp32 tensors.
-    fn math(&self, p: &Problem, precision: Precision) -> Option<MathType> {
-        MathType::for_tensor(problem(p).dtype, precision)
+    fn math(&self, p: &GemmProblem, precision: Precision) -> Option<MathType> {
+        MathType::for_tensor(p.dtype, precision)
     }
-    fn pattern_kind(&self, p: &Problem) -> PatternKind {
-        if problem(p).epilogue.is_some() {
+    fn pattern_kind(&self, p: &GemmProblem) -> PatternKind {
+        if p.epilogue.is_some() {
             EPILOGUE
         } else {
             GEMM
         }
     }
 
-    fn spec_from_json(&self, v: Value) -> Result<Spec, serde_json::Error> {
-        serde_json::from_value::<KernelSpec>(v).map(Spec::from)
+    fn spec_name(&self, s: &KernelSpec) -> String {
+        s.name()
     }
-    fn spec_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn kernel_name(&self, s: &KernelSpec) -> String {
+        s.kernel_name()
     }
-    fn kernel_name(&self, s: &Spec) -> String {
-        spec(s).kernel_name()
+    fn kernel(&self, s: &KernelSpec) -> KernelSpec {
+        s.kernel()
     }
-    fn kernel(&self, s: &Spec) -> Spec {
-        spec(s).kernel().into()
+    fn spec_arch(&self, s: &KernelSpec) -> Arch {
+        s.arch
     }
-    fn spec_arch(&self, s: &Spec) -> Arch {
-        spec(s).arch
+    fn spec_dtype(&self, s: &KernelSpec) -> DType {
+        s.dtype
     }
-    fn spec_dtype(&self, s: &Spec) -> DType {
-        spec(s).dtype
+    fn render(&self, s: &KernelSpec) -> Source {
+        render::render(s)
     }
-    fn render(&self, s: &Spec) -> Source {
-        render::render(spec(s))
-    }
-    fn unit(&self, _s: &Spec) -> Unit {
+    fn unit(&self, _s: &KernelSpec) -> Unit {
         Unit::plain("gemm")
     }
     /// One translation-unit family, but four kernel families that win on different problems.
-    fn spec_family(&self, s: &Spec) -> String {
-        format!("gemm_{:?}", spec(s).family)
+    fn spec_family(&self, s: &KernelSpec) -> String {
+        format!("gemm_{:?}", s.family)
     }
     /// A variant's entry holds its kernel and its launch knobs.
-    fn dispatch(&self, s: &Spec) -> Dispatch {
-        let v = spec(s);
+    fn dispatch(&self, v: &KernelSpec) -> Dispatch {
         Dispatch {
             kind: "gemm",
             signature: render::signature(v),
@@ -292,16 +277,16 @@ impl Kind for Gemm {
             ],
         }
     }
-    fn features(&self, s: &Spec, failure: FailureKind) -> Option<BTreeMap<String, Value>> {
-        Some(features(spec(s), failure))
+    fn features(&self, s: &KernelSpec, failure: FailureKind) -> Option<BTreeMap<String, Value>> {
+        Some(features(s, failure))
     }
 
-    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        sweep::first_round(problem(p), cx)
+    fn candidates(&self, p: &GemmProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
+        sweep::first_round(p, cx)
     }
     fn retry(
         &self,
-        p: &Problem,
+        p: &GemmProblem,
         cx: &mut SweepCx,
         failures: &[(String, String)],
         avoid: &BTreeSet<String>,
@@ -311,7 +296,7 @@ impl Kind for Gemm {
     fn rounds(&self) -> &'static [&'static str] {
         sweep::ROUNDS
     }
-    fn round(&self, i: usize, p: &Problem, measured: &[Measured], cx: &SweepCx) -> Vec<Spec> {
+    fn round(&self, i: usize, p: &GemmProblem, measured: &[Measured], cx: &SweepCx) -> Vec<Spec> {
         sweep::round(i, p, measured, cx.refine)
     }
     fn learns(&self) -> bool {
@@ -320,10 +305,10 @@ impl Kind for Gemm {
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,
-        p: &Problem,
+        p: &GemmProblem,
         protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Ok(Box::new(GemmBench::new(lib, problem(p).clone(), protocol)?))
+        Ok(Box::new(GemmBench::new(lib, p.clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {
@@ -443,8 +428,7 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
             ],
             remove: pad.view.iter().map(|&v| v as u32).collect(),
             remove_kinds: pad.view.iter().map(|&v| g.nodes[v].kind.clone()).collect(),
-            outputs: vec![],
-            output_kinds: vec![],
+            ..Default::default()
         };
     }
     let bias = Operand::optional(m.bias);
@@ -460,10 +444,7 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
                 Operand::text(m.origin.name()),
                 Operand::text(kernel),
             ],
-            remove: vec![],
-            remove_kinds: vec![],
-            outputs: vec![],
-            output_kinds: vec![],
+            ..Default::default()
         };
     };
     let nodes = m.nodes();
@@ -484,8 +465,7 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
-        outputs: vec![],
-        output_kinds: vec![],
+        ..Default::default()
     }
 }
 

@@ -7,10 +7,10 @@
 //! already compiled, so a dispatch index and a link, not nvcc time).
 
 use super::space::{self, KernelSpec, Knowledge};
-use super::{problem, Gemm};
+use super::Gemm;
 use crate::agent::Steward;
 use crate::kinds::gemm::GemmProblem;
-use crate::kinds::{Candidates, Measured, Problem, Spec, SweepCx};
+use crate::kinds::{Candidates, Measured, Spec, SweepCx};
 use crate::types::{Arch, MathType};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -158,8 +158,7 @@ pub fn check_candidate(
 
 /// Round `i` after the first (`ROUNDS`): 0 the sibling round of the `min(refine, 3)` fastest
 /// tile and schedule pairs, 1 the knob round of the `refine` fastest kernels.
-pub fn round(i: usize, p: &Problem, measured: &[Measured], refine: usize) -> Vec<Spec> {
-    let p = problem(p);
+pub fn round(i: usize, p: &GemmProblem, measured: &[Measured], refine: usize) -> Vec<Spec> {
     let kernels = match i {
         0 => refine_siblings(measured, p, refine.min(SIBLING_ROUND_TOP)),
         1 => refine_candidates(measured, p, refine),
@@ -230,12 +229,12 @@ pub fn refine_siblings(measured: &[Measured], p: &GemmProblem, top: usize) -> Ve
 /// The sweep hooks of `Gemm` (mod.rs) call these.
 impl Gemm {
     pub(super) fn sweep_retry(
-        p: &Problem,
+        p: &GemmProblem,
         cx: &mut SweepCx,
         failures: &[(String, String)],
         avoid: &BTreeSet<String>,
     ) -> Option<Vec<Spec>> {
-        retry(cx.steward, problem(p), cx.math, cx.arch, failures, avoid)
+        retry(cx.steward, p, cx.math, cx.arch, failures, avoid)
             .map(|ks| ks.into_iter().map(Spec::from).collect())
     }
 }

@@ -24,14 +24,15 @@ pub use render::{render, SIGNATURE};
 pub use rule::{match_glus, GluMatch, GluRule};
 pub use spec::{candidates, fuses, gemm_problem, Form, GluSpec};
 
+use super::typed::spec_of;
 use super::{
-    own, own_match, Candidates, Dispatch, Kind, Measured, PlanFacts, Problem, Product, Spec,
-    SweepCx, Unfused, Unit,
+    Candidates, Dispatch, Measured, PlanFacts, Problem, Product, Spec, SweepCx, TypedKind, Unfused,
+    Unit,
 };
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
-use crate::rules::{Match, PatternKind, Rule};
+use crate::rules::{PatternKind, Rule};
 use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
@@ -59,15 +60,11 @@ impl From<GluSpec> for Spec {
     }
 }
 
-fn problem(p: &Problem) -> &GluProblem {
-    own("problem", p.get())
-}
+impl TypedKind for Glu {
+    type Match = GluMatch;
+    type Problem = GluProblem;
+    type Spec = GluSpec;
 
-fn spec(s: &Spec) -> &GluSpec {
-    own("spec", s.get())
-}
-
-impl Kind for Glu {
     fn name(&self) -> &'static str {
         "glu"
     }
@@ -81,17 +78,16 @@ impl Kind for Glu {
     fn rules(&self) -> &'static [&'static dyn Rule] {
         &[&GluRule]
     }
-    fn problem_of(&self, m: &dyn Match) -> Problem {
-        own_match::<GluMatch>(m).problem.clone().into()
+    fn problem_of(&self, m: &GluMatch) -> GluProblem {
+        m.problem.clone()
     }
-    fn node_of(&self, m: &dyn Match) -> NodeId {
-        own_match::<GluMatch>(m).node
+    fn node_of(&self, m: &GluMatch) -> NodeId {
+        m.node
     }
-    fn origin_of(&self, _m: &dyn Match) -> &'static str {
+    fn origin_of(&self, _m: &GluMatch) -> &'static str {
         "linear"
     }
-    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
-        let l = own_match::<GluMatch>(m);
+    fn plan_facts(&self, l: &GluMatch, math: Option<MathType>, arch: Arch) -> PlanFacts {
         let p = &l.problem;
         PlanFacts {
             name: format!("gated MLP {} {}", p.act.short_name(), p.shape_key()),
@@ -104,8 +100,7 @@ impl Kind for Glu {
             pad: None,
         }
     }
-    fn products(&self, m: &dyn Match) -> Vec<Product> {
-        let l = own_match::<GluMatch>(m);
+    fn products(&self, l: &GluMatch) -> Vec<Product> {
         let flops = l.problem.flops() / 2.0;
         [l.gate, l.up]
             .into_iter()
@@ -116,14 +111,13 @@ impl Kind for Glu {
             })
             .collect()
     }
-    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
-        edit(g, own_match::<GluMatch>(m), kernel)
+    fn edit(&self, g: &Graph, m: &GluMatch, kernel: &str) -> Edit {
+        edit(g, m, kernel)
     }
     /// A GLU no kernel realizes falls back to the gate GEMM with act·up as its epilogue (the
     /// GEMM kind's match of those nodes; up stays torch's), which falls back in turn to the GEMM
     /// alone.
-    fn unfused(&self, m: &dyn Match) -> Option<Unfused> {
-        let l = own_match::<GluMatch>(m);
+    fn unfused(&self, l: &GluMatch) -> Option<Unfused> {
         l.unfused.clone().map(|e| Unfused {
             kind: &super::gemm::Gemm,
             found: Box::new(e),
@@ -132,80 +126,72 @@ impl Kind for Glu {
         })
     }
 
-    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
-        serde_json::from_value::<GluProblem>(v).map(Problem::from)
-    }
     fn problem_from_rule(
         &self,
         rule: &str,
         dims: &[i64],
         dtype: DType,
-    ) -> Option<Result<Problem, String>> {
+    ) -> Option<Result<GluProblem, String>> {
         rule.starts_with("glu")
-            .then(|| GluProblem::from_rule(rule, dims, dtype).map(Problem::from))
+            .then(|| GluProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
         "glu_silu, glu_gelu_tanh or glu_gelu (each with _bias)"
     }
-    fn rule_id(&self, p: &Problem) -> String {
-        problem(p).rule_id()
+    fn rule_id(&self, p: &GluProblem) -> String {
+        p.rule_id()
     }
-    fn shape_key(&self, p: &Problem) -> String {
-        problem(p).shape_key()
+    fn shape_key(&self, p: &GluProblem) -> String {
+        p.shape_key()
     }
-    fn flops(&self, p: &Problem) -> f64 {
-        problem(p).flops()
+    fn flops(&self, p: &GluProblem) -> f64 {
+        p.flops()
     }
-    fn dtype(&self, p: &Problem) -> DType {
-        problem(p).dtype
+    fn dtype(&self, p: &GluProblem) -> DType {
+        p.dtype
     }
-    fn alignment(&self, p: &Problem) -> u32 {
-        problem(p).alignment()
+    fn alignment(&self, p: &GluProblem) -> u32 {
+        p.alignment()
     }
-    fn math(&self, p: &Problem, precision: Precision) -> Option<MathType> {
-        MathType::for_tensor(problem(p).dtype, precision)
+    fn math(&self, p: &GluProblem, precision: Precision) -> Option<MathType> {
+        MathType::for_tensor(p.dtype, precision)
     }
-    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+    fn pattern_kind(&self, _p: &GluProblem) -> PatternKind {
         GLU
     }
 
-    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
-        serde_json::from_value::<GluSpec>(v).map(Spec::from)
+    fn spec_name(&self, s: &GluSpec) -> String {
+        s.name()
     }
-    fn spec_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn kernel_name(&self, s: &GluSpec) -> String {
+        s.kernel_name()
     }
-    fn kernel_name(&self, s: &Spec) -> String {
-        spec(s).kernel_name()
+    fn kernel(&self, s: &GluSpec) -> GluSpec {
+        s.kernel()
     }
-    fn kernel(&self, s: &Spec) -> Spec {
-        spec(s).kernel().into()
+    fn spec_arch(&self, s: &GluSpec) -> Arch {
+        s.gemm.arch
     }
-    fn spec_arch(&self, s: &Spec) -> Arch {
-        spec(s).gemm.arch
+    fn spec_dtype(&self, s: &GluSpec) -> DType {
+        s.gemm.dtype
     }
-    fn spec_dtype(&self, s: &Spec) -> DType {
-        spec(s).gemm.dtype
-    }
-    fn render(&self, s: &Spec) -> Source {
-        render::render(spec(s))
+    fn render(&self, s: &GluSpec) -> Source {
+        render::render(s)
     }
     /// The fused kernels share units; a split kernel holds its GEMM's unit (namespaces and all),
     /// so it compiles alone: two of them over one GEMM would define it twice in one unit.
     /// A split kernel is its own unit; the split form is one family all the same.
-    fn spec_family(&self, s: &Spec) -> String {
-        let s = spec(s);
+    fn spec_family(&self, s: &GluSpec) -> String {
         format!("glu_{}_{:?}", s.glu.short_name(), s.gemm.family)
     }
-    fn unit(&self, s: &Spec) -> Unit {
-        let s = spec(s);
+    fn unit(&self, s: &GluSpec) -> Unit {
         match s.glu {
             Form::Fused => Unit::plain("glu"),
             Form::Split => Unit::plain(s.kernel_name()),
         }
     }
-    fn dispatch(&self, s: &Spec) -> Dispatch {
-        let k = &spec(s).gemm.knobs;
+    fn dispatch(&self, s: &GluSpec) -> Dispatch {
+        let k = &s.gemm.knobs;
         Dispatch {
             kind: "glu",
             signature: SIGNATURE.into(),
@@ -221,8 +207,7 @@ impl Kind for Glu {
 
     /// The fused and split forms of the GEMM kind's best kernels for the concatenated GEMM
     /// (`spec::candidates`), no agent.
-    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        let p = problem(p);
+    fn candidates(&self, p: &GluProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         let mut specs: Vec<Spec> = candidates(p, cx.math, cx.arch)
             .into_iter()
             .filter(|s| !cx.failed.contains(&s.kernel_name()))
@@ -247,12 +232,12 @@ impl Kind for Glu {
     fn rounds(&self) -> &'static [&'static str] {
         crate::kinds::gemm::sweep::ROUNDS
     }
-    fn round(&self, i: usize, p: &Problem, measured: &[Measured], cx: &SweepCx) -> Vec<Spec> {
+    fn round(&self, i: usize, p: &GluProblem, measured: &[Measured], cx: &SweepCx) -> Vec<Spec> {
         let mine: Vec<(GluSpec, Option<f64>)> = measured
             .iter()
-            .map(|m| (spec(&m.spec).clone(), m.ms))
+            .map(|m| (spec_of::<Glu>(&m.spec).clone(), m.ms))
             .collect();
-        spec::round(i, problem(p), &mine, cx.refine)
+        spec::round(i, p, &mine, cx.refine)
             .into_iter()
             .map(Spec::from)
             .collect()
@@ -260,10 +245,10 @@ impl Kind for Glu {
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,
-        p: &Problem,
+        p: &GluProblem,
         protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Ok(Box::new(GluBench::new(lib, problem(p).clone(), protocol)?))
+        Ok(Box::new(GluBench::new(lib, p.clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {
@@ -303,8 +288,7 @@ pub fn edit(g: &Graph, l: &GluMatch, kernel: &str) -> Edit {
         ],
         remove_kinds: remove.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
         remove: remove.into_iter().map(|n| n as u32).collect(),
-        outputs: vec![],
-        output_kinds: vec![],
+        ..Default::default()
     }
 }
 

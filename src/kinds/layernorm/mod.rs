@@ -19,12 +19,12 @@ pub use render::render;
 pub use rule::{match_layernorms, LayerNormMatch, LayerNormRule};
 pub use spec::{candidates, LayerNormSpec, CANDIDATE_PER_THREAD, MAX_PER_THREAD, MAX_ROW};
 
-use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec, SweepCx, Unit};
+use super::{Candidates, Dispatch, PlanFacts, Problem, Spec, SweepCx, TypedKind, Unit};
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::residual::Residual;
-use crate::rules::{Match, PatternKind, Rule};
+use crate::rules::{PatternKind, Rule};
 use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
@@ -59,15 +59,11 @@ impl From<LayerNormSpec> for Spec {
     }
 }
 
-fn problem(p: &Problem) -> &LayerNormProblem {
-    own("problem", p.get())
-}
+impl TypedKind for LayerNorm {
+    type Match = LayerNormMatch;
+    type Problem = LayerNormProblem;
+    type Spec = LayerNormSpec;
 
-fn spec(s: &Spec) -> &LayerNormSpec {
-    own("spec", s.get())
-}
-
-impl Kind for LayerNorm {
     fn name(&self) -> &'static str {
         "layernorm"
     }
@@ -81,17 +77,16 @@ impl Kind for LayerNorm {
     fn rules(&self) -> &'static [&'static dyn Rule] {
         &[&LayerNormRule]
     }
-    fn problem_of(&self, m: &dyn Match) -> Problem {
-        own_match::<LayerNormMatch>(m).problem.clone().into()
+    fn problem_of(&self, m: &LayerNormMatch) -> LayerNormProblem {
+        m.problem.clone()
     }
-    fn node_of(&self, m: &dyn Match) -> NodeId {
-        own_match::<LayerNormMatch>(m).node
+    fn node_of(&self, m: &LayerNormMatch) -> NodeId {
+        m.node
     }
-    fn origin_of(&self, m: &dyn Match) -> &'static str {
-        origin(own_match::<LayerNormMatch>(m))
+    fn origin_of(&self, m: &LayerNormMatch) -> &'static str {
+        origin(m)
     }
-    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
-        let l = own_match::<LayerNormMatch>(m);
+    fn plan_facts(&self, l: &LayerNormMatch, math: Option<MathType>, arch: Arch) -> PlanFacts {
         let x = match &l.add {
             Some(add) => vec![add.a, add.b],
             None => vec![l.x],
@@ -108,77 +103,65 @@ impl Kind for LayerNorm {
             pad: None,
         }
     }
-    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
-        edit(g, own_match::<LayerNormMatch>(m), kernel)
+    fn edit(&self, g: &Graph, m: &LayerNormMatch, kernel: &str) -> Edit {
+        edit(g, m, kernel)
     }
 
-    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
-        serde_json::from_value::<LayerNormProblem>(v).map(Problem::from)
-    }
     fn problem_from_rule(
         &self,
         rule: &str,
         dims: &[i64],
         dtype: DType,
-    ) -> Option<Result<Problem, String>> {
+    ) -> Option<Result<LayerNormProblem, String>> {
         Residual::split_rule(rule, dtype)
             .is_ok_and(|(_, norm)| norm.starts_with("layernorm"))
-            .then(|| LayerNormProblem::from_rule(rule, dims, dtype).map(Problem::from))
+            .then(|| LayerNormProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
         RULE_IDS
     }
-    fn rule_id(&self, p: &Problem) -> String {
-        problem(p).rule_id()
+    fn rule_id(&self, p: &LayerNormProblem) -> String {
+        p.rule_id()
     }
-    fn shape_key(&self, p: &Problem) -> String {
-        problem(p).shape_key()
+    fn shape_key(&self, p: &LayerNormProblem) -> String {
+        p.shape_key()
     }
-    fn flops(&self, p: &Problem) -> f64 {
-        problem(p).flops()
+    fn flops(&self, p: &LayerNormProblem) -> f64 {
+        p.flops()
     }
-    fn dtype(&self, p: &Problem) -> DType {
-        problem(p).dtype
+    fn dtype(&self, p: &LayerNormProblem) -> DType {
+        p.dtype
     }
-    fn alignment(&self, p: &Problem) -> u32 {
-        problem(p).alignment()
+    fn alignment(&self, p: &LayerNormProblem) -> u32 {
+        p.alignment()
     }
     /// fp32 itself under either policy: a LayerNorm computes no product the policy could lower,
     /// so one table entry serves both policies, and it is judged at fp32's tolerance.
-    fn math(&self, p: &Problem, _precision: Precision) -> Option<MathType> {
-        Some(MathType::elementwise(problem(p).dtype))
+    fn math(&self, p: &LayerNormProblem, _precision: Precision) -> Option<MathType> {
+        Some(MathType::elementwise(p.dtype))
     }
-    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+    fn pattern_kind(&self, _p: &LayerNormProblem) -> PatternKind {
         LAYERNORM
     }
 
-    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
-        serde_json::from_value::<LayerNormSpec>(v).map(Spec::from)
+    fn spec_name(&self, s: &LayerNormSpec) -> String {
+        s.name()
     }
-    fn spec_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_arch(&self, s: &LayerNormSpec) -> Arch {
+        s.arch
     }
-    fn kernel_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_dtype(&self, s: &LayerNormSpec) -> DType {
+        s.dtype
     }
-    fn kernel(&self, s: &Spec) -> Spec {
-        s.clone()
-    }
-    fn spec_arch(&self, s: &Spec) -> Arch {
-        spec(s).arch
-    }
-    fn spec_dtype(&self, s: &Spec) -> DType {
-        spec(s).dtype
-    }
-    fn render(&self, s: &Spec) -> Source {
-        render::render(spec(s))
+    fn render(&self, s: &LayerNormSpec) -> Source {
+        render::render(s)
     }
     /// Its units include no CUTLASS: they stay small and quick.
-    fn unit(&self, _s: &Spec) -> Unit {
+    fn unit(&self, _s: &LayerNormSpec) -> Unit {
         Unit::plain("layernorm")
     }
-    fn dispatch(&self, s: &Spec) -> Dispatch {
-        let x = if spec(s).add.is_some() {
+    fn dispatch(&self, s: &LayerNormSpec) -> Dispatch {
+        let x = if s.add.is_some() {
             "a[O,I,C] b[O,I,C] sum[R,C]?"
         } else {
             "x[R,C]"
@@ -193,8 +176,7 @@ impl Kind for LayerNorm {
     }
 
     /// The knobs for its C (`spec::candidates`), no agent.
-    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        let p = problem(p);
+    fn candidates(&self, p: &LayerNormProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         let mut specs: Vec<Spec> = candidates(p, cx.arch).into_iter().map(Spec::from).collect();
         if let Some(n) = cx.max_candidates {
             specs.truncate(n.max(1));
@@ -211,14 +193,10 @@ impl Kind for LayerNorm {
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,
-        p: &Problem,
+        p: &LayerNormProblem,
         protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Ok(Box::new(LayerNormBench::new(
-            lib,
-            problem(p).clone(),
-            protocol,
-        )?))
+        Ok(Box::new(LayerNormBench::new(lib, p.clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {

@@ -21,7 +21,7 @@ pub use render::{op_code, render};
 pub use rule::{match_rmsnorms, RmsNormMatch, RmsNormRule, Spelling};
 pub use spec::{candidates, RmsNormSpec, CANDIDATE_PER_THREAD, MAX_PER_THREAD, MAX_ROW};
 
-use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec, SweepCx, Unit};
+use super::{Candidates, Dispatch, PlanFacts, Problem, Spec, SweepCx, TypedKind, Unit};
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
@@ -62,15 +62,11 @@ impl From<RmsNormSpec> for Spec {
     }
 }
 
-fn problem(p: &Problem) -> &RmsNormProblem {
-    own("problem", p.get())
-}
+impl TypedKind for RmsNorm {
+    type Match = RmsNormMatch;
+    type Problem = RmsNormProblem;
+    type Spec = RmsNormSpec;
 
-fn spec(s: &Spec) -> &RmsNormSpec {
-    own("spec", s.get())
-}
-
-impl Kind for RmsNorm {
     fn name(&self) -> &'static str {
         "rmsnorm"
     }
@@ -85,17 +81,16 @@ impl Kind for RmsNorm {
     fn rules(&self) -> &'static [&'static dyn Rule] {
         &[&RmsNormRule]
     }
-    fn problem_of(&self, m: &dyn Match) -> Problem {
-        own_match::<RmsNormMatch>(m).problem.clone().into()
+    fn problem_of(&self, m: &RmsNormMatch) -> RmsNormProblem {
+        m.problem.clone()
     }
-    fn node_of(&self, m: &dyn Match) -> NodeId {
-        own_match::<RmsNormMatch>(m).node
+    fn node_of(&self, m: &RmsNormMatch) -> NodeId {
+        m.node
     }
-    fn origin_of(&self, m: &dyn Match) -> &'static str {
-        origin(own_match::<RmsNormMatch>(m))
+    fn origin_of(&self, m: &RmsNormMatch) -> &'static str {
+        origin(m)
     }
-    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
-        let r = own_match::<RmsNormMatch>(m);
+    fn plan_facts(&self, r: &RmsNormMatch, math: Option<MathType>, arch: Arch) -> PlanFacts {
         let x = match &r.add {
             Some(add) => vec![add.a, add.b],
             None => vec![r.x],
@@ -108,77 +103,65 @@ impl Kind for RmsNorm {
             pad: None,
         }
     }
-    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
-        edit(g, own_match::<RmsNormMatch>(m), kernel)
+    fn edit(&self, g: &Graph, m: &RmsNormMatch, kernel: &str) -> Edit {
+        edit(g, m, kernel)
     }
 
-    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
-        serde_json::from_value::<RmsNormProblem>(v).map(Problem::from)
-    }
     fn problem_from_rule(
         &self,
         rule: &str,
         dims: &[i64],
         dtype: DType,
-    ) -> Option<Result<Problem, String>> {
+    ) -> Option<Result<RmsNormProblem, String>> {
         Residual::split_rule(rule, dtype)
             .is_ok_and(|(_, norm)| norm.starts_with("rmsnorm"))
-            .then(|| RmsNormProblem::from_rule(rule, dims, dtype).map(Problem::from))
+            .then(|| RmsNormProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
         RULE_IDS
     }
-    fn rule_id(&self, p: &Problem) -> String {
-        problem(p).rule_id()
+    fn rule_id(&self, p: &RmsNormProblem) -> String {
+        p.rule_id()
     }
-    fn shape_key(&self, p: &Problem) -> String {
-        problem(p).shape_key()
+    fn shape_key(&self, p: &RmsNormProblem) -> String {
+        p.shape_key()
     }
-    fn flops(&self, p: &Problem) -> f64 {
-        problem(p).flops()
+    fn flops(&self, p: &RmsNormProblem) -> f64 {
+        p.flops()
     }
-    fn dtype(&self, p: &Problem) -> DType {
-        problem(p).dtype
+    fn dtype(&self, p: &RmsNormProblem) -> DType {
+        p.dtype
     }
-    fn alignment(&self, p: &Problem) -> u32 {
-        problem(p).alignment()
+    fn alignment(&self, p: &RmsNormProblem) -> u32 {
+        p.alignment()
     }
     /// The tensors' own under either policy: an RMSNorm computes no product the policy could
     /// lower, so one table entry serves both, judged at the dtype's tolerance.
-    fn math(&self, p: &Problem, _precision: Precision) -> Option<MathType> {
-        Some(MathType::elementwise(problem(p).dtype))
+    fn math(&self, p: &RmsNormProblem, _precision: Precision) -> Option<MathType> {
+        Some(MathType::elementwise(p.dtype))
     }
-    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+    fn pattern_kind(&self, _p: &RmsNormProblem) -> PatternKind {
         RMSNORM
     }
 
-    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
-        serde_json::from_value::<RmsNormSpec>(v).map(Spec::from)
+    fn spec_name(&self, s: &RmsNormSpec) -> String {
+        s.name()
     }
-    fn spec_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_arch(&self, s: &RmsNormSpec) -> Arch {
+        s.arch
     }
-    fn kernel_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_dtype(&self, s: &RmsNormSpec) -> DType {
+        s.dtype
     }
-    fn kernel(&self, s: &Spec) -> Spec {
-        s.clone()
-    }
-    fn spec_arch(&self, s: &Spec) -> Arch {
-        spec(s).arch
-    }
-    fn spec_dtype(&self, s: &Spec) -> DType {
-        spec(s).dtype
-    }
-    fn render(&self, s: &Spec) -> Source {
-        render::render(spec(s))
+    fn render(&self, s: &RmsNormSpec) -> Source {
+        render::render(s)
     }
     /// Its units include no CUTLASS: they stay small and quick.
-    fn unit(&self, _s: &Spec) -> Unit {
+    fn unit(&self, _s: &RmsNormSpec) -> Unit {
         Unit::plain("rmsnorm")
     }
-    fn dispatch(&self, s: &Spec) -> Dispatch {
-        let x = if spec(s).add.is_some() {
+    fn dispatch(&self, s: &RmsNormSpec) -> Dispatch {
+        let x = if s.add.is_some() {
             "a[O,I,C] b[O,I,C] sum[R,C]?"
         } else {
             "x[R,C]"
@@ -193,8 +176,7 @@ impl Kind for RmsNorm {
     }
 
     /// The knobs for its C (`spec::candidates`), no agent.
-    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        let p = problem(p);
+    fn candidates(&self, p: &RmsNormProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         let mut specs: Vec<Spec> = candidates(p, cx.arch).into_iter().map(Spec::from).collect();
         if let Some(n) = cx.max_candidates {
             specs.truncate(n.max(1));
@@ -211,14 +193,10 @@ impl Kind for RmsNorm {
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,
-        p: &Problem,
+        p: &RmsNormProblem,
         protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Ok(Box::new(RmsNormBench::new(
-            lib,
-            problem(p).clone(),
-            protocol,
-        )?))
+        Ok(Box::new(RmsNormBench::new(lib, p.clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {

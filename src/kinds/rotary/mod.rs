@@ -18,7 +18,7 @@ pub use render::render;
 pub use rule::{match_rotary, RotaryMatch, RotaryRule, Rotation};
 pub use spec::{candidates, RotarySpec};
 
-use super::{own, own_match, Candidates, Dispatch, Kind, PlanFacts, Problem, Spec, SweepCx, Unit};
+use super::{Candidates, Dispatch, PlanFacts, Problem, Spec, SweepCx, TypedKind, Unit};
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
@@ -53,15 +53,11 @@ impl From<RotarySpec> for Spec {
     }
 }
 
-fn problem(p: &Problem) -> &RotaryProblem {
-    own("problem", p.get())
-}
+impl TypedKind for Rotary {
+    type Match = RotaryMatch;
+    type Problem = RotaryProblem;
+    type Spec = RotarySpec;
 
-fn spec(s: &Spec) -> &RotarySpec {
-    own("spec", s.get())
-}
-
-impl Kind for Rotary {
     fn name(&self) -> &'static str {
         "rotary"
     }
@@ -76,17 +72,16 @@ impl Kind for Rotary {
     fn rules(&self) -> &'static [&'static dyn Rule] {
         &[&RotaryRule]
     }
-    fn problem_of(&self, m: &dyn Match) -> Problem {
-        own_match::<RotaryMatch>(m).problem.clone().into()
+    fn problem_of(&self, m: &RotaryMatch) -> RotaryProblem {
+        m.problem.clone()
     }
-    fn node_of(&self, m: &dyn Match) -> NodeId {
-        own_match::<RotaryMatch>(m).q.out
+    fn node_of(&self, m: &RotaryMatch) -> NodeId {
+        m.q.out
     }
-    fn origin_of(&self, _m: &dyn Match) -> &'static str {
+    fn origin_of(&self, _m: &RotaryMatch) -> &'static str {
         "rotary embedding"
     }
-    fn plan_facts(&self, m: &dyn Match, math: Option<MathType>, arch: Arch) -> PlanFacts {
-        let r = own_match::<RotaryMatch>(m);
+    fn plan_facts(&self, r: &RotaryMatch, math: Option<MathType>, arch: Arch) -> PlanFacts {
         let mut operands = vec![r.q.x];
         operands.extend(r.k.as_ref().map(|k| k.x));
         operands.extend([r.q.cos, r.q.sin]);
@@ -98,75 +93,63 @@ impl Kind for Rotary {
             pad: None,
         }
     }
-    fn edit(&self, g: &Graph, m: &dyn Match, kernel: &str) -> Edit {
-        edit(g, own_match::<RotaryMatch>(m), kernel)
+    fn edit(&self, g: &Graph, m: &RotaryMatch, kernel: &str) -> Edit {
+        edit(g, m, kernel)
     }
 
-    fn problem_from_json(&self, v: serde_json::Value) -> Result<Problem, serde_json::Error> {
-        serde_json::from_value::<RotaryProblem>(v).map(Problem::from)
-    }
     fn problem_from_rule(
         &self,
         rule: &str,
         dims: &[i64],
         dtype: DType,
-    ) -> Option<Result<Problem, String>> {
+    ) -> Option<Result<RotaryProblem, String>> {
         rule.starts_with("rotary")
-            .then(|| RotaryProblem::from_rule(rule, dims, dtype).map(Problem::from))
+            .then(|| RotaryProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
         RULE_IDS
     }
-    fn rule_id(&self, p: &Problem) -> String {
-        problem(p).rule_id()
+    fn rule_id(&self, p: &RotaryProblem) -> String {
+        p.rule_id()
     }
-    fn shape_key(&self, p: &Problem) -> String {
-        problem(p).shape_key()
+    fn shape_key(&self, p: &RotaryProblem) -> String {
+        p.shape_key()
     }
-    fn flops(&self, p: &Problem) -> f64 {
-        problem(p).flops()
+    fn flops(&self, p: &RotaryProblem) -> f64 {
+        p.flops()
     }
-    fn dtype(&self, p: &Problem) -> DType {
-        problem(p).dtype
+    fn dtype(&self, p: &RotaryProblem) -> DType {
+        p.dtype
     }
-    fn alignment(&self, p: &Problem) -> u32 {
-        problem(p).alignment()
+    fn alignment(&self, p: &RotaryProblem) -> u32 {
+        p.alignment()
     }
     /// The dtype itself under either policy: no product the policy could lower, so one table
     /// entry serves both.
-    fn math(&self, p: &Problem, _precision: Precision) -> Option<MathType> {
-        Some(MathType::elementwise(problem(p).dtype))
+    fn math(&self, p: &RotaryProblem, _precision: Precision) -> Option<MathType> {
+        Some(MathType::elementwise(p.dtype))
     }
-    fn pattern_kind(&self, _p: &Problem) -> PatternKind {
+    fn pattern_kind(&self, _p: &RotaryProblem) -> PatternKind {
         ROTARY
     }
 
-    fn spec_from_json(&self, v: serde_json::Value) -> Result<Spec, serde_json::Error> {
-        serde_json::from_value::<RotarySpec>(v).map(Spec::from)
+    fn spec_name(&self, s: &RotarySpec) -> String {
+        s.name()
     }
-    fn spec_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_arch(&self, s: &RotarySpec) -> Arch {
+        s.arch
     }
-    fn kernel_name(&self, s: &Spec) -> String {
-        spec(s).name()
+    fn spec_dtype(&self, s: &RotarySpec) -> DType {
+        s.dtype
     }
-    fn kernel(&self, s: &Spec) -> Spec {
-        s.clone()
-    }
-    fn spec_arch(&self, s: &Spec) -> Arch {
-        spec(s).arch
-    }
-    fn spec_dtype(&self, s: &Spec) -> DType {
-        spec(s).dtype
-    }
-    fn render(&self, s: &Spec) -> Source {
-        render::render(spec(s))
+    fn render(&self, s: &RotarySpec) -> Source {
+        render::render(s)
     }
     /// Its units include no CUTLASS: they stay small and quick.
-    fn unit(&self, _s: &Spec) -> Unit {
+    fn unit(&self, _s: &RotarySpec) -> Unit {
         Unit::plain("rotary")
     }
-    fn dispatch(&self, _s: &Spec) -> Dispatch {
+    fn dispatch(&self, _s: &RotarySpec) -> Dispatch {
         Dispatch {
             kind: "rotary",
             signature: "q[N0,N1,N2,D] k[..,D]? cos_q[..,R] sin_q[..,R] cos_k[..,R]? sin_k[..,R]? out_q[..,D] out_k[..,D]? (NULL data when absent; cos and sin broadcast with stride 0)".into(),
@@ -177,8 +160,7 @@ impl Kind for Rotary {
     }
 
     /// The knobs for its head (`spec::candidates`), no agent.
-    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        let p = problem(p);
+    fn candidates(&self, p: &RotaryProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         let mut specs: Vec<Spec> = candidates(p, cx.arch).into_iter().map(Spec::from).collect();
         if let Some(n) = cx.max_candidates {
             specs.truncate(n.max(1));
@@ -197,14 +179,10 @@ impl Kind for Rotary {
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,
-        p: &Problem,
+        p: &RotaryProblem,
         protocol: Protocol,
     ) -> Result<Box<dyn Bench + 'l>, String> {
-        Ok(Box::new(RotaryBench::new(
-            lib,
-            problem(p).clone(),
-            protocol,
-        )?))
+        Ok(Box::new(RotaryBench::new(lib, p.clone(), protocol)?))
     }
 
     fn ops(&self) -> &'static [OpDef] {
