@@ -85,13 +85,15 @@ fn to_time_here(here: Option<&Provenance>, entry: &Entry) -> Option<(String, Vec
         .flat_map(|r| r.candidates.iter().map(|c| c.kernel.as_str()))
         .collect();
     let leading = entry.leading_specs(REVERIFY_KERNELS);
-    if leading
+    let untried = leading
         .iter()
-        .all(|s| tried.contains(s.kernel_name().as_str()))
-    {
-        return None;
-    }
-    let prov = entry.winner_provenance();
+        .map(|s| s.kernel_name())
+        .find(|k| !tried.contains(k.as_str()))?;
+    // Where the first kernel never tried here was measured (the winner's run where it ran there).
+    let prov = std::iter::once(&entry.runs[entry.winner_run])
+        .chain(&entry.runs)
+        .find(|r| r.candidates.iter().any(|c| c.kernel == untried))
+        .map_or(entry.winner_provenance(), |r| &r.provenance);
     Some((
         format!("{} with CUTLASS {}", prov.device.name, prov.cutlass),
         leading,
@@ -1299,6 +1301,18 @@ mod tests {
             to_time_here(None, &e).is_none(),
             "nothing to time without a GPU"
         );
+        // The winner ran here; a runner-up never did: the hit names where that one was measured.
+        let won_here = entry_against(128, 0, 0.9, Some(1.0), "NVIDIA H200").merged(&entry_against(
+            128,
+            2,
+            0.3,
+            Some(0.9),
+            "NVIDIA H100 80GB HBM3",
+        ));
+        assert_eq!(won_here.winner, kernels[2].name());
+        let (on, leading) = to_time_here(Some(&h100), &won_here).expect("kernel 0 never ran here");
+        assert_eq!(on, "NVIDIA H200 with CUTLASS 4.2.0");
+        assert_eq!(names(&leading), vec![kernels[2].name(), kernels[0].name()]);
         assert!(
             to_time_here(Some(&provenance("NVIDIA A100-SXM4-80GB")), &e).is_some(),
             "a model that ran none of them"
