@@ -265,6 +265,14 @@ bool smem_opt_in(const void* kernel, int smem) {
          }) > 0;
 }
 
+// The device's SMs, asked once per device: querying costs more than a short kernel.
+int sm_count() {
+  struct SmCount;
+  return per_device<SmCount>([](int device) {
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  });
+}
+
 // Runs CUTLASS 3.x adapter `Op` (GemmUniversalAdapter, ConvUniversalAdapter) of kernel `Kernel` on
 // `args`: the adapter's initialize (the kernel's workspace, then its Params) without the shared
 // memory attribute it sets on every call, which smem_opt_in sets once per device, then the
@@ -278,14 +286,6 @@ int32_t launch_adapter(const typename Op::Arguments& args, void* workspace, cuda
   if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
   typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
   return Op::run(params, stream) == cutlass::Status::kSuccess ? FACT_OK : FACT_LAUNCH_FAILED;
-}
-
-// The device's SMs, asked once per device: querying costs more than a short GEMM.
-int sm_count() {
-  struct SmCount;
-  return per_device<SmCount>([](int device) {
-    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-  });
 }
 
 typename Gemm::Arguments make_arguments(const Call& p) {

@@ -66,6 +66,14 @@ bool smem_opt_in(const void* kernel, int smem) {
          }) > 0;
 }
 
+// The device's SMs, asked once per device: querying costs more than a short kernel.
+int sm_count() {
+  struct SmCount;
+  return per_device<SmCount>([](int device) {
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  });
+}
+
 using namespace cute;
 
 using Element = cutlass::bfloat16_t;
@@ -396,14 +404,6 @@ static_assert(Kernel::SharedStorageSize <= 232448, "sm90_fmha_bf16_bf16_q128_k12
 constexpr int64_t kAlign = 16 / sizeof(Element);
 constexpr bool kCausal = true;
 constexpr bool kKeyLengths = false;
-
-// The device's SMs, asked once per device: querying costs more than a short kernel.
-int sm_count() {
-  struct SmCount;
-  return per_device<SmCount>([](int device) {
-    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-  });
-}
 
 bool fits_i32(int64_t v) { return v >= 0 && v <= INT32_MAX; }
 

@@ -140,6 +140,14 @@ bool smem_opt_in(const void* kernel, int smem) {
          }) > 0;
 }
 
+// The device's SMs, asked once per device: querying costs more than a short kernel.
+int sm_count() {
+  struct SmCount;
+  return per_device<SmCount>([](int device) {
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  });
+}
+
 // Runs CUTLASS 3.x adapter `Op` (GemmUniversalAdapter, ConvUniversalAdapter) of kernel `Kernel` on
 // `args`: the adapter's initialize (the kernel's workspace, then its Params) without the shared
 // memory attribute it sets on every call, which smem_opt_in sets once per device, then the
@@ -200,14 +208,6 @@ using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-
-// The device's SMs, asked once per device: querying costs more than a short GEMM.
-int sm_count() {
-  struct SmCount;
-  return per_device<SmCount>([](int device) {
-    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
-  });
-}
 
 // How many of this kernel's clusters the device runs at once, asked once per device. Without it
 // CUTLASS's persistent scheduler assumes 18 SMs in every GPC and launches 116 CTAs of 2x2 clusters
