@@ -196,6 +196,35 @@ impl Run {
     }
 }
 
+/// How timings compare across `runs` (`Entry::from_runs`, `Entry::leading_specs`): a candidate's
+/// time over torch's in its own run where every run with a verified candidate has a baseline,
+/// else its time alone. `score(run, ms)`.
+struct Scorer(Vec<Option<f64>>);
+
+impl Scorer {
+    fn of(runs: &[Run]) -> Scorer {
+        let baseline = |r: &Run| {
+            r.baseline
+                .as_ref()
+                .map(|b| b.median_ms)
+                .filter(|ms| *ms > 0.0)
+        };
+        let relative = runs
+            .iter()
+            .filter(|r| r.candidates.iter().any(|c| c.outcome.median_ms().is_some()))
+            .all(|r| baseline(r).is_some());
+        Scorer(
+            runs.iter()
+                .map(|r| baseline(r).filter(|_| relative))
+                .collect(),
+        )
+    }
+
+    fn score(&self, run: usize, ms: f64) -> f64 {
+        self.0[run].map_or(ms, |b| ms / b)
+    }
+}
+
 /// How much faster than the winner, in the runs that timed both, another kernel must be to take
 /// over (`Entry::from_runs`): a margin over the tuner's noise, so that kernels tied within it keep
 /// the ratios' choice.
@@ -235,21 +264,8 @@ impl Entry {
                 }
             }
         }
-        let baseline = |i: usize| {
-            runs[i]
-                .baseline
-                .as_ref()
-                .map(|b| b.median_ms)
-                .filter(|ms| *ms > 0.0)
-        };
-        let relative = by_kernel
-            .values()
-            .flatten()
-            .all(|&(i, _, _)| baseline(i).is_some());
-        let score = |i: usize, ms: f64| match baseline(i) {
-            Some(b) if relative => ms / b,
-            _ => ms,
-        };
+        let scorer = Scorer::of(&runs);
+        let score = |i: usize, ms: f64| scorer.score(i, ms);
         let by_score = |a: &&(usize, &CandidateResult, f64),
                         b: &&(usize, &CandidateResult, f64)| {
             score(a.0, a.2)
@@ -336,19 +352,15 @@ impl Entry {
     }
 
     /// The specs of the `n` best distinct verified kernels over every run, the winner first, then
-    /// by time over torch's in their own run (by time where a run has no baseline): the ones to
-    /// time on a GPU the entry was not measured on.
+    /// as `from_runs` compares timings across runs (`Scorer`): the ones to time on a GPU model that
+    /// has not tried them.
     pub fn leading_specs(&self, n: usize) -> Vec<Spec> {
+        let scorer = Scorer::of(&self.runs);
         let mut timed: Vec<(f64, f64, &CandidateResult)> = Vec::new();
-        for r in &self.runs {
-            let base = r
-                .baseline
-                .as_ref()
-                .map(|b| b.median_ms)
-                .filter(|b| *b > 0.0);
+        for (i, r) in self.runs.iter().enumerate() {
             for c in &r.candidates {
                 if let Some(ms) = c.outcome.median_ms() {
-                    timed.push((base.map_or(ms, |b| ms / b), ms, c));
+                    timed.push((scorer.score(i, ms), ms, c));
                 }
             }
         }
