@@ -73,7 +73,7 @@ fn same_place(here: &Provenance, run: &Provenance) -> bool {
 const REVERIFY_KERNELS: usize = 3;
 
 /// The entry's leading kernels when any of them was never tried here (this GPU model and
-/// CUTLASS), with where its winner was measured: they are timed here, in one run, before use;
+/// CUTLASS), with where the first such one was measured: they are timed here, in one run, before use;
 /// once a run here has tried them all, the entry is used as this model's runs rank it. None
 /// without a GPU here (`here` is None) or when every leading kernel was tried here.
 fn to_time_here(here: Option<&Provenance>, entry: &Entry) -> Option<(String, Vec<Spec>)> {
@@ -89,9 +89,10 @@ fn to_time_here(here: Option<&Provenance>, entry: &Entry) -> Option<(String, Vec
         .iter()
         .map(|s| s.kernel_name())
         .find(|k| !tried.contains(k.as_str()))?;
-    // Where the first kernel never tried here was measured (the winner's run where it ran there).
-    let prov = std::iter::once(&entry.runs[entry.winner_run])
-        .chain(&entry.runs)
+    // Every leading kernel comes from a run's candidates; an untried one's runs are elsewhere.
+    let prov = entry
+        .runs
+        .iter()
         .find(|r| r.candidates.iter().any(|c| c.kernel == untried))
         .map_or(entry.winner_provenance(), |r| &r.provenance);
     Some((
@@ -354,29 +355,32 @@ pub fn realize(
     match found {
         Lookup::Exact { entry, table } => {
             if let Some((on, leading)) = to_time_here(here.as_ref(), &entry) {
-                return match reverify(cx, sh, problem, math, &leading, "_reverify")? {
-                    // As a bucket neighbour's (below): what loses to torch here earns a sweep.
-                    Some((fresh, _)) if for_here(here.as_ref(), fresh.clone()).loses_to_torch() => {
-                        nvcc::progress_line(
-                            opts.progress,
-                            format_args!(
-                                "{key}: the {} kernel(s) leading on {on} lose to torch here; sweeping",
-                                leading.len()
-                            ),
-                        );
-                        sweep()
-                    }
-                    Some((fresh, failures)) => Ok(Realized {
-                        how: Realization::Hit {
-                            table: table.into(),
-                            measured_on: Some(on),
-                            reverified: true,
-                        },
-                        entry: Some(for_here(here.as_ref(), fresh)),
-                        failures,
-                    }),
-                    None => sweep(),
+                let Some((fresh, failures)) =
+                    reverify(cx, sh, problem, math, &leading, "_reverify")?
+                else {
+                    return sweep();
                 };
+                let fresh = for_here(here.as_ref(), fresh);
+                // As a bucket neighbour's (below): what loses to torch here earns a sweep.
+                if fresh.loses_to_torch() {
+                    nvcc::progress_line(
+                        opts.progress,
+                        format_args!(
+                            "{key}: the {} kernel(s) leading on {on} lose to torch here; sweeping",
+                            leading.len()
+                        ),
+                    );
+                    return sweep();
+                }
+                return Ok(Realized {
+                    how: Realization::Hit {
+                        table: table.into(),
+                        measured_on: Some(on),
+                        reverified: true,
+                    },
+                    entry: Some(fresh),
+                    failures,
+                });
             }
             let how = Realization::Hit {
                 table: table.into(),
