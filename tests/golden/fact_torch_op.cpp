@@ -1958,18 +1958,6 @@ at::Tensor conv_input(const at::Tensor& x, int64_t channels, bool& copied) {
   return padded;
 }
 
-// A channels-last tensor as the ABI passes it, its strides the packed NHWC ones (a dim of size
-// one may carry any stride in torch; the kernels check the packed ones).
-FactTensor conv_tensor(const at::Tensor& t) {
-  FactTensor ft = fact_tensor(t);
-  const int64_t c = t.size(1), h = t.size(2), w = t.size(3);
-  ft.strides[0] = h * w * c;
-  ft.strides[1] = 1;
-  ft.strides[2] = w * c;
-  ft.strides[3] = c;
-  return ft;
-}
-
 // A conv argument list as two ints (conv2d takes one for both dims), or false.
 bool conv_pair(at::IntArrayRef v, int64_t out[2]) {
   if (v.size() == 1) {
@@ -2029,8 +2017,9 @@ at::Tensor conv_kernel(const at::Tensor& x, int64_t in_channels, const at::Tenso
   const at::Tensor wc = conv_channels_last(w, conv_copied);
   const at::Tensor rc = has_r ? conv_channels_last(*residual, conv_copied) : at::Tensor();
   at::Tensor out = at::empty({x.size(0), w.size(0), out_h, out_w}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
-  const FactTensor tensors[5] = {conv_tensor(xc), conv_tensor(wc), has_b ? fact_tensor(*b) : FactTensor{},
-                                 has_r ? conv_tensor(rc) : FactTensor{}, conv_tensor(out)};
+  // As torch lays them out: the kernels' layout check takes any stride on a dim of size one.
+  const FactTensor tensors[5] = {fact_tensor(xc), fact_tensor(wc), has_b ? fact_tensor(*b) : FactTensor{},
+                                 has_r ? fact_tensor(rc) : FactTensor{}, fact_tensor(out)};
   const double scalars[6] = {double(s[0]), double(s[1]), double(p[0]), double(p[1]), double(d[0]), double(d[1])};
   const FactOpArgs args{tensors, 5, scalars, 6};
   if (!launch_kernel(index, args, x, kernel, "conv")) {
