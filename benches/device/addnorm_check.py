@@ -21,8 +21,14 @@ import ctypes
 import json
 import re
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import rel_err  # noqa: E402
+# The RMSNorm forms' replayed ops and fp64 reference, and the timing, as the plain norm's check has them.
+from rmsnorm_check import median_ms, reference as rms_reference, replay as rms_replay  # noqa: E402
 
 dev = "cuda"
 torch.manual_seed(0)
@@ -44,29 +50,6 @@ LN_FORMS = {  # form -> (weight, bias)
 }
 
 
-def rms_replay(x, w, form):
-    """What each RMSNorm form's replaced ops compute."""
-    if form == "rms_norm":
-        return torch.rms_norm(x, (x.shape[-1],), w, EPS)
-    xf = x.float()
-    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)
-    if form == "rmsnorm_cast_weight":
-        return w * n.to(x.dtype)
-    if form == "rmsnorm_weight":
-        return (n * w).to(x.dtype)
-    if form == "rmsnorm_weight1p":
-        return (n * (w.float() + 1.0)).to(x.dtype)
-    return n.to(x.dtype)
-
-
-def rms_reference(x, w, form):
-    xd = x.double()
-    n = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS)
-    if w is None:
-        return n
-    return n * (w.double() + 1.0) if form == "rmsnorm_weight1p" else n * w.double()
-
-
 class Norm(torch.nn.Module):
     """The graph's function: s = a + b (in the sum's dtype), the norm of s as the norm's dtype;
     y, and s where the graph reads it."""
@@ -85,27 +68,6 @@ class Norm(torch.nn.Module):
         else:
             y = torch.nn.functional.layer_norm(x, (x.shape[-1],), self.w, self.b, EPS)
         return (y, s) if self.with_sum else y
-
-
-def median_ms(fn, reps=50):
-    flush = torch.empty(64 << 20, dtype=torch.float32, device=dev)
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def rel_err(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
 
 
 def main():
@@ -263,4 +225,5 @@ def main():
     sys.exit(1 if failed else 0)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -17,8 +17,12 @@ import ctypes
 import json
 import re
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import flush_buffer, rel_err, time_interleaved  # noqa: E402
 
 mode = sys.argv[1]
 dev = "cuda"
@@ -35,24 +39,8 @@ def load(path):
 
 
 def median_ms(fn, reps=30):
-    flush = torch.empty(64 << 20, dtype=torch.float32, device=dev)
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def rel_err(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
+    """fn's median of `reps` timings, L2 flushed before each (the harness's loop)."""
+    return time_interleaved({"ms": fn}, (), flush_buffer(), iterations=reps, warmup=5)["ms"]
 
 
 def op_checks(lib_path, kernel, shape, out_path):

@@ -17,8 +17,12 @@ import ctypes
 import json
 import re
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import flush_buffer, rel_err, time_interleaved  # noqa: E402
 
 dev = "cuda"
 torch.manual_seed(0)
@@ -65,24 +69,8 @@ def reference(x, w, form):
 
 
 def median_ms(fn, reps=50):
-    flush = torch.empty(64 << 20, dtype=torch.float32, device=dev)
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def rel_err(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
+    """fn's median of `reps` timings, L2 flushed before each (the harness's loop)."""
+    return time_interleaved({"ms": fn}, (), flush_buffer(), iterations=reps, warmup=10)["ms"]
 
 
 def main():
@@ -178,4 +166,5 @@ def main():
     sys.exit(1 if failed else 0)
 
 
-main()
+if __name__ == "__main__":
+    main()
