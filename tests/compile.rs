@@ -965,6 +965,7 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         conv_cluster: [1, 1, 1],
         conv_warps: None,
         conv_stages: None,
+        conv_depthwise: None,
         bias: true,
         residual: true,
         act: Some(ConvAct::Relu),

@@ -40,6 +40,7 @@ fn spec(arch: Arch) -> ConvSpec {
         conv_cluster: [1, 1, 1],
         conv_warps: None,
         conv_stages: None,
+        conv_depthwise: None,
         bias: true,
         residual: true,
         act: Some(ConvAct::Relu),

@@ -24,7 +24,7 @@ pub use render::{op_code, render, signature};
 pub use rule::{
     match_convs, refusals, substituted, with_layout, BatchNorm, ConvCall, ConvMatch, ConvRule,
 };
-pub use spec::{candidates, estimate, kernels_take, refusal, ConvSpec};
+pub use spec::{candidates, estimate, is_depthwise, kernels_take, refusal, ConvSpec, Depthwise};
 
 use super::{Candidates, Dispatch, PlanFacts, Problem, Product, Spec, TypedKind};
 use super::{SweepCx, Unit, Work};
@@ -326,7 +326,8 @@ pub fn edit(g: &Graph, c: &ConvMatch, kernel: &str) -> Edit {
     let bn = c.bn.as_ref();
     let fold = Fold {
         weight: c.conv.weight,
-        channels: c.problem.kernel_channels(),
+        // The weight's own input channels (one a filter where depthwise), or the stem's padded ones.
+        channels: c.problem.kernel_channels() / c.problem.groups,
         bias: c.conv.bias,
         bn: bn.map(|b| FoldBn {
             weight: b.weight,
@@ -468,14 +469,22 @@ fn notes(c: &ConvMatch, math: MathType, arch: Arch) -> Vec<String> {
     };
     let (m, n, k) = runs.gemm();
     let [out_h, out_w] = p.output();
-    let mut notes = vec![format!(
+    let depthwise = is_depthwise(p);
+    let mut notes = vec![if depthwise {
+        format!(
+            "a depthwise convolution: each of the {} channels convolved with its own {}x{} filter over N·P·Q = {}·{out_h}·{out_w} = {m} output pixels ({k} multiply-adds each); fp32 multiply-adds on CUDA cores (the tensor cores have no depthwise form)",
+            p.in_channels, p.filter[0], p.filter[1], p.images
+        )
+    } else {
+        format!(
         "an implicit GEMM of M = N·P·Q = {}·{out_h}·{out_w} = {m}, N = K = {n}, K = C·R·S = {}·{}·{} = {k}; {} arithmetic",
         p.images,
         runs.in_channels,
         p.filter[0],
         p.filter[1],
         math.short_name()
-    )];
+    )
+    }];
     if let Some(why) = refused {
         notes.push(format!("no kernel: {why}"));
         return notes;
@@ -523,6 +532,7 @@ fn notes(c: &ConvMatch, math: MathType, arch: Arch) -> Vec<String> {
         ),
     });
     notes.push(match arch {
+        _ if depthwise => "CUTLASS's sm80 depthwise direct convolution (examples/46; built for either arch): a CTA holds an output tile of pixels and channels, cp.async pipeline, SIMT; bias and activation in its epilogue",
         Arch::Sm90 => "CUTLASS's sm90 conv collective builder: TMA im2col loads, warp-specialized GMMA; bias, residual and activation in its epilogue",
         Arch::Sm80 => "CUTLASS's sm80 ImplicitGemmConvolution: multistage cp.async, mma.sync; bias, residual and activation in its epilogue",
     }.into());

@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 
 const KERNEL: &str = include_str!("templates/sm90_conv.cu.hbs");
 const KERNEL80: &str = include_str!("templates/sm80_conv.cu.hbs");
+const DEPTHWISE: &str = include_str!("templates/sm80_dwconv.cu.hbs");
 const CALL: &str = include_str!("templates/conv_call.hbs");
 const OP: &str = include_str!("templates/conv_op.cpp.hbs");
 
@@ -25,7 +26,12 @@ fn templates() -> &'static Handlebars<'static> {
     R.get_or_init(|| {
         codegen::templates(
             &[("conv_call", CALL), codegen::PER_DEVICE],
-            &[("sm90_conv", KERNEL), ("sm80_conv", KERNEL80), ("op", OP)],
+            &[
+                ("sm90_conv", KERNEL),
+                ("sm80_conv", KERNEL80),
+                ("sm80_dwconv", DEPTHWISE),
+                ("op", OP),
+            ],
         )
     })
 }
@@ -84,8 +90,42 @@ pub fn render(s: &ConvSpec) -> Source {
         "residual": s.residual,
         "act": s.act.map(ConvAct::name).unwrap_or_default(),
     });
-    let template = match (s.conv_warps, s.conv_stages) {
-        (Some([wm, wn, _]), Some(stages)) => {
+    let template = match (s.conv_depthwise, s.conv_warps, s.conv_stages) {
+        (Some(dw), Some([wm, _, _]), Some(stages)) => {
+            let [r, f] = dw.filter;
+            // -1: read at run time (CUTLASS's marker for the Optimized iterators).
+            let [sh, sw] = dw.stride.map_or([-1, -1], |d| d.map(i64::from));
+            let dilation = if dw.stride.is_some() { 1 } else { -1 };
+            vars["tile_p"] = json!(tm);
+            vars["tile_q"] = json!(tn);
+            vars["groups"] = json!(tk);
+            vars["filter_r"] = json!(r);
+            vars["filter_s"] = json!(f);
+            vars["warps"] = json!(wm);
+            vars["stages"] = json!(stages);
+            vars["stride_h"] = json!(sh);
+            vars["stride_w"] = json!(sw);
+            vars["dilation_h"] = json!(dilation);
+            vars["dilation_w"] = json!(dilation);
+            let (iterator, support, algorithm) = match dw.stride {
+                Some(_) => (
+                    "kFixedStrideDilation",
+                    "kFixed",
+                    "fixed-stride-and-dilation",
+                ),
+                None => (
+                    "kOptimized",
+                    "kStrided",
+                    "optimized (run-time stride and dilation)",
+                ),
+            };
+            vars["iterator"] = json!(iterator);
+            vars["stride_support"] = json!(support);
+            vars["algorithm"] = json!(algorithm);
+            vars["act_functor"] = json!(act_functor(s.act));
+            "sm80_dwconv"
+        }
+        (None, Some([wm, wn, _]), Some(stages)) => {
             vars["warp_m"] = json!(tm / wm);
             vars["warp_n"] = json!(tn / wn);
             vars["stages"] = json!(stages);
@@ -117,7 +157,12 @@ pub fn render(s: &ConvSpec) -> Source {
 /// What the kernel's tensors and scalars are, by position (the dispatch table's signature).
 pub fn signature(s: &ConvSpec) -> String {
     format!(
-        "x[N,C,H,W] w[K,C,R,S] (channels-last) bias[K]{} residual[N,K,P,Q]{} out[N,K,P,Q] (channels-last; NULL data when absent); stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w",
+        "x[N,C,H,W] {} (channels-last) bias[K]{} residual[N,K,P,Q]{} out[N,K,P,Q] (channels-last; NULL data when absent); stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w",
+        if s.conv_depthwise.is_some() {
+            "w[K,1,R,S] (depthwise: K = C)"
+        } else {
+            "w[K,C,R,S]"
+        },
         if s.bias { "" } else { "?" },
         if s.residual { "" } else { "?" }
     )
@@ -137,6 +182,7 @@ mod tests {
             conv_cluster: [1, 1, 1],
             conv_warps: None,
             conv_stages: None,
+            conv_depthwise: None,
             bias: true,
             residual: true,
             act: Some(ConvAct::Relu),

@@ -13,9 +13,11 @@
 //! joins only where the previous one's output is read by it alone (and not returned).
 //!
 //! What matches: a 2-D forward convolution (4-D tensors, not transposed, integer padding) with
-//! groups 1, whose weight, bias and BatchNorm tensors are module parameters (`prim::GetAttr`: compose
-//! folds them once) of x's dtype; a BatchNorm in eval mode (`training` the constant False).
-//! Grouped and depthwise convolutions, transposed ones, `padding='same'` and convolutions over
+//! groups 1, or depthwise (groups = C = K: w [K,1,R,S], one filter a channel; the rule id says
+//! `_g<groups>`), whose weight, bias and BatchNorm tensors are module parameters (`prim::GetAttr`:
+//! compose folds them once) of x's dtype; a BatchNorm in eval mode (`training` the constant False;
+//! folding it is per output channel, so depthwise weights fold the same way).
+//! Grouped convolutions (1 < groups < C), transposed ones, `padding='same'` and convolutions over
 //! parameters the graph computes stay torch's, each with its reason in the plan (`refusal`).
 //! `add_(residual, y)` writes into the residual; it joins only where nothing else can see that
 //! write (the residual read by the add alone, not a view, not a graph input or output).
@@ -259,9 +261,11 @@ pub(super) fn conv_call(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem),
             _ => "its padding is not a constant pair".into(),
         });
     };
-    if groups != 1 {
+    let depthwise = groups == tx.shape[1] && groups == tw.shape[0] && tw.shape[1] == 1;
+    if groups != 1 && !depthwise {
         return Err(format!(
-            "groups = {groups}: grouped and depthwise convolutions stay torch's (CUTLASS's sm90 conv builder computes groups of 1; its sm80 grouped and depthwise kernels are not yet measured against cuDNN)"
+            "groups = {groups} of C = {}: a grouped convolution (1 < groups < C) stays torch's (CUTLASS's sm90 conv builder computes groups of 1; its sm80 grouped kernels are not measured against cuDNN; depthwise ones, groups = C = K, are a pattern)",
+            tx.shape[1]
         ));
     }
     if !g.is_attribute(w) {

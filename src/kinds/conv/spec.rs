@@ -16,6 +16,18 @@
 //! `GenerateSM80_TensorOp_16816` and `_1688` hand its conv2d operators. A small estimate (waves of
 //! tiles, the K loop's fill and the accumulators a thread holds) orders them within each tile
 //! height, the heights taking turns; measurement picks.
+//! - depthwise (groups = C = K), on either arch as sm80 code: CUTLASS 2's direct convolution
+//!   (`DefaultDepthwiseDirect2dConvFprop` with the `DirectConvolution` launch, examples/46): SIMT
+//!   fp32 multiply-adds over an output tile of P×Q pixels and G channels a CTA, the filter's R×S
+//!   compiled in, the stride and dilation compiled in (`FixedStrideDilation`) or read at run time
+//!   (`Optimized`). Its epilogue is a linear combination with an activation and no broadcast: the
+//!   bias is its C operand read with row stride 0, so it takes no residual. Named
+//!   `sm80_dwconv2d_fprop_<f32|bf16|f16>_<P>x<Q>x<G>_r<R>x<S>_<stride<h>x<w>|anystride>_<warps>_s<stages>
+//!   [_bias][_<act>][_for_sm80]` (`_for_sm80` where the library is built for sm80, as every kernel is).
+//!   Its space is `GenerateSM60_Simt_DepthwiseConv2d`'s tiles (8x8, 10x10 and 4x4 output pixels of
+//!   16, 32 or 64 channels, four warps), at the problem's filter (the generator lists 3x3 and 5x5;
+//!   convnext's 7x7 instantiates the same templates).
+//!
 //! Operands are rows of 16 bytes of channels (TMA's and the optimized iterators' access), so C and
 //! K are multiples of 8 (16-bit) or 4 (fp32) channels. A problem whose C is not runs on C padded
 //! with zero channels (`ConvProblem::kernel_channels`: an image model's stem, C = 3); K cannot be
@@ -43,20 +55,46 @@ pub struct ConvSpec {
     /// sm80: the mainloop's pipeline stages; absent on sm90 (the builder fills shared memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conv_stages: Option<u32>,
+    /// The depthwise family's compile-time filter and stride; absent for the implicit GEMMs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_depthwise: Option<Depthwise>,
     pub bias: bool,
     pub residual: bool,
     pub act: Option<ConvAct>,
 }
 
+/// A depthwise direct convolution's compile-time shape. Its CTA tile is the spec's `conv_tile`
+/// read as [P, Q, G] (output pixels high and wide, channels), its warps `conv_warps` (along the
+/// pixels), its stages `conv_stages`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Depthwise {
+    /// R, S.
+    pub filter: [u32; 2],
+    /// The stride the kernel is compiled for, dilation 1 (`FixedStrideDilation`); None reads
+    /// stride and dilation at run time (`Optimized`).
+    pub stride: Option<[u32; 2]>,
+}
+
+/// The channels a depthwise CTA may take, smallest first (the generator's groups per CTA).
+const DW_GROUPS: [u32; 3] = [16, 32, 64];
+
+/// Whether `p` is a depthwise convolution: one filter per channel, groups = C = K > 1.
+pub fn is_depthwise(p: &ConvProblem) -> bool {
+    p.groups > 1 && p.groups == p.in_channels && p.groups == p.out_channels
+}
+
 impl ConvSpec {
-    /// `tf32` for f32 tensors, else the dtype.
+    /// `tf32` for f32 tensors, else the dtype; the depthwise family's SIMT multiplies f32 as f32.
     pub fn math_name(&self) -> &'static str {
         match self.dtype {
-            DType::F32 => "tf32",
+            DType::F32 if self.conv_depthwise.is_none() => "tf32",
             d => d.short_name(),
         }
     }
     pub fn name(&self) -> String {
+        if let Some(dw) = self.conv_depthwise {
+            return self.depthwise_name(dw);
+        }
         let [tm, tn, tk] = self.conv_tile;
         let [cm, cn, ck] = self.conv_cluster;
         let mut s = format!(
@@ -83,6 +121,34 @@ impl ConvSpec {
         }
         s
     }
+    fn depthwise_name(&self, dw: Depthwise) -> String {
+        let [p, q, g] = self.conv_tile;
+        let [r, s] = dw.filter;
+        let [wm, wn, wk] = self.conv_warps.unwrap_or([0, 0, 0]);
+        let mut name = format!(
+            "sm80_dwconv2d_fprop_{}_{p}x{q}x{g}_r{r}x{s}_{}_{wm}x{wn}x{wk}_s{}",
+            self.math_name(),
+            match dw.stride {
+                Some([h, w]) => format!("stride{h}x{w}"),
+                None => "anystride".into(),
+            },
+            self.conv_stages.unwrap_or(0)
+        );
+        if self.bias {
+            name += "_bias";
+        }
+        if self.residual {
+            name += "_add";
+        }
+        if let Some(a) = self.act {
+            name += "_";
+            name += a.name();
+        }
+        if self.arch == Arch::Sm80 {
+            name += "_for_sm80";
+        }
+        name
+    }
     /// The elements of one 16-byte access: what C and K must be multiples of.
     pub fn align(&self) -> u32 {
         16 / self.dtype.bytes() as u32
@@ -98,6 +164,9 @@ impl ConvSpec {
     }
     /// Why CUTLASS would refuse the kernel, if it would.
     pub fn invalid_reason(&self) -> Option<String> {
+        if let Some(dw) = self.conv_depthwise {
+            return self.depthwise_invalid(dw);
+        }
         let [tm, tn, tk] = self.conv_tile;
         if tk % self.mma_k() != 0 {
             return Some(format!(
@@ -154,6 +223,36 @@ impl ConvSpec {
             )),
         }
     }
+    fn depthwise_invalid(&self, dw: Depthwise) -> Option<String> {
+        let [p, q, g] = self.conv_tile;
+        if self.residual {
+            return Some(
+                "a residual: the direct convolution's epilogue reads one C operand, the bias"
+                    .into(),
+            );
+        }
+        if self.conv_cluster != [1, 1, 1] {
+            return Some("the depthwise kernels have no clusters".into());
+        }
+        let Some([wm, 1, 1]) = self.conv_warps else {
+            return Some("depthwise warps split the output pixels alone (Mx1x1)".into());
+        };
+        if !DW_GROUPS.contains(&g) {
+            return Some(format!("{g} channels a CTA: 16, 32 or 64"));
+        }
+        if p == 0 || q == 0 || wm == 0 || (p * q) % wm != 0 {
+            return Some(format!(
+                "{p}x{q} output pixels in {wm} warps: a whole number each"
+            ));
+        }
+        if !matches!(self.conv_stages, Some(2..=4)) {
+            return Some("2 to 4 stages".into());
+        }
+        if dw.filter.iter().any(|&f| f == 0 || f > 7) || dw.stride.is_some_and(|s| s.contains(&0)) {
+            return Some(format!("a {:?} filter: 1 to 7 a side", dw.filter));
+        }
+        None
+    }
     /// Accumulators one thread holds: sm90's one consumer warpgroup (128 threads) holds the
     /// whole tile; sm80's warps share it, 32 threads each.
     fn accumulators_per_thread(&self) -> u32 {
@@ -166,19 +265,55 @@ impl ConvSpec {
     }
 }
 
-/// Whether a kernel of either family can run `p` at all: groups of 1 and channels in 16-byte
-/// rows once C is padded (`ConvProblem::kernel_channels`). The plan's layout note and the sweep
-/// ask the same.
+/// Whether a kernel of any family can run `p` at all (under some math): groups of 1 with
+/// channels in 16-byte rows once C is padded (`ConvProblem::kernel_channels`), or a depthwise
+/// convolution the direct kernels take (`depthwise_refusal`). The plan's layout note and the
+/// sweep ask the same.
 pub fn kernels_take(p: &ConvProblem) -> bool {
+    if is_depthwise(p) {
+        return depthwise_refusal(p).is_none();
+    }
     p.groups == 1 && p.kernel_problem().alignment() as usize * p.dtype.bytes() == 16
+}
+
+/// Why no depthwise direct convolution computes `p` (a depthwise problem), if none does.
+fn depthwise_refusal(p: &ConvProblem) -> Option<String> {
+    if p.residual {
+        return Some(
+            "a residual add after a depthwise convolution: the direct convolution's epilogue reads one C operand, which carries the bias"
+                .into(),
+        );
+    }
+    if p.filter.iter().any(|&f| f > 7) {
+        return Some(format!(
+            "a {}x{} depthwise filter: the direct kernels are instantiated up to 7x7",
+            p.filter[0], p.filter[1]
+        ));
+    }
+    if p.out_channels % i64::from(DW_GROUPS[0]) != 0 {
+        return Some(format!(
+            "depthwise over C = {} channels: the direct kernels take 16, 32 or 64 channels a CTA, so C must be a multiple of 16",
+            p.out_channels
+        ));
+    }
+    None
 }
 
 /// Why no kernel of `arch` computes `p` under `math`, if none does.
 pub fn refusal(p: &ConvProblem, math: MathType) -> Option<String> {
+    if is_depthwise(p) {
+        if math == MathType::Tf32x3 && p.act == Some(ConvAct::GeluTanh) {
+            return Some(
+                "f32-accurate: the depthwise kernel's tanh GELU is the hardware's tanh approximation"
+                    .into(),
+            );
+        }
+        return depthwise_refusal(p);
+    }
     if p.groups != 1 {
         return Some(format!(
-            "groups = {}: the kernels compute groups of 1",
-            p.groups
+            "groups = {} of C = {}: a grouped convolution (1 < groups < C); the kernels compute groups of 1 and depthwise ones (groups = C = K)",
+            p.groups, p.in_channels
         ));
     }
     if math == MathType::Tf32x3 {
@@ -289,12 +424,83 @@ fn sm80_tiles(dtype: DType) -> Vec<([u32; 3], [u32; 3], u32)> {
         .collect()
 }
 
+/// `GenerateSM60_Simt_DepthwiseConv2d`'s tiles: output pixels P×Q and channels G a CTA, and its
+/// stages; four warps along the pixels each.
+const DW_TILES: [([u32; 2], u32, u32); 7] = [
+    ([8, 8], 32, 3),
+    ([8, 8], 64, 3),
+    ([8, 8], 16, 3),
+    ([10, 10], 64, 2),
+    ([4, 4], 32, 4),
+    ([4, 4], 64, 4),
+    ([4, 4], 16, 4),
+];
+
+/// The depthwise kernels for `p` on `arch`: every generator tile whose channels divide K, each
+/// compiled for the problem's stride where it is 1 or 2 with dilation 1 (the generator's fixed
+/// variants) and reading it at run time.
+fn depthwise_specs(p: &ConvProblem, arch: Arch) -> Vec<ConvSpec> {
+    let [r, s] = p.filter.map(|d| d as u32);
+    let fixed = (p.dilation == [1, 1] && p.stride.iter().all(|d| matches!(d, 1 | 2)))
+        .then(|| p.stride.map(|d| d as u32));
+    let mut out = vec![];
+    let strides = if fixed.is_some() {
+        vec![fixed, None]
+    } else {
+        vec![None]
+    };
+    for stride in strides {
+        for ([tp, tq], g, stages) in DW_TILES {
+            if p.out_channels % i64::from(g) != 0 {
+                continue;
+            }
+            out.push(ConvSpec {
+                arch,
+                dtype: p.dtype,
+                conv_tile: [tp, tq, g],
+                conv_cluster: [1, 1, 1],
+                conv_warps: Some([4, 1, 1]),
+                conv_stages: Some(stages),
+                conv_depthwise: Some(Depthwise {
+                    filter: [r, s],
+                    stride,
+                }),
+                bias: p.bias,
+                residual: p.residual,
+                act: p.act,
+            });
+        }
+    }
+    out
+}
+
+/// A depthwise kernel's time on `p`, for ordering: CTAs in waves of four an SM (128 threads
+/// each), each CTA's multiply-adds (P·Q·R·S a channel) plus the input window it loads (the halo
+/// of its output tile) and its output, per channel.
+fn depthwise_estimate(p: &ConvProblem, s: &ConvSpec, dw: Depthwise) -> f64 {
+    let [tp, tq, g] = s.conv_tile.map(f64::from);
+    let [out_h, out_w] = p.output().map(|d| d as f64);
+    let [r, f] = dw.filter.map(f64::from);
+    let ctas = p.images as f64
+        * (out_h / tp).ceil()
+        * (out_w / tq).ceil()
+        * (p.out_channels as f64 / g).ceil();
+    let sms = f64::from(s.arch.hardware().sms);
+    let waves = (ctas / (4.0 * sms)).ceil();
+    let window = ((tp - 1.0) * p.stride[0] as f64 + (r - 1.0) * p.dilation[0] as f64 + 1.0)
+        * ((tq - 1.0) * p.stride[1] as f64 + (f - 1.0) * p.dilation[1] as f64 + 1.0);
+    waves * g * (tp * tq * r * f + 4.0 * (window + tp * tq))
+}
+
 /// The kernel's time on `p` relative to its family's rate, for ordering: waves of output tiles
 /// over the SMs, each tile's K loop lengthened by its fill and epilogue (about four stages of
 /// its K and the output tile's bytes over the operand rows', as the plan's cost model charges
 /// GEMMs), and half the rate again where a thread would hold more than 128 accumulators
 /// (registers spill).
 pub fn estimate(p: &ConvProblem, s: &ConvSpec) -> f64 {
+    if let Some(dw) = s.conv_depthwise {
+        return depthwise_estimate(p, s, dw);
+    }
     let (m, n, k) = p.gemm();
     let [tm, tn, tk] = s.conv_tile.map(|d| d as f64);
     let tiles = (m as f64 / tm).ceil() * (n as f64 / tn).ceil();
@@ -317,6 +523,12 @@ pub fn candidates(p: &ConvProblem, math: MathType, arch: Arch) -> Result<Vec<Con
     if let Some(why) = refusal(p, math) {
         return Err(why);
     }
+    if is_depthwise(p) {
+        let mut out = depthwise_specs(p, arch);
+        out.retain(|s| s.invalid_reason().is_none());
+        out.sort_by(|a, b| estimate(p, a).total_cmp(&estimate(p, b)));
+        return Ok(by_height(out));
+    }
     let spec = |tile, cluster, warps, stages| ConvSpec {
         arch,
         dtype: p.dtype,
@@ -324,6 +536,7 @@ pub fn candidates(p: &ConvProblem, math: MathType, arch: Arch) -> Result<Vec<Con
         conv_cluster: cluster,
         conv_warps: warps,
         conv_stages: stages,
+        conv_depthwise: None,
         bias: p.bias,
         residual: p.residual,
         act: p.act,
@@ -398,6 +611,7 @@ mod tests {
             conv_cluster: cluster,
             conv_warps: None,
             conv_stages: None,
+            conv_depthwise: None,
             bias: true,
             residual: true,
             act: Some(ConvAct::Relu),
