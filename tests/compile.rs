@@ -951,7 +951,8 @@ fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
 }
 
 /// The convolution kind's sm90 fprop kernels (bf16 with bias, residual and ReLU in the epilogue;
-/// tf32 with none of them; fp16 with SiLU alone) compile beside a GEMM into one library, each
+/// tf32 with none of them; fp16 with SiLU alone) and the depthwise direct convolution (sm80 code
+/// built for sm90: bf16 3x3 with bias and ReLU) compile beside a GEMM into one library, each
 /// listed as a conv kernel with its signature.
 #[test]
 fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
@@ -996,16 +997,21 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         good_spec().into(),
         tf32.clone().into(),
         f16.clone().into(),
+        crate::conv_abi::depthwise_spec().into(),
     ];
     let built = build_all(&tc, &specs, dir.path(), "libc.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!(lib.len(), 4);
+    assert_eq!(lib.len(), 5);
     assert_eq!(
-        (0..4).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
-        ["conv", "gemm", "conv", "conv"]
+        (0..5).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
+        ["conv", "gemm", "conv", "conv", "conv"]
     );
     assert_eq!(lib.find(&bf16.name()), Some(0));
     assert_eq!(lib.find(&f16.name()), Some(3));
+    assert_eq!(
+        lib.find("sm80_dwconv2d_fprop_bf16_8x8x64_r3x3_stride1x1_4x1x1_s3_bias_relu"),
+        Some(4)
+    );
 }
 
 /// The convolution kind's sm80 kernels (CUTLASS 2's implicit GEMM: bf16 with bias, residual and

@@ -5,7 +5,7 @@
 //! computing a wrong number.
 
 use crate::common::{build_all, fake_tensor, op_args};
-use fact::kinds::conv::{ConvAct, ConvSpec};
+use fact::kinds::conv::{ConvAct, ConvSpec, Depthwise};
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::{KernelLibrary, Toolchain};
 use fact::types::{Arch, DType};
@@ -167,4 +167,97 @@ fn takes_the_abi_call(spec: ConvSpec) {
         assert!(!can(&t, &s), "{why}");
     }
     assert!(!can(&call(), &SAME[..5]), "five scalars");
+}
+
+/// The depthwise kernel the compile test builds too (bf16, 3x3 compiled for stride 1, 64 channels
+/// a CTA, bias and ReLU), built for sm90 as an H100 runs it.
+pub fn depthwise_spec() -> ConvSpec {
+    ConvSpec {
+        arch: Arch::Sm90,
+        dtype: DType::Bf16,
+        conv_tile: [8, 8, 64],
+        conv_cluster: [1, 1, 1],
+        conv_warps: Some([4, 1, 1]),
+        conv_stages: Some(3),
+        conv_depthwise: Some(Depthwise {
+            filter: [3, 3],
+            stride: Some([1, 1]),
+        }),
+        bias: true,
+        residual: false,
+        act: Some(ConvAct::Relu),
+    }
+}
+
+/// The depthwise kernel's can_implement takes x [N,C,H,W], w [C,1,R,S] (torch's channels-last
+/// depthwise weight), bias, no residual, out [N,C,P,Q] at the filter and stride it is compiled
+/// for, and refuses any other filter, stride, grouping, channel count or operand; its workspace
+/// is the reordered filter.
+#[test]
+fn depthwise_kernels_take_the_abi_s_depthwise_call_and_refuse_any_other() {
+    let spec = depthwise_spec();
+    assert_eq!(spec.invalid_reason(), None);
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_all(&tc, &[spec], dir.path(), "libdwabi.so", 2);
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(lib.kind(0).as_deref(), Some("conv"));
+    let can = |t: &[FactTensor], s: &[f64]| lib.can_implement(0, &op_args(t, s));
+    let dw_w = |k: i64, r: i64| fake_tensor(0x20000, BF16, &[k, 1, r, r], &[r * r, 1, r, 1]);
+    let x = nhwc(0x10000, BF16, [2, 64, 8, 8]);
+    let bias = fake_tensor(0x30000, BF16, &[64], &[1]);
+    let none = fake_tensor(0, BF16, &[], &[]);
+    let out = nhwc(0x50000, BF16, [2, 64, 8, 8]);
+    let call = [x, dw_w(64, 3), bias, none, out];
+    assert!(can(&call, &SAME));
+    assert_eq!(lib.workspace_size(0, &op_args(&call, &SAME)), 64 * 9 * 2);
+
+    let out4 = nhwc(0x50000, BF16, [2, 64, 4, 4]);
+    let x48 = nhwc(0x10000, BF16, [2, 48, 8, 8]);
+    let out48 = nhwc(0x50000, BF16, [2, 48, 8, 8]);
+    let bias48 = fake_tensor(0x30000, BF16, &[48], &[1]);
+    let out128 = nhwc(0x50000, BF16, [2, 128, 8, 8]);
+    let bias128 = fake_tensor(0x30000, BF16, &[128], &[1]);
+    let refused: Vec<(&str, Vec<FactTensor>, [f64; 6])> = vec![
+        (
+            "stride 2 in a kernel compiled for stride 1",
+            vec![x, dw_w(64, 3), bias, none, out4],
+            [2.0, 2.0, 1.0, 1.0, 1.0, 1.0],
+        ),
+        (
+            "a 5x5 filter in a 3x3 kernel",
+            vec![x, dw_w(64, 5), bias, none, out],
+            [1.0, 1.0, 2.0, 2.0, 1.0, 1.0],
+        ),
+        (
+            "a dense weight (groups 1)",
+            vec![x, nhwc(0x20000, BF16, [64, 64, 3, 3]), bias, none, out],
+            SAME,
+        ),
+        (
+            "48 channels: no whole CTA of 64",
+            vec![x48, dw_w(48, 3), bias48, none, out48],
+            SAME,
+        ),
+        (
+            "K = 128 filters of 64 channels (a channel multiplier)",
+            vec![x, dw_w(128, 3), bias128, none, out128],
+            SAME,
+        ),
+        (
+            "a residual",
+            vec![
+                x,
+                dw_w(64, 3),
+                bias,
+                nhwc(0x40000, BF16, [2, 64, 8, 8]),
+                out,
+            ],
+            SAME,
+        ),
+        ("no bias", vec![x, dw_w(64, 3), none, none, out], SAME),
+    ];
+    for (why, t, s) in refused {
+        assert!(!can(&t, &s), "{why}");
+    }
 }

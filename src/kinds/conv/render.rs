@@ -308,4 +308,67 @@ mod tests {
             assert!(text.contains("using Element = cutlass::half_t;"));
         }
     }
+
+    #[test]
+    fn sm80_dwconv_render_is_golden_and_reads_the_bias_as_a_broadcast_c() {
+        let s = ConvSpec {
+            arch: Arch::Sm80,
+            dtype: DType::Bf16,
+            conv_tile: [8, 8, 64],
+            conv_cluster: [1, 1, 1],
+            conv_warps: Some([4, 1, 1]),
+            conv_stages: Some(3),
+            conv_depthwise: Some(crate::kinds::conv::Depthwise {
+                filter: [3, 3],
+                stride: Some([2, 2]),
+            }),
+            bias: true,
+            residual: false,
+            act: Some(ConvAct::Hardswish),
+        };
+        assert_eq!(s.invalid_reason(), None);
+        let text = render(&s).text;
+        expect_test::expect_file![
+            "../../../tests/golden/sm80_dwconv2d_fprop_bf16_8x8x64_r3x3_stride2x2_4x1x1_s3_bias_hardswish_for_sm80.cu"
+        ]
+        .assert_eq(&text);
+        for line in [
+            "using ThreadBlockOutputShape = cutlass::conv::TensorNHWCShape<1, 8, 8, kGroupsPerCta>;",
+            "using FilterShape = cutlass::MatrixShape<kFilterR, kFilterS>;",
+            "using StrideShape = cutlass::MatrixShape<2, 2>;",
+            "cutlass::conv::IteratorAlgorithm::kFixedStrideDilation,",
+            "cutlass::epilogue::thread::HardSwish, Element, Alignment, ElementAccumulator, ElementCompute>;",
+            "Layout(typename Layout::Stride(0))",
+            "{ElementCompute(1), ElementCompute(1)},",
+            "if (w.sizes[1] != 1 || c.k != c.c",
+            "if (r.data != nullptr) return false;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        // Any stride, no bias, no activation: the Optimized iterators, beta 0, Identity.
+        let plain = render(&ConvSpec {
+            dtype: DType::F32,
+            conv_depthwise: Some(crate::kinds::conv::Depthwise {
+                filter: [7, 7],
+                stride: None,
+            }),
+            bias: false,
+            act: None,
+            ..s.clone()
+        })
+        .text;
+        for line in [
+            "using Element = float;",
+            "using StrideShape = cutlass::MatrixShape<-1, -1>;",
+            "cutlass::conv::IteratorAlgorithm::kOptimized,",
+            "cutlass::conv::StrideSupport::kStrided,",
+            "constexpr int kFilterR = 7;",
+            "LinearCombinationGeneric<\n    cutlass::epilogue::thread::Identity,",
+            "{ElementCompute(1), ElementCompute(0)},",
+            "if (b.data != nullptr) return false;",
+        ] {
+            assert!(plain.contains(line), "{line}");
+        }
+        assert!(signature(&s).contains("w[K,1,R,S] (depthwise: K = C)"));
+    }
 }

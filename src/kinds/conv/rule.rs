@@ -795,4 +795,92 @@ mod tests {
         let matched = match_convs(&g)[0].nodes().into_iter().collect();
         assert!(refusals(&g, &matched).is_empty());
     }
+
+    /// mobilenet_v3_large's depthwise convolutions as `fact graph` prints the zoo fixture's
+    /// (features.7: 3x3 stride 2 on 240 channels, BatchNorm (eps 0.001, momentum 0.01),
+    /// hardswish_; features.4: 5x5 stride 2 on 72 channels with ReLU), at batch 32 in bf16, and
+    /// convnext_tiny's 7x7 with its own bias, read by a permute.
+    const DEPTHWISE: &str = "graph(%self: M, %x: bf16[32,240,28,28], %x72: bf16[32,72,56,56], %xc: bf16[32,96,56,56]):
+       %21 = prim::Constant[0]()
+       %22 = prim::Constant[1]()
+       %23 = prim::Constant[2]()
+       %24 = prim::Constant[None]()
+       %25 = prim::Constant[False]()
+       %26 = prim::Constant[True]()
+       %27 = prim::Constant[0.001]()
+       %28 = prim::Constant[0.01]()
+       %g240 = prim::Constant[240]()
+       %g72 = prim::Constant[72]()
+       %g96 = prim::Constant[96]()
+       %g48 = prim::Constant[48]()
+       %p3 = prim::Constant[3]()
+       %b = prim::GetAttr[name=\"b\"](%self) : Block
+       %weight.92 = prim::GetAttr[name=\"weight\"](%b) : bf16[240,1,3,3]
+       %w72 = prim::GetAttr[name=\"w72\"](%b) : bf16[72,1,5,5]
+       %wc = prim::GetAttr[name=\"wc\"](%b) : bf16[96,1,7,7]
+       %bc = prim::GetAttr[name=\"bc\"](%b) : bf16[96]
+       %wg = prim::GetAttr[name=\"wg\"](%b) : bf16[240,5,3,3]
+       %running_var.43 = prim::GetAttr[name=\"running_var\"](%b) : bf16[240]
+       %running_mean.43 = prim::GetAttr[name=\"running_mean\"](%b) : bf16[240]
+       %bias.41 = prim::GetAttr[name=\"bias\"](%b) : bf16[240]
+       %weight.94 = prim::GetAttr[name=\"weight\"](%b) : bf16[240]
+       %s2 = prim::ListConstruct(%23, %23) : List_int_
+       %p1 = prim::ListConstruct(%22, %22) : List_int_
+       %d1 = prim::ListConstruct(%22, %22) : List_int_
+       %op = prim::ListConstruct(%21, %21) : List_int_
+       %pp2 = prim::ListConstruct(%23, %23) : List_int_
+       %pp3 = prim::ListConstruct(%p3, %p3) : List_int_
+       %input.101 = aten::_convolution(%x, %weight.92, %24, %s2, %p1, %d1, %25, %op, %g240, %25, %25, %26, %26) : bf16[32,240,14,14]
+       %input.103 = aten::batch_norm(%input.101, %weight.94, %bias.41, %running_mean.43, %running_var.43, %25, %28, %27, %26) : bf16[32,240,14,14]
+       %424 = aten::hardswish_(%input.103) : bf16[32,240,14,14]
+       %y72 = aten::_convolution(%x72, %w72, %24, %s2, %pp2, %d1, %25, %op, %g72, %25, %25, %26, %26) : bf16[32,72,28,28]
+       %r72 = aten::relu_(%y72) : bf16[32,72,28,28]
+       %yc = aten::_convolution(%xc, %wc, %bc, %d1, %pp3, %d1, %25, %op, %g96, %25, %25, %26, %26) : bf16[32,96,56,56]
+       %perm = prim::ListConstruct(%21, %23, %p3, %22) : List_int_
+       %t = aten::permute(%yc, %perm) : bf16[32,56,56,96]
+       %yg = aten::_convolution(%x, %wg, %24, %d1, %p1, %d1, %25, %op, %g48, %25, %25, %26, %26) : bf16[32,240,28,28]
+       return (%424, %r72, %t, %yg)";
+
+    #[test]
+    fn depthwise_convolutions_are_problems_with_groups_in_the_key_and_grouped_ones_stay_torchs() {
+        let g = Graph::parse(DEPTHWISE).unwrap();
+        let all = match_convs(&g);
+        let longest = |conv: &str| {
+            all.iter()
+                .filter(|m| m.conv.node == node(&g, conv))
+                .last()
+                .cloned()
+                .unwrap_or_else(|| panic!("{conv} matches"))
+        };
+        // mobilenet's 3x3 s2: the BatchNorm folds per channel and the hardswish joins.
+        let m = longest("input.101");
+        assert_eq!(m.problem.rule_id(), "conv2d_s2_p1_d1_g240_bias_hardswish");
+        assert_eq!(m.problem.shape_key(), "32x28x28x240x240x3x3");
+        assert!(m.bn.is_some() && m.act.map(|a| a.1) == Some(ConvAct::Hardswish));
+        assert!(super::super::is_depthwise(&m.problem) && kernels_take(&m.problem));
+        // The 5x5 on 72 channels is a problem too, but no depthwise CTA's channels divide 72:
+        // the plan says so, and the kernels take none of it.
+        let m72 = longest("y72");
+        assert_eq!(m72.problem.rule_id(), "conv2d_s2_p2_d1_g72_relu");
+        assert!(!kernels_take(&m72.problem));
+        let why = super::super::refusal(&m72.problem, crate::types::MathType::Bf16).unwrap();
+        assert!(why.contains("multiple of 16"), "{why}");
+        // convnext's 7x7 with its own bias; the permute after it is no epilogue op.
+        let c = longest("yc");
+        assert_eq!(c.problem.rule_id(), "conv2d_s1_p3_d1_g96_bias");
+        assert_eq!(c.problem.shape_key(), "32x56x56x96x96x7x7");
+        assert_eq!(c.conv.bias, Some(value(&g, "bc")));
+        assert!(kernels_take(&c.problem));
+        // groups = 48 of 240 channels (5 a group) is grouped, not depthwise: torch's.
+        let refused = refusals(&g, &Default::default());
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].0, node(&g, "yg"));
+        assert!(
+            refused[0]
+                .1
+                .contains("groups = 48 of C = 240: a grouped convolution"),
+            "{}",
+            refused[0].1
+        );
+    }
 }

@@ -761,4 +761,166 @@ mod tests {
         .unwrap()
         .contains("warps and stages"));
     }
+
+    /// mobilenet_v3's 3x3 stride-1 depthwise convolution on 112x112 (features.1: 16 channels)
+    /// at batch 32, with its folded BatchNorm and ReLU.
+    fn depthwise(dtype: DType) -> ConvProblem {
+        ConvProblem {
+            images: 32,
+            height: 112,
+            width: 112,
+            in_channels: 16,
+            out_channels: 16,
+            filter: [3, 3],
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 16,
+            dtype,
+            bias: true,
+            residual: false,
+            act: Some(ConvAct::Relu),
+        }
+    }
+
+    #[test]
+    fn depthwise_problems_take_the_generators_direct_kernels_at_their_filter() {
+        let p = depthwise(DType::Bf16);
+        assert!(is_depthwise(&p) && kernels_take(&p) && refusal(&p, MathType::Bf16).is_none());
+        let specs = candidates(&p, MathType::Bf16, Arch::Sm80).unwrap();
+        // 16 channels: only the tiles of 16 channels a CTA (8x8 and 4x4 pixels), each compiled
+        // for stride 1 and reading the stride at run time.
+        assert_eq!(specs.len(), 4, "{specs:#?}");
+        assert!(specs.iter().all(|s| s.conv_tile[2] == 16
+            && s.conv_depthwise.map(|d| d.filter) == Some([3, 3])
+            && s.invalid_reason().is_none()));
+        let names: std::collections::BTreeSet<String> = specs.iter().map(ConvSpec::name).collect();
+        assert_eq!(names.len(), 4, "names are identities");
+        assert!(
+            names.contains(
+                "sm80_dwconv2d_fprop_bf16_8x8x16_r3x3_stride1x1_4x1x1_s3_bias_relu_for_sm80"
+            ),
+            "{names:?}"
+        );
+        assert!(names.contains(
+            "sm80_dwconv2d_fprop_bf16_4x4x16_r3x3_anystride_4x1x1_s4_bias_relu_for_sm80"
+        ));
+        // On an sm90 GPU the same sm80 code, built for sm90: the names lose `_for_sm80` alone.
+        let on90: Vec<String> = candidates(&p, MathType::Bf16, Arch::Sm90)
+            .unwrap()
+            .iter()
+            .map(ConvSpec::name)
+            .collect();
+        assert_eq!(
+            on90,
+            specs
+                .iter()
+                .map(|s| s.name().replace("_for_sm80", ""))
+                .collect::<Vec<_>>()
+        );
+        // f32 multiplies in fp32 (SIMT), under either policy: the name says f32, not tf32.
+        let f32 = depthwise(DType::F32);
+        for math in [MathType::Tf32, MathType::Tf32x3] {
+            let s = candidates(&f32, math, Arch::Sm90).unwrap();
+            assert!(
+                s[0].name().starts_with("sm80_dwconv2d_fprop_f32_"),
+                "{}",
+                s[0].name()
+            );
+        }
+        // convnext's 7x7 on 96 channels: tiles of 16 and 32 channels (not 64: 96 is no multiple).
+        let convnext = ConvProblem {
+            in_channels: 96,
+            out_channels: 96,
+            groups: 96,
+            height: 56,
+            width: 56,
+            filter: [7, 7],
+            padding: [3, 3],
+            act: None,
+            ..p.clone()
+        };
+        let c = candidates(&convnext, MathType::Bf16, Arch::Sm90).unwrap();
+        assert_eq!(c.len(), 8);
+        assert!(c.iter().all(|s| s.conv_tile[2] != 64));
+        // A stride of 3 has no fixed variant: run-time stride alone.
+        let s3 = ConvProblem {
+            stride: [3, 3],
+            ..p.clone()
+        };
+        assert!(candidates(&s3, MathType::Bf16, Arch::Sm80)
+            .unwrap()
+            .iter()
+            .all(|s| s.conv_depthwise.unwrap().stride.is_none()));
+    }
+
+    #[test]
+    fn depthwise_problems_no_direct_kernel_takes_say_why() {
+        let p = depthwise(DType::Bf16);
+        let with_residual = ConvProblem {
+            residual: true,
+            ..p.clone()
+        };
+        assert!(refusal(&with_residual, MathType::Bf16)
+            .unwrap()
+            .contains("residual add after a depthwise"));
+        let big = ConvProblem {
+            filter: [9, 9],
+            padding: [4, 4],
+            ..p.clone()
+        };
+        assert!(refusal(&big, MathType::Bf16).unwrap().contains("up to 7x7"));
+        let gelu_tanh = ConvProblem {
+            act: Some(ConvAct::GeluTanh),
+            dtype: DType::F32,
+            ..p.clone()
+        };
+        assert!(refusal(&gelu_tanh, MathType::Tf32).is_none());
+        assert!(refusal(&gelu_tanh, MathType::Tf32x3)
+            .unwrap()
+            .contains("tanh approximation"));
+        let grouped = ConvProblem {
+            groups: 4,
+            ..p.clone()
+        };
+        assert!(!is_depthwise(&grouped));
+        assert!(refusal(&grouped, MathType::Bf16)
+            .unwrap()
+            .contains("a grouped convolution"));
+        let spec = candidates(&p, MathType::Bf16, Arch::Sm80)
+            .unwrap()
+            .remove(0);
+        for (bad, why) in [
+            (
+                ConvSpec {
+                    residual: true,
+                    ..spec.clone()
+                },
+                "residual",
+            ),
+            (
+                ConvSpec {
+                    conv_tile: [8, 8, 128],
+                    ..spec.clone()
+                },
+                "channels a CTA",
+            ),
+            (
+                ConvSpec {
+                    conv_tile: [5, 5, 16],
+                    ..spec.clone()
+                },
+                "warps",
+            ),
+            (
+                ConvSpec {
+                    conv_stages: Some(6),
+                    ..spec.clone()
+                },
+                "stages",
+            ),
+        ] {
+            assert!(bad.invalid_reason().unwrap().contains(why), "{why}");
+        }
+    }
 }
