@@ -164,3 +164,101 @@ print("ok")
     );
     assert_eq!(run_python(&script), "ok");
 }
+
+/// Depthwise convolutions composed from a test table (depthwise_blocks.pt: a 1x1 expansion, a
+/// 3x3 stride-2 depthwise convolution with BatchNorm and hardswish, convnext's 7x7 depthwise
+/// with its own bias, then a grouped convolution that stays torch's): each depthwise chain is one
+/// `fact::conv` on a folded [K,1,R,S] weight, its fallback on CPU tensors computes exactly what
+/// the graph did, and the grouped convolution is left in the graph.
+#[test]
+fn depthwise_chains_compose_on_folded_weights_and_fall_back_to_the_graphs_ops() {
+    let (g, _) = fact::torch::load_graph(&fixture("depthwise_blocks.pt"), &[]).unwrap();
+    let found = fact::kinds::registry::match_patterns(&g);
+    let mut table = Table::new();
+    let mut specs = vec![];
+    for m in found.of::<ConvMatch>() {
+        let spec = candidates(&m.problem, MathType::Tf32, Arch::Sm90)
+            .unwrap()
+            .remove(0);
+        let problem = Problem::from(m.problem.clone());
+        table.insert_merged(sample_op_entry(
+            &problem,
+            &Spec::from(spec.clone()),
+            MathType::Tf32,
+            0.01,
+            "test table (not a measurement)",
+        ));
+        specs.push((problem.rule_id(), spec));
+    }
+    let rules: Vec<&str> = specs.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(
+        rules,
+        [
+            "conv2d_s1_p0_d1_bias_relu",
+            "conv2d_s2_p1_d1_g32_bias_hardswish",
+            "conv2d_s1_p3_d1_g32_bias",
+        ]
+    );
+    assert!(specs[1].1.name().starts_with("sm80_dwconv2d_fprop_f32_"));
+    assert!(specs[2].1.name().contains("_r7x7_"));
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    table.save(&user).unwrap();
+    let out_dir = dir.path().join("out");
+    let v = compose_json(&user, &fixture("depthwise_blocks.pt"), &out_dir);
+    let patterns = v["compose"]["patterns"].as_array().unwrap();
+    assert_eq!(patterns.len(), 3, "{patterns:?}");
+    let mut kernels: Vec<String> = specs.iter().map(|(_, s)| s.name()).collect();
+    kernels.sort();
+    kernels.dedup();
+    let script = format!(
+        r#"
+import ctypes, json
+import torch
+torch.ops.load_library({lib:?})
+m = torch.jit.load({composed:?})
+graph = str(m.forward.graph)
+assert graph.count("fact::conv") == 3 and graph.count("aten::_convolution") == 1, graph
+for op in ("aten::batch_norm", "aten::hardswish", "aten::relu"):
+    assert op not in graph, (op, graph)
+orig = torch.jit.load({orig:?})
+params = dict(orig.named_parameters())
+params.update(dict(orig.named_buffers()))
+buffers = dict(m.named_buffers())
+w = params["dw.weight"].double()
+scale = params["bn1.weight"].double() / torch.sqrt(params["bn1.running_var"].double() + 1e-5)
+shift = params["bn1.bias"].double() - params["bn1.running_mean"].double() * scale
+fw, fb = buffers["fact_folded_dw_weight"], buffers["fact_folded_dw_weight_bias"]
+# One input channel a filter, folded per output channel, laid out [K,R,S,1] (channels-last of one channel).
+assert fw.shape == (32, 1, 3, 3) and fw.is_contiguous(memory_format=torch.channels_last), (fw.shape, fw.stride())
+assert torch.allclose(fw.double(), w * scale[:, None, None, None], rtol=1e-6, atol=1e-7)
+assert torch.allclose(fb.double(), shift, rtol=1e-6, atol=1e-7)
+assert torch.equal(buffers["fact_folded_dw7_weight"], params["dw7.weight"])
+assert torch.equal(buffers["fact_folded_dw7_weight_bias"], params["dw7.bias"])
+so = ctypes.CDLL({lib:?})
+so.fact_op_stats.restype = ctypes.c_char_p
+
+def check(x):
+    with torch.no_grad():
+        got, want = m(x), orig(x)
+    assert got.shape == want.shape and torch.equal(got, want), (got - want).abs().max()
+    stats = json.loads(so.fact_op_stats())
+    so.fact_op_stats_reset()
+    assert sorted(stats) == sorted({kernels:?}), stats
+    counts = [stats[k] for k in sorted(stats)]
+    assert sum(c["fell_back"] for c in counts) == 3 and all(c["ran"] == 0 for c in counts), stats
+    return {{c["why"] for c in counts}}
+
+x = torch.randn(2, 16, 16, 16)
+assert check(x) == {{"not CUDA tensors of one device"}}
+assert check(x.contiguous(memory_format=torch.channels_last)) == {{"not CUDA tensors of one device"}}
+assert check(torch.randn(3, 16, 10, 14)) == {{"not CUDA tensors of one device"}}
+print("ok")
+"#,
+        lib = out_dir.join("libfact_ops.so").display().to_string(),
+        composed = out_dir.join("composed.pt").display().to_string(),
+        orig = fixture("depthwise_blocks.pt").display().to_string(),
+        kernels = kernels,
+    );
+    assert_eq!(run_python(&script), "ok");
+}
