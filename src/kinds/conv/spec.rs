@@ -292,7 +292,7 @@ fn depthwise_refusal(p: &ConvProblem) -> Option<String> {
     }
     if p.out_channels % i64::from(DW_GROUPS[0]) != 0 {
         return Some(format!(
-            "depthwise over C = {} channels: the direct kernels take 16, 32 or 64 channels a CTA, so C must be a multiple of 16",
+            "depthwise over C = {} channels: the direct kernels take 16, 32 or 64 channels a CTA (CUTLASS's SIMT depthwise warp has no 8-channel shape), so C must be a multiple of 16",
             p.out_channels
         ));
     }
