@@ -9,6 +9,13 @@
 #            faster of NCHW and channels-last); printed per candidate (status, error, ms) with the
 #            ratio to cuDNN's time in NCHW and in channels-last for the folded function, timed
 #            here in the same process (conv_baseline.py's forms).
+#   depthwise `fact realize` of depthwise convolutions (groups = C = K, CUTLASS's SIMT direct
+#            convolution, src/kinds/conv/templates/sm80_dwconv.cu.hbs) at B 32, bf16 and tf32
+#            (f32 tensors; the kernel multiplies in fp32): mobilenet_v3's 3x3 stride 1 on 16
+#            channels at 112x112 (+ BatchNorm + ReLU) and on 480 at 14x14 (+ hardswish), and
+#            convnext_tiny's 7x7 on 96 channels at 56x56 with its bias (--candidates 8: every
+#            tile of its channels, compiled for stride 1 and at run-time stride). Printed per
+#            candidate against cuDNN in NCHW and channels-last, as realize's.
 #   chain    conv_check.py chain: two convolutions with a max pool between, composed; every call
 #            runs its kernel, the first converts x to channels-last, the second reads in place.
 #   stem     conv_check.py stem: resnet50's stem (7x7 s2 over 3 channels + BatchNorm + ReLU), max
@@ -20,7 +27,7 @@
 #   resnet50 conv_check.py resnet50 at B 32, bf16: composed (--candidates 2, seeded by the realize
 #            step's table), every substituted convolution runs its kernel (no fallbacks), error
 #            against fp64, the traced module and fact's timed in turns.
-# Usage: benches/device/conv.sh [BUDGET_S (default 470)] [STEP...]   (steps: realize chain stem stem_alone resnet50)
+# Usage: benches/device/conv.sh [BUDGET_S (default 470)] [STEP...]   (steps: realize depthwise chain stem stem_alone resnet50)
 # Logs and JSON under $OUT/conv/; the summary is the last lines of the output. A rerun on a warm
 # machine finds compiled kernels in /tmp/fact-cache and the table in $OUT/conv/user_table.json.
 set -uo pipefail
@@ -28,10 +35,10 @@ set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_init conv 470 "realize chain resnet50" 'print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())' -- "$@"
 
-realize_one() { # NAME RULE DTYPE SHAPE
-  local name=$1 rule=$2 dtype=$3 shape=$4
+realize_one() { # NAME RULE DTYPE SHAPE [CANDIDATES]
+  local name=$1 rule=$2 dtype=$3 shape=$4 candidates=${5:-6}
   need_time 90 "$name $dtype" || return 0
-  realize_run "$name-$dtype" "$name" "$rule" "$dtype" "$shape" 60 --candidates 6
+  realize_run "$name-$dtype" "$name" "$rule" "$dtype" "$shape" 60 --candidates "$candidates"
   python3 - "$dir/$name-$dtype.json" "$rule" "$dtype" "$shape" "$dir/$name-$dtype.log" <<'PY' | tee -a "$summary"
 import json, re, sys
 import torch
@@ -51,21 +58,21 @@ if not e:
     sys.exit()
 # cuDNN on the folded function act(conv2d(x, w, b) + residual), NCHW and channels-last.
 n, h, w, c, k, kr, ks = (int(d) for d in shape.split("x"))
-m = re.match(r"conv2d_s(\d+)_p(\d+)_d(\d+)(_bias)?(_add)?(?:_(\w+))?$", rule)
-stride, pad, dil = int(m[1]), int(m[2]), int(m[3])
+m = re.match(r"conv2d_s(\d+)_p(\d+)_d(\d+)(?:_g(\d+))?(_bias)?(_add)?(?:_(\w+))?$", rule)
+stride, pad, dil, groups = int(m[1]), int(m[2]), int(m[3]), int(m[4] or 1)
 dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
 torch.backends.cudnn.allow_tf32 = True
 dev = "cuda"
 x = torch.randn(n, c, h, w, device=dev, dtype=dtype)
-wt = torch.randn(k, c, kr, ks, device=dev, dtype=dtype) / (c * kr * ks) ** 0.5
-b = torch.randn(k, device=dev, dtype=dtype) if m[4] else None
+wt = torch.randn(k, c // groups, kr, ks, device=dev, dtype=dtype) / (c // groups * kr * ks) ** 0.5
+b = torch.randn(k, device=dev, dtype=dtype) if m[5] else None
 p, q = (h + 2 * pad - dil * (kr - 1) - 1) // stride + 1, (w + 2 * pad - dil * (ks - 1) - 1) // stride + 1
-res = torch.randn(n, k, p, q, device=dev, dtype=dtype) if m[5] else None
+res = torch.randn(n, k, p, q, device=dev, dtype=dtype) if m[6] else None
 act = {None: lambda y: y, "relu": F.relu, "silu": F.silu, "hardswish": F.hardswish, "gelu": F.gelu,
-       "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[m[6]]
+       "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}[m[7]]
 cl = torch.channels_last
 def fn(x, wt, res):
-    y = F.conv2d(x, wt, b, stride, pad, dil)
+    y = F.conv2d(x, wt, b, stride, pad, dil, groups)
     return act(y + res if res is not None else y)
 xc, wc, rc = x.contiguous(memory_format=cl), wt.contiguous(memory_format=cl), res.contiguous(memory_format=cl) if res is not None else None
 with torch.no_grad():
@@ -94,6 +101,15 @@ realize_step() {
   done
 }
 
+depthwise_step() {
+  local dt
+  for dt in bf16 f32; do
+    realize_one mnv3_dw3x3_c16 conv2d_s1_p1_d1_g16_bias_relu $dt 32x112x112x16x16x3x3 8
+    realize_one mnv3_dw3x3_c480 conv2d_s1_p1_d1_g480_bias_hardswish $dt 32x14x14x480x480x3x3 8
+    realize_one convnext_dw7x7 conv2d_s1_p3_d1_g96_bias $dt 32x56x56x96x96x7x7 8
+  done
+}
+
 check_step() { # STEP POLICY FACT_ARGS...
   local step=$1 policy=$2 t
   shift 2
@@ -109,11 +125,12 @@ check_step() { # STEP POLICY FACT_ARGS...
 for s in $steps; do
   case $s in
     realize) realize_step ;;
+    depthwise) depthwise_step ;;
     chain) check_step chain bf16 --candidates 2 --jobs 16 ;;
     stem) check_step stem bf16 --candidates 4 --jobs 16 --keep-slower ;;
     stem_alone) check_step stem_alone bf16 --candidates 4 --jobs 16 --keep-slower ;;
     resnet50) check_step resnet50 bf16 --candidates 2 --jobs 16 ;;
-    *) echo "unknown step $s (realize chain stem stem_alone resnet50)" ;;
+    *) echo "unknown step $s (realize depthwise chain stem stem_alone resnet50)" ;;
   esac
 done
 bench_done

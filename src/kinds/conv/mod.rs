@@ -2,7 +2,8 @@
 //! BatchNorm, residual add and activation after it (rule.rs), as an implicit GEMM (problem.rs:
 //! M = N·P·Q, N = K, K = C·R·S) over channels-last tensors. Its kernels (spec.rs, render.rs:
 //! CUTLASS's sm90 conv collective builder and sm80 `ImplicitGemmConvolution`, bias, residual and
-//! activation in the epilogue) are judged against cuDNN on the same function (bench.rs). The op,
+//! activation in the epilogue; for depthwise problems, groups = C = K, CUTLASS's SIMT direct
+//! convolution with bias and activation) are judged against cuDNN on the same function (bench.rs). The op,
 //! `fact::conv(x, weight, bias?, stride, padding, dilation, groups, bn_weight?, bn_bias?, bn_mean?,
 //! bn_var?, residual?, w_kernel, b_kernel?, form, kernel)`, runs the kernel on the weight and bias
 //! compose folds the BatchNorm into once (module buffers, the weight channels-last), and falls
