@@ -847,8 +847,7 @@ mod tests {
         let all = match_convs(&g);
         let longest = |conv: &str| {
             all.iter()
-                .filter(|m| m.conv.node == node(&g, conv))
-                .last()
+                .rfind(|m| m.conv.node == node(&g, conv))
                 .cloned()
                 .unwrap_or_else(|| panic!("{conv} matches"))
         };
