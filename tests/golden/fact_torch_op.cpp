@@ -1973,7 +1973,7 @@ bool conv_pair(at::IntArrayRef v, int64_t out[2]) {
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
 // reason in `why`; `copied` says whether x (padded or not) or the residual was converted to
 // channels-last first, or the output back to NCHW. `in_channels` are the graph's weight's: x must
-// have them, and `w` (the kernel's weight) as many or more, zero past them.
+// have them times `groups`, and `w` (the kernel's weight) as many or more, zero past them.
 at::Tensor conv_kernel(const at::Tensor& x, int64_t in_channels, const at::Tensor& w, const std::optional<at::Tensor>& b,
                        const std::optional<at::Tensor>& residual, at::IntArrayRef stride, at::IntArrayRef padding,
                        at::IntArrayRef dilation, int64_t groups, bool out_cl, c10::string_view kernel,
@@ -1992,12 +1992,16 @@ at::Tensor conv_kernel(const at::Tensor& x, int64_t in_channels, const at::Tenso
       (has_r && residual->scalar_type() != x.scalar_type())) {
     return why = "mixed dtypes", at::Tensor();
   }
-  if (groups != 1) return why = "groups other than 1", at::Tensor();
+  // A depthwise call (groups = C = K, one input channel a filter) runs the depthwise kernels,
+  // which check the weight's [K,1,R,S] themselves; any other grouping is no kernel's.
+  const bool depthwise = groups > 1 && x.dim() == 4 && w.dim() == 4 && groups == x.size(1) && groups == w.size(0) &&
+                         w.size(1) == 1 && in_channels == 1;
+  if (groups != 1 && !depthwise) return why = "groups other than 1 and not depthwise", at::Tensor();
   int64_t s[2], p[2], d[2];
   if (!conv_pair(stride, s) || !conv_pair(padding, p) || !conv_pair(dilation, d)) {
     return why = "not a 2-D convolution's arguments", at::Tensor();
   }
-  if (x.dim() != 4 || w.dim() != 4 || x.size(1) != in_channels || w.size(1) < in_channels) {
+  if (x.dim() != 4 || w.dim() != 4 || x.size(1) != in_channels * groups || w.size(1) < in_channels) {
     return why = "not a 2-D convolution of x's channels", at::Tensor();
   }
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
@@ -2013,7 +2017,7 @@ at::Tensor conv_kernel(const at::Tensor& x, int64_t in_channels, const at::Tenso
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   c10::cuda::CUDAGuard guard(x.device());
   bool conv_copied = false;
-  const at::Tensor xc = conv_input(x, w.size(1), conv_copied);
+  const at::Tensor xc = conv_input(x, depthwise ? x.size(1) : w.size(1), conv_copied);
   const at::Tensor wc = conv_channels_last(w, conv_copied);
   const at::Tensor rc = has_r ? conv_channels_last(*residual, conv_copied) : at::Tensor();
   at::Tensor out = at::empty({x.size(0), w.size(0), out_h, out_w}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
