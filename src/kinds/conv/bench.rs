@@ -74,12 +74,12 @@ impl Inputs {
         }
     }
 
-    /// The tensors the kernel reads for `p`: x and the weight padded with zero channels to
-    /// `p.kernel_channels()` (the op's and compose's padding), channels-last; the same tensors
-    /// where the kernel runs the model's C.
+    /// The tensors the kernel reads for `p`: x padded with zero channels to
+    /// `p.kernel_channels()` and the weight to its share of them (`kernel_channels / groups`:
+    /// a depthwise filter keeps its one channel), the op's and compose's padding, channels-last;
+    /// the same tensors where the kernel runs the model's C.
     pub fn for_kernel(&self, p: &ConvProblem) -> Inputs {
-        let channels = p.kernel_channels();
-        let pad = |t: &Tensor| {
+        let pad = |t: &Tensor, channels: i64| {
             let [n, c, h, w] = t.size()[..] else {
                 unreachable!("a 4-D convolution operand")
             };
@@ -91,9 +91,10 @@ impl Inputs {
             out.narrow(1, 0, c).copy_(t);
             out
         };
+        let channels = p.kernel_channels();
         Inputs {
-            x: pad(&self.x),
-            w: pad(&self.w),
+            x: pad(&self.x, channels),
+            w: pad(&self.w, channels / p.groups),
             bias: self.bias.as_ref().map(Tensor::shallow_clone),
             residual: self.residual.as_ref().map(Tensor::shallow_clone),
         }
@@ -325,5 +326,30 @@ mod tests {
         };
         let x = Inputs::random(&aligned, Device::Cpu);
         assert_eq!(x.for_kernel(&aligned).x.data_ptr(), x.x.data_ptr());
+    }
+
+    /// A depthwise convolution (mobilenet's 3x3 over 16 channels) at a test's size: its filter
+    /// has one input channel, which the kernel reads as the model has it. Padding it to C made
+    /// every depthwise candidate refuse the bench's call (`cannot_implement` on the GPU).
+    #[test]
+    fn a_depthwise_filter_keeps_its_one_channel_for_the_kernel() {
+        let _guard = tch::no_grad_guard();
+        let p = ConvProblem {
+            in_channels: 16,
+            out_channels: 16,
+            groups: 16,
+            filter: [3, 3],
+            stride: [1, 1],
+            padding: [1, 1],
+            ..stem(DType::Bf16)
+        };
+        let x = Inputs::random(&p, Device::Cpu);
+        assert_eq!(x.w.size(), [16, 1, 3, 3]);
+        let k = x.for_kernel(&p);
+        assert_eq!(k.w.size(), [16, 1, 3, 3]);
+        assert_eq!(k.w.data_ptr(), x.w.data_ptr());
+        assert_eq!(k.x.data_ptr(), x.x.data_ptr());
+        // The kernel's tensors compute the model's convolution.
+        assert!(x.reference(&p).size() == [2, 16, 20, 18]);
     }
 }
