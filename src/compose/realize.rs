@@ -101,6 +101,15 @@ fn to_time_here(here: Option<&Provenance>, entry: &Entry) -> Option<(String, Vec
     ))
 }
 
+/// Whether a hit whose leading kernels just ran here (`fresh`, the entry with that run) earns a
+/// sweep on this GPU model: they lose to torch here while some kernel beat torch where `before`
+/// was measured, so this model may want another. Where none beat torch there either, the sweep
+/// behind `before` already searched this space (a K = 1 product, a GEMM of a few thousand
+/// FLOPs): another costs the compose its nvcc time for nothing, and torch keeps the pattern.
+fn sweep_here(before: &Entry, fresh: &Entry) -> bool {
+    fresh.loses_to_torch() && !before.loses_to_torch()
+}
+
 /// `entry` as this GPU model uses it (`Entry::for_device`), or as it stands without a GPU here.
 fn for_here(here: Option<&Provenance>, entry: Entry) -> Entry {
     match here {
@@ -361,8 +370,9 @@ pub fn realize(
                     return sweep();
                 };
                 let fresh = for_here(here.as_ref(), fresh);
-                // As a bucket neighbour's (below): what loses to torch here earns a sweep.
-                if fresh.loses_to_torch() {
+                // As a bucket neighbour's (below): what loses to torch here earns a sweep, unless
+                // nothing beat torch where the entry was measured either.
+                if sweep_here(&entry, &fresh) {
                     nvcc::progress_line(
                         opts.progress,
                         format_args!(
@@ -371,6 +381,15 @@ pub fn realize(
                         ),
                     );
                     return sweep();
+                }
+                if fresh.loses_to_torch() {
+                    nvcc::progress_line(
+                        opts.progress,
+                        format_args!(
+                            "{key}: the {} kernel(s) leading on {on} lose to torch here as every kernel did there; no sweep",
+                            leading.len()
+                        ),
+                    );
                 }
                 return Ok(Realized {
                     how: Realization::Hit {
@@ -1338,5 +1357,27 @@ mod tests {
             ..h100.clone()
         };
         assert!(to_time_here(Some(&other_cutlass), &merged).is_some());
+    }
+
+    /// A hit's leading kernels that lose to torch here earn a sweep only where some kernel beat
+    /// torch where the entry was measured.
+    #[test]
+    fn a_hit_that_lost_to_torch_everywhere_is_not_swept_again() {
+        use crate::table::tests::entry_against;
+        let h100 = "NVIDIA H100 80GB HBM3";
+        // (kernel, ms, torch's ms) on the H200, then the same kernel on the H100.
+        let won_there = entry_against(128, 0, 0.8, Some(1.0), "NVIDIA H200");
+        let lost_there = entry_against(128, 0, 1.2, Some(1.0), "NVIDIA H200");
+        let loses_here = entry_against(128, 0, 1.3, Some(1.0), h100);
+        let wins_here = entry_against(128, 0, 0.9, Some(1.0), h100);
+        let here = crate::table::tests::provenance(h100);
+        let fresh = |before: &Entry, run: &Entry| for_here(Some(&here), before.merged(run));
+        assert!(sweep_here(&won_there, &fresh(&won_there, &loses_here)));
+        assert!(!sweep_here(&won_there, &fresh(&won_there, &wins_here)));
+        assert!(!sweep_here(&lost_there, &fresh(&lost_there, &loses_here)));
+        assert!(!sweep_here(&lost_there, &fresh(&lost_there, &wins_here)));
+        // Without torch's time where it was measured, the entry is not known to lose: swept.
+        let unknown = entry_against(128, 0, 1.2, None, "NVIDIA H200");
+        assert!(sweep_here(&unknown, &fresh(&unknown, &loses_here)));
     }
 }
