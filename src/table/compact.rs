@@ -51,10 +51,7 @@ pub struct CompactStats {
 
 /// The table as `Table::save` writes it, in bytes.
 pub fn saved_len(t: &Table) -> usize {
-    serde_json::to_string_pretty(t)
-        .expect("table serializes")
-        .len()
-        + 1
+    t.text().len()
 }
 
 impl Table {

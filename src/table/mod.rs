@@ -558,9 +558,24 @@ impl Table {
             std::fs::create_dir_all(dir).map_err(werr)?;
         }
         let tmp = path.with_extension(format!("json.tmp{}", std::process::id()));
-        let text = serde_json::to_string_pretty(self).expect("table serializes");
-        std::fs::write(&tmp, text + "\n").map_err(werr)?;
+        std::fs::write(&tmp, self.text()).map_err(werr)?;
         std::fs::rename(&tmp, path).map_err(werr)
+    }
+
+    /// The table as `save` writes it: JSON with one entry (and one learned rule) a line. Entries
+    /// are sorted by key, so a diff names one line per key that changed, at under half the bytes
+    /// of an indented dump (the shipped table: 0.95 MB against 2.06).
+    pub fn text(&self) -> String {
+        let mut s = format!("{{\"schema\":{},\"entries\":[", self.schema);
+        push_lines(&mut s, &self.entries);
+        s.push(']');
+        if !self.rules.is_empty() {
+            s.push_str(",\"rules\":[");
+            push_lines(&mut s, &self.rules);
+            s.push(']');
+        }
+        s.push_str("}\n");
+        s
     }
 
     /// Loads, changes and saves the table at `path` while holding `path.lock`, so two fact
@@ -740,6 +755,17 @@ impl Tables {
             t.clone()
         })?;
         Ok(())
+    }
+}
+
+/// `items` into a JSON array's body, one compact item a line.
+fn push_lines<T: Serialize>(s: &mut String, items: &[T]) {
+    for (i, item) in items.iter().enumerate() {
+        s.push_str(if i == 0 { "\n" } else { ",\n" });
+        s.push_str(&serde_json::to_string(item).expect("table serializes"));
+    }
+    if !items.is_empty() {
+        s.push('\n');
     }
 }
 

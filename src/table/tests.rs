@@ -388,7 +388,7 @@ fn truncated_and_newer_tables_are_refused_and_left_intact() {
     );
     std::fs::write(
         &path,
-        text.replace(&format!("\"schema\": {SCHEMA}"), "\"schema\": 99"),
+        text.replace(&format!("\"schema\":{SCHEMA}"), "\"schema\":99"),
     )
     .unwrap();
     assert!(Table::load(&path)
@@ -567,7 +567,7 @@ fn the_shipped_table_loads_and_serializes_to_the_same_json() {
             "{kind}: {rules:?}"
         );
     }
-    let back = serde_json::to_string_pretty(&t).expect("table serializes") + "\n";
+    let back = t.text();
     assert!(
         back == text,
         "the shipped table changed on its way through this build"
@@ -619,4 +619,31 @@ fn the_kernels_to_time_elsewhere_lead_with_the_winner_and_skip_failures() {
     assert_eq!(names(4), vec![specs[0].name(), specs[2].name()]);
     assert_eq!(names(1), vec![specs[0].name()]);
     assert_eq!(names(0), vec![specs[0].name()], "the winner at least");
+}
+
+/// What `Table::save` writes is the table's JSON, one entry and one learned rule a line.
+#[test]
+fn a_saved_table_is_its_json_one_entry_a_line() {
+    let mut t = Table {
+        schema: SCHEMA,
+        entries: vec![],
+        rules: vec![],
+    };
+    assert_eq!(t.text(), format!("{{\"schema\":{SCHEMA},\"entries\":[]}}\n"));
+    t.insert_merged(two_gpus());
+    t.insert_merged(entry_against(256, 1, 0.4, Some(0.5), "NVIDIA H100 80GB HBM3"));
+    let text = t.text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2 + t.entries.len(), "{text}");
+    for (line, e) in lines[1..=t.entries.len()].iter().zip(&t.entries) {
+        let back: Entry = serde_json::from_str(line.trim_end_matches(',')).expect("an entry a line");
+        assert_eq!(&back, e);
+    }
+    let parsed: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(parsed, serde_json::to_value(&t).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.json");
+    t.save(&path).unwrap();
+    assert_eq!(Table::load(&path).unwrap(), t);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
 }
