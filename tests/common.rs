@@ -157,6 +157,7 @@ pub fn sample_op_entry(
         samples: 1,
     };
     let run = Run {
+        partial: false,
         provenance: Provenance {
             device: DeviceInfo {
                 name: device.into(),

@@ -263,6 +263,7 @@ mod tests {
             date: "2026-11-22".into(),
         };
         let run = Run {
+            partial: false,
             provenance: prov,
             baseline: Some(t(0.35)),
             candidates: cands,

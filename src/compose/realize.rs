@@ -266,6 +266,7 @@ fn runs_of(
         .map(|r| Run {
             provenance: provenance(&r.gpu.info),
             baseline: r.result.baseline,
+            partial: false,
             candidates: r
                 .result
                 .outcomes
@@ -287,6 +288,7 @@ fn runs_of(
             provenance: provenance(first),
             baseline: None,
             candidates: failed,
+            partial: false,
         }),
     }
     runs
@@ -338,8 +340,10 @@ fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
 
 /// Realizes one problem of any kind: a table hit (re-verified where it was measured elsewhere), a
 /// bucket hit re-verified on this shape (and swept after all where it loses to torch), or a full
-/// sweep, taking its first round from `ahead` where `measure_ahead` measured it. Every new
-/// measurement goes into the user table at once, so a later failure loses no tuning result.
+/// sweep, taking its first round from `ahead` where `measure_ahead` measured it, or resuming
+/// one a stopped process left on this GPU model (`Entry::unfinished_at`). Every new measurement
+/// goes into the user table at once (a sweep's rounds as checkpoints), so a later failure, a
+/// timeout or a kill loses no tuning result.
 pub fn realize(
     cx: RealizeCtx,
     sh: Shared,
@@ -361,6 +365,31 @@ pub fn realize(
     };
     let here = here(cx);
     let found = lock(sh.tables).lookup(&key, problem);
+    if let Lookup::Exact { entry, .. } = &found {
+        let unfinished = here
+            .as_ref()
+            .and_then(|h| entry.unfinished_at(|p| same_place(h, p)));
+        if let Some(runs) = unfinished {
+            // Measured ahead by this compose (its checkpoint is the entry), or left by a process
+            // that stopped mid-sweep: the sweep goes on from what is measured.
+            let first = ahead.take(&key).unwrap_or_else(|| {
+                nvcc::progress_line(
+                    opts.progress,
+                    format_args!(
+                        "{key}: resuming a sweep a stopped process left after {} kernels",
+                        runs.iter().map(|r| r.candidates.len()).sum::<usize>()
+                    ),
+                );
+                FirstRound {
+                    runs,
+                    failures: vec![],
+                    space: None,
+                    seconds: 0.0,
+                }
+            });
+            return realize_sweep(cx, sh, problem, math, Some(first), ahead);
+        }
+    }
     match found {
         Lookup::Exact { entry, table } => {
             if let Some((on, leading)) = to_time_here(here.as_ref(), &entry) {
@@ -778,6 +807,7 @@ fn joined(runs: &[Run]) -> Option<Run> {
         provenance: first.provenance.clone(),
         baseline: first.baseline.clone(),
         candidates: runs.iter().flat_map(|r| r.candidates.clone()).collect(),
+        partial: false,
     })
 }
 
@@ -827,12 +857,38 @@ fn first_round(
             failures.extend(more);
         }
     }
+    if !problem.kind().rounds().is_empty() {
+        checkpoint(sh, key, problem, &runs)?;
+    }
     Ok(Round::Measured(FirstRound {
         runs,
         failures,
         space,
         seconds: started.elapsed().as_secs_f64(),
     }))
+}
+
+/// A sweep's runs so far into the user table, each marked `partial`: a process stopped before
+/// the sweep's last round (a timeout, a kill) keeps what it measured, and the next compose on
+/// this GPU model resumes from it (`Entry::unfinished_at`). The sweep's record replaces them
+/// (`Entry::merged`). Nothing where no kernel passed.
+fn checkpoint(
+    sh: Shared,
+    key: &TableKey,
+    problem: &Problem,
+    runs: &[Run],
+) -> Result<(), ComposeError> {
+    let runs = runs
+        .iter()
+        .map(|r| Run {
+            partial: true,
+            ..r.clone()
+        })
+        .collect();
+    if let Some(entry) = Entry::from_runs(key.clone(), problem.clone(), runs) {
+        lock(sh.tables).record(entry)?;
+    }
+    Ok(())
 }
 
 /// The problems of `problems` the tables miss whose kind has rounds after the first (so each is
@@ -866,8 +922,9 @@ fn sweeps_ahead<'a>(
 /// leaves a core to each GPU's worker, whose timed launches would otherwise wait behind nvcc.
 /// Only the built-in agent's proposals may be asked for ahead of their turn (as in `prefetch`);
 /// without a GPU that tunes (`cx.gpu`) there is nothing to measure. Compile failures are left to
-/// the sweeps to report. The first rounds live in memory until their sweeps record them: a crash
-/// before then costs their measurement again (their objects are cached), no table write. Rules
+/// the sweeps to report. Each first round goes into the user table as it is measured, as a
+/// checkpoint (`checkpoint`): the table then holds the key, and its sweep takes the round from
+/// `ahead` (or, after a crash, from the checkpoint) and records the whole. Rules
 /// learned from one sweep's failures reach the sweeps that start after it has recorded them.
 pub(super) fn measure_ahead<'s>(
     cx: RealizeCtx<'s>,
@@ -963,7 +1020,9 @@ fn realize_sweep(
     let first = match first {
         Some(f) => {
             // Its later rounds are in the sibling batch: compiling them here too would race it.
-            ahead.siblings.wait();
+            if ahead.waits(&key) {
+                ahead.siblings.wait();
+            }
             f
         }
         None => match first_round(cx, sh, problem, math, &key)? {
@@ -988,12 +1047,24 @@ fn realize_sweep(
             &measured(&runs),
             &inputs.cx(cx, math, &mut lock(sh.steward)),
         );
+        // A resumed sweep may have measured a round's kernels before its process stopped.
+        let done: BTreeSet<String> = runs
+            .iter()
+            .flat_map(|r| r.candidates.iter().map(|c| c.kernel.clone()))
+            .collect();
+        let variants: Vec<Spec> = variants
+            .into_iter()
+            .filter(|v| !done.contains(&v.kernel_name()))
+            .collect();
         if variants.is_empty() {
             continue;
         }
         let (more, fails) = measure(cx, problem, math, &variants, &sweep_dir(opts, &key, suffix))?;
         merge_runs(&mut runs, more);
         failures.extend(fails);
+        if i + 1 < kind.rounds().len() {
+            checkpoint(sh, &key, problem, &runs)?;
+        }
     }
     let seconds = first_seconds + started.elapsed().as_secs_f64();
     // Every candidate with its status, and what the kernels came from (for a GEMM: what was
@@ -1047,6 +1118,13 @@ fn record_sweep(
     failures: Vec<CompileFailure>,
     dir: &Path,
 ) -> Result<Realized, ComposeError> {
+    let runs: Vec<Run> = runs
+        .into_iter()
+        .map(|r| Run {
+            partial: false,
+            ..r
+        })
+        .collect();
     let all: Vec<&CandidateResult> = runs.iter().flat_map(|r| &r.candidates).collect();
     let n = all.len();
     let failed = all
@@ -1145,6 +1223,7 @@ mod tests {
 
     fn run(candidates: Vec<CandidateResult>) -> Run {
         Run {
+            partial: false,
             provenance: crate::table::tests::provenance("H100"),
             baseline: None,
             candidates,
@@ -1275,6 +1354,7 @@ mod tests {
         let mut runs = two_gpu_runs(&kernels);
         let base1 = runs[1].baseline.clone();
         let later = |index: usize, ms: f64| Run {
+            partial: false,
             provenance: Provenance {
                 device: crate::tune::fake::gpu(index, "H100", (9, 0)).info,
                 ..crate::table::tests::provenance("H100")

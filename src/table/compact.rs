@@ -269,6 +269,7 @@ mod tests {
     fn sweep(m: i64, date: &str, times: &[(usize, f64)], failed: &[(usize, Outcome)]) -> Run {
         let ks = specs(m);
         Run {
+            partial: false,
             provenance: Provenance {
                 date: date.into(),
                 ..provenance("H100")

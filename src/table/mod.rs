@@ -172,6 +172,11 @@ pub struct Run {
     pub provenance: Provenance,
     pub baseline: Option<Timing>,
     pub candidates: Vec<CandidateResult>,
+    /// What a sweep had measured when its process stopped before the last round (a timeout, a
+    /// kill): its kernels are measured, the rounds after them are not. compose resumes the sweep
+    /// on a GPU of the model that ran it (`Entry::unfinished_at`); false in every finished run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
 }
 
 impl Run {
@@ -320,7 +325,16 @@ impl Entry {
         let mut runs = self.runs.clone();
         for r in &other.runs {
             match runs.iter().position(|x| x.same_run(r)) {
-                Some(i) if r.candidates.len() > runs[i].candidates.len() => runs[i] = r.clone(),
+                // The run with more kernels, or its finished form: a sweep's record replaces
+                // the checkpoints it left on the way.
+                Some(i)
+                    if r.candidates.len() > runs[i].candidates.len()
+                        || (r.candidates.len() == runs[i].candidates.len()
+                            && runs[i].partial
+                            && !r.partial) =>
+                {
+                    runs[i] = r.clone()
+                }
                 Some(_) => {}
                 None => runs.push(r.clone()),
             }
@@ -331,6 +345,15 @@ impl Entry {
 
     pub fn winner_provenance(&self) -> &Provenance {
         &self.runs[self.winner_run].provenance
+    }
+
+    /// The runs a sweep measured where `here` holds, when each of them is a checkpoint of a sweep
+    /// that stopped before its last round (`Run::partial`) and none there finished: what a
+    /// resumed sweep starts from. None where a run there finished or none ran there.
+    pub fn unfinished_at(&self, here: impl Fn(&Provenance) -> bool) -> Option<Vec<Run>> {
+        let local: Vec<&Run> = self.runs.iter().filter(|r| here(&r.provenance)).collect();
+        (!local.is_empty() && local.iter().all(|r| r.partial))
+            .then(|| local.into_iter().cloned().collect())
     }
 
     /// The entry as a GPU where `here` holds should use it: the winner among the runs measured
@@ -466,6 +489,7 @@ mod v1 {
                 provenance: e.provenance,
                 baseline: e.baseline,
                 candidates: e.candidates,
+                partial: false,
             };
             if let Some(entry) = super::Entry::from_runs(key, e.problem, vec![run]) {
                 out.insert_merged(entry);

@@ -81,6 +81,7 @@ pub(crate) fn entry_against(
         },
     };
     let run = Run {
+        partial: false,
         provenance: provenance(device),
         baseline: baseline_ms.map(|b| Timing {
             median_ms: b,
@@ -277,6 +278,7 @@ pub(crate) fn run_of(times: &[(usize, f64)], baseline_ms: f64) -> Run {
         samples: 1,
     };
     Run {
+        partial: false,
         provenance: provenance("H100"),
         baseline: Some(timing(baseline_ms)),
         candidates: times
@@ -507,6 +509,7 @@ fn layernorm_entries_round_trip_beside_gemm_entries() {
         },
     };
     let run = Run {
+        partial: false,
         provenance: provenance("H100"),
         baseline: Some(timing),
         candidates: vec![ok],
@@ -629,14 +632,24 @@ fn a_saved_table_is_its_json_one_entry_a_line() {
         entries: vec![],
         rules: vec![],
     };
-    assert_eq!(t.text(), format!("{{\"schema\":{SCHEMA},\"entries\":[]}}\n"));
+    assert_eq!(
+        t.text(),
+        format!("{{\"schema\":{SCHEMA},\"entries\":[]}}\n")
+    );
     t.insert_merged(two_gpus());
-    t.insert_merged(entry_against(256, 1, 0.4, Some(0.5), "NVIDIA H100 80GB HBM3"));
+    t.insert_merged(entry_against(
+        256,
+        1,
+        0.4,
+        Some(0.5),
+        "NVIDIA H100 80GB HBM3",
+    ));
     let text = t.text();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2 + t.entries.len(), "{text}");
     for (line, e) in lines[1..=t.entries.len()].iter().zip(&t.entries) {
-        let back: Entry = serde_json::from_str(line.trim_end_matches(',')).expect("an entry a line");
+        let back: Entry =
+            serde_json::from_str(line.trim_end_matches(',')).expect("an entry a line");
         assert_eq!(&back, e);
     }
     let parsed: serde_json::Value = serde_json::from_str(&text).expect("JSON");
@@ -646,4 +659,63 @@ fn a_saved_table_is_its_json_one_entry_a_line() {
     t.save(&path).unwrap();
     assert_eq!(Table::load(&path).unwrap(), t);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
+
+/// A sweep's checkpoint (its runs so far, `partial`) and its record: the record replaces the
+/// checkpoint in the table, a checkpoint never replaces a finished run, and an entry is
+/// unfinished on a GPU model only while every run there is a checkpoint.
+#[test]
+fn a_sweeps_checkpoint_is_replaced_by_its_record_and_marks_it_unfinished_until_then() {
+    let h100 = "NVIDIA H100 80GB HBM3";
+    let here = |p: &Provenance| p.device.name == h100;
+    let finished = entry_against(128, 0, 0.5, Some(1.0), h100);
+    let partial = |e: &Entry| {
+        let runs = e
+            .runs
+            .iter()
+            .map(|r| Run {
+                partial: true,
+                ..r.clone()
+            })
+            .collect();
+        Entry::from_runs(e.key.clone(), e.problem.clone(), runs).unwrap()
+    };
+    let checkpoint = partial(&finished);
+    assert_eq!(checkpoint.unfinished_at(here), Some(checkpoint.runs.clone()));
+    assert_eq!(finished.unfinished_at(here), None);
+    assert_eq!(checkpoint.unfinished_at(|_| false), None, "none ran there");
+
+    // The same candidates, finished: the record replaces the checkpoint, not the other way.
+    let recorded = checkpoint.merged(&finished);
+    assert_eq!(recorded.runs.len(), 1);
+    assert!(!recorded.runs[0].partial);
+    assert_eq!(recorded.unfinished_at(here), None);
+    assert_eq!(finished.merged(&checkpoint), finished);
+
+    // A later round added kernels: the record (more candidates) replaces the first round's
+    // checkpoint.
+    let mut longer = finished.clone();
+    let more = entry_against(128, 2, 0.4, Some(1.0), h100);
+    longer.runs[0]
+        .candidates
+        .extend(more.runs[0].candidates.iter().cloned());
+    let longer = Entry::from_runs(longer.key.clone(), longer.problem.clone(), longer.runs).unwrap();
+    let recorded = checkpoint.merged(&longer);
+    assert_eq!(recorded.runs.len(), 1);
+    assert!(!recorded.runs[0].partial);
+    assert_eq!(recorded.winner, longer.winner);
+
+    // A finished run on another model does not finish this one's sweep.
+    let elsewhere = entry_against(128, 1, 0.6, Some(1.0), "NVIDIA H200");
+    let both = checkpoint.merged(&elsewhere);
+    assert_eq!(both.unfinished_at(here).map(|r| r.len()), Some(1));
+
+    // On disk: `partial` only where true; a run without it reads as finished.
+    let text = serde_json::to_string(&finished.runs[0]).unwrap();
+    assert!(!text.contains("partial"), "{text}");
+    let back: Run = serde_json::from_str(&text).unwrap();
+    assert!(!back.partial);
+    let text = serde_json::to_string(&checkpoint.runs[0]).unwrap();
+    assert!(text.contains("\"partial\":true"));
+    assert!(serde_json::from_str::<Run>(&text).unwrap().partial);
 }
