@@ -261,6 +261,9 @@ def child_measure(out, name, policy, modes, with_fact, extras):
             return
         if "eager" in modes:
             stages.run("eager", eager)
+        elif with_fact or "max-autotune" in modes:
+            # Not timed, but fact's error is judged against eager's (fact_err_flagged).
+            stages.run("eager_err", lambda: check("eager", wrapper))
         if "traced" in modes and traced_path.exists():
             stages.run("traced", traced)
         if "compile" in modes:
@@ -333,7 +336,7 @@ MODE_FIELDS = {
 # own entries and keep the other modes' of earlier calls, as their other fields.
 MODE_STAGES = {"eager": ["eager"], "traced": ["traced"], "compile": ["compile"], "max-autotune": ["max_autotune"],
                "fact": ["compose", "fact", "ablations", "profile"]}
-CALL_STAGES = ["trace", "measure", "reference", "timing"]
+CALL_STAGES = ["trace", "measure", "reference", "eager_err", "timing"]
 # The modes fact_ms is timed in turns with (see child_measure).
 TURN_MODES = {"eager", "traced", "compile"}
 
