@@ -39,6 +39,11 @@ same GPU), and --resume skips pairs whose record already has every time the mode
 fact_ms is fact timed in turns with eager, traced and torch.compile; a call that runs
 max-autotune and fact without them times fact beside max-autotune only
 (fact_ms_beside_max_autotune) and keeps the earlier fact_ms.
+
+--stage compose traces and composes each pair and stops there; a later --stage measure into the
+same OUT measures what it left (the traced module and the composed folder, their record fields
+kept). Jobs side by side on one host's GPUs (benches/zoo/gpus.sh) run every job's compose stage,
+then every job's measure stage, so no timed run shares the host's cores with another job's nvcc.
 """
 import argparse
 import copy
@@ -332,6 +337,10 @@ MODE_FIELDS = {
     "fact": ["fact_ms", "fact_err", "kernel_calls", "fallback_calls", "calls_by_kind", "calls_by_kernel", "patterns_by_kind",
              "substituted", "fact_ops", "compose_s", "compose_table_entries_before", "ablations"],
 }
+# What the trace and compose stages write: a --stage measure call keeps them from the record.
+STAGED_FIELDS = ["inputs", "trace_s", "substituted", "patterns_by_kind", "compose_s", "compose_table_entries_before",
+                 "fact_note"]
+STAGED_ERRORS = ["trace", "compose"]
 # `profile` (--profile) is per mode, {mode: kernel_profile}: a call's modes clear and refill their
 # own entries and keep the other modes' of earlier calls, as their other fields.
 MODE_STAGES = {"eager": ["eager"], "traced": ["traced"], "compile": ["compile"], "max-autotune": ["max_autotune"],
@@ -355,7 +364,7 @@ def done(rec, modes):
     return rec is not None and all(rec.get(k) is not None for k in keys)
 
 
-def start_record(old, model, policy, modes, command, env):
+def start_record(old, model, policy, modes, command, env, stage="all"):
     """The record a call starts from: the one an earlier call into the same OUT left (its other
     modes' numbers kept), with this call's modes' fields and errors cleared; a new one otherwise.
     `commands` lists every call that wrote into it."""
@@ -368,16 +377,19 @@ def start_record(old, model, policy, modes, command, env):
     rec.update(old or {})
     profile = {m: p for m, p in (rec["profile"] or {}).items() if m not in modes}
     rec["profile"] = profile or None
+    keep = STAGED_FIELDS if stage == "measure" else []
     for mode in modes:
         fields = MODE_FIELDS[mode]
         if not TURN_MODES & set(modes):
             # fact_ms belongs with the modes it was timed beside, which this call does not time.
             fields = [k for k in fields if k != "fact_ms"]
-        rec.update({k: None for k in fields})
-        for stage in MODE_STAGES[mode]:
-            rec["errors"].pop(stage, None)
-    for stage in CALL_STAGES:
-        rec["errors"].pop(stage, None)
+        rec.update({k: None for k in fields if k not in keep})
+        for name in MODE_STAGES[mode]:
+            if stage != "measure" or name not in STAGED_ERRORS:
+                rec["errors"].pop(name, None)
+    for name in CALL_STAGES:
+        if stage != "measure" or name not in STAGED_ERRORS:
+            rec["errors"].pop(name, None)
     rec.update(versions())
     rec["fact"] = env["fact_version"] or rec.get("fact")
     rec["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -395,7 +407,7 @@ def run_pair(args, model, policy, deadline, env, command):
         # Numbers of two cards in one record would compare across them: start afresh.
         log(f"{t}: the record in {record_path} is of {old.get('gpu')}, this is {env['gpu']}: starting a new one")
         old = None
-    rec = start_record(old, model, policy, args.modes, command, env)
+    rec = start_record(old, model, policy, args.modes, command, env, args.stage)
     rec["gpu"] = env["gpu"]
 
     def save():
@@ -414,6 +426,13 @@ def run_pair(args, model, policy, deadline, env, command):
     save()
     with_trace = bool({"traced", "fact"} & set(args.modes))
     traced_pt = out / "models" / f"{t}.pt"
+    fact_dir = out / "fact" / t
+    if args.stage == "measure":
+        # What --stage compose left: measured as it is, nothing traced or composed again.
+        composed = (fact_dir / "composed.pt").exists() and (fact_dir / "libfact_ops.so").exists() or bool(rec.get("fact_note"))
+        if with_trace and not traced_pt.exists():
+            rec["errors"]["measure"] = f"no traced module at {traced_pt}: run --stage compose into this OUT first"
+        return measure_pair(args, rec, t, composed and traced_pt.exists(), child, save)
     traced_pt.unlink(missing_ok=True)
     if with_trace:
         info = out / "work" / f"{t}.trace.json"
@@ -425,7 +444,6 @@ def run_pair(args, model, policy, deadline, env, command):
 
     composed = False
     if "fact" in args.modes and traced_pt.exists():
-        fact_dir = out / "fact" / t
         shutil.rmtree(fact_dir, ignore_errors=True)
         cmd = [str(args.fact), "compose", str(traced_pt), "--out", str(fact_dir), "--no-bench", "--json",
                "--precision", FACT_PRECISION[policy]] + shlex.split(args.fact_args)
@@ -454,7 +472,15 @@ def run_pair(args, model, policy, deadline, env, command):
         elif not composed:
             rec["errors"]["compose"] = f"fact compose wrote no composed.pt (logs/{t}.compose.log)"
         save()
+    if args.stage == "compose":
+        return rec
+    return measure_pair(args, rec, t, composed, child, save)
 
+
+def measure_pair(args, rec, t, composed, child, save):
+    """The measuring child of one pair (every mode asked for; fact where `composed`), its results
+    into the record."""
+    out = args.out
     measured_modes = [m for m in args.modes if m != "fact" or composed]
     if measured_modes:
         result = out / "work" / f"{t}.measure.json"
@@ -538,6 +564,8 @@ def main():
     ap.add_argument("--measure-timeout", type=float, default=900, help="seconds per measuring child")
     ap.add_argument("--ablations", action="store_true", help="also time fact with each pattern kind turned off")
     ap.add_argument("--profile", action="store_true", help="also record each timed module's kernels (torch.profiler): where its time goes")
+    ap.add_argument("--stage", choices=["all", "compose", "measure"], default="all",
+                    help="compose: trace and compose only; measure: measure what a compose stage left in OUT")
     ap.add_argument("--resume", action="store_true", help="skip pairs whose record in OUT already has every time the modes measure")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "MODEL", "POLICY"), help=argparse.SUPPRESS)
     ap.add_argument("--with-fact", action="store_true", help=argparse.SUPPRESS)
