@@ -4,6 +4,7 @@
 //! and its figures, `doctor` the set-up check, `show` what the commands print for people.
 
 use crate::compose::{self, ComposeReport};
+use crate::kinds::registry::MatchOptions;
 use crate::nvcc::{self, Toolchain};
 use crate::plan::PlanOptions;
 use crate::table::{self, Tables};
@@ -62,6 +63,10 @@ enum Command {
         arch: Option<String>,
         #[command(flatten)]
         agent: AgentArgs,
+        /// Run sibling linears reading one x (q, k and v projections) as one GEMM over their
+        /// concatenated weights. Off by default: not yet measured on a GPU.
+        #[arg(long)]
+        fuse_siblings: bool,
         #[arg(long)]
         json: bool,
     },
@@ -116,6 +121,10 @@ enum Command {
         /// Pattern kinds the benchmark turns off one at a time (as `fact bench --without`).
         #[arg(long)]
         without: Option<String>,
+        /// Run sibling linears reading one x (q, k and v projections) as one GEMM over their
+        /// concatenated weights. Off by default: not yet measured on a GPU.
+        #[arg(long)]
+        fuse_siblings: bool,
         #[arg(long)]
         json: bool,
     },
@@ -279,6 +288,7 @@ fn options(
         agent: agent.agent.clone(),
         agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
         gpus: GpuChoice::All,
+        matching: MatchOptions::default(),
     })
 }
 
@@ -304,6 +314,7 @@ pub fn main() -> Result<()> {
             agent,
             save_report,
             without,
+            fuse_siblings,
             json,
         } => {
             let without = benchmark::parse_kinds(without.as_deref())?;
@@ -325,6 +336,7 @@ pub fn main() -> Result<()> {
                 refine,
                 keep_slower,
                 gpus: gpus.parse().map_err(anyhow::Error::msg)?,
+                matching: MatchOptions { fuse_siblings },
                 ..options(out_dir.clone(), precision, arch, &agent)?
             };
             let report = compose::compose(&model, &inputs, &opts)
@@ -523,6 +535,7 @@ pub fn main() -> Result<()> {
             precision,
             arch,
             agent,
+            fuse_siblings,
             json,
         } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
@@ -534,7 +547,10 @@ pub fn main() -> Result<()> {
                 .map_err(anyhow::Error::msg)?;
             let (graph, inputs) = torch::load_graph(&model, &inputs)
                 .with_context(|| format!("discovering {}", model.display()))?;
-            let matches = crate::kinds::registry::match_patterns(&graph);
+            let matches = crate::kinds::registry::match_patterns_with(
+                &graph,
+                &MatchOptions { fuse_siblings },
+            );
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
             let mut steward = options(PathBuf::new(), precision, arch, &agent)?.steward();
             let plan_opts = PlanOptions {

@@ -142,6 +142,8 @@ pub struct Options {
     pub agent_timeout: std::time::Duration,
     /// The GPUs that tune (`--gpus`): all visible ones that run the arch's kernels by default.
     pub gpus: GpuChoice,
+    /// The kinds matched beyond the default ones (`--fuse-siblings`).
+    pub matching: registry::MatchOptions,
 }
 
 /// The GPUs this command tunes on, as `opts.gpus` picks them among those visible, with a note for
@@ -314,7 +316,7 @@ pub fn compose(
     let start = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
     let (graph, inputs) = torch::load_graph(model, inputs)?;
-    let mut found = registry::match_patterns(&graph);
+    let mut found = registry::match_patterns_with(&graph, &opts.matching);
     let tc = Toolchain::discover()?;
     let cache_mark = tc.sccache_mark();
     let device = Device::detect();

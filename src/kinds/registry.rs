@@ -9,8 +9,10 @@
 //! an untagged problem or spec is tried against them when read back. A kind's values never parse
 //! as another's (their fields differ), so that order decides nothing there.
 
+use super::TypedKind;
 use super::{
-    attention, conv, gemm, glu, layernorm, rmsnorm, rotary, Found, Kind, Patterns, Problem, Spec,
+    attention, conv, gemm, glu, layernorm, rmsnorm, rotary, siblings, Found, Kind, Patterns,
+    Problem, Spec,
 };
 use crate::codegen::{self, Source};
 use crate::graph::{Graph, NodeId};
@@ -29,12 +31,37 @@ pub static KINDS: &[&dyn Kind] = &[
     &rotary::Rotary,
     &glu::Glu,
     &conv::Conv,
+    &siblings::Siblings,
 ];
+
+/// Which kinds' rules take part in the cover beyond the default ones: kinds that stay off until a
+/// GPU has measured them are asked for here (compose's and discover's `--fuse-siblings`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatchOptions {
+    /// Sibling linears (q, k, v over one x) as one GEMM (`kinds::siblings`); unmeasured.
+    pub fuse_siblings: bool,
+}
+
+impl MatchOptions {
+    /// Whether kind `k`'s rules take part.
+    pub fn enables(&self, k: &dyn Kind) -> bool {
+        k.name() != TypedKind::name(&siblings::Siblings) || self.fuse_siblings
+    }
+}
 
 /// Every kind's rules, kind by kind.
 pub fn rules() -> Vec<&'static dyn Rule> {
     KINDS
         .iter()
+        .flat_map(|k| k.rules().iter().copied())
+        .collect()
+}
+
+/// The rules of the kinds `opts` enables, kind by kind.
+pub fn enabled_rules(opts: &MatchOptions) -> Vec<&'static dyn Rule> {
+    KINDS
+        .iter()
+        .filter(|k| opts.enables(**k))
         .flat_map(|k| k.rules().iter().copied())
         .collect()
 }
@@ -81,9 +108,14 @@ impl<'de> Deserialize<'de> for PatternKind {
 /// every other GEMM with the longest epilogue the graph allows, or alone where another pattern
 /// took a node of its epilogue.
 pub fn match_patterns(g: &Graph) -> Patterns {
+    match_patterns_with(g, &MatchOptions::default())
+}
+
+/// The same with the kinds `opts` enables beyond the default ones.
+pub fn match_patterns_with(g: &Graph, opts: &MatchOptions) -> Patterns {
     let mut by_kind: Vec<Vec<Box<dyn crate::rules::Match>>> =
         KINDS.iter().map(|_| vec![]).collect();
-    for c in cover(candidates(g, &rules())) {
+    for c in cover(candidates(g, &enabled_rules(opts))) {
         let i = KINDS
             .iter()
             .position(|k| k.pattern_kinds().contains(&c.kind))

@@ -681,7 +681,10 @@ fn a_sweeps_checkpoint_is_replaced_by_its_record_and_marks_it_unfinished_until_t
         Entry::from_runs(e.key.clone(), e.problem.clone(), runs).unwrap()
     };
     let checkpoint = partial(&finished);
-    assert_eq!(checkpoint.unfinished_at(here), Some(checkpoint.runs.clone()));
+    assert_eq!(
+        checkpoint.unfinished_at(here),
+        Some(checkpoint.runs.clone())
+    );
     assert_eq!(finished.unfinished_at(here), None);
     assert_eq!(checkpoint.unfinished_at(|_| false), None, "none ran there");
 

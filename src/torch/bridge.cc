@@ -853,6 +853,25 @@ Value* interleaved_attributes(torch::jit::Module& m, Graph& g, Value* first, Val
   return module_buffer(m, g, "fact_interleaved_" + pa + "_" + pb, t);
 }
 
+// Module attributes of one dtype and one shape past their first dim, concatenated along their first
+// dim, as a buffer of the module (`fact_concatenated_<first>_<second>..`, made once; the attributes
+// stay for their other readers): sibling linears' weights (or biases) as one GEMM's.
+Value* concatenated_attributes(torch::jit::Module& m, Graph& g, const std::vector<Value*>& values) {
+  if (values.size() < 2) throw std::runtime_error("a concatenated operand names two attributes or more");
+  std::vector<at::Tensor> parts;
+  std::string name = "fact_concatenated";
+  for (Value* v : values) {
+    auto [t, path] = module_attribute(m, g, v, "concatenated");
+    if (!parts.empty() && (t.dtype() != parts[0].dtype() || t.dim() != parts[0].dim() ||
+                           !std::equal(t.sizes().begin() + 1, t.sizes().end(), parts[0].sizes().begin() + 1))) {
+      throw std::runtime_error("attribute " + path + " differs from the first in dtype or in its shape past the first dim: they cannot be concatenated");
+    }
+    parts.push_back(t);
+    name += "_" + path;
+  }
+  return module_buffer(m, g, name, at::cat(parts, 0).contiguous());
+}
+
 // A convolution's bias (`channels` 0) or weight (`channels` input channels) with an eval-mode BatchNorm
 // folded in, from the module attributes `values` reads ([weight, bias, gamma, beta, mean, var], kAbsent
 // where there is none; `eps` empty without a BatchNorm), as a buffer of the module
@@ -964,7 +983,18 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
       Node* at = old;
       for (const auto& [id, n] : outs) {
         if (n->outputs().size() != 1) throw std::runtime_error(node_label(id, n) + " has " + std::to_string(n->outputs().size()) + " outputs: a call takes over one per node");
-        if (n->isAfter(at)) at = n;
+        if (e.first ? n->isBefore(at) : n->isAfter(at)) at = n;
+      }
+      if (e.first) {
+        // Every operand the graph already holds must exist where the call goes.
+        for (const Operand& o : e.operands) {
+          if (o.kind != OperandKind::Value) continue;
+          Node* p = value_at(o.value)->node();
+          if (p->owningGraph() == g.get() && p->kind() != c10::prim::Param && !p->isBefore(at)) {
+            throw std::runtime_error("edit of node " + std::to_string(e.node) + " reads value " + std::to_string(o.value) +
+                                     ", defined after the first node it replaces");
+          }
+        }
       }
       auto replaced = [&](const Node* n) {
         return std::any_of(outs.begin(), outs.end(), [&](const auto& o) { return o.second == n; }) ||
@@ -1001,6 +1031,12 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
             case OperandKind::Folded:
               args.push_back(folded_attributes(m, *g, o.values, std::string(o.text), o.int_value, value_at));
               break;
+            case OperandKind::Concatenated: {
+              std::vector<Value*> attrs;
+              for (uint32_t v : o.values) attrs.push_back(value_at(v));
+              args.push_back(concatenated_attributes(m, *g, attrs));
+              break;
+            }
             case OperandKind::Values: {
               std::vector<Value*> elems;
               for (uint32_t v : o.values) elems.push_back(value_at(v));

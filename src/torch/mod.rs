@@ -80,6 +80,9 @@ mod ffi {
         /// weight's own zero (a stem's C = 3 padded to 16-byte rows), laid out channels-last
         /// (KRSC), the kernels' layout: a buffer the rewrite adds once.
         Folded,
+        /// The module attributes graph values `values` read (one dtype, and one shape past their
+        /// first dim), concatenated along their first dim: a buffer the rewrite adds once.
+        Concatenated,
     }
     struct Operand {
         kind: OperandKind,
@@ -97,7 +100,10 @@ mod ffi {
     /// later outputs take over, in order, in `outputs` (each of kind `output_kinds[i]`); the op
     /// then returns that many tensors more, and the call goes where the latest of these nodes and
     /// `node` was, so every output but that node's must be read only after it. Empty for the
-    /// usual one output. `Default` leaves every list empty: kinds spell only what they fill.
+    /// usual one output. `first` puts the call where the earliest of these nodes was instead (each
+    /// operand must be defined there; sibling linears, whose earlier outputs are read before the
+    /// later ones exist). `Default` leaves every list empty and `first` false: kinds spell only
+    /// what they fill.
     #[derive(Default)]
     struct Edit {
         node: u32,
@@ -108,6 +114,7 @@ mod ffi {
         remove_kinds: Vec<String>,
         outputs: Vec<u32>,
         output_kinds: Vec<String>,
+        first: bool,
     }
     unsafe extern "C++" {
         include!("fact/src/torch/bridge.h");
@@ -231,6 +238,21 @@ impl Operand {
             text: eps,
             int_value: if bias { 0 } else { fold.channels },
             ..Operand::of(OperandKind::Folded)
+        }
+    }
+    /// An int constant.
+    pub fn int(v: i64) -> Operand {
+        Operand {
+            int_value: v,
+            ..Operand::of(OperandKind::Int)
+        }
+    }
+    /// The module attributes graph values `vs` read, concatenated along their first dim, as a
+    /// buffer of the composed module.
+    pub fn concatenated(vs: &[usize]) -> Operand {
+        Operand {
+            values: vs.iter().map(|&v| v as u32).collect(),
+            ..Operand::of(OperandKind::Concatenated)
         }
     }
     /// A Tensor[] of graph values.
@@ -548,6 +570,7 @@ pub fn rewrite_and_save(
             remove_kinds: e.remove_kinds.clone(),
             outputs: e.outputs.clone(),
             output_kinds: e.output_kinds.clone(),
+            first: e.first,
         })
         .collect();
     let schemas: Vec<String> = schemas.iter().map(|s| s.to_string()).collect();

@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv, fact::linears2, fact::linears3, fact::linears4
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -382,7 +382,7 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
 // The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
 // FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
 // the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kAllKinds = 255 };
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kSiblingsKind = 256, kAllKinds = 511 };
 
 // The bits of a comma-separated list of kind names; false on a name that is no kind.
 bool parse_kinds(const std::string& text, unsigned& bits) {
@@ -396,6 +396,7 @@ bool parse_kinds(const std::string& text, unsigned& bits) {
     else if (name == "rotary") bits |= kRotaryKind;
     else if (name == "glu") bits |= kGluKind;
     else if (name == "conv") bits |= kConvKind;
+    else if (name == "siblings") bits |= kSiblingsKind;
     else if (name == "all" || name == "1") bits |= kAllKinds;
     else if (!name.empty()) return false;
   }
@@ -409,7 +410,7 @@ std::atomic<unsigned>& disabled_kinds() {
     unsigned b = 0;
     if (!parse_kinds(v, b)) {
       // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, all); every fact op falls back\n", v);
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, all); every fact op falls back\n", v);
       return unsigned(kAllKinds);
     }
     return b;
@@ -2064,6 +2065,125 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const std::option
   return f.out_cl ? y : y.contiguous();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Sibling linears as one GEMM: `fact::linears<N>(x, w, b, n0, .., kernel)` returns y_i = linear(x,
+// W_i, b_i) for the N linears of one group, where w (and b) are their weights (biases) concatenated
+// along the rows once at compose time. The kernel is a GEMM kind kernel writing [.., sum n_i]; each
+// y_i is a view of its columns (row stride sum n_i), which the graph's row-preserving views take
+// in place. The fallback runs each linear over its rows of w and b: the module's own values, so
+// the same numbers as the graph's separate linears on any input.
+
+// Runs kernel `kernel` for the call, or returns no tensors when it does not fit, with the reason in
+// `why`.
+std::vector<at::Tensor> linears_kernel(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                                       const std::vector<int64_t>& widths, c10::string_view kernel, std::string& why) {
+  const bool has_b = b.has_value() && b->defined();
+  if (!x.is_cuda() || w.device() != x.device() || (has_b && b->device() != x.device())) {
+    return why = "not CUDA tensors of one device", std::vector<at::Tensor>();
+  }
+  if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (has_b && b->requires_grad()))) {
+    return why = "autograd (the kernel has no backward)", std::vector<at::Tensor>();
+  }
+  if (*dtype_name(x.scalar_type()) == '\0') return why = "not an f32, bf16 or f16 tensor", std::vector<at::Tensor>();
+  if (w.scalar_type() != x.scalar_type() || (has_b && b->scalar_type() != x.scalar_type())) {
+    return why = "mixed dtypes", std::vector<at::Tensor>();
+  }
+  if (x.dim() < 1 || w.dim() != 2 || x.size(-1) != w.size(1)) {
+    return why = "x's last dim is not the weights' K", std::vector<at::Tensor>();
+  }
+  if (!x.is_contiguous() || !w.is_contiguous() || (has_b && !b->is_contiguous())) {
+    return why = "an operand that is not packed", std::vector<at::Tensor>();
+  }
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 || reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0) {
+    return why = "an operand that does not start at a 16-byte boundary", std::vector<at::Tensor>();
+  }
+  if (x.numel() == 0) return why = "an empty tensor", std::vector<at::Tensor>();
+  const int32_t index = find_kernel(kernel);
+  if (index < 0) return why = "no such kernel in this library", std::vector<at::Tensor>();
+  const auto* props = at::cuda::getDeviceProperties(x.device().index());
+  if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", std::vector<at::Tensor>();
+  const int64_t k = x.size(-1), n = w.size(0), m = x.numel() / k;
+  c10::cuda::CUDAGuard guard(x.device());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor out = at::empty(shape, x.options());
+  // The GEMM kind's call: a = x as [1, M, K] row-major, B = w^T as [1, K, N] column-major, the
+  // bias, out as [1, M, N].
+  auto matrix = [](const at::Tensor& t, int64_t rows, int64_t cols, bool row_major) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 3;
+    ft.sizes[0] = 1;
+    ft.sizes[1] = rows;
+    ft.sizes[2] = cols;
+    ft.strides[0] = rows * cols;
+    ft.strides[1] = row_major ? cols : 1;
+    ft.strides[2] = row_major ? 1 : rows;
+    return ft;
+  };
+  const FactTensor tensors[4] = {matrix(x, m, k, true), matrix(w, k, n, false),
+                                 has_b ? fact_tensor(*b) : FactTensor{}, matrix(out, m, n, true)};
+  const FactOpArgs args{tensors, 4, nullptr, 0};
+  if (!launch_kernel(index, args, x, kernel, "linears")) {
+    return why = "the kernel cannot implement this shape or alignment", std::vector<at::Tensor>();
+  }
+  std::vector<at::Tensor> outs;
+  int64_t at = 0;
+  for (int64_t width : widths) {
+    outs.push_back(out.narrow(-1, at, width));
+    at += width;
+  }
+  return outs;
+}
+
+std::vector<at::Tensor> linears(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                                const std::vector<int64_t>& widths, c10::string_view kernel) {
+  int64_t sum = 0;
+  for (int64_t width : widths) sum += width;
+  const bool has_b = b.has_value() && b->defined();
+  TORCH_CHECK(w.dim() == 2 && w.size(0) == sum && (!has_b || (b->dim() == 1 && b->size(0) == sum)),
+              "fact::linears: the concatenated weight and bias do not hold the widths' rows");
+  std::string why = "siblings is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kSiblingsKind)) {
+    std::vector<at::Tensor> outs = linears_kernel(x, w, b, widths, kernel, why);
+    if (!outs.empty()) {
+      count_ran(kernel, false);
+      return outs;
+    }
+  }
+  count_fell_back(kernel, why);
+  // The replaced linears, as the graph ran them, each on its weight's (and bias's) values.
+  std::vector<at::Tensor> outs;
+  int64_t at = 0;
+  for (int64_t width : widths) {
+    const std::optional<at::Tensor> bias = has_b ? std::optional<at::Tensor>(b->narrow(0, at, width)) : std::nullopt;
+    outs.push_back(at::linear(x, w.narrow(0, at, width), bias));
+    at += width;
+  }
+  return outs;
+}
+
+std::tuple<at::Tensor, at::Tensor> linears2(const at::Tensor& x, const at::Tensor& w,
+                                            const std::optional<at::Tensor>& b, int64_t n0, int64_t n1,
+                                            c10::string_view kernel) {
+  auto o = linears(x, w, b, {n0, n1}, kernel);
+  return {o[0], o[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linears3(const at::Tensor& x, const at::Tensor& w,
+                                                        const std::optional<at::Tensor>& b, int64_t n0, int64_t n1,
+                                                        int64_t n2, c10::string_view kernel) {
+  auto o = linears(x, w, b, {n0, n1, n2}, kernel);
+  return {o[0], o[1], o[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linears4(const at::Tensor& x, const at::Tensor& w,
+                                                                    const std::optional<at::Tensor>& b, int64_t n0,
+                                                                    int64_t n1, int64_t n2, int64_t n3,
+                                                                    c10::string_view kernel) {
+  auto o = linears(x, w, b, {n0, n1, n2, n3}, kernel);
+  return {o[0], o[1], o[2], o[3]};
+}
+
 }  // namespace
 
 // The call counts since the library was loaded (or last reset) as JSON,
@@ -2095,7 +2215,7 @@ extern "C" const char* fact_op_stats(void) {
   return text.c_str();
 }
 
-// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, all) off
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, all) off
 // and every other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
 extern "C" int32_t fact_disable(const char* kinds) {
   unsigned bits = 0;
@@ -2155,6 +2275,15 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::conv", ""}).has_value()) {
     m.def("conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, Tensor? bn_mean, Tensor? bn_var, Tensor? residual, Tensor w_kernel, Tensor? b_kernel, str form, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::linears2", ""}).has_value()) {
+    m.def("linears2(Tensor x, Tensor w, Tensor? b, int n0, int n1, str kernel) -> (Tensor, Tensor)");
+  }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::linears3", ""}).has_value()) {
+    m.def("linears3(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, str kernel) -> (Tensor, Tensor, Tensor)");
+  }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::linears4", ""}).has_value()) {
+    m.def("linears4(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, int n3, str kernel) -> (Tensor, Tensor, Tensor, Tensor)");
+  }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
   m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
@@ -2168,4 +2297,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary_qk)));
   m.impl("glu", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(glu)));
   m.impl("conv", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(conv)));
+  m.impl("linears2", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears2)));
+  m.impl("linears3", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears3)));
+  m.impl("linears4", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears4)));
 }

@@ -369,6 +369,7 @@ pub fn edit(g: &Graph, c: &ConvMatch, kernel: &str) -> Edit {
         remove: remove.into_iter().map(|n| n as u32).collect(),
         outputs: vec![],
         output_kinds: vec![],
+        first: false,
     }
 }
 

@@ -273,6 +273,7 @@ pub fn edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
         outputs: sum.iter().map(|&n| n as u32).collect(),
         output_kinds: sum.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        first: false,
     }
 }
 

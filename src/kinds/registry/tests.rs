@@ -632,12 +632,13 @@ fn the_op_library_has_every_kinds_section_ops_and_switches() {
             "rmsnorm",
             "rotary",
             "glu",
-            "conv"
+            "conv",
+            "siblings"
         ]
     );
-    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kAllKinds = 255 };"));
+    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kSiblingsKind = 256, kAllKinds = 511 };"));
     assert!(text.contains(
-        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, all); every fact op falls back"
+        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, all); every fact op falls back"
     ));
     assert_eq!(
         op_schemas().len(),

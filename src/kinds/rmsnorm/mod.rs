@@ -274,6 +274,7 @@ pub fn edit(g: &Graph, r: &RmsNormMatch, kernel: &str) -> Edit {
         remove_kinds: r.rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
         outputs: sum.iter().map(|&n| n as u32).collect(),
         output_kinds: sum.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        first: false,
     }
 }
 

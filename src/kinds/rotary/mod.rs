@@ -249,6 +249,7 @@ pub fn edit(g: &Graph, r: &RotaryMatch, kernel: &str) -> Edit {
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
         outputs: outs.iter().map(|&n| n as u32).collect(),
         output_kinds: outs.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        first: false,
     }
 }
 
