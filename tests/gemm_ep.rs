@@ -441,6 +441,7 @@ fn an_edit_with_two_outputs_replaces_two_nodes_by_one_call() {
         remove_kinds: remove.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
         outputs: vec![second as u32],
         output_kinds: vec![g.nodes[second].kind.clone()],
+        first: false,
     };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("pair.pt");

@@ -20,5 +20,6 @@ mod plan;
 mod rmsnorm;
 mod rotary;
 mod sccache;
+mod siblings;
 mod table_cli;
 mod zoo;
