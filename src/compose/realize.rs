@@ -588,11 +588,16 @@ pub(super) fn prefetch(
     let mut missed = 0;
     let mut again = 0;
     let here = here(cx);
+    // A model's layers repeat their problems: each distinct one once.
+    let mut seen = BTreeSet::new();
     for problem in problems {
         let Some(math) = problem.math(opts.precision) else {
             continue;
         };
         let key = TableKey::of(problem, math, opts.arch);
+        if !seen.insert(key.clone()) {
+            continue;
+        }
         match tables.lookup(&key, problem) {
             Lookup::Miss => {}
             Lookup::Exact { entry, .. } => {
@@ -618,7 +623,7 @@ pub(super) fn prefetch(
         }
     }
     let line = format!(
-        "prefetch: compiling together the first candidates of the {missed} pattern(s) the tables miss and the leading kernels of the {again} to re-verify here"
+        "prefetch: compiling together the first candidates of the {missed} distinct problem(s) the tables miss and the leading kernels of the {again} to re-verify here"
     );
     compile_ahead(
         cx,
