@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs several zoo jobs side by side, one per GPU, on the GPU machine (after `source
 # .device/env.sh`): job i gets GPU i alone (CUDA_VISIBLE_DEVICES), its own work folder, build cache
-# and user table (/tmp/zoo-gi), and its share of the cores for nvcc. Each job's arguments are one
-# quoted string for benches/zoo/run.sh. Figures compare only within one job (one process, one GPU).
+# and user table (/tmp/zoo-gi), and its share of the cores for nvcc (`--fact-args "--jobs N"`,
+# unless the job gives its own --fact-args). Each job's arguments are one quoted string for
+# benches/zoo/run.sh, read as a shell reads words (quote a value that holds spaces:
+# "--models llama --fact-args '--jobs 16 --fuse-siblings'"). Figures compare only within one job (one process, one GPU).
 #   bash benches/zoo/gpus.sh "--models gpt2 --policies bf16 ..." "--models bert --policies bf16 ..."
 #   bash benches/zoo/gpus.sh --staged COMPOSE_S MEASURE_S "ARGS0" "ARGS1" ...
 # --staged runs every job's trace and compose first (`run.py --stage compose --budget-s COMPOSE_S`),
@@ -31,9 +33,11 @@ run_phase() { # STAGE BUDGET ARGS...
       mkdir -p "$OUT"
       extra=()
       if [ "$stage" != all ]; then extra=(--stage "$stage" --budget-s "$budget"); fi
-      # shellcheck disable=SC2086
-      bash benches/zoo/run.sh $args "${extra[@]}" --cache-dir /tmp/fact-cache-g$i --fact-args "--jobs $jobs" \
-        >> /tmp/zoo-g$i.log 2>&1
+      # A job's own --fact-args (e.g. "--jobs 16 --fuse-siblings") stands; others get the core share.
+      if [[ $args != *--fact-args* ]]; then extra+=(--fact-args "--jobs $jobs"); fi
+      # The job's string as a shell would read it, so a quoted value in it keeps its spaces.
+      eval "set -- $args"
+      bash benches/zoo/run.sh "$@" "${extra[@]}" --cache-dir /tmp/fact-cache-g$i >> /tmp/zoo-g$i.log 2>&1
     ) &
     i=$((i + 1))
   done
