@@ -377,18 +377,16 @@ def start_record(old, model, policy, modes, command, env, stage="all"):
     rec.update(old or {})
     profile = {m: p for m, p in (rec["profile"] or {}).items() if m not in modes}
     rec["profile"] = profile or None
-    keep = STAGED_FIELDS if stage == "measure" else []
+    # A measure stage keeps what the compose stage before it wrote.
+    keep = STAGED_FIELDS + STAGED_ERRORS if stage == "measure" else []
     for mode in modes:
         fields = MODE_FIELDS[mode]
         if not TURN_MODES & set(modes):
             # fact_ms belongs with the modes it was timed beside, which this call does not time.
             fields = [k for k in fields if k != "fact_ms"]
         rec.update({k: None for k in fields if k not in keep})
-        for name in MODE_STAGES[mode]:
-            if stage != "measure" or name not in STAGED_ERRORS:
-                rec["errors"].pop(name, None)
-    for name in CALL_STAGES:
-        if stage != "measure" or name not in STAGED_ERRORS:
+    for name in [n for mode in modes for n in MODE_STAGES[mode]] + CALL_STAGES:
+        if name not in keep:
             rec["errors"].pop(name, None)
     rec.update(versions())
     rec["fact"] = env["fact_version"] or rec.get("fact")
