@@ -951,9 +951,10 @@ fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
 }
 
 /// The convolution kind's sm90 fprop kernels (bf16 with bias, residual and ReLU in the epilogue;
-/// tf32 with none of them; fp16 with SiLU alone) and the depthwise direct convolution (sm80 code
-/// built for sm90: bf16 3x3 with bias and ReLU) compile beside a GEMM into one library, each
-/// listed as a conv kernel with its signature.
+/// tf32 with none of them; fp16 with SiLU alone), the depthwise direct convolution and a stem's
+/// fixed-channels implicit GEMM (sm80 code built for sm90: bf16 3x3 with bias and ReLU; tf32 of
+/// four channels with bias and ReLU) compile beside a GEMM into one library, each listed as a
+/// conv kernel with its signature.
 #[test]
 fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
     use fact::kinds::conv::{ConvAct, ConvSpec};
@@ -966,6 +967,7 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         conv_cluster: [1, 1, 1],
         conv_warps: None,
         conv_stages: None,
+        conv_fixed_channels: None,
         conv_depthwise: None,
         bias: true,
         residual: true,
@@ -988,7 +990,18 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         act: Some(ConvAct::Silu),
         ..bf16.clone()
     };
-    for s in [&bf16, &tf32, &f16] {
+    // A tf32 stem's fixed-channels kernel (CUTLASS 2's code, C = 4) built for sm90.
+    let stem = ConvSpec {
+        dtype: DType::F32,
+        conv_tile: [128, 64, 16],
+        conv_warps: Some([2, 2, 1]),
+        conv_stages: Some(6),
+        conv_fixed_channels: Some(4),
+        act: Some(ConvAct::Relu),
+        residual: false,
+        ..bf16.clone()
+    };
+    for s in [&bf16, &tf32, &f16, &stem] {
         assert_eq!(s.invalid_reason(), None, "{}", s.name());
     }
     let dir = tempfile::tempdir().unwrap();
@@ -998,19 +1011,24 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         tf32.clone().into(),
         f16.clone().into(),
         crate::conv_abi::depthwise_spec().into(),
+        stem.clone().into(),
     ];
     let built = build_all(&tc, &specs, dir.path(), "libc.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!(lib.len(), 5);
+    assert_eq!(lib.len(), 6);
     assert_eq!(
-        (0..5).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
-        ["conv", "gemm", "conv", "conv", "conv"]
+        (0..6).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
+        ["conv", "gemm", "conv", "conv", "conv", "conv"]
     );
     assert_eq!(lib.find(&bf16.name()), Some(0));
     assert_eq!(lib.find(&f16.name()), Some(3));
     assert_eq!(
         lib.find("sm80_dwconv2d_fprop_bf16_8x8x64_r3x3_stride1x1_4x1x1_s3_bias_relu"),
         Some(4)
+    );
+    assert_eq!(
+        lib.find("sm80_conv2d_fprop_tf32_128x64x16_2x2x1_s6_fixedc4_bias_relu"),
+        Some(5)
     );
 }
 

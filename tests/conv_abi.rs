@@ -40,6 +40,7 @@ fn spec(arch: Arch) -> ConvSpec {
         conv_cluster: [1, 1, 1],
         conv_warps: None,
         conv_stages: None,
+        conv_fixed_channels: None,
         conv_depthwise: None,
         bias: true,
         residual: true,
@@ -179,6 +180,7 @@ pub fn depthwise_spec() -> ConvSpec {
         conv_cluster: [1, 1, 1],
         conv_warps: Some([4, 1, 1]),
         conv_stages: Some(3),
+        conv_fixed_channels: None,
         conv_depthwise: Some(Depthwise {
             filter: [3, 3],
             stride: Some([1, 1]),

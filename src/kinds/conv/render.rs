@@ -135,6 +135,7 @@ pub fn render(s: &ConvSpec) -> Source {
                 "16, 8, 16"
             });
             vars["act_functor"] = json!(act_functor(s.act));
+            vars["fixed_channels"] = json!(s.conv_fixed_channels);
             "sm80_conv"
         }
         _ => {
@@ -182,6 +183,7 @@ mod tests {
             conv_cluster: [1, 1, 1],
             conv_warps: None,
             conv_stages: None,
+            conv_fixed_channels: None,
             conv_depthwise: None,
             bias: true,
             residual: true,
@@ -280,6 +282,37 @@ mod tests {
                 && tf32.contains("thread::Identity<ElementCompute>")
         );
         assert!(tf32.contains("{ElementCompute(1), ElementCompute(0)},"));
+        assert!(
+            tf32.contains("IteratorAlgorithm::kOptimized,") && !tf32.contains("kFixedChannels")
+        );
+    }
+
+    #[test]
+    fn a_stems_fixed_channels_render_is_golden() {
+        // resnet's tf32 stem on an H100: CUTLASS 2's code, C padded to 4, bias and ReLU.
+        let s = ConvSpec {
+            arch: Arch::Sm90,
+            dtype: crate::types::DType::F32,
+            conv_tile: [128, 64, 16],
+            conv_warps: Some([2, 2, 1]),
+            conv_stages: Some(6),
+            conv_fixed_channels: Some(4),
+            residual: false,
+            ..spec()
+        };
+        assert_eq!(s.invalid_reason(), None);
+        let text = render(&s).text;
+        expect_test::expect_file![
+            "../../../tests/golden/sm80_conv2d_fprop_tf32_128x64x16_2x2x1_s6_fixedc4_bias_relu.cu"
+        ]
+        .assert_eq(&text);
+        for line in [
+            "cutlass::conv::IteratorAlgorithm::kFixedChannels,",
+            "using InstructionShape = cutlass::gemm::GemmShape<16, 8, 8>;",
+            "constexpr int Alignment = 128 / cutlass::sizeof_bits<Element>::value;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
     }
 
     #[test]
@@ -318,6 +351,7 @@ mod tests {
             conv_cluster: [1, 1, 1],
             conv_warps: Some([4, 1, 1]),
             conv_stages: Some(3),
+            conv_fixed_channels: None,
             conv_depthwise: Some(crate::kinds::conv::Depthwise {
                 filter: [3, 3],
                 stride: Some([2, 2]),
@@ -348,6 +382,7 @@ mod tests {
         // Any stride, no bias, no activation: the Optimized iterators, beta 0, Identity.
         let plain = render(&ConvSpec {
             dtype: DType::F32,
+            conv_fixed_channels: None,
             conv_depthwise: Some(crate::kinds::conv::Depthwise {
                 filter: [7, 7],
                 stride: None,

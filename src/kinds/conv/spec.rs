@@ -8,7 +8,8 @@
 //! - sm80: CUTLASS 2's `ImplicitGemmConvolution` (`DefaultConv2dFprop`, multistage cp.async,
 //!   mma.sync), a tile, its warps and the pipeline's stages; the epilogue through
 //!   `DefaultConv2dFpropWithBroadcast`. Named `sm80_conv2d_fprop_<math>_<tile>_<warps>_s<stages>
-//!   [_bias][_add][_<act>]_for_sm80`, as every kernel built for sm80 is.
+//!   [_fixedc<C>][_bias][_add][_<act>]_for_sm80`, as every kernel built for sm80 is (a stem's
+//!   fixed-channels kernel, below, built for sm90 has no `_for_sm80`).
 //!
 //! The space is CUTLASS's generator's: the tiles and clusters `GenerateSM90_Conv3x` instantiates
 //! for 16-bit and tf32 fprop (bf16 and fp16 share their GMMA shapes, so both take the union of
@@ -32,6 +33,14 @@
 //! K are multiples of 8 (16-bit) or 4 (fp32) channels. A problem whose C is not runs on C padded
 //! with zero channels (`ConvProblem::kernel_channels`: an image model's stem, C = 3); K cannot be
 //! padded (the output's channels are the model's).
+//! - stems (C padded to one 16-byte access), on either arch as sm80 code: CUTLASS 2's implicit
+//!   GEMM with the fixed-channels iterators (`IteratorAlgorithm::kFixedChannels`), which load each
+//!   filter tap's C channels as one access, over the sm80 tiles. The generator instantiates them
+//!   for 16-bit types (`CreateConv2dFixedChannelsOperator`, 4 or 8 channels; here 8, one access);
+//!   tf32 takes the same template at 4 channels. They come first in a stem's sweep. On an H100
+//!   they beat the sm90 builder's kernels on the stems (resnet50's tf32 7x7: 0.446 ms against
+//!   0.628) and still lose to cuDNN's convolution with its batch norm and activation (0.370 ms),
+//!   so those stems stay torch's, the plan saying so.
 
 use super::problem::{ConvAct, ConvProblem};
 use crate::types::{Arch, DType, MathType};
@@ -58,6 +67,12 @@ pub struct ConvSpec {
     /// The depthwise family's compile-time filter and stride; absent for the implicit GEMMs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conv_depthwise: Option<Depthwise>,
+    /// The stem family: CUTLASS 2's implicit GEMM with the fixed-channels iterators, which load
+    /// each pixel's C channels (this many, C padded to one 16-byte access) and no more, where the
+    /// optimized iterators and TMA im2col read a 16-byte row a filter tap with a handful of
+    /// channels in it. Absent elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv_fixed_channels: Option<u32>,
     pub bias: bool,
     pub residual: bool,
     pub act: Option<ConvAct>,
@@ -97,14 +112,18 @@ impl ConvSpec {
         }
         let [tm, tn, tk] = self.conv_tile;
         let [cm, cn, ck] = self.conv_cluster;
-        let mut s = format!(
-            "{}_conv2d_fprop_{}_{tm}x{tn}x{tk}",
-            self.arch.short_name(),
-            self.math_name()
-        );
+        // The stem family is CUTLASS 2's code on either arch, so it is named for sm80 on both.
+        let family = match self.conv_fixed_channels {
+            Some(_) => "sm80",
+            None => self.arch.short_name(),
+        };
+        let mut s = format!("{family}_conv2d_fprop_{}_{tm}x{tn}x{tk}", self.math_name());
         match (self.conv_warps, self.conv_stages) {
             (Some([wm, wn, wk]), Some(stages)) => s += &format!("_{wm}x{wn}x{wk}_s{stages}"),
             _ => s += &format!("_{cm}x{cn}x{ck}"),
+        }
+        if let Some(c) = self.conv_fixed_channels {
+            s += &format!("_fixedc{c}");
         }
         if self.bias {
             s += "_bias";
@@ -174,7 +193,23 @@ impl ConvSpec {
                 self.mma_k()
             ));
         }
-        match (self.arch, self.conv_warps, self.conv_stages) {
+        if let Some(c) = self.conv_fixed_channels {
+            if c != self.align() {
+                return Some(format!(
+                    "fixed channels {c}: one 16-byte access a pixel, {} {} channels",
+                    self.align(),
+                    self.dtype.short_name()
+                ));
+            }
+            if self.conv_warps.is_none() || self.conv_stages.is_none() {
+                return Some("the fixed-channels kernels are CUTLASS 2's: warps and stages".into());
+            }
+        }
+        let arch = match self.conv_fixed_channels {
+            Some(_) => Arch::Sm80,
+            None => self.arch,
+        };
+        match (arch, self.conv_warps, self.conv_stages) {
             (Arch::Sm90, None, None) => {
                 let k_bytes = tk as usize * self.dtype.bytes();
                 if !matches!(tm, 64 | 128 | 256) {
@@ -461,6 +496,7 @@ fn depthwise_specs(p: &ConvProblem, arch: Arch) -> Vec<ConvSpec> {
                 conv_cluster: [1, 1, 1],
                 conv_warps: Some([4, 1, 1]),
                 conv_stages: Some(stages),
+                conv_fixed_channels: None,
                 conv_depthwise: Some(Depthwise {
                     filter: [r, s],
                     stride,
@@ -529,32 +565,49 @@ pub fn candidates(p: &ConvProblem, math: MathType, arch: Arch) -> Result<Vec<Con
         out.sort_by(|a, b| estimate(p, a).total_cmp(&estimate(p, b)));
         return Ok(by_height(out));
     }
-    let spec = |tile, cluster, warps, stages| ConvSpec {
+    let spec = |tile, cluster, warps, stages, fixed| ConvSpec {
         arch,
         dtype: p.dtype,
         conv_tile: tile,
         conv_cluster: cluster,
         conv_warps: warps,
         conv_stages: stages,
+        conv_fixed_channels: fixed,
         conv_depthwise: None,
         bias: p.bias,
         residual: p.residual,
         act: p.act,
     };
+    let sm80 = |fixed| {
+        sm80_tiles(p.dtype)
+            .into_iter()
+            .map(move |(tile, warps, stages)| {
+                spec(tile, [1, 1, 1], Some(warps), Some(stages), fixed)
+            })
+    };
     let mut out: Vec<ConvSpec> = match arch {
         Arch::Sm90 => sm90_tiles(p.dtype)
             .into_iter()
-            .map(|(tile, cluster)| spec(tile, cluster, None, None))
+            .map(|(tile, cluster)| spec(tile, cluster, None, None, None))
             .collect(),
-        Arch::Sm80 => sm80_tiles(p.dtype)
-            .into_iter()
-            .map(|(tile, warps, stages)| spec(tile, [1, 1, 1], Some(warps), Some(stages)))
-            .collect(),
+        Arch::Sm80 => sm80(None).collect(),
     };
-    out.retain(|s| s.invalid_reason().is_none());
+    // A stem (C padded to one 16-byte access) also gets the fixed-channels kernels, first: the
+    // estimate cannot see how little of each row the other families' loads use there.
+    let mut stems: Vec<ConvSpec> = if p.padded() {
+        let c = p.kernel_channels() as u32;
+        sm80(Some(c)).collect()
+    } else {
+        vec![]
+    };
     let runs = p.kernel_problem();
-    out.sort_by(|a, b| estimate(&runs, a).total_cmp(&estimate(&runs, b)));
-    Ok(by_height(out))
+    for specs in [&mut stems, &mut out] {
+        specs.retain(|s| s.invalid_reason().is_none());
+        specs.sort_by(|a, b| estimate(&runs, a).total_cmp(&estimate(&runs, b)));
+    }
+    let mut ordered = by_height(stems);
+    ordered.extend(by_height(out));
+    Ok(ordered)
 }
 
 /// `specs` (best estimate first) taken in turns from each tile height (64, 128, 256 output
@@ -611,6 +664,7 @@ mod tests {
             conv_cluster: cluster,
             conv_warps: None,
             conv_stages: None,
+            conv_fixed_channels: None,
             conv_depthwise: None,
             bias: true,
             residual: true,
@@ -695,7 +749,8 @@ mod tests {
 
     #[test]
     fn a_stem_runs_padded_and_three_output_channels_say_why_not() {
-        // C = 3: the same kernels as C = 8, ordered by the padded problem's estimate.
+        // C = 3: the fixed-channels kernels of the padded C first, then the kernels C = 8 takes,
+        // ordered by the padded problem's estimate.
         let stem = ConvProblem {
             in_channels: 3,
             height: 224,
@@ -711,10 +766,63 @@ mod tests {
             in_channels: 8,
             ..stem.clone()
         };
+        for arch in Arch::ALL {
+            let all = candidates(&stem, MathType::Bf16, arch).unwrap();
+            let aligned = candidates(&padded, MathType::Bf16, arch).unwrap();
+            assert!(aligned.iter().all(|s| s.conv_fixed_channels.is_none()));
+            let fixed = all.len() - aligned.len();
+            assert_eq!(fixed, sm80_tiles(DType::Bf16).len(), "{arch:?}");
+            assert_eq!(all[fixed..], aligned[..]);
+            for s in &all[..fixed] {
+                assert_eq!(
+                    (s.conv_fixed_channels, s.arch, s.invalid_reason()),
+                    (Some(8), arch, None)
+                );
+                assert!(
+                    s.name().starts_with("sm80_conv2d_fprop_bf16_"),
+                    "{}",
+                    s.name()
+                );
+                assert!(s.name().contains("_fixedc8_bias"), "{}", s.name());
+                assert_eq!(s.name().ends_with("_for_sm80"), arch == Arch::Sm80);
+            }
+            // Tile heights in turns, as for the other families.
+            assert_ne!(all[0].conv_tile[0], all[1].conv_tile[0]);
+        }
+        // tf32: one pixel's 4 channels an access (tile K, a multiple of 8, holds whole pixels).
+        let f32_stem = ConvProblem {
+            dtype: DType::F32,
+            ..stem.clone()
+        };
+        let f32s = candidates(&f32_stem, MathType::Tf32, Arch::Sm90).unwrap();
+        assert_eq!(f32s[0].conv_fixed_channels, Some(4));
         assert_eq!(
-            candidates(&stem, MathType::Bf16, Arch::Sm90).unwrap(),
-            candidates(&padded, MathType::Bf16, Arch::Sm90).unwrap()
+            f32s.iter()
+                .filter(|s| s.conv_fixed_channels.is_some())
+                .count(),
+            sm80_tiles(DType::F32).len()
         );
+        // What the fixed-channels kernels refuse: another channel count, no warps and stages.
+        let good = f32s[0].clone();
+        for (bad, why) in [
+            (
+                ConvSpec {
+                    conv_fixed_channels: Some(2),
+                    ..good.clone()
+                },
+                "fixed channels 2: one 16-byte access a pixel, 4 f32 channels",
+            ),
+            (
+                ConvSpec {
+                    conv_warps: None,
+                    conv_stages: None,
+                    ..good.clone()
+                },
+                "the fixed-channels kernels are CUTLASS 2's: warps and stages",
+            ),
+        ] {
+            assert_eq!(bad.invalid_reason().as_deref(), Some(why));
+        }
         // K = 3 (an image-to-image model's last convolution): the output cannot be padded.
         let rgb_out = ConvProblem {
             out_channels: 3,
