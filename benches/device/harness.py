@@ -38,6 +38,8 @@ ABLATION_KINDS = {
     "rmsnorm": ("fact::rmsnorm",),
     "rotary": ("fact::rotary", "fact::rotary_qk"),
     "conv": ("fact::conv",),
+    "glu": ("fact::glu",),
+    "siblings": ("fact::linears2", "fact::linears3", "fact::linears4"),
 }
 
 
