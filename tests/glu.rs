@@ -6,8 +6,9 @@
 //! interleaved buffers in the module, its fallback computing what the replaced nodes did and
 //! counted, with the reason, when the kind is off and on CPU tensors; and a GLU no kernel
 //! realizes composed as the gate GEMM with its epilogue, as before the kind.
-//! Fixture: gated_mlps.pt (Llama's silu MLP without biases, and a tanh-GELU one with biases and
-//! the product's operands swapped, off one x [2, 8, 64], I = 32).
+//! Fixtures: gated_mlps.pt (Llama's silu MLP without biases, and a tanh-GELU one with biases and
+//! the product's operands swapped, off one x [2, 8, 64], I = 32); fused_gated_mlps.pt (the same
+//! two as Phi-3 writes them: one linear over the stacked weights, chunked).
 
 use crate::common::{
     build_all, compose_json, fake_tensor, fixture, op_args, run_python, sample_op_entry,
@@ -280,6 +281,85 @@ print("ok")
         lib = lib.display().to_string(),
         composed = composed.display().to_string(),
         orig = fixture("gated_mlps.pt").display().to_string(),
+        kernels = specs.iter().map(|s| s.name()).collect::<Vec<_>>(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+/// Phi-3's form, one linear over the stacked gate and up weights chunked in two, is the same
+/// problem: the same table entries compose it to `fact::glu` over the parameter's halves
+/// interleaved, and the fallback replays the one linear and the chunk.
+#[test]
+fn a_fused_gate_up_linear_composes_fact_glu_over_its_halves() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    let (table, specs) = test_table();
+    table.save(&user).unwrap();
+    let out_dir = dir.path().join("out");
+    let v = compose_json(&user, &fixture("fused_gated_mlps.pt"), &out_dir);
+    let patterns = v["compose"]["patterns"].as_array().unwrap();
+    let rules: Vec<&str> = patterns
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(rules, ["glu_silu", "glu_gelu_tanh_bias"], "{patterns:?}");
+    for (p, spec) in patterns.iter().zip(&specs) {
+        assert_eq!(
+            (p["realization"]["how"].as_str(), p["kernel"].as_str()),
+            (Some("hit"), Some(spec.name().as_str())),
+            "{p}"
+        );
+    }
+    let lib = out_dir.join("libfact_ops.so");
+    let composed = out_dir.join("composed.pt");
+    let script = format!(
+        r#"
+import ctypes, json, os
+os.environ["FACT_DISABLE"] = "glu"
+import torch
+torch.ops.load_library({lib:?})
+m = torch.jit.load({composed:?})
+graph = str(m.forward.graph)
+assert graph.count("fact::glu(") == 2, graph
+for op in ("aten::linear", "aten::chunk", "aten::silu", "aten::gelu", "aten::mul"):
+    assert op not in graph, (op, graph)
+orig = torch.jit.load({orig:?})
+params = dict(orig.named_parameters())
+buffers = dict(m.named_buffers())
+
+def interleaved(t):
+    gate, up = t.chunk(2, 0)
+    blocks = [gate.shape[0] // 8, 1, 8] + list(gate.shape[1:])
+    return torch.cat([gate.reshape(blocks), up.reshape(blocks)], 1).reshape(t.shape)
+
+for p in ("gate_up.weight", "gate_up_b.weight", "gate_up_b.bias"):
+    name = "fact_interleaved_" + p.replace(".", "_") + "_halves"
+    assert torch.equal(buffers[name], interleaved(params[p])), name
+assert len([b for b in buffers if b.startswith("fact_interleaved_")]) == 3, list(buffers)
+so = ctypes.CDLL({lib:?})
+so.fact_op_stats.restype = ctypes.c_char_p
+so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+x = torch.randn(2, 8, 64)
+
+def check():
+    with torch.no_grad():
+        got, want = m(x), orig(x)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.equal(g, w), (g - w).abs().max()
+    stats = json.loads(so.fact_op_stats())
+    so.fact_op_stats_reset()
+    return [stats[k] for k in {kernels:?}]
+
+off = check()
+assert off == [{{"ran": 0, "copied": 0, "fell_back": 1, "why": "glu is turned off (FACT_DISABLE or fact_disable)"}}] * 2, off
+assert so.fact_disable(b"") == 0
+cpu = check()
+assert cpu == [{{"ran": 0, "copied": 0, "fell_back": 1, "why": "not CUDA tensors of one device"}}] * 2, cpu
+print("ok")
+"#,
+        lib = lib.display().to_string(),
+        composed = composed.display().to_string(),
+        orig = fixture("fused_gated_mlps.pt").display().to_string(),
         kernels = specs.iter().map(|s| s.name()).collect::<Vec<_>>(),
     );
     assert_eq!(run_python(&script), "ok");

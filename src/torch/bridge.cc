@@ -839,8 +839,23 @@ Value* padded_attribute(torch::jit::Module& m, Graph& g, Value* v, int64_t rows)
 // as a buffer of the module (`fact_interleaved_<first>_<second>`, made once; the attributes stay
 // for the fallback and their other readers): the gated MLP's one weight over gate and up.
 Value* interleaved_attributes(torch::jit::Module& m, Graph& g, Value* first, Value* second, int64_t block) {
-  auto [a, pa] = module_attribute(m, g, first, "interleaved");
-  auto [b, pb] = module_attribute(m, g, second, "interleaved");
+  at::Tensor a, b;
+  std::string pa, pb;
+  if (second != nullptr) {
+    std::tie(a, pa) = module_attribute(m, g, first, "interleaved");
+    std::tie(b, pb) = module_attribute(m, g, second, "interleaved");
+  } else {
+    // One attribute: its first and second halves (a fused gate-and-up weight).
+    at::Tensor whole;
+    std::tie(whole, pa) = module_attribute(m, g, first, "interleaved");
+    if (whole.dim() < 1 || whole.size(0) % 2 != 0) {
+      throw std::runtime_error("attribute " + pa + " has no two halves along its first dim: they cannot be interleaved");
+    }
+    const int64_t half = whole.size(0) / 2;
+    a = whole.narrow(0, 0, half);
+    b = whole.narrow(0, half, half);
+    pb = "halves";
+  }
   if (a.sizes() != b.sizes() || a.dtype() != b.dtype() || block < 1 || a.size(0) % block != 0) {
     throw std::runtime_error("attributes " + pa + " and " + pb + " are not two tensors of one shape and dtype in blocks of " +
                              std::to_string(block) + " rows: they cannot be interleaved");
@@ -1024,8 +1039,11 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
             case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
             case OperandKind::Padded: args.push_back(padded_attribute(m, *g, value_at(o.value), o.int_value)); break;
             case OperandKind::Interleaved: {
-              if (o.values.size() != 2) throw std::runtime_error("an interleaved operand names two attributes");
-              args.push_back(interleaved_attributes(m, *g, value_at(o.values[0]), value_at(o.values[1]), o.int_value));
+              if (o.values.size() != 1 && o.values.size() != 2) {
+                throw std::runtime_error("an interleaved operand names one attribute (its halves) or two");
+              }
+              args.push_back(interleaved_attributes(m, *g, value_at(o.values[0]),
+                                                    o.values.size() == 2 ? value_at(o.values[1]) : nullptr, o.int_value));
               break;
             }
             case OperandKind::Folded:

@@ -71,7 +71,8 @@ mod ffi {
         /// rewrite adds to the composed module once, whatever reads it.
         Padded,
         /// The module attributes the two graph values `values` read, interleaved along their
-        /// first dim in blocks of `int_value` rows: a buffer the rewrite adds once.
+        /// first dim in blocks of `int_value` rows: a buffer the rewrite adds once. One value:
+        /// the two halves (along the first dim) of the attribute it reads.
         Interleaved,
         /// A convolution's weight or bias with an eval-mode BatchNorm folded in, from the module
         /// attributes `values` reads: [weight, bias, γ, β, mean, var], each absent one `ABSENT`,
@@ -208,6 +209,16 @@ impl Operand {
     pub fn interleaved(a: usize, b: usize, block: i64) -> Operand {
         Operand {
             values: vec![a as u32, b as u32],
+            int_value: block,
+            ..Operand::of(OperandKind::Interleaved)
+        }
+    }
+    /// The module attribute graph value `v` reads, its first and second halves (along its first
+    /// dim) interleaved in blocks of `block` rows, as a buffer of the composed module: a fused
+    /// gate-and-up weight as two weights' `interleaved`.
+    pub fn interleaved_halves(v: usize, block: i64) -> Operand {
+        Operand {
+            values: vec![v as u32],
             int_value: block,
             ..Operand::of(OperandKind::Interleaved)
         }

@@ -1766,8 +1766,8 @@ std::tuple<at::Tensor, at::Tensor> rotary_qk(const at::Tensor& q, const at::Tens
 
 // ---------------------------------------------------------------------------------------------
 // The gated MLP as one GEMM: `fact::glu` takes the graph's own operands (x, both weights and
-// biases), which its fallback replays, and the interleaved weight (and bias) compose made once,
-// which the kernel reads.
+// biases, or the one stacked weight and bias as the gate's), which its fallback replays, and the
+// interleaved weight (and bias) compose made once, which the kernel reads.
 
 // The activation the graph applied to the gate, by the name the rewrite passes.
 at::Tensor glu_act(const at::Tensor& g, c10::string_view act) {
@@ -1827,7 +1827,7 @@ at::Tensor glu_kernel(const at::Tensor& x, const at::Tensor& w, const std::optio
 }
 
 at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optional<at::Tensor>& b_gate,
-               const at::Tensor& w_up, const std::optional<at::Tensor>& b_up, const at::Tensor& w,
+               const std::optional<at::Tensor>& w_up, const std::optional<at::Tensor>& b_up, const at::Tensor& w,
                const std::optional<at::Tensor>& b, c10::string_view act, c10::string_view kernel) {
   std::string why = "glu is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kGluKind)) {
@@ -1838,8 +1838,13 @@ at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optiona
     }
   }
   count_fell_back(kernel, why);
-  // The replaced nodes, as the graph ran them.
-  return at::mul(glu_act(at::linear(x, w_gate, b_gate), act), at::linear(x, w_up, b_up));
+  // The replaced nodes, as the graph ran them: two linears, or (no w_up) one linear over the
+  // stacked weights chunked into gate and up.
+  if (!w_up.has_value() || !w_up->defined()) {
+    const std::vector<at::Tensor> halves = at::linear(x, w_gate, b_gate).chunk(2, -1);
+    return at::mul(halves[1], glu_act(halves[0], act));
+  }
+  return at::mul(glu_act(at::linear(x, w_gate, b_gate), act), at::linear(x, *w_up, b_up));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2270,7 +2275,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
     m.def("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> (Tensor, Tensor)");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::glu", ""}).has_value()) {
-    m.def("glu(Tensor x, Tensor w_gate, Tensor? b_gate, Tensor w_up, Tensor? b_up, Tensor w, Tensor? b, str act, str kernel) -> Tensor");
+    m.def("glu(Tensor x, Tensor w_gate, Tensor? b_gate, Tensor? w_up, Tensor? b_up, Tensor w, Tensor? b, str act, str kernel) -> Tensor");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::conv", ""}).has_value()) {
     m.def("conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, Tensor? bn_mean, Tensor? bn_var, Tensor? residual, Tensor w_kernel, Tensor? b_kernel, str form, str kernel) -> Tensor");

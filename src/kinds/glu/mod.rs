@@ -43,7 +43,7 @@ pub const GLU: PatternKind = PatternKind::new("glu");
 /// The schema of the GLU op: the graph's operands (which the fallback replays), the interleaved
 /// weight and bias the kernel reads, the activation and the kernel.
 pub const GLU_OP_SCHEMA: &str =
-    "glu(Tensor x, Tensor w_gate, Tensor? b_gate, Tensor w_up, Tensor? b_up, Tensor w, Tensor? b, str act, str kernel) -> Tensor";
+    "glu(Tensor x, Tensor w_gate, Tensor? b_gate, Tensor? w_up, Tensor? b_up, Tensor w, Tensor? b, str act, str kernel) -> Tensor";
 
 /// The gated-MLP kind.
 pub struct Glu;
@@ -92,17 +92,29 @@ impl TypedKind for Glu {
         PlanFacts {
             name: format!("gated MLP {} {}", p.act.short_name(), p.shape_key()),
             origin: "linear".into(),
-            operands: [Some(l.x), Some(l.w_gate), Some(l.w_up), l.b_gate, l.b_up]
-                .into_iter()
-                .flatten()
-                .collect(),
+            operands: match l.split {
+                // The fused form: one weight (and bias) holds both.
+                Some(_) => [Some(l.x), Some(l.w_gate), l.b_gate]
+                    .into_iter()
+                    .flatten()
+                    .collect(),
+                None => [Some(l.x), Some(l.w_gate), Some(l.w_up), l.b_gate, l.b_up]
+                    .into_iter()
+                    .flatten()
+                    .collect(),
+            },
             notes: math.map(|m| notes(p, m, arch)).unwrap_or_default(),
             pad: None,
         }
     }
     fn products(&self, l: &GluMatch) -> Vec<Product> {
-        let flops = l.problem.flops() / 2.0;
-        [l.gate, l.up]
+        let gemms = if l.split.is_some() {
+            vec![l.gate]
+        } else {
+            vec![l.gate, l.up]
+        };
+        let flops = l.problem.flops() / gemms.len() as f64;
+        gemms
             .into_iter()
             .map(|node| Product {
                 node,
@@ -267,25 +279,52 @@ impl TypedKind for Glu {
 /// act, kernel)` in place of the mul, the two linears and the activation removed; `w` and `b` are
 /// the interleaved buffers the rewrite adds to the module once.
 pub fn edit(g: &Graph, l: &GluMatch, kernel: &str) -> Edit {
-    let remove = vec![l.gate, l.act_node, l.up];
+    let mut remove = crate::rules::Match::nodes(l);
+    remove.retain(|&n| n != l.node);
+    // The fused form passes its one weight (and bias) as the gate's and no up: the fallback
+    // replays the linear and the chunk; the kernel's buffer interleaves the weight's halves.
+    let (graphs, kernels) = match l.split {
+        Some(_) => (
+            [
+                Operand::value(l.w_gate),
+                Operand::optional(l.b_gate),
+                Operand::none(),
+                Operand::none(),
+            ],
+            [
+                Operand::interleaved_halves(l.w_gate, INTERLEAVE),
+                match l.b_gate {
+                    Some(b) => Operand::interleaved_halves(b, INTERLEAVE),
+                    None => Operand::none(),
+                },
+            ],
+        ),
+        None => (
+            [
+                Operand::value(l.w_gate),
+                Operand::optional(l.b_gate),
+                Operand::value(l.w_up),
+                Operand::optional(l.b_up),
+            ],
+            [
+                Operand::interleaved(l.w_gate, l.w_up, INTERLEAVE),
+                match (l.b_gate, l.b_up) {
+                    (Some(bg), Some(bu)) => Operand::interleaved(bg, bu, INTERLEAVE),
+                    _ => Operand::none(),
+                },
+            ],
+        ),
+    };
+    let mut operands = vec![Operand::value(l.x)];
+    operands.extend(graphs);
+    operands.extend(kernels);
+    operands.push(Operand::text(l.problem.act.short_name()));
+    operands.push(Operand::text(kernel));
     Edit {
         node: l.node as u32,
         expect_kind: g.nodes[l.node].kind.clone(),
         op: "fact::glu".to_string(),
-        operands: vec![
-            Operand::value(l.x),
-            Operand::value(l.w_gate),
-            Operand::optional(l.b_gate),
-            Operand::value(l.w_up),
-            Operand::optional(l.b_up),
-            Operand::interleaved(l.w_gate, l.w_up, INTERLEAVE),
-            match (l.b_gate, l.b_up) {
-                (Some(bg), Some(bu)) => Operand::interleaved(bg, bu, INTERLEAVE),
-                _ => Operand::none(),
-            },
-            Operand::text(l.problem.act.short_name()),
-            Operand::text(kernel),
-        ],
+        operands,
         remove_kinds: remove.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
         remove: remove.into_iter().map(|n| n as u32).collect(),
         ..Default::default()

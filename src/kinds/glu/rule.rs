@@ -12,6 +12,11 @@
 //! The pattern holds two GEMMs, so the cover takes it before the gate GEMM's epilogue match of
 //! `act · up` (one GEMM, up a residual leaf); that match is kept on the GLU match (`unfused`), the
 //! smaller pattern compose realizes when no GLU kernel wins.
+//!
+//! The fused form: one linear over the gate and up weights stacked in one parameter [2I, K],
+//! its output chunked in two along the last dim, `mul(up, act(gate))` (Phi-3's `gate_up_proj`).
+//! The same problem; compose interleaves the parameter's two halves, and the op's fallback
+//! replays the one linear and the chunk.
 
 use super::problem::{Act, GluProblem, INTERLEAVE};
 use super::GLU;
@@ -36,11 +41,24 @@ pub struct GluMatch {
     /// The gate GEMM with `act · up` as its epilogue (the GEMM kind's match of those nodes),
     /// where the GEMM kind finds one: what compose realizes when no GLU kernel wins.
     pub unfused: Option<GemmMatch>,
+    /// The fused form's chunk of the one linear's output: then `gate` and `up` are that linear,
+    /// `w_gate` and `w_up` its [2I, K] weight (gate rows first), `b_gate` and `b_up` its bias.
+    pub split: Option<Split>,
+}
+
+/// `chunk(linear(..), 2, -1)` and the `prim::ListUnpack` of its two halves (gate, up).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Split {
+    pub chunk: NodeId,
+    pub unpack: NodeId,
 }
 
 impl Match for GluMatch {
     fn nodes(&self) -> Vec<NodeId> {
-        vec![self.gate, self.act_node, self.up, self.node]
+        match self.split {
+            Some(s) => vec![self.gate, s.chunk, s.unpack, self.act_node, self.node],
+            None => vec![self.gate, self.act_node, self.up, self.node],
+        }
     }
 }
 
@@ -134,7 +152,120 @@ fn glu(g: &Graph, readers: &[Vec<NodeId>], mul: NodeId) -> Option<GluMatch> {
     let (a, b) = (n.inputs[0], n.inputs[1]);
     [(a, b), (b, a)]
         .into_iter()
-        .find_map(|(act_side, up_side)| glu_of(g, readers, mul, act_side, up_side))
+        .find_map(|(act_side, up_side)| {
+            glu_of(g, readers, mul, act_side, up_side)
+                .or_else(|| fused_glu_of(g, readers, mul, act_side, up_side))
+        })
+}
+
+/// The fused form (module doc): `act_side` is act(the first half), `up_side` the second half of
+/// one linear's output chunked in two along its last dim.
+fn fused_glu_of(
+    g: &Graph,
+    readers: &[Vec<NodeId>],
+    mul: NodeId,
+    act_side: ValueId,
+    up_side: ValueId,
+) -> Option<GluMatch> {
+    let (act_node, act, gate_half) = activation(g, act_side)?;
+    let unpack = g.values[gate_half].producer?;
+    let u = &g.nodes[unpack];
+    if u.kind != "prim::ListUnpack" || u.depth != 0 || u.outputs != [gate_half, up_side] {
+        return None;
+    }
+    let chunk = g.values[*u.inputs.first()?].producer?;
+    let c = &g.nodes[chunk];
+    if c.kind != "aten::chunk" || c.depth != 0 || c.inputs.len() != 3 {
+        return None;
+    }
+    let out = c.inputs[0];
+    let rank = g.tensor(out)?.shape.len() as i64;
+    let two = matches!(g.constant(c.inputs[1]), Some(Const::Int(2)));
+    let last = matches!(g.constant(c.inputs[2]), Some(Const::Int(d)) if *d == -1 || *d == rank - 1);
+    if !two || !last {
+        return None;
+    }
+    let (linear_node, x, w, b) = linear(g, out)?;
+    if !(only_read_by(g, readers, act_side, mul)
+        && only_read_by(g, readers, gate_half, act_node)
+        && only_read_by(g, readers, up_side, mul)
+        && only_read_by(g, readers, c.outputs[0], unpack)
+        && only_read_by(g, readers, out, chunk))
+    {
+        return None;
+    }
+    let tx = g.tensor(x)?;
+    let tw = g.tensor(w)?;
+    let rows = *tw.shape.first()?;
+    if tw.shape != [rows, *tx.shape.last()?]
+        || tw.dtype != tx.dtype
+        || !tw.is_packed()
+        || !g.is_attribute(w)
+        || rows % 2 != 0
+    {
+        return None;
+    }
+    if let Some(b) = b {
+        let ok = g
+            .tensor(b)
+            .is_some_and(|t| t.shape == [rows] && t.dtype == tx.dtype)
+            && g.is_attribute(b);
+        if !ok {
+            return None;
+        }
+    }
+    let problem = glu_problem(g, mul, x, rows / 2, act, b.is_some())?;
+    Some(GluMatch {
+        node: mul,
+        gate: linear_node,
+        act_node,
+        up: linear_node,
+        x,
+        w_gate: w,
+        w_up: w,
+        b_gate: b,
+        b_up: b,
+        problem,
+        unfused: None,
+        split: Some(Split { chunk, unpack }),
+    })
+}
+
+/// The problem of a GLU over x (packed) whose product, `mul`'s output, is [.., inter] of x's
+/// dtype, if the kernels take it: I a multiple of `INTERLEAVE`, K of 16-byte rows.
+fn glu_problem(
+    g: &Graph,
+    mul: NodeId,
+    x: ValueId,
+    inter: i64,
+    act: Act,
+    bias: bool,
+) -> Option<GluProblem> {
+    let tx = g.tensor(x)?;
+    let dtype = DType::parse(&tx.dtype)?;
+    if !tx.is_packed() {
+        return None;
+    }
+    let k = *tx.shape.last()?;
+    let out = g.tensor(g.nodes[mul].outputs[0])?;
+    let mut want = tx.shape.clone();
+    *want.last_mut()? = inter;
+    if out.shape != want || out.dtype != tx.dtype {
+        return None;
+    }
+    let m: i64 = tx.shape[..tx.shape.len() - 1].iter().product();
+    let vector = 16 / dtype.bytes() as i64;
+    if m <= 0 || inter <= 0 || k <= 0 || inter % INTERLEAVE != 0 || k % vector != 0 {
+        return None;
+    }
+    Some(GluProblem {
+        m,
+        inter,
+        k,
+        dtype,
+        act,
+        bias,
+    })
 }
 
 fn glu_of(
@@ -157,10 +288,6 @@ fn glu_of(
         return None;
     }
     let tx = g.tensor(x)?;
-    let dtype = DType::parse(&tx.dtype)?;
-    if !tx.is_packed() {
-        return None;
-    }
     let k = *tx.shape.last()?;
     let (wg, wu) = (g.tensor(w_gate)?, g.tensor(w_up)?);
     let inter = *wg.shape.first()?;
@@ -185,17 +312,7 @@ fn glu_of(
         }
         _ => return None,
     };
-    let out = g.tensor(g.nodes[mul].outputs[0])?;
-    let mut want = tx.shape.clone();
-    *want.last_mut()? = inter;
-    if out.shape != want || out.dtype != tx.dtype {
-        return None;
-    }
-    let m: i64 = tx.shape[..tx.shape.len() - 1].iter().product();
-    let vector = 16 / dtype.bytes() as i64;
-    if m <= 0 || inter <= 0 || k <= 0 || inter % INTERLEAVE != 0 || k % vector != 0 {
-        return None;
-    }
+    let problem = glu_problem(g, mul, x, inter, act, bias)?;
     Some(GluMatch {
         node: mul,
         gate,
@@ -206,15 +323,9 @@ fn glu_of(
         w_up,
         b_gate,
         b_up,
-        problem: GluProblem {
-            m,
-            inter,
-            k,
-            dtype,
-            act,
-            bias,
-        },
+        problem,
         unfused: None,
+        split: None,
     })
 }
 
@@ -455,5 +566,132 @@ mod tests {
             (e.operands[7].text.as_str(), e.operands[8].text.as_str()),
             ("silu", "k")
         );
+    }
+
+    /// Phi-3's MLP over x [2,8,64], I = 32: one linear over the stacked weights, chunked along
+    /// `dim` (`parts` halves), the activation of `%g` (the first half), `mul` the product's
+    /// operands; `extra` more lines.
+    fn fused(dim: &str, parts: &str, mul: &str, extra: &str) -> Graph {
+        fused_act(dim, parts, "%g", mul, extra)
+    }
+
+    fn fused_act(dim: &str, parts: &str, act_of: &str, mul: &str, extra: &str) -> Graph {
+        Graph::parse(&format!(
+            "graph(%self: Model, %x: bf16[2,8,64]):
+               %none = prim::Constant[None]()
+               %two = prim::Constant[{parts}]()
+               %dim = prim::Constant[{dim}]()
+               %mlp = prim::GetAttr[name=\"mlp\"](%self) : Mlp
+               %gu = prim::GetAttr[name=\"gate_up_proj\"](%mlp) : Linear
+               %w = prim::GetAttr[name=\"weight\"](%gu) : bf16[64,64]
+               %y = aten::linear(%x, %w, %none) : bf16[2,8,64]
+               %ch = aten::chunk(%y, %two, %dim) : Tensor[]
+               %g, %u = prim::ListUnpack(%ch) : bf16[2,8,32], bf16[2,8,32]
+               %a = aten::silu({act_of}) : bf16[2,8,32]
+               %h = aten::mul({mul}) : bf16[2,8,32]
+               {extra}
+               return (%h)"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_fused_gate_up_linear_chunked_in_two_is_one_glu() {
+        for dim in ["-1", "2"] {
+            for mul in ["%u, %a", "%a, %u"] {
+                let g = fused(dim, "2", mul, "");
+                let m = match_glus(&g);
+                assert_eq!(m.len(), 1, "dim {dim}, {mul}");
+                let m = &m[0];
+                assert_eq!(
+                    m.problem,
+                    GluProblem {
+                        m: 16,
+                        inter: 32,
+                        k: 64,
+                        dtype: DType::Bf16,
+                        act: Act::Silu,
+                        bias: false
+                    }
+                );
+                assert_eq!((m.gate, m.w_gate), (m.up, m.w_up), "one linear, one weight");
+                assert_eq!(g.values[m.w_gate].name, "w");
+                let kinds: Vec<&str> = m
+                    .nodes()
+                    .iter()
+                    .map(|&n| g.nodes[n].kind.as_str())
+                    .collect();
+                assert_eq!(
+                    kinds,
+                    [
+                        "aten::linear",
+                        "aten::chunk",
+                        "prim::ListUnpack",
+                        "aten::silu",
+                        "aten::mul"
+                    ]
+                );
+                let products = crate::kinds::typed::TypedKind::products(&super::super::Glu, m);
+                assert_eq!(products.len(), 1);
+                assert_eq!(products[0].flops, m.problem.flops());
+            }
+        }
+        // Not the gate-and-up split: three parts, another dim, halves swapped, a half read
+        // elsewhere, the linear's output read elsewhere.
+        for (g, why) in [
+            (fused("-1", "3", "%u, %a", ""), "three parts"),
+            (fused("1", "2", "%u, %a", ""), "along the sequence"),
+            (
+                fused_act("-1", "2", "%u", "%g, %a", ""),
+                "the activation on the second half",
+            ),
+            (
+                fused("-1", "2", "%u, %a", "%e = aten::neg(%u) : bf16[2,8,32]"),
+                "up read elsewhere",
+            ),
+            (
+                fused("-1", "2", "%u, %a", "%e = aten::neg(%y) : bf16[2,8,64]"),
+                "the linear read elsewhere",
+            ),
+        ] {
+            assert!(match_glus(&g).is_empty(), "{why}");
+        }
+    }
+
+    #[test]
+    fn the_fused_forms_edit_passes_one_weight_and_its_interleaved_halves() {
+        let g = fused("-1", "2", "%u, %a", "");
+        let m = &match_glus(&g)[0];
+        let e = super::super::edit(&g, m, "k");
+        assert_eq!(
+            e.remove_kinds,
+            [
+                "aten::linear",
+                "aten::chunk",
+                "prim::ListUnpack",
+                "aten::silu"
+            ]
+        );
+        use crate::torch::OperandKind as K;
+        let want = [
+            K::Value,
+            K::Value,
+            K::None,
+            K::None,
+            K::None,
+            K::Interleaved,
+            K::None,
+            K::Str,
+            K::Str,
+        ];
+        assert_eq!(e.operands.len(), want.len());
+        assert!(e.operands.iter().zip(want).all(|(o, k)| o.kind == k));
+        assert_eq!(e.operands[1].value as usize, m.w_gate);
+        assert_eq!(
+            e.operands[5].values,
+            [m.w_gate as u32],
+            "the halves of one weight"
+        );
+        assert_eq!(e.operands[5].int_value, INTERLEAVE);
     }
 }
