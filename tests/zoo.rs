@@ -100,6 +100,26 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "phi3",
+        // The fused qkv_proj; the fused gate_up_proj chunked in two, one GLU over its weight's
+        // halves; o and down with the residual; the causal SDPA; two RMSNorms; q and k rotated
+        // each on its own (sliced from qkv, then viewed).
+        per_layer: &[
+            ("gemm_rcr", 1),
+            ("glu_silu", 1),
+            ("gemm_rcr_ep_add", 2),
+            ("sdpa_causal_mask", 1),
+            ("rmsnorm_weight", 2),
+            ("rotary_halves", 2),
+        ],
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("rmsnorm_weight", 1)],
+        wanted: &[(
+            "rotary",
+            "q and k sliced from one qkv rotated in one kernel (rotary_halves_qk)",
+        )],
+        kv_heads: None,
+    },
+    Expect {
         model: "opt",
         // q with OPT's scaling in its epilogue; k, v; out_proj and fc2 with the residual; fc1
         // with relu.

@@ -161,6 +161,27 @@ def pythia(ci):
     return CausalLM(GPTNeoXForCausalLM(config))
 
 
+def phi3(ci):
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    # Phi-3's layout at a smaller width: fused qkv_proj and gate_up_proj (one linear over the
+    # stacked gate and up weights, chunked), heads of 96, RMSNorm, rotary, no biases, untied
+    # 32064 vocabulary; hidden 1536 (Phi-3-mini's is 3072), 4 layers.
+    config = Phi3Config(
+        hidden_size=1536,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        intermediate_size=4096,
+        num_hidden_layers=layers(ci, 4),
+        vocab_size=CI_VOCAB if ci else 32064,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    return CausalLM(Phi3ForCausalLM(config))
+
+
 def opt(ci):
     from transformers import OPTConfig, OPTForCausalLM
 
@@ -224,6 +245,7 @@ MODELS = [
     Model("llama", "llama", "LlamaForCausalLM: hidden 2048, 16 heads, 4 KV heads, MLP 5632, 4 layers", llama, 4, 1024, vocab=32000, ci_vocab=CI_VOCAB),
     Model("qwen2", "qwen2", "Qwen2ForCausalLM: Qwen2-0.5B's dims, 4 layers", qwen2, 4, 1024, vocab=151936, ci_vocab=CI_VOCAB),
     Model("pythia", "gpt_neox", "GPTNeoXForCausalLM: Pythia-160m, 12 layers", pythia, 8, 512, vocab=50304, ci_vocab=CI_VOCAB),
+    Model("phi3", "phi3", "Phi3ForCausalLM: hidden 1536, 16 heads of 96, fused qkv and gate_up, 4 layers", phi3, 4, 1024, vocab=32064, ci_vocab=CI_VOCAB),
     Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),
     Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),
