@@ -1722,9 +1722,12 @@ bool rotary_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& c
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", false;
   c10::cuda::CUDAGuard guard(q.device());
   const RotarySide sq = rotary_side(q, cos, sin, rotary_dim, (layout & 1) != 0);
-  RotarySide sk;
+  // Without k (one tensor rotated) its side is absent: zeroed FactTensors, no data, which the
+  // kernel reads as "q alone" (a default-initialized one would hold whatever the stack did).
+  RotarySide sk{};
   if (k.defined()) sk = rotary_side(k, cos, sin, rotary_dim, (layout & 2) != 0);
-  const FactTensor tensors[8] = {sq.x,   sk.x, sq.cos, sq.sin, k.defined() ? sk.cos : FactTensor{},
+  const FactTensor tensors[8] = {sq.x, k.defined() ? sk.x : FactTensor{}, sq.cos, sq.sin,
+                                 k.defined() ? sk.cos : FactTensor{},
                                  k.defined() ? sk.sin : FactTensor{}, sq.o, k.defined() ? sk.o : FactTensor{}};
   const FactOpArgs args{tensors, 8, nullptr, 0};
   if (!launch_kernel(index, args, q, kernel, "rotary")) {
