@@ -102,21 +102,19 @@ const EXPECT: &[Expect] = &[
     Expect {
         model: "phi3",
         // The fused qkv_proj; the fused gate_up_proj chunked in two, one GLU over its weight's
-        // halves; o and down with the residual; the causal SDPA; two RMSNorms; q and k rotated
-        // each on its own (sliced from qkv, then viewed).
+        // halves; o and down with the residual; the causal SDPA; two RMSNorms; q and k (sliced
+        // from qkv, then viewed) rotated in one kernel, each cut to cos's width (the whole head)
+        // with the empty rest put back by a cat.
         per_layer: &[
             ("gemm_rcr", 1),
             ("glu_silu", 1),
             ("gemm_rcr_ep_add", 2),
             ("sdpa_causal_mask", 1),
             ("rmsnorm_weight", 2),
-            ("rotary_halves", 2),
+            ("rotary_halves_qk", 1),
         ],
         once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("rmsnorm_weight", 1)],
-        wanted: &[(
-            "rotary",
-            "q and k sliced from one qkv rotated in one kernel (rotary_halves_qk)",
-        )],
+        wanted: &[],
         kv_heads: None,
     },
     Expect {

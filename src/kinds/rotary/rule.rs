@@ -463,7 +463,9 @@ fn finish(g: &Graph, readers: &Readers, core: Core) -> Option<Rotation> {
     steps.extend(chain(g, r.xr, full));
     steps.extend(&r.steps);
     let users = g.readers();
-    let rot_cut = last_slice(g, full);
+    // Where R is the whole head (Phi-3: x[.., :D] and an empty x[.., D:] after the add), the cut
+    // keeps x's shape and `root` walked through it: the slice is x's own.
+    let rot_cut = last_slice(g, full).or_else(|| last_slice(g, x));
     if let (Some(cut), &[list]) = (rot_cut, users[y].as_slice()) {
         let cat = users[g.nodes[list].outputs[0]].first().copied();
         let partial = cat.and_then(|cat| {

@@ -435,3 +435,72 @@ fn the_cover_keeps_rotary_beside_the_other_kinds() {
     assert_eq!(ids, ["p0", "p1", "e0"]);
     assert!(found.of::<RotaryMatch>()[0].k.is_some());
 }
+
+/// Phi-3's attention inputs: q and k sliced from one fused projection [1,8,64] (two heads of 16
+/// each), viewed and transposed; the rotation cut to cos's width, which is the whole head, and
+/// the empty rest put back by a cat after the add, as `apply_rotary_pos_emb` writes the partial
+/// form for every model.
+fn phi3() -> Graph {
+    let st = "{512,16,64,1}";
+    let side = |p: &str, from: &str, to: &str| {
+        format!(
+            "
+   %{p}s0 = aten::slice(%qkv, %m1, %{from}, %{to}, %one) : f32[1,8,32]{{512,64,1}}
+   %{p}v = aten::view(%{p}s0, %sh) : f32[1,8,2,16]{{512,64,16,1}}
+   %{p} = aten::transpose(%{p}v, %one, %two) : f32[1,2,8,16]{st}
+   %{p}r = aten::slice(%{p}, %m1, %zero, %cn, %one) : f32[1,2,8,16]{st}
+   %{p}p = aten::slice(%{p}, %m1, %cn, %max, %one) : f32[1,2,8,0]{st}
+   %{p}c = aten::mul(%{p}r, %cos) : f32[1,2,8,16]{rot}
+   %{p}m = aten::mul(%{p}rot, %sin) : f32[1,2,8,16]
+   %{p}a = aten::add(%{p}c, %{p}m, %one) : f32[1,2,8,16]
+   %{p}l = prim::ListConstruct(%{p}a, %{p}p)
+   %{p}e = aten::cat(%{p}l, %m1) : f32[1,2,8,16]",
+            rot = rotate_half(p, &format!("{p}r"), 2, 16, st),
+        )
+    };
+    let text = format!(
+        "graph(%qkv: f32[1,8,64], %c: f32[1,8,16], %s: f32[1,8,16]):{CONSTANTS}
+   %sixteen = prim::Constant[16]()
+   %eight = prim::Constant[8]()
+   %thirtytwo = prim::Constant[32]()
+   %sixtyfour = prim::Constant[64]()
+   %sh = prim::ListConstruct(%one, %eight, %two, %sixteen)
+   %cos = aten::unsqueeze(%c, %one) : f32[1,1,8,16]
+   %sin = aten::unsqueeze(%s, %one) : f32[1,1,8,16]
+   %cn = aten::size(%cos, %m1){q}{k}
+   return (%qe, %ke)",
+        q = side("q", "zero", "thirtytwo"),
+        k = side("k", "thirtytwo", "sixtyfour"),
+    );
+    Graph::parse(&text).unwrap()
+}
+
+#[test]
+fn phi3s_q_and_k_cut_to_the_whole_head_are_one_pattern() {
+    let g = phi3();
+    let m = match_rotary(&g);
+    let pair = m
+        .iter()
+        .find(|m| m.k.is_some())
+        .unwrap_or_else(|| panic!("q and k paired: {m:#?}"));
+    let k = pair.k.as_ref().unwrap();
+    assert_eq!((name(&g, pair.q.x), name(&g, k.x)), ("q", "k"));
+    // Each rotation ends at the cat that puts the empty rest back, so both outputs are read
+    // after the one call.
+    assert_eq!(pair.q.out, producing(&g, "qe"));
+    assert_eq!(k.out, producing(&g, "ke"));
+    assert_eq!(pair.problem.rule_id(), "rotary_halves_qk");
+    assert_eq!(pair.problem.shape_key(), "1x2x2x8x16x16");
+    for r in [&pair.q, k] {
+        for cut in ["r", "p"] {
+            let side = if r.out == producing(&g, "qe") {
+                "q"
+            } else {
+                "k"
+            };
+            assert!(r.nodes.contains(&producing(&g, &format!("{side}{cut}"))));
+        }
+    }
+    // The size both cuts read stays the graph's (k's cuts read it too).
+    assert!(!pair.nodes().contains(&producing(&g, "cn")));
+}
