@@ -366,9 +366,7 @@ lib = {lib:?}
 torch.ops.load_library(lib)
 m = torch.jit.load({composed:?})
 orig = torch.jit.load({orig:?})
-so = ctypes.CDLL(lib)
-so.fact_op_stats.restype = ctypes.c_char_p
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+{op_lib}
 graph = str(m.forward.graph)
 
 def run(inputs):
@@ -383,6 +381,8 @@ def run(inputs):
 print("ok")
 "#,
         lib = out_dir.join("libfact_ops.so").display().to_string(),
+        op_lib =
+            crate::common::op_lib_python(&out_dir.join("libfact_ops.so").display().to_string()),
         composed = out_dir.join("composed.pt").display().to_string(),
         orig = model.display().to_string(),
     );

@@ -216,3 +216,15 @@ pub fn op_args(tensors: &[FactTensor], scalars: &[f64]) -> FactOpArgs {
         num_scalars: scalars.len() as i32,
     }
 }
+
+/// Python that loads the op library at `lib` with ctypes as `so`, its call counters
+/// (`so.fact_op_stats()`, a JSON bytes string; `so.fact_op_stats_reset()`) and its kinds' switch
+/// (`so.fact_disable(b"kind,..")`, 0 on success) typed: the tests' scripts that read what ran
+/// begin with it (after `import ctypes`).
+pub fn op_lib_python(lib: &str) -> String {
+    format!(
+        "so = ctypes.CDLL({lib:?})
+so.fact_op_stats.restype = ctypes.c_char_p
+so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32"
+    )
+}

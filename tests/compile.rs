@@ -477,14 +477,12 @@ with torch.no_grad():
 assert torch.equal(a, b), (a - b).abs().max()
 # The op counts what ran: on CPU tensors the one call fell back to aten::linear.
 import ctypes, json
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
+{op_lib}
 stats = json.loads(so.fact_op_stats())
 assert stats == {{{kernel:?}: {{"ran": 0, "copied": 0, "fell_back": 1, "why": "not CUDA tensors of one device"}}}}, stats
 so.fact_op_stats_reset()
 assert json.loads(so.fact_op_stats()) == {{}}
 # Pattern kinds turn off by name (fact bench's ablations); a name that is no kind changes nothing.
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
 assert so.fact_disable(b"gemm,attention") == 0 and so.fact_disable(b"epilogue,bogus") == -1
 assert so.fact_disable(b"") == 0
 with torch.no_grad():
@@ -492,6 +490,7 @@ with torch.no_grad():
 print("ok", tuple(a.shape))
 "#,
         lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
         orig = fixture("linear.pt").display().to_string(),
         kernel = good_spec().name(),

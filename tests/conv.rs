@@ -133,9 +133,7 @@ assert params["stem.weight"].shape == (16, 3, 3, 3)
 # Without a BatchNorm the weight and bias are the module's own, laid out for the kernel.
 assert torch.equal(buffers["fact_folded_tail_weight"], params["tail.weight"])
 assert torch.equal(buffers["fact_folded_tail_weight_bias"], params["tail.bias"])
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+{op_lib}
 
 def check(x):
     with torch.no_grad():
@@ -158,6 +156,7 @@ assert check(torch.randn(3, 3, 12, 20)) == {{"not CUDA tensors of one device"}}
 print("ok")
 "#,
         lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
         orig = fixture("conv_blocks.pt").display().to_string(),
         kernels = kernels,
@@ -235,8 +234,7 @@ assert torch.allclose(fw.double(), w * scale[:, None, None, None], rtol=1e-6, at
 assert torch.allclose(fb.double(), shift, rtol=1e-6, atol=1e-7)
 assert torch.equal(buffers["fact_folded_dw7_weight"], params["dw7.weight"])
 assert torch.equal(buffers["fact_folded_dw7_weight_bias"], params["dw7.bias"])
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
+{op_lib}
 
 def check(x):
     with torch.no_grad():
@@ -256,6 +254,8 @@ assert check(torch.randn(3, 16, 10, 14)) == {{"not CUDA tensors of one device"}}
 print("ok")
 "#,
         lib = out_dir.join("libfact_ops.so").display().to_string(),
+        op_lib =
+            crate::common::op_lib_python(&out_dir.join("libfact_ops.so").display().to_string()),
         composed = out_dir.join("composed.pt").display().to_string(),
         orig = fixture("depthwise_blocks.pt").display().to_string(),
         kernels = kernels,

@@ -257,9 +257,7 @@ for g, u in (("gate.weight", "up.weight"), ("gate_b.weight", "up_b.weight"), ("g
     name = "fact_interleaved_" + g.replace(".", "_") + "_" + u.replace(".", "_")
     assert torch.equal(buffers[name], interleaved(params[g], params[u])), name
 assert len([b for b in buffers if b.startswith("fact_interleaved_")]) == 3, list(buffers)
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+{op_lib}
 x = torch.randn(2, 8, 64)
 
 def check():
@@ -279,6 +277,7 @@ assert cpu == [{{"ran": 0, "copied": 0, "fell_back": 1, "why": "not CUDA tensors
 print("ok")
 "#,
         lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
         orig = fixture("gated_mlps.pt").display().to_string(),
         kernels = specs.iter().map(|s| s.name()).collect::<Vec<_>>(),
@@ -336,9 +335,7 @@ for p in ("gate_up.weight", "gate_up_b.weight", "gate_up_b.bias"):
     name = "fact_interleaved_" + p.replace(".", "_") + "_halves"
     assert torch.equal(buffers[name], interleaved(params[p])), name
 assert len([b for b in buffers if b.startswith("fact_interleaved_")]) == 3, list(buffers)
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+{op_lib}
 x = torch.randn(2, 8, 64)
 
 def check():
@@ -358,6 +355,7 @@ assert cpu == [{{"ran": 0, "copied": 0, "fell_back": 1, "why": "not CUDA tensors
 print("ok")
 "#,
         lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
         orig = fixture("fused_gated_mlps.pt").display().to_string(),
         kernels = specs.iter().map(|s| s.name()).collect::<Vec<_>>(),

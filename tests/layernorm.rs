@@ -273,9 +273,7 @@ graph = str(m.forward.graph)
 assert graph.count("fact::layernorm(") == 3 and graph.count("aten::layer_norm(") == 1, graph
 assert graph.count("fact::gemm(") == 1 and "aten::linear" not in graph, graph
 orig = torch.jit.load({orig:?})
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+{op_lib}
 x = torch.randn(32, 64) * 10 + 3
 
 def check():
@@ -295,6 +293,7 @@ assert cpu == {{"ran": 0, "copied": 0, "fell_back": 3, "why": "not CUDA tensors 
 print("ok")
 "#,
         lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
         orig = fixture("layernorms.pt").display().to_string(),
         kernel = spec.name(),

@@ -205,13 +205,14 @@ with torch.no_grad():
     other = torch.ops.fact.gemm(a.t().contiguous(), b, None, "matmul", {kernel:?})
 assert torch.equal(got, want), (got - want).abs().max()
 assert torch.equal(other, want), (other - want).abs().max()
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
+{op_lib}
 stats = json.loads(so.fact_op_stats())
 assert stats == {{{kernel:?}: {{"ran": 0, "copied": 0, "fell_back": 2, "why": "not CUDA tensors of one device"}}}}, stats
 print("ok", tuple(got.shape))
 "#,
         lib = out_dir.join("libfact_ops.so").display().to_string(),
+        op_lib =
+            crate::common::op_lib_python(&out_dir.join("libfact_ops.so").display().to_string()),
         composed = out_dir.join("composed.pt").display().to_string(),
         orig = fixture("transposed.pt").display().to_string(),
         kernel = crr_spec().name(),

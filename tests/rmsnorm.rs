@@ -326,9 +326,7 @@ graph = str(m.forward.graph)
 assert graph.count("fact::rmsnorm(") == 4 and "aten::rms_norm" not in graph, graph
 assert graph.count("aten::rsqrt(") == 1 and "aten::type_as" not in graph, graph
 orig = torch.jit.load({orig:?})
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+{op_lib}
 torch.manual_seed(1)
 x = (torch.randn(4, 8, 64) * 10 + 3).to(torch.bfloat16)
 
@@ -349,6 +347,7 @@ assert cpu == {{"ran": 0, "copied": 0, "fell_back": 4, "why": "not CUDA tensors 
 print("ok")
 "#,
         lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
         orig = model.display().to_string(),
         kernel = spec.name(),

@@ -322,9 +322,7 @@ assert graph.count("fact::rotary_qk(") == 1 and graph.count("fact::rotary(") == 
 for gone in ("aten::neg", "aten::stack", "aten::flatten"):
     assert gone not in graph, (gone, graph)
 orig = torch.jit.load({orig:?})
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+{op_lib}
 x = (torch.randn(2, 8, 64), torch.randn(2, 8, 32), torch.randn(2, 8, 64), torch.randint(0, 8192, (2, 8)))
 
 def check():
@@ -347,6 +345,7 @@ assert cpu == [{{"ran": 0, "copied": 0, "fell_back": 1, "why": why}}] * 2, cpu
 print("ok")
 "#,
         lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
         orig = fixture("rotaries.pt").display().to_string(),
         kernels = specs.iter().map(|s| s.name()).collect::<Vec<_>>(),

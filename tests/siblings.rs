@@ -142,9 +142,7 @@ buffers = dict(m.named_buffers())
 for names in (("q.weight", "k.weight", "v.weight"), ("k_b.weight", "v_b.weight"), ("k_b.bias", "v_b.bias")):
     name = "fact_concatenated_" + "_".join(n.replace(".", "_") for n in names)
     assert torch.equal(buffers[name], torch.cat([params[n] for n in names])), name
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32
+{op_lib}
 x, y = torch.randn(2, 8, 64), torch.randn(2, 8, 64)
 
 def check():
@@ -165,6 +163,7 @@ assert cpu == [{{"ran": 0, "copied": 0, "fell_back": 1, "why": "not CUDA tensors
 print("ok")
 "#,
         lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
         orig = model.display().to_string(),
         kernels = kernels,
