@@ -97,6 +97,40 @@ fn sdpa_masks_are_classified_at_load_and_matched_by_class() {
     assert_eq!(mask_fact(&g), fact_of(MaskClass::Causal, true));
 }
 
+/// GPT-J's eager attention (q and k cast to fp32, the mask added to the scores, the probabilities
+/// cast back): the bridge classifies the added mask as it does SDPA's, and the explicit rule
+/// matches by its class: causal from positions (static), or padded where an attention_mask input
+/// is and'ed in.
+#[test]
+fn added_masks_of_eager_attention_are_classified_and_matched() {
+    let load = |name: &str| torch::load_graph(&fixture(name), &[]).unwrap().0;
+    let added = |g: &Graph| {
+        let sm = (0..g.nodes.len())
+            .find(|&n| g.nodes[n].kind == "aten::softmax")
+            .unwrap();
+        let add = g.values[g.nodes[sm].inputs[0]].producer.unwrap();
+        g.values[g.nodes[add].inputs[1]].mask
+    };
+    let g = load("eager_causal.pt");
+    assert_eq!(added(&g), fact_of(MaskClass::Causal, true));
+    let a = &match_attention(&g)[0];
+    assert!(a.upcast);
+    assert_eq!(
+        (a.problem.rule_id(), a.form()),
+        (
+            "attention_causal_mask".to_string(),
+            "explicit;div=4.0;mask=add;class=causal;static;upcast".to_string()
+        )
+    );
+    let g = load("eager_padded.pt");
+    assert_eq!(added(&g), fact_of(MaskClass::Causal, false));
+    let a = &match_attention(&g)[0];
+    assert_eq!(
+        a.form(),
+        "explicit;div=4.0;mask=add;class=causal_padded;upcast"
+    );
+}
+
 /// Each fixture composed with its attention pattern (kernel "a", which the library does not hold)
 /// computes what the original computes on CPU tensors, the mask classes the kernels would not take
 /// included: the fallback repeats k and v as the graph did and passes the same mask, is_causal,
@@ -111,7 +145,7 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     let _ = right.narrow(1, 10, 6).narrow(0, 1, 1).fill_(0);
     let left = Tensor::ones([2, 16], (Kind::Int64, tch::Device::Cpu));
     let _ = left.narrow(1, 0, 3).narrow(0, 0, 1).fill_(0);
-    let cases: [(&str, Vec<Tensor>); 4] = [
+    let cases: [(&str, Vec<Tensor>); 6] = [
         ("sdpa_causal_repeat.pt", vec![x.shallow_clone()]),
         (
             "sdpa_padded_gqa.pt",
@@ -119,6 +153,11 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         ),
         ("sdpa_causal_additive.pt", vec![x.shallow_clone()]),
         ("sdpa_padded_gqa.pt", vec![x.shallow_clone(), left]),
+        ("eager_causal.pt", vec![x.shallow_clone()]),
+        (
+            "eager_padded.pt",
+            vec![x.shallow_clone(), right.shallow_clone()],
+        ),
     ];
     for (name, inputs) in cases {
         let (g, _) = torch::load_graph(&fixture(name), &[]).unwrap();
@@ -131,7 +170,10 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
             &fact::kinds::registry::op_schemas(),
         )
         .unwrap();
-        assert!(!text.contains("scaled_dot_product_attention"), "{text}");
+        assert!(
+            !text.contains("scaled_dot_product_attention") && !text.contains("aten::softmax"),
+            "{text}"
+        );
         if a.repeat.is_some() {
             let before = torch::graph_text(&fixture(name)).unwrap();
             let count = |t: &str| t.matches("aten::reshape(").count();
@@ -152,7 +194,7 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         calls
             .get("a")
             .map(|c| (c.ran, c.fell_back, c.why.as_deref())),
-        Some((0, 4, Some("not CUDA tensors of one device"))),
+        Some((0, 6, Some("not CUDA tensors of one device"))),
         "{calls:?}"
     );
 }

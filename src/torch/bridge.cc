@@ -463,15 +463,15 @@ struct MaskFactOut {
   bool shape_only;
 };
 
-// The value of the mask SDPA node `sdpa` is given, evaluated on the CPU, and its class. The mask's
+// The value of `mask`, the mask of attention over q and k ([B,H,T,D] or [B,T,D]), evaluated on the
+// CPU, and its class. The mask's
 // producers run with real values: constants and module state as the archive holds them, a value
 // read only for its metadata as an uninitialised tensor of its recorded size, and a graph input
 // whose data is read as `examples` gives it (see load_graph). "unknown" when a producer cannot run
 // that way.
-MaskFactOut classify_mask(torch::jit::Module& module, Graph& g, Node* sdpa,
-                          const std::unordered_map<const Value*, at::Tensor>& shapes,
+MaskFactOut classify_mask(torch::jit::Module& module, Graph& g, Value* mask, const Value* q_value,
+                          const Value* k_value, const std::unordered_map<const Value*, at::Tensor>& shapes,
                           const std::vector<at::Tensor>& examples) {
-  Value* mask = sdpa->input(3);
   // The values whose data the mask's value depends on, walking back from it.
   std::unordered_set<const Value*> data, metadata;
   std::vector<Value*> todo{mask};
@@ -495,7 +495,7 @@ MaskFactOut classify_mask(torch::jit::Module& module, Graph& g, Node* sdpa,
     }
   }
   MaskFactOut unknown{"unknown", shape_only};
-  auto q = shapes.find(sdpa->input(0)), k = shapes.find(sdpa->input(1));
+  auto q = shapes.find(q_value), k = shapes.find(k_value);
   if (!evaluable || q == shapes.end() || k == shapes.end()) return unknown;
   const at::Tensor &qs = q->second, &ks = k->second;
   if ((qs.dim() != 3 && qs.dim() != 4) || ks.dim() != qs.dim()) return unknown;
@@ -546,16 +546,43 @@ MaskFactOut classify_mask(torch::jit::Module& module, Graph& g, Node* sdpa,
   return {fact_mask::class_name(value.cls), shape_only};
 }
 
-// The class of every SDPA call's mask (one entry per mask value: layers share theirs).
+// The mask an explicit attention adds to its scores before the softmax `softmax` (GPT-J's
+// `softmax(q·kᵀ / s + mask)`, any scale, q and k as the product reads them), with the q and k of
+// that product: false when the softmax reads no such sum.
+bool added_mask(Node* softmax, Value*& mask, Value*& q, Value*& k) {
+  Node* add = softmax->input(0)->node();
+  if (add->kind() != c10::aten::add || add->inputs().size() != 3) return false;
+  for (size_t side : {0, 1}) {
+    Node* s = add->input(side)->node();
+    if (s->kind() == c10::aten::mul || s->kind() == c10::aten::div) s = s->input(0)->node();
+    if (s->kind() != c10::aten::matmul) continue;
+    Node* t = s->input(1)->node();
+    if (t->kind() != c10::aten::transpose) continue;
+    mask = add->input(1 - side);
+    q = s->input(0);
+    k = t->input(0);
+    return true;
+  }
+  return false;
+}
+
+// The class of every SDPA call's mask and every mask an explicit attention adds to its scores
+// (one entry per mask value: layers share theirs).
 std::unordered_map<const Value*, MaskFactOut> classify_masks(torch::jit::Module& module, Graph& g,
                                                              const std::unordered_map<const Value*, at::Tensor>& shapes,
                                                              const std::vector<at::Tensor>& examples) {
   std::unordered_map<const Value*, MaskFactOut> facts;
   for (Node* n : g.block()->nodes()) {
-    if (n->kind() != c10::aten::scaled_dot_product_attention || n->inputs().size() < 4) continue;
-    Value* mask = n->input(3);
+    Value *mask = nullptr, *q = nullptr, *k = nullptr;
+    if (n->kind() == c10::aten::scaled_dot_product_attention && n->inputs().size() >= 4) {
+      mask = n->input(3);
+      q = n->input(0);
+      k = n->input(1);
+    } else if (n->kind() != c10::aten::softmax || !added_mask(n, mask, q, k)) {
+      continue;
+    }
     if (mask->mustBeNone() || facts.count(mask)) continue;
-    facts.emplace(mask, classify_mask(module, g, n, shapes, examples));
+    facts.emplace(mask, classify_mask(module, g, mask, q, k, shapes, examples));
   }
   return facts;
 }

@@ -984,7 +984,8 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // ---------------------------------------------------------------------------------------------
 // Attention. The form says what the graph computed, e.g. "explicit;div=9.79;mask=not" (q·kᵀ, then
 // div by 9.79, then masked_fill(~mask, -inf), softmax(-1), ·v; "div=tensor" divides by the scale
-// operand) or "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
+// operand; "mask=add;class=..." adds the mask to the scores; "upcast" casts q and k to fp32 and
+// the probabilities to v's dtype) or "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
 // call: the op is given them un-repeated), "class=..." (the mask class the kernel was built for:
@@ -992,7 +993,7 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // sizes alone, so its class is one per shape).
 
 struct Form {
-  bool sdpa = false, causal = false, gqa = false;
+  bool sdpa = false, causal = false, gqa = false, upcast = false;
   // Explicit form: 'm' mul, 'd' div, 0 none. SDPA: 's' when a scale was given.
   char scale_op = 0;
   double scale = 1.0;
@@ -1031,15 +1032,17 @@ Form parse_form(c10::string_view text) {
     } else if (key == "scale" && f.sdpa) {
       f.scale_op = 's';
       f.scale = std::stod(val);
-    } else if (key == "mask" && !f.sdpa && (val == "not" || val == "eq0" || val == "fill")) {
+    } else if (key == "mask" && !f.sdpa && (val == "not" || val == "eq0" || val == "fill" || val == "add")) {
       f.mask = val;
+    } else if (key == "upcast" && !f.sdpa && eq == std::string::npos) {
+      f.upcast = true;
     } else if (key == "mask" && f.sdpa && (val == "bool" || val == "add")) {
       f.mask = val;
     } else if (key == "repeat" && f.sdpa && parse_index(val, groups) && groups >= 2) {
       f.repeat = static_cast<int64_t>(groups);
-    } else if (key == "static" && f.sdpa && eq == std::string::npos) {
+    } else if (key == "static" && eq == std::string::npos) {
       f.static_mask = true;
-    } else if (key == "class" && f.sdpa) {
+    } else if (key == "class" && (f.sdpa || f.mask == "add")) {
       has_class = true;
       if (val == "none") f.kernel_class = fact_mask::MaskClass::None;
       else if (val == "causal") f.kernel_class = fact_mask::MaskClass::Causal;
@@ -1053,6 +1056,8 @@ Form parse_form(c10::string_view text) {
   // SDPA with a mask names its kernel's class; without one it is is_causal's; the explicit
   // form's masked kernel is the causal one (forms written before classes read the same way).
   if (f.sdpa && f.mask.empty() == has_class) bad();
+  // An added mask is classified as SDPA's: its class is named.
+  if (!f.sdpa && (f.mask == "add") != has_class) bad();
   if (f.sdpa && f.causal && !f.mask.empty()) bad();
   if (f.static_mask && f.mask.empty()) bad();
   if (!has_class && (f.causal || (!f.sdpa && !f.mask.empty()))) f.kernel_class = fact_mask::MaskClass::Causal;
@@ -1082,11 +1087,18 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
                                             f.mask.empty() ? std::nullopt : mask, 0.0, f.causal,
                                             f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt, f.gqa);
   }
-  at::Tensor s = at::matmul(q, k.transpose(-2, -1));
+  const at::Tensor qs = f.upcast ? q.to(at::kFloat) : q, ks = f.upcast ? k.to(at::kFloat) : k;
+  at::Tensor s = at::matmul(qs, ks.transpose(-2, -1));
   if (f.scale_op == 'm') s = f.scale_tensor ? at::mul(s, *scale) : at::mul(s, f.scale);
   if (f.scale_op == 'd') s = f.scale_tensor ? at::div(s, *scale) : at::div(s, f.scale);
-  if (!f.mask.empty()) s = s.masked_fill(filled(f, *mask), -std::numeric_limits<double>::infinity());
-  return at::matmul(at::softmax(s, -1), v);
+  if (f.mask == "add") {
+    s = at::add(s, *mask);
+  } else if (!f.mask.empty()) {
+    s = s.masked_fill(filled(f, *mask), -std::numeric_limits<double>::infinity());
+  }
+  at::Tensor p = at::softmax(s, -1);
+  if (f.upcast) p = p.to(v.scalar_type());
+  return at::matmul(p, v);
 }
 
 fact_mask::MaskMode mask_mode(const Form& f) {

@@ -8,7 +8,12 @@
 //!   tracing records `(c // h) ** 0.5` from a runtime shape), then optionally `masked_fill(·, mask, -inf)`, then `softmax(·, -1)`,
 //!   then optionally `dropout(·, p, train=False)`, then `matmul(·, v)`. The mask is `~x`, `x == 0`
 //!   or `x` itself; which cells it fills is known only at run time, so the op checks the mask
-//!   tensor once (per tensor, cached) and runs the kernel only for the causal one.
+//!   tensor once (per tensor, cached) and runs the kernel only for the causal one. Or the mask
+//!   is added to the scores (`add(·, m)`, GPT-J's, GPT-Neo's and hand-written models' additive
+//!   mask), matched by what the graph knows of its value as SDPA's attn_mask is (below). GPT-J
+//!   also casts q and k to fp32 before the product and the probabilities to v's dtype after the
+//!   softmax (`upcast`): the kernel reads q and k as they were and accumulates in fp32 as that
+//!   product does, and rounds the probabilities to v's dtype as the cast does.
 //! - `aten::scaled_dot_product_attention(q, k, v, attn_mask?, 0.0, is_causal, scale?, enable_gqa)`.
 //!   A mask (bool: true = visible; or additive: 0 = visible, -inf or finfo.min-like = masked,
 //!   broadcast over batch and heads, [B|1, H|1, Tq|1, Tk]) is matched by what the graph knows of
@@ -65,7 +70,7 @@ pub enum MaskMode {
     Fill,
     /// SDPA's bool attn_mask: x marks the cells kept.
     Bool,
-    /// SDPA's float attn_mask, added to the scores.
+    /// SDPA's float attn_mask, or the explicit form's mask, added to the scores.
     Add,
 }
 
@@ -102,6 +107,9 @@ pub struct AttentionMatch {
     /// k and v as the graph repeated them G times along the heads before SDPA (`k` and `v` are
     /// the un-repeated tensors, the repeat's nodes are the match's where nothing else reads them).
     pub repeat: Option<i64>,
+    /// The explicit form's q and k cast to fp32 before q·kᵀ and the probabilities cast to v's
+    /// dtype after the softmax (GPT-J); `q` and `k` are the tensors before the casts.
+    pub upcast: bool,
     pub problem: AttentionProblem,
 }
 
@@ -179,6 +187,16 @@ impl AttentionMatch {
                 }
                 if let Some((_, mode)) = self.mask {
                     f.push_str(&format!(";mask={}", mode.text()));
+                    // An added mask is classified as SDPA's is: the kernel's class goes with it.
+                    if mode == MaskMode::Add {
+                        f.push_str(&format!(";class={}", self.kernel_mask().name()));
+                        if self.mask_static {
+                            f.push_str(";static");
+                        }
+                    }
+                }
+                if self.upcast {
+                    f.push_str(";upcast");
                 }
                 f
             }
@@ -288,7 +306,13 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     // Backwards: masked_fill, then the scale, then q @ kᵀ.
     let mut s = x;
     let mut mask = None;
-    if let Some(mf) = cx.producer(s, "aten::masked_fill") {
+    let mut added = None;
+    if let Some((ad, m, scores)) = added_mask(cx, s) {
+        nodes.push(ad);
+        mask = Some((m, MaskMode::Add));
+        added = Some(m);
+        s = scores;
+    } else if let Some(mf) = cx.producer(s, "aten::masked_fill") {
         let n = &g.nodes[mf];
         if cx.uses[s] != 1 || cx.float(n.inputs[2]) != Some(f64::NEG_INFINITY) {
             return None;
@@ -365,13 +389,26 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     if (a, b) != (kr - 2, kr - 1) {
         return None;
     }
-    let k = g.nodes[tr].inputs[0];
+    let mut k = g.nodes[tr].inputs[0];
     // The transpose is the pattern's when nothing else reads it.
     if cx.uses[kt] == 1 {
         nodes.push(tr);
     }
-    // Forwards: optional eval dropout, then @ v.
+    // GPT-J's casts of q and k to fp32 (both or neither).
+    let (mut q, mut upcast) = (q, false);
+    if let (Some(cq), Some(ck)) = (to_f32(cx, q), to_f32(cx, k)) {
+        nodes.extend([cq, ck]);
+        (q, k, upcast) = (g.nodes[cq].inputs[0], g.nodes[ck].inputs[0], true);
+    }
+    // Forwards: the probabilities' cast where q and k were cast, optional eval dropout, then @ v.
     let mut p = cx.out(softmax);
+    let mut cast_p = None;
+    if upcast {
+        let c = cx.only_reader(p, "aten::to")?;
+        nodes.push(c);
+        cast_p = Some(c);
+        p = cx.out(c);
+    }
     if let Some(d) = cx.only_reader(p, "aten::dropout") {
         let n = &g.nodes[d];
         if !matches!(g.constant(n.inputs[2]), Some(Const::Bool(false))) {
@@ -386,13 +423,39 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     }
     nodes.push(pv);
     let v = g.nodes[pv].inputs[1];
-    let form = ProblemForm {
+    // The probabilities go to v's dtype, which q and k had.
+    if let Some(c) = cast_p {
+        let dt = |x: ValueId| g.tensor(x).map(|t| t.dtype.clone());
+        if dt(cx.out(c)) != dt(v) || dt(q) != dt(v) || dt(k) != dt(v) {
+            return None;
+        }
+    }
+    let mut form = ProblemForm {
         origin: AttentionOrigin::Explicit,
         causal: mask.is_some(),
         padded: false,
         masked: false,
         grouped: false,
     };
+    let mut mask_static = false;
+    if let Some(m) = added {
+        let shape = |v: ValueId| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default();
+        if !broadcasts_to_scores(&shape(m), &shape(q), &shape(k)) {
+            return None;
+        }
+        let fact = g.values[m].mask?;
+        (form.causal, form.padded) = match fact.class {
+            MaskClass::None => (false, false),
+            MaskClass::Causal => (true, false),
+            MaskClass::Padded => (false, true),
+            MaskClass::CausalPadded => (true, true),
+            MaskClass::General | MaskClass::Unknown => return None,
+        };
+        // Classified on one example's data: other inputs give other padding.
+        form.padded |= !fact.shape_only;
+        form.masked = true;
+        mask_static = fact.shape_only;
+    }
     let problem = problem(g, [q, k, v], form)?;
     nodes.sort();
     nodes.dedup();
@@ -402,12 +465,41 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         k,
         v,
         mask,
-        mask_static: false,
+        mask_static,
         scale,
         gqa: false,
         repeat: None,
+        upcast,
         problem,
     })
+}
+
+/// `v` as `add(scores, m)` (either order, alpha 1, the sum read once) where the scores are the
+/// scaled product (a mul, div or matmul's output) and m is anything else: (the add, m, scores).
+fn added_mask(cx: &Ctx, v: ValueId) -> Option<(NodeId, ValueId, ValueId)> {
+    let g = cx.g;
+    let ad = cx.producer(v, "aten::add")?;
+    let i = &g.nodes[ad].inputs;
+    if cx.uses[v] != 1 || i.len() != 3 || cx.float(i[2]) != Some(1.0) {
+        return None;
+    }
+    let scores = |x: ValueId| {
+        ["aten::mul", "aten::div", "aten::matmul"]
+            .iter()
+            .any(|k| cx.producer(x, k).is_some())
+    };
+    [(i[0], i[1]), (i[1], i[0])]
+        .into_iter()
+        .find(|&(s, m)| scores(s) && !scores(m))
+        .map(|(s, m)| (ad, m, s))
+}
+
+/// The node casting `v` to fp32 (`aten::to(x, float32, ..)`, read once), if `v` is its output.
+fn to_f32(cx: &Ctx, v: ValueId) -> Option<NodeId> {
+    let n = cx.producer(v, "aten::to")?;
+    let i = &cx.g.nodes[n].inputs;
+    // ScalarType 6 is float32.
+    (cx.uses[v] == 1 && i.len() >= 2 && cx.int(i[1]) == Some(6)).then_some(n)
 }
 
 fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
@@ -517,6 +609,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         scale: Scale::Sdpa(scale),
         gqa,
         repeat,
+        upcast: false,
         problem,
     })
 }
@@ -1240,5 +1333,108 @@ mod tests {
         );
         // Left padding (a prefix no longer) is general.
         assert_eq!(rule(" @general"), None);
+    }
+
+    /// GPT-J's attention as traced (B 2, 4 heads, T 16, D 8, in `dt`): q and k cast to fp32, q·kᵀ
+    /// divided by √D, the causal mask the graph built added (`fact` its annotation), softmax,
+    /// the probabilities cast to v's dtype, eval dropout, ·v.
+    fn gptj_block(dt: &str, fact: &str) -> String {
+        format!(
+            "graph(%q0: {dt}[2,4,16,8], %k0: {dt}[2,4,16,8], %v: {dt}[2,4,16,8], %am: f32[2,1,16,16]{fact}):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %one = prim::Constant[1]()
+               %f32 = prim::Constant[6]()
+               %dtv = prim::Constant[{code}]()
+               %no = prim::Constant[False]()
+               %none = prim::Constant[None]()
+               %root = prim::Constant[2.8284271247461903]()
+               %p0 = prim::Constant[0.0]()
+               %q = aten::to(%q0, %f32, %no, %no, %none) : f32[2,4,16,8]
+               %k = aten::to(%k0, %f32, %no, %no, %none) : f32[2,4,16,8]
+               %kt = aten::transpose(%k, %m1, %m2) : f32[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : f32[2,4,16,16]
+               %s1 = aten::div(%s0, %root) : f32[2,4,16,16]
+               %s2 = aten::add(%s1, %am, %one) : f32[2,4,16,16]
+               %p = aten::softmax(%s2, %m1, %none) : f32[2,4,16,16]
+               %pc = aten::to(%p, %dtv, %no, %no, %none) : {dt}[2,4,16,16]
+               %pd = aten::dropout(%pc, %p0, %no) : {dt}[2,4,16,16]
+               %o = aten::matmul(%pd, %v) : {dt}[2,4,16,8]
+               return (%o)",
+            code = if dt == "bf16" { 15 } else { 6 }
+        )
+    }
+
+    #[test]
+    fn gptjs_eager_attention_with_an_added_mask_and_casts_is_one_pattern() {
+        for dt in ["bf16", "f32"] {
+            let g = Graph::parse(&gptj_block(dt, " @causal/shape")).unwrap();
+            let m = match_attention(&g);
+            assert_eq!(m.len(), 1, "{dt}");
+            let a = &m[0];
+            let name = |v: ValueId| g.values[v].name.as_str();
+            // The kernel reads q and k before the casts, in v's dtype.
+            assert_eq!((name(a.q), name(a.k), name(a.v)), ("q0", "k0", "v"));
+            assert!(a.upcast && a.problem.causal && !a.problem.padded, "{dt}");
+            assert_eq!(a.problem.dtype, DType::parse(dt).unwrap());
+            assert_eq!(
+                a.form(),
+                "explicit;div=2.8284271247461903;mask=add;class=causal;static;upcast"
+            );
+            let kinds: Vec<&str> = a.nodes.iter().map(|&n| g.nodes[n].kind.as_str()).collect();
+            assert_eq!(
+                kinds,
+                [
+                    "aten::to",
+                    "aten::to",
+                    "aten::transpose",
+                    "aten::matmul",
+                    "aten::div",
+                    "aten::add",
+                    "aten::softmax",
+                    "aten::to",
+                    "aten::dropout",
+                    "aten::matmul"
+                ]
+            );
+        }
+        // A general or unknown mask, or one that widens the scores, is no match.
+        for fact in [" @general/shape", ""] {
+            assert!(
+                match_attention(&Graph::parse(&gptj_block("bf16", fact)).unwrap()).is_empty(),
+                "{fact}"
+            );
+        }
+        let wide = gptj_block("bf16", " @causal/shape")
+            .replace("%am: f32[2,1,16,16]", "%am: f32[2,4,32,16]");
+        assert!(match_attention(&Graph::parse(&wide).unwrap()).is_empty());
+        // Only q cast: no match (the kernel would not compute what the graph does).
+        let one = gptj_block("bf16", " @causal/shape")
+            .replace("aten::matmul(%q, %kt)", "aten::matmul(%q0, %kt)");
+        assert!(match_attention(&Graph::parse(&one).unwrap()).is_empty());
+        // A hand-written model's: no casts, a padding mask added (its value read from an input,
+        // so other inputs pad otherwise: the padded kernel, classified per call).
+        let g = Graph::parse(
+            "graph(%q: f32[2,4,16,8], %k: f32[2,4,16,8], %v: f32[2,4,16,8], %am: f32[2,1,1,16] @padded):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %one = prim::Constant[1]()
+               %none = prim::Constant[None]()
+               %c = prim::Constant[0.35355339059327373]()
+               %kt = aten::transpose(%k, %m1, %m2) : f32[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : f32[2,4,16,16]
+               %s1 = aten::mul(%s0, %c) : f32[2,4,16,16]
+               %s2 = aten::add(%am, %s1, %one) : f32[2,4,16,16]
+               %p = aten::softmax(%s2, %m1, %none) : f32[2,4,16,16]
+               %o = aten::matmul(%p, %v) : f32[2,4,16,8]
+               return (%o)",
+        )
+        .unwrap();
+        let a = &match_attention(&g)[0];
+        assert!(!a.upcast && a.problem.padded && !a.problem.causal);
+        assert_eq!(
+            a.form(),
+            "explicit;mul=0.35355339059327373;mask=add;class=padded"
+        );
     }
 }
