@@ -182,6 +182,23 @@ def phi3(ci):
     return CausalLM(Phi3ForCausalLM(config))
 
 
+def gptj(ci):
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    # GPT-J's layout at a smaller width: eager attention (q and k cast to fp32, the causal mask
+    # added to the scores, no SDPA), rotary on the first quarter of each head in pairs
+    # (rotate_every_two), attention and MLP in parallel off one LayerNorm, tanh GELU, untied
+    # vocabulary 50400; hidden 1024 (GPT-J-6B's is 4096), 16 heads of 64, 4 layers.
+    config = GPTJConfig(
+        n_embd=1024,
+        n_head=16,
+        n_layer=layers(ci, 4),
+        rotary_dim=16,
+        vocab_size=CI_VOCAB if ci else 50400,
+    )
+    return CausalLM(GPTJForCausalLM(config))
+
+
 def opt(ci):
     from transformers import OPTConfig, OPTForCausalLM
 
@@ -246,6 +263,7 @@ MODELS = [
     Model("qwen2", "qwen2", "Qwen2ForCausalLM: Qwen2-0.5B's dims, 4 layers", qwen2, 4, 1024, vocab=151936, ci_vocab=CI_VOCAB),
     Model("pythia", "gpt_neox", "GPTNeoXForCausalLM: Pythia-160m, 12 layers", pythia, 8, 512, vocab=50304, ci_vocab=CI_VOCAB),
     Model("phi3", "phi3", "Phi3ForCausalLM: hidden 1536, 16 heads of 96, fused qkv and gate_up, 4 layers", phi3, 4, 1024, vocab=32064, ci_vocab=CI_VOCAB),
+    Model("gptj", "gptj", "GPTJForCausalLM: hidden 1024, 16 heads of 64, eager attention, pairs rotary, 4 layers", gptj, 8, 512, vocab=50400, ci_vocab=CI_VOCAB),
     Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),
     Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),
