@@ -189,20 +189,30 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         let diff = (&got - &want).abs().max().double_value(&[]);
         assert!(diff <= 1e-6, "{name}: differs by {diff}");
     }
-    // The zoo's GPT-J as traced, both layers' eager attention rewritten at once: the graph's
-    // casts, added mask and dropout go, and the outputs stay the model's.
+    // The zoo's GPT-J as traced, both layers' eager attention and q-and-k rotations rewritten at
+    // once (each rotation pair given q's cos and sin, k's equal ones left unread): the graph's
+    // casts, added mask, dropout and rotations go, and the outputs stay the model's.
     let gptj = crate::common::zoo_fixtures().join("gptj.pt");
     let (g, _) = torch::load_graph(&gptj, &[]).unwrap();
     let found = match_attention(&g);
     assert_eq!(found.len(), 2);
-    let edits: Vec<_> = found
+    let mut edits: Vec<_> = found
         .iter()
         .map(|a| fact::kinds::attention::edit(&g, a, "a"))
         .collect();
+    let pairs: Vec<_> = fact::kinds::rotary::match_rotary(&g)
+        .into_iter()
+        .filter(|m| m.k.is_some())
+        .collect();
+    assert_eq!(pairs.len(), 2);
+    edits.extend(pairs.iter().map(|m| fact::kinds::rotary::edit(&g, m, "r")));
     let out = dir.path().join("gptj.pt");
     let text =
         torch::rewrite_and_save(&gptj, &out, &edits, &fact::kinds::registry::op_schemas()).unwrap();
-    assert!(!text.contains("aten::softmax"), "{text}");
+    assert!(
+        !text.contains("aten::softmax") && text.matches("fact::rotary_qk(").count() == 2,
+        "{text}"
+    );
     let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
     let run = |m: &CModule| tch::no_grad(|| m.forward_ts(&[ids.shallow_clone()])).unwrap();
     let want = run(&CModule::load(&gptj).unwrap());
@@ -215,6 +225,11 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
             .get("a")
             .map(|c| (c.ran, c.fell_back, c.why.as_deref())),
         Some((0, 8, Some("not CUDA tensors of one device"))),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls.get("r").map(|c| (c.ran, c.fell_back)),
+        Some((0, 2)),
         "{calls:?}"
     );
 }

@@ -149,8 +149,8 @@ pub fn match_rotary(g: &Graph) -> Vec<RotaryMatch> {
 /// Whether one call in place of `b`'s output can compute `a` and `b`: the same cos and sin,
 /// form and sizes but the heads, no node in both, and `a`'s output read only after `b`'s.
 fn pairs_with(g: &Graph, users: &[Vec<NodeId>], a: &Rotation, b: &Rotation) -> bool {
-    let same = a.cos == b.cos
-        && a.sin == b.sin
+    let same = same_value(g, a.cos, b.cos, SAME_DEPTH)
+        && same_value(g, a.sin, b.sin, SAME_DEPTH)
         && a.form == b.form
         && a.head_dim == b.head_dim
         && a.rotary_dim == b.rotary_dim
@@ -167,6 +167,54 @@ fn pairs_with(g: &Graph, users: &[Vec<NodeId>], a: &Rotation, b: &Rotation) -> b
         users[v].iter().all(|&u| u > at)
     });
     same && disjoint && later
+}
+
+/// How far back `same_value` compares producers: GPT-J's cos is five nodes from the value q's
+/// and k's share.
+const SAME_DEPTH: usize = 8;
+
+/// Whether `a` and `b` hold the same values by construction: one value, equal constants, or the
+/// same output of nodes of one kind over inputs that are so in turn (`depth` levels back). GPT-J's
+/// `apply_rotary_pos_emb` recomputes `repeat_interleave(sin[:, :, None, :], 2, 3)` for q and for
+/// k from one sin, so their cos and sin are equal values of distinct nodes. Attribute reads (the
+/// node does not say which attribute), random, in-place and nested nodes never compare equal.
+fn same_value(g: &Graph, a: ValueId, b: ValueId, depth: usize) -> bool {
+    if a == b {
+        return true;
+    }
+    if let (Some(x), Some(y)) = (g.constant(a), g.constant(b)) {
+        return x == y;
+    }
+    let (Some(na), Some(nb)) = (g.values[a].producer, g.values[b].producer) else {
+        return false;
+    };
+    let (x, y) = (&g.nodes[na], &g.nodes[nb]);
+    let pure = |k: &str| {
+        k != "prim::GetAttr"
+            && !k.ends_with('_')
+            && ![
+                "rand",
+                "dropout",
+                "bernoulli",
+                "normal",
+                "multinomial",
+                "uniform",
+            ]
+            .iter()
+            .any(|r| k.contains(r))
+    };
+    depth > 0
+        && x.kind == y.kind
+        && pure(&x.kind)
+        && x.depth == 0
+        && y.depth == 0
+        && x.constant.is_none()
+        && x.inputs.len() == y.inputs.len()
+        && x.outputs.iter().position(|&o| o == a) == y.outputs.iter().position(|&o| o == b)
+        && x.inputs
+            .iter()
+            .zip(&y.inputs)
+            .all(|(&p, &q)| same_value(g, p, q, depth - 1))
 }
 
 /// The tensor `v` is, behind the transparent nodes that keep its shape (GPT-J's full slices,

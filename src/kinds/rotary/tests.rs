@@ -40,6 +40,10 @@ fn rotate_half(p: &str, x: &str, h: i64, w: i64, st: &str) -> String {
 /// projections), cos and sin [1,1,8,16] unsqueezed from [1,8,16]; `cos_k` names the cos that k
 /// is rotated by, `extra` goes before the return.
 fn llama(cos_k: &str, extra: &str, ret: &str) -> Graph {
+    Graph::parse(&llama_text(cos_k, extra, ret)).unwrap()
+}
+
+fn llama_text(cos_k: &str, extra: &str, ret: &str) -> String {
     let q = "{512,16,64,1}";
     let k = "{256,16,32,1}";
     let text = format!(
@@ -66,7 +70,7 @@ fn llama(cos_k: &str, extra: &str, ret: &str) -> Graph {
         rq = rotate_half("q", "q", 4, 16, q),
         rk = rotate_half("k", "k", 2, 16, k),
     );
-    Graph::parse(&text).unwrap()
+    text
 }
 
 fn name(g: &Graph, v: usize) -> &str {
@@ -184,6 +188,27 @@ fn rotations_by_another_cos_are_patterns_alone() {
         match_rotary(&g).iter().any(|m| m.k.is_some()),
         "read after both: a pair"
     );
+}
+
+#[test]
+fn cos_and_sin_computed_again_the_same_way_still_pair() {
+    // GPT-J computes k's cos from the same tensor again: equal values, distinct nodes.
+    let again = |how: &str| {
+        let text = llama_text("cos2", "", "%qe, %ke").replace("aten::unsqueeze(%c2, %one)", how);
+        Graph::parse(&text).unwrap()
+    };
+    let m = match_rotary(&again("aten::unsqueeze(%c, %one)"));
+    assert!(
+        m.iter().any(|m| m.k.is_some()),
+        "the same unsqueeze of c: a pair"
+    );
+    // Another dim, or another tensor: another cos, no pair.
+    for how in ["aten::unsqueeze(%c, %two)", "aten::unsqueeze(%s, %one)"] {
+        assert!(
+            match_rotary(&again(how)).iter().all(|m| m.k.is_none()),
+            "{how}"
+        );
+    }
 }
 
 #[test]
@@ -323,7 +348,7 @@ fn neox_partial_rotary_on_views_of_the_fused_qkv() {
 
 /// GPT-J: q and k [1,8,4,16] (before the permute), the first 8 of each head rotated in pairs;
 /// every cut is preceded by full slices of the leading dims; sin and cos are repeat_interleave'd
-/// for each of q and k separately (so q and k are two patterns: not the same values).
+/// for each of q and k separately: equal values from distinct nodes, so q and k still pair.
 #[test]
 fn gptj_partial_pairs_behind_full_slices() {
     let st = "{512,64,16,1}";
@@ -364,7 +389,14 @@ fn gptj_partial_pairs_behind_full_slices() {
     );
     let g = Graph::parse(&text).unwrap();
     let m = match_rotary(&g);
-    assert_eq!(m.len(), 2, "q and k alone: {m:#?}");
+    assert_eq!(m.len(), 3, "q alone, k alone and the pair: {m:#?}");
+    let pair = m.iter().find(|m| m.k.is_some()).unwrap();
+    assert_eq!(pair.problem.rule_id(), "rotary_pairs_qk");
+    assert_eq!(
+        (name(&g, pair.k.as_ref().unwrap().cos), name(&g, pair.q.cos)),
+        ("kcos", "qcos"),
+        "each side keeps its own cos; the op is given q's"
+    );
     let q = &m[0];
     assert_eq!(
         (name(&g, q.q.x), name(&g, q.q.cos), name(&g, q.q.sin)),
