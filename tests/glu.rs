@@ -210,14 +210,19 @@ fn test_table() -> (Table, Vec<GluSpec>) {
     (t, specs)
 }
 
-#[test]
-fn a_table_hit_composes_fact_glu_whose_fallback_is_the_graphs_ops() {
+/// Composes `fixture` (two GLUs off x [2, 8, 64]: silu without biases, tanh GELU with them)
+/// with the test table and checks the composed module: both GLUs hit their kernels as
+/// `fact::glu`, none of the ops in `gone` stays in the graph, `buffers` (Python over `params`,
+/// the original's parameters, `buffers`, the composed module's, and `torch`) checks the
+/// interleaved buffers, and the fallback computes the original's outputs exactly, counted with
+/// its reason, with the kind off and on CPU tensors.
+fn composes_fact_glu(fixture_name: &str, gone: &[&str], buffers: &str) {
     let dir = tempfile::tempdir().unwrap();
     let user = dir.path().join("table.json");
     let (table, specs) = test_table();
     table.save(&user).unwrap();
     let out_dir = dir.path().join("out");
-    let v = compose_json(&user, &fixture("gated_mlps.pt"), &out_dir);
+    let v = compose_json(&user, &fixture(fixture_name), &out_dir);
     let patterns = v["compose"]["patterns"].as_array().unwrap();
     let rules: Vec<&str> = patterns
         .iter()
@@ -243,19 +248,12 @@ torch.ops.load_library({lib:?})
 m = torch.jit.load({composed:?})
 graph = str(m.forward.graph)
 assert graph.count("fact::glu(") == 2, graph
-for op in ("aten::linear", "aten::silu", "aten::gelu", "aten::mul"):
+for op in {gone:?}:
     assert op not in graph, (op, graph)
 orig = torch.jit.load({orig:?})
 params = dict(orig.named_parameters())
 buffers = dict(m.named_buffers())
-
-def interleaved(gate, up):
-    blocks = [gate.shape[0] // 8, 1, 8] + list(gate.shape[1:])
-    return torch.cat([gate.reshape(blocks), up.reshape(blocks)], 1).reshape([2 * gate.shape[0]] + list(gate.shape[1:]))
-
-for g, u in (("gate.weight", "up.weight"), ("gate_b.weight", "up_b.weight"), ("gate_b.bias", "up_b.bias")):
-    name = "fact_interleaved_" + g.replace(".", "_") + "_" + u.replace(".", "_")
-    assert torch.equal(buffers[name], interleaved(params[g], params[u])), name
+{buffers}
 assert len([b for b in buffers if b.startswith("fact_interleaved_")]) == 3, list(buffers)
 {op_lib}
 x = torch.randn(2, 8, 64)
@@ -279,10 +277,27 @@ print("ok")
         lib = lib.display().to_string(),
         op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = composed.display().to_string(),
-        orig = fixture("gated_mlps.pt").display().to_string(),
+        orig = fixture(fixture_name).display().to_string(),
         kernels = specs.iter().map(|s| s.name()).collect::<Vec<_>>(),
     );
     assert_eq!(run_python(&script), "ok");
+}
+
+#[test]
+fn a_table_hit_composes_fact_glu_whose_fallback_is_the_graphs_ops() {
+    composes_fact_glu(
+        "gated_mlps.pt",
+        &["aten::linear", "aten::silu", "aten::gelu", "aten::mul"],
+        r#"
+def interleaved(gate, up):
+    blocks = [gate.shape[0] // 8, 1, 8] + list(gate.shape[1:])
+    return torch.cat([gate.reshape(blocks), up.reshape(blocks)], 1).reshape([2 * gate.shape[0]] + list(gate.shape[1:]))
+
+for g, u in (("gate.weight", "up.weight"), ("gate_b.weight", "up_b.weight"), ("gate_b.bias", "up_b.bias")):
+    name = "fact_interleaved_" + g.replace(".", "_") + "_" + u.replace(".", "_")
+    assert torch.equal(buffers[name], interleaved(params[g], params[u])), name
+"#,
+    );
 }
 
 /// Phi-3's form, one linear over the stacked gate and up weights chunked in two, is the same
@@ -290,42 +305,16 @@ print("ok")
 /// interleaved, and the fallback replays the one linear and the chunk.
 #[test]
 fn a_fused_gate_up_linear_composes_fact_glu_over_its_halves() {
-    let dir = tempfile::tempdir().unwrap();
-    let user = dir.path().join("table.json");
-    let (table, specs) = test_table();
-    table.save(&user).unwrap();
-    let out_dir = dir.path().join("out");
-    let v = compose_json(&user, &fixture("fused_gated_mlps.pt"), &out_dir);
-    let patterns = v["compose"]["patterns"].as_array().unwrap();
-    let rules: Vec<&str> = patterns
-        .iter()
-        .map(|p| p["rule"].as_str().unwrap())
-        .collect();
-    assert_eq!(rules, ["glu_silu", "glu_gelu_tanh_bias"], "{patterns:?}");
-    for (p, spec) in patterns.iter().zip(&specs) {
-        assert_eq!(
-            (p["realization"]["how"].as_str(), p["kernel"].as_str()),
-            (Some("hit"), Some(spec.name().as_str())),
-            "{p}"
-        );
-    }
-    let lib = out_dir.join("libfact_ops.so");
-    let composed = out_dir.join("composed.pt");
-    let script = format!(
+    composes_fact_glu(
+        "fused_gated_mlps.pt",
+        &[
+            "aten::linear",
+            "aten::chunk",
+            "aten::silu",
+            "aten::gelu",
+            "aten::mul",
+        ],
         r#"
-import ctypes, json, os
-os.environ["FACT_DISABLE"] = "glu"
-import torch
-torch.ops.load_library({lib:?})
-m = torch.jit.load({composed:?})
-graph = str(m.forward.graph)
-assert graph.count("fact::glu(") == 2, graph
-for op in ("aten::linear", "aten::chunk", "aten::silu", "aten::gelu", "aten::mul"):
-    assert op not in graph, (op, graph)
-orig = torch.jit.load({orig:?})
-params = dict(orig.named_parameters())
-buffers = dict(m.named_buffers())
-
 def interleaved(t):
     gate, up = t.chunk(2, 0)
     blocks = [gate.shape[0] // 8, 1, 8] + list(gate.shape[1:])
@@ -334,33 +323,8 @@ def interleaved(t):
 for p in ("gate_up.weight", "gate_up_b.weight", "gate_up_b.bias"):
     name = "fact_interleaved_" + p.replace(".", "_") + "_halves"
     assert torch.equal(buffers[name], interleaved(params[p])), name
-assert len([b for b in buffers if b.startswith("fact_interleaved_")]) == 3, list(buffers)
-{op_lib}
-x = torch.randn(2, 8, 64)
-
-def check():
-    with torch.no_grad():
-        got, want = m(x), orig(x)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and torch.equal(g, w), (g - w).abs().max()
-    stats = json.loads(so.fact_op_stats())
-    so.fact_op_stats_reset()
-    return [stats[k] for k in {kernels:?}]
-
-off = check()
-assert off == [{{"ran": 0, "copied": 0, "fell_back": 1, "why": "glu is turned off (FACT_DISABLE or fact_disable)"}}] * 2, off
-assert so.fact_disable(b"") == 0
-cpu = check()
-assert cpu == [{{"ran": 0, "copied": 0, "fell_back": 1, "why": "not CUDA tensors of one device"}}] * 2, cpu
-print("ok")
 "#,
-        lib = lib.display().to_string(),
-        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
-        composed = composed.display().to_string(),
-        orig = fixture("fused_gated_mlps.pt").display().to_string(),
-        kernels = specs.iter().map(|s| s.name()).collect::<Vec<_>>(),
     );
-    assert_eq!(run_python(&script), "ok");
 }
 
 /// A GLU no kernel realizes (every candidate failed to build in a run the table holds) falls
