@@ -37,7 +37,7 @@
 //! GEMM rules too, and the cover gives them to the attention (it computes more products).
 
 use super::{AttentionOrigin, AttentionProblem, ATTENTION};
-use crate::graph::{Const, Graph, MaskClass, NodeId, ValueId};
+use crate::graph::{Const, Graph, MaskClass, MaskFact, NodeId, ValueId};
 use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
 
@@ -443,18 +443,8 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         if !broadcasts_to_scores(&shape(m), &shape(q), &shape(k)) {
             return None;
         }
-        let fact = g.values[m].mask?;
-        (form.causal, form.padded) = match fact.class {
-            MaskClass::None => (false, false),
-            MaskClass::Causal => (true, false),
-            MaskClass::Padded => (false, true),
-            MaskClass::CausalPadded => (true, true),
-            MaskClass::General | MaskClass::Unknown => return None,
-        };
-        // Classified on one example's data: other inputs give other padding.
-        form.padded |= !fact.shape_only;
-        form.masked = true;
-        mask_static = fact.shape_only;
+        form.masked_by(g.values[m].mask).ok()?;
+        mask_static = g.values[m].mask.is_some_and(|f| f.shape_only);
     }
     let problem = problem(g, [q, k, v], form)?;
     nodes.sort();
@@ -558,25 +548,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
                 "the attn_mask {ms:?} does not broadcast to the scores of q {qs:?} and k {ks:?} over batch and heads alone"
             ));
         }
-        let fact = g.values[m].mask;
-        let class = fact.map_or(MaskClass::Unknown, |f| f.class);
-        (form.causal, form.padded) = match class {
-            MaskClass::None => (false, false),
-            MaskClass::Causal => (true, false),
-            MaskClass::Padded => (false, true),
-            MaskClass::CausalPadded => (true, true),
-            MaskClass::General => {
-                return Err("the attn_mask is general (not all-visible, causal or a key-padding prefix, or a query sees no key): no kernel takes it".into())
-            }
-            MaskClass::Unknown => {
-                return Err("the attn_mask's value is unknown (its producers could not be evaluated on the CPU, or read input data the archive stores no example of): trace with example inputs".into())
-            }
-        };
-        // Classified on one example's data: other inputs give other padding.
-        if fact.is_some_and(|f| !f.shape_only) {
-            form.padded = true;
-        }
-        form.masked = true;
+        form.masked_by(g.values[m].mask)?;
         Some((m, mode))
     };
     let mut nodes = vec![n];
@@ -743,6 +715,29 @@ struct ProblemForm {
     masked: bool,
     /// k and v may have fewer heads than q (dividing them).
     grouped: bool,
+}
+
+impl ProblemForm {
+    /// A mask tensor given, by what the graph knows of its value (`fact`): its class sets the
+    /// kernel's `causal` and `padded`; a class read from one example's input data is padded too
+    /// (other inputs pad otherwise). Err for a mask no kernel takes (SDPA's refusal says why).
+    fn masked_by(&mut self, fact: Option<MaskFact>) -> Result<(), String> {
+        (self.causal, self.padded) = match fact.map_or(MaskClass::Unknown, |f| f.class) {
+            MaskClass::None => (false, false),
+            MaskClass::Causal => (true, false),
+            MaskClass::Padded => (false, true),
+            MaskClass::CausalPadded => (true, true),
+            MaskClass::General => {
+                return Err("the attn_mask is general (not all-visible, causal or a key-padding prefix, or a query sees no key): no kernel takes it".into())
+            }
+            MaskClass::Unknown => {
+                return Err("the attn_mask's value is unknown (its producers could not be evaluated on the CPU, or read input data the archive stores no example of): trace with example inputs".into())
+            }
+        };
+        self.padded |= fact.is_some_and(|f| !f.shape_only);
+        self.masked = true;
+        Ok(())
+    }
 }
 
 /// The problem of q [B,H,Tq,D] (or [B,Tq,D]), k [B,Hkv,Tk,D], v [B,Hkv,Tk,D] of one float dtype
