@@ -131,6 +131,16 @@ fn added_masks_of_eager_attention_are_classified_and_matched() {
     );
 }
 
+/// The largest difference between the outputs of the modules at `original` and `rewritten` on
+/// `inputs`.
+fn outputs_differ_by(original: &Path, rewritten: &Path, inputs: &[Tensor]) -> f64 {
+    let run = |p: &Path| tch::no_grad(|| CModule::load(p).unwrap().forward_ts(inputs)).unwrap();
+    (run(rewritten) - run(original))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
 /// Each fixture composed with its attention pattern (kernel "a", which the library does not hold)
 /// computes what the original computes on CPU tensors, the mask classes the kernels would not take
 /// included: the fallback repeats k and v as the graph did and passes the same mask, is_causal,
@@ -183,10 +193,7 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
                 "k's and v's repeats are gone: {text}"
             );
         }
-        let run = |m: &CModule| tch::no_grad(|| m.forward_ts(&inputs)).unwrap();
-        let want = run(&CModule::load(fixture(name)).unwrap());
-        let got = run(&CModule::load(&out).unwrap());
-        let diff = (&got - &want).abs().max().double_value(&[]);
+        let diff = outputs_differ_by(&fixture(name), &out, &inputs);
         assert!(diff <= 1e-6, "{name}: differs by {diff}");
     }
     // The zoo's GPT-J as traced, both layers' eager attention and q-and-k rotations rewritten at
@@ -214,10 +221,7 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         "{text}"
     );
     let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
-    let run = |m: &CModule| tch::no_grad(|| m.forward_ts(&[ids.shallow_clone()])).unwrap();
-    let want = run(&CModule::load(&gptj).unwrap());
-    let got = run(&CModule::load(&out).unwrap());
-    let diff = (&got - &want).abs().max().double_value(&[]);
+    let diff = outputs_differ_by(&gptj, &out, &[ids]);
     assert!(diff <= 1e-5, "gptj: differs by {diff}");
     let calls = torch::op_stats(library, false).unwrap();
     assert_eq!(
