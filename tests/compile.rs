@@ -952,11 +952,11 @@ fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
 /// The convolution kind's sm90 fprop kernels (bf16 with bias, residual and ReLU in the epilogue;
 /// tf32 with none of them; fp16 with SiLU alone), the depthwise direct convolution and a stem's
 /// fixed-channels implicit GEMM (sm80 code built for sm90: bf16 3x3 with bias and ReLU; tf32 of
-/// four channels with bias and ReLU) compile beside a GEMM into one library, each listed as a
-/// conv kernel with its signature.
+/// four channels with bias and ReLU) and the 1x1 family's GEMMs (tf32 cooperative, bf16 ping-pong)
+/// compile beside a GEMM into one library, each listed as a conv kernel with its signature.
 #[test]
 fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
-    use fact::kinds::conv::{ConvAct, ConvSpec};
+    use fact::kinds::conv::{ConvAct, ConvSpec, GemmSchedule};
     use fact::kinds::Spec;
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let bf16 = ConvSpec {
@@ -967,6 +967,7 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         conv_warps: None,
         conv_stages: None,
         conv_fixed_channels: None,
+        conv_gemm: None,
         conv_depthwise: None,
         bias: true,
         residual: true,
@@ -1000,7 +1001,21 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         residual: false,
         ..bf16.clone()
     };
-    for s in [&bf16, &tf32, &f16, &stem] {
+    // The 1x1 family: sm90's GEMM builder over the pixels' rows, tf32 cooperative with the
+    // bottleneck's whole epilogue and bf16 ping-pong with bias and ReLU.
+    let pointwise_tf32 = ConvSpec {
+        dtype: DType::F32,
+        conv_tile: [128, 128, 32],
+        conv_gemm: Some(GemmSchedule::Coop),
+        ..bf16.clone()
+    };
+    let pointwise_bf16 = ConvSpec {
+        conv_tile: [64, 128, 64],
+        conv_gemm: Some(GemmSchedule::Pingpong),
+        residual: false,
+        ..bf16.clone()
+    };
+    for s in [&bf16, &tf32, &f16, &stem, &pointwise_tf32, &pointwise_bf16] {
         assert_eq!(s.invalid_reason(), None, "{}", s.name());
     }
     let dir = tempfile::tempdir().unwrap();
@@ -1011,13 +1026,23 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         f16.clone().into(),
         crate::conv_abi::depthwise_spec().into(),
         stem.clone().into(),
+        pointwise_tf32.clone().into(),
+        pointwise_bf16.clone().into(),
     ];
     let built = build_all(&tc, &specs, dir.path(), "libc.so", 2);
     let lib = KernelLibrary::open(&built.library).unwrap();
-    assert_eq!(lib.len(), 6);
+    assert_eq!(lib.len(), 8);
     assert_eq!(
-        (0..6).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
-        ["conv", "gemm", "conv", "conv", "conv", "conv"]
+        (0..8).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
+        ["conv", "gemm", "conv", "conv", "conv", "conv", "conv", "conv"]
+    );
+    assert_eq!(
+        lib.find("sm90_conv2d_fprop_tf32_128x128x32_1x1x1_1x1gemm_coop_bias_add_relu"),
+        Some(6)
+    );
+    assert_eq!(
+        lib.find("sm90_conv2d_fprop_bf16_64x128x64_1x1x1_1x1gemm_pp_bias_relu"),
+        Some(7)
     );
     assert_eq!(lib.find(&bf16.name()), Some(0));
     assert_eq!(lib.find(&f16.name()), Some(3));

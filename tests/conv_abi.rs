@@ -5,7 +5,7 @@
 //! computing a wrong number.
 
 use crate::common::{build_all, fake_tensor, op_args};
-use fact::kinds::conv::{ConvAct, ConvSpec, Depthwise};
+use fact::kinds::conv::{ConvAct, ConvSpec, Depthwise, GemmSchedule};
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::{KernelLibrary, Toolchain};
 use fact::types::{Arch, DType};
@@ -41,6 +41,7 @@ fn spec(arch: Arch) -> ConvSpec {
         conv_warps: None,
         conv_stages: None,
         conv_fixed_channels: None,
+        conv_gemm: None,
         conv_depthwise: None,
         bias: true,
         residual: true,
@@ -181,6 +182,7 @@ pub fn depthwise_spec() -> ConvSpec {
         conv_warps: Some([4, 1, 1]),
         conv_stages: Some(3),
         conv_fixed_channels: None,
+        conv_gemm: None,
         conv_depthwise: Some(Depthwise {
             filter: [3, 3],
             stride: Some([1, 1]),
@@ -258,6 +260,63 @@ fn depthwise_kernels_take_the_abi_s_depthwise_call_and_refuse_any_other() {
             SAME,
         ),
         ("no bias", vec![x, dw_w(64, 3), none, none, out], SAME),
+    ];
+    for (why, t, s) in refused {
+        assert!(!can(&t, &s), "{why}");
+    }
+}
+
+/// The 1x1 family's GEMM takes the channels-last call of a 1x1 filter at stride 1 without padding
+/// (the pixels are its rows), its weight packed or as torch leaves a 1x1 filter, and refuses a
+/// 3x3 filter, a stride or a padding (none of them is that GEMM) as well as what every conv kernel
+/// refuses, so those calls fall back.
+#[test]
+fn pointwise_gemm_kernels_take_a_1x1_call_and_refuse_any_other_filter_stride_or_padding() {
+    let spec = ConvSpec {
+        conv_gemm: Some(GemmSchedule::Coop),
+        ..spec(Arch::Sm90)
+    };
+    assert_eq!(spec.invalid_reason(), None);
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_all(&tc, &[spec], dir.path(), "libpwabi.so", 2);
+    let lib = KernelLibrary::open(&built.library).unwrap();
+    assert_eq!(lib.kind(0).as_deref(), Some("conv"));
+    let can = |t: &[FactTensor], s: &[f64]| lib.can_implement(0, &op_args(t, s));
+    let [x, w3, bias, res, out] = call();
+    let w = nhwc(0x20000, BF16, [64, 64, 1, 1]);
+    let w_as_torch_leaves_it = fake_tensor(0x20000, BF16, &[64, 64, 1, 1], &[64, 1, 1, 1]);
+    let one = [1.0, 1.0, 0.0, 0.0, 1.0, 1.0];
+    assert!(can(&[x, w, bias, res, out], &one));
+    assert!(can(&[x, w_as_torch_leaves_it, bias, res, out], &one));
+    // Dilation does not move a 1x1 filter's tap.
+    assert!(can(
+        &[x, w, bias, res, out],
+        &[1.0, 1.0, 0.0, 0.0, 2.0, 2.0]
+    ));
+    let out4 = nhwc(0x50000, BF16, [2, 64, 4, 4]);
+    let res4 = nhwc(0x40000, BF16, [2, 64, 4, 4]);
+    let out10 = nhwc(0x50000, BF16, [2, 64, 10, 10]);
+    let res10 = nhwc(0x40000, BF16, [2, 64, 10, 10]);
+    let nchw = fake_tensor(0x10000, BF16, &[2, 64, 8, 8], &[4096, 64, 8, 1]);
+    let refused: Vec<(&str, Vec<FactTensor>, [f64; 6])> = vec![
+        ("a 3x3 filter", vec![x, w3, bias, res, out], SAME),
+        (
+            "stride 2",
+            vec![x, w, bias, res4, out4],
+            [2.0, 2.0, 0.0, 0.0, 1.0, 1.0],
+        ),
+        (
+            "padding 1",
+            vec![x, w, bias, res10, out10],
+            [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+        ),
+        ("x in NCHW", vec![nchw, w, bias, res, out], one),
+        (
+            "no residual for a kernel that adds one",
+            vec![x, w, bias, fake_tensor(0, BF16, &[], &[]), out],
+            one,
+        ),
     ];
     for (why, t, s) in refused {
         assert!(!can(&t, &s), "{why}");

@@ -25,7 +25,10 @@ pub use render::{op_code, render, signature};
 pub use rule::{
     match_convs, refusals, substituted, with_layout, BatchNorm, ConvCall, ConvMatch, ConvRule,
 };
-pub use spec::{candidates, estimate, is_depthwise, kernels_take, refusal, ConvSpec, Depthwise};
+pub use spec::{
+    candidates, estimate, is_depthwise, is_pointwise, kernels_take, refusal, ConvSpec, Depthwise,
+    GemmSchedule,
+};
 
 use super::{Candidates, Dispatch, PlanFacts, Problem, Product, Spec, TypedKind};
 use super::{SweepCx, Unit, Work};
@@ -233,9 +236,13 @@ impl TypedKind for Conv {
     fn render(&self, s: &ConvSpec) -> Code {
         render::render(s)
     }
-    /// One family per arch: CUTLASS 3's builder and CUTLASS 2's implicit GEMM share no unit.
+    /// One family per arch: CUTLASS 3's builder and CUTLASS 2's implicit GEMM share no unit;
+    /// the 1x1 family's GEMMs (the GEMM builder's headers) have their own.
     fn unit(&self, s: &ConvSpec) -> Unit {
-        Unit::plain(format!("conv_{}", s.arch.short_name()))
+        match s.conv_gemm {
+            Some(_) => Unit::plain(format!("conv_{}_gemm", s.arch.short_name())),
+            None => Unit::plain(format!("conv_{}", s.arch.short_name())),
+        }
     }
     fn dispatch(&self, s: &ConvSpec) -> Dispatch {
         Dispatch {

@@ -3,7 +3,8 @@
 //! epilogue as one of CUTLASS's fusion operations, bias per column, that is per output channel,
 //! and the activation, the residual as C; templates/sm80_conv.cu.hbs: CUTLASS 2's
 //! `ImplicitGemmConvolution` with the broadcast epilogue, the bias its vector, the residual its
-//! C), both reading the ABI's call through one partial (templates/conv_call.hbs), and its
+//! C; templates/sm90_conv_gemm.cu.hbs: a 1x1 convolution as CUTLASS's sm90 GEMM builder's
+//! persistent GEMM over the pixels' rows, the same epilogue), all reading the ABI's call through one partial (templates/conv_call.hbs), and its
 //! section of the torch op library (templates/conv_op.cpp.hbs: `fact::conv` and its fallback,
 //! the replaced ops). Pure, like every rendering: the same spec renders the same text.
 
@@ -16,6 +17,7 @@ use serde_json::json;
 use std::sync::OnceLock;
 
 const KERNEL: &str = include_str!("templates/sm90_conv.cu.hbs");
+const POINTWISE: &str = include_str!("templates/sm90_conv_gemm.cu.hbs");
 const KERNEL80: &str = include_str!("templates/sm80_conv.cu.hbs");
 const DEPTHWISE: &str = include_str!("templates/sm80_dwconv.cu.hbs");
 const CALL: &str = include_str!("templates/conv_call.hbs");
@@ -28,6 +30,7 @@ fn templates() -> &'static Handlebars<'static> {
             &[("conv_call", CALL), codegen::PER_DEVICE],
             &[
                 ("sm90_conv", KERNEL),
+                ("sm90_conv_gemm", POINTWISE),
                 ("sm80_conv", KERNEL80),
                 ("sm80_dwconv", DEPTHWISE),
                 ("op", OP),
@@ -91,6 +94,18 @@ pub fn render(s: &ConvSpec) -> Source {
         "act": s.act.map(ConvAct::name).unwrap_or_default(),
     });
     let template = match (s.conv_depthwise, s.conv_warps, s.conv_stages) {
+        _ if s.conv_gemm.is_some() => {
+            let g = s.conv_gemm.expect("checked");
+            let (kernel, epilogue) = g.cutlass();
+            vars["schedule"] = json!(match g {
+                super::spec::GemmSchedule::Coop => "cooperative",
+                super::spec::GemmSchedule::Pingpong => "ping-pong",
+            });
+            vars["kernel_schedule"] = json!(kernel);
+            vars["epilogue_schedule"] = json!(epilogue);
+            vars["fusion"] = json!(fusion(s));
+            "sm90_conv_gemm"
+        }
         (Some(dw), Some([wm, _, _]), Some(stages)) => {
             let [r, f] = dw.filter;
             // -1: read at run time (CUTLASS's marker for the Optimized iterators).
@@ -184,6 +199,7 @@ mod tests {
             conv_warps: None,
             conv_stages: None,
             conv_fixed_channels: None,
+            conv_gemm: None,
             conv_depthwise: None,
             bias: true,
             residual: true,
@@ -225,6 +241,44 @@ mod tests {
         })
         .text;
         assert!(silu.contains("LinCombEltAct<cutlass::epilogue::thread::GELU_taylor,"));
+        assert_eq!(crate::kinds::Spec::from(s.clone()).render(), render(&s));
+    }
+
+    #[test]
+    fn a_1x1_gemm_render_is_golden_and_carries_the_epilogue() {
+        // resnet's bottleneck expansion under tf32: bias, residual and ReLU, cooperative.
+        let s = ConvSpec {
+            dtype: DType::F32,
+            conv_tile: [128, 128, 32],
+            conv_gemm: Some(super::super::GemmSchedule::Coop),
+            ..spec()
+        };
+        assert_eq!(s.invalid_reason(), None);
+        let text = render(&s).text;
+        expect_test::expect_file![
+            "../../../tests/golden/sm90_conv2d_fprop_tf32_128x128x32_1x1x1_1x1gemm_coop_bias_add_relu.cu"
+        ]
+        .assert_eq(&text);
+        for line in [
+            "using FusionOp = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<cutlass::epilogue::thread::ReLu, Element, ElementCompute, Element, ElementC, ElementCompute>;",
+            "    cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;",
+            "    cutlass::epilogue::TmaWarpSpecializedCooperative,",
+            "    Element, cutlass::layout::RowMajor, Alignment,\n    Element, cutlass::layout::ColumnMajor, Alignment,",
+            "  return c.r == 1 && c.s == 1 && c.stride[0] == 1 && c.stride[1] == 1 && c.pad[0] == 0 && c.pad[1] == 0 &&",
+            "  fusion.beta = 1.0f;",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        let pp = render(&ConvSpec {
+            conv_tile: [64, 128, 64],
+            conv_gemm: Some(super::super::GemmSchedule::Pingpong),
+            residual: false,
+            ..spec()
+        })
+        .text;
+        assert!(pp.contains("cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;"));
+        assert!(pp.contains("    cutlass::epilogue::TmaWarpSpecialized,"));
+        assert!(pp.contains("using ElementC = void;") && pp.contains("fusion.beta = 0.0f;"));
         assert_eq!(crate::kinds::Spec::from(s.clone()).render(), render(&s));
     }
 
@@ -352,6 +406,7 @@ mod tests {
             conv_warps: Some([4, 1, 1]),
             conv_stages: Some(3),
             conv_fixed_channels: None,
+            conv_gemm: None,
             conv_depthwise: Some(crate::kinds::conv::Depthwise {
                 filter: [3, 3],
                 stride: Some([2, 2]),
@@ -383,6 +438,7 @@ mod tests {
         let plain = render(&ConvSpec {
             dtype: DType::F32,
             conv_fixed_channels: None,
+            conv_gemm: None,
             conv_depthwise: Some(crate::kinds::conv::Depthwise {
                 filter: [7, 7],
                 stride: None,
