@@ -13,6 +13,7 @@
 //! (`Entry::from_runs`).
 
 use super::*;
+use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// What every realization of one command shares: its options, the toolchain, whether a GPU
@@ -99,6 +100,51 @@ fn to_time_here(here: Option<&Provenance>, entry: &Entry) -> Option<(String, Vec
         format!("{} with CUTLASS {}", prov.device.name, prov.cutlass),
         leading,
     ))
+}
+
+/// How many kernels of a family its entry never tried a table hit times (`untried_families`).
+const FAMILY_KERNELS: usize = 4;
+
+/// The kernels of `space` (the kind's space for the problem now, best first: `Kind::space_now`)
+/// of families no run of `entry` tried, passing or failing, the first `FAMILY_KERNELS` of each: a
+/// family the kind gained after the entry was measured (the 1x1 convolutions' GEMMs, the stems'
+/// fixed-channels kernels). A hit on a GPU times them before it uses the entry, and their run
+/// merges into it, so its winner is chosen over every family the kind has now; a compacted
+/// table keeps a kernel of each family a run tried, so a family stays tried.
+fn untried_families(entry: &Entry, space: Vec<Spec>) -> Vec<Spec> {
+    let tried: BTreeSet<String> = entry
+        .runs
+        .iter()
+        .flat_map(|r| &r.candidates)
+        .map(|c| c.spec.family())
+        .collect();
+    let mut taken: BTreeMap<String, usize> = BTreeMap::new();
+    space
+        .into_iter()
+        .filter(|s| {
+            let family = s.family();
+            if tried.contains(&family) {
+                return false;
+            }
+            let n = taken.entry(family).or_default();
+            *n += 1;
+            *n <= FAMILY_KERNELS
+        })
+        .collect()
+}
+
+/// `untried_families` of the entry a hit found, where a GPU is here to time them.
+fn new_families(
+    cx: RealizeCtx,
+    here: Option<&Provenance>,
+    problem: &Problem,
+    math: MathType,
+    entry: &Entry,
+) -> Vec<Spec> {
+    if here.is_none() || !cx.gpu {
+        return vec![];
+    }
+    untried_families(entry, problem.kind().space_now(problem, math, cx.opts.arch))
 }
 
 /// Whether a hit whose leading kernels just ran here (`fresh`, the entry with that run) earns a
@@ -391,7 +437,26 @@ pub fn realize(
         }
     }
     match found {
-        Lookup::Exact { entry, table } => {
+        Lookup::Exact { mut entry, table } => {
+            let new = new_families(cx, here.as_ref(), problem, math, &entry);
+            if !new.is_empty() {
+                let mut families: Vec<String> = new.iter().map(Spec::family).collect();
+                families.dedup();
+                nvcc::progress_line(
+                    opts.progress,
+                    format_args!(
+                        "{key}: the table's entry never tried the kernel family {} (added since it was measured); timing its {} leading kernel(s) here",
+                        families.join(", "),
+                        new.len()
+                    ),
+                );
+                // The user table's entry now holds the new run; a shipped entry's runs are not
+                // in it, so the two merge, and the leading kernels of both families are timed
+                // here below where they were not.
+                if let Some((fresh, _)) = reverify(cx, sh, problem, math, &new, "_family")? {
+                    entry = entry.merged(&fresh);
+                }
+            }
             if let Some((on, leading)) = to_time_here(here.as_ref(), &entry) {
                 let Some((fresh, failures)) =
                     reverify(cx, sh, problem, math, &leading, "_reverify")?
@@ -601,10 +666,13 @@ pub(super) fn prefetch(
         match tables.lookup(&key, problem) {
             Lookup::Miss => {}
             Lookup::Exact { entry, .. } => {
-                if let Some((_, leading)) = to_time_here(here.as_ref(), &entry) {
+                let new = new_families(cx, here.as_ref(), problem, math, &entry);
+                let leading = to_time_here(here.as_ref(), &entry).map(|(_, l)| l);
+                if !new.is_empty() || leading.is_some() {
                     again += 1;
-                    specs.extend(leading);
                 }
+                specs.extend(new);
+                specs.extend(leading.unwrap_or_default());
                 continue;
             }
             Lookup::Bucket { entry, .. } => {
@@ -1464,5 +1532,109 @@ mod tests {
         // Without torch's time where it was measured, the entry is not known to lose: swept.
         let unknown = entry_against(128, 0, 1.2, None, "NVIDIA H200");
         assert!(sweep_here(&unknown, &fresh(&unknown, &loses_here)));
+    }
+
+    /// A table hit times the kernel families its entry never tried (passing or failing), four of
+    /// each, from the kind's space now: a 1x1 convolution measured before the GEMM family
+    /// existed gets the GEMM kernels timed; once a run tried that family, nothing more; a 3x3
+    /// convolution has no family its runs lack; a kind that does not look (GEMM) times nothing.
+    #[test]
+    fn a_hit_times_the_kernel_families_its_entry_never_tried() {
+        use crate::kinds::conv::{candidates, ConvAct, ConvProblem, ConvSpec};
+        let p = ConvProblem {
+            images: 32,
+            height: 56,
+            width: 56,
+            in_channels: 64,
+            out_channels: 256,
+            filter: [1, 1],
+            stride: [1, 1],
+            padding: [0, 0],
+            dilation: [1, 1],
+            groups: 1,
+            dtype: DType::Bf16,
+            bias: true,
+            residual: true,
+            act: Some(ConvAct::Relu),
+        };
+        let math = MathType::Bf16;
+        let space = |p: &ConvProblem| -> Vec<Spec> {
+            Problem::from(p.clone())
+                .kind()
+                .space_now(&Problem::from(p.clone()), math, Arch::Sm90)
+        };
+        let entry_of = |p: &ConvProblem, kernels: Vec<(ConvSpec, Outcome)>| {
+            let problem = Problem::from(p.clone());
+            Entry::from_runs(
+                TableKey::of(&problem, math, Arch::Sm90),
+                problem,
+                vec![run(kernels
+                    .into_iter()
+                    .map(|(k, outcome)| CandidateResult {
+                        kernel: k.name(),
+                        spec: k.into(),
+                        outcome,
+                    })
+                    .collect())],
+            )
+            .unwrap()
+        };
+        let ok = |ms: f64| {
+            timed(
+                &gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90)[0],
+                ms,
+            )
+            .outcome
+        };
+        let all = candidates(&p, math, Arch::Sm90).unwrap();
+        let (gemm_family, builder): (Vec<ConvSpec>, Vec<ConvSpec>) =
+            all.into_iter().partition(|s| s.conv_gemm.is_some());
+        // Measured when the conv builder's kernels were all there were.
+        let before = entry_of(
+            &p,
+            vec![
+                (builder[0].clone(), ok(0.12)),
+                (builder[1].clone(), ok(0.13)),
+            ],
+        );
+        let new = untried_families(&before, space(&p));
+        assert_eq!(new.len(), FAMILY_KERNELS);
+        let names: Vec<String> = new.iter().map(Spec::kernel_name).collect();
+        let leading: Vec<String> = gemm_family[..FAMILY_KERNELS]
+            .iter()
+            .map(ConvSpec::name)
+            .collect();
+        assert_eq!(
+            names, leading,
+            "the GEMM family's leading kernels, in the sweep's order"
+        );
+        assert!(new.iter().all(|s| s.family() == "conv_sm90_gemm"));
+        // One of them tried, even failing: the family is tried.
+        let after = entry_of(
+            &p,
+            vec![
+                (builder[0].clone(), ok(0.12)),
+                (gemm_family[5].clone(), Outcome::CannotImplement),
+            ],
+        );
+        assert!(untried_families(&after, space(&p)).is_empty());
+        // A 3x3 convolution's space is the builder's alone, which its runs tried.
+        let three = ConvProblem {
+            filter: [3, 3],
+            padding: [1, 1],
+            in_channels: 64,
+            out_channels: 64,
+            residual: false,
+            ..p.clone()
+        };
+        let first = candidates(&three, math, Arch::Sm90).unwrap()[0].clone();
+        let e3 = entry_of(&three, vec![(first, ok(0.06))]);
+        assert!(untried_families(&e3, space(&three)).is_empty());
+        // GEMMs do not look.
+        let g = Problem::from(problem());
+        assert!(g
+            .kind()
+            .space_now(&g, MathType::Tf32, Arch::Sm90)
+            .is_empty());
     }
 }

@@ -182,6 +182,13 @@ pub trait Kind: Sync + 'static {
     /// The kernels a sweep of `p` compiles first, or why there are none; an error where the
     /// sweep cannot go on at all.
     fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String>;
+    /// The kind's kernels for `p` under `math` on `arch`, best first, from its own space alone (no
+    /// agent, no budget), for a table hit to find the kernel families (`spec_family`) its entry
+    /// never tried: one added to the kind after the entry was measured. Empty (the default) for a
+    /// kind that does not look.
+    fn space_now(&self, _p: &Problem, _math: MathType, _arch: Arch) -> Vec<Spec> {
+        vec![]
+    }
     /// After a first round in which no kernel passed: one more set (`failures`: each kernel
     /// with its outcome; `avoid`: every kernel tried or known to fail), or None.
     fn retry(

@@ -103,6 +103,9 @@ pub trait TypedKind: Sync + 'static {
     }
 
     fn candidates(&self, p: &Self::Problem, cx: &mut SweepCx) -> Result<Candidates, String>;
+    fn space_now(&self, _p: &Self::Problem, _math: MathType, _arch: Arch) -> Vec<Spec> {
+        vec![]
+    }
     fn retry(
         &self,
         _p: &Self::Problem,
@@ -278,6 +281,9 @@ impl<K: TypedKind> Kind for K {
 
     fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
         TypedKind::candidates(self, problem_of::<K>(p), cx)
+    }
+    fn space_now(&self, p: &Problem, math: MathType, arch: Arch) -> Vec<Spec> {
+        TypedKind::space_now(self, problem_of::<K>(p), math, arch)
     }
     fn retry(
         &self,

@@ -244,6 +244,17 @@ impl TypedKind for Conv {
             None => Unit::plain(format!("conv_{}", s.arch.short_name())),
         }
     }
+    /// Finer than the units: the stems' fixed-channels kernels and the depthwise direct
+    /// convolutions share their arch's unit but win on problems of their own, and a table hit
+    /// looks for each family by this name (`space_now`).
+    fn spec_family(&self, s: &ConvSpec) -> String {
+        let unit = self.unit(s).family;
+        match (s.conv_depthwise, s.conv_fixed_channels) {
+            (Some(_), _) => format!("{unit}_depthwise"),
+            (None, Some(_)) => format!("{unit}_fixedc"),
+            (None, None) => unit,
+        }
+    }
     fn dispatch(&self, s: &ConvSpec) -> Dispatch {
         Dispatch {
             kind: "conv",
@@ -275,6 +286,12 @@ impl TypedKind for Conv {
         } else {
             Candidates::Kernels { specs, space: None }
         })
+    }
+    /// Every kernel the generator's space holds for `p`, in the sweep's order (no budget).
+    fn space_now(&self, p: &ConvProblem, math: MathType, arch: Arch) -> Vec<Spec> {
+        candidates(p, math, arch)
+            .map(|specs| specs.into_iter().map(Spec::from).collect())
+            .unwrap_or_default()
     }
     fn bench<'l>(
         &self,
