@@ -439,6 +439,7 @@ pub fn realize(
     match found {
         Lookup::Exact { mut entry, table } => {
             let new = new_families(cx, here.as_ref(), problem, math, &entry);
+            let mut family_failures = vec![];
             if !new.is_empty() {
                 let mut families: Vec<String> = new.iter().map(Spec::family).collect();
                 families.dedup();
@@ -453,16 +454,18 @@ pub fn realize(
                 // The user table's entry now holds the new run; a shipped entry's runs are not
                 // in it, so the two merge, and the leading kernels of both families are timed
                 // here below where they were not.
-                if let Some((fresh, _)) = reverify(cx, sh, problem, math, &new, "_family")? {
+                if let Some((fresh, failures)) = reverify(cx, sh, problem, math, &new, "_family")? {
                     entry = entry.merged(&fresh);
+                    family_failures = failures;
                 }
             }
             if let Some((on, leading)) = to_time_here(here.as_ref(), &entry) {
-                let Some((fresh, failures)) =
+                let Some((fresh, mut failures)) =
                     reverify(cx, sh, problem, math, &leading, "_reverify")?
                 else {
                     return sweep();
                 };
+                failures.extend(family_failures);
                 let fresh = for_here(here.as_ref(), fresh);
                 // As a bucket neighbour's (below): what loses to torch here earns a sweep, unless
                 // nothing beat torch where the entry was measured either.
@@ -503,7 +506,7 @@ pub fn realize(
             Ok(Realized {
                 how,
                 entry: Some(for_here(here.as_ref(), entry)),
-                failures: vec![],
+                failures: family_failures,
             })
         }
         Lookup::Bucket { entry, table } if cx.gpu => {
