@@ -29,7 +29,7 @@ use tables::{knowledge_command, table_command, KnowledgeCommand, TableCommand};
 #[derive(Parser)]
 #[command(
     name = "fact",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FACT_COMMIT"), ")"),
     about = "Makes TorchScript models faster with tuned CUTLASS kernels"
 )]
 struct Cli {
