@@ -4,8 +4,9 @@
 //! and the activation, the residual as C; templates/sm80_conv.cu.hbs: CUTLASS 2's
 //! `ImplicitGemmConvolution` with the broadcast epilogue, the bias its vector, the residual its
 //! C; templates/sm90_conv_gemm.cu.hbs: a 1x1 convolution as CUTLASS's sm90 GEMM builder's
-//! persistent GEMM over the pixels' rows, the same epilogue), all reading the ABI's call through one partial (templates/conv_call.hbs), and its
-//! section of the torch op library (templates/conv_op.cpp.hbs: `fact::conv` and its fallback,
+//! persistent GEMM over the pixels' rows, the same epilogue), all reading the ABI's call through
+//! one partial (templates/conv_call.hbs), the implicit GEMMs' entry points another
+//! (templates/conv_entry.hbs), and its section of the torch op library (templates/conv_op.cpp.hbs: `fact::conv` and its fallback,
 //! the replaced ops). Pure, like every rendering: the same spec renders the same text.
 
 use super::problem::ConvAct;
@@ -21,13 +22,18 @@ const POINTWISE: &str = include_str!("templates/sm90_conv_gemm.cu.hbs");
 const KERNEL80: &str = include_str!("templates/sm80_conv.cu.hbs");
 const DEPTHWISE: &str = include_str!("templates/sm80_dwconv.cu.hbs");
 const CALL: &str = include_str!("templates/conv_call.hbs");
+const ENTRY: &str = include_str!("templates/conv_entry.hbs");
 const OP: &str = include_str!("templates/conv_op.cpp.hbs");
 
 fn templates() -> &'static Handlebars<'static> {
     static R: OnceLock<Handlebars<'static>> = OnceLock::new();
     R.get_or_init(|| {
         codegen::templates(
-            &[("conv_call", CALL), codegen::PER_DEVICE],
+            &[
+                ("conv_call", CALL),
+                ("conv_entry", ENTRY),
+                codegen::PER_DEVICE,
+            ],
             &[
                 ("sm90_conv", KERNEL),
                 ("sm90_conv_gemm", POINTWISE),
