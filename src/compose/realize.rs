@@ -441,13 +441,12 @@ pub fn realize(
             let new = new_families(cx, here.as_ref(), problem, math, &entry);
             let mut family_failures = vec![];
             if !new.is_empty() {
-                let mut families: Vec<String> = new.iter().map(Spec::family).collect();
-                families.dedup();
+                let families: BTreeSet<String> = new.iter().map(Spec::family).collect();
                 nvcc::progress_line(
                     opts.progress,
                     format_args!(
                         "{key}: the table's entry never tried the kernel family {} (added since it was measured); timing its {} leading kernel(s) here",
-                        families.join(", "),
+                        families.into_iter().collect::<Vec<_>>().join(", "),
                         new.len()
                     ),
                 );
