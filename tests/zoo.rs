@@ -276,6 +276,11 @@ const EXPECT: &[Expect] = &[
 
 /// `fact discover --json` on `model` with no pattern tables: (the plan, or discover's stderr).
 fn discover(model: &Path) -> Result<Plan, String> {
+    discover_with(model, &[])
+}
+
+/// `fact discover --json` with `args` after the model.
+fn discover_with(model: &Path, args: &[&str]) -> Result<Plan, String> {
     let dir = tempfile::tempdir().unwrap();
     let out = fact()
         .env("FACT_TABLE", dir.path().join("t.json"))
@@ -283,6 +288,7 @@ fn discover(model: &Path) -> Result<Plan, String> {
         .arg("discover")
         .arg(model)
         .arg("--json")
+        .args(args)
         .output()
         .unwrap();
     if !out.status.success() {
@@ -412,6 +418,33 @@ fn zoo_models_discover_the_expected_patterns() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_layers_q_k_and_v_are_one_gemm_when_asked() {
+    // Llama's projections view their outputs; GPT-J's read their sizes first (`_split_heads`).
+    let dir = zoo_fixtures();
+    let manifest: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    for model in ["llama", "gptj"] {
+        let m = manifest.iter().find(|m| m["name"] == model).unwrap();
+        let layers = m["layers"].as_u64().unwrap() as usize;
+        let plan = discover_with(&dir.join(m["file"].as_str().unwrap()), &["--fuse-siblings"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let found = counts(plan.patterns.iter().map(|p| rule_name(&p.rule)));
+        // Every GEMM without bias left is one the model has once (the lm_head).
+        let e = EXPECT.iter().find(|e| e.model == model).unwrap();
+        let once = e
+            .once
+            .iter()
+            .find(|(r, _)| *r == "gemm_rcr")
+            .map(|(_, n)| n);
+        assert_eq!(
+            (found.get("siblings_rcr"), found.get("gemm_rcr")),
+            (Some(&layers), once),
+            "{model}: {found:?}"
+        );
+    }
 }
 
 #[test]

@@ -11,7 +11,8 @@
 //! The op returns each y_i as a view of the fused output [.., ΣN] (row stride ΣN), so every reader
 //! of a y_i must take such a view: the rule admits only `view`, `reshape` and `_unsafe_view` to a
 //! shape that keeps x's rows whole (`[B, T, H, D]` from `[B, T, H·D]`), which a row-strided tensor
-//! takes without a copy, and no y_i the graph returns. A linear whose GEMM takes an elementwise
+//! takes without a copy, besides `aten::size` reads (the y_i has the linear's shape), and no y_i
+//! the graph returns. A linear whose GEMM takes an elementwise
 //! epilogue (OPT's scaled q, a gate before its activation) is left to the GEMM kind: the group
 //! would take its products but leave the epilogue to torch.
 //!
@@ -165,7 +166,7 @@ fn linear(g: &Graph, readers: &[Vec<NodeId>], n: NodeId) -> Option<Linear> {
     if ty.shape != want || ty.dtype != tx.dtype || g.outputs.contains(&out) {
         return None;
     }
-    let views_only = readers[out].iter().all(|&r| {
+    let row_view = |r: NodeId| {
         let rn = &g.nodes[r];
         matches!(
             rn.kind.as_str(),
@@ -175,8 +176,15 @@ fn linear(g: &Graph, readers: &[Vec<NodeId>], n: NodeId) -> Option<Linear> {
             && rn.outputs.len() == 1
             && g.tensor(rn.outputs[0])
                 .is_some_and(|t| keeps_rows(&t.shape, rows, nw))
-    });
-    if readers[out].is_empty() || !views_only {
+    };
+    // GPT-J sizes each projection before its view (`tensor.size()[:-1] + (heads, dim)`): the op's
+    // view of the fused output has the linear's shape, so a size read of it reads the same.
+    let size_read = |r: NodeId| {
+        let rn = &g.nodes[r];
+        rn.kind == "aten::size" && rn.inputs.first() == Some(&out) && !rn.inputs[1..].contains(&out)
+    };
+    let views = readers[out].iter().filter(|&&r| row_view(r)).count();
+    if views == 0 || !readers[out].iter().all(|&r| row_view(r) || size_read(r)) {
         return None;
     }
     Some(Linear {

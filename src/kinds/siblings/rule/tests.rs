@@ -250,3 +250,35 @@ fn widths_and_k_must_be_whole_vectors_and_groups_at_most_four() {
     let sizes: Vec<usize> = match_siblings(&g).iter().map(|m| m.linears.len()).collect();
     assert_eq!(sizes, [MAX_SIBLINGS]);
 }
+
+#[test]
+fn gptjs_projections_sized_before_their_views_are_a_group() {
+    // GPT-J's `_split_heads` reads each projection's sizes for its view's shape
+    // (`tensor.size()[:-1] + (heads, dim)`): size reads of the op's view read the same.
+    let mut text = projections("bf16", 64, &[64, 64, 64], false, "").replace(
+        "%c1 = prim::Constant[1]()",
+        "%c0 = prim::Constant[0]()\n           %c1 = prim::Constant[1]()",
+    );
+    for i in 0..3 {
+        text = text.replace(
+            &format!("%shape.{i} = prim::ListConstruct(%c1, %b1, %cm1, %c16)"),
+            &format!(
+                "%s0.{i} = aten::size(%lin.{i}, %c0) : int
+           %s1.{i} = aten::size(%lin.{i}, %c1) : int
+           %shape.{i} = prim::ListConstruct(%s0.{i}, %s1.{i}, %cm1, %c16)"
+            ),
+        );
+    }
+    assert_eq!(text.matches("aten::size(%lin.").count(), 6, "{text}");
+    let m = match_siblings(&parse(&text));
+    assert_eq!(m.len(), 1, "{m:#?}");
+    assert_eq!(m[0].problem.widths, [64, 64, 64]);
+    // A projection read by its size alone, with no view of its rows, stays alone.
+    let text = text.replace(
+        "%view.2 = aten::view(%lin.2, %shape.2) : bf16[1,8,4,16]",
+        "%view.2 = aten::view(%x, %shape.2) : bf16[1,8,4,16]",
+    );
+    let m = match_siblings(&parse(&text));
+    assert_eq!(m.len(), 1, "{m:#?}");
+    assert_eq!(m[0].problem.widths, [64, 64]);
+}
