@@ -1,6 +1,6 @@
 //! Ingestion through the bridge and the GEMM rule on real TorchScript archives.
 
-use crate::common::{fact, fixture};
+use crate::common::{fact, fixture, run_python};
 use fact::kinds::gemm::{match_gemms, GemmLayout, GemmOrigin};
 use fact::torch::{self, InputShape};
 use fact::types::DType;
@@ -200,4 +200,96 @@ fn f32_accurate_policy_plans_3xtf32_kernels() {
         "{}",
         v["plan"]["patterns"][0]
     );
+}
+
+/// The composed module reads one copy of a buffer every layer holds alike (GPT-J's rotary table),
+/// so TorchScript's executor computes what depends on it once; parameters, and a buffer the graph
+/// writes in place, keep their own reads, and the module computes what the archive did.
+#[test]
+fn equal_buffers_are_read_once_and_their_ops_run_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let script = format!(
+        r#"
+import torch
+class Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(12.0).reshape(3, 4).sin())
+        self.weight = torch.nn.Parameter(torch.ones(4))
+    def forward(self, x):
+        return x * self.table.sum(0) * self.weight
+class Counted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(4))
+    def forward(self, x):
+        self.count.add_(1.0)
+        return x + self.count
+class Model(torch.nn.Module):
+    def __init__(self, counted):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Layer() for _ in range(3)])
+        self.counted = torch.nn.ModuleList([Counted() for _ in range(counted)])
+    def forward(self, x):
+        for l in self.layers:
+            x = l(x)
+        for c in self.counted:
+            x = c(x)
+        return x
+for counted, name in [(0, "{}"), (2, "{}")]:
+    torch.jit.trace(Model(counted).eval(), torch.randn(2, 4), check_trace=False).save(name)
+print("ok")
+"#,
+        path("layers.pt").display(),
+        path("counted.pt").display()
+    );
+    assert_eq!(run_python(&script), "ok");
+    let schemas = fact::kinds::registry::op_schemas();
+    let reads = |text: &str, name: &str| {
+        text.matches(&format!("prim::GetAttr[name=\"{name}\"]"))
+            .count()
+    };
+    let text =
+        torch::rewrite_and_save(&path("layers.pt"), &path("layers_out.pt"), &[], &schemas).unwrap();
+    assert_eq!(
+        (reads(&text, "table"), reads(&text, "weight")),
+        (1, 3),
+        "{text}"
+    );
+    let text = torch::rewrite_and_save(&path("counted.pt"), &path("counted_out.pt"), &[], &schemas)
+        .unwrap();
+    assert_eq!(
+        (
+            reads(&text, "table"),
+            reads(&text, "weight"),
+            reads(&text, "count")
+        ),
+        (1, 3, 2),
+        "{text}"
+    );
+    // In TorchScript's executor: the archives' results, and after the profiling runs the optimized
+    // graph sums the table once where the archive's sums it in every layer. (With the in-place
+    // writes in the graph its alias analysis keeps every sum: the pooling is only a read.)
+    let check = format!(
+        r#"
+import torch
+def run(path):
+    m = torch.jit.load(path)
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    outs = [m(x) for _ in range(3)]
+    return outs, str(torch.jit.last_executed_optimized_graph()).count("aten::sum(")
+sums = []
+for a, b in [("{}", "{}"), ("{}", "{}")]:
+    (x, sa), (y, sb) = run(a), run(b)
+    assert all(torch.equal(p, q) for p, q in zip(x, y)), (x, y)
+    sums += [sa, sb]
+print(*sums)
+"#,
+        path("layers.pt").display(),
+        path("layers_out.pt").display(),
+        path("counted.pt").display(),
+        path("counted_out.pt").display()
+    );
+    assert_eq!(run_python(&check), "3 1 3 3");
 }

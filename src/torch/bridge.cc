@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <iomanip>
 #include <sstream>
 #include <stdexcept>
@@ -804,6 +805,92 @@ void host_shape_arithmetic(Graph& g) {
   }
 }
 
+// Module buffers of equal value read as one. Models built layer by layer keep a copy of a constant
+// table in every layer (GPT-J's `embed_positions`, the sinusoids each attention block turns into
+// its rotary cos and sin): the same ops then run on the same values once per layer, each a launch
+// and host work the GPU waits on. Where every layer reads the first layer's buffer instead, those
+// ops read the same values, and TorchScript's own common-subexpression pass (which its executor
+// runs before a module's first optimized forward) computes them once. Only tensor attributes that
+// are no parameter, compared by dtype, device, shape, strides and every element, and only where
+// nothing downstream of either read is an op that writes its input: a buffer that the graph
+// mutates (in place, through a view) keeps its own read. The composed module holds the values the
+// archive held, as the weights it concatenates or folds do. Only the top-level block (traced
+// graphs have no control flow); the reads left without uses are removed.
+std::optional<at::Tensor> buffer_read(torch::jit::Module& m, Graph& g, Value* v) {
+  std::vector<std::string> path;
+  for (Value* at = v; at != g.inputs()[0]; at = at->node()->input(0)) {
+    if (at->node()->kind() != c10::prim::GetAttr || at->node()->owningBlock() != g.block()) return std::nullopt;
+    path.insert(path.begin(), at->node()->s(c10::attr::name));
+  }
+  if (path.empty()) return std::nullopt;
+  c10::IValue attr = m._ivalue();
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (!attr.isObject()) return std::nullopt;
+    const auto obj = attr.toObject();
+    const auto slot = obj->type()->findAttributeSlot(path[i]);
+    if (!slot) return std::nullopt;
+    if (i + 1 == path.size() && obj->type()->is_parameter(*slot)) return std::nullopt;
+    attr = obj->getSlot(*slot);
+  }
+  if (!attr.isTensor() || !attr.toTensor().defined()) return std::nullopt;
+  return attr.toTensor();
+}
+
+// Whether an op that writes one of its inputs reads `v` or anything computed from it.
+bool reaches_a_write(Value* v) {
+  std::vector<Value*> todo = {v};
+  std::unordered_set<Value*> seen = {v};
+  while (!todo.empty()) {
+    Value* at = todo.back();
+    todo.pop_back();
+    for (const torch::jit::Use& u : at->uses()) {
+      const c10::FunctionSchema* schema = u.user->maybeSchema();
+      if (schema != nullptr && schema->is_mutable()) return true;
+      // A node with sub-blocks or an unknown op may do anything with it.
+      if (!u.user->blocks().empty() || (schema == nullptr && u.user->kind().is_aten())) return true;
+      for (Value* out : u.user->outputs()) {
+        if (seen.insert(out).second) todo.push_back(out);
+      }
+    }
+  }
+  return false;
+}
+
+void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
+  // Buffers read so far, by dtype and shape: the tensor and the value that reads it.
+  std::unordered_map<std::string, std::vector<std::pair<at::Tensor, Value*>>> first;
+  for (auto it = g.block()->nodes().begin(); it != g.block()->nodes().end();) {
+    Node* n = *it;
+    if (n->kind() != c10::prim::GetAttr || !n->output()->type()->isSubtypeOf(*c10::TensorType::get()) ||
+        !n->output()->hasUses()) {
+      ++it;
+      continue;
+    }
+    const std::optional<at::Tensor> t = buffer_read(m, g, n->output());
+    if (!t || reaches_a_write(n->output())) {
+      ++it;
+      continue;
+    }
+    std::ostringstream key;
+    key << t->dtype() << t->device() << t->sizes() << t->strides();
+    auto& same_shape = first[key.str()];
+    Value* pooled = nullptr;
+    for (const auto& [u, read] : same_shape) {
+      if (u.is_same(*t) || u.equal(*t)) {
+        pooled = read;
+        break;
+      }
+    }
+    if (pooled == nullptr) {
+      same_shape.emplace_back(*t, n->output());
+      ++it;
+      continue;
+    }
+    n->output()->replaceAllUsesWith(pooled);
+    it.destroyCurrent();
+  }
+}
+
 // The module attribute `v` reads (a chain of prim::GetAttr from the module, graph input 0) and the
 // path that names it (`mlp_gate_proj_weight`); `what` says what the caller would do with it.
 std::pair<at::Tensor, std::string> module_attribute(torch::jit::Module& m, Graph& g, Value* v, const std::string& what) {
@@ -1138,6 +1225,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
       }
     }
     host_shape_arithmetic(*g);
+    pool_equal_buffers(m, *g);
     m.save(to_std(out_path));
     return rust::String(g->toString());
   });
