@@ -251,8 +251,9 @@ def kernel_profile(fn, inputs, iters=5, top=25):
     """Where one forward's GPU time goes: every CUDA kernel of `fn(*inputs)` summed over `iters`
     profiled forwards (per forward), the back-to-back wall time against the kernels' sum (the gap
     is launch and host work the GPU waits on), and the idle gaps over 5 us by the kernel before
-    them, and each op's host time per call (a pass of its own). {wall_ms, kernels_ms, idle_ms,
-    kernels: [{ms, calls, name}], gaps_after: [...], host_ops: [{name, calls, us_per_call, ...}]}."""
+    them, and each op's host time per call (a pass of its own), and one call as the timed runs make
+    it (`cold_call`). {wall_ms, kernels_ms, idle_ms, kernels: [{ms, calls, name}], gaps_after:
+    [...], host_ops: [{name, calls, us_per_call, ...}], cold_call: {host_ms, span_ms}}."""
     import time
     from collections import defaultdict
     from torch.profiler import ProfilerActivity, profile
@@ -299,4 +300,26 @@ def kernel_profile(fn, inputs, iters=5, top=25):
     return {"wall_ms": wall_ms, "kernels_ms": sum(r[0] for r in rows), "idle_ms": sum(r[0] for r in gap_rows),
             "kernels": [{"ms": ms, "calls": n, "name": name} for ms, n, name in rows[:top]],
             "gaps_after": [{"ms": ms, "count": n, "name": name} for ms, n, name in gap_rows[:top]],
-            "host_ops": host_ops}
+            "host_ops": host_ops, "cold_call": cold_call(fn, inputs)}
+
+
+def cold_call(fn, inputs, calls=10):
+    """One forward as the timed runs see it: L2 flushed and the GPU idle when the call starts, so
+    host work the GPU waits on shows as time. No profiler (it slows the host several times over):
+    {host_ms: the call's own host time (it returns before the GPU is done where the host keeps
+    ahead), span_ms: CUDA events around the call, the GPU's view}, medians of `calls`. Against the
+    profile's kernels_ms, span - kernels is what the GPU spent waiting."""
+    flush = flush_buffer()
+    host, span = [], []
+    for _ in range(calls):
+        flush.zero_()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        fn(*inputs)
+        host.append((time.perf_counter() - t0) * 1e3)
+        end.record()
+        end.synchronize()
+        span.append(start.elapsed_time(end))
+    return {"host_ms": statistics.median(host), "span_ms": statistics.median(span)}
