@@ -293,3 +293,64 @@ print(*sums)
     );
     assert_eq!(run_python(&check), "3 1 3 3");
 }
+
+/// The composed module issues cheap ops (a mask the graph computes from sizes) at their first use,
+/// after the heavy ones before it, where reordering cannot change a result; a graph that writes a
+/// tensor in place keeps its order.
+#[test]
+fn cheap_ops_are_issued_at_their_first_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let script = format!(
+        r#"
+import torch
+class Model(torch.nn.Module):
+    def __init__(self, in_place):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.in_place = in_place
+    def forward(self, x):
+        t = x.shape[1]
+        mask = torch.arange(t).unsqueeze(0) <= torch.arange(t).unsqueeze(1)
+        y = self.lin(x)
+        if self.in_place:
+            y.mul_(2.0)
+        return y.masked_fill(~mask[:, :8], 0.0)
+x = torch.randn(2, 8, 8)
+for in_place, name in [(False, "{}"), (True, "{}")]:
+    torch.jit.trace(Model(in_place).eval(), x, check_trace=False).save(name)
+print("ok")
+"#,
+        path("late.pt").display(),
+        path("kept.pt").display()
+    );
+    assert_eq!(run_python(&script), "ok");
+    let schemas = fact::kinds::registry::op_schemas();
+    let order = |text: &str| {
+        let at = |op: &str| {
+            text.find(op)
+                .unwrap_or_else(|| panic!("no {op} in\n{text}"))
+        };
+        at("aten::linear") < at("aten::arange")
+    };
+    let text =
+        torch::rewrite_and_save(&path("late.pt"), &path("late_out.pt"), &[], &schemas).unwrap();
+    assert!(order(&text), "the mask is issued after the linear:\n{text}");
+    let text =
+        torch::rewrite_and_save(&path("kept.pt"), &path("kept_out.pt"), &[], &schemas).unwrap();
+    assert!(!order(&text), "an in-place write keeps the order:\n{text}");
+    let check = format!(
+        r#"
+import torch
+x = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(0))
+for a, b in [("{}", "{}"), ("{}", "{}")]:
+    assert torch.equal(torch.jit.load(a)(x), torch.jit.load(b)(x)), (a, b)
+print("ok")
+"#,
+        path("late.pt").display(),
+        path("late_out.pt").display(),
+        path("kept.pt").display(),
+        path("kept_out.pt").display()
+    );
+    assert_eq!(run_python(&check), "ok");
+}
