@@ -891,48 +891,6 @@ void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
   }
 }
 
-// The graph's cheap ops issued as late as their values allow, each right before its first reader.
-// A forward starts with the GPU idle; TorchScript issues ops in program order, and the host takes
-// microseconds an op while a position, mask or rotary-table op runs for about as long on the GPU,
-// so the GPU waits through every such op the graph computes before its first heavy kernel (Llama
-// computes its causal mask and its rotary cos and sin before the first layer). Issued at their
-// first use, they follow the first layer's norm and projections, which keep the GPU busy while the
-// host works through them. fact's ops and torch's heavy ops (products, convolutions, attention,
-// norms) keep their place. Program order is all that changes, and only where it cannot change a
-// result: nowhere in a graph that writes a tensor in place, draws random numbers or has side
-// effects or sub-blocks.
-void issue_cheap_ops_late(Graph& g) {
-  static const std::unordered_set<std::string> heavy = {
-      "aten::linear", "aten::matmul", "aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
-      "aten::_convolution", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::scaled_dot_product_attention",
-      "aten::layer_norm", "aten::group_norm", "aten::batch_norm", "aten::softmax", "aten::embedding"};
-  for (Node* n : g.block()->nodes()) {
-    const c10::FunctionSchema* schema = n->maybeSchema();
-    if ((schema != nullptr && schema->is_mutable()) || n->isNondeterministic() || n->hasSideEffects() ||
-        !n->blocks().empty()) {
-      return;
-    }
-  }
-  static const c10::Symbol fact_ns = c10::Symbol::fromQualString("namespaces::fact");
-  const std::vector<Node*> nodes(g.block()->nodes().begin(), g.block()->nodes().end());
-  // Latest first: a node's readers come after it, so they are in their final places when it moves.
-  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
-    Node* n = *it;
-    if (n->kind().ns() == fact_ns || heavy.count(n->kind().toQualString()) || n->kind() == c10::prim::Constant ||
-        n->kind() == c10::prim::GetAttr || n->outputs().empty()) {
-      continue;
-    }
-    Node* first = nullptr;
-    for (Value* out : n->outputs()) {
-      for (const torch::jit::Use& u : out->uses()) {
-        if (first == nullptr || u.user->isBefore(first)) first = u.user;
-      }
-    }
-    if (first == nullptr || first->owningBlock() != g.block() || first == n->next()) continue;
-    n->moveBefore(first);
-  }
-}
-
 // The module attribute `v` reads (a chain of prim::GetAttr from the module, graph input 0) and the
 // path that names it (`mlp_gate_proj_weight`); `what` says what the caller would do with it.
 std::pair<at::Tensor, std::string> module_attribute(torch::jit::Module& m, Graph& g, Value* v, const std::string& what) {
@@ -1268,7 +1226,6 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     }
     host_shape_arithmetic(*g);
     pool_equal_buffers(m, *g);
-    issue_cheap_ops_late(*g);
     m.save(to_std(out_path));
     return rust::String(g->toString());
   });
