@@ -833,7 +833,10 @@ std::optional<at::Tensor> buffer_read(torch::jit::Module& m, Graph& g, Value* v)
     attr = obj->getSlot(*slot);
   }
   if (!attr.isTensor() || !attr.toTensor().defined()) return std::nullopt;
-  return attr.toTensor();
+  // Dense tensors only: `equal` is defined for them (a sparse or quantized buffer keeps its read).
+  const at::Tensor& t = attr.toTensor();
+  if (t.layout() != at::kStrided || t.is_quantized() || t.is_meta()) return std::nullopt;
+  return t;
 }
 
 // Whether an op that writes one of its inputs reads `v` or anything computed from it.
