@@ -203,8 +203,9 @@ fn f32_accurate_policy_plans_3xtf32_kernels() {
 }
 
 /// The composed module reads one copy of a buffer every layer holds alike (GPT-J's rotary table),
-/// so TorchScript's executor computes what depends on it once; parameters, and a buffer the graph
-/// writes in place, keep their own reads, and the module computes what the archive did.
+/// so TorchScript's executor computes what depends on it once; parameters, a buffer the graph
+/// writes in place and one it returns keep their own reads, and the module computes what the
+/// archive did.
 #[test]
 fn equal_buffers_are_read_once_and_their_ops_run_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -227,22 +228,24 @@ class Counted(torch.nn.Module):
         self.count.add_(1.0)
         return x + self.count
 class Model(torch.nn.Module):
-    def __init__(self, counted):
+    def __init__(self, counted, returned):
         super().__init__()
         self.layers = torch.nn.ModuleList([Layer() for _ in range(3)])
         self.counted = torch.nn.ModuleList([Counted() for _ in range(counted)])
+        self.returned = returned
     def forward(self, x):
         for l in self.layers:
             x = l(x)
         for c in self.counted:
             x = c(x)
-        return x
-for counted, name in [(0, "{}"), (2, "{}")]:
-    torch.jit.trace(Model(counted).eval(), torch.randn(2, 4), check_trace=False).save(name)
+        return (x, self.layers[2].table) if self.returned else x
+for counted, returned, name in [(0, False, "{}"), (2, False, "{}"), (0, True, "{}")]:
+    torch.jit.trace(Model(counted, returned).eval(), torch.randn(2, 4), check_trace=False).save(name)
 print("ok")
 "#,
         path("layers.pt").display(),
-        path("counted.pt").display()
+        path("counted.pt").display(),
+        path("returned.pt").display()
     );
     assert_eq!(run_python(&script), "ok");
     let schemas = fact::kinds::registry::op_schemas();
@@ -268,6 +271,15 @@ print("ok")
         (1, 3, 2),
         "{text}"
     );
+    // The table the graph returns keeps its own read; the other two layers share one.
+    let text = torch::rewrite_and_save(
+        &path("returned.pt"),
+        &path("returned_out.pt"),
+        &[],
+        &schemas,
+    )
+    .unwrap();
+    assert_eq!(reads(&text, "table"), 2, "{text}");
     // In TorchScript's executor: the archives' results, and after the profiling runs the optimized
     // graph sums the table once where the archive's sums it in every layer. (With the in-place
     // writes in the graph its alias analysis keeps every sum: the pooling is only a read.)

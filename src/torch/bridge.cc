@@ -869,7 +869,13 @@ void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
       ++it;
       continue;
     }
-    const std::optional<at::Tensor> t = buffer_read(m, g, n->output());
+    // A buffer the graph returns (or packs into a list or tuple) keeps its read: the caller may
+    // hold on to it, and should get the buffer it asked for.
+    const bool escapes = std::any_of(n->output()->uses().begin(), n->output()->uses().end(), [&](const torch::jit::Use& u) {
+      return u.user == g.return_node() || u.user->kind() == c10::prim::TupleConstruct ||
+             u.user->kind() == c10::prim::ListConstruct || u.user->kind() == c10::prim::DictConstruct;
+    });
+    const std::optional<at::Tensor> t = escapes ? std::nullopt : buffer_read(m, g, n->output());
     if (!t || reaches_a_write(n->output())) {
       ++it;
       continue;
