@@ -816,25 +816,48 @@ void host_shape_arithmetic(Graph& g) {
 // mutates (in place, through a view) keeps its own read. The composed module holds the values the
 // archive held, as the weights it concatenates or folds do. Only the top-level block (traced
 // graphs have no control flow); the reads left without uses are removed.
-std::optional<at::Tensor> buffer_read(torch::jit::Module& m, Graph& g, Value* v) {
+// The chain of prim::GetAttr from the module (graph input 0) that `v` reads, outermost name first;
+// nullopt where `v` is the module itself or is not read that way.
+std::optional<std::vector<std::string>> attribute_path(Graph& g, Value* v) {
+  if (v == g.inputs()[0]) return std::nullopt;
   std::vector<std::string> path;
   for (Value* at = v; at != g.inputs()[0]; at = at->node()->input(0)) {
-    if (at->node()->kind() != c10::prim::GetAttr || at->node()->owningBlock() != g.block()) return std::nullopt;
+    if (at->node()->kind() != c10::prim::GetAttr) return std::nullopt;
     path.insert(path.begin(), at->node()->s(c10::attr::name));
   }
-  if (path.empty()) return std::nullopt;
-  c10::IValue attr = m._ivalue();
-  for (size_t i = 0; i < path.size(); ++i) {
-    if (!attr.isObject()) return std::nullopt;
-    const auto obj = attr.toObject();
-    const auto slot = obj->type()->findAttributeSlot(path[i]);
+  return path;
+}
+
+// The module attribute at `path` (`attribute_path`), whether it is a parameter, and the name that
+// joins its path (`mlp_gate_proj_weight`); nullopt where a step is no attribute of an object.
+struct ModuleAttribute {
+  c10::IValue value;
+  bool parameter = false;
+  std::string name;
+};
+
+std::optional<ModuleAttribute> find_attribute(torch::jit::Module& m, const std::vector<std::string>& path) {
+  ModuleAttribute a;
+  a.value = m._ivalue();
+  for (const auto& step : path) {
+    if (!a.value.isObject()) return std::nullopt;
+    const auto obj = a.value.toObject();
+    const auto slot = obj->type()->findAttributeSlot(step);
     if (!slot) return std::nullopt;
-    if (i + 1 == path.size() && obj->type()->is_parameter(*slot)) return std::nullopt;
-    attr = obj->getSlot(*slot);
+    a.parameter = obj->type()->is_parameter(*slot);
+    a.value = obj->getSlot(*slot);
+    a.name += (a.name.empty() ? "" : "_") + step;
   }
-  if (!attr.isTensor() || !attr.toTensor().defined()) return std::nullopt;
-  // Dense tensors only: `equal` is defined for them (a sparse or quantized buffer keeps its read).
-  const at::Tensor& t = attr.toTensor();
+  return a;
+}
+
+// The tensor `v` reads where it is a module attribute and no parameter (a buffer), else nullopt.
+// Dense tensors only: `equal` is defined for them (a sparse or quantized buffer keeps its read).
+std::optional<at::Tensor> buffer_read(torch::jit::Module& m, Graph& g, Value* v) {
+  const auto path = attribute_path(g, v);
+  const auto a = path ? find_attribute(m, *path) : std::nullopt;
+  if (!a || a->parameter || !a->value.isTensor() || !a->value.toTensor().defined()) return std::nullopt;
+  const at::Tensor& t = a->value.toTensor();
   if (t.layout() != at::kStrided || t.is_quantized() || t.is_meta()) return std::nullopt;
   return t;
 }
@@ -903,25 +926,15 @@ void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
 // The module attribute `v` reads (a chain of prim::GetAttr from the module, graph input 0) and the
 // path that names it (`mlp_gate_proj_weight`); `what` says what the caller would do with it.
 std::pair<at::Tensor, std::string> module_attribute(torch::jit::Module& m, Graph& g, Value* v, const std::string& what) {
-  std::vector<std::string> path;
   if (v == g.inputs()[0]) throw std::runtime_error("the module itself cannot be " + what);
-  for (Value* at = v; at != g.inputs()[0]; at = at->node()->input(0)) {
-    if (at->node()->kind() != c10::prim::GetAttr) {
-      throw std::runtime_error("value " + v->debugName() + " is no module attribute: it cannot be " + what);
-    }
-    path.insert(path.begin(), at->node()->s(c10::attr::name));
+  const auto path = attribute_path(g, v);
+  if (!path) throw std::runtime_error("value " + v->debugName() + " is no module attribute: it cannot be " + what);
+  const auto a = find_attribute(m, *path);
+  if (!a) throw std::runtime_error("value " + v->debugName() + " is no module attribute");
+  if (!a->value.isTensor() || !a->value.toTensor().defined() || a->value.toTensor().dim() < 1) {
+    throw std::runtime_error("attribute " + a->name + " is no tensor: it cannot be " + what);
   }
-  c10::IValue attr = m._ivalue();
-  std::string name;
-  for (const auto& p : path) {
-    if (!attr.isObject()) throw std::runtime_error("value " + v->debugName() + " is no module attribute");
-    attr = attr.toObject()->getAttr(p);
-    name += (name.empty() ? "" : "_") + p;
-  }
-  if (!attr.isTensor() || !attr.toTensor().defined() || attr.toTensor().dim() < 1) {
-    throw std::runtime_error("attribute " + name + " is no tensor: it cannot be " + what);
-  }
-  return {attr.toTensor().detach(), name};
+  return {a->value.toTensor().detach(), a->name};
 }
 
 // `t` as a buffer of the module named `base` (a number added where the name is taken by anything
