@@ -298,6 +298,11 @@ fn discover_with(model: &Path, args: &[&str]) -> Result<Plan, String> {
     Ok(serde_json::from_value(v["plan"].clone()).expect("discover --json's plan"))
 }
 
+/// The zoo fixtures' manifest.json: one entry per model, in the zoo's order.
+fn manifest(dir: &Path) -> Vec<serde_json::Value> {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap()
+}
+
 /// A rule id without the epilogue program's digest (`_` and eight hex digits at the end).
 fn rule_name(rule: &str) -> &str {
     match rule.rsplit_once('_') {
@@ -369,8 +374,7 @@ fn report(e: &Expect, layers: usize, plan: &Plan, found: &BTreeMap<String, usize
 #[test]
 fn zoo_models_discover_the_expected_patterns() {
     let dir = zoo_fixtures();
-    let manifest: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest = manifest(dir);
     let names: Vec<&str> = manifest
         .iter()
         .map(|m| m["name"].as_str().unwrap())
@@ -424,8 +428,7 @@ fn zoo_models_discover_the_expected_patterns() {
 fn every_layers_q_k_and_v_are_one_gemm_when_asked() {
     // Llama's projections view their outputs; GPT-J's read their sizes first (`_split_heads`).
     let dir = zoo_fixtures();
-    let manifest: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest = manifest(dir);
     for model in ["llama", "gptj"] {
         let m = manifest.iter().find(|m| m["name"] == model).unwrap();
         let layers = m["layers"].as_u64().unwrap() as usize;
