@@ -22,6 +22,7 @@ fn main() {
 
     cxx_build::bridge("src/torch/mod.rs")
         .file("src/torch/bridge.cc")
+        .file("src/torch/memo.cc")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
@@ -33,6 +34,8 @@ fn main() {
         "src/torch/mod.rs",
         "src/torch/bridge.cc",
         "src/torch/bridge.h",
+        "src/torch/memo.cc",
+        "src/torch/ir.h",
         "src/torch/mask_class.h",
     ] {
         println!("cargo:rerun-if-changed={f}");

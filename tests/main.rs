@@ -14,6 +14,7 @@ mod glu;
 mod ingest;
 mod layernorm;
 mod layouts;
+mod memo;
 mod native_mha;
 mod padding;
 mod plan;

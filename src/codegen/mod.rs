@@ -173,6 +173,25 @@ pub fn op_vars(arch: crate::types::Arch) -> serde_json::Value {
     json!({ "arch": arch.short_name(), "devices": names.join(" or ") })
 }
 
+/// The frame's own ops (no kind's): the memo that keeps values a forward computes from its
+/// inputs' shapes and the module's buffers alone (`torch::memoize_static_values` calls them).
+pub const FRAME_OPS: &[OpDef] = &[
+    OpDef {
+        name: "memo_get",
+        schema: "memo_get(int site, Tensor[] shapes, Tensor[] state) -> Tensor[]",
+        function: "memo_get",
+    },
+    OpDef {
+        name: "memo_put",
+        schema: "memo_put(int site, Tensor[] shapes, Tensor[] state, Tensor[] values) -> Tensor[]",
+        function: "memo_put",
+    },
+];
+
+/// The frame's switch beside the kinds' (`fact_disable("memo")`): a memo turned off computes its
+/// values on every call.
+pub const MEMO_SWITCH: &str = "memo";
+
 /// The torch op library for `arch`: the shared frame (helpers, the kinds a user turns off by
 /// name, call counts, schemas and registrations) around each kind's section (`sections`: its
 /// ops and its code, in the registry's order); `switches` are the pattern kinds' names, in the
@@ -189,6 +208,7 @@ pub fn render_torch_op(
         .collect();
     let kinds: Vec<_> = switches
         .iter()
+        .chain([&MEMO_SWITCH])
         .enumerate()
         .map(|(i, name)| {
             let mut ident: Vec<char> = name.chars().collect();
@@ -200,11 +220,15 @@ pub fn render_torch_op(
             })
         })
         .collect();
-    let ops: Vec<&OpDef> = sections.iter().flat_map(|(ops, _)| ops.iter()).collect();
+    let ops: Vec<&OpDef> = sections
+        .iter()
+        .flat_map(|(ops, _)| ops.iter())
+        .chain(FRAME_OPS)
+        .collect();
     let mut vars = op_vars(arch);
     vars["device_check"] = json!(check.join(" || "));
     vars["kinds"] = json!(kinds);
-    vars["all"] = json!((1u32 << switches.len()) - 1);
+    vars["all"] = json!((1u32 << (switches.len() + 1)) - 1);
     vars["ops"] = json!(ops
         .iter()
         .map(|o| json!({ "name": o.name, "schema": o.schema, "function": o.function }))

@@ -160,11 +160,12 @@ pub fn unmatched(g: &Graph, matched: &BTreeSet<NodeId>) -> Vec<(NodeId, String)>
     out
 }
 
-/// Every kind's op schemas: what a rewrite defines before it saves the graph.
+/// Every kind's op schemas and the frame's: what a rewrite defines before it saves the graph.
 pub fn op_schemas() -> Vec<&'static str> {
     KINDS
         .iter()
         .flat_map(|k| k.ops().iter().map(|o| o.schema))
+        .chain(codegen::FRAME_OPS.iter().map(|o| o.schema))
         .collect()
 }
 

@@ -4,6 +4,7 @@
 #include "fact/src/torch/bridge.h"
 #include "fact/src/torch/mod.rs.h"
 #include "fact/src/torch/mask_class.h"
+#include "fact/src/torch/ir.h"
 
 #include <iomanip>
 #include <sstream>
@@ -449,16 +450,6 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
   return shapes;
 }
 
-// Whether node `n` reads its input `i` only for its metadata (sizes, dtype, device), never its
-// data: a mask built from `new_ones(x, ..)` and `x.size(1)` is a function of x's shape alone.
-bool reads_metadata_only(const Node* n, size_t i) {
-  static const std::unordered_set<std::string> kinds = {
-      "aten::size",     "aten::sym_size",  "aten::dim",      "aten::numel",     "prim::device",
-      "prim::dtype",    "prim::layout",    "aten::new_ones", "aten::new_zeros", "aten::new_empty",
-      "aten::new_full", "aten::ones_like", "aten::zeros_like", "aten::empty_like", "aten::full_like"};
-  return i == 0 && kinds.count(n->kind().toQualString()) > 0;
-}
-
 struct MaskFactOut {
   std::string cls;
   bool shape_only;
@@ -616,6 +607,17 @@ bool has_values(const at::Tensor& t) {
 }
 
 }  // namespace
+
+// Whether node `n` reads its input `i` only for its metadata (sizes, dtype, device), never its
+// data: a mask built from `new_ones(x, ..)` and `x.size(1)` is a function of x's shape alone.
+bool reads_metadata_only(const Node* n, size_t i) {
+  static const std::unordered_set<std::string> kinds = {
+      "aten::size",     "aten::sym_size",  "aten::dim",      "aten::numel",     "prim::device",
+      "prim::dtype",    "prim::layout",    "aten::new_ones", "aten::new_zeros", "aten::new_empty",
+      "aten::new_full", "aten::ones_like", "aten::zeros_like", "aten::empty_like", "aten::full_like"};
+  return i == 0 && kinds.count(n->kind().toQualString()) > 0;
+}
+
 
 rust::Vec<InputSpec> traced_inputs(rust::Str path) {
   return guarded("cannot read the traced inputs", [&] {
@@ -1248,6 +1250,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     }
     host_shape_arithmetic(*g);
     pool_equal_buffers(m, *g);
+    memoize_static_values(m, g);
     m.save(to_std(out_path));
     return rust::String(g->toString());
   });

@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv, fact::linears2, fact::linears3, fact::linears4
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv, fact::linears2, fact::linears3, fact::linears4, fact::memo_get, fact::memo_put
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -11,6 +11,8 @@
 #include "fact_kernels.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -380,9 +382,9 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
 }
 
 // The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
-// FACT_DISABLE=1 (or "all") in the environment turns every kind off, FACT_DISABLE=attention,epilogue
+// FACT_DISABLE=1 (or "all") in the environment turns every kind off (and the memo: "memo"), FACT_DISABLE=attention,epilogue
 // the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kSiblingsKind = 256, kAllKinds = 511 };
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kSiblingsKind = 256, kMemoKind = 512, kAllKinds = 1023 };
 
 // The bits of a comma-separated list of kind names; false on a name that is no kind.
 bool parse_kinds(const std::string& text, unsigned& bits) {
@@ -397,6 +399,7 @@ bool parse_kinds(const std::string& text, unsigned& bits) {
     else if (name == "glu") bits |= kGluKind;
     else if (name == "conv") bits |= kConvKind;
     else if (name == "siblings") bits |= kSiblingsKind;
+    else if (name == "memo") bits |= kMemoKind;
     else if (name == "all" || name == "1") bits |= kAllKinds;
     else if (!name.empty()) return false;
   }
@@ -410,7 +413,7 @@ std::atomic<unsigned>& disabled_kinds() {
     unsigned b = 0;
     if (!parse_kinds(v, b)) {
       // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, all); every fact op falls back\n", v);
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, memo, all); every fact op falls back\n", v);
       return unsigned(kAllKinds);
     }
     return b;
@@ -461,6 +464,94 @@ void count_fell_back(c10::string_view kernel, const std::string& why = "") {
   Counts& c = stats[std::string(kernel)];
   c.fell_back += 1;
   if (!why.empty()) c.why = why;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Values a forward computes from its inputs' shapes and the module's buffers alone (the causal
+// mask, the rotary cos and sin), kept per key: compose wraps such a subgraph in
+// `if memo_get(..) is empty: values = memo_put(.., <the subgraph>)`, so a forward at shapes seen
+// before issues none of its ops. The key is everything the subgraph's values can depend on: the
+// metadata of the tensors it reads only the shapes of, the identity, version counter (bumped by
+// every in-place write) and layout of each buffer it reads, and the modes that change what ops
+// compute (grad, inference, autocast, reduced-precision math, the current stream of each device).
+// An entry holds its buffers, so no other tensor can take their addresses while it lives.
+struct MemoEntry {
+  std::vector<int64_t> key;
+  std::vector<at::Tensor> state, values;
+};
+constexpr size_t kMemoEntries = 8;  // per site: the shapes a server cycles through
+std::mutex memo_mutex;
+std::unordered_map<int64_t, std::vector<MemoEntry>> memo_sites;
+
+void key_metadata(const at::Tensor& t, std::vector<int64_t>& key) {
+  key.push_back(t.defined());
+  if (!t.defined()) return;
+  key.push_back(static_cast<int64_t>(t.scalar_type()));
+  key.push_back(static_cast<int64_t>(t.layout()));
+  key.push_back(static_cast<int64_t>(t.device().type()));
+  key.push_back(t.device().index());
+  key.push_back(t.dim());
+  for (int64_t d = 0; d < t.dim(); ++d) key.push_back(t.size(d));
+  if (t.layout() == at::kStrided) {
+    for (int64_t d = 0; d < t.dim(); ++d) key.push_back(t.stride(d));
+    key.push_back(t.storage_offset());
+  }
+  if (t.is_cuda()) key.push_back(c10::cuda::getCurrentCUDAStream(t.device().index()).id());
+}
+
+// The key of a call, or false where the values must not be kept: memo turned off, or autograd
+// recording through a buffer that requires grad (a kept value would cut the graph).
+bool memo_key(const std::vector<at::Tensor>& shapes, const std::vector<at::Tensor>& state, std::vector<int64_t>& key) {
+  if (disabled(kMemoKind)) return false;
+  const bool grad = at::GradMode::is_enabled();
+  for (const at::Tensor& t : state) {
+    if (grad && t.defined() && t.requires_grad()) return false;
+  }
+  const at::Context& ctx = at::globalContext();
+  key = {grad, c10::InferenceMode::is_enabled(), at::autocast::is_autocast_enabled(at::kCUDA),
+         static_cast<int64_t>(at::autocast::get_autocast_dtype(at::kCUDA)), at::autocast::is_autocast_enabled(at::kCPU),
+         static_cast<int64_t>(at::autocast::get_autocast_dtype(at::kCPU)), ctx.allowTF32CuBLAS(), ctx.allowTF32CuDNN(),
+         static_cast<int64_t>(ctx.float32MatmulPrecision()), static_cast<int64_t>(ctx.allowBF16ReductionCuBLAS()),
+         static_cast<int64_t>(ctx.allowFP16ReductionCuBLAS()), ctx.deterministicAlgorithms(),
+         static_cast<int64_t>(shapes.size()), static_cast<int64_t>(state.size())};
+  for (const at::Tensor& t : shapes) key_metadata(t, key);
+  for (const at::Tensor& t : state) {
+    key_metadata(t, key);
+    if (!t.defined()) continue;
+    key.push_back(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+    key.push_back(t.layout() == at::kStrided ? reinterpret_cast<intptr_t>(t.data_ptr()) : 0);
+    key.push_back(static_cast<int64_t>(t._version()));
+  }
+  return true;
+}
+
+// The values kept for this key at site `site`, or none (the caller computes them and calls
+// memo_put).
+std::vector<at::Tensor> memo_get(int64_t site, std::vector<at::Tensor> shapes, std::vector<at::Tensor> state) {
+  std::vector<int64_t> key;
+  if (!memo_key(shapes, state, key)) return {};
+  std::lock_guard<std::mutex> lock(memo_mutex);
+  auto it = memo_sites.find(site);
+  if (it == memo_sites.end()) return {};
+  for (const MemoEntry& e : it->second) {
+    if (e.key == key) return e.values;
+  }
+  return {};
+}
+
+// Keeps `values` for this key at site `site` (the oldest entry goes past kMemoEntries) and returns them.
+std::vector<at::Tensor> memo_put(int64_t site, std::vector<at::Tensor> shapes, std::vector<at::Tensor> state,
+                                 std::vector<at::Tensor> values) {
+  std::vector<int64_t> key;
+  if (values.empty() || !memo_key(shapes, state, key)) return values;
+  std::lock_guard<std::mutex> lock(memo_mutex);
+  std::vector<MemoEntry>& entries = memo_sites[site];
+  for (const MemoEntry& e : entries) {
+    if (e.key == key) return values;
+  }
+  if (entries.size() >= kMemoEntries) entries.erase(entries.begin());
+  entries.push_back(MemoEntry{std::move(key), std::move(state), values});
+  return values;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2235,7 +2326,7 @@ extern "C" const char* fact_op_stats(void) {
   return text.c_str();
 }
 
-// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, all) off
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, memo, all) off
 // and every other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
 extern "C" int32_t fact_disable(const char* kinds) {
   unsigned bits = 0;
@@ -2304,6 +2395,12 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::linears4", ""}).has_value()) {
     m.def("linears4(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, int n3, str kernel) -> (Tensor, Tensor, Tensor, Tensor)");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::memo_get", ""}).has_value()) {
+    m.def("memo_get(int site, Tensor[] shapes, Tensor[] state) -> Tensor[]");
+  }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::memo_put", ""}).has_value()) {
+    m.def("memo_put(int site, Tensor[] shapes, Tensor[] state, Tensor[] values) -> Tensor[]");
+  }
   m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
   m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
@@ -2320,4 +2417,6 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   m.impl("linears2", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears2)));
   m.impl("linears3", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears3)));
   m.impl("linears4", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears4)));
+  m.impl("memo_get", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(memo_get)));
+  m.impl("memo_put", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(memo_put)));
 }

@@ -1,0 +1,26 @@
+// Reads of the TorchScript IR that the bridge's passes share (defined in bridge.cc).
+#pragma once
+#include <torch/script.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fact::bridge {
+
+// Whether node `n` reads its input `i` only for its metadata (sizes, dtype, device), never its data.
+bool reads_metadata_only(const torch::jit::Node* n, size_t i);
+
+// The chain of prim::GetAttr from the module (graph input 0) that `v` reads, outermost name first;
+// nullopt where `v` is the module itself or is not read that way.
+std::optional<std::vector<std::string>> attribute_path(torch::jit::Graph& g, torch::jit::Value* v);
+
+// The tensor `v` reads where it is a module attribute and no parameter (a buffer), else nullopt.
+std::optional<at::Tensor> buffer_read(torch::jit::Module& m, torch::jit::Graph& g, torch::jit::Value* v);
+
+// Computes once per key what a forward computes from its inputs' shapes and the module's buffers
+// alone (memo.cc).
+void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<torch::jit::Graph>& g);
+
+}  // namespace fact::bridge

@@ -1,0 +1,315 @@
+// Values a forward computes from its inputs' shapes and the module's buffers alone, computed once
+// per key (see memoize_static_values in ir.h). A traced decoder builds its causal mask from
+// `arange(x.size(1))` and its rotary cos and sin from the `inv_freq` buffer and the positions, on
+// every forward: some fifty small ops the host issues before the first GEMM while the GPU idles.
+// Their values are a function of the shapes they read and the buffers, so the op library keeps
+// them (templates/torch_op.cpp.hbs, memo_get and memo_put) and a forward at known shapes issues
+// none of them. The original ops stay in the graph, run where the memo has no entry.
+#include "fact/src/torch/ir.h"
+
+#include <algorithm>
+#include <random>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace fact::bridge {
+namespace {
+
+using torch::jit::Block;
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+bool is_tensor(const Value* v) { return v->type()->isSubtypeOf(*c10::TensorType::get()); }
+
+bool is_module(const Value* v) {
+  const auto cls = v->type()->cast<c10::ClassType>();
+  return cls != nullptr && cls->is_module();
+}
+
+// Whether node `n` computes a tensor of its own (no view, no metadata read): a memo of views alone
+// would cost the host as much as it saves.
+bool computes(const Node* n) {
+  const c10::FunctionSchema* schema = n->maybeSchema();
+  if (schema == nullptr || !n->kind().is_aten()) return false;
+  for (size_t i = 0; i < n->outputs().size() && i < schema->returns().size(); ++i) {
+    if (is_tensor(n->outputs()[i]) && schema->returns()[i].alias_info() == nullptr) return true;
+  }
+  return false;
+}
+
+// What may happen to the memory of `v` downstream: an op writes it (in place, through a view or
+// a container), or the graph returns it. Follows the uses that may alias `v` (an op's argument
+// with an alias annotation, as views have; a node without a schema, as lists and tuples are);
+// an op whose argument has none makes a new tensor of it. Unlike the alias analysis of
+// TorchScript, which takes every module attribute for one "wildcard", this tells one buffer from
+// another.
+struct Fate {
+  bool written = false, returned = false;
+};
+
+Fate fate(const Graph& g, Value* v) {
+  Fate f;
+  std::vector<Value*> todo = {v};
+  std::unordered_set<Value*> seen = {v};
+  while (!todo.empty() && !f.written) {
+    Value* at = todo.back();
+    todo.pop_back();
+    for (const torch::jit::Use& u : at->uses()) {
+      if (u.user == g.return_node()) {
+        f.returned = true;
+        continue;
+      }
+      const c10::FunctionSchema* schema = u.user->maybeSchema();
+      bool aliases = true;
+      if (schema != nullptr && u.offset < schema->arguments().size()) {
+        const c10::AliasInfo* info = schema->arguments()[u.offset].alias_info();
+        if (info != nullptr && info->isWrite()) f.written = true;
+        aliases = info != nullptr;
+      } else if (schema == nullptr && u.user->kind().is_aten()) {
+        f.written = true;  // an op of unknown effects
+      } else if (!u.user->blocks().empty()) {
+        f.written = true;  // control flow: anything may happen to it
+      }
+      if (!aliases) continue;
+      for (Value* out : u.user->outputs()) {
+        if (seen.insert(out).second) todo.push_back(out);
+      }
+    }
+  }
+  return f;
+}
+
+// The values of the top-level block that are fixed by the inputs' shapes and the module's buffers:
+// constants, the module and its submodules, its buffers (not its parameters, which training
+// changes and autograd tracks), metadata reads of any tensor, and what pure ops compute from
+// these. A value that an op writes (in place, through a view) is none of them, and neither is a
+// buffer the forward writes through any of its reads (or one sharing its memory).
+struct StaticValues {
+  std::unordered_set<const Node*> nodes;
+  std::unordered_set<const Value*> values;
+  std::unordered_set<const Value*> buffers;  // the buffer reads
+};
+
+StaticValues static_values(torch::jit::Module& m, Graph& g) {
+  static const std::unordered_set<c10::Symbol> pure_prims = {
+      c10::prim::Constant,    c10::prim::ListConstruct, c10::prim::ListUnpack, c10::prim::TupleConstruct,
+      c10::prim::TupleUnpack, c10::prim::TupleIndex,    c10::prim::NumToTensor, c10::prim::device,
+      c10::prim::dtype,       c10::prim::layout};
+  // The buffers some read of which is written, by their memory.
+  std::vector<at::Tensor> written;
+  for (Node* n : g.block()->nodes()) {
+    if (n->kind() != c10::prim::GetAttr || !is_tensor(n->output())) continue;
+    const std::optional<at::Tensor> t = buffer_read(m, g, n->output());
+    if (t && fate(g, n->output()).written) written.push_back(*t);
+  }
+  auto unwritten = [&](const at::Tensor& t) {
+    return std::none_of(written.begin(), written.end(), [&](const at::Tensor& w) { return w.is_alias_of(t); });
+  };
+  StaticValues s;
+  if (!g.inputs().empty() && is_module(g.inputs()[0])) s.values.insert(g.inputs()[0]);
+  for (Node* n : g.block()->nodes()) {
+    bool ok = n->blocks().empty() && !n->hasSideEffects() && !n->isNondeterministic();
+    if (ok && n->kind() == c10::prim::GetAttr) {
+      Value* out = n->output();
+      if (!s.values.count(n->input(0))) {
+        ok = false;
+      } else if (!is_module(out)) {
+        const std::optional<at::Tensor> t = is_tensor(out) ? buffer_read(m, g, out) : std::nullopt;
+        ok = t.has_value() && unwritten(*t);
+      }
+    } else if (ok && (pure_prims.count(n->kind()) > 0 || n->kind().is_aten())) {
+      const c10::FunctionSchema* schema = n->maybeSchema();
+      if (n->kind().is_aten()) ok = schema != nullptr && !schema->is_mutable();
+      for (size_t i = 0; ok && i < n->inputs().size(); ++i) {
+        const Value* v = n->input(i);
+        ok = s.values.count(v) > 0 || (is_tensor(v) && reads_metadata_only(n, i));
+      }
+    } else {
+      ok = false;
+    }
+    for (Value* out : n->outputs()) ok = ok && (!is_tensor(out) || !fate(g, out).written);
+    if (!ok) continue;
+    s.nodes.insert(n);
+    for (const Value* out : n->outputs()) s.values.insert(out);
+    if (n->kind() == c10::prim::GetAttr && is_tensor(n->output())) s.buffers.insert(n->output());
+  }
+  return s;
+}
+
+// One memo: the values it keeps, the static nodes that compute them (in graph order), the tensors
+// its key reads the metadata of, the buffers it reads, and the node before which it is computed
+// (the first that reads one of its values).
+struct Memo {
+  std::vector<Value*> values;
+  std::vector<Node*> nodes;
+  std::vector<Value*> shapes, buffers;
+  Node* at = nullptr;
+};
+
+}  // namespace
+
+void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& g) {
+  std::vector<Node*> order(g->block()->nodes().begin(), g->block()->nodes().end());
+  std::unordered_map<const Node*, size_t> pos;
+  for (size_t i = 0; i < order.size(); ++i) pos.emplace(order[i], i);
+  pos.emplace(g->return_node(), order.size());
+
+  // The node of the top-level block that holds `n` (itself, or the If or Loop it is nested in).
+  auto top_level = [&](Node* n) {
+    while (n->owningBlock() != g->block()) n = n->owningBlock()->owningNode();
+    return n;
+  };
+  // The key reads the shapes where the memo stands, the graph where it reads them: an op that
+  // changes a tensor's shape in place could tell the two apart, so a graph with one keeps its ops.
+  static const std::unordered_set<std::string> reshapes_in_place = {
+      "aten::resize_",  "aten::resize_as_", "aten::set_",     "aten::as_strided_", "aten::squeeze_",
+      "aten::unsqueeze_", "aten::transpose_", "aten::t_",     "aten::swapdims_",   "aten::swapaxes_"};
+  std::vector<Block*> blocks = {g->block()};
+  while (!blocks.empty()) {
+    Block* b = blocks.back();
+    blocks.pop_back();
+    for (Node* n : b->nodes()) {
+      if (reshapes_in_place.count(n->kind().toQualString())) return;
+      blocks.insert(blocks.end(), n->blocks().begin(), n->blocks().end());
+    }
+  }
+  std::vector<Memo> memos;
+  const StaticValues s = static_values(m, *g);
+  {
+    // The values to keep: static tensors that a node of the forward reads. One the graph returns
+    // (or that may alias what it returns) keeps being computed: the caller may write to it.
+    struct Kept {
+      Value* value;
+      size_t first_use;
+    };
+    std::vector<Kept> kept;
+    for (Node* n : order) {
+      // A constant costs nothing to read.
+      if (!s.nodes.count(n) || n->kind() == c10::prim::Constant) continue;
+      for (Value* out : n->outputs()) {
+        if (!is_tensor(out)) continue;
+        size_t first = order.size() + 1;
+        for (const torch::jit::Use& u : out->uses()) {
+          if (!s.nodes.count(u.user)) first = std::min(first, pos.at(top_level(u.user)));
+        }
+        if (first >= order.size() || fate(*g, out).returned) continue;
+        kept.push_back({out, first});
+      }
+    }
+    std::stable_sort(kept.begin(), kept.end(), [](const Kept& a, const Kept& b) { return a.first_use < b.first_use; });
+    // Memos in the order of their first use; a value joins the open memo where every tensor its
+    // key reads is defined before that memo's place, and otherwise opens the next.
+    auto before = [&](const Value* v, const Node* at) {
+      return v->node() == g->param_node() || pos.at(v->node()) < pos.at(at);
+    };
+    for (const Kept& k : kept) {
+      std::vector<Node*> slice;
+      std::vector<Value*> shapes, buffers;
+      std::unordered_set<const Node*> seen;
+      std::vector<Node*> todo = {k.value->node()};
+      while (!todo.empty()) {
+        Node* n = todo.back();
+        todo.pop_back();
+        if (!seen.insert(n).second) continue;
+        if (n->kind() == c10::prim::GetAttr && s.buffers.count(n->output())) {
+          buffers.push_back(n->output());
+          continue;
+        }
+        slice.push_back(n);
+        for (Value* v : n->inputs()) {
+          if (s.nodes.count(v->node())) {
+            todo.push_back(v->node());
+          } else if (!s.values.count(v)) {
+            shapes.push_back(v);  // read for its metadata alone (static_values)
+          }
+        }
+      }
+      // A buffer, or views of one, costs nothing to read again.
+      if (std::none_of(slice.begin(), slice.end(), computes)) continue;
+      if (memos.empty() || !std::all_of(shapes.begin(), shapes.end(), [&](Value* v) { return before(v, memos.back().at); })) {
+        memos.push_back(Memo{{}, {}, {}, {}, order[k.first_use]});
+      }
+      Memo& memo = memos.back();
+      memo.values.push_back(k.value);
+      memo.nodes.insert(memo.nodes.end(), slice.begin(), slice.end());
+      memo.shapes.insert(memo.shapes.end(), shapes.begin(), shapes.end());
+      memo.buffers.insert(memo.buffers.end(), buffers.begin(), buffers.end());
+    }
+  }
+
+  std::random_device random;
+  const auto get = c10::Symbol::fromQualString("fact::memo_get");
+  const auto put = c10::Symbol::fromQualString("fact::memo_put");
+  for (Memo& memo : memos) {
+    auto by_place = [&](auto& xs, auto place) {
+      std::sort(xs.begin(), xs.end(), [&](auto a, auto b) { return place(a) < place(b); });
+      xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+    };
+    by_place(memo.nodes, [&](const Node* n) { return pos.at(n); });
+    by_place(memo.shapes, [](const Value* v) { return v->unique(); });
+    by_place(memo.buffers, [](const Value* v) { return v->unique(); });
+
+    torch::jit::WithInsertPoint guard(memo.at);
+    // The buffers, read again here where their reads come later in the graph.
+    std::unordered_map<Value*, Value*> env;
+    std::vector<Value*> buffers;
+    for (Value* b : memo.buffers) {
+      Value* read = b;
+      if (pos.at(b->node()) >= pos.at(memo.at)) {
+        read = g->inputs()[0];
+        const std::vector<std::string> path = attribute_path(*g, b).value();
+        for (const std::string& name : path) read = g->insertGetAttr(read, name);
+        read->setType(b->type());
+      }
+      env[b] = read;
+      buffers.push_back(read);
+    }
+    // A site is one memo of one composed module: random, so that modules composed apart (their
+    // constants may differ where their graphs print alike) never share one.
+    const int64_t site = static_cast<int64_t>((static_cast<uint64_t>(random()) << 31) ^ random()) & INT64_MAX;
+    Value* site_v = g->insertConstant(site);
+    Value* shapes_v = g->insertNode(g->createList(c10::TensorType::get(), memo.shapes))->output();
+    Value* state_v = g->insertNode(g->createList(c10::TensorType::get(), buffers))->output();
+    Node* got = g->insertNode(g->create(get, {site_v, shapes_v, state_v}, 1));
+    got->output()->setType(c10::ListType::ofTensors());
+    Value* missing = g->insert(c10::aten::eq, {g->insert(c10::aten::len, {got->output()}), g->insertConstant(0)});
+    Node* branch = g->insertNode(g->create(c10::prim::If, {missing}, memo.values.size()));
+    Block* compute = branch->addBlock();
+    Block* reuse = branch->addBlock();
+    for (Node* n : memo.nodes) {
+      Node* c = compute->appendNode(g->createClone(n, [&](Value* v) {
+        auto it = env.find(v);
+        return it == env.end() ? v : it->second;
+      }));
+      for (size_t i = 0; i < n->outputs().size(); ++i) env[n->output(i)] = c->output(i);
+    }
+    std::vector<Value*> computed;
+    for (Value* v : memo.values) computed.push_back(env.at(v));
+    Value* list = compute->appendNode(g->createList(c10::TensorType::get(), computed))->output();
+    Node* kept = compute->appendNode(g->create(put, {site_v, shapes_v, state_v, list}, 1));
+    kept->output()->setType(c10::ListType::ofTensors());
+    Node* fresh = compute->appendNode(g->createListUnpack(kept->output(), memo.values.size()));
+    Node* known = reuse->appendNode(g->createListUnpack(got->output(), memo.values.size()));
+    for (size_t i = 0; i < memo.values.size(); ++i) {
+      compute->registerOutput(fresh->output(i));
+      reuse->registerOutput(known->output(i));
+      branch->output(i)->setType(c10::TensorType::get());
+      // Static nodes keep reading the original (they die below, or feed a later memo's copy).
+      Value* v = memo.values[i];
+      const std::vector<torch::jit::Use> uses = v->uses();
+      for (const torch::jit::Use& u : uses) {
+        if (!s.nodes.count(u.user)) u.user->replaceInput(u.offset, branch->output(i));
+      }
+    }
+  }
+  // The static nodes nothing reads any more: every one is pure, so it goes.
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = *it;
+    if (!s.nodes.count(n)) continue;
+    if (std::all_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return !v->hasUses(); })) n->destroy();
+  }
+}
+
+}  // namespace fact::bridge

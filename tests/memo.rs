@@ -1,0 +1,174 @@
+//! What a forward computes from its inputs' shapes and the module's buffers alone (positions from
+//! arange, the rotary cos and sin, a causal mask) is kept by the op library per key and issued
+//! once per shape: the rewrite wraps it in `fact::memo_get` / `fact::memo_put`, and leaves
+//! everything else (a buffer the forward writes, a table read with the input's data, values the
+//! graph returns) as it was. Fixtures: static_rotaries.pt (StaticRotaries), rotaries.pt (positions
+//! passed in: nothing to keep).
+
+use crate::common::{compose_json, fixture, run_python, sample_op_entry};
+use fact::kinds::rotary::{candidates, Form, RotaryProblem};
+use fact::kinds::Problem;
+use fact::table::Table;
+use fact::torch;
+use fact::types::{Arch, DType, MathType};
+
+/// The lines of `text` at the graph's top level and those inside a block.
+fn levels(text: &str) -> (Vec<&str>, Vec<&str>) {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with('%'))
+        .partition(|l| !l.starts_with("    "))
+}
+
+#[test]
+fn values_fixed_by_shapes_and_buffers_are_computed_in_one_memo() {
+    let dir = tempfile::tempdir().unwrap();
+    let schemas = fact::kinds::registry::op_schemas();
+    let text = torch::rewrite_and_save(
+        &fixture("static_rotaries.pt"),
+        &dir.path().join("out.pt"),
+        &[],
+        &schemas,
+    )
+    .unwrap();
+    let (top, inner) = levels(&text);
+    let count = |lines: &[&str], op: &str| lines.iter().filter(|l| l.contains(op)).count();
+    assert_eq!(count(&top, "fact::memo_get("), 1, "{text}");
+    assert_eq!(count(&inner, "fact::memo_put("), 1, "{text}");
+    // The positions, cos, sin and the mask: only in the memo's branch that computes them.
+    for op in [
+        "aten::arange(",
+        "aten::cos(",
+        "aten::sin(",
+        "aten::masked_fill(",
+        "aten::gt(",
+    ] {
+        assert_eq!(
+            (count(&top, op), count(&inner, op) > 0),
+            (0, true),
+            "{op}: {text}"
+        );
+    }
+    // The counter the forward writes and the table it reads with the input's data stay outside:
+    // their values change from call to call.
+    for op in ["aten::add_(", "aten::argmax(", "aten::index("] {
+        assert_eq!((count(&top, op), count(&inner, op)), (1, 0), "{op}: {text}");
+    }
+    // An op that changes a tensor's shape in place could tell where the memo reads the shapes
+    // from where the graph did: such a graph keeps its ops (and without it, the same ops go).
+    let script = format!(
+        r#"
+import torch
+class M(torch.nn.Module):
+    def __init__(self, reshape):
+        super().__init__()
+        self.reshape = reshape
+    def forward(self, x):
+        y = x * torch.arange(x.size(1), device=x.device).float().cos()
+        if self.reshape:
+            x.unsqueeze_(0)
+        return y, x
+for reshape, name in [(True, "{}"), (False, "{}")]:
+    torch.jit.trace(M(reshape), torch.randn(2, 4), check_trace=False).save(name)
+print("ok")
+"#,
+        dir.path().join("reshaped.pt").display(),
+        dir.path().join("kept.pt").display()
+    );
+    assert_eq!(run_python(&script), "ok");
+    for (name, memo) in [("reshaped.pt", false), ("kept.pt", true)] {
+        let text = torch::rewrite_and_save(
+            &dir.path().join(name),
+            &dir.path().join(format!("out_{name}")),
+            &[],
+            &schemas,
+        )
+        .unwrap();
+        assert_eq!(text.contains("fact::memo_get("), memo, "{name}: {text}");
+    }
+
+    // Positions passed in make cos and sin the input's: no memo.
+    let text = torch::rewrite_and_save(
+        &fixture("rotaries.pt"),
+        &dir.path().join("rotaries_out.pt"),
+        &[],
+        &schemas,
+    )
+    .unwrap();
+    assert!(!text.contains("fact::memo_get("), "{text}");
+}
+
+#[test]
+fn a_memo_computes_once_per_shape_and_again_after_a_buffer_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    let qk = RotaryProblem {
+        batch: 2,
+        heads_q: 4,
+        heads_k: 2,
+        seq: 8,
+        head_dim: 16,
+        rotary_dim: 16,
+        dtype: DType::F32,
+        form: Form::Halves,
+    };
+    let spec = candidates(&qk, Arch::Sm90).remove(0);
+    let mut t = Table::new();
+    t.insert_merged(sample_op_entry(
+        &Problem::from(qk),
+        &spec.into(),
+        MathType::F32,
+        0.002,
+        "test table (not a measurement)",
+    ));
+    t.save(&user).unwrap();
+    let out_dir = dir.path().join("out");
+    let v = compose_json(&user, &fixture("static_rotaries.pt"), &out_dir);
+    let rules: Vec<&str> = v["compose"]["patterns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(rules, ["rotary_halves_qk"], "{v}");
+    let lib = out_dir.join("libfact_ops.so");
+    // Each call's outputs are the original module's, bit for bit (the counter the forward writes
+    // too); cos runs on the first call at a shape and not on the next, again after the buffer it
+    // reads changes in place, and on every call with the memo turned off.
+    let script = format!(
+        r#"
+import ctypes
+import torch
+torch.ops.load_library({lib:?})
+{op_lib}
+m = torch.jit.load({composed:?})
+orig = torch.jit.load({orig:?})
+graph = str(m.forward.graph)
+assert graph.count("fact::memo_get(") == 1 and graph.count("fact::rotary_qk(") == 1, graph
+g = torch.Generator().manual_seed(0)
+def inputs(t):
+    return torch.randn(2, t, 64, generator=g), torch.randn(2, t, 32, generator=g)
+def call(x):
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = m(*x)
+    with torch.no_grad():
+        want = orig(*x)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), (a - b).abs().max()
+    return sum(1 for e in prof.events() if e.name == "aten::cos")
+x8, x5 = inputs(8), inputs(5)
+runs = [call(x8), call(x8), call(x5), call(x8), call(x5)]
+m.inv_freq.mul_(0.5)
+orig.inv_freq.mul_(0.5)
+runs += [call(x8), call(x8)]
+assert so.fact_disable(b"memo") == 0
+runs += [call(x8), call(x8)]
+assert so.fact_disable(b"") == 0
+print(runs)
+"#,
+        lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
+        composed = out_dir.join("composed.pt").display().to_string(),
+        orig = fixture("static_rotaries.pt").display().to_string(),
+    );
+    assert_eq!(run_python(&script), "[1, 0, 1, 0, 0, 1, 0, 1, 1]");
+}
