@@ -16,7 +16,7 @@ use fact::kinds::layernorm::{self, LayerNormProblem};
 use fact::kinds::rmsnorm::{self, RmsNormProblem, Scale};
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
-use fact::nvcc::{KernelLibrary, Toolchain};
+use fact::nvcc::Toolchain;
 use fact::rules::residual::Residual;
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
@@ -98,7 +98,7 @@ fn add_norm_kernels_build_beside_the_plain_norms_and_read_rows_through_two_strid
     ];
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &specs, dir.path(), "libaddnorm.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     let kinds: Vec<Option<String>> = (0..lib.len()).map(|i| lib.kind(i)).collect();
     assert_eq!(
         kinds,

@@ -12,7 +12,7 @@ use fact::tune::{Outcome, Timing};
 use fact::types::{Arch, MathType};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Condvar, Mutex, OnceLock};
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -227,4 +227,85 @@ pub fn op_lib_python(lib: &str) -> String {
 so.fact_op_stats.restype = ctypes.c_char_p
 so.fact_disable.argtypes, so.fact_disable.restype = [ctypes.c_char_p], ctypes.c_int32"
     )
+}
+
+/// Every library fact builds registers its torch ops when it is loaded (and withdraws them when it
+/// is closed), and the last one loaded takes the calls. A test that counts the calls of the op
+/// library it loaded into this process owns the registrations (`own_op_registrations`); a test
+/// that opens a kernel library here shares them while the library is open (`open_kernels`).
+/// Shares never wait for an owner that is only waiting, so a test may hold two.
+#[derive(Default)]
+struct Registrations {
+    shared: usize,
+    owned: bool,
+}
+
+fn registrations() -> &'static (Mutex<Registrations>, Condvar) {
+    static R: OnceLock<(Mutex<Registrations>, Condvar)> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+fn lock_registrations() -> std::sync::MutexGuard<'static, Registrations> {
+    registrations().0.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A kernel library opened in this process, with its share of the op registrations.
+pub struct OpenKernels {
+    lib: std::mem::ManuallyDrop<fact::nvcc::KernelLibrary>,
+}
+
+impl std::ops::Deref for OpenKernels {
+    type Target = fact::nvcc::KernelLibrary;
+    fn deref(&self) -> &fact::nvcc::KernelLibrary {
+        &self.lib
+    }
+}
+
+impl Drop for OpenKernels {
+    fn drop(&mut self) {
+        // Closed first (its registrations withdrawn), then its share given back.
+        // SAFETY: `lib` is not used after this.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.lib) };
+        lock_registrations().shared -= 1;
+        registrations().1.notify_all();
+    }
+}
+
+pub fn open_kernels(path: &Path) -> OpenKernels {
+    let mut r = lock_registrations();
+    while r.owned {
+        r = registrations().1.wait(r).unwrap_or_else(|e| e.into_inner());
+    }
+    r.shared += 1;
+    drop(r);
+    match fact::nvcc::KernelLibrary::open(path) {
+        Ok(lib) => OpenKernels {
+            lib: std::mem::ManuallyDrop::new(lib),
+        },
+        Err(e) => {
+            lock_registrations().shared -= 1;
+            registrations().1.notify_all();
+            panic!("{e}");
+        }
+    }
+}
+
+/// Held while a test runs composed modules in this process on the op library it loaded: no other
+/// library's ops take its calls meanwhile.
+pub struct OwnedRegistrations;
+
+impl Drop for OwnedRegistrations {
+    fn drop(&mut self) {
+        lock_registrations().owned = false;
+        registrations().1.notify_all();
+    }
+}
+
+pub fn own_op_registrations() -> OwnedRegistrations {
+    let mut r = lock_registrations();
+    while r.owned || r.shared > 0 {
+        r = registrations().1.wait(r).unwrap_or_else(|e| e.into_inner());
+    }
+    r.owned = true;
+    OwnedRegistrations
 }

@@ -9,7 +9,7 @@ use fact::kinds::gemm::space::{
     EpilogueKind, Family, KernelSchedule, KernelSpec, Knobs, Knowledge, TileScheduler,
 };
 use fact::kinds::gemm::{GemmLayout, GemmProblem};
-use fact::nvcc::{self, KernelLibrary, Toolchain};
+use fact::nvcc::{self, Toolchain};
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 
@@ -113,7 +113,7 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
         "a kernel compiles once, whatever the output folder"
     );
 
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), 3);
     assert_eq!(lib.name(0).unwrap(), good_spec().name());
     assert_eq!(
@@ -164,7 +164,7 @@ fn split_families_compile_into_one_library() {
     let b3 = split_spec(GemmLayout::Rcr, Family::Sm90GemmBf16x3);
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &[x3.clone(), b3.clone()], dir.path(), "libs.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(
         (lib.find(&x3.name()), lib.find(&b3.name())),
         (Some(0), Some(1))
@@ -215,7 +215,7 @@ fn fused_epilogues_compile_into_one_library() {
         "libe.so",
         2,
     );
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(
         (lib.find(&f32k.name()), lib.find(&bf16k.name())),
         (Some(0), Some(1))
@@ -270,7 +270,7 @@ fn aux_load_epilogues_compile_into_one_library() {
         "libaux.so",
         2,
     );
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(
         (lib.find(&two.name()), lib.find(&split.name())),
         (Some(0), Some(1))
@@ -529,7 +529,7 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
     let dir = tempfile::tempdir().unwrap();
     let specs: Vec<Spec> = vec![tf32.clone().into(), good_spec().into(), bf16.clone().into()];
     let built = build_all(&tc, &specs, dir.path(), "liba.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), 3);
     assert_eq!(lib.find(&good_spec().name()), Some(1));
     assert_eq!(
@@ -612,7 +612,7 @@ fn ragged_kernels_compile_into_one_library() {
         "libr.so",
         2,
     );
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(
         (
             lib.find(&cp.name()),
@@ -683,7 +683,7 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         grouped_padded.clone().into(),
     ];
     let built = build_all(&tc, &specs, dir.path(), "libfmha90.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(
         (0..lib.len())
             .map(|i| lib.name(i).unwrap())
@@ -849,7 +849,7 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
         attention.clone().into(),
     ];
     let built = build_all(&tc, &specs, dir.path(), "libsm80.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), 4);
     assert_eq!(
         (
@@ -1030,7 +1030,7 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         pointwise_bf16.clone().into(),
     ];
     let built = build_all(&tc, &specs, dir.path(), "libc.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), 8);
     assert_eq!(
         (0..8).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
@@ -1101,7 +1101,7 @@ fn sm80_conv_kernels_build_beside_a_gemm_in_an_sm80_library() {
     let dir = tempfile::tempdir().unwrap();
     let specs: Vec<Spec> = vec![bf16.clone().into(), gemm.into(), tf32.clone().into()];
     let built = build_all(&tc, &specs, dir.path(), "libconv80.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(
         (0..3).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
         ["conv", "gemm", "conv"]

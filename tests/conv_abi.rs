@@ -7,7 +7,7 @@
 use crate::common::{build_all, fake_tensor, op_args};
 use fact::kinds::conv::{ConvAct, ConvSpec, Depthwise, GemmSchedule};
 use fact::nvcc::library::FactTensor;
-use fact::nvcc::{KernelLibrary, Toolchain};
+use fact::nvcc::Toolchain;
 use fact::types::{Arch, DType};
 
 const F32: i32 = 0;
@@ -73,7 +73,7 @@ fn takes_the_abi_call(spec: ConvSpec) {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &[spec], dir.path(), "libconvabi.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.kind(0).as_deref(), Some("conv"));
     let can = |t: &[FactTensor], s: &[f64]| lib.can_implement(0, &op_args(t, s));
 
@@ -204,7 +204,7 @@ fn depthwise_kernels_take_the_abi_s_depthwise_call_and_refuse_any_other() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &[spec], dir.path(), "libdwabi.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.kind(0).as_deref(), Some("conv"));
     let can = |t: &[FactTensor], s: &[f64]| lib.can_implement(0, &op_args(t, s));
     let dw_w = |k: i64, r: i64| fake_tensor(0x20000, BF16, &[k, 1, r, r], &[r * r, 1, r, 1]);
@@ -280,7 +280,7 @@ fn pointwise_gemm_kernels_take_a_1x1_call_and_refuse_any_other_filter_stride_or_
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &[spec], dir.path(), "libpwabi.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.kind(0).as_deref(), Some("conv"));
     let can = |t: &[FactTensor], s: &[f64]| lib.can_implement(0, &op_args(t, s));
     let [x, w3, bias, res, out] = call();

@@ -9,7 +9,7 @@ use fact::kinds::gemm::space::{Family, Knobs};
 use fact::kinds::gemm::GemmLayout;
 use fact::kinds::Spec;
 use fact::nvcc::library::FactTensor;
-use fact::nvcc::{KernelLibrary, Toolchain};
+use fact::nvcc::Toolchain;
 use fact::types::DType;
 
 const F32: i32 = 0;
@@ -43,7 +43,7 @@ fn gemm_kernels_take_the_abi_s_packed_call_and_refuse_any_other() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &specs, dir.path(), "libabi.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), specs.len());
     assert!((0..specs.len()).all(|i| lib.kind(i).as_deref() == Some("gemm")));
     let can = |index: usize, t: &[FactTensor]| lib.can_implement(index, &op_args(t, &[]));

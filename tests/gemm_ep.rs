@@ -254,6 +254,7 @@ fn forward(m: &CModule, x: &Tensor, r: &Tensor) -> Result<Tensor, String> {
 #[test]
 fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let _calls_are_ours = crate::common::own_op_registrations();
     let dir = tempfile::tempdir().unwrap();
     let built = nvcc::build_library(
         &tc,

@@ -17,7 +17,7 @@ use fact::kinds::gemm::space::{KernelSchedule, TileScheduler};
 use fact::kinds::glu::{candidates, Act, Form, GluProblem, GluSpec};
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
-use fact::nvcc::{KernelLibrary, Toolchain};
+use fact::nvcc::Toolchain;
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 
@@ -63,7 +63,7 @@ fn glu_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
     let mut all: Vec<Spec> = specs.iter().cloned().map(Spec::from).collect();
     all.push(crate::compile::good_spec().into());
     let built = build_all(&tc, &all, dir.path(), "libglu.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), specs.len() + 1);
     for (i, s) in specs.iter().enumerate() {
         assert_eq!(
@@ -169,7 +169,7 @@ fn the_sm80_split_kernel_builds_for_sm80() {
         "libglu80.so",
         2,
     );
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(
         (lib.name(0), lib.kind(0).as_deref()),
         (Some(spec.name()), Some("glu"))

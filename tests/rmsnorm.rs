@@ -11,7 +11,7 @@ use fact::kinds::layernorm::{self, LayerNormProblem};
 use fact::kinds::rmsnorm::{candidates, RmsNormProblem, RmsNormSpec, Scale};
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
-use fact::nvcc::{KernelLibrary, Toolchain};
+use fact::nvcc::Toolchain;
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 use std::path::Path;
@@ -58,7 +58,7 @@ fn rmsnorm_kernels_build_beside_a_gemm_and_a_layernorm_and_refuse_what_they_cann
     all.push(layernorm::candidates(&ln, Arch::Sm90).remove(0).into());
     all.push(crate::compile::good_spec().into());
     let built = build_all(&tc, &all, dir.path(), "librms.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), specs.len() + 2);
     for (i, s) in specs.iter().enumerate() {
         assert_eq!(
@@ -171,7 +171,7 @@ fn an_sm80_library_builds_an_rmsnorm_kernel() {
         "librms80.so",
         1,
     );
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(
         (lib.name(0), lib.kind(0).as_deref()),
         (Some(spec.name()), Some("rmsnorm"))

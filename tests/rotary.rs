@@ -12,7 +12,7 @@ use fact::kinds::layernorm::{self, LayerNormProblem};
 use fact::kinds::rotary::{candidates, Form, RotaryProblem, RotarySpec};
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
-use fact::nvcc::{KernelLibrary, Toolchain};
+use fact::nvcc::Toolchain;
 use fact::table::Table;
 use fact::types::{Arch, DType, MathType};
 
@@ -71,7 +71,7 @@ fn rotary_kernels_build_beside_the_others_and_refuse_what_they_cannot_take() {
     all.push(crate::compile::good_spec().into());
     all.push(ln.into());
     let built = build_all(&tc, &all, dir.path(), "librope.so", 2);
-    let lib = KernelLibrary::open(&built.library).unwrap();
+    let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), specs.len() + 2);
     for (i, s) in specs.iter().enumerate() {
         assert_eq!(
