@@ -40,6 +40,8 @@ ABLATION_KINDS = {
     "conv": ("fact::conv",),
     "glu": ("fact::glu",),
     "siblings": ("fact::linears2", "fact::linears3", "fact::linears4"),
+    # Not a pattern kind: the frame's memo of what the shapes and buffers fix (fact_disable("memo")).
+    "memo": ("fact::memo_get",),
 }
 
 
