@@ -275,7 +275,8 @@ def kernel_profile(fn, inputs, iters=5, top=25):
     cuda = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels = defaultdict(lambda: [0.0, 0])
     for e in cuda:
-        k = kernels[e.name[:140]]
+        # By the whole name: CUTLASS GEMMs of different tiles share their first hundreds of characters.
+        k = kernels[e.name]
         k[0] += e.device_time / 1e3 / iters
         k[1] += 1
     timeline = sorted(cuda, key=lambda e: e.time_range.start)
@@ -283,7 +284,7 @@ def kernel_profile(fn, inputs, iters=5, top=25):
     for a, b in zip(timeline, timeline[1:]):
         idle = (b.time_range.start - a.time_range.end) / 1e3
         if idle > 0.005:
-            g = gaps[a.name[:100]]
+            g = gaps[a.name]
             g[0] += idle / iters
             g[1] += 1
     rows = sorted(((ms, n // iters, name) for name, (ms, n) in kernels.items()), reverse=True)
@@ -300,9 +301,15 @@ def kernel_profile(fn, inputs, iters=5, top=25):
     host_ops = [{"name": e.key, "calls": e.count // iters, "us_per_call": e.cpu_time_total / max(e.count, 1),
                  "self_us_per_forward": e.self_cpu_time_total / iters} for e in mine + others[:top]]
     return {"wall_ms": wall_ms, "kernels_ms": sum(r[0] for r in rows), "idle_ms": sum(r[0] for r in gap_rows),
-            "kernels": [{"ms": ms, "calls": n, "name": name} for ms, n, name in rows[:top]],
-            "gaps_after": [{"ms": ms, "count": n, "name": name} for ms, n, name in gap_rows[:top]],
+            "kernels": [{"ms": ms, "calls": n, "name": shorten(name)} for ms, n, name in rows[:top]],
+            "gaps_after": [{"ms": ms, "count": n, "name": shorten(name)} for ms, n, name in gap_rows[:top]],
             "host_ops": host_ops, "cold_call": cold_call(fn, inputs)}
+
+
+def shorten(name, keep=200):
+    """A kernel's name for a table: its start and end, which tell CUTLASS's instantiations apart
+    (their tile and schedule come last)."""
+    return name if len(name) <= keep else name[: keep // 2] + " ... " + name[-keep // 2 :]
 
 
 def cold_call(fn, inputs, calls=10):
