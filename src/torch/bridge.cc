@@ -864,27 +864,60 @@ std::optional<at::Tensor> buffer_read(torch::jit::Module& m, Graph& g, Value* v)
   return t;
 }
 
-// Whether an op that writes one of its inputs reads `v` or anything computed from it.
-bool reaches_a_write(Value* v) {
+// What may happen to the memory of `v` downstream: an op writes it (in place, through a view or
+// a container), or the graph returns it. Follows the uses that may alias `v` (an op's argument
+// with an alias annotation, as views have; a node without a schema, as lists and tuples are);
+// an op whose argument has none makes a new tensor of it. Unlike the alias analysis of
+// TorchScript, which takes every module attribute for one "wildcard", this tells one buffer from
+// another.
+Fate fate(const Graph& g, Value* v) {
+  Fate f;
   std::vector<Value*> todo = {v};
   std::unordered_set<Value*> seen = {v};
-  while (!todo.empty()) {
+  while (!todo.empty() && !f.written) {
     Value* at = todo.back();
     todo.pop_back();
     for (const torch::jit::Use& u : at->uses()) {
+      if (u.user == g.return_node()) {
+        f.returned = true;
+        continue;
+      }
       const c10::FunctionSchema* schema = u.user->maybeSchema();
-      if (schema != nullptr && schema->is_mutable()) return true;
-      // A node with sub-blocks or an unknown op may do anything with it.
-      if (!u.user->blocks().empty() || (schema == nullptr && u.user->kind().is_aten())) return true;
+      bool aliases = true;
+      if (schema != nullptr && u.offset < schema->arguments().size()) {
+        const c10::AliasInfo* info = schema->arguments()[u.offset].alias_info();
+        if (info != nullptr && info->isWrite()) f.written = true;
+        aliases = info != nullptr;
+      } else if (schema == nullptr && u.user->kind().is_aten()) {
+        f.written = true;  // an op of unknown effects
+      } else if (!u.user->blocks().empty()) {
+        f.written = true;  // control flow: anything may happen to it
+      }
+      if (!aliases) continue;
       for (Value* out : u.user->outputs()) {
         if (seen.insert(out).second) todo.push_back(out);
       }
     }
   }
-  return false;
+  return f;
+}
+
+std::vector<at::Tensor> written_buffers(torch::jit::Module& m, Graph& g) {
+  std::vector<at::Tensor> written;
+  for (Node* n : g.block()->nodes()) {
+    if (n->kind() != c10::prim::GetAttr || !n->output()->type()->isSubtypeOf(*c10::TensorType::get())) continue;
+    const std::optional<at::Tensor> t = buffer_read(m, g, n->output());
+    if (t && fate(g, n->output()).written) written.push_back(*t);
+  }
+  return written;
+}
+
+bool shares_memory(const std::vector<at::Tensor>& ts, const at::Tensor& t) {
+  return std::any_of(ts.begin(), ts.end(), [&](const at::Tensor& u) { return u.is_alias_of(t); });
 }
 
 void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
+  const std::vector<at::Tensor> written = written_buffers(m, g);
   // Buffers read so far, by dtype and shape: the tensor and the value that reads it.
   std::unordered_map<std::string, std::vector<std::pair<at::Tensor, Value*>>> first;
   for (auto it = g.block()->nodes().begin(); it != g.block()->nodes().end();) {
@@ -894,14 +927,12 @@ void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
       ++it;
       continue;
     }
-    // A buffer the graph returns (or packs into a list or tuple) keeps its read: the caller may
-    // hold on to it, and should get the buffer it asked for.
-    const bool escapes = std::any_of(n->output()->uses().begin(), n->output()->uses().end(), [&](const torch::jit::Use& u) {
-      return u.user == g.return_node() || u.user->kind() == c10::prim::TupleConstruct ||
-             u.user->kind() == c10::prim::ListConstruct || u.user->kind() == c10::prim::DictConstruct;
-    });
-    const std::optional<at::Tensor> t = escapes ? std::nullopt : buffer_read(m, g, n->output());
-    if (!t || reaches_a_write(n->output())) {
+    // A buffer the graph returns (through a view, a list or a tuple) keeps its read: the caller
+    // may hold on to it, and should get the buffer it asked for. So does one the forward writes,
+    // through this read or another.
+    const Fate f = fate(g, n->output());
+    const std::optional<at::Tensor> t = f.returned || f.written ? std::nullopt : buffer_read(m, g, n->output());
+    if (!t || shares_memory(written, *t)) {
       ++it;
       continue;
     }

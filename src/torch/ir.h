@@ -19,6 +19,19 @@ std::optional<std::vector<std::string>> attribute_path(torch::jit::Graph& g, tor
 // The tensor `v` reads where it is a module attribute and no parameter (a buffer), else nullopt.
 std::optional<at::Tensor> buffer_read(torch::jit::Module& m, torch::jit::Graph& g, torch::jit::Value* v);
 
+// What may happen to the memory of `v` downstream: an op writes it (in place, through a view or
+// a container), or the graph returns it.
+struct Fate {
+  bool written = false, returned = false;
+};
+Fate fate(const torch::jit::Graph& g, torch::jit::Value* v);
+
+// The module's buffers that the forward writes through any of its reads.
+std::vector<at::Tensor> written_buffers(torch::jit::Module& m, torch::jit::Graph& g);
+
+// Whether `t` shares memory with one of `ts`.
+bool shares_memory(const std::vector<at::Tensor>& ts, const at::Tensor& t);
+
 // Computes once per key what a forward computes from its inputs' shapes and the module's buffers
 // alone (memo.cc).
 void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<torch::jit::Graph>& g);

@@ -39,48 +39,6 @@ bool computes(const Node* n) {
   return false;
 }
 
-// What may happen to the memory of `v` downstream: an op writes it (in place, through a view or
-// a container), or the graph returns it. Follows the uses that may alias `v` (an op's argument
-// with an alias annotation, as views have; a node without a schema, as lists and tuples are);
-// an op whose argument has none makes a new tensor of it. Unlike the alias analysis of
-// TorchScript, which takes every module attribute for one "wildcard", this tells one buffer from
-// another.
-struct Fate {
-  bool written = false, returned = false;
-};
-
-Fate fate(const Graph& g, Value* v) {
-  Fate f;
-  std::vector<Value*> todo = {v};
-  std::unordered_set<Value*> seen = {v};
-  while (!todo.empty() && !f.written) {
-    Value* at = todo.back();
-    todo.pop_back();
-    for (const torch::jit::Use& u : at->uses()) {
-      if (u.user == g.return_node()) {
-        f.returned = true;
-        continue;
-      }
-      const c10::FunctionSchema* schema = u.user->maybeSchema();
-      bool aliases = true;
-      if (schema != nullptr && u.offset < schema->arguments().size()) {
-        const c10::AliasInfo* info = schema->arguments()[u.offset].alias_info();
-        if (info != nullptr && info->isWrite()) f.written = true;
-        aliases = info != nullptr;
-      } else if (schema == nullptr && u.user->kind().is_aten()) {
-        f.written = true;  // an op of unknown effects
-      } else if (!u.user->blocks().empty()) {
-        f.written = true;  // control flow: anything may happen to it
-      }
-      if (!aliases) continue;
-      for (Value* out : u.user->outputs()) {
-        if (seen.insert(out).second) todo.push_back(out);
-      }
-    }
-  }
-  return f;
-}
-
 // The values of the top-level block that are fixed by the inputs' shapes and the module's buffers:
 // constants, the module and its submodules, its buffers (not its parameters, which training
 // changes and autograd tracks), metadata reads of any tensor, and what pure ops compute from
@@ -97,16 +55,7 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
       c10::prim::Constant,    c10::prim::ListConstruct, c10::prim::ListUnpack, c10::prim::TupleConstruct,
       c10::prim::TupleUnpack, c10::prim::TupleIndex,    c10::prim::NumToTensor, c10::prim::device,
       c10::prim::dtype,       c10::prim::layout};
-  // The buffers some read of which is written, by their memory.
-  std::vector<at::Tensor> written;
-  for (Node* n : g.block()->nodes()) {
-    if (n->kind() != c10::prim::GetAttr || !is_tensor(n->output())) continue;
-    const std::optional<at::Tensor> t = buffer_read(m, g, n->output());
-    if (t && fate(g, n->output()).written) written.push_back(*t);
-  }
-  auto unwritten = [&](const at::Tensor& t) {
-    return std::none_of(written.begin(), written.end(), [&](const at::Tensor& w) { return w.is_alias_of(t); });
-  };
+  const std::vector<at::Tensor> written = written_buffers(m, g);
   StaticValues s;
   if (!g.inputs().empty() && is_module(g.inputs()[0])) s.values.insert(g.inputs()[0]);
   for (Node* n : g.block()->nodes()) {
@@ -117,7 +66,7 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
         ok = false;
       } else if (!is_module(out)) {
         const std::optional<at::Tensor> t = is_tensor(out) ? buffer_read(m, g, out) : std::nullopt;
-        ok = t.has_value() && unwritten(*t);
+        ok = t.has_value() && !shares_memory(written, *t);
       }
     } else if (ok && (pure_prims.count(n->kind()) > 0 || n->kind().is_aten())) {
       const c10::FunctionSchema* schema = n->maybeSchema();
