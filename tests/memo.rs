@@ -5,12 +5,8 @@
 //! graph returns) as it was. Fixtures: static_rotaries.pt (StaticRotaries), rotaries.pt (positions
 //! passed in: nothing to keep).
 
-use crate::common::{compose_json, fixture, run_python, sample_op_entry};
-use fact::kinds::rotary::{candidates, Form, RotaryProblem};
-use fact::kinds::Problem;
-use fact::table::Table;
+use crate::common::{compose_json, fixture, run_python};
 use fact::torch;
-use fact::types::{Arch, DType, MathType};
 
 /// The lines of `text` at the graph's top level and those inside a block.
 fn levels(text: &str) -> (Vec<&str>, Vec<&str>) {
@@ -101,25 +97,8 @@ print("ok")
 fn a_memo_computes_once_per_shape_and_again_after_a_buffer_changes() {
     let dir = tempfile::tempdir().unwrap();
     let user = dir.path().join("table.json");
-    let qk = RotaryProblem {
-        batch: 2,
-        heads_q: 4,
-        heads_k: 2,
-        seq: 8,
-        head_dim: 16,
-        rotary_dim: 16,
-        dtype: DType::F32,
-        form: Form::Halves,
-    };
-    let spec = candidates(&qk, Arch::Sm90).remove(0);
-    let mut t = Table::new();
-    t.insert_merged(sample_op_entry(
-        &Problem::from(qk),
-        &spec.into(),
-        MathType::F32,
-        0.002,
-        "test table (not a measurement)",
-    ));
+    // static_rotaries.pt's q and k are rotaries.pt's: the rotary tests' table holds their kernel.
+    let (t, _) = crate::rotary::test_table();
     t.save(&user).unwrap();
     let out_dir = dir.path().join("out");
     let v = compose_json(&user, &fixture("static_rotaries.pt"), &out_dir);

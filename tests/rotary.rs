@@ -246,8 +246,9 @@ fn rotary_kernels_build_beside_the_others_and_refuse_what_they_cannot_take() {
     assert!(!lib.can_implement(3, &op_args(&t(17), &[])));
 }
 
-/// The fixture's two problems, each with its first candidate.
-fn test_table() -> (Table, [RotarySpec; 2]) {
+/// The fixture's two problems, each with its first candidate (rotaries.pt's; static_rotaries.pt's
+/// q and k are the first).
+pub fn test_table() -> (Table, [RotarySpec; 2]) {
     let qk = RotaryProblem {
         batch: 2,
         heads_q: 4,
