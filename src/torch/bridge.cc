@@ -610,6 +610,8 @@ bool has_values(const at::Tensor& t) {
 
 // Whether node `n` reads its input `i` only for its metadata (sizes, dtype, device), never its
 // data: a mask built from `new_ones(x, ..)` and `x.size(1)` is a function of x's shape alone.
+bool is_tensor(const Value* v) { return v->type()->isSubtypeOf(*c10::TensorType::get()); }
+
 bool reads_metadata_only(const Node* n, size_t i) {
   static const std::unordered_set<std::string> kinds = {
       "aten::size",     "aten::sym_size",  "aten::dim",      "aten::numel",     "prim::device",
@@ -759,7 +761,7 @@ void host_shape_arithmetic(Graph& g) {
       c10::aten::floor_divide, c10::aten::div, c10::aten::mul, c10::aten::add, c10::aten::sub,
       c10::aten::pow, c10::aten::remainder, c10::aten::floordiv, c10::aten::true_divide};
   auto scalar_constant = [](const Value* v) {
-    if (v->node()->kind() != c10::prim::Constant || !v->type()->isSubtypeOf(*c10::TensorType::get())) return false;
+    if (v->node()->kind() != c10::prim::Constant || !is_tensor(v)) return false;
     const auto t = torch::jit::toIValue(v);
     if (!t || !t->isTensor()) return false;
     const at::Tensor& x = t->toTensor();
@@ -778,7 +780,7 @@ void host_shape_arithmetic(Graph& g) {
     bool from_sizes = false, all_host = true;
     std::vector<Value*> consts;
     for (Value* v : n->inputs()) {
-      if (!v->type()->isSubtypeOf(*c10::TensorType::get())) continue;
+      if (!is_tensor(v)) continue;
       if (host.count(v)) {
         from_sizes = true;
       } else if (scalar_constant(v)) {
@@ -905,7 +907,7 @@ Fate fate(const Graph& g, Value* v) {
 std::vector<at::Tensor> written_buffers(torch::jit::Module& m, Graph& g) {
   std::vector<at::Tensor> written;
   for (Node* n : g.block()->nodes()) {
-    if (n->kind() != c10::prim::GetAttr || !n->output()->type()->isSubtypeOf(*c10::TensorType::get())) continue;
+    if (n->kind() != c10::prim::GetAttr || !is_tensor(n->output())) continue;
     const std::optional<at::Tensor> t = buffer_read(m, g, n->output());
     if (t && fate(g, n->output()).written) written.push_back(*t);
   }
@@ -922,7 +924,7 @@ void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
   std::unordered_map<std::string, std::vector<std::pair<at::Tensor, Value*>>> first;
   for (auto it = g.block()->nodes().begin(); it != g.block()->nodes().end();) {
     Node* n = *it;
-    if (n->kind() != c10::prim::GetAttr || !n->output()->type()->isSubtypeOf(*c10::TensorType::get()) ||
+    if (n->kind() != c10::prim::GetAttr || !is_tensor(n->output()) ||
         !n->output()->hasUses()) {
       ++it;
       continue;

@@ -9,6 +9,9 @@
 
 namespace fact::bridge {
 
+// Whether `v` is a tensor.
+bool is_tensor(const torch::jit::Value* v);
+
 // Whether node `n` reads its input `i` only for its metadata (sizes, dtype, device), never its data.
 bool reads_metadata_only(const torch::jit::Node* n, size_t i);
 

@@ -21,8 +21,6 @@ using torch::jit::Graph;
 using torch::jit::Node;
 using torch::jit::Value;
 
-bool is_tensor(const Value* v) { return v->type()->isSubtypeOf(*c10::TensorType::get()); }
-
 bool is_module(const Value* v) {
   const auto cls = v->type()->cast<c10::ClassType>();
   return cls != nullptr && cls->is_module();
@@ -48,6 +46,7 @@ struct StaticValues {
   std::unordered_set<const Node*> nodes;
   std::unordered_set<const Value*> values;
   std::unordered_set<const Value*> buffers;  // the buffer reads
+  std::unordered_set<const Value*> returned;  // those the graph returns (through an alias)
 };
 
 StaticValues static_values(torch::jit::Module& m, Graph& g) {
@@ -78,8 +77,15 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
     } else {
       ok = false;
     }
-    for (Value* out : n->outputs()) ok = ok && (!is_tensor(out) || !fate(g, out).written);
+    std::vector<const Value*> returned;
+    for (Value* out : n->outputs()) {
+      if (!ok || !is_tensor(out)) continue;
+      const Fate f = fate(g, out);
+      ok = !f.written;
+      if (f.returned) returned.push_back(out);
+    }
     if (!ok) continue;
+    s.returned.insert(returned.begin(), returned.end());
     s.nodes.insert(n);
     for (const Value* out : n->outputs()) s.values.insert(out);
     if (n->kind() == c10::prim::GetAttr && is_tensor(n->output())) s.buffers.insert(n->output());
@@ -143,7 +149,7 @@ void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& 
         for (const torch::jit::Use& u : out->uses()) {
           if (!s.nodes.count(u.user)) first = std::min(first, pos.at(top_level(u.user)));
         }
-        if (first >= order.size() || fate(*g, out).returned) continue;
+        if (first >= order.size() || s.returned.count(out)) continue;
         kept.push_back({out, first});
       }
     }
