@@ -12,8 +12,9 @@
 //! bias).
 
 use crate::common::{build_all, compose_json, fake_tensor, op_args, run_python, sample_op_entry};
-use fact::kinds::layernorm::{self, LayerNormProblem};
-use fact::kinds::rmsnorm::{self, RmsNormProblem, Scale};
+use fact::kinds::layernorm::{self, LayerNormProblem, LayerNormSpec};
+use fact::kinds::rmsnorm::{self, RmsNormProblem, RmsNormSpec, Scale};
+use fact::kinds::rows::RowReads;
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::Toolchain;
@@ -89,12 +90,33 @@ fn add_norm_kernels_build_beside_the_plain_norms_and_read_rows_through_two_strid
             && mixed.ends_with("_add_f32_bf16_f32"),
         "{mixed}"
     );
+    // The norms' reads issued early, the operands streamed (RowReads), beside the others.
+    let rms_streamed = RmsNormSpec {
+        reads: RowReads::EarlyStreamed,
+        ..rms_add.clone()
+    };
+    let ln_early = LayerNormSpec {
+        reads: RowReads::Early,
+        ..ln_add.clone()
+    };
+    let rms_pipelined = RmsNormSpec {
+        reads: RowReads::Pipelined,
+        ..rms_mixed.clone()
+    };
+    let ln_pipelined = LayerNormSpec {
+        reads: RowReads::Pipelined,
+        ..ln_add.clone()
+    };
     let specs: Vec<Spec> = vec![
         rms_add.clone().into(),
         rms_mixed.clone().into(),
         ln_add.clone().into(),
         plain.clone().into(),
         crate::compile::good_spec().into(),
+        rms_streamed.clone().into(),
+        ln_early.clone().into(),
+        rms_pipelined.clone().into(),
+        ln_pipelined.clone().into(),
     ];
     let dir = tempfile::tempdir().unwrap();
     let built = build_all(&tc, &specs, dir.path(), "libaddnorm.so", 2);
@@ -102,7 +124,18 @@ fn add_norm_kernels_build_beside_the_plain_norms_and_read_rows_through_two_strid
     let kinds: Vec<Option<String>> = (0..lib.len()).map(|i| lib.kind(i)).collect();
     assert_eq!(
         kinds,
-        ["rmsnorm", "rmsnorm", "layernorm", "rmsnorm", "gemm"].map(|k| Some(k.to_string()))
+        [
+            "rmsnorm",
+            "rmsnorm",
+            "layernorm",
+            "rmsnorm",
+            "gemm",
+            "rmsnorm",
+            "layernorm",
+            "rmsnorm",
+            "layernorm"
+        ]
+        .map(|k| Some(k.to_string()))
     );
     for (i, s) in specs.iter().enumerate() {
         assert_eq!(lib.name(i), Some(s.name()));
@@ -168,8 +201,11 @@ fn add_norm_kernels_build_beside_the_plain_norms_and_read_rows_through_two_strid
             [bf(0x10000, &[1, 4096, 1024], &[0, 1024, 1]), a, sum, out, w],
         ),
     ];
+    // Reading early changes no host check: the streamed kernel (5) takes and refuses the same.
+    assert!(can(5, &[a, a, sum, out, w], &llama_scalars));
     for (why, t) in refused {
         assert!(!can(0, &t, &llama_scalars), "{why}");
+        assert!(!can(5, &t, &llama_scalars), "{why}, read early");
     }
     assert!(!can(0, &[a, a, out, w], &llama_scalars), "four tensors");
 

@@ -11,6 +11,7 @@ use crate::common::{
 };
 use fact::kinds::gemm::{GemmLayout, GemmProblem};
 use fact::kinds::layernorm::{candidates, LayerNormProblem, LayerNormSpec};
+use fact::kinds::rows::RowReads;
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::Toolchain;
@@ -49,6 +50,13 @@ fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
         first(&problem(65536, 768, DType::Bf16), |_| true),
         first(&problem(4096, 770, DType::F16), |_| true),
         first(&problem(1024, 8192, DType::F32), |_| true),
+        // Its reads early (the weight and bias with the row), x streamed, on 770's ragged tail.
+        first(&problem(4096, 770, DType::F16), |s| {
+            s.reads == RowReads::EarlyStreamed
+        }),
+        first(&problem(1024, 8192, DType::F32), |s| {
+            s.reads == RowReads::Pipelined
+        }),
     ];
     assert_eq!(specs[4].vector, 2, "770 halves take 4-byte loads");
     assert!(specs[5].threads_per_row >= 256);

@@ -9,6 +9,7 @@
 use crate::common::{build_all, compose_json, fake_tensor, op_args, run_python, sample_op_entry};
 use fact::kinds::layernorm::{self, LayerNormProblem};
 use fact::kinds::rmsnorm::{candidates, RmsNormProblem, RmsNormSpec, Scale};
+use fact::kinds::rows::RowReads;
 use fact::kinds::{Problem, Spec};
 use fact::nvcc::library::FactTensor;
 use fact::nvcc::Toolchain;
@@ -43,6 +44,12 @@ fn rmsnorm_kernels_build_beside_a_gemm_and_a_layernorm_and_refuse_what_they_cann
         first(&problem(32, 64, DType::F32), |s| s.threads == 8),
         first(&problem(4096, 2048, DType::F16), |_| true),
         first(&problem(1024, 8192, DType::F32), |_| true),
+        // Its reads early, x streamed, on the ragged tail.
+        first(&qwen, |s| s.ragged() && s.reads == RowReads::EarlyStreamed),
+        // Persistent and pipelined, over four warps a row (the partials' barrier each row).
+        first(&llama, |s| {
+            s.threads == 256 && s.reads == RowReads::Pipelined
+        }),
     ];
     assert!(specs[3].ragged() && !specs[2].ragged());
     let dir = tempfile::tempdir().unwrap();

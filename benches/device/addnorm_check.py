@@ -1,10 +1,10 @@
 """Checks and times fact's add + norm kernels (the residual add before an RMSNorm or a LayerNorm,
 rules::residual) through their ops on the GPU, in one process.
 
-    python3 benches/device/addnorm_check.py LIB KERNEL RULE ROWSxC OUT_JSON
+    python3 benches/device/addnorm_check.py LIB KERNEL[,KERNEL...] RULE ROWSxC OUT_JSON
 
 RULE is the realized rule id (add_[A_B_SUM_]<norm rule>[_sum]); KERNEL a kernel of library LIB
-(kind, C and dtypes from its name). Through fact::rmsnorm_add[_sum] or fact::layernorm_add[_sum]:
+(kind, C and dtypes from its name), checked; further kernels of the library are timed beside it. Through fact::rmsnorm_add[_sum] or fact::layernorm_add[_sum]:
 every norm form the kernel takes (its scalars: Llama's cast before the weight, the weight rounded
 once, one plus the weight, none, torch's rms_norm; or LayerNorm's weight and bias, the weight alone,
 neither), with the sum written and not, on operands as models pass them (rows, a second operand of
@@ -14,8 +14,10 @@ replaced ops, the sum bit for bit against the graph's add. Calls the kernel cann
 transposed operand, a misaligned start, f64, autograd) must fall back, with their reason, and equal
 the replaced ops bit for bit. Then ROWSxC in the rule's form timed: the op; torch's ops eagerly
 (the add and the norm); the same module traced (TorchScript's fusers, after its profiling runs);
-torch.compile of it; a copy moving as many bytes (the DRAM floor): medians of CUDA-event timings
-with L2 flushed before each, as ms, GB/s and the share of the copy's rate.
+torch.compile of it; a copy moving as many bytes (the DRAM floor), L2 flushed before each call:
+medians of CUDA-event timings around each call, the callables taking turns (what a caller waits),
+and medians of the device time of each call's kernels from the profiler (what the GPU spends, with
+no host time in it), as ms, GB/s and the share of the copy's rate.
 """
 import ctypes
 import json
@@ -26,9 +28,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import rel_err  # noqa: E402
+from harness import flush_buffer, kernel_ms, rel_err, time_interleaved  # noqa: E402
 # The RMSNorm forms' replayed ops and fp64 reference, and the timing, as the plain norm's check has them.
-from rmsnorm_check import median_ms, reference as rms_reference, replay as rms_replay  # noqa: E402
+from rmsnorm_check import reference as rms_reference, replay as rms_replay  # noqa: E402
 
 dev = "cuda"
 torch.manual_seed(0)
@@ -71,7 +73,10 @@ class Norm(torch.nn.Module):
 
 
 def main():
-    lib_path, kernel, rule, shape, out_path = sys.argv[1:6]
+    lib_path, kernels, rule, shape, out_path = sys.argv[1:6]
+    # The first kernel is checked; every one is timed beside torch's (other shapes or reads of the
+    # same library, compared in one process).
+    kernel, *others = kernels.split(",")
     torch.ops.load_library(lib_path)
     lib = ctypes.CDLL(lib_path)
     lib.fact_op_stats.restype = ctypes.c_char_p
@@ -101,7 +106,7 @@ def main():
         b = torch.randn(c, device=dev).to(dtype) if on_b else None
         return w, b
 
-    def call(a, b, w, bias, form, with_sum):
+    def call(a, b, w, bias, form, with_sum, kernel=kernel):
         dtypes = f"{ds},{dname}"
         if kind == "rmsnorm":
             op = torch.ops.fact.rmsnorm_add_sum if with_sum else torch.ops.fact.rmsnorm_add
@@ -200,8 +205,9 @@ def main():
         # A copy moving as many bytes as the kernel: half of them read, half written.
         src = torch.empty(int(gb * 1e9 / 2) // 16 * 4, dtype=torch.float32, device=dev)
         dst = torch.empty_like(src)
-        runs = {
-            f"fact::{kind}_add{'_sum' if rule_sum else ''}": lambda: call(a, b, w, bias, form, rule_sum),
+        op_name = f"fact::{kind}_add{'_sum' if rule_sum else ''}"
+        runs = {f"{op_name} {k}": (lambda k=k: call(a, b, w, bias, form, rule_sum, k)) for k in [kernel, *others]}
+        runs |= {
             "torch eager (the add and the norm's ops)": lambda: module(a, b),
             "traced module (TorchScript)": lambda: traced(a, b),
             "torch.compile": lambda: compiled(a, b),
@@ -209,16 +215,22 @@ def main():
         }
         for _ in range(3):
             traced(a, b)  # the profiling executor's runs before it fuses
-        for name, fn in runs.items():
-            results["timings"][name] = median_ms(fn)
+        # Taking turns within each iteration (CUDA events around each call: what a caller waits),
+        # then each call's kernels alone (the profiler's device time: what the GPU spends).
+        results["timings"] = time_interleaved(runs, (), flush_buffer(), iterations=50, warmup=10)
+        results["kernel_timings"] = kernel_ms(runs, (), flush_buffer())
     stats()
     names = list(runs)
-    fact = results["timings"][names[0]]
-    copy = results["timings"][names[-1]]
-    print(f"timings at {rows}x{c}, {rule} ({gb * 1e3:.1f} MB moved):")
-    for name, ms in results["timings"].items():
-        print(f"  {name:42s} {ms:.4f} ms  {gb / ms * 1e3:6.0f} GB/s  {copy / ms:5.1%} of the copy's rate  "
-              f"fact is {ms / fact:.2f}x faster")
+    print(f"timings at {rows}x{c}, {rule} ({gb * 1e3:.1f} MB moved); span: events around the call, "
+          "taking turns; kernels: the profiler's device time of its kernels:")
+    for what, timings in (("span", results["timings"]), ("kernels", results["kernel_timings"])):
+        fact, copy = timings[names[0]], timings[names[-1]]
+        for name, ms in timings.items():
+            if ms is None or fact is None or copy is None:
+                print(f"  {what:7s} {name:52s} -")
+                continue
+            print(f"  {what:7s} {name:52s} {ms:.4f} ms  {gb / ms * 1e3:6.0f} GB/s  {copy / ms:5.1%} of the copy's "
+                  f"rate  {names[0].split()[-1]} is {ms / fact:.2f}x faster")
     results["failed"] = failed
     json.dump(results, open(out_path, "w"), indent=1)
     print("all checks passed" if failed == 0 else f"{failed} checks FAILED")

@@ -159,6 +159,41 @@ def time_interleaved(fns, inputs, flush, iterations=ITERATIONS, warmup=WARMUP):
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def kernel_ms(fns, inputs, flush, iterations=20, warmup=3):
+    """The GPU's own time for each callable of `fns` (a dict: result key to callable): the median
+    over `iterations` calls of the summed device time of the kernels one call launches, from the
+    profiler, L2 flushed before each call as `time_interleaved` does. Unlike CUDA events around the
+    call, it leaves out the host's time when the GPU waits on it (a compiled module's guards, an
+    op's dispatch), so a kernel's own speed is compared with another's. The callables launch no
+    kernel of the flush's name: a call whose kernels cannot be told apart so gives None."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn(*inputs)
+    torch.cuda.synchronize()
+    out = {}
+    for k, fn in fns.items():
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(iterations):
+                flush.zero_()
+                fn(*inputs)
+            torch.cuda.synchronize()
+        timeline = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                          key=lambda e: e.time_range.start)
+        # The flush is the first kernel of every call: the calls lie between flushes.
+        flush_name = timeline[0].name if timeline else None
+        calls, current = [], None
+        for e in timeline:
+            if e.name == flush_name:
+                current = 0.0
+                calls.append(current)
+            elif current is not None:
+                calls[-1] += e.device_time / 1e3
+        out[k] = statistics.median(calls) if len(calls) == iterations else None
+    return out
+
+
 def time_ms(fn, inputs, flush):
     return time_interleaved({"ms": fn}, inputs, flush)["ms"]
 

@@ -21,6 +21,7 @@ pub mod layernorm;
 pub mod registry;
 pub mod rmsnorm;
 pub mod rotary;
+pub mod rows;
 pub mod siblings;
 pub mod typed;
 

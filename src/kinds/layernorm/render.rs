@@ -59,6 +59,11 @@ pub fn render(l: &LayerNormSpec) -> Source {
         "loads": l.loads(),
         "add": l.add.is_some(),
     });
+    if let (Some(vars), serde_json::Value::Object(reads)) =
+        (vars.as_object_mut(), l.reads.template_vars())
+    {
+        vars.extend(reads);
+    }
     if let Some(add) = l.add {
         for (key, d) in [("a", add.a), ("b", add.b), ("sum", add.sum)] {
             vars[format!("{key}_dtype")] = json!(d.short_name());
@@ -88,6 +93,7 @@ pub fn op_code(arch: Arch) -> OpCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::rows::RowReads;
 
     #[test]
     fn layernorm_render_is_golden_and_compiles_c_and_the_knobs_in() {
@@ -99,6 +105,7 @@ mod tests {
             vector: 4,
             rows_per_cta: 4,
             add: None,
+            reads: RowReads::InTurn,
         };
         let text = render(&l).text;
         expect_test::expect_file!["../../../tests/golden/ln_f32_c768_t32_v4_r4.cu"]
@@ -148,6 +155,38 @@ mod tests {
     }
 
     #[test]
+    fn reading_early_loads_the_weight_and_bias_with_the_row() {
+        let l = LayerNormSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            cols: 768,
+            threads_per_row: 32,
+            vector: 8,
+            rows_per_cta: 4,
+            add: None,
+            reads: RowReads::Early,
+        };
+        assert_eq!(l.name(), "ln_bf16_c768_t32_v8_r4_e");
+        let text = render(&l).text;
+        expect_test::expect_file!["../../../tests/golden/ln_bf16_c768_t32_v8_r4_e.cu"]
+            .assert_eq(&text);
+        for line in [
+            "load_row(xr + col, v[i]);",
+            "if constexpr (kBias) load(bias + (i * kThreads + lane) * kVector, bsr[i]);",
+            "const float(&b)[kVector] = bsr[i];",
+            "const Vec raw = __ldg(reinterpret_cast<const Vec*>(p));",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        let streamed = render(&LayerNormSpec {
+            reads: RowReads::EarlyStreamed,
+            ..l.clone()
+        })
+        .text;
+        assert!(streamed.contains("const Vec raw = __ldcs(reinterpret_cast<const Vec*>(p));"));
+    }
+
+    #[test]
     fn an_add_kernel_is_golden_and_reads_both_operands() {
         use crate::rules::residual::AddDtypes;
         // BERT's and OPT's embeddings in bf16: the sum of two bf16 tensors, then the LayerNorm.
@@ -163,6 +202,7 @@ mod tests {
                 b: DType::Bf16,
                 sum: DType::Bf16,
             }),
+            reads: RowReads::InTurn,
         };
         assert_eq!(l.name(), "ln_bf16_c768_t32_v8_r4_add");
         let text = render(&l).text;

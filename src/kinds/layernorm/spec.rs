@@ -9,6 +9,7 @@
 //! fill the group), which measurement settles.
 
 use super::LayerNormProblem;
+use crate::kinds::rows::RowReads;
 use crate::rules::residual::AddDtypes;
 use crate::types::{Arch, DType};
 use serde::{Deserialize, Serialize};
@@ -35,20 +36,24 @@ pub struct LayerNormSpec {
     /// The residual add before the norm: its dtypes (absent from the serde form without one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub add: Option<AddDtypes>,
+    /// The order of the row's reads (absent from the serde form for the default).
+    #[serde(default, skip_serializing_if = "RowReads::is_in_turn")]
+    pub reads: RowReads,
 }
 
 impl LayerNormSpec {
     /// The kernel's identity, e.g. `ln_f32_c768_t32_v4_r4` (built for sm90),
-    /// `ln_f32_c768_t32_v4_r4_add` (after an add) or `ln_f32_c768_t32_v4_r4_for_sm80`: symbol,
-    /// table value and build-cache key.
+    /// `ln_f32_c768_t32_v4_r4_add` (after an add), `ln_f32_c768_t32_v4_r4_e` (its reads early) or
+    /// `ln_f32_c768_t32_v4_r4_for_sm80`: symbol, table value and build-cache key.
     pub fn name(&self) -> String {
         format!(
-            "ln_{}_c{}_t{}_v{}_r{}{}{}",
+            "ln_{}_c{}_t{}_v{}_r{}{}{}{}",
             self.dtype.short_name(),
             self.cols,
             self.threads_per_row,
             self.vector,
             self.rows_per_cta,
+            self.reads.name_suffix(),
             self.add
                 .map_or(String::new(), |a| a.name_suffix(self.dtype)),
             self.arch.name_suffix()
@@ -131,7 +136,8 @@ impl LayerNormSpec {
 /// per thread and none idle (a group covers C at least once), with the multiples of a warp that
 /// cover C exactly added; for each, CTAs of 128 and 256 threads (one group when it is larger).
 /// Ordered with the groups whose last load fills the group first, then by how close a thread's
-/// share is to 16 elements (enough loads in flight without crowding the SM's registers).
+/// share is to 16 elements (enough loads in flight without crowding the SM's registers). Each
+/// shape comes in every order of reads, side by side, so a capped sweep keeps whole shapes.
 pub fn candidates(p: &LayerNormProblem, arch: Arch) -> Vec<LayerNormSpec> {
     let Ok(cols) = u32::try_from(p.cols) else {
         return vec![];
@@ -155,20 +161,23 @@ pub fn candidates(p: &LayerNormProblem, arch: Arch) -> Vec<LayerNormSpec> {
     for t in groups.into_iter().filter(|&t| t <= vectors) {
         for block in [128, 256] {
             let rows_per_cta = (block / t).max(1);
-            let s = LayerNormSpec {
-                arch,
-                dtype: p.dtype,
-                cols,
-                threads_per_row: t,
-                vector,
-                rows_per_cta,
-                add: p.add.map(|a| a.dtypes()),
-            };
-            if s.per_thread() <= CANDIDATE_PER_THREAD
-                && s.invalid_reason().is_none()
-                && !out.contains(&s)
-            {
-                out.push(s);
+            for reads in RowReads::ALL {
+                let s = LayerNormSpec {
+                    arch,
+                    dtype: p.dtype,
+                    cols,
+                    threads_per_row: t,
+                    vector,
+                    rows_per_cta,
+                    add: p.add.map(|a| a.dtypes()),
+                    reads,
+                };
+                if s.per_thread() <= CANDIDATE_PER_THREAD
+                    && s.invalid_reason().is_none()
+                    && !out.contains(&s)
+                {
+                    out.push(s);
+                }
             }
         }
     }
@@ -214,7 +223,17 @@ mod tests {
 
     #[test]
     fn gpt_block_candidates_hold_the_row_in_registers_with_16_byte_loads() {
-        let c = candidates(&problem(768, DType::F32), Arch::Sm90);
+        let all = candidates(&problem(768, DType::F32), Arch::Sm90);
+        // Each shape in every order of reads, side by side.
+        for (i, s) in all.iter().enumerate() {
+            assert_eq!(s.reads, RowReads::ALL[i % 4], "{}", s.name());
+            let first = LayerNormSpec {
+                reads: RowReads::InTurn,
+                ..s.clone()
+            };
+            assert_eq!(all[i - i % 4], first);
+        }
+        let c: Vec<LayerNormSpec> = all.into_iter().filter(|s| s.reads.is_in_turn()).collect();
         assert_eq!(
             names(&c),
             [
@@ -291,6 +310,7 @@ mod tests {
             vector: 4,
             rows_per_cta: 4,
             add: None,
+            reads: RowReads::InTurn,
         };
         assert_eq!(s.invalid_reason(), None);
         assert!(LayerNormSpec {

@@ -9,6 +9,7 @@ use crate::kinds::gemm::*;
 use crate::kinds::gemm::{EPILOGUE, GEMM};
 use crate::kinds::layernorm::{LayerNormMatch, LayerNormProblem, LAYERNORM};
 use crate::kinds::rmsnorm::RMSNORM;
+use crate::kinds::rows::RowReads;
 use crate::rules::*;
 use crate::types::Arch;
 use std::collections::BTreeSet;
@@ -710,6 +711,7 @@ fn only_sm90_attention_units_take_fast_math_and_examples_88() {
         vector: 4,
         rows_per_cta: 4,
         add: None,
+        reads: RowReads::InTurn,
     }
     .into();
     for other in [
@@ -766,6 +768,7 @@ fn one_dispatch_table_lists_every_kind_in_the_order_given() {
         vector: 4,
         rows_per_cta: 4,
         add: None,
+        reads: RowReads::InTurn,
     }
     .into();
     let d =

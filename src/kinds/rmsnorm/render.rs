@@ -56,6 +56,11 @@ pub fn render(s: &RmsNormSpec) -> Source {
         "loads": s.loads(),
         "add": s.add.is_some(),
     });
+    if let (Some(vars), serde_json::Value::Object(reads)) =
+        (vars.as_object_mut(), s.reads.template_vars())
+    {
+        vars.extend(reads);
+    }
     if let Some(add) = s.add {
         for (key, d) in [("a", add.a), ("b", add.b), ("sum", add.sum)] {
             vars[format!("{key}_dtype")] = json!(d.short_name());
@@ -85,6 +90,7 @@ pub fn op_code(arch: Arch) -> OpCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kinds::rows::RowReads;
 
     fn llama() -> RmsNormSpec {
         RmsNormSpec {
@@ -95,6 +101,7 @@ mod tests {
             vector: 8,
             rows_per_block: 2,
             add: None,
+            reads: RowReads::InTurn,
         }
     }
 
@@ -180,6 +187,53 @@ mod tests {
         }
         let d = crate::kinds::render_dispatch(&[mixed.into()]).text;
         assert!(d.contains("\"a[O,I,C] b[O,I,C] sum[R,C]? out[R,C]"), "{d}");
+    }
+
+    #[test]
+    fn reading_early_loads_the_weight_with_the_row_and_streams_only_the_operands() {
+        use crate::rules::residual::AddDtypes;
+        let add = RmsNormSpec {
+            add: Some(AddDtypes {
+                a: DType::Bf16,
+                b: DType::Bf16,
+                sum: DType::Bf16,
+            }),
+            reads: RowReads::EarlyStreamed,
+            ..llama()
+        };
+        assert_eq!(add.name(), "rms_bf16_c2048_t128_v8_r2_es_add");
+        let text = render(&add).text;
+        expect_test::expect_file!["golden/rms_bf16_c2048_t128_v8_r2_es_add.cu"].assert_eq(&text);
+        for line in [
+            "const ElementA* ar = a + row_at_early(a_rows, live ? row : 0);",
+            "const A raw = __ldcs(reinterpret_cast<const A*>(p) + c);",
+            "const float(&w)[kVector] = wr[i];",
+        ] {
+            assert!(text.contains(line), "{line}");
+        }
+        // The weight, read by every row, keeps the read-only path.
+        assert!(text.contains("const Vec raw = __ldg(reinterpret_cast<const Vec*>(p));"));
+        let early = render(&RmsNormSpec {
+            reads: RowReads::Early,
+            ..llama()
+        })
+        .text;
+        assert!(early.contains("load_row(xr + col, v[i]);") && !early.contains("__ldcs"));
+        assert!(!render(&llama()).text.contains("load_row"));
+        // Pipelined: persistent, the next row's loads issued before this row's stores.
+        let pipelined = render(&RmsNormSpec {
+            reads: RowReads::Pipelined,
+            ..add.clone()
+        })
+        .text;
+        for line in [
+            "rmsnorm<kWeight, true><<<persistent_grid<kWeight, true>(blocks), kBlock, 0, s>>>",
+            "    issue(row + step);",
+            "const A raw = __ldcs(reinterpret_cast<const A*>(p) + c);",
+        ] {
+            assert!(pipelined.contains(line), "{line}");
+        }
+        assert!(!text.contains("persistent_grid"));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! gets to the DRAM rate, which measurement settles.
 
 use super::RmsNormProblem;
+use crate::kinds::rows::RowReads;
 use crate::rules::residual::AddDtypes;
 use crate::types::{Arch, DType};
 use serde::{Deserialize, Serialize};
@@ -38,20 +39,24 @@ pub struct RmsNormSpec {
     /// The residual add before the norm: its dtypes (absent from the serde form without one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub add: Option<AddDtypes>,
+    /// The order of the row's reads (absent from the serde form for the default).
+    #[serde(default, skip_serializing_if = "RowReads::is_in_turn")]
+    pub reads: RowReads,
 }
 
 impl RmsNormSpec {
     /// The kernel's identity, e.g. `rms_bf16_c2048_t128_v8_r2` (built for sm90),
-    /// `rms_bf16_c2048_t128_v8_r2_add` (after an add) or `rms_bf16_c2048_t128_v8_r2_for_sm80`:
-    /// symbol, table value and build-cache key.
+    /// `rms_bf16_c2048_t128_v8_r2_add` (after an add), `rms_bf16_c2048_t128_v8_r2_e` (its reads
+    /// early) or `rms_bf16_c2048_t128_v8_r2_for_sm80`: symbol, table value and build-cache key.
     pub fn name(&self) -> String {
         format!(
-            "rms_{}_c{}_t{}_v{}_r{}{}{}",
+            "rms_{}_c{}_t{}_v{}_r{}{}{}{}",
             self.dtype.short_name(),
             self.cols,
             self.threads,
             self.vector,
             self.rows_per_block,
+            self.reads.name_suffix(),
             self.add
                 .map_or(String::new(), |a| a.name_suffix(self.dtype)),
             self.arch.name_suffix()
@@ -130,7 +135,8 @@ impl RmsNormSpec {
 /// most once), with the multiples of a warp that cover C exactly added; for each, CTAs of 128
 /// and 256 threads (one group when it is larger). Ordered with groups whose last load fills
 /// the group first, then by how close a thread's share is to 16 elements, then wider vectors. A
-/// problem with an add gets the same knobs on kernels that compute it.
+/// problem with an add gets the same knobs on kernels that compute it. Each shape comes in every
+/// order of reads, side by side, so a capped sweep keeps whole shapes.
 pub fn candidates(p: &RmsNormProblem, arch: Arch) -> Vec<RmsNormSpec> {
     let Ok(cols) = u32::try_from(p.cols) else {
         return vec![];
@@ -156,20 +162,23 @@ pub fn candidates(p: &RmsNormProblem, arch: Arch) -> Vec<RmsNormSpec> {
         groups.dedup();
         for t in groups.into_iter().filter(|&t| t <= vectors) {
             for block in [128, 256] {
-                let s = RmsNormSpec {
-                    arch,
-                    dtype: p.dtype,
-                    cols,
-                    threads: t,
-                    vector,
-                    rows_per_block: (block / t).max(1),
-                    add: p.add.map(|a| a.dtypes()),
-                };
-                if s.per_thread() <= CANDIDATE_PER_THREAD
-                    && s.invalid_reason().is_none()
-                    && !out.contains(&s)
-                {
-                    out.push(s);
+                for reads in RowReads::ALL {
+                    let s = RmsNormSpec {
+                        arch,
+                        dtype: p.dtype,
+                        cols,
+                        threads: t,
+                        vector,
+                        rows_per_block: (block / t).max(1),
+                        add: p.add.map(|a| a.dtypes()),
+                        reads,
+                    };
+                    if s.per_thread() <= CANDIDATE_PER_THREAD
+                        && s.invalid_reason().is_none()
+                        && !out.contains(&s)
+                    {
+                        out.push(s);
+                    }
                 }
             }
         }
@@ -201,7 +210,17 @@ mod tests {
 
     #[test]
     fn llama_rows_get_16_byte_loads_first_and_every_candidate_is_valid() {
-        let c = candidates(&problem(2048, DType::Bf16), Arch::Sm90);
+        let all = candidates(&problem(2048, DType::Bf16), Arch::Sm90);
+        assert_eq!(
+            names(&all[..3]),
+            [
+                "rms_bf16_c2048_t128_v8_r1",
+                "rms_bf16_c2048_t128_v8_r1_e",
+                "rms_bf16_c2048_t128_v8_r1_es",
+            ],
+            "each shape in every order of reads, side by side"
+        );
+        let c: Vec<RmsNormSpec> = all.into_iter().filter(|s| s.reads.is_in_turn()).collect();
         assert_eq!(
             names(&c[..4]),
             [
@@ -252,6 +271,7 @@ mod tests {
             vector: 8,
             rows_per_block: 2,
             add: None,
+            reads: RowReads::InTurn,
         };
         assert_eq!(s.invalid_reason(), None);
         let bad = |s: RmsNormSpec| s.invalid_reason().unwrap();
