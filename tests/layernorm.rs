@@ -54,9 +54,6 @@ fn layernorm_kernels_build_beside_a_gemm_and_refuse_what_they_cannot_take() {
         first(&problem(4096, 770, DType::F16), |s| {
             s.reads == RowReads::EarlyStreamed
         }),
-        first(&problem(1024, 8192, DType::F32), |s| {
-            s.reads == RowReads::Pipelined
-        }),
     ];
     assert_eq!(specs[4].vector, 2, "770 halves take 4-byte loads");
     assert!(specs[5].threads_per_row >= 256);

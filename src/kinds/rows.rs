@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How a norm kernel's thread group reads its row: its name suffix and the templates' flags.
+/// How a norm kernel's thread group reads its row: its name suffix and the templates' flag.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RowReads {
@@ -11,27 +11,16 @@ pub enum RowReads {
     /// reductions, where they are first used.
     #[default]
     InTurn,
-    /// Every load of the row and of the norm's parameters issues first (`_e`), so the parameters'
-    /// latency hides under the row's instead of following the reductions; an operand that is one
-    /// run of rows finds its row without a 64-bit division.
-    Early,
-    /// As `Early`, and the operands, read once, stream past L1 and L2 (evict-first loads, `_es`),
-    /// so what the kernel writes keeps its place in L2 for the op that reads it next.
+    /// Every load of the row and of the norm's parameters issues first (`_es`), so the
+    /// parameters' latency hides under the row's instead of following the reductions; the
+    /// operands, read once, stream past L1 and L2 (evict-first), so what the kernel writes keeps
+    /// its place in L2 for the op that reads it next; an operand that is one run of rows finds
+    /// its row without a 64-bit division.
     EarlyStreamed,
-    /// As `EarlyStreamed`, persistent (`_p`): the launch holds half the CTAs the SMs fit, each
-    /// takes every gridDim-th block of rows, a group reads the parameters once, and issues its
-    /// next row's loads before this row's reduction and stores, so the SM's reads and writes
-    /// overlap instead of taking turns.
-    Pipelined,
 }
 
 impl RowReads {
-    pub const ALL: [RowReads; 4] = [
-        RowReads::InTurn,
-        RowReads::Early,
-        RowReads::EarlyStreamed,
-        RowReads::Pipelined,
-    ];
+    pub const ALL: [RowReads; 2] = [RowReads::InTurn, RowReads::EarlyStreamed];
 
     pub fn is_in_turn(&self) -> bool {
         *self == RowReads::InTurn
@@ -41,20 +30,13 @@ impl RowReads {
     pub fn name_suffix(&self) -> &'static str {
         match self {
             RowReads::InTurn => "",
-            RowReads::Early => "_e",
             RowReads::EarlyStreamed => "_es",
-            RowReads::Pipelined => "_p",
         }
     }
 
-    /// The templates' flags: `early` (loads first), `stream` (evict-first operand loads),
-    /// `pipelined` (persistent, the next row's loads before this row's work).
+    /// The templates' flag: `early` (loads first, operands streamed).
     pub fn template_vars(&self) -> serde_json::Value {
-        serde_json::json!({
-            "early": *self != RowReads::InTurn,
-            "stream": matches!(self, RowReads::EarlyStreamed | RowReads::Pipelined),
-            "pipelined": *self == RowReads::Pipelined,
-        })
+        serde_json::json!({ "early": *self == RowReads::EarlyStreamed })
     }
 }
 
@@ -80,6 +62,6 @@ mod tests {
             r#"{"reads":"early_streamed"}"#
         );
         let names: Vec<&str> = RowReads::ALL.iter().map(RowReads::name_suffix).collect();
-        assert_eq!(names, ["", "_e", "_es", "_p"]);
+        assert_eq!(names, ["", "_es"]);
     }
 }

@@ -226,12 +226,12 @@ mod tests {
         let all = candidates(&problem(768, DType::F32), Arch::Sm90);
         // Each shape in every order of reads, side by side.
         for (i, s) in all.iter().enumerate() {
-            assert_eq!(s.reads, RowReads::ALL[i % 4], "{}", s.name());
+            assert_eq!(s.reads, RowReads::ALL[i % 2], "{}", s.name());
             let first = LayerNormSpec {
                 reads: RowReads::InTurn,
                 ..s.clone()
             };
-            assert_eq!(all[i - i % 4], first);
+            assert_eq!(all[i - i % 2], first);
         }
         let c: Vec<LayerNormSpec> = all.into_iter().filter(|s| s.reads.is_in_turn()).collect();
         assert_eq!(

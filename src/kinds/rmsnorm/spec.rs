@@ -212,12 +212,8 @@ mod tests {
     fn llama_rows_get_16_byte_loads_first_and_every_candidate_is_valid() {
         let all = candidates(&problem(2048, DType::Bf16), Arch::Sm90);
         assert_eq!(
-            names(&all[..3]),
-            [
-                "rms_bf16_c2048_t128_v8_r1",
-                "rms_bf16_c2048_t128_v8_r1_e",
-                "rms_bf16_c2048_t128_v8_r1_es",
-            ],
+            names(&all[..2]),
+            ["rms_bf16_c2048_t128_v8_r1", "rms_bf16_c2048_t128_v8_r1_es"],
             "each shape in every order of reads, side by side"
         );
         let c: Vec<RmsNormSpec> = all.into_iter().filter(|s| s.reads.is_in_turn()).collect();

@@ -91,13 +91,13 @@ template <> struct Access<2> { using Type = unsigned short; };
 template <typename T>
 constexpr int access_bytes() { return kVector * sizeof(T) < 16 ? kVector * static_cast<int>(sizeof(T)) : 16; }
 
-// The operands are read once: their loads stream past L1 and L2 (evict-first).
 template <typename T>
 __device__ __forceinline__ void load_as(const T* p, float (&v)[kVector]) {
   constexpr int kPer = access_bytes<T>() / sizeof(T);
   using A = typename Access<access_bytes<T>()>::Type;
 #pragma unroll
   for (int c = 0; c < kVector / kPer; ++c) {
+    // Read once, the operands stream past L1 and L2 (evict-first).
     const A raw = __ldcs(reinterpret_cast<const A*>(p) + c);
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
