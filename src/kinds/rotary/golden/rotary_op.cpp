@@ -45,28 +45,57 @@ std::string rotary_refusal(const at::Tensor& x, const at::Tensor& cos, const at:
 
 // x, cos, sin and out as the kernel reads them: the row dims ordered by x's strides (the largest
 // outermost, so consecutive rows are near in memory), cos and sin broadcast to x's rows; and out,
-// allocated packed or in x's order.
+// allocated packed or in x's order. The FactTensors are computed from sizes and strides, as the
+// permuted and expanded views would hold them, without making those views: a call would otherwise
+// build about ten tensors on the host, which a short kernel waits on.
 struct RotarySide {
   at::Tensor out;
   FactTensor x, cos, sin, o;
 };
 
+// t's FactTensor as `t.expand(shape).permute(perm)` would give it: at::expand's strides (a dim
+// that broadcasts, or a new leading dim of size above one, steps by 0), in perm's order.
+FactTensor expanded_permuted(const at::Tensor& t, const std::array<int64_t, 4>& shape,
+                             const std::array<int64_t, 4>& perm) {
+  std::array<int64_t, 4> strides{};
+  const int64_t dims = t.dim();
+  for (int64_t i = 3; i >= 0; --i) {
+    const int64_t d = dims - 4 + i;
+    int64_t size = d >= 0 ? t.size(d) : 1;
+    int64_t stride = d >= 0 ? t.stride(d) : (i == 3 ? 1 : shape[i + 1] * strides[i + 1]);
+    if (size != shape[i]) stride = 0;
+    strides[i] = stride;
+  }
+  FactTensor ft = fact_tensor(t);
+  ft.rank = 4;
+  for (int64_t i = 0; i < 4; ++i) {
+    ft.sizes[i] = shape[perm[i]];
+    ft.strides[i] = strides[perm[i]];
+  }
+  return ft;
+}
+
 RotarySide rotary_side(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
                        bool packed) {
-  std::vector<int64_t> order = {0, 1, 2};
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return x.stride(a) > x.stride(b); });
-  const std::vector<int64_t> perm = {order[0], order[1], order[2], 3};
-  std::vector<int64_t> inverse(4);
-  for (int64_t i = 0; i < 4; ++i) inverse[perm[i]] = i;
-  std::vector<int64_t> rot(x.sizes().begin(), x.sizes().end());
+  std::array<int64_t, 4> perm = {0, 1, 2, 3};
+  std::stable_sort(perm.begin(), perm.begin() + 3, [&](int64_t a, int64_t b) { return x.stride(a) > x.stride(b); });
+  const std::array<int64_t, 4> sizes = {x.size(0), x.size(1), x.size(2), x.size(3)};
+  std::array<int64_t, 4> rot = sizes;
   rot[3] = rotary_dim;
+  // out's strides: packed row-major in x's dims, else row-major in perm's order (x's).
+  std::array<int64_t, 4> out_strides{};
+  int64_t step = 1;
+  for (int64_t i = 3; i >= 0; --i) {
+    const int64_t d = packed ? i : perm[i];
+    out_strides[d] = step;
+    step *= sizes[d];
+  }
   RotarySide s;
-  const at::Tensor xp = x.permute(perm);
-  s.out = packed ? at::empty(x.sizes(), x.options()) : at::empty(xp.sizes(), x.options()).permute(inverse);
-  s.x = fact_tensor(xp);
-  s.cos = fact_tensor(cos.expand(rot).permute(perm));
-  s.sin = fact_tensor(sin.expand(rot).permute(perm));
-  s.o = fact_tensor(s.out.permute(perm));
+  s.out = at::empty_strided(sizes, out_strides, x.options());
+  s.x = expanded_permuted(x, sizes, perm);
+  s.cos = expanded_permuted(cos, rot, perm);
+  s.sin = expanded_permuted(sin, rot, perm);
+  s.o = expanded_permuted(s.out, sizes, perm);
   return s;
 }
 
