@@ -205,7 +205,7 @@ fn f32_accurate_policy_plans_3xtf32_kernels() {
 /// The composed module reads one copy of a buffer every layer holds alike (GPT-J's rotary table),
 /// so TorchScript's executor computes what depends on it once; parameters, a buffer the graph
 /// writes in place and one it returns keep their own reads, and the module computes what the
-/// archive did.
+/// archive did; two equal buffers read back to back are read once.
 #[test]
 fn equal_buffers_are_read_once_and_their_ops_run_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -241,13 +241,23 @@ class Model(torch.nn.Module):
         for c in self.counted:
             x = c(x)
         return (x, self.layers[2].table) if self.returned else x
+class Pair(torch.nn.Module):
+    # Two equal buffers read back to back: the second read is pooled into the one just before it.
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("first", torch.arange(4.0).cos())
+        self.register_buffer("second", torch.arange(4.0).cos())
+    def forward(self, x):
+        return x * torch.stack([self.first, self.second]).sum(0)
 for counted, returned, name in [(0, False, "{}"), (2, False, "{}"), (0, True, "{}")]:
     torch.jit.trace(Model(counted, returned).eval(), torch.randn(2, 4), check_trace=False).save(name)
+torch.jit.trace(Pair().eval(), torch.randn(2, 4), check_trace=False).save("{}")
 print("ok")
 "#,
         path("layers.pt").display(),
         path("counted.pt").display(),
-        path("returned.pt").display()
+        path("returned.pt").display(),
+        path("pair.pt").display()
     );
     assert_eq!(run_python(&script), "ok");
     let schemas = fact::kinds::registry::op_schemas();
@@ -282,6 +292,11 @@ print("ok")
     )
     .unwrap();
     assert_eq!(reads(&text, "table"), 2, "{text}");
+    // Pooling a read into the one just before it ends (it once met that read again and pooled it
+    // into itself, for ever), and one read is left.
+    let text =
+        torch::rewrite_and_save(&path("pair.pt"), &path("pair_out.pt"), &[], &schemas).unwrap();
+    assert_eq!(reads(&text, "first") + reads(&text, "second"), 1, "{text}");
     // In TorchScript's executor: the archives' results, and after the profiling runs the optimized
     // graph sums the table once where the archive's sums it in every layer. (With the in-place
     // writes in the graph its alias analysis keeps every sum: the pooling is only a read.)

@@ -19,7 +19,10 @@
 #include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <functional>
+#include <iostream>
 #include <optional>
 #include <iomanip>
 #include <sstream>
@@ -954,7 +957,11 @@ void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
       continue;
     }
     n->output()->replaceAllUsesWith(pooled);
+    // destroyCurrent steps back to the node before: step on past it, or a read just pooled into
+    // (the node before, when two equal buffers are read back to back) would be met again and
+    // pooled into itself, which never ends.
     it.destroyCurrent();
+    ++it;
   }
 }
 
@@ -1111,11 +1118,19 @@ Value* folded_attributes(torch::jit::Module& m, Graph& g, const rust::Vec<uint32
   return module_buffer(m, g, "fact_folded_" + path + "_bias", folded);
 }
 
+// Seconds since `t`, to a tenth.
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() * 10) / 10;
+}
+
 rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
                               const rust::Vec<rust::String>& schemas) {
   return guarded("cannot rewrite the TorchScript graph", [&] {
+    const auto start = std::chrono::steady_clock::now();
     ensure_schemas(schemas);
     auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    const double load_s = seconds_since(start);
+    const auto edits_start = std::chrono::steady_clock::now();
     auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
     // Rewrite the method's own graph in place so that saving prints the new code.
     std::shared_ptr<Graph> g = fn.graph();
@@ -1281,10 +1296,19 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
         n->destroy();
       }
     }
-    host_shape_arithmetic(*g);
-    pool_equal_buffers(m, *g);
-    memoize_static_values(m, g);
-    m.save(to_std(out_path));
+    // One progress line: what each pass took (a real model's archive is a gigabyte or more).
+    std::ostringstream took;
+    took << "rewrite: load " << load_s << " s, " << edits.size() << " edits " << seconds_since(edits_start) << " s";
+    auto step = [&](const char* name, auto&& pass) {
+      const auto t = std::chrono::steady_clock::now();
+      pass();
+      took << ", " << name << " " << seconds_since(t) << " s";
+    };
+    step("host shapes", [&] { host_shape_arithmetic(*g); });
+    step("pooling", [&] { pool_equal_buffers(m, *g); });
+    step("memo", [&] { memoize_static_values(m, g); });
+    step("saving", [&] { m.save(to_std(out_path)); });
+    std::cerr << took.str() << std::endl;
     return rust::String(g->toString());
   });
 }
