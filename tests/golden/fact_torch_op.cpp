@@ -11,6 +11,7 @@
 #include "fact_kernels.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -1790,24 +1791,16 @@ struct RotarySide {
   FactTensor x, cos, sin, o;
 };
 
-// t's FactTensor as `t.expand(shape).permute(perm)` would give it: at::expand's strides (a dim
-// that broadcasts, or a new leading dim of size above one, steps by 0), in perm's order.
+// t's FactTensor as `t.expand(shape).permute(perm)` would give it: at::expand's own geometry (a
+// dim that broadcasts, or a new leading dim of size above one, steps by 0), in perm's order.
 FactTensor expanded_permuted(const at::Tensor& t, const std::array<int64_t, 4>& shape,
                              const std::array<int64_t, 4>& perm) {
-  std::array<int64_t, 4> strides{};
-  const int64_t dims = t.dim();
-  for (int64_t i = 3; i >= 0; --i) {
-    const int64_t d = dims - 4 + i;
-    int64_t size = d >= 0 ? t.size(d) : 1;
-    int64_t stride = d >= 0 ? t.stride(d) : (i == 3 ? 1 : shape[i + 1] * strides[i + 1]);
-    if (size != shape[i]) stride = 0;
-    strides[i] = stride;
-  }
+  const auto e = at::inferExpandGeometry_dimvector(t.sizes(), t.strides(), shape);
   FactTensor ft = fact_tensor(t);
   ft.rank = 4;
   for (int64_t i = 0; i < 4; ++i) {
-    ft.sizes[i] = shape[perm[i]];
-    ft.strides[i] = strides[perm[i]];
+    ft.sizes[i] = e.sizes[perm[i]];
+    ft.strides[i] = e.strides[perm[i]];
   }
   return ft;
 }
