@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// How a norm kernel's thread group reads its row: its name suffix and the templates' flag.
+/// How a norm kernel's thread group reads its row: its name suffix, and the templates' `early` flag.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RowReads {
@@ -32,11 +32,6 @@ impl RowReads {
             RowReads::InTurn => "",
             RowReads::EarlyStreamed => "_es",
         }
-    }
-
-    /// The templates' flag: `early` (loads first, operands streamed).
-    pub fn template_vars(&self) -> serde_json::Value {
-        serde_json::json!({ "early": *self == RowReads::EarlyStreamed })
     }
 }
 

@@ -58,12 +58,9 @@ pub fn render(l: &LayerNormSpec) -> Source {
         "rows": l.rows_per_cta,
         "loads": l.loads(),
         "add": l.add.is_some(),
+        // Loads first, operands streamed (RowReads::EarlyStreamed).
+        "early": !l.reads.is_in_turn(),
     });
-    if let (Some(vars), serde_json::Value::Object(reads)) =
-        (vars.as_object_mut(), l.reads.template_vars())
-    {
-        vars.extend(reads);
-    }
     if let Some(add) = l.add {
         for (key, d) in [("a", add.a), ("b", add.b), ("sum", add.sum)] {
             vars[format!("{key}_dtype")] = json!(d.short_name());

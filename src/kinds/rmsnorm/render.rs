@@ -55,12 +55,9 @@ pub fn render(s: &RmsNormSpec) -> Source {
         "rows": s.rows_per_block,
         "loads": s.loads(),
         "add": s.add.is_some(),
+        // Loads first, operands streamed (RowReads::EarlyStreamed).
+        "early": !s.reads.is_in_turn(),
     });
-    if let (Some(vars), serde_json::Value::Object(reads)) =
-        (vars.as_object_mut(), s.reads.template_vars())
-    {
-        vars.extend(reads);
-    }
     if let Some(add) = s.add {
         for (key, d) in [("a", add.a), ("b", add.b), ("sum", add.sum)] {
             vars[format!("{key}_dtype")] = json!(d.short_name());
