@@ -1288,9 +1288,9 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   const at::Tensor v4 = v.dim() == 4 ? v : v.unsqueeze(1);
   const int64_t b = q4.size(0), h = q4.size(1), tq = q4.size(2), tk = k4.size(2), d = q4.size(3);
   // k and v heads: q's, or a divisor of them where the graph repeated k and v or asked for GQA
-  // (query head i reads k/v head i / (h / hkv)).
+  // (query head i reads k/v head i / (h / hkv)), or one head that SDPA and matmul broadcast.
   const int64_t hkv = k4.size(1);
-  const bool heads_ok = f.repeat > 1 ? hkv * f.repeat == h : f.gqa ? hkv > 0 && h % hkv == 0 : hkv == h;
+  const bool heads_ok = f.repeat > 1 ? hkv * f.repeat == h : f.gqa ? hkv > 0 && h % hkv == 0 : hkv == h || hkv == 1;
   if (!heads_ok || v4.size(1) != hkv) return why = "k and v heads do not divide q's as the form says", at::Tensor();
   // The mask's class at run time must be one the kernel computes.
   at::Tensor lengths;

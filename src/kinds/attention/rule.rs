@@ -27,7 +27,8 @@
 //!
 //! q, k and v are [B,H,T,D] (or [B,T,D]: one head) with equal B and D; the kernel reads them
 //! through their strides, so views of one qkv projection need no copies. Grouped-query SDPA: k and
-//! v with Hkv heads dividing q's H, through `enable_gqa=True` or repeated to H heads before the
+//! v with Hkv heads dividing q's H, through `enable_gqa=True`, one head that SDPA broadcasts
+//! (multi-query attention as Falcon writes it), or repeated to H heads before the
 //! call as Hugging Face's repeat_kv writes it (`k[:, :, None]` → expand [B,Hkv,G,T,D] → reshape
 //! [B,Hkv·G,T,D], or `repeat_interleave(k, G, 1)`): the match reads the un-repeated k and v (query
 //! head h reads k/v head h / G, never copied) and owns the repeat nodes nothing else reads. The
@@ -763,9 +764,11 @@ fn problem(g: &Graph, [q, k, v]: [ValueId; 3], form: ProblemForm) -> Option<Atte
     let (kl, ks) = lead_of(&tk.shape)?;
     let (vl, vs) = lead_of(&tv.shape)?;
     // One batch, k and v of one head count (q's, or a divisor of it when grouped), one head dim,
-    // as many values as keys.
+    // as many values as keys. One k/v head read by every query head is grouped too: SDPA and
+    // matmul broadcast a head dim of 1 (multi-query attention as Falcon writes it, no
+    // enable_gqa and no repeat).
     let kv = kl.1;
-    let heads_ok = kv == lead.1 || (form.grouped && kv > 0 && lead.1 % kv == 0);
+    let heads_ok = kv == lead.1 || ((form.grouped || kv == 1) && kv > 0 && lead.1 % kv == 0);
     if kl.0 != lead.0 || vl != kl || !heads_ok || ks.1 != qs.1 || vs.1 != qs.1 || vs.0 != ks.0 {
         return None;
     }
@@ -1270,6 +1273,14 @@ mod tests {
         // 8 heads by 2 does not divide 3.
         let bad = g("%y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %t, %none, %t) : f16[1,8,64,64]", 3);
         assert!(match_attention(&bad).is_empty());
+        // One k/v head without enable_gqa is multi-query attention by broadcasting (Falcon's):
+        // every query head reads head 0, as torch's SDPA computes it.
+        let mqa = g("%y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %t, %none, %f) : f16[1,8,64,64]", 1);
+        let a = &match_attention(&mqa)[0];
+        assert_eq!(
+            (a.problem.kv_heads, a.repeat, a.form()),
+            (Some(1), None, "sdpa;causal".to_string())
+        );
         let interleaved = g(
             "%kr = aten::repeat_interleave(%k, %4, %1, %none) : f16[1,8,64,64]
              %vr = aten::repeat_interleave(%v, %4, %1, %none) : f16[1,8,64,64]
