@@ -1590,11 +1590,27 @@ at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& 
   }
 }
 
+// The stride between x's rows (its leading dims as one; dims of size one have no say), -1 for one
+// row, or nullopt when the rows are not one stride apart.
+std::optional<int64_t> row_stride_of(const at::Tensor& x) {
+  int64_t row_stride = -1, next = 0;
+  for (int64_t d = x.dim() - 2; d >= 0; --d) {
+    if (x.size(d) == 1) continue;
+    if (row_stride < 0) {
+      row_stride = next = x.stride(d);
+    } else if (x.stride(d) != next) {
+      return std::nullopt;
+    }
+    next *= x.size(d);
+  }
+  return row_stride;
+}
+
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
-// reason in `why`.
+// reason in `why`; `copied` says whether x was copied into one run of rows first.
 at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                           const std::optional<double>& eps, const RmsForm& f, c10::string_view kernel,
-                          std::string& why) {
+                          std::string& why, bool& copied) {
   const bool has_w = weight.has_value() && weight->defined();
   if (!x.is_cuda() || (has_w && weight->device() != x.device())) return why = "not CUDA tensors of one device", at::Tensor();
   if (at::GradMode::is_enabled() && (x.requires_grad() || (has_w && weight->requires_grad()))) {
@@ -1609,19 +1625,15 @@ at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& 
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
-  // The leading dims as one: rows one stride apart (dims of size one have no say).
-  int64_t row_stride = -1, next = 0;
-  for (int64_t d = x.dim() - 2; d >= 0; --d) {
-    if (x.size(d) == 1) continue;
-    if (row_stride < 0) {
-      row_stride = next = x.stride(d);
-    } else if (x.stride(d) != next) {
-      return why = "x's rows are not one stride apart", at::Tensor();
-    }
-    next *= x.size(d);
-  }
-  const int64_t rows = x.numel() / c;
+  // Rows not one stride apart (a norm of each head of q sliced from a fused qkv projection, as
+  // Qwen3 and Gemma 3 write it: heads one stride apart, tokens another) are copied into one run
+  // first: a copy and the kernel move a fraction of the bytes the replaced ops would.
   c10::cuda::CUDAGuard guard(x.device());
+  const std::optional<int64_t> one_stride = row_stride_of(x);
+  copied = !one_stride;
+  const at::Tensor xr = one_stride ? x : x.contiguous();
+  const int64_t row_stride = one_stride ? *one_stride : c;
+  const int64_t rows = x.numel() / c;
   at::Tensor out = at::empty(x.sizes(), x.options());
   auto matrix = [&](const at::Tensor& t, int64_t stride) {
     FactTensor ft = fact_tensor(t);
@@ -1632,7 +1644,7 @@ at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& 
     ft.strides[1] = t.stride(-1);
     return ft;
   };
-  const FactTensor tensors[3] = {matrix(x, row_stride), matrix(out, c), has_w ? fact_tensor(*weight) : FactTensor{}};
+  const FactTensor tensors[3] = {matrix(xr, row_stride), matrix(out, c), has_w ? fact_tensor(*weight) : FactTensor{}};
   // torch's rms_norm without eps takes fp32's machine epsilon (its opmath type's for every dtype
   // the kernels take).
   const double scalars[3] = {eps.value_or(std::numeric_limits<float>::epsilon()), static_cast<double>(f.scale),
@@ -1652,9 +1664,10 @@ at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   TORCH_CHECK(f.aten || eps.has_value(), "fact::rmsnorm: the written-out form '", std::string(form), "' needs eps");
   std::string why = "rmsnorm is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kRmsnormKind)) {
-    at::Tensor out = rmsnorm_kernel(x, weight, eps, f, kernel, why);
+    bool copied = false;
+    at::Tensor out = rmsnorm_kernel(x, weight, eps, f, kernel, why, copied);
     if (out.defined()) {
-      count_ran(kernel, false);
+      count_ran(kernel, copied);
       return out;
     }
   }

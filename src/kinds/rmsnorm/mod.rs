@@ -305,7 +305,7 @@ fn notes(r: &RmsNormMatch, math: MathType, arch: Arch) -> Vec<String> {
     )];
     notes.push(match &p.add {
         None => format!(
-            "one read of x and one write of y ({:.1} MB); x's rows are read through their stride (a view whose rows are not one stride apart runs the replaced ops)",
+            "one read of x and one write of y ({:.1} MB); x's rows are read through their stride (a view whose rows are not one stride apart, as a norm of each head of q sliced from a fused projection, is copied into one run first)",
             p.bytes() / 1e6
         ),
         Some(add) => format!(
