@@ -139,6 +139,58 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "falcon",
+        // Held out (added after the rules were written). The fused qkv and dense; the MLP's
+        // dense_h_to_4h with GELU; dense_4h_to_h adding the attention output and the residual
+        // (parallel attention); q and k rotated in one kernel; the causal SDPA over one K/V head
+        // that SDPA broadcasts to every query head (multi-query); one LayerNorm a layer.
+        per_layer: &[
+            ("gemm_rcr", 2),
+            ("gemm_rcr_ep_gelu", 1),
+            ("gemm_rcr_ep_add_add", 1),
+            ("sdpa_causal_mask", 1),
+            ("rotary_halves_qk", 1),
+            ("layernorm_affine", 1),
+        ],
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("layernorm_affine", 1)],
+        wanted: &[],
+        kv_heads: Some(1),
+    },
+    Expect {
+        model: "qwen3",
+        // Held out. q (projecting up: 16 heads of 128 over a hidden 1024), k and v; gate and up
+        // as one GEMM; o and down with the residual; the grouped-query SDPA; the two RMSNorms
+        // and the RMSNorms of each head of q and k before rotary; q and k rotated in one kernel.
+        per_layer: &[
+            ("gemm_rcr", 3),
+            ("glu_silu", 1),
+            ("gemm_rcr_ep_add", 2),
+            ("sdpa_causal_mask", 1),
+            ("rmsnorm_weight", 4),
+            ("rotary_halves_qk", 1),
+        ],
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("rmsnorm_weight", 1)],
+        wanted: &[],
+        kv_heads: Some(8),
+    },
+    Expect {
+        model: "gemma",
+        // Held out. q, k and v; gate and up as one GEMM with the tanh GELU; o and down with the
+        // residual; the SDPA over one K/V head repeated by repeat_kv (read in place); Gemma's
+        // RMSNorms (times 1 + w, in fp32); q and k rotated in one kernel.
+        per_layer: &[
+            ("gemm_rcr", 3),
+            ("glu_gelu_tanh", 1),
+            ("gemm_rcr_ep_add", 2),
+            ("sdpa_causal_mask", 1),
+            ("rmsnorm_weight", 2),
+            ("rotary_halves_qk", 1),
+        ],
+        once: &[("gemm_rcr", 1), ("gemm_rrr", 1), ("rmsnorm_weight", 1)],
+        wanted: &[],
+        kv_heads: Some(1),
+    },
+    Expect {
         model: "opt",
         // q with OPT's scaling in its epilogue; k, v; out_proj and fc2 with the residual; fc1
         // with relu.

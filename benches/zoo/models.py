@@ -199,6 +199,55 @@ def gptj(ci):
     return CausalLM(GPTJForCausalLM(config))
 
 
+def falcon(ci):
+    from transformers import FalconConfig, FalconForCausalLM
+
+    # Falcon-7B's layout at a smaller width (a held-out family: added after fact was built, its
+    # first figures measured before any change for it but one, multi-query heads by
+    # broadcasting): one fused qkv linear with a single K/V head that SDPA broadcasts over the
+    # query heads, rotary on whole heads, attention and MLP in parallel off one LayerNorm, plain
+    # GELU, no biases, untied vocabulary 65024; hidden 2048 (Falcon-7B's is 4544), 32 heads of 64.
+    config = FalconConfig(hidden_size=2048, num_attention_heads=32, num_hidden_layers=layers(ci, 4), vocab_size=CI_VOCAB if ci else 65024)
+    return CausalLM(FalconForCausalLM(config))
+
+
+def qwen3(ci):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    # Qwen3-0.6B's dims (a held-out family, measured before any change for it): 16 heads of 128
+    # over a hidden 1024 (q projects up), 8 K/V heads, RMSNorm on each head of q and k before
+    # rotary, SiLU-gated MLP 3072, tied 151936 vocabulary; 4 of its 28 layers.
+    config = Qwen3Config(
+        hidden_size=1024,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        num_hidden_layers=layers(ci, 4),
+        vocab_size=CI_VOCAB if ci else 151936,
+        tie_word_embeddings=True,
+    )
+    return CausalLM(Qwen3ForCausalLM(config))
+
+
+def gemma(ci):
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    # Gemma-2B's dims (a held-out family, measured before any change for it): 8 heads of 256,
+    # one K/V head repeated by repeat_kv, tanh-GELU-gated MLP 16384, RMSNorm scaling by (1 + w)
+    # in fp32, embeddings scaled by sqrt(hidden), tied 256000 vocabulary; 4 of its 18 layers.
+    config = GemmaConfig(
+        hidden_size=2048,
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        head_dim=256,
+        intermediate_size=16384,
+        num_hidden_layers=layers(ci, 4),
+        vocab_size=CI_VOCAB if ci else 256000,
+    )
+    return CausalLM(GemmaForCausalLM(config))
+
+
 def opt(ci):
     from transformers import OPTConfig, OPTForCausalLM
 
@@ -264,6 +313,9 @@ MODELS = [
     Model("pythia", "gpt_neox", "GPTNeoXForCausalLM: Pythia-160m, 12 layers", pythia, 8, 512, vocab=50304, ci_vocab=CI_VOCAB),
     Model("phi3", "phi3", "Phi3ForCausalLM: hidden 1536, 16 heads of 96, fused qkv and gate_up, 4 layers", phi3, 4, 1024, vocab=32064, ci_vocab=CI_VOCAB),
     Model("gptj", "gptj", "GPTJForCausalLM: hidden 1024, 16 heads of 64, eager attention, pairs rotary, 4 layers", gptj, 8, 512, vocab=50400, ci_vocab=CI_VOCAB),
+    Model("falcon", "falcon", "FalconForCausalLM: hidden 2048, 32 heads of 64, one K/V head, parallel attention, 4 layers (held out)", falcon, 4, 1024, vocab=65024, ci_vocab=CI_VOCAB),
+    Model("qwen3", "qwen3", "Qwen3ForCausalLM: Qwen3-0.6B's dims, q and k RMSNorms, 4 layers (held out)", qwen3, 4, 1024, vocab=151936, ci_vocab=CI_VOCAB),
+    Model("gemma", "gemma", "GemmaForCausalLM: Gemma-2B's dims, heads of 256, one K/V head, GeGLU, 4 layers (held out)", gemma, 2, 1024, vocab=256000, ci_vocab=CI_VOCAB),
     Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),
     Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),
