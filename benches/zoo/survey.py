@@ -1,0 +1,184 @@
+"""The held-out survey: families the zoo does not hold, traced small on the CPU as a user traces
+them and `fact discover`ed, to find what fact's rules miss in models it was not built on. No GPU:
+it reads the plan (patterns by rule, the share of the estimated time left unmatched and where,
+the ops a rule saw and refused with its reason), not timings.
+
+    python benches/zoo/survey.py OUT_DIR [--models a,b] [--fact target/release/fact]
+
+Writes OUT_DIR/NAME.pt, OUT_DIR/NAME.plan.json (discover's JSON), OUT_DIR/survey.json (one entry a
+model) and OUT_DIR/survey.md (a table and each model's largest unmatched regions). A model that
+does not build or trace is listed with torch's error: that is the library's limit, not fact's.
+Sizes are small on purpose (2 layers, vocabulary 1024, T 64, batch 1): the graph's ops, not its
+shapes, are what the survey reads. When a family joins the zoo (benches/zoo/models.py, with its
+expectations in tests/zoo.rs), drop it here.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+from collections import Counter
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models as zoo  # noqa: E402
+
+LAYERS = 2
+VOCAB = 1024
+SEQ = 64
+
+
+def causal(config, model, **kw):
+    import transformers
+
+    return zoo.CausalLM(getattr(transformers, model)(getattr(transformers, config)(**kw)))
+
+
+def encoder(config, model, **kw):
+    import transformers
+
+    return zoo.Encoder(getattr(transformers, model)(getattr(transformers, config)(**kw)))
+
+
+def vision(name):
+    import torchvision
+
+    return getattr(torchvision.models, name)()
+
+
+L, V = LAYERS, VOCAB
+# name -> (builder, kind): "causal" takes token ids, "encoder" ids and a padding mask, "image" a
+# 224x224 image.
+FAMILIES = {
+    "mistral": (lambda: causal("MistralConfig", "MistralForCausalLM", hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, intermediate_size=3584, num_hidden_layers=L, vocab_size=V), "causal"),
+    "gemma2": (lambda: causal("Gemma2Config", "Gemma2ForCausalLM", hidden_size=1024, num_attention_heads=8, num_key_value_heads=4, head_dim=256, intermediate_size=4096, num_hidden_layers=L, vocab_size=V), "causal"),
+    "stablelm": (lambda: causal("StableLmConfig", "StableLmForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=16, intermediate_size=2816, num_hidden_layers=L, vocab_size=V, partial_rotary_factor=0.25), "causal"),
+    "olmo2": (lambda: causal("Olmo2Config", "Olmo2ForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=16, intermediate_size=2816, num_hidden_layers=L, vocab_size=V), "causal"),
+    "granite": (lambda: causal("GraniteConfig", "GraniteForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816, num_hidden_layers=L, vocab_size=V), "causal"),
+    "gpt_neo": (lambda: causal("GPTNeoConfig", "GPTNeoForCausalLM", hidden_size=768, num_heads=12, num_layers=L, attention_types=[[["global", "local"], 1]], vocab_size=V), "causal"),
+    "bloom": (lambda: causal("BloomConfig", "BloomForCausalLM", hidden_size=1024, n_head=16, n_layer=L, vocab_size=V), "causal"),
+    "roberta": (lambda: encoder("RobertaConfig", "RobertaModel", num_hidden_layers=L, vocab_size=V), "encoder"),
+    "distilbert": (lambda: encoder("DistilBertConfig", "DistilBertModel", n_layers=L, vocab_size=V), "encoder"),
+    "electra": (lambda: encoder("ElectraConfig", "ElectraModel", num_hidden_layers=L, vocab_size=V), "encoder"),
+    "deberta_v2": (lambda: encoder("DebertaV2Config", "DebertaV2Model", num_hidden_layers=L, vocab_size=V), "encoder"),
+    "t5_encoder": (lambda: encoder("T5Config", "T5EncoderModel", num_layers=L, vocab_size=V), "encoder"),
+    "swin_t": (lambda: vision("swin_t"), "image"),
+    "maxvit_t": (lambda: vision("maxvit_t"), "image"),
+    "vit_b_32": (lambda: vision("vit_b_32"), "image"),
+    "convnext_small": (lambda: vision("convnext_small"), "image"),
+    "efficientnet_b0": (lambda: vision("efficientnet_b0"), "image"),
+    "mobilenet_v2": (lambda: vision("mobilenet_v2"), "image"),
+    "regnet_y_400mf": (lambda: vision("regnet_y_400mf"), "image"),
+    "resnext50_32x4d": (lambda: vision("resnext50_32x4d"), "image"),
+    "densenet121": (lambda: vision("densenet121"), "image"),
+}
+
+
+def trace(name, path):
+    """Traces family `name` into `path`; returns None, or torch's error in one line."""
+    build, kind = FAMILIES[name]
+    torch.manual_seed(zoo.SEED)
+    try:
+        module = build().eval()
+        if kind == "image":
+            inputs = (torch.randn(1, 3, 224, 224),)
+        else:
+            ids = torch.randint(0, VOCAB, (1, SEQ))
+            inputs = (ids,) if kind == "causal" else zoo.padding(ids, SEQ)
+        with torch.no_grad():
+            torch.jit.trace(module, inputs, strict=False, check_trace=False).save(path)
+        return None
+    except Exception as e:  # the library's or torch's limit: reported, the survey goes on
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def summarize(name, plan):
+    """One model's entry from discover's JSON plan."""
+    rules = Counter(re.sub(r"_[0-9a-f]{8}$", "", p["rule"]) for p in plan["patterns"])
+    return {
+        "model": name,
+        "patterns": dict(sorted(rules.items())),
+        "unmatched_share": round(plan["unmatched_share"], 3),
+        "unmatched": [
+            {"share": round(u["est_ms"] / plan["total_est_ms"], 3), "ops": u["name"]}
+            for u in sorted(plan["unmatched"], key=lambda u: -u["est_ms"])[:4]
+        ],
+        "refused": sorted({f"{r['kind']}: {r['reason']}" for r in plan["unmatched_gemms"]}),
+    }
+
+
+def write_md(out, entries):
+    lines = [
+        "# Held-out survey",
+        "",
+        "`python benches/zoo/survey.py` (CPU, no timings): each family traced small and discovered;",
+        "the share is of discover's estimated time (its cost model, not a measurement).",
+        "",
+        "| model | patterns by rule | unmatched share |",
+        "|---|---|---|",
+    ]
+    for e in entries:
+        if "error" in e:
+            lines.append(f"| {e['model']} | does not trace: {e['error']} | - |")
+            continue
+        pats = ", ".join(f"{r} {n}" for r, n in e["patterns"].items())
+        lines.append(f"| {e['model']} | {pats} | {e['unmatched_share']:.0%} |")
+    lines.append("")
+    for e in entries:
+        if "error" in e or not (e["unmatched"] or e["refused"]):
+            continue
+        lines.append(f"## {e['model']}")
+        for u in e["unmatched"]:
+            ops = u["ops"] if len(u["ops"]) < 200 else u["ops"][:200] + " …"
+            lines.append(f"- {u['share']:.1%} unmatched: {ops}")
+        for r in e["refused"]:
+            lines.append(f"- refused: {r}")
+        lines.append("")
+    with open(os.path.join(out, "survey.md"), "w") as f:
+        f.write("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--models", help="comma-separated families (default: all): " + ", ".join(FAMILIES))
+    ap.add_argument("--fact", default="target/release/fact")
+    args = ap.parse_args()
+    names = args.models.split(",") if args.models else list(FAMILIES)
+    if bad := [n for n in names if n not in FAMILIES]:
+        raise SystemExit(f"unknown families {bad}: the survey has {', '.join(FAMILIES)}")
+    os.makedirs(args.out, exist_ok=True)
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    warnings.filterwarnings("ignore")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    entries = []
+    for i, name in enumerate(names, 1):
+        path = os.path.join(args.out, f"{name}.pt")
+        error = trace(name, path)
+        if error is None:
+            run = subprocess.run([args.fact, "discover", path, "--json"], capture_output=True, text=True)
+            if run.returncode != 0:
+                error = "fact discover failed: " + " ".join(run.stderr.split())[-300:]
+        if error is not None:
+            entries.append({"model": name, "error": error})
+        else:
+            plan = json.loads(run.stdout)["plan"]
+            with open(os.path.join(args.out, f"{name}.plan.json"), "w") as f:
+                json.dump(plan, f)
+            entries.append(summarize(name, plan))
+        e = entries[-1]
+        status = e.get("error") or f"{sum(e['patterns'].values())} patterns, {e['unmatched_share']:.0%} unmatched"
+        print(f"[{i}/{len(names)}] {name}: {status}", flush=True)
+    with open(os.path.join(args.out, "survey.json"), "w") as f:
+        json.dump(entries, f, indent=1)
+    write_md(args.out, entries)
+    print(f"wrote {os.path.join(args.out, 'survey.md')}")
+
+
+if __name__ == "__main__":
+    main()
