@@ -468,6 +468,30 @@ mod tests {
     }
 
     #[test]
+    fn views_of_a_weight_cost_nothing() {
+        // Falcon's linear reads `weight.T`; unflatten and narrow are views too.
+        let g = Graph::parse(
+            "graph(%w: f32[64,32]):
+               %zero = prim::Constant[0]()
+               %two = prim::Constant[2]()
+               %s = prim::ListConstruct(%two, %two) : int[]
+               %a = aten::numpy_T(%w) : f32[32,64]
+               %b = aten::mT(%w) : f32[32,64]
+               %c = aten::narrow(%w, %zero, %zero, %two) : f32[2,32]
+               %d = aten::unflatten(%w, %zero, %s) : f32[2,32,32]
+               %e = aten::neg(%w) : f32[64,32]
+               return (%a, %b, %c, %d, %e)",
+        )
+        .unwrap();
+        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &[]);
+        let names: Vec<&str> = costs
+            .iter()
+            .map(|c| g.values[g.nodes[c.node].outputs[0]].name.as_str())
+            .collect();
+        assert_eq!(names, ["e"], "the neg alone runs a kernel");
+    }
+
+    #[test]
     fn the_f32_accurate_baseline_runs_without_tensor_cores() {
         let g = attention_like();
         let m = match_gemms(&g);
