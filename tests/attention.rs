@@ -223,12 +223,38 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
     let diff = outputs_differ_by(&gptj, &out, &[ids]);
     assert!(diff <= 1e-5, "gptj: differs by {diff}");
+    // The zoo's GPT-Neo as traced: both layers' attention (a where over the scores under the
+    // added mask, the q and k casts left to the sizes that read them) rewritten, kernel "n".
+    let neo = crate::common::zoo_fixtures().join("gpt_neo.pt");
+    let (g, _) = torch::load_graph(&neo, &[]).unwrap();
+    let found = match_attention(&g);
+    assert_eq!(found.len(), 2);
+    assert!(found.iter().all(|a| a.cond.is_some() && a.upcast));
+    let edits: Vec<_> = found
+        .iter()
+        .map(|a| fact::kinds::attention::edit(&g, a, "n"))
+        .collect();
+    let out = dir.path().join("gpt_neo.pt");
+    let text =
+        torch::rewrite_and_save(&neo, &out, &edits, &fact::kinds::registry::op_schemas()).unwrap();
+    assert!(
+        !text.contains("aten::softmax") && text.matches("fact::attention(").count() == 2,
+        "{text}"
+    );
+    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
+    let diff = outputs_differ_by(&neo, &out, &[ids]);
+    assert!(diff <= 1e-5, "gpt_neo: differs by {diff}");
     let calls = torch::op_stats(library, false).unwrap();
     assert_eq!(
         calls
             .get("a")
             .map(|c| (c.ran, c.fell_back, c.why.as_deref())),
         Some((0, 8, Some("not CUDA tensors of one device"))),
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls.get("n").map(|c| (c.ran, c.fell_back)),
+        Some((0, 2)),
         "{calls:?}"
     );
     assert_eq!(

@@ -543,12 +543,18 @@ MaskFactOut classify_mask(torch::jit::Module& module, Graph& g, Value* mask, con
 
 // The mask an explicit attention adds to its scores before the softmax `softmax` (GPT-J's
 // `softmax(q·kᵀ / s + mask)`, any scale, q and k as the product reads them), with the q and k of
-// that product: false when the softmax reads no such sum.
-bool added_mask(Node* softmax, Value*& mask, Value*& q, Value*& k) {
+// that product: false when the softmax reads no such sum. GPT-Neo's scores go through
+// `where(cond, scores, fill)` before the add: `cond` is that condition (else null).
+bool added_mask(Node* softmax, Value*& mask, Value*& q, Value*& k, Value*& cond) {
   Node* add = softmax->input(0)->node();
   if (add->kind() != c10::aten::add || add->inputs().size() != 3) return false;
   for (size_t side : {0, 1}) {
     Node* s = add->input(side)->node();
+    cond = nullptr;
+    if (s->kind() == c10::aten::where && s->inputs().size() == 3) {
+      cond = s->input(0);
+      s = s->input(1)->node();
+    }
     if (s->kind() == c10::aten::mul || s->kind() == c10::aten::div) s = s->input(0)->node();
     if (s->kind() != c10::aten::matmul) continue;
     Node* t = s->input(1)->node();
@@ -568,14 +574,15 @@ std::unordered_map<const Value*, MaskFactOut> classify_masks(torch::jit::Module&
                                                              const std::vector<at::Tensor>& examples) {
   std::unordered_map<const Value*, MaskFactOut> facts;
   for (Node* n : g.block()->nodes()) {
-    Value *mask = nullptr, *q = nullptr, *k = nullptr;
+    Value *mask = nullptr, *q = nullptr, *k = nullptr, *cond = nullptr;
     if (n->kind() == c10::aten::scaled_dot_product_attention && n->inputs().size() >= 4) {
       mask = n->input(3);
       q = n->input(0);
       k = n->input(1);
-    } else if (n->kind() != c10::aten::softmax || !added_mask(n, mask, q, k)) {
+    } else if (n->kind() != c10::aten::softmax || !added_mask(n, mask, q, k, cond)) {
       continue;
     }
+    if (cond != nullptr && !facts.count(cond)) facts.emplace(cond, classify_mask(module, g, cond, q, k, shapes, examples));
     if (mask->mustBeNone() || facts.count(mask)) continue;
     facts.emplace(mask, classify_mask(module, g, mask, q, k, shapes, examples));
   }

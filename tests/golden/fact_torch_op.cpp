@@ -1078,7 +1078,9 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // Attention. The form says what the graph computed, e.g. "explicit;div=9.79;mask=not" (q·kᵀ, then
 // div by 9.79, then masked_fill(~mask, -inf), softmax(-1), ·v; "div=tensor" divides by the scale
 // operand; "mask=add;class=..." adds the mask to the scores; "upcast" casts q and k to fp32 and
-// the probabilities to v's dtype) or "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
+// the probabilities to v's dtype; "where" first replaces the scores where the cond operand is
+// false by the fill operand, GPT-Neo's where(c, scores, finfo.min) under its added mask) or
+// "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
 // call: the op is given them un-repeated), "class=..." (the mask class the kernel was built for:
@@ -1086,7 +1088,7 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // sizes alone, so its class is one per shape).
 
 struct Form {
-  bool sdpa = false, causal = false, gqa = false, upcast = false;
+  bool sdpa = false, causal = false, gqa = false, upcast = false, where = false;
   // Explicit form: 'm' mul, 'd' div, 0 none. SDPA: 's' when a scale was given.
   char scale_op = 0;
   double scale = 1.0;
@@ -1129,6 +1131,8 @@ Form parse_form(c10::string_view text) {
       f.mask = val;
     } else if (key == "upcast" && !f.sdpa && eq == std::string::npos) {
       f.upcast = true;
+    } else if (key == "where" && !f.sdpa && eq == std::string::npos) {
+      f.where = true;
     } else if (key == "mask" && f.sdpa && (val == "bool" || val == "add")) {
       f.mask = val;
     } else if (key == "repeat" && f.sdpa && parse_index(val, groups) && groups >= 2) {
@@ -1153,6 +1157,8 @@ Form parse_form(c10::string_view text) {
   if (!f.sdpa && (f.mask == "add") != has_class) bad();
   if (f.sdpa && f.causal && !f.mask.empty()) bad();
   if (f.static_mask && f.mask.empty()) bad();
+  // The where form is read under an added mask only.
+  if (f.where && f.mask != "add") bad();
   if (!has_class && (f.causal || (!f.sdpa && !f.mask.empty()))) f.kernel_class = fact_mask::MaskClass::Causal;
   return f;
 }
@@ -1174,7 +1180,8 @@ at::Tensor repeat_heads(const at::Tensor& x, int64_t groups) {
 }
 
 at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                              const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale) {
+                              const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
+                              const std::optional<at::Tensor>& cond, const std::optional<at::Tensor>& fill) {
   if (f.sdpa) {
     return at::scaled_dot_product_attention(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
                                             f.mask.empty() ? std::nullopt : mask, 0.0, f.causal,
@@ -1184,6 +1191,7 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   at::Tensor s = at::matmul(qs, ks.transpose(-2, -1));
   if (f.scale_op == 'm') s = f.scale_tensor ? at::mul(s, *scale) : at::mul(s, f.scale);
   if (f.scale_op == 'd') s = f.scale_tensor ? at::div(s, *scale) : at::div(s, f.scale);
+  if (f.where) s = at::where(*cond, s, *fill);
   if (f.mask == "add") {
     s = at::add(s, *mask);
   } else if (!f.mask.empty()) {
@@ -1252,6 +1260,21 @@ fact_mask::MaskValue mask_value(const at::Tensor& mask, fact_mask::MaskMode mode
   return c.value;
 }
 
+// Two masks applied together (the where form's condition and its added mask): a key is visible
+// where both show it. Their classes meet (a prefix within a prefix is the shorter one; causal
+// with a prefix is causal and padded) and each sequence sees the fewer keys of the two.
+fact_mask::MaskValue both(const fact_mask::MaskValue& a, const fact_mask::MaskValue& b) {
+  using fact_mask::MaskClass;
+  fact_mask::MaskValue out;
+  if (a.cls == MaskClass::General || b.cls == MaskClass::General) return out;
+  auto causal = [](MaskClass c) { return c == MaskClass::Causal || c == MaskClass::CausalPadded; };
+  auto padded = [](MaskClass c) { return c == MaskClass::Padded || c == MaskClass::CausalPadded; };
+  const bool c = causal(a.cls) || causal(b.cls), p = padded(a.cls) || padded(b.cls);
+  out.cls = c ? (p ? MaskClass::CausalPadded : MaskClass::Causal) : (p ? MaskClass::Padded : MaskClass::None);
+  out.lengths = at::minimum(a.lengths, b.lengths);
+  return out;
+}
+
 // Whether a kernel built for mask class `kernel` computes a mask of class `mask`: a padded kernel
 // also runs the masks it covers with every length Tk (none) or min(Tq, Tk) (causal).
 bool kernel_takes(fact_mask::MaskClass kernel, fact_mask::MaskClass mask) {
@@ -1270,7 +1293,7 @@ bool kernel_takes(fact_mask::MaskClass kernel, fact_mask::MaskClass mask) {
 // reason in `why`.
 at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale_t,
-                            c10::string_view kernel, std::string& why) {
+                            const std::optional<at::Tensor>& cond, c10::string_view kernel, std::string& why) {
   using fact_mask::MaskClass;
   if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device()) return why = "not CUDA tensors of one device", at::Tensor();
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
@@ -1296,7 +1319,13 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   at::Tensor lengths;
   if (!f.mask.empty()) {
     if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the mask is not on q's device", at::Tensor();
-    const fact_mask::MaskValue m = mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
+    fact_mask::MaskValue m = mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
+    // The where form: the fill masks the cells (the rule read it as a constant at or below the
+    // bound), so the condition is one more bool mask.
+    if (f.where) {
+      if (cond->device() != q.device()) return why = "the where condition is not on q's device", at::Tensor();
+      m = both(m, mask_value(*cond, fact_mask::MaskMode::Bool, f.static_mask, q.dim(), b, h, tq, tk));
+    }
     if (!kernel_takes(f.kernel_class, m.cls)) {
       switch (m.cls) {
         case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();
@@ -1351,22 +1380,25 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
-                     c10::string_view form, c10::string_view kernel) {
+                     c10::string_view form, c10::string_view kernel, const std::optional<at::Tensor>& cond,
+                     const std::optional<at::Tensor>& fill) {
   const Form f = parse_form(form);
   TORCH_CHECK(f.mask.empty() || (mask.has_value() && mask->defined()), "fact::attention: form '",
               std::string(form), "' masks but the call passes no mask");
   TORCH_CHECK(!f.scale_tensor || (scale.has_value() && scale->defined()), "fact::attention: form '",
               std::string(form), "' scales by a tensor but the call passes none");
+  TORCH_CHECK(!f.where || (cond.has_value() && cond->defined() && fill.has_value() && fill->defined()),
+              "fact::attention: form '", std::string(form), "' has a where but the call passes no condition or fill");
   std::string why = "attention is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kAttentionKind)) {
-    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, kernel, why);
+    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, cond, kernel, why);
     if (out.defined()) {
       count_ran(kernel, false);
       return out;
     }
   }
   count_fell_back(kernel, why);
-  return attention_original(f, q, k, v, mask, scale);
+  return attention_original(f, q, k, v, mask, scale, cond, fill);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2390,7 +2422,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
     m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::attention", ""}).has_value()) {
-    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel) -> Tensor");
+    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None) -> Tensor");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
     m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");

@@ -34,9 +34,10 @@ pub const ATTENTION: PatternKind = PatternKind::new("attention");
 
 /// The schema of the attention op: `form` is what the graph computed (`AttentionMatch::form`),
 /// which the fallback recomputes and the kernel's scale comes from; `scale` is the one-element
-/// tensor of a form whose factor the graph computes (`div=tensor`).
+/// tensor of a form whose factor the graph computes (`div=tensor`); `cond` and `fill` are a
+/// `where` form's condition and fill (GPT-Neo's `where(c, scores, finfo.min)`).
 pub const ATTENTION_OP_SCHEMA: &str =
-    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel) -> Tensor";
+    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None) -> Tensor";
 
 /// The attention kind.
 pub struct Attention;
@@ -263,6 +264,8 @@ pub fn edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
             Operand::optional(a.scale_operand()),
             Operand::text(&a.form()),
             Operand::text(kernel),
+            Operand::optional(a.cond.map(|(c, _)| c)),
+            Operand::optional(a.cond.map(|(_, f)| f)),
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),

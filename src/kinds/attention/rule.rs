@@ -13,7 +13,10 @@
 //!   mask), matched by what the graph knows of its value as SDPA's attn_mask is (below). GPT-J
 //!   also casts q and k to fp32 before the product and the probabilities to v's dtype after the
 //!   softmax (`upcast`): the kernel reads q and k as they were and accumulates in fp32 as that
-//!   product does, and rounds the probabilities to v's dtype as the cast does.
+//!   product does, and rounds the probabilities to v's dtype as the cast does. GPT-Neo also
+//!   replaces the scores where a bool buffer's slice is false by finfo.min before the add
+//!   (`where`, a second mask the bridge classifies; the two classes meet), and reads q's and k's
+//!   lengths after the casts, which then stay in the graph for those sizes.
 //! - `aten::scaled_dot_product_attention(q, k, v, attn_mask?, 0.0, is_causal, scale?, enable_gqa)`.
 //!   A mask (bool: true = visible; or additive: 0 = visible, -inf or finfo.min-like = masked,
 //!   broadcast over batch and heads, [B|1, H|1, Tq|1, Tk]) is matched by what the graph knows of
@@ -102,6 +105,10 @@ pub struct AttentionMatch {
     /// decoder's causal mask built from its positions does: the op may classify it once per
     /// shape, not once per forward (which costs a host sync each forward).
     pub mask_static: bool,
+    /// GPT-Neo's `where(c, scores, fill)` before the added mask: the bool condition c (true:
+    /// kept) and the fill (a constant at or below half the scores' lowest value, so the cells it
+    /// fills are masked). The op reads both: the fallback replays the where.
+    pub cond: Option<(ValueId, ValueId)>,
     pub scale: Scale,
     /// SDPA's `enable_gqa=True` (k and v of fewer heads than q).
     pub gqa: bool,
@@ -198,6 +205,9 @@ impl AttentionMatch {
                 }
                 if self.upcast {
                     f.push_str(";upcast");
+                }
+                if self.cond.is_some() {
+                    f.push_str(";where");
                 }
                 f
             }
@@ -345,6 +355,21 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         nodes.push(mf);
         s = n.inputs[0];
     }
+    // GPT-Neo's where(c, scores, fill) under the added mask.
+    let mut cond = None;
+    if added.is_some() {
+        if let Some(w) = cx.producer(s, "aten::where") {
+            let i = &g.nodes[w].inputs;
+            let bool_cond = g.tensor(i[0]).is_some_and(|t| t.dtype == "bool");
+            let dtype = g.tensor(s).and_then(|t| DType::parse(&t.dtype))?;
+            if cx.uses[s] != 1 || i.len() != 3 || !bool_cond || !masks_cells(cx, i[2], dtype) {
+                return None;
+            }
+            nodes.push(w);
+            cond = Some((i[0], i[2]));
+            s = i[1];
+        }
+    }
     let mut scale = Scale::None;
     for (kind, wrap) in [
         ("aten::mul", Scale::Mul as fn(Factor) -> Scale),
@@ -397,8 +422,8 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     }
     // GPT-J's casts of q and k to fp32 (both or neither).
     let (mut q, mut upcast) = (q, false);
-    if let (Some(cq), Some(ck)) = (to_f32(cx, q), to_f32(cx, k)) {
-        nodes.extend([cq, ck]);
+    if let (Some((cq, take_q)), Some((ck, take_k))) = (to_f32(cx, q), to_f32(cx, k)) {
+        nodes.extend(take_q.then_some(cq).into_iter().chain(take_k.then_some(ck)));
         (q, k, upcast) = (g.nodes[cq].inputs[0], g.nodes[ck].inputs[0], true);
     }
     // Forwards: the probabilities' cast where q and k were cast, optional eval dropout, then @ v.
@@ -444,8 +469,15 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         if !broadcasts_to_scores(&shape(m), &shape(q), &shape(k)) {
             return None;
         }
-        form.masked_by(g.values[m].mask).ok()?;
-        mask_static = g.values[m].mask.is_some_and(|f| f.shape_only);
+        let mut fact = g.values[m].mask;
+        if let Some((c, _)) = cond {
+            if !broadcasts_to_scores(&shape(c), &shape(q), &shape(k)) {
+                return None;
+            }
+            fact = both(fact, g.values[c].mask);
+        }
+        form.masked_by(fact).ok()?;
+        mask_static = fact.is_some_and(|f| f.shape_only);
     }
     let problem = problem(g, [q, k, v], form)?;
     nodes.sort();
@@ -457,6 +489,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         v,
         mask,
         mask_static,
+        cond,
         scale,
         gqa: false,
         repeat: None,
@@ -474,10 +507,17 @@ fn added_mask(cx: &Ctx, v: ValueId) -> Option<(NodeId, ValueId, ValueId)> {
     if cx.uses[v] != 1 || i.len() != 3 || cx.float(i[2]) != Some(1.0) {
         return None;
     }
-    let scores = |x: ValueId| {
+    let product = |x: ValueId| {
         ["aten::mul", "aten::div", "aten::matmul"]
             .iter()
             .any(|k| cx.producer(x, k).is_some())
+    };
+    // The scaled product, or a where over it (GPT-Neo's); a mask may be a where too.
+    let scores = |x: ValueId| {
+        product(x)
+            || cx
+                .producer(x, "aten::where")
+                .is_some_and(|w| product(cx.g.nodes[w].inputs[1]))
     };
     [(i[0], i[1]), (i[1], i[0])]
         .into_iter()
@@ -485,12 +525,59 @@ fn added_mask(cx: &Ctx, v: ValueId) -> Option<(NodeId, ValueId, ValueId)> {
         .map(|(s, m)| (ad, m, s))
 }
 
-/// The node casting `v` to fp32 (`aten::to(x, float32, ..)`, read once), if `v` is its output.
-fn to_f32(cx: &Ctx, v: ValueId) -> Option<NodeId> {
+/// Whether `fill`, read through casts and detach, is a constant that masks a cell of scores of
+/// `dtype` when it stands there: -inf or at most half the dtype's lowest value (finfo.min, as
+/// GPT-Neo writes it), the bound the op's classification uses.
+fn masks_cells(cx: &Ctx, fill: ValueId, dtype: DType) -> bool {
+    let mut v = fill;
+    while let Some(n) = cx
+        .producer(v, "aten::detach")
+        .or_else(|| cx.producer(v, "aten::to"))
+    {
+        v = cx.g.nodes[n].inputs[0];
+    }
+    let lowest = match dtype {
+        DType::F16 => -65504.0,
+        DType::Bf16 => -3.389_531_389_251_535_5e38,
+        _ => -(f32::MAX as f64),
+    };
+    cx.float(v).is_some_and(|x| x <= lowest / 2.0)
+}
+
+/// The class of two masks applied together (a key is visible where both show it), and whether
+/// both are functions of the input sizes alone.
+fn both(a: Option<MaskFact>, b: Option<MaskFact>) -> Option<MaskFact> {
+    let (a, b) = (a?, b?);
+    let class = match (a.class, b.class) {
+        (MaskClass::Unknown, _) | (_, MaskClass::Unknown) => MaskClass::Unknown,
+        (MaskClass::General, _) | (_, MaskClass::General) => MaskClass::General,
+        (MaskClass::None, x) | (x, MaskClass::None) => x,
+        (MaskClass::Causal, MaskClass::Causal) => MaskClass::Causal,
+        // A prefix of keys within a prefix of keys.
+        (MaskClass::Padded, MaskClass::Padded) => MaskClass::Padded,
+        _ => MaskClass::CausalPadded,
+    };
+    Some(MaskFact {
+        class,
+        shape_only: a.shape_only && b.shape_only,
+    })
+}
+
+/// The node casting `v` to fp32 (`aten::to(x, float32, ..)`), if `v` is its output, read by the
+/// product and otherwise only by `aten::size` (GPT-Neo reads q's and k's lengths); with whether
+/// the pattern takes the cast (nothing else reads it) or leaves it to those sizes.
+fn to_f32(cx: &Ctx, v: ValueId) -> Option<(NodeId, bool)> {
     let n = cx.producer(v, "aten::to")?;
     let i = &cx.g.nodes[n].inputs;
     // ScalarType 6 is float32.
-    (cx.uses[v] == 1 && i.len() >= 2 && cx.int(i[1]) == Some(6)).then_some(n)
+    if i.len() < 2 || cx.int(i[1]) != Some(6) {
+        return None;
+    }
+    let sizes = cx.readers[v]
+        .iter()
+        .filter(|&&r| cx.g.nodes[r].kind == "aten::size")
+        .count();
+    (cx.uses[v] == sizes + 1).then_some((n, sizes == 0))
 }
 
 fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
@@ -579,6 +666,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         v: v0,
         mask,
         mask_static,
+        cond: None,
         scale: Scale::Sdpa(scale),
         gqa,
         repeat,
@@ -1339,6 +1427,83 @@ mod tests {
         );
         // Left padding (a prefix no longer) is general.
         assert_eq!(rule(" @general"), None);
+    }
+
+    /// GPT-Neo's attention as traced (B 2, 4 heads, T 16, D 8, bf16): q and k cast to fp32 and
+    /// their lengths read, q·kᵀ unscaled, `where(c, scores, fill)` with c a slice of a bool buffer
+    /// (`cond` its annotation) and fill finfo(fp32).min, the computed mask added, softmax, the cast
+    /// back, eval dropout, ·v.
+    fn gpt_neo_block(cond: &str, fill: &str) -> String {
+        format!(
+            "graph(%q0: bf16[2,4,16,8], %k0: bf16[2,4,16,8], %v: bf16[2,4,16,8], %c: bool[1,1,16,16]{cond}, %am: f32[2,1,16,16] @causal/shape):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %one = prim::Constant[1]()
+               %f32 = prim::Constant[6]()
+               %bf16 = prim::Constant[15]()
+               %no = prim::Constant[False]()
+               %none = prim::Constant[None]()
+               %p0 = prim::Constant[0.0]()
+               %fill = prim::Constant[{{{fill}}}]()
+               %q = aten::to(%q0, %f32, %no, %no, %none) : f32[2,4,16,8]
+               %k = aten::to(%k0, %f32, %no, %no, %none) : f32[2,4,16,8]
+               %tq = aten::size(%q, %m2) : int
+               %tk = aten::size(%k, %m2) : int
+               %kt = aten::transpose(%k, %m1, %m2) : f32[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : f32[2,4,16,16]
+               %mv = aten::to(%fill, %f32, %no, %no, %none) : f32[]
+               %mvd = aten::detach(%mv) : f32[]
+               %s1 = aten::where(%c, %s0, %mvd) : f32[2,4,16,16]
+               %s2 = aten::add(%s1, %am, %one) : f32[2,4,16,16]
+               %p = aten::softmax(%s2, %m1, %none) : f32[2,4,16,16]
+               %pc = aten::to(%p, %bf16, %no, %no, %none) : bf16[2,4,16,16]
+               %pd = aten::dropout(%pc, %p0, %no) : bf16[2,4,16,16]
+               %o = aten::matmul(%pd, %v) : bf16[2,4,16,8]
+               return (%o, %tq, %tk)"
+        )
+    }
+
+    #[test]
+    fn gpt_neos_attention_with_a_where_under_its_added_mask_is_one_pattern() {
+        let g = Graph::parse(&gpt_neo_block(" @causal/shape", "-3.40282e+38")).unwrap();
+        let a = &match_attention(&g)[0];
+        let name = |v: ValueId| g.values[v].name.as_str();
+        assert_eq!((name(a.q), name(a.k)), ("q0", "k0"));
+        let (c, fill) = a.cond.unwrap();
+        assert_eq!((name(c), name(fill)), ("c", "mvd"));
+        assert!(a.upcast && a.problem.causal && !a.problem.padded);
+        assert_eq!(
+            a.form(),
+            "explicit;mask=add;class=causal;static;upcast;where"
+        );
+        // The casts stay for the sizes that read them; the where is the pattern's.
+        let kinds: Vec<&str> = a.nodes.iter().map(|&n| g.nodes[n].kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "aten::transpose",
+                "aten::matmul",
+                "aten::where",
+                "aten::add",
+                "aten::softmax",
+                "aten::to",
+                "aten::dropout",
+                "aten::matmul"
+            ]
+        );
+        // The two masks meet: a padded condition under the causal mask is causal and padded.
+        let g = Graph::parse(&gpt_neo_block(" @padded/shape", "-3.40282e+38")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert!(a.problem.causal && a.problem.padded && a.mask_static);
+        // A fill that does not mask (-10000 is no bound), or a general condition, is no match.
+        for (cond, fill) in [
+            (" @causal/shape", "-10000."),
+            (" @general/shape", "-3.40282e+38"),
+            ("", "-3.40282e+38"),
+        ] {
+            let g = Graph::parse(&gpt_neo_block(cond, fill)).unwrap();
+            assert!(match_attention(&g).is_empty(), "{cond} {fill}");
+        }
     }
 
     /// GPT-J's attention as traced (B 2, 4 heads, T 16, D 8, in `dt`): q and k cast to fp32, q·kᵀ
