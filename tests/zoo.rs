@@ -191,6 +191,24 @@ const EXPECT: &[Expect] = &[
         kv_heads: Some(1),
     },
     Expect {
+        model: "gpt_neo",
+        // Held out. q, k and v without bias; out_proj and c_proj with bias and the residual;
+        // c_fc with the written-out tanh GELU; two LayerNorms; the eager attention, q and k cast
+        // to fp32 (their lengths read, so the casts stay), unscaled, `where(causal buffer,
+        // scores, finfo.min)` and the computed causal mask added: both masks classified, the
+        // local layer's window (256) past the fixture's 64 tokens, so causal.
+        per_layer: &[
+            ("gemm_rcr", 3),
+            ("gemm_rcr_bias_ep_add", 2),
+            ("gemm_rcr_bias_ep_mul_pow_mul_add_mul_tanh_add_mul", 1),
+            ("attention_causal_mask", 1),
+            ("layernorm_affine", 2),
+        ],
+        once: &[("gemm_rcr", 1), ("layernorm_affine", 1)],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
         model: "opt",
         // q with OPT's scaling in its epilogue; k, v; out_proj and fc2 with the residual; fc1
         // with relu.

@@ -248,6 +248,24 @@ def gemma(ci):
     return CausalLM(GemmaForCausalLM(config))
 
 
+def gpt_neo(ci):
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    # GPT-Neo-125m (a held-out family): eager attention with q and k cast to fp32, unscaled,
+    # `where(causal buffer, scores, finfo.min)` and then the computed mask added; global and
+    # local (a 256-key window) layers in turn, the local ones causal up to 256 tokens and general
+    # past them; learned positions, the tanh GELU written out, tied 50257 vocabulary; 12 layers.
+    n = layers(ci, 12)
+    config = GPTNeoConfig(
+        hidden_size=768,
+        num_layers=n,
+        num_heads=12,
+        attention_types=[[["global", "local"], n // 2]],
+        vocab_size=CI_VOCAB if ci else 50257,
+    )
+    return CausalLM(GPTNeoForCausalLM(config))
+
+
 def opt(ci):
     from transformers import OPTConfig, OPTForCausalLM
 
@@ -316,6 +334,7 @@ MODELS = [
     Model("falcon", "falcon", "FalconForCausalLM: hidden 2048, 32 heads of 64, one K/V head, parallel attention, 4 layers (held out)", falcon, 4, 1024, vocab=65024, ci_vocab=CI_VOCAB),
     Model("qwen3", "qwen3", "Qwen3ForCausalLM: Qwen3-0.6B's dims, q and k RMSNorms, 4 layers (held out)", qwen3, 4, 1024, vocab=151936, ci_vocab=CI_VOCAB),
     Model("gemma", "gemma", "GemmaForCausalLM: Gemma-2B's dims, heads of 256, one K/V head, GeGLU, 4 layers (held out)", gemma, 2, 1024, vocab=256000, ci_vocab=CI_VOCAB),
+    Model("gpt_neo", "gpt_neo", "GPTNeoForCausalLM: GPT-Neo-125m, global and local attention in turn, 12 layers (held out)", gpt_neo, 8, 512, vocab=50257, ci_vocab=CI_VOCAB),
     Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),
     Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),

@@ -58,7 +58,6 @@ FAMILIES = {
     "stablelm": (lambda: causal("StableLmConfig", "StableLmForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=16, intermediate_size=2816, num_hidden_layers=L, vocab_size=V, partial_rotary_factor=0.25), "causal"),
     "olmo2": (lambda: causal("Olmo2Config", "Olmo2ForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=16, intermediate_size=2816, num_hidden_layers=L, vocab_size=V), "causal"),
     "granite": (lambda: causal("GraniteConfig", "GraniteForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816, num_hidden_layers=L, vocab_size=V), "causal"),
-    "gpt_neo": (lambda: causal("GPTNeoConfig", "GPTNeoForCausalLM", hidden_size=768, num_heads=12, num_layers=L, attention_types=[[["global", "local"], 1]], vocab_size=V), "causal"),
     "bloom": (lambda: causal("BloomConfig", "BloomForCausalLM", hidden_size=1024, n_head=16, n_layer=L, vocab_size=V), "causal"),
     "roberta": (lambda: encoder("RobertaConfig", "RobertaModel", num_hidden_layers=L, vocab_size=V), "encoder"),
     "distilbert": (lambda: encoder("DistilBertConfig", "DistilBertModel", n_layers=L, vocab_size=V), "encoder"),
