@@ -241,6 +241,22 @@ FactTensor fact_tensor(const at::Tensor& t) {
   return ft;
 }
 
+// The stride between x's rows as a norm kernel reads them (its leading dims as one; dims of size
+// one have no say), -1 for one row, or nullopt when the rows are not one stride apart.
+std::optional<int64_t> row_stride_of(const at::Tensor& x) {
+  int64_t row_stride = -1, next = 0;
+  for (int64_t d = x.dim() - 2; d >= 0; --d) {
+    if (x.size(d) == 1) continue;
+    if (row_stride < 0) {
+      row_stride = next = x.stride(d);
+    } else if (x.stride(d) != next) {
+      return std::nullopt;
+    }
+    next *= x.size(d);
+  }
+  return row_stride;
+}
+
 // `t` broadcast to `shape` along its leading dims as a kernel reads an operand's rows: [O,I,C], row
 // r at (r / I) * strides[0] + (r % I) * strides[1] (a repeated row has stride 0); false where its
 // rows need more than two strides.
@@ -1430,17 +1446,10 @@ at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shap
   if (index < 0) return why = "no such kernel in this library", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
-  // The leading dims as one: rows one stride apart (dims of size one have no say).
-  int64_t row_stride = -1, next = 0;
-  for (int64_t d = x.dim() - 2; d >= 0; --d) {
-    if (x.size(d) == 1) continue;
-    if (row_stride < 0) {
-      row_stride = next = x.stride(d);
-    } else if (x.stride(d) != next) {
-      return why = "x's rows are not one stride apart", at::Tensor();
-    }
-    next *= x.size(d);
-  }
+  // The leading dims as one: rows one stride apart.
+  const std::optional<int64_t> one_stride = row_stride_of(x);
+  if (!one_stride) return why = "x's rows are not one stride apart", at::Tensor();
+  const int64_t row_stride = *one_stride;
   const int64_t rows = x.numel() / c;
   c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options());
@@ -1620,22 +1629,6 @@ at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& 
     default:
       return n.to(x.scalar_type());
   }
-}
-
-// The stride between x's rows (its leading dims as one; dims of size one have no say), -1 for one
-// row, or nullopt when the rows are not one stride apart.
-std::optional<int64_t> row_stride_of(const at::Tensor& x) {
-  int64_t row_stride = -1, next = 0;
-  for (int64_t d = x.dim() - 2; d >= 0; --d) {
-    if (x.size(d) == 1) continue;
-    if (row_stride < 0) {
-      row_stride = next = x.stride(d);
-    } else if (x.stride(d) != next) {
-      return std::nullopt;
-    }
-    next *= x.size(d);
-  }
-  return row_stride;
 }
 
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the

@@ -57,22 +57,6 @@ at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& 
   }
 }
 
-// The stride between x's rows (its leading dims as one; dims of size one have no say), -1 for one
-// row, or nullopt when the rows are not one stride apart.
-std::optional<int64_t> row_stride_of(const at::Tensor& x) {
-  int64_t row_stride = -1, next = 0;
-  for (int64_t d = x.dim() - 2; d >= 0; --d) {
-    if (x.size(d) == 1) continue;
-    if (row_stride < 0) {
-      row_stride = next = x.stride(d);
-    } else if (x.stride(d) != next) {
-      return std::nullopt;
-    }
-    next *= x.size(d);
-  }
-  return row_stride;
-}
-
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
 // reason in `why`; `copied` says whether x was copied into one run of rows first.
 at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& weight,
