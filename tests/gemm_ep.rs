@@ -348,6 +348,7 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
         "{calls:?}"
     );
     conv1d_mlp_falls_back_to_what_its_views_computed(&built.library, dir.path());
+    convnext_blocks_turn_through_their_permute(&built.library, dir.path());
     crate::attention::composed_sdpa_falls_back_exactly(&built.library);
 }
 
@@ -419,6 +420,48 @@ fn conv1d_mlp_falls_back_to_what_its_views_computed(library: &Path, dir: &Path) 
     let calls = torch::op_stats(library, false).unwrap();
     assert_eq!(
         calls.get("c").map(|c| (c.ran, c.fell_back)),
+        Some((0, 4)),
+        "{calls:?}"
+    );
+}
+
+/// The zoo's ConvNeXt as traced: each block's second linear takes the permute back to NCHW, the
+/// layer scale ([C, 1, 1]) and the residual added in place (`gemm_ep` with origin
+/// `linear;perm=0,3,1,2`). Composed, with every other pattern left to torch, the module computes
+/// the original's output on the CPU through the op's fallback, which reads the leaves permuted
+/// back and returns its output permuted.
+fn convnext_blocks_turn_through_their_permute(library: &Path, dir: &Path) {
+    torch::op_stats(library, true).unwrap();
+    let model = crate::common::zoo_fixtures().join("convnext_tiny.pt");
+    let (g, _) = torch::load_graph(&model, &[]).unwrap();
+    let found = fact::kinds::registry::match_patterns(&g);
+    let turned: Vec<&fact::kinds::gemm::GemmMatch> = found
+        .of::<fact::kinds::gemm::GemmMatch>()
+        .into_iter()
+        .filter(|m| m.epilogue.as_ref().is_some_and(|e| e.order.is_some()))
+        .collect();
+    assert_eq!(turned.len(), 4, "one block per stage");
+    let edits: Vec<Edit> = turned
+        .iter()
+        .map(|m| fact::kinds::gemm::edit(&g, m, "t"))
+        .collect();
+    let out = dir.join("convnext_tiny.pt");
+    let text = torch::rewrite_and_save(&model, &out, &edits, &fact::kinds::registry::op_schemas())
+        .unwrap();
+    assert_eq!(text.matches("\"linear;perm=0,3,1,2\"").count(), 4, "{text}");
+    assert!(!text.contains("aten::add_("), "{text}");
+    let shape = g.tensor(g.inputs[1]).unwrap().shape.clone();
+    let x = Tensor::randn(shape.as_slice(), (Kind::Float, tch::Device::Cpu));
+    let run = |p: &Path| {
+        tch::no_grad(|| CModule::load(p).unwrap().forward_ts(&[x.shallow_clone()])).unwrap()
+    };
+    let (want, got) = (run(&model), run(&out));
+    assert_eq!(got.size(), want.size());
+    let diff = (&got - &want).abs().max().double_value(&[]);
+    assert!(diff <= 1e-4, "convnext differs by {diff}");
+    let calls = torch::op_stats(library, false).unwrap();
+    assert_eq!(
+        calls.get("t").map(|c| (c.ran, c.fell_back)),
         Some((0, 4)),
         "{calls:?}"
     );

@@ -326,12 +326,14 @@ const EXPECT: &[Expect] = &[
         // the stem's, downsamplers' and head's LayerNorm2d (a permuted layer_norm); the head.
         // The stem's 4x4 s4 and the downsamplers' 2x2 s2 convolutions with bias; each block's
         // 7x7 depthwise convolution with its bias (groups = C; the permute after it is no
-        // epilogue op).
+        // epilogue op). Each block's second linear takes the permute back to NCHW, the layer
+        // scale and the residual (a turned epilogue: mul by a row, add a full-size leaf).
         per_layer: &[],
         once: &[
             ("layernorm_affine", 9),
             ("gemm_rcr_bias_ep_gelu", 4),
-            ("gemm_rcr_bias", 5),
+            ("gemm_rcr_bias_ep_mul_add", 4),
+            ("gemm_rcr_bias", 1),
             ("conv2d_s4_p0_d1_bias", 1),
             ("conv2d_s2_p0_d1_bias", 3),
             ("conv2d_s1_p3_d1_g96_bias", 1),

@@ -1071,23 +1071,84 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
                   o.op);
 }
 
+// fact::gemm_ep's origin "linear;perm=0,3,1,2": the pattern turned (a permute of the GEMM's
+// output with ops after it, ConvNeXt's layer scale and residual after the permute back to NCHW).
+// The kernel, or the fallback, computes in the GEMM's order on the leaves permuted back (each given
+// in the graph's order, leading ones added to the output's rank), and the op returns its result
+// permuted: elementwise ops commute with a reordering, so the values are the graph's.
+struct EpOrigin {
+  std::string op;
+  std::vector<int64_t> perm;  // empty: not turned
+};
+
+EpOrigin parse_ep_origin(c10::string_view text) {
+  const std::string s(text);
+  const size_t semi = s.find(";perm=");
+  if (semi == std::string::npos) {
+    check_origin(text, "gemm_ep");
+    return {s, {}};
+  }
+  EpOrigin o{s.substr(0, semi), {}};
+  check_origin(o.op, "gemm_ep");
+  const std::string dims = s.substr(semi + 6);
+  for (size_t at = 0; at <= dims.size();) {
+    const size_t comma = std::min(dims.find(',', at), dims.size());
+    size_t i = 0;
+    TORCH_CHECK(parse_index(dims.substr(at, comma - at), i), "fact::gemm_ep: malformed origin '", s,
+                "' (a turned pattern's is OP;perm=D0,D1,...)");
+    o.perm.push_back(static_cast<int64_t>(i));
+    at = comma + 1;
+  }
+  std::vector<bool> seen(o.perm.size(), false);
+  for (int64_t i : o.perm) {
+    TORCH_CHECK(i < static_cast<int64_t>(seen.size()) && !seen[i], "fact::gemm_ep: origin '", s,
+                "' does not name a permutation of its dims");
+    seen[i] = true;
+  }
+  return o;
+}
+
+// A leaf given in the graph's (permuted) order, in the GEMM's: leading ones to the output's rank,
+// then the inverse permutation (a view: the kernel path packs it as any leaf).
+at::Tensor unturn(const at::Tensor& t, const std::vector<int64_t>& perm) {
+  const int64_t rank = static_cast<int64_t>(perm.size());
+  TORCH_CHECK(t.dim() <= rank, "fact::gemm_ep: a leaf has ", t.dim(), " dims, more than the output's ", rank);
+  at::Tensor v = t;
+  while (v.dim() < rank) v = v.unsqueeze(0);
+  std::vector<int64_t> inverse(perm.size());
+  for (int64_t i = 0; i < rank; ++i) inverse[perm[i]] = i;
+  return v.permute(inverse);
+}
+
+at::Tensor turn(const at::Tensor& out, const std::vector<int64_t>& perm) {
+  if (perm.empty()) return out;
+  TORCH_CHECK(out.dim() == static_cast<int64_t>(perm.size()), "fact::gemm_ep: the GEMM's output has ", out.dim(),
+              " dims; the pattern was composed for ", perm.size(), " (recompose for these shapes)");
+  return out.permute(perm);
+}
+
 at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
-                   at::TensorList leaves, c10::string_view origin, c10::string_view epilogue,
+                   at::TensorList given, c10::string_view origin, c10::string_view epilogue,
                    c10::string_view kernel) {
-  check_origin(origin, "gemm_ep");
+  const EpOrigin o = parse_ep_origin(origin);
   const Program& program = program_of(epilogue);
-  TORCH_CHECK(leaves.size() == program.leaves.size(), "fact::gemm_ep: epilogue '", std::string(epilogue), "' reads ",
-              program.leaves.size(), " leaves, the call passes ", leaves.size());
+  TORCH_CHECK(given.size() == program.leaves.size(), "fact::gemm_ep: epilogue '", std::string(epilogue), "' reads ",
+              program.leaves.size(), " leaves, the call passes ", given.size());
+  std::vector<at::Tensor> unturned;
+  if (!o.perm.empty()) {
+    for (const at::Tensor& t : given) unturned.push_back(unturn(t, o.perm));
+  }
+  const at::TensorList leaves = o.perm.empty() ? given : at::TensorList(unturned);
   Launch l;
   if (disabled(kEpilogueKind)) {
     l.why = "epilogue is turned off (FACT_DISABLE or fact_disable)";
-  } else if (prepare(l, a, b, bias, origin, kernel, epilogue) && bind_leaves(l, program, leaves) &&
+  } else if (prepare(l, a, b, bias, o.op, kernel, epilogue) && bind_leaves(l, program, leaves) &&
              launch(l, kernel, "gemm_ep")) {
     count_ran(kernel, l.copied);
-    return l.out;
+    return turn(l.out, o.perm);
   }
   count_fell_back(kernel, l.why);
-  return interpret(program, original(a, b, bias, origin), leaves);
+  return turn(interpret(program, original(a, b, bias, o.op), leaves), o.perm);
 }
 
 // ---------------------------------------------------------------------------------------------

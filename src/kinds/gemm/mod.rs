@@ -103,8 +103,19 @@ impl TypedKind for Gemm {
             name: match &p.epilogue {
                 Some(e) => {
                     let ops: Vec<&str> = e.instrs.iter().map(|i| i.op.short_name()).collect();
+                    // A turned pattern's output is permuted (its ops follow a permute).
+                    let turn = match m.epilogue.as_ref().and_then(|ep| ep.order.as_ref()) {
+                        Some(o) => format!(
+                            " permuted ({}) →",
+                            o.iter()
+                                .map(|d| d.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        None => String::new(),
+                    };
                     format!(
-                        "{} {} + {}",
+                        "{} {} +{turn} {}",
                         m.origin.name(),
                         p.shape_key(),
                         ops.join(" → ")
@@ -450,6 +461,19 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
     let nodes = m.nodes();
     let (last, rest) = nodes.split_last().expect("a pattern has nodes");
     let leaves = Operand::values(&ep.leaves);
+    // A turned pattern's op permutes its output (and reads its leaves permuted back).
+    let origin = match &ep.order {
+        None => m.origin.name().to_string(),
+        Some(order) => format!(
+            "{};perm={}",
+            m.origin.name(),
+            order
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    };
     Edit {
         node: *last as u32,
         expect_kind: g.nodes[*last].kind.clone(),
@@ -459,7 +483,7 @@ pub fn edit(g: &Graph, m: &GemmMatch, kernel: &str) -> Edit {
             Operand::value(m.b),
             bias,
             leaves,
-            Operand::text(m.origin.name()),
+            Operand::text(&origin),
             Operand::text(&ep.epilogue.text()),
             Operand::text(kernel),
         ],

@@ -57,6 +57,75 @@ pub struct EpilogueMatch {
     /// The tensor the op reads as a in place of the GEMM's own operand, which flattens it: the
     /// op's output, a.shape[:-1] + [N], then has its leading dims, as `output` does.
     pub a: Option<ValueId>,
+    /// The pattern turned (see the module doc): output dim i is dim `order[i]` of the GEMM's
+    /// output; every leaf lies in this order.
+    pub order: Option<Vec<usize>>,
+}
+
+/// A pattern's one reordering: the GEMM-order shape it turned from and the order it took.
+#[derive(Clone, Debug)]
+struct Turn {
+    from: Vec<i64>,
+    order: Vec<usize>,
+    /// The pattern's graph values before the turn: they lie in the GEMM's order.
+    before: BTreeSet<ValueId>,
+}
+
+impl Turn {
+    /// The shape in the graph's order: `from` permuted.
+    fn to(&self) -> Vec<i64> {
+        self.order.iter().map(|&d| self.from[d]).collect()
+    }
+    /// A leaf's shape (in the graph's order, broadcasting against the turned value) in the
+    /// GEMM's order: leading ones to the value's rank, then the inverse permutation. None when it
+    /// has more dims than the value.
+    fn back(&self, shape: &[i64]) -> Option<Vec<i64>> {
+        let rank = self.order.len();
+        let pad = rank.checked_sub(shape.len())?;
+        let aligned: Vec<i64> = std::iter::repeat_n(1, pad)
+            .chain(shape.iter().copied())
+            .collect();
+        let mut out = vec![1; rank];
+        for (i, &d) in self.order.iter().enumerate() {
+            out[d] = aligned[i];
+        }
+        Some(out)
+    }
+}
+
+/// The order a reordering node gives (output dim i is its operand's dim `order[i]`):
+/// `permute(x, dims)` or `transpose(x, d0, d1)`, negative dims counted from the end.
+fn reorder(g: &Graph, id: NodeId) -> Option<Vec<usize>> {
+    let n = &g.nodes[id];
+    let rank = g.tensor(*n.inputs.first()?)?.shape.len();
+    let dim = |d: i64| -> Option<usize> {
+        let d = if d < 0 { d + rank as i64 } else { d };
+        usize::try_from(d).ok().filter(|&d| d < rank)
+    };
+    let order: Vec<usize> = match n.kind.as_str() {
+        "aten::permute" if n.inputs.len() == 2 => g
+            .int_list(n.inputs[1])?
+            .into_iter()
+            .map(dim)
+            .collect::<Option<_>>()?,
+        "aten::transpose" if n.inputs.len() == 3 => {
+            let (a, b) = (
+                dim(g.constant(n.inputs[1])?.as_int()?)?,
+                dim(g.constant(n.inputs[2])?.as_int()?)?,
+            );
+            let mut o: Vec<usize> = (0..rank).collect();
+            o.swap(a, b);
+            o
+        }
+        _ => return None,
+    };
+    let mut seen = vec![false; rank];
+    for &d in &order {
+        if std::mem::replace(&mut seen[d], true) {
+            return None;
+        }
+    }
+    (order.len() == rank).then_some(order)
 }
 
 /// One elementwise node read as an instruction over graph values: operands as values or
@@ -230,8 +299,18 @@ fn leaf(
     out: &[i64],
     space: &Space,
     program: &HashMap<ValueId, usize>,
+    turn: Option<&Turn>,
 ) -> Option<(ValueId, LeafKind, Vec<NodeId>)> {
     let t = g.tensor(v)?;
+    if let Some(turn) = turn {
+        // In the GEMM's order, as the op reads it; a full-size leaf has the value's own shape.
+        let back = turn.back(&t.shape)?;
+        return match leaf_kind(&back, &t.dtype, &turn.from, space.dtype, space.batched)? {
+            LeafKind::Full if t.shape != out => None,
+            LeafKind::Col => None,
+            kind => Some((v, kind, vec![])),
+        };
+    }
     let kind = leaf_kind(&t.shape, &t.dtype, out, space.dtype, space.batched)?;
     if !matches!(kind, LeafKind::Full | LeafKind::Row) {
         return Some((v, kind, vec![]));
@@ -345,6 +424,7 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
         nodes: Vec::new(),
         leaf_steps: Vec::new(),
         col_at: Vec::new(),
+        turn: None,
     };
     let mut best: Option<EpilogueMatch> = None;
     // Whether the pattern as it stands can end at its last instruction.
@@ -354,10 +434,40 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
         if n.depth != 0 || !n.inputs.iter().any(|v| pat.program.contains_key(v)) {
             continue;
         }
-        if n.outputs.len() != 1 || !space.holds(g.tensor(n.outputs[0])) {
+        if n.outputs.len() != 1 {
             break;
         }
         let out = n.outputs[0];
+        let Some(t) = g.tensor(out) else { break };
+        // The turn: a reordering of a pattern value that has no leaf yet (they would lie in the
+        // GEMM's order, the later ones in the graph's).
+        if pat.turn.is_none() && pat.leaves.is_empty() {
+            if let (Some(order), Some(&p)) = (reorder(g, id), pat.program.get(&n.inputs[0])) {
+                let from = g.tensor(n.inputs[0]).map(|f| f.shape.clone());
+                match from {
+                    Some(from)
+                        if space.holds(g.tensor(n.inputs[0])) && t.dtype == space.tensor_dtype =>
+                    {
+                        pat.turn = Some(Turn {
+                            from,
+                            order,
+                            before: pat.program.keys().copied().collect(),
+                        });
+                        pat.program.insert(out, p);
+                        pat.nodes.push(id);
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        let held = match &pat.turn {
+            None => space.holds(Some(t)),
+            Some(turn) => t.dtype == space.tensor_dtype && t.shape == turn.to(),
+        };
+        if !held {
+            break;
+        }
         match views::pass(g, id) {
             // A respelling of a pattern value is that value.
             Some(Pass::Same) => {
@@ -374,10 +484,22 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
             Some(Pass::Broadcast) => break,
             None => {}
         }
+        // An in-place op writes its first operand: only a pattern value may be written.
+        if n.kind.ends_with('_') && !pat.program.contains_key(&n.inputs[0]) {
+            break;
+        }
+        // After the turn a value from before it lies in the other order.
+        if pat
+            .turn
+            .as_ref()
+            .is_some_and(|turn| n.inputs.iter().any(|v| turn.before.contains(v)))
+        {
+            break;
+        }
         let Some((op, operands)) = read_node(g, id) else {
             break;
         };
-        let shape = &g.tensor(out).expect("checked by holds").shape;
+        let shape = &t.shape;
         let Some(args) = operands
             .into_iter()
             .map(|o| pat.arg(o, g, shape, &space))
@@ -389,6 +511,7 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
         if op.scalar_params() && !matches!(args[0], Arg::Value(_)) {
             break;
         }
+
         pat.instrs.push(Instr { op, args });
         pat.program.insert(out, pat.instrs.len());
         pat.nodes.push(id);
@@ -453,7 +576,12 @@ impl Cut<'_> {
         if pat.col_at.iter().any(|s| s != shape) {
             return None;
         }
-        let rows = self.rows.iter().rev().find(|r| &r.out == shape)?;
+        // The op gives a.shape[:-1] + [N], permuted where the pattern turned.
+        let gives = |r: &Rows| match &pat.turn {
+            None => &r.out == shape,
+            Some(turn) => r.out == turn.from && &turn.to() == shape,
+        };
+        let rows = self.rows.iter().rev().find(|r| gives(r))?;
         let steps: Vec<NodeId> = rows.steps.iter().chain(&pat.leaf_steps).copied().collect();
         let mut nodes = pat.nodes.clone();
         nodes.extend(self.readers.owned(self.g, &inside, &steps));
@@ -467,6 +595,7 @@ impl Cut<'_> {
             leaves: pat.leaves.iter().map(|l| l.0).collect(),
             output: last,
             a: (rows.value != self.rows[0].value).then_some(rows.value),
+            order: pat.turn.as_ref().map(|t| t.order.clone()),
         })
     }
 }
@@ -481,6 +610,8 @@ struct Pattern {
     leaf_steps: Vec<NodeId>,
     /// The shapes of the values col leaves meet.
     col_at: Vec<Vec<i64>>,
+    /// Where the pattern turned, if it did.
+    turn: Option<Turn>,
 }
 
 impl Pattern {
@@ -495,7 +626,7 @@ impl Pattern {
         if let Some(&p) = self.program.get(&v) {
             return Some(Arg::Value(p));
         }
-        let (v, kind, steps) = leaf(g, v, out, space, &self.program)?;
+        let (v, kind, steps) = leaf(g, v, out, space, &self.program, self.turn.as_ref())?;
         if kind == LeafKind::Col {
             self.col_at.push(out.to_vec());
         }
@@ -1030,5 +1161,149 @@ mod tests {
                 (Some("g"), vec!["g2".into(), "o".into(), "y".into()])
             ]
         );
+    }
+
+    /// ConvNeXt's block end: the second linear, the permute back to NCHW, the layer scale
+    /// ([C, 1, 1]) and the residual added in place (a channels-last block input).
+    const CONVNEXT: &str = "graph(%x: bf16[8,16,16,128], %w: bf16[32,128], %b: bf16[32], %gamma: bf16[32,1,1], %res: bf16[8,32,16,16]{8192,1,512,32}):
+               %h = aten::linear(%x, %w, %b) : bf16[8,16,16,32]
+               %p = prim::Constant[[0, 3, 1, 2]]()
+               %t = aten::permute(%h, %p) : bf16[8,32,16,16]{8192,1,512,32}
+               %one = prim::Constant[1]()
+               %s = aten::mul(%gamma, %t) : bf16[8,32,16,16]{8192,1,512,32}
+               %y = aten::add_(%s, %res, %one) : bf16[8,32,16,16]{8192,1,512,32}
+               return (%y)";
+
+    fn names(g: &Graph, nodes: &[NodeId]) -> Vec<String> {
+        nodes.iter().map(|&n| g.nodes[n].kind.clone()).collect()
+    }
+
+    #[test]
+    fn a_permute_with_ops_after_it_turns_the_pattern() {
+        let g = Graph::parse(CONVNEXT).unwrap();
+        let gm = match_gemms(&g).into_iter().next().unwrap();
+        let m = match_epilogue(&g, &gm).unwrap();
+        assert_eq!(m.order, Some(vec![0, 3, 1, 2]));
+        assert_eq!(
+            m.epilogue.text(),
+            "leaves=row,full;v1=mul(l0,v0);v2=add(v1,l1)"
+        );
+        assert_eq!(
+            names(&g, &m.nodes),
+            ["aten::permute", "aten::mul", "aten::add_"]
+        );
+        assert_eq!(g.values[m.output].name, "y");
+        // transpose is a reordering too: [B, T, C] → [B, C, T], a vector over C as [C, 1].
+        let m = epilogue_of(
+            "graph(%x: f32[4,8,16], %w: f32[32,16], %v: f32[32,1], %r: f32[4,32,8]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[4,8,32]
+               %a = prim::Constant[1]()
+               %c = prim::Constant[2]()
+               %t = aten::transpose(%h, %a, %c) : f32[4,32,8]{256,1,32}
+               %s = aten::mul(%t, %v) : f32[4,32,8]{256,1,32}
+               %y = aten::sub(%s, %r, %a) : f32[4,32,8]{256,1,32}
+               return (%y)",
+        )
+        .unwrap();
+        assert_eq!(m.order, Some(vec![0, 2, 1]));
+        assert_eq!(m.epilogue.leaves, vec![LeafKind::Row, LeafKind::Full]);
+    }
+
+    #[test]
+    fn a_turn_needs_ops_after_it_and_no_leaf_before_it() {
+        // A permute the pattern would end at is left to the graph: the GELU alone fuses.
+        let m = epilogue_of(
+            "graph(%x: f32[8,16,16,128], %w: f32[32,128]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[8,16,16,32]
+               %g = aten::gelu(%h) : f32[8,16,16,32]
+               %p = prim::Constant[[0, 3, 1, 2]]()
+               %t = aten::permute(%g, %p) : f32[8,32,16,16]{8192,1,512,32}
+               %c = aten::contiguous(%t) : f32[8,32,16,16]
+               return (%c)",
+        )
+        .unwrap();
+        assert_eq!(
+            (m.order, m.epilogue.text()),
+            (None, "leaves=;v1=gelu(v0)".to_string())
+        );
+        // A leaf read before the turn lies in the GEMM's order: the chain stops at the permute.
+        let m = epilogue_of(
+            "graph(%x: f32[8,16,16,128], %w: f32[32,128], %v: f32[32], %g: f32[32,1,1]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[8,16,16,32]
+               %u = aten::mul(%h, %v) : f32[8,16,16,32]
+               %p = prim::Constant[[0, 3, 1, 2]]()
+               %t = aten::permute(%u, %p) : f32[8,32,16,16]{8192,1,512,32}
+               %s = aten::mul(%t, %g) : f32[8,32,16,16]{8192,1,512,32}
+               return (%s)",
+        )
+        .unwrap();
+        assert_eq!(
+            (m.order, m.epilogue.text()),
+            (None, "leaves=row;v1=mul(v0,l0)".to_string())
+        );
+    }
+
+    #[test]
+    fn after_a_turn_values_from_before_it_and_other_shapes_end_the_chain() {
+        // [4, 4, 4, 4]: the GEMM's value and its permute have one shape, not one order.
+        let m = epilogue_of(
+            "graph(%x: f32[4,4,4,8], %w: f32[4,8]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[4,4,4,4]
+               %e = aten::exp(%h) : f32[4,4,4,4]
+               %p = prim::Constant[[0, 3, 1, 2]]()
+               %t = aten::permute(%e, %p) : f32[4,4,4,4]{64,1,16,4}
+               %s = aten::mul(%t, %e) : f32[4,4,4,4]
+               return (%s)",
+        )
+        .unwrap();
+        assert_eq!(
+            (m.order, m.epilogue.text()),
+            (None, "leaves=;v1=exp(v0)".to_string())
+        );
+        // A leaf that broadcasts over the channels (one value per pixel) is no row, full or
+        // scalar leaf in the GEMM's order: the turn is not taken.
+        let m = epilogue_of(
+            "graph(%x: f32[8,16,16,128], %w: f32[32,128], %r: f32[8,1,16,16]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[8,16,16,32]
+               %g = aten::relu(%h) : f32[8,16,16,32]
+               %p = prim::Constant[[0, 3, 1, 2]]()
+               %t = aten::permute(%g, %p) : f32[8,32,16,16]{8192,1,512,32}
+               %s = aten::mul(%t, %r) : f32[8,32,16,16]{8192,1,512,32}
+               return (%s)",
+        )
+        .unwrap();
+        assert_eq!(m.order, None);
+    }
+
+    #[test]
+    fn an_in_place_op_may_write_only_a_pattern_value() {
+        // `res += h` writes the residual, which lives on past the pattern: not fused.
+        let m = epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16], %res: f32[8,32]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[8,32]
+               %r = aten::relu(%h) : f32[8,32]
+               %one = prim::Constant[1]()
+               %y = aten::add_(%res, %r, %one) : f32[8,32]
+               return (%y, %res)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.text(), "leaves=;v1=relu(v0)");
+        // `h += res` writes the pattern's own value: fused.
+        let m = epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16], %res: f32[8,32]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[8,32]
+               %one = prim::Constant[1]()
+               %y = aten::add_(%h, %res, %one) : f32[8,32]
+               return (%y)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.text(), "leaves=full;v1=add(v0,l0)");
     }
 }
