@@ -98,7 +98,8 @@ def main():
         "[B,T,C]": lambda: torch.randn(4, 7, c, device=dev) * 10 + 3,
         # Each head of q sliced from a fused qkv output (Qwen3's q_norm): heads c apart, tokens 6c
         # apart, so the rows are not one stride apart: the op copies them into one run first.
-        "heads of a fused qkv": lambda: (torch.randn(4, 7, 6 * c, device=dev) * 10 + 3)[..., : 3 * c].unflatten(-1, (3, c)),
+        # Made in the dtype before slicing: a cast after it would pack the rows again.
+        "heads of a fused qkv": lambda: (torch.randn(4, 7, 6 * c, device=dev) * 10 + 3).to(dtype)[..., : 3 * c].unflatten(-1, (3, c)),
         "1 row": lambda: torch.randn(1, c, device=dev) * 10 + 3,
         "3 rows": lambda: torch.randn(3, c, device=dev) * 10 + 3,
     }
