@@ -200,6 +200,12 @@ impl TypedKind for Gemm {
                         format!(" ({})", g.note.trim_end_matches("; "))
                     };
                     format!("its operand shapes are unknown{after}")
+                } else if let Some(k) = g
+                    .tensor(n.inputs[0])
+                    .and_then(|a| a.shape.last().copied())
+                    .filter(|&k| k < rule::MIN_K)
+                {
+                    format!("K = {k}, below one tensor-core step ({}): an outer product or near one, which only writes its output; it stays torch's", rule::MIN_K)
                 } else {
                     format!("no rule takes its operands ({}): dtype, rank, broadcast batch dims or scaling outside the GEMM rules", operands.join(", "))
                 }

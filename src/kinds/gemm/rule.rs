@@ -608,6 +608,12 @@ fn lead(t: &TensorInfo) -> i64 {
     t.shape[..t.shape.len() - 2].iter().product()
 }
 
+/// The smallest K a GEMM pattern takes: one tensor-core step (8 for tf32, half of bf16's 16).
+/// Below it the product is an outer product or close to one (a rotary embedding's
+/// `inv_freq[:, None] @ positions[None, :]`, K = 1): it only writes its output, as torch's
+/// kernel does, so a sweep would compile kernels that cannot win.
+pub const MIN_K: i64 = 8;
+
 fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
     let n = &g.nodes[id];
     let origin = GemmOrigin::of_kind(&n.kind)?;
@@ -670,7 +676,7 @@ fn match_node(g: &Graph, id: NodeId) -> Option<GemmMatch> {
     } else {
         (lead(ta), ta.shape[ra - 2])
     };
-    if batch == 0 || m == 0 || nn == 0 || k == 0 {
+    if batch == 0 || m == 0 || nn == 0 || k < MIN_K {
         return None;
     }
     let mut copies = Vec::new();
@@ -732,6 +738,35 @@ mod tests {
 
     fn one(text: &str) -> Vec<GemmMatch> {
         match_gemms(&Graph::parse(text).unwrap())
+    }
+
+    #[test]
+    fn an_outer_product_is_no_gemm_pattern() {
+        // A rotary embedding's frequencies: inv_freq [1, 64, 1] @ positions [1, 1, 1024], K = 1.
+        let g = Graph::parse(
+            "graph(%f: f32[1,64,1], %p: f32[1,1,1024]):
+               %y = aten::matmul(%f, %p) : f32[1,64,1024]
+               return (%y)",
+        )
+        .unwrap();
+        assert!(match_gemms(&g).is_empty());
+        let why = crate::kinds::Kind::unmatched(&crate::kinds::gemm::Gemm, &g, &Default::default());
+        assert_eq!(why.len(), 1);
+        assert!(
+            why[0]
+                .1
+                .starts_with("K = 1, below one tensor-core step (8)"),
+            "{}",
+            why[0].1
+        );
+        // K = 8 is one.
+        assert_eq!(
+            one("graph(%f: f32[64,8], %p: f32[8,1024]):
+                   %y = aten::mm(%f, %p) : f32[64,1024]
+                   return (%y)")
+            .len(),
+            1
+        );
     }
 
     #[test]

@@ -217,10 +217,10 @@ fn a_site_is_its_nodes_inputs_outputs_and_the_traffic_it_removes() {
     assert!(s.gain > plain.gain);
 }
 
-/// A causal attention over [1,1,4,64] whose ·v feeds a mul and an add: an epilogue that, by
-/// bytes alone (D = 64 against Tk = 4), would remove more traffic than the attention.
+/// A causal attention over [1,1,8,64] whose ·v feeds a mul and an add: an epilogue that, by
+/// bytes alone (D = 64 against Tk = 8), would remove more traffic than the attention.
 const ATTENTION_THEN_EPILOGUE: &str =
-    "graph(%q: f32[1,1,4,64], %k: f32[1,1,4,64], %v: f32[1,1,4,64], %m: bool[4,4], %r: f32[1,1,4,64]):
+    "graph(%q: f32[1,1,8,64], %k: f32[1,1,8,64], %v: f32[1,1,8,64], %m: bool[8,8], %r: f32[1,1,8,64]):
        %m1 = prim::Constant[-1]()
        %m2 = prim::Constant[-2]()
        %one = prim::Constant[1]()
@@ -228,15 +228,15 @@ const ATTENTION_THEN_EPILOGUE: &str =
        %none = prim::Constant[None]()
        %c = prim::Constant[0.125]()
        %two = prim::Constant[2.0]()
-       %kt = aten::transpose(%k, %m2, %m1) : f32[1,1,64,4]
-       %s0 = aten::matmul(%q, %kt) : f32[1,1,4,4]
-       %s1 = aten::mul(%s0, %c) : f32[1,1,4,4]
-       %nm = aten::bitwise_not(%m) : bool[4,4]
-       %s2 = aten::masked_fill(%s1, %nm, %ninf) : f32[1,1,4,4]
-       %p = aten::softmax(%s2, %m1, %none) : f32[1,1,4,4]
-       %o = aten::matmul(%p, %v) : f32[1,1,4,64]
-       %o2 = aten::mul(%o, %two) : f32[1,1,4,64]
-       %y = aten::add(%o2, %r, %one) : f32[1,1,4,64]
+       %kt = aten::transpose(%k, %m2, %m1) : f32[1,1,64,8]
+       %s0 = aten::matmul(%q, %kt) : f32[1,1,8,8]
+       %s1 = aten::mul(%s0, %c) : f32[1,1,8,8]
+       %nm = aten::bitwise_not(%m) : bool[8,8]
+       %s2 = aten::masked_fill(%s1, %nm, %ninf) : f32[1,1,8,8]
+       %p = aten::softmax(%s2, %m1, %none) : f32[1,1,8,8]
+       %o = aten::matmul(%p, %v) : f32[1,1,8,64]
+       %o2 = aten::mul(%o, %two) : f32[1,1,8,64]
+       %y = aten::add(%o2, %r, %one) : f32[1,1,8,64]
        return (%y)";
 
 #[test]
