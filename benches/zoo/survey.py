@@ -49,6 +49,23 @@ def vision(name):
     return getattr(torchvision.models, name)()
 
 
+class HFImage(torch.nn.Module):
+    """A Hugging Face vision model on pixel values: its last hidden state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values, return_dict=False)[0]
+
+
+def hf_image(config, model, **kw):
+    import transformers
+
+    return HFImage(getattr(transformers, model)(getattr(transformers, config)(**kw)))
+
+
 L, V = LAYERS, VOCAB
 # name -> (builder, kind): "causal" takes token ids, "encoder" ids and a padding mask, "image" a
 # 224x224 image.
@@ -73,6 +90,32 @@ FAMILIES = {
     "regnet_y_400mf": (lambda: vision("regnet_y_400mf"), "image"),
     "resnext50_32x4d": (lambda: vision("resnext50_32x4d"), "image"),
     "densenet121": (lambda: vision("densenet121"), "image"),
+    # Added in the twelfth session: more decoders (multi-query, parallel blocks, ALiBi, experts),
+    # encoders with their own position schemes, Hugging Face vision backbones and torchvision's
+    # other families.
+    "starcoder2": (lambda: causal("Starcoder2Config", "Starcoder2ForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=4096, num_hidden_layers=L, vocab_size=V), "causal"),
+    "gpt_bigcode": (lambda: causal("GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_embd=1024, n_head=16, n_layer=L, vocab_size=V, multi_query=True), "causal"),
+    "codegen": (lambda: causal("CodeGenConfig", "CodeGenForCausalLM", n_embd=1024, n_head=16, n_layer=L, vocab_size=V, rotary_dim=32), "causal"),
+    "phi": (lambda: causal("PhiConfig", "PhiForCausalLM", hidden_size=1024, num_attention_heads=16, intermediate_size=4096, num_hidden_layers=L, vocab_size=V, partial_rotary_factor=0.5), "causal"),
+    "cohere": (lambda: causal("CohereConfig", "CohereForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816, num_hidden_layers=L, vocab_size=V), "causal"),
+    "olmo": (lambda: causal("OlmoConfig", "OlmoForCausalLM", hidden_size=1024, num_attention_heads=16, intermediate_size=2816, num_hidden_layers=L, vocab_size=V), "causal"),
+    "nemotron": (lambda: causal("NemotronConfig", "NemotronForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=4096, num_hidden_layers=L, vocab_size=V), "causal"),
+    "mixtral": (lambda: causal("MixtralConfig", "MixtralForCausalLM", hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024, num_hidden_layers=L, vocab_size=V, num_local_experts=4, num_experts_per_tok=2), "causal"),
+    "mpt": (lambda: causal("MptConfig", "MptForCausalLM", d_model=1024, n_heads=16, n_layers=L, vocab_size=V), "causal"),
+    "albert": (lambda: encoder("AlbertConfig", "AlbertModel", num_hidden_layers=L, vocab_size=V), "encoder"),
+    "mpnet": (lambda: encoder("MPNetConfig", "MPNetModel", num_hidden_layers=L, vocab_size=V), "encoder"),
+    "dinov2": (lambda: hf_image("Dinov2Config", "Dinov2Model", num_hidden_layers=L), "image"),
+    "clip_vision": (lambda: hf_image("CLIPVisionConfig", "CLIPVisionModel", num_hidden_layers=L), "image"),
+    "beit": (lambda: hf_image("BeitConfig", "BeitModel", num_hidden_layers=L, use_relative_position_bias=True), "image"),
+    "convnextv2": (lambda: hf_image("ConvNextV2Config", "ConvNextV2Model"), "image"),
+    "swin_v2_t": (lambda: vision("swin_v2_t"), "image"),
+    "efficientnet_v2_s": (lambda: vision("efficientnet_v2_s"), "image"),
+    "shufflenet_v2_x1_0": (lambda: vision("shufflenet_v2_x1_0"), "image"),
+    "regnet_x_400mf": (lambda: vision("regnet_x_400mf"), "image"),
+    "resnet18": (lambda: vision("resnet18"), "image"),
+    "mnasnet1_0": (lambda: vision("mnasnet1_0"), "image"),
+    "googlenet": (lambda: vision("googlenet"), "image"),
+    "vgg11_bn": (lambda: vision("vgg11_bn"), "image"),
 }
 
 

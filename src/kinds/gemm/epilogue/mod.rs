@@ -25,8 +25,8 @@
 //! original ops when a call does not fit the kernel (leaves respelled in the output's shape), and
 //! rendered by the kind's render.rs into a device functor. Ops: add, sub, mul, div (value, leaf or scalar on
 //! either side), relu, gelu (erf), gelu_tanh, sigmoid, silu, tanh, mish, softplus, exp, neg,
-//! leaky_relu, hardtanh/clamp/clamp_min/clamp_max, pow with a scalar exponent. Anything else ends
-//! the chain.
+//! leaky_relu, hardtanh/clamp/clamp_min/clamp_max, pow with a scalar exponent (square as pow 2).
+//! Anything else ends the chain.
 //!
 //! `EpilogueRule` offers each GEMM with its longest epilogue; the GEMM alone is `GemmRule`'s match.
 
@@ -226,6 +226,9 @@ fn read_node(g: &Graph, id: NodeId) -> Option<(EpOp, Vec<Operand>)> {
         "clamp_min" => Some((EpOp::ClampMin, vec![operand(0)?, Operand::Scalar(num(1)?)])),
         "clamp_max" => Some((EpOp::ClampMax, vec![operand(0)?, Operand::Scalar(num(1)?)])),
         "pow" => Some((EpOp::Pow, vec![operand(0)?, Operand::Scalar(num(1)?)])),
+        // Nemotron's squared ReLU: `relu(x).square()`, pow by 2 (the fallback's at::pow(x, 2)
+        // is x·x, as square is).
+        "square" => Some((EpOp::Pow, vec![operand(0)?, Operand::Scalar(2.0)])),
         _ => None,
     }
 }
@@ -677,6 +680,19 @@ mod tests {
         );
         assert_eq!(m.epilogue.label(), "relu_mul_add");
         assert_eq!(m.nodes.len(), 3);
+    }
+
+    #[test]
+    fn squared_relu_is_relu_then_pow_two() {
+        let m = epilogue_of(
+            "graph(%x: f32[8,16], %w: f32[32,16], %b: f32[32]):
+               %h = aten::linear(%x, %w, %b) : f32[8,32]
+               %r = aten::relu(%h) : f32[8,32]
+               %y = aten::square(%r) : f32[8,32]
+               return (%y)",
+        )
+        .unwrap();
+        assert_eq!(m.epilogue.text(), "leaves=;v1=relu(v0);v2=pow(v1,2.0)");
     }
 
     #[test]
