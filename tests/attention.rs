@@ -244,7 +244,35 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
     let diff = outputs_differ_by(&neo, &out, &[ids]);
     assert!(diff <= 1e-5, "gpt_neo: differs by {diff}");
+    // The zoo's CodeGen as traced: the mask added before the scale (`scale_last`), kernel "cg".
+    let codegen = crate::common::zoo_fixtures().join("codegen.pt");
+    let (g, _) = torch::load_graph(&codegen, &[]).unwrap();
+    let found = match_attention(&g);
+    assert_eq!(found.len(), 2);
+    assert!(found
+        .iter()
+        .all(|a| a.scale_last && a.upcast && a.problem.causal));
+    let edits: Vec<_> = found
+        .iter()
+        .map(|a| fact::kinds::attention::edit(&g, a, "cg"))
+        .collect();
+    let out = dir.path().join("codegen.pt");
+    let text =
+        torch::rewrite_and_save(&codegen, &out, &edits, &fact::kinds::registry::op_schemas())
+            .unwrap();
+    assert!(
+        !text.contains("aten::softmax") && text.matches("scale_last").count() == 2,
+        "{text}"
+    );
+    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
+    let diff = outputs_differ_by(&codegen, &out, &[ids]);
+    assert!(diff <= 1e-5, "codegen: differs by {diff}");
     let calls = torch::op_stats(library, false).unwrap();
+    assert_eq!(
+        calls.get("cg").map(|c| (c.ran, c.fell_back)),
+        Some((0, 2)),
+        "{calls:?}"
+    );
     assert_eq!(
         calls
             .get("a")

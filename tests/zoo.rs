@@ -210,6 +210,26 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "codegen",
+        // Held out. The fused qkv_proj (no bias); out_proj taking the parallel block's two adds
+        // (the MLP's output and the residual); fc_in with the written-out tanh GELU; fc_out with
+        // its bias; one LayerNorm a layer; the pairs rotary on q and k; the eager attention, q
+        // and k cast to fp32, the causal mask added and the sum divided by √D after it.
+        per_layer: &[
+            ("gemm_rcr", 1),
+            ("gemm_rcr_ep_add_add", 1),
+            ("gemm_rcr_bias_ep_mul_pow_mul_add_mul_tanh_add_mul", 1),
+            ("gemm_rcr_bias", 1),
+            ("attention_causal_mask", 1),
+            ("rotary_pairs_qk", 1),
+            ("layernorm_affine", 1),
+        ],
+        // The lm_head (with its bias) and the final LayerNorm.
+        once: &[("gemm_rcr_bias", 1), ("layernorm_affine", 1)],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
         model: "opt",
         // q with OPT's scaling in its epilogue; k, v; out_proj and fc2 with the residual; fc1
         // with relu.

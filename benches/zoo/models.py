@@ -266,6 +266,25 @@ def gpt_neo(ci):
     return CausalLM(GPTNeoForCausalLM(config))
 
 
+def codegen(ci):
+    from transformers import CodeGenConfig, CodeGenForCausalLM
+
+    # CodeGen-350M's dims (a held-out family): one fused qkv projection split by a reshape, the
+    # pairs rotary on the first 32 dims of each head, q and k cast to fp32, the mask added and
+    # then the sum divided by sqrt(head dim) (the scale after the mask), a parallel block (the
+    # attention and the MLP read one LayerNorm, both added to the residual), the tanh GELU
+    # written out; 4 layers.
+    config = CodeGenConfig(
+        n_embd=1024,
+        n_head=16,
+        n_layer=layers(ci, 4),
+        rotary_dim=32,
+        n_positions=2048,
+        vocab_size=CI_VOCAB if ci else 51200,
+    )
+    return CausalLM(CodeGenForCausalLM(config))
+
+
 def opt(ci):
     from transformers import OPTConfig, OPTForCausalLM
 
@@ -335,6 +354,7 @@ MODELS = [
     Model("qwen3", "qwen3", "Qwen3ForCausalLM: Qwen3-0.6B's dims, q and k RMSNorms, 4 layers (held out)", qwen3, 4, 1024, vocab=151936, ci_vocab=CI_VOCAB),
     Model("gemma", "gemma", "GemmaForCausalLM: Gemma-2B's dims, heads of 256, one K/V head, GeGLU, 4 layers (held out)", gemma, 2, 1024, vocab=256000, ci_vocab=CI_VOCAB),
     Model("gpt_neo", "gpt_neo", "GPTNeoForCausalLM: GPT-Neo-125m, global and local attention in turn, 12 layers (held out)", gpt_neo, 8, 512, vocab=50257, ci_vocab=CI_VOCAB),
+    Model("codegen", "codegen", "CodeGenForCausalLM: CodeGen-350M's dims, the scale after the added mask, parallel block, 4 layers (held out)", codegen, 4, 1024, vocab=51200, ci_vocab=CI_VOCAB),
     Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),
     Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),

@@ -544,9 +544,13 @@ MaskFactOut classify_mask(torch::jit::Module& module, Graph& g, Value* mask, con
 // The mask an explicit attention adds to its scores before the softmax `softmax` (GPT-J's
 // `softmax(q·kᵀ / s + mask)`, any scale, q and k as the product reads them), with the q and k of
 // that product: false when the softmax reads no such sum. GPT-Neo's scores go through
-// `where(cond, scores, fill)` before the add: `cond` is that condition (else null).
+// `where(cond, scores, fill)` before the add: `cond` is that condition (else null). CodeGen's
+// sum is scaled after the add: `softmax((q·kᵀ + mask) / s)`.
 bool added_mask(Node* softmax, Value*& mask, Value*& q, Value*& k, Value*& cond) {
   Node* add = softmax->input(0)->node();
+  if ((add->kind() == c10::aten::mul || add->kind() == c10::aten::div) && add->inputs().size() == 2) {
+    add = add->input(0)->node();
+  }
   if (add->kind() != c10::aten::add || add->inputs().size() != 3) return false;
   for (size_t side : {0, 1}) {
     Node* s = add->input(side)->node();

@@ -1156,7 +1156,8 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // div by 9.79, then masked_fill(~mask, -inf), softmax(-1), ·v; "div=tensor" divides by the scale
 // operand; "mask=add;class=..." adds the mask to the scores; "upcast" casts q and k to fp32 and
 // the probabilities to v's dtype; "where" first replaces the scores where the cond operand is
-// false by the fill operand, GPT-Neo's where(c, scores, finfo.min) under its added mask) or
+// false by the fill operand, GPT-Neo's where(c, scores, finfo.min) under its added mask;
+// "scale_last" scales after the mask is added, CodeGen's softmax((q·kᵀ + m) / c)) or
 // "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
@@ -1165,7 +1166,7 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // sizes alone, so its class is one per shape).
 
 struct Form {
-  bool sdpa = false, causal = false, gqa = false, upcast = false, where = false;
+  bool sdpa = false, causal = false, gqa = false, upcast = false, where = false, scale_last = false;
   // Explicit form: 'm' mul, 'd' div, 0 none. SDPA: 's' when a scale was given.
   char scale_op = 0;
   double scale = 1.0;
@@ -1210,6 +1211,8 @@ Form parse_form(c10::string_view text) {
       f.upcast = true;
     } else if (key == "where" && !f.sdpa && eq == std::string::npos) {
       f.where = true;
+    } else if (key == "scale_last" && !f.sdpa && eq == std::string::npos) {
+      f.scale_last = true;
     } else if (key == "mask" && f.sdpa && (val == "bool" || val == "add")) {
       f.mask = val;
     } else if (key == "repeat" && f.sdpa && parse_index(val, groups) && groups >= 2) {
@@ -1234,8 +1237,9 @@ Form parse_form(c10::string_view text) {
   if (!f.sdpa && (f.mask == "add") != has_class) bad();
   if (f.sdpa && f.causal && !f.mask.empty()) bad();
   if (f.static_mask && f.mask.empty()) bad();
-  // The where form is read under an added mask only.
+  // The where form is read under an added mask only, and so is a scale after the mask.
   if (f.where && f.mask != "add") bad();
+  if (f.scale_last && (f.mask != "add" || f.scale_op == 0 || f.scale_tensor)) bad();
   if (!has_class && (f.causal || (!f.sdpa && !f.mask.empty()))) f.kernel_class = fact_mask::MaskClass::Causal;
   return f;
 }
@@ -1266,14 +1270,19 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   }
   const at::Tensor qs = f.upcast ? q.to(at::kFloat) : q, ks = f.upcast ? k.to(at::kFloat) : k;
   at::Tensor s = at::matmul(qs, ks.transpose(-2, -1));
-  if (f.scale_op == 'm') s = f.scale_tensor ? at::mul(s, *scale) : at::mul(s, f.scale);
-  if (f.scale_op == 'd') s = f.scale_tensor ? at::div(s, *scale) : at::div(s, f.scale);
+  auto scaled = [&](const at::Tensor& x) {
+    if (f.scale_op == 'm') return f.scale_tensor ? at::mul(x, *scale) : at::mul(x, f.scale);
+    if (f.scale_op == 'd') return f.scale_tensor ? at::div(x, *scale) : at::div(x, f.scale);
+    return x;
+  };
+  if (!f.scale_last) s = scaled(s);
   if (f.where) s = at::where(*cond, s, *fill);
   if (f.mask == "add") {
     s = at::add(s, *mask);
   } else if (!f.mask.empty()) {
     s = s.masked_fill(filled(f, *mask), -std::numeric_limits<double>::infinity());
   }
+  if (f.scale_last) s = scaled(s);
   at::Tensor p = at::softmax(s, -1);
   if (f.upcast) p = p.to(v.scalar_type());
   return at::matmul(p, v);

@@ -110,6 +110,10 @@ pub struct AttentionMatch {
     /// fills are masked). The op reads both: the fallback replays the where.
     pub cond: Option<(ValueId, ValueId)>,
     pub scale: Scale,
+    /// The explicit form scales the scores after adding the mask (CodeGen's
+    /// `softmax((q·kᵀ + m) / c)`): the fallback replays that order; the kernel's is the same
+    /// function, since the scale (a positive constant) keeps masked cells masked.
+    pub scale_last: bool,
     /// SDPA's `enable_gqa=True` (k and v of fewer heads than q).
     pub gqa: bool,
     /// k and v as the graph repeated them G times along the heads before SDPA (`k` and `v` are
@@ -192,6 +196,9 @@ impl AttentionMatch {
                     Scale::Mul(s) => f.push_str(&format!(";mul={}", factor(s))),
                     Scale::Div(d) => f.push_str(&format!(";div={}", factor(d))),
                     _ => {}
+                }
+                if self.scale_last {
+                    f.push_str(";scale_last");
                 }
                 if let Some((_, mode)) = self.mask {
                     f.push_str(&format!(";mask={}", mode.text()));
@@ -314,10 +321,20 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         return None;
     }
     let mut nodes = vec![softmax];
-    // Backwards: masked_fill, then the scale, then q @ kᵀ.
+    // Backwards: masked_fill, then the scale, then q @ kᵀ; or (CodeGen's) the scale over the
+    // scores plus an added mask.
     let mut s = x;
     let mut mask = None;
     let mut added = None;
+    let mut scale = Scale::None;
+    let mut scale_last = false;
+    if let Some((sc, last)) = scaled(cx, s)
+        .filter(|&(sc, f)| added_mask(cx, g.nodes[sc].inputs[0]).is_some() && keeps_masked(f))
+    {
+        nodes.push(sc);
+        (scale, scale_last) = (last, true);
+        s = g.nodes[sc].inputs[0];
+    }
     if let Some((ad, m, scores)) = added_mask(cx, s) {
         nodes.push(ad);
         mask = Some((m, MaskMode::Add));
@@ -370,32 +387,15 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
             s = i[1];
         }
     }
-    let mut scale = Scale::None;
-    for (kind, wrap) in [
-        ("aten::mul", Scale::Mul as fn(Factor) -> Scale),
-        ("aten::div", Scale::Div as fn(Factor) -> Scale),
-    ] {
-        if let Some(sc) = cx.producer(s, kind) {
-            let x = g.nodes[sc].inputs[1];
-            let factor = match cx.float(x) {
-                Some(c) if c.is_finite() && c != 0.0 => Factor::Const(c),
-                Some(_) => return None,
-                // A one-element tensor (not the scores' own shape): the op reads its value.
-                None if g.tensor(x).is_some_and(|t| {
-                    t.shape.iter().product::<i64>() == 1 && t.shape.len() <= 1
-                }) =>
-                {
-                    Factor::Tensor(x)
-                }
-                None => return None,
-            };
-            if cx.uses[s] != 1 {
-                return None;
-            }
-            scale = wrap(factor);
+    if !scale_last {
+        if let Some(sc) = ["aten::mul", "aten::div"]
+            .iter()
+            .find_map(|k| cx.producer(s, k))
+        {
+            let (sc, found) = scaled(cx, s).filter(|&(n, _)| n == sc)?;
+            scale = found;
             nodes.push(sc);
             s = g.nodes[sc].inputs[0];
-            break;
         }
     }
     let qk = cx.producer(s, "aten::matmul")?;
@@ -491,11 +491,50 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         mask_static,
         cond,
         scale,
+        scale_last,
         gqa: false,
         repeat: None,
         upcast,
         problem,
     })
+}
+
+/// `v` as the scores scaled: `mul(x, f)` or `div(x, f)`, read once, f a finite nonzero constant
+/// or a one-element tensor of the graph (which the op reads); (the node, the scale).
+fn scaled(cx: &Ctx, v: ValueId) -> Option<(NodeId, Scale)> {
+    let g = cx.g;
+    let (sc, wrap) = [
+        ("aten::mul", Scale::Mul as fn(Factor) -> Scale),
+        ("aten::div", Scale::Div as fn(Factor) -> Scale),
+    ]
+    .into_iter()
+    .find_map(|(kind, wrap)| cx.producer(v, kind).map(|n| (n, wrap)))?;
+    let x = *g.nodes[sc].inputs.get(1)?;
+    let factor = match cx.float(x) {
+        Some(c) if c.is_finite() && c != 0.0 => Factor::Const(c),
+        Some(_) => return None,
+        // A one-element tensor (not the scores' own shape): the op reads its value.
+        None if g
+            .tensor(x)
+            .is_some_and(|t| t.shape.iter().product::<i64>() == 1 && t.shape.len() <= 1) =>
+        {
+            Factor::Tensor(x)
+        }
+        None => return None,
+    };
+    (cx.uses[v] == 1).then_some((sc, wrap(factor)))
+}
+
+/// Whether scaling a masked cell (at most half the dtype's lowest value) by `scale` after the
+/// mask is added leaves it masked: a positive constant multiplier of at least 1/64 (a divisor
+/// up to 64, √D for heads up to 4096) keeps it below -500 even for fp16, where exp underflows.
+fn keeps_masked(scale: Scale) -> bool {
+    let m = match scale {
+        Scale::Mul(Factor::Const(s)) => s,
+        Scale::Div(Factor::Const(d)) => 1.0 / d,
+        _ => return false,
+    };
+    m >= 1.0 / 64.0
 }
 
 /// `v` as `add(scores, m)` (either order, alpha 1, the sum read once) where the scores are the
@@ -668,6 +707,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         mask_static,
         cond: None,
         scale: Scale::Sdpa(scale),
+        scale_last: false,
         gqa,
         repeat,
         upcast: false,
@@ -1534,6 +1574,37 @@ mod tests {
                return (%o)",
             code = if dt == "bf16" { 15 } else { 6 }
         )
+    }
+
+    #[test]
+    fn codegens_attention_scales_after_its_added_mask() {
+        // CodeGen: q·kᵀ in fp32, the mask added, then the sum divided by √D.
+        let codegen = |divisor: &str| {
+            gptj_block("bf16", " @causal/shape")
+                .replace(
+                    "%s1 = aten::div(%s0, %root) : f32[2,4,16,16]",
+                    "%s1 = aten::add(%s0, %am, %one) : f32[2,4,16,16]",
+                )
+                .replace(
+                    "%s2 = aten::add(%s1, %am, %one) : f32[2,4,16,16]",
+                    "%s2 = aten::div(%s1, %root) : f32[2,4,16,16]",
+                )
+                .replace("2.8284271247461903", divisor)
+        };
+        let g = Graph::parse(&codegen("2.8284271247461903")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert!(a.scale_last && a.upcast && a.problem.causal);
+        assert_eq!(
+            a.form(),
+            "explicit;div=2.8284271247461903;scale_last;mask=add;class=causal;static;upcast"
+        );
+        assert!((a.kernel_scale().unwrap() - 1.0 / 8f64.sqrt()).abs() < 1e-12);
+        // A divisor past 64 would lift masked cells toward the visible ones: no match.
+        let g = Graph::parse(&codegen("100.0")).unwrap();
+        assert!(match_attention(&g).is_empty());
+        // The usual order still reads as before.
+        let g = Graph::parse(&gptj_block("bf16", " @causal/shape")).unwrap();
+        assert!(!match_attention(&g)[0].scale_last);
     }
 
     #[test]
