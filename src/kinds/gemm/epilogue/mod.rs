@@ -468,7 +468,14 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
             None => space.holds(Some(t)),
             Some(turn) => t.dtype == space.tensor_dtype && t.shape == turn.to(),
         };
-        if !held {
+        // After the turn a value from before it lies in the other order (even where the two
+        // shapes agree, as a square one's do).
+        if !held
+            || pat
+                .turn
+                .as_ref()
+                .is_some_and(|turn| n.inputs.iter().any(|v| turn.before.contains(v)))
+        {
             break;
         }
         match views::pass(g, id) {
@@ -491,14 +498,6 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
         if n.kind.ends_with('_') && !pat.program.contains_key(&n.inputs[0]) {
             break;
         }
-        // After the turn a value from before it lies in the other order.
-        if pat
-            .turn
-            .as_ref()
-            .is_some_and(|turn| n.inputs.iter().any(|v| turn.before.contains(v)))
-        {
-            break;
-        }
         let Some((op, operands)) = read_node(g, id) else {
             break;
         };
@@ -514,7 +513,6 @@ pub fn match_epilogue(g: &Graph, gm: &GemmMatch) -> Option<EpilogueMatch> {
         if op.scalar_params() && !matches!(args[0], Arg::Value(_)) {
             break;
         }
-
         pat.instrs.push(Instr { op, args });
         pat.program.insert(out, pat.instrs.len());
         pat.nodes.push(id);
@@ -1280,6 +1278,22 @@ mod tests {
             (m.order, m.epilogue.text()),
             (None, "leaves=;v1=exp(v0)".to_string())
         );
+        // The same through a transparent node: eval dropout keeps the earlier order.
+        let m = epilogue_of(
+            "graph(%x: f32[4,4,4,8], %w: f32[4,8]):
+               %none = prim::Constant[None]()
+               %h = aten::linear(%x, %w, %none) : f32[4,4,4,4]
+               %e = aten::exp(%h) : f32[4,4,4,4]
+               %p = prim::Constant[[0, 3, 1, 2]]()
+               %t = aten::permute(%e, %p) : f32[4,4,4,4]{64,1,16,4}
+               %zero = prim::Constant[0.0]()
+               %no = prim::Constant[False]()
+               %d = aten::dropout(%e, %zero, %no) : f32[4,4,4,4]
+               %s = aten::mul(%t, %d) : f32[4,4,4,4]
+               return (%s)",
+        )
+        .unwrap();
+        assert_eq!(m.order, None);
         // A leaf that broadcasts over the channels (one value per pixel) is no row, full or
         // scalar leaf in the GEMM's order: the turn is not taken.
         let m = epilogue_of(
