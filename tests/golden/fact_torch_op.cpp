@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv, fact::linears2, fact::linears3, fact::linears4, fact::memo_get, fact::memo_put
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_written, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv, fact::linears2, fact::linears3, fact::linears4, fact::memo_get, fact::memo_put
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -1556,6 +1556,32 @@ at::Tensor layernorm(const at::Tensor& x, at::IntArrayRef normalized_shape, cons
   return at::layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
+// The written-out norm (Cohere's): eps as text, form "upcast" where the graph cast x to fp32 (and
+// the weight) and the result back, else "" (an fp32 x). The kernel is the one of aten's spelling
+// over the last dim with the weight alone; a call it does not fit replays the graph's ops.
+at::Tensor layernorm_written(const at::Tensor& x, const std::optional<at::Tensor>& weight, c10::string_view eps_text,
+                             c10::string_view form, c10::string_view kernel) {
+  TORCH_CHECK(form.empty() || form == "upcast", "fact::layernorm_written: bad form '", std::string(form), "'");
+  const bool upcast = form == "upcast";
+  const double eps = std::stod(std::string(eps_text));
+  std::string why = "layernorm is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kLayernormKind)) {
+    const int64_t shape[1] = {x.dim() > 0 ? x.size(-1) : 0};
+    at::Tensor out = layernorm_kernel(x, at::IntArrayRef(shape, 1), weight, std::nullopt, eps, kernel, why);
+    if (out.defined()) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  const at::Tensor xf = upcast ? x.to(at::kFloat) : x;
+  const at::Tensor mean = xf.mean({-1}, true);
+  const at::Tensor d = xf - mean;
+  at::Tensor y = d * at::rsqrt(d.pow(2).mean({-1}, true) + eps);
+  if (weight.has_value() && weight->defined()) y = (upcast ? weight->to(at::kFloat) : *weight) * y;
+  return upcast ? y.to(x.scalar_type()) : y;
+}
+
 // After a residual add (`fact::layernorm_add`, and `fact::layernorm_add_sum` where the graph reads
 // the sum too): s = a + b in the add's dtype, the LayerNorm of s cast to the norm's dtype (`dtypes`,
 // the frame's ResidualDtypes). The kernel reads a and b (either repeated along leading dims) and
@@ -2490,6 +2516,9 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
     m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm_written", ""}).has_value()) {
+    m.def("layernorm_written(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor");
+  }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm_add", ""}).has_value()) {
     m.def("layernorm_add(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> Tensor");
   }
@@ -2536,6 +2565,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
   m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
   m.impl("layernorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm)));
+  m.impl("layernorm_written", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm_written)));
   m.impl("layernorm_add", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm_add)));
   m.impl("layernorm_add_sum", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm_add_sum)));
   m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm)));

@@ -16,7 +16,7 @@ mod spec;
 pub use bench::{Inputs, LayerNormBench, EPS};
 pub use problem::{LayerNormProblem, RULE_IDS};
 pub use render::render;
-pub use rule::{match_layernorms, LayerNormMatch, LayerNormRule};
+pub use rule::{match_layernorms, LayerNormMatch, LayerNormRule, Spelling};
 pub use spec::{candidates, LayerNormSpec, CANDIDATE_PER_THREAD, MAX_PER_THREAD, MAX_ROW};
 
 use super::{Candidates, Dispatch, PlanFacts, Problem, Spec, SweepCx, TypedKind, Unit};
@@ -39,6 +39,11 @@ pub const LAYERNORM_OP_SCHEMA: &str =
 
 /// The schemas of the LayerNorm of a residual add's sum a + b: `dtypes` is the add's dtype and
 /// the norm's (`<sum>,<norm>`); `_sum` returns the sum after y, for the graph's other readers.
+/// The schema of the written-out norm's op (`rule::Spelling::Written`): eps as text, form
+/// `upcast` (x cast to fp32 and the result back) or empty.
+pub const LAYERNORM_WRITTEN_OP_SCHEMA: &str =
+    "layernorm_written(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor";
+
 pub const LAYERNORM_ADD_OP_SCHEMA: &str =
     "layernorm_add(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> Tensor";
 pub const LAYERNORM_ADD_SUM_OP_SCHEMA: &str =
@@ -207,6 +212,11 @@ impl TypedKind for LayerNorm {
                 function: "layernorm",
             },
             OpDef {
+                name: "layernorm_written",
+                schema: LAYERNORM_WRITTEN_OP_SCHEMA,
+                function: "layernorm_written",
+            },
+            OpDef {
                 name: "layernorm_add",
                 schema: LAYERNORM_ADD_OP_SCHEMA,
                 function: "layernorm_add",
@@ -224,10 +234,10 @@ impl TypedKind for LayerNorm {
 }
 
 fn origin(l: &LayerNormMatch) -> &'static str {
-    if l.add.is_some() {
-        "add + layer_norm"
-    } else {
-        "layer_norm"
+    match (&l.spelling, &l.add) {
+        (Spelling::Written { .. }, _) => "layer_norm (written out)",
+        (_, Some(_)) => "add + layer_norm",
+        (_, None) => "layer_norm",
     }
 }
 
@@ -237,6 +247,13 @@ fn origin(l: &LayerNormMatch) -> &'static str {
 /// dtypes, kernel)`, or `fact::layernorm_add_sum` whose second output takes over the sum the rest
 /// of the graph reads, the add's nodes removed.
 pub fn edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
+    let (normalized_shape, eps) = match &l.spelling {
+        Spelling::Aten {
+            normalized_shape,
+            eps,
+        } => (*normalized_shape, *eps),
+        Spelling::Written { eps, upcast, .. } => return edit_written(g, l, *eps, *upcast, kernel),
+    };
     let (op, x, dtypes, sum) = match &l.add {
         None => ("fact::layernorm", vec![Operand::value(l.x)], vec![], None),
         Some(add) => (
@@ -256,10 +273,10 @@ pub fn edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
     };
     let mut operands = x;
     operands.extend([
-        Operand::value(l.normalized_shape),
+        Operand::value(normalized_shape),
         Operand::optional(l.weight),
         Operand::optional(l.bias),
-        Operand::value(l.eps),
+        Operand::value(eps),
     ]);
     operands.extend(dtypes);
     operands.push(Operand::text(kernel));
@@ -274,6 +291,28 @@ pub fn edit(g: &Graph, l: &LayerNormMatch, kernel: &str) -> Edit {
         outputs: sum.iter().map(|&n| n as u32).collect(),
         output_kinds: sum.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
         first: false,
+    }
+}
+
+/// The written-out norm's rewrite: `fact::layernorm_written(x, weight?, eps, form, kernel)` in
+/// place of its last op, eps as its text (the graph holds it as a constant of no node the op
+/// could read) and form `upcast` where x was cast to fp32 and back.
+fn edit_written(g: &Graph, l: &LayerNormMatch, eps: f64, upcast: bool, kernel: &str) -> Edit {
+    let rest = l.rest();
+    Edit {
+        node: l.node as u32,
+        expect_kind: g.nodes[l.node].kind.clone(),
+        op: "fact::layernorm_written".to_string(),
+        operands: vec![
+            Operand::value(l.x),
+            Operand::optional(l.weight),
+            Operand::text(&format!("{eps:?}")),
+            Operand::text(if upcast { "upcast" } else { "" }),
+            Operand::text(kernel),
+        ],
+        remove: rest.iter().map(|&n| n as u32).collect(),
+        remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
+        ..Default::default()
     }
 }
 
