@@ -164,7 +164,7 @@ fn written(g: &Graph, readers: &Readers, r: NodeId) -> Option<LayerNormMatch> {
     let add = producer(g.nodes[r].inputs[0], "aten::add")?;
     let eps = g.constant(*g.nodes[add].inputs.get(1)?)?.as_f64()?;
     let var = producer(g.nodes[add].inputs[0], "aten::mean")?;
-    if !alpha_one(add) || !(eps.is_finite() && eps >= 0.0) {
+    if !(alpha_one(add) && eps.is_finite() && eps >= 0.0) {
         return None;
     }
     let sq = mean_last(var)?;
