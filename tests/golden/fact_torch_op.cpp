@@ -1000,6 +1000,9 @@ bool bind_leaves(Launch& l, const Program& p, at::TensorList leaves) {
       case LeafKind::Full:
         if (t.numel() != out.numel() || t.dim() < 1 || t.size(-1) != n) return l.fail("a full-size leaf is not the output's shape");
         c = packed(t).view({l.batch, m, n});
+        // A residual that does not lie packed (an NCHW input under a turned epilogue) is copied
+        // each call: counted as the operands' copies are.
+        if (!c.is_alias_of(t)) l.copied = true;
         break;
       case LeafKind::Row:
         if (t.numel() != n || t.dim() < 1 || t.size(-1) != n) return l.fail("a row leaf is not a vector of N");
