@@ -55,6 +55,10 @@ fn is_free(kind: &str) -> bool {
                 | "aten::size"
                 | "aten::Int"
                 | "aten::split"
+                | "aten::split_with_sizes"
+                | "aten::tensor_split"
+                | "aten::swapaxes"
+                | "aten::swapdims"
                 | "aten::chunk"
                 | "aten::unsqueeze"
                 | "aten::squeeze"
@@ -68,6 +72,23 @@ fn is_free(kind: &str) -> bool {
                 | "aten::dropout"
                 | "aten::flatten"
         )
+}
+
+/// Whether node `n` computes on 0-dim integer tensors alone: the sizes tracing turns into
+/// tensors (`prim::NumToTensor`, as Hugging Face's `repeat_kv` multiplies the KV heads by the
+/// repeat count). They live on the host; no kernel runs.
+fn host_arithmetic(g: &Graph, n: &crate::graph::Node) -> bool {
+    let scalar_int = |v: &usize| {
+        g.tensor(*v)
+            .is_some_and(|t| t.shape.is_empty() && matches!(t.dtype.as_str(), "i64" | "i32"))
+    };
+    let tensors: Vec<&usize> = n
+        .inputs
+        .iter()
+        .chain(&n.outputs)
+        .filter(|&&v| g.tensor(v).is_some())
+        .collect();
+    !tensors.is_empty() && tensors.into_iter().all(scalar_int)
 }
 
 fn numel(shape: &[i64]) -> f64 {
@@ -120,7 +141,7 @@ pub fn node_costs(
                 .sum()
         };
         let bytes = tensors(&n.inputs) + tensors(&n.outputs);
-        if bytes == 0.0 {
+        if bytes == 0.0 || host_arithmetic(g, n) {
             continue;
         }
         let out_t = n.outputs.first().and_then(|&o| g.tensor(o));
@@ -469,7 +490,8 @@ mod tests {
 
     #[test]
     fn views_of_a_weight_cost_nothing() {
-        // Falcon's linear reads `weight.T`; unflatten and narrow are views too.
+        // Falcon's linear reads `weight.T`; unflatten and narrow are views too, and so is
+        // GPT-BigCode's split of its fused projection (`split_with_sizes`).
         let g = Graph::parse(
             "graph(%w: f32[64,32]):
                %zero = prim::Constant[0]()
@@ -480,7 +502,12 @@ mod tests {
                %c = aten::narrow(%w, %zero, %zero, %two) : f32[2,32]
                %d = aten::unflatten(%w, %zero, %s) : f32[2,32,32]
                %e = aten::neg(%w) : f32[64,32]
-               return (%a, %b, %c, %d, %e)",
+               %sizes = prim::ListConstruct(%two, %two) : int[]
+               %parts = aten::split_with_sizes(%w, %sizes, %zero) : Tensor[]
+               %f = aten::swapaxes(%w, %zero, %two) : f32[32,64]
+               %kv = prim::NumToTensor(%two) : i64[]
+               %heads = aten::mul(%kv, %two) : i64[]
+               return (%a, %b, %c, %d, %e, %parts, %f, %heads)",
         )
         .unwrap();
         let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &[]);
@@ -488,7 +515,11 @@ mod tests {
             .iter()
             .map(|c| g.values[g.nodes[c.node].outputs[0]].name.as_str())
             .collect();
-        assert_eq!(names, ["e"], "the neg alone runs a kernel");
+        assert_eq!(
+            names,
+            ["e"],
+            "the neg alone runs a kernel (the KV heads times the repeat count are host arithmetic)"
+        );
     }
 
     #[test]
