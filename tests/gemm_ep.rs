@@ -349,6 +349,7 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     );
     conv1d_mlp_falls_back_to_what_its_views_computed(&built.library, dir.path());
     convnext_blocks_turn_through_their_permute(&built.library, dir.path());
+    coheres_written_norms_replay_their_ops(&built.library, dir.path());
     crate::attention::composed_sdpa_falls_back_exactly(&built.library);
 }
 
@@ -463,6 +464,48 @@ fn convnext_blocks_turn_through_their_permute(library: &Path, dir: &Path) {
     assert_eq!(
         calls.get("t").map(|c| (c.ran, c.fell_back)),
         Some((0, 4)),
+        "{calls:?}"
+    );
+}
+
+/// The zoo's Cohere as traced: each LayerNorm written out (`layernorm::Spelling::Written`)
+/// rewritten to `fact::layernorm_written` (kernel "w", not in the library), every other pattern
+/// left to torch. On the CPU the op replays the graph's ops: the outputs are the original's.
+fn coheres_written_norms_replay_their_ops(library: &Path, dir: &Path) {
+    use fact::kinds::layernorm::{LayerNormMatch, Spelling};
+    torch::op_stats(library, true).unwrap();
+    let model = crate::common::zoo_fixtures().join("cohere.pt");
+    let (g, _) = torch::load_graph(&model, &[]).unwrap();
+    let found = fact::kinds::registry::match_patterns(&g);
+    let written: Vec<&LayerNormMatch> = found
+        .of::<LayerNormMatch>()
+        .into_iter()
+        .filter(|m| matches!(m.spelling, Spelling::Written { .. }))
+        .collect();
+    assert_eq!(written.len(), 3, "two layers' norms and the final one");
+    let edits: Vec<Edit> = written
+        .iter()
+        .map(|m| fact::kinds::layernorm::edit(&g, m, "w"))
+        .collect();
+    let out = dir.join("cohere.pt");
+    let text = torch::rewrite_and_save(&model, &out, &edits, &fact::kinds::registry::op_schemas())
+        .unwrap();
+    assert_eq!(
+        text.matches("fact::layernorm_written(").count(),
+        3,
+        "{text}"
+    );
+    assert!(!text.contains("aten::rsqrt"), "{text}");
+    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
+    let run = |p: &Path| {
+        tch::no_grad(|| CModule::load(p).unwrap().forward_ts(&[ids.shallow_clone()])).unwrap()
+    };
+    let diff = (run(&out) - run(&model)).abs().max().double_value(&[]);
+    assert!(diff <= 1e-6, "cohere differs by {diff}");
+    let calls = torch::op_stats(library, false).unwrap();
+    assert_eq!(
+        calls.get("w").map(|c| (c.ran, c.fell_back)),
+        Some((0, 3)),
         "{calls:?}"
     );
 }

@@ -192,6 +192,25 @@ const EXPECT: &[Expect] = &[
         kv_heads: Some(1),
     },
     Expect {
+        model: "cohere",
+        // Held out. q, k and v and o; gate and up as one GEMM with SiLU times up; down with the
+        // parallel block's two adds (the attention's output and the residual); the written-out
+        // LayerNorm (no bias, the weight in fp32) read as the weight-only problem; the pairs
+        // rotary on q and k; the SDPA over 4 K/V heads.
+        per_layer: &[
+            ("gemm_rcr", 4),
+            ("glu_silu", 1),
+            ("gemm_rcr_ep_add_add", 1),
+            ("sdpa_causal_mask", 1),
+            ("layernorm_weight", 1),
+            ("rotary_pairs_qk", 1),
+        ],
+        // The final norm, and the lm_head with logit_scale in its epilogue.
+        once: &[("layernorm_weight", 1), ("gemm_rcr_ep_mul", 1)],
+        wanted: &[],
+        kv_heads: Some(4),
+    },
+    Expect {
         model: "gpt_neo",
         // Held out. q, k and v without bias; out_proj and c_proj with bias and the residual;
         // c_fc with the written-out tanh GELU; two LayerNorms; the eager attention, q and k cast

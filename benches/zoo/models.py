@@ -248,6 +248,24 @@ def gemma(ci):
     return CausalLM(GemmaForCausalLM(config))
 
 
+def cohere(ci):
+    from transformers import CohereConfig, CohereForCausalLM
+
+    # Command-R's layout at a smaller width (a held-out family): a parallel block (attention and
+    # the SiLU-gated MLP read one norm, both added to the residual), its LayerNorm written out
+    # without a bias (fp32 statistics, the weight in fp32), the pairs rotary, 16 heads of 128 over
+    # 4 K/V heads, logits scaled by logit_scale, tied 256000 vocabulary; 4 layers.
+    config = CohereConfig(
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        intermediate_size=5632,
+        num_hidden_layers=layers(ci, 4),
+        vocab_size=CI_VOCAB if ci else 256000,
+    )
+    return CausalLM(CohereForCausalLM(config))
+
+
 def gpt_neo(ci):
     from transformers import GPTNeoConfig, GPTNeoForCausalLM
 
@@ -353,6 +371,7 @@ MODELS = [
     Model("falcon", "falcon", "FalconForCausalLM: hidden 2048, 32 heads of 64, one K/V head, parallel attention, 4 layers (held out)", falcon, 4, 1024, vocab=65024, ci_vocab=CI_VOCAB),
     Model("qwen3", "qwen3", "Qwen3ForCausalLM: Qwen3-0.6B's dims, q and k RMSNorms, 4 layers (held out)", qwen3, 4, 1024, vocab=151936, ci_vocab=CI_VOCAB),
     Model("gemma", "gemma", "GemmaForCausalLM: Gemma-2B's dims, heads of 256, one K/V head, GeGLU, 4 layers (held out)", gemma, 2, 1024, vocab=256000, ci_vocab=CI_VOCAB),
+    Model("cohere", "cohere", "CohereForCausalLM: Command-R's layout at hidden 2048, written-out LayerNorm, parallel block, pairs rotary, 4 layers (held out)", cohere, 2, 1024, vocab=256000, ci_vocab=CI_VOCAB),
     Model("gpt_neo", "gpt_neo", "GPTNeoForCausalLM: GPT-Neo-125m, global and local attention in turn, 12 layers (held out)", gpt_neo, 8, 512, vocab=50257, ci_vocab=CI_VOCAB),
     Model("codegen", "codegen", "CodeGenForCausalLM: CodeGen-350M's dims, the scale after the added mask, parallel block, 4 layers (held out)", codegen, 4, 1024, vocab=51200, ci_vocab=CI_VOCAB),
     Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),

@@ -96,7 +96,6 @@ FAMILIES = {
     "starcoder2": (lambda: causal("Starcoder2Config", "Starcoder2ForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=4096, num_hidden_layers=L, vocab_size=V), "causal"),
     "gpt_bigcode": (lambda: causal("GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_embd=1024, n_head=16, n_layer=L, vocab_size=V, multi_query=True), "causal"),
     "phi": (lambda: causal("PhiConfig", "PhiForCausalLM", hidden_size=1024, num_attention_heads=16, intermediate_size=4096, num_hidden_layers=L, vocab_size=V, partial_rotary_factor=0.5), "causal"),
-    "cohere": (lambda: causal("CohereConfig", "CohereForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=2816, num_hidden_layers=L, vocab_size=V), "causal"),
     "olmo": (lambda: causal("OlmoConfig", "OlmoForCausalLM", hidden_size=1024, num_attention_heads=16, intermediate_size=2816, num_hidden_layers=L, vocab_size=V), "causal"),
     "nemotron": (lambda: causal("NemotronConfig", "NemotronForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=4096, num_hidden_layers=L, vocab_size=V), "causal"),
     "mixtral": (lambda: causal("MixtralConfig", "MixtralForCausalLM", hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024, num_hidden_layers=L, vocab_size=V, num_local_experts=4, num_experts_per_tok=2), "causal"),
