@@ -562,6 +562,28 @@ fn every_layers_q_k_and_v_are_one_gemm_when_asked() {
     }
 }
 
+/// The Llama-style decoder builds its causal mask and rotary tables from its positions: the
+/// bridge marks those ops as the memo's, and discover counts them apart, not as unmatched.
+#[test]
+fn a_decoders_masks_and_positions_are_the_memos() {
+    let plan = discover(&zoo_fixtures().join("llama.pt")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        plan.memo_ops > 0 && plan.memo_share > 0.05,
+        "{} ops, {:.1}%",
+        plan.memo_ops,
+        plan.memo_share * 100.0
+    );
+    for r in &plan.unmatched {
+        assert!(
+            !r.kinds
+                .iter()
+                .any(|k| k == "aten::arange" || k == "aten::cos"),
+            "the mask and the rotary tables are the memo's: {}",
+            r.name
+        );
+    }
+}
+
 #[test]
 fn discover_sees_past_multihead_attention() {
     // _native_multi_head_attention returns an undefined weights tensor: shape propagation must

@@ -59,6 +59,13 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
             println!("     example: {e}");
         }
     }
+    if plan.memo_ops > 0 {
+        println!(
+            "memo: {:.1}% of the estimated time, {} ops computed once per input shape (masks, positions, rotary tables)",
+            plan.memo_share * 100.0,
+            plan.memo_ops
+        );
+    }
     println!(
         "unmatched: {:.1}% of the estimated time",
         plan.unmatched_share * 100.0

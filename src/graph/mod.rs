@@ -221,6 +221,10 @@ pub struct Node {
     pub depth: u32,
     /// The module path the node came from (`fc1`, `blocks.0.attn`), empty when unknown.
     pub scope: String,
+    /// The composed module's memo computes it once per shape, not once per forward: fixed by the
+    /// inputs' shapes and the module's buffers (the bridge's `memo_static_nodes`). A text graph
+    /// marks one with a trailing `@memo`.
+    pub memo: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -338,6 +342,10 @@ impl Graph {
                 }
                 continue;
             }
+            let (line, memo) = match line.strip_suffix(" @memo") {
+                Some(l) => (l, true),
+                None => (line, false),
+            };
             let (lhs, rhs) = line
                 .split_once(" = ")
                 .ok_or_else(|| err(ln, "expected `outs = kind(args)`".into()))?;
@@ -381,6 +389,7 @@ impl Graph {
                 constant,
                 depth: 0,
                 scope: String::new(),
+                memo,
             });
         }
         Ok(g)

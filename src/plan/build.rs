@@ -204,7 +204,17 @@ pub fn plan(
         p.priority = rank[p.id.as_str()];
     }
     patterns.sort_by_key(|p| p.priority);
-    let unmatched = unmatched_regions(g, &costs, &matched_nodes, total);
+    // What the memo computes once per shape is neither a pattern nor left per forward.
+    let memo: BTreeSet<NodeId> = (0..g.nodes.len())
+        .filter(|&i| g.nodes[i].memo && !matched_nodes.contains(&i))
+        .collect();
+    let memo_ms: f64 = costs
+        .iter()
+        .filter(|c| memo.contains(&c.node))
+        .fold(0.0, |s, c| s + c.ms);
+    let memo_ops = costs.iter().filter(|c| memo.contains(&c.node)).count();
+    let covered: BTreeSet<NodeId> = matched_nodes.union(&memo).copied().collect();
+    let unmatched = unmatched_regions(g, &costs, &covered, total);
     // From +0.0: f64's `sum` starts at -0.0, which a plan with nothing unmatched printed as "-0.0%".
     let unmatched_share = unmatched.iter().fold(0.0, |s, r| s + r.share);
     let unmatched_gemms = super::unmatched_gemms(g, &matched_nodes);
@@ -216,6 +226,8 @@ pub fn plan(
         patterns,
         unmatched,
         unmatched_share,
+        memo_share: if total > 0.0 { memo_ms / total } else { 0.0 },
+        memo_ops,
         unmatched_gemms,
         shapes: g.note.trim_end_matches("; ").to_string(),
         agent: steward.name(),

@@ -397,6 +397,13 @@ pub struct Plan {
     pub patterns: Vec<PlannedPattern>,
     pub unmatched: Vec<Region>,
     pub unmatched_share: f64,
+    /// What the composed module's memo computes once per shape instead of every forward (masks,
+    /// positions, rotary tables built from the inputs' sizes and buffers): its share of the
+    /// estimate, counted neither as a pattern nor as unmatched, and how many ops it is.
+    #[serde(default)]
+    pub memo_share: f64,
+    #[serde(default)]
+    pub memo_ops: usize,
     /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
     pub unmatched_gemms: Vec<UnmatchedGemm>,
     /// What shape propagation fell back on or where it stopped (the graph's note): patterns
@@ -713,6 +720,38 @@ mod tests {
         assert_eq!(regions[0].name, "div → masked_fill → softmax");
         assert_eq!(regions[1].name, "gelu");
         assert!(regions[0].share > regions[1].share);
+    }
+
+    #[test]
+    fn what_the_memo_computes_is_neither_a_pattern_nor_unmatched() {
+        // `@memo`: the bridge found the exp fixed by buffers and shapes (a rotary table).
+        let g = Graph::parse(
+            "graph(%x: f32[16,32], %b: f32[64,32]):
+               %e = aten::exp(%b) : f32[64,32] @memo
+               %y = aten::relu(%x) : f32[16,32]
+               return (%y, %e)",
+        )
+        .unwrap();
+        assert!(g.nodes[0].memo && !g.nodes[1].memo);
+        let opts = PlanOptions {
+            arch: Arch::Sm90,
+            precision: Precision::Tf32,
+            assumed_speedup: 2.0,
+        };
+        let p = plan(
+            &g,
+            &match_patterns(&g),
+            &opts,
+            None,
+            &mut crate::agent::Steward::builtin(),
+        );
+        let costs = node_costs(&g, opts.arch, opts.precision, &[]);
+        let total: f64 = costs.iter().map(|c| c.ms).sum();
+        let exp = costs.iter().find(|c| c.kind == "aten::exp").unwrap().ms;
+        assert_eq!((p.memo_ops, p.memo_share), (1, exp / total));
+        let names: Vec<&str> = p.unmatched.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["relu"]);
+        assert!((p.unmatched_share + p.memo_share - 1.0).abs() < 1e-12);
     }
 
     #[test]

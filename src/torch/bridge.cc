@@ -687,6 +687,13 @@ GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
     examples.resize(inputs.size());
     const auto masks = dump.failure.kind.empty() ? classify_masks(m, *g, shapes, examples)
                                                  : std::unordered_map<const Value*, MaskFactOut>{};
+    // What the composed module's memo will compute once per shape (the plan counts it apart).
+    std::unordered_set<const Node*> memo_nodes;
+    try {
+      memo_nodes = memo_static_nodes(m, *g);
+    } catch (const std::exception&) {
+      // The plan then counts every node per forward, as it did before.
+    }
     for (Value* v : num.values) {
       ValueInfo vi;
       vi.name = v->debugName();
@@ -720,6 +727,7 @@ GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
         ni.constant = iv ? rust::String(ivalue_repr(*iv)) : rust::String("?");
       }
       ni.scope = n->scopeName();
+      ni.memo = memo_nodes.count(n) > 0;
       dump.nodes.push_back(std::move(ni));
     }
     for (Value* v : g->inputs()) dump.inputs.push_back(num.of(v));

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace fact::bridge {
@@ -38,5 +39,10 @@ bool shares_memory(const std::vector<at::Tensor>& ts, const at::Tensor& t);
 // Computes once per key what a forward computes from its inputs' shapes and the module's buffers
 // alone (memo.cc).
 void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<torch::jit::Graph>& g);
+
+// The nodes of the top-level block that memoization computes once per key rather than per forward
+// (ops that compute a tensor of their own, fixed by the inputs' shapes and the module's buffers,
+// not returned); none where the graph reshapes a tensor in place (memo.cc).
+std::unordered_set<const torch::jit::Node*> memo_static_nodes(torch::jit::Module& m, torch::jit::Graph& g);
 
 }  // namespace fact::bridge

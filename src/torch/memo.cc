@@ -105,6 +105,38 @@ struct Memo {
 
 }  // namespace
 
+// Whether the graph changes a tensor's shape in place anywhere: the key reads the shapes where the
+// memo stands, the graph where it reads them, and such an op could tell the two apart, so a graph
+// with one keeps its ops.
+static bool reshapes_in_place(Graph& g) {
+  static const std::unordered_set<std::string> ops = {
+      "aten::resize_",  "aten::resize_as_", "aten::set_",     "aten::as_strided_", "aten::squeeze_",
+      "aten::unsqueeze_", "aten::transpose_", "aten::t_",     "aten::swapdims_",   "aten::swapaxes_"};
+  std::vector<Block*> blocks = {g.block()};
+  while (!blocks.empty()) {
+    Block* b = blocks.back();
+    blocks.pop_back();
+    for (Node* n : b->nodes()) {
+      if (ops.count(n->kind().toQualString())) return true;
+      blocks.insert(blocks.end(), n->blocks().begin(), n->blocks().end());
+    }
+  }
+  return false;
+}
+
+std::unordered_set<const Node*> memo_static_nodes(torch::jit::Module& m, Graph& g) {
+  if (reshapes_in_place(g)) return {};
+  const StaticValues s = static_values(m, g);
+  std::unordered_set<const Node*> out;
+  for (const Node* n : s.nodes) {
+    // A value the graph returns keeps being computed; a view or a constant computes nothing.
+    const bool returned = std::any_of(n->outputs().begin(), n->outputs().end(),
+                                      [&](const Value* v) { return s.returned.count(v) > 0; });
+    if (computes(n) && !returned) out.insert(n);
+  }
+  return out;
+}
+
 void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& g) {
   std::vector<Node*> order(g->block()->nodes().begin(), g->block()->nodes().end());
   std::unordered_map<const Node*, size_t> pos;
@@ -116,20 +148,7 @@ void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& 
     while (n->owningBlock() != g->block()) n = n->owningBlock()->owningNode();
     return n;
   };
-  // The key reads the shapes where the memo stands, the graph where it reads them: an op that
-  // changes a tensor's shape in place could tell the two apart, so a graph with one keeps its ops.
-  static const std::unordered_set<std::string> reshapes_in_place = {
-      "aten::resize_",  "aten::resize_as_", "aten::set_",     "aten::as_strided_", "aten::squeeze_",
-      "aten::unsqueeze_", "aten::transpose_", "aten::t_",     "aten::swapdims_",   "aten::swapaxes_"};
-  std::vector<Block*> blocks = {g->block()};
-  while (!blocks.empty()) {
-    Block* b = blocks.back();
-    blocks.pop_back();
-    for (Node* n : b->nodes()) {
-      if (reshapes_in_place.count(n->kind().toQualString())) return;
-      blocks.insert(blocks.end(), n->blocks().begin(), n->blocks().end());
-    }
-  }
+  if (reshapes_in_place(*g)) return;
   std::vector<Memo> memos;
   const StaticValues s = static_values(m, *g);
   {

@@ -36,6 +36,8 @@ mod ffi {
         constant: String,
         depth: u32,
         scope: String,
+        /// The composed module's memo computes it once per shape (memo.cc, `memo_static_nodes`).
+        memo: bool,
     }
     /// The node torch could not run on the inputs (empty `kind` when every node ran).
     struct OpFailure {
@@ -538,6 +540,7 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
                 outputs: n.outputs.iter().map(|&v| v as usize).collect(),
                 depth: n.depth,
                 scope: n.scope,
+                memo: n.memo,
             }
         })
         .collect();
