@@ -241,6 +241,11 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         !text.contains("aten::softmax") && text.matches("fact::attention(").count() == 2,
         "{text}"
     );
+    // The casts of q and k the pattern left for their sizes go too: the sizes read q and k
+    // (two layers: the probabilities' casts went with the patterns, q's and k's after them).
+    let before = torch::graph_text(&neo).unwrap();
+    let casts = |t: &str| t.matches("aten::to(").count();
+    assert_eq!(casts(&before) - casts(&text), 2 + 4, "{text}");
     let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
     let diff = outputs_differ_by(&neo, &out, &[ids]);
     assert!(diff <= 1e-5, "gpt_neo: differs by {diff}");

@@ -769,6 +769,25 @@ Node* expect_node(const Numbering& num, const std::vector<bool>& destroyed, uint
   return n;
 }
 
+// A size read through a cast (`aten::size(to(x, f32), d)`: GPT-Neo reads its q's and k's lengths
+// off their fp32 copies) reads x instead, whose sizes are the cast's; a cast then left unread
+// goes. An attention pattern that took the casts' other readers left them for their sizes alone:
+// each would still copy q or k to fp32 on every forward for nothing.
+void sizes_before_casts(Graph& g) {
+  std::vector<Node*> casts;
+  for (Node* n : g.block()->nodes()) {
+    if (n->kind() != c10::aten::size || n->inputs().empty()) continue;
+    Node* c = n->input(0)->node();
+    if (c->kind() != c10::aten::to || c->outputs().size() != 1 || !is_tensor(c->input(0))) continue;
+    n->replaceInput(0, c->input(0));
+    casts.push_back(c);
+  }
+  std::unordered_set<Node*> gone;
+  for (Node* c : casts) {
+    if (c->output()->uses().empty() && gone.insert(c).second) c->destroy();
+  }
+}
+
 // Tracing records shape arithmetic such as `c // h` as 0-d tensor ops: the size enters through
 // prim::NumToTensor (a CPU tensor) and the Python int through a 0-d tensor constant. Loading the
 // archive with map_location="cuda" moves that constant to the GPU, which moves the arithmetic
@@ -1323,6 +1342,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
       pass();
       took << ", " << name << " " << seconds_since(t) << " s";
     };
+    step("sizes", [&] { sizes_before_casts(*g); });
     step("host shapes", [&] { host_shape_arithmetic(*g); });
     step("pooling", [&] { pool_equal_buffers(m, *g); });
     step("memo", [&] { memoize_static_values(m, g); });
