@@ -9,11 +9,12 @@
 //!
 //! Rules find matches that may overlap; `cover.rs` picks a non-overlapping set of them by gain.
 //! `residual.rs` finds the residual add before a norm, which the norm kinds' rules offer with
-//! their norms.
+//! their norms; `written.rs` reads the ops a norm is written out in, for every norm kind.
 
 pub mod cover;
 pub mod residual;
 pub mod views;
+pub mod written;
 
 pub use cover::{candidates, cover, is_product, Candidate, Gain, Site};
 

@@ -27,6 +27,7 @@ use super::{LayerNormProblem, LAYERNORM};
 use crate::graph::{Const, Graph, NodeId, ValueId};
 use crate::rules::residual::{residual_add, ResidualAdd};
 use crate::rules::views::Readers;
+use crate::rules::written::{self, cast_to, mul_other, number};
 use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
 use std::collections::BTreeSet;
@@ -147,48 +148,25 @@ fn written(g: &Graph, readers: &Readers, r: NodeId) -> Option<LayerNormMatch> {
     };
     let alpha_one = |n: NodeId| {
         let i = &g.nodes[n].inputs;
-        i.len() == 2 || (i.len() == 3 && g.constant(i[2]).and_then(Const::as_f64) == Some(1.0))
-    };
-    // mean(v, [-1], keepdim=True, dtype=None) over the last dim: its operand.
-    let mean_last = |n: NodeId| -> Option<ValueId> {
-        let i = &g.nodes[n].inputs;
-        let rank = g.tensor(i[0])?.shape.len() as i64;
-        let dims = g.int_list(*i.get(1)?)?;
-        let keep = matches!(g.constant(*i.get(2)?), Some(Const::Bool(true)));
-        let no_dtype = i
-            .get(3)
-            .is_none_or(|&d| matches!(g.constant(d), Some(Const::None)));
-        (keep && no_dtype && (dims == [-1] || dims == [rank - 1])).then_some(i[0])
+        i.len() == 2 || (i.len() == 3 && number(g, i[2]) == Some(1.0))
     };
     // rsqrt(var + eps), var = mean((xf - mu)²), mu = mean(xf).
     let add = producer(g.nodes[r].inputs[0], "aten::add")?;
-    let eps = g.constant(*g.nodes[add].inputs.get(1)?)?.as_f64()?;
+    let eps = number(g, *g.nodes[add].inputs.get(1)?)?;
     let var = producer(g.nodes[add].inputs[0], "aten::mean")?;
     if !(alpha_one(add) && eps.is_finite() && eps >= 0.0) {
         return None;
     }
-    let sq = mean_last(var)?;
-    let d1 = match (producer(sq, "aten::pow"), producer(sq, "aten::mul")) {
-        (Some(p), _) if g.constant(g.nodes[p].inputs[1]).and_then(Const::as_f64) == Some(2.0) => {
-            g.nodes[p].inputs[0]
-        }
-        (_, Some(m)) if g.nodes[m].inputs[0] == g.nodes[m].inputs[1] => g.nodes[m].inputs[0],
-        _ => return None,
-    };
-    let sq_node = g.values[sq].producer?;
+    let (sq_node, d1) = written::square_of(g, written::mean_last(g, var)?)?;
     let sub1 = producer(d1, "aten::sub").filter(|&n| alpha_one(n))?;
     let (xf, mu) = (g.nodes[sub1].inputs[0], g.nodes[sub1].inputs[1]);
     let mu_node = producer(mu, "aten::mean")?;
-    if mean_last(mu_node)? != xf {
+    if written::mean_last(g, mu_node)? != xf {
         return None;
     }
     // (xf - mu) · rsqrt(·), the difference this one or a second sub of the same operands.
-    let norm = only_reader(out(r)?).filter(|&n| g.nodes[n].kind == "aten::mul")?;
-    let other = g.nodes[norm]
-        .inputs
-        .iter()
-        .copied()
-        .find(|&v| Some(v) != out(r))?;
+    let norm = only_reader(out(r)?)?;
+    let other = mul_other(g, norm, out(r)?)?;
     let sub2 = if other == d1 {
         None
     } else {
@@ -199,10 +177,11 @@ fn written(g: &Graph, readers: &Readers, r: NodeId) -> Option<LayerNormMatch> {
     // The upcast: xf = to(x, f32) where x is not fp32 already.
     let tx = g.tensor(xf)?;
     let cols = *tx.shape.last()?;
-    let (x, cast_x) = match producer(xf, "aten::to") {
+    let (x, cast_x) = match g.values[xf].producer {
         Some(c)
-            if g.tensor(g.nodes[c].inputs[0])
-                .is_some_and(|t| t.dtype != "f32") =>
+            if cast_to(g, c, "f32")
+                && g.tensor(g.nodes[c].inputs[0])
+                    .is_some_and(|t| t.dtype != "f32") =>
         {
             (g.nodes[c].inputs[0], Some(c))
         }
@@ -216,13 +195,9 @@ fn written(g: &Graph, readers: &Readers, r: NodeId) -> Option<LayerNormMatch> {
     // The weight, either side, as w or to(w, f32); a [C] tensor of x's dtype.
     let mut last = norm;
     let (mut weight, mut cast_w, mut wm) = (None, None, None);
-    if let Some(m) = only_reader(out(norm)?).filter(|&n| g.nodes[n].kind == "aten::mul") {
-        let wv = g.nodes[m]
-            .inputs
-            .iter()
-            .copied()
-            .find(|&v| Some(v) != out(norm))?;
-        let (w, cw) = match producer(wv, "aten::to") {
+    let weighted = only_reader(out(norm)?).and_then(|m| Some((m, mul_other(g, m, out(norm)?)?)));
+    if let Some((m, wv)) = weighted {
+        let (w, cw) = match g.values[wv].producer.filter(|&c| cast_to(g, c, "f32")) {
             Some(c) => (g.nodes[c].inputs[0], Some(c)),
             None => (wv, None),
         };
@@ -234,10 +209,7 @@ fn written(g: &Graph, readers: &Readers, r: NodeId) -> Option<LayerNormMatch> {
     // Cast back to x's dtype where x was cast.
     let mut back = None;
     if cast_x.is_some() {
-        let b = only_reader(out(last)?).filter(|&n| g.nodes[n].kind == "aten::to")?;
-        if g.tensor(out(b)?)?.dtype != dtype_x {
-            return None;
-        }
+        let b = only_reader(out(last)?).filter(|&n| cast_to(g, n, &dtype_x))?;
         (back, last) = (Some(b), b);
     }
     // Every node but the last read only inside; the casts of x and w are the pattern's where
@@ -475,6 +447,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(match_layernorms(&g).len(), 1);
+        // No weight: the normalized value cast back is the norm.
+        let g = Graph::parse(
+            &cohere("bf16", POW, SUB2)
+                .replace(
+                    "               %wf = aten::to(%w, %f32, %no, %no, %none) : f32[32]\n",
+                    "",
+                )
+                .replace("               %y = aten::mul(%wf, %n) : f32[2,8,32]\n", "")
+                .replace("aten::to(%y, %bf", "aten::to(%n, %bf"),
+        )
+        .unwrap();
+        let m = match_layernorms(&g);
+        assert_eq!(
+            (m.len(), m[0].weight, m[0].problem.rule_id().as_str()),
+            (1, None, "layernorm")
+        );
     }
 
     #[test]

@@ -24,7 +24,8 @@ use super::{RmsNormProblem, Scale, RMSNORM};
 use crate::graph::{Const, Graph, NodeId, ValueId};
 use crate::rules::residual::{residual_add, ResidualAdd};
 use crate::rules::views::Readers;
-use crate::rules::{boxed, views, Match, PatternKind, Rule};
+use crate::rules::written::{self, cast_to, mul_other, number};
+use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
 use std::collections::BTreeSet;
 
@@ -134,11 +135,6 @@ pub fn match_rmsnorms(g: &Graph) -> Vec<RmsNormMatch> {
         .collect()
 }
 
-/// A number constant (int, float or one-element tensor).
-fn number(g: &Graph, v: ValueId) -> Option<f64> {
-    g.constant(v).and_then(Const::as_f64)
-}
-
 /// The row count of a tensor of shape `shape`, its last dim C.
 fn rows(shape: &[i64]) -> i64 {
     shape[..shape.len() - 1].iter().product()
@@ -217,28 +213,6 @@ impl Cx<'_> {
         })
     }
 
-    /// Node `n` as a dtype cast to `dtype` of its first operand, keeping the shape
-    /// (`views::dtype_cast`).
-    fn cast(&self, n: NodeId, dtype: &str) -> bool {
-        let g = self.g;
-        views::dtype_cast(g, n).is_some()
-            && g.tensor(g.nodes[n].outputs[0])
-                .is_some_and(|y| y.dtype == dtype)
-    }
-
-    /// The other operand of a two-operand `mul` node that reads `v`.
-    fn mul_other(&self, n: NodeId, v: ValueId) -> Option<ValueId> {
-        let node = &self.g.nodes[n];
-        if node.kind != "aten::mul" || node.inputs.len() != 2 || node.outputs.len() != 1 {
-            return None;
-        }
-        match (node.inputs[0] == v, node.inputs[1] == v) {
-            (true, false) => Some(node.inputs[1]),
-            (false, true) => Some(node.inputs[0]),
-            _ => None,
-        }
-    }
-
     /// The fp32 scale operand of `mul(n, s)`: w, `to(w, f32)`, or `add(w or to(w, f32), 1)`;
     /// with the weight w (x's dtype, [C]) and the nodes between (the pattern's where owned).
     fn scale(&self, s: ValueId, cols: i64, dtype: &str) -> Option<(Scale, ValueId, Vec<NodeId>)> {
@@ -250,7 +224,7 @@ impl Cx<'_> {
             // `to(w, f32)` of a weight in x's dtype.
             let p = g.values[v].producer?;
             let w = *g.nodes[p].inputs.first()?;
-            (self.cast(p, "f32") && is_weight(g, w, cols, dtype)).then(|| (w, vec![p]))
+            (cast_to(g, p, "f32") && is_weight(g, w, cols, dtype)).then(|| (w, vec![p]))
         };
         if let Some((w, nodes)) = weight(s) {
             return Some((Scale::Weight, w, nodes));
@@ -282,32 +256,15 @@ impl Cx<'_> {
     /// The written-out form whose mean is node `m`.
     fn written(&self, m: NodeId) -> Option<RmsNormMatch> {
         let g = self.g;
-        // mean(sq, [-1], keepdim=True, dtype=None) in fp32.
+        // mean(sq, [-1], keepdim=True, dtype=None) in fp32, of the square pow(xf, 2) or xf · xf.
         let mean = &g.nodes[m];
-        if mean.inputs.len() != 4 || mean.outputs.len() != 1 {
-            return None;
-        }
-        let sq = mean.inputs[0];
+        let sq = written::mean_last(g, m)?;
         let tsq = g.tensor(sq)?;
         let rank = tsq.shape.len() as i64;
-        let dims = g.int_list(mean.inputs[1])?;
-        if (dims != [-1] && dims != [rank - 1])
-            || g.constant(mean.inputs[2]) != Some(&Const::Bool(true))
-            || g.constant(mean.inputs[3]) != Some(&Const::None)
-            || tsq.dtype != "f32"
-        {
+        if tsq.dtype != "f32" {
             return None;
         }
-        // The square: pow(xf, 2) or mul(xf, xf).
-        let p = g.values[sq].producer?;
-        let pn = &g.nodes[p];
-        let xf = match pn.kind.as_str() {
-            "aten::pow" if pn.inputs.len() == 2 && number(g, pn.inputs[1]) == Some(2.0) => {
-                pn.inputs[0]
-            }
-            "aten::mul" if pn.inputs.len() == 2 && pn.inputs[0] == pn.inputs[1] => pn.inputs[0],
-            _ => return None,
-        };
+        let (p, xf) = written::square_of(g, sq)?;
         let txf = g.tensor(xf)?;
         if txf.dtype != "f32" || txf.shape != tsq.shape || rank < 1 {
             return None;
@@ -316,7 +273,7 @@ impl Cx<'_> {
         // x: what the upcast read, or xf itself (fp32 throughout).
         let upcast = g.values[xf]
             .producer
-            .filter(|&u| self.cast(u, "f32"))
+            .filter(|&u| cast_to(g, u, "f32"))
             .filter(|&u| {
                 let t = g.tensor(g.nodes[u].inputs[0]);
                 t.is_some_and(|t| DType::parse(&t.dtype).is_some())
@@ -342,7 +299,7 @@ impl Cx<'_> {
         }
         // n = xf · rsqrt (or x · rsqrt, which promotes to the same fp32 product: T5).
         let n = self.only_reader(r)?;
-        let other = self.mul_other(n, g.nodes[r].outputs[0])?;
+        let other = mul_other(g, n, g.nodes[r].outputs[0])?;
         let nv = g.nodes[n].outputs[0];
         let tn = g.tensor(nv)?;
         if (other != xf && other != x) || tn.dtype != "f32" || tn.shape != txf.shape {
@@ -352,10 +309,10 @@ impl Cx<'_> {
         let mut extra: Vec<NodeId> = vec![];
         let (end, scale, cast_first, weight) = match self.only_reader(n) {
             // to(dtype), then maybe w · it in the dtype.
-            Some(c) if self.cast(c, &dt) => {
+            Some(c) if cast_to(g, c, &dt) => {
                 let cv = g.nodes[c].outputs[0];
                 let mul = self.only_reader(c).and_then(|w| {
-                    let wv = self.mul_other(w, cv)?;
+                    let wv = mul_other(g, w, cv)?;
                     let ty = g.tensor(g.nodes[w].outputs[0])?;
                     (is_weight(g, wv, cols, &dt) && ty.dtype == dt && ty.shape == txf.shape)
                         .then_some((w, wv))
@@ -369,15 +326,15 @@ impl Cx<'_> {
                 }
             }
             // n · s in fp32, then one cast to the dtype (none for fp32).
-            Some(t) if self.mul_other(t, nv).is_some() => {
-                let s = self.mul_other(t, nv)?;
+            Some(t) if mul_other(g, t, nv).is_some() => {
+                let s = mul_other(g, t, nv)?;
                 let (scale, w, prep) = self.scale(s, cols, &dt)?;
                 let tt = g.tensor(g.nodes[t].outputs[0])?;
                 if tt.dtype != "f32" || tt.shape != txf.shape {
                     return None;
                 }
                 extra.extend(prep);
-                let end = match self.only_reader(t).filter(|&c| self.cast(c, &dt)) {
+                let end = match self.only_reader(t).filter(|&c| cast_to(g, c, &dt)) {
                     Some(c) => {
                         core.push(t);
                         c
