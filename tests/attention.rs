@@ -3,12 +3,12 @@
 //! through their head repeat, and the composed module's op falls back to exactly the graph's call.
 //! Fixtures: sdpa_*.pt (tests/fixtures/make_models.py, `SdpaAttention`).
 
-use crate::common::fixture;
+use crate::common::{fixture, outputs_differ_by};
 use fact::graph::{Graph, MaskClass, MaskFact};
 use fact::kinds::attention::{match_attention, sdpa_refusals};
 use fact::torch::{self, InputShape};
 use std::path::Path;
-use tch::{CModule, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 fn sdpa_node(g: &Graph) -> usize {
     let found: Vec<usize> = (0..g.nodes.len())
@@ -131,14 +131,31 @@ fn added_masks_of_eager_attention_are_classified_and_matched() {
     );
 }
 
-/// The largest difference between the outputs of the modules at `original` and `rewritten` on
-/// `inputs`.
-fn outputs_differ_by(original: &Path, rewritten: &Path, inputs: &[Tensor]) -> f64 {
-    let run = |p: &Path| tch::no_grad(|| CModule::load(p).unwrap().forward_ts(inputs)).unwrap();
-    (run(rewritten) - run(original))
-        .abs()
-        .max()
-        .double_value(&[])
+/// The zoo's `name` as traced, its two layers' attention patterns (each one `is` describes)
+/// rewritten with kernel `kernel` into `dir`: the rewritten graph's text, once the module is
+/// checked to compute the model's output on token ids through the op's fallback (within 1e-5).
+fn zoo_attention_rewritten(
+    dir: &Path,
+    name: &str,
+    kernel: &str,
+    is: impl Fn(&fact::kinds::attention::AttentionMatch) -> bool,
+) -> String {
+    let model = crate::common::zoo_fixtures().join(format!("{name}.pt"));
+    let (g, _) = torch::load_graph(&model, &[]).unwrap();
+    let found = match_attention(&g);
+    assert_eq!(found.len(), 2, "{name}");
+    assert!(found.iter().all(is), "{name}");
+    let edits: Vec<_> = found
+        .iter()
+        .map(|a| fact::kinds::attention::edit(&g, a, kernel))
+        .collect();
+    let out = dir.join(format!("{name}.pt"));
+    let text = torch::rewrite_and_save(&model, &out, &edits, &fact::kinds::registry::op_schemas())
+        .unwrap();
+    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
+    let diff = outputs_differ_by(&model, &out, &[ids]);
+    assert!(diff <= 1e-5, "{name}: differs by {diff}");
+    text
 }
 
 /// Each fixture composed with its attention pattern (kernel "a", which the library does not hold)
@@ -225,53 +242,25 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     assert!(diff <= 1e-5, "gptj: differs by {diff}");
     // The zoo's GPT-Neo as traced: both layers' attention (a where over the scores under the
     // added mask, the q and k casts left to the sizes that read them) rewritten, kernel "n".
-    let neo = crate::common::zoo_fixtures().join("gpt_neo.pt");
-    let (g, _) = torch::load_graph(&neo, &[]).unwrap();
-    let found = match_attention(&g);
-    assert_eq!(found.len(), 2);
-    assert!(found.iter().all(|a| a.cond.is_some() && a.upcast));
-    let edits: Vec<_> = found
-        .iter()
-        .map(|a| fact::kinds::attention::edit(&g, a, "n"))
-        .collect();
-    let out = dir.path().join("gpt_neo.pt");
     let text =
-        torch::rewrite_and_save(&neo, &out, &edits, &fact::kinds::registry::op_schemas()).unwrap();
+        zoo_attention_rewritten(dir.path(), "gpt_neo", "n", |a| a.cond.is_some() && a.upcast);
     assert!(
         !text.contains("aten::softmax") && text.matches("fact::attention(").count() == 2,
         "{text}"
     );
     // The casts of q and k the pattern left for their sizes go too: the sizes read q and k
     // (two layers: the probabilities' casts went with the patterns, q's and k's after them).
-    let before = torch::graph_text(&neo).unwrap();
+    let before = torch::graph_text(&crate::common::zoo_fixtures().join("gpt_neo.pt")).unwrap();
     let casts = |t: &str| t.matches("aten::to(").count();
     assert_eq!(casts(&before) - casts(&text), 2 + 4, "{text}");
-    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
-    let diff = outputs_differ_by(&neo, &out, &[ids]);
-    assert!(diff <= 1e-5, "gpt_neo: differs by {diff}");
     // The zoo's CodeGen as traced: the mask added before the scale (`scale_last`), kernel "cg".
-    let codegen = crate::common::zoo_fixtures().join("codegen.pt");
-    let (g, _) = torch::load_graph(&codegen, &[]).unwrap();
-    let found = match_attention(&g);
-    assert_eq!(found.len(), 2);
-    assert!(found
-        .iter()
-        .all(|a| a.scale_last && a.upcast && a.problem.causal));
-    let edits: Vec<_> = found
-        .iter()
-        .map(|a| fact::kinds::attention::edit(&g, a, "cg"))
-        .collect();
-    let out = dir.path().join("codegen.pt");
-    let text =
-        torch::rewrite_and_save(&codegen, &out, &edits, &fact::kinds::registry::op_schemas())
-            .unwrap();
+    let text = zoo_attention_rewritten(dir.path(), "codegen", "cg", |a| {
+        a.scale_last && a.upcast && a.problem.causal
+    });
     assert!(
         !text.contains("aten::softmax") && text.matches("scale_last").count() == 2,
         "{text}"
     );
-    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
-    let diff = outputs_differ_by(&codegen, &out, &[ids]);
-    assert!(diff <= 1e-5, "codegen: differs by {diff}");
     let calls = torch::op_stats(library, false).unwrap();
     assert_eq!(
         calls.get("cg").map(|c| (c.ran, c.fell_back)),

@@ -71,6 +71,17 @@ pub fn run_python(script: &str) -> String {
     stdout.trim().to_string()
 }
 
+/// The largest difference between the outputs of the modules at `original` and `rewritten` on
+/// `inputs` (CPU, no autograd).
+pub fn outputs_differ_by(original: &Path, rewritten: &Path, inputs: &[tch::Tensor]) -> f64 {
+    let run =
+        |p: &Path| tch::no_grad(|| tch::CModule::load(p).unwrap().forward_ts(inputs)).unwrap();
+    (run(rewritten) - run(original))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
 pub fn fixture(name: &str) -> PathBuf {
     fixtures().join(name)
 }

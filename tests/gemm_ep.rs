@@ -497,10 +497,7 @@ fn coheres_written_norms_replay_their_ops(library: &Path, dir: &Path) {
     );
     assert!(!text.contains("aten::rsqrt"), "{text}");
     let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
-    let run = |p: &Path| {
-        tch::no_grad(|| CModule::load(p).unwrap().forward_ts(&[ids.shallow_clone()])).unwrap()
-    };
-    let diff = (run(&out) - run(&model)).abs().max().double_value(&[]);
+    let diff = crate::common::outputs_differ_by(&model, &out, &[ids]);
     assert!(diff <= 1e-6, "cohere differs by {diff}");
     let calls = torch::op_stats(library, false).unwrap();
     assert_eq!(
