@@ -654,22 +654,23 @@ mod tests {
            %y = aten::relu(%h) : f32[1,2,16,64]
            return (%y)";
 
+    /// The options the plan tests price with: sm90, tf32, matches assumed twice as fast.
+    const OPTS: PlanOptions = PlanOptions {
+        arch: Arch::Sm90,
+        precision: Precision::Tf32,
+        assumed_speedup: 2.0,
+    };
+
+    /// `g`'s plan under `OPTS`, with no tables and the built-in agent.
+    fn plan_of(g: &Graph, found: &crate::kinds::Patterns) -> Plan {
+        plan(g, found, &OPTS, None, &mut crate::agent::Steward::builtin())
+    }
+
     #[test]
     fn every_kind_is_priced_by_its_own_nodes_and_shows_its_operands() {
         let g = Graph::parse(ONE_OF_EACH_KIND).unwrap();
         let found = match_patterns(&g);
-        let opts = PlanOptions {
-            arch: Arch::Sm90,
-            precision: Precision::Tf32,
-            assumed_speedup: 2.0,
-        };
-        let p = plan(
-            &g,
-            &found,
-            &opts,
-            None,
-            &mut crate::agent::Steward::builtin(),
-        );
+        let (opts, p) = (OPTS, plan_of(&g, &found));
         let costs = node_costs(&g, opts.arch, opts.precision, &found.products());
         let total: f64 = costs.iter().map(|c| c.ms).sum();
         let cost: HashMap<NodeId, f64> = costs.iter().map(|c| (c.node, c.ms)).collect();
@@ -733,19 +734,8 @@ mod tests {
         )
         .unwrap();
         assert!(g.nodes[0].memo && !g.nodes[1].memo);
-        let opts = PlanOptions {
-            arch: Arch::Sm90,
-            precision: Precision::Tf32,
-            assumed_speedup: 2.0,
-        };
-        let p = plan(
-            &g,
-            &match_patterns(&g),
-            &opts,
-            None,
-            &mut crate::agent::Steward::builtin(),
-        );
-        let costs = node_costs(&g, opts.arch, opts.precision, &[]);
+        let p = plan_of(&g, &match_patterns(&g));
+        let costs = node_costs(&g, OPTS.arch, OPTS.precision, &[]);
         let total: f64 = costs.iter().map(|c| c.ms).sum();
         let exp = costs.iter().find(|c| c.kind == "aten::exp").unwrap().ms;
         assert_eq!((p.memo_ops, p.memo_share), (1, exp / total));
