@@ -13,6 +13,7 @@
 #include <torch/script.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/passes/inliner.h>
+#include <torch/csrc/jit/passes/lower_tuples.h>
 #include <ATen/Context.h>
 #include <torch/headeronly/version.h>
 #include <caffe2/serialize/inline_container.h>
@@ -194,13 +195,30 @@ void decompose_native_mha(Graph& g) {
   for (Node* n : found) decompose_native_mha_node(g, n);
 }
 
-// `forward` inlined, with the ops the rules read through rewritten as they compute: what the rules
-// see and the rewrite edits.
+// The forward graph as the rules read it and the rewrite edits it (one function, so node ids
+// agree): calls inlined, a tuple built and unpacked at once read as its elements (T5's first
+// layer returns its projection beside the position bias that way), and the ops the rules read
+// through rewritten as they compute.
+void normalise(Graph& g) {
+  torch::jit::Inline(g);
+  torch::jit::LowerSimpleTuples(g.block());
+  // The pass reads an unpacked element as the constructed value but leaves the pair behind: drop
+  // the pairs nothing reads any more, so the values they held have their real readers only.
+  for (auto it = g.nodes().rbegin(); it != g.nodes().rend();) {
+    Node* n = *it;
+    ++it;
+    const bool tuple = n->kind() == c10::prim::TupleUnpack || n->kind() == c10::prim::TupleConstruct;
+    const bool unread = std::all_of(n->outputs().begin(), n->outputs().end(), [](Value* v) { return !v->hasUses(); });
+    if (tuple && unread) n->destroy();
+  }
+  decompose_native_mha(g);
+}
+
+// `forward`, normalised: what the rules see and the rewrite edits.
 std::shared_ptr<Graph> inlined_forward(torch::jit::Module& m) {
   auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
   auto g = fn.graph()->copy();
-  torch::jit::Inline(*g);
-  decompose_native_mha(*g);
+  normalise(*g);
   return g;
 }
 
@@ -1172,8 +1190,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
     // Rewrite the method's own graph in place so that saving prints the new code.
     std::shared_ptr<Graph> g = fn.graph();
-    torch::jit::Inline(*g);
-    decompose_native_mha(*g);
+    normalise(*g);
     // One numbering for all edits: ids refer to the graph as load_graph saw it. Destroyed nodes
     // are remembered by id (their memory may be reused by new nodes), so that no later edit
     // touches their dangling pointers.
