@@ -131,19 +131,21 @@ fn added_masks_of_eager_attention_are_classified_and_matched() {
     );
 }
 
-/// The zoo's `name` as traced, its two layers' attention patterns (each one `is` describes)
-/// rewritten with kernel `kernel` into `dir`: the rewritten graph's text, once the module is
-/// checked to compute the model's output on token ids through the op's fallback (within 1e-5).
+/// The zoo's `name` as traced, its `count` attention patterns (each one `is` describes) rewritten
+/// with kernel `kernel` into `dir`: the rewritten graph's text, once the module is checked to
+/// compute the model's output on `inputs` (token ids when none) through the op's fallback
+/// (within 1e-5).
 fn zoo_attention_rewritten(
     dir: &Path,
     name: &str,
     kernel: &str,
+    (count, inputs): (usize, &[Tensor]),
     is: impl Fn(&fact::kinds::attention::AttentionMatch) -> bool,
 ) -> String {
     let model = crate::common::zoo_fixtures().join(format!("{name}.pt"));
     let (g, _) = torch::load_graph(&model, &[]).unwrap();
     let found = match_attention(&g);
-    assert_eq!(found.len(), 2, "{name}");
+    assert_eq!(found.len(), count, "{name}");
     assert!(found.iter().all(is), "{name}");
     let edits: Vec<_> = found
         .iter()
@@ -152,8 +154,12 @@ fn zoo_attention_rewritten(
     let out = dir.join(format!("{name}.pt"));
     let text = torch::rewrite_and_save(&model, &out, &edits, &fact::kinds::registry::op_schemas())
         .unwrap();
-    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
-    let diff = outputs_differ_by(&model, &out, &[ids]);
+    let ids = [Tensor::randint(
+        1024,
+        [1, 64],
+        (Kind::Int64, tch::Device::Cpu),
+    )];
+    let diff = outputs_differ_by(&model, &out, if inputs.is_empty() { &ids } else { inputs });
     assert!(diff <= 1e-5, "{name}: differs by {diff}");
     text
 }
@@ -242,8 +248,9 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     assert!(diff <= 1e-5, "gptj: differs by {diff}");
     // The zoo's GPT-Neo as traced: both layers' attention (a where over the scores under the
     // added mask, the q and k casts left to the sizes that read them) rewritten, kernel "n".
-    let text =
-        zoo_attention_rewritten(dir.path(), "gpt_neo", "n", |a| a.cond.is_some() && a.upcast);
+    let text = zoo_attention_rewritten(dir.path(), "gpt_neo", "n", (2, &[]), |a| {
+        a.cond.is_some() && a.upcast
+    });
     assert!(
         !text.contains("aten::softmax") && text.matches("fact::attention(").count() == 2,
         "{text}"
@@ -254,14 +261,41 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     let casts = |t: &str| t.matches("aten::to(").count();
     assert_eq!(casts(&before) - casts(&text), 2 + 4, "{text}");
     // The zoo's CodeGen as traced: the mask added before the scale (`scale_last`), kernel "cg".
-    let text = zoo_attention_rewritten(dir.path(), "codegen", "cg", |a| {
+    let text = zoo_attention_rewritten(dir.path(), "codegen", "cg", (2, &[]), |a| {
         a.scale_last && a.upcast && a.problem.causal
     });
     assert!(
         !text.contains("aten::softmax") && text.matches("scale_last").count() == 2,
         "{text}"
     );
+    // The zoo's T5 encoder: SDPA's float mask is the relative position bias with the padding
+    // mask summed in, which the op adds as a bias (kernel "t5"), the last 8 tokens padded.
+    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
+    let keep = Tensor::ones([1, 64], (Kind::Int64, tch::Device::Cpu));
+    let _ = keep.narrow(1, 56, 8).fill_(0);
+    let text = zoo_attention_rewritten(dir.path(), "t5_encoder", "t5", (2, &[ids, keep]), |a| {
+        a.problem.bias.is_some() && a.form() == "sdpa;mask=add;class=bias;scale=1.0"
+    });
+    assert_eq!(text.matches("fact::attention(").count(), 2, "{text}");
+    // The zoo's Swin: every window's attention adds the relative position bias, the shifted
+    // ones their window mask with it (kernel "sw"), q's scale (a tensor torchvision computes from
+    // a traced size) the kernel's.
+    let image = Tensor::randn([1, 3, 224, 224], (Kind::Float, tch::Device::Cpu));
+    let text = zoo_attention_rewritten(dir.path(), "swin_t", "sw", (8, &[image]), |a| {
+        a.problem.rule_id().starts_with("attention_bias")
+            && a.form()
+                .starts_with("explicit;mul=tensor;scale_q;mask=add;class=bias")
+    });
+    assert_eq!(text.matches("fact::attention(").count(), 8, "{text}");
+    assert_eq!(text.matches(";windows\"").count(), 3, "{text}");
     let calls = torch::op_stats(library, false).unwrap();
+    for (kernel, n) in [("t5", 2), ("sw", 8)] {
+        assert_eq!(
+            calls.get(kernel).map(|c| (c.ran, c.fell_back)),
+            Some((0, n)),
+            "{calls:?}"
+        );
+    }
     assert_eq!(
         calls.get("cg").map(|c| (c.ran, c.fell_back)),
         Some((0, 2)),

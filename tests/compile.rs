@@ -520,6 +520,7 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
         kv_heads: None,
         padded: false,
         masked: false,
+        bias: None,
     };
     let tf32 = candidates(&p(DType::F32), MathType::Tf32, Arch::Sm90).remove(0);
     let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90)
@@ -653,6 +654,7 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         kv_heads,
         padded,
         masked: false,
+        bias: None,
     };
     let named = |c: Vec<fact::kinds::attention::AttentionSpec>, name: &str| {
         c.into_iter()
@@ -675,12 +677,20 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         candidates(&p(80, true, true, Some(2)), MathType::Bf16, Arch::Sm90),
         "sm90_fmha_bf16_bf16_q128_k128_d96_pair_ovl_pq_causal_klen",
     );
+    let with_bias = AttentionProblem {
+        causal: false,
+        bias: Some(fact::kinds::attention::AttentionBias::Batched),
+        ..p(96, false, false, None)
+    };
+    let biased = candidates(&with_bias, MathType::Bf16, Arch::Sm90).remove(0);
+    assert!(biased.name().starts_with("sm80_") && biased.name().ends_with("_bias"));
     let dir = tempfile::tempdir().unwrap();
     let specs: Vec<Spec> = vec![
         causal.clone().into(),
         sm80.clone().into(),
         padded.clone().into(),
         grouped_padded.clone().into(),
+        biased.clone().into(),
     ];
     let built = build_all(&tc, &specs, dir.path(), "libfmha90.so", 2);
     let lib = crate::common::open_kernels(&built.library);
@@ -695,7 +705,7 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
     const F32: i32 = 0;
     const I32: i32 = 3;
     // q and out as views of [B,T,Hq,D] (a projection's), k and v contiguous [B,Hkv,T,D]; the
-    // factor absent; the lengths int32 [B] when `lengths`.
+    // factor absent; the lengths int32 [B] when `lengths`; no bias.
     let call = |hkv: i64, d: i64, lengths: bool| -> Vec<FactTensor> {
         let (b, h, t) = (2, 8, 512);
         let bthd = [t * h * d, d, h * d, 1];
@@ -711,6 +721,7 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
             } else {
                 fake_tensor(0, I32, &[], &[])
             },
+            fake_tensor(0, BF16, &[], &[]),
         ]
     };
     let can = |index: usize, t: &[FactTensor], causal: bool| {
@@ -732,6 +743,10 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
     assert!(
         !can(1, &call(2, 96, true)[..5], true),
         "the five-tensor call of ABI v5"
+    );
+    assert!(
+        !can(1, &call(2, 96, true)[..6], true),
+        "the six-tensor call before the bias"
     );
     assert!(!can(1, &call(2, 96, true)[..4], true));
     let mut f32_lengths = call(2, 96, true);
@@ -775,6 +790,64 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
     assert!(can(3, &call(2, 80, true), true) && can(3, &call(8, 80, true), true));
     assert!(!can(3, &call(2, 80, false), true));
     assert!(!can(3, &call(2, 104, true), true), "past the 96 tile");
+
+    // The bias kernel: a bias [B,H,Tq,Tk] of q's dtype, read through its strides (0 where it is
+    // broadcast), rows and steps whole 16-byte vectors apart; the others refuse one.
+    let (b, h, t) = (2i64, 8i64, 512i64);
+    let bias = |strides: &[i64], addr: usize| {
+        let mut c = call(8, 96, false);
+        c[6] = fake_tensor(addr, BF16, &[b, h, t, t], strides);
+        c
+    };
+    let full = [h * t * t, t * t, t, 1];
+    assert!(
+        can(4, &bias(&full, 0x700000), false),
+        "one bias per sequence"
+    );
+    assert!(
+        can(4, &bias(&[0, t * t, t, 1], 0x700000), false),
+        "shared by the sequences"
+    );
+    assert!(
+        can(4, &bias(&[0, 0, 0, 1], 0x700000), false),
+        "one row for all (ALiBi-like)"
+    );
+    assert!(
+        !can(4, &call(8, 96, false), false),
+        "a bias kernel needs its bias"
+    );
+    assert!(
+        !can(4, &bias(&[h * t * 51, t * 51, 51, 1], 0x700000), false),
+        "rows 51 apart"
+    );
+    assert!(
+        !can(4, &bias(&full, 0x700008), false),
+        "a start off 16 bytes"
+    );
+    // One bias per window, [B/W, W, H, Tq, Tk] (Swin's shifted windows): W = 2 divides B = 2.
+    let mut windows = call(8, 96, false);
+    windows[6] = fake_tensor(
+        0x700000,
+        BF16,
+        &[1, 2, h, t, t],
+        &[0, h * t * t, t * t, t, 1],
+    );
+    assert!(can(4, &windows, false), "one bias per window");
+    windows[6].sizes[1] = 4;
+    assert!(
+        !can(4, &windows, false),
+        "4 windows of 1 sequence are not the batch of 2"
+    );
+    let mut f32_bias = bias(&full, 0x700000);
+    f32_bias[6].dtype = F32;
+    assert!(!can(4, &f32_bias, false), "the bias is q's dtype");
+    // The sm90 causal kernel and sm80's plain one take this call without the bias (above).
+    for plain in [0, 1] {
+        assert!(
+            !can(plain, &bias(&full, 0x700000), true),
+            "kernel {plain} adds no bias"
+        );
+    }
 }
 
 /// The fused GEMM of linear_ep.pt: out = r + gelu_tanh(x·wᵀ + b)·0.5.
@@ -833,6 +906,7 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
         kv_heads: None,
         padded: false,
         masked: false,
+        bias: None,
     };
     let attention = candidates(&p, MathType::Bf16, Arch::Sm80).remove(0);
     for name in [plain.name(), evt.name(), every.name(), attention.name()] {

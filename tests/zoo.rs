@@ -285,6 +285,25 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "t5_encoder",
+        // q, k and v; o and wo with the residual (the first layer's o too: its projection is
+        // returned beside the position bias in a tuple the bridge unpacks); wi with ReLU; T5's
+        // RMSNorm (no mean, no bias) before attention and MLP; SDPA whose float mask is the
+        // relative position bias with the padding mask summed in, which the kernel adds as a bias
+        // (shared by the sequences at batch 1, one per sequence past it).
+        per_layer: &[
+            ("gemm_rcr", 3),
+            ("gemm_rcr_ep_add", 2),
+            ("gemm_rcr_ep_relu", 1),
+            ("rmsnorm_weight", 2),
+            ("sdpa_bias", 1),
+        ],
+        // The final norm.
+        once: &[("rmsnorm_weight", 1)],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
         model: "vit_b_16",
         // aten::_native_multi_head_attention read as what it computes: the [3E] in-projection,
         // SDPA, the out-projection with the residual; the MLP (GELU; the residual through eval
@@ -380,6 +399,33 @@ const EXPECT: &[Expect] = &[
             ("conv2d_s1_p3_d1_g192_bias", 1),
             ("conv2d_s1_p3_d1_g384_bias", 1),
             ("conv2d_s1_p3_d1_g768_bias", 1),
+        ],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
+        model: "swin_t",
+        // Two blocks a stage under --ci (the last stage's 7x7 map is one window, so neither of
+        // its blocks shifts): each block's qkv and output projections with bias, its MLP (GELU;
+        // the residual), the norm after each residual add with the add in it (the stochastic
+        // depth is eval's identity), the patch merging's norm and reduction, the 4x4 s4 patch
+        // embedding with its norm, and the head. Every window's attention (q scaled before the
+        // product) adds the relative position bias [1,H,49,49] (`attention_bias`); the shifted
+        // ones add their mask through a 5-d view of the scores too, one bias per window (64,
+        // 16 and 4 windows in the first three stages).
+        per_layer: &[],
+        once: &[
+            ("add_layernorm_affine_sum", 8),
+            ("attention_bias", 5),
+            ("attention_bias_windows64", 1),
+            ("attention_bias_windows16", 1),
+            ("attention_bias_windows4", 1),
+            ("conv2d_s4_p0_d1_bias", 1),
+            ("gemm_rcr", 3),
+            ("gemm_rcr_bias", 17),
+            ("gemm_rcr_bias_ep_add", 8),
+            ("gemm_rcr_bias_ep_gelu", 8),
+            ("layernorm_affine", 13),
         ],
         wanted: &[],
         kv_heads: None,

@@ -320,6 +320,35 @@ def bert(ci):
     return Encoder(BertModel(config, add_pooling_layer=False))
 
 
+def t5_encoder(ci):
+    from transformers import T5Config, T5EncoderModel
+
+    # t5-base's dims: d_model 768, 12 heads of 64, ReLU MLP 3072, T5's RMSNorm, and the relative
+    # position bias (32 buckets) the first layer computes and every layer adds to its scores,
+    # with the padding mask summed into it (SDPA's float attn_mask).
+    config = T5Config(
+        d_model=768,
+        d_ff=3072,
+        num_heads=12,
+        num_layers=layers(ci, 12),
+        **({"vocab_size": CI_VOCAB} if ci else {}),
+    )
+    return Encoder(T5EncoderModel(config))
+
+
+def swin_t(ci):
+    import torchvision
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    if not ci:
+        return torchvision.models.swin_t()
+    # swin_t() is this constructor with depths [2, 2, 6, 2]; two blocks a stage keep both the
+    # plain window block and the shifted one (its mask added through a 5-d view of the scores).
+    return SwinTransformer(
+        patch_size=[4, 4], embed_dim=96, depths=[2, 2, 2, 2], num_heads=[3, 6, 12, 24], window_size=[7, 7], stochastic_depth_prob=0.2
+    )
+
+
 def vit_b_16(ci):
     import torchvision
     from torchvision.models.vision_transformer import VisionTransformer
@@ -376,10 +405,12 @@ MODELS = [
     Model("codegen", "codegen", "CodeGenForCausalLM: CodeGen-350M's dims, the scale after the added mask, parallel block, 4 layers (held out)", codegen, 4, 1024, vocab=51200, ci_vocab=CI_VOCAB),
     Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),
     Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True),
+    Model("t5_encoder", "t5", "T5EncoderModel: t5-base's dims, relative position bias in SDPA's float mask, padding mask passed in, 12 layers (held out)", t5_encoder, 16, 512, vocab=32128, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),
     Model("resnet50", "resnet", "torchvision resnet50", resnet50, 32, None, ci_layers=1),
     Model("mobilenet_v3_large", "mobilenet", "torchvision mobilenet_v3_large (depthwise, SE, hardswish)", mobilenet_v3_large, 32, None, ci_layers=15),
     Model("convnext_tiny", "convnext", "torchvision convnext_tiny (depthwise 7x7, LayerNorm, Linear MLP)", convnext_tiny, 32, None, ci_layers=1),
+    Model("swin_t", "swin", "torchvision swin_t (window attention with a relative position bias; shifted windows) (held out)", swin_t, 32, None, ci_layers=2),
 ]
 
 

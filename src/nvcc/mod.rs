@@ -688,6 +688,7 @@ mod tests {
                 keys_per_block: 128,
                 max_k: 128,
                 family: crate::kinds::attention::AttentionFamily::Sm80,
+                bias: false,
             }
             .into()
         };

@@ -1160,16 +1160,21 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // operand; "mask=add;class=..." adds the mask to the scores; "upcast" casts q and k to fp32 and
 // the probabilities to v's dtype; "where" first replaces the scores where the cond operand is
 // false by the fill operand, GPT-Neo's where(c, scores, finfo.min) under its added mask;
-// "scale_last" scales after the mask is added, CodeGen's softmax((q·kᵀ + m) / c)) or
+// "scale_last" scales after the mask is added, CodeGen's softmax((q·kᵀ + m) / c); "windows" then
+// views the scores [B/W, W, H, Tq, Tk], adds the window operand and views them back, Swin's
+// shifted windows; "scale_q" scales q before the product rather than the scores after it, Swin's
+// q * c) or
 // "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
 // call: the op is given them un-repeated), "class=..." (the mask class the kernel was built for:
-// none, causal, padded or causal_padded) and "static" (the graph computes the mask from the inputs'
-// sizes alone, so its class is one per shape).
+// none, causal, padded or causal_padded; or bias: the kernel adds the additive mask itself, whatever
+// it holds) and "static" (the graph computes the mask from the inputs' sizes alone, so its class is
+// one per shape).
 
 struct Form {
-  bool sdpa = false, causal = false, gqa = false, upcast = false, where = false, scale_last = false;
+  bool sdpa = false, causal = false, gqa = false, upcast = false, where = false, scale_last = false, windows = false,
+       scale_q = false;
   // Explicit form: 'm' mul, 'd' div, 0 none. SDPA: 's' when a scale was given.
   char scale_op = 0;
   double scale = 1.0;
@@ -1183,6 +1188,8 @@ struct Form {
   fact_mask::MaskClass kernel_class = fact_mask::MaskClass::None;
   // The mask is a function of the inputs' sizes: classified once per shape, not per forward.
   bool static_mask = false;
+  // The kernel adds the (additive) mask to the scaled scores: nothing to classify.
+  bool bias = false;
 };
 
 Form parse_form(c10::string_view text) {
@@ -1216,6 +1223,10 @@ Form parse_form(c10::string_view text) {
       f.where = true;
     } else if (key == "scale_last" && !f.sdpa && eq == std::string::npos) {
       f.scale_last = true;
+    } else if (key == "windows" && !f.sdpa && eq == std::string::npos) {
+      f.windows = true;
+    } else if (key == "scale_q" && !f.sdpa && eq == std::string::npos) {
+      f.scale_q = true;
     } else if (key == "mask" && f.sdpa && (val == "bool" || val == "add")) {
       f.mask = val;
     } else if (key == "repeat" && f.sdpa && parse_index(val, groups) && groups >= 2) {
@@ -1228,6 +1239,7 @@ Form parse_form(c10::string_view text) {
       else if (val == "causal") f.kernel_class = fact_mask::MaskClass::Causal;
       else if (val == "padded") f.kernel_class = fact_mask::MaskClass::Padded;
       else if (val == "causal_padded") f.kernel_class = fact_mask::MaskClass::CausalPadded;
+      else if (val == "bias") f.bias = true;
       else bad();
     } else {
       bad();
@@ -1243,6 +1255,12 @@ Form parse_form(c10::string_view text) {
   // The where form is read under an added mask only, and so is a scale after the mask.
   if (f.where && f.mask != "add") bad();
   if (f.scale_last && (f.mask != "add" || f.scale_op == 0 || f.scale_tensor)) bad();
+  // A bias is an additive mask the kernel adds after the scale, under no where.
+  if (f.bias && (f.mask != "add" || f.where || f.scale_last || f.upcast || f.static_mask)) bad();
+  // The windows' mask is added with the position bias, as one bias.
+  if (f.windows && !f.bias) bad();
+  // A scale of q stands for the scores' scale.
+  if (f.scale_q && (f.scale_op == 0 || f.scale_last || f.upcast)) bad();
   if (!has_class && (f.causal || (!f.sdpa && !f.mask.empty()))) f.kernel_class = fact_mask::MaskClass::Causal;
   return f;
 }
@@ -1265,23 +1283,29 @@ at::Tensor repeat_heads(const at::Tensor& x, int64_t groups) {
 
 at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
-                              const std::optional<at::Tensor>& cond, const std::optional<at::Tensor>& fill) {
+                              const std::optional<at::Tensor>& cond, const std::optional<at::Tensor>& fill,
+                              const std::optional<at::Tensor>& window) {
   if (f.sdpa) {
     return at::scaled_dot_product_attention(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
                                             f.mask.empty() ? std::nullopt : mask, 0.0, f.causal,
                                             f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt, f.gqa);
   }
-  const at::Tensor qs = f.upcast ? q.to(at::kFloat) : q, ks = f.upcast ? k.to(at::kFloat) : k;
-  at::Tensor s = at::matmul(qs, ks.transpose(-2, -1));
   auto scaled = [&](const at::Tensor& x) {
     if (f.scale_op == 'm') return f.scale_tensor ? at::mul(x, *scale) : at::mul(x, f.scale);
     if (f.scale_op == 'd') return f.scale_tensor ? at::div(x, *scale) : at::div(x, f.scale);
     return x;
   };
-  if (!f.scale_last) s = scaled(s);
+  const at::Tensor qs = f.upcast ? q.to(at::kFloat) : f.scale_q ? scaled(q) : q, ks = f.upcast ? k.to(at::kFloat) : k;
+  at::Tensor s = at::matmul(qs, ks.transpose(-2, -1));
+  if (!f.scale_last && !f.scale_q) s = scaled(s);
   if (f.where) s = at::where(*cond, s, *fill);
   if (f.mask == "add") {
     s = at::add(s, *mask);
+    if (f.windows) {
+      const std::vector<int64_t> dims = s.sizes().vec();
+      const int64_t w = window->size(1);
+      s = at::add(s.view({dims[0] / w, w, dims[1], dims[2], dims[3]}), *window).view(dims);
+    }
   } else if (!f.mask.empty()) {
     s = s.masked_fill(filled(f, *mask), -std::numeric_limits<double>::infinity());
   }
@@ -1378,11 +1402,39 @@ bool kernel_takes(fact_mask::MaskClass kernel, fact_mask::MaskClass mask) {
   return false;
 }
 
+// The additive mask as the bias a kernel reads: [B,H,Tq,Tk] (broadcast dims at stride 0), its rows
+// whole 16-byte vectors apart from an aligned start; the mask itself where it already is, else
+// its own elements copied once into padded rows (`copied`).
+// With `windows` W the bias is one per window, [1|B/W, W, H, Tq, Tk] read as sequence b's window
+// b % W's, given as [B/W, W, H, Tq, Tk].
+at::Tensor bias_rows(const at::Tensor& mask, int64_t q_rank, int64_t b, int64_t h, int64_t tq, int64_t tk, int64_t windows,
+                     bool& copied) {
+  const int64_t align = 16 / static_cast<int64_t>(mask.element_size());
+  auto expanded = [&](const at::Tensor& m) {
+    if (windows > 0) return m.expand({b / windows, windows, h, tq, tk});
+    return q_rank == 4 ? m.expand({b, h, tq, tk}) : m.expand({b, tq, tk}).unsqueeze(1);
+  };
+  at::Tensor e = expanded(mask);
+  const int64_t rank = e.dim();
+  bool fits = e.stride(rank - 1) == 1 && reinterpret_cast<uintptr_t>(e.data_ptr()) % 16 == 0;
+  // A batch, window or head dim of one is never stepped.
+  for (int64_t i = 0; i < rank - 1; ++i) fits = fits && ((i < rank - 2 && e.size(i) == 1) || e.stride(i) % align == 0);
+  if (fits) return e;
+  copied = true;
+  std::vector<int64_t> sizes = mask.sizes().vec();
+  const int64_t cols = sizes.back();
+  sizes.back() = (cols + align - 1) / align * align;
+  at::Tensor rows = at::empty(sizes, mask.options()).narrow(-1, 0, cols);
+  rows.copy_(mask);
+  return expanded(rows);
+}
+
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
 // reason in `why`.
 at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale_t,
-                            const std::optional<at::Tensor>& cond, c10::string_view kernel, std::string& why) {
+                            const std::optional<at::Tensor>& cond, const std::optional<at::Tensor>& window,
+                            c10::string_view kernel, std::string& why, bool& copied) {
   using fact_mask::MaskClass;
   if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device()) return why = "not CUDA tensors of one device", at::Tensor();
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
@@ -1405,8 +1457,28 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   const bool heads_ok = f.repeat > 1 ? hkv * f.repeat == h : f.gqa ? hkv > 0 && h % hkv == 0 : hkv == h || hkv == 1;
   if (!heads_ok || v4.size(1) != hkv) return why = "k and v heads do not divide q's as the form says", at::Tensor();
   // The mask's class at run time must be one the kernel computes.
-  at::Tensor lengths;
-  if (!f.mask.empty()) {
+  at::Tensor lengths, bias;
+  if (f.bias) {
+    if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the bias is not on q's device", at::Tensor();
+    if (mask->scalar_type() != q.scalar_type()) return why = "the bias is not of q's dtype", at::Tensor();
+    if (mask->dim() > q.dim()) return why = "the bias has more dims than the scores", at::Tensor();
+    if (f.windows) {
+      // The position bias and the windows' mask as one bias per window: [1|B/W, W, H, Tq, Tk].
+      if (!window.has_value() || !window->defined() || window->device() != q.device() || window->dim() != 5 ||
+          window->scalar_type() != q.scalar_type() || q.dim() != 4) {
+        return why = "the windows' mask is not a 5-d tensor of q's dtype on its device", at::Tensor();
+      }
+      const int64_t w = window->size(1);
+      if (w < 1 || b % w != 0) return why = "the windows do not divide the batch", at::Tensor();
+      at::Tensor m = *mask;
+      while (m.dim() < 4) m = m.unsqueeze(0);
+      if (m.size(0) != 1) return why = "the position bias differs per sequence", at::Tensor();
+      bias = bias_rows(at::add(m.unsqueeze(0), *window), 4, b, h, tq, tk, w, copied);
+      copied = true;
+    } else {
+      bias = bias_rows(*mask, q.dim(), b, h, tq, tk, 0, copied);
+    }
+  } else if (!f.mask.empty()) {
     if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the mask is not on q's device", at::Tensor();
     fact_mask::MaskValue m = mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
     // The where form: the fill masks the cells (the rule read it as a constant at or below the
@@ -1454,13 +1526,14 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   if (f.sdpa && f.scale_op == 0) scale = 1.0 / std::sqrt(static_cast<double>(d));
   c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({b, tq, h, d}, q.options()).transpose(1, 2);
-  // The kernel ABI: q, k, v (k/v with their own heads), out, the scale factor and each sequence's
-  // key length (NULL data when absent).
-  const FactTensor tensors[6] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
+  // The kernel ABI: q, k, v (k/v with their own heads), out, the scale factor, each sequence's
+  // key length and the bias (NULL data when absent).
+  const FactTensor tensors[7] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
                                  factor.defined() ? fact_tensor(factor) : FactTensor{},
-                                 padded ? fact_tensor(lengths) : FactTensor{}};
+                                 padded ? fact_tensor(lengths) : FactTensor{},
+                                 bias.defined() ? fact_tensor(bias) : FactTensor{}};
   const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
-  const FactOpArgs args{tensors, 6, scalars, 3};
+  const FactOpArgs args{tensors, 7, scalars, 3};
   if (!launch_kernel(index, args, q, kernel, "attention")) {
     return why = "the kernel cannot implement these shapes, strides or alignments", at::Tensor();
   }
@@ -1470,7 +1543,7 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
                      c10::string_view form, c10::string_view kernel, const std::optional<at::Tensor>& cond,
-                     const std::optional<at::Tensor>& fill) {
+                     const std::optional<at::Tensor>& fill, const std::optional<at::Tensor>& window) {
   const Form f = parse_form(form);
   TORCH_CHECK(f.mask.empty() || (mask.has_value() && mask->defined()), "fact::attention: form '",
               std::string(form), "' masks but the call passes no mask");
@@ -1478,16 +1551,19 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               std::string(form), "' scales by a tensor but the call passes none");
   TORCH_CHECK(!f.where || (cond.has_value() && cond->defined() && fill.has_value() && fill->defined()),
               "fact::attention: form '", std::string(form), "' has a where but the call passes no condition or fill");
+  TORCH_CHECK(!f.windows || (window.has_value() && window->defined() && window->dim() == 5), "fact::attention: form '",
+              std::string(form), "' adds a windows' mask but the call passes no 5-d one");
   std::string why = "attention is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kAttentionKind)) {
-    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, cond, kernel, why);
+    bool copied = false;
+    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, cond, window, kernel, why, copied);
     if (out.defined()) {
-      count_ran(kernel, false);
+      count_ran(kernel, copied);
       return out;
     }
   }
   count_fell_back(kernel, why);
-  return attention_original(f, q, k, v, mask, scale, cond, fill);
+  return attention_original(f, q, k, v, mask, scale, cond, fill, window);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2514,7 +2590,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
     m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::attention", ""}).has_value()) {
-    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None) -> Tensor");
+    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None) -> Tensor");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
     m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");

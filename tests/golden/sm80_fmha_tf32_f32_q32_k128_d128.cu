@@ -9,7 +9,7 @@
 // every query of batch b; NULL data when all Tk keys count); scalars: scale, causal, and the
 // factor's power (1: scale·factor, -1: scale/factor). The kernel reads the factor and the lengths
 // itself, so the host never waits for them; grouped heads and lengths are arguments of one
-// compiled kernel.
+// compiled kernel. No bias (NULL data).
 #include "fact_kernels.h"
 
 #include <cuda_runtime.h>
@@ -115,7 +115,7 @@ struct Call {
 // check_supported makes (which would print), plus shapes, dtypes, the optional tensors and the
 // output layout the kernel writes.
 bool make_call(const FactOpArgs* a, Call& c) {
-  if (a == nullptr || a->num_tensors != 6 || a->num_scalars != 3) return false;
+  if (a == nullptr || a->num_tensors != 7 || a->num_scalars != 3) return false;
   const FactTensor& f = a->tensors[4];
   if (f.data != nullptr) {
     int64_t n = 1;
@@ -156,6 +156,8 @@ bool make_call(const FactOpArgs* a, Call& c) {
   }
   if (!fits_i32(B) || !fits_i32(H) || !fits_i32(Tq) || !fits_i32(Tk) || !fits_i32(H * D)) return false;
   c.group = static_cast<int>(H / Hkv);
+  const FactTensor& bias = a->tensors[6];
+  if (bias.data != nullptr) return false;
   typename AK::Params& p = c.p;
   p.query_ptr = static_cast<float*>(q.data);
   p.key_ptr = static_cast<float*>(k.data);

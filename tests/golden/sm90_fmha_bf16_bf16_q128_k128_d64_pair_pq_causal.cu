@@ -252,7 +252,8 @@ int64_t tma_stride(const FactTensor& t, int i) {
 // The kernel's arguments for a call, or false when the call does not fit: shapes, dtypes, the
 // mask the kernel was built for, strides and alignments TMA takes, and CUTLASS's own check.
 bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Arguments& args) {
-  if (a == nullptr || a->num_tensors != 6 || a->num_scalars != 3) return false;
+  // The seventh tensor, a bias, is sm80_fmha's alone.
+  if (a == nullptr || a->num_tensors != 7 || a->num_scalars != 3 || a->tensors[6].data != nullptr) return false;
   const float* factor = nullptr;
   const FactTensor& f = a->tensors[4];
   if (f.data != nullptr) {

@@ -8,9 +8,13 @@
 //! every output row (`attention_error`); the baseline is what the graph ran: the explicit ops (two
 //! matmuls, scale, masked_fill, softmax) or torch's scaled_dot_product_attention, with k/v repeated
 //! as Hugging Face's `repeat_kv` does (expand + reshape) and, for key lengths, the boolean mask it
-//! passes ([B,1,1,Tk] expanded, or with the causal triangle [B,1,Tq,Tk]).
+//! passes ([B,1,1,Tk] expanded, or with the causal triangle [B,1,Tq,Tk]). A bias problem's bias
+//! is drawn per head (and per sequence where batched, else [1,H,Tq,Tk] broadcast over the
+//! sequences), with a quarter of each row's cells at the dtype's lowest value, as a padding or
+//! window mask summed into a position bias puts them (key 0 always visible); its rows lie 16
+//! bytes apart as the kernel reads them (the op pads a bias whose rows do not).
 
-use super::{AttentionOrigin, AttentionProblem};
+use super::{AttentionBias, AttentionOrigin, AttentionProblem};
 use crate::nvcc::library::KernelLibrary;
 use crate::tune::cuda::Cuda;
 use crate::tune::gpu::sample;
@@ -27,6 +31,9 @@ pub struct Inputs {
     /// True where query i (of batch b) may see key j: the causal [Tq, Tk], or with key lengths
     /// [B,1,Tq,Tk]; None where every key is visible.
     pub keep: Option<Tensor>,
+    /// A bias problem's bias, [B,H,Tq,Tk] (a broadcast view over the sequences when shared), or
+    /// for W windows [B/W,W,H,Tq,Tk] (a broadcast view of one bias per window).
+    pub bias: Option<Tensor>,
 }
 
 impl Inputs {
@@ -71,12 +78,14 @@ impl Inputs {
         };
         let lengths = p.padded.then(|| key_lengths(p, round).to_device(device));
         let keep = keep_mask(p, lengths.as_ref(), device);
+        let bias = p.bias.map(|b| random_bias(p, b, device));
         Inputs {
             q,
             k,
             v,
             lengths,
             keep,
+            bias,
         }
     }
 
@@ -85,6 +94,15 @@ impl Inputs {
     pub fn explicit(&self, p: &AttentionProblem, scale: f64) -> Tensor {
         let (k, v) = (repeat_kv(&self.k, p), repeat_kv(&self.v, p));
         let s = self.q.matmul(&k.transpose(-2, -1)) * scale;
+        let s = match &self.bias {
+            // Swin's: the scores viewed per window, the bias added, viewed back.
+            Some(bias) if bias.dim() == 5 => {
+                let dims = s.size();
+                (s.view(bias.size().as_slice()) + bias).view(dims.as_slice())
+            }
+            Some(bias) => s + bias,
+            None => s,
+        };
         let s = match &self.keep {
             Some(keep) => s.masked_fill(&keep.logical_not(), f64::NEG_INFINITY),
             None => s,
@@ -98,7 +116,9 @@ impl Inputs {
         let (k, v) = (repeat_kv(&self.k, p), repeat_kv(&self.v, p));
         // The graph's call: a mask tensor where it passes one (padded, or a computed all-visible
         // or causal mask), else the is_causal flag.
-        let mask = if p.padded || p.masked {
+        let mask = if let Some(bias) = &self.bias {
+            Some(scores_bias(bias, p))
+        } else if p.padded || p.masked {
             Some(self.keep.as_ref().map_or_else(
                 || {
                     Tensor::ones([1, 1, 1, 1], (Kind::Bool, self.q.device()))
@@ -132,12 +152,66 @@ impl Inputs {
             .to_kind(Kind::Double)
             .matmul(&kv(&self.k).transpose(-2, -1))
             * scale;
+        let s = match &self.bias {
+            Some(bias) => s + scores_bias(bias, p).to_kind(Kind::Double),
+            None => s,
+        };
         let s = match &self.keep {
             Some(keep) => s.masked_fill(&keep.logical_not(), f64::NEG_INFINITY),
             None => s,
         };
         s.softmax(-1, None::<Kind>).matmul(&kv(&self.v))
     }
+}
+
+/// A bias as the scores [B,H,Tq,Tk] read it (windows' repeated over the sequences).
+fn scores_bias(bias: &Tensor, p: &AttentionProblem) -> Tensor {
+    if bias.dim() == 5 {
+        bias.reshape([p.batch, p.heads, p.seq_q, p.seq_k])
+    } else {
+        bias.shallow_clone()
+    }
+}
+
+/// A bias for `p` (`Inputs::bias`): normal values of standard deviation 2, a quarter of the cells
+/// of each row past key 0 at the dtype's lowest value, in rows 16 bytes apart.
+fn random_bias(p: &AttentionProblem, bias: AttentionBias, device: Device) -> Tensor {
+    let kind = p.dtype.tch_kind();
+    let dims = [bias.count(p.batch), p.heads, p.seq_q, p.seq_k];
+    let lowest = match p.dtype {
+        crate::types::DType::F16 => -65504.0,
+        crate::types::DType::Bf16 => -3.389_531_389_251_535_5e38,
+        _ => f32::MIN as f64,
+    };
+    let masked = Tensor::rand(dims, (Kind::Float, device))
+        .lt(0.25)
+        .index_fill(3, &Tensor::from_slice(&[0i64]).to_device(device), 0);
+    let values = (Tensor::randn(dims, (Kind::Float, device)) * 2.0)
+        .masked_fill(&masked, lowest)
+        .to_kind(kind);
+    let rows = aligned_rows(&values);
+    match bias {
+        AttentionBias::Windows(w) => rows
+            .unsqueeze(0)
+            .expand([p.batch / w, w, p.heads, p.seq_q, p.seq_k], false),
+        _ => rows.expand([p.batch, p.heads, p.seq_q, p.seq_k], false),
+    }
+}
+
+/// `x` [.., Tk] copied into rows of a multiple of 16 bytes (a view of the first Tk of each), as
+/// the kernel reads a bias; `x` itself when its rows already are.
+pub fn aligned_rows(x: &Tensor) -> Tensor {
+    let tk = *x.size().last().expect("a bias has dims");
+    let align = 16 / x.kind().elt_size_in_bytes() as i64;
+    if tk % align == 0 {
+        return x.shallow_clone();
+    }
+    let mut dims = x.size();
+    *dims.last_mut().unwrap() = (tk + align - 1) / align * align;
+    let padded = Tensor::zeros(dims, (x.kind(), x.device()));
+    let mut rows = padded.narrow(-1, 0, tk);
+    rows.copy_(x);
+    rows
 }
 
 /// Each sequence's key count: drawn from [1, Tk]; then, for the first three sequences from
@@ -286,6 +360,7 @@ impl<'a> AttentionBench<'a> {
             fact_tensor(out),
             absent(),
             x.lengths.as_ref().map_or_else(absent, fact_tensor),
+            x.bias.as_ref().map_or_else(absent, fact_tensor),
         ];
         let scalars = [self.scale, if self.p.causal { 1.0 } else { 0.0 }, 1.0];
         run_op(self.lib, index, &tensors, &scalars, self.device)
@@ -353,6 +428,7 @@ mod tests {
             kv_heads,
             padded,
             masked: false,
+            bias: None,
         }
     }
 
@@ -442,6 +518,64 @@ mod tests {
                 // The mask HF passes: [B,1,Tq,Tk].
                 assert_eq!(x.keep.as_ref().unwrap().size(), [5, 1, 48, 48]);
             }
+        }
+    }
+
+    #[test]
+    fn bias_baselines_add_the_bias_the_reference_adds_in_rows_the_kernel_reads() {
+        let _guard = tch::no_grad_guard();
+        for (bias, origin, seq) in [
+            (AttentionBias::Shared, AttentionOrigin::Sdpa, 49),
+            (AttentionBias::Batched, AttentionOrigin::Explicit, 48),
+            (AttentionBias::Windows(5), AttentionOrigin::Explicit, 49),
+        ] {
+            let p = AttentionProblem {
+                origin,
+                seq_q: seq,
+                seq_k: seq,
+                bias: Some(bias),
+                ..problem(false, false, None)
+            };
+            let x = Inputs::random(&p, Device::Cpu, 1.0, 0);
+            let b = scores_bias(x.bias.as_ref().unwrap(), &p);
+            assert_eq!(b.size(), [5, 4, seq, seq]);
+            // Shared: one bias broadcast over the sequences; rows a multiple of 16 bytes apart.
+            let raw = x.bias.as_ref().unwrap();
+            let strides = raw.stride();
+            let per_sequence = raw.size()[0] > 1 && strides[0] != 0;
+            assert_eq!(per_sequence, bias == AttentionBias::Batched, "{strides:?}");
+            if let AttentionBias::Windows(w) = bias {
+                assert_eq!(raw.size()[..2], [5 / w, w]);
+            }
+            assert_eq!(strides[strides.len() - 2] % 4, 0, "{strides:?}");
+            // Masked cells at the lowest value, key 0 never among them.
+            let masked = b
+                .le(-1e38)
+                .to_kind(Kind::Double)
+                .mean(None::<Kind>)
+                .double_value(&[]);
+            assert!((0.15..0.3).contains(&masked), "{masked}");
+            assert_eq!(
+                b.narrow(3, 0, 1)
+                    .le(-1e38)
+                    .sum(None::<Kind>)
+                    .int64_value(&[]),
+                0
+            );
+            let r = x.reference(&p, 0.25);
+            assert!(r.isfinite().all().int64_value(&[]) == 1);
+            assert!(rel(&x.sdpa(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
+            assert!(rel(&x.explicit(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
+            // Without the bias the outputs differ: the baselines and reference read it.
+            let without = Inputs {
+                q: x.q.shallow_clone(),
+                k: x.k.shallow_clone(),
+                v: x.v.shallow_clone(),
+                lengths: None,
+                keep: None,
+                bias: None,
+            };
+            assert!(rel(&without.reference(&p, 0.25), &r) > 1e-2);
         }
     }
 

@@ -12,7 +12,7 @@ mod rule;
 mod spec;
 
 pub use bench::{attention_error, output, AttentionBench, Inputs};
-pub use problem::{AttentionOrigin, AttentionProblem};
+pub use problem::{AttentionBias, AttentionOrigin, AttentionProblem};
 pub use render::{render, signature};
 pub use rule::{
     match_attention, sdpa_refusals, AttentionMatch, AttentionRule, Factor, MaskMode, Scale,
@@ -35,9 +35,10 @@ pub const ATTENTION: PatternKind = PatternKind::new("attention");
 /// The schema of the attention op: `form` is what the graph computed (`AttentionMatch::form`),
 /// which the fallback recomputes and the kernel's scale comes from; `scale` is the one-element
 /// tensor of a form whose factor the graph computes (`div=tensor`); `cond` and `fill` are a
-/// `where` form's condition and fill (GPT-Neo's `where(c, scores, finfo.min)`).
+/// `where` form's condition and fill (GPT-Neo's `where(c, scores, finfo.min)`); `window` a
+/// `windows` form's per-window mask (Swin's shifted windows).
 pub const ATTENTION_OP_SCHEMA: &str =
-    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None) -> Tensor";
+    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None) -> Tensor";
 
 /// The attention kind.
 pub struct Attention;
@@ -90,8 +91,9 @@ impl TypedKind for Attention {
         let p = &a.problem;
         PlanFacts {
             name: format!(
-                "attention{} {}",
+                "attention{}{} {}",
                 if p.causal { " causal" } else { "" },
+                if p.bias.is_some() { " bias" } else { "" },
                 p.shape_key()
             ),
             origin: if a.form().starts_with("sdpa") {
@@ -126,7 +128,7 @@ impl TypedKind for Attention {
             .then(|| AttentionProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
-        "attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask"
+        "attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask; with a bias tensor attention_bias or sdpa_bias, and their _bias_batched and _bias_windowsW forms"
     }
     fn rule_id(&self, p: &AttentionProblem) -> String {
         p.rule_id()
@@ -266,6 +268,7 @@ pub fn edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
             Operand::text(kernel),
             Operand::optional(a.cond.map(|(c, _)| c)),
             Operand::optional(a.cond.map(|(_, f)| f)),
+            Operand::optional(a.window),
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
@@ -286,7 +289,12 @@ fn notes(a: &AttentionMatch, math: Option<MathType>) -> Vec<String> {
         format!(
             "one kernel (CUTLASS's fused multi-head attention): q·kᵀ, scale {}, {}softmax online in registers and ·v, {} mma.sync with fp32 accumulation; the {}x{} score matrix never reaches memory",
             a.kernel_scale().map_or("read from the graph".to_string(), |s| format!("{s:.4}")),
-            if p.causal { "causal mask (key blocks past the diagonal skipped), " } else { "" },
+            match p.bias {
+                Some(AttentionBias::Windows(w)) => format!("the mask added as a bias tile (one per window, {w} windows), "),
+                Some(b) => format!("the mask added as a bias tile ({}), ", if b == AttentionBias::Batched { "one per sequence" } else { "shared by the sequences" }),
+                None if p.causal => "causal mask (key blocks past the diagonal skipped), ".into(),
+                None => String::new(),
+            },
             math.short_name(),
             p.seq_q,
             p.seq_k

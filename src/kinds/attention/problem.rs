@@ -14,6 +14,32 @@ pub enum AttentionOrigin {
     Sdpa,
 }
 
+/// A tensor the kernel adds to the scaled scores: a mask the graph computes that no mask class
+/// describes (relative-position biases, ALiBi, a bias with a padding mask summed into it), read
+/// through its strides. Whether it holds one [H,Tq,Tk] for every sequence (BEiT's and Swin's
+/// relative-position bias, [1,H,Tq,Tk]) or one per sequence (T5's, whose padding mask is in it,
+/// [B,H,Tq,Tk]) decides how many bytes the kernel and torch's baseline read, so the two are
+/// separate table entries. Swin's shifted windows add a mask per window through a view of the
+/// scores as [B/W, W, H, Tq, Tk] after the position bias: sequence b reads window b % W's bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionBias {
+    Shared,
+    Batched,
+    Windows(i64),
+}
+
+impl AttentionBias {
+    /// How many [H,Tq,Tk] biases there are among `batch` sequences.
+    pub fn count(self, batch: i64) -> i64 {
+        match self {
+            AttentionBias::Shared => 1,
+            AttentionBias::Batched => batch,
+            AttentionBias::Windows(w) => w,
+        }
+    }
+}
+
 /// What an attention kernel computes: the pattern table keys on it (with math and arch).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttentionProblem {
@@ -39,12 +65,17 @@ pub struct AttentionProblem {
     /// problem's mask is always a tensor, so this is set only where `padded` is not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub masked: bool,
+    /// The kernel adds a bias tensor to the scaled scores (none of `causal`, `padded`, `masked`:
+    /// whatever the bias masks, it masks by its values).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias: Option<AttentionBias>,
 }
 
 impl AttentionProblem {
     /// `attention`, `attention_causal` (the explicit form), `sdpa`, `sdpa_causal`, for SDPA with a
     /// key-padding mask `sdpa_padded`, `sdpa_causal_padded`, and with an all-visible or causal mask
-    /// tensor `sdpa_mask`, `sdpa_causal_mask`.
+    /// tensor `sdpa_mask`, `sdpa_causal_mask`; with a bias tensor `attention_bias`, `sdpa_bias`,
+    /// and `..._bias_batched` for one bias per sequence.
     pub fn rule_id(&self) -> String {
         let kind = match self.origin {
             AttentionOrigin::Explicit => "attention",
@@ -53,7 +84,13 @@ impl AttentionProblem {
         let causal = if self.causal { "_causal" } else { "" };
         let padded = if self.padded { "_padded" } else { "" };
         let masked = if self.masked { "_mask" } else { "" };
-        format!("{kind}{causal}{padded}{masked}")
+        let bias = match self.bias {
+            None => String::new(),
+            Some(AttentionBias::Shared) => "_bias".into(),
+            Some(AttentionBias::Batched) => "_bias_batched".into(),
+            Some(AttentionBias::Windows(w)) => format!("_bias_windows{w}"),
+        };
+        format!("{kind}{causal}{padded}{masked}{bias}")
     }
     /// Heads of k and v (q's heads unless grouped).
     pub fn key_heads(&self) -> i64 {
@@ -98,12 +135,16 @@ impl AttentionProblem {
         }
     }
     /// Fewest bytes a fused kernel moves: q, k, v read once (k and v with their own heads), the
-    /// output written once.
+    /// output written once, and a bias read once (per sequence where it is batched).
     pub fn bytes(&self) -> f64 {
         let e = self.dtype.bytes() as f64;
-        e * (self.batch * self.head_dim) as f64
+        let bias = self.bias.map_or(0.0, |b| {
+            (b.count(self.batch) * self.heads * self.seq_q * self.seq_k) as f64
+        });
+        e * ((self.batch * self.head_dim) as f64
             * (2.0 * (self.heads * self.seq_q) as f64
                 + 2.0 * (self.key_heads() * self.seq_k) as f64)
+            + bias)
     }
     /// Bytes eager torch moves in the explicit form: the score matrix written and read by each of
     /// scale, mask, softmax and the second product (fp32 scores for fp32 tensors).
@@ -116,7 +157,24 @@ impl AttentionProblem {
     }
     /// The problem a rule id names at a shape `BxHxTqxTkxD` (or `BxHxTqxTkxDxHkv`, grouped-query).
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<AttentionProblem, String> {
+        let windows = rule
+            .rsplit_once("_bias_windows")
+            .and_then(|(r, w)| w.parse::<i64>().ok().filter(|&w| w > 0).map(|w| (r, w)));
+        let (rule, bias) = if let Some((r, w)) = windows {
+            (r, Some(AttentionBias::Windows(w)))
+        } else if let Some(r) = rule.strip_suffix("_bias_batched") {
+            (r, Some(AttentionBias::Batched))
+        } else if let Some(r) = rule.strip_suffix("_bias") {
+            (r, Some(AttentionBias::Shared))
+        } else {
+            (rule, None)
+        };
         let (origin, causal, padded, masked) = match rule {
+            _ if bias.is_some() && !matches!(rule, "attention" | "sdpa") => {
+                return Err(format!(
+                    "unknown rule '{rule}' with a bias: use attention_bias, sdpa_bias or their _bias_batched and _bias_windowsW forms (a bias takes no other mask)"
+                ))
+            }
             "attention" => (AttentionOrigin::Explicit, false, false, false),
             "attention_causal" => (AttentionOrigin::Explicit, true, false, false),
             "sdpa" => (AttentionOrigin::Sdpa, false, false, false),
@@ -127,7 +185,7 @@ impl AttentionProblem {
             "sdpa_causal_mask" => (AttentionOrigin::Sdpa, true, false, true),
             _ => {
                 return Err(format!(
-                    "unknown rule '{rule}': use attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask"
+                    "unknown rule '{rule}': use attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask, or attention_bias, sdpa_bias and their _bias_batched and _bias_windowsW forms"
                 ))
             }
         };
@@ -137,6 +195,16 @@ impl AttentionProblem {
             _ => (0, 0, 0, 0, 0, None),
         };
         let grouped_ok = kv_heads.is_none_or(|kv| kv > 0 && kv < heads && heads % kv == 0);
+        if let Some(AttentionBias::Windows(w)) = bias {
+            if origin == AttentionOrigin::Sdpa {
+                return Err(format!("{rule}_bias_windows{w}: windows are the explicit form's (a view of its scores); use attention_bias_windows{w}"));
+            }
+            if batch > 0 && batch % w != 0 {
+                return Err(format!(
+                    "{rule}_bias_windows{w}: {w} windows do not divide the batch {batch}"
+                ));
+            }
+        }
         if !(5..=6).contains(&dims.len()) || dims.iter().any(|&d| d <= 0) || !grouped_ok {
             return Err(format!(
                 "{rule} takes a shape of 5 positive dims (BxHxTqxTkxD), or 6 for grouped-query attention (BxHxTqxTkxDxHkv, Hkv < H dividing it), got {dims:?}"
@@ -154,6 +222,7 @@ impl AttentionProblem {
             kv_heads,
             padded,
             masked,
+            bias,
         })
     }
 }
@@ -176,6 +245,7 @@ mod tests {
             kv_heads: None,
             padded: false,
             masked: false,
+            bias: None,
         };
         let dims: Vec<i64> = p
             .shape_key()
@@ -246,6 +316,49 @@ mod tests {
                 "{bad:?}"
             );
         }
+        // A bias tensor, shared by the sequences or one per sequence, is its own key, and reads
+        // more bytes per sequence when batched; it takes no mask class beside it.
+        for (bias, id) in [
+            (AttentionBias::Shared, "sdpa_bias"),
+            (AttentionBias::Batched, "sdpa_bias_batched"),
+            (AttentionBias::Windows(4), "attention_bias_windows4"),
+        ] {
+            let b = AttentionProblem {
+                origin: if id.starts_with("sdpa") {
+                    AttentionOrigin::Sdpa
+                } else {
+                    AttentionOrigin::Explicit
+                },
+                causal: false,
+                bias: Some(bias),
+                ..p.clone()
+            };
+            assert_eq!(b.rule_id(), id);
+            assert_eq!(
+                AttentionProblem::from_rule(id, &dims[..5], DType::F32).unwrap(),
+                b
+            );
+        }
+        let shared = AttentionProblem::from_rule("attention_bias", &dims[..5], DType::F32).unwrap();
+        let batched =
+            AttentionProblem::from_rule("attention_bias_batched", &dims[..5], DType::F32).unwrap();
+        let plain = AttentionProblem::from_rule("attention", &dims[..5], DType::F32).unwrap();
+        assert!(plain.bytes() < shared.bytes() && shared.bytes() < batched.bytes());
+        assert!(
+            AttentionProblem::from_rule("sdpa_causal_bias", &dims[..5], DType::F32)
+                .unwrap_err()
+                .contains("takes no other mask")
+        );
+        assert!(
+            AttentionProblem::from_rule("attention_bias_windows3", &dims[..5], DType::F32)
+                .unwrap_err()
+                .contains("do not divide the batch")
+        );
+        assert!(
+            AttentionProblem::from_rule("sdpa_bias_windows4", &dims[..5], DType::F32)
+                .unwrap_err()
+                .contains("explicit form's")
+        );
         // An older table's entry (no kv_heads, no padded) reads as before.
         let old: AttentionProblem = serde_json::from_str(
             r#"{"origin":"sdpa","batch":1,"heads":2,"seq_q":8,"seq_k":8,"head_dim":64,"dtype":"bf16","causal":false}"#,

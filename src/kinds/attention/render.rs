@@ -45,6 +45,7 @@ pub fn render(a: &AttentionSpec) -> Source {
         "queries": a.queries_per_block,
         "keys": a.keys_per_block,
         "max_k": a.max_k,
+        "bias": a.bias,
     });
     let template = match a.family {
         AttentionFamily::Sm80 => "sm80_fmha",
@@ -99,7 +100,12 @@ pub fn signature(a: &AttentionSpec) -> String {
         AttentionFamily::Sm90 { .. } => "lengths (NULL data)",
         AttentionFamily::Sm80 => "lengths i32[B]?",
     };
-    format!("q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] {out} factor f32[1]? {lengths} (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)")
+    let bias = if a.bias {
+        "bias[B,Hq,Tq,Tk]"
+    } else {
+        "bias (NULL data)"
+    };
+    format!("q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] {out} factor f32[1]? {lengths} {bias} (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)")
 }
 
 /// Attention's section of the op library for `arch`, after the mask classifier (before the
@@ -131,6 +137,7 @@ mod tests {
             keys_per_block: 128,
             max_k: 128,
             family: AttentionFamily::Sm80,
+            bias: false,
         };
         let text = render(&a).text;
         expect_test::expect_file!["../../../tests/golden/sm80_fmha_tf32_f32_q32_k128_d128.cu"]
@@ -180,6 +187,7 @@ mod tests {
             keys_per_block: 64,
             max_k: 64,
             family: AttentionFamily::Sm80,
+            bias: false,
         };
         assert_eq!(a.name(), "sm80_fmha_bf16_bf16_q64_k64_d64_for_sm80");
         let text = render(&a).text;
@@ -217,6 +225,7 @@ mod tests {
                 prefetch_q: false,
                 key_lengths: false,
             },
+            bias: false,
         };
         let a = sm90(Sm90Schedule::Cooperative, true);
         let text = render(&a).text;
@@ -328,6 +337,7 @@ mod tests {
                 prefetch_q: false,
                 key_lengths: true,
             },
+            bias: false,
         };
         // A Llama-style padded decoder: the causal mask and each sequence's length in one fusion.
         let causal = klen(true, Sm90Schedule::Paired, true);
@@ -376,6 +386,34 @@ mod tests {
     }
 
     #[test]
+    fn a_bias_kernel_renders_golden_with_examples_41s_bias_and_checks_it_per_call() {
+        let a = AttentionSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            queries_per_block: 64,
+            keys_per_block: 64,
+            max_k: 64,
+            family: AttentionFamily::Sm80,
+            bias: true,
+        };
+        assert_eq!(a.name(), "sm80_fmha_bf16_bf16_q64_k64_d64_bias");
+        let text = render(&a).text;
+        expect_test::expect_file!["../../../tests/golden/sm80_fmha_bf16_bf16_q64_k64_d64_bias.cu"]
+            .assert_eq(&text);
+        assert!(text.contains("/*kSupportsDropout=*/false, /*kSupportsBias=*/true>;"));
+        assert!(text.contains("p.attn_bias_ptr = static_cast<cutlass::bfloat16_t*>(bias.data);"));
+        assert!(signature(&a).contains(" bias[B,Hq,Tq,Tk] "));
+        // Without the bias the kernel refuses a call that passes one.
+        let plain = render(&AttentionSpec { bias: false, ..a }).text;
+        assert!(
+            plain.contains("/*kSupportsBias=*/false>;")
+                && plain.contains("if (bias.data != nullptr) return false;")
+        );
+        assert!(!plain.contains("attn_bias_ptr"));
+    }
+
+    #[test]
     fn attention_signatures_say_where_grouped_heads_and_lengths_go() {
         let sm80 = AttentionSpec {
             arch: Arch::Sm90,
@@ -385,6 +423,7 @@ mod tests {
             keys_per_block: 64,
             max_k: 64,
             family: AttentionFamily::Sm80,
+            bias: false,
         };
         let sm90 = |key_lengths| AttentionSpec {
             queries_per_block: 128,
@@ -400,16 +439,16 @@ mod tests {
         };
         assert_eq!(
             signature(&sm80),
-            "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] (stored [B,Tq,Hq,D]) factor f32[1]? lengths i32[B]? (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
+            "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] (stored [B,Tq,Hq,D]) factor f32[1]? lengths i32[B]? bias (NULL data) (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
         );
         assert_eq!(
             signature(&sm90(true)),
-            "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] factor f32[1]? lengths i32[B] (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
+            "q[B,Hq,Tq,D] k[B,Hkv,Tk,D] v[B,Hkv,Tk,D] out[B,Hq,Tq,D] factor f32[1]? lengths i32[B] bias (NULL data) (NULL data when absent; Hkv divides Hq); scale causal power (scale·factor^power)"
         );
         assert!(signature(&sm90(false)).contains(" lengths (NULL data) "));
         // The dispatch table carries the signature the op reads.
         assert!(crate::kinds::render_dispatch(&[sm90(true).into()])
             .text
-            .contains("lengths i32[B] (NULL data when absent"));
+            .contains("lengths i32[B] bias (NULL data) (NULL data when absent"));
     }
 }

@@ -40,7 +40,7 @@
 //! `AttentionRule` offers each form's match; the explicit form's two products are GEMMs of the
 //! GEMM rules too, and the cover gives them to the attention (it computes more products).
 
-use super::{AttentionOrigin, AttentionProblem, ATTENTION};
+use super::{AttentionBias, AttentionOrigin, AttentionProblem, ATTENTION};
 use crate::graph::{Const, Graph, MaskClass, MaskFact, NodeId, ValueId};
 use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
@@ -109,11 +109,19 @@ pub struct AttentionMatch {
     /// kept) and the fill (a constant at or below half the scores' lowest value, so the cells it
     /// fills are masked). The op reads both: the fallback replays the where.
     pub cond: Option<(ValueId, ValueId)>,
+    /// Swin's shifted windows: after the added mask (its relative position bias) the scores are
+    /// viewed [B/W, W, H, Tq, Tk], this per-window mask ([1|B/W, W, 1|H, Tq, Tk]) is added, and
+    /// they are viewed back. The op reads it beside the mask; the kernel adds both as one bias,
+    /// window b % W's for sequence b.
+    pub window: Option<ValueId>,
     pub scale: Scale,
     /// The explicit form scales the scores after adding the mask (CodeGen's
     /// `softmax((q·kᵀ + m) / c)`): the fallback replays that order; the kernel's is the same
     /// function, since the scale (a positive constant) keeps masked cells masked.
     pub scale_last: bool,
+    /// The explicit form scales q by a constant before the product (Swin's `q * c`): the
+    /// fallback replays that order; the kernel scales the product by c.
+    pub scale_q: bool,
     /// SDPA's `enable_gqa=True` (k and v of fewer heads than q).
     pub gqa: bool,
     /// k and v as the graph repeated them G times along the heads before SDPA (`k` and `v` are
@@ -146,6 +154,15 @@ impl AttentionMatch {
             (true, true) => MaskClass::CausalPadded,
         }
     }
+    /// The mask class the form names: the kernel's (`kernel_mask`), or `bias` where the kernel
+    /// adds the mask tensor itself.
+    fn class_name(&self) -> &'static str {
+        if self.problem.bias.is_some() {
+            "bias"
+        } else {
+            self.kernel_mask().name()
+        }
+    }
     /// The one-element tensor the scale comes from, when the graph computes it.
     pub fn scale_operand(&self) -> Option<ValueId> {
         match self.scale {
@@ -175,8 +192,8 @@ impl AttentionMatch {
                     f.push_str(&format!(";repeat={g}"));
                 }
                 if self.mask.is_some() {
-                    f.push_str(&format!(";class={}", self.kernel_mask().name()));
-                    if self.mask_static {
+                    f.push_str(&format!(";class={}", self.class_name()));
+                    if self.mask_static && self.problem.bias.is_none() {
                         f.push_str(";static");
                     }
                 }
@@ -200,12 +217,15 @@ impl AttentionMatch {
                 if self.scale_last {
                     f.push_str(";scale_last");
                 }
+                if self.scale_q {
+                    f.push_str(";scale_q");
+                }
                 if let Some((_, mode)) = self.mask {
                     f.push_str(&format!(";mask={}", mode.text()));
                     // An added mask is classified as SDPA's is: the kernel's class goes with it.
                     if mode == MaskMode::Add {
-                        f.push_str(&format!(";class={}", self.kernel_mask().name()));
-                        if self.mask_static {
+                        f.push_str(&format!(";class={}", self.class_name()));
+                        if self.mask_static && self.problem.bias.is_none() {
                             f.push_str(";static");
                         }
                     }
@@ -215,6 +235,9 @@ impl AttentionMatch {
                 }
                 if self.cond.is_some() {
                     f.push_str(";where");
+                }
+                if self.window.is_some() {
+                    f.push_str(";windows");
                 }
                 f
             }
@@ -322,15 +345,21 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     }
     let mut nodes = vec![softmax];
     // Backwards: masked_fill, then the scale, then q @ kᵀ; or (CodeGen's) the scale over the
-    // scores plus an added mask.
+    // scores plus an added mask; Swin's window mask over the scores viewed per window first.
     let mut s = x;
+    let mut window = None;
+    if let Some((w_nodes, w, inner)) = windowed(cx, s) {
+        nodes.extend(w_nodes);
+        window = Some(w);
+        s = inner;
+    }
     let mut mask = None;
     let mut added = None;
     let mut scale = Scale::None;
     let mut scale_last = false;
-    if let Some((sc, last)) = scaled(cx, s)
-        .filter(|&(sc, f)| added_mask(cx, g.nodes[sc].inputs[0]).is_some() && keeps_masked(f))
-    {
+    if let Some((sc, last)) = scaled(cx, s).filter(|&(sc, f)| {
+        window.is_none() && added_mask(cx, g.nodes[sc].inputs[0]).is_some() && keeps_masked(f)
+    }) {
         nodes.push(sc);
         (scale, scale_last) = (last, true);
         s = g.nodes[sc].inputs[0];
@@ -340,6 +369,9 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         mask = Some((m, MaskMode::Add));
         added = Some(m);
         s = scores;
+    } else if window.is_some() {
+        // A window mask comes after the position bias the kernel adds with it.
+        return None;
     } else if let Some(mf) = cx.producer(s, "aten::masked_fill") {
         let n = &g.nodes[mf];
         if cx.uses[s] != 1 || cx.float(n.inputs[2]) != Some(f64::NEG_INFINITY) {
@@ -420,8 +452,19 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     if cx.uses[kt] == 1 {
         nodes.push(tr);
     }
+    // Swin's scale on q before the product (`q * c`, read by the product alone; c a constant or,
+    // as torchvision traces `(C // heads) ** -0.5` from a traced size, a one-element tensor),
+    // where the scores are not scaled after it: the kernel scales the product by c instead.
+    let mut q = q;
+    let mut scale_q = false;
+    if scale == Scale::None {
+        if let Some((sc, found)) = scaled(cx, q) {
+            nodes.push(sc);
+            (scale, scale_q, q) = (found, true, g.nodes[sc].inputs[0]);
+        }
+    }
     // GPT-J's casts of q and k to fp32 (both or neither).
-    let (mut q, mut upcast) = (q, false);
+    let mut upcast = false;
     if let (Some((cq, take_q)), Some((ck, take_k))) = (to_f32(cx, q), to_f32(cx, k)) {
         nodes.extend(take_q.then_some(cq).into_iter().chain(take_k.then_some(ck)));
         (q, k, upcast) = (g.nodes[cq].inputs[0], g.nodes[ck].inputs[0], true);
@@ -461,6 +504,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         causal: mask.is_some(),
         padded: false,
         masked: false,
+        bias: None,
         grouped: false,
     };
     let mut mask_static = false;
@@ -476,7 +520,24 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
             }
             fact = both(fact, g.values[c].mask);
         }
-        form.masked_by(fact).ok()?;
+        // A bias is added to the scaled scores as the graph computes them: not under a where
+        // (the kernel has no fill), a scale after it, or scores upcast from q's dtype.
+        let bias = (cond.is_none() && !scale_last && !upcast)
+            .then(|| bias_of(g, m, q))
+            .flatten();
+        if let Some(w) = window {
+            // The position bias shared by the sequences and the window mask make one bias per
+            // window, whatever either holds.
+            let windows = shape(w).get(1).copied()?;
+            if bias != Some(AttentionBias::Shared) || g.tensor(w)?.dtype != g.tensor(m)?.dtype {
+                return None;
+            }
+            fact = None;
+            form.masked_by(fact, Some(AttentionBias::Windows(windows)))
+                .ok()?;
+        } else {
+            form.masked_by(fact, bias).ok()?;
+        }
         mask_static = fact.is_some_and(|f| f.shape_only);
     }
     let problem = problem(g, [q, k, v], form)?;
@@ -490,13 +551,61 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         mask,
         mask_static,
         cond,
+        window,
         scale,
         scale_last,
+        scale_q,
         gqa: false,
         repeat: None,
         upcast,
         problem,
     })
+}
+
+/// Swin's shifted-window mask over the scores `v`: `view(add(view(s, [B/W, W, H, Tq, Tk]), w),
+/// [B, H, Tq, Tk])` (either add order, alpha 1, each intermediate read once), w broadcasting to
+/// the 5-d scores with its own window dim W and a heads dim of 1 or H: (the three nodes, w, s).
+fn windowed(cx: &Ctx, v: ValueId) -> Option<(Vec<NodeId>, ValueId, ValueId)> {
+    let g = cx.g;
+    let view = |x: ValueId| {
+        ["aten::view", "aten::reshape"]
+            .iter()
+            .find_map(|k| cx.producer(x, k))
+    };
+    let shape = |x: ValueId| g.tensor(x).map(|t| t.shape.clone());
+    let back = view(v)?;
+    let x5 = g.nodes[back].inputs[0];
+    let ad = cx.producer(x5, "aten::add")?;
+    let i = &g.nodes[ad].inputs;
+    if cx.uses[x5] != 1 || i.len() != 3 || cx.float(i[2]) != Some(1.0) {
+        return None;
+    }
+    let (v5, w) = [(i[0], i[1]), (i[1], i[0])].into_iter().find(|&(a, _)| {
+        view(a).is_some_and(|n| shape(g.nodes[n].inputs[0]).is_some_and(|d| d.len() == 4))
+    })?;
+    let fwd = view(v5)?;
+    let s = g.nodes[fwd].inputs[0];
+    let (outer, inner, wd, back_dims) = (shape(s)?, shape(v5)?, shape(w)?, shape(v)?);
+    let &[b, h, tq, tk] = outer.as_slice() else {
+        return None;
+    };
+    let &[b2, windows, h5, tq5, tk5] = inner.as_slice() else {
+        return None;
+    };
+    let mask_ok = wd.len() == 5
+        && (wd[0] == 1 || wd[0] == b2)
+        && wd[1] == windows
+        && (wd[2] == 1 || wd[2] == h)
+        && wd[3] == tq
+        && wd[4] == tk;
+    if cx.uses[v5] != 1
+        || back_dims != outer
+        || (b2 * windows, h5, tq5, tk5) != (b, h, tq, tk)
+        || !mask_ok
+    {
+        return None;
+    }
+    Some((vec![back, ad, fwd], w, s))
 }
 
 /// `v` as the scores scaled: `mul(x, f)` or `div(x, f)`, read once, f a finite nonzero constant
@@ -649,6 +758,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         causal: *is_causal,
         padded: false,
         masked: false,
+        bias: None,
         grouped: gqa,
     };
     let mask = if cx.is_none(i[3]) {
@@ -675,7 +785,8 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
                 "the attn_mask {ms:?} does not broadcast to the scores of q {qs:?} and k {ks:?} over batch and heads alone"
             ));
         }
-        form.masked_by(g.values[m].mask)?;
+        let bias = (mode == MaskMode::Add).then(|| bias_of(g, m, q)).flatten();
+        form.masked_by(g.values[m].mask, bias)?;
         Some((m, mode))
     };
     let mut nodes = vec![n];
@@ -706,12 +817,29 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         mask,
         mask_static,
         cond: None,
+        window: None,
         scale: Scale::Sdpa(scale),
         scale_last: false,
+        scale_q: false,
         gqa,
         repeat,
         upcast: false,
         problem,
+    })
+}
+
+/// The mask `m` as a bias tensor the kernel adds to the scores of q: of q's float dtype, batched
+/// when it has the scores' rank and a batch dim past 1 (one bias per sequence), else shared.
+fn bias_of(g: &Graph, m: ValueId, q: ValueId) -> Option<AttentionBias> {
+    let (mt, qt) = (g.tensor(m)?, g.tensor(q)?);
+    if mt.dtype != qt.dtype || DType::parse(&mt.dtype).is_none() {
+        return None;
+    }
+    let batched = mt.shape.len() == qt.shape.len() && mt.shape.first().is_some_and(|&b| b > 1);
+    Some(if batched {
+        AttentionBias::Batched
+    } else {
+        AttentionBias::Shared
     })
 }
 
@@ -844,20 +972,33 @@ struct ProblemForm {
     masked: bool,
     /// k and v may have fewer heads than q (dividing them).
     grouped: bool,
+    /// The mask is a bias tensor the kernel adds (AttentionProblem::bias).
+    bias: Option<AttentionBias>,
 }
 
 impl ProblemForm {
     /// A mask tensor given, by what the graph knows of its value (`fact`): its class sets the
     /// kernel's `causal` and `padded`; a class read from one example's input data is padded too
-    /// (other inputs pad otherwise). Err for a mask no kernel takes (SDPA's refusal says why).
-    fn masked_by(&mut self, fact: Option<MaskFact>) -> Result<(), String> {
-        (self.causal, self.padded) = match fact.map_or(MaskClass::Unknown, |f| f.class) {
+    /// (other inputs pad otherwise). A general or unknown mask that is added to the scores in
+    /// their dtype (`bias`, from `bias_of`) is a bias tensor the kernel adds. Err for a mask no
+    /// kernel takes (SDPA's refusal says why).
+    fn masked_by(
+        &mut self,
+        fact: Option<MaskFact>,
+        bias: Option<AttentionBias>,
+    ) -> Result<(), String> {
+        let class = fact.map_or(MaskClass::Unknown, |f| f.class);
+        if let (MaskClass::General | MaskClass::Unknown, Some(b)) = (class, bias) {
+            (self.causal, self.padded, self.bias) = (false, false, Some(b));
+            return Ok(());
+        }
+        (self.causal, self.padded) = match class {
             MaskClass::None => (false, false),
             MaskClass::Causal => (true, false),
             MaskClass::Padded => (false, true),
             MaskClass::CausalPadded => (true, true),
             MaskClass::General => {
-                return Err("the attn_mask is general (not all-visible, causal or a key-padding prefix, or a query sees no key): no kernel takes it".into())
+                return Err("the attn_mask is general (not all-visible, causal or a key-padding prefix, or a query sees no key) and not added to the scores in q's dtype: no kernel takes it".into())
             }
             MaskClass::Unknown => {
                 return Err("the attn_mask's value is unknown (its producers could not be evaluated on the CPU, or read input data the archive stores no example of): trace with example inputs".into())
@@ -911,7 +1052,8 @@ fn problem(g: &Graph, [q, k, v]: [ValueId; 3], form: ProblemForm) -> Option<Atte
         causal: form.causal,
         kv_heads: (kv != lead.1).then_some(kv),
         padded: form.padded,
-        masked: form.masked && !form.padded,
+        masked: form.masked && !form.padded && form.bias.is_none(),
+        bias: form.bias,
     };
     (p.batch > 0 && p.heads > 0 && p.seq_q > 0 && p.seq_k > 0 && p.head_dim > 0).then_some(p)
 }
@@ -970,6 +1112,7 @@ mod tests {
                 kv_heads: None,
                 padded: false,
                 masked: false,
+                bias: None,
             }
         );
         assert_eq!(a.problem.rule_id(), "attention_causal");
@@ -1134,6 +1277,7 @@ mod tests {
                 kv_heads: None,
                 padded: false,
                 masked: false,
+                bias: None,
             }
         );
         assert_eq!(
@@ -1263,6 +1407,170 @@ mod tests {
             "{}",
             a.form()
         );
+    }
+
+    #[test]
+    fn an_additive_mask_no_class_describes_is_a_bias_the_kernel_adds() {
+        // T5's SDPA: its position bias with the padding mask summed in, [B,H,Tq,Tk], general.
+        let sdpa = |dims: &str, strides: &str, fact: &str| {
+            gpt2_block(fact).replace(
+                "bool[2,1,16,16]{0,256,16,1}",
+                &format!("f32[{dims}]{{{strides}}}"),
+            )
+        };
+        for (dims, strides, fact, bias) in [
+            (
+                "2,4,16,16",
+                "1024,256,16,1",
+                " @general",
+                AttentionBias::Batched,
+            ),
+            (
+                "1,4,16,16",
+                "0,256,16,1",
+                " @general/shape",
+                AttentionBias::Shared,
+            ),
+            // A mask the bridge could not evaluate is added whatever it holds.
+            (
+                "2,1,16,16",
+                "0,256,16,1",
+                " @unknown",
+                AttentionBias::Batched,
+            ),
+            ("2,1,16,16", "0,256,16,1", "", AttentionBias::Batched),
+        ] {
+            let g = Graph::parse(&sdpa(dims, strides, fact)).unwrap();
+            let a = &match_attention(&g)[0];
+            assert_eq!(a.problem.bias, Some(bias), "{dims}{fact}");
+            assert!(!a.problem.causal && !a.problem.padded && !a.problem.masked);
+            assert_eq!(
+                a.problem.rule_id(),
+                if bias == AttentionBias::Shared {
+                    "sdpa_bias"
+                } else {
+                    "sdpa_bias_batched"
+                }
+            );
+            // Classified nowhere: no `static`, whatever the mask reads.
+            assert_eq!(
+                a.form(),
+                "sdpa;mask=add;class=bias;scale=0.1767766952966369"
+            );
+            assert!(sdpa_refusals(&g).is_empty());
+        }
+        // A class the kernels compute keeps its kernel.
+        let causal = Graph::parse(&sdpa("2,1,16,16", "0,256,16,1", " @causal/shape")).unwrap();
+        assert_eq!(match_attention(&causal)[0].problem.bias, None);
+
+        // Swin's window attention: the scale on q before the product, then a relative-position
+        // bias [1,H,N,N] added, no mask class.
+        let swin = |bias_ty: &str| {
+            block(
+                "%s1 = aten::mul(%s0, %one) : f32[2,4,16,16]",
+                &format!(
+                    "%rb = aten::contiguous(%bsrc, %zero) : {bias_ty}[1,4,16,16] @general/shape
+                     %s2 = aten::add(%s0, %rb, %one) : f32[2,4,16,16]"
+                ),
+                "%y = aten::matmul(%p, %v) : f32[2,4,16,8]",
+            )
+            .replace(
+                "%buf: bool[32,32]",
+                &format!("%buf: bool[32,32], %bsrc: {bias_ty}[1,4,16,16]"),
+            )
+            .replace("%s1 = aten::mul(%s0, %one) : f32[2,4,16,16]", "")
+        };
+        let g = Graph::parse(&swin("f32")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(a.problem.bias, Some(AttentionBias::Shared));
+        assert_eq!(a.problem.rule_id(), "attention_bias");
+        assert_eq!(a.form(), "explicit;mask=add;class=bias");
+        assert_eq!(a.kernel_scale(), Some(1.0));
+        // A bias of another dtype than the scores' is not the kernel's to add.
+        assert!(match_attention(&Graph::parse(&swin("bf16")).unwrap()).is_empty());
+    }
+
+    /// Swin's window attention as torchvision writes it: q scaled before the product, the
+    /// relative position bias added, and in shifted blocks (`shifted`) the scores viewed per
+    /// window [B/W, W, H, N, N], the window mask added and viewed back.
+    fn swin_block(shifted: bool, window_ty: &str) -> String {
+        let shift = if shifted {
+            "%w5 = prim::ListConstruct(%one, %two, %four, %n, %n) : int[]
+             %v5 = aten::view(%s1, %w5) : f32[1,2,4,16,16]
+             %x5 = aten::add(%v5, %wm, %one) : f32[1,2,4,16,16]
+             %w4 = prim::ListConstruct(%m1, %four, %n, %n) : int[]
+             %s2 = aten::view(%x5, %w4) : f32[2,4,16,16]"
+        } else {
+            ""
+        };
+        let last = if shifted { "%s2" } else { "%s1" };
+        format!(
+            "graph(%q0: f32[2,4,16,8], %k: f32[2,4,16,8], %v: f32[2,4,16,8], %rb: f32[1,4,16,16] @general/shape, %wm: {window_ty}[1,2,1,16,16]):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %one = prim::Constant[1]()
+               %two = prim::Constant[2]()
+               %four = prim::Constant[4]()
+               %n = prim::Constant[16]()
+               %none = prim::Constant[None]()
+               %c = prim::Constant[0.35355339059327373]()
+               %q = aten::mul(%q0, %c) : f32[2,4,16,8]
+               %kt = aten::transpose(%k, %m2, %m1) : f32[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : f32[2,4,16,16]
+               %s1 = aten::add(%s0, %rb, %one) : f32[2,4,16,16]
+               {shift}
+               %p = aten::softmax({last}, %m1, %none) : f32[2,4,16,16]
+               %y = aten::matmul(%p, %v) : f32[2,4,16,8]
+               return (%y)"
+        )
+    }
+
+    #[test]
+    fn swins_windows_add_the_position_bias_and_the_window_mask_as_one_bias() {
+        let g = Graph::parse(&swin_block(false, "f32")).unwrap();
+        let a = &match_attention(&g)[0];
+        // q's scale is the kernel's; the fallback scales q as the graph did.
+        assert!(a.scale_q && a.window.is_none());
+        assert_eq!(a.problem.rule_id(), "attention_bias");
+        assert_eq!(
+            a.form(),
+            "explicit;mul=0.35355339059327373;scale_q;mask=add;class=bias"
+        );
+        assert!((a.kernel_scale().unwrap() - 0.35355339059327373).abs() < 1e-15);
+        assert_eq!(g.values[a.q].name, "q0");
+        // Shifted: the window mask through the 5-d view; one bias per window.
+        let g = Graph::parse(&swin_block(true, "f32")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(a.problem.bias, Some(AttentionBias::Windows(2)));
+        assert_eq!(a.problem.rule_id(), "attention_bias_windows2");
+        assert_eq!(
+            a.form(),
+            "explicit;mul=0.35355339059327373;scale_q;mask=add;class=bias;windows"
+        );
+        assert_eq!(g.values[a.window.unwrap()].name, "wm");
+        // The pattern holds every node from q's scale to the second product: 3 of the view.
+        assert_eq!(a.nodes.len(), 9, "{:?}", a.nodes);
+        // A window mask of another dtype than the position bias's: no match.
+        assert!(match_attention(&Graph::parse(&swin_block(true, "bf16")).unwrap()).is_empty());
+    }
+
+    #[test]
+    fn a_general_mask_under_a_where_or_before_the_scale_is_no_bias() {
+        // GPT-Neo's local layers: the where's condition is a general window; the kernel has no
+        // fill to replace the scores with.
+        let g = Graph::parse(&gpt_neo_block(" @general/shape", "%fill")).unwrap();
+        assert!(match_attention(&g).is_empty());
+        // CodeGen's order with a general mask: the kernel adds after the scale.
+        let codegen = gptj_block("f32", " @general")
+            .replace(
+                "%s1 = aten::div(%s0, %root) : f32[2,4,16,16]",
+                "%s1 = aten::add(%s0, %am, %one) : f32[2,4,16,16]",
+            )
+            .replace(
+                "%s2 = aten::add(%s1, %am, %one) : f32[2,4,16,16]",
+                "%s2 = aten::div(%s1, %root) : f32[2,4,16,16]",
+            );
+        assert!(match_attention(&Graph::parse(&codegen).unwrap()).is_empty());
     }
 
     /// Llama's attention as traced (LlamaForCausalLM, hidden 256, 8 heads, 2 KV heads, B 2,

@@ -33,6 +33,10 @@ pub struct AttentionSpec {
     /// Absent in entries written before the sm90 family existed: those are sm80 kernels.
     #[serde(default, skip_serializing_if = "AttentionFamily::is_sm80")]
     pub family: AttentionFamily,
+    /// The kernel adds a bias tensor to the scaled scores (examples/41's `kSupportsBias`, sm80
+    /// only): `_bias`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bias: bool,
 }
 
 /// Which CUTLASS attention kernel a spec instantiates.
@@ -171,7 +175,8 @@ impl AttentionSpec {
     /// The kernel's identity, e.g. `sm80_fmha_tf32_f32_q64_k64_d64` or
     /// `sm90_fmha_bf16_bf16_q128_k64_d64_coop_causal` (built for sm90; `_klen` after the mask for
     /// the key-length kernels), and
-    /// `sm80_fmha_tf32_f32_q64_k64_d64_for_sm80` (built for sm80): symbol, table value and build-cache key.
+    /// `sm80_fmha_tf32_f32_q64_k64_d64_for_sm80` (built for sm80), `sm80_fmha_bf16_bf16_q64_k64_d64_bias`
+    /// (adding a bias tensor): symbol, table value and build-cache key.
     pub fn name(&self) -> String {
         let base = format!(
             "{}_{}_q{}_k{}_d{}",
@@ -200,7 +205,8 @@ impl AttentionSpec {
                 )
             }
         };
-        format!("{kernel}{}", self.arch.name_suffix())
+        let bias = if self.bias { "_bias" } else { "" };
+        format!("{kernel}{bias}{}", self.arch.name_suffix())
     }
 
     /// Warps per CTA: one per 32×32 block of the score tile.
@@ -239,6 +245,12 @@ impl AttentionSpec {
                 prefetch_q,
                 ..
             } => {
+                if self.bias {
+                    return Some(format!(
+                        "{}: the sm90 attention kernel adds no bias tensor; sm80_fmha does",
+                        self.name()
+                    ));
+                }
                 if self.arch != Arch::Sm90 {
                     return Some(format!("{}: the sm90 attention kernel needs sm90 (TMA, WGMMA); an {} build has sm80_fmha only", self.name(), self.arch));
                 }
@@ -323,7 +335,8 @@ impl AttentionSpec {
         let head = p.dtype == self.dtype
             && p.head_dim as u32 <= self.max_k
             && p.head_dim % align == 0
-            && grouped_ok;
+            && grouped_ok
+            && self.bias == p.bias.is_some();
         match self.family {
             AttentionFamily::Sm80 => head,
             // examples/88's can_implement asks Tq % 8 == 0; its causal mask sees padded keys when
@@ -347,9 +360,10 @@ impl AttentionSpec {
 /// The candidates for a problem: on sm90 for bf16/fp16 the sm90 kernels first (examples/88's
 /// instantiations for the smallest head-dim tile that fits, and for head dims up to 32 those of
 /// the 64 tile too; for head dims between 64 and 96 then the 96 tile's), then the sm80 ones (an
-/// sm80 build has those alone); each kept where it is valid and takes the problem.
+/// sm80 build has those alone); each kept where it is valid and takes the problem. A problem
+/// with a bias tensor has the sm80 kernels alone, built to add it.
 pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<AttentionSpec> {
-    let sm90 = if arch == Arch::Sm90 {
+    let sm90 = if arch == Arch::Sm90 && p.bias.is_none() {
         sm90_shapes(p)
     } else {
         vec![]
@@ -365,6 +379,7 @@ pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Atten
                 keys_per_block,
                 max_k,
                 family,
+                bias: p.bias.is_some(),
             },
         )
         .filter(|s| s.invalid_reason().is_none() && s.fits(p))
@@ -454,6 +469,7 @@ mod tests {
             kv_heads: None,
             padded: false,
             masked: false,
+            bias: None,
         }
     }
 
@@ -462,6 +478,44 @@ mod tests {
             .map(AttentionSpec::name)
             .filter(|n| n.starts_with(family))
             .collect()
+    }
+
+    #[test]
+    fn a_bias_problem_has_the_sm80_bias_kernels_alone() {
+        let p = AttentionProblem {
+            origin: crate::kinds::attention::AttentionOrigin::Sdpa,
+            causal: false,
+            bias: Some(crate::kinds::attention::AttentionBias::Shared),
+            ..problem(64, DType::Bf16)
+        };
+        let c = candidates(&p, MathType::Bf16, Arch::Sm90);
+        assert!(!c.is_empty());
+        assert!(c
+            .iter()
+            .all(|a| a.family == AttentionFamily::Sm80 && a.bias && a.name().ends_with("_bias")));
+        // A bias kernel takes no problem without a bias, and a plain one no bias problem.
+        let plain = AttentionProblem {
+            bias: None,
+            ..p.clone()
+        };
+        assert!(!c[0].fits(&plain));
+        let unbiased = candidates(&plain, MathType::Bf16, Arch::Sm90);
+        assert!(unbiased.iter().all(|a| !a.bias && !a.fits(&p)));
+        // An sm90 kernel with a bias is no instantiation.
+        let sm90 = unbiased.iter().find(|a| !a.family.is_sm80()).unwrap();
+        assert!(AttentionSpec {
+            bias: true,
+            ..sm90.clone()
+        }
+        .invalid_reason()
+        .unwrap()
+        .contains("adds no bias"));
+        // Old entries (no bias field) read as plain kernels.
+        let old: AttentionSpec = serde_json::from_str(
+            r#"{"arch":"sm90","dtype":"bf16","math":"bf16","queries_per_block":64,"keys_per_block":64,"max_k":64}"#,
+        )
+        .unwrap();
+        assert!(!old.bias && !serde_json::to_string(&old).unwrap().contains("bias"));
     }
 
     #[test]
@@ -510,6 +564,7 @@ mod tests {
                     kv_heads: None,
                     padded: false,
                     masked: false,
+                    bias: None,
                     ..problem(d, DType::Bf16)
                 };
                 let c = candidates(&p, MathType::Bf16, Arch::Sm90);
@@ -603,6 +658,7 @@ mod tests {
             kv_heads: None,
             padded: false,
             masked: false,
+            bias: None,
             ..problem(64, DType::Bf16)
         }));
     }
@@ -684,6 +740,7 @@ mod tests {
             keys_per_block: 64,
             max_k: 64,
             family: AttentionFamily::Sm80,
+            bias: false,
         };
         assert!(s
             .invalid_reason()
@@ -846,6 +903,7 @@ mod tests {
                 causal,
                 padded: true,
                 masked: false,
+                bias: None,
                 ..problem(64, DType::Bf16)
             };
             let c = candidates(&p, MathType::Bf16, Arch::Sm90);
@@ -863,6 +921,7 @@ mod tests {
                 &AttentionProblem {
                     padded: false,
                     masked: false,
+                    bias: None,
                     ..p.clone()
                 },
                 MathType::Bf16,
@@ -875,6 +934,7 @@ mod tests {
             assert!(!c[0].fits(&AttentionProblem {
                 padded: false,
                 masked: false,
+                bias: None,
                 ..p.clone()
             }));
             // Grouped and padded at once: the persistent key-length kernels.
@@ -894,6 +954,7 @@ mod tests {
             &AttentionProblem {
                 padded: true,
                 masked: false,
+                bias: None,
                 ..problem(64, DType::Bf16)
             },
             MathType::Bf16,
@@ -921,6 +982,7 @@ mod tests {
                 AttentionProblem {
                     padded: true,
                     masked: false,
+                    bias: None,
                     causal: false,
                     ..problem(d, DType::Bf16)
                 },

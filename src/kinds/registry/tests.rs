@@ -670,6 +670,7 @@ fn only_sm90_attention_units_take_fast_math_and_examples_88() {
             keys_per_block: 128,
             max_k: 128,
             family,
+            bias: false,
         }
         .into()
     };
@@ -741,6 +742,7 @@ fn one_dispatch_table_lists_every_kind_in_the_order_given() {
         keys_per_block: 128,
         max_k: 128,
         family: AttentionFamily::Sm80,
+        bias: false,
     }
     .into();
     let gemm: Spec = crate::kinds::gemm::space::gemm_candidates(
