@@ -101,6 +101,11 @@ enum Command {
         /// 0: neither).
         #[arg(long, default_value_t = 4)]
         refine: usize,
+        /// A problem whose patterns the plan puts, all together, under this share of the model's
+        /// estimated time gets a light sweep: at most 4 first candidates and no later rounds, its
+        /// best kernel saving little where every candidate costs an nvcc unit (0: every sweep full).
+        #[arg(long, default_value_t = 0.01)]
+        light_share: f64,
         /// The GPUs that time the candidates: a count (2: the first two), device indices (0,1; one
         /// alone as 1,) or all (default: every visible GPU that runs the arch's kernels, of the
         /// first one's model). One tuning worker per GPU; each sweep's variants are dealt across
@@ -284,6 +289,7 @@ fn options(
         max_candidates: None,
         space: crate::space::SpaceOptions::default(),
         refine: 4,
+        light_share: 0.01,
         keep_slower: false,
         agent: agent.agent.clone(),
         agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
@@ -308,6 +314,7 @@ pub fn main() -> Result<()> {
             jobs: j,
             candidates,
             refine,
+            light_share,
             gpus,
             no_bench,
             keep_slower,
@@ -330,10 +337,14 @@ pub fn main() -> Result<()> {
                 .map(|s| s.to_string_lossy().to_string())
                 .unwrap_or_else(|| "model".into());
             let out_dir = out.unwrap_or_else(|| PathBuf::from("out").join(stem));
+            if !(0.0..=1.0).contains(&light_share) {
+                anyhow::bail!("--light-share {light_share}: give a share of the model's time between 0 and 1 (0.01 is 1%; 0 sweeps every problem in full)");
+            }
             let opts = compose::Options {
                 jobs: jobs(j),
                 max_candidates: candidates,
                 refine,
+                light_share,
                 keep_slower,
                 gpus: gpus.parse().map_err(anyhow::Error::msg)?,
                 matching: MatchOptions { fuse_siblings },
@@ -472,11 +483,14 @@ pub fn main() -> Result<()> {
                 eprintln!("gpus: {n}");
             }
             let cache_mark = tc.sccache_mark();
+            // One problem, asked for by name: its sweep is a full one.
+            let light = std::collections::BTreeSet::new();
             let cx = compose::RealizeCtx {
                 opts: &opts,
                 tc: &tc,
                 gpu,
                 pool: &pool,
+                light: &light,
             };
             let sh = compose::Shared {
                 tables: &tables,

@@ -137,6 +137,10 @@ pub struct Options {
     pub space: SpaceOptions,
     /// How many of a sweep's fastest kernels get their launch knobs tuned.
     pub refine: usize,
+    /// A problem whose patterns the plan puts, all together, under this share of the model's
+    /// estimated time gets a light sweep (`LIGHT_BUDGET` first candidates, no later rounds): its
+    /// best kernel can save little, and every candidate costs an nvcc unit (0: every sweep full).
+    pub light_share: f64,
     /// An external agent command (`fact-agent/2` over stdin/stdout); None for the built-in one.
     pub agent: Option<String>,
     pub agent_timeout: std::time::Duration,
@@ -307,6 +311,27 @@ pub struct ComposeReport {
     pub seconds: f64,
 }
 
+/// The first candidates of a light sweep (`Options::light_share`).
+pub const LIGHT_BUDGET: usize = 4;
+
+/// The table keys of the problems whose patterns the plan puts, all together, under
+/// `opts.light_share` of the model's estimated time: each gets a light sweep.
+pub fn light_keys(plan: &plan::Plan, opts: &Options) -> BTreeSet<TableKey> {
+    let mut share: BTreeMap<TableKey, f64> = BTreeMap::new();
+    for p in &plan.patterns {
+        if let Some(math) = p.problem.math(opts.precision) {
+            *share
+                .entry(TableKey::of(&p.problem, math, opts.arch))
+                .or_default() += p.share;
+        }
+    }
+    share
+        .into_iter()
+        .filter(|&(_, s)| s < opts.light_share)
+        .map(|(k, _)| k)
+        .collect()
+}
+
 /// Runs discovery, realization and the rewrite. Returns the report (also written as compose.json).
 pub fn compose(
     model: &Path,
@@ -346,11 +371,32 @@ pub fn compose(
             format_args!("tuning on {} GPUs: {}", names.len(), names.join(", ")),
         );
     }
+    let light = light_keys(&the_plan, opts);
+    if !light.is_empty() {
+        let distinct: BTreeSet<TableKey> = the_plan
+            .patterns
+            .iter()
+            .filter_map(|p| {
+                let math = p.problem.math(opts.precision)?;
+                Some(TableKey::of(&p.problem, math, opts.arch))
+            })
+            .collect();
+        nvcc::progress_line(
+            opts.progress,
+            format_args!(
+                "light sweeps for {} of the {} distinct problems, each under {}% of the estimated time (--light-share): at most {LIGHT_BUDGET} first candidates, no later rounds",
+                light.len(),
+                distinct.len(),
+                opts.light_share * 100.0
+            ),
+        );
+    }
     let cx = RealizeCtx {
         opts,
         tc: &tc,
         gpu,
         pool: &pool,
+        light: &light,
     };
     prefetch(cx, &tables, &steward, &problems)?;
 
@@ -524,6 +570,32 @@ impl ProblemKey {
     }
 }
 
+/// Options as a test sets them: defaults, no agent, no GPU asked for.
+#[cfg(test)]
+pub(crate) fn test_options() -> Options {
+    Options {
+        out_dir: PathBuf::from("out/test"),
+        precision: Precision::Tf32,
+        arch: Arch::Sm90,
+        jobs: 1,
+        user_table: PathBuf::from("user_table.json"),
+        shipped_table: PathBuf::from("shipped_table.json"),
+        cache_dir: PathBuf::from("cache"),
+        exe: PathBuf::from("fact"),
+        protocol: Protocol::default(),
+        progress: false,
+        max_candidates: None,
+        keep_slower: false,
+        space: SpaceOptions::default(),
+        refine: 4,
+        light_share: 0.01,
+        agent: None,
+        agent_timeout: std::time::Duration::from_secs(30),
+        gpus: GpuChoice::All,
+        matching: registry::MatchOptions::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,6 +627,49 @@ mod tests {
             Ok(Arch::Sm80),
             "compiled for a named arch"
         );
+    }
+
+    #[test]
+    fn problems_worth_under_the_light_share_get_light_sweeps() {
+        // Two layers' big projection (one problem) and a small head: the head's share of the
+        // estimated time is far under 1%, each projection's well over it.
+        let g = crate::graph::Graph::parse(
+            "graph(%x: f32[8192,4096], %w: f32[4096,4096], %h: f32[64,64]):
+               %none = prim::Constant[None]()
+               %y0 = aten::linear(%x, %w, %none) : f32[8192,4096]
+               %y1 = aten::linear(%y0, %w, %none) : f32[8192,4096]
+               %s = aten::slice(%y1, %none, %none, %none, %none) : f32[8192,4096]
+               %z = aten::linear(%h, %h, %none) : f32[64,64]
+               return (%s, %z)",
+        )
+        .unwrap();
+        let found = registry::match_patterns(&g);
+        let mut steward = Steward::builtin();
+        let plan_opts = PlanOptions {
+            arch: Arch::Sm90,
+            precision: Precision::Tf32,
+            assumed_speedup: 1.05,
+        };
+        let the_plan = plan::plan(&g, &found, &plan_opts, None, &mut steward);
+        let mut opts = test_options();
+        opts.light_share = 0.01;
+        let keys = light_keys(&the_plan, &opts);
+        let shapes: Vec<&str> = keys.iter().map(|k| k.shape.as_str()).collect();
+        assert_eq!(
+            shapes,
+            ["64x64x64"],
+            "{:?}",
+            the_plan
+                .patterns
+                .iter()
+                .map(|p| (&p.rule, p.share))
+                .collect::<Vec<_>>()
+        );
+        // Each projection alone is under 60%, both together are one problem over it.
+        opts.light_share = 0.6;
+        assert_eq!(light_keys(&the_plan, &opts).len(), 1);
+        opts.light_share = 0.0;
+        assert!(light_keys(&the_plan, &opts).is_empty());
     }
 
     #[test]

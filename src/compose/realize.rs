@@ -25,6 +25,8 @@ pub struct RealizeCtx<'a> {
     pub tc: &'a Toolchain,
     pub gpu: bool,
     pub pool: &'a Pool,
+    /// The problems that get a light sweep (`compose::light_keys`).
+    pub light: &'a BTreeSet<TableKey>,
 }
 
 /// What realizations running side by side share: the tables (lookups, and each measurement's
@@ -579,13 +581,44 @@ struct SweepInputs {
     scope: crate::space::validity::Scope,
     failed: BTreeSet<String>,
     space: SpaceOptions,
+    effort: Effort,
+}
+
+/// How hard a sweep looks: its first round's size and how many kernels its later rounds refine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Effort {
+    max_candidates: Option<usize>,
+    refine: usize,
+}
+
+impl Effort {
+    /// `--candidates` and `--refine`, or for a light sweep at most `LIGHT_BUDGET` first
+    /// candidates and no later rounds.
+    fn of(opts: &Options, light: bool) -> Effort {
+        if light {
+            Effort {
+                max_candidates: Some(
+                    opts.max_candidates
+                        .unwrap_or(LIGHT_BUDGET)
+                        .min(LIGHT_BUDGET),
+                ),
+                refine: 0,
+            }
+        } else {
+            Effort {
+                max_candidates: opts.max_candidates,
+                refine: opts.refine,
+            }
+        }
+    }
 }
 
 impl SweepInputs {
     fn new(cx: RealizeCtx, tables: &Tables, key: &TableKey) -> SweepInputs {
         let cutlass = cx.tc.cutlass_version();
+        let effort = Effort::of(cx.opts, cx.light.contains(key));
         let mut space = cx.opts.space.clone();
-        if let Some(n) = cx.opts.max_candidates {
+        if let Some(n) = effort.max_candidates {
             space.budget = n.max(1);
         }
         SweepInputs {
@@ -594,6 +627,7 @@ impl SweepInputs {
             failed: failed_kernels(tables, key),
             cutlass,
             space,
+            effort,
         }
     }
 
@@ -606,8 +640,8 @@ impl SweepInputs {
             scope: &self.scope,
             failed: &self.failed,
             space: &self.space,
-            max_candidates: cx.opts.max_candidates,
-            refine: cx.opts.refine,
+            max_candidates: self.effort.max_candidates,
+            refine: self.effort.refine,
             steward,
         }
     }
@@ -1259,6 +1293,26 @@ pub(super) fn finish(opts: &Options, r: &mut Realized) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_light_sweep_takes_at_most_four_first_candidates_and_no_later_rounds() {
+        let mut opts = crate::compose::test_options();
+        opts.refine = 4;
+        opts.max_candidates = None;
+        let full = Effort::of(&opts, false);
+        assert_eq!((full.max_candidates, full.refine), (None, 4));
+        let light = Effort::of(&opts, true);
+        assert_eq!(
+            (light.max_candidates, light.refine),
+            (Some(LIGHT_BUDGET), 0)
+        );
+        // --candidates below the light budget stands.
+        opts.max_candidates = Some(2);
+        assert_eq!(Effort::of(&opts, true).max_candidates, Some(2));
+        opts.max_candidates = Some(8);
+        assert_eq!(Effort::of(&opts, true).max_candidates, Some(LIGHT_BUDGET));
+        assert_eq!(Effort::of(&opts, false).max_candidates, Some(8));
+    }
     use crate::kinds::gemm::space::{gemm_candidates, KernelSpec};
     use crate::kinds::gemm::{GemmLayout, GemmProblem};
     use crate::tune::Timing;
