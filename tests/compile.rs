@@ -521,6 +521,7 @@ fn attention_kernels_build_beside_gemms_in_one_library() {
         padded: false,
         masked: false,
         bias: None,
+        mask_strided: false,
     };
     let tf32 = candidates(&p(DType::F32), MathType::Tf32, Arch::Sm90).remove(0);
     let bf16 = candidates(&p(DType::Bf16), MathType::Bf16, Arch::Sm90)
@@ -655,6 +656,7 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         padded,
         masked: false,
         bias: None,
+        mask_strided: false,
     };
     let named = |c: Vec<fact::kinds::attention::AttentionSpec>, name: &str| {
         c.into_iter()
@@ -907,6 +909,7 @@ fn an_sm80_library_holds_gemms_evt_gemms_and_attention() {
         padded: false,
         masked: false,
         bias: None,
+        mask_strided: false,
     };
     let attention = candidates(&p, MathType::Bf16, Arch::Sm80).remove(0);
     for name in [plain.name(), evt.name(), every.name(), attention.name()] {

@@ -290,13 +290,15 @@ const EXPECT: &[Expect] = &[
         // returned beside the position bias in a tuple the bridge unpacks); wi with ReLU; T5's
         // RMSNorm (no mean, no bias) before attention and MLP; SDPA whose float mask is the
         // relative position bias with the padding mask summed in, which the kernel adds as a bias
-        // (shared by the sequences at batch 1, one per sequence past it).
+        // (shared by the sequences at batch 1, one per sequence past it); the bias, permuted from
+        // [Tq,Tk,H], leaves the mask's keys strided (`_strided`: torch's own call runs its math
+        // path there).
         per_layer: &[
             ("gemm_rcr", 3),
             ("gemm_rcr_ep_add", 2),
             ("gemm_rcr_ep_relu", 1),
             ("rmsnorm_weight", 2),
-            ("sdpa_bias", 1),
+            ("sdpa_bias_strided", 1),
         ],
         // The final norm.
         once: &[("rmsnorm_weight", 1)],

@@ -1286,8 +1286,15 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
                               const std::optional<at::Tensor>& cond, const std::optional<at::Tensor>& fill,
                               const std::optional<at::Tensor>& window) {
   if (f.sdpa) {
+    // torch's fused kernels refuse a mask whose last stride is not 1 (T5's, summed from a
+    // position bias permuted from [Tq,Tk,H]) and run the math path: the same values laid out
+    // densely take a fused one.
+    std::optional<at::Tensor> dense = f.mask.empty() ? std::nullopt : mask;
+    if (dense.has_value() && dense->defined() && dense->dim() > 0 && dense->size(-1) > 1 && dense->stride(-1) != 1) {
+      dense = dense->contiguous();
+    }
     return at::scaled_dot_product_attention(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
-                                            f.mask.empty() ? std::nullopt : mask, 0.0, f.causal,
+                                            dense, 0.0, f.causal,
                                             f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt, f.gqa);
   }
   auto scaled = [&](const at::Tensor& x) {

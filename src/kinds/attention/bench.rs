@@ -129,6 +129,15 @@ impl Inputs {
         } else {
             None
         };
+        // The graph's mask not dense along the keys: laid out so here too (the keys strided by
+        // the queries), which sends torch's call where the graph's goes.
+        let mask = mask.map(|m| {
+            if p.mask_strided {
+                m.transpose(-1, -2).contiguous().transpose(-1, -2)
+            } else {
+                m
+            }
+        });
         Tensor::scaled_dot_product_attention(
             &self.q,
             &k,
@@ -429,6 +438,7 @@ mod tests {
             padded,
             masked: false,
             bias: None,
+            mask_strided: false,
         }
     }
 
@@ -566,6 +576,14 @@ mod tests {
             assert!(r.isfinite().all().int64_value(&[]) == 1);
             assert!(rel(&x.sdpa(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
             assert!(rel(&x.explicit(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
+            // A mask laid out with the keys strided is the same mask to the baseline.
+            let strided = AttentionProblem {
+                mask_strided: true,
+                ..p.clone()
+            };
+            if origin == AttentionOrigin::Sdpa {
+                assert!(rel(&x.sdpa(&strided, 0.25), &r) < 1e-5);
+            }
             // Without the bias the outputs differ: the baselines and reference read it.
             let without = Inputs {
                 q: x.q.shallow_clone(),

@@ -69,13 +69,20 @@ pub struct AttentionProblem {
     /// whatever the bias masks, it masks by its values).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bias: Option<AttentionBias>,
+    /// SDPA's mask tensor is not dense along the keys (its last stride is not 1: T5's position
+    /// bias, permuted from [Tq,Tk,H], leaves the mask summed from it so). torch's fused SDPA
+    /// kernels refuse such a mask and the graph's call runs the math path, which the bench's
+    /// baseline reproduces by passing its mask laid out the same way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mask_strided: bool,
 }
 
 impl AttentionProblem {
     /// `attention`, `attention_causal` (the explicit form), `sdpa`, `sdpa_causal`, for SDPA with a
     /// key-padding mask `sdpa_padded`, `sdpa_causal_padded`, and with an all-visible or causal mask
     /// tensor `sdpa_mask`, `sdpa_causal_mask`; with a bias tensor `attention_bias`, `sdpa_bias`,
-    /// and `..._bias_batched` for one bias per sequence.
+    /// and `..._bias_batched` for one bias per sequence; `_strided` after any SDPA id whose mask is
+    /// not dense along the keys.
     pub fn rule_id(&self) -> String {
         let kind = match self.origin {
             AttentionOrigin::Explicit => "attention",
@@ -90,7 +97,8 @@ impl AttentionProblem {
             Some(AttentionBias::Batched) => "_bias_batched".into(),
             Some(AttentionBias::Windows(w)) => format!("_bias_windows{w}"),
         };
-        format!("{kind}{causal}{padded}{masked}{bias}")
+        let strided = if self.mask_strided { "_strided" } else { "" };
+        format!("{kind}{causal}{padded}{masked}{bias}{strided}")
     }
     /// Heads of k and v (q's heads unless grouped).
     pub fn key_heads(&self) -> i64 {
@@ -157,6 +165,15 @@ impl AttentionProblem {
     }
     /// The problem a rule id names at a shape `BxHxTqxTkxD` (or `BxHxTqxTkxDxHkv`, grouped-query).
     pub fn from_rule(rule: &str, dims: &[i64], dtype: DType) -> Result<AttentionProblem, String> {
+        let (rule, mask_strided) = match rule.strip_suffix("_strided") {
+            Some(r) if r.starts_with("sdpa") && r != "sdpa" && r != "sdpa_causal" => (r, true),
+            Some(_) => {
+                return Err(format!(
+                    "{rule}: _strided names an SDPA call's mask laid out with the keys not dense; this rule passes no mask"
+                ))
+            }
+            None => (rule, false),
+        };
         let windows = rule
             .rsplit_once("_bias_windows")
             .and_then(|(r, w)| w.parse::<i64>().ok().filter(|&w| w > 0).map(|w| (r, w)));
@@ -223,6 +240,7 @@ impl AttentionProblem {
             padded,
             masked,
             bias,
+            mask_strided,
         })
     }
 }
@@ -246,6 +264,7 @@ mod tests {
             padded: false,
             masked: false,
             bias: None,
+            mask_strided: false,
         };
         let dims: Vec<i64> = p
             .shape_key()
@@ -359,6 +378,25 @@ mod tests {
                 .unwrap_err()
                 .contains("explicit form's")
         );
+        // An SDPA mask not dense along the keys is its own key; only SDPA calls with a mask have one.
+        let strided =
+            AttentionProblem::from_rule("sdpa_bias_batched_strided", &dims[..5], DType::F32)
+                .unwrap();
+        assert!(strided.mask_strided && strided.bias == Some(AttentionBias::Batched));
+        assert_eq!(strided.rule_id(), "sdpa_bias_batched_strided");
+        assert!(
+            AttentionProblem::from_rule("sdpa_padded_strided", &dims[..5], DType::F32)
+                .unwrap()
+                .mask_strided
+        );
+        for bad in ["sdpa_strided", "attention_bias_strided"] {
+            assert!(
+                AttentionProblem::from_rule(bad, &dims[..5], DType::F32)
+                    .unwrap_err()
+                    .contains("passes no mask"),
+                "{bad}"
+            );
+        }
         // An older table's entry (no kv_heads, no padded) reads as before.
         let old: AttentionProblem = serde_json::from_str(
             r#"{"origin":"sdpa","batch":1,"heads":2,"seq_q":8,"seq_k":8,"head_dim":64,"dtype":"bf16","causal":false}"#,

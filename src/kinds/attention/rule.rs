@@ -505,6 +505,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         padded: false,
         masked: false,
         bias: None,
+        mask_strided: false,
         grouped: false,
     };
     let mut mask_static = false;
@@ -759,6 +760,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         padded: false,
         masked: false,
         bias: None,
+        mask_strided: false,
         grouped: gqa,
     };
     let mask = if cx.is_none(i[3]) {
@@ -787,6 +789,10 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         }
         let bias = (mode == MaskMode::Add).then(|| bias_of(g, m, q)).flatten();
         form.masked_by(g.values[m].mask, bias)?;
+        // torch's fused kernels take a mask whose last stride is 1 only.
+        form.mask_strided = mt.is_some_and(|t| {
+            t.strides.last().is_some_and(|&s| s != 1) && t.shape.last().is_some_and(|&n| n > 1)
+        });
         Some((m, mode))
     };
     let mut nodes = vec![n];
@@ -974,6 +980,8 @@ struct ProblemForm {
     grouped: bool,
     /// The mask is a bias tensor the kernel adds (AttentionProblem::bias).
     bias: Option<AttentionBias>,
+    /// SDPA's mask is not dense along the keys (AttentionProblem::mask_strided).
+    mask_strided: bool,
 }
 
 impl ProblemForm {
@@ -1054,6 +1062,7 @@ fn problem(g: &Graph, [q, k, v]: [ValueId; 3], form: ProblemForm) -> Option<Atte
         padded: form.padded,
         masked: form.masked && !form.padded && form.bias.is_none(),
         bias: form.bias,
+        mask_strided: form.mask_strided,
     };
     (p.batch > 0 && p.heads > 0 && p.seq_q > 0 && p.seq_k > 0 && p.head_dim > 0).then_some(p)
 }
@@ -1113,6 +1122,7 @@ mod tests {
                 padded: false,
                 masked: false,
                 bias: None,
+                mask_strided: false,
             }
         );
         assert_eq!(a.problem.rule_id(), "attention_causal");
@@ -1278,6 +1288,7 @@ mod tests {
                 padded: false,
                 masked: false,
                 bias: None,
+                mask_strided: false,
             }
         );
         assert_eq!(
@@ -1443,6 +1454,7 @@ mod tests {
             let g = Graph::parse(&sdpa(dims, strides, fact)).unwrap();
             let a = &match_attention(&g)[0];
             assert_eq!(a.problem.bias, Some(bias), "{dims}{fact}");
+            assert!(!a.problem.mask_strided);
             assert!(!a.problem.causal && !a.problem.padded && !a.problem.masked);
             assert_eq!(
                 a.problem.rule_id(),
@@ -1459,6 +1471,12 @@ mod tests {
             );
             assert!(sdpa_refusals(&g).is_empty());
         }
+        // T5's: the bias permuted from [Tq,Tk,H] leaves the heads innermost, the keys strided;
+        // torch's own call on it runs the math path, which the bench's baseline reproduces.
+        let t5 = Graph::parse(&sdpa("2,4,16,16", "1024,1,64,4", " @general")).unwrap();
+        let a = &match_attention(&t5)[0];
+        assert!(a.problem.mask_strided);
+        assert_eq!(a.problem.rule_id(), "sdpa_bias_batched_strided");
         // A class the kernels compute keeps its kernel.
         let causal = Graph::parse(&sdpa("2,1,16,16", "0,256,16,1", " @causal/shape")).unwrap();
         assert_eq!(match_attention(&causal)[0].problem.bias, None);

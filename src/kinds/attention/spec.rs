@@ -470,6 +470,7 @@ mod tests {
             padded: false,
             masked: false,
             bias: None,
+            mask_strided: false,
         }
     }
 
@@ -496,6 +497,7 @@ mod tests {
         // A bias kernel takes no problem without a bias, and a plain one no bias problem.
         let plain = AttentionProblem {
             bias: None,
+            mask_strided: false,
             ..p.clone()
         };
         assert!(!c[0].fits(&plain));
@@ -565,6 +567,7 @@ mod tests {
                     padded: false,
                     masked: false,
                     bias: None,
+                    mask_strided: false,
                     ..problem(d, DType::Bf16)
                 };
                 let c = candidates(&p, MathType::Bf16, Arch::Sm90);
@@ -659,6 +662,7 @@ mod tests {
             padded: false,
             masked: false,
             bias: None,
+            mask_strided: false,
             ..problem(64, DType::Bf16)
         }));
     }
@@ -904,6 +908,7 @@ mod tests {
                 padded: true,
                 masked: false,
                 bias: None,
+                mask_strided: false,
                 ..problem(64, DType::Bf16)
             };
             let c = candidates(&p, MathType::Bf16, Arch::Sm90);
@@ -922,6 +927,7 @@ mod tests {
                     padded: false,
                     masked: false,
                     bias: None,
+                    mask_strided: false,
                     ..p.clone()
                 },
                 MathType::Bf16,
@@ -935,6 +941,7 @@ mod tests {
                 padded: false,
                 masked: false,
                 bias: None,
+                mask_strided: false,
                 ..p.clone()
             }));
             // Grouped and padded at once: the persistent key-length kernels.
@@ -955,6 +962,7 @@ mod tests {
                 padded: true,
                 masked: false,
                 bias: None,
+                mask_strided: false,
                 ..problem(64, DType::Bf16)
             },
             MathType::Bf16,
@@ -983,6 +991,7 @@ mod tests {
                     padded: true,
                     masked: false,
                     bias: None,
+                    mask_strided: false,
                     causal: false,
                     ..problem(d, DType::Bf16)
                 },
