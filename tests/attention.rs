@@ -268,13 +268,15 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         !text.contains("aten::softmax") && text.matches("scale_last").count() == 2,
         "{text}"
     );
-    // The zoo's T5 encoder: SDPA's float mask is the relative position bias with the padding
-    // mask summed in, which the op adds as a bias (kernel "t5"), the last 8 tokens padded.
+    // The zoo's T5 encoder: SDPA's float mask is the relative position bias selected by the
+    // padding mask (a where the op replays), the last 8 tokens padded (kernel "t5").
     let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
     let keep = Tensor::ones([1, 64], (Kind::Int64, tch::Device::Cpu));
     let _ = keep.narrow(1, 56, 8).fill_(0);
     let text = zoo_attention_rewritten(dir.path(), "t5_encoder", "t5", (2, &[ids, keep]), |a| {
-        a.problem.bias.is_some() && a.form() == "sdpa;mask=add;class=bias;scale=1.0"
+        a.problem.bias.is_some()
+            && a.form()
+                == "sdpa;mask=add;where;fill=-3.4028234663852886e38;class=padded;bias;scale=1.0"
     });
     assert_eq!(text.matches("fact::attention(").count(), 2, "{text}");
     // The zoo's Swin: every window's attention adds the relative position bias, the shifted
@@ -284,7 +286,7 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     let text = zoo_attention_rewritten(dir.path(), "swin_t", "sw", (8, &[image]), |a| {
         a.problem.rule_id().starts_with("attention_bias")
             && a.form()
-                .starts_with("explicit;mul=tensor;scale_q;mask=add;class=bias")
+                .starts_with("explicit;mul=tensor;scale_q;mask=add;class=none;bias")
     });
     assert_eq!(text.matches("fact::attention(").count(), 8, "{text}");
     assert_eq!(text.matches(";windows\"").count(), 3, "{text}");

@@ -289,16 +289,16 @@ const EXPECT: &[Expect] = &[
         // q, k and v; o and wo with the residual (the first layer's o too: its projection is
         // returned beside the position bias in a tuple the bridge unpacks); wi with ReLU; T5's
         // RMSNorm (no mean, no bias) before attention and MLP; SDPA whose float mask is the
-        // relative position bias with the padding mask summed in, which the kernel adds as a bias
-        // (shared by the sequences at batch 1, one per sequence past it); the bias, permuted from
-        // [Tq,Tk,H], leaves the mask's keys strided (`_strided`: torch's own call runs its math
-        // path there).
+        // relative position bias selected by the padding mask (`where(mask, bias, finfo.min)`):
+        // the kernel takes the padding as key lengths and adds the shared bias; the bias, permuted
+        // from [Tq,Tk,H], leaves the where's keys strided (`_strided`: torch's own call runs its
+        // math path there).
         per_layer: &[
             ("gemm_rcr", 3),
             ("gemm_rcr_ep_add", 2),
             ("gemm_rcr_ep_relu", 1),
             ("rmsnorm_weight", 2),
-            ("sdpa_bias_strided", 1),
+            ("sdpa_padded_bias_strided", 1),
         ],
         // The final norm.
         once: &[("rmsnorm_weight", 1)],

@@ -601,6 +601,13 @@ std::unordered_map<const Value*, MaskFactOut> classify_masks(torch::jit::Module&
       mask = n->input(3);
       q = n->input(0);
       k = n->input(1);
+      // Hugging Face's SDPA integration selects a position bias by a bool mask (T5's
+      // `where(mask, bias, finfo.min)`): that mask is classified too, for the rule to read.
+      Node* w = mask->node();
+      if (w->kind() == c10::aten::where && w->inputs().size() == 3) {
+        auto it = shapes.find(w->input(0));
+        if (it != shapes.end() && it->second.scalar_type() == at::kBool) cond = w->input(0);
+      }
     } else if (n->kind() != c10::aten::softmax || !added_mask(n, mask, q, k, cond)) {
       continue;
     }

@@ -1160,7 +1160,8 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // operand; "mask=add;class=..." adds the mask to the scores; "upcast" casts q and k to fp32 and
 // the probabilities to v's dtype; "where" first replaces the scores where the cond operand is
 // false by the fill operand, GPT-Neo's where(c, scores, finfo.min) under its added mask;
-// "scale_last" scales after the mask is added, CodeGen's softmax((q·kᵀ + m) / c); "windows" then
+// "scale_last" scales after the mask is added, CodeGen's softmax((q·kᵀ + m) / c); "bias" adds the
+// additive mask itself after the scale, whatever it holds, beside the class named; "windows" then
 // views the scores [B/W, W, H, Tq, Tk], adds the window operand and views them back, Swin's
 // shifted windows; "scale_q" scales q before the product rather than the scores after it, Swin's
 // q * c) or
@@ -1188,8 +1189,12 @@ struct Form {
   fact_mask::MaskClass kernel_class = fact_mask::MaskClass::None;
   // The mask is a function of the inputs' sizes: classified once per shape, not per forward.
   bool static_mask = false;
-  // The kernel adds the (additive) mask to the scaled scores: nothing to classify.
+  // The kernel adds the (additive) mask to the scaled scores: nothing to classify but a where's
+  // condition.
   bool bias = false;
+  // SDPA's where(cond, mask, fill): the fill a constant of the form.
+  double fill = 0.0;
+  bool has_fill = false;
 };
 
 Form parse_form(c10::string_view text) {
@@ -1219,8 +1224,13 @@ Form parse_form(c10::string_view text) {
       f.mask = val;
     } else if (key == "upcast" && !f.sdpa && eq == std::string::npos) {
       f.upcast = true;
-    } else if (key == "where" && !f.sdpa && eq == std::string::npos) {
+    } else if (key == "where" && eq == std::string::npos) {
       f.where = true;
+    } else if (key == "fill" && f.sdpa) {
+      f.fill = std::stod(val);
+      f.has_fill = true;
+    } else if (key == "bias" && eq == std::string::npos) {
+      f.bias = true;
     } else if (key == "scale_last" && !f.sdpa && eq == std::string::npos) {
       f.scale_last = true;
     } else if (key == "windows" && !f.sdpa && eq == std::string::npos) {
@@ -1239,7 +1249,6 @@ Form parse_form(c10::string_view text) {
       else if (val == "causal") f.kernel_class = fact_mask::MaskClass::Causal;
       else if (val == "padded") f.kernel_class = fact_mask::MaskClass::Padded;
       else if (val == "causal_padded") f.kernel_class = fact_mask::MaskClass::CausalPadded;
-      else if (val == "bias") f.bias = true;
       else bad();
     } else {
       bad();
@@ -1255,8 +1264,12 @@ Form parse_form(c10::string_view text) {
   // The where form is read under an added mask only, and so is a scale after the mask.
   if (f.where && f.mask != "add") bad();
   if (f.scale_last && (f.mask != "add" || f.scale_op == 0 || f.scale_tensor)) bad();
-  // A bias is an additive mask the kernel adds after the scale, under no where.
-  if (f.bias && (f.mask != "add" || f.where || f.scale_last || f.upcast || f.static_mask)) bad();
+  // A bias is an additive mask the kernel adds after the scale; beside SDPA's where (whose
+  // condition names the class) or alone (no class, nothing classified).
+  if (f.bias && (f.mask != "add" || f.scale_last || f.upcast || (f.where && !f.sdpa))) bad();
+  if (f.bias && !f.where && (f.static_mask || f.kernel_class != fact_mask::MaskClass::None)) bad();
+  // SDPA's where has its fill in the form, the explicit form's is an operand.
+  if (f.sdpa && f.where != f.has_fill) bad();
   // The windows' mask is added with the position bias, as one bias.
   if (f.windows && !f.bias) bad();
   // A scale of q stands for the scores' scale.
@@ -1290,6 +1303,7 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
     // position bias permuted from [Tq,Tk,H]) and run the math path: the same values laid out
     // densely take a fused one.
     std::optional<at::Tensor> dense = f.mask.empty() ? std::nullopt : mask;
+    if (f.where) dense = at::where(*cond, *mask, f.fill);
     if (dense.has_value() && dense->defined() && dense->dim() > 0 && dense->size(-1) > 1 && dense->stride(-1) != 1) {
       dense = dense->contiguous();
     }
@@ -1485,15 +1499,16 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
     } else {
       bias = bias_rows(*mask, q.dim(), b, h, tq, tk, 0, copied);
     }
-  } else if (!f.mask.empty()) {
+  }
+  // The class: of the mask (no bias), or of SDPA's where condition beside a bias.
+  if (!f.mask.empty() && (!f.bias || f.where)) {
     if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the mask is not on q's device", at::Tensor();
-    fact_mask::MaskValue m = mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
+    if (f.where && cond->device() != q.device()) return why = "the where condition is not on q's device", at::Tensor();
     // The where form: the fill masks the cells (the rule read it as a constant at or below the
-    // bound), so the condition is one more bool mask.
-    if (f.where) {
-      if (cond->device() != q.device()) return why = "the where condition is not on q's device", at::Tensor();
-      m = both(m, mask_value(*cond, fact_mask::MaskMode::Bool, f.static_mask, q.dim(), b, h, tq, tk));
-    }
+    // bound), so the condition is one more bool mask (beside a bias, the only one).
+    const auto cond_value = [&] { return mask_value(*cond, fact_mask::MaskMode::Bool, f.static_mask, q.dim(), b, h, tq, tk); };
+    fact_mask::MaskValue m = f.bias ? cond_value() : mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
+    if (f.where && !f.bias) m = both(m, cond_value());
     if (!kernel_takes(f.kernel_class, m.cls)) {
       switch (m.cls) {
         case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();
@@ -1556,7 +1571,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               std::string(form), "' masks but the call passes no mask");
   TORCH_CHECK(!f.scale_tensor || (scale.has_value() && scale->defined()), "fact::attention: form '",
               std::string(form), "' scales by a tensor but the call passes none");
-  TORCH_CHECK(!f.where || (cond.has_value() && cond->defined() && fill.has_value() && fill->defined()),
+  TORCH_CHECK(!f.where || (cond.has_value() && cond->defined() && (f.has_fill || (fill.has_value() && fill->defined()))),
               "fact::attention: form '", std::string(form), "' has a where but the call passes no condition or fill");
   TORCH_CHECK(!f.windows || (window.has_value() && window->defined() && window->dim() == 5), "fact::attention: form '",
               std::string(form), "' adds a windows' mask but the call passes no 5-d one");

@@ -115,9 +115,14 @@ impl Inputs {
     pub fn sdpa(&self, p: &AttentionProblem, scale: f64) -> Tensor {
         let (k, v) = (repeat_kv(&self.k, p), repeat_kv(&self.v, p));
         // The graph's call: a mask tensor where it passes one (padded, or a computed all-visible
-        // or causal mask), else the is_causal flag.
+        // or causal mask; a bias, with a mask class beside it as `where(keep, bias, lowest)`,
+        // Hugging Face's SDPA integration's), else the is_causal flag.
         let mask = if let Some(bias) = &self.bias {
-            Some(scores_bias(bias, p))
+            let bias = scores_bias(bias, p);
+            Some(match &self.keep {
+                Some(keep) => bias.where_scalarother(keep, lowest(p.dtype)),
+                None => bias,
+            })
         } else if p.padded || p.masked {
             Some(self.keep.as_ref().map_or_else(
                 || {
@@ -144,7 +149,7 @@ impl Inputs {
             &v,
             mask,
             0.0,
-            p.causal && !p.padded && !p.masked,
+            p.causal && !p.padded && !p.masked && p.bias.is_none(),
             Some(scale),
             false,
         )
@@ -173,6 +178,15 @@ impl Inputs {
     }
 }
 
+/// The dtype's lowest finite value (finfo.min), which masks a cell where it is added or filled.
+fn lowest(dtype: crate::types::DType) -> f64 {
+    match dtype {
+        crate::types::DType::F16 => -65504.0,
+        crate::types::DType::Bf16 => -3.389_531_389_251_535_5e38,
+        _ => f32::MIN as f64,
+    }
+}
+
 /// A bias as the scores [B,H,Tq,Tk] read it (windows' repeated over the sequences).
 fn scores_bias(bias: &Tensor, p: &AttentionProblem) -> Tensor {
     if bias.dim() == 5 {
@@ -187,11 +201,7 @@ fn scores_bias(bias: &Tensor, p: &AttentionProblem) -> Tensor {
 fn random_bias(p: &AttentionProblem, bias: AttentionBias, device: Device) -> Tensor {
     let kind = p.dtype.tch_kind();
     let dims = [bias.count(p.batch), p.heads, p.seq_q, p.seq_k];
-    let lowest = match p.dtype {
-        crate::types::DType::F16 => -65504.0,
-        crate::types::DType::Bf16 => -3.389_531_389_251_535_5e38,
-        _ => f32::MIN as f64,
-    };
+    let lowest = lowest(p.dtype);
     let masked = Tensor::rand(dims, (Kind::Float, device))
         .lt(0.25)
         .index_fill(3, &Tensor::from_slice(&[0i64]).to_device(device), 0);
@@ -539,6 +549,33 @@ mod tests {
             (AttentionBias::Batched, AttentionOrigin::Explicit, 48),
             (AttentionBias::Windows(5), AttentionOrigin::Explicit, 49),
         ] {
+            // T5's: a shared bias beside padded keys (SDPA's where), or the causal triangle.
+            for (causal, padded) in [(false, true), (true, false), (true, true)] {
+                let p = AttentionProblem {
+                    seq_q: seq,
+                    seq_k: seq,
+                    bias: Some(AttentionBias::Shared),
+                    ..problem(causal, padded, None)
+                };
+                let x = Inputs::random(&p, Device::Cpu, 1.0, 0);
+                let r = x.reference(&p, 0.25);
+                assert!(r.isfinite().all().int64_value(&[]) == 1);
+                assert!(rel(&x.sdpa(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
+                // The bias moves the output: the baseline reads it beside the mask.
+                let without = Inputs {
+                    bias: None,
+                    q: x.q.shallow_clone(),
+                    k: x.k.shallow_clone(),
+                    v: x.v.shallow_clone(),
+                    lengths: None,
+                    keep: x.keep.as_ref().map(Tensor::shallow_clone),
+                };
+                let plain = AttentionProblem {
+                    bias: None,
+                    ..p.clone()
+                };
+                assert!(rel(&without.reference(&plain, 0.25), &r) > 1e-2);
+            }
             let p = AttentionProblem {
                 origin,
                 seq_q: seq,

@@ -266,7 +266,9 @@ pub fn edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
             Operand::optional(a.scale_operand()),
             Operand::text(&a.form()),
             Operand::text(kernel),
-            Operand::optional(a.cond.map(|(c, _)| c)),
+            // The where's bool mask: the explicit form's (with its fill), or SDPA's (its fill a
+            // constant of the form).
+            Operand::optional(a.cond.map(|(c, _)| c).or(a.where_mask.map(|(c, _)| c))),
             Operand::optional(a.cond.map(|(_, f)| f)),
             Operand::optional(a.window),
         ],

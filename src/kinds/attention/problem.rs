@@ -187,9 +187,15 @@ impl AttentionProblem {
             (rule, None)
         };
         let (origin, causal, padded, masked) = match rule {
-            _ if bias.is_some() && !matches!(rule, "attention" | "sdpa") => {
+            // A bias beside a mask class the kernel computes: SDPA's `where(mask, bias, min)`.
+            _ if bias.is_some()
+                && !matches!(
+                    rule,
+                    "attention" | "sdpa" | "sdpa_causal" | "sdpa_padded" | "sdpa_causal_padded"
+                ) =>
+            {
                 return Err(format!(
-                    "unknown rule '{rule}' with a bias: use attention_bias, sdpa_bias or their _bias_batched and _bias_windowsW forms (a bias takes no other mask)"
+                    "unknown rule '{rule}' with a bias: use attention_bias, sdpa_bias, sdpa_padded_bias, sdpa_causal_bias or sdpa_causal_padded_bias, or their _bias_batched and _bias_windowsW forms (a bias takes no mask tensor of a class beside it)"
                 ))
             }
             "attention" => (AttentionOrigin::Explicit, false, false, false),
@@ -364,10 +370,15 @@ mod tests {
         let plain = AttentionProblem::from_rule("attention", &dims[..5], DType::F32).unwrap();
         assert!(plain.bytes() < shared.bytes() && shared.bytes() < batched.bytes());
         assert!(
-            AttentionProblem::from_rule("sdpa_causal_bias", &dims[..5], DType::F32)
+            AttentionProblem::from_rule("sdpa_causal_mask_bias", &dims[..5], DType::F32)
                 .unwrap_err()
-                .contains("takes no other mask")
+                .contains("takes no mask tensor")
         );
+        // T5's: the padding class from the where's bool mask, the position bias added.
+        let t5 = AttentionProblem::from_rule("sdpa_padded_bias_strided", &dims[..5], DType::F32)
+            .unwrap();
+        assert!(t5.padded && t5.bias == Some(AttentionBias::Shared) && t5.mask_strided);
+        assert_eq!(t5.rule_id(), "sdpa_padded_bias_strided");
         assert!(
             AttentionProblem::from_rule("attention_bias_windows3", &dims[..5], DType::F32)
                 .unwrap_err()

@@ -109,6 +109,10 @@ pub struct AttentionMatch {
     /// kept) and the fill (a constant at or below half the scores' lowest value, so the cells it
     /// fills are masked). The op reads both: the fallback replays the where.
     pub cond: Option<(ValueId, ValueId)>,
+    /// SDPA's mask made by `where(c, bias, fill)` (Hugging Face's SDPA integration for a
+    /// position bias, T5's): the bool c (true: kept) and the constant fill; the match's mask is
+    /// the bias. The kernel computes c's class and adds the bias; the fallback replays the where.
+    pub where_mask: Option<(ValueId, f64)>,
     /// Swin's shifted windows: after the added mask (its relative position bias) the scores are
     /// viewed [B/W, W, H, Tq, Tk], this per-window mask ([1|B/W, W, 1|H, Tq, Tk]) is added, and
     /// they are viewed back. The op reads it beside the mask; the kernel adds both as one bias,
@@ -154,15 +158,6 @@ impl AttentionMatch {
             (true, true) => MaskClass::CausalPadded,
         }
     }
-    /// The mask class the form names: the kernel's (`kernel_mask`), or `bias` where the kernel
-    /// adds the mask tensor itself.
-    fn class_name(&self) -> &'static str {
-        if self.problem.bias.is_some() {
-            "bias"
-        } else {
-            self.kernel_mask().name()
-        }
-    }
     /// The one-element tensor the scale comes from, when the graph computes it.
     pub fn scale_operand(&self) -> Option<ValueId> {
         match self.scale {
@@ -191,9 +186,17 @@ impl AttentionMatch {
                 if let Some(g) = self.repeat {
                     f.push_str(&format!(";repeat={g}"));
                 }
+                if let Some((_, fill)) = self.where_mask {
+                    f.push_str(&format!(";where;fill={fill:?}"));
+                }
                 if self.mask.is_some() {
-                    f.push_str(&format!(";class={}", self.class_name()));
-                    if self.mask_static && self.problem.bias.is_none() {
+                    f.push_str(&format!(";class={}", self.kernel_mask().name()));
+                    if self.problem.bias.is_some() {
+                        f.push_str(";bias");
+                    }
+                    // A class read from a mask: once per shape where only sizes make it.
+                    let classified = self.problem.bias.is_none() || self.where_mask.is_some();
+                    if self.mask_static && classified {
                         f.push_str(";static");
                     }
                 }
@@ -224,8 +227,10 @@ impl AttentionMatch {
                     f.push_str(&format!(";mask={}", mode.text()));
                     // An added mask is classified as SDPA's is: the kernel's class goes with it.
                     if mode == MaskMode::Add {
-                        f.push_str(&format!(";class={}", self.class_name()));
-                        if self.mask_static && self.problem.bias.is_none() {
+                        f.push_str(&format!(";class={}", self.kernel_mask().name()));
+                        if self.problem.bias.is_some() {
+                            f.push_str(";bias");
+                        } else if self.mask_static {
                             f.push_str(";static");
                         }
                     }
@@ -552,6 +557,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         mask,
         mask_static,
         cond,
+        where_mask: None,
         window,
         scale,
         scale_last,
@@ -678,6 +684,16 @@ fn added_mask(cx: &Ctx, v: ValueId) -> Option<(NodeId, ValueId, ValueId)> {
 /// `dtype` when it stands there: -inf or at most half the dtype's lowest value (finfo.min, as
 /// GPT-Neo writes it), the bound the op's classification uses.
 fn masks_cells(cx: &Ctx, fill: ValueId, dtype: DType) -> bool {
+    let lowest = match dtype {
+        DType::F16 => -65504.0,
+        DType::Bf16 => -3.389_531_389_251_535_5e38,
+        _ => -(f32::MAX as f64),
+    };
+    fill_value(cx, fill).is_some_and(|x| x <= lowest / 2.0)
+}
+
+/// The constant `fill` holds, read through casts and detach.
+fn fill_value(cx: &Ctx, fill: ValueId) -> Option<f64> {
     let mut v = fill;
     while let Some(n) = cx
         .producer(v, "aten::detach")
@@ -685,12 +701,7 @@ fn masks_cells(cx: &Ctx, fill: ValueId, dtype: DType) -> bool {
     {
         v = cx.g.nodes[n].inputs[0];
     }
-    let lowest = match dtype {
-        DType::F16 => -65504.0,
-        DType::Bf16 => -3.389_531_389_251_535_5e38,
-        _ => -(f32::MAX as f64),
-    };
-    cx.float(v).is_some_and(|x| x <= lowest / 2.0)
+    cx.float(v)
 }
 
 /// The class of two masks applied together (a key is visible where both show it), and whether
@@ -763,6 +774,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         mask_strided: false,
         grouped: gqa,
     };
+    let mut where_fold = None;
     let mask = if cx.is_none(i[3]) {
         None
     } else {
@@ -787,13 +799,24 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
                 "the attn_mask {ms:?} does not broadcast to the scores of q {qs:?} and k {ks:?} over batch and heads alone"
             ));
         }
-        let bias = (mode == MaskMode::Add).then(|| bias_of(g, m, q)).flatten();
-        form.masked_by(g.values[m].mask, bias)?;
         // torch's fused kernels take a mask whose last stride is 1 only.
         form.mask_strided = mt.is_some_and(|t| {
             t.strides.last().is_some_and(|&s| s != 1) && t.shape.last().is_some_and(|&n| n > 1)
         });
-        Some((m, mode))
+        if let Some(w) = (mode == MaskMode::Add)
+            .then(|| where_bias(cx, m, q, k))
+            .flatten()
+        {
+            // The bool mask's class is the kernel's; the bias it selects is added.
+            form.masked_by(g.values[w.cond].mask, None)?;
+            form.bias = Some(w.bias);
+            where_fold = Some(w);
+            Some((g.nodes[w.node].inputs[1], mode))
+        } else {
+            let bias = (mode == MaskMode::Add).then(|| bias_of(g, m, q)).flatten();
+            form.masked_by(g.values[m].mask, bias)?;
+            Some((m, mode))
+        }
     };
     let mut nodes = vec![n];
     let (mut k0, mut v0, mut repeat) = (k, v, None);
@@ -804,7 +827,12 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
             nodes.extend(rk.nodes.iter().chain(&rv.nodes));
         }
     }
-    let mask_static = mask.is_some_and(|(m, _)| g.values[m].mask.is_some_and(|f| f.shape_only));
+    // The class is of the where's bool mask where the where is folded in.
+    let classified = where_fold.map_or(mask.map(|(m, _)| m), |w| Some(w.cond));
+    let mask_static = classified.is_some_and(|m| g.values[m].mask.is_some_and(|f| f.shape_only));
+    if let Some(w) = where_fold {
+        nodes.push(w.node);
+    }
     let problem = problem(g, [q, k0, v0], form).ok_or_else(|| {
         format!(
             "q {:?}, k {:?}, v {:?} are not [B,H,T,D] (or [B,T,D]) of one float dtype with equal B and D, and k/v heads dividing q's",
@@ -823,6 +851,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         mask,
         mask_static,
         cond: None,
+        where_mask: where_fold.map(|w| (w.cond, w.fill)),
         window: None,
         scale: Scale::Sdpa(scale),
         scale_last: false,
@@ -831,6 +860,45 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         repeat,
         upcast: false,
         problem,
+    })
+}
+
+/// SDPA's float mask as Hugging Face's SDPA integration makes it for a position bias (T5's
+/// family): `where(mask, bias, fill)`, read by the call alone, with a bool mask of a class the
+/// kernels compute, a bias of q's dtype and a fill that masks (at or below half the dtype's
+/// lowest value).
+#[derive(Clone, Copy, Debug)]
+struct WhereBias {
+    node: NodeId,
+    cond: ValueId,
+    fill: f64,
+    bias: AttentionBias,
+}
+
+fn where_bias(cx: &Ctx, m: ValueId, q: ValueId, k: ValueId) -> Option<WhereBias> {
+    let g = cx.g;
+    let w = cx.producer(m, "aten::where")?;
+    let i = &g.nodes[w].inputs;
+    if cx.uses[m] != 1 || i.len() != 3 {
+        return None;
+    }
+    let (cond, b, fill) = (i[0], i[1], i[2]);
+    let shape = |v: ValueId| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default();
+    let dtype = DType::parse(&g.tensor(q)?.dtype)?;
+    let classified = g.values[cond]
+        .mask
+        .is_some_and(|f| !matches!(f.class, MaskClass::General | MaskClass::Unknown));
+    let fits = g.tensor(cond).is_some_and(|t| t.dtype == "bool")
+        && classified
+        && broadcasts_to_scores(&shape(cond), &shape(q), &shape(k))
+        && broadcasts_to_scores(&shape(b), &shape(q), &shape(k))
+        && masks_cells(cx, fill, dtype);
+    fits.then_some(())?;
+    Some(WhereBias {
+        node: w,
+        cond,
+        fill: fill_value(cx, fill)?,
+        bias: bias_of(g, b, q)?,
     })
 }
 
@@ -1467,7 +1535,7 @@ mod tests {
             // Classified nowhere: no `static`, whatever the mask reads.
             assert_eq!(
                 a.form(),
-                "sdpa;mask=add;class=bias;scale=0.1767766952966369"
+                "sdpa;mask=add;class=none;bias;scale=0.1767766952966369"
             );
             assert!(sdpa_refusals(&g).is_empty());
         }
@@ -1477,6 +1545,44 @@ mod tests {
         let a = &match_attention(&t5)[0];
         assert!(a.problem.mask_strided);
         assert_eq!(a.problem.rule_id(), "sdpa_bias_batched_strided");
+        // Hugging Face's SDPA integration for a position bias: `where(mask, bias, finfo.min)`,
+        // the bool mask of a class the kernels compute (T5's padding) and the bias shared. The
+        // where is the pattern's: the kernel masks by the class and adds the bias, the
+        // fallback replays the where.
+        let t5_where = |cond_fact: &str, fill: &str| {
+            gpt2_block(" @general")
+                .replace(
+                    "%am: bool[2,1,16,16]",
+                    &format!("%am: bool[2,1,16,16]{cond_fact}, %pb: f32[1,4,16,16]{{1024,1,64,4}}"),
+                )
+                .replace(
+                    "%attention_mask0.1 = aten::expand(%am, %94, %6) : bool[2,1,16,16]{0,256,16,1} @general",
+                    &format!(
+                        "%fill = prim::Constant[{fill}]()
+                         %attention_mask0.1 = aten::where(%am, %pb, %fill) : f32[2,4,16,16]{{1024,1,64,4}} @general"
+                    ),
+                )
+        };
+        let g = Graph::parse(&t5_where(" @padded", "-3.4028234663852886e+38")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(a.problem.rule_id(), "sdpa_padded_bias_strided");
+        assert_eq!(
+            a.form(),
+            "sdpa;mask=add;where;fill=-3.4028234663852886e38;class=padded;bias;scale=0.1767766952966369"
+        );
+        assert_eq!(g.values[a.mask.unwrap().0].name, "pb");
+        assert_eq!(g.values[a.where_mask.unwrap().0].name, "am");
+        assert!(a.nodes.iter().any(|&n| g.nodes[n].kind == "aten::where"));
+        // A fill that does not mask, or a general bool mask: the where's output is the bias.
+        for (cond_fact, fill) in [
+            (" @padded", "-1.0"),
+            (" @general", "-3.4028234663852886e+38"),
+        ] {
+            let g = Graph::parse(&t5_where(cond_fact, fill)).unwrap();
+            let a = &match_attention(&g)[0];
+            assert!(a.where_mask.is_none() && a.problem.bias == Some(AttentionBias::Batched));
+            assert_eq!(a.problem.rule_id(), "sdpa_bias_batched_strided");
+        }
         // A class the kernels compute keeps its kernel.
         let causal = Graph::parse(&sdpa("2,1,16,16", "0,256,16,1", " @causal/shape")).unwrap();
         assert_eq!(match_attention(&causal)[0].problem.bias, None);
@@ -1502,7 +1608,7 @@ mod tests {
         let a = &match_attention(&g)[0];
         assert_eq!(a.problem.bias, Some(AttentionBias::Shared));
         assert_eq!(a.problem.rule_id(), "attention_bias");
-        assert_eq!(a.form(), "explicit;mask=add;class=bias");
+        assert_eq!(a.form(), "explicit;mask=add;class=none;bias");
         assert_eq!(a.kernel_scale(), Some(1.0));
         // A bias of another dtype than the scores' is not the kernel's to add.
         assert!(match_attention(&Graph::parse(&swin("bf16")).unwrap()).is_empty());
@@ -1552,7 +1658,7 @@ mod tests {
         assert_eq!(a.problem.rule_id(), "attention_bias");
         assert_eq!(
             a.form(),
-            "explicit;mul=0.35355339059327373;scale_q;mask=add;class=bias"
+            "explicit;mul=0.35355339059327373;scale_q;mask=add;class=none;bias"
         );
         assert!((a.kernel_scale().unwrap() - 0.35355339059327373).abs() < 1e-15);
         assert_eq!(g.values[a.q].name, "q0");
@@ -1563,7 +1669,7 @@ mod tests {
         assert_eq!(a.problem.rule_id(), "attention_bias_windows2");
         assert_eq!(
             a.form(),
-            "explicit;mul=0.35355339059327373;scale_q;mask=add;class=bias;windows"
+            "explicit;mul=0.35355339059327373;scale_q;mask=add;class=none;bias;windows"
         );
         assert_eq!(g.values[a.window.unwrap()].name, "wm");
         // The pattern holds every node from q's scale to the second product: 3 of the view.
