@@ -818,6 +818,10 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         !can(4, &call(8, 96, false), false),
         "a bias kernel needs its bias"
     );
+    // T5's: the bias beside key lengths (the padding class of SDPA's where) and the causal flag.
+    let mut with_lengths = bias(&[0, t * t, t, 1], 0x700000);
+    with_lengths[5] = fake_tensor(0x500000, I32, &[b], &[1]);
+    assert!(can(4, &with_lengths, false) && can(4, &with_lengths, true));
     assert!(
         !can(4, &bias(&[h * t * 51, t * 51, 51, 1], 0x700000), false),
         "rows 51 apart"
