@@ -1164,7 +1164,8 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // additive mask itself after the scale, whatever it holds, beside the class named; "windows" then
 // views the scores [B/W, W, H, Tq, Tk], adds the window operand and views them back, Swin's
 // shifted windows; "scale_q" scales q before the product rather than the scores after it, Swin's
-// q * c) or
+// q * c; "softmax_f32" takes the softmax in fp32 and casts the probabilities to v's dtype, Hugging
+// Face's eager attention) or
 // "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
@@ -1175,7 +1176,7 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 
 struct Form {
   bool sdpa = false, causal = false, gqa = false, upcast = false, where = false, scale_last = false, windows = false,
-       scale_q = false;
+       scale_q = false, softmax_f32 = false;
   // Explicit form: 'm' mul, 'd' div, 0 none. SDPA: 's' when a scale was given.
   char scale_op = 0;
   double scale = 1.0;
@@ -1237,6 +1238,8 @@ Form parse_form(c10::string_view text) {
       f.windows = true;
     } else if (key == "scale_q" && !f.sdpa && eq == std::string::npos) {
       f.scale_q = true;
+    } else if (key == "softmax_f32" && !f.sdpa && eq == std::string::npos) {
+      f.softmax_f32 = true;
     } else if (key == "mask" && f.sdpa && (val == "bool" || val == "add")) {
       f.mask = val;
     } else if (key == "repeat" && f.sdpa && parse_index(val, groups) && groups >= 2) {
@@ -1272,6 +1275,8 @@ Form parse_form(c10::string_view text) {
   if (f.sdpa && f.where != f.has_fill) bad();
   // The windows' mask is added with the position bias, as one bias.
   if (f.windows && !f.bias) bad();
+  // The softmax in fp32 is the form's where q and k were not cast before the product.
+  if (f.softmax_f32 && f.upcast) bad();
   // A scale of q stands for the scores' scale.
   if (f.scale_q && (f.scale_op == 0 || f.scale_last || f.upcast)) bad();
   if (!has_class && (f.causal || (!f.sdpa && !f.mask.empty()))) f.kernel_class = fact_mask::MaskClass::Causal;
@@ -1331,8 +1336,8 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
     s = s.masked_fill(filled(f, *mask), -std::numeric_limits<double>::infinity());
   }
   if (f.scale_last) s = scaled(s);
-  at::Tensor p = at::softmax(s, -1);
-  if (f.upcast) p = p.to(v.scalar_type());
+  at::Tensor p = f.softmax_f32 ? at::softmax(s, -1, at::kFloat) : at::softmax(s, -1);
+  if (f.upcast || f.softmax_f32) p = p.to(v.scalar_type());
   return at::matmul(p, v);
 }
 

@@ -134,6 +134,10 @@ pub struct AttentionMatch {
     /// The explicit form's q and k cast to fp32 before q·kᵀ and the probabilities cast to v's
     /// dtype after the softmax (GPT-J); `q` and `k` are the tensors before the casts.
     pub upcast: bool,
+    /// The explicit form's softmax runs in fp32 (`softmax(x, -1, dtype=float32)` or over
+    /// `x.float()`) and its probabilities are cast back to v's dtype (Hugging Face's eager
+    /// attention, MPT's, T5's).
+    pub softmax_f32: bool,
     pub problem: AttentionProblem,
 }
 
@@ -238,6 +242,9 @@ impl AttentionMatch {
                 if self.upcast {
                     f.push_str(";upcast");
                 }
+                if self.softmax_f32 {
+                    f.push_str(";softmax_f32");
+                }
                 if self.cond.is_some() {
                     f.push_str(";where");
                 }
@@ -341,14 +348,30 @@ pub fn sdpa_refusals(g: &Graph) -> Vec<(NodeId, String)> {
 fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     let g = cx.g;
     let sm = &g.nodes[softmax];
-    // softmax(x, dim=-1 or the last dim, dtype=None)
-    let x = sm.inputs[0];
+    // softmax(x, dim=-1 or the last dim, dtype=None or float32): Hugging Face's eager attention
+    // takes the softmax in fp32 (`softmax(x, -1, dtype=torch.float32)`, or `x.float()` before
+    // it) and casts the probabilities back; the kernel's softmax is fp32 and it rounds the
+    // probabilities to v's dtype for their product, as that cast does.
+    let mut x = sm.inputs[0];
     let rank = g.tensor(x)?.shape.len() as i64;
     let dim = cx.int(*sm.inputs.get(1)?)?;
-    if (dim != -1 && dim != rank - 1) || sm.inputs.get(2).is_some_and(|&d| !cx.is_none(d)) {
+    // ScalarType 6 is float32.
+    let f32_softmax = match sm.inputs.get(2) {
+        None => false,
+        Some(&d) if cx.is_none(d) => false,
+        Some(&d) if cx.int(d) == Some(6) => true,
+        Some(_) => return None,
+    };
+    if dim != -1 && dim != rank - 1 {
         return None;
     }
     let mut nodes = vec![softmax];
+    let mut softmax_f32 = f32_softmax;
+    if let Some((c, true)) = to_f32(cx, x).filter(|&(_, take)| take) {
+        nodes.push(c);
+        x = g.nodes[c].inputs[0];
+        softmax_f32 = true;
+    }
     // Backwards: masked_fill, then the scale, then q @ kᵀ; or (CodeGen's) the scale over the
     // scores plus an added mask; Swin's window mask over the scores viewed per window first.
     let mut s = x;
@@ -474,10 +497,14 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         nodes.extend(take_q.then_some(cq).into_iter().chain(take_k.then_some(ck)));
         (q, k, upcast) = (g.nodes[cq].inputs[0], g.nodes[ck].inputs[0], true);
     }
-    // Forwards: the probabilities' cast where q and k were cast, optional eval dropout, then @ v.
+    // Forwards: the probabilities' cast where q and k were cast or the softmax ran in fp32,
+    // optional eval dropout, then @ v.
+    if upcast && softmax_f32 {
+        return None;
+    }
     let mut p = cx.out(softmax);
     let mut cast_p = None;
-    if upcast {
+    if upcast || softmax_f32 {
         let c = cx.only_reader(p, "aten::to")?;
         nodes.push(c);
         cast_p = Some(c);
@@ -497,7 +524,11 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     }
     nodes.push(pv);
     let v = g.nodes[pv].inputs[1];
-    // The probabilities go to v's dtype, which q and k had.
+    // The probabilities go to v's dtype, which q and k had (and the scores, where the softmax
+    // alone ran in fp32).
+    if softmax_f32 && g.tensor(x).map(|t| t.dtype.clone()) != g.tensor(v).map(|t| t.dtype.clone()) {
+        return None;
+    }
     if let Some(c) = cast_p {
         let dt = |x: ValueId| g.tensor(x).map(|t| t.dtype.clone());
         if dt(cx.out(c)) != dt(v) || dt(q) != dt(v) || dt(k) != dt(v) {
@@ -565,6 +596,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         gqa: false,
         repeat: None,
         upcast,
+        softmax_f32,
         problem,
     })
 }
@@ -859,6 +891,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         gqa,
         repeat,
         upcast: false,
+        softmax_f32: false,
         problem,
     })
 }
@@ -1676,6 +1709,83 @@ mod tests {
         assert_eq!(a.nodes.len(), 9, "{:?}", a.nodes);
         // A window mask of another dtype than the position bias's: no match.
         assert!(match_attention(&Graph::parse(&swin_block(true, "bf16")).unwrap()).is_empty());
+    }
+
+    /// Hugging Face's eager attention (`eager_attention_forward`): the mask added to the scaled
+    /// scores in bf16, the softmax in fp32 (its dtype argument, or over `x.float()`), the
+    /// probabilities cast back (`cast_back`).
+    fn eager_block(softmax: &str, cast_back: &str) -> String {
+        format!(
+            "graph(%q: bf16[2,4,16,8], %k: bf16[2,4,16,8], %v: bf16[2,4,16,8], %am: bf16[2,1,16,16] @causal/shape):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %one = prim::Constant[1]()
+               %f32 = prim::Constant[6]()
+               %bf16 = prim::Constant[15]()
+               %no = prim::Constant[False]()
+               %none = prim::Constant[None]()
+               %c = prim::Constant[0.35355339059327373]()
+               %p0 = prim::Constant[0.0]()
+               %kt = aten::transpose(%k, %m2, %m1) : bf16[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : bf16[2,4,16,16]
+               %s1 = aten::mul(%s0, %c) : bf16[2,4,16,16]
+               %s2 = aten::add(%s1, %am, %one) : bf16[2,4,16,16]
+               {softmax}
+               {cast_back}
+               %pd = aten::dropout(%pc, %p0, %no) : bf16[2,4,16,16]
+               %y = aten::matmul(%pd, %v) : bf16[2,4,16,8]
+               return (%y)"
+        )
+    }
+
+    #[test]
+    fn eager_attention_with_its_softmax_in_fp32_is_one_pattern() {
+        let to_bf16 = "%pc = aten::to(%p, %bf16, %no, %no, %none) : bf16[2,4,16,16]";
+        for (softmax, cast_back) in [
+            // softmax(x, -1, dtype=torch.float32).to(query.dtype)
+            (
+                "%p = aten::softmax(%s2, %m1, %f32) : f32[2,4,16,16]",
+                to_bf16,
+            ),
+            // softmax(x.float(), -1).to(v.dtype) (MPT's eager attention)
+            (
+                "%x = aten::to(%s2, %f32, %no, %no, %none) : f32[2,4,16,16]
+                 %p = aten::softmax(%x, %m1, %none) : f32[2,4,16,16]",
+                to_bf16,
+            ),
+        ] {
+            let g = Graph::parse(&eager_block(softmax, cast_back)).unwrap();
+            let a = &match_attention(&g)[0];
+            assert!(a.softmax_f32 && !a.upcast);
+            assert_eq!(a.problem.rule_id(), "attention_causal_mask");
+            assert_eq!(
+                a.form(),
+                "explicit;mul=0.35355339059327373;mask=add;class=causal;static;softmax_f32"
+            );
+            // Every node from k's transpose to the second product is the pattern's.
+            let kinds: Vec<&str> = a.nodes.iter().map(|&n| g.nodes[n].kind.as_str()).collect();
+            for k in [
+                "aten::transpose",
+                "aten::mul",
+                "aten::add",
+                "aten::softmax",
+                "aten::to",
+                "aten::dropout",
+            ] {
+                assert!(kinds.contains(&k), "{k}: {kinds:?}");
+            }
+        }
+        // The probabilities cast to another dtype than v's, or left in fp32: no match.
+        let f16 = eager_block(
+            "%p = aten::softmax(%s2, %m1, %f32) : f32[2,4,16,16]",
+            "%pc = aten::to(%p, %bf16, %no, %no, %none) : f16[2,4,16,16]",
+        );
+        assert!(match_attention(&Graph::parse(&f16).unwrap()).is_empty());
+        let uncast = eager_block(
+            "%p = aten::softmax(%s2, %m1, %f32) : f32[2,4,16,16]",
+            "%pc = aten::relu(%p) : f32[2,4,16,16]",
+        );
+        assert!(match_attention(&Graph::parse(&uncast).unwrap()).is_empty());
     }
 
     #[test]
