@@ -151,7 +151,10 @@ enum Command {
     Realize {
         /// gemm_rcr, gemm_rcr_bias, gemm_rrr, gemm_rrr_bias, bmm_rrr; attention, attention_causal
         /// (the explicit softmax(q·kᵀ)·v form), sdpa, sdpa_causal, sdpa_padded or
-        /// sdpa_causal_padded (a key-padding mask: each sequence's own key length); layernorm,
+        /// sdpa_causal_padded (a key-padding mask: each sequence's own key length), and with a bias
+        /// tensor added to the scores _bias (one for all sequences), _bias_batched (one per
+        /// sequence) or _bias_windowsW (one per window: attention_bias_windows64), then _strided
+        /// for an SDPA mask whose keys are not dense (sdpa_padded_bias_strided); layernorm,
         /// layernorm_affine (weight and bias), layernorm_weight or layernorm_bias;
         /// conv2d_s<stride>_p<padding>_d<dilation>[_bias][_add][_<act>] (a convolution with its
         /// bias, residual add and activation: conv2d_s1_p1_d1_bias_relu); the other kinds' rule ids
