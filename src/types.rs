@@ -36,6 +36,15 @@ impl DType {
             DType::Bf16 | DType::F16 => 2,
         }
     }
+    /// The lowest finite value (torch's `finfo.min`), which masks an attention score where it is
+    /// added or filled.
+    pub fn lowest(self) -> f64 {
+        match self {
+            DType::F32 => f32::MIN as f64,
+            DType::Bf16 => -3.389_531_389_251_535_5e38,
+            DType::F16 => -65504.0,
+        }
+    }
     pub fn tch_kind(self) -> tch::Kind {
         match self {
             DType::F32 => tch::Kind::Float,

@@ -317,6 +317,16 @@ pub const LIGHT_BUDGET: usize = 4;
 /// The table keys of the problems whose patterns the plan puts, all together, under
 /// `opts.light_share` of the model's estimated time: each gets a light sweep.
 pub fn light_keys(plan: &plan::Plan, opts: &Options) -> BTreeSet<TableKey> {
+    problem_shares(plan, opts)
+        .into_iter()
+        .filter(|&(_, s)| s < opts.light_share)
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// The plan's distinct problems by table key, each with its patterns' share of the model's
+/// estimated time summed.
+fn problem_shares(plan: &plan::Plan, opts: &Options) -> BTreeMap<TableKey, f64> {
     let mut share: BTreeMap<TableKey, f64> = BTreeMap::new();
     for p in &plan.patterns {
         if let Some(math) = p.problem.math(opts.precision) {
@@ -326,10 +336,6 @@ pub fn light_keys(plan: &plan::Plan, opts: &Options) -> BTreeSet<TableKey> {
         }
     }
     share
-        .into_iter()
-        .filter(|&(_, s)| s < opts.light_share)
-        .map(|(k, _)| k)
-        .collect()
 }
 
 /// Runs discovery, realization and the rewrite. Returns the report (also written as compose.json).
@@ -373,20 +379,13 @@ pub fn compose(
     }
     let light = light_keys(&the_plan, opts);
     if !light.is_empty() {
-        let distinct: BTreeSet<TableKey> = the_plan
-            .patterns
-            .iter()
-            .filter_map(|p| {
-                let math = p.problem.math(opts.precision)?;
-                Some(TableKey::of(&p.problem, math, opts.arch))
-            })
-            .collect();
+        let distinct = problem_shares(&the_plan, opts).len();
         nvcc::progress_line(
             opts.progress,
             format_args!(
                 "light sweeps for {} of the {} distinct problems, each under {}% of the estimated time (--light-share): at most {LIGHT_BUDGET} first candidates, no later rounds",
                 light.len(),
-                distinct.len(),
+                distinct,
                 opts.light_share * 100.0
             ),
         );

@@ -1170,9 +1170,9 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
 // call: the op is given them un-repeated), "class=..." (the mask class the kernel was built for:
-// none, causal, padded or causal_padded; or bias: the kernel adds the additive mask itself, whatever
-// it holds) and "static" (the graph computes the mask from the inputs' sizes alone, so its class is
-// one per shape).
+// none, causal, padded or causal_padded; none beside "bias", where the kernel adds the additive mask
+// itself, whatever it holds, unless SDPA's where names the class by its condition) and "static" (the
+// graph computes the mask from the inputs' sizes alone, so its class is one per shape).
 
 struct Form {
   bool sdpa = false, causal = false, gqa = false, upcast = false, where = false, scale_last = false, windows = false,

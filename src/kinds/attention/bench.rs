@@ -120,7 +120,7 @@ impl Inputs {
         let mask = if let Some(bias) = &self.bias {
             let bias = scores_bias(bias, p);
             Some(match &self.keep {
-                Some(keep) => bias.where_scalarother(keep, lowest(p.dtype)),
+                Some(keep) => bias.where_scalarother(keep, p.dtype.lowest()),
                 None => bias,
             })
         } else if p.padded || p.masked {
@@ -178,15 +178,6 @@ impl Inputs {
     }
 }
 
-/// The dtype's lowest finite value (finfo.min), which masks a cell where it is added or filled.
-fn lowest(dtype: crate::types::DType) -> f64 {
-    match dtype {
-        crate::types::DType::F16 => -65504.0,
-        crate::types::DType::Bf16 => -3.389_531_389_251_535_5e38,
-        _ => f32::MIN as f64,
-    }
-}
-
 /// A bias as the scores [B,H,Tq,Tk] read it (windows' repeated over the sequences).
 fn scores_bias(bias: &Tensor, p: &AttentionProblem) -> Tensor {
     if bias.dim() == 5 {
@@ -201,12 +192,11 @@ fn scores_bias(bias: &Tensor, p: &AttentionProblem) -> Tensor {
 fn random_bias(p: &AttentionProblem, bias: AttentionBias, device: Device) -> Tensor {
     let kind = p.dtype.tch_kind();
     let dims = [bias.count(p.batch), p.heads, p.seq_q, p.seq_k];
-    let lowest = lowest(p.dtype);
     let masked = Tensor::rand(dims, (Kind::Float, device))
         .lt(0.25)
         .index_fill(3, &Tensor::from_slice(&[0i64]).to_device(device), 0);
     let values = (Tensor::randn(dims, (Kind::Float, device)) * 2.0)
-        .masked_fill(&masked, lowest)
+        .masked_fill(&masked, p.dtype.lowest())
         .to_kind(kind);
     let rows = aligned_rows(&values);
     match bias {
@@ -452,6 +442,18 @@ mod tests {
         }
     }
 
+    /// `x`'s tensors and mask without its bias.
+    fn without_bias(x: &Inputs) -> Inputs {
+        Inputs {
+            q: x.q.shallow_clone(),
+            k: x.k.shallow_clone(),
+            v: x.v.shallow_clone(),
+            lengths: x.lengths.as_ref().map(Tensor::shallow_clone),
+            keep: x.keep.as_ref().map(Tensor::shallow_clone),
+            bias: None,
+        }
+    }
+
     fn rel(a: &Tensor, b: &Tensor) -> f64 {
         let diff = (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
             .norm()
@@ -562,14 +564,7 @@ mod tests {
                 assert!(r.isfinite().all().int64_value(&[]) == 1);
                 assert!(rel(&x.sdpa(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
                 // The bias moves the output: the baseline reads it beside the mask.
-                let without = Inputs {
-                    bias: None,
-                    q: x.q.shallow_clone(),
-                    k: x.k.shallow_clone(),
-                    v: x.v.shallow_clone(),
-                    lengths: None,
-                    keep: x.keep.as_ref().map(Tensor::shallow_clone),
-                };
+                let without = without_bias(&x);
                 let plain = AttentionProblem {
                     bias: None,
                     ..p.clone()
@@ -622,14 +617,7 @@ mod tests {
                 assert!(rel(&x.sdpa(&strided, 0.25), &r) < 1e-5);
             }
             // Without the bias the outputs differ: the baselines and reference read it.
-            let without = Inputs {
-                q: x.q.shallow_clone(),
-                k: x.k.shallow_clone(),
-                v: x.v.shallow_clone(),
-                lengths: None,
-                keep: None,
-                bias: None,
-            };
+            let without = without_bias(&x);
             assert!(rel(&without.reference(&p, 0.25), &r) > 1e-2);
         }
     }

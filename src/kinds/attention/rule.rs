@@ -716,12 +716,7 @@ fn added_mask(cx: &Ctx, v: ValueId) -> Option<(NodeId, ValueId, ValueId)> {
 /// `dtype` when it stands there: -inf or at most half the dtype's lowest value (finfo.min, as
 /// GPT-Neo writes it), the bound the op's classification uses.
 fn masks_cells(cx: &Ctx, fill: ValueId, dtype: DType) -> bool {
-    let lowest = match dtype {
-        DType::F16 => -65504.0,
-        DType::Bf16 => -3.389_531_389_251_535_5e38,
-        _ => -(f32::MAX as f64),
-    };
-    fill_value(cx, fill).is_some_and(|x| x <= lowest / 2.0)
+    fill_value(cx, fill).is_some_and(|x| x <= dtype.lowest() / 2.0)
 }
 
 /// The constant `fill` holds, read through casts and detach.
