@@ -1686,6 +1686,44 @@ mod tests {
         let first = candidates(&three, math, Arch::Sm90).unwrap()[0].clone();
         let e3 = entry_of(&three, vec![(first, ok(0.06))]);
         assert!(untried_families(&e3, space(&three)).is_empty());
+        // Attention at head dim 256, measured when only sm80 took it (Gemma's entry from
+        // before): the sm90 kernels that take it now are timed.
+        use crate::kinds::attention::{
+            candidates as attention_candidates, AttentionOrigin, AttentionProblem,
+        };
+        let a = AttentionProblem {
+            origin: AttentionOrigin::Sdpa,
+            batch: 2,
+            heads: 8,
+            seq_q: 1024,
+            seq_k: 1024,
+            head_dim: 256,
+            dtype: DType::Bf16,
+            causal: true,
+            kv_heads: Some(1),
+            padded: false,
+            masked: true,
+            bias: None,
+            mask_strided: false,
+        };
+        let ap = Problem::from(a.clone());
+        let (sm80, sm90): (Vec<_>, Vec<_>) = attention_candidates(&a, math, Arch::Sm90)
+            .into_iter()
+            .partition(|s| s.family.is_sm80());
+        assert!(!sm90.is_empty() && !sm80.is_empty());
+        let old = Entry::from_runs(
+            TableKey::of(&ap, math, Arch::Sm90),
+            ap.clone(),
+            vec![run(vec![CandidateResult {
+                kernel: sm80[0].name(),
+                spec: sm80[0].clone().into(),
+                outcome: ok(0.1085),
+            }])],
+        )
+        .unwrap();
+        let new = untried_families(&old, ap.kind().space_now(&ap, math, Arch::Sm90));
+        let want: Vec<String> = sm90.iter().take(FAMILY_KERNELS).map(|s| s.name()).collect();
+        assert_eq!(new.iter().map(Spec::kernel_name).collect::<Vec<_>>(), want);
         // GEMMs do not look.
         let g = Problem::from(problem());
         assert!(g

@@ -229,6 +229,14 @@ impl TypedKind for Attention {
             Candidates::Kernels { specs, space: None }
         })
     }
+    /// Every candidate, so that a hit whose entry never tried a family (the sm90 kernels at head
+    /// dims past 128, which only sm80 took before) times its leading kernels before it is used.
+    fn space_now(&self, p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Spec> {
+        candidates(p, math, arch)
+            .into_iter()
+            .map(Spec::from)
+            .collect()
+    }
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,

@@ -58,6 +58,8 @@ pub fn render(a: &AttentionSpec) -> Source {
         } => {
             vars["overlap"] = json!(overlap);
             vars["prefetch_q"] = json!(prefetch_q);
+            // examples/88's five unless the name says fewer (`_kvN`).
+            vars["kv_stages"] = json!(a.kv_stages().filter(|&n| n != 5));
             vars["schedule"] = json!(schedule.cutlass_policy());
             vars["smem_per_cta"] = json!(crate::types::Arch::Sm90.hardware().smem_per_cta);
             vars["persistent"] = json!(schedule.persistent());
@@ -319,6 +321,49 @@ mod tests {
         assert!(f16.contains("using Element = cutlass::half_t;") && f16.contains("t->dtype != 2"));
         let d = crate::kinds::render_dispatch(&[a.clone().into()]).text;
         assert!(d.contains(&format!("{{\"{}\", \"attention\"", a.name())));
+    }
+
+    #[test]
+    fn an_sm90_head_dim_256_render_is_golden_with_the_stages_that_fit() {
+        let a = AttentionSpec {
+            arch: Arch::Sm90,
+            dtype: DType::Bf16,
+            math: MathType::Bf16,
+            queries_per_block: 128,
+            keys_per_block: 64,
+            max_k: 256,
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Paired,
+                causal: true,
+                overlap: false,
+                prefetch_q: false,
+                key_lengths: false,
+            },
+            bias: false,
+        };
+        assert_eq!(
+            a.name(),
+            "sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal"
+        );
+        let text = render(&a).text;
+        expect_test::expect_file![
+            "../../../tests/golden/sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal.cu"
+        ]
+        .assert_eq(&text);
+        assert!(text.contains("Tag::kStagesKV, _3>") && text.contains("Shape<_128, _64, _256>"));
+        // One CTA per tile has no output buffers beside the mainloop: examples/88's five stages.
+        let coop = AttentionSpec {
+            family: AttentionFamily::Sm90 {
+                schedule: Sm90Schedule::Cooperative,
+                causal: true,
+                overlap: false,
+                prefetch_q: false,
+                key_lengths: false,
+            },
+            ..a.clone()
+        };
+        assert_eq!(coop.name(), "sm90_fmha_bf16_bf16_q128_k64_d256_coop_causal");
+        assert!(!render(&coop).text.contains("kStagesKV"));
     }
 
     #[test]

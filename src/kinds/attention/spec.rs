@@ -39,6 +39,9 @@ pub struct AttentionSpec {
     pub bias: bool,
 }
 
+/// examples/88's K/V pipeline stages (`kStagesKV`'s default).
+const SM90_KV_STAGES: u32 = 5;
+
 /// Which CUTLASS attention kernel a spec instantiates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -131,18 +134,21 @@ impl Sm90Schedule {
 }
 
 /// The (query block, key block) pairs for a head-dim tile, bf16/fp16 with fp32 accumulators.
-/// examples/88's forward pass runs 128x64 (d 32, 64) and 128x128 (d 128). Left out: its
-/// non-warp-specialized `KernelTma` (64x128, d 32/64), whose mainloop is another collective;
-/// 128x256 at d 128 and 128x128 at d 256, whose five pipeline stages of K and V (320 KiB) do not
-/// fit in shared memory (head dims past 128 run on sm80). Added: the 128 tile's blocks with a 96
-/// head-dim tile (GPT's head dim), which the example does not run (the 128 tile spends a quarter
-/// of its products on padding there), and 128x128 at d 32 and 64: twice the keys per softmax
-/// step, 1.1x faster than 128x64 at d 64 (benches/results/attention90/schedules, where 128x256
-/// and three consumer warp groups over 192 queries measured slower and are not swept).
+/// examples/88's forward pass runs 128x64 (d 32, 64 and, without fp8, 256) and 128x128 (d 128).
+/// Left out: its non-warp-specialized `KernelTma` (64x128, d 32/64), whose mainloop is another
+/// collective; 128x256 at d 128 and 128x128 at d 256 (its fp8 ones), whose five pipeline stages of
+/// K and V (320 KiB) do not fit in shared memory. At d 256 the 128x64 block's five stages fit one
+/// CTA only without a persistent CTA's output buffers; the persistent grids take fewer
+/// (`kv_stages`). Added: the 128 tile's blocks with a 96 head-dim tile (GPT's head dim), which the
+/// example does not run (the 128 tile spends a quarter of its products on padding there), and
+/// 128x128 at d 32 and 64: twice the keys per softmax step, 1.1x faster than 128x64 at d 64
+/// (benches/results/attention90/schedules, where 128x256 and three consumer warp groups over 192
+/// queries measured slower and are not swept).
 fn sm90_blocks(max_k: u32) -> &'static [(u32, u32)] {
     match max_k {
         32 | 64 => &[(128, 128), (128, 64)],
         96 | 128 => &[(128, 128)],
+        256 => &[(128, 64)],
         _ => &[],
     }
 }
@@ -195,8 +201,12 @@ impl AttentionSpec {
                 prefetch_q,
                 key_lengths,
             } => {
+                let stages = match self.kv_stages() {
+                    Some(n) if n != SM90_KV_STAGES => format!("_kv{n}"),
+                    _ => String::new(),
+                };
                 format!(
-                    "sm90_fmha_{base}_{}{}{}_{}{}",
+                    "sm90_fmha_{base}{stages}_{}{}{}_{}{}",
                     schedule.short_name(),
                     if overlap { "_ovl" } else { "" },
                     if prefetch_q { "_pq" } else { "" },
@@ -215,19 +225,40 @@ impl AttentionSpec {
     }
 
     /// The sm90 kernel's shared memory, roughly (the collective's buffers, not its barriers):
-    /// Q stages of 64 queries per consumer warp group, five K/V stages, and a persistent CTA's
-    /// output buffers beside them.
-    fn sm90_smem_bytes(&self, schedule: Sm90Schedule, prefetch_q: bool) -> u32 {
+    /// Q stages of 64 queries per consumer warp group, `kv_stages` K/V stages, and a persistent
+    /// CTA's output buffers beside them.
+    fn sm90_smem_bytes(&self, schedule: Sm90Schedule, prefetch_q: bool, kv_stages: u32) -> u32 {
         let e = self.dtype.bytes() as u32;
         let q_stages = if prefetch_q { 4 } else { 2 };
         let q = q_stages * 64 * self.max_k * e;
-        let kv = 5 * self.keys_per_block * self.max_k * e;
+        let kv = kv_stages * self.keys_per_block * self.max_k * e;
         let out = if schedule.persistent() {
             self.queries_per_block * self.max_k * e
         } else {
             0
         };
         q + kv + out
+    }
+
+    /// The sm90 kernel's K/V pipeline stages: examples/88's five, or at the 256 head-dim tile,
+    /// where those overflow an sm90 CTA's shared memory on a persistent grid (its output buffers
+    /// sit beside the mainloop's), the most that fit, at least two; `_kvN` in the name when not
+    /// five. The smaller tiles keep five, the measured kernels: fewer would add variants (their
+    /// four Q stages) that were never weighed. None for the sm80 family, or where none fit.
+    pub fn kv_stages(&self) -> Option<u32> {
+        let AttentionFamily::Sm90 {
+            schedule,
+            prefetch_q,
+            ..
+        } = self.family
+        else {
+            return None;
+        };
+        let limit = Arch::Sm90.hardware().smem_per_cta;
+        let fewest = if self.max_k > 128 { 2 } else { SM90_KV_STAGES };
+        (fewest..=SM90_KV_STAGES)
+            .rev()
+            .find(|&n| self.sm90_smem_bytes(schedule, prefetch_q, n) <= limit)
     }
 
     /// Whether the output stays in registers (one pass over the values, no accumulator buffer).
@@ -264,11 +295,12 @@ impl AttentionSpec {
                 if (overlap || prefetch_q) && !schedule.persistent() {
                     return Some(format!("{}: the overlapped loop and the queries' prefetch are built for the persistent grid only", self.name()));
                 }
-                let smem = self.sm90_smem_bytes(schedule, prefetch_q);
-                let limit = Arch::Sm90.hardware().smem_per_cta;
-                if smem > limit {
+                if self.kv_stages().is_none() {
+                    let fewest = if self.max_k > 128 { 2 } else { SM90_KV_STAGES };
+                    let smem = self.sm90_smem_bytes(schedule, prefetch_q, fewest);
+                    let limit = Arch::Sm90.hardware().smem_per_cta;
                     return Some(format!(
-                        "{}: {} KiB of shared memory, more than an sm90 CTA's {} KiB",
+                        "{}: {} KiB of shared memory with {fewest} K/V stages, more than an sm90 CTA's {} KiB",
                         self.name(),
                         smem / 1024,
                         limit / 1024
@@ -277,7 +309,7 @@ impl AttentionSpec {
                 let blocks = (self.queries_per_block, self.keys_per_block);
                 if !sm90_blocks(self.max_k).contains(&blocks) {
                     return Some(format!(
-                        "{}: not an instantiation of examples/88 (head-dim tile 32, 64, 96 or 128 with the blocks of sm90_blocks)",
+                        "{}: not an instantiation of examples/88 (head-dim tile 32, 64, 96, 128 or 256 with the blocks of sm90_blocks)",
                         self.name()
                     ));
                 }
@@ -390,7 +422,7 @@ pub fn candidates(p: &AttentionProblem, math: MathType, arch: Arch) -> Vec<Atten
 type Shape = (u32, u32, u32, AttentionFamily);
 
 fn sm90_shapes(p: &AttentionProblem) -> Vec<Shape> {
-    let Some(tile) = [32u32, 64, 128]
+    let Some(tile) = [32u32, 64, 128, 256]
         .into_iter()
         .find(|&t| p.head_dim as u32 <= t)
     else {
@@ -479,6 +511,60 @@ mod tests {
             .map(AttentionSpec::name)
             .filter(|n| n.starts_with(family))
             .collect()
+    }
+
+    #[test]
+    fn head_dim_256_has_examples_88s_block_with_the_stages_that_fit() {
+        // Gemma's heads: 256 wide, one K/V head for eight query heads, causal.
+        let p = AttentionProblem {
+            kv_heads: Some(1),
+            ..problem(256, DType::Bf16)
+        };
+        let c = candidates(&p, MathType::Bf16, Arch::Sm90);
+        let sm90 = names(&c, "sm90");
+        assert_eq!(
+            sm90,
+            [
+                "sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_ovl_causal",
+                "sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal",
+            ],
+            "grouped heads take the persistent grids alone; four Q stages leave no room for two K/V stages"
+        );
+        assert!(
+            !names(&c, "sm80").is_empty(),
+            "the sm80 kernels stay candidates"
+        );
+        for s in c.iter().filter(|s| !s.family.is_sm80()) {
+            let AttentionFamily::Sm90 {
+                schedule,
+                prefetch_q,
+                ..
+            } = s.family
+            else {
+                unreachable!()
+            };
+            let smem = s.sm90_smem_bytes(schedule, prefetch_q, s.kv_stages().unwrap());
+            assert!(smem <= Arch::Sm90.hardware().smem_per_cta, "{}", s.name());
+        }
+        // Without grouped heads one CTA per tile fits examples/88's five stages.
+        let full = candidates(&problem(256, DType::Bf16), MathType::Bf16, Arch::Sm90);
+        assert!(names(&full, "sm90")
+            .contains(&"sm90_fmha_bf16_bf16_q128_k64_d256_coop_causal".to_string()));
+        // A head dim between 128 and 256 runs on the 256 tile; past 256 nothing does.
+        assert!(names(
+            &candidates(&problem(192, DType::Bf16), MathType::Bf16, Arch::Sm90),
+            "sm90"
+        )
+        .iter()
+        .all(|n| n.contains("_d256")));
+        // The tiles at or below 128 keep examples/88's five stages and their names.
+        for d in [32, 64, 96, 128] {
+            let c = candidates(&problem(d, DType::Bf16), MathType::Bf16, Arch::Sm90);
+            assert!(c
+                .iter()
+                .filter(|s| !s.family.is_sm80())
+                .all(|s| s.kv_stages() == Some(5) && !s.name().contains("_kv")));
+        }
     }
 
     #[test]
@@ -626,9 +712,9 @@ mod tests {
             "sm90"
         )
         .is_empty());
-        // Past the 128 tile, only sm80 (up to 256).
-        let c = candidates(&problem(192, DType::Bf16), MathType::Bf16, Arch::Sm90);
-        assert!(names(&c, "sm90").is_empty() && !names(&c, "sm80").is_empty());
+        // Past the 256 tile, neither.
+        let c = candidates(&problem(320, DType::Bf16), MathType::Bf16, Arch::Sm90);
+        assert!(c.is_empty());
         // A query count that is not a multiple of 8 (CUTLASS's can_implement), and T = 1.
         for t in [77, 1] {
             let p = AttentionProblem {
@@ -802,10 +888,9 @@ mod tests {
             },
             ..s
         };
-        assert!(s
-            .invalid_reason()
-            .unwrap()
-            .contains("256 KiB of shared memory, more than an sm90 CTA's 227 KiB"));
+        assert!(s.invalid_reason().unwrap().contains(
+            "256 KiB of shared memory with 5 K/V stages, more than an sm90 CTA's 227 KiB"
+        ));
         let s = AttentionSpec {
             max_k: 96,
             family: AttentionFamily::Sm90 {

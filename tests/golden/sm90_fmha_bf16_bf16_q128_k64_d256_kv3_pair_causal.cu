@@ -1,0 +1,364 @@
+// generated from templates/sm90_fmha.cu.hbs; do not edit
+// sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal: CUTLASS's sm90 fused multi-head attention forward (examples/88_hopper_fmha: TMA loads,
+// WGMMA, a producer warp group and two consumer warp groups on a persistent grid, Q
+// loaded by its own warp, fact's paired tile order),
+// 128 queries x 64 keys per CTA, head-dim tile 256, bf16 math,
+// causal (key j > query i masked, torch's top-left is_causal): cutlass::fmha::collective::CausalFusion.
+// Tensors (FactOpArgs, include/fact_kernels.h): q [B,Hq,Tq,D], k and v [B,Hkv,Tk,D] (Hkv dividing
+// Hq: query head h reads k/v head h / (Hq/Hkv), in place), out [B,Hq,Tq,D],
+// all read and written through their strides (unit stride along D, the others multiples of 16
+// bytes: TMA), a factor (one fp32 value in device memory, e.g. a divisor the graph computes on the
+// GPU; NULL data when none) and no key lengths (NULL data); scalars: scale, causal, and the factor's power
+// (1: scale·factor, -1: scale/factor). The kernel reads the factor itself so the host never waits for them. The workspace holds the kernel's
+// log-sum-exp rows (fp32 [B,Hq,Tq]).
+#include "fact_kernels.h"
+
+#include <cuda_runtime.h>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "cutlass/cutlass.h"
+#include "cutlass/device_kernel.h"
+#include "cutlass/kernel_hardware_info.h"
+#include "collective/fmha_fusion.hpp"
+#include "kernel/fmha_kernel_builder.hpp"
+
+// Internal linkage: a unit may hold a kernel that another object linked beside it holds too
+// (a sweep's unit next to the same kernel built alone); only the weak entry points are shared.
+namespace {
+namespace fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal {
+
+// `find(device)` for the current device, found on the device's first call and kept per `Tag`:
+// setting a kernel's attribute or querying the device costs microseconds, which every launch of a
+// short kernel would make the GPU wait for, and CUDA keeps a kernel's attributes per device. A
+// negative value (it failed) is not kept, so the next call asks again; two threads may both find
+// it, and keep the same value.
+template <class Tag, class Find>
+int per_device(Find find) {
+  constexpr int kDevices = 64;
+  // The value plus one; 0 until found (static storage starts zeroed).
+  static std::atomic<int> kept[kDevices];
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (device < 0 || device >= kDevices) return find(device);
+  const int k = kept[device].load(std::memory_order_acquire);
+  if (k > 0) return k - 1;
+  const int v = find(device);
+  if (v >= 0) kept[device].store(v + 1, std::memory_order_release);
+  return v;
+}
+
+template <class Kernel>
+struct SmemOptIn {};
+
+// Opts `kernel` (of type `Kernel`) into `smem` bytes of dynamic shared memory on the current
+// device, where it needs more than the 48 KiB every kernel may use, once per device: CUTLASS's
+// adapters set it in every initialize (3 us a call). False when CUDA refuses.
+template <class Kernel>
+bool smem_opt_in(const void* kernel, int smem) {
+  if (smem <= (48 << 10)) return true;
+  return per_device<SmemOptIn<Kernel>>([&](int) {
+           if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess) return 1;
+           // Cleared, so the launch check after the next kernel does not report it.
+           (void)cudaGetLastError();
+           return -1;
+         }) > 0;
+}
+
+// The device's SMs, asked once per device: querying costs more than a short kernel.
+int sm_count() {
+  struct SmCount;
+  return per_device<SmCount>([](int device) {
+    return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+  });
+}
+
+using namespace cute;
+
+using Element = cutlass::bfloat16_t;
+using StrideQKVO = cute::tuple<int, _1, cute::tuple<int, int>>;  // T, D, (B, H)
+
+using Built = typename cutlass::fmha::kernel::FmhaBuilder<
+    Element, float, float, Shape<_128, _64, _256>, StrideQKVO, StrideQKVO, StrideQKVO,
+    cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesKV, _3>>::Kernel;
+
+// The persistent grid's tile order under a causal mask, where query block m of M has m + 1 key
+// blocks of work: a CTA takes blocks M-1-j and j of one (batch, head) one after the other, so every
+// pair costs M + 1 key blocks (the middle block of an odd M goes alone), and the pairs are dealt to
+// the CTAs in turn. A (batch, head)'s pairs go to neighbouring CTAs at about the same time, so its
+// keys and values are read while they are in L2. In the rotated order a CTA's blocks are of any
+// length, and at 12·16 heads of 8 blocks on 132 SMs the busiest CTA has 1.13x the mean work; paired,
+// 1.03x, which is the rounding of 768 pairs over 132 CTAs.
+struct PairedTileScheduler {
+  struct Params {
+    int num_pairs;
+    int m_blocks;
+    cutlass::FastDivmod divmod_pairs;  // pairs per (batch, head)
+    cutlass::FastDivmod divmod_h;
+    cutlass::KernelHardwareInfo hw_info;
+  };
+
+  int pair = 0;
+  bool second = false;
+  Params params;
+
+  CUTLASS_DEVICE
+  PairedTileScheduler(Params const& p) : pair(blockIdx.x), params(p) {}
+
+  template <class ProblemSize, class ClusterShape, class TileShape>
+  static Params to_underlying_arguments(ProblemSize const& problem_size, cutlass::KernelHardwareInfo hw_info,
+                                        ClusterShape const&, TileShape const& tile_shape) {
+    const int m_blocks = ceil_div(size<2>(problem_size), size<0>(tile_shape));
+    const int pairs = (m_blocks + 1) / 2;
+    return Params{pairs * size<0>(problem_size) * size<1>(problem_size), m_blocks, {pairs}, {size<1>(problem_size)}, hw_info};
+  }
+
+  static dim3 get_grid_shape(Params const& p) { return dim3(std::min(p.num_pairs, p.hw_info.sm_count), 1, 1); }
+
+  CUTLASS_DEVICE
+  bool is_valid() { return pair < params.num_pairs; }
+
+  CUTLASS_DEVICE
+  auto get_block_coord() {
+    int bh, j, b, h;
+    params.divmod_pairs(bh, j, pair);
+    params.divmod_h(b, h, bh);
+    return make_coord(second ? j : params.m_blocks - 1 - j, _0{}, make_coord(b, h));
+  }
+
+  CUTLASS_DEVICE
+  PairedTileScheduler& operator++() {
+    int bh, j;
+    params.divmod_pairs(bh, j, pair);
+    if (!second && params.m_blocks - 1 - j != j) {
+      second = true;
+    } else {
+      second = false;
+      pair += gridDim.x;
+    }
+    return *this;
+  }
+};
+
+// The example's mainloop with the softmax scale of the call (the example fixes 1/sqrt(D)) and, when
+// the graph computes the scale on the GPU, the factor read in the kernel. Only the consumer warps
+// read the scale, so only `compute` sees the adjusted copy.
+// Grouped-query heads: k and v have Hq / group heads, their TMA descriptors are built over those,
+// and the producer loads k/v head h / group for query head h (`load_kv_maybe_q`); the consumers,
+// the epilogue and the tile order see Hq heads as before.
+template <class Base>
+struct ScaledMainloop : Base {
+  static constexpr bool kKeyLengths = false;
+
+  struct Arguments : Base::Arguments {
+    float scale;
+    const float* factor;
+    int power;
+    const int32_t* lengths;
+    int group;
+  };
+  struct Params : Base::Params {
+    const float* factor;
+    int power;
+    const int32_t* lengths;
+    int group;
+  };
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape const& problem, Arguments const& a, void* workspace) {
+    Params p{Base::to_underlying_arguments(problem, a, workspace), a.factor, a.power, a.lengths, a.group};
+    if (a.group > 1) {
+      ProblemShape kv = problem;
+      get<1>(kv) = get<1>(problem) / a.group;
+      typename Base::Params kv_params = Base::to_underlying_arguments(kv, a, workspace);
+      p.tma_load_k = kv_params.tma_load_k;
+      p.tma_load_v = kv_params.tma_load_v;
+    }
+    p.scale_softmax = a.scale;
+    p.scale_softmax_log2 = static_cast<float>(static_cast<double>(a.scale) * M_LOG2E);
+    return p;
+  }
+
+  // The problem as tile `blk`'s key loop sees it: with key lengths, Tk is batch b's length, kept
+  // within [1, Tk] (the op passes lengths in it; a 0 would leave the producer and the consumers
+  // no key block to agree on).
+  template <class BlkCoord, class ProblemShape>
+  CUTLASS_DEVICE static ProblemShape keys_of(BlkCoord const& blk, Params const& params, ProblemShape const& problem) {
+    if constexpr (kKeyLengths) {
+      ProblemShape p = problem;
+      get<3>(p) = ::max(1, ::min(static_cast<int>(params.lengths[get<2, 0>(blk)]), get<3>(problem)));
+      return p;
+    } else {
+      return problem;
+    }
+  }
+
+  template <bool kLoadQ, class BlkCoord, class ProblemShape, class... Rest>
+  CUTLASS_DEVICE void load_kv_maybe_q(int block_rank_in_cluster, BlkCoord const& blk, Params const& params,
+                                      ProblemShape const& problem, Rest&&... rest) {
+    if constexpr (kLoadQ) {
+      // q and k/v load from one coordinate here: make_arguments refuses grouped heads.
+      Base::template load_kv_maybe_q<true>(block_rank_in_cluster, blk, params, keys_of(blk, params, problem),
+                                           static_cast<Rest&&>(rest)...);
+    } else {
+      auto kv_blk = make_coord(get<0>(blk), get<1>(blk), make_coord(get<2, 0>(blk), get<2, 1>(blk) / params.group));
+      Base::template load_kv_maybe_q<false>(block_rank_in_cluster, kv_blk, params, keys_of(blk, params, problem),
+                                            static_cast<Rest&&>(rest)...);
+    }
+  }
+
+  template <class BlkCoord, class ProblemShape, class... Rest>
+  CUTLASS_DEVICE auto compute(BlkCoord const& blk, BlkCoord const& wg, Params const& params, ProblemShape const& problem,
+                              Rest&... rest) {
+    typename Base::Params p = params;
+    if (params.factor != nullptr) {
+      const float f = *params.factor;
+      p.scale_softmax = params.power > 0 ? p.scale_softmax * f : p.scale_softmax / f;
+      p.scale_softmax_log2 = p.scale_softmax * static_cast<float>(M_LOG2E);
+    }
+    return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);
+  }
+};
+
+template <class K>
+struct WithScaledMainloop;
+template <class Mainloop, class Epilogue, class Scheduler, class... Options>
+struct WithScaledMainloop<cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<Mainloop, Epilogue, Scheduler, Options...>> {
+  using mainloop = ScaledMainloop<Mainloop>;
+  using type = cutlass::fmha::kernel::FmhaKernelTmaWarpSpecialized<mainloop, Epilogue, PairedTileScheduler, Options...>;
+};
+using Kernel = typename WithScaledMainloop<Built>::type;
+using Mainloop = typename WithScaledMainloop<Built>::mainloop;
+
+// The largest dynamic shared memory an sm90 CTA may opt into.
+static_assert(Kernel::SharedStorageSize <= 232448, "sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal: the tile's pipeline stages do not fit in shared memory");
+
+constexpr int64_t kAlign = 16 / sizeof(Element);
+constexpr bool kCausal = true;
+constexpr bool kKeyLengths = false;
+
+bool fits_i32(int64_t v) { return v >= 0 && v <= INT32_MAX; }
+
+// The stride of dim `i` as TMA takes it: a multiple of 16 bytes that fits the kernel's int strides;
+// a dim of size 1 is never stepped, so any such value stands for its stride. -1 when it does not fit.
+int64_t tma_stride(const FactTensor& t, int i) {
+  if (t.sizes[i] == 1) return kAlign;
+  const int64_t s = t.strides[i];
+  return (s % kAlign == 0 && s > 0 && fits_i32(s)) ? s : -1;
+}
+
+// The kernel's arguments for a call, or false when the call does not fit: shapes, dtypes, the
+// mask the kernel was built for, strides and alignments TMA takes, and CUTLASS's own check.
+bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Arguments& args) {
+  // The seventh tensor, a bias, is sm80_fmha's alone.
+  if (a == nullptr || a->num_tensors != 7 || a->num_scalars != 3 || a->tensors[6].data != nullptr) return false;
+  const float* factor = nullptr;
+  const FactTensor& f = a->tensors[4];
+  if (f.data != nullptr) {
+    int64_t n = 1;
+    for (int i = 0; i < f.rank; ++i) n *= f.sizes[i];
+    if (f.dtype != FACT_F32 || n != 1 || (a->scalars[2] != 1.0 && a->scalars[2] != -1.0)) return false;
+    factor = static_cast<const float*>(f.data);
+  }
+  // The softmax subtracts the row maximum of the unscaled scores, which is the maximum of the
+  // scaled ones only for a scale that is not negative.
+  if (!(a->scalars[0] >= 0.0) || !std::isfinite(a->scalars[0])) return false;
+  if ((a->scalars[1] != 0.0) != kCausal) return false;
+  const FactTensor& q = a->tensors[0];
+  const FactTensor& k = a->tensors[1];
+  const FactTensor& v = a->tensors[2];
+  const FactTensor& o = a->tensors[3];
+  for (const FactTensor* t : {&q, &k, &v, &o}) {
+    if (t->rank != 4 || t->dtype != 1 || t->strides[3] != 1) return false;
+    if (reinterpret_cast<uintptr_t>(t->data) % 16 != 0) return false;
+  }
+  const int64_t B = q.sizes[0], H = q.sizes[1], Tq = q.sizes[2], D = q.sizes[3], Tk = k.sizes[2], Hkv = k.sizes[1];
+  if (B <= 0 || H <= 0 || Hkv <= 0 || Tq <= 0 || Tk <= 0 || D <= 0) return false;
+  // Grouped heads: the persistent schedules load q on a warp of its own and k/v from head h / group;
+  // the one-CTA-per-tile schedule loads both from one coordinate.
+  if (H % Hkv != 0 || (Hkv != H && !Kernel::kLoadsQSeparately)) return false;
+  const FactTensor& len = a->tensors[5];
+  const int32_t* lengths = nullptr;
+  if ((len.data != nullptr) != kKeyLengths) return false;
+  if (kKeyLengths) {
+    if (len.rank != 1 || len.dtype != FACT_I32 || len.sizes[0] != B || (B > 1 && len.strides[0] != 1)) return false;
+    if (reinterpret_cast<uintptr_t>(len.data) % sizeof(int32_t) != 0) return false;
+    lengths = static_cast<const int32_t*>(len.data);
+  }
+  // The one-CTA-per-tile grid is (query blocks, B, H).
+  if (B > 65535 || H > 65535) return false;
+  // The persistent grid numbers its tiles B·H·(query blocks) as int.
+  if (!fits_i32(B) || !fits_i32(H) || !fits_i32(Tq) || !fits_i32(Tk) || !fits_i32(B * H * Tq)) return false;
+  if (k.sizes[0] != B || k.sizes[3] != D) return false;
+  for (int i = 0; i < 4; ++i) {
+    if (v.sizes[i] != k.sizes[i] || o.sizes[i] != q.sizes[i]) return false;
+  }
+  // CausalFusion masks key j > query i only: with Tq > Tk a late query would also see the zeros
+  // TMA loads past Tk.
+  if (kCausal && Tq > Tk) return false;
+  StrideQKVO strides[4];
+  const FactTensor* ts[4] = {&q, &k, &v, &o};
+  for (int t = 0; t < 4; ++t) {
+    const int64_t sb = tma_stride(*ts[t], 0), sh = tma_stride(*ts[t], 1), st = tma_stride(*ts[t], 2);
+    if (sb < 0 || sh < 0 || st < 0) return false;
+    strides[t] = make_stride(static_cast<int>(st), _1{}, make_stride(static_cast<int>(sb), static_cast<int>(sh)));
+  }
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  const int b = static_cast<int>(B), h = static_cast<int>(H), tq = static_cast<int>(Tq);
+  typename Mainloop::Arguments mainloop{};
+  mainloop.ptr_Q = static_cast<const Element*>(q.data);
+  mainloop.dQ = strides[0];
+  mainloop.ptr_K = static_cast<const Element*>(k.data);
+  mainloop.dK = strides[1];
+  mainloop.ptr_V = static_cast<const Element*>(v.data);
+  mainloop.dV = strides[2];
+  mainloop.scale = static_cast<float>(a->scalars[0]);
+  mainloop.factor = factor;
+  mainloop.power = a->scalars[2] > 0 ? 1 : -1;
+  mainloop.lengths = lengths;
+  mainloop.group = static_cast<int>(H / Hkv);
+  args = typename Kernel::Arguments{
+      {b, h, tq, static_cast<int>(Tk), static_cast<int>(D)},
+      mainloop,
+      {static_cast<Element*>(o.data), strides[3], static_cast<float*>(workspace), make_stride(_1{}, make_stride(h * tq, tq))},
+      hw};
+  return Kernel::can_implement(args);
+}
+
+// The log-sum-exp rows the epilogue writes: fp32 [B,H,Tq].
+size_t lse_bytes(const FactOpArgs* a) {
+  const FactTensor& q = a->tensors[0];
+  return static_cast<size_t>(q.sizes[0] * q.sizes[1] * q.sizes[2]) * sizeof(float);
+}
+
+}  // namespace fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal
+}  // namespace
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal_can_implement(const FactOpArgs* a, const FactKnobs*) {
+  typename fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::Kernel::Arguments args;
+  return fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::make_arguments(a, nullptr, args) ? FACT_OK : FACT_CANNOT_IMPLEMENT;
+}
+
+extern "C" __attribute__((weak)) size_t fact_k_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal_workspace_size(const FactOpArgs* a, const FactKnobs*) {
+  typename fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::Kernel::Arguments args;
+  if (!fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::make_arguments(a, nullptr, args)) return 0;
+  return fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::lse_bytes(a);
+}
+
+extern "C" __attribute__((weak)) int32_t fact_k_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal_run(const FactOpArgs* a, const FactKnobs*, void* workspace,
+                                                             size_t workspace_size, void* stream) {
+  using Kernel = fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::Kernel;
+  typename Kernel::Arguments args;
+  if (!fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::make_arguments(a, workspace, args)) return FACT_CANNOT_IMPLEMENT;
+  if (workspace == nullptr || workspace_size < fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::lse_bytes(a)) return FACT_WORKSPACE_TOO_SMALL;
+  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  constexpr auto kernel = cutlass::device_kernel<Kernel>;
+  constexpr int smem = Kernel::SharedStorageSize;
+  if (!fact_sm90_fmha_bf16_bf16_q128_k64_d256_kv3_pair_causal::smem_opt_in<Kernel>(reinterpret_cast<const void*>(kernel), smem)) return FACT_INIT_FAILED;
+  kernel<<<Kernel::get_grid_shape(params), Kernel::get_block_shape(), smem, static_cast<cudaStream_t>(stream)>>>(params);
+  return FACT_OK;
+}
