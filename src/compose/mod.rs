@@ -587,7 +587,7 @@ pub(crate) fn test_options() -> Options {
         keep_slower: false,
         space: SpaceOptions::default(),
         refine: 4,
-        light_share: 0.01,
+        light_share: 0.0,
         agent: None,
         agent_timeout: std::time::Duration::from_secs(30),
         gpus: GpuChoice::All,
