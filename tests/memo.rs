@@ -1,6 +1,7 @@
-//! What a forward computes from its inputs' shapes and the module's buffers alone (positions from
-//! arange, the rotary cos and sin, a causal mask) is kept by the op library per key and issued
-//! once per shape: the rewrite wraps it in `fact::memo_get` / `fact::memo_put`, and leaves
+//! What a forward computes from its inputs' shapes and the module's buffers and parameters alone
+//! (positions from arange, the rotary cos and sin, a causal mask, a position bias gathered from a
+//! parameter table) is kept by the op library per key and issued once per shape: the rewrite wraps
+//! it in `fact::memo_get` / `fact::memo_put`, and leaves
 //! everything else (a buffer the forward writes, a table read with the input's data, values the
 //! graph returns) as it was. Fixtures: static_rotaries.pt (StaticRotaries), rotaries.pt (positions
 //! passed in: nothing to keep).
@@ -16,7 +17,7 @@ fn levels(text: &str) -> (Vec<&str>, Vec<&str>) {
 }
 
 #[test]
-fn values_fixed_by_shapes_and_buffers_are_computed_in_one_memo() {
+fn values_fixed_by_shapes_buffers_and_parameters_are_computed_in_one_memo() {
     let dir = tempfile::tempdir().unwrap();
     let schemas = fact::kinds::registry::op_schemas();
     let text = torch::rewrite_and_save(
@@ -30,13 +31,15 @@ fn values_fixed_by_shapes_and_buffers_are_computed_in_one_memo() {
     let count = |lines: &[&str], op: &str| lines.iter().filter(|l| l.contains(op)).count();
     assert_eq!(count(&top, "fact::memo_get("), 1, "{text}");
     assert_eq!(count(&inner, "fact::memo_put("), 1, "{text}");
-    // The positions, cos, sin and the mask: only in the memo's branch that computes them.
+    // The positions, cos, sin, the mask and the position bias's gather and layout: only in the
+    // memo's branch that computes them.
     for op in [
         "aten::arange(",
         "aten::cos(",
         "aten::sin(",
         "aten::masked_fill(",
         "aten::gt(",
+        "aten::contiguous(",
     ] {
         assert_eq!(
             (count(&top, op), count(&inner, op) > 0),
@@ -45,10 +48,16 @@ fn values_fixed_by_shapes_and_buffers_are_computed_in_one_memo() {
         );
     }
     // The counter the forward writes and the table it reads with the input's data stay outside:
-    // their values change from call to call.
-    for op in ["aten::add_(", "aten::argmax(", "aten::index("] {
+    // their values change from call to call. The parameter table's gather by the buffer index is
+    // the memo's.
+    for op in ["aten::add_(", "aten::argmax("] {
         assert_eq!((count(&top, op), count(&inner, op)), (1, 0), "{op}: {text}");
     }
+    assert_eq!(
+        (count(&top, "aten::index("), count(&inner, "aten::index(")),
+        (1, 1),
+        "{text}"
+    );
     // An op that changes a tensor's shape in place could tell where the memo reads the shapes
     // from where the graph did: such a graph keeps its ops (and without it, the same ops go).
     let script = format!(
@@ -94,7 +103,7 @@ print("ok")
 }
 
 #[test]
-fn a_memo_computes_once_per_shape_and_again_after_a_buffer_changes() {
+fn a_memo_computes_once_per_shape_and_again_after_its_state_changes() {
     let dir = tempfile::tempdir().unwrap();
     let user = dir.path().join("table.json");
     // static_rotaries.pt's q and k are rotaries.pt's: the rotary tests' table holds their kernel.
@@ -113,6 +122,9 @@ fn a_memo_computes_once_per_shape_and_again_after_a_buffer_changes() {
     // Each call's outputs are the original module's, bit for bit (the counter the forward writes
     // too); cos runs on the first call at a shape and not on the next, again after the buffer it
     // reads changes in place, on every call with the memo turned off, and once in inference mode.
+    // The position bias's gather (the index ops past the one the input's argmax reads) is in the
+    // same memo: a change of the parameter in place computes both again once, and where autograd
+    // records through the parameter both run on every call.
     let script = format!(
         r#"
 import ctypes
@@ -126,13 +138,18 @@ assert graph.count("fact::memo_get(") == 1 and graph.count("fact::rotary_qk(") =
 g = torch.Generator().manual_seed(0)
 def inputs(t):
     return torch.randn(2, t, 64, generator=g), torch.randn(2, t, 32, generator=g)
-def call(x):
-    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+gathers = []
+def call(x, grad=False):
+    with torch.set_grad_enabled(grad), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         got = m(*x)
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         want = orig(*x)
+    assert len(got) == len(want) == 5
     for a, b in zip(got, want):
         assert torch.equal(a, b), (a - b).abs().max()
+    # Autograd reaches the parameter through the gather where it records.
+    assert (got[4].grad_fn is not None) == grad
+    gathers.append(sum(1 for e in prof.events() if e.name == "aten::index") - 1)
     return sum(1 for e in prof.events() if e.name == "aten::cos")
 x8, x5 = inputs(8), inputs(5)
 runs = [call(x8), call(x8), call(x5), call(x8), call(x5)]
@@ -148,12 +165,19 @@ with torch.inference_mode(), torch.profiler.profile(activities=[torch.profiler.P
 runs.append(sum(1 for e in prof.events() if e.name == "aten::cos"))
 assert all(torch.equal(a, b) for a, b in zip(inferred[:3], orig(*x8)[:3]))
 runs.append(call(x8))
-print(runs)
+with torch.no_grad():
+    m.bias_table.mul_(0.5)
+    orig.bias_table.mul_(0.5)
+runs += [call(x8), call(x8), call(x8, grad=True), call(x8, grad=True)]
+print(runs, gathers)
 "#,
         lib = lib.display().to_string(),
         op_lib = crate::common::op_lib_python(&lib.display().to_string()),
         composed = out_dir.join("composed.pt").display().to_string(),
         orig = fixture("static_rotaries.pt").display().to_string(),
     );
-    assert_eq!(run_python(&script), "[1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 0]");
+    assert_eq!(
+        run_python(&script),
+        "[1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 0, 1, 0, 1, 1] [1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 1, 0, 1, 1]"
+    );
 }

@@ -921,16 +921,19 @@ std::optional<ModuleAttribute> find_attribute(torch::jit::Module& m, const std::
   return a;
 }
 
-// The tensor `v` reads where it is a module attribute and no parameter (a buffer), else nullopt.
 // Dense tensors only: `equal` is defined for them (a sparse or quantized buffer keeps its read).
-std::optional<at::Tensor> buffer_read(torch::jit::Module& m, Graph& g, Value* v) {
+std::optional<at::Tensor> state_read(torch::jit::Module& m, Graph& g, Value* v, bool parameters) {
   const auto path = attribute_path(g, v);
   const auto a = path ? find_attribute(m, *path) : std::nullopt;
-  if (!a || a->parameter || !a->value.isTensor() || !a->value.toTensor().defined()) return std::nullopt;
+  if (!a || (a->parameter && !parameters) || !a->value.isTensor() || !a->value.toTensor().defined()) {
+    return std::nullopt;
+  }
   const at::Tensor& t = a->value.toTensor();
   if (t.layout() != at::kStrided || t.is_quantized() || t.is_meta()) return std::nullopt;
   return t;
 }
+
+std::optional<at::Tensor> buffer_read(torch::jit::Module& m, Graph& g, Value* v) { return state_read(m, g, v, false); }
 
 // What may happen to the memory of `v` downstream: an op writes it (in place, through a view or
 // a container), or the graph returns it. Follows the uses that may alias `v` (an op's argument
@@ -970,11 +973,11 @@ Fate fate(const Graph& g, Value* v) {
   return f;
 }
 
-std::vector<at::Tensor> written_buffers(torch::jit::Module& m, Graph& g) {
+std::vector<at::Tensor> written_state(torch::jit::Module& m, Graph& g) {
   std::vector<at::Tensor> written;
   for (Node* n : g.block()->nodes()) {
     if (n->kind() != c10::prim::GetAttr || !is_tensor(n->output())) continue;
-    const std::optional<at::Tensor> t = buffer_read(m, g, n->output());
+    const std::optional<at::Tensor> t = state_read(m, g, n->output(), true);
     if (t && fate(g, n->output()).written) written.push_back(*t);
   }
   return written;
@@ -985,7 +988,7 @@ bool shares_memory(const std::vector<at::Tensor>& ts, const at::Tensor& t) {
 }
 
 void pool_equal_buffers(torch::jit::Module& m, Graph& g) {
-  const std::vector<at::Tensor> written = written_buffers(m, g);
+  const std::vector<at::Tensor> written = written_state(m, g);
   // Buffers read so far, by dtype and shape: the tensor and the value that reads it.
   std::unordered_map<std::string, std::vector<std::pair<at::Tensor, Value*>>> first;
   for (auto it = g.block()->nodes().begin(); it != g.block()->nodes().end();) {

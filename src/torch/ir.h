@@ -20,7 +20,11 @@ bool reads_metadata_only(const torch::jit::Node* n, size_t i);
 // nullopt where `v` is the module itself or is not read that way.
 std::optional<std::vector<std::string>> attribute_path(torch::jit::Graph& g, torch::jit::Value* v);
 
-// The tensor `v` reads where it is a module attribute and no parameter (a buffer), else nullopt.
+// The dense tensor `v` reads where it is a module attribute: a buffer, or with `parameters` a
+// parameter too; else nullopt.
+std::optional<at::Tensor> state_read(torch::jit::Module& m, torch::jit::Graph& g, torch::jit::Value* v, bool parameters);
+
+// `state_read` of buffers alone.
 std::optional<at::Tensor> buffer_read(torch::jit::Module& m, torch::jit::Graph& g, torch::jit::Value* v);
 
 // What may happen to the memory of `v` downstream: an op writes it (in place, through a view or
@@ -30,19 +34,19 @@ struct Fate {
 };
 Fate fate(const torch::jit::Graph& g, torch::jit::Value* v);
 
-// The module's buffers that the forward writes through any of its reads.
-std::vector<at::Tensor> written_buffers(torch::jit::Module& m, torch::jit::Graph& g);
+// The module's buffers and parameters that the forward writes through any of its reads.
+std::vector<at::Tensor> written_state(torch::jit::Module& m, torch::jit::Graph& g);
 
 // Whether `t` shares memory with one of `ts`.
 bool shares_memory(const std::vector<at::Tensor>& ts, const at::Tensor& t);
 
 // Computes once per key what a forward computes from its inputs' shapes and the module's buffers
-// alone (memo.cc).
+// and parameters alone (memo.cc).
 void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<torch::jit::Graph>& g);
 
 // The nodes of the top-level block that memoization computes once per key rather than per forward
-// (ops that compute a tensor of their own, fixed by the inputs' shapes and the module's buffers,
-// not returned); none where the graph reshapes a tensor in place (memo.cc).
+// (ops that compute a tensor of their own, fixed by the inputs' shapes and the module's buffers
+// and parameters, not returned); none where the graph reshapes a tensor in place (memo.cc).
 std::unordered_set<const torch::jit::Node*> memo_static_nodes(torch::jit::Module& m, torch::jit::Graph& g);
 
 }  // namespace fact::bridge

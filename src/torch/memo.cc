@@ -1,10 +1,14 @@
-// Values a forward computes from its inputs' shapes and the module's buffers alone, computed once
-// per key (see memoize_static_values in ir.h). A traced decoder builds its causal mask from
-// `arange(x.size(1))` and its rotary cos and sin from the `inv_freq` buffer and the positions, on
-// every forward: some fifty small ops the host issues before the first GEMM while the GPU idles.
-// Their values are a function of the shapes they read and the buffers, so the op library keeps
-// them (templates/torch_op.cpp.hbs, memo_get and memo_put) and a forward at known shapes issues
-// none of them. The original ops stay in the graph, run where the memo has no entry.
+// Values a forward computes from its inputs' shapes and the module's state (buffers and
+// parameters) alone, computed once per key (see memoize_static_values in ir.h). A traced decoder
+// builds its causal mask from `arange(x.size(1))` and its rotary cos and sin from the `inv_freq`
+// buffer and the positions, on every forward: some fifty small ops the host issues before the
+// first GEMM while the GPU idles. A windowed or relative-position vision transformer (Swin, BEiT)
+// gathers each block's position bias from its parameter table by a buffer index, and lays it out,
+// on every forward too. Their values are a function of the shapes they read and the state, so the
+// op library keeps them (templates/torch_op.cpp.hbs, memo_get and memo_put) and a forward at known
+// shapes issues none of them. The key holds each state tensor's identity and version counter (a
+// parameter loaded or changed in place is a new key), and no value is kept while autograd records
+// through a parameter. The original ops stay in the graph, run where the memo has no entry.
 #include "fact/src/torch/ir.h"
 
 #include <algorithm>
@@ -37,15 +41,16 @@ bool computes(const Node* n) {
   return false;
 }
 
-// The values of the top-level block that are fixed by the inputs' shapes and the module's buffers:
-// constants, the module and its submodules, its buffers (not its parameters, which training
-// changes and autograd tracks), metadata reads of any tensor, and what pure ops compute from
-// these. A value that an op writes (in place, through a view) is none of them, and neither is a
-// buffer the forward writes through any of its reads (or one sharing its memory).
+// The values of the top-level block that are fixed by the inputs' shapes and the module's state:
+// constants, the module and its submodules, its buffers and parameters (training changes the
+// latter, in place or by a new tensor, and autograd tracks them: the memo's key tells both apart
+// at run time), metadata reads of any tensor, and what pure ops compute from these. A value that
+// an op writes (in place, through a view) is none of them, and neither is a state tensor the
+// forward writes through any of its reads (or one sharing its memory).
 struct StaticValues {
   std::unordered_set<const Node*> nodes;
   std::unordered_set<const Value*> values;
-  std::unordered_set<const Value*> buffers;  // the buffer reads
+  std::unordered_set<const Value*> buffers;  // the state reads (buffers and parameters)
   std::unordered_set<const Value*> returned;  // those the graph returns (through an alias)
 };
 
@@ -54,7 +59,7 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
       c10::prim::Constant,    c10::prim::ListConstruct, c10::prim::ListUnpack, c10::prim::TupleConstruct,
       c10::prim::TupleUnpack, c10::prim::TupleIndex,    c10::prim::NumToTensor, c10::prim::device,
       c10::prim::dtype,       c10::prim::layout};
-  const std::vector<at::Tensor> written = written_buffers(m, g);
+  const std::vector<at::Tensor> written = written_state(m, g);
   StaticValues s;
   if (!g.inputs().empty() && is_module(g.inputs()[0])) s.values.insert(g.inputs()[0]);
   for (Node* n : g.block()->nodes()) {
@@ -64,7 +69,7 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
       if (!s.values.count(n->input(0))) {
         ok = false;
       } else if (!is_module(out)) {
-        const std::optional<at::Tensor> t = is_tensor(out) ? buffer_read(m, g, out) : std::nullopt;
+        const std::optional<at::Tensor> t = is_tensor(out) ? state_read(m, g, out, true) : std::nullopt;
         ok = t.has_value() && !shares_memory(written, *t);
       }
     } else if (ok && (pure_prims.count(n->kind()) > 0 || n->kind().is_aten())) {

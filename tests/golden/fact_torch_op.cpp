@@ -485,14 +485,16 @@ void count_fell_back(c10::string_view kernel, const std::string& why = "") {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Values a forward computes from its inputs' shapes and the module's buffers alone (the causal
-// mask, the rotary cos and sin), kept per key: compose wraps such a subgraph in
+// Values a forward computes from its inputs' shapes and the module's buffers and parameters alone
+// (the causal mask, the rotary cos and sin, a position bias gathered from its table), kept per
+// key: compose wraps such a subgraph in
 // `if memo_get(..) is empty: values = memo_put(.., <the subgraph>)`, so a forward at shapes seen
 // before issues none of its ops. The key is everything the subgraph's values can depend on: the
 // metadata of the tensors it reads only the shapes of, the identity, version counter (bumped by
-// every in-place write) and layout of each buffer it reads, and the modes that change what ops
-// compute (grad, inference, autocast, reduced-precision math, the current stream of each device).
-// An entry holds its buffers, so no other tensor can take their addresses while it lives.
+// every in-place write) and layout of each buffer and parameter it reads, and the modes that change
+// what ops compute (grad, inference, autocast, reduced-precision math, the current stream of each
+// device). An entry holds its state tensors, so no other tensor can take their addresses while it
+// lives.
 struct MemoEntry {
   std::vector<int64_t> key;
   std::vector<at::Tensor> state, values;
@@ -518,7 +520,7 @@ void key_metadata(const at::Tensor& t, std::vector<int64_t>& key) {
 }
 
 // The key of a call, or false where the values must not be kept: memo turned off, or autograd
-// recording through a buffer that requires grad (a kept value would cut the graph).
+// recording through a buffer or parameter that requires grad (a kept value would cut the graph).
 bool memo_key(const std::vector<at::Tensor>& shapes, const std::vector<at::Tensor>& state, std::vector<int64_t>& key) {
   if (disabled(kMemoKind)) return false;
   const bool grad = at::GradMode::is_enabled();
