@@ -31,8 +31,8 @@ fn values_fixed_by_shapes_buffers_and_parameters_are_computed_in_one_memo() {
     let count = |lines: &[&str], op: &str| lines.iter().filter(|l| l.contains(op)).count();
     assert_eq!(count(&top, "fact::memo_get("), 1, "{text}");
     assert_eq!(count(&inner, "fact::memo_put("), 1, "{text}");
-    // The positions, cos, sin, the mask and the position bias's gather and layout: only in the
-    // memo's branch that computes them.
+    // The positions, cos, sin, the mask, the position bias's gather and layout, and the mask
+    // made and written in place: only in the memo's branch that computes them.
     for op in [
         "aten::arange(",
         "aten::cos(",
@@ -40,6 +40,9 @@ fn values_fixed_by_shapes_buffers_and_parameters_are_computed_in_one_memo() {
         "aten::masked_fill(",
         "aten::gt(",
         "aten::contiguous(",
+        "aten::new_zeros(",
+        "aten::fill_(",
+        "aten::copy_(",
     ] {
         assert_eq!(
             (count(&top, op), count(&inner, op) > 0),
@@ -48,11 +51,18 @@ fn values_fixed_by_shapes_buffers_and_parameters_are_computed_in_one_memo() {
         );
     }
     // The counter the forward writes and the table it reads with the input's data stay outside:
-    // their values change from call to call. The parameter table's gather by the buffer index is
-    // the memo's.
-    for op in ["aten::add_(", "aten::argmax("] {
-        assert_eq!((count(&top, op), count(&inner, op)), (1, 0), "{op}: {text}");
-    }
+    // their values change from call to call. The parameter table's gather by the buffer index and
+    // the mask's `+=` are the memo's.
+    assert_eq!(
+        (count(&top, "aten::argmax("), count(&inner, "aten::argmax(")),
+        (1, 0),
+        "{text}"
+    );
+    assert_eq!(
+        (count(&top, "aten::add_("), count(&inner, "aten::add_(")),
+        (1, 1),
+        "{text}"
+    );
     assert_eq!(
         (count(&top, "aten::index("), count(&inner, "aten::index(")),
         (1, 1),
@@ -180,4 +190,64 @@ print(runs, gathers)
         run_python(&script),
         "[1, 0, 1, 0, 0, 1, 0, 1, 1, 1, 0, 1, 0, 1, 1] [1, 0, 1, 0, 0, 1, 0, 1, 1, 0, 1, 0, 1, 1]"
     );
+}
+
+/// A tensor made and then written in place is the memo's only where its value is fixed when it is
+/// read: every write's operands fixed by the shapes and state, no op reading it before its last
+/// write, and the graph not returning it.
+#[test]
+fn a_tensor_written_in_place_is_kept_only_where_its_value_is_fixed() {
+    let dir = tempfile::tempdir().unwrap();
+    let schemas = fact::kinds::registry::op_schemas();
+    let script = format!(
+        r#"
+import torch
+class M(torch.nn.Module):
+    def __init__(self, case):
+        super().__init__()
+        self.case = case
+    def forward(self, x):
+        t = x.size(0)
+        mask = x.new_zeros(t, 4)
+        mask[: t // 2] = 1.0
+        early = x + mask
+        if self.case == "data":
+            mask[:, 1] = x[0, 0]
+        else:
+            mask[:, 1] += 2.0
+        if self.case == "read_early":
+            return x * mask + early
+        if self.case == "returned":
+            return x * mask, mask
+        return x * mask
+for case in ["kept", "data", "read_early", "returned"]:
+    torch.jit.trace(M(case), torch.randn(6, 4), check_trace=False).save(f"{}/{{case}}.pt")
+print("ok")
+"#,
+        dir.path().display()
+    );
+    assert_eq!(run_python(&script), "ok");
+    for (case, kept) in [
+        ("kept", true),
+        ("data", false),
+        ("read_early", false),
+        ("returned", false),
+    ] {
+        let text = torch::rewrite_and_save(
+            &dir.path().join(format!("{case}.pt")),
+            &dir.path().join(format!("out_{case}.pt")),
+            &[],
+            &schemas,
+        )
+        .unwrap();
+        let (top, inner) = levels(&text);
+        let fills = |lines: &[&str]| lines.iter().filter(|l| l.contains("aten::fill_(")).count();
+        assert_eq!(text.contains("fact::memo_get("), kept, "{case}: {text}");
+        if kept {
+            assert_eq!((fills(&top), fills(&inner)), (0, 1), "{case}: {text}");
+        } else {
+            assert_eq!(fills(&inner), 0, "{case}: {text}");
+            assert!(fills(&top) > 0, "{case}: {text}");
+        }
+    }
 }

@@ -52,18 +52,82 @@ struct StaticValues {
   std::unordered_set<const Value*> values;
   std::unordered_set<const Value*> buffers;  // the state reads (buffers and parameters)
   std::unordered_set<const Value*> returned;  // those the graph returns (through an alias)
+  // Each static tensor written in place (`written_in_place`): its nodes, which a memo takes whole.
+  std::vector<std::vector<Node*>> fresh;
+  std::unordered_map<const Node*, size_t> fresh_of;
 };
 
-StaticValues static_values(torch::jit::Module& m, Graph& g) {
+// A tensor that a pure op makes and ops then write in place, as Swin builds its shift mask
+// (`new_zeros`, then `fill_` through slices of it) and BEiT its relative position index (`x[..] +=
+// c`, traced as a write of the sum back into a view of x): the maker, the views of it and the
+// writes, in graph order; nullopt where its value is not one the memo can keep: the graph returns
+// it, control flow, a list or an op of unknown effects takes it, a write sits in a block, or an op
+// other than its own writes reads it (to make a tensor of its own) before its last write.
+std::optional<std::vector<Node*>> written_in_place(const Graph& g, Node* maker,
+                                                   const std::unordered_map<const Node*, size_t>& pos) {
+  std::vector<Node*> nodes = {maker};
+  std::vector<Value*> todo(maker->outputs().begin(), maker->outputs().end());
+  std::vector<Value*> values = todo;
+  std::unordered_set<const Value*> seen(todo.begin(), todo.end());
+  size_t last_write = 0;
+  bool written = false;
+  // Its views and writes, through the uses that may alias it.
+  while (!todo.empty()) {
+    Value* at = todo.back();
+    todo.pop_back();
+    for (const torch::jit::Use& u : at->uses()) {
+      Node* user = u.user;
+      const c10::FunctionSchema* schema = user->maybeSchema();
+      if (user == g.return_node() || schema == nullptr || !user->blocks().empty() ||
+          user->owningBlock() != g.block() || u.offset >= schema->arguments().size()) {
+        return std::nullopt;
+      }
+      const c10::AliasInfo* info = schema->arguments()[u.offset].alias_info();
+      if (info == nullptr) continue;
+      if (info->isWrite()) {
+        written = true;
+        last_write = std::max(last_write, pos.at(user));
+      }
+      if (std::find(nodes.begin(), nodes.end(), user) == nodes.end()) nodes.push_back(user);
+      for (Value* out : user->outputs()) {
+        if (seen.insert(out).second) {
+          todo.push_back(out);
+          values.push_back(out);
+        }
+      }
+    }
+  }
+  if (!written) return std::nullopt;
+  // Its reads by other ops (a read of its sizes sees the same before and after a write).
+  for (const Value* v : values) {
+    for (const torch::jit::Use& u : v->uses()) {
+      if (std::find(nodes.begin(), nodes.end(), u.user) != nodes.end() || reads_metadata_only(u.user, u.offset)) continue;
+      if (pos.at(u.user) < last_write) return std::nullopt;
+    }
+  }
+  std::sort(nodes.begin(), nodes.end(), [&](const Node* a, const Node* b) { return pos.at(a) < pos.at(b); });
+  return nodes;
+}
+
+// One pass of `static_values`, taking the tensors written in place of `fresh` (by index) whole.
+StaticValues static_pass(torch::jit::Module& m, Graph& g, const std::vector<std::vector<Node*>>& fresh,
+                         const std::vector<bool>& allowed) {
   static const std::unordered_set<c10::Symbol> pure_prims = {
       c10::prim::Constant,    c10::prim::ListConstruct, c10::prim::ListUnpack, c10::prim::TupleConstruct,
       c10::prim::TupleUnpack, c10::prim::TupleIndex,    c10::prim::NumToTensor, c10::prim::device,
       c10::prim::dtype,       c10::prim::layout};
   const std::vector<at::Tensor> written = written_state(m, g);
   StaticValues s;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    if (!allowed[i]) continue;
+    for (const Node* n : fresh[i]) s.fresh_of.emplace(n, i);
+  }
+  s.fresh = fresh;
   if (!g.inputs().empty() && is_module(g.inputs()[0])) s.values.insert(g.inputs()[0]);
   for (Node* n : g.block()->nodes()) {
-    bool ok = n->blocks().empty() && !n->hasSideEffects() && !n->isNondeterministic();
+    // A node of a tensor written in place: its writes and views are the tensor's making.
+    const bool in_fresh = s.fresh_of.count(n) > 0;
+    bool ok = n->blocks().empty() && (in_fresh || !n->hasSideEffects()) && !n->isNondeterministic();
     if (ok && n->kind() == c10::prim::GetAttr) {
       Value* out = n->output();
       if (!s.values.count(n->input(0))) {
@@ -74,7 +138,7 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
       }
     } else if (ok && (pure_prims.count(n->kind()) > 0 || n->kind().is_aten())) {
       const c10::FunctionSchema* schema = n->maybeSchema();
-      if (n->kind().is_aten()) ok = schema != nullptr && !schema->is_mutable();
+      if (n->kind().is_aten()) ok = schema != nullptr && (in_fresh || !schema->is_mutable());
       for (size_t i = 0; ok && i < n->inputs().size(); ++i) {
         const Value* v = n->input(i);
         ok = s.values.count(v) > 0 || (is_tensor(v) && reads_metadata_only(n, i));
@@ -84,7 +148,7 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
     }
     std::vector<const Value*> returned;
     for (Value* out : n->outputs()) {
-      if (!ok || !is_tensor(out)) continue;
+      if (!ok || !is_tensor(out) || in_fresh) continue;
       const Fate f = fate(g, out);
       ok = !f.written;
       if (f.returned) returned.push_back(out);
@@ -96,6 +160,38 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
     if (n->kind() == c10::prim::GetAttr && is_tensor(n->output())) s.buffers.insert(n->output());
   }
   return s;
+}
+
+StaticValues static_values(torch::jit::Module& m, Graph& g) {
+  std::unordered_map<const Node*, size_t> pos;
+  size_t i = 0;
+  for (const Node* n : g.block()->nodes()) pos.emplace(n, i++);
+  pos.emplace(g.return_node(), i);
+  // The tensors a pure aten op makes and others write in place: candidates, each kept where every
+  // one of its nodes turns out static (its writes' other operands fixed by the shapes and state),
+  // found again without those that do not.
+  std::vector<std::vector<Node*>> fresh;
+  for (Node* n : g.block()->nodes()) {
+    const c10::FunctionSchema* schema = n->maybeSchema();
+    if (!n->kind().is_aten() || schema == nullptr || schema->is_mutable() || n->outputs().size() != 1 ||
+        !is_tensor(n->output()) || (!schema->returns().empty() && schema->returns()[0].alias_info() != nullptr)) {
+      continue;
+    }
+    if (!fate(g, n->output()).written) continue;
+    if (std::optional<std::vector<Node*>> nodes = written_in_place(g, n, pos)) fresh.push_back(std::move(*nodes));
+  }
+  std::vector<bool> allowed(fresh.size(), true);
+  while (true) {
+    StaticValues s = static_pass(m, g, fresh, allowed);
+    bool dropped = false;
+    for (size_t k = 0; k < fresh.size(); ++k) {
+      if (!allowed[k]) continue;
+      if (std::all_of(fresh[k].begin(), fresh[k].end(), [&](const Node* n) { return s.nodes.count(n) > 0; })) continue;
+      allowed[k] = false;
+      dropped = true;
+    }
+    if (!dropped) return s;
+  }
 }
 
 // One memo: the values it keeps, the static nodes that compute them (in graph order), the tensors
@@ -195,6 +291,11 @@ void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& 
         if (n->kind() == c10::prim::GetAttr && s.buffers.count(n->output())) {
           buffers.push_back(n->output());
           continue;
+        }
+        // A tensor written in place is made by all of its nodes: its writes read nothing of it
+        // that a value's inputs lead to.
+        if (auto f = s.fresh_of.find(n); f != s.fresh_of.end()) {
+          for (Node* w : s.fresh[f->second]) todo.push_back(w);
         }
         slice.push_back(n);
         for (Value* v : n->inputs()) {
