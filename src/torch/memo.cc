@@ -57,6 +57,17 @@ struct StaticValues {
   std::unordered_map<const Node*, size_t> fresh_of;
 };
 
+// Whether the list `list` builds is only read: every use an op's argument that no write aliases.
+bool list_read_only(const Node* list) {
+  for (const torch::jit::Use& u : list->output()->uses()) {
+    const c10::FunctionSchema* schema = u.user->maybeSchema();
+    if (schema == nullptr || u.offset >= schema->arguments().size()) return false;
+    const c10::AliasInfo* info = schema->arguments()[u.offset].alias_info();
+    if (info != nullptr && info->isWrite()) return false;
+  }
+  return true;
+}
+
 // A tensor that a pure op makes and ops then write in place, as Swin builds its shift mask
 // (`new_zeros`, then `fill_` through slices of it) and BEiT its relative position index (`x[..] +=
 // c`, traced as a write of the sum back into a view of x): the maker, the views of it and the
@@ -77,6 +88,11 @@ std::optional<std::vector<Node*>> written_in_place(const Graph& g, Node* maker,
     todo.pop_back();
     for (const torch::jit::Use& u : at->uses()) {
       Node* user = u.user;
+      // A list an op only reads (BEiT's index into its bias table) reads it where it is built.
+      if (user->kind() == c10::prim::ListConstruct && user->owningBlock() == g.block()) {
+        if (!list_read_only(user)) return std::nullopt;
+        continue;
+      }
       const c10::FunctionSchema* schema = user->maybeSchema();
       if (user == g.return_node() || schema == nullptr || !user->blocks().empty() ||
           user->owningBlock() != g.block() || u.offset >= schema->arguments().size()) {
@@ -102,7 +118,7 @@ std::optional<std::vector<Node*>> written_in_place(const Graph& g, Node* maker,
   for (const Value* v : values) {
     for (const torch::jit::Use& u : v->uses()) {
       if (std::find(nodes.begin(), nodes.end(), u.user) != nodes.end() || reads_metadata_only(u.user, u.offset)) continue;
-      if (pos.at(u.user) < last_write) return std::nullopt;
+      if (u.user->owningBlock() != g.block() || pos.at(u.user) < last_write) return std::nullopt;
     }
   }
   std::sort(nodes.begin(), nodes.end(), [&](const Node* a, const Node* b) { return pos.at(a) < pos.at(b); });
@@ -233,7 +249,8 @@ std::unordered_set<const Node*> memo_static_nodes(torch::jit::Module& m, Graph& 
     // A value the graph returns keeps being computed; a view or a constant computes nothing.
     const bool returned = std::any_of(n->outputs().begin(), n->outputs().end(),
                                       [&](const Value* v) { return s.returned.count(v) > 0; });
-    if (computes(n) && !returned) out.insert(n);
+    // A tensor written in place is made by its writes as much as by its maker.
+    if ((computes(n) || s.fresh_of.count(n) > 0) && !returned) out.insert(n);
   }
   return out;
 }
