@@ -178,7 +178,7 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     let _ = right.narrow(1, 10, 6).narrow(0, 1, 1).fill_(0);
     let left = Tensor::ones([2, 16], (Kind::Int64, tch::Device::Cpu));
     let _ = left.narrow(1, 0, 3).narrow(0, 0, 1).fill_(0);
-    let cases: [(&str, Vec<Tensor>); 7] = [
+    let cases: [(&str, Vec<Tensor>); 8] = [
         ("sdpa_causal_repeat.pt", vec![x.shallow_clone()]),
         (
             "sdpa_padded_gqa.pt",
@@ -191,8 +191,10 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
             "eager_padded.pt",
             vec![x.shallow_clone(), right.shallow_clone()],
         ),
-        // Hugging Face's eager attention: the softmax in fp32, the probabilities cast back.
+        // Hugging Face's eager attention: the softmax in fp32, the probabilities cast back;
+        // then with grouped K/V heads repeated by repeat_kv, which the fallback repeats.
         ("eager_f32_softmax.pt", vec![x.shallow_clone()]),
+        ("eager_gqa.pt", vec![x.shallow_clone()]),
     ];
     for (name, inputs) in cases {
         let (g, _) = torch::load_graph(&fixture(name), &[]).unwrap();
@@ -309,7 +311,7 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
         calls
             .get("a")
             .map(|c| (c.ran, c.fell_back, c.why.as_deref())),
-        Some((0, 9, Some("not CUDA tensors of one device"))),
+        Some((0, 10, Some("not CUDA tensors of one device"))),
         "{calls:?}"
     );
     assert_eq!(

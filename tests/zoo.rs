@@ -68,6 +68,23 @@ const EXPECT: &[Expect] = &[
         kv_heads: Some(4),
     },
     Expect {
+        model: "llama_eager",
+        // llama's patterns, its attention written out as Hugging Face's eager attention computes
+        // it: q·kᵀ times the scale, the causal mask added, the softmax in fp32 cast back, ·v,
+        // on the K/V heads repeat_kv expanded (one pattern, the explicit form's causal rule).
+        per_layer: &[
+            ("gemm_rcr", 3),
+            ("glu_silu", 1),
+            ("gemm_rcr_ep_add", 2),
+            ("attention_causal_mask", 1),
+            ("rmsnorm_weight", 2),
+            ("rotary_halves_qk", 1),
+        ],
+        once: &[("gemm_rcr", 1), ("rmsnorm_weight", 1)],
+        wanted: &[],
+        kv_heads: Some(4),
+    },
+    Expect {
         model: "qwen2",
         // q, k, v with bias; gate and up as one GEMM with silu times up; o and down with the
         // residual; q and k rotated in one kernel; two RMSNorms (the adds before them Llama's way).
@@ -563,7 +580,11 @@ fn zoo_models_discover_the_expected_patterns() {
             *expected.entry(rule.to_string()).or_insert(0) += n;
         }
         print!("{}", report(e, layers, &plan, &found));
-        for p in plan.patterns.iter().filter(|p| p.rule.starts_with("sdpa")) {
+        for p in plan
+            .patterns
+            .iter()
+            .filter(|p| p.rule.starts_with("sdpa") || p.rule.starts_with("attention"))
+        {
             let Some(a) = p.problem.get::<fact::kinds::attention::AttentionProblem>() else {
                 panic!("{}: {} is no attention problem", e.model, p.rule);
             };

@@ -123,6 +123,24 @@ def llama(ci):
     return CausalLM(LlamaForCausalLM(config))
 
 
+def llama_eager(ci):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # The Llama-style model above as traced with attn_implementation="eager" (as users trace where
+    # they avoid SDPA): q·kᵀ times the scale, the causal mask added, the softmax in fp32 cast back
+    # to the model's dtype, then ·v, with the K/V heads repeated by repeat_kv.
+    config = LlamaConfig(
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        intermediate_size=5632,
+        num_hidden_layers=layers(ci, 4),
+        vocab_size=CI_VOCAB if ci else 32000,
+        attn_implementation="eager",
+    )
+    return CausalLM(LlamaForCausalLM(config))
+
+
 def qwen2(ci):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -393,6 +411,7 @@ def convnext_tiny(ci):
 MODELS = [
     Model("gpt2", "gpt2", "GPT2LMHeadModel(GPT2Config()): GPT-2 small, 12 layers", gpt2, 8, 1024, vocab=50257, ci_vocab=50257),
     Model("llama", "llama", "LlamaForCausalLM: hidden 2048, 16 heads, 4 KV heads, MLP 5632, 4 layers", llama, 4, 1024, vocab=32000, ci_vocab=CI_VOCAB),
+    Model("llama_eager", "llama", "LlamaForCausalLM as llama, attn_implementation=\"eager\": explicit products, fp32 softmax", llama_eager, 4, 1024, vocab=32000, ci_vocab=CI_VOCAB),
     Model("qwen2", "qwen2", "Qwen2ForCausalLM: Qwen2-0.5B's dims, 4 layers", qwen2, 4, 1024, vocab=151936, ci_vocab=CI_VOCAB),
     Model("pythia", "gpt_neox", "GPTNeoXForCausalLM: Pythia-160m, 12 layers", pythia, 8, 512, vocab=50304, ci_vocab=CI_VOCAB),
     Model("phi3", "phi3", "Phi3ForCausalLM: hidden 1536, 16 heads of 96, fused qkv and gate_up, 4 layers", phi3, 4, 1024, vocab=32064, ci_vocab=CI_VOCAB),

@@ -1167,7 +1167,7 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // views the scores [B/W, W, H, Tq, Tk], adds the window operand and views them back, Swin's
 // shifted windows; "scale_q" scales q before the product rather than the scores after it, Swin's
 // q * c; "softmax_f32" takes the softmax in fp32 and casts the probabilities to v's dtype, Hugging
-// Face's eager attention) or
+// Face's eager attention; "repeat=G", as for SDPA below) or
 // "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
@@ -1244,7 +1244,7 @@ Form parse_form(c10::string_view text) {
       f.softmax_f32 = true;
     } else if (key == "mask" && f.sdpa && (val == "bool" || val == "add")) {
       f.mask = val;
-    } else if (key == "repeat" && f.sdpa && parse_index(val, groups) && groups >= 2) {
+    } else if (key == "repeat" && parse_index(val, groups) && groups >= 2) {
       f.repeat = static_cast<int64_t>(groups);
     } else if (key == "static" && eq == std::string::npos) {
       f.static_mask = true;
@@ -1323,7 +1323,8 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
     if (f.scale_op == 'd') return f.scale_tensor ? at::div(x, *scale) : at::div(x, f.scale);
     return x;
   };
-  const at::Tensor qs = f.upcast ? q.to(at::kFloat) : f.scale_q ? scaled(q) : q, ks = f.upcast ? k.to(at::kFloat) : k;
+  const at::Tensor kr = repeat_heads(k, f.repeat), vr = repeat_heads(v, f.repeat);
+  const at::Tensor qs = f.upcast ? q.to(at::kFloat) : f.scale_q ? scaled(q) : q, ks = f.upcast ? kr.to(at::kFloat) : kr;
   at::Tensor s = at::matmul(qs, ks.transpose(-2, -1));
   if (!f.scale_last && !f.scale_q) s = scaled(s);
   if (f.where) s = at::where(*cond, s, *fill);
@@ -1340,7 +1341,7 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   if (f.scale_last) s = scaled(s);
   at::Tensor p = f.softmax_f32 ? at::softmax(s, -1, at::kFloat) : at::softmax(s, -1);
   if (f.upcast || f.softmax_f32) p = p.to(v.scalar_type());
-  return at::matmul(p, v);
+  return at::matmul(p, vr);
 }
 
 fact_mask::MaskMode mask_mode(const Form& f) {

@@ -245,6 +245,9 @@ impl AttentionMatch {
                 if self.softmax_f32 {
                     f.push_str(";softmax_f32");
                 }
+                if let Some(g) = self.repeat {
+                    f.push_str(&format!(";repeat={g}"));
+                }
                 if self.cond.is_some() {
                     f.push_str(";where");
                 }
@@ -544,6 +547,16 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         mask_strided: false,
         grouped: false,
     };
+    // Hugging Face's eager attention repeats the K/V heads (repeat_kv) before the products, as
+    // its SDPA path does: the kernel reads them in place.
+    let (mut k, mut v, mut repeat) = (k, v, None);
+    if let (Some(rk), Some(rv)) = (unrepeat(cx, k), unrepeat(cx, v)) {
+        if rk.groups == rv.groups {
+            (k, v, repeat) = (rk.source, rv.source, Some(rk.groups));
+            form.grouped = true;
+            nodes.extend(rk.nodes.iter().chain(&rv.nodes));
+        }
+    }
     let mut mask_static = false;
     if let Some(m) = added {
         let shape = |v: ValueId| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default();
@@ -594,7 +607,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         scale_last,
         scale_q,
         gqa: false,
-        repeat: None,
+        repeat,
         upcast,
         softmax_f32,
         problem,
