@@ -294,8 +294,17 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     });
     assert_eq!(text.matches("fact::attention(").count(), 8, "{text}");
     assert_eq!(text.matches(";windows\"").count(), 3, "{text}");
+    // The zoo's BEiT: each layer's SDPA adds the relative position bias through its float mask
+    // (kernel "bt"); the bias, gathered from its table by the index BEiT rebuilds in place each
+    // forward, is the memo's, and the module still computes the model's output.
+    let image = Tensor::randn([1, 3, 224, 224], (Kind::Float, tch::Device::Cpu));
+    let text = zoo_attention_rewritten(dir.path(), "beit", "bt", (2, &[image]), |a| {
+        a.problem.bias.is_some() && a.form().starts_with("sdpa;mask=add;class=none;bias")
+    });
+    assert_eq!(text.matches("fact::attention(").count(), 2, "{text}");
+    assert!(text.contains("fact::memo_get("), "{text}");
     let calls = torch::op_stats(library, false).unwrap();
-    for (kernel, n) in [("t5", 2), ("sw", 8)] {
+    for (kernel, n) in [("t5", 2), ("sw", 8), ("bt", 2)] {
         assert_eq!(
             calls.get(kernel).map(|c| (c.ran, c.fell_back)),
             Some((0, n)),

@@ -423,6 +423,25 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "beit",
+        // Each layer: q and v with bias, k without; the MLP's first linear with GELU; the
+        // attention output and the MLP's second linear each with the layer scale and the residual
+        // (`mul_add`); the two norms; SDPA with the relative position bias added through its
+        // float mask (`sdpa_bias`). The bias is gathered from its table by an index BEiT rebuilds
+        // in place every forward, all of it the memo's. The 16x16 s16 patch embedding.
+        per_layer: &[
+            ("gemm_rcr", 1),
+            ("gemm_rcr_bias", 2),
+            ("gemm_rcr_bias_ep_gelu", 1),
+            ("gemm_rcr_bias_ep_mul_add", 2),
+            ("layernorm_affine", 2),
+            ("sdpa_bias", 1),
+        ],
+        once: &[("conv2d_s16_p0_d1_bias", 1)],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
         model: "swin_t",
         // Two blocks a stage under --ci (the last stage's 7x7 map is one window, so neither of
         // its blocks shifts): each block's qkv and output projections with bias, its MLP (GELU;

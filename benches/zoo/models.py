@@ -53,6 +53,17 @@ class Encoder(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
 
 
+class HFImage(torch.nn.Module):
+    """A Hugging Face vision model on pixel values: its last hidden state."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values):
+        return self.model(pixel_values=pixel_values, return_dict=False)[0]
+
+
 @dataclass(frozen=True)
 class Model:
     """One zoo model. `build(ci)` returns the wrapper in eval mode (random weights: seed first);
@@ -354,6 +365,15 @@ def t5_encoder(ci):
     return Encoder(T5EncoderModel(config))
 
 
+def beit(ci):
+    from transformers import BeitConfig, BeitModel
+
+    # BEiT-base (a held-out family): 12 heads of 64 over 14x14 patches and a class token, each
+    # layer's relative position bias gathered from its table by an index BEiT rebuilds every
+    # forward in place, added to SDPA's mask; layer scale on both residuals.
+    return HFImage(BeitModel(BeitConfig(num_hidden_layers=layers(ci, 12), use_relative_position_bias=True)))
+
+
 def swin_t(ci):
     import torchvision
     from torchvision.models.swin_transformer import SwinTransformer
@@ -429,6 +449,7 @@ MODELS = [
     Model("resnet50", "resnet", "torchvision resnet50", resnet50, 32, None, ci_layers=1),
     Model("mobilenet_v3_large", "mobilenet", "torchvision mobilenet_v3_large (depthwise, SE, hardswish)", mobilenet_v3_large, 32, None, ci_layers=15),
     Model("convnext_tiny", "convnext", "torchvision convnext_tiny (depthwise 7x7, LayerNorm, Linear MLP)", convnext_tiny, 32, None, ci_layers=1),
+    Model("beit", "beit", "BeitModel: BEiT-base, a relative position bias per layer through SDPA's mask (held out)", beit, 32, None),
     Model("swin_t", "swin", "torchvision swin_t (window attention with a relative position bias; shifted windows) (held out)", swin_t, 32, None, ci_layers=2),
 ]
 

@@ -49,21 +49,10 @@ def vision(name):
     return getattr(torchvision.models, name)()
 
 
-class HFImage(torch.nn.Module):
-    """A Hugging Face vision model on pixel values: its last hidden state."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values):
-        return self.model(pixel_values=pixel_values, return_dict=False)[0]
-
-
 def hf_image(config, model, **kw):
     import transformers
 
-    return HFImage(getattr(transformers, model)(getattr(transformers, config)(**kw)))
+    return zoo.HFImage(getattr(transformers, model)(getattr(transformers, config)(**kw)))
 
 
 L, V = LAYERS, VOCAB
@@ -104,7 +93,6 @@ FAMILIES = {
     "mpnet": (lambda: encoder("MPNetConfig", "MPNetModel", num_hidden_layers=L, vocab_size=V), "encoder"),
     "dinov2": (lambda: hf_image("Dinov2Config", "Dinov2Model", num_hidden_layers=L), "image"),
     "clip_vision": (lambda: hf_image("CLIPVisionConfig", "CLIPVisionModel", num_hidden_layers=L), "image"),
-    "beit": (lambda: hf_image("BeitConfig", "BeitModel", num_hidden_layers=L, use_relative_position_bias=True), "image"),
     "convnextv2": (lambda: hf_image("ConvNextV2Config", "ConvNextV2Model"), "image"),
     "swin_v2_t": (lambda: vision("swin_v2_t"), "image"),
     "efficientnet_v2_s": (lambda: vision("efficientnet_v2_s"), "image"),
