@@ -120,7 +120,7 @@ def gpt2(ci):
     return CausalLM(GPT2LMHeadModel(GPT2Config(n_layer=layers(ci, 12))))
 
 
-def llama(ci):
+def llama(ci, **config):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -130,26 +130,16 @@ def llama(ci):
         intermediate_size=5632,
         num_hidden_layers=layers(ci, 4),
         vocab_size=CI_VOCAB if ci else 32000,
+        **config,
     )
     return CausalLM(LlamaForCausalLM(config))
 
 
 def llama_eager(ci):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     # The Llama-style model above as traced with attn_implementation="eager" (as users trace where
     # they avoid SDPA): q·kᵀ times the scale, the causal mask added, the softmax in fp32 cast back
     # to the model's dtype, then ·v, with the K/V heads repeated by repeat_kv.
-    config = LlamaConfig(
-        hidden_size=2048,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        intermediate_size=5632,
-        num_hidden_layers=layers(ci, 4),
-        vocab_size=CI_VOCAB if ci else 32000,
-        attn_implementation="eager",
-    )
-    return CausalLM(LlamaForCausalLM(config))
+    return llama(ci, attn_implementation="eager")
 
 
 def qwen2(ci):

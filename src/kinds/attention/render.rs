@@ -59,7 +59,7 @@ pub fn render(a: &AttentionSpec) -> Source {
             vars["overlap"] = json!(overlap);
             vars["prefetch_q"] = json!(prefetch_q);
             // examples/88's five unless the name says fewer (`_kvN`).
-            vars["kv_stages"] = json!(a.kv_stages().filter(|&n| n != 5));
+            vars["kv_stages"] = json!(a.fewer_kv_stages());
             vars["schedule"] = json!(schedule.cutlass_policy());
             vars["smem_per_cta"] = json!(crate::types::Arch::Sm90.hardware().smem_per_cta);
             vars["persistent"] = json!(schedule.persistent());

@@ -549,14 +549,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     };
     // Hugging Face's eager attention repeats the K/V heads (repeat_kv) before the products, as
     // its SDPA path does: the kernel reads them in place.
-    let (mut k, mut v, mut repeat) = (k, v, None);
-    if let (Some(rk), Some(rv)) = (unrepeat(cx, k), unrepeat(cx, v)) {
-        if rk.groups == rv.groups {
-            (k, v, repeat) = (rk.source, rv.source, Some(rk.groups));
-            form.grouped = true;
-            nodes.extend(rk.nodes.iter().chain(&rv.nodes));
-        }
-    }
+    let (k, v, repeat) = kv_in_place(cx, (k, v), &mut form, &mut nodes);
     let mut mask_static = false;
     if let Some(m) = added {
         let shape = |v: ValueId| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default();
@@ -859,14 +852,11 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         }
     };
     let mut nodes = vec![n];
-    let (mut k0, mut v0, mut repeat) = (k, v, None);
-    if let (Some(rk), Some(rv)) = (unrepeat(cx, k), unrepeat(cx, v)) {
-        if rk.groups == rv.groups && !gqa {
-            (k0, v0, repeat) = (rk.source, rv.source, Some(rk.groups));
-            form.grouped = true;
-            nodes.extend(rk.nodes.iter().chain(&rv.nodes));
-        }
-    }
+    let (k0, v0, repeat) = if gqa {
+        (k, v, None)
+    } else {
+        kv_in_place(cx, (k, v), &mut form, &mut nodes)
+    };
     // The class is of the where's bool mask where the where is folded in.
     let classified = where_fold.map_or(mask.map(|(m, _)| m), |w| Some(w.cond));
     let mask_static = classified.is_some_and(|m| g.values[m].mask.is_some_and(|f| f.shape_only));
@@ -973,7 +963,26 @@ fn broadcasts_to_scores(m: &[i64], q: &[i64], k: &[i64]) -> bool {
             .all(|(&d, &s)| d == 1 || d == s)
 }
 
-/// k or v as the graph repeated its heads G times before SDPA.
+/// k and v as the kernel reads them: where the graph repeated the heads of both alike
+/// (`unrepeat`), their sources and the groups, the form grouped and the repeats' nodes the
+/// match's; else as they are.
+fn kv_in_place(
+    cx: &Ctx,
+    (k, v): (ValueId, ValueId),
+    form: &mut ProblemForm,
+    nodes: &mut Vec<NodeId>,
+) -> (ValueId, ValueId, Option<i64>) {
+    match (unrepeat(cx, k), unrepeat(cx, v)) {
+        (Some(rk), Some(rv)) if rk.groups == rv.groups => {
+            form.grouped = true;
+            nodes.extend(rk.nodes.iter().chain(&rv.nodes));
+            (rk.source, rv.source, Some(rk.groups))
+        }
+        _ => (k, v, None),
+    }
+}
+
+/// k or v as the graph repeated its heads G times before the attention.
 struct Repeat {
     /// The [B,Hkv,T,D] tensor before the repeat.
     source: ValueId,

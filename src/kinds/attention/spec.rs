@@ -201,10 +201,9 @@ impl AttentionSpec {
                 prefetch_q,
                 key_lengths,
             } => {
-                let stages = match self.kv_stages() {
-                    Some(n) if n != SM90_KV_STAGES => format!("_kv{n}"),
-                    _ => String::new(),
-                };
+                let stages = self
+                    .fewer_kv_stages()
+                    .map_or(String::new(), |n| format!("_kv{n}"));
                 format!(
                     "sm90_fmha_{base}{stages}_{}{}{}_{}{}",
                     schedule.short_name(),
@@ -255,10 +254,24 @@ impl AttentionSpec {
             return None;
         };
         let limit = Arch::Sm90.hardware().smem_per_cta;
-        let fewest = if self.max_k > 128 { 2 } else { SM90_KV_STAGES };
-        (fewest..=SM90_KV_STAGES)
+        (self.fewest_kv_stages()..=SM90_KV_STAGES)
             .rev()
             .find(|&n| self.sm90_smem_bytes(schedule, prefetch_q, n) <= limit)
+    }
+
+    /// The fewest K/V stages `kv_stages` considers: two at the 256 tile, five below it.
+    fn fewest_kv_stages(&self) -> u32 {
+        if self.max_k > 128 {
+            2
+        } else {
+            SM90_KV_STAGES
+        }
+    }
+
+    /// `kv_stages` where fewer than examples/88's five: the name's `_kvN` and the render's
+    /// `kStagesKV`.
+    pub fn fewer_kv_stages(&self) -> Option<u32> {
+        self.kv_stages().filter(|&n| n != SM90_KV_STAGES)
     }
 
     /// Whether the output stays in registers (one pass over the values, no accumulator buffer).
@@ -296,7 +309,7 @@ impl AttentionSpec {
                     return Some(format!("{}: the overlapped loop and the queries' prefetch are built for the persistent grid only", self.name()));
                 }
                 if self.kv_stages().is_none() {
-                    let fewest = if self.max_k > 128 { 2 } else { SM90_KV_STAGES };
+                    let fewest = self.fewest_kv_stages();
                     let smem = self.sm90_smem_bytes(schedule, prefetch_q, fewest);
                     let limit = Arch::Sm90.hardware().smem_per_cta;
                     return Some(format!(
