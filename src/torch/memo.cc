@@ -126,13 +126,12 @@ std::optional<std::vector<Node*>> written_in_place(const Graph& g, Node* maker,
 }
 
 // One pass of `static_values`, taking the tensors written in place of `fresh` (by index) whole.
-StaticValues static_pass(torch::jit::Module& m, Graph& g, const std::vector<std::vector<Node*>>& fresh,
-                         const std::vector<bool>& allowed) {
+StaticValues static_pass(torch::jit::Module& m, Graph& g, const std::vector<at::Tensor>& written,
+                         const std::vector<std::vector<Node*>>& fresh, const std::vector<bool>& allowed) {
   static const std::unordered_set<c10::Symbol> pure_prims = {
       c10::prim::Constant,    c10::prim::ListConstruct, c10::prim::ListUnpack, c10::prim::TupleConstruct,
       c10::prim::TupleUnpack, c10::prim::TupleIndex,    c10::prim::NumToTensor, c10::prim::device,
       c10::prim::dtype,       c10::prim::layout};
-  const std::vector<at::Tensor> written = written_state(m, g);
   StaticValues s;
   for (size_t i = 0; i < fresh.size(); ++i) {
     if (!allowed[i]) continue;
@@ -193,12 +192,12 @@ StaticValues static_values(torch::jit::Module& m, Graph& g) {
         !is_tensor(n->output()) || (!schema->returns().empty() && schema->returns()[0].alias_info() != nullptr)) {
       continue;
     }
-    if (!fate(g, n->output()).written) continue;
     if (std::optional<std::vector<Node*>> nodes = written_in_place(g, n, pos)) fresh.push_back(std::move(*nodes));
   }
+  const std::vector<at::Tensor> written = written_state(m, g);
   std::vector<bool> allowed(fresh.size(), true);
   while (true) {
-    StaticValues s = static_pass(m, g, fresh, allowed);
+    StaticValues s = static_pass(m, g, written, fresh, allowed);
     bool dropped = false;
     for (size_t k = 0; k < fresh.size(); ++k) {
       if (!allowed[k]) continue;
