@@ -303,8 +303,26 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     });
     assert_eq!(text.matches("fact::attention(").count(), 2, "{text}");
     assert!(text.contains("fact::memo_get("), "{text}");
+    // The zoo's MPNet: each layer's eager attention adds the relative position bias in place,
+    // then the padding mask (kernel "mp"; the last 8 tokens padded): the op adds the bias beside
+    // the mask's class, and the fallback adds both in the graph's order.
+    let ids = Tensor::randint(1024, [1, 64], (Kind::Int64, tch::Device::Cpu));
+    let keep = Tensor::ones([1, 64], (Kind::Int64, tch::Device::Cpu));
+    let _ = keep.narrow(1, 56, 8).fill_(0);
+    let text = zoo_attention_rewritten(dir.path(), "mpnet", "mp", (2, &[ids, keep]), |a| {
+        a.form() == "explicit;div=8.0;mask=add;class=padded;plus=before"
+    });
+    assert_eq!(text.matches("fact::attention(").count(), 2, "{text}");
+    // The zoo's MPT: ALiBi's row of keys per head added before the causal fill of finfo.min,
+    // the softmax over `x.float()` (kernel "al"): the fallback fills with the same value.
+    let text = zoo_attention_rewritten(dir.path(), "mpt", "al", (2, &[]), |a| {
+        a.problem.bias == Some(fact::kinds::attention::AttentionBias::Keys)
+            && a.form()
+                .contains(";mask=fill;fill=-3.4028234663852886e38;plus=before")
+    });
+    assert!(!text.contains("aten::masked_fill"), "{text}");
     let calls = torch::op_stats(library, false).unwrap();
-    for (kernel, n) in [("t5", 2), ("sw", 8), ("bt", 2)] {
+    for (kernel, n) in [("t5", 2), ("sw", 8), ("bt", 2), ("mp", 2), ("al", 2)] {
         assert_eq!(
             calls.get(kernel).map(|c| (c.ran, c.fell_back)),
             Some((0, n)),

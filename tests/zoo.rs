@@ -423,6 +423,44 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "mpnet",
+        // BERT's layout: q, k and v with bias; the output projections with the residual; the
+        // intermediate with GELU; two norms. The eager attention adds the relative position
+        // bias (in place) and then the padding mask: the kernel adds the bias and takes the
+        // padding as key lengths (`attention_padded_bias`, one bias at batch 1). The bias, a
+        // function of the positions, is the memo's. The embeddings' norm with the position
+        // embeddings' add.
+        per_layer: &[
+            ("gemm_rcr_bias", 3),
+            ("gemm_rcr_bias_ep_add", 2),
+            ("gemm_rcr_bias_ep_gelu", 1),
+            ("layernorm_affine", 2),
+            ("attention_padded_bias", 1),
+        ],
+        once: &[("add_layernorm_affine", 1)],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
+        model: "mpt",
+        // Wqkv; out_proj and down_proj with the residual; up_proj with GELU; LayerNorms without
+        // bias before attention and MLP. The eager attention adds ALiBi ([H,1,Tk], one row of
+        // keys per head) and then fills the causal mask's cells with finfo.min: the kernel adds
+        // the row to every query's scores and skips the blocks past the diagonal
+        // (`attention_causal_bias_keys`; traced in fp32, where ALiBi is q's dtype). The final
+        // norm and the lm_head.
+        per_layer: &[
+            ("gemm_rcr", 1),
+            ("gemm_rcr_ep_add", 2),
+            ("gemm_rcr_ep_gelu", 1),
+            ("layernorm_weight", 2),
+            ("attention_causal_bias_keys", 1),
+        ],
+        once: &[("layernorm_weight", 1), ("gemm_rcr", 1)],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
         model: "beit",
         // Each layer: q and v with bias, k without; the MLP's first linear with GELU; the
         // attention output and the MLP's second linear each with the layer scale and the residual

@@ -355,6 +355,29 @@ def t5_encoder(ci):
     return Encoder(T5EncoderModel(config))
 
 
+def mpnet(ci):
+    from transformers import MPNetConfig, MPNetModel
+
+    # MPNet-base (a held-out family; all-mpnet-base-v2's encoder): BERT-base's dims, no pooler,
+    # each layer's eager attention adding the relative position bias (computed once, from the
+    # positions alone) and then the padding mask to its scores.
+    config = MPNetConfig(num_hidden_layers=layers(ci, 12), **({"vocab_size": CI_VOCAB} if ci else {}))
+    return Encoder(MPNetModel(config, add_pooling_layer=False))
+
+
+def mpt(ci):
+    from transformers import MptConfig, MptForCausalLM
+
+    # MPT-1B's layout (a held-out family): hidden 2048, 16 heads of 128, LayerNorm without bias,
+    # a GELU MLP of 4x, and ALiBi in place of positions: a [H,1,Tk] bias, fp32 as MPT builds it,
+    # added before the causal masked_fill of finfo.min.
+    # Under --ci, hidden 1024 (heads of 64) keeps the file small.
+    config = MptConfig(
+        d_model=1024 if ci else 2048, n_heads=16, n_layers=layers(ci, 4), max_seq_len=2048, **({"vocab_size": CI_VOCAB} if ci else {})
+    )
+    return CausalLM(MptForCausalLM(config))
+
+
 def beit(ci):
     from transformers import BeitConfig, BeitModel
 
@@ -439,6 +462,8 @@ MODELS = [
     Model("resnet50", "resnet", "torchvision resnet50", resnet50, 32, None, ci_layers=1),
     Model("mobilenet_v3_large", "mobilenet", "torchvision mobilenet_v3_large (depthwise, SE, hardswish)", mobilenet_v3_large, 32, None, ci_layers=15),
     Model("convnext_tiny", "convnext", "torchvision convnext_tiny (depthwise 7x7, LayerNorm, Linear MLP)", convnext_tiny, 32, None, ci_layers=1),
+    Model("mpnet", "mpnet", "MPNetModel: MPNet-base, a relative position bias and the padding mask added in turn in eager attention, padding mask passed in (held out)", mpnet, 32, 512, vocab=30527, ci_vocab=CI_VOCAB, padding_mask=True),
+    Model("mpt", "mpt", "MptForCausalLM: hidden 2048, 16 heads of 128, ALiBi before a causal fill, 4 layers (held out)", mpt, 4, 1024, vocab=50368, ci_vocab=CI_VOCAB),
     Model("beit", "beit", "BeitModel: BEiT-base, a relative position bias per layer through SDPA's mask (held out)", beit, 32, None),
     Model("swin_t", "swin", "torchvision swin_t (window attention with a relative position bias; shifted windows) (held out)", swin_t, 32, None, ci_layers=2),
 ]

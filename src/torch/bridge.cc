@@ -559,32 +559,50 @@ MaskFactOut classify_mask(torch::jit::Module& module, Graph& g, Value* mask, con
   return {fact_mask::class_name(value.cls), shape_only};
 }
 
-// The mask an explicit attention adds to its scores before the softmax `softmax` (GPT-J's
+// The masks an explicit attention adds to its scores before the softmax `softmax` (GPT-J's
 // `softmax(q·kᵀ / s + mask)`, any scale, q and k as the product reads them), with the q and k of
 // that product: false when the softmax reads no such sum. GPT-Neo's scores go through
 // `where(cond, scores, fill)` before the add: `cond` is that condition (else null). CodeGen's
-// sum is scaled after the add: `softmax((q·kᵀ + mask) / s)`.
-bool added_mask(Node* softmax, Value*& mask, Value*& q, Value*& k, Value*& cond) {
-  Node* add = softmax->input(0)->node();
-  if ((add->kind() == c10::aten::mul || add->kind() == c10::aten::div) && add->inputs().size() == 2) {
-    add = add->input(0)->node();
-  }
-  if (add->kind() != c10::aten::add || add->inputs().size() != 3) return false;
-  for (size_t side : {0, 1}) {
-    Node* s = add->input(side)->node();
+// sum is scaled after the add: `softmax((q·kᵀ + mask) / s)`. MPNet adds two terms in turn,
+// `(q·kᵀ / s + bias) + mask` (the first in place): both are in `masks`, for the rule to tell
+// which one is of a class the kernels compute.
+bool added_masks(Node* softmax, std::vector<Value*>& masks, Value*& q, Value*& k, Value*& cond) {
+  auto is_add = [](Node* n) {
+    return (n->kind() == c10::aten::add || n->kind() == c10::aten::add_) && n->inputs().size() == 3;
+  };
+  // The scaled product (through GPT-Neo's where) that `n` is: its q and k.
+  auto product = [&](Node* s) {
     cond = nullptr;
     if (s->kind() == c10::aten::where && s->inputs().size() == 3) {
       cond = s->input(0);
       s = s->input(1)->node();
     }
     if (s->kind() == c10::aten::mul || s->kind() == c10::aten::div) s = s->input(0)->node();
-    if (s->kind() != c10::aten::matmul) continue;
+    if (s->kind() != c10::aten::matmul) return false;
     Node* t = s->input(1)->node();
-    if (t->kind() != c10::aten::transpose) continue;
-    mask = add->input(1 - side);
+    if (t->kind() != c10::aten::transpose) return false;
     q = s->input(0);
     k = t->input(0);
     return true;
+  };
+  Node* add = softmax->input(0)->node();
+  if ((add->kind() == c10::aten::mul || add->kind() == c10::aten::div) && add->inputs().size() == 2) {
+    add = add->input(0)->node();
+  }
+  if (!is_add(add)) return false;
+  masks.clear();
+  for (size_t side : {0, 1}) {
+    Node* s = add->input(side)->node();
+    if (product(s)) {
+      masks.push_back(add->input(1 - side));
+      return true;
+    }
+    if (!is_add(s)) continue;
+    for (size_t inner : {0, 1}) {
+      if (!product(s->input(inner)->node())) continue;
+      masks = {s->input(1 - inner), add->input(1 - side)};
+      return true;
+    }
   }
   return false;
 }
@@ -596,9 +614,11 @@ std::unordered_map<const Value*, MaskFactOut> classify_masks(torch::jit::Module&
                                                              const std::vector<at::Tensor>& examples) {
   std::unordered_map<const Value*, MaskFactOut> facts;
   for (Node* n : g.block()->nodes()) {
-    Value *mask = nullptr, *q = nullptr, *k = nullptr, *cond = nullptr;
+    Value *q = nullptr, *k = nullptr, *cond = nullptr;
+    std::vector<Value*> masks;
     if (n->kind() == c10::aten::scaled_dot_product_attention && n->inputs().size() >= 4) {
-      mask = n->input(3);
+      Value* mask = n->input(3);
+      masks = {mask};
       q = n->input(0);
       k = n->input(1);
       // Hugging Face's SDPA integration selects a position bias by a bool mask (T5's
@@ -608,12 +628,14 @@ std::unordered_map<const Value*, MaskFactOut> classify_masks(torch::jit::Module&
         auto it = shapes.find(w->input(0));
         if (it != shapes.end() && it->second.scalar_type() == at::kBool) cond = w->input(0);
       }
-    } else if (n->kind() != c10::aten::softmax || !added_mask(n, mask, q, k, cond)) {
+    } else if (n->kind() != c10::aten::softmax || !added_masks(n, masks, q, k, cond)) {
       continue;
     }
     if (cond != nullptr && !facts.count(cond)) facts.emplace(cond, classify_mask(module, g, cond, q, k, shapes, examples));
-    if (mask->mustBeNone() || facts.count(mask)) continue;
-    facts.emplace(mask, classify_mask(module, g, mask, q, k, shapes, examples));
+    for (Value* mask : masks) {
+      if (mask->mustBeNone() || facts.count(mask)) continue;
+      facts.emplace(mask, classify_mask(module, g, mask, q, k, shapes, examples));
+    }
   }
   return facts;
 }

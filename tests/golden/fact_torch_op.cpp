@@ -1167,7 +1167,10 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // views the scores [B/W, W, H, Tq, Tk], adds the window operand and views them back, Swin's
 // shifted windows; "scale_q" scales q before the product rather than the scores after it, Swin's
 // q * c; "softmax_f32" takes the softmax in fp32 and casts the probabilities to v's dtype, Hugging
-// Face's eager attention; "repeat=G", as for SDPA below) or
+// Face's eager attention; "fill=x" fills the masked cells with x rather than -inf, MPT's
+// finfo.min; "plus=before" or "plus=after" adds the plus operand, a bias, to the scaled scores
+// before or after the mask, which keeps its class (MPNet's position bias before its padding mask,
+// MPT's ALiBi before its causal fill); "repeat=G", as for SDPA below) or
 // "sdpa;causal;scale=0.1" (at::scaled_dot_product_attention with is_causal and scale).
 // An SDPA form also says how the call passed its attn_mask ("mask=bool" or "mask=add", additive),
 // "gqa" (enable_gqa), "repeat=G" (the graph repeated k and v G times along the heads before the
@@ -1179,6 +1182,8 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 struct Form {
   bool sdpa = false, causal = false, gqa = false, upcast = false, where = false, scale_last = false, windows = false,
        scale_q = false, softmax_f32 = false;
+  // The plus operand is a bias the graph adds beside the mask: 'b' before it, 'a' after, 0 none.
+  char plus = 0;
   // Explicit form: 'm' mul, 'd' div, 0 none. SDPA: 's' when a scale was given.
   char scale_op = 0;
   double scale = 1.0;
@@ -1195,7 +1200,8 @@ struct Form {
   // The kernel adds the (additive) mask to the scaled scores: nothing to classify but a where's
   // condition.
   bool bias = false;
-  // SDPA's where(cond, mask, fill): the fill a constant of the form.
+  // SDPA's where(cond, mask, fill): the fill a constant of the form; the explicit form's
+  // masked_fill value where it is not -inf.
   double fill = 0.0;
   bool has_fill = false;
 };
@@ -1229,9 +1235,11 @@ Form parse_form(c10::string_view text) {
       f.upcast = true;
     } else if (key == "where" && eq == std::string::npos) {
       f.where = true;
-    } else if (key == "fill" && f.sdpa) {
+    } else if (key == "fill" && (f.sdpa || f.mask == "not" || f.mask == "eq0" || f.mask == "fill")) {
       f.fill = std::stod(val);
       f.has_fill = true;
+    } else if (key == "plus" && !f.sdpa && (val == "before" || val == "after")) {
+      f.plus = val[0];
     } else if (key == "bias" && eq == std::string::npos) {
       f.bias = true;
     } else if (key == "scale_last" && !f.sdpa && eq == std::string::npos) {
@@ -1275,6 +1283,11 @@ Form parse_form(c10::string_view text) {
   if (f.bias && !f.where && (f.static_mask || f.kernel_class != fact_mask::MaskClass::None)) bad();
   // SDPA's where has its fill in the form, the explicit form's is an operand.
   if (f.sdpa && f.where != f.has_fill) bad();
+  // The masked_fill's value masks (at or below half the lowest value, the rule's bound).
+  if (!f.sdpa && f.has_fill && !(f.fill < 0.0)) bad();
+  // A bias beside a mask, which keeps its class: not the mask itself a bias, nor with a where,
+  // a scale after the mask, casts of q and k, or windows.
+  if (f.plus && (f.mask.empty() || f.bias || f.where || f.scale_last || f.upcast || f.windows)) bad();
   // The windows' mask is added with the position bias, as one bias.
   if (f.windows && !f.bias) bad();
   // The softmax in fp32 is the form's where q and k were not cast before the product.
@@ -1304,7 +1317,7 @@ at::Tensor repeat_heads(const at::Tensor& x, int64_t groups) {
 at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
                               const std::optional<at::Tensor>& cond, const std::optional<at::Tensor>& fill,
-                              const std::optional<at::Tensor>& window) {
+                              const std::optional<at::Tensor>& window, const std::optional<at::Tensor>& plus) {
   if (f.sdpa) {
     // torch's fused kernels refuse a mask whose last stride is not 1 (T5's, summed from a
     // position bias permuted from [Tq,Tk,H]) and run the math path: the same values laid out
@@ -1327,6 +1340,7 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   const at::Tensor qs = f.upcast ? q.to(at::kFloat) : f.scale_q ? scaled(q) : q, ks = f.upcast ? kr.to(at::kFloat) : kr;
   at::Tensor s = at::matmul(qs, ks.transpose(-2, -1));
   if (!f.scale_last && !f.scale_q) s = scaled(s);
+  if (f.plus == 'b') s = at::add(s, *plus);
   if (f.where) s = at::where(*cond, s, *fill);
   if (f.mask == "add") {
     s = at::add(s, *mask);
@@ -1336,8 +1350,9 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
       s = at::add(s.view({dims[0] / w, w, dims[1], dims[2], dims[3]}), *window).view(dims);
     }
   } else if (!f.mask.empty()) {
-    s = s.masked_fill(filled(f, *mask), -std::numeric_limits<double>::infinity());
+    s = s.masked_fill(filled(f, *mask), f.has_fill ? f.fill : -std::numeric_limits<double>::infinity());
   }
+  if (f.plus == 'a') s = at::add(s, *plus);
   if (f.scale_last) s = scaled(s);
   at::Tensor p = f.softmax_f32 ? at::softmax(s, -1, at::kFloat) : at::softmax(s, -1);
   if (f.upcast || f.softmax_f32) p = p.to(v.scalar_type());
@@ -1463,7 +1478,8 @@ at::Tensor bias_rows(const at::Tensor& mask, int64_t q_rank, int64_t b, int64_t 
 at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale_t,
                             const std::optional<at::Tensor>& cond, const std::optional<at::Tensor>& window,
-                            c10::string_view kernel, std::string& why, bool& copied) {
+                            const std::optional<at::Tensor>& plus, c10::string_view kernel, std::string& why,
+                            bool& copied) {
   using fact_mask::MaskClass;
   if (!q.is_cuda() || k.device() != q.device() || v.device() != q.device()) return why = "not CUDA tensors of one device", at::Tensor();
   if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
@@ -1507,6 +1523,13 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
     } else {
       bias = bias_rows(*mask, q.dim(), b, h, tq, tk, 0, copied);
     }
+  }
+  if (f.plus) {
+    // The bias beside the mask: the mask is classified below as without it.
+    if (!plus->defined() || plus->device() != q.device()) return why = "the bias is not on q's device", at::Tensor();
+    if (plus->scalar_type() != q.scalar_type()) return why = "the bias is not of q's dtype", at::Tensor();
+    if (plus->dim() > q.dim()) return why = "the bias has more dims than the scores", at::Tensor();
+    bias = bias_rows(*plus, q.dim(), b, h, tq, tk, 0, copied);
   }
   // The class: of the mask (no bias), or of SDPA's where condition beside a bias.
   if (!f.mask.empty() && (!f.bias || f.where)) {
@@ -1573,7 +1596,8 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
                      c10::string_view form, c10::string_view kernel, const std::optional<at::Tensor>& cond,
-                     const std::optional<at::Tensor>& fill, const std::optional<at::Tensor>& window) {
+                     const std::optional<at::Tensor>& fill, const std::optional<at::Tensor>& window,
+                     const std::optional<at::Tensor>& plus) {
   const Form f = parse_form(form);
   TORCH_CHECK(f.mask.empty() || (mask.has_value() && mask->defined()), "fact::attention: form '",
               std::string(form), "' masks but the call passes no mask");
@@ -1583,17 +1607,19 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               "fact::attention: form '", std::string(form), "' has a where but the call passes no condition or fill");
   TORCH_CHECK(!f.windows || (window.has_value() && window->defined() && window->dim() == 5), "fact::attention: form '",
               std::string(form), "' adds a windows' mask but the call passes no 5-d one");
+  TORCH_CHECK(!f.plus || (plus.has_value() && plus->defined()), "fact::attention: form '", std::string(form),
+              "' adds a bias beside its mask but the call passes none");
   std::string why = "attention is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kAttentionKind)) {
     bool copied = false;
-    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, cond, window, kernel, why, copied);
+    at::Tensor out = attention_kernel(f, q, k, v, mask, scale, cond, window, plus, kernel, why, copied);
     if (out.defined()) {
       count_ran(kernel, copied);
       return out;
     }
   }
   count_fell_back(kernel, why);
-  return attention_original(f, q, k, v, mask, scale, cond, fill, window);
+  return attention_original(f, q, k, v, mask, scale, cond, fill, window, plus);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2620,7 +2646,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
     m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::attention", ""}).has_value()) {
-    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None) -> Tensor");
+    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None, Tensor? plus=None) -> Tensor");
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
     m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");

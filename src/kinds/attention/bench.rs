@@ -10,7 +10,8 @@
 //! as Hugging Face's `repeat_kv` does (expand + reshape) and, for key lengths, the boolean mask it
 //! passes ([B,1,1,Tk] expanded, or with the causal triangle [B,1,Tq,Tk]). A bias problem's bias
 //! is drawn per head (and per sequence where batched, else [1,H,Tq,Tk] broadcast over the
-//! sequences), with a quarter of each row's cells at the dtype's lowest value, as a padding or
+//! sequences; one row of keys per head broadcast over the queries, query stride 0, for the
+//! `Keys` forms), with a quarter of each row's cells at the dtype's lowest value, as a padding or
 //! window mask summed into a position bias puts them (key 0 always visible); its rows lie 16
 //! bytes apart as the kernel reads them (the op pads a bias whose rows do not).
 
@@ -191,7 +192,7 @@ fn scores_bias(bias: &Tensor, p: &AttentionProblem) -> Tensor {
 /// of each row past key 0 at the dtype's lowest value, in rows 16 bytes apart.
 fn random_bias(p: &AttentionProblem, bias: AttentionBias, device: Device) -> Tensor {
     let kind = p.dtype.tch_kind();
-    let dims = [bias.count(p.batch), p.heads, p.seq_q, p.seq_k];
+    let dims = [bias.count(p.batch), p.heads, bias.rows(p.seq_q), p.seq_k];
     let masked = Tensor::rand(dims, (Kind::Float, device))
         .lt(0.25)
         .index_fill(3, &Tensor::from_slice(&[0i64]).to_device(device), 0);
@@ -550,6 +551,9 @@ mod tests {
             (AttentionBias::Shared, AttentionOrigin::Sdpa, 49),
             (AttentionBias::Batched, AttentionOrigin::Explicit, 48),
             (AttentionBias::Windows(5), AttentionOrigin::Explicit, 49),
+            // ALiBi's [H,1,Tk] (MPT's, beside its causal fill) and a per-sequence row of keys.
+            (AttentionBias::Keys, AttentionOrigin::Explicit, 48),
+            (AttentionBias::KeysBatched, AttentionOrigin::Sdpa, 49),
         ] {
             // T5's: a shared bias beside padded keys (SDPA's where), or the causal triangle.
             for (causal, padded) in [(false, true), (true, false), (true, true)] {
@@ -585,18 +589,26 @@ mod tests {
             let raw = x.bias.as_ref().unwrap();
             let strides = raw.stride();
             let per_sequence = raw.size()[0] > 1 && strides[0] != 0;
-            assert_eq!(per_sequence, bias == AttentionBias::Batched, "{strides:?}");
+            let batched = matches!(bias, AttentionBias::Batched | AttentionBias::KeysBatched);
+            assert_eq!(per_sequence, batched, "{strides:?}");
             if let AttentionBias::Windows(w) = bias {
                 assert_eq!(raw.size()[..2], [5 / w, w]);
             }
+            // A row of keys per head: every query reads it through a stride of 0.
+            let keys = matches!(bias, AttentionBias::Keys | AttentionBias::KeysBatched);
+            assert_eq!(strides[2] == 0, keys, "{strides:?}");
             assert_eq!(strides[strides.len() - 2] % 4, 0, "{strides:?}");
-            // Masked cells at the lowest value, key 0 never among them.
+            // Masked cells at the lowest value, key 0 never among them: a quarter of the others,
+            // within five standard deviations of the cells drawn (a row of keys draws few).
             let masked = b
                 .le(-1e38)
                 .to_kind(Kind::Double)
                 .mean(None::<Kind>)
                 .double_value(&[]);
-            assert!((0.15..0.3).contains(&masked), "{masked}");
+            let drawn = (bias.count(5) * 4 * bias.rows(seq) * (seq - 1)) as f64;
+            let expected = 0.25 * (seq - 1) as f64 / seq as f64;
+            let spread = 5.0 * (0.25 * 0.75 / drawn).sqrt();
+            assert!((masked - expected).abs() < spread, "{masked}");
             assert_eq!(
                 b.narrow(3, 0, 1)
                     .le(-1e38)

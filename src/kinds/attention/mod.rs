@@ -36,9 +36,10 @@ pub const ATTENTION: PatternKind = PatternKind::new("attention");
 /// which the fallback recomputes and the kernel's scale comes from; `scale` is the one-element
 /// tensor of a form whose factor the graph computes (`div=tensor`); `cond` and `fill` are a
 /// `where` form's condition and fill (GPT-Neo's `where(c, scores, finfo.min)`); `window` a
-/// `windows` form's per-window mask (Swin's shifted windows).
+/// `windows` form's per-window mask (Swin's shifted windows); `plus` a `plus` form's bias beside
+/// the mask (MPNet's position bias, MPT's ALiBi).
 pub const ATTENTION_OP_SCHEMA: &str =
-    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None) -> Tensor";
+    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None, Tensor? plus=None) -> Tensor";
 
 /// The attention kind.
 pub struct Attention;
@@ -128,7 +129,7 @@ impl TypedKind for Attention {
             .then(|| AttentionProblem::from_rule(rule, dims, dtype))
     }
     fn rule_ids(&self) -> &'static str {
-        "attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask; with a bias tensor attention_bias or sdpa_bias, and their _bias_batched and _bias_windowsW forms"
+        "attention, attention_causal, attention_padded, attention_causal_padded, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask; with a bias tensor attention_bias or sdpa_bias (after any of those but the _mask ones: attention_padded_bias), and their _bias_batched, _bias_keys, _bias_keys_batched and _bias_windowsW forms"
     }
     fn rule_id(&self, p: &AttentionProblem) -> String {
         p.rule_id()
@@ -279,6 +280,7 @@ pub fn edit(g: &Graph, a: &AttentionMatch, kernel: &str) -> Edit {
             Operand::optional(a.cond.map(|(c, _)| c).or(a.where_mask.map(|(c, _)| c))),
             Operand::optional(a.cond.map(|(_, f)| f)),
             Operand::optional(a.window),
+            Operand::optional(a.plus.map(|(b, _)| b)),
         ],
         remove: rest.iter().map(|&n| n as u32).collect(),
         remove_kinds: rest.iter().map(|&n| g.nodes[n].kind.clone()).collect(),
@@ -301,7 +303,12 @@ fn notes(a: &AttentionMatch, math: Option<MathType>) -> Vec<String> {
             a.kernel_scale().map_or("read from the graph".to_string(), |s| format!("{s:.4}")),
             match p.bias {
                 Some(AttentionBias::Windows(w)) => format!("the mask added as a bias tile (one per window, {w} windows), "),
-                Some(b) => format!("the mask added as a bias tile ({}), ", if b == AttentionBias::Batched { "one per sequence" } else { "shared by the sequences" }),
+                Some(b) => format!(
+                    "{} added as a bias tile ({}{}), ",
+                    if a.plus.is_some() { "the bias beside the mask" } else { "the mask" },
+                    if matches!(b, AttentionBias::Batched | AttentionBias::KeysBatched) { "one per sequence" } else { "shared by the sequences" },
+                    if b.rows(2) == 1 { ", one row of keys per head for every query" } else { "" }
+                ),
                 None if p.causal => "causal mask (key blocks past the diagonal skipped), ".into(),
                 None => String::new(),
             },

@@ -21,21 +21,44 @@ pub enum AttentionOrigin {
 /// [B,H,Tq,Tk]) decides how many bytes the kernel and torch's baseline read, so the two are
 /// separate table entries. Swin's shifted windows add a mask per window through a view of the
 /// scores as [B/W, W, H, Tq, Tk] after the position bias: sequence b reads window b % W's bias.
+/// A bias of one row of keys per head, the same for every query (ALiBi's [H,1,Tk], or an
+/// additive padding mask no class describes, [B,1,1,Tk]), is read with a query stride of 0: its
+/// own entries (`Keys`, `KeysBatched`), so that the kernels verified for it read it so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionBias {
     Shared,
     Batched,
     Windows(i64),
+    Keys,
+    KeysBatched,
 }
 
 impl AttentionBias {
-    /// How many [H,Tq,Tk] biases there are among `batch` sequences.
+    /// How many [H,Tq,Tk] biases (or [H,1,Tk] rows of keys) there are among `batch` sequences.
     pub fn count(self, batch: i64) -> i64 {
         match self {
-            AttentionBias::Shared => 1,
-            AttentionBias::Batched => batch,
+            AttentionBias::Shared | AttentionBias::Keys => 1,
+            AttentionBias::Batched | AttentionBias::KeysBatched => batch,
             AttentionBias::Windows(w) => w,
+        }
+    }
+    /// Rows of keys each [H,..,Tk] bias holds: 1 where every query reads the same, else `seq_q`.
+    pub fn rows(self, seq_q: i64) -> i64 {
+        match self {
+            AttentionBias::Keys | AttentionBias::KeysBatched => 1,
+            _ => seq_q,
+        }
+    }
+    /// The rule id's part: `_bias`, `_bias_batched`, `_bias_windowsW`, `_bias_keys`,
+    /// `_bias_keys_batched`.
+    pub fn suffix(self) -> String {
+        match self {
+            AttentionBias::Shared => "_bias".into(),
+            AttentionBias::Batched => "_bias_batched".into(),
+            AttentionBias::Windows(w) => format!("_bias_windows{w}"),
+            AttentionBias::Keys => "_bias_keys".into(),
+            AttentionBias::KeysBatched => "_bias_keys_batched".into(),
         }
     }
 }
@@ -65,8 +88,9 @@ pub struct AttentionProblem {
     /// problem's mask is always a tensor, so this is set only where `padded` is not.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub masked: bool,
-    /// The kernel adds a bias tensor to the scaled scores (none of `causal`, `padded`, `masked`:
-    /// whatever the bias masks, it masks by its values).
+    /// The kernel adds a bias tensor to the scaled scores: alone (whatever it masks, it masks by
+    /// its values), or beside the class of a mask the graph applies with it (T5's and MPNet's
+    /// padding, MPT's causal fill); never with `masked`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bias: Option<AttentionBias>,
     /// SDPA's mask tensor is not dense along the keys (its last stride is not 1: T5's position
@@ -91,12 +115,7 @@ impl AttentionProblem {
         let causal = if self.causal { "_causal" } else { "" };
         let padded = if self.padded { "_padded" } else { "" };
         let masked = if self.masked { "_mask" } else { "" };
-        let bias = match self.bias {
-            None => String::new(),
-            Some(AttentionBias::Shared) => "_bias".into(),
-            Some(AttentionBias::Batched) => "_bias_batched".into(),
-            Some(AttentionBias::Windows(w)) => format!("_bias_windows{w}"),
-        };
+        let bias = self.bias.map_or(String::new(), AttentionBias::suffix);
         let strided = if self.mask_strided { "_strided" } else { "" };
         format!("{kind}{causal}{padded}{masked}{bias}{strided}")
     }
@@ -147,7 +166,7 @@ impl AttentionProblem {
     pub fn bytes(&self) -> f64 {
         let e = self.dtype.bytes() as f64;
         let bias = self.bias.map_or(0.0, |b| {
-            (b.count(self.batch) * self.heads * self.seq_q * self.seq_k) as f64
+            (b.count(self.batch) * self.heads * b.rows(self.seq_q) * self.seq_k) as f64
         });
         e * ((self.batch * self.head_dim) as f64
             * (2.0 * (self.heads * self.seq_q) as f64
@@ -179,6 +198,10 @@ impl AttentionProblem {
             .and_then(|(r, w)| w.parse::<i64>().ok().filter(|&w| w > 0).map(|w| (r, w)));
         let (rule, bias) = if let Some((r, w)) = windows {
             (r, Some(AttentionBias::Windows(w)))
+        } else if let Some(r) = rule.strip_suffix("_bias_keys_batched") {
+            (r, Some(AttentionBias::KeysBatched))
+        } else if let Some(r) = rule.strip_suffix("_bias_keys") {
+            (r, Some(AttentionBias::Keys))
         } else if let Some(r) = rule.strip_suffix("_bias_batched") {
             (r, Some(AttentionBias::Batched))
         } else if let Some(r) = rule.strip_suffix("_bias") {
@@ -191,15 +214,25 @@ impl AttentionProblem {
             _ if bias.is_some()
                 && !matches!(
                     rule,
-                    "attention" | "sdpa" | "sdpa_causal" | "sdpa_padded" | "sdpa_causal_padded"
+                    "attention"
+                        | "attention_causal"
+                        | "attention_padded"
+                        | "attention_causal_padded"
+                        | "sdpa"
+                        | "sdpa_causal"
+                        | "sdpa_padded"
+                        | "sdpa_causal_padded"
                 ) =>
             {
                 return Err(format!(
-                    "unknown rule '{rule}' with a bias: use attention_bias, sdpa_bias, sdpa_padded_bias, sdpa_causal_bias or sdpa_causal_padded_bias, or their _bias_batched and _bias_windowsW forms (a bias takes no mask tensor of a class beside it)"
+                    "unknown rule '{rule}' with a bias: use attention_bias, sdpa_bias, their _causal, _padded and _causal_padded forms (attention_padded_bias), or their _bias_batched, _bias_keys, _bias_keys_batched and _bias_windowsW forms (a bias takes no mask tensor of a class beside it)"
                 ))
             }
             "attention" => (AttentionOrigin::Explicit, false, false, false),
             "attention_causal" => (AttentionOrigin::Explicit, true, false, false),
+            // An added mask of key padding (an attention_mask input), classified as SDPA's is.
+            "attention_padded" => (AttentionOrigin::Explicit, false, true, false),
+            "attention_causal_padded" => (AttentionOrigin::Explicit, true, true, false),
             "sdpa" => (AttentionOrigin::Sdpa, false, false, false),
             "sdpa_causal" => (AttentionOrigin::Sdpa, true, false, false),
             "sdpa_padded" => (AttentionOrigin::Sdpa, false, true, false),
@@ -208,7 +241,7 @@ impl AttentionProblem {
             "sdpa_causal_mask" => (AttentionOrigin::Sdpa, true, false, true),
             _ => {
                 return Err(format!(
-                    "unknown rule '{rule}': use attention, attention_causal, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask, or attention_bias, sdpa_bias and their _bias_batched and _bias_windowsW forms"
+                    "unknown rule '{rule}': use attention, attention_causal, attention_padded, attention_causal_padded, sdpa, sdpa_causal, sdpa_padded, sdpa_causal_padded, sdpa_mask or sdpa_causal_mask, or attention_bias, sdpa_bias and their _bias_batched, _bias_keys, _bias_keys_batched and _bias_windowsW forms"
                 ))
             }
         };
@@ -347,6 +380,8 @@ mod tests {
             (AttentionBias::Shared, "sdpa_bias"),
             (AttentionBias::Batched, "sdpa_bias_batched"),
             (AttentionBias::Windows(4), "attention_bias_windows4"),
+            (AttentionBias::Keys, "attention_bias_keys"),
+            (AttentionBias::KeysBatched, "sdpa_bias_keys_batched"),
         ] {
             let b = AttentionProblem {
                 origin: if id.starts_with("sdpa") {
@@ -369,6 +404,20 @@ mod tests {
             AttentionProblem::from_rule("attention_bias_batched", &dims[..5], DType::F32).unwrap();
         let plain = AttentionProblem::from_rule("attention", &dims[..5], DType::F32).unwrap();
         assert!(plain.bytes() < shared.bytes() && shared.bytes() < batched.bytes());
+        // A row of keys per head reads Tq times fewer bytes of bias than a bias per query.
+        let keys =
+            AttentionProblem::from_rule("attention_bias_keys", &dims[..5], DType::F32).unwrap();
+        assert!(plain.bytes() < keys.bytes() && keys.bytes() < shared.bytes());
+        // MPNet's: a padding class from the added mask beside its position bias; MPT's: the
+        // causal fill beside ALiBi's row of keys.
+        for id in [
+            "attention_padded_bias_batched",
+            "attention_causal_bias_keys",
+        ] {
+            let b = AttentionProblem::from_rule(id, &dims[..5], DType::F32).unwrap();
+            assert_eq!(b.rule_id(), id);
+            assert_eq!(b.origin, AttentionOrigin::Explicit);
+        }
         assert!(
             AttentionProblem::from_rule("sdpa_causal_mask_bias", &dims[..5], DType::F32)
                 .unwrap_err()

@@ -16,7 +16,12 @@
 //!   product does, and rounds the probabilities to v's dtype as the cast does. GPT-Neo also
 //!   replaces the scores where a bool buffer's slice is false by finfo.min before the add
 //!   (`where`, a second mask the bridge classifies; the two classes meet), and reads q's and k's
-//!   lengths after the casts, which then stay in the graph for those sizes.
+//!   lengths after the casts, which then stay in the graph for those sizes. A bias may stand
+//!   beside the mask (`plus`): MPNet adds its relative position bias (in place) and then its
+//!   padding mask, two terms the bridge classifies, the one of a class the kernels compute being
+//!   the mask and the other the bias; MPT adds ALiBi ([H,1,Tk], one row of keys per head) before
+//!   a `masked_fill` whose value is finfo.min rather than -inf (`fill`: at or below half the
+//!   scores' lowest value, it masks as -inf does wherever a query sees a key).
 //! - `aten::scaled_dot_product_attention(q, k, v, attn_mask?, 0.0, is_causal, scale?, enable_gqa)`.
 //!   A mask (bool: true = visible; or additive: 0 = visible, -inf or finfo.min-like = masked,
 //!   broadcast over batch and heads, [B|1, H|1, Tq|1, Tk]) is matched by what the graph knows of
@@ -138,7 +143,23 @@ pub struct AttentionMatch {
     /// `x.float()`) and its probabilities are cast back to v's dtype (Hugging Face's eager
     /// attention, MPT's, T5's).
     pub softmax_f32: bool,
+    /// A bias the explicit form adds to the scaled scores beside its mask (MPNet's relative
+    /// position bias before its padding mask, MPT's ALiBi before its causal fill), and whether
+    /// the graph adds it before or after the mask: the op reads it as `plus`, the kernel adds it
+    /// and computes the mask by its class (the problem's `bias`).
+    pub plus: Option<(ValueId, Order)>,
+    /// The explicit form's masked_fill value where it is not -inf: a constant at or below half
+    /// the scores' lowest value (MPT's finfo.min), which masks a cell as -inf does wherever a
+    /// query sees some key (the op's classification sends the other masks to the fallback).
+    pub fill: Option<f64>,
     pub problem: AttentionProblem,
+}
+
+/// Where a bias stands against the mask it is added beside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Before,
+    After,
 }
 
 impl AttentionMatch {
@@ -229,15 +250,24 @@ impl AttentionMatch {
                 }
                 if let Some((_, mode)) = self.mask {
                     f.push_str(&format!(";mask={}", mode.text()));
+                    if let Some(x) = self.fill {
+                        f.push_str(&format!(";fill={x:?}"));
+                    }
                     // An added mask is classified as SDPA's is: the kernel's class goes with it.
                     if mode == MaskMode::Add {
                         f.push_str(&format!(";class={}", self.kernel_mask().name()));
-                        if self.problem.bias.is_some() {
+                        if self.problem.bias.is_some() && self.plus.is_none() {
                             f.push_str(";bias");
                         } else if self.mask_static {
                             f.push_str(";static");
                         }
                     }
+                }
+                if let Some((_, order)) = self.plus {
+                    f.push_str(match order {
+                        Order::Before => ";plus=before",
+                        Order::After => ";plus=after",
+                    });
                 }
                 if self.upcast {
                     f.push_str(";upcast");
@@ -395,6 +425,8 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         (scale, scale_last) = (last, true);
         s = g.nodes[sc].inputs[0];
     }
+    let mut plus = None;
+    let mut fill = None;
     if let Some((ad, m, scores)) = added_mask(cx, s) {
         nodes.push(ad);
         mask = Some((m, MaskMode::Add));
@@ -403,11 +435,23 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     } else if window.is_some() {
         // A window mask comes after the position bias the kernel adds with it.
         return None;
+    } else if let Some(two) = two_added(cx, s) {
+        // MPNet's position bias and padding mask added in turn.
+        nodes.extend([two.outer, two.inner]);
+        let (m, b, order) = two.roles(g)?;
+        mask = Some((m, MaskMode::Add));
+        added = Some(m);
+        plus = Some((b, order));
+        s = two.scores;
     } else if let Some(mf) = cx.producer(s, "aten::masked_fill") {
         let n = &g.nodes[mf];
-        if cx.uses[s] != 1 || cx.float(n.inputs[2]) != Some(f64::NEG_INFINITY) {
+        let dtype = g.tensor(s).and_then(|t| DType::parse(&t.dtype))?;
+        let value = cx.float(n.inputs[2])?;
+        let masks = value == f64::NEG_INFINITY || masks_cells(cx, n.inputs[2], dtype);
+        if cx.uses[s] != 1 || !masks {
             return None;
         }
+        fill = (value != f64::NEG_INFINITY).then_some(value);
         let m = n.inputs[1];
         mask = Some(
             if let Some(not) = cx
@@ -434,6 +478,12 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         );
         nodes.push(mf);
         s = n.inputs[0];
+        // MPT's ALiBi, added to the scaled scores before the fill.
+        if let Some((ad, b, scores)) = added_mask(cx, s) {
+            nodes.push(ad);
+            plus = Some((b, Order::Before));
+            s = scores;
+        }
     }
     // GPT-Neo's where(c, scores, fill) under the added mask.
     let mut cond = None;
@@ -551,8 +601,8 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     // its SDPA path does: the kernel reads them in place.
     let (k, v, repeat) = kv_in_place(cx, (k, v), &mut form, &mut nodes);
     let mut mask_static = false;
+    let shape = |v: ValueId| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default();
     if let Some(m) = added {
-        let shape = |v: ValueId| g.tensor(v).map(|t| t.shape.clone()).unwrap_or_default();
         if !broadcasts_to_scores(&shape(m), &shape(q), &shape(k)) {
             return None;
         }
@@ -565,7 +615,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         }
         // A bias is added to the scaled scores as the graph computes them: not under a where
         // (the kernel has no fill), a scale after it, or scores upcast from q's dtype.
-        let bias = (cond.is_none() && !scale_last && !upcast)
+        let bias = (cond.is_none() && !scale_last && !upcast && plus.is_none())
             .then(|| bias_of(g, m, q))
             .flatten();
         if let Some(w) = window {
@@ -582,6 +632,15 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
             form.masked_by(fact, bias).ok()?;
         }
         mask_static = fact.is_some_and(|f| f.shape_only);
+    }
+    if let Some((b, _)) = plus {
+        // The kernel adds the bias to the scores it scaled, in q's dtype, and masks by the class
+        // of the mask beside it (a mask no class describes is refused above).
+        let alone = cond.is_none() && !scale_last && !upcast && form.bias.is_none();
+        if !alone || !broadcasts_to_scores(&shape(b), &shape(q), &shape(k)) {
+            return None;
+        }
+        form.bias = Some(bias_of(g, b, q)?);
     }
     let problem = problem(g, [q, k, v], form)?;
     nodes.sort();
@@ -603,6 +662,8 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         repeat,
         upcast,
         softmax_f32,
+        plus,
+        fill,
         problem,
     })
 }
@@ -694,28 +755,86 @@ fn keeps_masked(scale: Scale) -> bool {
 /// `v` as `add(scores, m)` (either order, alpha 1, the sum read once) where the scores are the
 /// scaled product (a mul, div or matmul's output) and m is anything else: (the add, m, scores).
 fn added_mask(cx: &Ctx, v: ValueId) -> Option<(NodeId, ValueId, ValueId)> {
+    sum_of(cx, v, &|x| scored(cx, x))
+}
+
+/// `v` as `add(s, m)` or `s.add_(m)` (alpha 1, the sum read once) where `is_scores(s)` and not
+/// `is_scores(m)`: (the add, m, s). An in-place add writes its first operand: that is s, read by
+/// the add alone (MPNet's `scores += position_bias`).
+fn sum_of(
+    cx: &Ctx,
+    v: ValueId,
+    is_scores: &dyn Fn(ValueId) -> bool,
+) -> Option<(NodeId, ValueId, ValueId)> {
     let g = cx.g;
-    let ad = cx.producer(v, "aten::add")?;
+    let (ad, in_place) = match cx.producer(v, "aten::add") {
+        Some(n) => (n, false),
+        None => (cx.producer(v, "aten::add_")?, true),
+    };
     let i = &g.nodes[ad].inputs;
     if cx.uses[v] != 1 || i.len() != 3 || cx.float(i[2]) != Some(1.0) {
         return None;
     }
+    let orders = [(i[0], i[1]), (i[1], i[0])];
+    orders[..if in_place { 1 } else { 2 }]
+        .iter()
+        .find(|&&(s, m)| is_scores(s) && !is_scores(m) && (!in_place || cx.uses[s] == 1))
+        .map(|&(s, m)| (ad, m, s))
+}
+
+/// MPNet's scores with two terms added in turn, `(s + first) + second`, each sum as `sum_of`
+/// reads it and s the scaled product.
+struct TwoAdded {
+    outer: NodeId,
+    inner: NodeId,
+    first: ValueId,
+    second: ValueId,
+    scores: ValueId,
+}
+
+fn two_added(cx: &Ctx, v: ValueId) -> Option<TwoAdded> {
+    let (outer, second, sum) = sum_of(cx, v, &|x| added_mask(cx, x).is_some())?;
+    let (inner, first, scores) = added_mask(cx, sum)?;
+    Some(TwoAdded {
+        outer,
+        inner,
+        first,
+        second,
+        scores,
+    })
+}
+
+impl TwoAdded {
+    /// (the mask, the bias, where the bias stands against the mask): the mask is the term of a
+    /// class the kernels compute, as the bridge read it (the later one where both are), the bias
+    /// the other; None where neither is.
+    fn roles(&self, g: &Graph) -> Option<(ValueId, ValueId, Order)> {
+        let classed = |v: ValueId| {
+            g.values[v]
+                .mask
+                .is_some_and(|f| !matches!(f.class, MaskClass::General | MaskClass::Unknown))
+        };
+        match (classed(self.first), classed(self.second)) {
+            (_, true) => Some((self.second, self.first, Order::Before)),
+            (true, false) => Some((self.first, self.second, Order::After)),
+            (false, false) => None,
+        }
+    }
+}
+
+/// Whether `x` is the scores: the scaled product (a mul, div or matmul's output), or a where over
+/// it (GPT-Neo's).
+fn scored(cx: &Ctx, x: ValueId) -> bool {
     let product = |x: ValueId| {
         ["aten::mul", "aten::div", "aten::matmul"]
             .iter()
             .any(|k| cx.producer(x, k).is_some())
     };
-    // The scaled product, or a where over it (GPT-Neo's); a mask may be a where too.
-    let scores = |x: ValueId| {
-        product(x)
-            || cx
-                .producer(x, "aten::where")
-                .is_some_and(|w| product(cx.g.nodes[w].inputs[1]))
-    };
-    [(i[0], i[1]), (i[1], i[0])]
-        .into_iter()
-        .find(|&(s, m)| scores(s) && !scores(m))
-        .map(|(s, m)| (ad, m, s))
+    // A mask may be a where too: the where's scores operand tells them apart.
+    product(x)
+        || cx
+            .producer(x, "aten::where")
+            .is_some_and(|w| product(cx.g.nodes[w].inputs[1]))
 }
 
 /// Whether `fill`, read through casts and detach, is a constant that masks a cell of scores of
@@ -890,6 +1009,8 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         repeat,
         upcast: false,
         softmax_f32: false,
+        plus: None,
+        fill: None,
         problem,
     })
 }
@@ -934,17 +1055,25 @@ fn where_bias(cx: &Ctx, m: ValueId, q: ValueId, k: ValueId) -> Option<WhereBias>
 }
 
 /// The mask `m` as a bias tensor the kernel adds to the scores of q: of q's float dtype, batched
-/// when it has the scores' rank and a batch dim past 1 (one bias per sequence), else shared.
+/// when it has the scores' rank and a batch dim past 1 (one bias per sequence), else shared; a
+/// row of keys per head where its query dim is 1 and q has several queries (ALiBi's [H,1,Tk]).
 fn bias_of(g: &Graph, m: ValueId, q: ValueId) -> Option<AttentionBias> {
     let (mt, qt) = (g.tensor(m)?, g.tensor(q)?);
-    if mt.dtype != qt.dtype || DType::parse(&mt.dtype).is_none() {
+    if mt.dtype != qt.dtype || DType::parse(&mt.dtype).is_none() || qt.shape.len() < 2 {
         return None;
     }
     let batched = mt.shape.len() == qt.shape.len() && mt.shape.first().is_some_and(|&b| b > 1);
-    Some(if batched {
-        AttentionBias::Batched
+    let rows = if mt.shape.len() >= 2 {
+        mt.shape[mt.shape.len() - 2]
     } else {
-        AttentionBias::Shared
+        1
+    };
+    let keys = rows == 1 && qt.shape[qt.shape.len() - 2] > 1;
+    Some(match (batched, keys) {
+        (false, false) => AttentionBias::Shared,
+        (true, false) => AttentionBias::Batched,
+        (false, true) => AttentionBias::Keys,
+        (true, true) => AttentionBias::KeysBatched,
     })
 }
 
@@ -2133,6 +2262,152 @@ mod tests {
                return (%o)",
             code = if dt == "bf16" { 15 } else { 6 }
         )
+    }
+
+    /// MPNet's eager attention: q·kᵀ / √D, its relative position bias added in place, then the
+    /// padding mask, softmax, eval dropout, ·v; `pb` and `am` with the facts the bridge read.
+    fn mpnet_block(dt: &str, pb: &str, am: &str) -> String {
+        format!(
+            "graph(%q: {dt}[2,4,16,8], %k: {dt}[2,4,16,8], %v: {dt}[2,4,16,8], %pb: {dt}[{pb}, %am: {dt}[{am}):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %one = prim::Constant[1]()
+               %no = prim::Constant[False]()
+               %none = prim::Constant[None]()
+               %root = prim::Constant[2.8284271247461903]()
+               %p0 = prim::Constant[0.1]()
+               %kt = aten::transpose(%k, %m2, %m1) : {dt}[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : {dt}[2,4,16,16]
+               %s1 = aten::div(%s0, %root) : {dt}[2,4,16,16]
+               %s2 = aten::add_(%s1, %pb, %one) : {dt}[2,4,16,16]
+               %s3 = aten::add(%s2, %am, %one) : {dt}[2,4,16,16]
+               %p = aten::softmax(%s3, %m1, %none) : {dt}[2,4,16,16]
+               %pd = aten::dropout(%p, %p0, %no) : {dt}[2,4,16,16]
+               %o = aten::matmul(%pd, %v) : {dt}[2,4,16,8]
+               return (%o)"
+        )
+    }
+
+    #[test]
+    fn a_position_bias_and_a_padding_mask_added_in_turn_are_the_bias_and_the_class() {
+        for dt in ["bf16", "f32"] {
+            let text = mpnet_block(dt, "2,4,16,16] @general", "2,1,16,16] @padded");
+            let g = Graph::parse(&text).unwrap();
+            let a = &match_attention(&g)[0];
+            assert_eq!(a.nodes.len(), 8, "{dt}: every node from kᵀ to the output");
+            let pb = g.values.iter().position(|v| v.name == "pb").unwrap();
+            let am = g.values.iter().position(|v| v.name == "am").unwrap();
+            assert_eq!(
+                (a.mask, a.plus),
+                (Some((am, MaskMode::Add)), Some((pb, Order::Before)))
+            );
+            assert_eq!(a.problem.rule_id(), "attention_padded_bias_batched");
+            assert_eq!(
+                a.form(),
+                "explicit;div=2.8284271247461903;mask=add;class=padded;plus=before"
+            );
+        }
+        // One bias for every sequence; the mask a function of the sizes (static).
+        let g = Graph::parse(&mpnet_block(
+            "bf16",
+            "1,4,16,16] @general",
+            "2,1,16,16] @causal/shape",
+        ))
+        .unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(a.problem.rule_id(), "attention_causal_bias");
+        assert!(a
+            .form()
+            .ends_with("mask=add;class=causal;static;plus=before"));
+        // The mask added first, the bias after it (either operand order).
+        let text = mpnet_block("bf16", "2,4,16,16] @general", "2,1,16,16] @padded")
+            .replace("aten::add_(%s1, %pb, %one)", "aten::add(%am, %s1, %one)")
+            .replace("aten::add(%s2, %am, %one)", "aten::add(%pb, %s2, %one)");
+        let g = Graph::parse(&text).unwrap();
+        let a = &match_attention(&g)[0];
+        let pb = g.values.iter().position(|v| v.name == "pb").unwrap();
+        assert_eq!(a.plus, Some((pb, Order::After)));
+        assert!(a.form().ends_with("class=padded;plus=after"));
+        // Two terms of no class: nothing says which is the mask.
+        let g = Graph::parse(&mpnet_block(
+            "bf16",
+            "2,4,16,16] @general",
+            "2,1,16,16] @general",
+        ))
+        .unwrap();
+        assert!(match_attention(&g).is_empty());
+        // An in-place add that writes the bias, not the scores, is the graph's.
+        let text = mpnet_block("bf16", "2,4,16,16] @general", "2,1,16,16] @padded")
+            .replace("aten::add_(%s1, %pb, %one)", "aten::add_(%pb, %s1, %one)");
+        assert!(match_attention(&Graph::parse(&text).unwrap()).is_empty());
+        // A bias of another dtype than q (the scores promoted past it) is no kernel's.
+        let text = mpnet_block("bf16", "2,4,16,16] @general", "2,1,16,16] @padded")
+            .replace("%pb: bf16", "%pb: f32");
+        assert!(match_attention(&Graph::parse(&text).unwrap()).is_empty());
+    }
+
+    /// MPT's eager attention: q·kᵀ · s, its ALiBi bias ([H,1,Tk], one row of keys per head)
+    /// added, masked_fill(mask, finfo.min), softmax over `x.float()`, cast back, ·v.
+    fn mpt_block(dt: &str, fill: &str) -> String {
+        format!(
+            "graph(%q: {dt}[2,4,16,8], %k: {dt}[2,4,16,8], %v: {dt}[2,4,16,8], %alibi: {dt}[4,1,16], %mask: bool[2,1,16,16]):
+               %m1 = prim::Constant[-1]()
+               %m2 = prim::Constant[-2]()
+               %one = prim::Constant[1]()
+               %f32 = prim::Constant[6]()
+               %dtv = prim::Constant[{code}]()
+               %no = prim::Constant[False]()
+               %none = prim::Constant[None]()
+               %c = prim::Constant[0.35355339059327373]()
+               %min = prim::Constant[{fill}]()
+               %p0 = prim::Constant[0.0]()
+               %kt = aten::transpose(%k, %m1, %m2) : {dt}[2,4,8,16]
+               %s0 = aten::matmul(%q, %kt) : {dt}[2,4,16,16]
+               %s1 = aten::mul(%s0, %c) : {dt}[2,4,16,16]
+               %s2 = aten::add(%s1, %alibi, %one) : {dt}[2,4,16,16]
+               %s3 = aten::masked_fill(%s2, %mask, %min) : {dt}[2,4,16,16]
+               %sf = aten::to(%s3, %f32, %no, %no, %none) : f32[2,4,16,16]
+               %p = aten::softmax(%sf, %m1, %none) : f32[2,4,16,16]
+               %pc = aten::to(%p, %dtv, %no, %no, %none) : {dt}[2,4,16,16]
+               %pd = aten::dropout(%pc, %p0, %no) : {dt}[2,4,16,16]
+               %o = aten::matmul(%pd, %v) : {dt}[2,4,16,8]
+               return (%o)",
+            code = if dt == "bf16" { 15 } else { 6 }
+        )
+    }
+
+    #[test]
+    fn alibi_before_a_fill_of_the_lowest_value_is_a_row_of_keys_beside_the_causal_class() {
+        for dt in ["bf16", "f32"] {
+            let g = Graph::parse(&mpt_block(dt, "-3.4028234663852886e38")).unwrap();
+            let a = &match_attention(&g)[0];
+            let alibi = g.values.iter().position(|v| v.name == "alibi").unwrap();
+            assert_eq!(a.plus, Some((alibi, Order::Before)), "{dt}");
+            assert_eq!(a.fill, Some(-3.4028234663852886e38));
+            assert!(a.softmax_f32 && a.problem.causal);
+            assert_eq!(a.problem.bias, Some(AttentionBias::Keys));
+            assert_eq!(a.problem.rule_id(), "attention_causal_bias_keys");
+            assert_eq!(
+                a.form(),
+                "explicit;mul=0.35355339059327373;mask=fill;fill=-3.4028234663852886e38;plus=before;softmax_f32"
+            );
+            assert_eq!(a.nodes.len(), 10);
+        }
+        // -inf as before: no fill in the form.
+        let g = Graph::parse(&mpt_block("bf16", "-inf")).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(a.fill, None);
+        assert!(!a.form().contains("fill="));
+        // A fill that leaves the cells some weight (-10000 in fp32) masks nothing a kernel knows.
+        let g = Graph::parse(&mpt_block("f32", "-10000.0")).unwrap();
+        assert!(match_attention(&g).is_empty());
+        // Without the bias, a plain masked_fill of the lowest value.
+        let text = mpt_block("f32", "-3.4028234663852886e38")
+            .replace("%s2 = aten::add(%s1, %alibi, %one) : f32[2,4,16,16]", "")
+            .replace("aten::masked_fill(%s2,", "aten::masked_fill(%s1,");
+        let a = &match_attention(&Graph::parse(&text).unwrap())[0];
+        assert_eq!((a.plus, a.problem.bias), (None, None));
+        assert_eq!(a.problem.rule_id(), "attention_causal");
     }
 
     #[test]
