@@ -1465,11 +1465,16 @@ at::Tensor bias_rows(const at::Tensor& mask, int64_t q_rank, int64_t b, int64_t 
   for (int64_t i = 0; i < rank - 1; ++i) fits = fits && ((i < rank - 2 && e.size(i) == 1) || e.stride(i) % align == 0);
   if (fits) return e;
   copied = true;
-  std::vector<int64_t> sizes = mask.sizes().vec();
+  // One copy of what the mask holds: a dim it broadcasts (stride 0, an expand's) stays broadcast.
+  at::Tensor base = mask;
+  for (int64_t i = 0; i < base.dim() - 1; ++i) {
+    if (base.stride(i) == 0 && base.size(i) > 1) base = base.narrow(i, 0, 1);
+  }
+  std::vector<int64_t> sizes = base.sizes().vec();
   const int64_t cols = sizes.back();
   sizes.back() = (cols + align - 1) / align * align;
-  at::Tensor rows = at::empty(sizes, mask.options()).narrow(-1, 0, cols);
-  rows.copy_(mask);
+  at::Tensor rows = at::empty(sizes, base.options()).narrow(-1, 0, cols);
+  rows.copy_(base);
   return expanded(rows);
 }
 

@@ -633,14 +633,16 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         }
         mask_static = fact.is_some_and(|f| f.shape_only);
     }
-    if let Some((b, _)) = plus {
+    if let Some((b, order)) = plus {
         // The kernel adds the bias to the scores it scaled, in q's dtype, and masks by the class
         // of the mask beside it (a mask no class describes is refused above).
         let alone = cond.is_none() && !scale_last && !upcast && form.bias.is_none();
         if !alone || !broadcasts_to_scores(&shape(b), &shape(q), &shape(k)) {
             return None;
         }
+        let b = unexpanded(cx, b);
         form.bias = Some(bias_of(g, b, q)?);
+        plus = Some((b, order));
     }
     let problem = problem(g, [q, k, v], form)?;
     nodes.sort();
@@ -1054,6 +1056,25 @@ fn where_bias(cx: &Ctx, m: ValueId, q: ValueId, k: ValueId) -> Option<WhereBias>
     })
 }
 
+/// The tensor a bias `b` copies where the graph makes it `contiguous(expand(x, ..))` (MPNet's
+/// position bias, one per sequence in memory): the expand, whose broadcast dims step by 0, so
+/// that the kernel reads one bias for every sequence (the same values). Only where no reader of
+/// `b` writes it in place; else `b`.
+fn unexpanded(cx: &Ctx, b: ValueId) -> ValueId {
+    let g = cx.g;
+    let Some(c) = cx.producer(b, "aten::contiguous") else {
+        return b;
+    };
+    let x = g.nodes[c].inputs[0];
+    let written = cx.readers[b]
+        .iter()
+        .any(|&r| g.nodes[r].kind.ends_with('_') && g.nodes[r].inputs.first() == Some(&b));
+    if written || cx.producer(x, "aten::expand").is_none() {
+        return b;
+    }
+    x
+}
+
 /// The mask `m` as a bias tensor the kernel adds to the scores of q: of q's float dtype, batched
 /// when it has the scores' rank and a batch dim past 1 (one bias per sequence), else shared; a
 /// row of keys per head where its query dim is 1 and q has several queries (ALiBi's [H,1,Tk]).
@@ -1062,7 +1083,10 @@ fn bias_of(g: &Graph, m: ValueId, q: ValueId) -> Option<AttentionBias> {
     if mt.dtype != qt.dtype || DType::parse(&mt.dtype).is_none() || qt.shape.len() < 2 {
         return None;
     }
-    let batched = mt.shape.len() == qt.shape.len() && mt.shape.first().is_some_and(|&b| b > 1);
+    // A batch dim stepped by 0 (an expand) holds one bias for every sequence.
+    let batched = mt.shape.len() == qt.shape.len()
+        && mt.shape.first().is_some_and(|&b| b > 1)
+        && mt.strides.first() != Some(&0);
     let rows = if mt.shape.len() >= 2 {
         mt.shape[mt.shape.len() - 2]
     } else {
@@ -1692,11 +1716,13 @@ mod tests {
             // A mask the bridge could not evaluate is added whatever it holds.
             (
                 "2,1,16,16",
-                "0,256,16,1",
+                "256,256,16,1",
                 " @unknown",
                 AttentionBias::Batched,
             ),
-            ("2,1,16,16", "0,256,16,1", "", AttentionBias::Batched),
+            ("2,1,16,16", "256,256,16,1", "", AttentionBias::Batched),
+            // One mask expanded over the sequences (stride 0) is one bias for all of them.
+            ("2,1,16,16", "0,256,16,1", "", AttentionBias::Shared),
         ] {
             let g = Graph::parse(&sdpa(dims, strides, fact)).unwrap();
             let a = &match_attention(&g)[0];
@@ -2328,6 +2354,31 @@ mod tests {
         let pb = g.values.iter().position(|v| v.name == "pb").unwrap();
         assert_eq!(a.plus, Some((pb, Order::After)));
         assert!(a.form().ends_with("class=padded;plus=after"));
+        // MPNet's bias in memory is one per sequence, `expand(x, ..).contiguous()`: the kernel
+        // reads the expand, one bias for every sequence (shared, stepped by 0).
+        let expanded = mpnet_block("bf16", "1,4,16,16]", "2,1,16,16] @padded")
+            .replace("%pb: bf16[1,4,16,16]", "%pb0: bf16[1,4,16,16]")
+            .replace(
+                "%kt = aten::transpose",
+                "%l = prim::ListConstruct(%m1, %m1, %m1, %m1)
+               %pe = aten::expand(%pb0, %l, %no) : bf16[2,4,16,16]{0,256,16,1}
+               %pb = aten::contiguous(%pe, %one) : bf16[2,4,16,16] @general
+               %kt = aten::transpose",
+            );
+        let g = Graph::parse(&expanded).unwrap();
+        let a = &match_attention(&g)[0];
+        let pe = g.values.iter().position(|v| v.name == "pe").unwrap();
+        assert_eq!(a.plus, Some((pe, Order::Before)));
+        assert_eq!(a.problem.rule_id(), "attention_padded_bias");
+        // Not where a reader writes the copy in place: then the copy holds other values.
+        let written = expanded.replace(
+            "%kt = aten::transpose",
+            "%w = aten::mul_(%pb, %one) : bf16[2,4,16,16]
+               %kt = aten::transpose",
+        );
+        let g = Graph::parse(&written).unwrap();
+        let a = &match_attention(&g)[0];
+        assert_eq!(a.problem.rule_id(), "attention_padded_bias_batched");
         // Two terms of no class: nothing says which is the mask.
         let g = Graph::parse(&mpnet_block(
             "bf16",
