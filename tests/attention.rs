@@ -294,6 +294,15 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     });
     assert_eq!(text.matches("fact::attention(").count(), 8, "{text}");
     assert_eq!(text.matches(";windows\"").count(), 3, "{text}");
+    // The zoo's Swin V2: cosine attention, the logit scale one per head (the op's scale
+    // operand), the bias of an MLP added, the shifted blocks' window masks with it (kernel "s2").
+    let image = Tensor::randn([1, 3, 224, 224], (Kind::Float, tch::Device::Cpu));
+    let text = zoo_attention_rewritten(dir.path(), "swin_v2_t", "s2", (8, &[image]), |a| {
+        a.scale_operand().is_some()
+            && a.form()
+                .starts_with("explicit;mul=tensor;mask=add;class=none;bias")
+    });
+    assert_eq!(text.matches(";windows\"").count(), 3, "{text}");
     // The zoo's BEiT: each layer's SDPA adds the relative position bias through its float mask
     // (kernel "bt"); the bias, gathered from its table by the index BEiT rebuilds in place each
     // forward, is the memo's, and the module still computes the model's output.
@@ -322,7 +331,14 @@ pub fn composed_sdpa_falls_back_exactly(library: &Path) {
     });
     assert!(!text.contains("aten::masked_fill"), "{text}");
     let calls = torch::op_stats(library, false).unwrap();
-    for (kernel, n) in [("t5", 2), ("sw", 8), ("bt", 2), ("mp", 2), ("al", 2)] {
+    for (kernel, n) in [
+        ("t5", 2),
+        ("sw", 8),
+        ("bt", 2),
+        ("mp", 2),
+        ("al", 2),
+        ("s2", 8),
+    ] {
         assert_eq!(
             calls.get(kernel).map(|c| (c.ran, c.fell_back)),
             Some((0, n)),

@@ -480,6 +480,32 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "swin_v2_t",
+        // Two blocks a stage under --ci, post-norm (each residual branch normed before its add).
+        // Cosine attention: q and k normalized (torch's ops), their product scaled by the logit
+        // scale, one per head (the kernel reads head h's), the position bias `16 *
+        // sigmoid(mlp(..))` added (`attention_bias`; the shifted blocks' window masks with it,
+        // one bias per window: 49, 16 and 4 windows of 8x8 in the first three stages). The
+        // bias MLP's layers (the memo's, from parameters alone), the patch merging's reduction
+        // and norm, the patch embedding and the head.
+        per_layer: &[],
+        once: &[
+            ("add_layernorm_affine", 1),
+            ("attention_bias", 5),
+            ("attention_bias_windows49", 1),
+            ("attention_bias_windows16", 1),
+            ("attention_bias_windows4", 1),
+            ("conv2d_s4_p0_d1_bias", 1),
+            ("gemm_rcr", 7),
+            ("gemm_rcr_bias", 25),
+            ("gemm_rcr_bias_ep_gelu", 8),
+            ("gemm_rcr_padn", 4),
+            ("layernorm_affine", 20),
+        ],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
         model: "swin_t",
         // Two blocks a stage under --ci (the last stage's 7x7 map is one window, so neither of
         // its blocks shifts): each block's qkv and output projections with bias, its MLP (GELU;

@@ -400,6 +400,27 @@ def swin_t(ci):
     )
 
 
+def swin_v2_t(ci):
+    import torchvision
+    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+
+    if not ci:
+        return torchvision.models.swin_v2_t()
+    # swin_v2_t() is this constructor with depths [2, 2, 6, 2]: cosine attention (q and k
+    # normalized, a logit scale per head), a position bias from a small MLP over log-spaced
+    # coordinates, post-norm blocks; two blocks a stage keep the plain and the shifted one.
+    return SwinTransformer(
+        patch_size=[4, 4],
+        embed_dim=96,
+        depths=[2, 2, 2, 2],
+        num_heads=[3, 6, 12, 24],
+        window_size=[8, 8],
+        stochastic_depth_prob=0.2,
+        block=SwinTransformerBlockV2,
+        downsample_layer=PatchMergingV2,
+    )
+
+
 def vit_b_16(ci):
     import torchvision
     from torchvision.models.vision_transformer import VisionTransformer
@@ -465,6 +486,7 @@ MODELS = [
     Model("mpnet", "mpnet", "MPNetModel: MPNet-base, a relative position bias and the padding mask added in turn in eager attention, padding mask passed in (held out)", mpnet, 32, 512, vocab=30527, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("mpt", "mpt", "MptForCausalLM: hidden 2048, 16 heads of 128, ALiBi before a causal fill, 4 layers (held out)", mpt, 4, 1024, vocab=50368, ci_vocab=CI_VOCAB),
     Model("beit", "beit", "BeitModel: BEiT-base, a relative position bias per layer through SDPA's mask (held out)", beit, 32, None),
+    Model("swin_v2_t", "swin_v2", "torchvision swin_v2_t (cosine attention: a logit scale per head, a position bias from an MLP; shifted windows) (held out)", swin_v2_t, 32, None, ci_layers=2),
     Model("swin_t", "swin", "torchvision swin_t (window attention with a relative position bias; shifted windows) (held out)", swin_t, 32, None, ci_layers=2),
 ]
 

@@ -1566,16 +1566,23 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   // constant in it moves the result to the GPU): read on the host when it is a CPU value, else by
   // the kernel from device memory, so the host never waits for it. A floating factor keeps
   // torch's type promotion the kernel's.
+  // Swin V2's logit scale is one factor per head, [H,1,1] against the scores [B,H,Tq,Tk]: the
+  // kernel reads head h's.
   at::Tensor factor;
   if (f.scale_tensor) {
-    if (scale_t->numel() != 1 || !c10::isFloatingType(scale_t->scalar_type())) {
-      return why = "the scale is not one floating value", at::Tensor();
+    const int64_t n = scale_t->numel();
+    bool per_head = n == h && h > 1 && q.dim() == 4 && scale_t->dim() >= 3 && scale_t->dim() <= 4;
+    for (int64_t i = 0; per_head && i < scale_t->dim(); ++i) {
+      per_head = scale_t->size(i) == (i == scale_t->dim() - 3 ? h : 1);
     }
-    if (!scale_t->is_cuda()) {
+    if (!c10::isFloatingType(scale_t->scalar_type()) || (n != 1 && !per_head)) {
+      return why = "the scale is neither one floating value nor one per head", at::Tensor();
+    }
+    if (n == 1 && !scale_t->is_cuda()) {
       const double x = scale_t->item<double>();
       scale = f.scale_op == 'm' ? x : 1.0 / x;
     } else if (scale_t->device() == q.device()) {
-      factor = scale_t->to(at::kFloat).reshape({1});
+      factor = scale_t->to(at::kFloat).reshape({n}).contiguous();
       scale = 1.0;
     } else {
       return why = "the scale is on another device", at::Tensor();

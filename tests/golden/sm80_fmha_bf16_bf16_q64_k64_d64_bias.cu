@@ -4,7 +4,8 @@
 // 64, bf16 math. Tensors (FactOpArgs, include/fact_kernels.h): q [B,Hq,Tq,D], k and v
 // [B,Hkv,Tk,D] (Hkv dividing Hq: query head h reads k/v head h / (Hq/Hkv), in place) read through
 // their strides (unit stride along D), out [B,Hq,Tq,D] stored as [B,Tq,Hq,D], a factor (one fp32
-// value in device memory, e.g. a divisor the graph computes on the GPU; NULL data when none) and
+// value in device memory, e.g. a divisor the graph computes on the GPU, or [Hq] of them, one per
+// query head, Swin V2's logit scale; NULL data when none) and
 // each sequence's key count (int32 [B] in device memory: keys at or past lengths[b] masked for
 // every query of batch b; NULL data when all Tk keys count); scalars: scale, causal, and the
 // factor's power (1: scale·factor, -1: scale/factor). The kernel reads the factor and the lengths
@@ -68,9 +69,13 @@ using AK = AttentionKernel<cutlass::bfloat16_t, cutlass::arch::Sm80, /*isAligned
                            /*kSupportsDropout=*/false, /*kSupportsBias=*/true>;
 
 __global__ void __launch_bounds__(AK::kNumThreads, AK::kMinBlocksPerSm)
-    attention(typename AK::Params p, const float* factor, int power, const int32_t* lengths, int group,
+    attention(typename AK::Params p, const float* factor, int factor_step, int power, const int32_t* lengths, int group,
               int windows, int64_t outer_stride, int64_t window_stride) {
-  if (factor != nullptr) p.scale = power > 0 ? p.scale * *factor : p.scale / *factor;
+  // One factor, or one per query head (the grid's y; Swin V2's logit scale): factor_step 0 or 1.
+  if (factor != nullptr) {
+    const float f = factor[blockIdx.y * factor_step];
+    p.scale = power > 0 ? p.scale * f : p.scale / f;
+  }
   // One bias per window: sequence z reads window z % W's (advance_to_block adds no batch step,
   // its stride being 0 then).
   if (windows > 1) p.attn_bias_ptr += int64_t(blockIdx.z / windows) * outer_stride + int64_t(blockIdx.z % windows) * window_stride;
@@ -98,6 +103,7 @@ bool fits_i32(int64_t v) { return v >= 0 && v <= INT32_MAX; }
 struct Call {
   typename AK::Params p;
   const float* factor = nullptr;
+  int factor_step = 0;
   const int32_t* lengths = nullptr;
   int group = 1;
   int windows = 1;
@@ -110,11 +116,13 @@ struct Call {
 bool make_call(const FactOpArgs* a, Call& c) {
   if (a == nullptr || a->num_tensors != 7 || a->num_scalars != 3) return false;
   const FactTensor& f = a->tensors[4];
+  int64_t factors = 1;
   if (f.data != nullptr) {
-    int64_t n = 1;
-    for (int i = 0; i < f.rank; ++i) n *= f.sizes[i];
-    if (f.dtype != FACT_F32 || n != 1 || (a->scalars[2] != 1.0 && a->scalars[2] != -1.0)) return false;
+    for (int i = 0; i < f.rank; ++i) factors *= f.sizes[i];
+    if (f.dtype != FACT_F32 || (a->scalars[2] != 1.0 && a->scalars[2] != -1.0)) return false;
+    if (factors > 1 && (f.rank != 1 || f.strides[0] != 1)) return false;
     c.factor = static_cast<const float*>(f.data);
+    c.factor_step = factors > 1 ? 1 : 0;
   }
   const FactTensor& q = a->tensors[0];
   const FactTensor& k = a->tensors[1];
@@ -127,6 +135,8 @@ bool make_call(const FactOpArgs* a, Call& c) {
   const int64_t B = q.sizes[0], H = q.sizes[1], Tq = q.sizes[2], D = q.sizes[3], Tk = k.sizes[2], Hkv = k.sizes[1];
   if (B <= 0 || H <= 0 || Hkv <= 0 || Tq <= 0 || Tk <= 0 || D <= 0 || D > 64 || D % kAlign != 0) return false;
   if (H % Hkv != 0 || k.sizes[0] != B || k.sizes[3] != D) return false;
+  // One factor, or one per query head.
+  if (factors != 1 && factors != H) return false;
   for (int i = 0; i < 4; ++i) {
     if (v.sizes[i] != k.sizes[i] || o.sizes[i] != q.sizes[i]) return false;
   }
@@ -238,6 +248,6 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm80_fmha_bf16_bf16_q64_k64_d64_
   const int smem = static_cast<int>(sizeof(typename AK::SharedStorage));
   if (!fact_sm80_fmha_bf16_bf16_q64_k64_d64_bias::smem_opt_in<AK>(reinterpret_cast<const void*>(kernel), smem)) return FACT_INIT_FAILED;
   kernel<<<c.p.getBlocksGrid(), c.p.getThreadsGrid(), smem, static_cast<cudaStream_t>(stream)>>>(
-      c.p, c.factor, a->scalars[2] > 0 ? 1 : -1, c.lengths, c.group, c.windows, c.outer_stride, c.window_stride);
+      c.p, c.factor, c.factor_step, a->scalars[2] > 0 ? 1 : -1, c.lengths, c.group, c.windows, c.outer_stride, c.window_stride);
   return FACT_OK;
 }

@@ -204,9 +204,10 @@ mod tests {
         // Every sm80 kernel is the variable-length one: grouped heads and key lengths are
         // arguments of the launch, not of the compiled code.
         assert!(
-            text.contains("c.p, c.factor, a->scalars[2] > 0 ? 1 : -1, c.lengths, c.group);")
-                && text
-                    .contains("if (lengths != nullptr) p.num_keys = cutlass::fast_min(p.num_keys,")
+            text.contains(
+                "c.p, c.factor, c.factor_step, a->scalars[2] > 0 ? 1 : -1, c.lengths, c.group);"
+            ) && text
+                .contains("if (lengths != nullptr) p.num_keys = cutlass::fast_min(p.num_keys,")
                 && text.contains("if (H % Hkv != 0 ||")
         );
     }

@@ -5,7 +5,8 @@
 //! 0..=i) and 0 otherwise, and s is the scale. Two forms in a graph:
 //! - explicit: `matmul(q, transpose(k, -2, -1))`, then `mul` by a constant s or `div` by a
 //!   constant 1/s (or neither; the factor may also be a one-element tensor the graph computes, as
-//!   tracing records `(c // h) ** 0.5` from a runtime shape), then optionally `masked_fill(·, mask, -inf)`, then `softmax(·, -1)`,
+//!   tracing records `(c // h) ** 0.5` from a runtime shape, or one per head, [H,1,1], Swin V2's
+//!   logit scale over its normalized q and k), then optionally `masked_fill(·, mask, -inf)`, then `softmax(·, -1)`,
 //!   then optionally `dropout(·, p, train=False)`, then `matmul(·, v)`. The mask is `~x`, `x == 0`
 //!   or `x` itself; which cells it fills is known only at run time, so the op checks the mask
 //!   tensor once (per tensor, cached) and runs the kernel only for the causal one. Or the mask
@@ -716,8 +717,9 @@ fn windowed(cx: &Ctx, v: ValueId) -> Option<(Vec<NodeId>, ValueId, ValueId)> {
     Some((vec![back, ad, fwd], w, s))
 }
 
-/// `v` as the scores scaled: `mul(x, f)` or `div(x, f)`, read once, f a finite nonzero constant
-/// or a one-element tensor of the graph (which the op reads); (the node, the scale).
+/// `v` as the scores scaled: `mul(x, f)` or `div(x, f)`, read once, f a finite nonzero constant,
+/// a one-element tensor of the graph, or one per head ([H,1,1] or [1,H,1,1] against `v`'s
+/// [B,H,T,T]: Swin V2's logit scale), which the op reads; (the node, the scale).
 fn scaled(cx: &Ctx, v: ValueId) -> Option<(NodeId, Scale)> {
     let g = cx.g;
     let (sc, wrap) = [
@@ -730,16 +732,31 @@ fn scaled(cx: &Ctx, v: ValueId) -> Option<(NodeId, Scale)> {
     let factor = match cx.float(x) {
         Some(c) if c.is_finite() && c != 0.0 => Factor::Const(c),
         Some(_) => return None,
-        // A one-element tensor (not the scores' own shape): the op reads its value.
-        None if g
-            .tensor(x)
-            .is_some_and(|t| t.shape.iter().product::<i64>() == 1 && t.shape.len() <= 1) =>
+        // A one-element tensor (not the scores' own shape) or one per head: the op reads it.
+        None if g.tensor(x).is_some_and(|t| {
+            let one = t.shape.iter().product::<i64>() == 1 && t.shape.len() <= 1;
+            one || g.tensor(v).is_some_and(|s| per_head(&t.shape, &s.shape))
+        }) =>
         {
             Factor::Tensor(x)
         }
         None => return None,
     };
     (cx.uses[v] == 1).then_some((sc, wrap(factor)))
+}
+
+/// Whether a factor of shape `f` is one per head of a [B,H,T,T'] tensor `x` (H > 1): [H,1,1] or
+/// [1,H,1,1].
+fn per_head(f: &[i64], x: &[i64]) -> bool {
+    let &[_, h, _, _] = x else {
+        return false;
+    };
+    h > 1
+        && (3..=4).contains(&f.len())
+        && f.iter()
+            .rev()
+            .enumerate()
+            .all(|(i, &d)| d == if i == 2 { h } else { 1 })
 }
 
 /// Whether scaling a masked cell (at most half the dtype's lowest value) by `scale` after the
@@ -824,13 +841,17 @@ impl TwoAdded {
     }
 }
 
-/// Whether `x` is the scores: the scaled product (a mul, div or matmul's output), or a where over
-/// it (GPT-Neo's).
+/// Whether `x` is the scores: the product (a matmul's output) or it scaled (a mul or div of it),
+/// or a where over either (GPT-Neo's). A bias may be a product too (Swin V2's `16 *
+/// sigmoid(..)`), but not of a matmul.
 fn scored(cx: &Ctx, x: ValueId) -> bool {
     let product = |x: ValueId| {
-        ["aten::mul", "aten::div", "aten::matmul"]
-            .iter()
-            .any(|k| cx.producer(x, k).is_some())
+        let matmul = |v: ValueId| cx.producer(v, "aten::matmul").is_some();
+        matmul(x)
+            || ["aten::mul", "aten::div"]
+                .iter()
+                .filter_map(|k| cx.producer(x, k))
+                .any(|n| matmul(cx.g.nodes[n].inputs[0]))
     };
     // A mask may be a where too: the where's scores operand tells them apart.
     product(x)
@@ -1881,6 +1902,51 @@ mod tests {
         assert_eq!(a.nodes.len(), 9, "{:?}", a.nodes);
         // A window mask of another dtype than the position bias's: no match.
         assert!(match_attention(&Graph::parse(&swin_block(true, "bf16")).unwrap()).is_empty());
+    }
+
+    /// Swin V2's cosine attention: q and k normalized (the graph's), their product scaled by the
+    /// logit scale, one per head ([H,1,1]), then the bias `16 * sigmoid(..)` added (a product,
+    /// not of a matmul); shifted blocks add their window mask through the 5-d view.
+    fn swin_v2_block(shifted: bool, scale: &str) -> String {
+        swin_block(shifted, "f32")
+            .replace(
+                "%rb: f32[1,4,16,16] @general/shape",
+                &format!("%rb0: f32[1,4,16,16], %ls: f32[{scale}]"),
+            )
+            .replace(
+                "%q = aten::mul(%q0, %c) : f32[2,4,16,8]",
+                "%q = aten::neg(%q0) : f32[2,4,16,8]",
+            )
+            .replace(
+                "%s0 = aten::matmul(%q, %kt) : f32[2,4,16,16]",
+                "%sg = aten::sigmoid(%rb0) : f32[1,4,16,16]
+               %rb = aten::mul(%sg, %n) : f32[1,4,16,16] @general/shape
+               %s00 = aten::matmul(%q, %kt) : f32[2,4,16,16]
+               %s0 = aten::mul(%s00, %ls) : f32[2,4,16,16]",
+            )
+    }
+
+    #[test]
+    fn swin_v2s_logit_scale_per_head_and_its_bias_of_a_product() {
+        for shifted in [false, true] {
+            let g = Graph::parse(&swin_v2_block(shifted, "4,1,1")).unwrap();
+            let a = &match_attention(&g)[0];
+            assert_eq!(g.values[a.scale_operand().unwrap()].name, "ls");
+            assert_eq!(g.values[a.q].name, "q");
+            assert_eq!(a.kernel_scale(), None);
+            let windows = if shifted { ";windows" } else { "" };
+            assert_eq!(
+                a.form(),
+                format!("explicit;mul=tensor;mask=add;class=none;bias{windows}")
+            );
+        }
+        // [1,H,1,1] too; a factor per query or per key is no kernel's.
+        let g = Graph::parse(&swin_v2_block(false, "1,4,1,1")).unwrap();
+        assert_eq!(match_attention(&g).len(), 1);
+        for other in ["1,16,1", "4,16,1", "2,1,1,1"] {
+            let g = Graph::parse(&swin_v2_block(false, other)).unwrap();
+            assert!(match_attention(&g).is_empty(), "{other}");
+        }
     }
 
     /// Hugging Face's eager attention (`eager_attention_forward`): the mask added to the scaled
