@@ -1033,8 +1033,9 @@ fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
 /// The convolution kind's sm90 fprop kernels (bf16 with bias, residual and ReLU in the epilogue;
 /// tf32 with none of them; fp16 with SiLU alone), the depthwise direct convolution and a stem's
 /// fixed-channels implicit GEMM (sm80 code built for sm90: bf16 3x3 with bias and ReLU; tf32 of
-/// four channels with bias and ReLU) and the 1x1 family's GEMMs (tf32 cooperative, bf16 ping-pong)
-/// compile beside a GEMM into one library, each listed as a conv kernel with its signature.
+/// four channels with bias and ReLU) and the 1x1 family's GEMMs (tf32 cooperative, bf16 ping-pong
+/// with ReLU6, as the depthwise one) compile beside a GEMM into one library, each listed as a conv
+/// kernel with its signature.
 #[test]
 fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
     use fact::kinds::conv::{ConvAct, ConvSpec, GemmSchedule};
@@ -1090,11 +1091,17 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         conv_gemm: Some(GemmSchedule::Coop),
         ..bf16.clone()
     };
+    // ReLU6 (fact's functor, CUTLASS has none) on the 1x1 family's EVT and the depthwise kernel.
     let pointwise_bf16 = ConvSpec {
         conv_tile: [64, 128, 64],
         conv_gemm: Some(GemmSchedule::Pingpong),
         residual: false,
+        act: Some(ConvAct::Relu6),
         ..bf16.clone()
+    };
+    let depthwise = ConvSpec {
+        act: Some(ConvAct::Relu6),
+        ..crate::conv_abi::depthwise_spec()
     };
     for s in [&bf16, &tf32, &f16, &stem, &pointwise_tf32, &pointwise_bf16] {
         assert_eq!(s.invalid_reason(), None, "{}", s.name());
@@ -1105,7 +1112,7 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         good_spec().into(),
         tf32.clone().into(),
         f16.clone().into(),
-        crate::conv_abi::depthwise_spec().into(),
+        depthwise.into(),
         stem.clone().into(),
         pointwise_tf32.clone().into(),
         pointwise_bf16.clone().into(),
@@ -1122,13 +1129,13 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         Some(6)
     );
     assert_eq!(
-        lib.find("sm90_conv2d_fprop_bf16_64x128x64_1x1x1_1x1gemm_pp_bias_relu"),
+        lib.find("sm90_conv2d_fprop_bf16_64x128x64_1x1x1_1x1gemm_pp_bias_relu6"),
         Some(7)
     );
     assert_eq!(lib.find(&bf16.name()), Some(0));
     assert_eq!(lib.find(&f16.name()), Some(3));
     assert_eq!(
-        lib.find("sm80_dwconv2d_fprop_bf16_8x8x64_r3x3_stride1x1_4x1x1_s3_bias_relu"),
+        lib.find("sm80_dwconv2d_fprop_bf16_8x8x64_r3x3_stride1x1_4x1x1_s3_bias_relu6"),
         Some(4)
     );
     assert_eq!(
@@ -1160,7 +1167,8 @@ fn sm80_conv_kernels_build_beside_a_gemm_in_an_sm80_library() {
         dtype: DType::Bf16,
         bias: true,
         residual: true,
-        act: Some(ConvAct::Relu),
+        // ReLU6 through the broadcast epilogue (fact's functor).
+        act: Some(ConvAct::Relu6),
     };
     let pick = |p: &ConvProblem, math, tile: [u32; 3]| {
         candidates(p, math, Arch::Sm80)

@@ -164,9 +164,10 @@ print("ok")
     assert_eq!(run_python(&script), "ok");
 }
 
-/// Depthwise convolutions composed from a test table (depthwise_blocks.pt: a 1x1 expansion, a
-/// 3x3 stride-2 depthwise convolution with BatchNorm and hardswish, convnext's 7x7 depthwise
-/// with its own bias, then a grouped convolution that stays torch's): each depthwise chain is one
+/// Depthwise convolutions composed from a test table (depthwise_blocks.pt: a 1x1 expansion with
+/// BatchNorm and ReLU6, a 3x3 stride-2 depthwise convolution with BatchNorm and hardswish,
+/// convnext's 7x7 depthwise with its own bias, then a grouped convolution that stays torch's):
+/// each depthwise chain is one
 /// `fact::conv` on a folded [K,1,R,S] weight, its fallback on CPU tensors computes exactly what
 /// the graph did, and the grouped convolution is left in the graph.
 #[test]
@@ -193,7 +194,7 @@ fn depthwise_chains_compose_on_folded_weights_and_fall_back_to_the_graphs_ops() 
     assert_eq!(
         rules,
         [
-            "conv2d_s1_p0_d1_bias_relu",
+            "conv2d_s1_p0_d1_bias_relu6",
             "conv2d_s2_p1_d1_g32_bias_hardswish",
             "conv2d_s1_p3_d1_g32_bias",
         ]
@@ -218,7 +219,7 @@ torch.ops.load_library({lib:?})
 m = torch.jit.load({composed:?})
 graph = str(m.forward.graph)
 assert graph.count("fact::conv") == 3 and graph.count("aten::_convolution") == 1, graph
-for op in ("aten::batch_norm", "aten::hardswish", "aten::relu"):
+for op in ("aten::batch_norm", "aten::hardswish", "aten::hardtanh"):
     assert op not in graph, (op, graph)
 orig = torch.jit.load({orig:?})
 params = dict(orig.named_parameters())

@@ -399,6 +399,33 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "mobilenet_v2",
+        // Held out. The stem (3x3 s2) and every expansion 1x1 with its BatchNorm and ReLU6
+        // (`hardtanh_(x, 0, 6)`: fact's functor in the epilogue); each depthwise 3x3 (stride 1 or
+        // 2) with BatchNorm and ReLU6; each projection 1x1 with its BatchNorm alone, or with the
+        // residual add; the last 1x1 (ReLU6) and the classifier.
+        per_layer: &[],
+        once: &[
+            ("conv2d_s2_p1_d1_bias_relu6", 1),
+            ("conv2d_s1_p0_d1_bias_relu6", 17),
+            ("conv2d_s1_p0_d1_bias", 7),
+            ("conv2d_s1_p0_d1_bias_add", 10),
+            ("conv2d_s1_p1_d1_g32_bias_relu6", 1),
+            ("conv2d_s2_p1_d1_g96_bias_relu6", 1),
+            ("conv2d_s1_p1_d1_g144_bias_relu6", 1),
+            ("conv2d_s2_p1_d1_g144_bias_relu6", 1),
+            ("conv2d_s1_p1_d1_g192_bias_relu6", 2),
+            ("conv2d_s2_p1_d1_g192_bias_relu6", 1),
+            ("conv2d_s1_p1_d1_g384_bias_relu6", 4),
+            ("conv2d_s1_p1_d1_g576_bias_relu6", 2),
+            ("conv2d_s2_p1_d1_g576_bias_relu6", 1),
+            ("conv2d_s1_p1_d1_g960_bias_relu6", 3),
+            ("gemm_rcr_bias", 1),
+        ],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
         model: "convnext_tiny",
         // One block per stage under --ci: its LayerNorm over channels and Linear-GELU-Linear;
         // the stem's, downsamplers' and head's LayerNorm2d (a permuted layer_norm); the head.

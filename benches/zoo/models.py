@@ -450,6 +450,14 @@ def mobilenet_v3_large(ci):
     return torchvision.models.mobilenet_v3_large()
 
 
+def mobilenet_v2(ci):
+    import torchvision
+
+    # Inverted residuals with ReLU6 (nn.ReLU6(inplace=True): hardtanh_(x, 0, 6)) after the
+    # expansion and depthwise convolutions; 3.5M parameters, small enough to trace whole.
+    return torchvision.models.mobilenet_v2()
+
+
 def convnext_tiny(ci):
     import torchvision
     from torchvision.models.convnext import CNBlockConfig, ConvNeXt
@@ -482,6 +490,7 @@ MODELS = [
     Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),
     Model("resnet50", "resnet", "torchvision resnet50", resnet50, 32, None, ci_layers=1),
     Model("mobilenet_v3_large", "mobilenet", "torchvision mobilenet_v3_large (depthwise, SE, hardswish)", mobilenet_v3_large, 32, None, ci_layers=15),
+    Model("mobilenet_v2", "mobilenet_v2", "torchvision mobilenet_v2 (depthwise, ReLU6) (held out)", mobilenet_v2, 32, None, ci_layers=17),
     Model("convnext_tiny", "convnext", "torchvision convnext_tiny (depthwise 7x7, LayerNorm, Linear MLP)", convnext_tiny, 32, None, ci_layers=1),
     Model("mpnet", "mpnet", "MPNetModel: MPNet-base, a relative position bias and the padding mask added in turn in eager attention, padding mask passed in (held out)", mpnet, 32, 512, vocab=30527, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("mpt", "mpt", "MptForCausalLM: hidden 2048, 16 heads of 128, ALiBi before a causal fill, 4 layers (held out)", mpt, 4, 1024, vocab=50368, ci_vocab=CI_VOCAB),

@@ -75,7 +75,6 @@ FAMILIES = {
     "vit_b_32": (lambda: vision("vit_b_32"), "image"),
     "convnext_small": (lambda: vision("convnext_small"), "image"),
     "efficientnet_b0": (lambda: vision("efficientnet_b0"), "image"),
-    "mobilenet_v2": (lambda: vision("mobilenet_v2"), "image"),
     "regnet_y_400mf": (lambda: vision("regnet_y_400mf"), "image"),
     "resnext50_32x4d": (lambda: vision("resnext50_32x4d"), "image"),
     "densenet121": (lambda: vision("densenet121"), "image"),

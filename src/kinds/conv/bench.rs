@@ -132,6 +132,7 @@ impl Inputs {
             Some(ConvAct::Hardswish) => y.hardswish(),
             Some(ConvAct::Gelu) => y.gelu("none"),
             Some(ConvAct::GeluTanh) => y.gelu("tanh"),
+            Some(ConvAct::Relu6) => y.clamp(0.0, 6.0),
         }
     }
 

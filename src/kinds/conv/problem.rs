@@ -24,15 +24,18 @@ pub enum ConvAct {
     Gelu,
     /// GELU with the tanh approximation (`approximate='tanh'`).
     GeluTanh,
+    /// ReLU6, `hardtanh(x, 0, 6)` (MobileNetV2's).
+    Relu6,
 }
 
 impl ConvAct {
-    pub const ALL: [ConvAct; 5] = [
+    pub const ALL: [ConvAct; 6] = [
         ConvAct::Relu,
         ConvAct::Silu,
         ConvAct::Hardswish,
         ConvAct::Gelu,
         ConvAct::GeluTanh,
+        ConvAct::Relu6,
     ];
     /// Its name in rule ids and the plan.
     pub fn name(self) -> &'static str {
@@ -42,6 +45,7 @@ impl ConvAct {
             ConvAct::Hardswish => "hardswish",
             ConvAct::Gelu => "gelu",
             ConvAct::GeluTanh => "gelu_tanh",
+            ConvAct::Relu6 => "relu6",
         }
     }
 }

@@ -64,6 +64,43 @@ fn act_functor(a: Option<ConvAct>) -> &'static str {
         Some(ConvAct::Hardswish) => "cutlass::epilogue::thread::HardSwish",
         Some(ConvAct::Gelu) => "cutlass::epilogue::thread::GELU",
         Some(ConvAct::GeluTanh) => "cutlass::epilogue::thread::GELU_taylor",
+        Some(ConvAct::Relu6) => "fact_act::ReLu6",
+    }
+}
+
+/// What the activation's functor needs defined before the epilogue names it: ReLU6, which
+/// CUTLASS's activations lack, as min(max(x, 0), 6) propagating NaN as torch's hardtanh does, on
+/// one value and on a fragment.
+fn act_prelude(a: Option<ConvAct>) -> &'static str {
+    match a {
+        Some(ConvAct::Relu6) => {
+            "// ReLU6: min(max(x, 0), 6), NaN propagated (torch's hardtanh(x, 0, 6)).
+namespace fact_act {
+template <typename T>
+struct ReLu6 {
+  static const bool kIsHeavy = false;
+  CUTLASS_HOST_DEVICE T operator()(T value) const {
+    cutlass::maximum<T, true> mx;
+    cutlass::minimum<T, true> mn;
+    return mn(mx(value, T(0)), T(6));
+  }
+};
+template <typename T, int N>
+struct ReLu6<cutlass::Array<T, N>> {
+  static const bool kIsHeavy = false;
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& frag) const {
+    cutlass::Array<T, N> out;
+    ReLu6<T> op;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) out[i] = op(frag[i]);
+    return out;
+  }
+};
+}  // namespace fact_act
+
+"
+        }
+        _ => "",
     }
 }
 
@@ -98,6 +135,7 @@ pub fn render(s: &ConvSpec) -> Source {
         "bias": s.bias,
         "residual": s.residual,
         "act": s.act.map(ConvAct::name).unwrap_or_default(),
+        "act_prelude": act_prelude(s.act),
     });
     let template = match (s.conv_depthwise, s.conv_warps, s.conv_stages) {
         _ if s.conv_gemm.is_some() => {
@@ -400,6 +438,50 @@ mod tests {
             assert!(text.contains(&format!("fact_k_{}_run", s.name())));
             assert!(text.contains("using Element = cutlass::half_t;"));
         }
+    }
+
+    #[test]
+    fn relu6_renders_fact_s_functor_once_before_the_epilogue_names_it() {
+        // MobileNetV2's depthwise 3x3 with its BatchNorm folded in and ReLU6; and sm90's EVT.
+        let dw = ConvSpec {
+            arch: Arch::Sm80,
+            dtype: DType::Bf16,
+            conv_tile: [8, 8, 64],
+            conv_cluster: [1, 1, 1],
+            conv_warps: Some([4, 1, 1]),
+            conv_stages: Some(3),
+            conv_fixed_channels: None,
+            conv_gemm: None,
+            conv_depthwise: Some(crate::kinds::conv::Depthwise {
+                filter: [3, 3],
+                stride: Some([1, 1]),
+            }),
+            bias: true,
+            residual: false,
+            act: Some(ConvAct::Relu6),
+        };
+        let text = render(&dw).text;
+        expect_test::expect_file![
+            "../../../tests/golden/sm80_dwconv2d_fprop_bf16_8x8x64_r3x3_stride1x1_4x1x1_s3_bias_relu6_for_sm80.cu"
+        ]
+        .assert_eq(&text);
+        let sm90 = ConvSpec {
+            act: Some(ConvAct::Relu6),
+            ..spec()
+        };
+        for (text, uses) in [
+            (text, "    fact_act::ReLu6, Element, Alignment, ElementAccumulator, ElementCompute>;"),
+            (
+                render(&sm90).text,
+                "using FusionOp = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<fact_act::ReLu6,",
+            ),
+        ] {
+            assert_eq!(text.matches("struct ReLu6 {").count(), 1);
+            let defined = text.find("struct ReLu6 {").unwrap();
+            assert!(text.find(uses).is_some_and(|u| u > defined), "{uses}");
+        }
+        // Other activations define nothing of fact's.
+        assert!(!render(&spec()).text.contains("fact_act"));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! allow_tf32)` (a traced `nn.Conv2d`) or `aten::conv2d(x, w, b?, stride, padding, dilation,
 //! groups)`, then `aten::batch_norm(y, γ?, β?, mean, var, training, momentum, eps, cudnn)`, then
 //! `add`/`add_` of a tensor of y's shape (either order; alpha 1), then `relu`, `silu`,
-//! `hardswish` or `gelu` (each in place or not). Each step is optional, in that order, and a step
+//! `hardswish`, `gelu` or ReLU6 (`hardtanh(y, 0, 6)`, `clamp(y, 0, 6)` or `relu6`; each in place or
+//! not). Each step is optional, in that order, and a step
 //! joins only where the previous one's output is read by it alone (and not returned).
 //!
 //! What matches: a 2-D forward convolution (4-D tensors, not transposed, integer padding) with
@@ -396,6 +397,17 @@ fn activation(g: &Graph, n: NodeId, y: ValueId) -> Option<ConvAct> {
         "relu" => ConvAct::Relu,
         "silu" => ConvAct::Silu,
         "hardswish" => ConvAct::Hardswish,
+        // torch's ReLU6 module is hardtanh(x, 0, 6).
+        "relu6" if node.inputs.len() == 1 => ConvAct::Relu6,
+        "hardtanh" | "clamp"
+            if node.inputs.len() == 3
+                && node.inputs[1..]
+                    .iter()
+                    .map(|&v| g.constant(v).and_then(Const::as_f64))
+                    .eq([Some(0.0), Some(6.0)]) =>
+        {
+            ConvAct::Relu6
+        }
         "gelu" => match node.inputs.get(1).map(|&a| g.constant(a)) {
             None => ConvAct::Gelu,
             Some(Some(Const::Str(s))) if s == "none" => ConvAct::Gelu,
@@ -656,6 +668,9 @@ mod tests {
                %mom = prim::Constant[0.1]()
                %tanh = prim::Constant[\"tanh\"]()
                %same = prim::Constant[\"same\"]()
+               %z0 = prim::Constant[0.0]()
+               %six = prim::Constant[6.0]()
+               %m1 = prim::Constant[-1.0]()
                %l1 = prim::ListConstruct(%one, %one) : List_int_
                %l0 = prim::ListConstruct(%zero, %zero) : List_int_
                %m = prim::GetAttr[name=\"m\"](%self) : Block
@@ -691,6 +706,11 @@ mod tests {
             ("aten::gelu(%y, %tanh)", ConvAct::GeluTanh),
             ("aten::gelu(%y)", ConvAct::Gelu),
             ("aten::relu(%y)", ConvAct::Relu),
+            // ReLU6 as nn.ReLU6(inplace=True), F.relu6 and a clamp write it.
+            ("aten::hardtanh_(%y, %z0, %six)", ConvAct::Relu6),
+            ("aten::hardtanh(%y, %z0, %six)", ConvAct::Relu6),
+            ("aten::clamp(%y, %z0, %six)", ConvAct::Relu6),
+            ("aten::relu6(%y)", ConvAct::Relu6),
         ] {
             let g = graph(
                 "aten::conv2d(%x, %w, %b, %l1, %l1, %l1, %one)",
@@ -706,6 +726,21 @@ mod tests {
                 format!("conv2d_s1_p1_d1_bias_{}", want.name())
             );
             assert_eq!(m.problem.dtype, DType::Bf16);
+        }
+    }
+
+    #[test]
+    fn a_hardtanh_other_than_relu6_is_no_activation() {
+        for act in [
+            "aten::hardtanh(%y, %m1, %six)",
+            "aten::clamp(%y, %z0, %none)",
+        ] {
+            let g = graph(
+                "aten::conv2d(%x, %w, %b, %l1, %l1, %l1, %one)",
+                &format!("%a = {act} : bf16[8,64,16,16]"),
+                "%a",
+            );
+            assert_eq!(longest(&g).act, None, "{act}");
         }
     }
 
