@@ -1031,9 +1031,9 @@ fn an_sm80_compose_without_a_gpu_compiles_and_says_what_is_left() {
 }
 
 /// The convolution kind's sm90 fprop kernels (bf16 with bias, residual and ReLU in the epilogue;
-/// tf32 with none of them; fp16 with SiLU alone), the depthwise direct convolution and a stem's
-/// fixed-channels implicit GEMM (sm80 code built for sm90: bf16 3x3 with bias and ReLU; tf32 of
-/// four channels with bias and ReLU) and the 1x1 family's GEMMs (tf32 cooperative, bf16 ping-pong
+/// tf32 with none of them; fp16 with a sigmoid alone), the depthwise direct convolution and a
+/// stem's fixed-channels implicit GEMM (sm80 code built for sm90: bf16 3x3 with bias and ReLU6;
+/// tf32 of four channels with bias and hardsigmoid, fact's functor) and the 1x1 family's GEMMs (tf32 cooperative, bf16 ping-pong
 /// with ReLU6, as the depthwise one) compile beside a GEMM into one library, each listed as a conv
 /// kernel with its signature.
 #[test]
@@ -1069,7 +1069,7 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         conv_tile: [64, 128, 64],
         bias: false,
         residual: false,
-        act: Some(ConvAct::Silu),
+        act: Some(ConvAct::Sigmoid),
         ..bf16.clone()
     };
     // A tf32 stem's fixed-channels kernel (CUTLASS 2's code, C = 4) built for sm90.
@@ -1079,7 +1079,7 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         conv_warps: Some([2, 2, 1]),
         conv_stages: Some(6),
         conv_fixed_channels: Some(4),
-        act: Some(ConvAct::Relu),
+        act: Some(ConvAct::Hardsigmoid),
         residual: false,
         ..bf16.clone()
     };
@@ -1139,7 +1139,7 @@ fn sm90_conv_kernels_build_beside_a_gemm_in_one_library() {
         Some(4)
     );
     assert_eq!(
-        lib.find("sm80_conv2d_fprop_tf32_128x64x16_2x2x1_s6_fixedc4_bias_relu"),
+        lib.find("sm80_conv2d_fprop_tf32_128x64x16_2x2x1_s6_fixedc4_bias_hardsigmoid"),
         Some(5)
     );
 }

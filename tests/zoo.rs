@@ -370,7 +370,7 @@ const EXPECT: &[Expect] = &[
         // The two classifier Linears (hardswish between them is no epilogue op). The stem (3x3
         // s2, hardswish); each block's 1x1 expansion (ReLU or hardswish) and 1x1 projection
         // (BatchNorm alone, or with the residual add); the squeeze-excitation's two 1x1
-        // convolutions with bias (ReLU, then hardsigmoid, no epilogue op); the last 1x1
+        // convolutions with bias (ReLU, then hardsigmoid, fact's functor); the last 1x1
         // (hardswish). Each block's depthwise convolution (groups = C: 3x3 or 5x5, stride 1 or
         // 2) with its BatchNorm and ReLU or hardswish; those over 72, 120, 184 and 200 channels
         // (no multiple of 16) are patterns whose plan says no kernel takes them.
@@ -379,7 +379,8 @@ const EXPECT: &[Expect] = &[
             ("conv2d_s2_p1_d1_bias_hardswish", 1),
             ("conv2d_s1_p0_d1_bias_relu", 13),
             ("conv2d_s1_p0_d1_bias_hardswish", 10),
-            ("conv2d_s1_p0_d1_bias", 13),
+            ("conv2d_s1_p0_d1_bias", 5),
+            ("conv2d_s1_p0_d1_bias_hardsigmoid", 8),
             ("conv2d_s1_p0_d1_bias_add", 10),
             ("conv2d_s1_p1_d1_g16_bias_relu", 1),
             ("conv2d_s2_p1_d1_g64_bias_relu", 1),

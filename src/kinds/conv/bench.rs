@@ -133,6 +133,8 @@ impl Inputs {
             Some(ConvAct::Gelu) => y.gelu("none"),
             Some(ConvAct::GeluTanh) => y.gelu("tanh"),
             Some(ConvAct::Relu6) => y.clamp(0.0, 6.0),
+            Some(ConvAct::Sigmoid) => y.sigmoid(),
+            Some(ConvAct::Hardsigmoid) => y.hardsigmoid(),
         }
     }
 

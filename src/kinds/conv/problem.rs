@@ -26,16 +26,22 @@ pub enum ConvAct {
     GeluTanh,
     /// ReLU6, `hardtanh(x, 0, 6)` (MobileNetV2's).
     Relu6,
+    /// The logistic sigmoid (EfficientNet's and RegNetY's squeeze-excitation gates).
+    Sigmoid,
+    /// `hardsigmoid`, relu6(x + 3) / 6 (MobileNetV3's squeeze-excitation gate).
+    Hardsigmoid,
 }
 
 impl ConvAct {
-    pub const ALL: [ConvAct; 6] = [
+    pub const ALL: [ConvAct; 8] = [
         ConvAct::Relu,
         ConvAct::Silu,
         ConvAct::Hardswish,
         ConvAct::Gelu,
         ConvAct::GeluTanh,
         ConvAct::Relu6,
+        ConvAct::Sigmoid,
+        ConvAct::Hardsigmoid,
     ];
     /// Its name in rule ids and the plan.
     pub fn name(self) -> &'static str {
@@ -46,6 +52,8 @@ impl ConvAct {
             ConvAct::Gelu => "gelu",
             ConvAct::GeluTanh => "gelu_tanh",
             ConvAct::Relu6 => "relu6",
+            ConvAct::Sigmoid => "sigmoid",
+            ConvAct::Hardsigmoid => "hardsigmoid",
         }
     }
 }

@@ -65,43 +65,55 @@ fn act_functor(a: Option<ConvAct>) -> &'static str {
         Some(ConvAct::Gelu) => "cutlass::epilogue::thread::GELU",
         Some(ConvAct::GeluTanh) => "cutlass::epilogue::thread::GELU_taylor",
         Some(ConvAct::Relu6) => "fact_act::ReLu6",
+        Some(ConvAct::Sigmoid) => "cutlass::epilogue::thread::Sigmoid",
+        Some(ConvAct::Hardsigmoid) => "fact_act::HardSigmoid",
     }
 }
 
-/// What the activation's functor needs defined before the epilogue names it: ReLU6, which
-/// CUTLASS's activations lack, as min(max(x, 0), 6) propagating NaN as torch's hardtanh does, on
-/// one value and on a fragment.
-fn act_prelude(a: Option<ConvAct>) -> &'static str {
-    match a {
-        Some(ConvAct::Relu6) => {
-            "// ReLU6: min(max(x, 0), 6), NaN propagated (torch's hardtanh(x, 0, 6)).
-namespace fact_act {
+/// What the activation's functor needs defined before the epilogue names it: the ones CUTLASS's
+/// activations lack, ReLU6 (min(max(x, 0), 6), propagating NaN as torch's hardtanh does) and
+/// hardsigmoid (min(max(x + 3, 0), 6) / 6, torch's formula), on one value and on a fragment.
+fn act_prelude(a: Option<ConvAct>) -> String {
+    let (name, what, body) = match a {
+        Some(ConvAct::Relu6) => (
+            "ReLu6",
+            "ReLU6: min(max(x, 0), 6), NaN propagated (torch's hardtanh(x, 0, 6))",
+            "return mn(mx(value, T(0)), T(6));",
+        ),
+        Some(ConvAct::Hardsigmoid) => (
+            "HardSigmoid",
+            "hardsigmoid: min(max(x + 3, 0), 6) / 6, NaN propagated (torch's formula)",
+            "return mn(mx(value + T(3), T(0)), T(6)) / T(6);",
+        ),
+        _ => return String::new(),
+    };
+    format!(
+        "// {what}.
+namespace fact_act {{
 template <typename T>
-struct ReLu6 {
+struct {name} {{
   static const bool kIsHeavy = false;
-  CUTLASS_HOST_DEVICE T operator()(T value) const {
+  CUTLASS_HOST_DEVICE T operator()(T value) const {{
     cutlass::maximum<T, true> mx;
     cutlass::minimum<T, true> mn;
-    return mn(mx(value, T(0)), T(6));
-  }
-};
+    {body}
+  }}
+}};
 template <typename T, int N>
-struct ReLu6<cutlass::Array<T, N>> {
+struct {name}<cutlass::Array<T, N>> {{
   static const bool kIsHeavy = false;
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& frag) const {
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& frag) const {{
     cutlass::Array<T, N> out;
-    ReLu6<T> op;
+    {name}<T> op;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < N; ++i) out[i] = op(frag[i]);
     return out;
-  }
-};
-}  // namespace fact_act
+  }}
+}};
+}}  // namespace fact_act
 
 "
-        }
-        _ => "",
-    }
+    )
 }
 
 /// The epilogue's fusion operation: D = act(acc + bias + C), each part where the spec has it.
@@ -480,8 +492,18 @@ mod tests {
             let defined = text.find("struct ReLu6 {").unwrap();
             assert!(text.find(uses).is_some_and(|u| u > defined), "{uses}");
         }
-        // Other activations define nothing of fact's.
-        assert!(!render(&spec()).text.contains("fact_act"));
+        // Hardsigmoid is fact's too; CUTLASS's sigmoid and the other activations define nothing.
+        let hs = render(&ConvSpec {
+            act: Some(ConvAct::Hardsigmoid),
+            ..spec()
+        })
+        .text;
+        assert!(hs.contains("return mn(mx(value + T(3), T(0)), T(6)) / T(6);"));
+        assert!(hs.contains("LinCombPerColBiasEltAct<fact_act::HardSigmoid,"));
+        for act in [Some(ConvAct::Relu), Some(ConvAct::Sigmoid), None] {
+            let text = render(&ConvSpec { act, ..spec() }).text;
+            assert!(!text.contains("fact_act"), "{act:?}");
+        }
     }
 
     #[test]

@@ -9,8 +9,8 @@
 //! allow_tf32)` (a traced `nn.Conv2d`) or `aten::conv2d(x, w, b?, stride, padding, dilation,
 //! groups)`, then `aten::batch_norm(y, γ?, β?, mean, var, training, momentum, eps, cudnn)`, then
 //! `add`/`add_` of a tensor of y's shape (either order; alpha 1), then `relu`, `silu`,
-//! `hardswish`, `gelu` or ReLU6 (`hardtanh(y, 0, 6)`, `clamp(y, 0, 6)` or `relu6`; each in place or
-//! not). Each step is optional, in that order, and a step
+//! `hardswish`, `gelu`, ReLU6 (`hardtanh(y, 0, 6)`, `clamp(y, 0, 6)` or `relu6`), `sigmoid` or
+//! `hardsigmoid` (the gates of squeeze-excitation; each in place or not). Each step is optional, in that order, and a step
 //! joins only where the previous one's output is read by it alone (and not returned).
 //!
 //! What matches: a 2-D forward convolution (4-D tensors, not transposed, integer padding) with
@@ -397,6 +397,8 @@ fn activation(g: &Graph, n: NodeId, y: ValueId) -> Option<ConvAct> {
         "relu" => ConvAct::Relu,
         "silu" => ConvAct::Silu,
         "hardswish" => ConvAct::Hardswish,
+        "sigmoid" => ConvAct::Sigmoid,
+        "hardsigmoid" => ConvAct::Hardsigmoid,
         // torch's ReLU6 module is hardtanh(x, 0, 6).
         "relu6" if node.inputs.len() == 1 => ConvAct::Relu6,
         "hardtanh" | "clamp"
@@ -711,6 +713,9 @@ mod tests {
             ("aten::hardtanh(%y, %z0, %six)", ConvAct::Relu6),
             ("aten::clamp(%y, %z0, %six)", ConvAct::Relu6),
             ("aten::relu6(%y)", ConvAct::Relu6),
+            // Squeeze-excitation's gates.
+            ("aten::sigmoid(%y)", ConvAct::Sigmoid),
+            ("aten::hardsigmoid_(%y)", ConvAct::Hardsigmoid),
         ] {
             let g = graph(
                 "aten::conv2d(%x, %w, %b, %l1, %l1, %l1, %one)",
