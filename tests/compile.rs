@@ -1199,3 +1199,40 @@ fn sm80_conv_kernels_build_beside_a_gemm_in_an_sm80_library() {
     assert_eq!(lib.find(&tf32.name()), Some(2));
     assert!(tf32.name().ends_with("_for_sm80"), "{}", tf32.name());
 }
+
+/// GRN kernels (fact's own, no CUTLASS: bf16 of 16-byte vectors and fp32 of 8-byte ones, each
+/// with its three launches and workspace) compile beside a GEMM into one library, listed as grn
+/// kernels.
+#[test]
+fn grn_kernels_build_beside_a_gemm_in_one_library() {
+    use fact::kinds::grn::{candidates, GrnProblem};
+    use fact::kinds::Spec;
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let p = GrnProblem {
+        batch: 32,
+        pixels: 3136,
+        channels: 384,
+        dtype: DType::Bf16,
+    };
+    let bf16 = candidates(&p, Arch::Sm90).remove(0);
+    let f32 = candidates(
+        &GrnProblem {
+            dtype: DType::F32,
+            ..p
+        },
+        Arch::Sm90,
+    )
+    .into_iter()
+    .find(|s| s.vector == 2)
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let specs: Vec<Spec> = vec![bf16.clone().into(), good_spec().into(), f32.clone().into()];
+    let built = build_all(&tc, &specs, dir.path(), "libgrn.so", 2);
+    let lib = crate::common::open_kernels(&built.library);
+    assert_eq!(
+        (0..3).map(|i| lib.kind(i).unwrap()).collect::<Vec<_>>(),
+        ["grn", "gemm", "grn"]
+    );
+    assert_eq!(lib.find("grn_bf16_v8_s8"), Some(0));
+    assert_eq!(lib.find(&f32.name()), Some(2));
+}

@@ -351,6 +351,7 @@ fn gemm_ep_falls_back_to_the_original_ops_on_cpu() {
     convnext_blocks_turn_through_their_permute(&built.library, dir.path());
     coheres_written_norms_replay_their_ops(&built.library, dir.path());
     crate::attention::composed_sdpa_falls_back_exactly(&built.library);
+    crate::grn::composed_grn_falls_back_exactly(&built.library);
 }
 
 /// GPT-2's MLP on Conv1D (conv1d_mlp.pt): each GEMM reads x's rows through a view, and its

@@ -11,6 +11,7 @@ mod errors;
 mod gemm_abi;
 mod gemm_ep;
 mod glu;
+mod grn;
 mod ingest;
 mod layernorm;
 mod layouts;

@@ -489,6 +489,31 @@ const EXPECT: &[Expect] = &[
         kv_heads: None,
     },
     Expect {
+        model: "convnextv2",
+        // Held out (Hugging Face's ConvNeXt V2-tiny, one block a stage under --ci): ConvNeXt's
+        // block with Global Response Normalization between its linears (`grn`: the norms over
+        // the spatial dims, their mean over the channels, the scale, bias and residual, one
+        // kernel of fact's own); the first linear with GELU, the second with the block's
+        // residual (through the permute back). The LayerNorms of the blocks, the stem and the
+        // downsamplers; the stem's and downsamplers' convolutions, each block's 7x7 depthwise.
+        // The pooled output's final LayerNorm reads a mean (left to torch).
+        per_layer: &[],
+        once: &[
+            ("grn", 4),
+            ("gemm_rcr_bias_ep_gelu", 4),
+            ("gemm_rcr_bias_ep_add", 4),
+            ("layernorm_affine", 8),
+            ("conv2d_s4_p0_d1_bias", 1),
+            ("conv2d_s2_p0_d1_bias", 3),
+            ("conv2d_s1_p3_d1_g96_bias", 1),
+            ("conv2d_s1_p3_d1_g192_bias", 1),
+            ("conv2d_s1_p3_d1_g384_bias", 1),
+            ("conv2d_s1_p3_d1_g768_bias", 1),
+        ],
+        wanted: &[],
+        kv_heads: None,
+    },
+    Expect {
         model: "beit",
         // Each layer: q and v with bias, k without; the MLP's first linear with GELU; the
         // attention output and the MLP's second linear each with the layer scale and the residual

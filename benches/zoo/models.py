@@ -378,6 +378,16 @@ def mpt(ci):
     return CausalLM(MptForCausalLM(config))
 
 
+def convnextv2(ci):
+    from transformers import ConvNextV2Config, ConvNextV2Model
+
+    # ConvNeXt V2-tiny (a held-out family, Hugging Face's): the ConvNeXt block with Global Response
+    # Normalization between its two linears (over the spatial dims, channels last); one block a
+    # stage under --ci keeps every stage's downsampling.
+    config = ConvNextV2Config(**({"depths": [1, 1, 1, 1]} if ci else {}))
+    return HFImage(ConvNextV2Model(config))
+
+
 def beit(ci):
     from transformers import BeitConfig, BeitModel
 
@@ -494,6 +504,7 @@ MODELS = [
     Model("convnext_tiny", "convnext", "torchvision convnext_tiny (depthwise 7x7, LayerNorm, Linear MLP)", convnext_tiny, 32, None, ci_layers=1),
     Model("mpnet", "mpnet", "MPNetModel: MPNet-base, a relative position bias and the padding mask added in turn in eager attention, padding mask passed in (held out)", mpnet, 32, 512, vocab=30527, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("mpt", "mpt", "MptForCausalLM: hidden 2048, 16 heads of 128, ALiBi before a causal fill, 4 layers (held out)", mpt, 4, 1024, vocab=50368, ci_vocab=CI_VOCAB),
+    Model("convnextv2", "convnextv2", "ConvNextV2Model: ConvNeXt V2-tiny, Global Response Normalization in every block (held out)", convnextv2, 32, None),
     Model("beit", "beit", "BeitModel: BEiT-base, a relative position bias per layer through SDPA's mask (held out)", beit, 32, None),
     Model("swin_v2_t", "swin_v2", "torchvision swin_v2_t (cosine attention: a logit scale per head, a position bias from an MLP; shifted windows) (held out)", swin_v2_t, 32, None, ci_layers=2),
     Model("swin_t", "swin", "torchvision swin_t (window attention with a relative position bias; shifted windows) (held out)", swin_t, 32, None, ci_layers=2),

@@ -90,7 +90,6 @@ FAMILIES = {
     "albert": (lambda: encoder("AlbertConfig", "AlbertModel", num_hidden_layers=L, vocab_size=V), "encoder"),
     "dinov2": (lambda: hf_image("Dinov2Config", "Dinov2Model", num_hidden_layers=L), "image"),
     "clip_vision": (lambda: hf_image("CLIPVisionConfig", "CLIPVisionModel", num_hidden_layers=L), "image"),
-    "convnextv2": (lambda: hf_image("ConvNextV2Config", "ConvNextV2Model"), "image"),
     "efficientnet_v2_s": (lambda: vision("efficientnet_v2_s"), "image"),
     "shufflenet_v2_x1_0": (lambda: vision("shufflenet_v2_x1_0"), "image"),
     "regnet_x_400mf": (lambda: vision("regnet_x_400mf"), "image"),

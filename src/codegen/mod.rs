@@ -66,6 +66,27 @@ pub fn dtype_abi(d: crate::types::DType) -> u32 {
     }
 }
 
+/// CUDA's own type of a dtype's elements (fact's kernels without CUTLASS).
+pub fn cuda_element(d: crate::types::DType) -> &'static str {
+    match d {
+        crate::types::DType::F32 => "float",
+        crate::types::DType::Bf16 => "__nv_bfloat16",
+        crate::types::DType::F16 => "__half",
+    }
+}
+
+/// The integer type one vector load of `bytes` bytes moves as (fact's kernels without CUTLASS);
+/// `kernel` names the spec, whose invalid_reason refuses any other width.
+pub fn vector_type(kernel: &str, bytes: u32) -> &'static str {
+    match bytes {
+        16 => "uint4",
+        8 => "uint2",
+        4 => "unsigned int",
+        2 => "unsigned short",
+        other => panic!("{kernel}: a {other}-byte vector (invalid_reason refuses it)"),
+    }
+}
+
 /// The translation unit of kernels already rendered (each in its own namespace), so a sweep
 /// builds as one unit per core rather than one per kernel. Named for its contents.
 pub fn unit_of(sources: &[&Source]) -> Source {

@@ -17,6 +17,7 @@ pub mod conv;
 pub mod erased;
 pub mod gemm;
 pub mod glu;
+pub mod grn;
 pub mod layernorm;
 pub mod registry;
 pub mod rmsnorm;

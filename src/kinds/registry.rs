@@ -11,7 +11,7 @@
 
 use super::TypedKind;
 use super::{
-    attention, conv, gemm, glu, layernorm, rmsnorm, rotary, siblings, Found, Kind, Patterns,
+    attention, conv, gemm, glu, grn, layernorm, rmsnorm, rotary, siblings, Found, Kind, Patterns,
     Problem, Spec,
 };
 use crate::codegen::{self, Source};
@@ -31,6 +31,7 @@ pub static KINDS: &[&dyn Kind] = &[
     &rotary::Rotary,
     &glu::Glu,
     &conv::Conv,
+    &grn::Grn,
     &siblings::Siblings,
 ];
 

@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_written, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv, fact::linears2, fact::linears3, fact::linears4, fact::memo_get, fact::memo_put
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_written, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv, fact::grn, fact::linears2, fact::linears3, fact::linears4, fact::memo_get, fact::memo_put
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -402,7 +402,7 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
 // The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
 // FACT_DISABLE=1 (or "all") in the environment turns every kind off (and the memo: "memo"), FACT_DISABLE=attention,epilogue
 // the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kSiblingsKind = 256, kMemoKind = 512, kAllKinds = 1023 };
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kGrnKind = 256, kSiblingsKind = 512, kMemoKind = 1024, kAllKinds = 2047 };
 
 // The bits of a comma-separated list of kind names; false on a name that is no kind.
 bool parse_kinds(const std::string& text, unsigned& bits) {
@@ -416,6 +416,7 @@ bool parse_kinds(const std::string& text, unsigned& bits) {
     else if (name == "rotary") bits |= kRotaryKind;
     else if (name == "glu") bits |= kGluKind;
     else if (name == "conv") bits |= kConvKind;
+    else if (name == "grn") bits |= kGrnKind;
     else if (name == "siblings") bits |= kSiblingsKind;
     else if (name == "memo") bits |= kMemoKind;
     else if (name == "all" || name == "1") bits |= kAllKinds;
@@ -431,7 +432,7 @@ std::atomic<unsigned>& disabled_kinds() {
     unsigned b = 0;
     if (!parse_kinds(v, b)) {
       // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, memo, all); every fact op falls back\n", v);
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, grn, siblings, memo, all); every fact op falls back\n", v);
       return unsigned(kAllKinds);
     }
     return b;
@@ -2317,7 +2318,11 @@ at::Tensor conv_act(const at::Tensor& y, const std::string& act) {
   if (act == "silu") return at::silu(y);
   if (act == "hardswish") return at::hardswish(y);
   if (act == "gelu") return at::gelu(y, "none");
-  TORCH_CHECK(act == "gelu_tanh", "fact::conv: unknown activation '", act, "' (relu, silu, hardswish, gelu, gelu_tanh)");
+  if (act == "relu6") return at::hardtanh(y, 0.0, 6.0);
+  if (act == "sigmoid") return at::sigmoid(y);
+  if (act == "hardsigmoid") return at::hardsigmoid(y);
+  TORCH_CHECK(act == "gelu_tanh", "fact::conv: unknown activation '", act,
+              "' (relu, silu, hardswish, gelu, gelu_tanh, relu6, sigmoid, hardsigmoid)");
   return at::gelu(y, "tanh");
 }
 
@@ -2481,6 +2486,80 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const std::option
 }
 
 // ---------------------------------------------------------------------------------------------
+// ConvNeXt V2's Global Response Normalization over x [N,H,W,C] (channels last): `fact::grn(x,
+// weight, bias, eps, form, kernel)`. `form` says how the graph wrote the scale, bias and residual,
+// and so what the fallback replays: "hf" (w * (x * nf) + b + x, Hugging Face's) or "addcmul" (x +
+// addcmul(b, w, x * nf), timm's); eps is the graph's constant as text. The kernel reads the weight
+// and bias as [C] views of the graph's ([C] or [1,1,1,C]).
+
+enum class GrnForm { kHf, kAddcmul };
+
+GrnForm grn_form(c10::string_view text) {
+  const std::string f(text);
+  if (f == "hf") return GrnForm::kHf;
+  TORCH_CHECK(f == "addcmul", "fact::grn: unknown form '", f, "' (a rewrite from another fact version?)");
+  return GrnForm::kAddcmul;
+}
+
+// The replaced nodes, replayed in the graph's dtype and order.
+at::Tensor grn_replay(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps, GrnForm f) {
+  const at::Tensor g = at::linalg_vector_norm(x, 2, at::IntArrayRef({1, 2}), true, std::nullopt);
+  const at::Tensor nf = g / (g.mean({-1}, true) + eps);
+  const at::Tensor t = x * nf;
+  if (f == GrnForm::kHf) return weight * t + bias + x;
+  return x + at::addcmul(bias, weight, t);
+}
+
+// Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
+// reason in `why`.
+at::Tensor grn_kernel(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+                      c10::string_view kernel, std::string& why) {
+  if (!x.is_cuda() || weight.device() != x.device() || bias.device() != x.device()) {
+    return why = "not CUDA tensors of one device", at::Tensor();
+  }
+  if (at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad())) {
+    return why = "autograd (the kernel has no backward)", at::Tensor();
+  }
+  if (x.dim() != 4) return why = "x is not [N,H,W,C]", at::Tensor();
+  if (*dtype_name(x.scalar_type()) == '\0') return why = "not an f32, bf16 or f16 tensor", at::Tensor();
+  if (weight.scalar_type() != x.scalar_type() || bias.scalar_type() != x.scalar_type()) return why = "mixed dtypes", at::Tensor();
+  const int64_t c = x.size(3);
+  if (weight.numel() != c || bias.numel() != c) return why = "the weight or bias is not one value a channel", at::Tensor();
+  if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
+  const int32_t index = find_kernel(kernel);
+  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  const auto* props = at::cuda::getDeviceProperties(x.device().index());
+  if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
+  c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor w = weight.reshape({c}).contiguous(), b = bias.reshape({c}).contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const FactTensor tensors[4] = {fact_tensor(x), fact_tensor(out), fact_tensor(w), fact_tensor(b)};
+  const double scalars[1] = {eps};
+  const FactOpArgs args{tensors, 4, scalars, 1};
+  if (!launch_kernel(index, args, x, kernel, "grn")) {
+    return why = "the kernel cannot implement this C, layout or alignment", at::Tensor();
+  }
+  return out;
+}
+
+at::Tensor grn(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, c10::string_view eps_text,
+               c10::string_view form, c10::string_view kernel) {
+  const GrnForm f = grn_form(form);
+  double eps = 0;
+  TORCH_CHECK(parse_number(std::string(eps_text), eps), "fact::grn: eps '", std::string(eps_text), "' is not a number");
+  std::string why = "grn is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kGrnKind)) {
+    at::Tensor out = grn_kernel(x, weight, bias, eps, kernel, why);
+    if (out.defined()) {
+      count_ran(kernel, false);
+      return out;
+    }
+  }
+  count_fell_back(kernel, why);
+  return grn_replay(x, weight, bias, eps, f);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Sibling linears as one GEMM: `fact::linears<N>(x, w, b, n0, .., kernel)` returns y_i = linear(x,
 // W_i, b_i) for the N linears of one group, where w (and b) are their weights (biases) concatenated
 // along the rows once at compose time. The kernel is a GEMM kind kernel writing [.., sum n_i]; each
@@ -2630,7 +2709,7 @@ extern "C" const char* fact_op_stats(void) {
   return text.c_str();
 }
 
-// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, memo, all) off
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, grn, siblings, memo, all) off
 // and every other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
 extern "C" int32_t fact_disable(const char* kinds) {
   unsigned bits = 0;
@@ -2693,6 +2772,9 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::conv", ""}).has_value()) {
     m.def("conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, Tensor? bn_mean, Tensor? bn_var, Tensor? residual, Tensor w_kernel, Tensor? b_kernel, str form, str kernel) -> Tensor");
   }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::grn", ""}).has_value()) {
+    m.def("grn(Tensor x, Tensor weight, Tensor bias, str eps, str form, str kernel) -> Tensor");
+  }
   if (!c10::Dispatcher::singleton().findSchema({"fact::linears2", ""}).has_value()) {
     m.def("linears2(Tensor x, Tensor w, Tensor? b, int n0, int n1, str kernel) -> (Tensor, Tensor)");
   }
@@ -2722,6 +2804,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary_qk)));
   m.impl("glu", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(glu)));
   m.impl("conv", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(conv)));
+  m.impl("grn", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(grn)));
   m.impl("linears2", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears2)));
   m.impl("linears3", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears3)));
   m.impl("linears4", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears4)));

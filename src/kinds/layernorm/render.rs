@@ -5,7 +5,7 @@
 
 use super::LayerNormSpec;
 use crate::codegen::{self, OpCode, Source};
-use crate::types::{Arch, DType};
+use crate::types::Arch;
 use handlebars::Handlebars;
 use serde_json::json;
 use std::sync::OnceLock;
@@ -23,28 +23,10 @@ fn templates() -> &'static Handlebars<'static> {
     })
 }
 
-/// CUDA's type of a dtype's elements.
-fn element_type(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "float",
-        DType::Bf16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-    }
-}
-
 /// The translation unit of one LayerNorm kernel.
 pub fn render(l: &LayerNormSpec) -> Source {
-    let element = element_type(l.dtype);
-    let vec_type = match l.vector * l.dtype.bytes() as u32 {
-        16 => "uint4",
-        8 => "uint2",
-        4 => "unsigned int",
-        2 => "unsigned short",
-        other => panic!(
-            "{}: a {other}-byte vector (invalid_reason refuses it)",
-            l.name()
-        ),
-    };
+    let element = codegen::cuda_element(l.dtype);
+    let vec_type = codegen::vector_type(&l.name(), l.vector * l.dtype.bytes() as u32);
     let mut vars = json!({
         "name": l.name(),
         "spec_json": serde_json::to_string(l).expect("spec serializes"),
@@ -64,7 +46,7 @@ pub fn render(l: &LayerNormSpec) -> Source {
     if let Some(add) = l.add {
         for (key, d) in [("a", add.a), ("b", add.b), ("sum", add.sum)] {
             vars[format!("{key}_dtype")] = json!(d.short_name());
-            vars[format!("{key}_element")] = json!(element_type(d));
+            vars[format!("{key}_element")] = json!(codegen::cuda_element(d));
             vars[format!("{key}_abi")] = json!(codegen::dtype_abi(d));
         }
     }
@@ -91,6 +73,7 @@ pub fn op_code(arch: Arch) -> OpCode {
 mod tests {
     use super::*;
     use crate::kinds::rows::RowReads;
+    use crate::types::DType;
 
     #[test]
     fn layernorm_render_is_golden_and_compiles_c_and_the_knobs_in() {

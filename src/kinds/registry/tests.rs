@@ -634,13 +634,14 @@ fn the_op_library_has_every_kinds_section_ops_and_switches() {
             "rotary",
             "glu",
             "conv",
+            "grn",
             "siblings"
         ]
     );
     // The frame's memo switch follows the kinds'; its ops follow theirs.
-    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kSiblingsKind = 256, kMemoKind = 512, kAllKinds = 1023 };"));
+    assert!(text.contains("enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kGrnKind = 256, kSiblingsKind = 512, kMemoKind = 1024, kAllKinds = 2047 };"));
     assert!(text.contains(
-        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, siblings, memo, all); every fact op falls back"
+        "names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, grn, siblings, memo, all); every fact op falls back"
     ));
     for op in codegen::FRAME_OPS {
         assert!(

@@ -5,7 +5,7 @@
 
 use super::RmsNormSpec;
 use crate::codegen::{self, OpCode, Source};
-use crate::types::{Arch, DType};
+use crate::types::Arch;
 use handlebars::Handlebars;
 use serde_json::json;
 use std::sync::OnceLock;
@@ -20,28 +20,10 @@ fn templates() -> &'static Handlebars<'static> {
     })
 }
 
-/// CUDA's type of a dtype's elements.
-fn element_type(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "float",
-        DType::Bf16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-    }
-}
-
 /// The translation unit of one RMSNorm kernel.
 pub fn render(s: &RmsNormSpec) -> Source {
-    let element = element_type(s.dtype);
-    let vec_type = match s.vector * s.dtype.bytes() as u32 {
-        16 => "uint4",
-        8 => "uint2",
-        4 => "unsigned int",
-        2 => "unsigned short",
-        other => panic!(
-            "{}: a {other}-byte vector (invalid_reason refuses it)",
-            s.name()
-        ),
-    };
+    let element = codegen::cuda_element(s.dtype);
+    let vec_type = codegen::vector_type(&s.name(), s.vector * s.dtype.bytes() as u32);
     let mut vars = json!({
         "name": s.name(),
         "spec_json": serde_json::to_string(s).expect("spec serializes"),
@@ -61,7 +43,7 @@ pub fn render(s: &RmsNormSpec) -> Source {
     if let Some(add) = s.add {
         for (key, d) in [("a", add.a), ("b", add.b), ("sum", add.sum)] {
             vars[format!("{key}_dtype")] = json!(d.short_name());
-            vars[format!("{key}_element")] = json!(element_type(d));
+            vars[format!("{key}_element")] = json!(codegen::cuda_element(d));
             vars[format!("{key}_abi")] = json!(codegen::dtype_abi(d));
         }
     }
@@ -88,6 +70,7 @@ pub fn op_code(arch: Arch) -> OpCode {
 mod tests {
     use super::*;
     use crate::kinds::rows::RowReads;
+    use crate::types::DType;
 
     fn llama() -> RmsNormSpec {
         RmsNormSpec {

@@ -5,7 +5,7 @@
 
 use super::RotarySpec;
 use crate::codegen::{self, OpCode, Source};
-use crate::types::{Arch, DType};
+use crate::types::Arch;
 use handlebars::Handlebars;
 use serde_json::json;
 use std::sync::OnceLock;
@@ -20,21 +20,8 @@ fn templates() -> &'static Handlebars<'static> {
 
 /// The translation unit of one rotary kernel.
 pub fn render(s: &RotarySpec) -> Source {
-    let element = match s.dtype {
-        DType::F32 => "float",
-        DType::Bf16 => "__nv_bfloat16",
-        DType::F16 => "__half",
-    };
-    let vec_type = match s.vector * s.dtype.bytes() as u32 {
-        16 => "uint4",
-        8 => "uint2",
-        4 => "unsigned int",
-        2 => "unsigned short",
-        other => panic!(
-            "{}: a {other}-byte vector (invalid_reason refuses it)",
-            s.name()
-        ),
-    };
+    let element = codegen::cuda_element(s.dtype);
+    let vec_type = codegen::vector_type(&s.name(), s.vector * s.dtype.bytes() as u32);
     let vars = json!({
         "name": s.name(),
         "spec_json": serde_json::to_string(s).expect("spec serializes"),
@@ -74,6 +61,7 @@ pub fn op_code(arch: Arch) -> OpCode {
 mod tests {
     use super::super::{candidates, Form, RotaryProblem};
     use super::*;
+    use crate::types::DType;
 
     #[test]
     fn rotary_render_is_golden_and_compiles_the_head_in() {
