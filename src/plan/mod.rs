@@ -66,29 +66,28 @@ fn is_free(kind: &str) -> bool {
                 | "aten::unbind"
                 | "aten::detach"
                 | "aten::alias"
-                | "aten::floor_divide"
-                | "aten::pow"
                 | "aten::ScalarImplicit"
                 | "aten::dropout"
                 | "aten::flatten"
         )
 }
 
-/// Whether node `n` computes on 0-dim integer tensors alone: the sizes tracing turns into
-/// tensors (`prim::NumToTensor`, as Hugging Face's `repeat_kv` multiplies the KV heads by the
-/// repeat count). They live on the host; no kernel runs.
+/// Whether node `n` computes on 0-dim integer tensors alone, into 0-dim tensors: the sizes tracing
+/// turns into tensors (`prim::NumToTensor`, as Hugging Face's `repeat_kv` multiplies the KV heads
+/// by the repeat count, and torchvision's `(C // heads) ** -0.5` a scale, whose result is a float).
+/// They live on the host; no kernel runs. (A `pow` or `floor_divide` of a real tensor is a kernel.)
 fn host_arithmetic(g: &Graph, n: &crate::graph::Node) -> bool {
-    let scalar_int = |v: &usize| {
+    let scalar = |v: &usize| g.tensor(*v).is_some_and(|t| t.shape.is_empty());
+    let int = |v: &usize| {
         g.tensor(*v)
-            .is_some_and(|t| t.shape.is_empty() && matches!(t.dtype.as_str(), "i64" | "i32"))
+            .is_some_and(|t| matches!(t.dtype.as_str(), "i64" | "i32"))
     };
-    let tensors: Vec<&usize> = n
-        .inputs
-        .iter()
-        .chain(&n.outputs)
-        .filter(|&&v| g.tensor(v).is_some())
-        .collect();
-    !tensors.is_empty() && tensors.into_iter().all(scalar_int)
+    let tensor = |v: &&usize| g.tensor(**v).is_some();
+    let inputs: Vec<&usize> = n.inputs.iter().filter(tensor).collect();
+    let outputs: Vec<&usize> = n.outputs.iter().filter(tensor).collect();
+    !inputs.is_empty()
+        && inputs.iter().all(|v| scalar(v) && int(v))
+        && outputs.iter().all(|v| scalar(v))
 }
 
 fn numel(shape: &[i64]) -> f64 {
@@ -514,7 +513,11 @@ mod tests {
                %f = aten::swapaxes(%w, %zero, %two) : f32[32,64]
                %kv = prim::NumToTensor(%two) : i64[]
                %heads = aten::mul(%kv, %two) : i64[]
-               return (%a, %b, %c, %d, %e, %parts, %f, %heads)",
+               %half = prim::Constant[-0.5]()
+               %per = aten::floor_divide(%kv, %two) : i64[]
+               %scale = aten::pow(%per, %half) : f32[]
+               %sq = aten::pow(%w, %two) : f32[64,32]
+               return (%a, %b, %c, %d, %e, %parts, %f, %heads, %scale, %sq)",
         )
         .unwrap();
         let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &[]);
@@ -524,8 +527,9 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["e"],
-            "the neg alone runs a kernel (the KV heads times the repeat count are host arithmetic)"
+            ["e", "sq"],
+            "the neg and the square of w run kernels (the KV heads times the repeat count, and a \
+             scale from a traced size, are host arithmetic)"
         );
     }
 
