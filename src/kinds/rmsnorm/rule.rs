@@ -334,13 +334,16 @@ impl Cx<'_> {
                     return None;
                 }
                 extra.extend(prep);
+                // The cast back to x's dtype ends the norm, except in fp32, where it is a view
+                // (`rules::views`) that the norm's reader reads through: Gemma's final norm ends in
+                // `type_as`, which the lm_head's GEMM takes as its operand's view.
                 let end = match self.only_reader(t).filter(|&c| cast_to(g, c, &dt)) {
-                    Some(c) => {
+                    Some(c) if dt != "f32" => {
                         core.push(t);
                         c
                     }
-                    None if dt == "f32" => t,
-                    None => return None,
+                    _ if dt == "f32" => t,
+                    _ => return None,
                 };
                 (end, scale, false, Some(w))
             }

@@ -205,6 +205,36 @@ fn gemma_scales_by_one_plus_the_weight_and_casts_back_with_type_as() {
 }
 
 #[test]
+fn gemma_traced_in_fp32_ends_at_the_weight_and_leaves_its_type_as_a_view() {
+    // In fp32 the `type_as` back is a view, which Gemma's lm_head reads its operand through: the
+    // norm ends at the product, so a GEMM may take the view (the norm stood there before and lost
+    // the final norm to the lm_head's epilogue GEMM).
+    let g = written(
+        "f32",
+        "f32",
+        &format!(
+            "%xf = aten::to(%x, %f32, %false, %false, %none) : f32[2,8,64]{STATS}
+             %wf = aten::to(%w, %f32, %false, %false, %none) : f32[64]
+             %w1 = aten::add(%wf, %onef, %one) : f32[64]
+             %s = aten::mul(%n, %w1) : f32[2,8,64]
+             %y = aten::type_as(%s, %xf) : f32[2,8,64]"
+        ),
+    );
+    let m = one(&g);
+    // In fp32, 1 + w is a [C] tensor of x's dtype like any weight, which torch computes.
+    assert_eq!(
+        (m.problem.rule_id().as_str(), name(&g, m.weight.unwrap())),
+        ("rmsnorm_weight", "w1")
+    );
+    assert_eq!(g.nodes[m.node].kind, "aten::mul");
+    assert!(
+        !kinds(&g, &m).contains(&"type_as".to_string()),
+        "{:?}",
+        kinds(&g, &m)
+    );
+}
+
+#[test]
 fn t5_multiplies_the_unconverted_input_and_squares_with_mul() {
     // T5LayerNorm: `x * rsqrt(x.to(f32).pow(2).mean(-1, keepdim) + eps)`, cast to the weight's
     // dtype, then `w * ·`; here with `x · x` for the square and a float eps.
