@@ -455,24 +455,7 @@ mod tests {
     #[test]
     fn relu6_renders_fact_s_functor_once_before_the_epilogue_names_it() {
         // MobileNetV2's depthwise 3x3 with its BatchNorm folded in and ReLU6; and sm90's EVT.
-        let dw = ConvSpec {
-            arch: Arch::Sm80,
-            dtype: DType::Bf16,
-            conv_tile: [8, 8, 64],
-            conv_cluster: [1, 1, 1],
-            conv_warps: Some([4, 1, 1]),
-            conv_stages: Some(3),
-            conv_fixed_channels: None,
-            conv_gemm: None,
-            conv_depthwise: Some(crate::kinds::conv::Depthwise {
-                filter: [3, 3],
-                stride: Some([1, 1]),
-            }),
-            bias: true,
-            residual: false,
-            act: Some(ConvAct::Relu6),
-        };
-        let text = render(&dw).text;
+        let text = render(&depthwise_3x3([1, 1], ConvAct::Relu6)).text;
         expect_test::expect_file![
             "../../../tests/golden/sm80_dwconv2d_fprop_bf16_8x8x64_r3x3_stride1x1_4x1x1_s3_bias_relu6_for_sm80.cu"
         ]
@@ -506,9 +489,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sm80_dwconv_render_is_golden_and_reads_the_bias_as_a_broadcast_c() {
-        let s = ConvSpec {
+    /// An sm80 depthwise 3x3 kernel in bf16 with its bias and `act` (mobilenet's).
+    fn depthwise_3x3(stride: [u32; 2], act: ConvAct) -> ConvSpec {
+        ConvSpec {
             arch: Arch::Sm80,
             dtype: DType::Bf16,
             conv_tile: [8, 8, 64],
@@ -519,12 +502,17 @@ mod tests {
             conv_gemm: None,
             conv_depthwise: Some(crate::kinds::conv::Depthwise {
                 filter: [3, 3],
-                stride: Some([2, 2]),
+                stride: Some(stride),
             }),
             bias: true,
             residual: false,
-            act: Some(ConvAct::Hardswish),
-        };
+            act: Some(act),
+        }
+    }
+
+    #[test]
+    fn sm80_dwconv_render_is_golden_and_reads_the_bias_as_a_broadcast_c() {
+        let s = depthwise_3x3([2, 2], ConvAct::Hardswish);
         assert_eq!(s.invalid_reason(), None);
         let text = render(&s).text;
         expect_test::expect_file![
