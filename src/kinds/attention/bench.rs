@@ -79,7 +79,7 @@ impl Inputs {
         };
         let lengths = p.padded.then(|| key_lengths(p, round).to_device(device));
         let keep = keep_mask(p, lengths.as_ref(), device);
-        let bias = p.bias.map(|b| random_bias(p, b, device));
+        let bias = p.bias.map(|b| random_bias(p, b, device, round));
         Inputs {
             q,
             k,
@@ -189,10 +189,19 @@ fn scores_bias(bias: &Tensor, p: &AttentionProblem) -> Tensor {
 }
 
 /// A bias for `p` (`Inputs::bias`): normal values of standard deviation 2, a quarter of the cells
-/// of each row past key 0 at the dtype's lowest value, in rows 16 bytes apart.
-fn random_bias(p: &AttentionProblem, bias: AttentionBias, device: Device) -> Tensor {
+/// of each row past key 0 at the dtype's lowest value, in rows 16 bytes apart. In odd rounds one
+/// bias serves every head (a head stride of 0, as a [B,1,Tq,Tk] mask broadcast over the heads is
+/// read), so every kernel kept for a bias was verified reading both layouts (windows' biases are
+/// one per head always).
+fn random_bias(p: &AttentionProblem, bias: AttentionBias, device: Device, round: usize) -> Tensor {
     let kind = p.dtype.tch_kind();
-    let dims = [bias.count(p.batch), p.heads, bias.rows(p.seq_q), p.seq_k];
+    let windows = matches!(bias, AttentionBias::Windows(_));
+    let heads = if round % 2 == 1 && !windows {
+        1
+    } else {
+        p.heads
+    };
+    let dims = [bias.count(p.batch), heads, bias.rows(p.seq_q), p.seq_k];
     let masked = Tensor::rand(dims, (Kind::Float, device))
         .lt(0.25)
         .index_fill(3, &Tensor::from_slice(&[0i64]).to_device(device), 0);
@@ -620,6 +629,21 @@ mod tests {
             assert!(r.isfinite().all().int64_value(&[]) == 1);
             assert!(rel(&x.sdpa(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
             assert!(rel(&x.explicit(&p, 0.25), &r) < 1e-5, "{}", p.rule_id());
+            // Odd rounds broadcast one bias over the heads (stride 0), which the baselines and
+            // the reference read as the kernel does.
+            let odd = Inputs::random(&p, Device::Cpu, 1.0, 1);
+            let head_stride =
+                odd.bias.as_ref().unwrap().stride()[odd.bias.as_ref().unwrap().dim() - 3];
+            assert_eq!(
+                head_stride == 0,
+                !matches!(bias, AttentionBias::Windows(_)),
+                "{}",
+                p.rule_id()
+            );
+            let ro = odd.reference(&p, 0.25);
+            assert!(
+                rel(&odd.sdpa(&p, 0.25), &ro) < 1e-5 && rel(&odd.explicit(&p, 0.25), &ro) < 1e-5
+            );
             // A mask laid out with the keys strided is the same mask to the baseline.
             let strided = AttentionProblem {
                 mask_strided: true,
