@@ -1509,10 +1509,13 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   if (!heads_ok || v4.size(1) != hkv) return why = "k and v heads do not divide q's as the form says", at::Tensor();
   // The mask's class at run time must be one the kernel computes.
   at::Tensor lengths, bias;
-  if (f.bias) {
-    if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the bias is not on q's device", at::Tensor();
-    if (mask->scalar_type() != q.scalar_type()) return why = "the bias is not of q's dtype", at::Tensor();
-    if (mask->dim() > q.dim()) return why = "the bias has more dims than the scores", at::Tensor();
+  // The tensor the kernel adds: the additive mask itself ("bias"), or the bias beside a mask that
+  // is classified below as without it ("plus"; the parse allows one of the two).
+  const std::optional<at::Tensor>& added = f.plus ? plus : mask;
+  if (f.bias || f.plus) {
+    if (!added.has_value() || !added->defined() || added->device() != q.device()) return why = "the bias is not on q's device", at::Tensor();
+    if (added->scalar_type() != q.scalar_type()) return why = "the bias is not of q's dtype", at::Tensor();
+    if (added->dim() > q.dim()) return why = "the bias has more dims than the scores", at::Tensor();
     if (f.windows) {
       // The position bias and the windows' mask as one bias per window: [1|B/W, W, H, Tq, Tk].
       if (!window.has_value() || !window->defined() || window->device() != q.device() || window->dim() != 5 ||
@@ -1521,21 +1524,14 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
       }
       const int64_t w = window->size(1);
       if (w < 1 || b % w != 0) return why = "the windows do not divide the batch", at::Tensor();
-      at::Tensor m = *mask;
+      at::Tensor m = *added;
       while (m.dim() < 4) m = m.unsqueeze(0);
       if (m.size(0) != 1) return why = "the position bias differs per sequence", at::Tensor();
       bias = bias_rows(at::add(m.unsqueeze(0), *window), 4, b, h, tq, tk, w, copied);
       copied = true;
     } else {
-      bias = bias_rows(*mask, q.dim(), b, h, tq, tk, 0, copied);
+      bias = bias_rows(*added, q.dim(), b, h, tq, tk, 0, copied);
     }
-  }
-  if (f.plus) {
-    // The bias beside the mask: the mask is classified below as without it.
-    if (!plus->defined() || plus->device() != q.device()) return why = "the bias is not on q's device", at::Tensor();
-    if (plus->scalar_type() != q.scalar_type()) return why = "the bias is not of q's dtype", at::Tensor();
-    if (plus->dim() > q.dim()) return why = "the bias has more dims than the scores", at::Tensor();
-    bias = bias_rows(*plus, q.dim(), b, h, tq, tk, 0, copied);
   }
   // The class: of the mask (no bias), or of SDPA's where condition beside a bias.
   if (!f.mask.empty() && (!f.bias || f.where)) {

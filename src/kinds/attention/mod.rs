@@ -307,7 +307,7 @@ fn notes(a: &AttentionMatch, math: Option<MathType>) -> Vec<String> {
                     "{} added as a bias tile ({}{}), ",
                     if a.plus.is_some() { "the bias beside the mask" } else { "the mask" },
                     if matches!(b, AttentionBias::Batched | AttentionBias::KeysBatched) { "one per sequence" } else { "shared by the sequences" },
-                    if b.rows(2) == 1 { ", one row of keys per head for every query" } else { "" }
+                    if matches!(b, AttentionBias::Keys | AttentionBias::KeysBatched) { ", one row of keys per head for every query" } else { "" }
                 ),
                 None if p.causal => "causal mask (key blocks past the diagonal skipped), ".into(),
                 None => String::new(),

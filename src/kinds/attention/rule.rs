@@ -447,9 +447,9 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     } else if let Some(mf) = cx.producer(s, "aten::masked_fill") {
         let n = &g.nodes[mf];
         let dtype = g.tensor(s).and_then(|t| DType::parse(&t.dtype))?;
+        // -inf, or a constant at or below half the dtype's lowest value (which -inf is too).
         let value = cx.float(n.inputs[2])?;
-        let masks = value == f64::NEG_INFINITY || masks_cells(cx, n.inputs[2], dtype);
-        if cx.uses[s] != 1 || !masks {
+        if cx.uses[s] != 1 || !masks_cells(cx, n.inputs[2], dtype) {
             return None;
         }
         fill = (value != f64::NEG_INFINITY).then_some(value);
@@ -771,8 +771,8 @@ fn keeps_masked(scale: Scale) -> bool {
     m >= 1.0 / 64.0
 }
 
-/// `v` as `add(scores, m)` (either order, alpha 1, the sum read once) where the scores are the
-/// scaled product (a mul, div or matmul's output) and m is anything else: (the add, m, scores).
+/// `v` as `add(scores, m)` (either order, alpha 1, the sum read once; or `scores.add_(m)`) where
+/// the scores are as `scored` reads them and m is anything else: (the add, m, scores).
 fn added_mask(cx: &Ctx, v: ValueId) -> Option<(NodeId, ValueId, ValueId)> {
     sum_of(cx, v, &|x| scored(cx, x))
 }

@@ -10,8 +10,9 @@
 //! groups)`, then `aten::batch_norm(y, γ?, β?, mean, var, training, momentum, eps, cudnn)`, then
 //! `add`/`add_` of a tensor of y's shape (either order; alpha 1), then `relu`, `silu`,
 //! `hardswish`, `gelu`, ReLU6 (`hardtanh(y, 0, 6)`, `clamp(y, 0, 6)` or `relu6`), `sigmoid` or
-//! `hardsigmoid` (the gates of squeeze-excitation; each in place or not). Each step is optional, in that order, and a step
-//! joins only where the previous one's output is read by it alone (and not returned).
+//! `hardsigmoid` (the gates of squeeze-excitation; each in place or not). Each step is optional,
+//! in that order, and a step joins only where the previous one's output is read by it alone (and
+//! not returned).
 //!
 //! What matches: a 2-D forward convolution (4-D tensors, not transposed, integer padding) with
 //! groups 1, or depthwise (groups = C = K: w [K,1,R,S], one filter a channel; the rule id says

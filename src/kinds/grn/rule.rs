@@ -11,6 +11,7 @@
 
 use super::{GrnProblem, GRN};
 use crate::graph::{Const, Graph, NodeId, ValueId};
+use crate::rules::written::{mean_last, number};
 use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
 
@@ -79,17 +80,15 @@ impl Ctx<'_> {
         let node = &self.g.nodes[n];
         (self.uses[v] == 1 && node.kind == kind && node.depth == 0).then_some(n)
     }
-    fn number(&self, v: ValueId) -> Option<f64> {
-        self.g.constant(v).and_then(Const::as_f64)
-    }
     fn out(&self, n: NodeId) -> ValueId {
         self.g.nodes[n].outputs[0]
     }
-    /// Node `n` as a two-operand op of `kind` (an `add` with alpha 1) reading `v` on one side:
-    /// its other operand.
+    /// Node `n`, a two-operand op (an `add` with alpha 1), reading `v` on one side: its other
+    /// operand.
     fn other(&self, n: NodeId, v: ValueId) -> Option<ValueId> {
         let node = &self.g.nodes[n];
-        let alpha_one = node.kind != "aten::add" || self.number(*node.inputs.get(2)?) == Some(1.0);
+        let alpha_one =
+            node.kind != "aten::add" || number(self.g, *node.inputs.get(2)?) == Some(1.0);
         if node.outputs.len() != 1 || node.inputs.len() < 2 || !alpha_one {
             return None;
         }
@@ -129,7 +128,7 @@ fn grn(cx: &Ctx, norm: NodeId) -> Option<GrnMatch> {
     let plain = i
         .get(4)
         .is_none_or(|&d| g.constant(d) == Some(&Const::None));
-    if cx.number(i[1]) != Some(2.0) || !(dims == [1, 2] || dims == [-3, -2]) || !keep || !plain {
+    if number(g, i[1]) != Some(2.0) || !(dims == [1, 2] || dims == [-3, -2]) || !keep || !plain {
         return None;
     }
     // The norms feed their mean and the division by it, nothing else.
@@ -143,18 +142,12 @@ fn grn(cx: &Ctx, norm: NodeId) -> Option<GrnMatch> {
     } else {
         (b, a)
     };
-    let mn = &g.nodes[mean];
-    let mean_dims = g.int_list(*mn.inputs.get(1)?)?;
-    let mean_ok = mn.inputs.len() == 4
-        && mn.inputs[0] == gv
-        && (mean_dims == [-1] || mean_dims == [3])
-        && g.constant(mn.inputs[2]) == Some(&Const::Bool(true))
-        && g.constant(mn.inputs[3]) == Some(&Const::None);
-    if cx.uses[gv] != 2 || !mean_ok || g.nodes[div].kind != "aten::div" {
+    // Their mean over the channels (the last dim), kept.
+    if cx.uses[gv] != 2 || mean_last(g, mean) != Some(gv) || g.nodes[div].kind != "aten::div" {
         return None;
     }
     let add_eps = cx.only_reader(cx.out(mean), "aten::add")?;
-    let eps = cx.number(cx.other(add_eps, cx.out(mean))?)?;
+    let eps = number(g, cx.other(add_eps, cx.out(mean))?)?;
     let dn = &g.nodes[div].inputs;
     if dn.len() != 2 || dn[0] != gv || dn[1] != cx.out(add_eps) || cx.uses[cx.out(add_eps)] != 1 {
         return None;
@@ -186,7 +179,7 @@ fn grn(cx: &Ctx, norm: NodeId) -> Option<GrnMatch> {
         // timm's: addcmul(b, w, t, value=1).
         let ac = cx.only_reader(t, "aten::addcmul")?;
         let ai = &g.nodes[ac].inputs;
-        if ai.len() != 4 || ai[2] != t || cx.number(ai[3]) != Some(1.0) {
+        if ai.len() != 4 || ai[2] != t || number(g, ai[3]) != Some(1.0) {
             return None;
         }
         nodes.push(ac);
