@@ -24,4 +24,5 @@ mod rotary;
 mod sccache;
 mod siblings;
 mod table_cli;
+mod words;
 mod zoo;
