@@ -8,6 +8,7 @@ mod compile;
 mod conv;
 mod conv_abi;
 mod errors;
+mod export;
 mod gemm_abi;
 mod gemm_ep;
 mod glu;
