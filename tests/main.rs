@@ -7,6 +7,7 @@ mod common;
 mod compile;
 mod conv;
 mod conv_abi;
+mod custom_ops;
 mod errors;
 mod export;
 mod gemm_abi;

@@ -167,13 +167,19 @@ pub fn render_dispatch(entries: &[DispatchEntry]) -> Source {
     }
 }
 
-/// One op of the torch op library: its name (`fact::<name>`), its schema, and the C++ function
-/// of its section that implements it.
+/// One op of the torch op library: its name (`fact::<name>`), its schema, the C++ function of its
+/// section that implements it on CPU and CUDA tensors (its kernel where the call fits, else the
+/// original ops), and the one that gives its outputs' sizes, strides and dtypes from its inputs'
+/// alone, on Meta (and so Fake) tensors, symbolic sizes included: what torch.export, torch.compile
+/// and AOTInductor read. The frame registers the pair under the op's autograd kernel. An op
+/// without a meta function (the frame's memo) stays CompositeImplicitAutograd: its function
+/// runs for every tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OpDef {
     pub name: &'static str,
     pub schema: &'static str,
     pub function: &'static str,
+    pub meta: Option<&'static str>,
 }
 
 /// A kind's section of the torch op library: `prelude` before the library's anonymous namespace
@@ -196,16 +202,22 @@ pub fn op_vars(arch: crate::types::Arch) -> serde_json::Value {
 
 /// The frame's own ops (no kind's): the memo that keeps values a forward computes from its
 /// inputs' shapes and the module's buffers alone (`torch::memoize_static_values` calls them).
+/// They have no meta function and stay CompositeImplicitAutograd: what memo_get returns (the
+/// values kept, or none) depends on what the process kept, not on its inputs' metadata, so no
+/// meta function can say it; and only TorchScript outputs call them (their state lives in the
+/// library, which an exported program cannot carry).
 pub const FRAME_OPS: &[OpDef] = &[
     OpDef {
         name: "memo_get",
         schema: "memo_get(int site, Tensor[] shapes, Tensor[] state) -> Tensor[]",
         function: "memo_get",
+        meta: None,
     },
     OpDef {
         name: "memo_put",
         schema: "memo_put(int site, Tensor[] shapes, Tensor[] state, Tensor[] values) -> Tensor[]",
         function: "memo_put",
+        meta: None,
     },
 ];
 
@@ -252,7 +264,7 @@ pub fn render_torch_op(
     vars["all"] = json!((1u32 << (switches.len() + 1)) - 1);
     vars["ops"] = json!(ops
         .iter()
-        .map(|o| json!({ "name": o.name, "schema": o.schema, "function": o.function }))
+        .map(|o| json!({ "name": o.name, "schema": o.schema, "function": o.function, "meta": o.meta }))
         .collect::<Vec<_>>());
     vars["sections"] = json!(sections
         .iter()

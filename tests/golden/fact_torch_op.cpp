@@ -7,11 +7,27 @@
 // replaced. FACT_DISABLE=1 in the environment makes every call fall back (FACT_DISABLE=attention,
 // epilogue: those kinds' calls); fact_op_stats() counts, per kernel, the calls that ran it, those
 // that copied an operand first and those that fell back. The frame around the sections (helpers
-// every section uses, the kinds a user turns off, call counts, schemas) names no kind.
+// every section uses, the kinds a user turns off, call counts, schemas, registrations) names no
+// kind.
+//
+// Each op is a custom op of full standing, registered per dispatch key: CPU and CUDA run its
+// function (the kernel where the call fits, else the fallback); Meta runs its meta function, which
+// gives the outputs' sizes, strides and dtypes from the inputs' alone (in SymInts, so symbolic
+// sizes pass), what FakeTensor, torch.export, torch.compile and AOTInductor read; Autograd runs the
+// function itself where grad mode is on and an input requires grad (no kernel has a backward, so
+// every such call falls back to the original ops, which record the graph), else redispatches below
+// autograd, so that Fake and Meta tensors reach the meta function and real ones their device's.
+// Every output lies in the layout the meta function says, whichever path computed it, since
+// torch's compilers plan and check the buffers around an op by it: on CUDA, where a kernel may
+// compute it, as the kernel writes it (each section says how; the fallback's result is copied
+// into that layout where it lies otherwise); elsewhere as the original ops lay it out (attention's
+// says why its is the kernels' everywhere). The frame's memo ops stay CompositeImplicitAutograd
+// (codegen::FRAME_OPS says why).
 #include "fact_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -241,6 +257,47 @@ FactTensor fact_tensor(const at::Tensor& t) {
   return ft;
 }
 
+// Strides of a packed row-major tensor of `sizes`.
+c10::SymDimVector packed_strides(c10::SymIntArrayRef sizes) {
+  c10::SymDimVector strides(sizes.size());
+  c10::SymInt step = 1;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    strides[d] = step;
+    step *= sizes[d];
+  }
+  return strides;
+}
+
+// `t` in the layout of `strides` (an op's outputs' layout, as its meta function gives it): itself
+// where its strides are those on every dim of more than one element (a dim of one is never
+// stepped), else a copy laid out so. Symbolic sizes compare as torch's shape environment decides.
+at::Tensor laid_out(const at::Tensor& t, c10::SymIntArrayRef strides) {
+  bool same = t.dim() == static_cast<int64_t>(strides.size());
+  for (int64_t d = 0; same && d < t.dim(); ++d) {
+    same = t.sym_size(d) == 1 || t.sym_stride(d) == strides[d];
+  }
+  if (same) return t;
+  return at::empty_strided_symint(t.sym_sizes(), strides, t.options()).copy_(t);
+}
+
+// `t` packed row-major (torch's contiguous), the layout most kernels write.
+at::Tensor laid_packed(const at::Tensor& t) { return laid_out(t, packed_strides(t.sym_sizes())); }
+
+// Whether an op's outputs lie as its kernels write them, from one of its inputs: on CUDA (a CUDA
+// tensor, or a Fake one of a CUDA device, whose dispatch keys name that device even as the meta
+// function sees it). Elsewhere no kernel runs, and the outputs lie as the original ops lay them
+// out, so that a composed module computes there what the module it replaced did, bit for bit, the
+// ops after it included.
+bool kernel_layout(const at::Tensor& input) {
+  return input.is_cuda() || input.key_set().has(c10::DispatchKey::CUDA);
+}
+
+// `t` packed where the op's outputs lie as its kernels write them (`kernel_layout(input)`), else
+// as it is.
+at::Tensor kernel_packed(const at::Tensor& input, const at::Tensor& t) {
+  return kernel_layout(input) ? laid_packed(t) : t;
+}
+
 // The stride between x's rows as a norm kernel reads them (its leading dims as one; dims of size
 // one have no say), -1 for one row, or nullopt when the rows are not one stride apart.
 std::optional<int64_t> row_stride_of(const at::Tensor& x) {
@@ -440,7 +497,13 @@ std::atomic<unsigned>& disabled_kinds() {
   return bits;
 }
 
-bool disabled(unsigned kind) { return (disabled_kinds().load(std::memory_order_relaxed) & kind) != 0; }
+// Set while this thread runs an op for autograd (`Registered::autograd`): no kernel has a backward,
+// so every kind is off and each call falls back to the original ops, which record the graph.
+thread_local bool for_autograd = false;
+
+bool disabled(unsigned kind) {
+  return for_autograd || (disabled_kinds().load(std::memory_order_relaxed) & kind) != 0;
+}
 
 // Calls per kernel: how many ran it (of those, how many on a copied operand) and how many fell
 // back to the original ops (with the reason of the last fallback, where the op knows it).
@@ -482,7 +545,11 @@ void count_fell_back(c10::string_view kernel, const std::string& why = "") {
   std::lock_guard<std::mutex> lock(stats_mutex);
   Counts& c = stats[std::string(kernel)];
   c.fell_back += 1;
-  if (!why.empty()) c.why = why;
+  if (for_autograd) {
+    c.why = "autograd (the kernel has no backward)";
+  } else if (!why.empty()) {
+    c.why = why;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -579,7 +646,10 @@ std::vector<at::Tensor> memo_put(int64_t site, std::vector<at::Tensor> shapes, s
 // GEMMs: fact::gemm (one GEMM) and fact::gemm_ep (a GEMM followed by an elementwise epilogue
 // program). A call fits its kernel with the kernel's dtype, bias and epilogue and CUTLASS's
 // alignment rules; an operand whose strides do not fit the kernel's layout is copied into it.
-// The fallback is the graph's GEMM (for gemm_ep, then the program interpreted op by op).
+// The fallback is the graph's GEMM (for gemm_ep, then the program interpreted op by op). Outputs
+// lie as the kernels write them on CUDA (frame: kernel_layout): packed (gemm_ep's in the GEMM's
+// order, then turned; a padded GEMM's as the first n columns of its padded output); the meta
+// functions run the fallback on Meta tensors.
 
 // The GEMM the graph computed. addmm and mm take a 2-D a; a fused pattern that reads the tensor a
 // flattening view made (x in addmm(bias, x.view(-1, K), W), GPT-2's Conv1D) passes x: the same 2-D
@@ -587,10 +657,10 @@ std::vector<at::Tensor> memo_put(int64_t site, std::vector<at::Tensor> shapes, s
 at::Tensor original(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
                     c10::string_view origin) {
   if ((origin == "addmm" || origin == "mm") && a.dim() > 2) {
-    std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end() - 1);
-    shape.push_back(b.size(-1));
-    const at::Tensor rows = a.reshape({-1, a.size(-1)});
-    return (origin == "addmm" ? at::addmm(*bias, rows, b) : at::mm(rows, b)).view(shape);
+    c10::SymDimVector shape(a.sym_sizes().begin(), a.sym_sizes().end() - 1);
+    shape.push_back(b.sym_size(-1));
+    const at::Tensor rows = a.reshape_symint(c10::SymDimVector{-1, a.sym_size(-1)});
+    return (origin == "addmm" ? at::addmm(*bias, rows, b) : at::mm(rows, b)).view_symint(shape);
   }
   if (origin == "linear") return at::linear(a, b, bias);
   if (origin == "addmm") return at::addmm(*bias, a, b);
@@ -740,13 +810,11 @@ const Program& program_of(c10::string_view text) {
   throw std::logic_error("unreachable");
 }
 
-// A number on the left of a tensor, as torch treats a Python scalar there (a wrapped number:
-// it does not promote the tensor's dtype).
-at::Tensor wrapped(double x, const at::Tensor& like) {
-  at::Tensor t = at::scalar_tensor(x, at::TensorOptions().dtype(at::kDouble).device(like.device()));
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
+// A number on the left of a tensor, as torch treats a Python scalar there: a zero-dim double on
+// the CPU (for a tensor of any device), which promotes no floating tensor's dtype, as the wrapped
+// number torch makes does not (every value a program computes is floating). Not wrapped itself:
+// torch's tracing reads a wrapped number as a Python one, which a Fake tensor cannot give.
+at::Tensor number(double x) { return at::scalar_tensor(x, at::TensorOptions().dtype(at::kDouble)); }
 
 // The program run with the aten ops the traced graph held, on the original GEMM's result, so the
 // fallback computes what the replaced nodes computed. A number operand on the left of a tensor
@@ -757,11 +825,12 @@ at::Tensor wrapped(double x, const at::Tensor& like) {
 at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList given) {
   std::vector<at::Tensor> leaves(given.begin(), given.end());
   auto respelled = [&](const at::Tensor& t) {
-    return t.numel() == v0.numel() && t.dim() >= 1 && t.size(-1) == v0.size(-1) && t.sizes() != v0.sizes();
+    return t.sym_numel() == v0.sym_numel() && t.dim() >= 1 && t.sym_size(-1) == v0.sym_size(-1) &&
+           t.sym_sizes() != v0.sym_sizes();
   };
   for (size_t i = 0; i < leaves.size() && i < p.leaves.size(); ++i) {
     if (p.leaves[i] == LeafKind::Full && leaves[i].defined() && respelled(leaves[i])) {
-      leaves[i] = leaves[i].reshape(v0.sizes());
+      leaves[i] = leaves[i].reshape_symint(v0.sym_sizes());
     }
   }
   std::vector<at::Tensor> values{v0};
@@ -785,7 +854,7 @@ at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList give
         r = !lhs_tensor ? at::mul(tensor(1), num(0)) : rhs_tensor ? at::mul(tensor(0), tensor(1)) : at::mul(tensor(0), num(1));
         break;
       case EpOp::Div:
-        r = !lhs_tensor ? at::div(wrapped(ins.args[0].number, tensor(1)), tensor(1))
+        r = !lhs_tensor ? at::div(number(ins.args[0].number), tensor(1))
             : rhs_tensor ? at::div(tensor(0), tensor(1))
                          : at::div(tensor(0), num(1));
         break;
@@ -809,7 +878,7 @@ at::Tensor interpret(const Program& p, const at::Tensor& v0, at::TensorList give
     values.push_back(std::move(r));
   }
   // A row or scalar leaf with leading ones may have added dims of size one.
-  return respelled(values.back()) ? values.back().reshape(v0.sizes()) : values.back();
+  return respelled(values.back()) ? values.back().reshape_symint(v0.sym_sizes()) : values.back();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1054,10 +1123,24 @@ Origin parse_origin(c10::string_view text, const at::Tensor& b, const std::optio
   TORCH_CHECK(o.op == "linear" && parse_index(s.substr(semi + 3), n) && n > 0, "fact::gemm: malformed origin '", s,
               "' (a padded GEMM's is linear;n=N)");
   o.n = static_cast<int64_t>(n);
-  TORCH_CHECK(b.dim() == 2 && b.size(0) >= o.n && (!bias.has_value() || !bias->defined() ||
-                                                    (bias->dim() == 1 && bias->size(0) == b.size(0))),
+  TORCH_CHECK(b.dim() == 2 && b.sym_size(0) >= o.n &&
+                  (!bias.has_value() || !bias->defined() || (bias->dim() == 1 && bias->sym_size(0) == b.sym_size(0))),
               "fact::gemm: origin '", s, "' takes a weight of at least ", o.n, " rows and a bias as long");
   return o;
+}
+
+// The fallback, on CUDA laid out as the kernel's output: packed, or (padded) the first n columns
+// of a packed [.., N] over the padded weight's N rows, into which the graph's GEMM is copied.
+at::Tensor gemm_fallback(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                         const Origin& o) {
+  if (o.n < 0) return kernel_packed(a, original(a, b, bias, o.op));
+  const bool has_bias = bias.has_value() && bias->defined();
+  const at::Tensor y = original(a, b.narrow(0, 0, o.n),
+                                has_bias ? std::optional<at::Tensor>(bias->narrow(0, 0, o.n)) : std::nullopt, o.op);
+  if (!kernel_layout(a)) return y;
+  c10::SymDimVector padded(y.sym_sizes().begin(), y.sym_sizes().end());
+  padded.back() = b.sym_size(0);
+  return at::empty_symint(padded, y.options()).narrow(-1, 0, o.n).copy_(y);
 }
 
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
@@ -1071,10 +1154,12 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
     return o.n < 0 ? l.out : l.out.narrow(-1, 0, o.n);
   }
   count_fell_back(kernel, l.why);
-  if (o.n < 0) return original(a, b, bias, o.op);
-  const bool has_bias = bias.has_value() && bias->defined();
-  return original(a, b.narrow(0, 0, o.n), has_bias ? std::optional<at::Tensor>(bias->narrow(0, 0, o.n)) : std::nullopt,
-                  o.op);
+  return gemm_fallback(a, b, bias, o);
+}
+
+at::Tensor gemm_meta(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                     c10::string_view origin, c10::string_view kernel) {
+  return gemm_fallback(a, b, bias, parse_origin(origin, b, bias));
 }
 
 // fact::gemm_ep's origin "linear;perm=0,3,1,2": the pattern turned (a permute of the GEMM's
@@ -1133,28 +1218,50 @@ at::Tensor turn(const at::Tensor& out, const std::vector<int64_t>& perm) {
   return out.permute(perm);
 }
 
+// A gemm_ep call read: its origin, its program, and its leaves in the GEMM's order (`unturned`
+// holds them where the pattern turned).
+struct EpCall {
+  EpOrigin o;
+  const Program* program;
+  std::vector<at::Tensor> unturned;
+};
+
+EpCall ep_call(at::TensorList given, c10::string_view origin, c10::string_view epilogue) {
+  EpCall c{parse_ep_origin(origin), &program_of(epilogue), {}};
+  TORCH_CHECK(given.size() == c.program->leaves.size(), "fact::gemm_ep: epilogue '", std::string(epilogue), "' reads ",
+              c.program->leaves.size(), " leaves, the call passes ", given.size());
+  for (const at::Tensor& t : c.o.perm.empty() ? at::TensorList() : given) c.unturned.push_back(unturn(t, c.o.perm));
+  return c;
+}
+
+// The fallback, on CUDA laid out as the kernel's output: packed in the GEMM's order, then turned.
+at::Tensor gemm_ep_fallback(const EpCall& c, const at::Tensor& a, const at::Tensor& b,
+                            const std::optional<at::Tensor>& bias, at::TensorList leaves) {
+  return turn(kernel_packed(a, interpret(*c.program, original(a, b, bias, c.o.op), leaves)), c.o.perm);
+}
+
 at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
                    at::TensorList given, c10::string_view origin, c10::string_view epilogue,
                    c10::string_view kernel) {
-  const EpOrigin o = parse_ep_origin(origin);
-  const Program& program = program_of(epilogue);
-  TORCH_CHECK(given.size() == program.leaves.size(), "fact::gemm_ep: epilogue '", std::string(epilogue), "' reads ",
-              program.leaves.size(), " leaves, the call passes ", given.size());
-  std::vector<at::Tensor> unturned;
-  if (!o.perm.empty()) {
-    for (const at::Tensor& t : given) unturned.push_back(unturn(t, o.perm));
-  }
-  const at::TensorList leaves = o.perm.empty() ? given : at::TensorList(unturned);
+  const EpCall c = ep_call(given, origin, epilogue);
+  const at::TensorList leaves = c.o.perm.empty() ? given : at::TensorList(c.unturned);
   Launch l;
   if (disabled(kEpilogueKind)) {
     l.why = "epilogue is turned off (FACT_DISABLE or fact_disable)";
-  } else if (prepare(l, a, b, bias, o.op, kernel, epilogue) && bind_leaves(l, program, leaves) &&
+  } else if (prepare(l, a, b, bias, c.o.op, kernel, epilogue) && bind_leaves(l, *c.program, leaves) &&
              launch(l, kernel, "gemm_ep")) {
     count_ran(kernel, l.copied);
-    return turn(l.out, o.perm);
+    return turn(l.out, c.o.perm);
   }
   count_fell_back(kernel, l.why);
-  return turn(interpret(program, original(a, b, bias, o.op), leaves), o.perm);
+  return gemm_ep_fallback(c, a, b, bias, leaves);
+}
+
+at::Tensor gemm_ep_meta(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                        at::TensorList given, c10::string_view origin, c10::string_view epilogue,
+                        c10::string_view kernel) {
+  const EpCall c = ep_call(given, origin, epilogue);
+  return gemm_ep_fallback(c, a, b, bias, c.o.perm.empty() ? given : at::TensorList(c.unturned));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1179,6 +1286,12 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 // none, causal, padded or causal_padded; none beside "bias", where the kernel adds the additive mask
 // itself, whatever it holds, unless SDPA's where names the class by its condition) and "static" (the
 // graph computes the mask from the inputs' sizes alone, so its class is one per shape).
+// The output lies as the kernels write it, [B,Tq,H,D] memory viewed as [B,H,Tq,D] (the graph's
+// transpose(1, 2) and reshape to [B,Tq,H*D] after it then move nothing), [B,Tq,D] packed, on every
+// device (not only on CUDA, as other kinds' outputs: frame, kernel_layout): SDPA lays its output
+// out as the backend torch picks for the call does, which no meta function can say. The fallback's
+// result is copied into that layout where it lies otherwise, which changes no value, nor what the
+// transpose and reshape after it read. The meta function runs the fallback on Meta tensors.
 
 struct Form {
   bool sdpa = false, causal = false, gqa = false, upcast = false, where = false, scale_last = false, windows = false,
@@ -1311,8 +1424,10 @@ at::Tensor filled(const Form& f, const at::Tensor& mask) {
 at::Tensor repeat_heads(const at::Tensor& x, int64_t groups) {
   if (groups == 1) return x;
   TORCH_CHECK(x.dim() == 4, "fact::attention: the form repeats the heads of a tensor of rank ", x.dim());
-  return x.unsqueeze(2).expand({x.size(0), x.size(1), groups, x.size(2), x.size(3)})
-      .reshape({x.size(0), x.size(1) * groups, x.size(2), x.size(3)});
+  const c10::SymIntArrayRef s = x.sym_sizes();
+  return x.unsqueeze(2)
+      .expand_symint(c10::SymDimVector{s[0], s[1], groups, s[2], s[3]})
+      .reshape_symint(c10::SymDimVector{s[0], s[1] * groups, s[2], s[3]});
 }
 
 at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -1325,12 +1440,19 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
     // densely take a fused one.
     std::optional<at::Tensor> dense = f.mask.empty() ? std::nullopt : mask;
     if (f.where) dense = at::where(*cond, *mask, f.fill);
-    if (dense.has_value() && dense->defined() && dense->dim() > 0 && dense->size(-1) > 1 && dense->stride(-1) != 1) {
+    if (dense.has_value() && dense->defined() && dense->dim() > 0 && dense->sym_size(-1) > 1 &&
+        dense->sym_stride(-1) != 1) {
       dense = dense->contiguous();
     }
-    return at::scaled_dot_product_attention(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
-                                            dense, 0.0, f.causal,
-                                            f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt, f.gqa);
+    const std::optional<double> sdpa_scale = f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt;
+    // On Meta tensors (the meta function's), SDPA's math: the same sizes and dtype, without asking
+    // which backend the tensors' device would run.
+    if (q.is_meta()) {
+      return std::get<0>(at::_scaled_dot_product_attention_math(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
+                                                                dense, 0.0, f.causal, std::nullopt, sdpa_scale, f.gqa));
+    }
+    return at::scaled_dot_product_attention(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat), dense, 0.0,
+                                            f.causal, sdpa_scale, f.gqa);
   }
   auto scaled = [&](const at::Tensor& x) {
     if (f.scale_op == 'm') return f.scale_tensor ? at::mul(x, *scale) : at::mul(x, f.scale);
@@ -1346,9 +1468,10 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   if (f.mask == "add") {
     s = at::add(s, *mask);
     if (f.windows) {
-      const std::vector<int64_t> dims = s.sizes().vec();
-      const int64_t w = window->size(1);
-      s = at::add(s.view({dims[0] / w, w, dims[1], dims[2], dims[3]}), *window).view(dims);
+      const c10::SymDimVector dims(s.sym_sizes().begin(), s.sym_sizes().end());
+      const c10::SymInt w = window->sym_size(1);
+      s = at::add(s.view_symint(c10::SymDimVector{dims[0] / w, w, dims[1], dims[2], dims[3]}), *window)
+              .view_symint(dims);
     }
   } else if (!f.mask.empty()) {
     s = s.masked_fill(filled(f, *mask), f.has_fill ? f.fill : -std::numeric_limits<double>::infinity());
@@ -1358,6 +1481,13 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   at::Tensor p = f.softmax_f32 ? at::softmax(s, -1, at::kFloat) : at::softmax(s, -1);
   if (f.upcast || f.softmax_f32) p = p.to(v.scalar_type());
   return at::matmul(p, vr);
+}
+
+// The fallback's result in the layout the kernels write (above).
+at::Tensor attention_laid_out(const at::Tensor& y) {
+  if (y.dim() != 4) return laid_packed(y);
+  const c10::SymInt &h = y.sym_size(1), &t = y.sym_size(2), &d = y.sym_size(3);
+  return laid_out(y, c10::SymDimVector{t * h * d, d, h * d, 1});
 }
 
 fact_mask::MaskMode mask_mode(const Form& f) {
@@ -1602,11 +1732,10 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   return q.dim() == 4 ? out : out.squeeze(1);
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
-                     c10::string_view form, c10::string_view kernel, const std::optional<at::Tensor>& cond,
-                     const std::optional<at::Tensor>& fill, const std::optional<at::Tensor>& window,
-                     const std::optional<at::Tensor>& plus) {
+// The form of a call, checked against the operands it passes.
+Form checked_form(c10::string_view form, const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
+                  const std::optional<at::Tensor>& cond, const std::optional<at::Tensor>& fill,
+                  const std::optional<at::Tensor>& window, const std::optional<at::Tensor>& plus) {
   const Form f = parse_form(form);
   TORCH_CHECK(f.mask.empty() || (mask.has_value() && mask->defined()), "fact::attention: form '",
               std::string(form), "' masks but the call passes no mask");
@@ -1618,6 +1747,15 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               std::string(form), "' adds a windows' mask but the call passes no 5-d one");
   TORCH_CHECK(!f.plus || (plus.has_value() && plus->defined()), "fact::attention: form '", std::string(form),
               "' adds a bias beside its mask but the call passes none");
+  return f;
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
+                     c10::string_view form, c10::string_view kernel, const std::optional<at::Tensor>& cond,
+                     const std::optional<at::Tensor>& fill, const std::optional<at::Tensor>& window,
+                     const std::optional<at::Tensor>& plus) {
+  const Form f = checked_form(form, mask, scale, cond, fill, window, plus);
   std::string why = "attention is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kAttentionKind)) {
     bool copied = false;
@@ -1628,11 +1766,22 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     }
   }
   count_fell_back(kernel, why);
-  return attention_original(f, q, k, v, mask, scale, cond, fill, window, plus);
+  return attention_laid_out(attention_original(f, q, k, v, mask, scale, cond, fill, window, plus));
+}
+
+at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& scale,
+                          c10::string_view form, c10::string_view kernel, const std::optional<at::Tensor>& cond,
+                          const std::optional<at::Tensor>& fill, const std::optional<at::Tensor>& window,
+                          const std::optional<at::Tensor>& plus) {
+  const Form f = checked_form(form, mask, scale, cond, fill, window, plus);
+  return attention_laid_out(attention_original(f, q, k, v, mask, scale, cond, fill, window, plus));
 }
 
 // ---------------------------------------------------------------------------------------------
-// LayerNorm over the last dim: the kernel reads x as [R, C] rows one stride apart.
+// LayerNorm over the last dim: the kernel reads x as [R, C] rows one stride apart. On CUDA outputs
+// lie packed, as the kernel writes them (frame: kernel_layout); each meta function runs its op's
+// fallback on Meta tensors.
 
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
 // reason in `why`.
@@ -1697,16 +1846,37 @@ at::Tensor layernorm(const at::Tensor& x, at::IntArrayRef normalized_shape, cons
     }
   }
   count_fell_back(kernel, why);
-  return at::layer_norm(x, normalized_shape, weight, bias, eps);
+  return kernel_packed(x, at::layer_norm(x, normalized_shape, weight, bias, eps));
+}
+
+at::Tensor layernorm_meta(const at::Tensor& x, at::IntArrayRef normalized_shape,
+                          const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                          c10::string_view kernel) {
+  return kernel_packed(x, at::layer_norm(x, normalized_shape, weight, bias, eps));
 }
 
 // The written-out norm (Cohere's): eps as text, form "upcast" where the graph cast x to fp32 (and
 // the weight) and the result back, else "" (an fp32 x). The kernel is the one of aten's spelling
 // over the last dim with the weight alone; a call it does not fit replays the graph's ops.
+// The written-out ops replayed, in the graph's dtypes and order.
+at::Tensor layernorm_written_replay(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps,
+                                    bool upcast) {
+  const at::Tensor xf = upcast ? x.to(at::kFloat) : x;
+  const at::Tensor mean = xf.mean({-1}, true);
+  const at::Tensor d = xf - mean;
+  at::Tensor y = d * at::rsqrt(d.pow(2).mean({-1}, true) + eps);
+  if (weight.has_value() && weight->defined()) y = (upcast ? weight->to(at::kFloat) : *weight) * y;
+  return kernel_packed(x, upcast ? y.to(x.scalar_type()) : y);
+}
+
+bool written_upcast(c10::string_view form) {
+  TORCH_CHECK(form.empty() || form == "upcast", "fact::layernorm_written: bad form '", std::string(form), "'");
+  return form == "upcast";
+}
+
 at::Tensor layernorm_written(const at::Tensor& x, const std::optional<at::Tensor>& weight, c10::string_view eps_text,
                              c10::string_view form, c10::string_view kernel) {
-  TORCH_CHECK(form.empty() || form == "upcast", "fact::layernorm_written: bad form '", std::string(form), "'");
-  const bool upcast = form == "upcast";
+  const bool upcast = written_upcast(form);
   const double eps = std::stod(std::string(eps_text));
   std::string why = "layernorm is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kLayernormKind)) {
@@ -1718,12 +1888,12 @@ at::Tensor layernorm_written(const at::Tensor& x, const std::optional<at::Tensor
     }
   }
   count_fell_back(kernel, why);
-  const at::Tensor xf = upcast ? x.to(at::kFloat) : x;
-  const at::Tensor mean = xf.mean({-1}, true);
-  const at::Tensor d = xf - mean;
-  at::Tensor y = d * at::rsqrt(d.pow(2).mean({-1}, true) + eps);
-  if (weight.has_value() && weight->defined()) y = (upcast ? weight->to(at::kFloat) : *weight) * y;
-  return upcast ? y.to(x.scalar_type()) : y;
+  return layernorm_written_replay(x, weight, eps, upcast);
+}
+
+at::Tensor layernorm_written_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                  c10::string_view eps_text, c10::string_view form, c10::string_view kernel) {
+  return layernorm_written_replay(x, weight, std::stod(std::string(eps_text)), written_upcast(form));
 }
 
 // After a residual add (`fact::layernorm_add`, and `fact::layernorm_add_sum` where the graph reads
@@ -1777,6 +1947,17 @@ std::tuple<at::Tensor, at::Tensor> layernorm_add_kernel(const at::Tensor& a, con
   return {o.y, o.s};
 }
 
+// The replayed add, cast and layer_norm: y, and s laid out where the op returns it.
+std::tuple<at::Tensor, at::Tensor> layernorm_add_replay(const at::Tensor& a, const at::Tensor& b,
+                                                        at::IntArrayRef normalized_shape,
+                                                        const std::optional<at::Tensor>& weight,
+                                                        const std::optional<at::Tensor>& bias, double eps,
+                                                        const ResidualDtypes& d, bool with_sum) {
+  const at::Tensor s = residual_sum(a, b, d.sum);
+  return {kernel_packed(a, at::layer_norm(s.to(d.norm), normalized_shape, weight, bias, eps)),
+          with_sum ? kernel_packed(a, s) : s};
+}
+
 std::tuple<at::Tensor, at::Tensor> layernorm_add_call(const at::Tensor& a, const at::Tensor& b,
                                                       at::IntArrayRef normalized_shape,
                                                       const std::optional<at::Tensor>& weight,
@@ -1793,8 +1974,7 @@ std::tuple<at::Tensor, at::Tensor> layernorm_add_call(const at::Tensor& a, const
     }
   }
   count_fell_back(kernel, why);
-  const at::Tensor s = residual_sum(a, b, d.sum);
-  return {at::layer_norm(s.to(d.norm), normalized_shape, weight, bias, eps), s};
+  return layernorm_add_replay(a, b, normalized_shape, weight, bias, eps, d, with_sum);
 }
 
 at::Tensor layernorm_add(const at::Tensor& a, const at::Tensor& b, at::IntArrayRef normalized_shape,
@@ -1811,11 +1991,28 @@ std::tuple<at::Tensor, at::Tensor> layernorm_add_sum(const at::Tensor& a, const 
   return layernorm_add_call(a, b, normalized_shape, weight, bias, eps, dtypes, kernel, true);
 }
 
+at::Tensor layernorm_add_meta(const at::Tensor& a, const at::Tensor& b, at::IntArrayRef normalized_shape,
+                              const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                              double eps, c10::string_view dtypes, c10::string_view kernel) {
+  const ResidualDtypes d = residual_dtypes(dtypes, "layernorm_add");
+  return std::get<0>(layernorm_add_replay(a, b, normalized_shape, weight, bias, eps, d, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> layernorm_add_sum_meta(const at::Tensor& a, const at::Tensor& b,
+                                                          at::IntArrayRef normalized_shape,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          const std::optional<at::Tensor>& bias, double eps,
+                                                          c10::string_view dtypes, c10::string_view kernel) {
+  const ResidualDtypes d = residual_dtypes(dtypes, "layernorm_add");
+  return layernorm_add_replay(a, b, normalized_shape, weight, bias, eps, d, true);
+}
+
 // ---------------------------------------------------------------------------------------------
 // RMSNorm over the last dim: the kernel reads x as [R, C] rows one stride apart. `form` says which
 // ops the call replaced, and so what the fallback replays: "rms_norm" (torch's op, eps "None" for
 // its default) or the written-out form's rule id (rmsnorm, rmsnorm_weight, rmsnorm_cast_weight,
-// rmsnorm_weight1p); eps is the graph's constant as text.
+// rmsnorm_weight1p); eps is the graph's constant as text. On CUDA outputs lie packed, as the kernel
+// writes them (frame: kernel_layout); each meta function runs its op's fallback on Meta tensors.
 
 struct RmsForm {
   bool aten = false;
@@ -1856,9 +2053,9 @@ std::optional<double> rms_eps(c10::string_view text) {
 
 // The replaced nodes, replayed: torch's rms_norm, or the written-out ops in the graph's dtypes and
 // order (the square as pow, the normalized value in fp32, the casts where the graph has them).
-at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                          const std::optional<double>& eps, const RmsForm& f) {
-  if (f.aten) return at::rms_norm(x, {x.size(-1)}, weight, eps);
+at::Tensor rmsnorm_ops(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<double>& eps,
+                       const RmsForm& f) {
+  if (f.aten) return at::rms_norm_symint(x, c10::SymDimVector{x.sym_size(-1)}, weight, eps);
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor n = xf * at::rsqrt(xf.pow(2).mean({-1}, true) + *eps);
   switch (f.scale) {
@@ -1869,6 +2066,11 @@ at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& 
     default:
       return n.to(x.scalar_type());
   }
+}
+
+at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                          const std::optional<double>& eps, const RmsForm& f) {
+  return kernel_packed(x, rmsnorm_ops(x, weight, eps, f));
 }
 
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
@@ -1940,6 +2142,14 @@ at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   return rmsnorm_replay(x, weight, eps, f);
 }
 
+at::Tensor rmsnorm_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight, c10::string_view eps_text,
+                        c10::string_view form, c10::string_view kernel) {
+  const RmsForm f = rms_form(form, weight.has_value() && weight->defined());
+  const std::optional<double> eps = rms_eps(eps_text);
+  TORCH_CHECK(f.aten || eps.has_value(), "fact::rmsnorm: the written-out form '", std::string(form), "' needs eps");
+  return rmsnorm_replay(x, weight, eps, f);
+}
+
 // After a residual add (`fact::rmsnorm_add`, and `fact::rmsnorm_add_sum` where the graph reads the
 // sum too): s = a + b in the add's dtype, the norm of s cast to the norm's dtype (`dtypes`, the
 // frame's ResidualDtypes), the norm as `form` says. The kernel reads a and b (either repeated along
@@ -1979,15 +2189,38 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const
   return {o.y, o.s};
 }
 
+// A norm-after-add call read: its form, eps and dtypes.
+struct RmsAddCall {
+  RmsForm f;
+  std::optional<double> eps;
+  ResidualDtypes d;
+};
+
+RmsAddCall rms_add_call(const std::optional<at::Tensor>& weight, c10::string_view eps_text, c10::string_view form,
+                        c10::string_view dtypes) {
+  RmsAddCall c{rms_form(form, weight.has_value() && weight->defined()), rms_eps(eps_text),
+               residual_dtypes(dtypes, "rmsnorm_add")};
+  TORCH_CHECK(c.f.aten || c.eps.has_value(), "fact::rmsnorm_add: the written-out form '", std::string(form),
+              "' needs eps");
+  return c;
+}
+
+// The replayed add, cast and norm: y, and s laid out where the op returns it.
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_replay(const at::Tensor& a, const at::Tensor& b,
+                                                      const std::optional<at::Tensor>& weight, const RmsAddCall& c,
+                                                      bool with_sum) {
+  const at::Tensor s = residual_sum(a, b, c.d.sum);
+  return {rmsnorm_replay(s.to(c.d.norm), weight, c.eps, c.f), with_sum ? kernel_packed(a, s) : s};
+}
+
 std::tuple<at::Tensor, at::Tensor> rmsnorm_add_call(const at::Tensor& a, const at::Tensor& b,
                                                     const std::optional<at::Tensor>& weight, c10::string_view eps_text,
                                                     c10::string_view form, c10::string_view dtypes,
                                                     c10::string_view kernel, bool with_sum) {
-  const bool has_w = weight.has_value() && weight->defined();
-  const RmsForm f = rms_form(form, has_w);
-  const std::optional<double> eps = rms_eps(eps_text);
-  TORCH_CHECK(f.aten || eps.has_value(), "fact::rmsnorm_add: the written-out form '", std::string(form), "' needs eps");
-  const ResidualDtypes d = residual_dtypes(dtypes, "rmsnorm_add");
+  const RmsAddCall c = rms_add_call(weight, eps_text, form, dtypes);
+  const RmsForm& f = c.f;
+  const std::optional<double>& eps = c.eps;
+  const ResidualDtypes& d = c.d;
   std::string why = "rmsnorm is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kRmsnormKind)) {
     auto out = rmsnorm_add_kernel(a, b, weight, eps, f, d, with_sum, kernel, why);
@@ -1997,8 +2230,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_call(const at::Tensor& a, const a
     }
   }
   count_fell_back(kernel, why);
-  const at::Tensor s = residual_sum(a, b, d.sum);
-  return {rmsnorm_replay(s.to(d.norm), weight, eps, f), s};
+  return rmsnorm_add_replay(a, b, weight, c, with_sum);
 }
 
 at::Tensor rmsnorm_add(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& weight,
@@ -2013,17 +2245,33 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_sum(const at::Tensor& a, const at
   return rmsnorm_add_call(a, b, weight, eps, form, dtypes, kernel, true);
 }
 
+at::Tensor rmsnorm_add_meta(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& weight,
+                            c10::string_view eps, c10::string_view form, c10::string_view dtypes,
+                            c10::string_view kernel) {
+  return std::get<0>(rmsnorm_add_replay(a, b, weight, rms_add_call(weight, eps, form, dtypes), false));
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_sum_meta(const at::Tensor& a, const at::Tensor& b,
+                                                        const std::optional<at::Tensor>& weight, c10::string_view eps,
+                                                        c10::string_view form, c10::string_view dtypes,
+                                                        c10::string_view kernel) {
+  return rmsnorm_add_replay(a, b, weight, rms_add_call(weight, eps, form, dtypes), true);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Rotary embedding of the last dim of [.., .., .., D] tensors: the kernel reads each head of x and
 // its position's cos and sin through their strides, and writes out in the layout the graph's own
-// ops write (bit `side` of `layout`: packed row-major, else rows in x's order).
+// ops write (bit `side` of `layout`: packed row-major, else rows in x's order). On CUDA the
+// fallback's result is copied into that layout where it lies otherwise (a tensor of another rank:
+// packed; frame: kernel_layout); the meta functions run the fallback on Meta tensors.
 
 // The nodes the op replaces, replayed with the same aten ops in the same order: the same numbers
 // as the graph on any input.
-at::Tensor rotary_replay(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
-                         int64_t form) {
-  const int64_t d = x.size(-1), r = rotary_dim;
-  const at::Tensor xr = r == d ? x : x.slice(-1, 0, r);
+at::Tensor rotary_ops(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                      int64_t form) {
+  const int64_t r = rotary_dim;
+  const bool whole = x.sym_size(-1) == r;
+  const at::Tensor xr = whole ? x : x.slice(-1, 0, r);
   at::Tensor rot;
   if (form == 0) {
     rot = at::cat({at::neg(xr.slice(-1, r / 2)), xr.slice(-1, 0, r / 2)}, -1);
@@ -2031,7 +2279,33 @@ at::Tensor rotary_replay(const at::Tensor& x, const at::Tensor& cos, const at::T
     rot = at::stack({at::neg(xr.slice(-1, 1, r, 2)), xr.slice(-1, 0, r, 2)}, -1).flatten(-2, -1);
   }
   const at::Tensor y = at::add(at::mul(xr, cos), at::mul(rot, sin));
-  return r == d ? y : at::cat({y, x.slice(-1, r)}, -1);
+  return whole ? y : at::cat({y, x.slice(-1, r)}, -1);
+}
+
+// The strides rotary_side gives out for x [.., .., .., D] (`packed`: row-major; else row-major
+// in the order of x's strides, the largest outermost), over `y`'s sizes.
+c10::SymDimVector rotary_strides(const at::Tensor& x, const at::Tensor& y, bool packed) {
+  std::array<int64_t, 4> perm = {0, 1, 2, 3};
+  std::stable_sort(perm.begin(), perm.begin() + 3,
+                   [&](int64_t a, int64_t b) { return x.sym_stride(a) > x.sym_stride(b); });
+  c10::SymDimVector strides(4);
+  c10::SymInt step = 1;
+  for (int64_t i = 3; i >= 0; --i) {
+    const int64_t d = packed ? i : perm[i];
+    strides[d] = step;
+    step *= y.sym_size(d);
+  }
+  return strides;
+}
+
+// The fallback: the replayed ops' result, on CUDA laid out as the kernel writes out (of a tensor of
+// another rank, packed).
+at::Tensor rotary_replay(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                         int64_t form, bool packed) {
+  const at::Tensor y = rotary_ops(x, cos, sin, rotary_dim, form);
+  if (!kernel_layout(x)) return y;
+  if (x.dim() != 4 || y.dim() != 4) return laid_packed(y);
+  return laid_out(y, rotary_strides(x, y, packed));
 }
 
 // Why the kernel cannot rotate x by cos and sin, or "" when it can (the op's checks beyond the
@@ -2153,7 +2427,12 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
     }
   }
   count_fell_back(kernel, why);
-  return rotary_replay(x, cos, sin, rotary_dim, form);
+  return rotary_replay(x, cos, sin, rotary_dim, form, (layout & 1) != 0);
+}
+
+at::Tensor rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                       int64_t form, int64_t layout, c10::string_view kernel) {
+  return rotary_replay(x, cos, sin, rotary_dim, form, (layout & 1) != 0);
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_qk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
@@ -2168,13 +2447,23 @@ std::tuple<at::Tensor, at::Tensor> rotary_qk(const at::Tensor& q, const at::Tens
     }
   }
   count_fell_back(kernel, why);
-  return {rotary_replay(q, cos, sin, rotary_dim, form), rotary_replay(k, cos, sin, rotary_dim, form)};
+  return {rotary_replay(q, cos, sin, rotary_dim, form, (layout & 1) != 0),
+          rotary_replay(k, cos, sin, rotary_dim, form, (layout & 2) != 0)};
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_qk_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                  const at::Tensor& sin, int64_t rotary_dim, int64_t form,
+                                                  int64_t layout, c10::string_view kernel) {
+  return {rotary_replay(q, cos, sin, rotary_dim, form, (layout & 1) != 0),
+          rotary_replay(k, cos, sin, rotary_dim, form, (layout & 2) != 0)};
 }
 
 // ---------------------------------------------------------------------------------------------
 // The gated MLP as one GEMM: `fact::glu` takes the graph's own operands (x, both weights and
 // biases, or the one stacked weight and bias as the gate's), which its fallback replays, and the
-// interleaved weight (and bias) compose made once, which the kernel reads.
+// interleaved weight (and bias) compose made once, which the kernel reads. On CUDA the output lies
+// packed, as the kernel writes it (frame: kernel_layout); the meta function runs the fallback on
+// Meta tensors.
 
 // The activation the graph applied to the gate, by the name the rewrite passes.
 at::Tensor glu_act(const at::Tensor& g, c10::string_view act) {
@@ -2233,6 +2522,18 @@ at::Tensor glu_kernel(const at::Tensor& x, const at::Tensor& w, const std::optio
   return out;
 }
 
+// The replaced nodes, as the graph ran them (two linears, or, without w_up, one linear over the
+// stacked weights chunked into gate and up), packed on CUDA.
+at::Tensor glu_replay(const at::Tensor& x, const at::Tensor& w_gate, const std::optional<at::Tensor>& b_gate,
+                      const std::optional<at::Tensor>& w_up, const std::optional<at::Tensor>& b_up,
+                      c10::string_view act) {
+  if (!w_up.has_value() || !w_up->defined()) {
+    const std::vector<at::Tensor> halves = at::linear(x, w_gate, b_gate).chunk(2, -1);
+    return kernel_packed(x, at::mul(halves[1], glu_act(halves[0], act)));
+  }
+  return kernel_packed(x, at::mul(glu_act(at::linear(x, w_gate, b_gate), act), at::linear(x, *w_up, b_up)));
+}
+
 at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optional<at::Tensor>& b_gate,
                const std::optional<at::Tensor>& w_up, const std::optional<at::Tensor>& b_up, const at::Tensor& w,
                const std::optional<at::Tensor>& b, c10::string_view act, c10::string_view kernel) {
@@ -2245,13 +2546,13 @@ at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optiona
     }
   }
   count_fell_back(kernel, why);
-  // The replaced nodes, as the graph ran them: two linears, or (no w_up) one linear over the
-  // stacked weights chunked into gate and up.
-  if (!w_up.has_value() || !w_up->defined()) {
-    const std::vector<at::Tensor> halves = at::linear(x, w_gate, b_gate).chunk(2, -1);
-    return at::mul(halves[1], glu_act(halves[0], act));
-  }
-  return at::mul(glu_act(at::linear(x, w_gate, b_gate), act), at::linear(x, *w_up, b_up));
+  return glu_replay(x, w_gate, b_gate, w_up, b_up, act);
+}
+
+at::Tensor glu_meta(const at::Tensor& x, const at::Tensor& w_gate, const std::optional<at::Tensor>& b_gate,
+                    const std::optional<at::Tensor>& w_up, const std::optional<at::Tensor>& b_up, const at::Tensor& w,
+                    const std::optional<at::Tensor>& b, c10::string_view act, c10::string_view kernel) {
+  return glu_replay(x, w_gate, b_gate, w_up, b_up, act);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2266,7 +2567,10 @@ at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optiona
 // "_convolution:BDCT" with its benchmark, deterministic, cudnn_enabled and allow_tf32 flags as
 // 0/1, three of them for the older overload), "bn:EPS:C" (the BatchNorm's eps and cudnn_enabled),
 // "act:NAME", and "out:cl" or "out:nchw": the layout the output is handed back in (channels-last
-// where every reader takes it, the chain's end otherwise).
+// where every reader takes it, the chain's end otherwise). On CUDA the output lies so whichever
+// path computed it (the fallback's result copied where it lies otherwise; frame: kernel_layout);
+// elsewhere "out:cl" hands back what the graph's ops gave. The meta function runs the fallback on
+// Meta tensors.
 
 struct ConvForm {
   bool conv2d = true;
@@ -2324,17 +2628,22 @@ at::Tensor conv_act(const at::Tensor& y, const std::string& act) {
 
 // The replaced nodes, as the graph ran them, on the module's own parameters: the convolution in
 // the graph's spelling and flags, the BatchNorm in eval mode, the add, the activation (in-place
-// forms compute the same values).
+// forms compute the same values), in the layout the op returns. Where x holds no data to compute
+// on (a Meta tensor, or a Fake one of symbolic sizes that torch traces), `_convolution` is
+// at::convolution, which gives the same sizes and dtype: `_convolution`'s own code reads sizes
+// that are not numbers yet.
 at::Tensor conv_replay(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                        at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
                        const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
                        const std::optional<at::Tensor>& bn_mean, const std::optional<at::Tensor>& bn_var,
                        const std::optional<at::Tensor>& residual, const ConvForm& f) {
   at::Tensor y;
+  const std::vector<int64_t> output_padding(stride.size(), 0);
   if (f.conv2d) {
     y = at::conv2d(x, weight, bias, stride, padding, dilation, groups);
+  } else if (x.is_meta() || x.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    y = at::convolution(x, weight, bias, stride, padding, dilation, false, output_padding, groups);
   } else {
-    const std::vector<int64_t> output_padding(stride.size(), 0);
     y = f.flags.size() == 4
             ? at::_convolution(x, weight, bias, stride, padding, dilation, false, output_padding, groups, f.flags[0],
                                f.flags[1], f.flags[2], f.flags[3])
@@ -2344,7 +2653,22 @@ at::Tensor conv_replay(const at::Tensor& x, const at::Tensor& weight, const std:
   // Momentum does not enter an eval-mode BatchNorm's output.
   if (f.bn) y = at::batch_norm(y, bn_weight, bn_bias, bn_mean, bn_var, false, 0.1, f.eps, f.bn_cudnn);
   if (residual.has_value() && residual->defined()) y = at::add(y, *residual);
-  return conv_act(y, f.act);
+  y = conv_act(y, f.act);
+  // The chain's end: a reader that needs torch's default strides gets them, whatever layout x came
+  // in; elsewhere on CUDA the kernels' channels-last.
+  if (!f.out_cl) return y.contiguous();
+  if (!kernel_layout(x)) return y;
+  if (y.dim() != 4) return laid_packed(y);
+  const c10::SymInt &c = y.sym_size(1), &h = y.sym_size(2), &w = y.sym_size(3);
+  return laid_out(y, c10::SymDimVector{c * h * w, 1, w * c, c});
+}
+
+ConvForm conv_checked_form(c10::string_view form, const std::optional<at::Tensor>& bn_mean,
+                           const std::optional<at::Tensor>& bn_var) {
+  const ConvForm f = conv_form(form);
+  TORCH_CHECK(!f.bn || (bn_mean.has_value() && bn_mean->defined() && bn_var.has_value() && bn_var->defined()),
+              "fact::conv: form '", std::string(form), "' replays a BatchNorm but the call passes no running statistics");
+  return f;
 }
 
 // `t` (a 4-D tensor) as the kernels read it: channels-last and 16-byte aligned, copied into that
@@ -2460,9 +2784,7 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const std::option
                 const std::optional<at::Tensor>& bn_mean, const std::optional<at::Tensor>& bn_var,
                 const std::optional<at::Tensor>& residual, const at::Tensor& w_kernel,
                 const std::optional<at::Tensor>& b_kernel, c10::string_view form, c10::string_view kernel) {
-  const ConvForm f = conv_form(form);
-  TORCH_CHECK(!f.bn || (bn_mean.has_value() && bn_mean->defined() && bn_var.has_value() && bn_var->defined()),
-              "fact::conv: form '", std::string(form), "' replays a BatchNorm but the call passes no running statistics");
+  const ConvForm f = conv_checked_form(form, bn_mean, bn_var);
   std::string why = "conv is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kConvKind)) {
     bool copied = false;
@@ -2475,10 +2797,18 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const std::option
     }
   }
   count_fell_back(kernel, why);
-  at::Tensor y = conv_replay(x, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, bn_mean, bn_var,
-                             residual, f);
-  // The chain's end: a reader that needs torch's default strides gets them, whatever layout x came in.
-  return f.out_cl ? y : y.contiguous();
+  return conv_replay(x, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, bn_mean, bn_var, residual,
+                     f);
+}
+
+at::Tensor conv_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                     at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
+                     const std::optional<at::Tensor>& bn_weight, const std::optional<at::Tensor>& bn_bias,
+                     const std::optional<at::Tensor>& bn_mean, const std::optional<at::Tensor>& bn_var,
+                     const std::optional<at::Tensor>& residual, const at::Tensor& w_kernel,
+                     const std::optional<at::Tensor>& b_kernel, c10::string_view form, c10::string_view kernel) {
+  return conv_replay(x, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, bn_mean, bn_var, residual,
+                     conv_checked_form(form, bn_mean, bn_var));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2486,7 +2816,8 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const std::option
 // weight, bias, eps, form, kernel)`. `form` says how the graph wrote the scale, bias and residual,
 // and so what the fallback replays: "hf" (w * (x * nf) + b + x, Hugging Face's) or "addcmul" (x +
 // addcmul(b, w, x * nf), timm's); eps is the graph's constant as text. The kernel reads the weight
-// and bias as [C] views of the graph's ([C] or [1,1,1,C]).
+// and bias as [C] views of the graph's ([C] or [1,1,1,C]). On CUDA the output lies packed, as the
+// kernel writes it (frame: kernel_layout); the meta function runs the fallback on Meta tensors.
 
 enum class GrnForm { kHf, kAddcmul };
 
@@ -2497,13 +2828,19 @@ GrnForm grn_form(c10::string_view text) {
   return GrnForm::kAddcmul;
 }
 
-// The replaced nodes, replayed in the graph's dtype and order.
+// The replaced nodes, replayed in the graph's dtype and order, packed on CUDA.
 at::Tensor grn_replay(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps, GrnForm f) {
   const at::Tensor g = at::linalg_vector_norm(x, 2, at::IntArrayRef({1, 2}), true, std::nullopt);
   const at::Tensor nf = g / (g.mean({-1}, true) + eps);
   const at::Tensor t = x * nf;
-  if (f == GrnForm::kHf) return weight * t + bias + x;
-  return x + at::addcmul(bias, weight, t);
+  if (f == GrnForm::kHf) return kernel_packed(x, weight * t + bias + x);
+  return kernel_packed(x, x + at::addcmul(bias, weight, t));
+}
+
+double grn_eps(c10::string_view eps_text) {
+  double eps = 0;
+  TORCH_CHECK(parse_number(std::string(eps_text), eps), "fact::grn: eps '", std::string(eps_text), "' is not a number");
+  return eps;
 }
 
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
@@ -2541,8 +2878,7 @@ at::Tensor grn_kernel(const at::Tensor& x, const at::Tensor& weight, const at::T
 at::Tensor grn(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, c10::string_view eps_text,
                c10::string_view form, c10::string_view kernel) {
   const GrnForm f = grn_form(form);
-  double eps = 0;
-  TORCH_CHECK(parse_number(std::string(eps_text), eps), "fact::grn: eps '", std::string(eps_text), "' is not a number");
+  const double eps = grn_eps(eps_text);
   std::string why = "grn is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kGrnKind)) {
     at::Tensor out = grn_kernel(x, weight, bias, eps, kernel, why);
@@ -2555,13 +2891,21 @@ at::Tensor grn(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& 
   return grn_replay(x, weight, bias, eps, f);
 }
 
+at::Tensor grn_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, c10::string_view eps_text,
+                    c10::string_view form, c10::string_view kernel) {
+  return grn_replay(x, weight, bias, grn_eps(eps_text), grn_form(form));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sibling linears as one GEMM: `fact::linears<N>(x, w, b, n0, .., kernel)` returns y_i = linear(x,
 // W_i, b_i) for the N linears of one group, where w (and b) are their weights (biases) concatenated
 // along the rows once at compose time. The kernel is a GEMM kind kernel writing [.., sum n_i]; each
 // y_i is a view of its columns (row stride sum n_i), which the graph's row-preserving views take
 // in place. The fallback runs each linear over its rows of w and b: the module's own values, so
-// the same numbers as the graph's separate linears on any input.
+// the same numbers as the graph's separate linears on any input; on CUDA each copied into the
+// columns of a [.., sum n_i] of its own (frame: kernel_layout): the layout of the kernel's views,
+// in memory no other output shares, as the schema says (the kernel's views share its output). The
+// meta functions run the fallback on Meta tensors.
 
 // Runs kernel `kernel` for the call, or returns no tensors when it does not fit, with the reason in
 // `why`.
@@ -2625,13 +2969,41 @@ std::vector<at::Tensor> linears_kernel(const at::Tensor& x, const at::Tensor& w,
   return outs;
 }
 
-std::vector<at::Tensor> linears(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                                const std::vector<int64_t>& widths, c10::string_view kernel) {
+// The sum of the widths, checked against the concatenated weight's (and bias's) rows.
+int64_t linears_sum(const at::Tensor& w, const std::optional<at::Tensor>& b, const std::vector<int64_t>& widths) {
   int64_t sum = 0;
   for (int64_t width : widths) sum += width;
   const bool has_b = b.has_value() && b->defined();
-  TORCH_CHECK(w.dim() == 2 && w.size(0) == sum && (!has_b || (b->dim() == 1 && b->size(0) == sum)),
+  TORCH_CHECK(w.dim() == 2 && w.sym_size(0) == sum && (!has_b || (b->dim() == 1 && b->sym_size(0) == sum)),
               "fact::linears: the concatenated weight and bias do not hold the widths' rows");
+  return sum;
+}
+
+// The replaced linears, as the graph ran them, each on its weight's (and bias's) values, on CUDA
+// laid out as the kernel's views.
+std::vector<at::Tensor> linears_replay(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                                       const std::vector<int64_t>& widths, int64_t sum) {
+  const bool has_b = b.has_value() && b->defined();
+  std::vector<at::Tensor> outs;
+  int64_t at = 0;
+  for (int64_t width : widths) {
+    const std::optional<at::Tensor> bias = has_b ? std::optional<at::Tensor>(b->narrow(0, at, width)) : std::nullopt;
+    const at::Tensor y = at::linear(x, w.narrow(0, at, width), bias);
+    if (kernel_layout(x)) {
+      c10::SymDimVector whole(y.sym_sizes().begin(), y.sym_sizes().end());
+      whole.back() = sum;
+      outs.push_back(at::empty_symint(whole, y.options()).narrow(-1, at, width).copy_(y));
+    } else {
+      outs.push_back(y);
+    }
+    at += width;
+  }
+  return outs;
+}
+
+std::vector<at::Tensor> linears(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                                const std::vector<int64_t>& widths, c10::string_view kernel) {
+  const int64_t sum = linears_sum(w, b, widths);
   std::string why = "siblings is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kSiblingsKind)) {
     std::vector<at::Tensor> outs = linears_kernel(x, w, b, widths, kernel, why);
@@ -2641,15 +3013,12 @@ std::vector<at::Tensor> linears(const at::Tensor& x, const at::Tensor& w, const 
     }
   }
   count_fell_back(kernel, why);
-  // The replaced linears, as the graph ran them, each on its weight's (and bias's) values.
-  std::vector<at::Tensor> outs;
-  int64_t at = 0;
-  for (int64_t width : widths) {
-    const std::optional<at::Tensor> bias = has_b ? std::optional<at::Tensor>(b->narrow(0, at, width)) : std::nullopt;
-    outs.push_back(at::linear(x, w.narrow(0, at, width), bias));
-    at += width;
-  }
-  return outs;
+  return linears_replay(x, w, b, widths, sum);
+}
+
+std::vector<at::Tensor> linears_meta(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                                     const std::vector<int64_t>& widths) {
+  return linears_replay(x, w, b, widths, linears_sum(w, b, widths));
 }
 
 std::tuple<at::Tensor, at::Tensor> linears2(const at::Tensor& x, const at::Tensor& w,
@@ -2664,6 +3033,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linears3(const at::Tensor& x, con
                                                         int64_t n2, c10::string_view kernel) {
   auto o = linears(x, w, b, {n0, n1, n2}, kernel);
   return {o[0], o[1], o[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor> linears2_meta(const at::Tensor& x, const at::Tensor& w,
+                                                 const std::optional<at::Tensor>& b, int64_t n0, int64_t n1,
+                                                 c10::string_view kernel) {
+  auto o = linears_meta(x, w, b, {n0, n1});
+  return {o[0], o[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linears3_meta(const at::Tensor& x, const at::Tensor& w,
+                                                             const std::optional<at::Tensor>& b, int64_t n0,
+                                                             int64_t n1, int64_t n2, c10::string_view kernel) {
+  auto o = linears_meta(x, w, b, {n0, n1, n2});
+  return {o[0], o[1], o[2]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linears4_meta(const at::Tensor& x, const at::Tensor& w,
+                                                                         const std::optional<at::Tensor>& b,
+                                                                         int64_t n0, int64_t n1, int64_t n2,
+                                                                         int64_t n3, c10::string_view kernel) {
+  auto o = linears_meta(x, w, b, {n0, n1, n2, n3});
+  return {o[0], o[1], o[2], o[3]};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linears4(const at::Tensor& x, const at::Tensor& w,
@@ -2723,62 +3114,126 @@ extern "C" void fact_op_stats_reset(void) {
   }
 }
 
+namespace {
+
+// Whether an argument of an op is a tensor that autograd records through.
+bool needs_grad(const at::Tensor& t) { return t.defined() && t.requires_grad(); }
+bool needs_grad(const std::optional<at::Tensor>& t) { return t.has_value() && needs_grad(*t); }
+bool needs_grad(at::TensorList ts) {
+  return std::any_of(ts.begin(), ts.end(), [](const at::Tensor& t) { return needs_grad(t); });
+}
+template <class T>
+bool needs_grad(const T&) {
+  return false;
+}
+
+// Turns the kernels off on this thread for as long as it lives (`for_autograd`).
+struct ForAutograd {
+  bool was = for_autograd;
+  ForAutograd() { for_autograd = true; }
+  ~ForAutograd() { for_autograd = was; }
+};
+
+// The autograd kernel of op `kName` (its function `kFunction`), one piece of code for every op.
+// Recording autograd, the function runs with the kernels off: its fallback's aten ops record the
+// graph (on Fake tensors too: torch.compile's joint graph holds them). Otherwise the op is
+// redispatched below autograd, as torch's own non-differentiable ops are: Fake tensors reach
+// FakeTensor's handling and so the meta function, real ones their device's kernel.
+template <const char* kName, auto kFunction>
+struct Registered;
+
+template <const char* kName, class R, class... A, R (*kFunction)(A...)>
+struct Registered<kName, kFunction> {
+  static R autograd(c10::DispatchKeySet keys, A... args) {
+    if (at::GradMode::is_enabled() && (needs_grad(args) || ...)) {
+      const ForAutograd off;
+      return kFunction(args...);
+    }
+    static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(kName, "").template typed<R(A...)>();
+    at::AutoDispatchBelowADInplaceOrView below;
+    return op.redispatch(keys & c10::after_ADInplaceOrView_keyset, args...);
+  }
+};
+
+constexpr char k_gemm[] = "fact::gemm";
+constexpr char k_gemm_ep[] = "fact::gemm_ep";
+constexpr char k_attention[] = "fact::attention";
+constexpr char k_layernorm[] = "fact::layernorm";
+constexpr char k_layernorm_written[] = "fact::layernorm_written";
+constexpr char k_layernorm_add[] = "fact::layernorm_add";
+constexpr char k_layernorm_add_sum[] = "fact::layernorm_add_sum";
+constexpr char k_rmsnorm[] = "fact::rmsnorm";
+constexpr char k_rmsnorm_add[] = "fact::rmsnorm_add";
+constexpr char k_rmsnorm_add_sum[] = "fact::rmsnorm_add_sum";
+constexpr char k_rotary[] = "fact::rotary";
+constexpr char k_rotary_qk[] = "fact::rotary_qk";
+constexpr char k_glu[] = "fact::glu";
+constexpr char k_conv[] = "fact::conv";
+constexpr char k_grn[] = "fact::grn";
+constexpr char k_linears2[] = "fact::linears2";
+constexpr char k_linears3[] = "fact::linears3";
+constexpr char k_linears4[] = "fact::linears4";
+
+}  // namespace
+
 // A fragment that defines the schemas only where they are missing: the fact CLI defines them
 // before it saves a rewritten graph, and may load this library into the same process afterwards.
+// An op with a meta function is tagged pt2_compliant (torch.library.opcheck passes on it, as
+// torch.library.custom_op's are).
 TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::gemm", ""}).has_value()) {
-    m.def("gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor");
+    m.def("gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::gemm_ep", ""}).has_value()) {
-    m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor");
+    m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::attention", ""}).has_value()) {
-    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None, Tensor? plus=None) -> Tensor");
+    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None, Tensor? plus=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
-    m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor");
+    m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm_written", ""}).has_value()) {
-    m.def("layernorm_written(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor");
+    m.def("layernorm_written(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm_add", ""}).has_value()) {
-    m.def("layernorm_add(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> Tensor");
+    m.def("layernorm_add(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm_add_sum", ""}).has_value()) {
-    m.def("layernorm_add_sum(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> (Tensor, Tensor)");
+    m.def("layernorm_add_sum(Tensor a, Tensor b, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str dtypes, str kernel) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::rmsnorm", ""}).has_value()) {
-    m.def("rmsnorm(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor");
+    m.def("rmsnorm(Tensor x, Tensor? weight, str eps, str form, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::rmsnorm_add", ""}).has_value()) {
-    m.def("rmsnorm_add(Tensor a, Tensor b, Tensor? weight, str eps, str form, str dtypes, str kernel) -> Tensor");
+    m.def("rmsnorm_add(Tensor a, Tensor b, Tensor? weight, str eps, str form, str dtypes, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::rmsnorm_add_sum", ""}).has_value()) {
-    m.def("rmsnorm_add_sum(Tensor a, Tensor b, Tensor? weight, str eps, str form, str dtypes, str kernel) -> (Tensor, Tensor)");
+    m.def("rmsnorm_add_sum(Tensor a, Tensor b, Tensor? weight, str eps, str form, str dtypes, str kernel) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::rotary", ""}).has_value()) {
-    m.def("rotary(Tensor x, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> Tensor");
+    m.def("rotary(Tensor x, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::rotary_qk", ""}).has_value()) {
-    m.def("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> (Tensor, Tensor)");
+    m.def("rotary_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, int rotary_dim, int form, int layout, str kernel) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::glu", ""}).has_value()) {
-    m.def("glu(Tensor x, Tensor w_gate, Tensor? b_gate, Tensor? w_up, Tensor? b_up, Tensor w, Tensor? b, str act, str kernel) -> Tensor");
+    m.def("glu(Tensor x, Tensor w_gate, Tensor? b_gate, Tensor? w_up, Tensor? b_up, Tensor w, Tensor? b, str act, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::conv", ""}).has_value()) {
-    m.def("conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, Tensor? bn_mean, Tensor? bn_var, Tensor? residual, Tensor w_kernel, Tensor? b_kernel, str form, str kernel) -> Tensor");
+    m.def("conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, Tensor? bn_mean, Tensor? bn_var, Tensor? residual, Tensor w_kernel, Tensor? b_kernel, str form, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::grn", ""}).has_value()) {
-    m.def("grn(Tensor x, Tensor weight, Tensor bias, str eps, str form, str kernel) -> Tensor");
+    m.def("grn(Tensor x, Tensor weight, Tensor bias, str eps, str form, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::linears2", ""}).has_value()) {
-    m.def("linears2(Tensor x, Tensor w, Tensor? b, int n0, int n1, str kernel) -> (Tensor, Tensor)");
+    m.def("linears2(Tensor x, Tensor w, Tensor? b, int n0, int n1, str kernel) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::linears3", ""}).has_value()) {
-    m.def("linears3(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, str kernel) -> (Tensor, Tensor, Tensor)");
+    m.def("linears3(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, str kernel) -> (Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::linears4", ""}).has_value()) {
-    m.def("linears4(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, int n3, str kernel) -> (Tensor, Tensor, Tensor, Tensor)");
+    m.def("linears4(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, int n3, str kernel) -> (Tensor, Tensor, Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::memo_get", ""}).has_value()) {
     m.def("memo_get(int site, Tensor[] shapes, Tensor[] state) -> Tensor[]");
@@ -2786,24 +3241,78 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::memo_put", ""}).has_value()) {
     m.def("memo_put(int site, Tensor[] shapes, Tensor[] state, Tensor[] values) -> Tensor[]");
   }
-  m.impl("gemm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm)));
-  m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(gemm_ep)));
-  m.impl("attention", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(attention)));
-  m.impl("layernorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm)));
-  m.impl("layernorm_written", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm_written)));
-  m.impl("layernorm_add", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm_add)));
-  m.impl("layernorm_add_sum", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(layernorm_add_sum)));
-  m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm)));
-  m.impl("rmsnorm_add", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm_add)));
-  m.impl("rmsnorm_add_sum", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rmsnorm_add_sum)));
-  m.impl("rotary", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary)));
-  m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(rotary_qk)));
-  m.impl("glu", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(glu)));
-  m.impl("conv", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(conv)));
-  m.impl("grn", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(grn)));
-  m.impl("linears2", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears2)));
-  m.impl("linears3", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears3)));
-  m.impl("linears4", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(linears4)));
+  m.impl("gemm", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(gemm)));
+  m.impl("gemm", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(gemm)));
+  m.impl("gemm", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(gemm_meta)));
+  m.impl("gemm", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_gemm, gemm>::autograd))));
+  m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(gemm_ep)));
+  m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(gemm_ep)));
+  m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(gemm_ep_meta)));
+  m.impl("gemm_ep", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_gemm_ep, gemm_ep>::autograd))));
+  m.impl("attention", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(attention)));
+  m.impl("attention", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(attention)));
+  m.impl("attention", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(attention_meta)));
+  m.impl("attention", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_attention, attention>::autograd))));
+  m.impl("layernorm", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(layernorm)));
+  m.impl("layernorm", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(layernorm)));
+  m.impl("layernorm", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(layernorm_meta)));
+  m.impl("layernorm", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_layernorm, layernorm>::autograd))));
+  m.impl("layernorm_written", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(layernorm_written)));
+  m.impl("layernorm_written", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(layernorm_written)));
+  m.impl("layernorm_written", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(layernorm_written_meta)));
+  m.impl("layernorm_written", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_layernorm_written, layernorm_written>::autograd))));
+  m.impl("layernorm_add", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(layernorm_add)));
+  m.impl("layernorm_add", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(layernorm_add)));
+  m.impl("layernorm_add", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(layernorm_add_meta)));
+  m.impl("layernorm_add", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_layernorm_add, layernorm_add>::autograd))));
+  m.impl("layernorm_add_sum", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(layernorm_add_sum)));
+  m.impl("layernorm_add_sum", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(layernorm_add_sum)));
+  m.impl("layernorm_add_sum", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(layernorm_add_sum_meta)));
+  m.impl("layernorm_add_sum", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_layernorm_add_sum, layernorm_add_sum>::autograd))));
+  m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(rmsnorm)));
+  m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(rmsnorm)));
+  m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(rmsnorm_meta)));
+  m.impl("rmsnorm", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_rmsnorm, rmsnorm>::autograd))));
+  m.impl("rmsnorm_add", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(rmsnorm_add)));
+  m.impl("rmsnorm_add", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(rmsnorm_add)));
+  m.impl("rmsnorm_add", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(rmsnorm_add_meta)));
+  m.impl("rmsnorm_add", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_rmsnorm_add, rmsnorm_add>::autograd))));
+  m.impl("rmsnorm_add_sum", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(rmsnorm_add_sum)));
+  m.impl("rmsnorm_add_sum", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(rmsnorm_add_sum)));
+  m.impl("rmsnorm_add_sum", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(rmsnorm_add_sum_meta)));
+  m.impl("rmsnorm_add_sum", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_rmsnorm_add_sum, rmsnorm_add_sum>::autograd))));
+  m.impl("rotary", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(rotary)));
+  m.impl("rotary", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(rotary)));
+  m.impl("rotary", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(rotary_meta)));
+  m.impl("rotary", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_rotary, rotary>::autograd))));
+  m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(rotary_qk)));
+  m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(rotary_qk)));
+  m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(rotary_qk_meta)));
+  m.impl("rotary_qk", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_rotary_qk, rotary_qk>::autograd))));
+  m.impl("glu", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(glu)));
+  m.impl("glu", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(glu)));
+  m.impl("glu", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(glu_meta)));
+  m.impl("glu", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_glu, glu>::autograd))));
+  m.impl("conv", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(conv)));
+  m.impl("conv", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(conv)));
+  m.impl("conv", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(conv_meta)));
+  m.impl("conv", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_conv, conv>::autograd))));
+  m.impl("grn", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(grn)));
+  m.impl("grn", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(grn)));
+  m.impl("grn", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(grn_meta)));
+  m.impl("grn", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_grn, grn>::autograd))));
+  m.impl("linears2", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(linears2)));
+  m.impl("linears2", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(linears2)));
+  m.impl("linears2", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(linears2_meta)));
+  m.impl("linears2", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_linears2, linears2>::autograd))));
+  m.impl("linears3", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(linears3)));
+  m.impl("linears3", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(linears3)));
+  m.impl("linears3", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(linears3_meta)));
+  m.impl("linears3", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_linears3, linears3>::autograd))));
+  m.impl("linears4", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(linears4)));
+  m.impl("linears4", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(linears4)));
+  m.impl("linears4", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(linears4_meta)));
+  m.impl("linears4", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_linears4, linears4>::autograd))));
   m.impl("memo_get", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(memo_get)));
   m.impl("memo_put", torch::dispatch(c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(memo_put)));
 }

@@ -252,6 +252,7 @@ impl TypedKind for Attention {
             name: "attention",
             schema: ATTENTION_OP_SCHEMA,
             function: "attention",
+            meta: Some("attention_meta"),
         }]
     }
     fn op_code(&self, arch: Arch) -> OpCode {

@@ -307,6 +307,7 @@ impl TypedKind for Conv {
             name: "conv",
             schema: CONV_OP_SCHEMA,
             function: "conv",
+            meta: Some("conv_meta"),
         }]
     }
     fn op_code(&self, arch: Arch) -> OpCode {

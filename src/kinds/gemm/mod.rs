@@ -334,11 +334,13 @@ impl TypedKind for Gemm {
                 name: "gemm",
                 schema: GEMM_OP_SCHEMA,
                 function: "gemm",
+                meta: Some("gemm_meta"),
             },
             OpDef {
                 name: "gemm_ep",
                 schema: GEMM_EP_OP_SCHEMA,
                 function: "gemm_ep",
+                meta: Some("gemm_ep_meta"),
             },
         ]
     }

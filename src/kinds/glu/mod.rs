@@ -268,6 +268,7 @@ impl TypedKind for Glu {
             name: "glu",
             schema: GLU_OP_SCHEMA,
             function: "glu",
+            meta: Some("glu_meta"),
         }]
     }
     fn op_code(&self, arch: Arch) -> OpCode {

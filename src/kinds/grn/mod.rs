@@ -194,6 +194,7 @@ impl TypedKind for Grn {
             name: "grn",
             schema: GRN_OP_SCHEMA,
             function: "grn",
+            meta: Some("grn_meta"),
         }]
     }
     fn op_code(&self, arch: Arch) -> OpCode {

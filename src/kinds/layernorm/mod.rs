@@ -210,21 +210,25 @@ impl TypedKind for LayerNorm {
                 name: "layernorm",
                 schema: LAYERNORM_OP_SCHEMA,
                 function: "layernorm",
+                meta: Some("layernorm_meta"),
             },
             OpDef {
                 name: "layernorm_written",
                 schema: LAYERNORM_WRITTEN_OP_SCHEMA,
                 function: "layernorm_written",
+                meta: Some("layernorm_written_meta"),
             },
             OpDef {
                 name: "layernorm_add",
                 schema: LAYERNORM_ADD_OP_SCHEMA,
                 function: "layernorm_add",
+                meta: Some("layernorm_add_meta"),
             },
             OpDef {
                 name: "layernorm_add_sum",
                 schema: LAYERNORM_ADD_SUM_OP_SCHEMA,
                 function: "layernorm_add_sum",
+                meta: Some("layernorm_add_sum_meta"),
             },
         ]
     }

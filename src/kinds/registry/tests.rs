@@ -614,8 +614,13 @@ fn the_op_library_has_every_kinds_section_ops_and_switches() {
     for kind in KINDS {
         for op in kind.ops() {
             assert!(
-                text.contains(&format!("m.def(\"{}\");", op.schema))
-                    && text.contains(&format!("TORCH_FN({})));", op.function)),
+                text.contains(&format!(
+                    "m.def(\"{}\", {{at::Tag::pt2_compliant_tag}});",
+                    op.schema
+                )) && text.contains(&format!("TORCH_FN({})));", op.function))
+                    && op
+                        .meta
+                        .is_some_and(|meta| text.contains(&format!("TORCH_FN({meta})));"))),
                 "{}: {}",
                 kind.name(),
                 op.name

@@ -205,16 +205,19 @@ impl TypedKind for RmsNorm {
                 name: "rmsnorm",
                 schema: RMSNORM_OP_SCHEMA,
                 function: "rmsnorm",
+                meta: Some("rmsnorm_meta"),
             },
             OpDef {
                 name: "rmsnorm_add",
                 schema: RMSNORM_ADD_OP_SCHEMA,
                 function: "rmsnorm_add",
+                meta: Some("rmsnorm_add_meta"),
             },
             OpDef {
                 name: "rmsnorm_add_sum",
                 schema: RMSNORM_ADD_SUM_OP_SCHEMA,
                 function: "rmsnorm_add_sum",
+                meta: Some("rmsnorm_add_sum_meta"),
             },
         ]
     }

@@ -216,7 +216,9 @@ mod tests {
         ] {
             assert!(body.contains(form), "{form}");
         }
-        assert!(body.contains("at::rms_norm(x, {x.size(-1)}, weight, eps)"));
+        assert!(
+            body.contains("at::rms_norm_symint(x, c10::SymDimVector{x.sym_size(-1)}, weight, eps)")
+        );
         assert!(body.contains("compute capability 9.0"));
         assert!(op_code(Arch::Sm80).body.contains("an sm80 library"));
     }

@@ -191,11 +191,13 @@ impl TypedKind for Rotary {
                 name: "rotary",
                 schema: ROTARY_OP_SCHEMA,
                 function: "rotary",
+                meta: Some("rotary_meta"),
             },
             OpDef {
                 name: "rotary_qk",
                 schema: ROTARY_QK_OP_SCHEMA,
                 function: "rotary_qk",
+                meta: Some("rotary_qk_meta"),
             },
         ]
     }

@@ -1,7 +1,8 @@
 // RMSNorm over the last dim: the kernel reads x as [R, C] rows one stride apart. `form` says which
 // ops the call replaced, and so what the fallback replays: "rms_norm" (torch's op, eps "None" for
 // its default) or the written-out form's rule id (rmsnorm, rmsnorm_weight, rmsnorm_cast_weight,
-// rmsnorm_weight1p); eps is the graph's constant as text.
+// rmsnorm_weight1p); eps is the graph's constant as text. On CUDA outputs lie packed, as the kernel
+// writes them (frame: kernel_layout); each meta function runs its op's fallback on Meta tensors.
 
 struct RmsForm {
   bool aten = false;
@@ -42,9 +43,9 @@ std::optional<double> rms_eps(c10::string_view text) {
 
 // The replaced nodes, replayed: torch's rms_norm, or the written-out ops in the graph's dtypes and
 // order (the square as pow, the normalized value in fp32, the casts where the graph has them).
-at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                          const std::optional<double>& eps, const RmsForm& f) {
-  if (f.aten) return at::rms_norm(x, {x.size(-1)}, weight, eps);
+at::Tensor rmsnorm_ops(const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<double>& eps,
+                       const RmsForm& f) {
+  if (f.aten) return at::rms_norm_symint(x, c10::SymDimVector{x.sym_size(-1)}, weight, eps);
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor n = xf * at::rsqrt(xf.pow(2).mean({-1}, true) + *eps);
   switch (f.scale) {
@@ -55,6 +56,11 @@ at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& 
     default:
       return n.to(x.scalar_type());
   }
+}
+
+at::Tensor rmsnorm_replay(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                          const std::optional<double>& eps, const RmsForm& f) {
+  return kernel_packed(x, rmsnorm_ops(x, weight, eps, f));
 }
 
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
@@ -126,6 +132,14 @@ at::Tensor rmsnorm(const at::Tensor& x, const std::optional<at::Tensor>& weight,
   return rmsnorm_replay(x, weight, eps, f);
 }
 
+at::Tensor rmsnorm_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight, c10::string_view eps_text,
+                        c10::string_view form, c10::string_view kernel) {
+  const RmsForm f = rms_form(form, weight.has_value() && weight->defined());
+  const std::optional<double> eps = rms_eps(eps_text);
+  TORCH_CHECK(f.aten || eps.has_value(), "fact::rmsnorm: the written-out form '", std::string(form), "' needs eps");
+  return rmsnorm_replay(x, weight, eps, f);
+}
+
 // After a residual add (`fact::rmsnorm_add`, and `fact::rmsnorm_add_sum` where the graph reads the
 // sum too): s = a + b in the add's dtype, the norm of s cast to the norm's dtype (`dtypes`, the
 // frame's ResidualDtypes), the norm as `form` says. The kernel reads a and b (either repeated along
@@ -165,15 +179,38 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const
   return {o.y, o.s};
 }
 
+// A norm-after-add call read: its form, eps and dtypes.
+struct RmsAddCall {
+  RmsForm f;
+  std::optional<double> eps;
+  ResidualDtypes d;
+};
+
+RmsAddCall rms_add_call(const std::optional<at::Tensor>& weight, c10::string_view eps_text, c10::string_view form,
+                        c10::string_view dtypes) {
+  RmsAddCall c{rms_form(form, weight.has_value() && weight->defined()), rms_eps(eps_text),
+               residual_dtypes(dtypes, "rmsnorm_add")};
+  TORCH_CHECK(c.f.aten || c.eps.has_value(), "fact::rmsnorm_add: the written-out form '", std::string(form),
+              "' needs eps");
+  return c;
+}
+
+// The replayed add, cast and norm: y, and s laid out where the op returns it.
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_replay(const at::Tensor& a, const at::Tensor& b,
+                                                      const std::optional<at::Tensor>& weight, const RmsAddCall& c,
+                                                      bool with_sum) {
+  const at::Tensor s = residual_sum(a, b, c.d.sum);
+  return {rmsnorm_replay(s.to(c.d.norm), weight, c.eps, c.f), with_sum ? kernel_packed(a, s) : s};
+}
+
 std::tuple<at::Tensor, at::Tensor> rmsnorm_add_call(const at::Tensor& a, const at::Tensor& b,
                                                     const std::optional<at::Tensor>& weight, c10::string_view eps_text,
                                                     c10::string_view form, c10::string_view dtypes,
                                                     c10::string_view kernel, bool with_sum) {
-  const bool has_w = weight.has_value() && weight->defined();
-  const RmsForm f = rms_form(form, has_w);
-  const std::optional<double> eps = rms_eps(eps_text);
-  TORCH_CHECK(f.aten || eps.has_value(), "fact::rmsnorm_add: the written-out form '", std::string(form), "' needs eps");
-  const ResidualDtypes d = residual_dtypes(dtypes, "rmsnorm_add");
+  const RmsAddCall c = rms_add_call(weight, eps_text, form, dtypes);
+  const RmsForm& f = c.f;
+  const std::optional<double>& eps = c.eps;
+  const ResidualDtypes& d = c.d;
   std::string why = "rmsnorm is turned off (FACT_DISABLE or fact_disable)";
   if (!disabled(kRmsnormKind)) {
     auto out = rmsnorm_add_kernel(a, b, weight, eps, f, d, with_sum, kernel, why);
@@ -183,8 +220,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_call(const at::Tensor& a, const a
     }
   }
   count_fell_back(kernel, why);
-  const at::Tensor s = residual_sum(a, b, d.sum);
-  return {rmsnorm_replay(s.to(d.norm), weight, eps, f), s};
+  return rmsnorm_add_replay(a, b, weight, c, with_sum);
 }
 
 at::Tensor rmsnorm_add(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& weight,
@@ -197,4 +233,17 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_sum(const at::Tensor& a, const at
                                                    c10::string_view form, c10::string_view dtypes,
                                                    c10::string_view kernel) {
   return rmsnorm_add_call(a, b, weight, eps, form, dtypes, kernel, true);
+}
+
+at::Tensor rmsnorm_add_meta(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& weight,
+                            c10::string_view eps, c10::string_view form, c10::string_view dtypes,
+                            c10::string_view kernel) {
+  return std::get<0>(rmsnorm_add_replay(a, b, weight, rms_add_call(weight, eps, form, dtypes), false));
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_add_sum_meta(const at::Tensor& a, const at::Tensor& b,
+                                                        const std::optional<at::Tensor>& weight, c10::string_view eps,
+                                                        c10::string_view form, c10::string_view dtypes,
+                                                        c10::string_view kernel) {
+  return rmsnorm_add_replay(a, b, weight, rms_add_call(weight, eps, form, dtypes), true);
 }

@@ -1,13 +1,16 @@
 // Rotary embedding of the last dim of [.., .., .., D] tensors: the kernel reads each head of x and
 // its position's cos and sin through their strides, and writes out in the layout the graph's own
-// ops write (bit `side` of `layout`: packed row-major, else rows in x's order).
+// ops write (bit `side` of `layout`: packed row-major, else rows in x's order). On CUDA the
+// fallback's result is copied into that layout where it lies otherwise (a tensor of another rank:
+// packed; frame: kernel_layout); the meta functions run the fallback on Meta tensors.
 
 // The nodes the op replaces, replayed with the same aten ops in the same order: the same numbers
 // as the graph on any input.
-at::Tensor rotary_replay(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
-                         int64_t form) {
-  const int64_t d = x.size(-1), r = rotary_dim;
-  const at::Tensor xr = r == d ? x : x.slice(-1, 0, r);
+at::Tensor rotary_ops(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                      int64_t form) {
+  const int64_t r = rotary_dim;
+  const bool whole = x.sym_size(-1) == r;
+  const at::Tensor xr = whole ? x : x.slice(-1, 0, r);
   at::Tensor rot;
   if (form == 0) {
     rot = at::cat({at::neg(xr.slice(-1, r / 2)), xr.slice(-1, 0, r / 2)}, -1);
@@ -15,7 +18,33 @@ at::Tensor rotary_replay(const at::Tensor& x, const at::Tensor& cos, const at::T
     rot = at::stack({at::neg(xr.slice(-1, 1, r, 2)), xr.slice(-1, 0, r, 2)}, -1).flatten(-2, -1);
   }
   const at::Tensor y = at::add(at::mul(xr, cos), at::mul(rot, sin));
-  return r == d ? y : at::cat({y, x.slice(-1, r)}, -1);
+  return whole ? y : at::cat({y, x.slice(-1, r)}, -1);
+}
+
+// The strides rotary_side gives out for x [.., .., .., D] (`packed`: row-major; else row-major
+// in the order of x's strides, the largest outermost), over `y`'s sizes.
+c10::SymDimVector rotary_strides(const at::Tensor& x, const at::Tensor& y, bool packed) {
+  std::array<int64_t, 4> perm = {0, 1, 2, 3};
+  std::stable_sort(perm.begin(), perm.begin() + 3,
+                   [&](int64_t a, int64_t b) { return x.sym_stride(a) > x.sym_stride(b); });
+  c10::SymDimVector strides(4);
+  c10::SymInt step = 1;
+  for (int64_t i = 3; i >= 0; --i) {
+    const int64_t d = packed ? i : perm[i];
+    strides[d] = step;
+    step *= y.sym_size(d);
+  }
+  return strides;
+}
+
+// The fallback: the replayed ops' result, on CUDA laid out as the kernel writes out (of a tensor of
+// another rank, packed).
+at::Tensor rotary_replay(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                         int64_t form, bool packed) {
+  const at::Tensor y = rotary_ops(x, cos, sin, rotary_dim, form);
+  if (!kernel_layout(x)) return y;
+  if (x.dim() != 4 || y.dim() != 4) return laid_packed(y);
+  return laid_out(y, rotary_strides(x, y, packed));
 }
 
 // Why the kernel cannot rotate x by cos and sin, or "" when it can (the op's checks beyond the
@@ -137,7 +166,12 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
     }
   }
   count_fell_back(kernel, why);
-  return rotary_replay(x, cos, sin, rotary_dim, form);
+  return rotary_replay(x, cos, sin, rotary_dim, form, (layout & 1) != 0);
+}
+
+at::Tensor rotary_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t rotary_dim,
+                       int64_t form, int64_t layout, c10::string_view kernel) {
+  return rotary_replay(x, cos, sin, rotary_dim, form, (layout & 1) != 0);
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_qk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
@@ -152,5 +186,13 @@ std::tuple<at::Tensor, at::Tensor> rotary_qk(const at::Tensor& q, const at::Tens
     }
   }
   count_fell_back(kernel, why);
-  return {rotary_replay(q, cos, sin, rotary_dim, form), rotary_replay(k, cos, sin, rotary_dim, form)};
+  return {rotary_replay(q, cos, sin, rotary_dim, form, (layout & 1) != 0),
+          rotary_replay(k, cos, sin, rotary_dim, form, (layout & 2) != 0)};
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_qk_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                  const at::Tensor& sin, int64_t rotary_dim, int64_t form,
+                                                  int64_t layout, c10::string_view kernel) {
+  return {rotary_replay(q, cos, sin, rotary_dim, form, (layout & 1) != 0),
+          rotary_replay(k, cos, sin, rotary_dim, form, (layout & 2) != 0)};
 }

@@ -1,0 +1,353 @@
+//! fact's ops are PyTorch custom ops of full standing, checked on the CPU (each call falls back to
+//! the original ops there): every op of the library passes `torch.library.opcheck` in each of its
+//! forms (schema, autograd registration, FakeTensor against the real outputs, AOT dispatch with
+//! dynamic sizes, with and without inputs that require grad), and its outputs' strides and
+//! storage offsets are the meta function's; a compiled function calls a fact op between aten ops
+//! with no graph break, as an extern kernel; an exported module of fact ops with a dynamic batch
+//! saves, loads and runs, and AOTInductor packages it; autograd records through the ops. The
+//! library is one RMSNorm kernel's: every library holds every kind's ops.
+
+use crate::common::{build_all, root, run_python};
+use fact::kinds::registry::KINDS;
+use fact::kinds::rmsnorm::{candidates, RmsNormProblem, Scale};
+use fact::nvcc::Toolchain;
+use fact::types::{Arch, DType};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The op library these tests load, built once per run (target/custom-ops; the build cache makes
+/// a rebuild a link).
+fn op_library() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+        let p = RmsNormProblem::new(32, 64, DType::F32, Scale::Weight, false);
+        let spec = candidates(&p, Arch::Sm90).remove(0);
+        let dir = root().join("target/custom-ops");
+        build_all(&tc, &[spec], &dir, "libfact_ops.so", 2).library
+    })
+}
+
+/// Python that imports torch and loads the op library.
+fn preamble() -> String {
+    format!(
+        "import torch\ntorch.ops.load_library({:?})\n",
+        op_library().display().to_string()
+    )
+}
+
+/// Each op's forms, as arguments that drive its fallback on the CPU (`CASES[op]`: (form, args)).
+const CASES: &str = r#"
+torch.manual_seed(0)
+r = torch.randn
+B, T, K, N, H, D, C, I = 2, 5, 16, 8, 4, 8, 16, 12
+x3, w, bias = r(B, T, K), r(N, K), r(N)
+q, k, v = (r(B, T, H, D).transpose(1, 2) for _ in range(3))
+causal = torch.ones(T, T, dtype=torch.bool).tril()
+add_mask = torch.zeros(B, 1, T, T).masked_fill(~causal, float("-inf"))
+def att(q, k, v, mask, scale, form, cond=None, fill=None, window=None, plus=None):
+    return (q, k, v, mask, scale, form, "k", cond, fill, window, plus)
+xs, xb, wb = r(B, T, C), r(B, T, C).bfloat16(), r(C).bfloat16()
+def ln_add(dtypes):
+    return (xs, r(T, C), [C], r(C), r(C), 1e-5, dtypes, "k")
+def rms_add(form, dtypes, weight):
+    return (xb, r(T, C).bfloat16(), weight, "1e-06", form, dtypes, "k")
+qr, kr, cos, sin = r(B, T, H, 16).transpose(1, 2), r(B, T, 2, 16).transpose(1, 2), r(T, 16), r(T, 16)
+xc, cl = r(B, 4, 6, 6), torch.channels_last
+bn = (r(8), r(8), r(8), r(8).abs() + 0.5)
+def conv(x, weight, b, stride, padding, groups, bn, residual, form):
+    return (x, weight, b, stride, padding, [1, 1], groups, *(bn or (None,) * 4), residual,
+            weight.contiguous(memory_format=cl), b, form, "k")
+CASES = {
+    "gemm": [
+        ("linear", (x3, w, bias, "linear", "k")),
+        ("linear, no bias", (x3, w, None, "linear", "k")),
+        ("linear over a padded weight", (x3, r(12, K), r(12), "linear;n=8", "k")),
+        ("addmm", (r(T, K), r(K, N), bias, "addmm", "k")),
+        ("addmm of 3-d rows", (x3, r(K, N), bias, "addmm", "k")),
+        ("mm", (r(T, K), r(K, N), None, "mm", "k")),
+        ("mm of 3-d rows", (x3, r(K, N), None, "mm", "k")),
+        ("bmm", (x3, r(B, K, N), None, "bmm", "k")),
+        ("matmul 4-d", (r(B, H, T, K), r(B, H, K, N), None, "matmul", "k")),
+        ("matmul folded", (x3, r(K, N), None, "matmul", "k")),
+        ("matmul of a transposed a", (r(B, K, T).transpose(1, 2), r(K, N), None, "matmul", "k")),
+    ],
+    "gemm_ep": [
+        ("gelu_tanh", (x3, w, bias, [], "linear", "leaves=;v1=gelu_tanh(v0)", "k")),
+        ("residual and row", (x3, w, bias, [r(B, T, N), r(N)], "linear", "leaves=full,row;v1=add(v0,l0);v2=mul(v1,l1)", "k")),
+        ("respelled residual", (x3, w, bias, [r(B * T, N)], "linear", "leaves=full;v1=add(v0,l0)", "k")),
+        ("scalar leaf", (x3, w, None, [torch.tensor(0.5)], "linear", "leaves=scalar;v1=mul(v0,l0)", "k")),
+        ("numbers on the left", (x3, w, bias, [], "linear", "leaves=;v1=sub(1.0,v0);v2=div(2.0,v1);v3=clamp(v2,-1.0,1.0)", "k")),
+        ("column leaf", (r(T, K), w, bias, [r(T, 1)], "linear", "leaves=col;v1=add(v0,l0);v2=silu(v1)", "k")),
+        ("turned", (r(B, 3, 3, K), w, bias, [r(N, 1, 1), r(B, N, 3, 3)], "linear;perm=0,3,1,2",
+                    "leaves=row,full;v1=mul(v0,l0);v2=add(v1,l1)", "k")),
+    ],
+    "attention": [
+        ("sdpa", att(q, k, v, None, None, "sdpa")),
+        ("sdpa causal", att(q, k, v, None, None, "sdpa;causal")),
+        ("sdpa scale", att(q, k, v, None, None, "sdpa;scale=0.125")),
+        ("sdpa bool mask", att(q, k, v, causal, None, "sdpa;mask=bool;class=causal")),
+        ("sdpa additive mask as a bias", att(q, k, v, add_mask, None, "sdpa;mask=add;class=none;bias")),
+        ("sdpa gqa", att(q, r(B, 2, T, D), r(B, 2, T, D), None, None, "sdpa;gqa")),
+        ("sdpa repeated heads", att(q, r(B, 2, T, D), r(B, 2, T, D), None, None, "sdpa;causal;repeat=2")),
+        ("sdpa where", att(q, k, v, torch.zeros(B, 1, T, T), None, "sdpa;mask=add;where;fill=-1e9;class=causal", cond=causal)),
+        ("sdpa [B,T,D]", att(r(B, T, D), r(B, T, D), r(B, T, D), None, None, "sdpa")),
+        ("explicit div", att(q, k, v, None, None, "explicit;div=8.0")),
+        ("explicit not-mask", att(q, k, v, causal, None, "explicit;mul=0.125;mask=not")),
+        ("explicit tensor scale", att(q, k, v, None, torch.tensor(8.0), "explicit;div=tensor")),
+        ("explicit added mask, upcast", att(q.bfloat16(), k.bfloat16(), v.bfloat16(), add_mask.bfloat16(), None,
+                                            "explicit;div=8.0;mask=add;class=causal;upcast")),
+        ("explicit where", att(q, k, v, add_mask, None, "explicit;div=8.0;mask=add;class=padded;where",
+                               cond=causal, fill=torch.tensor(-1e9))),
+        ("explicit scale last", att(q, k, v, add_mask, None, "explicit;mul=0.125;mask=add;class=causal;scale_last")),
+        ("explicit scaled q", att(q, k, v, causal, None, "explicit;mul=0.125;scale_q;mask=not")),
+        ("explicit eq0 mask, fp32 softmax", att(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal.int(), None,
+                                                "explicit;div=8.0;softmax_f32;mask=eq0")),
+        ("explicit fill", att(q, k, v, ~causal, None, "explicit;div=8.0;mask=fill;fill=-10000.0")),
+        ("explicit plus", att(q, k, v, causal, None, "explicit;div=8.0;mask=not;plus=before", plus=r(1, H, T, T))),
+        ("explicit windows", att(r(4, H, T, D), r(4, H, T, D), r(4, H, T, D), r(1, H, T, T), None,
+                                 "explicit;mul=0.125;scale_q;mask=add;class=none;bias;windows", window=r(1, 2, 1, T, T))),
+        ("explicit repeated heads", att(q, r(B, 1, T, D), r(B, 1, T, D), None, None, "explicit;div=8.0;repeat=4")),
+    ],
+    "layernorm": [
+        ("affine", (xs, [C], r(C), r(C), 1e-5, "k")),
+        ("plain", (xs, [C], None, None, 1e-5, "k")),
+        ("transposed x", (r(T, B, C).transpose(0, 1), [C], r(C), None, 1e-5, "k")),
+    ],
+    "layernorm_written": [
+        ("f32", (xs, r(C), "1e-05", "", "k")),
+        ("upcast", (xb, wb, "1e-05", "upcast", "k")),
+        ("transposed x", (r(T, B, C).transpose(0, 1), None, "1e-05", "", "k")),
+    ],
+    "layernorm_add": [("f32", ln_add("f32,f32")), ("norm in bf16", ln_add("f32,bf16"))],
+    "layernorm_add_sum": [
+        ("f32", ln_add("f32,f32")),
+        ("norm in bf16", ln_add("f32,bf16")),
+        ("transposed a", (r(T, B, C).transpose(0, 1), xs, [C], None, None, 1e-5, "f32,f32", "k")),
+    ],
+    "rmsnorm": [
+        ("rms_norm", (xs, r(C), "1e-06", "rms_norm", "k")),
+        ("rms_norm, its default eps", (xs, None, "None", "rms_norm", "k")),
+        ("weight", (xb, wb, "1e-06", "rmsnorm_weight", "k")),
+        ("cast before the weight", (xb, wb, "1e-06", "rmsnorm_cast_weight", "k")),
+        ("one plus the weight", (xb, wb, "1e-06", "rmsnorm_weight1p", "k")),
+        ("no weight", (xb, None, "1e-06", "rmsnorm", "k")),
+        ("heads sliced from qkv", (r(B, T, 3 * C)[..., :C].view(B, T, 2, C // 2), r(C // 2), "1e-06", "rms_norm", "k")),
+    ],
+    "rmsnorm_add": [("weight", rms_add("rmsnorm_weight", "bf16,bf16", wb)),
+                    ("rms_norm, sum in f32", rms_add("rms_norm", "f32,bf16", wb))],
+    "rmsnorm_add_sum": [("weight", rms_add("rmsnorm_weight", "bf16,bf16", wb)),
+                        ("rms_norm, sum in f32", rms_add("rms_norm", "f32,bf16", None))],
+    "rotary": [
+        ("halves, x's order", (qr, cos, sin, 16, 0, 0, "k")),
+        ("halves, packed", (qr, cos, sin, 16, 0, 1, "k")),
+        ("pairs", (qr, r(B, 1, T, 16), r(B, 1, T, 16), 16, 1, 0, "k")),
+        ("partial", (qr, r(T, 8), r(T, 8), 8, 0, 0, "k")),
+        ("packed x", (qr.contiguous(), cos, sin, 16, 0, 1, "k")),
+        ("rank 3", (r(B, T, 16), cos, sin, 16, 0, 0, "k")),
+    ],
+    "rotary_qk": [(f"layout {l}", (qr, kr, cos, sin, 16, 0, l, "k")) for l in range(4)]
+                 + [("pairs, partial", (qr, kr, r(T, 8), r(T, 8), 8, 1, 2, "k"))],
+    "glu": [
+        ("two linears, silu", (xs, r(I, C), None, r(I, C), None, r(2 * I, C), None, "silu", "k")),
+        ("two linears with biases, gelu", (xs, r(I, C), r(I), r(I, C), r(I), r(2 * I, C), r(2 * I), "gelu", "k")),
+        ("stacked, gelu_tanh", (xs, r(2 * I, C), None, None, None, r(2 * I, C), None, "gelu_tanh", "k")),
+    ],
+    "conv": [
+        ("conv2d, channels-last out", conv(xc, r(8, 4, 3, 3), r(8), [1, 1], [1, 1], 1, None, None, "conv2d;out:cl")),
+        ("conv2d, NCHW out", conv(xc, r(8, 4, 3, 3), r(8), [1, 1], [1, 1], 1, None, None, "conv2d;out:nchw")),
+        ("channels-last x, NCHW out", conv(xc.contiguous(memory_format=cl), r(8, 4, 3, 3), None, [2, 2], [1, 1], 1,
+                                           None, None, "conv2d;act:relu;out:nchw")),
+        ("BatchNorm, residual, silu", conv(xc, r(8, 4, 3, 3), None, [1], [1], 1, bn, r(B, 8, 6, 6),
+                                           "conv2d;bn:1e-05:1;act:silu;out:cl")),
+        ("_convolution, 4 flags", conv(xc, r(8, 4, 1, 1), r(8), [1, 1], [0, 0], 1, bn, None,
+                                       "_convolution:0011;bn:0.001:1;act:hardswish;out:cl")),
+        ("_convolution, 3 flags", conv(xc, r(8, 4, 3, 3), r(8), [2, 2], [1, 1], 1, None, None,
+                                       "_convolution:001;act:relu6;out:nchw")),
+        ("depthwise", conv(xc, r(4, 1, 3, 3), r(4), [1, 1], [1, 1], 4, None, None, "conv2d;act:gelu_tanh;out:cl")),
+    ],
+    "grn": [
+        ("hf", (r(B, 5, 5, C), r(1, 1, 1, C), r(1, 1, 1, C), "1e-06", "hf", "k")),
+        ("addcmul", (r(B, 5, 5, C), r(C), r(C), "1e-06", "addcmul", "k")),
+        ("channels-last view", (r(B, C, 5, 5).permute(0, 2, 3, 1), r(C), r(C), "1e-06", "hf", "k")),
+    ],
+    "linears2": [("bias", (xs, r(12, C), r(12), 4, 8, "k")), ("no bias", (xs, r(12, C), None, 8, 4, "k"))],
+    "linears3": [("bias", (xs, r(12, C), r(12), 4, 4, 4, "k"))],
+    "linears4": [("no bias, 2-d x", (r(T, C), r(10, C), None, 1, 2, 3, 4, "k"))],
+}
+# Arguments that are buffers, never differentiated (BatchNorm's running statistics).
+BUFFERS = {"conv": {9, 10}}
+"#;
+
+/// Every op with a meta function passes opcheck in each of its forms, without and with inputs that
+/// require grad, and FakeTensor gives its outputs the real ones' sizes, strides (every dim of more
+/// than one element: opcheck compares strides on CUDA alone), storage offsets and dtypes. Its
+/// registrations are the ones the frame makes (the memo's stay CompositeImplicitAutograd).
+#[test]
+fn every_op_passes_opcheck_in_each_of_its_forms() {
+    let ops: Vec<&str> = KINDS
+        .iter()
+        .flat_map(|k| k.ops().iter())
+        .filter(|o| o.meta.is_some())
+        .map(|o| o.name)
+        .collect();
+    let script = format!(
+        r#"{preamble}{CASES}
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._prims_common import check_significant_strides
+ops = {ops:?}
+assert sorted(CASES) == sorted(ops), (sorted(CASES), sorted(ops))
+has = torch._C._dispatch_has_kernel_for_dispatch_key
+for name in ops:
+    op = getattr(torch.ops.fact, name).default
+    keys = [key for key in ("CPU", "CUDA", "Meta", "Autograd", "CompositeImplicitAutograd") if has(op.name(), key)]
+    assert keys == ["CPU", "CUDA", "Meta", "Autograd"], (name, keys)
+    assert torch.Tag.pt2_compliant_tag in op.tags, name
+for name in ("memo_get", "memo_put"):
+    op = getattr(torch.ops.fact, name).default
+    assert has(op.name(), "CompositeImplicitAutograd") and not has(op.name(), "Meta"), name
+
+def outputs(o):
+    return list(o) if isinstance(o, (tuple, list)) else [o]
+
+def requiring_grad(name, args):
+    keep = BUFFERS.get(name, set())
+    return tuple(a if i in keep else pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.is_floating_point()), a) for i, a in enumerate(args))
+
+failed = []
+for name in ops:
+    op = getattr(torch.ops.fact, name).default
+    for form, args in CASES[name]:
+        try:
+            mode = FakeTensorMode()
+            fake_args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, args)
+            with mode:
+                fake = outputs(op(*fake_args))
+            for real, f in zip(outputs(op(*args)), fake):
+                assert (real.shape, real.dtype) == (f.shape, f.dtype), (real.shape, real.dtype, f.shape, f.dtype)
+                same, _ = check_significant_strides(real, f, only_cuda=False)
+                assert same and real.storage_offset() == f.storage_offset(), \
+                    ("layout", real.stride(), real.storage_offset(), f.stride(), f.storage_offset())
+            torch.library.opcheck(op, args)
+            torch.library.opcheck(op, requiring_grad(name, args))
+            print(f"opcheck fact::{{name}} ({{form}}): ok")
+        except Exception as e:
+            failed.append(f"fact::{{name}} ({{form}}): {{str(e).splitlines()[0]}}")
+assert not failed, "\n".join(failed)
+print(sum(len(CASES[n]) for n in ops), "forms")
+"#,
+        preamble = preamble(),
+    );
+    let out = run_python(&script);
+    let forms = out.lines().last().unwrap();
+    assert!(
+        forms.ends_with(" forms")
+            && forms.split(' ').next().unwrap().parse::<usize>().unwrap() >= 80,
+        "{out}"
+    );
+}
+
+/// torch.compile of a function calling fact::gemm between aten ops: one graph, no break, and the
+/// op an extern kernel of Inductor's code (checked against the meta function's sizes and
+/// strides), at another batch too (dynamic sizes).
+#[test]
+fn a_compiled_function_calls_a_fact_op_as_an_extern_kernel_without_a_graph_break() {
+    let script = format!(
+        r#"{preamble}
+from torch._inductor.utils import run_and_get_code
+def fn(x, w, b):
+    y = torch.ops.fact.gemm(torch.relu(x) * 2, w, b, "linear", "k")
+    return torch.tanh(y) + 1
+x, w, b = torch.randn(2, 5, 16), torch.randn(8, 16), torch.randn(8)
+explained = torch._dynamo.explain(fn)(x, w, b)
+assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained
+compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+got, code = run_and_get_code(compiled, x, w, b)
+assert "torch.ops.fact.gemm.default(" in code[0] and "assert_size_stride" in code[0], code[0]
+assert torch.allclose(got, fn(x, w, b), atol=1e-5)
+x = torch.randn(3, 7, 16)
+assert torch.allclose(compiled(x, w, b), fn(x, w, b), atol=1e-5)
+print("ok")
+"#,
+        preamble = preamble()
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+/// A module of fact ops (a LayerNorm, sibling linears, a GEMM with an epilogue) exported with
+/// dynamic batch and sequence dims holds them as calls, saves, loads and runs as the module does
+/// at other sizes; AOTInductor packages it and its runner calls them through the dispatcher.
+#[test]
+fn an_exported_module_of_fact_ops_saves_loads_runs_and_packages() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        r#"{preamble}
+from torch.export import Dim
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g, self.beta = torch.nn.Parameter(torch.randn(16)), torch.nn.Parameter(torch.randn(16))
+        self.w, self.b = torch.nn.Parameter(torch.randn(12, 16)), torch.nn.Parameter(torch.randn(12))
+    def forward(self, x):
+        h = torch.ops.fact.layernorm(x, [16], self.g, self.beta, 1e-5, "k")
+        y0, y1 = torch.ops.fact.linears2(h, self.w, self.b, 4, 8, "k")
+        y = torch.ops.fact.gemm_ep(h, self.w[:8], None, [y1], "linear", "leaves=full;v1=add(v0,l0);v2=gelu(v1)", "k")
+        return y * y0.sum(-1, keepdim=True)
+m = M().eval()
+x = torch.randn(2, 5, 16)
+program = torch.export.export(m, (x,), dynamic_shapes=({{0: Dim.DYNAMIC, 1: Dim.DYNAMIC}},), strict=False)
+calls = [str(n.target) for n in program.graph.nodes if str(n.target).startswith("fact.")]
+assert calls == ["fact.layernorm.default", "fact.linears2.default", "fact.gemm_ep.default"], calls
+torch.export.save(program, {saved:?})
+loaded = torch.export.load({saved:?}).module()
+package = torch._inductor.aoti_compile_and_package(program, package_path={package:?})
+runner = torch._inductor.aoti_load_package(package)
+with torch.no_grad():
+    for x in (torch.randn(3, 7, 16), torch.randn(4, 2, 16)):
+        want = m(x)
+        assert torch.allclose(loaded(x), want, atol=1e-5)
+        assert torch.allclose(runner(x), want, atol=1e-5)
+print("ok")
+"#,
+        preamble = preamble(),
+        saved = dir.path().join("m.pt2").display().to_string(),
+        package = dir.path().join("m_aoti.pt2").display().to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+/// Recording autograd, an op runs its fallback with every kernel off (none has a backward): the
+/// gradients are the original ops', and the counters say why; without grad the call is
+/// redispatched to its device's kernel, which on the CPU falls back for that reason.
+#[test]
+fn autograd_records_through_the_original_ops() {
+    let script = format!(
+        r#"{preamble}import ctypes, json
+so = ctypes.CDLL({lib:?})
+so.fact_op_stats.restype = ctypes.c_char_p
+x = torch.randn(2, 5, 16, requires_grad=True)
+w = torch.randn(8, 16, requires_grad=True)
+g = torch.randn(16, requires_grad=True)
+def loss(norm, linear):
+    return linear(norm(x, g), w).square().sum()
+fact = loss(lambda x, g: torch.ops.fact.rmsnorm(x, g, "1e-06", "rms_norm", "rms"),
+            lambda h, w: torch.ops.fact.gemm(h, w, None, "linear", "gemm"))
+want = loss(lambda x, g: torch.rms_norm(x, [16], g, 1e-6), torch.nn.functional.linear)
+got = torch.autograd.grad(fact, (x, w, g))
+for a, b in zip(got, torch.autograd.grad(want, (x, w, g))):
+    assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+stats = json.loads(so.fact_op_stats())
+assert stats["gemm"] == {{"ran": 0, "copied": 0, "fell_back": 1, "why": "autograd (the kernel has no backward)"}}, stats
+with torch.no_grad():
+    torch.ops.fact.gemm(x, w, None, "linear", "gemm")
+stats = json.loads(so.fact_op_stats())
+assert stats["gemm"] == {{"ran": 0, "copied": 0, "fell_back": 2, "why": "not CUDA tensors of one device"}}, stats
+print("ok")
+"#,
+        preamble = preamble(),
+        lib = op_library().display().to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
