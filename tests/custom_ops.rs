@@ -4,15 +4,17 @@
 //! dynamic sizes, with and without inputs that require grad), and its outputs' strides and
 //! storage offsets are the meta function's; a compiled function calls a fact op between aten ops
 //! with no graph break, as an extern kernel; an exported module of fact ops with a dynamic batch
-//! saves, loads and runs, and AOTInductor packages it; autograd records through the ops. The
-//! library is one RMSNorm kernel's: every library holds every kind's ops.
+//! saves, loads and runs, and AOTInductor packages it; autograd records through the ops; and the
+//! `fact` Python package (python/fact) exports, runs the CLI and loads what it wrote. The library
+//! is one RMSNorm kernel's: every library holds every kind's ops.
 
-use crate::common::{build_all, root, run_python};
+use crate::common::{build_all, python, root, run_python};
 use fact::kinds::registry::KINDS;
 use fact::kinds::rmsnorm::{candidates, RmsNormProblem, Scale};
 use fact::nvcc::Toolchain;
 use fact::types::{Arch, DType};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 
 /// The op library these tests load, built once per run (target/custom-ops; the build cache makes
@@ -350,4 +352,145 @@ print("ok")
         lib = op_library().display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");
+}
+
+/// Runs `script` with the venv's python and `env`; returns its exit status and both outputs.
+fn run_python_env(script: &str, env: &[(&str, &Path)]) -> (bool, String, String) {
+    let mut c = Command::new(python());
+    c.arg("-c").arg(script);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// A stand-in for the fact CLI (FACT_BIN): it checks the command line, prints progress on stderr
+/// and a result on stdout as the CLI does, and writes into --out what compose would: the op
+/// library and a composed program calling it (torch.export's, or TorchScript's where
+/// FAKE_OUTPUT=pt); FAKE_FAIL=1 makes it fail as the CLI does.
+const FAKE_CLI: &str = r#"#!/usr/bin/env python3
+import os, shutil, sys
+args = sys.argv[1:]
+assert args[0] == "compose" and args[1].endswith("model.pt2") and args[2] == "--out", args
+out = args[3]
+print("compose: reading model.pt2", file=sys.stderr, flush=True)
+if os.environ.get("FAKE_FAIL"):
+    print("some log line", file=sys.stderr)
+    print("error: no CUDA device: tuning needs a GPU; the plan and the generated sources are in " + out, file=sys.stderr)
+    print("    (an indented detail)", file=sys.stderr)
+    sys.exit(1)
+import torch
+torch.ops.load_library(os.environ["FAKE_LIB"])
+program = torch.export.load(args[1])
+weights = program.state_dict
+class Composed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight, self.bias = torch.nn.Parameter(weights["weight"]), torch.nn.Parameter(weights["bias"])
+    def forward(self, x):
+        return torch.ops.fact.gemm(x, self.weight, self.bias, "linear", "k")
+x = torch.randn(3, 16)
+shutil.copy(os.environ["FAKE_LIB"], os.path.join(out, "libfact_ops.so"))
+if os.environ.get("FAKE_OUTPUT") == "pt":
+    torch.jit.trace(Composed().eval(), x).save(os.path.join(out, "composed.pt"))
+else:
+    batch = ({0: torch.export.Dim.DYNAMIC},)
+    program = torch.export.export(Composed().eval(), (x,), dynamic_shapes=batch, strict=False)
+    torch.export.save(program, os.path.join(out, "composed.pt2"))
+print("composed: 1 pattern, extra args " + " ".join(args[4:]))
+"#;
+
+/// The Python package: fact.compose exports the module, saves model.pt2, runs the CLI with its
+/// output shown as it prints it and returns the program the CLI wrote, loaded (torch.export's or
+/// TorchScript's); a failing CLI raises ComposeError with its error lines; a module in training
+/// mode is refused; fact.stats reads the library's counters. The CLI is a stand-in (FACT_BIN):
+/// composing for real needs a GPU.
+#[test]
+fn the_python_package_exports_runs_the_cli_and_loads_what_it_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = dir.path().join("fact-cli");
+    std::fs::write(
+        &cli,
+        FAKE_CLI.replacen("python3", &python().display().to_string(), 1),
+    )
+    .unwrap();
+    let mut perms = std::fs::metadata(&cli).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&cli, perms).unwrap();
+    let script = format!(
+        r#"import os, sys, torch, fact
+model = torch.nn.Linear(16, 8).eval()
+x = torch.randn(3, 16)
+out = os.path.join({dir:?}, "linear")
+composed = fact.compose(model, x, dynamic_shapes=({{0: torch.export.Dim.DYNAMIC}},), out=out, args=["--budget", 2])
+assert os.path.isfile(os.path.join(out, "model.pt2"))
+assert isinstance(composed, torch.nn.Module) and not isinstance(composed, torch.jit.ScriptModule)
+with torch.no_grad():
+    x = torch.randn(5, 16)
+    assert torch.allclose(composed(x), model(x), atol=1e-6)
+assert fact.stats(out)["k"]["fell_back"] == 1, fact.stats(out)
+os.environ["FAKE_OUTPUT"] = "pt"
+script = fact.compose(model, (x,), out=os.path.join({dir:?}, "ts"), quiet=True)
+assert isinstance(script, torch.jit.ScriptModule) and "fact::gemm" in str(script.graph)
+os.environ["FAKE_FAIL"] = "1"
+try:
+    fact.compose(model, (x,), out=os.path.join({dir:?}, "fails"), quiet=True)
+    raise AssertionError("no error")
+except fact.ComposeError as e:
+    assert e.returncode == 1 and e.lines[-3:][0] == "some log line", e.lines
+    assert str(e).splitlines()[1:] == [
+        "error: no CUDA device: tuning needs a GPU; the plan and the generated sources are in " + os.path.join({dir:?}, "fails"),
+        "    (an indented detail)"], str(e)
+try:
+    fact.compose(torch.nn.Linear(16, 8), (x,), out=os.path.join({dir:?}, "training"))
+    raise AssertionError("no error")
+except ValueError as e:
+    assert "model.eval()" in str(e), e
+print("ok")
+"#,
+        dir = dir.path().display().to_string(),
+    );
+    let (ok, stdout, stderr) =
+        run_python_env(&script, &[("FACT_BIN", &cli), ("FAKE_LIB", op_library())]);
+    assert!(ok, "{stdout}\n{stderr}");
+    // The CLI's own output, as it printed it (quiet calls print none of theirs).
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        ["composed: 1 pattern, extra args --budget 2", "ok"],
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("compose:"))
+            .collect::<Vec<_>>(),
+        ["compose: reading model.pt2"],
+        "{stderr}"
+    );
+}
+
+/// fact.load of a folder without an op library or without a composed program says what is
+/// missing; the package's CLI is FACT_BIN where set.
+#[test]
+fn the_python_package_says_what_a_folder_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        r#"import os, fact
+assert fact.cli() == ["/opt/fact"], fact.cli()
+try:
+    fact.load({dir:?})
+    raise AssertionError("no error")
+except FileNotFoundError as e:
+    assert "no op library at" in str(e), e
+print("ok")
+"#,
+        dir = dir.path().display().to_string()
+    );
+    let (ok, stdout, stderr) = run_python_env(&script, &[("FACT_BIN", Path::new("/opt/fact"))]);
+    assert!(ok && stdout.trim() == "ok", "{stdout}\n{stderr}");
 }

@@ -1,0 +1,165 @@
+"""fact from Python: one call makes a model faster.
+
+    import fact
+    model = fact.compose(model, (ids,))   # export, `fact compose`, load the composed program
+    out = model(ids)
+    fact.stats("fact-out/GPT2LMHeadModel")  # which kernels ran, which calls fell back
+
+`compose` exports the module with torch.export, saves the program as `model.pt2` in the output
+folder, runs the fact CLI on it (`fact compose model.pt2 --out OUT`), printing its progress and
+errors as the CLI prints them, and returns the composed program `load` reads back from the
+folder. Everything the CLI decides (patterns, kernels, tuning) is the CLI's; this package only
+moves a module to it and the result back.
+
+The CLI binary is `$FACT_BIN` where set, else this checkout's `target/release/fact` where built,
+else `cargo run --release` in this checkout.
+"""
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+__all__ = ["ComposeError", "cli", "compose", "load", "stats"]
+
+_REPO = Path(__file__).resolve().parents[2]
+# Op libraries this process loaded, by resolved path: torch registers a library's ops once.
+_LOADED = set()
+# How many lines of the CLI's output a ComposeError keeps.
+_TAIL = 40
+
+
+class ComposeError(RuntimeError):
+    """`fact compose` exited with an error: `returncode` is its exit status, `lines` the last lines
+    it printed to stderr (its error, and the log lines before it)."""
+
+    def __init__(self, command, returncode, lines):
+        self.command = list(command)
+        self.returncode = returncode
+        self.lines = list(lines)
+        text = "\n".join(_error_lines(self.lines)) or "(it printed nothing)"
+        super().__init__(f"fact compose failed (exit status {returncode}):\n{text}")
+
+
+def _error_lines(lines):
+    """The CLI's error as it printed it: from its last `error:` line on (the line and the indented
+    context after it), else every line kept."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    return lines[starts[-1]:] if starts else lines
+
+
+def cli():
+    """The command that runs the fact CLI, as a list of arguments."""
+    given = os.environ.get("FACT_BIN")
+    if given:
+        return [given]
+    built = _REPO / "target" / "release" / "fact"
+    if built.is_file():
+        return [str(built)]
+    return ["cargo", "run", "--release", "--manifest-path", str(_REPO / "Cargo.toml"), "--"]
+
+
+def _forward(stream, sink, tail):
+    """Copies `stream` (the child's output) to `sink` as it comes, keeping its last lines in
+    `tail`; `sink` None prints nothing."""
+    pending = b""
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        if sink is not None:
+            sink.write(chunk.decode("utf-8", "replace"))
+            sink.flush()
+        pending += chunk
+        *done, pending = pending.split(b"\n")
+        # A progress line redrawn in place (\r) counts as its last drawing.
+        tail.extend(line.decode("utf-8", "replace").rsplit("\r", 1)[-1] for line in done)
+        del tail[:-_TAIL]
+    if pending:
+        tail.append(pending.decode("utf-8", "replace").rsplit("\r", 1)[-1])
+        del tail[:-_TAIL]
+
+
+def _run(command, quiet):
+    """Runs `command`, its stdout and stderr shown on this process's as they come (unless
+    `quiet`); raises ComposeError with its last stderr lines when it fails."""
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out_tail, err_tail = [], []
+    threads = [
+        threading.Thread(target=_forward, args=(child.stdout, None if quiet else sys.stdout, out_tail)),
+        threading.Thread(target=_forward, args=(child.stderr, None if quiet else sys.stderr, err_tail)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    code = child.wait()
+    if code != 0:
+        raise ComposeError(command, code, err_tail or out_tail)
+
+
+def compose(model, example_inputs, dynamic_shapes=None, out=None, args=(), quiet=False):
+    """Composes `model` (an nn.Module in eval mode) for `example_inputs` (a tuple of its forward's
+    inputs; one tensor is taken as a tuple of one) and returns the composed program, loaded.
+
+    `dynamic_shapes` is torch.export.export's (e.g. `({0: torch.export.Dim.DYNAMIC},)` for a
+    dynamic batch). `out` is the output folder (default `fact-out/<model's class name>`): it holds
+    `model.pt2` (the exported program), and what the CLI writes (the composed program, its op
+    library `libfact_ops.so`, the compose report). `args` are more CLI arguments (e.g.
+    `["--table", "table.json"]`); `quiet` prints nothing of the CLI's output.
+    """
+    import torch
+
+    if model.training:
+        raise ValueError("fact.compose: the model is in training mode; call model.eval() first (fact composes inference)")
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    out = Path(out) if out is not None else Path("fact-out") / type(model).__name__
+    out.mkdir(parents=True, exist_ok=True)
+    program = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=False)
+    exported = out / "model.pt2"
+    torch.export.save(program, str(exported))
+    _run([*cli(), "compose", str(exported), "--out", str(out), *map(str, args)], quiet)
+    return load(out)
+
+
+def _library(out_or_lib):
+    path = Path(out_or_lib)
+    return path / "libfact_ops.so" if path.is_dir() else path
+
+
+def _load_library(lib):
+    import torch
+
+    key = str(lib.resolve())
+    if key not in _LOADED:
+        if not lib.is_file():
+            raise FileNotFoundError(f"no op library at {lib}: compose writes libfact_ops.so into its output folder")
+        torch.ops.load_library(key)
+        _LOADED.add(key)
+
+
+def load(out):
+    """The composed program in the folder `out` (what `fact compose --out out` wrote), with its op
+    library loaded into this process: `composed.pt2` (a torch.export program) as a module, or, where
+    only `composed.pt` is there (a TorchScript output), that ScriptModule."""
+    import torch
+
+    out = Path(out)
+    _load_library(out / "libfact_ops.so")
+    if (out / "composed.pt2").is_file():
+        return torch.export.load(str(out / "composed.pt2")).module()
+    if (out / "composed.pt").is_file():
+        return torch.jit.load(str(out / "composed.pt"))
+    raise FileNotFoundError(f"no composed program in {out}: compose writes composed.pt2 (or composed.pt) there")
+
+
+def stats(out_or_lib):
+    """The call counters of an op library (an output folder, or the library itself), as
+    `{kernel: {"ran": n, "copied": n, "fell_back": n, "why": "..."}}`: the calls of this process
+    since the library was loaded. Loads the library if this process has not."""
+    lib = _library(out_or_lib)
+    _load_library(lib)
+    so = ctypes.CDLL(str(lib.resolve()))
+    so.fact_op_stats.restype = ctypes.c_char_p
+    return json.loads(so.fact_op_stats())
