@@ -372,7 +372,8 @@ fn run_python_env(script: &str, env: &[(&str, &Path)]) -> (bool, String, String)
 /// A stand-in for the fact CLI (FACT_BIN): it checks the command line, prints progress on stderr
 /// and a result on stdout as the CLI does, and writes into --out what compose would: the op
 /// library and a composed program calling it (torch.export's, or TorchScript's where
-/// FAKE_OUTPUT=pt); FAKE_FAIL=1 makes it fail as the CLI does.
+/// FAKE_OUTPUT=pt; none, as without a GPU, where FAKE_OUTPUT=none); FAKE_FAIL=1 makes it fail as
+/// the CLI does.
 const FAKE_CLI: &str = r#"#!/usr/bin/env python3
 import os, shutil, sys
 args = sys.argv[1:]
@@ -384,6 +385,10 @@ if os.environ.get("FAKE_FAIL"):
     print("error: no CUDA device: tuning needs a GPU; the plan and the generated sources are in " + out, file=sys.stderr)
     print("    (an indented detail)", file=sys.stderr)
     sys.exit(1)
+if os.environ.get("FAKE_OUTPUT") == "none":
+    print("no CUDA device: tuning and benchmarking sm90 kernels need an sm90 GPU (H100, H200).")
+    print("  1 need tuning: their candidate kernels are rendered and compiled under " + out)
+    sys.exit(0)
 import torch
 torch.ops.load_library(os.environ["FAKE_LIB"])
 program = torch.export.load(args[1])
@@ -407,8 +412,8 @@ print("composed: 1 pattern, extra args " + " ".join(args[4:]))
 
 /// The Python package: fact.compose exports the module, saves model.pt2, runs the CLI with its
 /// output shown as it prints it and returns the program the CLI wrote, loaded (torch.export's or
-/// TorchScript's); a failing CLI raises ComposeError with its error lines; a module in training
-/// mode is refused; fact.stats reads the library's counters. The CLI is a stand-in (FACT_BIN):
+/// TorchScript's); a failing CLI, or one that writes no program (no GPU), raises ComposeError with
+/// what it said; a module in training mode is refused; fact.stats reads the library's counters. The CLI is a stand-in (FACT_BIN):
 /// composing for real needs a GPU.
 #[test]
 fn the_python_package_exports_runs_the_cli_and_loads_what_it_wrote() {
@@ -437,6 +442,17 @@ assert fact.stats(out)["k"]["fell_back"] == 1, fact.stats(out)
 os.environ["FAKE_OUTPUT"] = "pt"
 script = fact.compose(model, (x,), out=os.path.join({dir:?}, "ts"), quiet=True)
 assert isinstance(script, torch.jit.ScriptModule) and "fact::gemm" in str(script.graph)
+os.environ["FAKE_OUTPUT"] = "none"
+try:
+    fact.compose(model, (x,), out=os.path.join({dir:?}, "no_gpu"), quiet=True)
+    raise AssertionError("no error")
+except fact.ComposeError as e:
+    # Both streams' last lines, in the order they came.
+    lines = str(e).splitlines()
+    assert e.returncode == 0 and lines[0] == "fact compose wrote no composed program into " + \
+        os.path.join({dir:?}, "no_gpu") + ":", lines
+    assert "compose: reading model.pt2" in lines and lines[1:].count(
+        "no CUDA device: tuning and benchmarking sm90 kernels need an sm90 GPU (H100, H200).") == 1, lines
 os.environ["FAKE_FAIL"] = "1"
 try:
     fact.compose(model, (x,), out=os.path.join({dir:?}, "fails"), quiet=True)

@@ -15,6 +15,7 @@ The CLI binary is `$FACT_BIN` where set, else this checkout's `target/release/fa
 else `cargo run --release` in this checkout.
 """
 
+import codecs
 import ctypes
 import json
 import os
@@ -33,15 +34,16 @@ _TAIL = 40
 
 
 class ComposeError(RuntimeError):
-    """`fact compose` exited with an error: `returncode` is its exit status, `lines` the last lines
-    it printed to stderr (its error, and the log lines before it)."""
+    """`fact compose` failed, or wrote no composed program (without a GPU it compiles the kernels
+    and stops, saying so): `returncode` is its exit status, `lines` the last lines it printed (on
+    stderr where it failed: its error, and the log lines before it)."""
 
-    def __init__(self, command, returncode, lines):
+    def __init__(self, command, returncode, lines, what=None):
         self.command = list(command)
         self.returncode = returncode
         self.lines = list(lines)
         text = "\n".join(_error_lines(self.lines)) or "(it printed nothing)"
-        super().__init__(f"fact compose failed (exit status {returncode}):\n{text}")
+        super().__init__(f"{what or f'fact compose failed (exit status {returncode})'}:\n{text}")
 
 
 def _error_lines(lines):
@@ -62,32 +64,42 @@ def cli():
     return ["cargo", "run", "--release", "--manifest-path", str(_REPO / "Cargo.toml"), "--"]
 
 
-def _forward(stream, sink, tail):
+def _forward(stream, sink, tail, both):
     """Copies `stream` (the child's output) to `sink` as it comes, keeping its last lines in
-    `tail`; `sink` None prints nothing."""
-    pending = b""
+    `tail` and in `both` (both streams' lines as they came); `sink` None prints nothing."""
+    # A character split between two reads is decoded once whole.
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    pending = ""
     for chunk in iter(lambda: stream.read1(65536), b""):
+        text = decode(chunk)
         if sink is not None:
-            sink.write(chunk.decode("utf-8", "replace"))
+            sink.write(text)
             sink.flush()
-        pending += chunk
-        *done, pending = pending.split(b"\n")
-        # A progress line redrawn in place (\r) counts as its last drawing.
-        tail.extend(line.decode("utf-8", "replace").rsplit("\r", 1)[-1] for line in done)
-        del tail[:-_TAIL]
-    if pending:
-        tail.append(pending.decode("utf-8", "replace").rsplit("\r", 1)[-1])
-        del tail[:-_TAIL]
+        *done, pending = (pending + text).split("\n")
+        _keep(done, tail, both)
+    last = pending + decode(b"", final=True)
+    if last:
+        _keep([last], tail, both)
+
+
+def _keep(lines, *kept):
+    """Adds `lines` to each list in `kept`, each keeping its last _TAIL; a progress line redrawn in
+    place (\r) counts as its last drawing."""
+    lines = [line.rsplit("\r", 1)[-1] for line in lines]
+    for k in kept:
+        k.extend(lines)
+        del k[:-_TAIL]
 
 
 def _run(command, quiet):
     """Runs `command`, its stdout and stderr shown on this process's as they come (unless
-    `quiet`); raises ComposeError with its last stderr lines when it fails."""
+    `quiet`); raises ComposeError with its last stderr lines when it fails, else returns the last
+    lines it printed."""
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out_tail, err_tail = [], []
+    out_tail, err_tail, both = [], [], []
     threads = [
-        threading.Thread(target=_forward, args=(child.stdout, None if quiet else sys.stdout, out_tail)),
-        threading.Thread(target=_forward, args=(child.stderr, None if quiet else sys.stderr, err_tail)),
+        threading.Thread(target=_forward, args=(child.stdout, None if quiet else sys.stdout, out_tail, both)),
+        threading.Thread(target=_forward, args=(child.stderr, None if quiet else sys.stderr, err_tail, both)),
     ]
     for t in threads:
         t.start()
@@ -96,6 +108,7 @@ def _run(command, quiet):
     code = child.wait()
     if code != 0:
         raise ComposeError(command, code, err_tail or out_tail)
+    return both
 
 
 def compose(model, example_inputs, dynamic_shapes=None, out=None, args=(), quiet=False):
@@ -119,7 +132,10 @@ def compose(model, example_inputs, dynamic_shapes=None, out=None, args=(), quiet
     program = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=False)
     exported = out / "model.pt2"
     torch.export.save(program, str(exported))
-    _run([*cli(), "compose", str(exported), "--out", str(out), *map(str, args)], quiet)
+    command = [*cli(), "compose", str(exported), "--out", str(out), *map(str, args)]
+    printed = _run(command, quiet)
+    if not any((out / name).is_file() for name in ("composed.pt2", "composed.pt")):
+        raise ComposeError(command, 0, printed[-8:], f"fact compose wrote no composed program into {out}")
     return load(out)
 
 
