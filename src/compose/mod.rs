@@ -8,13 +8,14 @@
 
 use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
+use crate::graph::Edit;
 use crate::kinds::{registry, Candidates, Measured, Problem, Spec, SweepCx};
 use crate::nvcc::{self, BuildError, CompileFailure, SccacheReport, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
 use crate::rules::PatternKind;
 use crate::space::SpaceOptions;
 use crate::table::{self, CandidateResult, Entry, Lookup, Provenance, Run, TableKey, Tables};
-use crate::torch::{self, Edit, InputShape};
+use crate::torch::{self, InputShape};
 use crate::tune::devices::{self, Gpu, GpuChoice, Pool};
 use crate::tune::{self, worker, Outcome, Protocol};
 use crate::types::{Arch, MathType, Precision};

@@ -30,12 +30,11 @@ pub use typed::TypedKind;
 
 use crate::agent::Steward;
 use crate::codegen::{DispatchEntry, OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId, ValueId};
+use crate::graph::{Edit, Graph, NodeId, ValueId};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{Match, PatternKind, Rule};
 use crate::space::validity::{FailureKind, Scope};
 use crate::space::SpaceOptions;
-use crate::torch::Edit;
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use erased::Value;

@@ -33,10 +33,9 @@ pub use spec::{
 use super::{Candidates, Dispatch, PlanFacts, Problem, Product, Spec, TypedKind};
 use super::{SweepCx, Unit, Work};
 use crate::codegen::{OpCode, OpDef, Source as Code};
-use crate::graph::{Const, Graph, NodeId};
+use crate::graph::{Const, Edit, Fold, FoldBn, Graph, NodeId, Operand};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{Match, PatternKind, Rule};
-use crate::torch::{Edit, Fold, FoldBn, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use std::collections::BTreeSet;
@@ -699,7 +698,7 @@ mod tests {
             ]
             .map(|v| v as u32)
         );
-        use crate::torch::OperandKind;
+        use crate::graph::OperandKind;
         assert!(e.operands[2].kind == OperandKind::None);
         let (w, b) = (&e.operands[12], &e.operands[13]);
         assert!(w.kind == OperandKind::Folded && b.kind == OperandKind::Folded);
@@ -708,7 +707,7 @@ mod tests {
             (w.int_value, b.int_value, w.text.as_str()),
             (256, 0, "1e-5")
         );
-        let absent = crate::torch::ABSENT;
+        let absent = crate::graph::ABSENT;
         assert_eq!(
             w.values,
             [
@@ -785,8 +784,8 @@ mod tests {
 #[cfg(test)]
 mod stem_tests {
     use super::*;
+    use crate::graph::OperandKind;
     use crate::kinds::registry::match_patterns;
-    use crate::torch::OperandKind;
 
     /// torchvision's resnet stem at batch 32 in `dtype`: conv 7x7 stride 2 padding 3 over the
     /// image's 3 channels, its BatchNorm and ReLU, max pooling, then a 1x1 convolution with a

@@ -26,11 +26,10 @@ use super::{
     Unit,
 };
 use crate::codegen::{OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Edit, Graph, NodeId, Operand};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{PatternKind, Rule};
 use crate::space::validity::{self, FailureKind, Scope};
-use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use bench::GemmBench;

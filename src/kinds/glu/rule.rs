@@ -545,7 +545,7 @@ mod tests {
             e.remove_kinds,
             ["aten::linear", "aten::silu", "aten::linear"]
         );
-        use crate::torch::OperandKind as K;
+        use crate::graph::OperandKind as K;
         let want = [
             K::Value,
             K::Value,
@@ -672,7 +672,7 @@ mod tests {
                 "aten::silu"
             ]
         );
-        use crate::torch::OperandKind as K;
+        use crate::graph::OperandKind as K;
         let want = [
             K::Value,
             K::Value,
