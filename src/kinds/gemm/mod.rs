@@ -15,9 +15,10 @@ pub mod rule;
 pub mod space;
 pub mod sweep;
 
-pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, EpilogueRule, LeafKind};
+pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueRule, LeafKind};
 pub use rule::{
-    major, match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, GemmRule, Major,
+    major, match_gemms, EpilogueMatch, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, GemmRule,
+    Major,
 };
 pub use space::{gemm_candidates, KernelSpec, Knowledge};
 
