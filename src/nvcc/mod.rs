@@ -55,6 +55,13 @@ pub enum BuildError {
     },
 }
 
+/// The file `exe` in the first folder of PATH that has it.
+fn find_on_path(exe: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(exe))
+        .find(|p| p.is_file())
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
     move |source| BuildError::Io {
         path: path.display().to_string(),
