@@ -15,6 +15,8 @@
 pub mod attention;
 pub mod conv;
 pub mod erased;
+#[cfg(test)]
+pub mod fake;
 pub mod gemm;
 pub mod glu;
 pub mod grn;

@@ -686,19 +686,7 @@ mod tests {
 
     #[test]
     fn a_library_has_one_arch() {
-        let a = |arch| -> Spec {
-            crate::kinds::attention::AttentionSpec {
-                arch,
-                dtype: crate::types::DType::F32,
-                math: crate::types::MathType::Tf32,
-                queries_per_block: 32,
-                keys_per_block: 128,
-                max_k: 128,
-                family: crate::kinds::attention::AttentionFamily::Sm80,
-                bias: false,
-            }
-            .into()
-        };
+        let a = |arch| crate::kinds::fake::spec("k", arch);
         assert_eq!(
             target_arch(&[a(Arch::Sm80), a(Arch::Sm80)]).unwrap(),
             Arch::Sm80
