@@ -198,6 +198,7 @@ impl Options {
             cache: self.cache_dir.clone(),
             jobs: self.jobs,
             show_progress: self.progress,
+            kinds: registry::KINDS,
         }
     }
 }

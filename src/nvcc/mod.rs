@@ -9,7 +9,7 @@
 //! commands; library.rs opens a built library.
 
 use crate::codegen::{self, Source};
-use crate::kinds::{registry, Spec, Unit};
+use crate::kinds::{render_op_library, Kind, Spec, Unit};
 use crate::types::Arch;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
@@ -411,6 +411,9 @@ pub struct BuildOptions {
     pub jobs: usize,
     /// Progress bars (or lines, where stderr is no terminal) on stderr.
     pub show_progress: bool,
+    /// The kinds a library holds the torch ops of and checks its kernels with
+    /// (`Kind::check_library`): the registry's, `kinds::registry::KINDS`.
+    pub kinds: &'static [&'static dyn Kind],
 }
 
 /// Compiles the kernels of `specs` to objects in the build cache (what is cached already is
@@ -584,7 +587,7 @@ pub fn build_library(
     let start = std::time::Instant::now();
     let specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
     // What each kind's kernels cannot share (fp32 attention kernels of two maths).
-    for kind in registry::KINDS {
+    for kind in opts.kinds {
         let mine: Vec<&Spec> = specs
             .iter()
             .filter(|s| s.kind().name() == kind.name())
@@ -595,7 +598,7 @@ pub fn build_library(
     let src_dir = out_dir.join("src");
     std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
     let include = include_dir(cache)?;
-    let op = registry::render_torch_op(arch);
+    let op = render_op_library(opts.kinds, arch);
     let (objects, op_obj) = std::thread::scope(|scope| {
         let op_obj = scope.spawn(|| {
             compile_cached(
