@@ -573,3 +573,6 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
     .chain(space::epilogue_note(p, math, arch))
     .collect()
 }
+
+#[cfg(test)]
+mod validity_tests;

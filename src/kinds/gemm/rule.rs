@@ -1256,7 +1256,7 @@ mod tests {
         )
         .replace("return (%logits)", "return (%y)");
         let g = Graph::parse(&text).unwrap();
-        let found = crate::kinds::registry::match_patterns(&g);
+        let found = crate::kinds::match_kinds(&g, &[&crate::kinds::gemm::Gemm]);
         assert_eq!(found.of::<GemmMatch>().len(), 1);
         let fused = found.of::<GemmMatch>()[0];
         assert!(fused.epilogue.is_some() && fused.applied_pad().is_none());

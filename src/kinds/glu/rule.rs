@@ -519,7 +519,8 @@ mod tests {
         );
         // The cover takes the GLU (two products) over the gate's epilogue (one); down keeps its
         // residual add.
-        let found = crate::kinds::registry::match_patterns(&g);
+        let found =
+            crate::kinds::match_kinds(&g, &[&crate::kinds::gemm::Gemm, &crate::kinds::glu::Glu]);
         let rules: Vec<String> = found.found.iter().map(|f| f.problem().rule_id()).collect();
         assert_eq!(rules.len(), 2, "{rules:?}");
         assert!(rules.contains(&"glu_silu".to_string()), "{rules:?}");

@@ -17,7 +17,7 @@
 
 mod bench;
 mod problem;
-mod rule;
+pub(crate) mod rule;
 
 pub use bench::SiblingsBench;
 pub use problem::{SiblingsProblem, MAX_SIBLINGS};

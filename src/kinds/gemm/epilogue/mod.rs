@@ -1139,7 +1139,7 @@ mod tests {
                return (%y)",
         )
         .unwrap();
-        let found = crate::kinds::registry::match_patterns(&g);
+        let found = crate::kinds::match_kinds(&g, &[&crate::kinds::gemm::Gemm]);
         let got: Vec<(Option<&str>, Vec<String>)> = found
             .of::<GemmMatch>()
             .iter()
