@@ -14,6 +14,7 @@ mod glu;
 mod grn;
 mod ingest;
 mod layernorm;
+mod layers;
 mod layouts;
 mod memo;
 mod native_mha;
