@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 /// Bottom to top: each layer's files, as paths or folders (ending in `/`) under the repository;
 /// a file is in the layer of its longest match.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("vocabulary", &["src/types.rs", "src/graph/"]),
+    (
+        "vocabulary",
+        &["src/types.rs", "src/graph/", "src/atomic.rs"],
+    ),
     (
         "what the contract speaks in",
         &[

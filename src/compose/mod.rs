@@ -554,7 +554,7 @@ pub fn compose(
         seconds: start.elapsed().as_secs_f64(),
     };
     let path = opts.out_dir.join(REPORT);
-    std::fs::write(
+    crate::atomic::write(
         &path,
         serde_json::to_string_pretty(&report).expect("report serializes"),
     )

@@ -2,6 +2,7 @@
 //! propagation from example inputs, and the process-wide CUDA set-up (libtorch_cuda, op libraries).
 //! All C++ lives behind this module; nothing above it sees a C++ type.
 
+use crate::atomic;
 use crate::graph::{Const, Edit, Graph, MaskClass, MaskFact, Node, OperandKind, TensorInfo, Value};
 use archive::ArchiveKind;
 use std::path::Path;
@@ -115,6 +116,8 @@ pub use ffi::InputSpec;
 pub enum TorchError {
     #[error("cannot read {path}: {detail}")]
     Read { path: String, detail: String },
+    #[error("cannot write {path}: {detail}")]
+    Write { path: String, detail: String },
     #[error("{path}: this is not a TorchScript module: {what}; trace the model and save it with torch.jit.trace(model.eval(), example_inputs).save(path)")]
     NotTorchScript { path: String, what: String },
     #[error("{path}: no example inputs stored in the archive; pass the shapes with --input, e.g. --input 4096x4096:f32 (once per forward input)")]
@@ -387,8 +390,8 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
     }
 }
 
-/// Replaces nodes (or patterns of nodes) of `forward` by custom-op calls and saves the module;
-/// returns the new graph's text. `schemas` are the ops' schemas (every kind's, `kinds::registry::
+/// Replaces nodes (or patterns of nodes) of `forward` by custom-op calls and saves the module
+/// to `out` whole (`atomic`); returns the new graph's text. `schemas` are the ops' schemas (every kind's, `kinds::registry::
 /// op_schemas`), defined first where missing.
 pub fn rewrite_and_save(
     path: &Path,
@@ -433,8 +436,14 @@ pub fn rewrite_and_save(
         .collect();
     let schemas: Vec<String> = schemas.iter().map(|s| s.to_string()).collect();
     let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
-    ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas)
-        .map_err(|e| TorchError::Bridge(first_line(e.what())))
+    atomic::write_with(
+        out,
+        |tmp| {
+            ffi::rewrite_and_save(&p, &tmp.display().to_string(), &edits, &schemas)
+                .map_err(|e| TorchError::Bridge(first_line(e.what())))
+        },
+        write_err(out),
+    )
 }
 
 /// The inlined `forward` graph of an archive as TorchScript prints it.
@@ -444,10 +453,21 @@ pub fn graph_text(path: &Path) -> Result<String, TorchError> {
 }
 
 /// Saves the module at `path` with its floating parameters and buffers in fp64 (the rest as it is)
-/// to `out`: the reference a bench verifies against.
+/// to `out` (whole): the reference a bench verifies against.
 pub fn save_fp64_copy(path: &Path, out: &Path) -> Result<(), TorchError> {
     let p = check_archive(path)?;
-    ffi::save_fp64_copy(&p, &out.display().to_string()).map_err(|e| bridge_err(&p, e))
+    atomic::write_with(
+        out,
+        |tmp| ffi::save_fp64_copy(&p, &tmp.display().to_string()).map_err(|e| bridge_err(&p, e)),
+        write_err(out),
+    )
+}
+
+fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> TorchError + '_ {
+    move |e| TorchError::Write {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
 }
 
 /// Sets torch.set_float32_matmul_precision for this process ("highest", "high", "medium").
