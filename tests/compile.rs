@@ -419,7 +419,7 @@ fn a_fused_pattern_without_a_kernel_falls_back_to_its_gemm() {
     );
 }
 
-fn table_with(spec: &KernelSpec) -> Table {
+pub(crate) fn table_with(spec: &KernelSpec) -> Table {
     let mut t = Table::new();
     t.insert_merged(sample_entry(
         &linear_problem(),

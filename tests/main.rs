@@ -18,6 +18,7 @@ mod layers;
 mod layouts;
 mod memo;
 mod native_mha;
+mod outputs;
 mod padding;
 mod plan;
 mod rmsnorm;
