@@ -23,6 +23,7 @@ fn main() {
     cxx_build::bridge("src/torch/mod.rs")
         .file("src/torch/bridge.cc")
         .file("src/torch/memo.cc")
+        .file("src/torch/export.cc")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
@@ -35,6 +36,8 @@ fn main() {
         "src/torch/bridge.cc",
         "src/torch/bridge.h",
         "src/torch/memo.cc",
+        "src/torch/export.cc",
+        "src/torch/export.h",
         "src/torch/ir.h",
         "src/torch/mask_class.h",
     ] {

@@ -16,6 +16,7 @@ if [ -n "${SEED_DIR:-}" ]; then
   mkdir -p "$OUT/coverage"
   [ -f "$SEED_DIR/coverage/suite.json" ] && [ ! -f "$OUT/coverage/suite.json" ] && cp "$SEED_DIR/coverage/suite.json" "$OUT/coverage/"
   [ -f "$SEED_DIR/user_table.json" ] && [ ! -f "$FACT_TABLE" ] && cp "$SEED_DIR/user_table.json" "$FACT_TABLE"
+  [ -f "$SEED_DIR/user_table.json.gz" ] && [ ! -f "$FACT_TABLE" ] && gzip -dc "$SEED_DIR/user_table.json.gz" > "$FACT_TABLE"
 fi
 budget=${1:-540}
 shift || true

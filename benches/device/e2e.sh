@@ -20,7 +20,8 @@ out=$OUT/e2e
 mkdir -p "$out"
 log=$out/e2e_log.txt
 export FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json FACT_TABLE=$out/user_table.json FACT_CACHE_DIR=/tmp/fact-cache
-[ -n "${SEED_TABLE:-}" ] && [ ! -f "$FACT_TABLE" ] && cp "$SEED_TABLE" "$FACT_TABLE"
+# SEED_TABLE: a user table to start from (gzipped or not, as benches/results keeps them).
+[ -n "${SEED_TABLE:-}" ] && [ ! -f "$FACT_TABLE" ] && gzip -dcf "$SEED_TABLE" > "$FACT_TABLE"
 {
   echo "== e2e $step $* ($(date -u))"
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader

@@ -6,8 +6,9 @@
 # Arguments go to the suite: [--policies tf32,f32,bf16] [--only NAME,...] [--budget-s SECONDS].
 set -uo pipefail
 export FACT_CACHE_DIR=/tmp/fact-cache FACT_TABLE=$OUT/user_table.json FACT_SHIPPED_TABLE=$PWD/pattern-table/table.json
-# SEED_TABLE: a user table from an earlier run to start from (its tunings are reused).
-if [ -n "${SEED_TABLE:-}" ] && [ ! -f "$FACT_TABLE" ]; then cp "$SEED_TABLE" "$FACT_TABLE"; fi
+# SEED_TABLE: a user table from an earlier run to start from (its tunings are reused; gzipped or
+# not, as benches/results keeps them).
+if [ -n "${SEED_TABLE:-}" ] && [ ! -f "$FACT_TABLE" ]; then gzip -dcf "$SEED_TABLE" > "$FACT_TABLE"; fi
 log=$OUT/epilogue_log.txt
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader

@@ -6,9 +6,10 @@ inputs. Owns the model definitions alone; benches/zoo/run.py measures them on th
     python benches/zoo/models.py --list
     python benches/zoo/models.py --ci OUT_DIR [--models a,b]
 
-`--ci` traces every model at batch 1 on the CPU (a user traces on the GPU: see run.py; a CPU trace
-bakes `device="cpu"` constants, which discover does not mind) and writes OUT_DIR/NAME.pt plus
-OUT_DIR/manifest.json (name, family, file, layers, inputs). The CI models are the same configs and
+`--ci` traces and exports (torch.export.export, strict=False) every model at batch 1 on the CPU (a
+user traces or exports on the GPU: see run.py; a CPU trace or export bakes `device="cpu"`
+constants, which discover does not mind) and writes OUT_DIR/NAME.pt, OUT_DIR/NAME.pt2 plus
+OUT_DIR/manifest.json (name, family, file, layers, inputs, pt2 or pt2_error). The CI models are the same configs and
 code paths as the GPU ones with two cuts, so the fixtures stay small and quick to make on two cores:
 depth (CI_LAYERS layers or blocks per stage) and, where an embedding would dominate the file, the
 vocabulary (CI_VOCAB, a multiple of 64 like the real ones). GPT-2 keeps its odd 50257: its lm_head
@@ -544,8 +545,30 @@ def describe_inputs(inputs):
     return [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")} for x in inputs]
 
 
+def dynamic_shapes(model, inputs):
+    """Batch and sequence dims (batch alone for images) left to export: Dim.AUTO keeps a dim
+    dynamic where the model allows and specializes it where it does not (a batch of 1 always)."""
+    from torch.export import Dim
+
+    dims = {0: Dim.AUTO} if model.seq is None else {0: Dim.AUTO, 1: Dim.AUTO}
+    return tuple(dims for _ in inputs)
+
+
+def export(model, module, inputs, path):
+    """torch.export.export of the wrapper as a user calls it (strict=False), saved to `path`:
+    None, or torch's error (its first line) where the model does not export."""
+    try:
+        with torch.no_grad():
+            program = torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes(model, inputs), strict=False)
+        torch.export.save(program, path)
+        return None
+    except Exception as e:  # noqa: BLE001 - the zoo records torch's reason and goes on
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+
+
 def trace_ci(out_dir, models):
-    """Traces each model at batch 1 on the CPU into out_dir, and writes manifest.json."""
+    """Traces and exports each model at batch 1 on the CPU into out_dir (NAME.pt, NAME.pt2), and
+    writes manifest.json (a model that does not export has `pt2_error`, torch's reason)."""
     os.makedirs(out_dir, exist_ok=True)
     manifest = []
     for m in models:
@@ -555,10 +578,14 @@ def trace_ci(out_dir, models):
             traced = torch.jit.trace(module, inputs, strict=False, check_trace=False)
         path = os.path.join(out_dir, f"{m.name}.pt")
         traced.save(path)
-        manifest.append(
-            {"name": m.name, "family": m.family, "file": f"{m.name}.pt", "layers": m.ci_layers, "inputs": describe_inputs(inputs)}
-        )
-        print(f"traced {m.name} -> {path}", flush=True)
+        entry = {"name": m.name, "family": m.family, "file": f"{m.name}.pt", "layers": m.ci_layers, "inputs": describe_inputs(inputs)}
+        error = export(m, module, inputs, os.path.join(out_dir, f"{m.name}.pt2"))
+        if error is None:
+            entry["pt2"] = f"{m.name}.pt2"
+        else:
+            entry["pt2_error"] = error
+        manifest.append(entry)
+        print(f"traced {m.name} -> {path}; " + (f"exported -> {m.name}.pt2" if error is None else f"export failed: {error}"), flush=True)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
 
@@ -566,7 +593,7 @@ def trace_ci(out_dir, models):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--list", action="store_true", help="print the zoo")
-    ap.add_argument("--ci", metavar="OUT_DIR", help="trace every model at batch 1 on the CPU into OUT_DIR")
+    ap.add_argument("--ci", metavar="OUT_DIR", help="trace and export every model at batch 1 on the CPU into OUT_DIR")
     ap.add_argument("--models", help="comma-separated model names (default: all)")
     args = ap.parse_args()
     if args.list:

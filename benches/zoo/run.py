@@ -48,6 +48,7 @@ then every job's measure stage, so no timed run shares the host's cores with ano
 import argparse
 import copy
 import datetime
+import gzip
 import json
 import os
 import shlex
@@ -555,7 +556,7 @@ def main():
     ap.add_argument("--fact-args", default="", help="extra arguments for fact compose, e.g. '--jobs 16'")
     ap.add_argument("--budget-s", type=float, help="seconds for the whole call: no pair starts after, a running stage stops")
     ap.add_argument("--table", type=Path, help="FACT_TABLE, the user pattern table (default OUT/user_table.json)")
-    ap.add_argument("--seed-table", type=Path, help="a user table to start from when the table does not exist yet")
+    ap.add_argument("--seed-table", type=Path, help="a user table (or .json.gz) to start from when the table does not exist yet")
     ap.add_argument("--cache-dir", type=Path, help="FACT_CACHE_DIR, the kernel build cache (default /tmp/fact-cache)")
     ap.add_argument("--trace-timeout", type=float, default=300, help="seconds per trace")
     ap.add_argument("--compose-timeout", type=float, default=1800, help="seconds per fact compose")
@@ -592,7 +593,11 @@ def main():
         (args.out / sub).mkdir(parents=True, exist_ok=True)
     table = (args.table or args.out / "user_table.json").resolve()
     if args.seed_table and not table.exists():
-        shutil.copy(args.seed_table, table)
+        if args.seed_table.suffix == ".gz":  # as benches/results keeps a user table
+            with gzip.open(args.seed_table, "rb") as src, open(table, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            shutil.copy(args.seed_table, table)
     os.environ["FACT_TABLE"] = str(table)
     os.environ["FACT_CACHE_DIR"] = str(args.cache_dir or os.environ.get("FACT_CACHE_DIR", "/tmp/fact-cache"))
     os.environ.setdefault("FACT_SHIPPED_TABLE", str(REPO / "pattern-table" / "table.json"))

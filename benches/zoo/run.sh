@@ -5,14 +5,18 @@
 # bringing back into $OUT/zoo: records/, zoo.json, zoo.svg, logs/, compose/NAME_POLICY.json, the
 # user table and zoo_log.txt (the traced models and composed folders stay behind: hundreds of MB).
 # Arguments go to run.py: [--models a,b] [--policies tf32,bf16] [--modes ...] [--budget-s S] [--resume] ...
-# ZOO_SEED: a folder from an earlier call (records/ and user_table.json, e.g. benches/results/zoo)
-# to continue from on a fresh machine; what $ZOO_WORK already holds wins.
+# ZOO_SEED: a folder from an earlier call (records/ and user_table.json, or user_table.json.gz as
+# benches/results/zoo keeps it, e.g. benches/results/zoo/2026-11-27-h100x4-1180d1b) to continue
+# from on a fresh machine; what $ZOO_WORK already holds wins.
 set -uo pipefail
 work=${ZOO_WORK:-/tmp/zoo}
 mkdir -p "$work/records"
 if [ -n "${ZOO_SEED:-}" ]; then
   cp -n "$ZOO_SEED"/records/*.json "$work/records/" 2>/dev/null
-  if [ -f "$ZOO_SEED/user_table.json" ] && [ ! -f "$work/user_table.json" ]; then cp "$ZOO_SEED/user_table.json" "$work/"; fi
+  if [ ! -f "$work/user_table.json" ]; then
+    if [ -f "$ZOO_SEED/user_table.json" ]; then cp "$ZOO_SEED/user_table.json" "$work/"
+    elif [ -f "$ZOO_SEED/user_table.json.gz" ]; then gzip -dc "$ZOO_SEED/user_table.json.gz" > "$work/user_table.json"; fi
+  fi
 fi
 log=$work/zoo_log.txt
 {

@@ -3,14 +3,15 @@
     python3 benches/zoo/standing.py [--results benches/results/zoo] [--gpu H100] [--fact target/release/fact]
 
 Reads every record under RESULTS (records/*.json at any depth, as benches/zoo/run.py writes them
-and each session commits them), keeps those measured on a GPU whose name holds --gpu, with fact
-and torch.compile timed in the same process, and takes per model and policy the latest by its
-`date`. Writes RESULTS/standing/zoo.json (the records, with where each came from), standing.md (a
-table and the geomeans the issues ask for: fact over torch.compile per policy over the
-transformers and over the CNNs, the lowest, and over max-autotune from the latest record that
-timed it, where one did) and, given a fact binary,
-standing.svg (`fact plot-e2e --over torch.compile`). Nothing is measured here: every figure is a
-committed record's, each ratio from one process.
+and benches/results/zoo/YYYY-MM-DD-<gpu>-<commit>/ keeps them), keeps those measured on a GPU
+whose name holds --gpu, with fact and torch.compile timed in the same process, and takes per model
+and policy the latest by its `date`. Writes RESULTS/standing/zoo.json (the records, with where
+each came from, less their profiles and substitution lists, which stay in each record),
+standing.md (a table and the geomeans the issues ask for: fact over torch.compile per policy over
+the transformers and over the CNNs, the lowest, and over max-autotune from the latest record that
+timed it, where one did) and, given a fact binary, standing.svg (`fact plot-e2e --over
+torch.compile`). Nothing is measured here: every figure is a committed record's, each ratio from
+one process.
 """
 import argparse
 import json
@@ -21,6 +22,8 @@ from pathlib import Path
 # The zoo's convolutional networks (benches/zoo/models.py); every other family is a transformer.
 CNN_FAMILIES = {"resnet", "mobilenet", "convnext"}
 POLICIES = ["tf32", "bf16", "f32"]
+# What standing/zoo.json leaves out of each record (the bulk of it; the record itself keeps them).
+LEFT_IN_RECORD = ("profile", "substituted")
 
 
 def geomean(xs):
@@ -116,13 +119,15 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     gpus = sorted({r["gpu"] for r in records})
     meta = {"device": ", ".join(gpus), "date": max(r.get("date", "") for r in records)[:10], "torch": records[0].get("torch")}
-    (out / "zoo.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+    lean = [{k: v for k, v in r.items() if k not in LEFT_IN_RECORD} for r in records]
+    (out / "zoo.json").write_text(json.dumps({"meta": meta, "records": lean}, indent=1) + "\n")
     text = [
         "# Where the zoo stands",
         "",
         f"Written by `python3 benches/zoo/standing.py --gpu {args.gpu}` from the committed records: per model and",
         "policy the latest record with fact and torch.compile timed in one process (each ratio is that",
-        "process's; records of different rows may come from different machines and sessions).",
+        "process's; records of different rows may come from different machines, dates and commits of fact:",
+        "each row names its record, whose folder is `YYYY-MM-DD-<gpu>-<commit>`).",
         "",
         *table(records, auto),
         "",

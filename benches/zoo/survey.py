@@ -78,9 +78,9 @@ FAMILIES = {
     "regnet_y_400mf": (lambda: vision("regnet_y_400mf"), "image"),
     "resnext50_32x4d": (lambda: vision("resnext50_32x4d"), "image"),
     "densenet121": (lambda: vision("densenet121"), "image"),
-    # Added in the twelfth session: more decoders (multi-query, parallel blocks, ALiBi, experts),
-    # encoders with their own position schemes, Hugging Face vision backbones and torchvision's
-    # other families.
+    # The second group (first surveyed in benches/results/survey/2026-11-27-cpu-494f83f): more
+    # decoders (multi-query, parallel blocks, ALiBi, experts), encoders with their own position
+    # schemes, Hugging Face vision backbones and torchvision's other families.
     "starcoder2": (lambda: causal("Starcoder2Config", "Starcoder2ForCausalLM", hidden_size=1024, num_attention_heads=16, num_key_value_heads=4, intermediate_size=4096, num_hidden_layers=L, vocab_size=V), "causal"),
     "gpt_bigcode": (lambda: causal("GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_embd=1024, n_head=16, n_layer=L, vocab_size=V, multi_query=True), "causal"),
     "phi": (lambda: causal("PhiConfig", "PhiForCausalLM", hidden_size=1024, num_attention_heads=16, intermediate_size=4096, num_hidden_layers=L, vocab_size=V, partial_rotary_factor=0.5), "causal"),

@@ -72,8 +72,15 @@ pub(super) fn run_bench(
     let inputs: Vec<String> = report.inputs.iter().map(InputShape::display).collect();
     let opts = BenchOptions {
         workload: format!("{name} ({})", inputs.join(", ")),
-        original: report.model.clone(),
-        composed: report.composed.clone().expect("checked by callers"),
+        // A .pt2 output is timed through its TorchScript copies: the same edits, the same ops.
+        original: report
+            .torchscript
+            .as_ref()
+            .map_or_else(|| report.model.clone(), |t| t.0.clone()),
+        composed: report.torchscript.as_ref().map_or_else(
+            || report.composed.clone().expect("checked by callers"),
+            |t| t.1.clone(),
+        ),
         library: report
             .library
             .clone()

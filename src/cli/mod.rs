@@ -73,7 +73,8 @@ enum Command {
     /// Discover, realize (table hit or compile + tune) and substitute the patterns (GEMMs, fused
     /// epilogues, attention), then benchmark.
     Compose {
-        /// A TorchScript archive (torch.jit.trace(...).save(path)).
+        /// A torch.export program (torch.export.save(torch.export.export(model, inputs), path),
+        /// a .pt2 archive) or a TorchScript archive (torch.jit.trace(model, inputs).save(path)).
         model: PathBuf,
         /// Shape and dtype of a forward input, e.g. 4096x4096:f32; once per input, in order.
         /// Defaults to the example inputs a traced archive stores.
@@ -132,6 +133,10 @@ enum Command {
         /// concatenated weights. Off by default: not yet measured on a GPU.
         #[arg(long)]
         fuse_siblings: bool,
+        /// The composed output's format: pt2 (composed.pt2, a torch.export program; from a .pt2
+        /// input only) or torchscript (composed.pt). Default: the input's.
+        #[arg(long)]
+        format: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -300,6 +305,8 @@ fn options(
         agent_timeout: std::time::Duration::from_secs_f64(agent.agent_timeout),
         gpus: GpuChoice::All,
         matching: MatchOptions::default(),
+        format: None,
+        torchscript_copies: false,
     })
 }
 
@@ -327,9 +334,15 @@ pub fn main() -> Result<()> {
             save_report,
             without,
             fuse_siblings,
+            format,
             json,
         } => {
             let without = benchmark::parse_kinds(without.as_deref())?;
+            let format: Option<compose::Format> = format
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
             let (arch, _) = target(arch.as_deref())?;
             let inputs = inputs
@@ -353,6 +366,8 @@ pub fn main() -> Result<()> {
                 keep_slower,
                 gpus: gpus.parse().map_err(anyhow::Error::msg)?,
                 matching: MatchOptions { fuse_siblings },
+                format,
+                torchscript_copies: !no_bench,
                 ..options(out_dir.clone(), precision, arch, &agent)?
             };
             let report = compose::compose(&model, &inputs, &opts)
@@ -577,7 +592,9 @@ pub fn main() -> Result<()> {
                 precision,
                 assumed_speedup: 1.05,
             };
-            let plan = crate::plan::plan(&graph, &matches, &plan_opts, Some(&tables), &mut steward);
+            let mut plan =
+                crate::plan::plan(&graph, &matches, &plan_opts, Some(&tables), &mut steward);
+            plan.source = torch::FrontEnd::of(&model)?;
             if json {
                 println!(
                     "{}",

@@ -17,6 +17,17 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
         plan.precision,
         plan.agent
     );
+    if plan.source.is_pt2() {
+        println!(
+            "read as a torch.export program (.pt2, its graph as saved: not decomposed further)"
+        );
+    }
+    if !plan.source.dynamic.is_empty() {
+        println!(
+            "dynamic: {}; each pattern is tuned at the sample's sizes, and its kernel runs every size in the range it implements, falling back to torch's ops for the others (counted per call: fact_op_stats)",
+            plan.source.dynamic.join("; ")
+        );
+    }
     println!(
         "cost model: {:.3} ms estimated (tf32 {} TFLOP/s, bf16 {} TFLOP/s, DRAM {} TB/s, {} us a launch)",
         plan.total_est_ms, plan.ceilings.tf32_tflops, plan.ceilings.bf16_tflops, plan.ceilings.dram_tbps, plan.ceilings.launch_us
@@ -215,8 +226,16 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
             c.display(),
             l.display()
         );
+        let load = match r.format {
+            compose::Format::Pt2 => "torch.export.load",
+            compose::Format::Torchscript => "torch.jit.load",
+        };
+        let module = match r.format {
+            compose::Format::Pt2 => ".module()",
+            compose::Format::Torchscript => "",
+        };
         println!(
-            "load in python:  torch.ops.load_library(\"{}\"); m = torch.jit.load(\"{}\")",
+            "load in python:  torch.ops.load_library(\"{}\"); m = {load}(\"{}\"){module}",
             l.display(),
             c.display()
         );

@@ -36,6 +36,8 @@ use schedule::{realize_all, Chain};
 
 pub const LIBRARY: &str = "libfact_ops.so";
 pub const COMPOSED: &str = "composed.pt";
+/// The composed program of a `.pt2` input.
+pub const COMPOSED_PT2: &str = "composed.pt2";
 pub const REPORT: &str = "compose.json";
 
 #[derive(Debug, Error)]
@@ -150,6 +152,33 @@ pub struct Options {
     pub gpus: GpuChoice,
     /// The kinds matched beyond the default ones (`--fuse-siblings`).
     pub matching: registry::MatchOptions,
+    /// The composed output's format; None: the input's.
+    pub format: Option<Format>,
+    /// With a `.pt2` output, also write the program and the composition as TorchScript
+    /// (`torchscript/`), which fact's own benchmark times.
+    pub torchscript_copies: bool,
+}
+
+/// The format of a composed output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// A TorchScript module (`composed.pt`).
+    #[default]
+    Torchscript,
+    /// A torch.export program (`composed.pt2`), from a `.pt2` input.
+    Pt2,
+}
+
+impl std::str::FromStr for Format {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Format, String> {
+        match s {
+            "torchscript" | "pt" => Ok(Format::Torchscript),
+            "pt2" => Ok(Format::Pt2),
+            _ => Err(format!("--format {s}: give torchscript or pt2")),
+        }
+    }
 }
 
 /// The GPUs this command tunes on, as `opts.gpus` picks them among those visible, with a note for
@@ -289,6 +318,13 @@ pub struct ComposeReport {
     pub patterns: Vec<PatternReport>,
     pub library: Option<PathBuf>,
     pub composed: Option<PathBuf>,
+    /// The composed output's format.
+    #[serde(default)]
+    pub format: Format,
+    /// The program and its composition as TorchScript, which fact's benchmark times, where the
+    /// output is a `.pt2` program (`Options::torchscript_copies`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torchscript: Option<(PathBuf, PathBuf)>,
     /// Whether a GPU that runs the arch's kernels tuned them (and the bench may run).
     pub gpu: bool,
     /// The CUDA device present, whether or not it runs the arch's kernels.
@@ -350,6 +386,18 @@ pub fn compose(
     let start = std::time::Instant::now();
     std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
     let (graph, inputs) = torch::load_graph(model, inputs)?;
+    let source = torch::FrontEnd::of(model)?;
+    let format = match opts.format {
+        Some(f) => f,
+        None if source.is_pt2() => Format::Pt2,
+        None => Format::Torchscript,
+    };
+    if format == Format::Pt2 && !source.is_pt2() {
+        return Err(ComposeError::Torch(torch::TorchError::Export(format!(
+            "{}: --format pt2 needs a .pt2 input: fact writes a torch.export program from one it read (a TorchScript module has no export graph to keep); export the model with torch.export.export, save it with torch.export.save and compose that file",
+            model.display()
+        ))));
+    }
     let mut found = registry::match_patterns_with(&graph, &opts.matching);
     let tc = Toolchain::discover()?;
     let cache_mark = tc.sccache_mark();
@@ -362,7 +410,8 @@ pub fn compose(
         precision: opts.precision,
         assumed_speedup: 1.05,
     };
-    let the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
+    let mut the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
+    the_plan.source = source;
     let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
     let pattern = |found: &crate::kinds::Patterns, id: &str| -> Problem {
         found.get(id).expect("plan ids name patterns").problem()
@@ -482,6 +531,7 @@ pub fn compose(
 
     let mut library = None;
     let mut composed = None;
+    let mut torchscript = None;
     if !winners.is_empty() {
         let specs: Vec<Spec> = winners.values().cloned().collect();
         let built = nvcc::build_library(&tc, &specs, LIBRARY, &opts.build(&opts.out_dir))?;
@@ -527,8 +577,27 @@ pub fn compose(
                 .collect();
             edits.extend(kind.edits(&graph, &mine));
         }
-        let out = opts.out_dir.join(COMPOSED);
-        torch::rewrite_and_save(model, &out, &edits, &registry::op_schemas())?;
+        let schemas = registry::op_schemas();
+        let out = match format {
+            Format::Torchscript => {
+                let out = opts.out_dir.join(COMPOSED);
+                torch::rewrite_and_save(model, &out, &edits, &schemas)?;
+                out
+            }
+            Format::Pt2 => {
+                let out = opts.out_dir.join(COMPOSED_PT2);
+                torch::rewrite_and_write_pt2(model, &out, &edits, &schemas)?;
+                if opts.torchscript_copies {
+                    let dir = opts.out_dir.join("torchscript");
+                    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+                    let (original, composed) = (dir.join("original.pt"), dir.join(COMPOSED));
+                    torch::save_torchscript(model, &original)?;
+                    torch::rewrite_and_save(model, &composed, &edits, &schemas)?;
+                    torchscript = Some((original, composed));
+                }
+                out
+            }
+        };
         library = Some(built.library);
         composed = Some(out);
     }
@@ -540,6 +609,8 @@ pub fn compose(
         patterns,
         library,
         composed,
+        format,
+        torchscript,
         gpu,
         device: device.clone(),
         gpus: pool.gpus().iter().map(|g| g.info.clone()).collect(),
@@ -595,6 +666,8 @@ pub(crate) fn test_options() -> Options {
         agent_timeout: std::time::Duration::from_secs(30),
         gpus: GpuChoice::All,
         matching: registry::MatchOptions::default(),
+        format: None,
+        torchscript_copies: false,
     }
 }
 

@@ -228,6 +228,7 @@ pub fn plan(
         unmatched_share,
         memo_share: if total > 0.0 { memo_ms / total } else { 0.0 },
         memo_ops,
+        source: Default::default(),
         unmatched_gemms,
         shapes: g.note.trim_end_matches("; ").to_string(),
         agent: steward.name(),

@@ -403,6 +403,10 @@ pub struct Plan {
     pub memo_share: f64,
     #[serde(default)]
     pub memo_ops: usize,
+    /// The front end that read the model: `torchscript`, or `pt2` (a torch.export program as
+    /// saved, not decomposed further), and the dynamic dims of a `.pt2` program's inputs.
+    #[serde(default)]
+    pub source: crate::torch::FrontEnd,
     /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
     pub unmatched_gemms: Vec<UnmatchedGemm>,
     /// What shape propagation fell back on or where it stopped (the graph's note): patterns

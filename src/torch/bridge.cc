@@ -2,6 +2,7 @@
 // Values and nodes are numbered in one deterministic walk of the inlined graph, so a later call
 // that loads the same archive again can find the node a Rust rule matched by its index.
 #include "fact/src/torch/bridge.h"
+#include "fact/src/torch/export.h"
 #include "fact/src/torch/mod.rs.h"
 #include "fact/src/torch/mask_class.h"
 #include "fact/src/torch/ir.h"
@@ -22,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -645,6 +647,7 @@ std::unordered_map<const Value*, MaskFactOut> classify_masks(torch::jit::Module&
 // (torch 2.11) writes their sizes and dtypes but zero-byte data records: such a tensor comes back
 // with no data (`has_values` tells).
 std::vector<at::Tensor> traced_tensors(const std::string& path) {
+  if (is_export(path)) return export_samples(path);
   caffe2::serialize::PyTorchStreamReader reader(path);
   std::vector<at::Tensor> out;
   if (!reader.hasRecord("traced_inputs.pkl")) return out;
@@ -697,7 +700,7 @@ rust::Vec<InputSpec> traced_inputs(rust::Str path) {
 
 GraphDump load_graph(rust::Str path, const rust::Vec<InputSpec>& inputs) {
   return guarded("cannot load the TorchScript graph", [&] {
-    auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    auto m = load_module(to_std(path));
     m.eval();
     auto g = inlined_forward(m);
     Numbering num(*g);
@@ -1211,178 +1214,196 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::round(std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count() * 10) / 10;
 }
 
+// A call an edit made and the names of the values it took over, in its outputs' order.
+struct Replaced {
+  Node* call;
+  std::vector<std::string> names;
+};
+
+// Makes `edits` in the normalised forward graph `g` of module `m` (which gains the buffers the
+// operands prepare): each pattern replaced by one call of its op. Ids refer to the graph as
+// load_graph numbered it. Returns the calls made, in the edits' order.
+std::vector<Replaced> apply_edits(torch::jit::Module& m, const std::shared_ptr<Graph>& g, const rust::Vec<Edit>& edits) {
+  std::vector<Replaced> replaced_calls;
+  // One numbering for all edits: ids refer to the graph as load_graph saw it. Destroyed nodes
+  // are remembered by id (their memory may be reused by new nodes), so that no later edit
+  // touches their dangling pointers.
+  Numbering num(*g);
+  std::vector<bool> destroyed(num.nodes.size(), false);
+  auto value_at = [&](uint32_t id) {
+    if (id >= num.values.size()) throw std::runtime_error("edit names value " + std::to_string(id) + " beyond the graph");
+    if (num.owner[id] >= 0 && destroyed[num.owner[id]]) {
+      throw std::runtime_error("value " + std::to_string(id) + " belongs to a node an earlier edit removed");
+    }
+    return num.values[id];
+  };
+  for (const Edit& e : edits) {
+    Node* old = expect_node(num, destroyed, e.node, std::string(e.expect_kind));
+    if (e.remove.size() != e.remove_kinds.size()) {
+      throw std::runtime_error("edit of node " + std::to_string(e.node) + " names " + std::to_string(e.remove.size()) +
+                               " nodes to remove but " + std::to_string(e.remove_kinds.size()) + " kinds");
+    }
+    // The pattern's other nodes, latest first: a node's users inside the pattern come after it,
+    // so destroying in reverse program order leaves each one without uses when its turn comes.
+    std::vector<std::pair<uint32_t, Node*>> remove;
+    for (size_t i = 0; i < e.remove.size(); ++i) {
+      if (e.remove[i] == e.node) throw std::runtime_error("edit of node " + std::to_string(e.node) + " also removes it");
+      remove.emplace_back(e.remove[i], expect_node(num, destroyed, e.remove[i], std::string(e.remove_kinds[i])));
+    }
+    std::sort(remove.begin(), remove.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    if (std::adjacent_find(remove.begin(), remove.end(), [](const auto& x, const auto& y) {
+          return x.first == y.first;
+        }) != remove.end()) {
+      throw std::runtime_error("edit of node " + std::to_string(e.node) + " removes a node twice");
+    }
+    // The nodes whose outputs the call takes over: `old`'s first, then the further ones; the
+    // call goes before the latest of them.
+    if (e.outputs.size() != e.output_kinds.size()) {
+      throw std::runtime_error("edit of node " + std::to_string(e.node) + " names " + std::to_string(e.outputs.size()) +
+                               " further outputs but " + std::to_string(e.output_kinds.size()) + " kinds");
+    }
+    std::vector<std::pair<uint32_t, Node*>> outs = {{e.node, old}};
+    for (size_t i = 0; i < e.outputs.size(); ++i) {
+      const uint32_t id = e.outputs[i];
+      const bool taken = std::any_of(outs.begin(), outs.end(), [&](const auto& o) { return o.first == id; }) ||
+                         std::any_of(remove.begin(), remove.end(), [&](const auto& r) { return r.first == id; });
+      if (taken) throw std::runtime_error("edit of node " + std::to_string(e.node) + " names node " + std::to_string(id) + " twice");
+      outs.emplace_back(id, expect_node(num, destroyed, id, std::string(e.output_kinds[i])));
+    }
+    Node* at = old;
+    for (const auto& [id, n] : outs) {
+      if (n->outputs().size() != 1) throw std::runtime_error(node_label(id, n) + " has " + std::to_string(n->outputs().size()) + " outputs: a call takes over one per node");
+      if (e.first ? n->isBefore(at) : n->isAfter(at)) at = n;
+    }
+    if (e.first) {
+      // Every operand the graph already holds must exist where the call goes.
+      for (const Operand& o : e.operands) {
+        if (o.kind != OperandKind::Value) continue;
+        Node* p = value_at(o.value)->node();
+        if (p->owningGraph() == g.get() && p->kind() != c10::prim::Param && !p->isBefore(at)) {
+          throw std::runtime_error("edit of node " + std::to_string(e.node) + " reads value " + std::to_string(o.value) +
+                                   ", defined after the first node it replaces");
+        }
+      }
+    }
+    auto replaced = [&](const Node* n) {
+      return std::any_of(outs.begin(), outs.end(), [&](const auto& o) { return o.second == n; }) ||
+             std::any_of(remove.begin(), remove.end(), [&](const auto& r) { return r.second == n; });
+    };
+    for (const auto& [id, n] : outs) {
+      if (outs.size() == 1) break;
+      for (const torch::jit::Use& u : n->output()->uses()) {
+        if (!replaced(u.user) && !u.user->isAfter(at)) {
+          throw std::runtime_error(node_label(id, n) + " is read (by " + u.user->kind().toQualString() +
+                                   ") before the call can be made, where its last output is");
+        }
+      }
+    }
+
+    // The call and what it needs (constants, lists) go right before the pattern's last node;
+    // the insert point is restored before that node is destroyed.
+    std::vector<Value*> args;
+    Node* call = nullptr;
+    {
+      torch::jit::WithInsertPoint guard(at);
+      for (const Operand& o : e.operands) {
+        switch (o.kind) {
+          case OperandKind::Value: args.push_back(value_at(o.value)); break;
+          case OperandKind::Str: args.push_back(g->insertConstant(std::string(o.text))); break;
+          case OperandKind::Int: args.push_back(g->insertConstant(o.int_value)); break;
+          case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
+          case OperandKind::Padded: args.push_back(padded_attribute(m, *g, value_at(o.value), o.int_value)); break;
+          case OperandKind::Interleaved: {
+            if (o.values.size() != 1 && o.values.size() != 2) {
+              throw std::runtime_error("an interleaved operand names one attribute (its halves) or two");
+            }
+            args.push_back(interleaved_attributes(m, *g, value_at(o.values[0]),
+                                                  o.values.size() == 2 ? value_at(o.values[1]) : nullptr, o.int_value));
+            break;
+          }
+          case OperandKind::Folded:
+            args.push_back(folded_attributes(m, *g, o.values, std::string(o.text), o.int_value, value_at));
+            break;
+          case OperandKind::Concatenated: {
+            std::vector<Value*> attrs;
+            for (uint32_t v : o.values) attrs.push_back(value_at(v));
+            args.push_back(concatenated_attributes(m, *g, attrs));
+            break;
+          }
+          case OperandKind::Values: {
+            std::vector<Value*> elems;
+            for (uint32_t v : o.values) elems.push_back(value_at(v));
+            args.push_back(g->insertNode(g->createList(c10::TensorType::get(), elems))->output());
+            break;
+          }
+          default: throw std::runtime_error("internal: unknown operand kind");
+        }
+      }
+      call = g->create(c10::Symbol::fromQualString(std::string(e.op)), args, outs.size());
+      call->insertBefore(at);
+    }
+    call->copyMetadata(old);
+    Replaced r{call, {}};
+    for (const auto& o : outs) r.names.push_back(o.second->output()->debugName());
+    replaced_calls.push_back(std::move(r));
+    for (size_t i = 0; i < outs.size(); ++i) {
+      Value* was = outs[i].second->output();
+      call->outputs()[i]->setType(was->type());
+      was->replaceAllUsesWith(call->outputs()[i]);
+      // The pattern's outputs keep their ids: a later edit may read them (one pattern's result
+      // is the next one's residual), and now gets the call's outputs.
+      const uint32_t out_id = num.id.at(was);
+      num.values[out_id] = call->outputs()[i];
+      num.owner[out_id] = -1;
+    }
+
+    // Dead-code elimination would run alias analysis, which needs fact's ops registered in this
+    // process; only the constants the destroyed nodes alone used can have died, so remove those.
+    std::vector<Value*> former;
+    auto destroy = [&](uint32_t id, Node* n) {
+      for (Value* out : n->outputs()) {
+        if (!out->uses().empty()) {
+          throw std::runtime_error(node_label(id, n) + " is still used after the rewrite (by " +
+                                   out->uses()[0].user->kind().toQualString() +
+                                   "): its output must not leave the replaced pattern");
+        }
+      }
+      // Inputs produced inside the pattern are destroyed with it; keep only the others.
+      for (Value* v : n->inputs()) {
+        if (!replaced(v->node())) former.push_back(v);
+      }
+      destroyed[id] = true;
+      n->destroy();
+    };
+    for (const auto& [id, n] : outs) destroy(id, n);
+    for (const auto& [id, n] : remove) destroy(id, n);
+    // A constant may feed several destroyed nodes (or one twice): destroy each once.
+    std::unordered_set<Node*> dead;
+    for (Value* v : former) {
+      if (v->node()->kind() == c10::prim::Constant && v->uses().empty()) dead.insert(v->node());
+    }
+    for (Node* n : dead) {
+      auto it = num.node_id.find(n);
+      if (it != num.node_id.end()) destroyed[it->second] = true;
+      n->destroy();
+    }
+  }
+  return replaced_calls;
+}
+
 rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Vec<Edit>& edits,
                               const rust::Vec<rust::String>& schemas) {
   return guarded("cannot rewrite the TorchScript graph", [&] {
     const auto start = std::chrono::steady_clock::now();
     ensure_schemas(schemas);
-    auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    auto m = load_module(to_std(path));
     const double load_s = seconds_since(start);
     const auto edits_start = std::chrono::steady_clock::now();
     auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
     // Rewrite the method's own graph in place so that saving prints the new code.
     std::shared_ptr<Graph> g = fn.graph();
     normalise(*g);
-    // One numbering for all edits: ids refer to the graph as load_graph saw it. Destroyed nodes
-    // are remembered by id (their memory may be reused by new nodes), so that no later edit
-    // touches their dangling pointers.
-    Numbering num(*g);
-    std::vector<bool> destroyed(num.nodes.size(), false);
-    auto value_at = [&](uint32_t id) {
-      if (id >= num.values.size()) throw std::runtime_error("edit names value " + std::to_string(id) + " beyond the graph");
-      if (num.owner[id] >= 0 && destroyed[num.owner[id]]) {
-        throw std::runtime_error("value " + std::to_string(id) + " belongs to a node an earlier edit removed");
-      }
-      return num.values[id];
-    };
-    for (const Edit& e : edits) {
-      Node* old = expect_node(num, destroyed, e.node, std::string(e.expect_kind));
-      if (e.remove.size() != e.remove_kinds.size()) {
-        throw std::runtime_error("edit of node " + std::to_string(e.node) + " names " + std::to_string(e.remove.size()) +
-                                 " nodes to remove but " + std::to_string(e.remove_kinds.size()) + " kinds");
-      }
-      // The pattern's other nodes, latest first: a node's users inside the pattern come after it,
-      // so destroying in reverse program order leaves each one without uses when its turn comes.
-      std::vector<std::pair<uint32_t, Node*>> remove;
-      for (size_t i = 0; i < e.remove.size(); ++i) {
-        if (e.remove[i] == e.node) throw std::runtime_error("edit of node " + std::to_string(e.node) + " also removes it");
-        remove.emplace_back(e.remove[i], expect_node(num, destroyed, e.remove[i], std::string(e.remove_kinds[i])));
-      }
-      std::sort(remove.begin(), remove.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-      if (std::adjacent_find(remove.begin(), remove.end(), [](const auto& x, const auto& y) {
-            return x.first == y.first;
-          }) != remove.end()) {
-        throw std::runtime_error("edit of node " + std::to_string(e.node) + " removes a node twice");
-      }
-      // The nodes whose outputs the call takes over: `old`'s first, then the further ones; the
-      // call goes before the latest of them.
-      if (e.outputs.size() != e.output_kinds.size()) {
-        throw std::runtime_error("edit of node " + std::to_string(e.node) + " names " + std::to_string(e.outputs.size()) +
-                                 " further outputs but " + std::to_string(e.output_kinds.size()) + " kinds");
-      }
-      std::vector<std::pair<uint32_t, Node*>> outs = {{e.node, old}};
-      for (size_t i = 0; i < e.outputs.size(); ++i) {
-        const uint32_t id = e.outputs[i];
-        const bool taken = std::any_of(outs.begin(), outs.end(), [&](const auto& o) { return o.first == id; }) ||
-                           std::any_of(remove.begin(), remove.end(), [&](const auto& r) { return r.first == id; });
-        if (taken) throw std::runtime_error("edit of node " + std::to_string(e.node) + " names node " + std::to_string(id) + " twice");
-        outs.emplace_back(id, expect_node(num, destroyed, id, std::string(e.output_kinds[i])));
-      }
-      Node* at = old;
-      for (const auto& [id, n] : outs) {
-        if (n->outputs().size() != 1) throw std::runtime_error(node_label(id, n) + " has " + std::to_string(n->outputs().size()) + " outputs: a call takes over one per node");
-        if (e.first ? n->isBefore(at) : n->isAfter(at)) at = n;
-      }
-      if (e.first) {
-        // Every operand the graph already holds must exist where the call goes.
-        for (const Operand& o : e.operands) {
-          if (o.kind != OperandKind::Value) continue;
-          Node* p = value_at(o.value)->node();
-          if (p->owningGraph() == g.get() && p->kind() != c10::prim::Param && !p->isBefore(at)) {
-            throw std::runtime_error("edit of node " + std::to_string(e.node) + " reads value " + std::to_string(o.value) +
-                                     ", defined after the first node it replaces");
-          }
-        }
-      }
-      auto replaced = [&](const Node* n) {
-        return std::any_of(outs.begin(), outs.end(), [&](const auto& o) { return o.second == n; }) ||
-               std::any_of(remove.begin(), remove.end(), [&](const auto& r) { return r.second == n; });
-      };
-      for (const auto& [id, n] : outs) {
-        if (outs.size() == 1) break;
-        for (const torch::jit::Use& u : n->output()->uses()) {
-          if (!replaced(u.user) && !u.user->isAfter(at)) {
-            throw std::runtime_error(node_label(id, n) + " is read (by " + u.user->kind().toQualString() +
-                                     ") before the call can be made, where its last output is");
-          }
-        }
-      }
-
-      // The call and what it needs (constants, lists) go right before the pattern's last node;
-      // the insert point is restored before that node is destroyed.
-      std::vector<Value*> args;
-      Node* call = nullptr;
-      {
-        torch::jit::WithInsertPoint guard(at);
-        for (const Operand& o : e.operands) {
-          switch (o.kind) {
-            case OperandKind::Value: args.push_back(value_at(o.value)); break;
-            case OperandKind::Str: args.push_back(g->insertConstant(std::string(o.text))); break;
-            case OperandKind::Int: args.push_back(g->insertConstant(o.int_value)); break;
-            case OperandKind::None: args.push_back(g->insertConstant(c10::IValue())); break;
-            case OperandKind::Padded: args.push_back(padded_attribute(m, *g, value_at(o.value), o.int_value)); break;
-            case OperandKind::Interleaved: {
-              if (o.values.size() != 1 && o.values.size() != 2) {
-                throw std::runtime_error("an interleaved operand names one attribute (its halves) or two");
-              }
-              args.push_back(interleaved_attributes(m, *g, value_at(o.values[0]),
-                                                    o.values.size() == 2 ? value_at(o.values[1]) : nullptr, o.int_value));
-              break;
-            }
-            case OperandKind::Folded:
-              args.push_back(folded_attributes(m, *g, o.values, std::string(o.text), o.int_value, value_at));
-              break;
-            case OperandKind::Concatenated: {
-              std::vector<Value*> attrs;
-              for (uint32_t v : o.values) attrs.push_back(value_at(v));
-              args.push_back(concatenated_attributes(m, *g, attrs));
-              break;
-            }
-            case OperandKind::Values: {
-              std::vector<Value*> elems;
-              for (uint32_t v : o.values) elems.push_back(value_at(v));
-              args.push_back(g->insertNode(g->createList(c10::TensorType::get(), elems))->output());
-              break;
-            }
-            default: throw std::runtime_error("internal: unknown operand kind");
-          }
-        }
-        call = g->create(c10::Symbol::fromQualString(std::string(e.op)), args, outs.size());
-        call->insertBefore(at);
-      }
-      call->copyMetadata(old);
-      for (size_t i = 0; i < outs.size(); ++i) {
-        Value* was = outs[i].second->output();
-        call->outputs()[i]->setType(was->type());
-        was->replaceAllUsesWith(call->outputs()[i]);
-        // The pattern's outputs keep their ids: a later edit may read them (one pattern's result
-        // is the next one's residual), and now gets the call's outputs.
-        const uint32_t out_id = num.id.at(was);
-        num.values[out_id] = call->outputs()[i];
-        num.owner[out_id] = -1;
-      }
-
-      // Dead-code elimination would run alias analysis, which needs fact's ops registered in this
-      // process; only the constants the destroyed nodes alone used can have died, so remove those.
-      std::vector<Value*> former;
-      auto destroy = [&](uint32_t id, Node* n) {
-        for (Value* out : n->outputs()) {
-          if (!out->uses().empty()) {
-            throw std::runtime_error(node_label(id, n) + " is still used after the rewrite (by " +
-                                     out->uses()[0].user->kind().toQualString() +
-                                     "): its output must not leave the replaced pattern");
-          }
-        }
-        // Inputs produced inside the pattern are destroyed with it; keep only the others.
-        for (Value* v : n->inputs()) {
-          if (!replaced(v->node())) former.push_back(v);
-        }
-        destroyed[id] = true;
-        n->destroy();
-      };
-      for (const auto& [id, n] : outs) destroy(id, n);
-      for (const auto& [id, n] : remove) destroy(id, n);
-      // A constant may feed several destroyed nodes (or one twice): destroy each once.
-      std::unordered_set<Node*> dead;
-      for (Value* v : former) {
-        if (v->node()->kind() == c10::prim::Constant && v->uses().empty()) dead.insert(v->node());
-      }
-      for (Node* n : dead) {
-        auto it = num.node_id.find(n);
-        if (it != num.node_id.end()) destroyed[it->second] = true;
-        n->destroy();
-      }
-    }
+    apply_edits(m, g, edits);
     // One progress line: what each pass took (a real model's archive is a gigabyte or more).
     std::ostringstream took;
     took << "rewrite: load " << load_s << " s, " << edits.size() << " edits " << seconds_since(edits_start) << " s";
@@ -1398,6 +1419,187 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     step("saving", [&] { m.save(to_std(out_path)); });
     std::cerr << took.str() << std::endl;
     return rust::String(g->toString());
+  });
+}
+
+// The name a rewritten program gives value `v`: the program's own name, the name a call took
+// over (`renamed`), or, for an attribute the rewrite added, its placeholder's (`b_<attribute>`,
+// its bytes added to `buffers` once).
+std::string written_name(torch::jit::Module& m, const std::string& path, Value* v,
+                         const std::unordered_map<const Value*, std::string>& renamed,
+                         std::unordered_map<std::string, std::string>& added, rust::Vec<WrittenBuffer>& buffers) {
+  auto it = renamed.find(v);
+  if (it != renamed.end()) return it->second;
+  Node* n = v->node();
+  if (n->kind() == c10::prim::GetAttr && n->input()->node()->kind() == c10::prim::Param) {
+    const std::string attr = n->s(c10::attr::name);
+    const std::string own = export_placeholder(path, attr);
+    if (!own.empty()) return own;
+    auto a = added.find(attr);
+    if (a != added.end()) return a->second;
+    const at::Tensor t = m.attr(attr).toTensor().contiguous().cpu();
+    WrittenBuffer b;
+    b.name = "b_" + attr;
+    b.attr = attr;
+    b.dtype = dtype_name(t.scalar_type());
+    for (auto d : t.sizes()) b.sizes.push_back(d);
+    const auto* bytes = static_cast<const uint8_t*>(t.data_ptr());
+    const size_t nbytes = t.numel() * t.element_size();
+    b.data.reserve(nbytes);
+    for (size_t i = 0; i < nbytes; ++i) b.data.push_back(bytes[i]);
+    added[attr] = std::string(b.name);
+    buffers.push_back(std::move(b));
+    return added[attr];
+  }
+  const std::string name = v->debugName();
+  if (name.empty() || std::all_of(name.begin(), name.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+    throw std::runtime_error("a call reads a value the program does not name (made by " +
+                             std::string(n->kind().toQualString()) + ")");
+  }
+  return name;
+}
+
+ExportRewrite rewrite_export(rust::Str path, const rust::Vec<Edit>& edits, const rust::Vec<rust::String>& schemas) {
+  return guarded("cannot rewrite the exported program", [&] {
+    ensure_schemas(schemas);
+    const std::string p = to_std(path);
+    if (!is_export(p)) throw std::runtime_error(p + " is no .pt2 archive read in this process");
+    auto m = load_module(p);
+    auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
+    std::shared_ptr<Graph> g = fn.graph();
+    normalise(*g);
+    const std::vector<Replaced> calls = apply_edits(m, g, edits);
+    std::unordered_map<const Node*, const Replaced*> by_call;
+    std::unordered_map<const Value*, std::string> renamed;
+    for (const Replaced& r : calls) {
+      by_call[r.call] = &r;
+      for (size_t i = 0; i < r.names.size(); ++i) renamed[r.call->outputs()[i]] = r.names[i];
+    }
+    std::unordered_map<std::string, std::string> added;
+    ExportRewrite out;
+    auto program_name = [](const Value* v) {
+      const std::string& s = v->debugName();
+      const bool auto_name = s.empty() || std::all_of(s.begin(), s.end(), [](char c) {
+                               return std::isdigit(static_cast<unsigned char>(c));
+                             });
+      return auto_name ? std::string() : s;
+    };
+    for (Node* n : g->nodes()) {
+      const auto kind = n->kind();
+      if (kind == c10::prim::Constant || kind == c10::prim::ListConstruct || kind == c10::prim::GetAttr ||
+          kind == c10::prim::ListUnpack || kind == c10::prim::TupleConstruct) {
+        continue;
+      }
+      auto call = by_call.find(n);
+      if (call == by_call.end()) {
+        // The program's own node: named by one of its outputs (a list's by its elements').
+        std::string name;
+        for (Value* o : n->outputs()) {
+          if (name.empty()) name = program_name(o);
+          for (const torch::jit::Use& u : o->uses()) {
+            if (name.empty() && u.user->kind() == c10::prim::ListUnpack) {
+              for (Value* e : u.user->outputs()) {
+                if (name.empty()) name = program_name(e);
+              }
+            }
+          }
+        }
+        if (name.empty()) {
+          throw std::runtime_error("the rewritten graph holds a " + std::string(kind.toQualString()) +
+                                   " node the program does not have: it cannot be written as .pt2");
+        }
+        WrittenNode w;
+        w.original = name;
+        out.nodes.push_back(std::move(w));
+        continue;
+      }
+      const c10::FunctionSchema& schema = n->schema();
+      WrittenNode w;
+      w.op = kind.toQualString();
+      for (const auto& name : call->second->names) w.outputs.push_back(name);
+      for (size_t i = 0; i < n->inputs().size(); ++i) {
+        Value* v = n->input(i);
+        WrittenArg a;
+        a.name = schema.arguments().at(i).name();
+        a.number = 0;
+        Node* src = v->node();
+        if (src->kind() == c10::prim::Constant) {
+          const c10::IValue iv = *torch::jit::toIValue(v);
+          if (iv.isNone()) {
+            a.kind = "as_none";
+          } else if (iv.isInt()) {
+            a.kind = "as_int";
+            a.ints.push_back(iv.toInt());
+          } else if (iv.isDouble()) {
+            a.kind = "as_float";
+            a.number = iv.toDouble();
+          } else if (iv.isBool()) {
+            a.kind = "as_bool";
+            a.ints.push_back(iv.toBool());
+          } else if (iv.isString()) {
+            a.kind = "as_string";
+            a.text = iv.toStringRef();
+          } else if (iv.isIntList()) {
+            a.kind = "as_ints";
+            for (int64_t x : iv.toIntVector()) a.ints.push_back(x);
+          } else if (iv.isTensor() && !program_name(v).empty()) {
+            // A tensor constant of the program, read by its placeholder.
+            a.kind = "as_tensor";
+            a.names.push_back(program_name(v));
+          } else {
+            throw std::runtime_error(std::string(w.op) + " takes a constant " + iv.tagKind() + " the writer does not write");
+          }
+        } else if (src->kind() == c10::prim::ListConstruct) {
+          a.kind = "as_tensors";
+          for (Value* e : src->inputs()) a.names.push_back(written_name(m, p, e, renamed, added, out.buffers));
+        } else {
+          a.kind = "as_tensor";
+          a.names.push_back(written_name(m, p, v, renamed, added, out.buffers));
+        }
+        w.args.push_back(std::move(a));
+      }
+      out.nodes.push_back(std::move(w));
+    }
+    return out;
+  });
+}
+
+void write_archive(rust::Str source, rust::Str out_path, const rust::Vec<rust::String>& skip,
+                   const rust::Vec<ArchiveRecord>& add) {
+  guarded("cannot write the archive", [&] {
+    caffe2::serialize::PyTorchStreamReader reader(to_std(source));
+    std::ofstream file(to_std(out_path), std::ios::binary | std::ios::trunc);
+    if (!file) throw std::runtime_error("cannot open " + to_std(out_path) + " for writing");
+    {
+      // Written through a function, the archive's top folder is "archive" whatever the file's
+      // name (torch reads any).
+      caffe2::serialize::PyTorchStreamWriter writer([&](const void* buf, size_t n) -> size_t {
+        file.write(static_cast<const char*>(buf), static_cast<std::streamsize>(n));
+        return file ? n : 0;
+      });
+      std::unordered_set<std::string> skipped;
+      for (const auto& s : skip) skipped.insert(std::string(s));
+      // The writer adds its own version, byte order and serialization id.
+      for (const char* own : {".data/version", "byteorder", ".data/serialization_id", "version"}) skipped.insert(own);
+      for (const std::string& name : reader.getAllRecords()) {
+        if (skipped.count(name)) continue;
+        auto [data, size] = reader.getRecord(name);
+        writer.writeRecord(name, data.get(), size);
+      }
+      for (const ArchiveRecord& r : add) writer.writeRecord(std::string(r.name), r.data.data(), r.data.size());
+      writer.writeEndOfFile();
+    }
+    file.close();
+    if (!file) throw std::runtime_error("writing " + to_std(out_path) + " failed");
+    return 0;
+  });
+}
+
+void save_module(rust::Str path, rust::Str out_path) {
+  guarded("cannot save the TorchScript module", [&] {
+    auto m = load_module(to_std(path));
+    m.save(to_std(out_path));
+    return 0;
   });
 }
 
@@ -1423,14 +1625,14 @@ rust::Vec<uint8_t> archive_record(rust::Str path, rust::Str name, size_t limit) 
 
 rust::String graph_text(rust::Str path) {
   return guarded("cannot load the TorchScript graph", [&] {
-    auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    auto m = load_module(to_std(path));
     return rust::String(inlined_forward(m)->toString());
   });
 }
 
 void save_fp64_copy(rust::Str path, rust::Str out_path) {
   guarded("cannot make the fp64 copy", [&] {
-    auto m = torch::jit::load(to_std(path), at::Device(at::kCPU));
+    auto m = load_module(to_std(path));
     // Only floating state becomes fp64: Module::to(kDouble) would also turn a bool causal mask
     // into doubles, which bitwise_not and masked_fill refuse.
     for (const auto& p : m.named_parameters(/*recurse=*/true)) {

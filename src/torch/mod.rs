@@ -10,6 +10,7 @@ use std::sync::{Mutex, OnceLock};
 use thiserror::Error;
 
 pub mod archive;
+pub mod export;
 
 #[cxx::bridge(namespace = "fact::bridge")]
 mod ffi {
@@ -90,6 +91,115 @@ mod ffi {
         output_kinds: Vec<String>,
         first: bool,
     }
+    /// How an argument of an exported node is given (export/mod.rs `lower`).
+    enum ExportArgKind {
+        None,
+        /// The value `names[0]`.
+        Tensor,
+        /// A Tensor[] of the values `names`.
+        Tensors,
+        /// A Tensor?[]: `names`, "" for None.
+        OptionalTensors,
+        Int,
+        /// Ints of which those with a name in `names` are symbolic values (the others `ints`).
+        Ints,
+        /// The symbolic int value `names[0]`.
+        SymInt,
+        Float,
+        Floats,
+        Bool,
+        Bools,
+        Str,
+        /// The dtype `text` (fact's names).
+        ScalarType,
+        /// c10's code in `ints[0]`.
+        Layout,
+        MemoryFormat,
+        /// `text`, as torch::Device parses it.
+        Device,
+    }
+    /// One argument of an exported node, named as its op's schema names it (empty for a
+    /// positional one export left unnamed).
+    struct ExportArg {
+        name: String,
+        kind: ExportArgKind,
+        names: Vec<String>,
+        ints: Vec<i64>,
+        floats: Vec<f64>,
+        bools: Vec<bool>,
+        text: String,
+    }
+    /// A node of an exported program as TorchScript writes it: op `aten::addmm`, overload ""
+    /// for the default; `outputs` the names it defines ("" for one nothing reads); a node whose
+    /// one output is a Tensor[] the program unpacks has `list_output`, `outputs` its elements.
+    struct ExportNode {
+        op: String,
+        overload: String,
+        args: Vec<ExportArg>,
+        outputs: Vec<String>,
+        list_output: bool,
+        scope: String,
+    }
+    /// A parameter, buffer or constant of an exported program: its placeholder's name, its
+    /// fully qualified name, the archive record with its bytes and how to read them.
+    struct ExportState {
+        name: String,
+        attr: String,
+        record: String,
+        dtype: String,
+        sizes: Vec<i64>,
+        strides: Vec<i64>,
+        offset: i64,
+        parameter: bool,
+        /// A tensor constant of the program (a Python number or `torch.tensor(..)` the model's
+        /// code made): one of at most one element is a constant of the graph, as tracing
+        /// records it.
+        constant: bool,
+    }
+    struct ExportProgram {
+        state: Vec<ExportState>,
+        inputs: Vec<String>,
+        nodes: Vec<ExportNode>,
+        outputs: Vec<String>,
+    }
+    /// An argument of a call in a rewritten program (`rewrite_export`): `kind` is the key export's
+    /// JSON gives the union (`as_tensor`, `as_tensors`, `as_int`, `as_ints`, `as_float`,
+    /// `as_bool`, `as_string`, `as_none`), its payload in the field of its type.
+    struct WrittenArg {
+        name: String,
+        kind: String,
+        names: Vec<String>,
+        ints: Vec<i64>,
+        number: f64,
+        text: String,
+    }
+    /// A node of a rewritten program, in program order: `original` names a value the program's
+    /// own node defines (that node stays as the archive wrote it), else it is a call of `op`
+    /// whose outputs take over the names in `outputs`.
+    struct WrittenNode {
+        original: String,
+        op: String,
+        args: Vec<WrittenArg>,
+        outputs: Vec<String>,
+    }
+    /// A buffer the rewrite made (a padded, interleaved, folded or concatenated weight): its
+    /// placeholder's name, its attribute name, and its bytes, packed row-major.
+    struct WrittenBuffer {
+        name: String,
+        attr: String,
+        dtype: String,
+        sizes: Vec<i64>,
+        data: Vec<u8>,
+    }
+    struct ExportRewrite {
+        nodes: Vec<WrittenNode>,
+        buffers: Vec<WrittenBuffer>,
+    }
+    /// A record of an archive `write_archive` writes.
+    struct ArchiveRecord {
+        name: String,
+        data: Vec<u8>,
+    }
     unsafe extern "C++" {
         include!("fact/src/torch/bridge.h");
         fn traced_inputs(path: &str) -> Result<Vec<InputSpec>>;
@@ -107,6 +217,19 @@ mod ffi {
         fn set_float32_matmul_precision(mode: &str) -> Result<()>;
         fn float32_matmul_precision() -> String;
         fn torch_version() -> String;
+        fn register_export(path: &str, program: &ExportProgram) -> Result<()>;
+        fn rewrite_export(
+            path: &str,
+            edits: &Vec<Edit>,
+            schemas: &Vec<String>,
+        ) -> Result<ExportRewrite>;
+        fn write_archive(
+            source: &str,
+            out_path: &str,
+            skip: &Vec<String>,
+            add: &Vec<ArchiveRecord>,
+        ) -> Result<()>;
+        fn save_module(path: &str, out_path: &str) -> Result<()>;
     }
 }
 
@@ -118,7 +241,7 @@ pub enum TorchError {
     Read { path: String, detail: String },
     #[error("cannot write {path}: {detail}")]
     Write { path: String, detail: String },
-    #[error("{path}: this is not a TorchScript module: {what}; trace the model and save it with torch.jit.trace(model.eval(), example_inputs).save(path)")]
+    #[error("{path}: this is not a TorchScript module: {what}; export the model and save it with torch.export.save(torch.export.export(model.eval(), example_inputs), \"model.pt2\"), or trace it and save it with torch.jit.trace(model.eval(), example_inputs).save(path)")]
     NotTorchScript { path: String, what: String },
     #[error("{path}: no example inputs stored in the archive; pass the shapes with --input, e.g. --input 4096x4096:f32 (once per forward input)")]
     MissingShapes { path: String },
@@ -132,6 +255,9 @@ pub enum TorchError {
     OpFailed(Box<OpFailure>),
     #[error("{0}")]
     Bridge(String),
+    /// A `.pt2` archive fact cannot read; the message names the fix.
+    #[error("{0}")]
+    Export(String),
     #[error("cannot load op library {path}: {detail}")]
     OpLibrary { path: String, detail: String },
 }
@@ -228,8 +354,48 @@ fn check_archive(path: &Path) -> Result<String, TorchError> {
         ffi::archive_record(&p, "data.pkl", 1 << 16).unwrap_or_default()
     }) {
         ArchiveKind::TorchScript => Ok(p),
+        ArchiveKind::ExportedProgram => {
+            exported(path, &records)?;
+            Ok(p)
+        }
         kind => Err(not_ts(kind)),
     }
+}
+
+/// The `.pt2` programs read in this process, by path: read and registered with the bridge once.
+static EXPORTED: Mutex<Vec<(std::path::PathBuf, std::sync::Arc<export::Program>)>> =
+    Mutex::new(Vec::new());
+
+/// The program of the `.pt2` archive at `path` (whose records are `records`), read and
+/// registered with the bridge on first use, so that every entry point loads its module.
+fn exported(
+    path: &Path,
+    records: &[String],
+) -> Result<std::sync::Arc<export::Program>, TorchError> {
+    let mut all = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = all.iter().find(|(p, _)| p == path) {
+        return Ok(p.clone());
+    }
+    let program = export::read(path, records).map_err(|e| TorchError::Export(e.to_string()))?;
+    let lowered = export::lower(path, &program).map_err(|e| TorchError::Export(e.to_string()))?;
+    let p = path.display().to_string();
+    ffi::register_export(&p, &lowered).map_err(|e| {
+        TorchError::Export(format!(
+            "{p}: fact cannot rebuild this program as a graph: {}",
+            first_line(e.what())
+        ))
+    })?;
+    let program = std::sync::Arc::new(program);
+    all.push((path.to_path_buf(), program.clone()));
+    Ok(program)
+}
+
+/// The program of a `.pt2` archive, read (and registered) on first use; None for a TorchScript
+/// archive.
+pub fn export_program(path: &Path) -> Result<Option<std::sync::Arc<export::Program>>, TorchError> {
+    check_archive(path)?;
+    let all = EXPORTED.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(all.iter().find(|(p, _)| p == path).map(|(_, p)| p.clone()))
 }
 
 fn bridge_err(path: &str, e: cxx::Exception) -> TorchError {
@@ -256,6 +422,15 @@ fn first_line(s: &str) -> String {
 /// The example inputs a traced archive carries (empty when it carries none).
 pub fn traced_inputs(path: &Path) -> Result<Vec<InputShape>, TorchError> {
     let p = check_archive(path)?;
+    if let Some(program) = export_program(path)? {
+        // The program's own sample inputs, at the hints of its symbolic sizes.
+        let shapes =
+            export::sample_shapes(&program).map_err(|e| TorchError::Export(format!("{p}: {e}")))?;
+        return Ok(shapes
+            .into_iter()
+            .map(|(shape, dtype)| InputShape { shape, dtype })
+            .collect());
+    }
     let specs = ffi::traced_inputs(&p).map_err(|e| bridge_err(&p, e))?;
     Ok(specs
         .into_iter()
@@ -393,14 +568,9 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
 /// Replaces nodes (or patterns of nodes) of `forward` by custom-op calls and saves the module
 /// to `out` whole (`atomic`); returns the new graph's text. `schemas` are the ops' schemas (every kind's, `kinds::registry::
 /// op_schemas`), defined first where missing.
-pub fn rewrite_and_save(
-    path: &Path,
-    out: &Path,
-    edits: &[Edit],
-    schemas: &[&str],
-) -> Result<String, TorchError> {
-    let p = check_archive(path)?;
-    let edits: Vec<ffi::Edit> = edits
+/// The edits as the bridge takes them (cxx passes a Vec it owns).
+fn ffi_edits(edits: &[Edit]) -> Vec<ffi::Edit> {
+    edits
         .iter()
         .map(|e| ffi::Edit {
             node: e.node,
@@ -433,7 +603,17 @@ pub fn rewrite_and_save(
             output_kinds: e.output_kinds.clone(),
             first: e.first,
         })
-        .collect();
+        .collect()
+}
+
+pub fn rewrite_and_save(
+    path: &Path,
+    out: &Path,
+    edits: &[Edit],
+    schemas: &[&str],
+) -> Result<String, TorchError> {
+    let p = check_archive(path)?;
+    let edits = ffi_edits(edits);
     let schemas: Vec<String> = schemas.iter().map(|s| s.to_string()).collect();
     let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
     atomic::write_with(
@@ -444,6 +624,66 @@ pub fn rewrite_and_save(
         },
         write_err(out),
     )
+}
+
+/// Makes the same edits as `rewrite_and_save` in the program of the `.pt2` archive at `path` and
+/// writes the composed program to `out` (a `.pt2` archive, written whole or not at all).
+pub fn rewrite_and_write_pt2(
+    path: &Path,
+    out: &Path,
+    edits: &[Edit],
+    schemas: &[&str],
+) -> Result<export::write::Written, TorchError> {
+    let p = check_archive(path)?;
+    let Some(program) = export_program(path)? else {
+        return Err(TorchError::Export(format!(
+            "{p}: a .pt2 program is written from a .pt2 archive only (this is a TorchScript module, which has no export graph): export the model with torch.export.export and save it with torch.export.save, then compose that"
+        )));
+    };
+    let edits = ffi_edits(edits);
+    let schemas: Vec<String> = schemas.iter().map(|s| s.to_string()).collect();
+    let rewritten = {
+        let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
+        ffi::rewrite_export(&p, &edits, &schemas)
+            .map_err(|e| TorchError::Bridge(first_line(e.what())))?
+    };
+    export::write::write(path, &program, &rewritten, out)
+        .map_err(|e| TorchError::Export(format!("{p}: {e}")))
+}
+
+/// What read a model: its format and, for a `.pt2` program, the dynamic dims of its inputs.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FrontEnd {
+    /// `torchscript` or `pt2`.
+    pub format: String,
+    /// Each dynamic dim, described (`export::DynamicDim::describe`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dynamic: Vec<String>,
+}
+
+impl FrontEnd {
+    pub fn of(path: &Path) -> Result<FrontEnd, TorchError> {
+        Ok(match export_program(path)? {
+            Some(p) => FrontEnd {
+                format: "pt2".into(),
+                dynamic: p.dynamic.iter().map(export::DynamicDim::describe).collect(),
+            },
+            None => FrontEnd {
+                format: "torchscript".into(),
+                dynamic: vec![],
+            },
+        })
+    }
+    pub fn is_pt2(&self) -> bool {
+        self.format == "pt2"
+    }
+}
+
+/// Saves the module at `path` (a `.pt2` archive's as fact reads it) as a TorchScript archive.
+pub fn save_torchscript(path: &Path, out: &Path) -> Result<(), TorchError> {
+    let p = check_archive(path)?;
+    ffi::save_module(&p, &out.display().to_string())
+        .map_err(|e| TorchError::Bridge(first_line(e.what())))
 }
 
 /// The inlined `forward` graph of an archive as TorchScript prints it.

@@ -123,8 +123,9 @@ impl AttentionProblem {
     pub fn key_heads(&self) -> i64 {
         self.kv_heads.unwrap_or(self.heads)
     }
-    /// The widest power of two, at most 8, that both sequence lengths divide: the sm90 kernel
-    /// takes only Tq % 8 == 0, so winners of one class cannot stand in for another's.
+    /// The widest power of two, at most 8, that both sequence lengths divide: part of the table
+    /// key, so a winner measured at lengths of one class does not stand in for another's (the
+    /// kernels take any length; their tails cost differently).
     pub fn alignment(&self) -> u32 {
         let mut align = 8u32;
         while align > 1

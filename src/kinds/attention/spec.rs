@@ -384,8 +384,9 @@ impl AttentionSpec {
             && self.bias == p.bias.is_some();
         match self.family {
             AttentionFamily::Sm80 => head,
-            // examples/88's can_implement asks Tq % 8 == 0; its causal mask sees padded keys when
-            // Tq > Tk (templates/sm90_fmha.cu.hbs checks both per call too).
+            // Any Tq (templates/sm90_fmha.cu.hbs drops examples/88's Tq % 8 check: TMA bounds
+            // the last query block); its causal mask sees padded keys when Tq > Tk (the template
+            // checks that per call too).
             AttentionFamily::Sm90 {
                 causal,
                 key_lengths,
@@ -395,7 +396,6 @@ impl AttentionSpec {
                 head && causal == p.causal
                     && key_lengths == p.padded
                     && (p.kv_heads.is_none() || schedule.persistent())
-                    && p.seq_q % align == 0
                     && !(causal && p.seq_q > p.seq_k)
             }
         }
@@ -728,7 +728,8 @@ mod tests {
         // Past the 256 tile, neither.
         let c = candidates(&problem(320, DType::Bf16), MathType::Bf16, Arch::Sm90);
         assert!(c.is_empty());
-        // A query count that is not a multiple of 8 (CUTLASS's can_implement), and T = 1.
+        // A query count that is not a multiple of 8, and T = 1: both families, as at 512.
+        let at_512 = candidates(&problem(64, DType::Bf16), MathType::Bf16, Arch::Sm90).len();
         for t in [77, 1] {
             let p = AttentionProblem {
                 seq_q: t,
@@ -737,7 +738,7 @@ mod tests {
             };
             let c = candidates(&p, MathType::Bf16, Arch::Sm90);
             assert!(
-                names(&c, "sm90").is_empty() && !names(&c, "sm80").is_empty(),
+                !names(&c, "sm90").is_empty() && !names(&c, "sm80").is_empty() && c.len() == at_512,
                 "T {t}"
             );
         }

@@ -276,7 +276,7 @@ impl KernelSpec {
     /// tile's cluster shapes differ more than the tiles do and that one ran it best: tf32
     /// 65536x768x3072 + bias + residual on the H100 took 0.811 ms in 1x1x1, 0.849 in 2x1x1 and
     /// 0.956 in 1x2x1 (cooperative), tf32 65536x3072x768 + bias + tanh GELU 0.776 in 1x1x1, 0.796
-    /// in 2x1x1 and 0.821 in 2x2x1 (ping-pong; benches/results/parity, tenth and eleventh stops).
+    /// in 2x1x1 and 0.821 in 2x2x1 (ping-pong; benches/results/parity, the 128x192 tiles).
     pub fn tile_siblings(&self, p: &GemmProblem) -> Vec<KernelSpec> {
         let [tm, tn, tk] = self.tile;
         if self.family != Family::Sm90Gemm

@@ -264,8 +264,8 @@ pub const SM90_CLUSTERS: [[u32; 3]; 6] = [
 /// 128x256). Ping-pong, its epilogue runs beside the other warp group's mainloop: on the H100, in
 /// one sweep each, tf32 65536x3072x768 + bias + tanh GELU took 0.7761 ms against 0.8402 for
 /// 128x128 ping-pong 2x2x1, bf16 0.4031 against 0.4325, and bf16 65536x768x3072 + bias +
-/// residual 0.4021 against 0.4243 for 128x256 cooperative (benches/results/parity, tenth and
-/// eleventh stops).
+/// residual 0.4021 against 0.4243 for 128x256 cooperative (benches/results/parity, the
+/// 128x192 tiles).
 pub const SM90_TILE_N192: [u32; 2] = [128, 192];
 /// The schedules `SM90_TILE_N192` runs in (TMA mainloops).
 pub const SM90_TILE_N192_SCHEDULES: [KernelSchedule; 2] =

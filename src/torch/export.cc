@@ -1,0 +1,419 @@
+// The torch.export front end's C++ half (see src/torch/export/mod.rs): builds a TorchScript module
+// from a program the Rust side read from a .pt2 archive, so the bridge's passes (numbering, shape
+// capture, mask classification, the memo's facts, the rewrite) read it as they read a traced
+// archive. Each node becomes the TorchScript node of its op's schema, every argument filled (from
+// the program, else the schema's default); values keep the program's names, which the .pt2 writer
+// reads back; parameters, buffers and constants become attributes of the module read by
+// prim::GetAttr, as in traced modules. Built anew on every load (the bridge edits the graph it
+// gets), from the program and weights kept per archive path.
+#include "fact/src/torch/export.h"
+#include "fact/src/torch/bridge.h"
+#include "fact/src/torch/mod.rs.h"
+
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/operator.h>
+#include <torch/script.h>
+#include <torch/serialize.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace fact::bridge {
+namespace {
+
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Value;
+
+struct Arg {
+  std::string name;
+  ExportArgKind kind;
+  std::vector<std::string> names;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  std::vector<bool> bools;
+  std::string text;
+};
+
+struct OpNode {
+  std::string op, overload;
+  std::vector<Arg> args;
+  std::vector<std::string> outputs;
+  bool list_output;
+  std::string scope;
+};
+
+struct Program {
+  std::vector<std::pair<std::string, std::string>> state;  // (placeholder name, attribute name)
+  std::vector<bool> parameter;
+  // Tensor constants of at most one element: constants of the graph, not attributes.
+  std::vector<bool> inline_constant;
+  std::vector<std::string> inputs, outputs;
+  std::vector<OpNode> nodes;
+  std::unordered_map<std::string, at::Tensor> tensors;  // by attribute name
+  std::vector<at::Tensor> samples;
+};
+
+std::mutex programs_mutex;
+std::unordered_map<std::string, std::shared_ptr<const Program>> programs;
+
+std::string to_std(rust::Str s) { return std::string(s.data(), s.size()); }
+
+at::ScalarType dtype_of(const std::string& s) {
+  static const std::unordered_map<std::string, at::ScalarType> by_name = {
+      {"f32", at::kFloat}, {"f64", at::kDouble}, {"f16", at::kHalf}, {"bf16", at::kBFloat16},
+      {"i64", at::kLong},  {"i32", at::kInt},    {"i16", at::kShort}, {"i8", at::kChar},
+      {"u8", at::kByte},   {"bool", at::kBool}};
+  auto it = by_name.find(s);
+  if (it == by_name.end()) throw std::runtime_error("dtype " + s + " is not one fact reads");
+  return it->second;
+}
+
+// An attribute name TorchScript takes: the fully qualified name with its dots as underscores,
+// made unique.
+std::string attribute_name(const std::string& fqn, std::unordered_map<std::string, int>& taken) {
+  std::string s;
+  for (char c : fqn) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) s = "_" + s;
+  int& n = taken[s];
+  return n++ == 0 ? s : s + "_" + std::to_string(n);
+}
+
+// A tensor from the raw bytes of an archive record, laid out as its metadata says.
+at::Tensor payload(caffe2::serialize::PyTorchStreamReader& reader, const ExportState& s) {
+  auto [data, size] = reader.getRecord(to_std(s.record));
+  const at::ScalarType dt = dtype_of(std::string(s.dtype));
+  const int64_t elems = static_cast<int64_t>(size) / static_cast<int64_t>(c10::elementSize(dt));
+  at::Tensor flat = at::empty({elems}, at::TensorOptions().dtype(dt));
+  std::memcpy(flat.data_ptr(), data.get(), static_cast<size_t>(elems) * c10::elementSize(dt));
+  std::vector<int64_t> sizes(s.sizes.begin(), s.sizes.end()), strides(s.strides.begin(), s.strides.end());
+  int64_t needed = s.offset + 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) needed = 0;
+    if (needed > 0) needed += (sizes[i] - 1) * strides[i];
+  }
+  if (needed > elems) {
+    throw std::runtime_error(std::string(s.record) + " holds " + std::to_string(elems) + " elements, its tensor needs " +
+                             std::to_string(needed) + ": the archive is damaged; save the program again");
+  }
+  return flat.as_strided(sizes, strides, s.offset);
+}
+
+// The sample inputs torch.export.save stores (data/sample_inputs/model.pt, a torch.save of
+// (args, kwargs)); empty where there are none or they are not plain tensors.
+std::vector<at::Tensor> sample_inputs(caffe2::serialize::PyTorchStreamReader& reader) {
+  std::vector<at::Tensor> out;
+  const std::string name = "data/sample_inputs/model.pt";
+  if (!reader.hasRecord(name)) return out;
+  try {
+    auto [data, size] = reader.getRecord(name);
+    std::vector<char> bytes(static_cast<const char*>(data.get()), static_cast<const char*>(data.get()) + size);
+    c10::IValue all = torch::pickle_load(bytes);
+    if (!all.isTuple() || all.toTupleRef().elements().empty()) return {};
+    const c10::IValue& args = all.toTupleRef().elements()[0];
+    const auto elems = args.isTuple() ? args.toTupleRef().elements().vec()
+                                      : (args.isList() ? args.toListRef().vec() : std::vector<c10::IValue>{});
+    for (const c10::IValue& v : elems) {
+      if (!v.isTensor()) return {};
+      out.push_back(v.toTensor().to(at::kCPU));
+    }
+  } catch (const std::exception&) {
+    return {};
+  }
+  return out;
+}
+
+// The operator `op` with overload `overload` ("" for the default one), JIT-registered or not.
+std::shared_ptr<torch::jit::Operator> find_operator(const std::string& op, const std::string& overload) {
+  for (const auto& o : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(op))) {
+    if (o->schema().overload_name() == overload) return o;
+  }
+  throw std::runtime_error("no operator " + op + (overload.empty() ? "" : "." + overload) +
+                           " in this libtorch: the program comes from another torch version; export it with torch 2.11");
+}
+
+bool is_tensor_type(const c10::TypePtr& t) {
+  const c10::TypePtr inner = t->kind() == c10::TypeKind::OptionalType ? t->castRaw<c10::OptionalType>()->getElementType() : t;
+  return inner->kind() == c10::TypeKind::TensorType;
+}
+
+// A Python number passed where the schema takes a Tensor, as tracing records it: a 0-dim
+// wrapped-number constant.
+Value* wrapped_number(Graph& g, const at::Tensor& t) {
+  at::Tensor c = t.clone();
+  c.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return g.insertConstant(c);
+}
+
+// A name TorchScript keeps as a value's debug name (it refuses integers).
+bool valid_name(const std::string& s) { return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])); }
+
+struct Builder {
+  Graph& g;
+  std::unordered_map<std::string, Value*> env;
+
+  Value* named(const std::string& name) {
+    auto it = env.find(name);
+    if (it == env.end()) throw std::runtime_error("the program reads " + name + " before anything defines it");
+    return it->second;
+  }
+
+  Value* value(const Arg& a, const c10::Argument& formal) {
+    const c10::TypePtr& type = formal.type();
+    switch (a.kind) {
+      case ExportArgKind::None: return g.insertConstant(c10::IValue());
+      case ExportArgKind::Tensor: return named(a.names.at(0));
+      case ExportArgKind::SymInt: return named(a.names.at(0));
+      case ExportArgKind::Tensors: {
+        std::vector<Value*> elems;
+        for (const auto& n : a.names) elems.push_back(named(n));
+        return g.insertNode(g.createList(c10::TensorType::get(), elems))->output();
+      }
+      case ExportArgKind::OptionalTensors: {
+        std::vector<Value*> elems;
+        for (const auto& n : a.names) elems.push_back(n.empty() ? g.insertConstant(c10::IValue()) : named(n));
+        return g.insertNode(g.createList(c10::OptionalType::ofTensor(), elems))->output();
+      }
+      case ExportArgKind::Int:
+        if (is_tensor_type(type)) return wrapped_number(g, at::scalar_tensor(a.ints.at(0), at::kLong));
+        return g.insertConstant(a.ints.at(0));
+      case ExportArgKind::Float:
+        if (is_tensor_type(type)) return wrapped_number(g, at::scalar_tensor(a.floats.at(0), at::kDouble));
+        return g.insertConstant(a.floats.at(0));
+      case ExportArgKind::Bool:
+        if (is_tensor_type(type)) return wrapped_number(g, at::scalar_tensor(static_cast<bool>(a.bools.at(0)), at::kBool));
+        return g.insertConstant(static_cast<bool>(a.bools.at(0)));
+      case ExportArgKind::Ints: {
+        const bool symbolic = std::any_of(a.names.begin(), a.names.end(), [](const auto& n) { return !n.empty(); });
+        if (!symbolic) return g.insertConstant(c10::IValue(a.ints));
+        std::vector<Value*> elems;
+        for (size_t i = 0; i < a.ints.size(); ++i) {
+          elems.push_back(a.names[i].empty() ? g.insertConstant(a.ints[i]) : named(a.names[i]));
+        }
+        return g.insertNode(g.createList(c10::IntType::get(), elems))->output();
+      }
+      case ExportArgKind::Floats: return g.insertConstant(c10::IValue(a.floats));
+      case ExportArgKind::Bools: {
+        c10::List<bool> l;
+        for (bool b : a.bools) l.push_back(b);
+        return g.insertConstant(c10::IValue(l));
+      }
+      case ExportArgKind::Str: return g.insertConstant(a.text);
+      case ExportArgKind::ScalarType: return g.insertConstant(static_cast<int64_t>(dtype_of(a.text)));
+      case ExportArgKind::Layout:
+      case ExportArgKind::MemoryFormat: return g.insertConstant(a.ints.at(0));
+      case ExportArgKind::Device: return g.insertConstant(c10::Device(a.text));
+      default: throw std::runtime_error("internal: an export argument of unknown kind");
+    }
+  }
+
+  void add(const OpNode& n) {
+    const auto op = find_operator(n.op, n.overload);
+    const c10::FunctionSchema& schema = op->schema();
+    const std::string label = n.op + (n.overload.empty() ? "" : "." + n.overload);
+    std::vector<const Arg*> positional;
+    std::unordered_map<std::string, const Arg*> by_name;
+    for (const Arg& a : n.args) {
+      if (a.name.empty()) {
+        positional.push_back(&a);
+      } else {
+        by_name[a.name] = &a;
+      }
+    }
+    std::vector<Value*> inputs;
+    size_t next = 0;
+    for (const c10::Argument& formal : schema.arguments()) {
+      const Arg* a = nullptr;
+      auto it = by_name.find(formal.name());
+      if (it != by_name.end()) {
+        a = it->second;
+        by_name.erase(it);
+      } else if (!formal.kwarg_only() && next < positional.size()) {
+        a = positional[next++];
+      }
+      if (a != nullptr) {
+        inputs.push_back(value(*a, formal));
+      } else if (formal.default_value()) {
+        inputs.push_back(g.insertConstant(*formal.default_value()));
+      } else {
+        throw std::runtime_error(label + " gets no argument " + formal.name() + ", which has no default");
+      }
+    }
+    if (!by_name.empty() || next < positional.size()) {
+      throw std::runtime_error(label + " gets an argument its schema does not name (" +
+                               (by_name.empty() ? "a positional one" : by_name.begin()->first) + ")");
+    }
+    const size_t nouts = schema.returns().size();
+    Node* node = g.create(c10::Symbol::fromQualString(n.op), inputs, nouts);
+    for (size_t i = 0; i < nouts; ++i) {
+      c10::TypePtr t = schema.returns()[i].type();
+      if (t->kind() == c10::TypeKind::SymIntType) t = c10::IntType::get();
+      node->output(i)->setType(t);
+    }
+    if (!n.scope.empty()) {
+      auto scope = c10::make_intrusive<torch::jit::Scope>();
+      size_t start = 0;
+      while (start <= n.scope.size()) {
+        const size_t end = n.scope.find('/', start);
+        scope = scope->push(c10::Symbol::scope(n.scope.substr(start, end - start)));
+        if (end == std::string::npos) break;
+        start = end + 1;
+      }
+      node->setScope(scope);
+    }
+    g.insertNode(node);
+    auto name = [&](Value* v, const std::string& s) {
+      if (s.empty()) return;
+      env[s] = v;
+      // Names the program's values keep (the writer reads them back); a name TorchScript
+      // would read as its own suffix stays unset.
+      if (valid_name(s)) v->setDebugName(s);
+    };
+    if (n.list_output) {
+      if (nouts != 1) throw std::runtime_error(label + " returns a list in the program but not in its schema");
+      Node* unpack = g.insertNode(g.createListUnpack(node->output(), n.outputs.size()));
+      for (size_t i = 0; i < n.outputs.size(); ++i) name(unpack->output(i), n.outputs[i]);
+    } else {
+      if (n.outputs.size() > nouts) throw std::runtime_error(label + " returns fewer values than the program reads");
+      for (size_t i = 0; i < n.outputs.size(); ++i) name(node->output(i), n.outputs[i]);
+    }
+  }
+};
+
+torch::jit::Module build(const Program& p) {
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  auto cls = c10::ClassType::create(c10::QualifiedName("__torch__.fact.ExportedProgram"), cu, /*is_module=*/true);
+  cu->register_type(cls);
+  torch::jit::Module m(cu, cls);
+  m.register_attribute("training", c10::BoolType::get(), false);
+  for (size_t i = 0; i < p.state.size(); ++i) {
+    const std::string& attr = p.state[i].second;
+    const at::Tensor& t = p.tensors.at(attr);
+    if (p.inline_constant[i]) continue;
+    if (p.parameter[i]) {
+      m.register_parameter(attr, t, /*is_buffer=*/false);
+    } else {
+      m.register_buffer(attr, t);
+    }
+  }
+  auto g = std::make_shared<Graph>();
+  Builder b{*g, {}};
+  Value* self = g->addInput("self")->setType(cls);
+  for (size_t i = 0; i < p.state.size(); ++i) {
+    const auto& [name, attr] = p.state[i];
+    Value* v = p.inline_constant[i] ? g->insertConstant(p.tensors.at(attr)) : g->insertGetAttr(self, attr);
+    if (valid_name(name)) v->setDebugName(name);
+    b.env[name] = v;
+  }
+  for (const auto& name : p.inputs) {
+    Value* v = g->addInput();
+    v->setType(c10::TensorType::get());
+    if (valid_name(name)) v->setDebugName(name);
+    b.env[name] = v;
+  }
+  for (const OpNode& n : p.nodes) b.add(n);
+  if (p.outputs.size() == 1) {
+    g->registerOutput(b.named(p.outputs[0]));
+  } else {
+    std::vector<Value*> outs;
+    for (const auto& name : p.outputs) outs.push_back(b.named(name));
+    g->registerOutput(g->insertNode(g->createTuple(outs))->output());
+  }
+  auto fn = cu->create_function(c10::QualifiedName(*cls->name(), "forward"), g);
+  cls->addMethod(fn);
+  return m;
+}
+
+std::shared_ptr<const Program> find_program(const std::string& path) {
+  std::lock_guard<std::mutex> lock(programs_mutex);
+  auto it = programs.find(path);
+  return it == programs.end() ? nullptr : it->second;
+}
+
+}  // namespace
+
+void register_export(rust::Str path, const ExportProgram& program) {
+  try {
+    const std::string p = to_std(path);
+    auto prog = std::make_shared<Program>();
+    caffe2::serialize::PyTorchStreamReader reader(p);
+    std::unordered_map<std::string, int> taken = {{"training", 1}};
+    // Tied weights (GPT-2's wte and lm_head) name one record: one tensor, read once.
+    std::unordered_map<std::string, at::Tensor> by_record;
+    for (const ExportState& s : program.state) {
+      const std::string attr = attribute_name(std::string(s.attr), taken);
+      prog->state.emplace_back(std::string(s.name), attr);
+      prog->parameter.push_back(s.parameter);
+      const std::string rec = to_std(s.record);
+      const std::vector<int64_t> sizes(s.sizes.begin(), s.sizes.end());
+      auto it = by_record.find(rec);
+      at::Tensor t;
+      if (it != by_record.end() && it->second.sizes().vec() == sizes && it->second.scalar_type() == dtype_of(std::string(s.dtype))) {
+        t = it->second;
+      } else {
+        t = payload(reader, s);
+        by_record[rec] = t;
+      }
+      prog->tensors[attr] = t;
+      prog->inline_constant.push_back(s.constant && t.numel() <= 1);
+    }
+    for (const auto& i : program.inputs) prog->inputs.emplace_back(std::string(i));
+    for (const auto& o : program.outputs) prog->outputs.emplace_back(std::string(o));
+    for (const ExportNode& n : program.nodes) {
+      OpNode o;
+      o.op = std::string(n.op);
+      o.overload = std::string(n.overload);
+      o.list_output = n.list_output;
+      o.scope = std::string(n.scope);
+      for (const auto& out : n.outputs) o.outputs.emplace_back(std::string(out));
+      for (const ExportArg& a : n.args) {
+        Arg arg;
+        arg.name = std::string(a.name);
+        arg.kind = a.kind;
+        for (const auto& s : a.names) arg.names.emplace_back(std::string(s));
+        arg.ints.assign(a.ints.begin(), a.ints.end());
+        arg.floats.assign(a.floats.begin(), a.floats.end());
+        arg.bools.assign(a.bools.begin(), a.bools.end());
+        arg.text = std::string(a.text);
+        o.args.push_back(std::move(arg));
+      }
+      prog->nodes.push_back(std::move(o));
+    }
+    prog->samples = sample_inputs(reader);
+    // Built once here so that a program the bridge cannot build fails now, with its reason.
+    build(*prog);
+    std::lock_guard<std::mutex> lock(programs_mutex);
+    programs[p] = std::move(prog);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(e.what_without_backtrace());
+  }
+}
+
+bool is_export(const std::string& path) { return find_program(path) != nullptr; }
+
+torch::jit::Module load_module(const std::string& path) {
+  if (auto p = find_program(path)) return build(*p);
+  return torch::jit::load(path, at::Device(at::kCPU));
+}
+
+std::string export_placeholder(const std::string& path, const std::string& attr) {
+  auto p = find_program(path);
+  if (!p) return "";
+  for (const auto& [name, a] : p->state) {
+    if (a == attr) return name;
+  }
+  return "";
+}
+
+std::vector<at::Tensor> export_samples(const std::string& path) {
+  auto p = find_program(path);
+  if (!p) return {};
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : p->samples) out.push_back(t.clone());
+  return out;
+}
+
+}  // namespace fact::bridge

@@ -1,0 +1,297 @@
+//! The torch.export front and back ends: `.pt2` programs discover as their traces do, compose into
+//! `.pt2` programs that load and compute the original on the CPU, and bad archives get errors that
+//! name the fix with nothing written.
+
+use crate::common::{compose_json, fact, fixture, run_python, zoo_fixtures};
+use fact::torch;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// `fact discover --json` of `model` with no pattern tables: the plan.
+fn plan(model: &Path) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fact()
+        .env("FACT_TABLE", dir.path().join("t.json"))
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["discover", "--json"])
+        .arg(model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        model.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["plan"].clone()
+}
+
+/// Patterns of a plan counted by kind (the problem's kind).
+fn kinds(plan: &serde_json::Value) -> BTreeMap<String, usize> {
+    let plan: fact::plan::Plan =
+        serde_json::from_value(plan.clone()).expect("discover --json's plan");
+    let mut out = BTreeMap::new();
+    for p in &plan.patterns {
+        *out.entry(p.problem.kind().name().to_string()).or_insert(0) += 1;
+    }
+    out
+}
+
+/// Every zoo model exports (`benches/zoo/models.py --ci`), and discover on its `.pt2` program
+/// finds the patterns discover finds on its trace, kind by kind: the front ends fill one graph.
+#[test]
+fn zoo_programs_discover_the_patterns_of_their_traces() {
+    let dir = zoo_fixtures();
+    let manifest: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let mut failures = Vec::new();
+    for m in &manifest {
+        let name = m["name"].as_str().unwrap();
+        let Some(pt2) = m["pt2"].as_str() else {
+            failures.push(format!("{name} does not export: {}", m["pt2_error"]));
+            continue;
+        };
+        let traced = plan(&dir.join(m["file"].as_str().unwrap()));
+        let exported = plan(&dir.join(pt2));
+        assert_eq!(exported["source"]["format"], "pt2", "{name}");
+        let (a, b) = (kinds(&traced), kinds(&exported));
+        if a != b {
+            failures.push(format!("{name}: the trace finds {a:?}, the program {b:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A table hit composes linear.pt2 into composed.pt2: the program with the linear replaced by a
+/// call of fact::gemm, which loads with the op library and computes the original on the CPU (the
+/// op's fallback) at the sample's batch and at another one (the batch is dynamic).
+#[test]
+fn a_table_hit_composes_a_pt2_program_that_loads_and_runs_in_python() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    crate::compile::table_with(&crate::compile::good_spec())
+        .save(&user)
+        .unwrap();
+    let out_dir = dir.path().join("out");
+    let v = compose_json(&user, &fixture("linear.pt2"), &out_dir);
+    assert_eq!(
+        v["compose"]["patterns"][0]["realization"]["how"], "hit",
+        "{v}"
+    );
+    assert_eq!(v["compose"]["format"], "pt2");
+    let composed = out_dir.join("composed.pt2");
+    let lib = out_dir.join("libfact_ops.so");
+    assert!(composed.is_file() && lib.is_file() && !out_dir.join("composed.pt").exists());
+    // No temporary file is left beside it.
+    let left: Vec<_> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("partial"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let script = format!(
+        r#"
+import torch
+torch.ops.load_library({lib:?})
+ep = torch.export.load({composed:?})
+targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+assert "fact.gemm.default" in targets and "aten.linear.default" not in targets, targets
+orig = torch.export.load({orig:?}).module()
+m = ep.module()
+for batch in (32, 5):
+    x = torch.randn(batch, 64)
+    with torch.no_grad():
+        a, b = m(x), orig(x)
+    assert torch.equal(a, b), (a - b).abs().max()
+print("ok")
+"#,
+        lib = lib.display().to_string(),
+        composed = composed.display().to_string(),
+        orig = fixture("linear.pt2").display().to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
+    // The plan says the batch is dynamic and where it was tuned.
+    let plan = plan(&fixture("linear.pt2"));
+    let dynamic = plan["source"]["dynamic"].as_array().unwrap();
+    assert_eq!(dynamic.len(), 1, "{plan}");
+    assert!(
+        dynamic[0].as_str().unwrap().contains("tuned at 32"),
+        "{plan}"
+    );
+}
+
+/// Every zoo program composed with each of its patterns replaced (kernel "a", which the library
+/// does not hold, so every call takes its fallback) loads with torch.export.load and computes
+/// the original program's output on the CPU.
+#[test]
+fn zoo_programs_composed_compute_the_originals_on_the_cpu() {
+    let tc = fact::nvcc::Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let lib_dir = tempfile::tempdir().unwrap();
+    let built = fact::nvcc::build_library(
+        &tc,
+        &[crate::compile::good_spec()],
+        "libfact_ops.so",
+        &crate::common::build_options(lib_dir.path(), 2),
+    )
+    .unwrap();
+    let dir = zoo_fixtures();
+    let out = tempfile::tempdir().unwrap();
+    let manifest: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let mut cases = Vec::new();
+    for m in &manifest {
+        let Some(pt2) = m["pt2"].as_str() else {
+            continue;
+        };
+        let name = m["name"].as_str().unwrap();
+        let model = dir.join(pt2);
+        let (g, _) = torch::load_graph(&model, &[]).unwrap();
+        let found = fact::kinds::registry::match_patterns(&g);
+        let mut edits = Vec::new();
+        for kind in fact::kinds::registry::KINDS {
+            let mine: Vec<(&dyn fact::rules::Match, &str)> = found
+                .found
+                .iter()
+                .filter(|f| f.kind.name() == kind.name())
+                .map(|f| (&*f.found, "a"))
+                .collect();
+            if !mine.is_empty() {
+                edits.extend(kind.edits(&g, &mine));
+            }
+        }
+        let composed = out.path().join(format!("{name}.pt2"));
+        let written = torch::rewrite_and_write_pt2(
+            &model,
+            &composed,
+            &edits,
+            &fact::kinds::registry::op_schemas(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(written.calls > 0, "{name}: no call written");
+        cases.push(format!(
+            "({name:?}, {:?}, {:?}, {})",
+            model.display().to_string(),
+            composed.display().to_string(),
+            written.calls
+        ));
+    }
+    let script = format!(
+        r#"
+import torch
+torch.ops.load_library({lib:?})
+bad = []
+for name, orig, composed, calls in [{cases}]:
+    ep = torch.export.load(composed)
+    got = sum(1 for n in ep.graph.nodes if n.op == "call_function" and str(n.target).startswith("fact."))
+    if got != calls:
+        bad.append(f"{{name}}: {{got}} fact calls, {{calls}} written")
+    original = torch.export.load(orig)
+    args, kwargs = original.example_inputs
+    with torch.no_grad():
+        want = original.module()(*args, **kwargs)
+        have = ep.module()(*args, **kwargs)
+    err = ((have.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
+    if not err <= 1e-5:
+        bad.append(f"{{name}}: relative error {{err}}")
+print("ok" if not bad else "\n".join(bad))
+"#,
+        lib = built.library.display().to_string(),
+        cases = cases.join(", "),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+/// Writes a copy of linear.pt2 with `edit` applied to its program's JSON (a Python statement on
+/// `d`), to `out`.
+fn edited_pt2(out: &Path, edit: &str) {
+    let script = format!(
+        r#"
+import json, zipfile
+src = zipfile.ZipFile({src:?})
+with zipfile.ZipFile({out:?}, "w", zipfile.ZIP_STORED) as dst:
+    for info in src.infolist():
+        data = src.read(info.filename)
+        if info.filename.endswith("models/model.json"):
+            d = json.loads(data)
+            {edit}
+            data = json.dumps(d).encode()
+        dst.writestr(info.filename, data)
+print("ok")
+"#,
+        src = fixture("linear.pt2").display().to_string(),
+        out = out.display().to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+/// The first `error:` line fact prints for `args`, asserting it failed and wrote no output.
+fn refused(args: &[&str], model: &Path) -> String {
+    let out_dir = tempfile::tempdir().unwrap();
+    let o = fact()
+        .args(args)
+        .arg(model)
+        .arg("--out")
+        .arg(out_dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    for f in ["composed.pt2", "composed.pt", "libfact_ops.so"] {
+        assert!(!out_dir.path().join("out").join(f).exists(), "{f} written");
+    }
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn bad_pt2_archives_get_errors_that_name_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    // A schema fact does not know.
+    let future = dir.path().join("future.pt2");
+    edited_pt2(&future, r#"d["schema_version"]["major"] = 9"#);
+    let e = refused(&["compose"], &future);
+    assert!(
+        e.contains("schema version is 9.")
+            && e.contains("export and save the model with torch 2.11"),
+        "{e}"
+    );
+    // A program exported for training.
+    let e = refused(&["compose"], &fixture("dropout_train.pt2"));
+    assert!(
+        e.contains("training mode") && e.contains("model.eval()"),
+        "{e}"
+    );
+    // A truncated archive.
+    let bytes = std::fs::read(fixture("linear.pt2")).unwrap();
+    let cut = dir.path().join("cut.pt2");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let e = refused(&["compose"], &cut);
+    assert!(
+        e.contains("cut.pt2") && (e.contains("torch cannot read") || e.contains("save")),
+        "{e}"
+    );
+    // An AOTInductor package: compiled code, no program.
+    let aoti = dir.path().join("package.pt2");
+    let script = format!(
+        r#"
+import zipfile
+with zipfile.ZipFile({aoti:?}, "w", zipfile.ZIP_STORED) as z:
+    z.writestr("package/archive_format", "pt2")
+    z.writestr("package/.data/version", "3")
+    z.writestr("package/data/aotinductor/model/model.wrapper.so", b"\x7fELF")
+print("ok")
+"#,
+        aoti = aoti.display().to_string()
+    );
+    assert_eq!(run_python(&script), "ok");
+    let e = refused(&["compose"], &aoti);
+    assert!(
+        e.contains("AOTInductor package") && e.contains("torch.export.save"),
+        "{e}"
+    );
+    // --format pt2 from a TorchScript module.
+    let e = refused(&["compose", "--format", "pt2"], &fixture("linear.pt"));
+    assert!(e.contains("--format pt2 needs a .pt2 input"), "{e}");
+}
