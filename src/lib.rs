@@ -2,6 +2,7 @@
 //! ARCHITECTURE.md maps the stages; each module below is one of them.
 
 pub mod agent;
+pub mod atomic;
 pub mod bench;
 pub mod cli;
 pub mod codegen;

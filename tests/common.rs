@@ -98,6 +98,7 @@ pub fn build_options(dir: &Path, jobs: usize) -> BuildOptions {
         cache: cache_dir(),
         jobs,
         show_progress: false,
+        kinds: fact::kinds::registry::KINDS,
     }
 }
 

@@ -5,8 +5,9 @@
 
 use crate::common::{build_options, fixture};
 use fact::graph::Graph;
+use fact::graph::{Edit, Operand};
 use fact::nvcc::{self, Toolchain};
-use fact::torch::{self, Edit, Operand};
+use fact::torch;
 use std::path::Path;
 use tch::{CModule, Kind, Tensor};
 

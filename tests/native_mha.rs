@@ -5,10 +5,11 @@
 //! vit.pt (torchvision's VisionTransformer, two layers).
 
 use crate::common::{build_all, fixture, run_python};
+use fact::graph::Edit;
 use fact::kinds::registry::match_patterns;
 use fact::kinds::Problem;
 use fact::nvcc::Toolchain;
-use fact::torch::{self, Edit};
+use fact::torch;
 use std::path::Path;
 
 /// The problems of a graph's patterns as `(rule, MxNxK or shape)`, the attention ones too.

@@ -5,9 +5,10 @@
 //! so 16 bytes are 4).
 
 use crate::common::{compose_json, fact, fixture, run_python, sample_entry};
+use fact::graph::{Edit, Operand};
 use fact::kinds::registry::match_patterns;
 use fact::table::Table;
-use fact::torch::{self, Edit, Operand};
+use fact::torch;
 
 #[test]
 fn the_plan_says_which_weights_are_padded() {

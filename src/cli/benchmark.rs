@@ -2,6 +2,7 @@
 //! the figure of the harnesses' records.
 
 use super::command_line;
+use crate::atomic;
 use crate::bench::{self, BenchOptions, BenchReport};
 use crate::compose::ComposeReport;
 use crate::nvcc::Toolchain;
@@ -99,15 +100,15 @@ pub(super) fn run_bench(
         .context("benchmarking")?;
     let text = serde_json::to_string_pretty(&b)? + "\n";
     let path = out_dir.join("report.json");
-    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    atomic::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     let svg = out_dir.join("e2e.svg");
-    std::fs::write(&svg, bench::e2e_figure(&b))
+    atomic::write(&svg, bench::e2e_figure(&b))
         .with_context(|| format!("writing {}", svg.display()))?;
     if let Some(s) = save {
         if let Some(d) = s.parent() {
             std::fs::create_dir_all(d)?;
         }
-        std::fs::write(s, &text).with_context(|| format!("writing {}", s.display()))?;
+        atomic::write(s, &text).with_context(|| format!("writing {}", s.display()))?;
     }
     Ok(b)
 }
@@ -148,7 +149,7 @@ pub(super) fn plot_e2e(records: &Path, out: &Path, title: &str, over: &str) -> R
     .filter(|f| !f.is_empty())
     .collect::<Vec<_>>()
     .join(", ");
-    std::fs::write(out, bench::suite_figure(title, &subtitle, &list, over))
+    atomic::write(out, bench::suite_figure(title, &subtitle, &list, over))
         .with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
     Ok(())

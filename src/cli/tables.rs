@@ -438,7 +438,7 @@ shipped table: {}",
                 .user
                 .find_id(&id)
                 .or_else(|_| tables.shipped.find_id(&id))?;
-            std::fs::write(&file, crate::bench::plot::scatter_svg(e))
+            crate::atomic::write(&file, crate::bench::plot::scatter_svg(e))
                 .with_context(|| format!("writing {}", file.display()))?;
             println!(
                 "{}: {} candidates of {}",

@@ -8,14 +8,16 @@
 
 use crate::agent::external::ExternalAgent;
 use crate::agent::Steward;
+use crate::graph::Edit;
 use crate::kinds::{registry, Candidates, Measured, Problem, Spec, SweepCx};
 use crate::nvcc::{self, BuildError, CompileFailure, SccacheReport, Toolchain};
 use crate::plan::{self, PlanOptions, UnmatchedGemm};
 use crate::rules::PatternKind;
 use crate::space::SpaceOptions;
 use crate::table::{self, CandidateResult, Entry, Lookup, Provenance, Run, TableKey, Tables};
-use crate::torch::{self, Edit, InputShape};
-use crate::tune::devices::{self, Gpu, GpuChoice, Pool};
+use crate::torch::{self, InputShape};
+use crate::tune::devices::{self, GpuChoice, Pool};
+use crate::tune::worker::Gpu;
 use crate::tune::{self, worker, Outcome, Protocol};
 use crate::types::{Arch, MathType, Precision};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -225,6 +227,7 @@ impl Options {
             cache: self.cache_dir.clone(),
             jobs: self.jobs,
             show_progress: self.progress,
+            kinds: registry::KINDS,
         }
     }
 }
@@ -622,7 +625,7 @@ pub fn compose(
         seconds: start.elapsed().as_secs_f64(),
     };
     let path = opts.out_dir.join(REPORT);
-    std::fs::write(
+    crate::atomic::write(
         &path,
         serde_json::to_string_pretty(&report).expect("report serializes"),
     )

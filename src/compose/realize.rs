@@ -1196,8 +1196,8 @@ fn realize_sweep(
     if let Some(space) = space {
         record["space"] = space;
     }
-    let _ = std::fs::write(
-        dir.join("sweep.json"),
+    let _ = crate::atomic::write(
+        &dir.join("sweep.json"),
         serde_json::to_string_pretty(&record).expect("run serializes"),
     );
     record_sweep(sh, key, problem.clone(), runs, failures, &dir)
@@ -1254,8 +1254,8 @@ fn record_sweep(
             failures,
         });
     };
-    let _ = std::fs::write(
-        dir.join("scatter.svg"),
+    let _ = crate::atomic::write(
+        &dir.join("scatter.svg"),
         crate::bench::plot::scatter_svg(&entry),
     );
     let mut tables = lock(sh.tables);

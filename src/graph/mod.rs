@@ -3,6 +3,10 @@
 //! fills it from an archive, and tests write it as text (`Graph::parse`) in a TorchScript-like
 //! notation.
 
+pub mod edit;
+
+pub use edit::{Edit, Fold, FoldBn, Operand, OperandKind, ABSENT};
+
 use std::collections::HashMap;
 use thiserror::Error;
 

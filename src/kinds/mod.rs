@@ -15,6 +15,8 @@
 pub mod attention;
 pub mod conv;
 pub mod erased;
+#[cfg(test)]
+pub mod fake;
 pub mod gemm;
 pub mod glu;
 pub mod grn;
@@ -30,12 +32,11 @@ pub use typed::TypedKind;
 
 use crate::agent::Steward;
 use crate::codegen::{DispatchEntry, OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId, ValueId};
+use crate::graph::{Edit, Graph, NodeId, ValueId};
 use crate::nvcc::library::KernelLibrary;
-use crate::rules::{Match, PatternKind, Rule};
+use crate::rules::{candidates, cover, Match, PatternKind, Rule};
 use crate::space::validity::{FailureKind, Scope};
 use crate::space::SpaceOptions;
-use crate::torch::Edit;
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use erased::Value;
@@ -621,6 +622,51 @@ impl Patterns {
             .flat_map(|f| f.kind.products(&*f.found))
             .collect()
     }
+}
+
+/// The cover of `g` by the patterns of `kinds`: every match their rules find takes part, no node
+/// in two (`rules::cover`); the kinds in the order given, each kind's patterns in graph order with
+/// its plan ids. The registry's `match_patterns` is this over its kinds; a kind's tests give the
+/// kinds they need.
+pub fn match_kinds(g: &Graph, kinds: &[&'static dyn Kind]) -> Patterns {
+    let rules: Vec<&'static dyn Rule> = kinds
+        .iter()
+        .flat_map(|k| k.rules().iter().copied())
+        .collect();
+    let mut by_kind: Vec<Vec<Box<dyn Match>>> = kinds.iter().map(|_| vec![]).collect();
+    for c in cover(candidates(g, &rules)) {
+        let i = kinds
+            .iter()
+            .position(|k| k.pattern_kinds().contains(&c.kind))
+            .unwrap_or_else(|| panic!("rule {}: no kind's patterns are called {}", c.rule, c.kind));
+        by_kind[i].push(c.found);
+    }
+    let found = kinds
+        .iter()
+        .zip(by_kind)
+        .flat_map(|(&kind, matches)| {
+            matches
+                .into_iter()
+                .enumerate()
+                .map(move |(i, found)| Found {
+                    id: format!("{}{i}", kind.letter()),
+                    kind,
+                    found,
+                })
+        })
+        .collect();
+    Patterns { found }
+}
+
+/// The torch op library for `arch` with the sections of `kinds` (the registry's: every kind) in
+/// the frame, their pattern kinds its switches.
+pub fn render_op_library(kinds: &[&dyn Kind], arch: Arch) -> Source {
+    let sections: Vec<_> = kinds.iter().map(|k| (k.ops(), k.op_code(arch))).collect();
+    let switches: Vec<&str> = kinds
+        .iter()
+        .flat_map(|k| k.pattern_kinds().iter().map(|p| p.name()))
+        .collect();
+    crate::codegen::render_torch_op(arch, &sections, &switches)
 }
 
 /// A kind's value behind `&dyn Match`, `&Problem` or `&Spec`, as the kind's own type: a value of

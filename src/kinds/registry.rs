@@ -11,12 +11,12 @@
 
 use super::TypedKind;
 use super::{
-    attention, conv, gemm, glu, grn, layernorm, rmsnorm, rotary, siblings, Found, Kind, Patterns,
-    Problem, Spec,
+    attention, conv, gemm, glu, grn, layernorm, match_kinds, render_op_library, rmsnorm, rotary,
+    siblings, Kind, Patterns, Problem, Spec,
 };
 use crate::codegen::{self, Source};
 use crate::graph::{Graph, NodeId};
-use crate::rules::{candidates, cover, PatternKind, Rule};
+use crate::rules::{PatternKind, Rule};
 use crate::types::{Arch, DType};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer};
@@ -114,30 +114,9 @@ pub fn match_patterns(g: &Graph) -> Patterns {
 
 /// The same with the kinds `opts` enables beyond the default ones.
 pub fn match_patterns_with(g: &Graph, opts: &MatchOptions) -> Patterns {
-    let mut by_kind: Vec<Vec<Box<dyn crate::rules::Match>>> =
-        KINDS.iter().map(|_| vec![]).collect();
-    for c in cover(candidates(g, &enabled_rules(opts))) {
-        let i = KINDS
-            .iter()
-            .position(|k| k.pattern_kinds().contains(&c.kind))
-            .unwrap_or_else(|| panic!("rule {}: no kind's patterns are called {}", c.rule, c.kind));
-        by_kind[i].push(c.found);
-    }
-    let found = KINDS
-        .iter()
-        .zip(by_kind)
-        .flat_map(|(&kind, matches)| {
-            matches
-                .into_iter()
-                .enumerate()
-                .map(move |(i, found)| Found {
-                    id: format!("{}{i}", kind.letter()),
-                    kind,
-                    found,
-                })
-        })
-        .collect();
-    Patterns { found }
+    let kinds: Vec<&'static dyn Kind> =
+        KINDS.iter().copied().filter(|k| opts.enables(*k)).collect();
+    match_kinds(g, &kinds)
 }
 
 /// The problem a rule id names at a shape (`fact realize`): its kind's parser says what is wrong
@@ -172,9 +151,7 @@ pub fn op_schemas() -> Vec<&'static str> {
 
 /// The torch op library for `arch`: every kind's section in the frame.
 pub fn render_torch_op(arch: Arch) -> Source {
-    let sections: Vec<_> = KINDS.iter().map(|k| (k.ops(), k.op_code(arch))).collect();
-    let switches: Vec<&str> = pattern_kinds().iter().map(|k| k.name()).collect();
-    codegen::render_torch_op(arch, &sections, &switches)
+    render_op_library(KINDS, arch)
 }
 
 /// Reads a value back as the first kind's that it parses as (as an untagged enum would), or

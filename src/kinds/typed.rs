@@ -11,11 +11,10 @@ use super::{
     SweepCx, Unfused, Unit, Work,
 };
 use crate::codegen::{OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Edit, Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{self, PatternKind, Rule};
 use crate::space::validity::FailureKind;
-use crate::torch::Edit;
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use serde::de::DeserializeOwned;

@@ -8,8 +8,9 @@
 //! failure (command and log) is returned, not raised. toolchain.rs finds the tools and builds the
 //! commands; library.rs opens a built library.
 
+use crate::atomic;
 use crate::codegen::{self, Source};
-use crate::kinds::{registry, Spec, Unit};
+use crate::kinds::{render_op_library, Kind, Spec, Unit};
 use crate::types::Arch;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
@@ -53,6 +54,13 @@ pub enum BuildError {
         path: String,
         source: std::io::Error,
     },
+}
+
+/// The file `exe` in the first folder of PATH that has it.
+fn find_on_path(exe: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(exe))
+        .find(|p| p.is_file())
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
@@ -191,18 +199,7 @@ fn note_in_unit(
     unit_object: &Path,
 ) {
     let r = object_path(tc, cache, source, command, stem).with_extension("ref");
-    let tmp = tmp_path(&r, "ref");
-    if std::fs::write(&tmp, unit_object.display().to_string()).is_ok() {
-        let _ = std::fs::rename(&tmp, &r);
-    }
-}
-
-/// A name beside `path` (whose extension is `ext`) that no other writer uses, in this process
-/// or another: compose builds on several threads at once, and two of them may compile one kernel.
-fn tmp_path(path: &Path, ext: &str) -> PathBuf {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    path.with_extension(format!("{ext}.tmp{}-{n}", std::process::id()))
+    let _ = atomic::write(&r, unit_object.display().to_string());
 }
 
 /// Compiles `source` to a cached object; returns (object, was_cached).
@@ -215,14 +212,12 @@ fn compile_cached(
     stem: &str,
 ) -> Result<(PathBuf, bool), BuildError> {
     let src = src_dir.join(&source.file_name);
-    std::fs::write(&src, &source.text).map_err(io(&src))?;
+    atomic::write(&src, &source.text).map_err(io(&src))?;
     let obj = object_path(tc, cache, source, &command_line(&cmd), stem);
     if obj.is_file() {
         return Ok((obj, true));
     }
-    let tmp = tmp_path(&obj, "o");
-    compile_to(tc, cmd, source, &src, &tmp)?;
-    std::fs::rename(&tmp, &obj).map_err(io(&obj))?;
+    atomic::write_with(&obj, |tmp| compile_to(tc, cmd, source, &src, tmp), io(&obj))?;
     Ok((obj, false))
 }
 
@@ -386,9 +381,7 @@ fn include_dir(cache: &Path) -> Result<PathBuf, BuildError> {
     std::fs::create_dir_all(&include).map_err(io(&include))?;
     let header = include.join("fact_kernels.h");
     if std::fs::read_to_string(&header).ok().as_deref() != Some(ABI_HEADER) {
-        let tmp = tmp_path(&header, "h");
-        std::fs::write(&tmp, ABI_HEADER).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &header).map_err(io(&header))?;
+        atomic::write(&header, ABI_HEADER).map_err(io(&header))?;
     }
     Ok(include)
 }
@@ -404,6 +397,9 @@ pub struct BuildOptions {
     pub jobs: usize,
     /// Progress bars (or lines, where stderr is no terminal) on stderr.
     pub show_progress: bool,
+    /// The kinds a library holds the torch ops of and checks its kernels with
+    /// (`Kind::check_library`): the registry's, `kinds::registry::KINDS`.
+    pub kinds: &'static [&'static dyn Kind],
 }
 
 /// Compiles the kernels of `specs` to objects in the build cache (what is cached already is
@@ -460,7 +456,7 @@ pub fn compile_objects(
             Some(obj) => {
                 // The sweep folder shows every kernel's source, compiled now or before.
                 let path = src_dir.join(&source.file_name);
-                std::fs::write(&path, &source.text).map_err(io(&path))?;
+                atomic::write(&path, &source.text).map_err(io(&path))?;
                 objects.push((vec![i], obj));
                 cached += 1;
                 bar.inc(1);
@@ -577,7 +573,7 @@ pub fn build_library(
     let start = std::time::Instant::now();
     let specs: Vec<Spec> = specs.iter().cloned().map(Into::into).collect();
     // What each kind's kernels cannot share (fp32 attention kernels of two maths).
-    for kind in registry::KINDS {
+    for kind in opts.kinds {
         let mine: Vec<&Spec> = specs
             .iter()
             .filter(|s| s.kind().name() == kind.name())
@@ -588,7 +584,7 @@ pub fn build_library(
     let src_dir = out_dir.join("src");
     std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
     let include = include_dir(cache)?;
-    let op = registry::render_torch_op(arch);
+    let op = render_op_library(opts.kinds, arch);
     let (objects, op_obj) = std::thread::scope(|scope| {
         let op_obj = scope.spawn(|| {
             compile_cached(
@@ -633,35 +629,44 @@ pub fn build_library(
 
     let library = out_dir.join(lib_name);
     let torch_lib = tc.torch.join("lib");
-    let mut link = Command::new("c++");
-    link.arg("-shared")
-        .arg("-o")
-        .arg(&library)
-        .args(&objects)
-        .arg(&dispatch_obj)
-        .arg(&op_obj);
-    link.arg(format!("-L{}", torch_lib.display()));
-    link.arg(format!("-Wl,-rpath,{}", torch_lib.display()));
-    // torch_cuda and c10_cuda are needed for their static initialisers even where no symbol is.
-    link.arg("-Wl,--no-as-needed");
-    for l in ["torch", "torch_cpu", "torch_cuda", "c10", "c10_cuda"] {
-        link.arg(format!("-l{l}"));
-    }
-    match tc.cudart() {
-        Some(p) => {
-            link.arg(&p);
-            if let Some(d) = p.parent() {
-                link.arg(format!("-Wl,-rpath,{}", d.display()));
+    // Linked beside its place and renamed into it: a process that loaded the previous library
+    // keeps it, and a build stopped midway leaves the previous one whole.
+    atomic::write_with(
+        &library,
+        |tmp| {
+            let mut link = Command::new("c++");
+            link.arg("-shared")
+                .arg("-o")
+                .arg(tmp)
+                .args(&objects)
+                .arg(&dispatch_obj)
+                .arg(&op_obj);
+            link.arg(format!("-L{}", torch_lib.display()));
+            link.arg(format!("-Wl,-rpath,{}", torch_lib.display()));
+            // torch_cuda and c10_cuda are needed for their static initialisers even where no
+            // symbol is.
+            link.arg("-Wl,--no-as-needed");
+            for l in ["torch", "torch_cpu", "torch_cuda", "c10", "c10_cuda"] {
+                link.arg(format!("-l{l}"));
             }
-        }
-        None => {
-            link.arg("-lcudart");
-        }
-    }
-    // Bind the library's own symbols inside it, so the dispatch table never resolves to another
-    // fact library's that happens to be loaded in the same process.
-    link.arg("-Wl,-Bsymbolic");
-    run(link, "linking the kernel library")?;
+            match tc.cudart() {
+                Some(p) => {
+                    link.arg(&p);
+                    if let Some(d) = p.parent() {
+                        link.arg(format!("-Wl,-rpath,{}", d.display()));
+                    }
+                }
+                None => {
+                    link.arg("-lcudart");
+                }
+            }
+            // Bind the library's own symbols inside it, so the dispatch table never resolves to
+            // another fact library's that happens to be loaded in the same process.
+            link.arg("-Wl,-Bsymbolic");
+            run(link, "linking the kernel library")
+        },
+        io(&library),
+    )?;
     Ok(Built {
         library,
         kernels,
@@ -679,19 +684,7 @@ mod tests {
 
     #[test]
     fn a_library_has_one_arch() {
-        let a = |arch| -> Spec {
-            crate::kinds::attention::AttentionSpec {
-                arch,
-                dtype: crate::types::DType::F32,
-                math: crate::types::MathType::Tf32,
-                queries_per_block: 32,
-                keys_per_block: 128,
-                max_k: 128,
-                family: crate::kinds::attention::AttentionFamily::Sm80,
-                bias: false,
-            }
-            .into()
-        };
+        let a = |arch| crate::kinds::fake::spec("k", arch);
         assert_eq!(
             target_arch(&[a(Arch::Sm80), a(Arch::Sm80)]).unwrap(),
             Arch::Sm80

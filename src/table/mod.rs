@@ -581,9 +581,7 @@ impl Table {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(werr)?;
         }
-        let tmp = path.with_extension(format!("json.tmp{}", std::process::id()));
-        std::fs::write(&tmp, self.text()).map_err(werr)?;
-        std::fs::rename(&tmp, path).map_err(werr)
+        crate::atomic::write(path, self.text()).map_err(werr)
     }
 
     /// The table as `save` writes it: JSON with one entry (and one learned rule) a line. Entries

@@ -2,7 +2,8 @@
 //! propagation from example inputs, and the process-wide CUDA set-up (libtorch_cuda, op libraries).
 //! All C++ lives behind this module; nothing above it sees a C++ type.
 
-use crate::graph::{Const, Graph, MaskClass, MaskFact, Node, TensorInfo, Value};
+use crate::atomic;
+use crate::graph::{Const, Edit, Graph, MaskClass, MaskFact, Node, OperandKind, TensorInfo, Value};
 use archive::ArchiveKind;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
@@ -57,37 +58,20 @@ mod ffi {
         note: String,
         failure: OpFailure,
     }
-    /// How an operand of a custom-op call is made.
+    /// `graph::OperandKind` as the bridge reads it (bridge.cc): the same variants in the same
+    /// order.
     enum OperandKind {
-        /// The graph value `value`.
         Value,
-        /// A string constant `text`.
         Str,
-        /// An int constant `int_value`.
         Int,
-        /// The None constant (an absent optional).
         None,
-        /// A Tensor[] built from the graph values `values` (may be empty).
         Values,
-        /// The module attribute the graph value `value` reads (a `prim::GetAttr` chain from the
-        /// module), padded with zeros along its first dim to `int_value` rows: a buffer the
-        /// rewrite adds to the composed module once, whatever reads it.
         Padded,
-        /// The module attributes the two graph values `values` read, interleaved along their
-        /// first dim in blocks of `int_value` rows: a buffer the rewrite adds once. One value:
-        /// the two halves (along the first dim) of the attribute it reads.
         Interleaved,
-        /// A convolution's weight or bias with an eval-mode BatchNorm folded in, from the module
-        /// attributes `values` reads: [weight, bias, γ, β, mean, var], each absent one `ABSENT`,
-        /// the BatchNorm's eps as `text` (empty without a BatchNorm). `int_value` 0 makes the
-        /// bias; a positive one the weight with that many input channels, those past the
-        /// weight's own zero (a stem's C = 3 padded to 16-byte rows), laid out channels-last
-        /// (KRSC), the kernels' layout: a buffer the rewrite adds once.
         Folded,
-        /// The module attributes graph values `values` read (one dtype, and one shape past their
-        /// first dim), concatenated along their first dim: a buffer the rewrite adds once.
         Concatenated,
     }
+    /// `graph::Operand` as the bridge reads it.
     struct Operand {
         kind: OperandKind,
         value: u32,
@@ -95,20 +79,7 @@ mod ffi {
         int_value: i64,
         values: Vec<u32>,
     }
-    /// Replaces the pattern ending at node `node` (whose output the call takes over) by one call
-    /// of `op`. `remove` are the pattern's other nodes, each of kind `remove_kinds[i]`: they are
-    /// destroyed after the call took over, and must have no uses left by then. Node and value
-    /// ids are those of `load_graph` on the same archive, taken before any edit.
-    ///
-    /// A pattern with several outputs names the further nodes whose (single) outputs the call's
-    /// later outputs take over, in order, in `outputs` (each of kind `output_kinds[i]`); the op
-    /// then returns that many tensors more, and the call goes where the latest of these nodes and
-    /// `node` was, so every output but that node's must be read only after it. Empty for the
-    /// usual one output. `first` puts the call where the earliest of these nodes was instead (each
-    /// operand must be defined there; sibling linears, whose earlier outputs are read before the
-    /// later ones exist). `Default` leaves every list empty and `first` false: kinds spell only
-    /// what they fill.
-    #[derive(Default)]
+    /// `graph::Edit` as the bridge reads it.
     struct Edit {
         node: u32,
         expect_kind: String,
@@ -262,148 +233,14 @@ mod ffi {
     }
 }
 
-pub use ffi::{Edit, InputSpec, Operand, OperandKind};
-
-/// An absent value among an operand's `values` (`Operand::folded`).
-pub const ABSENT: u32 = u32::MAX;
-
-/// The module attributes a folded convolution operand is made of (graph values reading them).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Fold {
-    pub weight: usize,
-    /// The input channels of the folded weight: the weight's own, or more, padded with zeros.
-    pub channels: i64,
-    pub bias: Option<usize>,
-    pub bn: Option<FoldBn>,
-}
-
-/// An eval-mode BatchNorm's attributes (γ and β absent for `affine=False`) and its eps.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FoldBn {
-    pub weight: Option<usize>,
-    pub bias: Option<usize>,
-    pub mean: usize,
-    pub var: usize,
-    pub eps: f64,
-}
-
-/// One constructor per operand kind of a graph edit.
-impl Operand {
-    fn of(kind: OperandKind) -> Operand {
-        Operand {
-            kind,
-            value: 0,
-            text: String::new(),
-            int_value: 0,
-            values: vec![],
-        }
-    }
-    /// Graph value `v` (a `load_graph` id).
-    pub fn value(v: usize) -> Operand {
-        Operand {
-            value: v as u32,
-            ..Operand::of(OperandKind::Value)
-        }
-    }
-    /// The None constant (an absent optional).
-    pub fn none() -> Operand {
-        Operand::of(OperandKind::None)
-    }
-    /// Graph value `v` when there is one, else None.
-    pub fn optional(v: Option<usize>) -> Operand {
-        v.map_or_else(Operand::none, Operand::value)
-    }
-    /// A string constant.
-    pub fn text(s: &str) -> Operand {
-        Operand {
-            text: s.to_string(),
-            ..Operand::of(OperandKind::Str)
-        }
-    }
-    /// The module attribute graph value `v` reads, padded with zeros to `rows` rows, as a buffer
-    /// of the composed module.
-    pub fn padded(v: usize, rows: i64) -> Operand {
-        Operand {
-            value: v as u32,
-            int_value: rows,
-            ..Operand::of(OperandKind::Padded)
-        }
-    }
-    /// The module attributes graph values `a` and `b` read (one shape), interleaved along their
-    /// first dim in blocks of `block` rows, as a buffer of the composed module.
-    pub fn interleaved(a: usize, b: usize, block: i64) -> Operand {
-        Operand {
-            values: vec![a as u32, b as u32],
-            int_value: block,
-            ..Operand::of(OperandKind::Interleaved)
-        }
-    }
-    /// The module attribute graph value `v` reads, its first and second halves (along its first
-    /// dim) interleaved in blocks of `block` rows, as a buffer of the composed module: a fused
-    /// gate-and-up weight as two weights' `interleaved`.
-    pub fn interleaved_halves(v: usize, block: i64) -> Operand {
-        Operand {
-            values: vec![v as u32],
-            int_value: block,
-            ..Operand::of(OperandKind::Interleaved)
-        }
-    }
-    /// A convolution's weight (`bias` false) or bias (true) with an eval-mode BatchNorm folded
-    /// in, as a buffer of the composed module: w' = w·γ/√(var+eps) in the kernels' channels-last
-    /// layout with `fold.channels` input channels (zero past the weight's own), b' = (b −
-    /// mean)·γ/√(var+eps) + β, computed once in fp64 from the module's attributes `fold` names,
-    /// and rounded to their dtype.
-    pub fn folded(bias: bool, fold: &Fold) -> Operand {
-        let id = |v: Option<usize>| v.map_or(ABSENT, |v| v as u32);
-        let (bn, eps) = match &fold.bn {
-            Some(bn) => (
-                [
-                    id(bn.weight),
-                    id(bn.bias),
-                    id(Some(bn.mean)),
-                    id(Some(bn.var)),
-                ],
-                format!("{:?}", bn.eps),
-            ),
-            None => ([ABSENT; 4], String::new()),
-        };
-        let mut values = vec![fold.weight as u32, id(fold.bias)];
-        values.extend(bn);
-        Operand {
-            values,
-            text: eps,
-            int_value: if bias { 0 } else { fold.channels },
-            ..Operand::of(OperandKind::Folded)
-        }
-    }
-    /// An int constant.
-    pub fn int(v: i64) -> Operand {
-        Operand {
-            int_value: v,
-            ..Operand::of(OperandKind::Int)
-        }
-    }
-    /// The module attributes graph values `vs` read, concatenated along their first dim, as a
-    /// buffer of the composed module.
-    pub fn concatenated(vs: &[usize]) -> Operand {
-        Operand {
-            values: vs.iter().map(|&v| v as u32).collect(),
-            ..Operand::of(OperandKind::Concatenated)
-        }
-    }
-    /// A Tensor[] of graph values.
-    pub fn values(vs: &[usize]) -> Operand {
-        Operand {
-            values: vs.iter().map(|&v| v as u32).collect(),
-            ..Operand::of(OperandKind::Values)
-        }
-    }
-}
+pub use ffi::InputSpec;
 
 #[derive(Debug, Error)]
 pub enum TorchError {
     #[error("cannot read {path}: {detail}")]
     Read { path: String, detail: String },
+    #[error("cannot write {path}: {detail}")]
+    Write { path: String, detail: String },
     #[error("{path}: this is not a TorchScript module: {what}; export the model and save it with torch.export.save(torch.export.export(model.eval(), example_inputs), \"model.pt2\"), or trace it and save it with torch.jit.trace(model.eval(), example_inputs).save(path)")]
     NotTorchScript { path: String, what: String },
     #[error("{path}: no example inputs stored in the archive; pass the shapes with --input, e.g. --input 4096x4096:f32 (once per forward input)")]
@@ -728,22 +565,32 @@ fn graph_from_dump(d: ffi::GraphDump) -> Graph {
     }
 }
 
-/// Replaces nodes (or patterns of nodes) of `forward` by custom-op calls and saves the module;
-/// returns the new graph's text. `schemas` are the ops' schemas (every kind's, `kinds::registry::
+/// Replaces nodes (or patterns of nodes) of `forward` by custom-op calls and saves the module
+/// to `out` whole (`atomic`); returns the new graph's text. `schemas` are the ops' schemas (every kind's, `kinds::registry::
 /// op_schemas`), defined first where missing.
 /// The edits as the bridge takes them (cxx passes a Vec it owns).
-fn ffi_edits(edits: &[Edit]) -> Vec<Edit> {
+fn ffi_edits(edits: &[Edit]) -> Vec<ffi::Edit> {
     edits
         .iter()
-        .map(|e| Edit {
+        .map(|e| ffi::Edit {
             node: e.node,
             expect_kind: e.expect_kind.clone(),
             op: e.op.clone(),
             operands: e
                 .operands
                 .iter()
-                .map(|o| Operand {
-                    kind: o.kind,
+                .map(|o| ffi::Operand {
+                    kind: match o.kind {
+                        OperandKind::Value => ffi::OperandKind::Value,
+                        OperandKind::Str => ffi::OperandKind::Str,
+                        OperandKind::Int => ffi::OperandKind::Int,
+                        OperandKind::None => ffi::OperandKind::None,
+                        OperandKind::Values => ffi::OperandKind::Values,
+                        OperandKind::Padded => ffi::OperandKind::Padded,
+                        OperandKind::Interleaved => ffi::OperandKind::Interleaved,
+                        OperandKind::Folded => ffi::OperandKind::Folded,
+                        OperandKind::Concatenated => ffi::OperandKind::Concatenated,
+                    },
                     value: o.value,
                     text: o.text.clone(),
                     int_value: o.int_value,
@@ -769,8 +616,14 @@ pub fn rewrite_and_save(
     let edits = ffi_edits(edits);
     let schemas: Vec<String> = schemas.iter().map(|s| s.to_string()).collect();
     let _schemas = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
-    ffi::rewrite_and_save(&p, &out.display().to_string(), &edits, &schemas)
-        .map_err(|e| TorchError::Bridge(first_line(e.what())))
+    atomic::write_with(
+        out,
+        |tmp| {
+            ffi::rewrite_and_save(&p, &tmp.display().to_string(), &edits, &schemas)
+                .map_err(|e| TorchError::Bridge(first_line(e.what())))
+        },
+        write_err(out),
+    )
 }
 
 /// Makes the same edits as `rewrite_and_save` in the program of the `.pt2` archive at `path` and
@@ -840,10 +693,21 @@ pub fn graph_text(path: &Path) -> Result<String, TorchError> {
 }
 
 /// Saves the module at `path` with its floating parameters and buffers in fp64 (the rest as it is)
-/// to `out`: the reference a bench verifies against.
+/// to `out` (whole): the reference a bench verifies against.
 pub fn save_fp64_copy(path: &Path, out: &Path) -> Result<(), TorchError> {
     let p = check_archive(path)?;
-    ffi::save_fp64_copy(&p, &out.display().to_string()).map_err(|e| bridge_err(&p, e))
+    atomic::write_with(
+        out,
+        |tmp| ffi::save_fp64_copy(&p, &tmp.display().to_string()).map_err(|e| bridge_err(&p, e)),
+        write_err(out),
+    )
+}
+
+fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> TorchError + '_ {
+    move |e| TorchError::Write {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
 }
 
 /// Sets torch.set_float32_matmul_precision for this process ("highest", "high", "medium").

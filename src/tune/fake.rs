@@ -5,8 +5,8 @@
 //! device timed and how many workers ran on a device at once.
 
 use super::cuda::DeviceInfo;
-use super::devices::{Gpu, Pool};
-use super::worker::{judge_all, Event, Request, Spawn};
+use super::devices::Pool;
+use super::worker::{judge_all, Event, Gpu, Request, Spawn};
 use super::{Bench, BenchError, Protocol};
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -140,22 +140,12 @@ pub(crate) fn gpu(index: usize, name: &str, cc: (i32, i32)) -> Gpu {
     }
 }
 
-/// A request for `variants` of a GEMM problem's library (the fakes open none).
+/// A request for `variants` of a problem of a 4096³ GEMM's flops (the fakes open no library).
 pub(crate) fn request(variants: Vec<usize>) -> Request {
-    let problem = crate::kinds::gemm::GemmProblem {
-        m: 4096,
-        n: 4096,
-        k: 4096,
-        layout: crate::kinds::gemm::GemmLayout::Rcr,
-        dtype: crate::types::DType::Bf16,
-        bias: false,
-        batch: 1,
-        epilogue: None,
-        padded_from: None,
-    };
+    let problem = crate::kinds::fake::problem(2 * 4096 * 4096 * 4096);
     Request {
         library: "/nonexistent/libsweep.so".into(),
-        problem: problem.into(),
+        problem,
         math: crate::types::MathType::Bf16,
         precision: crate::types::Precision::Tf32,
         protocol: Protocol::default(),

@@ -4,20 +4,39 @@
 //! child after it. It also keeps the sweep library, which registers fact's ops with torch, out of
 //! the process that later loads the composed module's library. The request carries any kind's
 //! problem, which builds its kind's bench (`kinds::Kind::bench`): the worker names no kind.
-//! A worker runs on one GPU (`devices::Gpu`, pinned through CUDA_VISIBLE_DEVICES) and judges the
+//! A worker runs on one GPU (`Gpu`, pinned through CUDA_VISIBLE_DEVICES) and judges the
 //! variants it is dealt, timing torch's baseline itself, so its ratios are that GPU's. `Spawn` is
 //! where the process starts; the resuming logic (`run_sweep`) is tested with fake benches judged
 //! in-process.
 
-use super::devices::Gpu;
+use super::cuda::DeviceInfo;
 use super::{judge, Bench, Outcome, Protocol, Timing};
 use crate::kinds::Problem;
-use crate::nvcc::KernelLibrary;
+use crate::nvcc::library::KernelLibrary;
 use crate::types::{MathType, Precision};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+
+/// One CUDA device of this process, as a worker is pinned to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gpu {
+    /// Its CUDA ordinal here (after CUDA_VISIBLE_DEVICES).
+    pub index: usize,
+    /// What a worker's CUDA_VISIBLE_DEVICES says to see it alone: this process's own entry for
+    /// it where CUDA_VISIBLE_DEVICES was set, else its ordinal.
+    pub pin: String,
+    pub info: DeviceInfo,
+    pub capability: (i32, i32),
+}
+
+impl Gpu {
+    /// `GPU1`, as progress lines name it.
+    pub fn label(&self) -> String {
+        format!("GPU{}", self.index)
+    }
+}
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Request {

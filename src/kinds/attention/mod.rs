@@ -21,10 +21,9 @@ pub use spec::{candidates, AttentionFamily, AttentionSpec, Sm90Schedule};
 
 use super::{Candidates, Dispatch, PlanFacts, Problem, Spec, SweepCx, TypedKind, Unit};
 use crate::codegen::{OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Edit, Graph, NodeId, Operand};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{PatternKind, Rule};
-use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use std::collections::BTreeSet;

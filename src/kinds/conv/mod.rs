@@ -33,10 +33,9 @@ pub use spec::{
 use super::{Candidates, Dispatch, PlanFacts, Problem, Product, Spec, TypedKind};
 use super::{SweepCx, Unit, Work};
 use crate::codegen::{OpCode, OpDef, Source as Code};
-use crate::graph::{Const, Graph, NodeId};
+use crate::graph::{Const, Edit, Fold, FoldBn, Graph, NodeId, Operand};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{Match, PatternKind, Rule};
-use crate::torch::{Edit, Fold, FoldBn, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use std::collections::BTreeSet;
@@ -567,14 +566,13 @@ fn notes(c: &ConvMatch, math: MathType, arch: Arch) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kinds::own;
-    use crate::plan::node_costs;
 
     /// A bf16 1x1 convolution, 256 → 1024 channels on 14x14 at batch 32, with its BatchNorm,
     /// the residual add and ReLU (a resnet50 layer3 bottleneck's last convolution).
-    const BLOCK: &str = "graph(%self: M, %x: bf16[32,256,14,14], %r: bf16[32,1024,14,14]):
+    pub(crate) const BLOCK: &str = "graph(%self: M, %x: bf16[32,256,14,14], %r: bf16[32,1024,14,14]):
        %none = prim::Constant[None]()
        %f = prim::Constant[False]()
        %t = prim::Constant[True]()
@@ -595,55 +593,6 @@ mod tests {
        %s = aten::add_(%n, %r, %one) : bf16[32,1024,14,14]
        %a = aten::relu_(%s) : bf16[32,1024,14,14]
        return (%a)";
-
-    #[test]
-    fn the_plan_shows_the_chain_and_prices_it_as_its_implicit_gemm() {
-        let g = Graph::parse(BLOCK).unwrap();
-        let found = crate::kinds::registry::match_patterns(&g);
-        assert_eq!(found.found.len(), 1);
-        let f = &found.found[0];
-        assert_eq!((f.id.as_str(), f.kind.name()), ("c0", "conv"));
-        let m = found.of::<ConvMatch>()[0];
-        let facts = Conv.plan_facts(m, Some(MathType::Bf16), Arch::Sm90);
-        assert_eq!(
-            facts.name,
-            "conv2d 32x256x14x14 → 1024 1x1 s1 p0 + bn + add + relu"
-        );
-        assert!(facts.notes[0].starts_with(
-            "an implicit GEMM of M = N·P·Q = 32·14·14 = 6272, N = K = 1024, K = C·R·S = 256·1·1 = 256"
-        ));
-        // x is the graph's input and the output is returned: the op converts both ways.
-        let notes = facts.notes.join("\n");
-        for note in [
-            "folded into the weights and bias once",
-            "x converted to channels-last on every call: it comes NCHW from the graph's input",
-            "the output handed back in NCHW for the graph's output",
-            "sm90 conv collective builder",
-        ] {
-            assert!(notes.contains(note), "{note}: {notes}");
-        }
-        assert_eq!(Conv.copies_of(m).len(), 2);
-        let f32_accurate = Conv.plan_facts(m, Some(MathType::Tf32x3), Arch::Sm90);
-        assert!(f32_accurate.notes[1].starts_with("no kernel: f32-accurate"));
-        // The cost model prices the convolution node at the tensor-core rate: its FLOPs are the
-        // GEMM's, not one per output element.
-        let products = found.products();
-        assert_eq!(products.len(), 1);
-        assert_eq!(products[0].flops, 2.0 * 6272.0 * 1024.0 * 256.0);
-        assert_eq!(products[0].k, 256);
-        let costs = node_costs(&g, Arch::Sm90, Precision::Tf32, &products);
-        let conv = costs
-            .iter()
-            .find(|c| c.kind == "aten::_convolution")
-            .unwrap();
-        assert_eq!(conv.flops, products[0].flops);
-        let unpriced = node_costs(&g, Arch::Sm90, Precision::Tf32, &[]);
-        let alone = unpriced
-            .iter()
-            .find(|c| c.kind == "aten::_convolution")
-            .unwrap();
-        assert!(alone.flops < conv.flops / 100.0, "{}", alone.flops);
-    }
 
     #[test]
     fn the_problem_is_the_chains_and_its_winner_reads_back() {
@@ -700,7 +649,7 @@ mod tests {
             ]
             .map(|v| v as u32)
         );
-        use crate::torch::OperandKind;
+        use crate::graph::OperandKind;
         assert!(e.operands[2].kind == OperandKind::None);
         let (w, b) = (&e.operands[12], &e.operands[13]);
         assert!(w.kind == OperandKind::Folded && b.kind == OperandKind::Folded);
@@ -709,7 +658,7 @@ mod tests {
             (w.int_value, b.int_value, w.text.as_str()),
             (256, 0, "1e-5")
         );
-        let absent = crate::torch::ABSENT;
+        let absent = crate::graph::ABSENT;
         assert_eq!(
             w.values,
             [
@@ -737,57 +686,12 @@ mod tests {
         assert!(e.operands[13].kind == OperandKind::None);
         assert_eq!(e.operands[14].text, "_convolution:0011;out:nchw");
     }
-
-    /// Without a measurement the plan prices the kernel with the cost model: one pass over its
-    /// tensors in place of the convolution's, the BatchNorm's, the add's and the ReLU's, less
-    /// the conversions this chain makes.
-    #[test]
-    fn the_plan_estimates_the_gain_from_the_passes_the_kernel_saves() {
-        let g = Graph::parse(BLOCK).unwrap();
-        let found = crate::kinds::registry::match_patterns(&g);
-        let opts = crate::plan::PlanOptions {
-            arch: Arch::Sm90,
-            precision: Precision::Tf32,
-            assumed_speedup: 1.05,
-        };
-        let plan = crate::plan::plan(
-            &g,
-            &found,
-            &opts,
-            None,
-            &mut crate::agent::Steward::builtin(),
-        );
-        let p = &plan.patterns[0];
-        assert!(
-            p.speedup_source.starts_with("estimated by the cost model (one kernel, x converted to channels-last, the output converted back to NCHW)"),
-            "{}",
-            p.speedup_source
-        );
-        assert!(p.expected_speedup > 1.05, "{}", p.expected_speedup);
-        // Read in place and handed on channels-last, the same chain saves more.
-        let m = found.of::<ConvMatch>()[0];
-        let inside = ConvMatch {
-            x_from: Source::Chain(0),
-            out_nchw: None,
-            ..m.clone()
-        };
-        let price = |m: &ConvMatch| {
-            crate::plan::price(
-                &Conv.work(m, MathType::Bf16).unwrap(),
-                Arch::Sm90,
-                Precision::Tf32,
-                DType::Bf16,
-            )
-        };
-        assert!(price(&inside) < price(m));
-    }
 }
 
 #[cfg(test)]
 mod stem_tests {
     use super::*;
-    use crate::kinds::registry::match_patterns;
-    use crate::torch::OperandKind;
+    use crate::graph::OperandKind;
 
     /// torchvision's resnet stem at batch 32 in `dtype`: conv 7x7 stride 2 padding 3 over the
     /// image's 3 channels, its BatchNorm and ReLU, max pooling, then a 1x1 convolution with a
@@ -828,7 +732,7 @@ mod stem_tests {
     }
 
     fn convs(g: &Graph) -> Vec<ConvMatch> {
-        match_patterns(g)
+        crate::kinds::match_kinds(g, &[&Conv])
             .of::<ConvMatch>()
             .into_iter()
             .cloned()

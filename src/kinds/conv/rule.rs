@@ -472,7 +472,6 @@ fn chains(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kinds::registry::match_patterns;
 
     /// torchvision's resnet50 as torch.jit.trace records it (torchvision 0.26, torch 2.11, f32,
     /// 1x3x224x224): the stem and the first bottleneck, whose downsample branch the trace
@@ -570,7 +569,7 @@ mod tests {
 
     /// The cover's convolution patterns of `g`, by their first node's output name.
     fn covered(g: &Graph) -> Vec<ConvMatch> {
-        match_patterns(g)
+        crate::kinds::match_kinds(g, &[&super::super::Conv])
             .of::<ConvMatch>()
             .into_iter()
             .cloned()

@@ -15,9 +15,10 @@ pub mod rule;
 pub mod space;
 pub mod sweep;
 
-pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueMatch, EpilogueRule, LeafKind};
+pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueRule, LeafKind};
 pub use rule::{
-    major, match_gemms, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, GemmRule, Major,
+    major, match_gemms, EpilogueMatch, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, GemmRule,
+    Major,
 };
 pub use space::{gemm_candidates, KernelSpec, Knowledge};
 
@@ -26,11 +27,10 @@ use super::{
     Unit,
 };
 use crate::codegen::{OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Edit, Graph, NodeId, Operand};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{PatternKind, Rule};
 use crate::space::validity::{self, FailureKind, Scope};
-use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use bench::GemmBench;
@@ -575,3 +575,6 @@ fn notes(m: &GemmMatch, math: Option<MathType>, arch: Arch) -> Vec<String> {
     .chain(space::epilogue_note(p, math, arch))
     .collect()
 }
+
+#[cfg(test)]
+mod validity_tests;

@@ -33,7 +33,7 @@
 //! the leading dims of such rows, not split them); else the GEMM is matched as the graph has it.
 //! An epilogue fuses at the graph's N (`epilogue.rs`): its leaves are the graph's width.
 
-use super::epilogue::{Epilogue, EpilogueMatch};
+use super::epilogue::program::Epilogue;
 use crate::graph::{is_packed, Const, Graph, NodeId, TensorInfo, ValueId};
 use crate::rules::{boxed, Match, PatternKind, Rule};
 use crate::types::DType;
@@ -341,6 +341,27 @@ impl GemmProblem {
             format!("{}x{}x{}", self.m, n, self.k)
         }
     }
+}
+
+/// The elementwise ops fused after a GEMM match (`GemmMatch::epilogue`), as the epilogue rule
+/// (`epilogue/`) finds them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpilogueMatch {
+    pub epilogue: Epilogue,
+    /// The pattern's nodes besides the GEMM, in program order: its elementwise ops, the
+    /// transparent nodes between them, and the transparent nodes its leaves and its a are read
+    /// through that nothing else reads.
+    pub nodes: Vec<NodeId>,
+    /// The leaf tensors, in `epilogue.leaves` order.
+    pub leaves: Vec<ValueId>,
+    /// The value the pattern produces (the last node's output).
+    pub output: ValueId,
+    /// The tensor the op reads as a in place of the GEMM's own operand, which flattens it: the
+    /// op's output, a.shape[:-1] + [N], then has its leading dims, as `output` does.
+    pub a: Option<ValueId>,
+    /// The pattern turned (see the module doc): output dim i is dim `order[i]` of the GEMM's
+    /// output; every leaf lies in this order.
+    pub order: Option<Vec<usize>>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -1235,7 +1256,7 @@ mod tests {
         )
         .replace("return (%logits)", "return (%y)");
         let g = Graph::parse(&text).unwrap();
-        let found = crate::kinds::registry::match_patterns(&g);
+        let found = crate::kinds::match_kinds(&g, &[&crate::kinds::gemm::Gemm]);
         assert_eq!(found.of::<GemmMatch>().len(), 1);
         let fused = found.of::<GemmMatch>()[0];
         assert!(fused.epilogue.is_some() && fused.applied_pad().is_none());

@@ -897,3 +897,22 @@ fn an_add_no_gemm_reaches_goes_with_the_norm_after_it() {
         ("fact::layernorm_add_sum", 1, 0)
     );
 }
+
+#[test]
+fn the_cover_takes_the_group_over_its_members_only_when_asked() {
+    use crate::kinds::siblings::rule::tests::{parse, projections};
+    let g = parse(&projections("bf16", 2048, &[2048, 512, 512], false, ""));
+    let rules = |p: &crate::kinds::Patterns| -> Vec<String> {
+        p.found.iter().map(|f| f.problem().rule_id()).collect()
+    };
+    // Off by default: three plain GEMMs, as before the kind.
+    assert_eq!(rules(&match_patterns(&g)), ["gemm_rcr"; 3]);
+    let on = match_patterns_with(
+        &g,
+        &MatchOptions {
+            fuse_siblings: true,
+        },
+    );
+    assert_eq!(rules(&on), ["siblings_rcr"]);
+    assert_eq!(on.found[0].id, "s0");
+}

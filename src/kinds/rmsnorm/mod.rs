@@ -23,11 +23,10 @@ pub use spec::{candidates, RmsNormSpec, CANDIDATE_PER_THREAD, MAX_PER_THREAD, MA
 
 use super::{Candidates, Dispatch, PlanFacts, Problem, Spec, SweepCx, TypedKind, Unit};
 use crate::codegen::{OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Edit, Graph, NodeId, Operand};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::residual::Residual;
 use crate::rules::{Match, PatternKind, Rule};
-use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 

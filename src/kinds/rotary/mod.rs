@@ -20,10 +20,9 @@ pub use spec::{candidates, RotarySpec};
 
 use super::{Candidates, Dispatch, PlanFacts, Problem, Spec, SweepCx, TypedKind, Unit};
 use crate::codegen::{OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Edit, Graph, NodeId, Operand, OperandKind};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{Match, PatternKind, Rule};
-use crate::torch::{Edit, Operand, OperandKind};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 

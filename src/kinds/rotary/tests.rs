@@ -1,12 +1,17 @@
 //! Rotary matcher tests from text graphs written as the traces of transformers 5.17 write them
 //! (LlamaForCausalLM and Qwen2ForCausalLM: halves on q and k; GPTNeoXForCausalLM: partial halves
 //! on views of the fused qkv; GPTJForCausalLM: partial pairs on [B, T, H, D] behind full slices),
-//! and the cover against the registry's other rules.
+//! and the cover against the GEMM kind's rules.
 
 use super::*;
 use crate::graph::Graph;
-use crate::kinds::registry::match_patterns;
+use crate::kinds::{match_kinds, Patterns};
 use crate::rules::Match;
+
+/// The cover of `g` by the rotary and GEMM kinds' rules.
+fn match_patterns(g: &Graph) -> Patterns {
+    match_kinds(g, &[&crate::kinds::gemm::Gemm, &Rotary])
+}
 
 const CONSTANTS: &str = "
    %zero = prim::Constant[0]()

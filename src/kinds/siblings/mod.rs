@@ -17,7 +17,7 @@
 
 mod bench;
 mod problem;
-mod rule;
+pub(crate) mod rule;
 
 pub use bench::SiblingsBench;
 pub use problem::{SiblingsProblem, MAX_SIBLINGS};
@@ -25,12 +25,11 @@ pub use rule::{match_siblings, SiblingsMatch, SiblingsRule};
 
 use super::{Candidates, Dispatch, Measured, PlanFacts, Product, Spec, SweepCx, TypedKind, Unit};
 use crate::codegen::{self, OpCode, OpDef, Source};
-use crate::graph::{Graph, NodeId};
+use crate::graph::{Edit, Graph, NodeId, Operand};
 use crate::kinds::gemm::{Gemm, KernelSpec};
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{PatternKind, Rule};
 use crate::space::validity::FailureKind;
-use crate::torch::{Edit, Operand};
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
 use std::collections::{BTreeMap, BTreeSet};

@@ -217,4 +217,4 @@ fn group(g: &Graph, grp: &[Linear]) -> Option<SiblingsMatch> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -5,8 +5,8 @@
 //! written as export writes a custom op's call, and the buffers the calls read (padded,
 //! interleaved, folded, concatenated weights) become buffers of the program with their bytes in
 //! the archive. Everything else in the archive (weights, constants, sample inputs, range
-//! constraints, the signature's other entries) is kept. The archive is written to a temporary
-//! name beside the output and renamed into place, so a killed compose leaves no truncated file.
+//! constraints, the signature's other entries) is kept. The archive is written whole (`atomic`):
+//! a killed compose leaves the previous file or none, never a truncated one.
 
 use super::super::ffi;
 use super::{schema, Program};
@@ -84,7 +84,7 @@ fn buffer_meta(b: &ffi::WrittenBuffer, device: &Json) -> Result<Json, String> {
 }
 
 /// Writes the program of the `.pt2` archive at `source` (read as `program`) with `rewritten`'s
-/// calls to `out`, through a temporary file beside it.
+/// calls to `out`, written whole.
 pub fn write(
     source: &Path,
     program: &Program,
@@ -231,29 +231,14 @@ pub fn write(
         program.record.clone(),
         "data/weights/model_weights_config.json".to_string(),
     ];
-    let dir = out.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.{}.partial",
-        out.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("composed.pt2"),
-        std::process::id()
-    ));
-    let tmp_s = tmp.display().to_string();
-    let result = ffi::write_archive(&src, &tmp_s, &skip, &records)
-        .map_err(|e| format!("cannot write {}: {}", out.display(), e.what()))
-        .and_then(|()| {
-            std::fs::rename(&tmp, out).map_err(|e| {
-                format!(
-                    "cannot move the archive into place at {}: {e}",
-                    out.display()
-                )
-            })
-        });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result?;
+    crate::atomic::write_with(
+        out,
+        |tmp| {
+            ffi::write_archive(&src, &tmp.display().to_string(), &skip, &records)
+                .map_err(|e| format!("cannot write {}: {}", out.display(), e.what()))
+        },
+        |e| format!("cannot write {}: {e}", out.display()),
+    )?;
     Ok(Written {
         calls,
         buffers: rewritten.buffers.len(),

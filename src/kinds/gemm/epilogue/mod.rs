@@ -31,9 +31,9 @@
 //! `EpilogueRule` offers each GEMM with its longest epilogue; the GEMM alone is `GemmRule`'s match.
 
 pub mod eager;
-mod program;
+pub mod program;
 
-use super::rule::{match_gemms, GemmMatch};
+use super::rule::{match_gemms, EpilogueMatch, GemmMatch};
 use crate::graph::{Const, Graph, NodeId, TensorInfo, ValueId};
 use crate::rules::views::{self, Pass, Readers};
 use crate::rules::{boxed, Match, PatternKind, Rule};
@@ -41,26 +41,6 @@ use crate::types::DType;
 use std::collections::{BTreeSet, HashMap};
 
 pub use program::*;
-
-/// A GEMM match with the epilogue that follows it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EpilogueMatch {
-    pub epilogue: Epilogue,
-    /// The pattern's nodes besides the GEMM, in program order: its elementwise ops, the
-    /// transparent nodes between them, and the transparent nodes its leaves and its a are read
-    /// through that nothing else reads.
-    pub nodes: Vec<NodeId>,
-    /// The leaf tensors, in `epilogue.leaves` order.
-    pub leaves: Vec<ValueId>,
-    /// The value the pattern produces (the last node's output).
-    pub output: ValueId,
-    /// The tensor the op reads as a in place of the GEMM's own operand, which flattens it: the
-    /// op's output, a.shape[:-1] + [N], then has its leading dims, as `output` does.
-    pub a: Option<ValueId>,
-    /// The pattern turned (see the module doc): output dim i is dim `order[i]` of the GEMM's
-    /// output; every leaf lies in this order.
-    pub order: Option<Vec<usize>>,
-}
 
 /// A pattern's one reordering: the GEMM-order shape it turned from and the order it took.
 #[derive(Clone, Debug)]
@@ -1159,7 +1139,7 @@ mod tests {
                return (%y)",
         )
         .unwrap();
-        let found = crate::kinds::registry::match_patterns(&g);
+        let found = crate::kinds::match_kinds(&g, &[&crate::kinds::gemm::Gemm]);
         let got: Vec<(Option<&str>, Vec<String>)> = found
             .of::<GemmMatch>()
             .iter()

@@ -456,3 +456,69 @@ pub fn epilogue_note(p: &GemmProblem, math: MathType, arch: Arch) -> Option<Stri
         "epilogue fused as a visitor tree ({how}, fp32): {program}{leaves}"
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::problem;
+    use super::*;
+    use crate::kinds::gemm::{Epilogue, GemmLayout};
+
+    #[test]
+    fn refusals_to_fuse_say_why() {
+        let residual = Some(Epilogue::parse("leaves=full;v1=add(v0,l0)").unwrap());
+        let p = GemmProblem {
+            epilogue: residual,
+            ..problem(4096, 4096, 4096, DType::F32)
+        };
+        assert_eq!(
+            (
+                fusion_refusal(&p, MathType::Tf32, Arch::Sm90),
+                fusion_refusal(&p, MathType::Tf32x3, Arch::Sm90)
+            ),
+            (None, None)
+        );
+        // f32-accurate with a column-major a has no split kernel; sm80 3xTF32 fuses it through
+        // its visitor tree.
+        let crr = GemmProblem {
+            layout: GemmLayout::Crr,
+            ..p.clone()
+        };
+        assert_eq!(fusion_refusal(&crr, MathType::Tf32, Arch::Sm90), None);
+        assert_eq!(fusion_refusal(&crr, MathType::Tf32x3, Arch::Sm90), None);
+        assert_eq!(
+            fusing_kernel(&crr, MathType::Tf32x3, Arch::Sm90).map(|k| k.family),
+            Some(Family::Sm80Gemm)
+        );
+        // Rows that are no 16-byte vectors: no TMA kernel fuses, an sm80 one of that alignment
+        // does (every residual an aux load).
+        let ragged = GemmProblem {
+            n: 4094,
+            ..p.clone()
+        };
+        let k = fusing_kernel(&ragged, MathType::Tf32, Arch::Sm90).unwrap();
+        assert_eq!((k.family, k.align, k.aux_loads()), (Family::Sm80Gemm, 2, 1));
+        // bf16 with an odd dim: CUTLASS's generator has no kernel that narrow, so nothing fuses.
+        let odd = GemmProblem {
+            n: 4095,
+            dtype: DType::Bf16,
+            ..p.clone()
+        };
+        let why = fusion_refusal(&odd, MathType::Bf16, Arch::Sm90).unwrap();
+        assert!(
+            why.contains("alignment 1") && why.contains("n = 4095"),
+            "{why}"
+        );
+        assert_eq!(
+            fusion_refusal(
+                &GemmProblem {
+                    epilogue: None,
+                    ..odd
+                },
+                MathType::Bf16,
+                Arch::Sm90
+            ),
+            None,
+            "nothing to fuse"
+        );
+    }
+}

@@ -327,40 +327,41 @@ pub fn refresh(
     let dir = Knowledge::user_dir();
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let out = dir.join(Knowledge::file_name(version));
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        Knowledge::file_name(version),
-        std::process::id()
-    ));
-    let mut cmd = std::process::Command::new(python);
-    if let Some(site) = site {
-        cmd.env("PYTHONPATH", site);
-    }
-    let status = cmd
-        .arg(script)
-        .arg("--out")
-        .arg(&tmp)
-        .output()
-        .map_err(|e| format!("cannot run {} {}: {e}", python.display(), script.display()))?;
-    if !status.status.success() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!(
-            "{} failed:\n{}{}",
-            script.display(),
-            String::from_utf8_lossy(&status.stdout),
-            String::from_utf8_lossy(&status.stderr)
-        ));
-    }
-    let kb = Knowledge::read(&tmp)?;
-    if !kb.is_for(version) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(format!(
-            "the distiller read CUTLASS {} but the toolchain compiles with {version}; point {} at the same install",
-            kb.cutlass_version,
-            python.display()
-        ));
-    }
-    std::fs::rename(&tmp, &out).map_err(|e| format!("cannot write {}: {e}", out.display()))?;
+    crate::atomic::write_with(
+        &out,
+        |tmp| {
+            let mut cmd = std::process::Command::new(python);
+            if let Some(site) = site {
+                cmd.env("PYTHONPATH", site);
+            }
+            let status = cmd
+                .arg(script)
+                .arg("--out")
+                .arg(tmp)
+                .output()
+                .map_err(|e| {
+                    format!("cannot run {} {}: {e}", python.display(), script.display())
+                })?;
+            if !status.status.success() {
+                return Err(format!(
+                    "{} failed:\n{}{}",
+                    script.display(),
+                    String::from_utf8_lossy(&status.stdout),
+                    String::from_utf8_lossy(&status.stderr)
+                ));
+            }
+            let kb = Knowledge::read(tmp)?;
+            if !kb.is_for(version) {
+                return Err(format!(
+                    "the distiller read CUTLASS {} but the toolchain compiles with {version}; point {} at the same install",
+                    kb.cutlass_version,
+                    python.display()
+                ));
+            }
+            Ok(())
+        },
+        |e| format!("cannot write {}: {e}", out.display()),
+    )?;
     Ok(out)
 }
 

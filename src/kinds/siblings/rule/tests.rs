@@ -8,7 +8,7 @@ use super::*;
 /// bias (where there is one) and weight read by `prim::GetAttr`, `linear(x, w, b)`, `view` to
 /// [B, T, H, D] and `transpose(1, 2)`; the three heads' views returned. `widths` are q's, k's and
 /// v's N; `extra` goes before the return.
-fn projections(dtype: &str, k: i64, widths: &[i64], bias: bool, extra: &str) -> String {
+pub(crate) fn projections(dtype: &str, k: i64, widths: &[i64], bias: bool, extra: &str) -> String {
     let mut text = format!(
         "graph(%self.1: Model, %x: {dtype}[1,8,{k}], %z: {dtype}[1,8,{k}]):
            %8 = prim::Constant[None]()
@@ -77,7 +77,7 @@ fn reorder_bias_reads(text: &str) -> String {
     out.join("\n") + "\n"
 }
 
-fn parse(text: &str) -> Graph {
+pub(crate) fn parse(text: &str) -> Graph {
     Graph::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
 }
 
@@ -130,25 +130,6 @@ fn qwen2s_biased_projections_and_berts_are_groups_with_biases() {
         ),
         (DType::F32, 2304, "8x768x768x768x768".to_string())
     );
-}
-
-#[test]
-fn the_cover_takes_the_group_over_its_members_only_when_asked() {
-    use crate::kinds::registry::{match_patterns, match_patterns_with, MatchOptions};
-    let g = parse(&projections("bf16", 2048, &[2048, 512, 512], false, ""));
-    let rules = |p: &crate::kinds::Patterns| -> Vec<String> {
-        p.found.iter().map(|f| f.problem().rule_id()).collect()
-    };
-    // Off by default: three plain GEMMs, as before the kind.
-    assert_eq!(rules(&match_patterns(&g)), ["gemm_rcr"; 3]);
-    let on = match_patterns_with(
-        &g,
-        &MatchOptions {
-            fuse_siblings: true,
-        },
-    );
-    assert_eq!(rules(&on), ["siblings_rcr"]);
-    assert_eq!(on.found[0].id, "s0");
 }
 
 #[test]

@@ -1,0 +1,191 @@
+//! The validity rules learned from the GEMM kind's failures: `space::validity` over a GEMM
+//! kernel's features (`learn`, `rejecting`), in the scope of a GEMM sweep.
+
+use crate::kinds::gemm::space::{
+    gemm_candidates, Family, KernelSchedule, KernelSpec, TileScheduler,
+};
+use crate::kinds::gemm::{learn, rejecting};
+use crate::kinds::gemm::{GemmLayout, GemmProblem};
+use crate::space::validity::*;
+use crate::types::{Arch, DType, MathType};
+use serde_json::Value;
+
+fn problem() -> GemmProblem {
+    GemmProblem {
+        m: 4096,
+        n: 4096,
+        k: 4096,
+        layout: GemmLayout::Rrr,
+        dtype: DType::F32,
+        bias: false,
+        batch: 1,
+        epilogue: None,
+        padded_from: None,
+    }
+}
+fn scope() -> Scope {
+    crate::kinds::gemm::scope(&problem(), MathType::Tf32, Arch::Sm90, "4.2.0.0")
+}
+fn space() -> Vec<KernelSpec> {
+    gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90)
+}
+
+#[test]
+fn a_failure_rejects_its_kernel_and_counts_repeats() {
+    let ks = space();
+    let mut rules = vec![];
+    learn(
+        &mut rules,
+        &scope(),
+        FailureKind::Compile,
+        &ks[0],
+        "error: static_assert failed",
+        &[],
+    );
+    assert_eq!(rules.len(), 1);
+    assert!(rejecting(&rules, &scope(), &ks[0]).is_some());
+    assert!(rejecting(&rules, &scope(), &ks[1]).is_none());
+    learn(
+        &mut rules,
+        &scope(),
+        FailureKind::Compile,
+        &ks[0],
+        "again",
+        &[],
+    );
+    assert_eq!((rules.len(), rules[0].count), (1, 2));
+    // Compile rules hold for every shape of the rule; other CUTLASS versions are not covered.
+    let other_shape = Scope {
+        shape: Some("8x8x8".into()),
+        ..scope()
+    };
+    assert!(rejecting(&rules, &other_shape, &ks[0]).is_some());
+    let other_cutlass = Scope {
+        cutlass: "4.3.0".into(),
+        ..scope()
+    };
+    assert!(rejecting(&rules, &other_cutlass, &ks[0]).is_none());
+}
+
+#[test]
+fn rules_generalise_to_shared_parameters_but_never_over_a_success() {
+    let ks = crate::kinds::gemm::space::Knowledge::shipped().kernels(
+        &problem(),
+        MathType::Tf32,
+        Arch::Sm90,
+    );
+    let pp_tile = |t: [u32; 2]| -> Vec<&KernelSpec> {
+        ks.iter()
+            .filter(|k| {
+                k.schedule == KernelSchedule::WsPingpong
+                    && k.family == Family::Sm90Gemm
+                    && k.tile[..2] == t
+            })
+            .collect()
+    };
+    let p128 = pp_tile([128, 128]);
+    let other_tile = pp_tile([64, 128]);
+    let find = |c: [u32; 3], e: crate::kinds::gemm::space::EpilogueKind| {
+        *p128
+            .iter()
+            .find(|k| k.cluster == c && k.epilogue == e)
+            .unwrap()
+    };
+    use crate::kinds::gemm::space::EpilogueKind::{NoSmem, Tma};
+    // a and b differ in cluster and epilogue; the other two 128x128 ping-pong kernels share
+    // tile and schedule with both.
+    let (a, b) = (find([1, 2, 1], Tma), find([2, 1, 1], NoSmem));
+    let pp = [
+        a,
+        find([1, 2, 1], NoSmem),
+        find([2, 1, 1], Tma),
+        b,
+        other_tile[0],
+    ];
+    let mut rules = vec![];
+    learn(
+        &mut rules,
+        &scope(),
+        FailureKind::Launch,
+        a,
+        "illegal instruction",
+        &[],
+    );
+    learn(
+        &mut rules,
+        &scope(),
+        FailureKind::Launch,
+        b,
+        "illegal instruction",
+        &[],
+    );
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].count, 2);
+    assert_eq!(
+        rules[0].predicate.get("schedule"),
+        Some(&Value::String("ws_pp".into()))
+    );
+    assert!(
+        !rules[0].predicate.contains_key("cluster") && !rules[0].predicate.contains_key("epilogue")
+    );
+    // The generalisation rejects the untried kernels sharing what the failures shared...
+    assert!(
+        rejecting(&rules, &scope(), pp[1]).is_some()
+            && rejecting(&rules, &scope(), pp[2]).is_some()
+    );
+    // ...but not another tile, nor a cooperative kernel.
+    assert!(pp[4].tile != a.tile && rejecting(&rules, &scope(), pp[4]).is_none());
+    let pp: Vec<&KernelSpec> = p128.clone();
+    let coop = ks
+        .iter()
+        .find(|k| k.schedule == KernelSchedule::WsCooperative)
+        .unwrap();
+    assert!(rejecting(&rules, &scope(), coop).is_none());
+
+    // With a known-good ping-pong kernel, the same two failures stay two exact rules.
+    let mut rules = vec![];
+    let good = [pp[2].clone()];
+    learn(&mut rules, &scope(), FailureKind::Launch, pp[0], "x", &good);
+    learn(&mut rules, &scope(), FailureKind::Launch, pp[1], "x", &good);
+    assert!(rejecting(&rules, &scope(), pp[2]).is_none());
+    assert!(
+        rejecting(&rules, &scope(), pp[0]).is_some()
+            && rejecting(&rules, &scope(), pp[1]).is_some()
+    );
+}
+
+#[test]
+fn numeric_rules_stay_with_their_shape_and_knobs() {
+    let ks = space();
+    let sk = ks
+        .iter()
+        .find(|k| k.scheduler == TileScheduler::StreamK)
+        .unwrap();
+    let mut rules = vec![];
+    learn(
+        &mut rules,
+        &scope(),
+        FailureKind::Numeric,
+        sk,
+        "1.3e-3 > 1e-3",
+        &[],
+    );
+    assert!(rejecting(&rules, &scope(), sk).is_some());
+    assert!(rejecting(
+        &rules,
+        &Scope {
+            shape: Some("256x256x8".into()),
+            ..scope()
+        },
+        sk
+    )
+    .is_none());
+    let split = sk.with_knobs(crate::kinds::gemm::space::Knobs {
+        splits: 4,
+        ..sk.knobs
+    });
+    assert!(
+        rejecting(&rules, &scope(), &split).is_none(),
+        "other knobs are another variant"
+    );
+}
