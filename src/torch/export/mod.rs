@@ -956,7 +956,7 @@ mod tests {
     #[test]
     fn a_grad_switch_is_inlined_with_its_outputs_keeping_their_names() {
         let mut g: Json = serde_json::from_str(
-            r#"{"inputs": [], "outputs": [], "tensor_values": {"x": {}}, "sym_int_values": {}, "nodes": [
+            r#"{"inputs": [], "outputs": [{"as_tensor": {"name": "cos_1"}}], "tensor_values": {"x": {}}, "sym_int_values": {}, "nodes": [
               {"target": "torch.ops.aten._assert_tensor_metadata.default", "inputs": [], "outputs": []},
               {"target": "torch.ops.higher_order.wrap_with_set_grad_enabled", "inputs": [
                  {"name": "", "arg": {"as_bool": false}},

@@ -112,8 +112,8 @@ pub struct GraphArgument {
     pub graph: Box<Graph>,
 }
 
-/// An argument or output (schema.py's `Argument` union). Variants fact cannot pass on to an op
-/// are read (so the program parses) and refused where they are used.
+/// An argument or output (schema.py's `Argument` union, every variant of schema 8.17). Variants
+/// fact cannot pass on to an op are read (so the program parses) and refused where they are used.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Argument {
@@ -141,8 +141,12 @@ pub enum Argument {
     AsOptionalTensor(OptionalTensorArgument),
     AsSymFloat(SymFloatArgument),
     AsSymFloats(Vec<SymFloatArgument>),
-    #[serde(other)]
-    Other,
+    AsComplex(serde::de::IgnoredAny),
+    AsCustomObj(serde::de::IgnoredAny),
+    AsOperator(serde::de::IgnoredAny),
+    AsNestedTensors(serde::de::IgnoredAny),
+    AsIntLists(serde::de::IgnoredAny),
+    AsStringToArgument(serde::de::IgnoredAny),
 }
 
 impl Argument {
@@ -173,7 +177,12 @@ impl Argument {
             Argument::AsOptionalTensor(_) => "as_optional_tensor",
             Argument::AsSymFloat(_) => "as_sym_float",
             Argument::AsSymFloats(_) => "as_sym_floats",
-            Argument::Other => "an argument kind fact does not read",
+            Argument::AsComplex(_) => "as_complex",
+            Argument::AsCustomObj(_) => "as_custom_obj",
+            Argument::AsOperator(_) => "as_operator",
+            Argument::AsNestedTensors(_) => "as_nested_tensors",
+            Argument::AsIntLists(_) => "as_int_lists",
+            Argument::AsStringToArgument(_) => "as_string_to_argument",
         }
     }
     /// The names of the values an output argument defines (none for a constant output).
@@ -351,7 +360,7 @@ mod tests {
         assert_eq!(none.what(), "as_none");
         let odd: Argument =
             serde_json::from_str(r#"{"as_complex": {"real": 1, "imag": 0}}"#).unwrap();
-        assert_eq!(odd.what(), "an argument kind fact does not read");
+        assert_eq!(odd.what(), "as_complex");
     }
 
     #[test]
