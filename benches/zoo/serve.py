@@ -1,0 +1,398 @@
+"""torch.export in and out, serving shapes and CUDA graphs, measured as users run fact: each zoo
+model (benches/zoo/models.py) is built on the GPU in bf16, exported with torch.export (batch and
+sequence dynamic where the model allows), composed from its .pt2 by the fact CLI, and then, in
+one measuring process per model:
+
+- at the zoo shape: the exported program eagerly (eager_ms), torch.compile of the model
+  (compile_ms), the composed program eagerly (fact_pt2_ms) and under torch.compile
+  (fact_pt2_compile_ms), and with --aoti the AOTInductor packages of the original program
+  (aoti_orig_ms) and of the composed one (aoti_ms), each with its error against fp64, timed in
+  turns (benches/device/harness.py: L2 flushed, CUDA events, medians);
+- with --grid, at every shape of the serving grid (decoders and encoders B x T in 1x1, 1x37,
+  1x128, 1x1024, 4x333, 8x549 and the zoo's; images B in 1, 8 and the zoo's): the traced module,
+  torch.compile (default) and mode="reduce-overhead", the composed program eagerly and captured
+  in a CUDA graph (one warm-up call at the shape, then torch.cuda.graph; replays read new input
+  values copied into the captured buffers), each with its error against fp64, and the op
+  library's kernel and fallback calls with the fallbacks' reasons.
+
+From the repository root on the GPU machine, after `source .device/env.sh`:
+
+    python3 benches/zoo/serve.py OUT --models gpt2 [--fact .device/fact] [--fact-args '--jobs 16']
+        [--grid] [--aoti] [--budget-s 540]
+
+Records (JSON), each written as soon as it is known, so a stopped call keeps what it measured:
+OUT/records/NAME.json (the zoo shape), OUT/shapes/NAME.json (one row per grid shape, the fields
+benches/zoo/README.md lists), OUT/compose/NAME.json (the compose's wall time, its nvcc time and
+kernels, with the model's time after it), and logs under OUT/logs.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "device"))
+import models  # noqa: E402
+from harness import ITERATIONS, VERIFY_INPUTS, flush_buffer, rel_err, time_interleaved, write_json  # noqa: E402
+
+DTYPE = torch.bfloat16
+TEXT_GRID = [(1, 1), (1, 37), (1, 128), (1, 1024), (4, 333), (8, 549)]
+IMAGE_GRID = [1, 8]
+
+
+def log(*args):
+    print(f"[{datetime.datetime.now():%H:%M:%S}]", *args, flush=True)
+
+
+def grid(model):
+    """The serving shapes of `model`: (batch, seq) pairs, seq None for images; the zoo's last."""
+    if model.seq is None:
+        shapes = [(b, None) for b in IMAGE_GRID]
+    else:
+        shapes = list(TEXT_GRID)
+    zoo = (model.batch, model.seq)
+    return [s for s in shapes if s != zoo] + [zoo]
+
+
+def inputs_at(model, batch, seq, seed):
+    """The model's inputs at (batch, seq) on the GPU, float ones in bf16."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    if model.seq is None:
+        return (torch.randn(batch, 3, 224, 224, generator=gen, device="cuda").to(DTYPE),)
+    ids = torch.randint(0, model.vocab, (batch, seq), generator=gen, device="cuda")
+    return models.padding(ids, seq) if model.padding_mask else (ids,)
+
+
+def dynamic_shapes(model, inputs):
+    """Batch (and sequence) dims from 1 up, as serving sends them: named dims first (their range
+    starts at 1), export's automatic ones where the model's code needs them narrower."""
+    from torch.export import Dim
+
+    if model.seq is None:
+        named = {0: Dim("batch", min=1, max=1024)}
+    else:
+        named = {0: Dim("batch", min=1, max=1024), 1: Dim("seq", min=1, max=max(model.seq, 1024))}
+    auto = {d: Dim.AUTO for d in named}
+    return [tuple(named for _ in inputs), tuple(auto for _ in inputs)]
+
+
+def fact_version(fact):
+    out = subprocess.run([fact, "--version"], capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# The stages.
+
+
+def export_stage(out, model):
+    """Builds the model in bf16 on the GPU and saves its program (OUT/models/NAME.pt2) and trace."""
+    wrapper = models.build(model, ci=False, device="cuda", dtype=DTYPE)
+    inputs = inputs_at(model, model.batch, model.seq, models.SEED)
+    rec = {}
+    start = time.monotonic()
+    errors = []
+    with torch.no_grad():
+        for shapes in dynamic_shapes(model, inputs):
+            try:
+                ep = torch.export.export(wrapper, inputs, dynamic_shapes=shapes, strict=False)
+                break
+            except Exception as e:  # noqa: BLE001 -- the next spelling of the dims is tried
+                errors.append(str(e).strip().splitlines()[0][:300])
+        else:
+            raise RuntimeError(f"{model.name} does not export: {errors}")
+        rec["export_s"] = round(time.monotonic() - start, 2)
+        rec["range_constraints"] = {str(k): str(v) for k, v in ep.range_constraints.items()}
+        torch.export.save(ep, out / "models" / f"{model.name}.pt2")
+        traced = torch.jit.trace(wrapper, inputs, strict=False, check_trace=False)
+        traced.save(str(out / "models" / f"{model.name}.pt"))
+    return rec
+
+
+def compose_stage(out, model, fact, fact_args, timeout):
+    """fact compose of the program; its wall time, and the nvcc time and kernels its log reports."""
+    d = out / "fact" / model.name
+    logf = out / "logs" / f"{model.name}.compose.log"
+    cmd = [fact, "compose", str(out / "models" / f"{model.name}.pt2"), "--out", str(d), "--no-bench", "--json"] + fact_args
+    start = time.monotonic()
+    with open(logf, "w") as err, open(out / "logs" / f"{model.name}.compose.json", "w") as so:
+        p = subprocess.run(cmd, stdout=so, stderr=err, timeout=timeout)
+    wall = time.monotonic() - start
+    text = logf.read_text()
+    built = [(int(k), float(s)) for k, s in re.findall(r"compiled (\d+) kernels in ([0-9.]+) s", text)]
+    rec = {
+        "command": " ".join(cmd),
+        "wall_s": round(wall, 1),
+        "nvcc_s": round(sum(s for _, s in built), 1),
+        "kernels": sum(k for k, _ in built),
+        "exit": p.returncode,
+    }
+    if p.returncode != 0:
+        tail = [line for line in text.splitlines() if line.startswith("error")]
+        rec["error"] = tail[-1] if tail else f"fact compose exited with {p.returncode}"
+    return rec
+
+
+class Library:
+    """The composed program's op library: its call counters through ctypes."""
+
+    def __init__(self, path):
+        torch.ops.load_library(str(path))
+        self.so = ctypes.CDLL(str(path))
+        self.so.fact_op_stats.restype = ctypes.c_char_p
+
+    def counted(self, fn, inputs):
+        """fn(*inputs) once: (kernel calls, fallback calls, the fallbacks' reasons)."""
+        torch.cuda.synchronize()
+        self.so.fact_op_stats_reset()
+        fn(*inputs)
+        torch.cuda.synchronize()
+        stats = json.loads(self.so.fact_op_stats())
+        ran = sum(c["ran"] for c in stats.values())
+        fell = sum(c["fell_back"] for c in stats.values())
+        why = sorted({c["why"] for c in stats.values() if c.get("why")})
+        return ran, fell, why
+
+
+def graphed(fn, inputs):
+    """fn captured in a CUDA graph at these inputs' shapes (one warm-up call first, on a side
+    stream as torch.cuda.graph asks): a callable that copies its inputs into the captured buffers
+    and replays, returning the captured output."""
+    static = [x.clone() for x in inputs]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(*static)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn(*static)
+
+    def replay(*xs):
+        for dst, src in zip(static, xs):
+            dst.copy_(src)
+        g.replay()
+        return out
+
+    return replay
+
+
+def measure_child(out, name, aoti, with_grid, deadline):
+    """One model's measurements in this process (it holds one fact op library)."""
+    model = models.by_name()[name]
+    rec_path, rows_path = out / "records" / f"{name}.json", out / "shapes" / f"{name}.json"
+    rec = json.loads(rec_path.read_text()) if rec_path.exists() else {}
+    rec.setdefault("errors", {})
+    rows = []
+    d = out / "fact" / name
+    lib = Library(d / "libfact_ops.so")
+    torch.set_float32_matmul_precision("high")
+
+    def stage(key, fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- recorded; the other stages run
+            traceback.print_exc()
+            rec["errors"][key] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        write_json(rec_path, rec)
+
+    wrapper = models.build(model, ci=False, device="cuda", dtype=DTYPE)
+    reference = models.build(model, ci=False, device="cuda", dtype=torch.float64)
+    original_ep = torch.export.load(str(out / "models" / f"{name}.pt2"))
+    composed_ep = torch.export.load(str(d / "composed.pt2"))
+    original, composed = original_ep.module(), composed_ep.module()
+    traced = torch.jit.load(str(out / "models" / f"{name}.pt"), map_location="cuda")
+    flush = flush_buffer()
+
+    refs = {}
+
+    def error(fn, batch, seq):
+        """fn's largest error against fp64 over the verification inputs at (batch, seq), fresh
+        random values each (the references kept per shape)."""
+        worst = 0.0
+        for i in range(VERIFY_INPUTS):
+            xs = inputs_at(model, batch, seq, 1000 + i)
+            if (batch, seq, i) not in refs:
+                refs[(batch, seq, i)] = reference(*[x.double() if x.is_floating_point() else x for x in xs])
+            worst = max(worst, rel_err(fn(*xs), refs[(batch, seq, i)]))
+        return worst
+
+    ctx_cpp = []
+    rec["fact_calls"] = sum(1 for n in composed_ep.graph.nodes if n.op == "call_function" and str(n.target).startswith("fact."))
+    timed = {}
+    zoo = inputs_at(model, model.batch, model.seq, models.SEED)
+
+    def mode(key, fn, compile_key=None):
+        start = time.monotonic()
+        fn(*zoo)
+        torch.cuda.synchronize()
+        if compile_key:
+            rec[compile_key] = round(time.monotonic() - start, 1)
+        rec[key.replace("_ms", "_err")] = error(fn, model.batch, model.seq)
+        timed[key] = fn
+
+    with torch.no_grad():
+        stage("eager", lambda: mode("eager_ms", original))
+        stage("compile", lambda: mode("compile_ms", torch.compile(wrapper), "compile_s"))
+        stage("fact_pt2", lambda: mode("fact_pt2_ms", composed))
+        stage("fact_pt2_compile", lambda: mode("fact_pt2_compile_ms", torch.compile(composed), "fact_pt2_compile_s"))
+
+        def counters():
+            rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"] = lib.counted(composed, zoo)
+
+        stage("counters", counters)
+        if aoti:
+            def package(key, ep, tag):
+                start = time.monotonic()
+                path = torch._inductor.aoti_compile_and_package(ep, package_path=str(out / "work" / f"{name}_{tag}.pt2"))
+                rec[key.replace("_ms", "_build_s")] = round(time.monotonic() - start, 1)
+                mode(key, torch._inductor.aoti_load_package(path))
+
+            stage("aoti_orig", lambda: package("aoti_orig_ms", original_ep, "aoti_orig"))
+            stage("aoti", lambda: package("aoti_ms", composed_ep, "aoti"))
+
+            def from_cpp():
+                # The composed package run from C++ (examples/aoti_run.cpp), no Python in the process.
+                exe = out / "work" / "aoti_run"
+                t = os.path.dirname(torch.__file__)
+                subprocess.run(["g++", "-std=c++17", "-O0", str(models.__file__).replace("benches/zoo/models.py", "examples/aoti_run.cpp"),
+                                f"-I{t}/include", f"-I{t}/include/torch/csrc/api/include", f"-L{t}/lib", f"-Wl,-rpath,{t}/lib",
+                                "-ltorch", "-ltorch_cpu", "-ltorch_cuda", "-lc10", "-ldl", "-o", str(exe)], check=True, timeout=240)
+                run = subprocess.run([str(exe), str(d / "libfact_ops.so"), str(out / "work" / f"{name}_aoti.pt2"), str(model.batch),
+                                      str(model.seq or 1)], capture_output=True, text=True, timeout=120)
+                rec["aoti_cpp"] = (run.stdout + run.stderr).strip()[:300]
+                if run.returncode != 0:
+                    raise RuntimeError(f"examples/aoti_run exited with {run.returncode}: {rec['aoti_cpp']}")
+
+            ctx_cpp.append(from_cpp)
+
+        def timing():
+            rec.update({k: round(v, 4) for k, v in time_interleaved(timed, zoo, flush).items()})
+            rec["timing"] = f"interleaved: {', '.join(timed)} in turns, {ITERATIONS} iterations, L2 flushed, median"
+
+        stage("timing", timing)
+        log(name, {k: rec.get(k) for k in ("eager_ms", "compile_ms", "fact_pt2_ms", "fact_pt2_compile_ms", "aoti_orig_ms", "aoti_ms")})
+        if with_grid:
+            serving_grid(model, rec, rows, rows_path, wrapper, traced, composed, lib, error, flush, deadline)
+    if ctx_cpp and model.seq is not None and "aoti_ms" in rec and time.monotonic() < deadline:
+        stage("aoti_cpp", ctx_cpp[0])
+
+
+def serving_grid(model, rec, rows, rows_path, wrapper, traced, composed, lib, error, flush, deadline):
+    """The grid's rows: every serving shape timed in traced, compiled, reduce-overhead, fact and
+    fact in a CUDA graph, with errors against fp64 and fact's calls."""
+    name = model.name
+    compiled = torch.compile(wrapper)
+    reduce_overhead = torch.compile(wrapper, mode="reduce-overhead")
+    torch.set_grad_enabled(False)
+    for batch, seq in grid(model):
+        if time.monotonic() > deadline:
+            rec["errors"]["grid"] = f"the call's budget ran out before {batch}x{seq}"
+            break
+        shape = f"{batch}x{seq}" if seq else f"{batch}"
+        row = {"model": name, "policy": "bf16", "gpu": torch.cuda.get_device_name(), "fact_commit": rec.get("fact_commit"),
+               "composed_at": f"{model.batch}x{model.seq}" if model.seq else f"{model.batch}", "shape": shape, "errors": {}}
+        xs = inputs_at(model, batch, seq, models.SEED)
+        fns = {}
+
+        def add(key, make):
+            try:
+                fn = make()
+                fn(*xs)
+                torch.cuda.synchronize()
+                row[key.replace("_ms", "_err")] = error(fn, batch, seq)
+                fns[key] = fn
+            except Exception as e:  # noqa: BLE001 -- the row says which mode failed and why
+                traceback.print_exc()
+                row["errors"][key] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+
+        add("traced_ms", lambda: traced)
+        add("compile_ms", lambda: compiled)
+        add("compile_ro_ms", lambda: reduce_overhead)
+        add("fact_ms", lambda: composed)
+        row["kernel_calls"], row["fallback_calls"], row["fallback_why"] = lib.counted(composed, xs)
+        add("fact_graph_ms", lambda: graphed(composed, xs))
+        try:
+            row.update({k: round(v, 4) for k, v in time_interleaved(fns, xs, flush).items()})
+        except Exception as e:  # noqa: BLE001
+            row["errors"]["timing"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+        rows.append(row)
+        write_json(rows_path, rows)
+        log(name, shape, {k: row.get(k) for k in ("traced_ms", "compile_ms", "compile_ro_ms", "fact_ms", "fact_graph_ms", "kernel_calls", "fallback_calls")})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--models", default="gpt2")
+    ap.add_argument("--fact", default=".device/fact")
+    ap.add_argument("--fact-args", default="")
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--aoti", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    deadline = time.monotonic() + args.budget_s
+    for sub in ("models", "fact", "logs", "records", "shapes", "compose", "work"):
+        (args.out / sub).mkdir(parents=True, exist_ok=True)
+    if args.child:
+        measure_child(args.out, args.child, args.aoti, args.grid, deadline)
+        return
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    commit = fact_version(args.fact)
+    for model in models.select(args.models):
+        if time.monotonic() > deadline:
+            log("budget spent before", model.name)
+            break
+        rec_path = args.out / "records" / f"{model.name}.json"
+        rec = {"model": model.name, "family": model.family, "policy": "bf16", "gpu": torch.cuda.get_device_name(),
+               "fact_commit": commit, "batch": model.batch, "seq": model.seq, "date": f"{datetime.date.today()}", "errors": {}}
+        try:
+            log(model.name, "export")
+            rec.update(export_stage(args.out, model))
+            write_json(rec_path, rec)
+            torch.cuda.empty_cache()
+            log(model.name, "compose")
+            c = compose_stage(args.out, model, args.fact, args.fact_args.split(), max(60, deadline - time.monotonic()))
+            rec["compose_s"] = c["wall_s"]
+            comp = {"model": model.name, "policy": "bf16", "gpu": rec["gpu"], "cores": os.cpu_count(), "fact_commit": commit,
+                    "phase": "full", **c}
+            write_json(args.out / "compose" / f"{model.name}.json", comp)
+            write_json(rec_path, rec)
+            if c["exit"] != 0:
+                rec["errors"]["compose"] = c["error"]
+                write_json(rec_path, rec)
+                continue
+            log(model.name, "measure")
+            cmd = [sys.executable, str(Path(__file__).resolve()), str(args.out), "--child", model.name,
+                   "--budget-s", str(max(30, deadline - time.monotonic()))] + (["--aoti"] if args.aoti else []) + (["--grid"] if args.grid else [])
+            with open(args.out / "logs" / f"{model.name}.measure.log", "w") as f:
+                p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(60, deadline - time.monotonic() + 30))
+            if p.returncode != 0:
+                rec = json.loads(rec_path.read_text())
+                rec["errors"]["measure"] = f"the measuring child exited with {p.returncode} (logs/{model.name}.measure.log)"
+                write_json(rec_path, rec)
+            rec = json.loads(rec_path.read_text())
+            comp["fact_ms"], comp["compile_ms"], comp["compile_s"] = rec.get("fact_pt2_ms"), rec.get("compile_ms"), rec.get("compile_s")
+            write_json(args.out / "compose" / f"{model.name}.json", comp)
+        except Exception as e:  # noqa: BLE001 -- one model's failure is recorded, the next runs
+            traceback.print_exc()
+            rec["errors"]["run"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            write_json(rec_path, rec)
+
+
+if __name__ == "__main__":
+    main()
