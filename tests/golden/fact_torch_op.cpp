@@ -1565,8 +1565,12 @@ fact_mask::MaskValue both(const fact_mask::MaskValue& a, const fact_mask::MaskVa
 
 // Whether a kernel built for mask class `kernel` computes a mask of class `mask`: a padded kernel
 // also runs the masks it covers with every length Tk (none) or min(Tq, Tk) (causal).
-bool kernel_takes(fact_mask::MaskClass kernel, fact_mask::MaskClass mask) {
+bool kernel_takes(fact_mask::MaskClass kernel, fact_mask::MaskClass mask, int64_t tk) {
   using fact_mask::MaskClass;
+  // A causal mask hides key j from query i where j > i: over one key it hides none, so a causal
+  // kernel computes a mask that shows every key there too (a one-token call of a decoder).
+  if (tk == 1 && kernel == MaskClass::Causal && mask == MaskClass::None) return true;
+  if (tk == 1 && kernel == MaskClass::CausalPadded && (mask == MaskClass::None || mask == MaskClass::Padded)) return true;
   switch (kernel) {
     case MaskClass::None: return mask == MaskClass::None;
     case MaskClass::Causal: return mask == MaskClass::Causal;
@@ -1672,7 +1676,7 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
     const auto cond_value = [&] { return mask_value(*cond, fact_mask::MaskMode::Bool, f.static_mask, q.dim(), b, h, tq, tk); };
     fact_mask::MaskValue m = f.bias ? cond_value() : mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
     if (f.where && !f.bias) m = both(m, cond_value());
-    if (!kernel_takes(f.kernel_class, m.cls)) {
+    if (!kernel_takes(f.kernel_class, m.cls, tk)) {
       switch (m.cls) {
         case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();
         case MaskClass::Causal: return why = "the mask is causal (the kernel is built for another mask)", at::Tensor();
