@@ -188,13 +188,12 @@ def graphed(fn, inputs):
     return replay
 
 
-def measure_child(out, name, aoti, with_grid, deadline):
+def measure_child(out, name, aoti, zoo_modes, deadline):
     """One model's measurements in this process (it holds one fact op library)."""
     model = models.by_name()[name]
-    rec_path, rows_path = out / "records" / f"{name}.json", out / "shapes" / f"{name}.json"
+    rec_path = out / "records" / f"{name}.json"
     rec = json.loads(rec_path.read_text()) if rec_path.exists() else {}
     rec.setdefault("errors", {})
-    rows = []
     d = out / "fact" / name
     lib = Library(d / "libfact_ops.so")
     torch.set_float32_matmul_precision("high")
@@ -242,25 +241,8 @@ def measure_child(out, name, aoti, with_grid, deadline):
         timed[key] = fn
 
     with torch.no_grad():
-        stage("eager", lambda: mode("eager_ms", original))
-        stage("compile", lambda: mode("compile_ms", torch.compile(wrapper), "compile_s"))
-        stage("fact_pt2", lambda: mode("fact_pt2_ms", composed))
-        stage("fact_pt2_compile", lambda: mode("fact_pt2_compile_ms", torch.compile(composed), "fact_pt2_compile_s"))
-
-        def counters():
-            rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"] = lib.counted(composed, zoo)
-
-        stage("counters", counters)
-
-        def timing():
-            rec.update({k: round(v, 4) for k, v in time_interleaved(timed, zoo, flush).items()})
-            rec["timing"] = f"interleaved: {', '.join(timed)} in turns, {ITERATIONS} iterations, L2 flushed, median"
-
-        stage("timing", timing)
-        log(name, {k: rec.get(k) for k in ("eager_ms", "compile_ms", "fact_pt2_ms", "fact_pt2_compile_ms")})
-        if with_grid:
-            # The packages after the grid take about 4 minutes: the grid leaves them that.
-            serving_grid(model, rec, rows, rows_path, wrapper, traced, composed, lib, error, flush, deadline - (240 if aoti else 0))
+        if zoo_modes:
+            zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, flush, name)
         if aoti and time.monotonic() < deadline:
             packaged = {}
 
@@ -308,26 +290,73 @@ def measure_child(out, name, aoti, with_grid, deadline):
                 stage("aoti_cpp", from_cpp)
 
 
-def serving_grid(model, rec, rows, rows_path, wrapper, traced, composed, lib, error, flush, deadline):
-    """The grid's rows: every serving shape timed in traced, compiled, reduce-overhead, fact and
-    fact in a CUDA graph, with errors against fp64 and fact's calls."""
-    name = model.name
-    compiled = torch.compile(wrapper)
-    reduce_overhead = torch.compile(wrapper, mode="reduce-overhead")
+def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, flush, name):
+    """The zoo shape's modes: the program eagerly, torch.compile of the model, the composed program
+    eagerly and under torch.compile, fact's calls, all timed in turns."""
+    stage("eager", lambda: mode("eager_ms", original))
+    stage("compile", lambda: mode("compile_ms", torch.compile(wrapper), "compile_s"))
+    stage("fact_pt2", lambda: mode("fact_pt2_ms", composed))
+    stage("fact_pt2_compile", lambda: mode("fact_pt2_compile_ms", torch.compile(composed), "fact_pt2_compile_s"))
+
+    def counters():
+        rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"] = lib.counted(composed, zoo)
+
+    stage("counters", counters)
+
+    def timing():
+        rec.update({k: round(v, 4) for k, v in time_interleaved(timed, zoo, flush).items()})
+        rec["timing"] = f"interleaved: {', '.join(timed)} in turns, {ITERATIONS} iterations, L2 flushed, median"
+
+    stage("timing", timing)
+    log(name, {k: rec.get(k) for k in ("eager_ms", "compile_ms", "fact_pt2_ms", "fact_pt2_compile_ms")})
+
+
+def grid_child(out, name, side, shapes, deadline):
+    """One side of the serving grid in this process: "torch" (the traced module, torch.compile
+    default and mode="reduce-overhead") or "fact" (the composed program eagerly and in a CUDA
+    graph, with its calls), each mode's error against fp64 and its time at every shape of
+    `shapes` in turn; rows appended to shapes/NAME.SIDE.json as each shape finishes, so a process
+    that dies keeps the shapes before."""
+    model = models.by_name()[name]
+    path = out / "shapes" / f"{name}.{side}.json"
+    rows = json.loads(path.read_text()) if path.exists() else []
+    torch.set_float32_matmul_precision("high")
     torch.set_grad_enabled(False)
-    for batch, seq in grid(model):
+    reference = models.build(model, ci=False, device="cuda", dtype=torch.float64)
+    refs = {}
+
+    def error(fn, batch, seq):
+        worst = 0.0
+        for i in range(VERIFY_INPUTS):
+            xs = inputs_at(model, batch, seq, 1000 + i)
+            if (batch, seq, i) not in refs:
+                refs[(batch, seq, i)] = reference(*[x.double() if x.is_floating_point() else x for x in xs])
+            worst = max(worst, rel_err(fn(*xs), refs[(batch, seq, i)]))
+        return worst
+
+    flush = flush_buffer()
+    if side == "torch":
+        wrapper = models.build(model, ci=False, device="cuda", dtype=DTYPE)
+        traced = torch.jit.load(str(out / "models" / f"{name}.pt"), map_location="cuda")
+        compiled = torch.compile(wrapper)
+        reduce_overhead = torch.compile(wrapper, mode="reduce-overhead")
+        modes = {"traced_ms": lambda xs: traced, "compile_ms": lambda xs: compiled, "compile_ro_ms": lambda xs: reduce_overhead}
+    else:
+        lib = Library(out / "fact" / name / "libfact_ops.so")
+        composed = torch.export.load(str(out / "fact" / name / "composed.pt2")).module()
+        modes = {"fact_ms": lambda xs: composed, "fact_graph_ms": lambda xs: graphed(composed, xs)}
+    for batch, seq in shapes:
         if time.monotonic() > deadline:
-            rec["errors"]["grid"] = f"the call's budget ran out before {batch}x{seq}"
             break
         shape = f"{batch}x{seq}" if seq else f"{batch}"
-        row = {"model": name, "policy": "bf16", "gpu": torch.cuda.get_device_name(), "fact_commit": rec.get("fact_commit"),
-               "composed_at": f"{model.batch}x{model.seq}" if model.seq else f"{model.batch}", "shape": shape, "errors": {}}
+        log(name, side, shape)
+        row = {"shape": shape, "errors": {}}
+        rows.append(row)
         xs = inputs_at(model, batch, seq, models.SEED)
         fns = {}
-
-        def add(key, make):
+        for key, make in modes.items():
             try:
-                fn = make()
+                fn = make(xs)
                 fn(*xs)
                 torch.cuda.synchronize()
                 row[key.replace("_ms", "_err")] = error(fn, batch, seq)
@@ -335,21 +364,58 @@ def serving_grid(model, rec, rows, rows_path, wrapper, traced, composed, lib, er
             except Exception as e:  # noqa: BLE001 -- the row says which mode failed and why
                 traceback.print_exc()
                 row["errors"][key] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
-
-        add("traced_ms", lambda: traced)
-        add("compile_ms", lambda: compiled)
-        add("compile_ro_ms", lambda: reduce_overhead)
-        add("fact_ms", lambda: composed)
-        row["kernel_calls"], row["fallback_calls"], row["fallback_why"] = lib.counted(composed, xs)
-        add("fact_graph_ms", lambda: graphed(composed, xs))
+            write_json(path, rows)
+        if side == "fact":
+            row["kernel_calls"], row["fallback_calls"], row["fallback_why"] = lib.counted(composed, xs)
         try:
             row.update({k: round(v, 4) for k, v in time_interleaved(fns, xs, flush).items()})
         except Exception as e:  # noqa: BLE001
             row["errors"]["timing"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
-        rows.append(row)
-        write_json(rows_path, rows)
-        log(name, shape, {k: row.get(k) for k in ("traced_ms", "compile_ms", "compile_ro_ms", "fact_ms", "fact_graph_ms", "kernel_calls", "fallback_calls")})
+        write_json(path, rows)
+        log(name, side, shape, {k: v for k, v in row.items() if k.endswith("_ms") or k.endswith("_calls")})
 
+
+def serving_grid(out, model, rec, sides, deadline):
+    """The grid's rows (shapes/NAME.json): each side measured by child processes, a side's
+    process that dies restarted past the shape it died at (which says so), then the sides joined
+    shape by shape with the record's model, GPU and commit."""
+    name = model.name
+    shapes = grid(model)
+    for side in sides:
+        path = out / "shapes" / f"{name}.{side}.json"
+        while time.monotonic() < deadline:
+            done = [r["shape"] for r in json.loads(path.read_text())] if path.exists() else []
+            left = [s for s in shapes if (f"{s[0]}x{s[1]}" if s[1] else f"{s[0]}") not in done]
+            if not left:
+                break
+            arg = ",".join(f"{b}x{t}" if t else f"{b}" for b, t in left)
+            cmd = [sys.executable, str(Path(__file__).resolve()), str(out), "--grid-child", name, side, arg,
+                   "--budget-s", str(max(10, deadline - time.monotonic()))]
+            with open(out / "logs" / f"{name}.grid.{side}.log", "a") as f:
+                p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(30, deadline - time.monotonic() + 30))
+            if p.returncode != 0:
+                rows = json.loads(path.read_text()) if path.exists() else []
+                if rows and rows[-1]["shape"] not in done:
+                    rows[-1]["errors"]["process"] = f"the {side} process died here (exit {p.returncode}); the shapes after it ran in a new one"
+                else:
+                    first = left[0]
+                    rows.append({"shape": f"{first[0]}x{first[1]}" if first[1] else f"{first[0]}",
+                                 "errors": {"process": f"the {side} process died before this shape's first mode finished (exit {p.returncode})"}})
+                write_json(path, rows)
+    joined = []
+    sides = {side: {r["shape"]: r for r in (json.loads((out / "shapes" / f"{name}.{side}.json").read_text())
+                                              if (out / "shapes" / f"{name}.{side}.json").exists() else [])}
+             for side in ("torch", "fact")}
+    for b, t in shapes:
+        shape = f"{b}x{t}" if t else f"{b}"
+        row = {"model": name, "policy": "bf16", "gpu": rec.get("gpu"), "fact_commit": rec.get("fact_commit"),
+               "composed_at": f"{model.batch}x{model.seq}" if model.seq else f"{model.batch}", "shape": shape, "errors": {}}
+        for side in ("torch", "fact"):
+            r = sides[side].get(shape, {})
+            row.update({k: v for k, v in r.items() if k not in ("shape", "errors")})
+            row["errors"].update({f"{side}.{k}": v for k, v in r.get("errors", {}).items()})
+        joined.append(row)
+    write_json(out / "shapes" / f"{name}.json", joined)
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -361,12 +427,19 @@ def main():
     ap.add_argument("--aoti", action="store_true")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--grid-child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--no-zoo-modes", action="store_true", help="skip the zoo shape's eager and compile modes (measured earlier)")
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget_s
     for sub in ("models", "fact", "logs", "records", "shapes", "compose", "work"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)
     if args.child:
-        measure_child(args.out, args.child, args.aoti, args.grid, deadline)
+        measure_child(args.out, args.child, args.aoti, not args.no_zoo_modes, deadline)
+        return
+    if args.grid_child:
+        name, side, shapes = args.grid_child
+        parsed = [(int(b), int(t)) if t else (int(b), None) for b, _, t in (s.partition("x") for s in shapes.split(","))]
+        grid_child(args.out, name, side, parsed, deadline)
         return
     import transformers
 
@@ -396,14 +469,20 @@ def main():
                 write_json(rec_path, rec)
                 continue
             log(model.name, "measure")
+            # The grid first; its processes leave the zoo shape's modes and the AOTInductor
+            # packages about 1.5 and 4 minutes.
+            if args.grid:
+                serving_grid(args.out, model, rec, ("fact",), deadline - (0 if args.no_zoo_modes else 90) - (240 if args.aoti else 0))
             cmd = [sys.executable, str(Path(__file__).resolve()), str(args.out), "--child", model.name,
-                   "--budget-s", str(max(30, deadline - time.monotonic()))] + (["--aoti"] if args.aoti else []) + (["--grid"] if args.grid else [])
+                   "--budget-s", str(max(30, deadline - time.monotonic()))] + (["--aoti"] if args.aoti else []) + (["--no-zoo-modes"] if args.no_zoo_modes else [])
             with open(args.out / "logs" / f"{model.name}.measure.log", "w") as f:
                 p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(60, deadline - time.monotonic() + 30))
             if p.returncode != 0:
                 rec = json.loads(rec_path.read_text())
                 rec["errors"]["measure"] = f"the measuring child exited with {p.returncode} (logs/{model.name}.measure.log)"
                 write_json(rec_path, rec)
+            if args.grid:
+                serving_grid(args.out, model, json.loads(rec_path.read_text()), ("torch",), deadline)
             rec = json.loads(rec_path.read_text())
             comp["fact_ms"], comp["compile_ms"], comp["compile_s"] = rec.get("fact_pt2_ms"), rec.get("compile_ms"), rec.get("compile_s")
             write_json(args.out / "compose" / f"{model.name}.json", comp)
