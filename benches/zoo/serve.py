@@ -1,29 +1,32 @@
 """torch.export in and out, serving shapes and CUDA graphs, measured as users run fact: each zoo
 model (benches/zoo/models.py) is built on the GPU in bf16, exported with torch.export (batch and
-sequence dynamic where the model allows), composed from its .pt2 by the fact CLI, and then, in
-one measuring process per model:
+sequence dynamic where the model allows), composed from its .pt2 by the fact CLI, and then:
 
-- at the zoo shape: the exported program eagerly (eager_ms), torch.compile of the model
-  (compile_ms), the composed program eagerly (fact_pt2_ms) and under torch.compile
-  (fact_pt2_compile_ms), and with --aoti the AOTInductor packages of the original program
-  (aoti_orig_ms) and of the composed one (aoti_ms), each with its error against fp64, timed in
-  turns (benches/device/harness.py: L2 flushed, CUDA events, medians);
 - with --grid, at every shape of the serving grid (decoders and encoders B x T in 1x1, 1x37,
-  1x128, 1x1024, 4x333, 8x549 and the zoo's; images B in 1, 8 and the zoo's): the traced module,
-  torch.compile (default) and mode="reduce-overhead", the composed program eagerly and captured
-  in a CUDA graph (one warm-up call at the shape, then torch.cuda.graph; replays read new input
-  values copied into the captured buffers), each with its error against fp64, and the op
-  library's kernel and fallback calls with the fallbacks' reasons.
+  1x128, 1x1024, 4x333, 8x549 and the zoo's; images B in 1, 8 and the zoo's), in two processes of
+  their own (a process that dies is started again past its shape): torch's (the traced module,
+  torch.compile default and mode="reduce-overhead") and fact's (the composed program eagerly and
+  captured in a CUDA graph after one warm-up call at the shape, replays fed new input values
+  copied into the captured buffers), each mode with its error against fp64, and the op library's
+  kernel and fallback calls with the fallbacks' reasons;
+- at the zoo shape, in one measuring process: the exported program eagerly (eager_ms),
+  torch.compile of the model (compile_ms), the composed program eagerly (fact_pt2_ms) and under
+  torch.compile (fact_pt2_compile_ms) (--no-zoo-modes skips these), and with --aoti the
+  AOTInductor packages of the original program (aoti_orig_ms) and of the composed one (aoti_ms),
+  timed in turns with the composed program, and the composed package run from C++
+  (examples/aoti_run.cpp); each mode with its error against fp64, timed in turns
+  (benches/device/harness.py: L2 flushed, CUDA events, medians).
 
 From the repository root on the GPU machine, after `source .device/env.sh`:
 
     python3 benches/zoo/serve.py OUT --models gpt2 [--fact .device/fact] [--fact-args '--jobs 16']
-        [--grid] [--aoti] [--budget-s 540]
+        [--grid] [--aoti] [--no-zoo-modes] [--budget-s 540]
 
 Records (JSON), each written as soon as it is known, so a stopped call keeps what it measured:
 OUT/records/NAME.json (the zoo shape), OUT/shapes/NAME.json (one row per grid shape, the fields
-benches/zoo/README.md lists), OUT/compose/NAME.json (the compose's wall time, its nvcc time and
-kernels, with the model's time after it), and logs under OUT/logs.
+benches/results/zoo/shapes/README.md lists; NAME.torch.json and NAME.fact.json, each side's),
+OUT/compose/NAME.json (the compose's wall time, its nvcc time and kernels, with the model's time
+after it), and logs under OUT/logs.
 """
 import argparse
 import ctypes
