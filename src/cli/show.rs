@@ -18,9 +18,12 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
         plan.agent
     );
     if plan.source.is_pt2() {
-        println!(
-            "read as a torch.export program (.pt2, its graph as saved: not decomposed further)"
-        );
+        let form = if plan.source.dialect == "ATEN" {
+            "ATEN IR, decomposed by run_decompositions(): fact matches the aten ops a trace spells too, and a pattern decomposed past them (SDPA into bmm and softmax) stays torch's; export without run_decompositions() for the most patterns"
+        } else {
+            "the IR torch.export.export returns, not decomposed further"
+        };
+        println!("read as a torch.export program (.pt2, {form})");
     }
     if !plan.source.dynamic.is_empty() {
         println!(

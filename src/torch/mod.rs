@@ -656,6 +656,10 @@ pub fn rewrite_and_write_pt2(
 pub struct FrontEnd {
     /// `torchscript` or `pt2`.
     pub format: String,
+    /// A `.pt2` program's dialect: `TRAINING` (the IR torch.export.export returns) or `ATEN`
+    /// (after `run_decompositions()`), as its verifiers name it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dialect: String,
     /// Each dynamic dim, described (`export::DynamicDim::describe`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dynamic: Vec<String>,
@@ -666,10 +670,17 @@ impl FrontEnd {
         Ok(match export_program(path)? {
             Some(p) => FrontEnd {
                 format: "pt2".into(),
+                dialect: p.json["verifiers"]
+                    .as_array()
+                    .and_then(|v| v.first())
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("TRAINING")
+                    .to_string(),
                 dynamic: p.dynamic.iter().map(export::DynamicDim::describe).collect(),
             },
             None => FrontEnd {
                 format: "torchscript".into(),
+                dialect: String::new(),
                 dynamic: vec![],
             },
         })

@@ -785,6 +785,13 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
             constant,
         });
     }
+    // Every value a node or the graph's outputs read.
+    let read: std::collections::HashSet<String> = g
+        .nodes
+        .iter()
+        .flat_map(|n| n.inputs.iter().flat_map(|a| arg_reads(&a.arg)))
+        .chain(g.outputs.iter().flat_map(Argument::defined_names))
+        .collect();
     let mut nodes = Vec::with_capacity(g.nodes.len());
     for n in &g.nodes {
         let (op, overload) = op_of(&n.target)
@@ -803,8 +810,6 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
             }
             args.push(lowered);
         }
-        let (op, overload, args) = respell(op, overload, args);
-        let (op, overload, args) = alias_as_slice(g, op, overload, args);
         let list_output = matches!(n.outputs.as_slice(), [Argument::AsTensors(_)]);
         let outputs: Vec<String> = if list_output {
             n.outputs[0].defined_names()
@@ -814,6 +819,8 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
                 .map(|o| o.defined_names().into_iter().next().unwrap_or_default())
                 .collect()
         };
+        let (op, overload, args, outputs) = respell(op, overload, args, outputs, &read);
+        let (op, overload, args) = alias_as_slice(g, op, overload, args);
         nodes.push(ffi::ExportNode {
             op,
             overload,
@@ -842,31 +849,105 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
     })
 }
 
-/// Export's spellings that TorchScript writes as another overload: `to.dtype_layout` with a
-/// dtype is `to.dtype` (the device is the program's one device; the layout strided), so the rules
-/// read a cast as they do in traced graphs.
+/// Export's spellings that TorchScript writes as another op, read as a trace writes them, so the
+/// rules read them as they read a trace:
+/// - `to.dtype_layout` with a dtype is `to.dtype` (the device is the program's one device; the
+///   layout strided), and so is `_to_copy` with a dtype (run_decompositions' cast);
+/// - run_decompositions' `convolution` is `_convolution` with a trace's flags,
+///   `native_layer_norm` and `_native_batch_norm_legit_no_training` whose statistics nothing reads
+///   are `layer_norm` and `batch_norm` (eval), and `_softmax` without its half-to-float is
+///   `softmax`.
 fn respell(
     op: String,
     overload: String,
-    args: Vec<ffi::ExportArg>,
-) -> (String, String, Vec<ffi::ExportArg>) {
-    if op == "aten::to" && overload == "dtype_layout" {
-        let has_dtype = args
-            .iter()
-            .any(|a| a.name == "dtype" && a.kind == ffi::ExportArgKind::ScalarType);
-        let strided = args
-            .iter()
-            .all(|a| a.name != "layout" || a.kind == ffi::ExportArgKind::None || a.ints == [0]);
-        if has_dtype && strided {
-            let keep = ["self", "dtype", "non_blocking", "copy", "memory_format"];
+    mut args: Vec<ffi::ExportArg>,
+    mut outputs: Vec<String>,
+    read: &std::collections::HashSet<String>,
+) -> (String, String, Vec<ffi::ExportArg>, Vec<String>) {
+    use ffi::ExportArgKind as K;
+    let has = |args: &[ffi::ExportArg], name: &str, kind: K| {
+        args.iter().any(|a| a.name == name && a.kind == kind)
+    };
+    let bool_arg = |name: &str, v: bool| {
+        let mut a = export_arg(name, K::Bool);
+        a.bools = vec![v];
+        a
+    };
+    let only_first_read = outputs
+        .iter()
+        .skip(1)
+        .all(|o| o.is_empty() || !read.contains(o));
+    match (op.as_str(), overload.as_str()) {
+        ("aten::to", "dtype_layout") | ("aten::_to_copy", "") => {
+            let strided = args
+                .iter()
+                .all(|a| a.name != "layout" || a.kind == K::None || a.ints == [0]);
+            if has(&args, "dtype", K::ScalarType) && strided {
+                let keep = ["self", "dtype", "non_blocking", "copy", "memory_format"];
+                let args = args
+                    .into_iter()
+                    .filter(|a| keep.contains(&a.name.as_str()))
+                    .collect();
+                return ("aten::to".into(), "dtype".into(), args, outputs);
+            }
+        }
+        ("aten::convolution", "") => {
+            for (name, v) in [
+                ("benchmark", false),
+                ("deterministic", false),
+                ("cudnn_enabled", true),
+                ("allow_tf32", true),
+            ] {
+                args.push(bool_arg(name, v));
+            }
+            return ("aten::_convolution".into(), String::new(), args, outputs);
+        }
+        ("aten::native_layer_norm", "") if only_first_read => {
+            args.push(bool_arg("cudnn_enable", true));
+            outputs.truncate(1);
+            return ("aten::layer_norm".into(), String::new(), args, outputs);
+        }
+        ("aten::_native_batch_norm_legit_no_training", "") if only_first_read => {
+            args.push(bool_arg("training", false));
+            args.push(bool_arg("cudnn_enabled", true));
+            outputs.truncate(1);
+            return ("aten::batch_norm".into(), String::new(), args, outputs);
+        }
+        ("aten::_softmax", "")
+            if args
+                .iter()
+                .any(|a| a.name == "half_to_float" && a.bools == [false]) =>
+        {
             let args = args
                 .into_iter()
-                .filter(|a| keep.contains(&a.name.as_str()))
+                .filter(|a| a.name != "half_to_float")
                 .collect();
-            return (op, "dtype".into(), args);
+            return ("aten::softmax".into(), "int".into(), args, outputs);
         }
+        _ => {}
     }
-    (op, overload, args)
+    (op, overload, args, outputs)
+}
+
+/// The values an argument reads.
+fn arg_reads(a: &Argument) -> Vec<String> {
+    match a {
+        Argument::AsSymInts(v) => v
+            .iter()
+            .filter_map(|s| match s {
+                SymIntArgument::AsName(n) => Some(n.clone()),
+                SymIntArgument::AsInt(_) => None,
+            })
+            .collect(),
+        Argument::AsOptionalTensors(v) => v
+            .iter()
+            .filter_map(|t| match t {
+                schema::OptionalTensorArgument::AsTensor(t) => Some(t.name.clone()),
+                schema::OptionalTensorArgument::AsNone(_) => None,
+            })
+            .collect(),
+        other => other.defined_names(),
+    }
 }
 
 /// export writes a slice over a whole dim (Phi-3's `q[..., :rotary_dim]` where the rotary dim is

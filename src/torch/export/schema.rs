@@ -82,7 +82,53 @@ pub enum SymIntArgument {
 #[serde(rename_all = "snake_case")]
 pub enum SymFloatArgument {
     AsName(String),
+    #[serde(deserialize_with = "float")]
     AsFloat(f64),
+}
+
+/// A float as export writes it: a JSON number, or "Infinity", "-Infinity" or "NaN" (which JSON
+/// numbers cannot hold).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonFloat {
+    Number(f64),
+    Text(String),
+}
+
+impl JsonFloat {
+    fn value<E: serde::de::Error>(self) -> Result<f64, E> {
+        match self {
+            JsonFloat::Number(f) => Ok(f),
+            JsonFloat::Text(t) => match t.as_str() {
+                "Infinity" => Ok(f64::INFINITY),
+                "-Infinity" => Ok(f64::NEG_INFINITY),
+                "NaN" => Ok(f64::NAN),
+                other => Err(E::custom(format!("{other:?} is no float"))),
+            },
+        }
+    }
+}
+
+fn float<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    JsonFloat::deserialize(d)?.value()
+}
+
+fn floats<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+    Vec::<JsonFloat>::deserialize(d)?
+        .into_iter()
+        .map(JsonFloat::value)
+        .collect()
+}
+
+/// A float as export's JSON writes it (`float`'s inverse).
+pub fn float_json(f: f64) -> serde_json::Value {
+    if f.is_nan() {
+        "NaN".into()
+    } else if f.is_infinite() {
+        (if f > 0.0 { "Infinity" } else { "-Infinity" }).into()
+    } else {
+        f.into()
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -122,7 +168,9 @@ pub enum Argument {
     AsTensors(Vec<TensorArgument>),
     AsInt(i64),
     AsInts(Vec<i64>),
+    #[serde(deserialize_with = "float")]
     AsFloat(f64),
+    #[serde(deserialize_with = "floats")]
     AsFloats(Vec<f64>),
     AsString(String),
     AsStrings(Vec<String>),

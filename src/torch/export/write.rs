@@ -36,7 +36,7 @@ fn arg_json(a: &ffi::WrittenArg) -> Result<Json, String> {
         "as_tensors" => json!({ "as_tensors": a.names.iter().map(tensor).collect::<Vec<_>>() }),
         "as_int" => json!({ "as_int": a.ints[0] }),
         "as_ints" => json!({ "as_ints": a.ints }),
-        "as_float" => json!({ "as_float": a.number }),
+        "as_float" => json!({ "as_float": schema::float_json(a.number) }),
         "as_bool" => json!({ "as_bool": a.ints[0] != 0 }),
         "as_string" => json!({ "as_string": a.text }),
         "as_none" => json!({ "as_none": true }),
