@@ -191,6 +191,26 @@ def graphed(fn, inputs):
     return replay
 
 
+class Reference:
+    """The model in fp64 on the GPU (the same seeded weights), and each mode's error against it:
+    the largest relative Frobenius error over VERIFY_INPUTS fresh inputs at a shape (the fp64
+    outputs kept per shape and input)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.module = models.build(model, ci=False, device="cuda", dtype=torch.float64)
+        self.outputs = {}
+
+    def error(self, fn, batch, seq):
+        worst = 0.0
+        for i in range(VERIFY_INPUTS):
+            xs = inputs_at(self.model, batch, seq, 1000 + i)
+            if (batch, seq, i) not in self.outputs:
+                self.outputs[(batch, seq, i)] = self.module(*[x.double() if x.is_floating_point() else x for x in xs])
+            worst = max(worst, rel_err(fn(*xs), self.outputs[(batch, seq, i)]))
+        return worst
+
+
 def measure_child(out, name, aoti, zoo_modes, deadline):
     """One model's measurements in this process (it holds one fact op library)."""
     model = models.by_name()[name]
@@ -210,25 +230,12 @@ def measure_child(out, name, aoti, zoo_modes, deadline):
         write_json(rec_path, rec)
 
     wrapper = models.build(model, ci=False, device="cuda", dtype=DTYPE)
-    reference = models.build(model, ci=False, device="cuda", dtype=torch.float64)
+    error = Reference(model).error
     original_ep = torch.export.load(str(out / "models" / f"{name}.pt2"))
     composed_ep = torch.export.load(str(d / "composed.pt2"))
     original, composed = original_ep.module(), composed_ep.module()
     traced = torch.jit.load(str(out / "models" / f"{name}.pt"), map_location="cuda")
     flush = flush_buffer()
-
-    refs = {}
-
-    def error(fn, batch, seq):
-        """fn's largest error against fp64 over the verification inputs at (batch, seq), fresh
-        random values each (the references kept per shape)."""
-        worst = 0.0
-        for i in range(VERIFY_INPUTS):
-            xs = inputs_at(model, batch, seq, 1000 + i)
-            if (batch, seq, i) not in refs:
-                refs[(batch, seq, i)] = reference(*[x.double() if x.is_floating_point() else x for x in xs])
-            worst = max(worst, rel_err(fn(*xs), refs[(batch, seq, i)]))
-        return worst
 
     rec["fact_calls"] = sum(1 for n in composed_ep.graph.nodes if n.op == "call_function" and str(n.target).startswith("fact."))
     timed = {}
@@ -325,18 +332,7 @@ def grid_child(out, name, side, shapes, deadline):
     rows = json.loads(path.read_text()) if path.exists() else []
     torch.set_float32_matmul_precision("high")
     torch.set_grad_enabled(False)
-    reference = models.build(model, ci=False, device="cuda", dtype=torch.float64)
-    refs = {}
-
-    def error(fn, batch, seq):
-        worst = 0.0
-        for i in range(VERIFY_INPUTS):
-            xs = inputs_at(model, batch, seq, 1000 + i)
-            if (batch, seq, i) not in refs:
-                refs[(batch, seq, i)] = reference(*[x.double() if x.is_floating_point() else x for x in xs])
-            worst = max(worst, rel_err(fn(*xs), refs[(batch, seq, i)]))
-        return worst
-
+    error = Reference(model).error
     flush = flush_buffer()
     if side == "torch":
         wrapper = models.build(model, ci=False, device="cuda", dtype=DTYPE)
