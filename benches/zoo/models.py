@@ -605,9 +605,13 @@ def main():
         # Tracing's warnings about Python values taken as constants (sizes, masks' shapes) are
         # what tracing a user's model prints too; the CI log does without them.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        import logging
+
         import transformers
 
         transformers.logging.set_verbosity_error()
+        # Export's notes that a batch of 1 specializes its dim (Dim.AUTO keeps the others dynamic).
+        logging.getLogger("torch._export").setLevel(logging.ERROR)
         trace_ci(args.ci, select(args.models))
     else:
         ap.print_help()
