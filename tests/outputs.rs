@@ -95,3 +95,18 @@ fn a_compose_killed_while_saving_leaves_the_previous_outputs_whole() {
         serde_json::from_slice(&std::fs::read(out.join("compose.json")).unwrap()).unwrap();
     assert_eq!(report["patterns"][0]["kernel"], good_spec().name());
 }
+
+/// A disk that fills while a module is saved (/dev/full refuses every write) is an error that
+/// says so and names the fix; torch's zip writer, told of the short write, would abort the process.
+#[test]
+fn a_full_disk_while_saving_is_an_error_not_an_abort() {
+    let full = Path::new("/dev/full");
+    if !full.exists() {
+        return;
+    }
+    let e = fact::torch::save_torchscript(&fixture("linear.pt"), full)
+        .expect_err("a save to a full disk succeeded")
+        .to_string();
+    assert!(e.contains("No space left on device"), "{e}");
+    assert!(e.contains("free space"), "{e}");
+}

@@ -19,10 +19,13 @@
 #include <torch/headeronly/version.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/import_read.h>
+#include <torch/csrc/jit/serialization/export.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -54,6 +57,49 @@ auto guarded(const char* what, F&& f) -> decltype(f()) {
   } catch (const std::exception& e) {
     throw std::runtime_error(std::string(what) + ": " + e.what());
   }
+}
+
+// A file that torch's zip writer writes through. torch's writer keeps its own count of the bytes
+// written; a short write (a full disk) would leave that count behind the file and make its
+// destructor throw, which ends the process. So the sink takes every write, keeps the first
+// failure, and `finish` reports it once the writer is done.
+class FileSink {
+ public:
+  explicit FileSink(const std::string& path) : path_(path), file_(path, std::ios::binary | std::ios::trunc) {
+    if (!file_) throw std::runtime_error("cannot open " + path + " for writing: " + std::strerror(errno));
+  }
+  size_t operator()(const void* buf, size_t n) {
+    if (error_.empty()) {
+      file_.write(static_cast<const char*>(buf), static_cast<std::streamsize>(n));
+      if (!file_) error_ = std::strerror(errno);
+    }
+    return n;
+  }
+  std::function<size_t(const void*, size_t)> writer() {
+    return [this](const void* buf, size_t n) { return (*this)(buf, n); };
+  }
+  void finish() {
+    if (error_.empty()) {
+      file_.close();
+      if (!file_) error_ = std::strerror(errno);
+    }
+    if (!error_.empty()) {
+      throw std::runtime_error("writing " + path_ + " failed (" + error_ +
+                               "): free space on its disk (df -h) or write the output elsewhere");
+    }
+  }
+
+ private:
+  std::string path_;
+  std::ofstream file_;
+  std::string error_;
+};
+
+// Saves a module through a FileSink, so that a full disk is an error and not an abort.
+void save_whole(const torch::jit::Module& m, const std::string& path) {
+  FileSink sink(path);
+  torch::jit::ExportModule(m, sink.writer());
+  sink.finish();
 }
 
 // A deterministic numbering of the inlined graph: graph inputs first, then every node's outputs in
@@ -1416,7 +1462,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
     step("host shapes", [&] { host_shape_arithmetic(*g); });
     step("pooling", [&] { pool_equal_buffers(m, *g); });
     step("memo", [&] { memoize_static_values(m, g); });
-    step("saving", [&] { m.save(to_std(out_path)); });
+    step("saving", [&] { save_whole(m, to_std(out_path)); });
     std::cerr << took.str() << std::endl;
     return rust::String(g->toString());
   });
@@ -1568,15 +1614,11 @@ void write_archive(rust::Str source, rust::Str out_path, const rust::Vec<rust::S
                    const rust::Vec<ArchiveRecord>& add) {
   guarded("cannot write the archive", [&] {
     caffe2::serialize::PyTorchStreamReader reader(to_std(source));
-    std::ofstream file(to_std(out_path), std::ios::binary | std::ios::trunc);
-    if (!file) throw std::runtime_error("cannot open " + to_std(out_path) + " for writing");
+    FileSink sink(to_std(out_path));
     {
       // Written through a function, the archive's top folder is "archive" whatever the file's
       // name (torch reads any).
-      caffe2::serialize::PyTorchStreamWriter writer([&](const void* buf, size_t n) -> size_t {
-        file.write(static_cast<const char*>(buf), static_cast<std::streamsize>(n));
-        return file ? n : 0;
-      });
+      caffe2::serialize::PyTorchStreamWriter writer(sink.writer());
       std::unordered_set<std::string> skipped;
       for (const auto& s : skip) skipped.insert(std::string(s));
       // The writer adds its own version, byte order and serialization id.
@@ -1589,8 +1631,7 @@ void write_archive(rust::Str source, rust::Str out_path, const rust::Vec<rust::S
       for (const ArchiveRecord& r : add) writer.writeRecord(std::string(r.name), r.data.data(), r.data.size());
       writer.writeEndOfFile();
     }
-    file.close();
-    if (!file) throw std::runtime_error("writing " + to_std(out_path) + " failed");
+    sink.finish();
     return 0;
   });
 }
@@ -1598,7 +1639,7 @@ void write_archive(rust::Str source, rust::Str out_path, const rust::Vec<rust::S
 void save_module(rust::Str path, rust::Str out_path) {
   guarded("cannot save the TorchScript module", [&] {
     auto m = load_module(to_std(path));
-    m.save(to_std(out_path));
+    save_whole(m, to_std(out_path));
     return 0;
   });
 }
@@ -1641,7 +1682,7 @@ void save_fp64_copy(rust::Str path, rust::Str out_path) {
     for (const auto& b : m.named_buffers(/*recurse=*/true)) {
       if (b.value.is_floating_point()) b.value.set_data(b.value.to(at::kDouble));
     }
-    m.save(to_std(out_path));
+    save_whole(m, to_std(out_path));
     return 0;
   });
 }
