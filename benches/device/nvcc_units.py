@@ -34,9 +34,11 @@ anonymous namespaces' per-compile names normalised) hashed against the base's. V
   before its first kernel.
 
 The record: OUT.json, {machine, toolchain, fact_commit, date, units: {unit: {kernels, command,
-fact_compile_s, measured_by, variants: {variant: {runs: [{wall_s, phases_s, sass}], min_wall_s,
-phases_s (of the fastest run), same_sass (every run's SASS the base's first)}}}}}, written after
-every compile; a later call into the same OUT.json adds its units beside the earlier ones.
+fact_compile_s, measured_by, variants: {variant: {runs: [{wall_s, cpu_s, phases_s, sass}],
+min_wall_s, min_cpu_s, phases_s (of the fastest run), same_sass (every run's SASS the base's
+first)}}}}}, written after every compile; a later call into the same OUT.json adds its units beside
+the earlier ones. cpu_s (user and system time of nvcc and every tool it ran) is the figure to
+compare on a machine shared with other work: wall time there waits on the other work too.
 """
 import argparse
 import datetime
@@ -44,6 +46,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shlex
 import shutil
 import subprocess
@@ -178,9 +181,12 @@ def compile_once(args, nvcc, dump, work, argv, text, tag):
     obj, csv = src.with_suffix(".o"), src.with_suffix(".csv")
     csv.unlink(missing_ok=True)
     cmd = ["taskset", "-c", args.cpus, nvcc] + argv + ["-time", str(csv), "-c", str(src), "-o", str(obj)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     subprocess.run(cmd, check=True)
     wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     phases = {}
     for line in csv.read_text().splitlines()[1:]:
         cols = [c.strip() for c in line.split(",")]
@@ -189,7 +195,8 @@ def compile_once(args, nvcc, dump, work, argv, text, tag):
     sass = subprocess.run([dump, "-sass", str(obj)], capture_output=True, text=True, check=True).stdout
     for pat, repl in SASS_NAMES:
         sass = pat.sub(repl, sass)
-    return {"wall_s": round(wall, 2), "phases_s": phases, "sass": hashlib.sha256(sass.encode()).hexdigest()[:16]}
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "phases_s": phases,
+            "sass": hashlib.sha256(sass.encode()).hexdigest()[:16]}
 
 
 def main():
@@ -241,12 +248,14 @@ def main():
             for r in range(args.repeat):
                 runs.append(compile_once(args, nvcc, dump, work, v[0], v[1], f"{unit}_{name}_{r}"))
                 best = min(runs, key=lambda x: x["wall_s"])
-                u["variants"][name] = {"runs": runs, "min_wall_s": best["wall_s"], "phases_s": best["phases_s"]}
+                u["variants"][name] = {"runs": runs, "min_wall_s": best["wall_s"],
+                                       "min_cpu_s": min(x["cpu_s"] for x in runs), "phases_s": best["phases_s"]}
                 base_sass = u["variants"].get("base", {}).get("runs", [{}])[0].get("sass")
                 same = all(x["sass"] == base_sass for x in runs)
                 u["variants"][name]["same_sass"] = None if name == "headers" else same
                 write_json(args.out, record)
-                print(f"{unit} {name} #{r}: {runs[-1]['wall_s']} s {runs[-1]['phases_s']}", flush=True)
+                print(f"{unit} {name} #{r}: {runs[-1]['wall_s']} s wall, {runs[-1]['cpu_s']} s cpu, "
+                      f"{runs[-1]['phases_s']}", flush=True)
 
 
 if __name__ == "__main__":
