@@ -22,6 +22,7 @@ mod memo;
 mod native_mha;
 mod outputs;
 mod padding;
+mod phases;
 mod plan;
 mod rmsnorm;
 mod rotary;

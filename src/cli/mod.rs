@@ -137,6 +137,26 @@ enum Command {
         /// input only) or torchscript (composed.pt). Default: the input's.
         #[arg(long)]
         format: Option<String>,
+        /// Stop after the quick phase: the tables' winners and, where they miss, the best of each
+        /// sweep's first 2 candidates, composed and written; `fact tune OUT` runs the full sweeps
+        /// later and rewrites the output where a winner changes.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the full sweeps of an output folder composed with --quick (its compose.json says
+    /// the model, inputs, precision, arch and options), resuming the quick ones, and rewrite the
+    /// composed output and op library where a winner changes; compose.json says what changed.
+    Tune {
+        /// The folder compose wrote (holds compose.json).
+        dir: PathBuf,
+        /// Parallel compile jobs (default: all cores).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// The GPUs that time the candidates, as compose takes them.
+        #[arg(long, default_value = "all")]
+        gpus: String,
         #[arg(long)]
         json: bool,
     },
@@ -307,7 +327,20 @@ fn options(
         matching: MatchOptions::default(),
         format: None,
         torchscript_copies: false,
+        phases: compose::Phases::Both,
     })
+}
+
+/// The compose.json of an output folder.
+fn read_report(dir: &std::path::Path) -> Result<ComposeReport> {
+    let path = dir.join(compose::REPORT);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "{}: no compose report; run fact compose first",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("{}: unreadable", path.display()))
 }
 
 fn command_line() -> String {
@@ -335,6 +368,7 @@ pub fn main() -> Result<()> {
             without,
             fuse_siblings,
             format,
+            quick,
             json,
         } => {
             let without = benchmark::parse_kinds(without.as_deref())?;
@@ -368,6 +402,11 @@ pub fn main() -> Result<()> {
                 matching: MatchOptions { fuse_siblings },
                 format,
                 torchscript_copies: !no_bench,
+                phases: if quick {
+                    compose::Phases::Quick
+                } else {
+                    compose::Phases::Both
+                },
                 ..options(out_dir.clone(), precision, arch, &agent)?
             };
             let report = compose::compose(&model, &inputs, &opts)
@@ -397,6 +436,42 @@ pub fn main() -> Result<()> {
             }
             Ok(())
         }
+        Command::Tune {
+            dir,
+            jobs: j,
+            gpus,
+            json,
+        } => {
+            let before = read_report(&dir)?;
+            let agent = AgentArgs {
+                agent: before.asked.agent.clone(),
+                agent_timeout: 30.0,
+            };
+            let opts = compose::Options {
+                jobs: jobs(j),
+                gpus: gpus.parse().map_err(anyhow::Error::msg)?,
+                format: Some(before.format),
+                torchscript_copies: before.torchscript.is_some(),
+                ..options(dir.clone(), before.precision, before.arch, &agent)?
+            }
+            .asking(&before.asked);
+            let model = before.model.clone();
+            if !model.is_file() {
+                bail!(
+                    "{}: the model {} it was composed from is gone; fact tune composes it again",
+                    dir.join(compose::REPORT).display(),
+                    model.display()
+                );
+            }
+            let report = compose::tune(before, &opts)
+                .with_context(|| format!("tuning {}", dir.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print_compose(&report, &dir);
+            }
+            Ok(())
+        }
         Command::Bench {
             dir,
             save_report,
@@ -404,15 +479,7 @@ pub fn main() -> Result<()> {
             json,
         } => {
             let without = benchmark::parse_kinds(without.as_deref())?;
-            let path = dir.join(compose::REPORT);
-            let text = std::fs::read_to_string(&path).with_context(|| {
-                format!(
-                    "{}: no compose report; run fact compose first",
-                    path.display()
-                )
-            })?;
-            let report: ComposeReport = serde_json::from_str(&text)
-                .with_context(|| format!("{}: unreadable", path.display()))?;
+            let report = read_report(&dir)?;
             if report.composed.is_none() {
                 bail!("{} holds no composed module (compose ran without a GPU?); run fact compose on a GPU machine", dir.display());
             }
@@ -508,9 +575,11 @@ pub fn main() -> Result<()> {
             let cx = compose::RealizeCtx {
                 opts: &opts,
                 tc: &tc,
+                compiler: &compose::NVCC,
                 gpu,
                 pool: &pool,
                 light: &light,
+                quick: false,
             };
             let sh = compose::Shared {
                 tables: &tables,

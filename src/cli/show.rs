@@ -125,6 +125,33 @@ pub(super) fn fmt_ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.4}"))
 }
 
+/// What each phase took, what the full one changed, and what is left for `fact tune`.
+fn print_phases(r: &ComposeReport, out_dir: &Path) {
+    for p in &r.phases {
+        println!(
+            "  {} phase: {:.0} s, {:.0} s compiling ({} kernels in {} units), {} sweeps",
+            p.phase, p.seconds, p.nvcc_s, p.kernels, p.units, p.sweeps
+        );
+    }
+    for c in &r.changes {
+        println!(
+            "  {}: {} ({}) -> {} ({})",
+            c.id,
+            c.kernel_before.as_deref().unwrap_or("torch"),
+            fmt_ms(c.ms_before),
+            c.kernel_after.as_deref().unwrap_or("torch"),
+            fmt_ms(c.ms_after)
+        );
+    }
+    if r.phase == compose::Phase::Quick && r.sweeps_left > 0 {
+        println!(
+            "  quick: {} sweep(s) left; `fact tune {}` runs them and rewrites what they change",
+            r.sweeps_left,
+            out_dir.display()
+        );
+    }
+}
+
 pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
     println!(
         "fact compose {} ({} precision, {})",
@@ -176,6 +203,7 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
         }
     }
     print_unmatched_gemms(&r.unmatched_gemms);
+    print_phases(r, out_dir);
     if r.patterns.is_empty() {
         println!("  no GEMM pattern matched; the model is left as it is");
     }

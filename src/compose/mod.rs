@@ -31,8 +31,10 @@ mod realize;
 mod schedule;
 
 use realize::{finish, measure_ahead, prefetch};
-pub use realize::{realize, Ahead, RealizeCtx, Realized, Shared};
-use schedule::{realize_all, Chain};
+pub use realize::{
+    realize, Ahead, Compiler, Nvcc, RealizeCtx, Realized, Shared, NVCC, QUICK_CANDIDATES,
+};
+use schedule::{realize_all, Chain, Countdown};
 
 pub const LIBRARY: &str = "libfact_ops.so";
 pub const COMPOSED: &str = "composed.pt";
@@ -157,6 +159,8 @@ pub struct Options {
     /// With a `.pt2` output, also write the program and the composition as TorchScript
     /// (`torchscript/`), which fact's own benchmark times.
     pub torchscript_copies: bool,
+    /// Both phases, or the quick one alone (`--quick`).
+    pub phases: Phases,
 }
 
 /// The format of a composed output.
@@ -246,8 +250,14 @@ pub enum Realization {
     },
     /// The winner of a nearby shape in the same bucket, re-verified (and timed) on this shape.
     Bucket { table: String, from_shape: String },
-    /// Tuned here; the winner went into the user table.
-    Tuned { candidates: usize, failed: usize },
+    /// Tuned here; the winner went into the user table. `quick`: the sweep measured its first
+    /// candidates alone (a quick compose's), and a full one finishes it (`fact tune`).
+    Tuned {
+        candidates: usize,
+        failed: usize,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        quick: bool,
+    },
     /// Compiled but not tuned (no GPU).
     Compiled { candidates: usize, failed: usize },
     /// Left to torch.
@@ -277,8 +287,16 @@ impl Realization {
                 )
             }
             Realization::Bucket { from_shape, .. } => format!("bucket hit ({from_shape})"),
-            Realization::Tuned { candidates, failed } => {
-                format!("tuned {}/{candidates} ok", candidates - failed)
+            Realization::Tuned {
+                candidates,
+                failed,
+                quick,
+            } => {
+                format!(
+                    "tuned {}/{candidates} ok{}",
+                    candidates - failed,
+                    if *quick { ", quick" } else { "" }
+                )
             }
             Realization::Compiled { candidates, failed } => {
                 format!("compiled {}/{candidates}", candidates - failed)
@@ -347,7 +365,26 @@ pub struct ComposeReport {
     /// What the shared compile cache did during the compose; None without sccache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sccache: Option<SccacheReport>,
+    /// The command's wall seconds (`fact tune`'s own, for a report it wrote).
     pub seconds: f64,
+    /// The phase the output is of: quick where sweeps were left for `fact tune`, full otherwise.
+    #[serde(default)]
+    pub phase: Phase,
+    /// Distinct problems whose sweep the quick phase cut short and no full phase ran yet.
+    #[serde(default)]
+    pub sweeps_left: usize,
+    /// Each phase run for this output, in order: what it took.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<PhaseRecord>,
+    /// The patterns whose kernel the full phase changed against the quick phase's output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<Change>,
+    /// Whether the full phase rewrote the composed output and the op library.
+    #[serde(default)]
+    pub rewritten: bool,
+    /// How the realizations were asked for (what `fact tune` asks again).
+    #[serde(default)]
+    pub asked: Asked,
 }
 
 /// The first candidates of a light sweep (`Options::light_share`).
@@ -377,96 +414,342 @@ fn problem_shares(plan: &plan::Plan, opts: &Options) -> BTreeMap<TableKey, f64> 
     share
 }
 
-/// Runs discovery, realization and the rewrite. Returns the report (also written as compose.json).
-pub fn compose(
-    model: &Path,
-    inputs: &[InputShape],
-    opts: &Options,
-) -> Result<ComposeReport, ComposeError> {
-    let start = std::time::Instant::now();
-    std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
-    let (graph, inputs) = torch::load_graph(model, inputs)?;
-    let source = torch::FrontEnd::of(model)?;
-    let format = match opts.format {
-        Some(f) => f,
-        None if source.is_pt2() => Format::Pt2,
-        None => Format::Torchscript,
-    };
-    if format == Format::Pt2 && !source.is_pt2() {
-        return Err(ComposeError::Torch(torch::TorchError::Export(format!(
-            "{}: --format pt2 needs a .pt2 input: fact writes a torch.export program from one it read (a TorchScript module has no export graph to keep); export the model with torch.export.export, save it with torch.export.save and compose that file",
-            model.display()
-        ))));
-    }
-    let mut found = registry::match_patterns_with(&graph, &opts.matching);
-    let tc = Toolchain::discover()?;
-    let cache_mark = tc.sccache_mark();
-    let device = Device::detect();
-    let gpu = tunes_here(opts.arch, device.as_ref());
-    let tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
-    let mut steward = opts.steward();
-    let plan_opts = PlanOptions {
-        arch: opts.arch,
-        precision: opts.precision,
-        assumed_speedup: 1.05,
-    };
-    let mut the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
-    the_plan.source = source;
-    let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
-    let pattern = |found: &crate::kinds::Patterns, id: &str| -> Problem {
-        found.get(id).expect("plan ids name patterns").problem()
-    };
+/// Which phases a compose runs (`Options::phases`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Phases {
+    /// The quick phase, its output written, then the full one over it (the default).
+    #[default]
+    Both,
+    /// The quick phase alone (`--quick`); `fact tune` runs the full one later (`tune`).
+    Quick,
+}
 
-    let problems: Vec<Problem> = order.iter().map(|id| pattern(&found, id)).collect();
-    let (pool, gpu_notes) = gpu_pool(opts, gpu)?;
-    for n in &gpu_notes {
-        nvcc::progress_line(opts.progress, format_args!("gpus: {n}"));
-    }
-    if pool.gpus().len() > 1 {
-        let names: Vec<String> = pool.gpus().iter().map(Gpu::label).collect();
-        nvcc::progress_line(
-            opts.progress,
-            format_args!("tuning on {} GPUs: {}", names.len(), names.join(", ")),
-        );
-    }
-    let light = light_keys(&the_plan, opts);
-    if !light.is_empty() {
-        let distinct = problem_shares(&the_plan, opts).len();
-        nvcc::progress_line(
-            opts.progress,
-            format_args!(
-                "light sweeps for {} of the {} distinct problems, each under {}% of the estimated time (--light-share): at most {LIGHT_BUDGET} first candidates, no later rounds",
-                light.len(),
-                distinct,
-                opts.light_share * 100.0
-            ),
-        );
-    }
-    let cx = RealizeCtx {
-        opts,
-        tc: &tc,
-        gpu,
-        pool: &pool,
-        light: &light,
-    };
-    prefetch(cx, &tables, &steward, &problems)?;
+/// The phase a composed output is of.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// The tables' winners and, where they miss, the best of a sweep's first
+    /// `QUICK_CANDIDATES` candidates: a fast model first.
+    Quick,
+    /// Every sweep run in full (a report written before the phases were is one).
+    #[default]
+    Full,
+}
 
-    // Each pattern's problem, then the smaller ones it falls back to where the larger gets no
-    // kernel (a fused GEMM: the GEMM alone).
-    let chains: Vec<Chain> = order
-        .iter()
-        .map(|id| Chain::of(found.get(id).expect("plan ids name patterns")))
-        .collect();
-    let tables = Mutex::new(tables);
-    let steward = Mutex::new(steward);
-    let sh = Shared {
-        tables: &tables,
-        steward: &steward,
-    };
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Phase::Quick => "quick",
+            Phase::Full => "full",
+        })
+    }
+}
+
+/// What one phase took.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PhaseRecord {
+    pub phase: Phase,
+    /// Wall seconds, its output written (the first phase's from the command's start, loading
+    /// the model and planning included).
+    pub seconds: f64,
+    /// Wall seconds during which a compile ran (nvcc's units, the op library's C++:
+    /// `nvcc::Tally`), and the units and kernels it compiled (the build cache's hits aside).
+    pub nvcc_s: f64,
+    pub units: usize,
+    pub kernels: usize,
+    /// Distinct problems it swept (a quick phase: their first candidates).
+    pub sweeps: usize,
+}
+
+impl PhaseRecord {
+    fn of(phase: Phase, seconds: f64, tally: nvcc::Tally, r: &Realizations) -> PhaseRecord {
+        PhaseRecord {
+            phase,
+            seconds,
+            nvcc_s: tally.seconds,
+            units: tally.units,
+            kernels: tally.kernels,
+            sweeps: r.swept,
+        }
+    }
+}
+
+/// A pattern whose kernel the full phase changed against the output it rewrote.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub id: String,
+    pub rule: String,
+    pub kernel_before: Option<String>,
+    pub kernel_after: Option<String>,
+    pub ms_before: Option<f64>,
+    pub ms_after: Option<f64>,
+}
+
+/// How a compose was asked to realize, as compose.json keeps it: what `fact tune` realizes
+/// with again.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Asked {
+    pub candidates: Option<usize>,
+    pub refine: usize,
+    pub light_share: f64,
+    pub keep_slower: bool,
+    pub fuse_siblings: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+}
+
+impl Default for Asked {
+    /// What `fact compose` asks for unless told otherwise.
+    fn default() -> Asked {
+        Asked {
+            candidates: None,
+            refine: 4,
+            light_share: 0.0,
+            keep_slower: false,
+            fuse_siblings: false,
+            agent: None,
+        }
+    }
+}
+
+impl Options {
+    /// What these options ask of a realization, as compose.json keeps it.
+    pub fn asked(&self) -> Asked {
+        Asked {
+            candidates: self.max_candidates,
+            refine: self.refine,
+            light_share: self.light_share,
+            keep_slower: self.keep_slower,
+            fuse_siblings: self.matching.fuse_siblings,
+            agent: self.agent.clone(),
+        }
+    }
+
+    /// These options asking what `a` asked.
+    pub fn asking(self, a: &Asked) -> Options {
+        Options {
+            max_candidates: a.candidates,
+            refine: a.refine,
+            light_share: a.light_share,
+            keep_slower: a.keep_slower,
+            matching: registry::MatchOptions {
+                fuse_siblings: a.fuse_siblings,
+            },
+            agent: a.agent.clone(),
+            ..self
+        }
+    }
+}
+
+/// A line that says which phase runs: on stderr wherever progress is shown, a terminal too (the
+/// bars are drawn within a phase, never across its start or end).
+fn phase_line(opts: &Options, line: std::fmt::Arguments) {
+    if opts.progress {
+        eprintln!("{line}");
+    }
+}
+
+/// What every phase of one compose shares: the model's graph and plan, the tools, the GPUs,
+/// the tables and the agent.
+struct Front<'m> {
+    model: &'m Path,
+    graph: crate::graph::Graph,
+    inputs: Vec<InputShape>,
+    format: Format,
+    tc: Toolchain,
+    cache_mark: Option<nvcc::sccache::Mark>,
+    device: Option<Device>,
+    gpu: bool,
+    plan: plan::Plan,
+    order: Vec<String>,
+    problems: Vec<Problem>,
+    pool: Pool,
+    gpu_notes: Vec<String>,
+    light: BTreeSet<TableKey>,
+    tables: Mutex<Tables>,
+    steward: Mutex<Steward>,
+}
+
+impl<'m> Front<'m> {
+    /// Loads the model, matches and plans it, finds the tools, the GPUs and the tables.
+    fn load(
+        model: &'m Path,
+        inputs: &[InputShape],
+        opts: &Options,
+    ) -> Result<Front<'m>, ComposeError> {
+        std::fs::create_dir_all(&opts.out_dir).map_err(io_err(&opts.out_dir))?;
+        let (graph, inputs) = torch::load_graph(model, inputs)?;
+        let source = torch::FrontEnd::of(model)?;
+        let format = match opts.format {
+            Some(f) => f,
+            None if source.is_pt2() => Format::Pt2,
+            None => Format::Torchscript,
+        };
+        if format == Format::Pt2 && !source.is_pt2() {
+            return Err(ComposeError::Torch(torch::TorchError::Export(format!(
+                "{}: --format pt2 needs a .pt2 input: fact writes a torch.export program from one it read (a TorchScript module has no export graph to keep); export the model with torch.export.export, save it with torch.export.save and compose that file",
+                model.display()
+            ))));
+        }
+        let found = registry::match_patterns_with(&graph, &opts.matching);
+        let tc = Toolchain::discover()?;
+        let cache_mark = tc.sccache_mark();
+        let device = Device::detect();
+        let gpu = tunes_here(opts.arch, device.as_ref());
+        let tables = Tables::load(&opts.user_table, &opts.shipped_table)?;
+        let mut steward = opts.steward();
+        let plan_opts = PlanOptions {
+            arch: opts.arch,
+            precision: opts.precision,
+            assumed_speedup: 1.05,
+        };
+        let mut the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
+        the_plan.source = source;
+        let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
+        let problems: Vec<Problem> = order
+            .iter()
+            .map(|id| found.get(id).expect("plan ids name patterns").problem())
+            .collect();
+        let (pool, gpu_notes) = gpu_pool(opts, gpu)?;
+        for n in &gpu_notes {
+            nvcc::progress_line(opts.progress, format_args!("gpus: {n}"));
+        }
+        if pool.gpus().len() > 1 {
+            let names: Vec<String> = pool.gpus().iter().map(Gpu::label).collect();
+            nvcc::progress_line(
+                opts.progress,
+                format_args!("tuning on {} GPUs: {}", names.len(), names.join(", ")),
+            );
+        }
+        let light = light_keys(&the_plan, opts);
+        if !light.is_empty() {
+            let distinct = problem_shares(&the_plan, opts).len();
+            nvcc::progress_line(
+                opts.progress,
+                format_args!(
+                    "light sweeps for {} of the {} distinct problems, each under {}% of the estimated time (--light-share): at most {LIGHT_BUDGET} first candidates, no later rounds",
+                    light.len(),
+                    distinct,
+                    opts.light_share * 100.0
+                ),
+            );
+        }
+        Ok(Front {
+            model,
+            graph,
+            inputs,
+            format,
+            tc,
+            cache_mark,
+            device,
+            gpu,
+            plan: the_plan,
+            order,
+            problems,
+            pool,
+            gpu_notes,
+            light,
+            tables: Mutex::new(tables),
+            steward: Mutex::new(steward),
+        })
+    }
+
+    fn cx<'a>(&'a self, opts: &'a Options, quick: bool) -> RealizeCtx<'a> {
+        RealizeCtx {
+            opts,
+            tc: &self.tc,
+            compiler: &NVCC,
+            gpu: self.gpu,
+            pool: &self.pool,
+            light: &self.light,
+            quick,
+        }
+    }
+
+    fn shared(&self) -> Shared<'_> {
+        Shared {
+            tables: &self.tables,
+            steward: &self.steward,
+        }
+    }
+
+    /// The report of a phase's realizations `r` and the outputs they are composed in.
+    fn report(
+        &self,
+        opts: &Options,
+        r: &Realizations,
+        out: &Outputs,
+        phase: Phase,
+    ) -> ComposeReport {
+        let steward = realize::lock(&self.steward);
+        ComposeReport {
+            model: self.model.to_path_buf(),
+            inputs: self.inputs.clone(),
+            precision: opts.precision,
+            arch: opts.arch,
+            patterns: r.patterns.clone(),
+            library: out.library.clone(),
+            composed: out.composed.clone(),
+            format: self.format,
+            torchscript: out.torchscript.clone(),
+            gpu: self.gpu,
+            device: self.device.clone(),
+            gpus: self.pool.gpus().iter().map(|g| g.info.clone()).collect(),
+            gpu_notes: self.gpu_notes.clone(),
+            compile_failures: r.compile_failures.clone(),
+            graph_note: self.graph.note.clone(),
+            unmatched_gemms: self.plan.unmatched_gemms.clone(),
+            order: self.order.clone(),
+            agent: steward.name(),
+            agent_notes: steward.notes.clone(),
+            sccache: self.tc.sccache_report(self.cache_mark.as_ref()),
+            seconds: 0.0,
+            phase,
+            sweeps_left: r.left,
+            phases: vec![],
+            changes: vec![],
+            rewritten: false,
+            asked: opts.asked(),
+        }
+    }
+}
+
+/// One phase's realizations, pattern by pattern, after the fallbacks they took.
+struct Realizations {
+    /// The patterns, a fused one that fell back replaced by the smaller one realized.
+    found: crate::kinds::Patterns,
+    patterns: Vec<PatternReport>,
+    /// The winners substituted, by name.
+    winners: BTreeMap<String, Spec>,
+    compile_failures: Vec<CompileFailure>,
+    /// Distinct problems the phase left to a full sweep (`Realized::cut`).
+    left: usize,
+    /// Distinct problems it swept.
+    swept: usize,
+}
+
+/// Realizes `chains` in one phase (`cx.quick`): the prefetch build of every first candidate
+/// (`problems`, the plan's, in its order), then, in a full phase, the first rounds of the GEMM
+/// sweeps measured ahead with their sibling rounds compiling meanwhile, and every chain
+/// (`realize_all`; `countdown` counts the sweeps down).
+fn realize_chains(
+    cx: RealizeCtx,
+    sh: Shared,
+    problems: &[Problem],
+    chains: &[Chain],
+    countdown: Option<&Countdown>,
+) -> Result<schedule::AllRealized, ComposeError> {
+    prefetch(
+        cx,
+        &realize::lock(sh.tables),
+        &realize::lock(sh.steward),
+        problems,
+    )?;
     let ahead = Ahead::default();
-    let realized = std::thread::scope(|s| {
-        let batch = measure_ahead(cx, sh, &problems, &ahead, s)?;
-        let realized = realize_all(cx, sh, &chains, &ahead);
+    std::thread::scope(|s| {
+        let batch = measure_ahead(cx, sh, problems, &ahead, s)?;
+        let realized = realize_all(cx, sh, chains, &ahead, countdown);
         if let Some(batch) = batch {
             let compiled = batch.join().expect("the sibling batch's thread panicked");
             if realized.is_ok() {
@@ -474,30 +757,61 @@ pub fn compose(
             }
         }
         realized
-    })?;
-    let mut steward = steward.into_inner().unwrap_or_else(|e| e.into_inner());
+    })
+}
+
+/// Every pattern of the plan realized in one phase (`quick` or full).
+fn realize_phase(
+    front: &Front,
+    opts: &Options,
+    quick: bool,
+    countdown: Option<&Countdown>,
+) -> Result<Realizations, ComposeError> {
+    // Matched again for each phase: a phase's fallbacks replace patterns (below).
+    let mut found = registry::match_patterns_with(&front.graph, &opts.matching);
+    // Each pattern's problem, then the smaller ones it falls back to where the larger gets no
+    // kernel (a fused GEMM: the GEMM alone).
+    let chains: Vec<Chain> = front
+        .order
+        .iter()
+        .map(|id| Chain::of(found.get(id).expect("plan ids name patterns")))
+        .collect();
+    let cx = front.cx(opts, quick);
+    let realized = realize_chains(cx, front.shared(), &front.problems, &chains, countdown)?;
     let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
     let mut compile_failures = Vec::new();
-    for (chain, steps) in chains.iter().zip(realized.steps) {
-        // The smaller patterns it fell back to, in turn: the rest stays in torch.
-        for (i, (what, instead)) in chain.falls.iter().take(steps).enumerate() {
-            let reason = match &realized.done[&chain.keys[i]].realized.how {
-                Realization::Skipped { reason } => reason.clone(),
-                _ => unreachable!("only a pattern left to torch unfuses"),
-            };
-            steward.notes.push(format!(
-                "{}: {what} is left to torch ({reason}); {instead} is realized",
-                chain.id
-            ));
-            let f = found.get_mut(&chain.id).expect("plan ids name patterns");
-            let u = f
-                .kind
-                .unfused(&*f.found)
-                .expect("only patterns with a smaller one unfuse");
-            f.kind = u.kind;
-            f.found = u.found;
+    {
+        let mut steward = realize::lock(&front.steward);
+        for (chain, steps) in chains.iter().zip(&realized.steps) {
+            // The smaller patterns it fell back to, in turn: the rest stays in torch.
+            for (i, (what, instead)) in chain.falls.iter().take(*steps).enumerate() {
+                let reason = match &realized.done[&chain.keys[i]].realized.how {
+                    Realization::Skipped { reason } => reason.clone(),
+                    _ => unreachable!("only a pattern left to torch unfuses"),
+                };
+                let note = format!(
+                    "{}: {what} is left to torch ({reason}); {instead} is realized",
+                    chain.id
+                );
+                if !steward.notes.contains(&note) {
+                    steward.notes.push(note);
+                }
+                let f = found.get_mut(&chain.id).expect("plan ids name patterns");
+                let u = f
+                    .kind
+                    .unfused(&*f.found)
+                    .expect("only patterns with a smaller one unfuse");
+                f.kind = u.kind;
+                f.found = u.found;
+            }
         }
     }
+    let left = realized.done.values().filter(|s| s.realized.cut).count();
+    let swept = realized
+        .done
+        .values()
+        .filter(|s| matches!(s.realized.how, Realization::Tuned { .. }))
+        .count();
     for (pk, r) in realized.done {
         let mut r = r.realized;
         finish(opts, &mut r);
@@ -528,108 +842,324 @@ pub fn compose(
             copies: f.copies(),
         });
     }
-
-    let mut library = None;
-    let mut composed = None;
-    let mut torchscript = None;
-    if !winners.is_empty() {
-        let specs: Vec<Spec> = winners.values().cloned().collect();
-        let built = nvcc::build_library(&tc, &specs, LIBRARY, &opts.build(&opts.out_dir))?;
-        compile_failures.extend(built.failures.iter().cloned());
-        let in_lib: std::collections::HashSet<String> =
-            built.kernels.iter().map(Spec::name).collect();
-        // A winner that failed to build here is not substituted: say so rather than name it.
-        for p in patterns
-            .iter_mut()
-            .filter(|p| p.kernel.as_ref().is_some_and(|k| !in_lib.contains(k)))
-        {
-            p.realization = Realization::Skipped {
-                reason: format!(
-                    "the winner {} failed to compile here",
-                    p.kernel.take().unwrap_or_default()
-                ),
-            };
-        }
-        let chosen: Vec<(&crate::kinds::Found, &str)> = found
-            .found
-            .iter()
-            .zip(&patterns)
-            .filter_map(|(f, r)| {
-                r.kernel
-                    .as_deref()
-                    .filter(|k| in_lib.contains(*k))
-                    .map(|k| (f, k))
-            })
-            .collect();
-        // Each kind's edits are made together (`Kind::edits`), kinds in the order they appear.
-        let mut edits: Vec<Edit> = Vec::new();
-        let mut kinds: Vec<&'static dyn crate::kinds::Kind> = Vec::new();
-        for (f, _) in &chosen {
-            if !kinds.iter().any(|k| k.name() == f.kind.name()) {
-                kinds.push(f.kind);
-            }
-        }
-        for kind in kinds {
-            let mine: Vec<(&dyn crate::rules::Match, &str)> = chosen
-                .iter()
-                .filter(|(f, _)| f.kind.name() == kind.name())
-                .map(|(f, k)| (&*f.found, *k))
-                .collect();
-            edits.extend(kind.edits(&graph, &mine));
-        }
-        let schemas = registry::op_schemas();
-        let out = match format {
-            Format::Torchscript => {
-                let out = opts.out_dir.join(COMPOSED);
-                torch::rewrite_and_save(model, &out, &edits, &schemas)?;
-                out
-            }
-            Format::Pt2 => {
-                let out = opts.out_dir.join(COMPOSED_PT2);
-                torch::rewrite_and_write_pt2(model, &out, &edits, &schemas)?;
-                if opts.torchscript_copies {
-                    let dir = opts.out_dir.join("torchscript");
-                    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-                    let (original, composed) = (dir.join("original.pt"), dir.join(COMPOSED));
-                    torch::save_torchscript(model, &original)?;
-                    torch::rewrite_and_save(model, &composed, &edits, &schemas)?;
-                    torchscript = Some((original, composed));
-                }
-                out
-            }
-        };
-        library = Some(built.library);
-        composed = Some(out);
-    }
-    let report = ComposeReport {
-        model: model.to_path_buf(),
-        inputs,
-        precision: opts.precision,
-        arch: opts.arch,
+    Ok(Realizations {
+        found,
         patterns,
-        library,
-        composed,
-        format,
-        torchscript,
-        gpu,
-        device: device.clone(),
-        gpus: pool.gpus().iter().map(|g| g.info.clone()).collect(),
-        gpu_notes,
+        winners,
         compile_failures,
-        graph_note: graph.note.clone(),
-        unmatched_gemms: the_plan.unmatched_gemms.clone(),
-        order,
-        agent: steward.name(),
-        agent_notes: steward.notes.clone(),
-        sccache: tc.sccache_report(cache_mark.as_ref()),
-        seconds: start.elapsed().as_secs_f64(),
+        left,
+        swept,
+    })
+}
+
+/// Where a phase's composition is: the op library of its winners, the rewritten model and, for a
+/// `.pt2` output asked to, both as TorchScript.
+#[derive(Clone, Debug, Default)]
+struct Outputs {
+    library: Option<PathBuf>,
+    composed: Option<PathBuf>,
+    torchscript: Option<(PathBuf, PathBuf)>,
+}
+
+/// Builds the winners' op library and writes the composed model (each written whole); a winner
+/// that fails to build here is left to torch, its pattern says why.
+fn write_outputs(
+    front: &Front,
+    opts: &Options,
+    r: &mut Realizations,
+) -> Result<Outputs, ComposeError> {
+    let mut out = Outputs::default();
+    if r.winners.is_empty() {
+        return Ok(out);
+    }
+    let specs: Vec<Spec> = r.winners.values().cloned().collect();
+    let built = nvcc::build_library(&front.tc, &specs, LIBRARY, &opts.build(&opts.out_dir))?;
+    r.compile_failures.extend(built.failures.iter().cloned());
+    let in_lib: std::collections::HashSet<String> = built.kernels.iter().map(Spec::name).collect();
+    // A winner that failed to build here is not substituted: say so rather than name it.
+    for p in r
+        .patterns
+        .iter_mut()
+        .filter(|p| p.kernel.as_ref().is_some_and(|k| !in_lib.contains(k)))
+    {
+        p.realization = Realization::Skipped {
+            reason: format!(
+                "the winner {} failed to compile here",
+                p.kernel.take().unwrap_or_default()
+            ),
+        };
+    }
+    let chosen: Vec<(&crate::kinds::Found, &str)> = r
+        .found
+        .found
+        .iter()
+        .zip(&r.patterns)
+        .filter_map(|(f, p)| {
+            p.kernel
+                .as_deref()
+                .filter(|k| in_lib.contains(*k))
+                .map(|k| (f, k))
+        })
+        .collect();
+    // Each kind's edits are made together (`Kind::edits`), kinds in the order they appear.
+    let mut edits: Vec<Edit> = Vec::new();
+    let mut kinds: Vec<&'static dyn crate::kinds::Kind> = Vec::new();
+    for (f, _) in &chosen {
+        if !kinds.iter().any(|k| k.name() == f.kind.name()) {
+            kinds.push(f.kind);
+        }
+    }
+    for kind in kinds {
+        let mine: Vec<(&dyn crate::rules::Match, &str)> = chosen
+            .iter()
+            .filter(|(f, _)| f.kind.name() == kind.name())
+            .map(|(f, k)| (&*f.found, *k))
+            .collect();
+        edits.extend(kind.edits(&front.graph, &mine));
+    }
+    let schemas = registry::op_schemas();
+    let model = front.model;
+    let composed = match front.format {
+        Format::Torchscript => {
+            let composed = opts.out_dir.join(COMPOSED);
+            torch::rewrite_and_save(model, &composed, &edits, &schemas)?;
+            composed
+        }
+        Format::Pt2 => {
+            let composed = opts.out_dir.join(COMPOSED_PT2);
+            torch::rewrite_and_write_pt2(model, &composed, &edits, &schemas)?;
+            if opts.torchscript_copies {
+                let dir = opts.out_dir.join("torchscript");
+                std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+                let (original, copy) = (dir.join("original.pt"), dir.join(COMPOSED));
+                torch::save_torchscript(model, &original)?;
+                torch::rewrite_and_save(model, &copy, &edits, &schemas)?;
+                out.torchscript = Some((original, copy));
+            }
+            composed
+        }
     };
+    out.library = Some(built.library);
+    out.composed = Some(composed);
+    Ok(out)
+}
+
+/// compose.json, written whole.
+fn save_report(opts: &Options, report: &ComposeReport) -> Result<(), ComposeError> {
     let path = opts.out_dir.join(REPORT);
     crate::atomic::write(
         &path,
-        serde_json::to_string_pretty(&report).expect("report serializes"),
+        serde_json::to_string_pretty(report).expect("report serializes"),
     )
-    .map_err(io_err(&path))?;
+    .map_err(io_err(&path))
+}
+
+/// Whether a composition of `after`'s kernels differs from the one `before` describes: some
+/// pattern's kernel differs (a pattern left to torch has none).
+fn winners_changed(before: &[PatternReport], after: &[PatternReport]) -> bool {
+    let kernels = |ps: &[PatternReport]| -> BTreeMap<String, Option<String>> {
+        ps.iter()
+            .map(|p| (p.id.clone(), p.kernel.clone()))
+            .collect()
+    };
+    kernels(before) != kernels(after)
+}
+
+/// The patterns of `after` whose kernel is not `before`'s, with the times of both.
+fn changes(before: &[PatternReport], after: &[PatternReport]) -> Vec<Change> {
+    after
+        .iter()
+        .filter_map(|a| {
+            let b = before.iter().find(|b| b.id == a.id);
+            let kernel_before = b.and_then(|b| b.kernel.clone());
+            (kernel_before != a.kernel).then(|| Change {
+                id: a.id.clone(),
+                rule: a.rule.clone(),
+                kernel_before,
+                kernel_after: a.kernel.clone(),
+                ms_before: b.and_then(|b| b.kernel_ms),
+                ms_after: a.kernel_ms,
+            })
+        })
+        .collect()
+}
+
+/// Runs discovery, realization and the rewrite, in two phases where a GPU tunes (`Phases`): the
+/// quick phase composes and writes the module from the tables' winners and the best of each
+/// sweep's first candidates; the full phase then runs every sweep in full, resuming the quick
+/// ones, and rewrites the outputs where a winner changed. Without a GPU there is one phase (the
+/// full one, or the quick one under `--quick`). Returns the report (also written as
+/// compose.json after each phase).
+pub fn compose(
+    model: &Path,
+    inputs: &[InputShape],
+    opts: &Options,
+) -> Result<ComposeReport, ComposeError> {
+    let start = std::time::Instant::now();
+    let tally = nvcc::tally();
+    let front = Front::load(model, inputs, opts)?;
+    let quick_first = front.gpu || opts.phases == Phases::Quick;
+    if quick_first {
+        phase_line(
+            opts,
+            format_args!(
+                "phase 1 of 2: the tables' winners and the first {QUICK_CANDIDATES} candidates of each sweep, composed first"
+            ),
+        );
+    }
+    let mut r = realize_phase(&front, opts, quick_first, None)?;
+    let out = write_outputs(&front, opts, &mut r)?;
+    let phase = if quick_first && r.left > 0 {
+        Phase::Quick
+    } else {
+        Phase::Full
+    };
+    let mut report = front.report(opts, &r, &out, phase);
+    report.seconds = start.elapsed().as_secs_f64();
+    report.phases = vec![PhaseRecord::of(
+        if quick_first {
+            Phase::Quick
+        } else {
+            Phase::Full
+        },
+        report.seconds,
+        nvcc::tally().since(tally),
+        &r,
+    )];
+    save_report(opts, &report)?;
+    if !quick_first {
+        return Ok(report);
+    }
+    let written = report
+        .composed
+        .as_ref()
+        .map_or("nothing substituted".to_string(), |c| {
+            format!("{} written", c.display())
+        });
+    if r.left == 0 {
+        phase_line(
+            opts,
+            format_args!(
+                "phase 1 of 2 done in {:.0} s ({written}): every pattern from the tables, no sweep left for phase 2",
+                report.seconds
+            ),
+        );
+        return Ok(report);
+    }
+    if opts.phases == Phases::Quick || !front.gpu {
+        phase_line(
+            opts,
+            format_args!(
+                "phase 1 of 2 done in {:.0} s ({written}); --quick: {} sweep(s) left, `fact tune {}` runs them",
+                report.seconds,
+                r.left,
+                opts.out_dir.display()
+            ),
+        );
+        return Ok(report);
+    }
+    phase_line(
+        opts,
+        format_args!("phase 1 of 2 done in {:.0} s ({written})", report.seconds),
+    );
+    full_phase(&front, opts, report, r.left, start)
+}
+
+/// `fact tune DIR`: the full phase over an output a quick compose wrote (`before`, its
+/// compose.json), as `compose`'s second phase: every sweep run in full, resuming the quick ones,
+/// and the outputs rewritten where a winner changed. `opts` are the ones `before` was composed
+/// with (`Options::asking`), its folder the output folder. Without a GPU that tunes the arch,
+/// as compose without one, the sweeps' kernels are compiled and left for a GPU.
+pub fn tune(before: ComposeReport, opts: &Options) -> Result<ComposeReport, ComposeError> {
+    let start = std::time::Instant::now();
+    let model = before.model.clone();
+    let front = Front::load(&model, &before.inputs, opts)?;
+    if !front.gpu {
+        let here = front
+            .device
+            .as_ref()
+            .map_or("no CUDA device".to_string(), |d| {
+                format!("{} runs no {} kernels", d.label(), opts.arch)
+            });
+        phase_line(
+            opts,
+            format_args!(
+                "{here}: the sweeps' kernels are compiled, not tuned; run fact tune on {} to tune them",
+                opts.arch.gpus()
+            ),
+        );
+    }
+    let left = {
+        let tables = realize::lock(&front.tables);
+        realize::sweeps_left(front.cx(opts, false), &tables, &front.problems)
+    };
+    full_phase(&front, opts, before, left, start)
+}
+
+/// The full phase after `before` (the quick phase's report, or compose.json of a quick compose
+/// for `fact tune`), `left` sweeps to run: every pattern realized in full, the outputs rewritten
+/// only where a winner changed (else left as they are, byte for byte), compose.json saying what
+/// changed and what each phase took.
+fn full_phase(
+    front: &Front,
+    opts: &Options,
+    before: ComposeReport,
+    left: usize,
+    start: std::time::Instant,
+) -> Result<ComposeReport, ComposeError> {
+    phase_line(
+        opts,
+        format_args!("phase 2 of 2: the full sweeps, {left} sweep(s) left"),
+    );
+    let tally = nvcc::tally();
+    let began = std::time::Instant::now();
+    let countdown = Countdown::new(left, opts.progress);
+    let mut r = realize_phase(front, opts, false, Some(&countdown))?;
+    let rewritten = winners_changed(&before.patterns, &r.patterns);
+    let out = if rewritten {
+        write_outputs(front, opts, &mut r)?
+    } else {
+        Outputs {
+            library: before.library.clone(),
+            composed: before.composed.clone(),
+            torchscript: before.torchscript.clone(),
+        }
+    };
+    let changes = changes(&before.patterns, &r.patterns);
+    let mut report = front.report(opts, &r, &out, Phase::Full);
+    report.sweeps_left = 0;
+    report.seconds = start.elapsed().as_secs_f64();
+    report.phases = before.phases.clone();
+    report.phases.push(PhaseRecord::of(
+        Phase::Full,
+        began.elapsed().as_secs_f64(),
+        nvcc::tally().since(tally),
+        &r,
+    ));
+    report.changes = changes;
+    report.rewritten = rewritten;
+    save_report(opts, &report)?;
+    let what = if rewritten {
+        format!(
+            "{} winner(s) changed: {} rewritten",
+            report.changes.len(),
+            [report.composed.as_ref(), report.library.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        )
+    } else {
+        "no winner changed: the composed output stands as phase 1 wrote it".to_string()
+    };
+    phase_line(
+        opts,
+        format_args!(
+            "phase 2 of 2 done in {:.0} s: {what}",
+            began.elapsed().as_secs_f64()
+        ),
+    );
     Ok(report)
 }
 
@@ -668,6 +1198,7 @@ pub(crate) fn test_options() -> Options {
         matching: registry::MatchOptions::default(),
         format: None,
         torchscript_copies: false,
+        phases: Phases::Both,
     }
 }
 
@@ -745,6 +1276,444 @@ mod tests {
         assert_eq!(light_keys(&the_plan, &opts).len(), 1);
         opts.light_share = 0.0;
         assert!(light_keys(&the_plan, &opts).is_empty());
+    }
+
+    /// A compiler that compiles nothing: it says which kernels each call was asked for, and
+    /// writes each library as its kernels' names, one a line, for `Scripted` to read back.
+    #[derive(Default)]
+    struct Recorder {
+        /// (library name, or "objects" for a batch into the cache; the kernels asked for).
+        calls: Mutex<Vec<(String, Vec<String>)>>,
+    }
+
+    impl Recorder {
+        fn take(&self) -> Vec<(String, Vec<String>)> {
+            std::mem::take(&mut *realize::lock(&self.calls))
+        }
+    }
+
+    impl Compiler for Recorder {
+        fn library(
+            &self,
+            _tc: &Toolchain,
+            specs: &[Spec],
+            name: &str,
+            opts: &nvcc::BuildOptions,
+        ) -> Result<nvcc::Built, BuildError> {
+            let names: Vec<String> = specs.iter().map(Spec::name).collect();
+            let library = opts.out_dir.join(name);
+            std::fs::create_dir_all(&opts.out_dir).unwrap();
+            std::fs::write(&library, names.join("\n")).unwrap();
+            realize::lock(&self.calls).push((name.to_string(), names));
+            Ok(nvcc::Built {
+                library,
+                kernels: specs.to_vec(),
+                failures: vec![],
+                compiled: specs.len(),
+                cached: 0,
+                seconds: 0.0,
+            })
+        }
+        fn objects(
+            &self,
+            _tc: &Toolchain,
+            specs: &[Spec],
+            _opts: &nvcc::BuildOptions,
+        ) -> Result<nvcc::Objects, BuildError> {
+            realize::lock(&self.calls)
+                .push(("objects".into(), specs.iter().map(Spec::name).collect()));
+            Ok(nvcc::Objects {
+                kernels: specs.to_vec(),
+                objects: vec![],
+                failures: vec![],
+                compiled: specs.len(),
+                cached: 0,
+            })
+        }
+    }
+
+    /// A GPU whose kernels take the time `ms` gives their name, torch 1 ms: a worker judges the
+    /// library `Recorder` wrote, by name. It says every kernel it timed.
+    struct Scripted {
+        ms: fn(&str) -> f64,
+        timed: Mutex<Vec<String>>,
+    }
+
+    struct ByName<'a> {
+        gpu: &'a Scripted,
+        names: Vec<String>,
+    }
+
+    impl tune::Bench for ByName<'_> {
+        fn verify(&mut self, _i: usize) -> Result<f64, tune::BenchError> {
+            Ok(0.0)
+        }
+        fn time(&mut self, i: usize) -> Result<Vec<f64>, tune::BenchError> {
+            realize::lock(&self.gpu.timed).push(self.names[i].clone());
+            Ok(vec![(self.gpu.ms)(&self.names[i]); 3])
+        }
+        fn time_baseline(&mut self) -> Result<Vec<f64>, tune::BenchError> {
+            Ok(vec![1.0; 3])
+        }
+    }
+
+    impl worker::Spawn for &'static Scripted {
+        fn run(
+            &self,
+            _gpu: &Gpu,
+            req: &worker::Request,
+            on_event: &mut dyn FnMut(worker::Event),
+        ) -> Result<(), String> {
+            let text = std::fs::read_to_string(&req.library).map_err(|e| e.to_string())?;
+            let mut bench = ByName {
+                gpu: self,
+                names: text.lines().map(str::to_string).collect(),
+            };
+            worker::judge_all(&mut bench, req, on_event);
+            Ok(())
+        }
+    }
+
+    /// Fake problems' kernels: the later a first-round kernel, the faster (the estimate's order
+    /// is wrong, so a full sweep finds a better one than a quick one), and a later round's
+    /// kernel faster than the one it refines.
+    fn ms_by_name(name: &str) -> f64 {
+        let (base, again) = match name.strip_suffix("_r") {
+            Some(b) => (b, 0.9),
+            None => (name, 1.0),
+        };
+        let i: f64 = base.rsplit("_k").next().unwrap().parse().unwrap();
+        (0.9 - 0.1 * i) * again
+    }
+
+    /// What a phase test realizes with: options into `dir`, the tables there, one fake H100.
+    struct Bed {
+        opts: Options,
+        tc: Toolchain,
+        pool: Pool,
+        gpu: &'static Scripted,
+        light: BTreeSet<TableKey>,
+        problems: Vec<Problem>,
+        chains: Vec<Chain>,
+    }
+
+    impl Bed {
+        fn new(dir: &Path, flops: &[u64]) -> Bed {
+            let gpu: &'static Scripted = Box::leak(Box::new(Scripted {
+                ms: ms_by_name,
+                timed: Mutex::new(vec![]),
+            }));
+            let mut opts = test_options();
+            opts.out_dir = dir.join("out");
+            opts.user_table = dir.join("user.json");
+            opts.shipped_table = dir.join("none.json");
+            opts.cache_dir = dir.join("cache");
+            let problems: Vec<Problem> = flops
+                .iter()
+                .map(|&f| crate::kinds::fake::problem(f))
+                .collect();
+            let chains = problems
+                .iter()
+                .enumerate()
+                .map(|(i, p)| Chain {
+                    id: format!("p{i}"),
+                    problems: vec![p.clone()],
+                    keys: vec![ProblemKey::of(p)],
+                    falls: vec![],
+                })
+                .collect();
+            Bed {
+                opts,
+                tc: Toolchain::for_tests(),
+                pool: Pool::new(
+                    vec![crate::tune::fake::gpu(0, "H100", (9, 0))],
+                    Box::new(gpu),
+                ),
+                gpu,
+                light: BTreeSet::new(),
+                problems,
+                chains,
+            }
+        }
+
+        /// One phase over the tables on disk, compiled by `compiler`.
+        fn phase(&self, quick: bool, compiler: &Recorder) -> schedule::AllRealized {
+            let cx = RealizeCtx {
+                opts: &self.opts,
+                tc: &self.tc,
+                compiler,
+                gpu: true,
+                pool: &self.pool,
+                light: &self.light,
+                quick,
+            };
+            let tables =
+                Mutex::new(Tables::load(&self.opts.user_table, &self.opts.shipped_table).unwrap());
+            let steward = Mutex::new(Steward::builtin());
+            let sh = Shared {
+                tables: &tables,
+                steward: &steward,
+            };
+            realize_chains(cx, sh, &self.problems, &self.chains, None).unwrap()
+        }
+
+        fn user_table(&self) -> crate::table::Table {
+            crate::table::Table::load(&self.opts.user_table).unwrap()
+        }
+
+        fn timed(&self) -> Vec<String> {
+            std::mem::take(&mut *realize::lock(&self.gpu.timed))
+        }
+    }
+
+    fn sorted(mut v: Vec<String>) -> Vec<String> {
+        v.sort();
+        v
+    }
+
+    fn kernels(flops: &[u64], first: std::ops::Range<usize>) -> Vec<String> {
+        sorted(
+            flops
+                .iter()
+                .flat_map(|&f| first.clone().map(move |i| crate::kinds::fake::kernel(f, i)))
+                .collect(),
+        )
+    }
+
+    /// The quick phase compiles the first candidates of every sweep in the one prefetch batch and
+    /// nothing else, measures them and leaves them in the user table as checkpoints; the full
+    /// phase compiles the rest of each first round in its prefetch batch and the later rounds in
+    /// the sibling batch, measures every kernel the quick phase did not, and records each sweep
+    /// finished, with a faster winner.
+    #[test]
+    fn the_quick_phase_measures_first_candidates_and_the_full_phase_resumes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let flops = [1000u64, 2000];
+        // Two layers of the first problem: one sweep.
+        let bed = Bed::new(dir.path(), &[1000, 2000, 1000]);
+
+        let compiler = Recorder::default();
+        let quick = bed.phase(true, &compiler);
+        let calls = compiler.take();
+        let first = kernels(&flops, 0..QUICK_CANDIDATES);
+        assert_eq!(calls[0].0, "objects", "the prefetch batch comes first");
+        assert_eq!(sorted(calls[0].1.clone()), first);
+        assert!(
+            calls
+                .iter()
+                .all(|(_, k)| k.iter().all(|k| first.contains(k))),
+            "the quick phase compiles the first candidates alone: {calls:?}"
+        );
+        assert_eq!(sorted(bed.timed()), first, "each measured once");
+        assert_eq!(quick.done.len(), 2, "each distinct problem once");
+        for slot in quick.done.values() {
+            let r = &slot.realized;
+            assert!(r.cut, "a quick sweep leaves its sweep to the full phase");
+            assert!(
+                matches!(
+                    r.how,
+                    Realization::Tuned {
+                        candidates: 2,
+                        failed: 0,
+                        quick: true
+                    }
+                ),
+                "{:?}",
+                r.how
+            );
+            let e = r.entry.as_ref().unwrap();
+            assert!(e.winner.ends_with("_k1"), "{}", e.winner);
+        }
+        let table = bed.user_table();
+        assert_eq!(table.entries.len(), 2);
+        for e in &table.entries {
+            assert!(e.runs.iter().all(|r| r.partial), "recorded as checkpoints");
+            assert_eq!(e.runs.iter().map(|r| r.candidates.len()).sum::<usize>(), 2);
+            assert!(e.unfinished_at(|p| p.device.name == "H100").is_some());
+        }
+
+        let compiler = Recorder::default();
+        let full = bed.phase(false, &compiler);
+        let calls = compiler.take();
+        let rest = kernels(&flops, QUICK_CANDIDATES..crate::kinds::fake::CANDIDATES);
+        assert_eq!(calls[0].0, "objects");
+        assert_eq!(
+            sorted(calls[0].1.clone()),
+            rest,
+            "the rest of both first rounds in one prefetch batch"
+        );
+        // The second round of each (the two fastest again), in one batch behind the others.
+        let again: Vec<String> = sorted(
+            flops
+                .iter()
+                .flat_map(|&f| [4, 5].map(|i| format!("{}_r", crate::kinds::fake::kernel(f, i))))
+                .collect(),
+        );
+        let batches: Vec<&Vec<String>> = calls
+            .iter()
+            .filter(|(what, _)| what == "objects")
+            .map(|(_, k)| k)
+            .collect();
+        assert_eq!(batches.len(), 2, "{calls:?}");
+        assert_eq!(sorted(batches[1].clone()), again);
+        let mut all = rest.clone();
+        all.extend(again.iter().cloned());
+        assert_eq!(
+            sorted(bed.timed()),
+            sorted(all),
+            "the quick phase's kernels are not measured again"
+        );
+        for slot in full.done.values() {
+            let r = &slot.realized;
+            assert!(!r.cut);
+            assert!(
+                matches!(
+                    r.how,
+                    Realization::Tuned {
+                        candidates: 8,
+                        quick: false,
+                        ..
+                    }
+                ),
+                "{:?}",
+                r.how
+            );
+            assert!(r.entry.as_ref().unwrap().winner.ends_with("_k5_r"));
+        }
+        let table = bed.user_table();
+        for e in &table.entries {
+            assert_eq!(e.runs.len(), 1, "the record replaced the checkpoint");
+            assert!(!e.runs[0].partial);
+            assert_eq!(e.runs[0].candidates.len(), 8);
+            assert!(e.unfinished_at(|_| true).is_none());
+        }
+
+        // Another full phase: every problem a hit, nothing compiled or measured.
+        let compiler = Recorder::default();
+        let again = bed.phase(false, &compiler);
+        assert!(compiler
+            .take()
+            .iter()
+            .all(|(what, _)| what != "objects" && what != "libsweep.so"));
+        assert!(bed.timed().is_empty());
+        assert!(again
+            .done
+            .values()
+            .all(|s| matches!(s.realized.how, Realization::Hit { .. }) && !s.realized.cut));
+    }
+
+    /// A quick compose over a table a quick compose left takes its checkpoints as they stand:
+    /// nothing compiled or measured, each still a sweep left for the full phase.
+    #[test]
+    fn a_second_quick_phase_takes_the_checkpoints_as_they_stand() {
+        let dir = tempfile::tempdir().unwrap();
+        let bed = Bed::new(dir.path(), &[1000, 2000]);
+        bed.phase(true, &Recorder::default());
+        bed.timed();
+        let compiler = Recorder::default();
+        let again = bed.phase(true, &compiler);
+        assert!(compiler.take().is_empty());
+        assert!(bed.timed().is_empty());
+        for slot in again.done.values() {
+            assert!(slot.realized.cut);
+            assert!(matches!(slot.realized.how, Realization::Hit { .. }));
+            assert!(slot
+                .realized
+                .entry
+                .as_ref()
+                .unwrap()
+                .winner
+                .ends_with("_k1"));
+        }
+    }
+
+    fn pattern(id: &str, kernel: Option<&str>, ms: Option<f64>) -> PatternReport {
+        let problem = crate::kinds::fake::problem(1000);
+        PatternReport {
+            id: id.into(),
+            node: 0,
+            origin: "test".into(),
+            rule: problem.rule_id(),
+            kind: None,
+            problem,
+            key: None,
+            realization: Realization::Skipped {
+                reason: "test".into(),
+            },
+            kernel: kernel.map(str::to_string),
+            kernel_ms: ms,
+            torch_ms: None,
+            copies: vec![],
+        }
+    }
+
+    /// The full phase rewrites the outputs only where some pattern's kernel changed (a pattern
+    /// newly substituted, or left to torch, included); compose.json lists those patterns with
+    /// both kernels and times.
+    #[test]
+    fn a_changed_winner_is_what_rewrites_the_outputs_and_is_reported() {
+        let before = vec![
+            pattern("p0", Some("a"), Some(0.5)),
+            pattern("p1", None, None),
+            pattern("p2", Some("c"), Some(0.2)),
+        ];
+        let mut after = before.clone();
+        after[2].kernel_ms = Some(0.19);
+        assert!(
+            !winners_changed(&before, &after),
+            "a time alone changes nothing"
+        );
+        assert!(changes(&before, &after).is_empty());
+        after[0] = pattern("p0", Some("a2"), Some(0.4));
+        after[1] = pattern("p1", Some("b"), Some(0.3));
+        assert!(winners_changed(&before, &after));
+        assert_eq!(
+            changes(&before, &after),
+            vec![
+                Change {
+                    id: "p0".into(),
+                    rule: "fake".into(),
+                    kernel_before: Some("a".into()),
+                    kernel_after: Some("a2".into()),
+                    ms_before: Some(0.5),
+                    ms_after: Some(0.4),
+                },
+                Change {
+                    id: "p1".into(),
+                    rule: "fake".into(),
+                    kernel_before: None,
+                    kernel_after: Some("b".into()),
+                    ms_before: None,
+                    ms_after: Some(0.3),
+                },
+            ]
+        );
+        after[2].kernel = None;
+        assert_eq!(changes(&before, &after).len(), 3, "left to torch now");
+    }
+
+    /// What a compose was asked to realize travels in compose.json to `fact tune`.
+    #[test]
+    fn fact_tune_asks_what_the_compose_asked() {
+        let mut opts = test_options();
+        opts.max_candidates = Some(3);
+        opts.refine = 1;
+        opts.light_share = 0.02;
+        opts.keep_slower = true;
+        opts.matching.fuse_siblings = true;
+        let asked = opts.asked();
+        let text = serde_json::to_string(&asked).unwrap();
+        let back: Asked = serde_json::from_str(&text).unwrap();
+        let again = test_options().asking(&back);
+        assert_eq!(again.asked(), asked);
+        assert_eq!((again.max_candidates, again.refine), (Some(3), 1));
+        // A report from before: what compose asks by default.
+        let old: Asked = serde_json::from_str("{}").unwrap();
+        assert_eq!(old, Asked::default());
+        assert_eq!(
+            test_options().asking(&Asked::default()).asked(),
+            test_options().asked()
+        );
     }
 
     #[test]

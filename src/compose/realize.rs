@@ -16,17 +16,104 @@ use super::*;
 use std::collections::BTreeMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-/// What every realization of one command shares: its options, the toolchain, whether a GPU
-/// here tunes for the options' arch (`tunes_here`, found once by the caller, so that every sweep
-/// agrees with it) and the GPUs that measure (`gpu_pool`; empty where `gpu` is false).
+/// What every realization of one command shares: its options, the toolchain and how it compiles,
+/// whether a GPU here tunes for the options' arch (`tunes_here`, found once by the caller, so that
+/// every sweep agrees with it) and the GPUs that measure (`gpu_pool`; empty where `gpu` is false).
 #[derive(Clone, Copy)]
 pub struct RealizeCtx<'a> {
     pub opts: &'a Options,
     pub tc: &'a Toolchain,
+    /// nvcc (`NVCC`), or a test's stand-in.
+    pub compiler: &'a dyn Compiler,
     pub gpu: bool,
     pub pool: &'a Pool,
     /// The problems that get a light sweep (`compose::light_keys`).
     pub light: &'a BTreeSet<TableKey>,
+    /// A quick realization (compose's first phase, `--quick`): a sweep measures its first
+    /// `QUICK_CANDIDATES` candidates (the tables' nearby winners first, `quick_cut`) and stops
+    /// there, its runs left in the user table as checkpoints (`Run::partial`) for a full
+    /// realization to resume; an entry such a sweep left is used as it stands.
+    pub quick: bool,
+}
+
+/// How realizations compile kernels: `nvcc::build_library` and `nvcc::compile_objects`, or in
+/// tests a stand-in that compiles nothing and says what it was asked for.
+pub trait Compiler: Sync {
+    /// `specs` built into the library `name` under `opts.out_dir` (`nvcc::build_library`).
+    fn library(
+        &self,
+        tc: &Toolchain,
+        specs: &[Spec],
+        name: &str,
+        opts: &nvcc::BuildOptions,
+    ) -> Result<nvcc::Built, BuildError>;
+    /// `specs` compiled into the object cache (`nvcc::compile_objects`).
+    fn objects(
+        &self,
+        tc: &Toolchain,
+        specs: &[Spec],
+        opts: &nvcc::BuildOptions,
+    ) -> Result<nvcc::Objects, BuildError>;
+}
+
+/// nvcc, as every command compiles.
+pub struct Nvcc;
+
+/// The compiler of every command (`RealizeCtx::compiler`).
+pub static NVCC: Nvcc = Nvcc;
+
+impl Compiler for Nvcc {
+    fn library(
+        &self,
+        tc: &Toolchain,
+        specs: &[Spec],
+        name: &str,
+        opts: &nvcc::BuildOptions,
+    ) -> Result<nvcc::Built, BuildError> {
+        nvcc::build_library(tc, specs, name, opts)
+    }
+    fn objects(
+        &self,
+        tc: &Toolchain,
+        specs: &[Spec],
+        opts: &nvcc::BuildOptions,
+    ) -> Result<nvcc::Objects, BuildError> {
+        nvcc::compile_objects(tc, specs, opts)
+    }
+}
+
+/// How many candidates a quick sweep measures (`RealizeCtx::quick`): the nearest table winner
+/// among the kind's candidates and the estimate's best, or the estimate's best two.
+pub const QUICK_CANDIDATES: usize = 2;
+
+/// A quick sweep's kernels: of `specs` (a kind's first round, best estimate first), the winners
+/// the tables hold near the problem (`nearby`: kernel names, nearest first) that are among them
+/// and the estimate's best, taken in turn, `n` in all. A nearby winner outside `specs` (pruned
+/// for this shape, or beyond the budget) is not taken: the kind's own checks stand.
+pub(super) fn quick_cut(specs: Vec<Spec>, nearby: &[String], n: usize) -> Vec<Spec> {
+    let near: Vec<usize> = nearby
+        .iter()
+        .filter_map(|k| specs.iter().position(|s| s.kernel_name() == *k))
+        .collect();
+    let mut order: Vec<usize> = Vec::new();
+    let (mut a, mut b) = (near.into_iter(), 0..specs.len());
+    while order.len() < n {
+        let from_table = a.by_ref().find(|i| !order.contains(i));
+        if let Some(i) = from_table {
+            order.push(i);
+            if order.len() == n {
+                break;
+            }
+        }
+        let by_estimate = b.by_ref().find(|i| !order.contains(i));
+        if let Some(i) = by_estimate {
+            order.push(i);
+        }
+        if from_table.is_none() && by_estimate.is_none() {
+            break;
+        }
+    }
+    order.into_iter().map(|i| specs[i].clone()).collect()
 }
 
 /// What realizations running side by side share: the tables (lookups, and each measurement's
@@ -166,6 +253,13 @@ fn for_here(here: Option<&Provenance>, entry: Entry) -> Entry {
     }
 }
 
+/// The checkpoints `entry` holds of a sweep on this GPU model and CUTLASS (`Entry::unfinished_at`),
+/// which a full realization resumes; None without a GPU here or where there are none.
+fn unfinished_here(here: Option<&Provenance>, entry: &Entry) -> Option<Vec<Run>> {
+    let here = here?;
+    entry.unfinished_at(|p| same_place(here, p))
+}
+
 /// The provenance of a run measured on `device` with this toolchain.
 fn provenance(tc: &Toolchain, device: &tune::cuda::DeviceInfo) -> Provenance {
     Provenance {
@@ -196,7 +290,9 @@ fn measure(
 ) -> Result<(Vec<Run>, Vec<CompileFailure>), ComposeError> {
     let RealizeCtx { opts, tc, pool, .. } = cx;
     let key = TableKey::of(problem, math, opts.arch);
-    let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
+    let built = cx
+        .compiler
+        .library(tc, candidates, "libsweep.so", &opts.build(dir))?;
     // Measurements run side by side where there are several GPUs, whose bars would draw over
     // each other: lines then, on a terminal too.
     let lines = pool.gpus().len() > 1;
@@ -367,6 +463,9 @@ pub struct Realized {
     pub how: Realization,
     pub entry: Option<Entry>,
     pub failures: Vec<CompileFailure>,
+    /// A quick realization left the problem's sweep to a full one (`RealizeCtx::quick`): it
+    /// measured a sweep's first candidates alone, or took the entry such a sweep left.
+    pub cut: bool,
 }
 
 impl Realized {
@@ -376,6 +475,7 @@ impl Realized {
             how: Realization::Skipped { reason },
             entry: None,
             failures: vec![],
+            cut: false,
         }
     }
 }
@@ -389,9 +489,10 @@ fn sweep_dir(opts: &Options, key: &TableKey, what: &str) -> PathBuf {
 /// Realizes one problem of any kind: a table hit (re-verified where it was measured elsewhere), a
 /// bucket hit re-verified on this shape (and swept after all where it loses to torch), or a full
 /// sweep, taking its first round from `ahead` where `measure_ahead` measured it, or resuming
-/// one a stopped process left on this GPU model (`Entry::unfinished_at`). Every new measurement
-/// goes into the user table at once (a sweep's rounds as checkpoints), so a later failure, a
-/// timeout or a kill loses no tuning result.
+/// one a quick realization or a stopped process left on this GPU model (`Entry::unfinished_at`).
+/// A quick realization (`RealizeCtx::quick`) sweeps its first candidates alone and takes an
+/// unfinished entry as it stands. Every new measurement goes into the user table at once (a
+/// sweep's rounds as checkpoints), so a later failure, a timeout or a kill loses no tuning result.
 pub fn realize(
     cx: RealizeCtx,
     sh: Shared,
@@ -409,33 +510,40 @@ pub fn realize(
     let key = TableKey::of(problem, math, opts.arch);
     let sweep = || {
         let first = ahead.take(&key);
-        realize_sweep(cx, sh, problem, math, first, ahead)
+        realize_sweep(cx, sh, problem, math, first, vec![], ahead)
     };
     let here = here(cx);
     let found = lock(sh.tables).lookup(&key, problem);
-    if let Lookup::Exact { entry, .. } = &found {
-        let unfinished = here
-            .as_ref()
-            .and_then(|h| entry.unfinished_at(|p| same_place(h, p)));
-        if let Some(runs) = unfinished {
-            // Measured ahead by this compose (its checkpoint is the entry), or left by a process
-            // that stopped mid-sweep: the sweep goes on from what is measured.
-            let first = ahead.take(&key).unwrap_or_else(|| {
+    if let Lookup::Exact { entry, table } = &found {
+        if let Some(runs) = unfinished_here(here.as_ref(), entry) {
+            if cx.quick {
+                // A quick compose measured its first candidates before: used as it stands, the
+                // rest of its sweep left to a full realization.
+                return Ok(Realized {
+                    how: Realization::Hit {
+                        table: (*table).into(),
+                        measured_on: None,
+                        reverified: false,
+                    },
+                    entry: Some(for_here(here.as_ref(), entry.clone())),
+                    failures: vec![],
+                    cut: true,
+                });
+            }
+            // Measured ahead by this compose (its checkpoint is the entry), or left by a quick
+            // compose or a process that stopped mid-sweep: the sweep goes on from what is
+            // measured, the rest of its first round first.
+            let first = ahead.take(&key);
+            if first.is_none() {
                 nvcc::progress_line(
                     opts.progress,
                     format_args!(
-                        "{key}: resuming a sweep a stopped process left after {} kernels",
+                        "{key}: resuming a sweep left after {} kernels",
                         runs.iter().map(|r| r.candidates.len()).sum::<usize>()
                     ),
                 );
-                FirstRound {
-                    runs,
-                    failures: vec![],
-                    space: None,
-                    seconds: 0.0,
-                }
-            });
-            return realize_sweep(cx, sh, problem, math, Some(first), ahead);
+            }
+            return realize_sweep(cx, sh, problem, math, first, runs, ahead);
         }
     }
     match found {
@@ -497,6 +605,7 @@ pub fn realize(
                     },
                     entry: Some(fresh),
                     failures,
+                    cut: false,
                 });
             }
             let how = Realization::Hit {
@@ -508,6 +617,7 @@ pub fn realize(
                 how,
                 entry: Some(for_here(here.as_ref(), entry)),
                 failures: family_failures,
+                cut: false,
             })
         }
         Lookup::Bucket { entry, table } if cx.gpu => {
@@ -543,6 +653,7 @@ pub fn realize(
                     },
                     entry: Some(fresh),
                     failures,
+                    cut: false,
                 }),
                 None => sweep(),
             }
@@ -582,20 +693,27 @@ struct SweepInputs {
     failed: BTreeSet<String>,
     space: SpaceOptions,
     effort: Effort,
+    /// The winners the tables hold near the problem, nearest first, where the sweep is cut
+    /// (`Effort::cut`): what it measures first (`quick_cut`).
+    nearby: Vec<String>,
 }
 
-/// How hard a sweep looks: its first round's size and how many kernels its later rounds refine.
+/// How hard a sweep looks: its first round's size, how many of its kernels it measures (a quick
+/// sweep's cut) and how many kernels its later rounds refine.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Effort {
     max_candidates: Option<usize>,
     refine: usize,
+    /// A quick sweep measures this many of its first round (`quick_cut`) and no later round.
+    cut: Option<usize>,
 }
 
 impl Effort {
     /// `--candidates` and `--refine`, or for a light sweep at most `LIGHT_BUDGET` first
-    /// candidates and no later rounds.
-    fn of(opts: &Options, light: bool) -> Effort {
-        if light {
+    /// candidates and no later rounds; a quick sweep (`quick`) cut to `QUICK_CANDIDATES` of
+    /// that first round (fewer where `--candidates` asks for fewer), with no later rounds.
+    fn of(opts: &Options, light: bool, quick: bool) -> Effort {
+        let full = if light {
             Effort {
                 max_candidates: Some(
                     opts.max_candidates
@@ -603,31 +721,64 @@ impl Effort {
                         .min(LIGHT_BUDGET),
                 ),
                 refine: 0,
+                cut: None,
             }
         } else {
             Effort {
                 max_candidates: opts.max_candidates,
                 refine: opts.refine,
+                cut: None,
             }
+        };
+        if !quick {
+            return full;
+        }
+        Effort {
+            refine: 0,
+            cut: Some(
+                full.max_candidates
+                    .unwrap_or(QUICK_CANDIDATES)
+                    .clamp(1, QUICK_CANDIDATES),
+            ),
+            ..full
         }
     }
 }
 
 impl SweepInputs {
-    fn new(cx: RealizeCtx, tables: &Tables, key: &TableKey) -> SweepInputs {
+    /// The inputs of a sweep of `problem` (whose key is `key`), resuming the runs `done` (none
+    /// for a new sweep): the kernels they measured, failed or not, do not count as failures the
+    /// tables know, so the kind derives the first round the sweep began with.
+    fn new(
+        cx: RealizeCtx,
+        tables: &Tables,
+        key: &TableKey,
+        problem: &Problem,
+        done: &[Run],
+    ) -> SweepInputs {
         let cutlass = cx.tc.cutlass_version();
-        let effort = Effort::of(cx.opts, cx.light.contains(key));
+        let effort = Effort::of(cx.opts, cx.light.contains(key), cx.quick);
         let mut space = cx.opts.space.clone();
         if let Some(n) = effort.max_candidates {
             space.budget = n.max(1);
         }
+        let mut failed = failed_kernels(tables, key);
+        for c in done.iter().flat_map(|r| &r.candidates) {
+            failed.remove(&c.kernel);
+            failed.remove(&c.spec.kernel_name());
+        }
+        let nearby = match effort.cut {
+            Some(n) => tables.nearby_winners(key, problem, n),
+            None => vec![],
+        };
         SweepInputs {
             scope: key.scope(&cutlass),
             rules: tables.rules(),
-            failed: failed_kernels(tables, key),
+            failed,
             cutlass,
             space,
             effort,
+            nearby,
         }
     }
 
@@ -647,8 +798,8 @@ impl SweepInputs {
     }
 }
 
-/// The kernels a sweep of `problem` compiles first (its kind's, `Kind::candidates`), or why there
-/// are none.
+/// The kernels a sweep of `problem` compiles first (its kind's, `Kind::candidates`; a quick
+/// sweep's cut of them, `quick_cut`), or why there are none.
 fn first_candidates(
     cx: RealizeCtx,
     inputs: &SweepInputs,
@@ -657,23 +808,44 @@ fn first_candidates(
     math: MathType,
     key: &TableKey,
 ) -> Result<Candidates, ComposeError> {
-    problem
+    let found = problem
         .kind()
         .candidates(problem, &mut inputs.cx(cx, math, steward))
         .map_err(|detail| ComposeError::Tune {
             key: key.to_string(),
             detail,
-        })
+        })?;
+    Ok(match (found, inputs.effort.cut) {
+        (Candidates::Kernels { specs, space }, Some(n)) => Candidates::Kernels {
+            specs: quick_cut(specs, &inputs.nearby, n),
+            space,
+        },
+        (found, _) => found,
+    })
 }
 
-/// Compiles the first candidates of every problem the tables cannot answer, and the winners that
-/// `realize` will re-verify here (measured on another GPU or CUTLASS, or a bucket neighbour's), in
-/// one parallel build into the object cache, before the patterns run one by one: one nvcc unit
-/// takes the better part of a minute and a single sweep or re-verification rarely fills every
-/// core, so pooling them shortens a cold compose by about the number of patterns times a unit (a
-/// Llama-style model from a table measured on another GPU spent 50 s a pattern re-verifying one
-/// kernel at a time). Only the built-in agent's candidates are known in advance; an external
-/// agent's sweeps compile as they come. Failures are left to the sweeps to report.
+/// Of `candidates`, those the runs `done` did not measure.
+fn unmeasured(candidates: Vec<Spec>, done: &[Run]) -> Vec<Spec> {
+    let measured: BTreeSet<&str> = done
+        .iter()
+        .flat_map(|r| r.candidates.iter().map(|c| c.kernel.as_str()))
+        .collect();
+    candidates
+        .into_iter()
+        .filter(|s| !measured.contains(s.name().as_str()))
+        .collect()
+}
+
+/// Compiles the first candidates of every problem the tables cannot answer (a quick
+/// realization's cut of them), the rest of the first rounds of the sweeps a full realization
+/// resumes, and the winners that `realize` will re-verify here (measured on another GPU or
+/// CUTLASS, or a bucket neighbour's), in one parallel build into the object cache, before the
+/// patterns run one by one: one nvcc unit takes the better part of a minute and a single sweep
+/// or re-verification rarely fills every core, so pooling them shortens a cold compose by about
+/// the number of patterns times a unit (a Llama-style model from a table measured on another GPU
+/// spent 50 s a pattern re-verifying one kernel at a time). Only the built-in agent's candidates
+/// are known in advance; an external agent's sweeps compile as they come. Failures are left to
+/// the sweeps to report.
 pub(super) fn prefetch(
     cx: RealizeCtx,
     tables: &Tables,
@@ -688,6 +860,7 @@ pub(super) fn prefetch(
     let mut builtin = Steward::builtin();
     let mut missed = 0;
     let mut again = 0;
+    let mut resumed = 0;
     let here = here(cx);
     // A model's layers repeat their problems: each distinct one once.
     let mut seen = BTreeSet::new();
@@ -702,6 +875,19 @@ pub(super) fn prefetch(
         match tables.lookup(&key, problem) {
             Lookup::Miss => {}
             Lookup::Exact { entry, .. } => {
+                if let Some(done) = unfinished_here(here.as_ref(), &entry) {
+                    // A quick realization takes it as it stands; a full one resumes its sweep.
+                    if !cx.quick {
+                        let inputs = SweepInputs::new(cx, tables, &key, problem, &done);
+                        let found =
+                            first_candidates(cx, &inputs, &mut builtin, problem, math, &key)?;
+                        if let Candidates::Kernels { specs: first, .. } = found {
+                            specs.extend(unmeasured(first, &done));
+                        }
+                        resumed += 1;
+                    }
+                    continue;
+                }
                 let new = new_families(cx, here.as_ref(), problem, math, &entry);
                 let leading = to_time_here(here.as_ref(), &entry).map(|(_, l)| l);
                 if !new.is_empty() || leading.is_some() {
@@ -719,15 +905,25 @@ pub(super) fn prefetch(
                 continue;
             }
         }
-        let inputs = SweepInputs::new(cx, tables, &key);
+        let inputs = SweepInputs::new(cx, tables, &key, problem, &[]);
         let found = first_candidates(cx, &inputs, &mut builtin, problem, math, &key)?;
         missed += 1;
         if let Candidates::Kernels { specs: first, .. } = found {
             specs.extend(first);
         }
     }
+    let first = if cx.quick {
+        format!("the first {QUICK_CANDIDATES} candidates")
+    } else {
+        "the first candidates".to_string()
+    };
+    let resuming = if resumed > 0 {
+        format!(", the rest of the first rounds of the {resumed} sweep(s) to finish")
+    } else {
+        String::new()
+    };
     let line = format!(
-        "prefetch: compiling together the first candidates of the {missed} distinct problem(s) the tables miss and the leading kernels of the {again} to re-verify here"
+        "prefetch: compiling together {first} of the {missed} distinct problem(s) the tables miss{resuming} and the leading kernels of the {again} to re-verify here"
     );
     compile_ahead(
         cx,
@@ -790,7 +986,10 @@ fn compile_ahead(cx: RealizeCtx, mut specs: Vec<Spec>, batch: Batch) -> Result<(
         );
     }
     let started = std::time::Instant::now();
-    let built = nvcc::compile_objects(cx.tc, &specs, &build).map_err(ComposeError::from)?;
+    let built = cx
+        .compiler
+        .objects(cx.tc, &specs, &build)
+        .map_err(ComposeError::from)?;
     if behind && show {
         eprintln!(
             "compiled {} kernels in {:.0} s, {} failed (in the background)",
@@ -920,26 +1119,47 @@ fn joined(runs: &[Run]) -> Option<Run> {
     })
 }
 
+/// A sweep's first round: its kind's first candidates (a quick sweep's cut of them), less those
+/// the runs `done` of a sweep it resumes measured, compiled and measured (compiled alone without
+/// a GPU here), then where nothing passed the kind's retry; the runs so far into the user table
+/// as a checkpoint where more rounds follow or the sweep is quick.
 fn first_round(
     cx: RealizeCtx,
     sh: Shared,
     problem: &Problem,
     math: MathType,
     key: &TableKey,
+    done: Vec<Run>,
 ) -> Result<Round, ComposeError> {
     let opts = cx.opts;
-    let inputs = SweepInputs::new(cx, &lock(sh.tables), key);
+    let inputs = SweepInputs::new(cx, &lock(sh.tables), key, problem, &done);
     let found = first_candidates(cx, &inputs, &mut lock(sh.steward), problem, math, key)?;
     let (candidates, space) = match found {
-        Candidates::Kernels { specs, space } => (specs, space),
-        Candidates::None(reason) => return Ok(Round::Done(Realized::skipped(reason))),
+        Candidates::Kernels { specs, space } => (unmeasured(specs, &done), space),
+        Candidates::None(reason) if done.is_empty() => {
+            return Ok(Round::Done(Realized::skipped(reason)))
+        }
+        Candidates::None(_) => (vec![], None),
     };
+    if candidates.is_empty() && done.is_empty() {
+        return Ok(Round::Done(Realized::skipped(format!(
+            "the {} kind offered no kernel for {}",
+            problem.kind().name(),
+            key.shape
+        ))));
+    }
     let dir = sweep_dir(opts, key, "");
     if !cx.gpu {
         return compile_only(cx, &candidates, &dir).map(Round::Done);
     }
     let started = std::time::Instant::now();
-    let (mut runs, mut failures) = measure(cx, problem, math, &candidates, &dir)?;
+    let mut runs = done;
+    let mut failures = vec![];
+    if !candidates.is_empty() {
+        let (more, fails) = measure(cx, problem, math, &candidates, &dir)?;
+        merge_runs(&mut runs, more);
+        failures = fails;
+    }
     if runs
         .iter()
         .flat_map(|r| &r.candidates)
@@ -966,7 +1186,7 @@ fn first_round(
             failures.extend(more);
         }
     }
-    if !problem.kind().rounds().is_empty() {
+    if !problem.kind().rounds().is_empty() || cx.quick {
         checkpoint(sh, key, problem, &runs)?;
     }
     Ok(Round::Measured(FirstRound {
@@ -979,8 +1199,9 @@ fn first_round(
 
 /// A sweep's runs so far into the user table, each marked `partial`: a process stopped before
 /// the sweep's last round (a timeout, a kill) keeps what it measured, and the next compose on
-/// this GPU model resumes from it (`Entry::unfinished_at`). The sweep's record replaces them
-/// (`Entry::merged`). Nothing where no kernel passed.
+/// this GPU model resumes from it (`Entry::unfinished_at`); a quick sweep's runs stay so until a
+/// full realization resumes it. The sweep's record replaces them (`Entry::merged`). Nothing
+/// where no kernel passed.
 fn checkpoint(
     sh: Shared,
     key: &TableKey,
@@ -1000,14 +1221,39 @@ fn checkpoint(
     Ok(())
 }
 
-/// The problems of `problems` the tables miss whose kind has rounds after the first (so each is
-/// a sweep whose next round can compile ahead), each once, in order.
+/// How many distinct problems of `problems` a full realization here sweeps: those the tables
+/// miss, and those whose entry holds a sweep's checkpoints on this GPU model (`unfinished_here`).
+pub(super) fn sweeps_left(cx: RealizeCtx, tables: &Tables, problems: &[Problem]) -> usize {
+    let here = here(cx);
+    let mut seen = BTreeSet::new();
+    problems
+        .iter()
+        .filter_map(|problem| {
+            let math = problem.math(cx.opts.precision)?;
+            let key = TableKey::of(problem, math, cx.opts.arch);
+            let open = match tables.lookup(&key, problem) {
+                Lookup::Miss => true,
+                Lookup::Exact { entry, .. } => unfinished_here(here.as_ref(), &entry).is_some(),
+                Lookup::Bucket { .. } => false,
+            };
+            (open && seen.insert(key)).then_some(())
+        })
+        .count()
+}
+
+/// A sweep measured ahead: its problem, math and key, and the runs it resumes (none for a new one).
+type SweepAhead<'a> = (&'a Problem, MathType, TableKey, Vec<Run>);
+
+/// The problems of `problems` the tables miss, or whose entry holds a sweep's checkpoints here
+/// (`here`: `unfinished_here`), whose kind has rounds after the first (so each is a sweep whose
+/// next round can compile ahead), each once, in order, with the runs each resumes.
 fn sweeps_ahead<'a>(
     tables: &Tables,
     problems: &'a [Problem],
     precision: Precision,
     arch: Arch,
-) -> Vec<(&'a Problem, MathType, TableKey)> {
+    here: Option<&Provenance>,
+) -> Vec<SweepAhead<'a>> {
     let mut seen = BTreeSet::new();
     problems
         .iter()
@@ -1015,8 +1261,13 @@ fn sweeps_ahead<'a>(
         .filter_map(|problem| {
             let math = problem.math(precision)?;
             let key = TableKey::of(problem, math, arch);
-            (matches!(tables.lookup(&key, problem), Lookup::Miss) && seen.insert(key.clone()))
-                .then_some((problem, math, key))
+            let done = match tables.lookup(&key, problem) {
+                Lookup::Miss => vec![],
+                Lookup::Exact { entry, .. } => unfinished_here(here, &entry)?,
+                Lookup::Bucket { .. } => return None,
+            };
+            seen.insert(key.clone())
+                .then_some((problem, math, key, done))
         })
         .collect()
 }
@@ -1043,10 +1294,16 @@ pub(super) fn measure_ahead<'s>(
     scope: &'s std::thread::Scope<'s, '_>,
 ) -> Result<Option<std::thread::ScopedJoinHandle<'s, Result<(), ComposeError>>>, ComposeError> {
     let opts = cx.opts;
-    if !lock(sh.steward).is_builtin() || !cx.gpu {
+    if !lock(sh.steward).is_builtin() || !cx.gpu || cx.quick {
         return Ok(None);
     }
-    let sweeps = sweeps_ahead(&lock(sh.tables), problems, opts.precision, opts.arch);
+    let sweeps = sweeps_ahead(
+        &lock(sh.tables),
+        problems,
+        opts.precision,
+        opts.arch,
+        here(cx).as_ref(),
+    );
     if sweeps.len() < 2 {
         return Ok(None);
     }
@@ -1060,10 +1317,10 @@ pub(super) fn measure_ahead<'s>(
                     let mut mine = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        let Some((p, math, key)) = sweeps.get(i) else {
+                        let Some((p, math, key, done)) = sweeps.get(i) else {
                             return mine;
                         };
-                        mine.push((i, first_round(cx, sh, p, *math, key)));
+                        mine.push((i, first_round(cx, sh, p, *math, key, done.clone())));
                     }
                 })
             })
@@ -1077,9 +1334,9 @@ pub(super) fn measure_ahead<'s>(
     });
     let mut specs: Vec<Spec> = Vec::new();
     let mut first = BTreeMap::new();
-    for ((p, math, key), round) in sweeps.into_iter().zip(rounds) {
+    for ((p, math, key, _), round) in sweeps.into_iter().zip(rounds) {
         if let Round::Measured(f) = round? {
-            let inputs = SweepInputs::new(cx, &lock(sh.tables), &key);
+            let inputs = SweepInputs::new(cx, &lock(sh.tables), &key, p, &[]);
             let next = p.kind().round(
                 0,
                 p,
@@ -1114,14 +1371,16 @@ pub(super) fn measure_ahead<'s>(
     })))
 }
 
-/// A sweep: its first round (measured here or ahead), its kind's later rounds, each adding to the
-/// runs, then recorded (with sweep.json and scatter.svg beside the sources).
+/// A sweep: its first round (measured ahead, or here resuming the runs `done`), its kind's later
+/// rounds, each adding to the runs, then recorded (with sweep.json and scatter.svg beside the
+/// sources). A quick sweep stops after its first round (`quick_record`).
 fn realize_sweep(
     cx: RealizeCtx,
     sh: Shared,
     problem: &Problem,
     math: MathType,
     first: Option<FirstRound>,
+    done: Vec<Run>,
     ahead: &Ahead,
 ) -> Result<Realized, ComposeError> {
     let opts = cx.opts;
@@ -1134,11 +1393,14 @@ fn realize_sweep(
             }
             f
         }
-        None => match first_round(cx, sh, problem, math, &key)? {
+        None => match first_round(cx, sh, problem, math, &key, done)? {
             Round::Measured(f) => f,
             Round::Done(r) => return Ok(r),
         },
     };
+    if cx.quick {
+        return quick_record(cx, sh, &key, problem, first);
+    }
     let FirstRound {
         mut runs,
         mut failures,
@@ -1148,7 +1410,7 @@ fn realize_sweep(
     let dir = sweep_dir(opts, &key, "");
     let started = std::time::Instant::now();
     let kind = problem.kind();
-    let inputs = SweepInputs::new(cx, &lock(sh.tables), &key);
+    let inputs = SweepInputs::new(cx, &lock(sh.tables), &key, problem, &[]);
     for (i, suffix) in kind.rounds().iter().enumerate() {
         let variants = kind.round(
             i,
@@ -1203,10 +1465,73 @@ fn realize_sweep(
     record_sweep(sh, key, problem.clone(), runs, failures, &dir)
 }
 
+/// A quick sweep's end: its first candidates measured, and left in the user table as its
+/// checkpoint (`first_round`), which a full realization resumes; the entry as it stands there
+/// now. Left to torch, naming every candidate's outcome, where none passed and the table holds no
+/// entry for the key. Its sweep.json says it was quick; the full sweep's replaces it.
+fn quick_record(
+    cx: RealizeCtx,
+    sh: Shared,
+    key: &TableKey,
+    problem: &Problem,
+    first: FirstRound,
+) -> Result<Realized, ComposeError> {
+    let FirstRound {
+        runs,
+        failures,
+        space,
+        seconds,
+    } = first;
+    let all: Vec<&CandidateResult> = runs.iter().flat_map(|r| &r.candidates).collect();
+    let failed = all
+        .iter()
+        .filter(|c| c.outcome.median_ms().is_none())
+        .count();
+    let mut record = serde_json::json!({
+        "key": key,
+        "problem": problem,
+        "quick": true,
+        "compile_and_tune_s": seconds,
+        "runs": runs,
+    });
+    if let Some(space) = space {
+        record["space"] = space;
+    }
+    let _ = crate::atomic::write(
+        &sweep_dir(cx.opts, key, "").join("sweep.json"),
+        serde_json::to_string_pretty(&record).expect("run serializes"),
+    );
+    let entry = lock(sh.tables).user.get(key).cloned();
+    let how = match &entry {
+        Some(_) => Realization::Tuned {
+            candidates: all.len(),
+            failed,
+            quick: true,
+        },
+        None => Realization::Skipped {
+            reason: format!(
+                "no candidate passed verification: {}",
+                all.iter()
+                    .map(|c| format!("{} {}", c.kernel, c.outcome.label()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+    };
+    Ok(Realized {
+        how,
+        entry,
+        failures,
+        cut: true,
+    })
+}
+
 /// Without a GPU that runs them a sweep ends once its candidates are compiled.
 fn compile_only(cx: RealizeCtx, candidates: &[Spec], dir: &Path) -> Result<Realized, ComposeError> {
     let RealizeCtx { opts, tc, .. } = cx;
-    let built = nvcc::build_library(tc, candidates, "libsweep.so", &opts.build(dir))?;
+    let built = cx
+        .compiler
+        .library(tc, candidates, "libsweep.so", &opts.build(dir))?;
     Ok(Realized {
         how: Realization::Compiled {
             candidates: candidates.len(),
@@ -1214,6 +1539,7 @@ fn compile_only(cx: RealizeCtx, candidates: &[Spec], dir: &Path) -> Result<Reali
         },
         entry: None,
         failures: built.failures,
+        cut: cx.quick,
     })
 }
 
@@ -1252,6 +1578,7 @@ fn record_sweep(
             },
             entry: None,
             failures,
+            cut: false,
         });
     };
     let _ = crate::atomic::write(
@@ -1265,9 +1592,11 @@ fn record_sweep(
         how: Realization::Tuned {
             candidates: n,
             failed,
+            quick: false,
         },
         entry: merged,
         failures,
+        cut: false,
     })
 }
 
@@ -1299,19 +1628,71 @@ mod tests {
         let mut opts = crate::compose::test_options();
         opts.refine = 4;
         opts.max_candidates = None;
-        let full = Effort::of(&opts, false);
-        assert_eq!((full.max_candidates, full.refine), (None, 4));
-        let light = Effort::of(&opts, true);
+        let full = Effort::of(&opts, false, false);
+        assert_eq!(
+            (full.max_candidates, full.refine, full.cut),
+            (None, 4, None)
+        );
+        let light = Effort::of(&opts, true, false);
         assert_eq!(
             (light.max_candidates, light.refine),
             (Some(LIGHT_BUDGET), 0)
         );
         // --candidates below the light budget stands.
         opts.max_candidates = Some(2);
-        assert_eq!(Effort::of(&opts, true).max_candidates, Some(2));
+        assert_eq!(Effort::of(&opts, true, false).max_candidates, Some(2));
         opts.max_candidates = Some(8);
-        assert_eq!(Effort::of(&opts, true).max_candidates, Some(LIGHT_BUDGET));
-        assert_eq!(Effort::of(&opts, false).max_candidates, Some(8));
+        assert_eq!(
+            Effort::of(&opts, true, false).max_candidates,
+            Some(LIGHT_BUDGET)
+        );
+        assert_eq!(Effort::of(&opts, false, false).max_candidates, Some(8));
+    }
+
+    /// A quick sweep derives the first round a full one would (so the full one resumes it) and
+    /// measures `QUICK_CANDIDATES` of it, fewer where --candidates asks for fewer, with no
+    /// later round.
+    #[test]
+    fn a_quick_sweep_cuts_the_full_first_round_to_its_first_candidates() {
+        let mut opts = crate::compose::test_options();
+        opts.max_candidates = None;
+        let quick = Effort::of(&opts, false, true);
+        assert_eq!(
+            (quick.max_candidates, quick.refine, quick.cut),
+            (None, 0, Some(QUICK_CANDIDATES))
+        );
+        let light = Effort::of(&opts, true, true);
+        assert_eq!(
+            (light.max_candidates, light.cut),
+            (Some(LIGHT_BUDGET), Some(QUICK_CANDIDATES))
+        );
+        opts.max_candidates = Some(1);
+        assert_eq!(Effort::of(&opts, false, true).cut, Some(1));
+    }
+
+    /// Of a kind's first round, a quick sweep takes the nearest table winner among it and the
+    /// estimate's best in turn; a winner the kind did not offer is not taken.
+    #[test]
+    fn a_quick_sweep_takes_the_nearby_winner_and_the_estimates_best() {
+        let specs: Vec<Spec> = (0..6)
+            .map(|i| crate::kinds::fake::spec(&format!("k{i}"), Arch::Sm90))
+            .collect();
+        let names = |v: Vec<Spec>| v.iter().map(Spec::name).collect::<Vec<_>>();
+        assert_eq!(names(quick_cut(specs.clone(), &[], 2)), ["k0", "k1"]);
+        let near = ["k4".to_string(), "k2".to_string()];
+        assert_eq!(names(quick_cut(specs.clone(), &near, 2)), ["k4", "k0"]);
+        assert_eq!(
+            names(quick_cut(specs.clone(), &near, 4)),
+            ["k4", "k0", "k2", "k1"]
+        );
+        // The nearest winner is the estimate's best: the next one by estimate joins it.
+        let best = ["k0".to_string()];
+        assert_eq!(names(quick_cut(specs.clone(), &best, 2)), ["k0", "k1"]);
+        // Pruned here: the estimate's order alone.
+        let gone = ["k9".to_string()];
+        assert_eq!(names(quick_cut(specs.clone(), &gone, 2)), ["k0", "k1"]);
+        assert_eq!(names(quick_cut(specs[..1].to_vec(), &near, 2)), ["k0"]);
+        assert!(quick_cut(vec![], &near, 2).is_empty());
     }
     use crate::kinds::gemm::space::{gemm_candidates, KernelSpec};
     use crate::kinds::gemm::{GemmLayout, GemmProblem};
@@ -1392,10 +1773,36 @@ mod tests {
             Problem::from(a.clone()),
             Problem::from(c.clone()),
         ];
-        let sweeps = sweeps_ahead(&tables, &problems, Precision::Tf32, Arch::Sm90);
-        let shapes: Vec<String> = sweeps.iter().map(|(_, _, k)| k.shape.clone()).collect();
+        let sweeps = sweeps_ahead(&tables, &problems, Precision::Tf32, Arch::Sm90, None);
+        let shapes: Vec<String> = sweeps.iter().map(|(_, _, k, _)| k.shape.clone()).collect();
         assert_eq!(shapes, [c.shape_key(), a.shape_key()]);
-        assert!(sweeps.iter().all(|(_, m, _)| *m == math));
+        assert!(sweeps
+            .iter()
+            .all(|(_, m, _, done)| *m == math && done.is_empty()));
+        // b's entry a checkpoint measured here: its sweep is resumed ahead, from those runs.
+        let h100 = crate::table::tests::provenance("H100");
+        let mut partial = run(vec![timed(&kb, 0.5)]);
+        partial.partial = true;
+        let hit = Problem::from(b.clone());
+        tables.user = crate::table::Table::new();
+        tables.user.insert_merged(
+            Entry::from_runs(
+                TableKey::of(&hit, math, Arch::Sm90),
+                hit,
+                vec![partial.clone()],
+            )
+            .unwrap(),
+        );
+        let sweeps = sweeps_ahead(&tables, &problems, Precision::Tf32, Arch::Sm90, Some(&h100));
+        let shapes: Vec<String> = sweeps.iter().map(|(_, _, k, _)| k.shape.clone()).collect();
+        assert_eq!(shapes, [c.shape_key(), b.shape_key(), a.shape_key()]);
+        assert_eq!(sweeps[1].3, vec![partial]);
+        // Elsewhere (another GPU model) the checkpoint is no sweep to resume.
+        let h200 = crate::table::tests::provenance("H200");
+        assert_eq!(
+            sweeps_ahead(&tables, &problems, Precision::Tf32, Arch::Sm90, Some(&h200)).len(),
+            2
+        );
     }
 
     /// Six candidates of `problem()` measured on two fake H100s, GPU1 1.3x slower at everything

@@ -173,13 +173,57 @@ impl Board<'_> {
 /// How one problem is realized, for the pattern of the id given (`realize`; tests script it).
 type RealizeOne<'a> = dyn Fn(&str, &Problem) -> Result<Realized, ComposeError> + Sync + 'a;
 
+/// The sweeps a full phase has left, counted down as each is recorded, with a line for each
+/// saying how many are left and, at the rate so far, about how long they take.
+pub(super) struct Countdown {
+    total: usize,
+    done: Mutex<usize>,
+    started: std::time::Instant,
+    show: bool,
+}
+
+impl Countdown {
+    pub fn new(total: usize, show: bool) -> Countdown {
+        Countdown {
+            total,
+            done: Mutex::new(0),
+            started: std::time::Instant::now(),
+            show,
+        }
+    }
+
+    /// A sweep of `what` recorded: the line, and how many are left.
+    fn swept(&self, what: &str) -> (String, usize) {
+        let done = {
+            let mut done = lock(&self.done);
+            *done += 1;
+            *done
+        };
+        let left = self.total.saturating_sub(done);
+        let eta = self.started.elapsed().as_secs_f64() / done as f64 * left as f64;
+        let line = if left == 0 {
+            format!("phase 2 of 2: {what} swept; no sweep left")
+        } else {
+            format!(
+                "phase 2 of 2: {what} swept; {left} sweep(s) left, about {eta:.0} s at the rate so far"
+            )
+        };
+        if self.show {
+            eprintln!("{line}");
+        }
+        (line, left)
+    }
+}
+
 /// Realizes every chain's problems, one realization at a time per GPU of the pool (one where
-/// there is none), each distinct problem once; see the module doc for the order.
+/// there is none), each distinct problem once; see the module doc for the order. `countdown`
+/// counts the sweeps down where it is given.
 pub(super) fn realize_all(
     cx: RealizeCtx,
     sh: Shared,
     chains: &[Chain],
     ahead: &Ahead,
+    countdown: Option<&Countdown>,
 ) -> Result<AllRealized, ComposeError> {
     let gated = chains
         .iter()
@@ -195,7 +239,11 @@ pub(super) fn realize_all(
             cx.opts.progress,
             format_args!("pattern {id}: {} {}", p.rule_id(), p.shape_key()),
         );
-        realize(cx, sh, p, ahead)
+        let r = realize(cx, sh, p, ahead)?;
+        if let Some(c) = countdown.filter(|_| matches!(r.how, Realization::Tuned { .. })) {
+            c.swept(&format!("{} {}", p.rule_id(), p.shape_key()));
+        }
+        Ok(r)
     })
 }
 
@@ -282,9 +330,11 @@ mod tests {
             how: Realization::Tuned {
                 candidates: 1,
                 failed: 0,
+                quick: false,
             },
             entry: None,
             failures: vec![],
+            cut: false,
         }
     }
 

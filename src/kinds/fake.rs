@@ -1,9 +1,11 @@
 //! A kind for the tests of the services below the kinds (the tuner's dealing, the library
-//! build's checks), which handle any kind's values through the contract and so are tested without
-//! naming a real one. Its problem is a flop count, its spec a kernel name and an arch; it has no
-//! rules, kernels or bench, and those methods are never called.
+//! build's checks) and of realization (compose's phases), which handle any kind's values through
+//! the contract and so are tested without naming a real one. Its problem is a flop count, its
+//! spec a kernel name and an arch; its sweep is `CANDIDATES` named kernels (`f<flops>_k<i>`, in
+//! the order an estimate would rank them) and one later round (the two fastest again, `…_r`); it
+//! has no rules, kernel source or bench, and those methods are never called.
 
-use super::{Candidates, Dispatch, Kind, PlanFacts, Problem, Spec, SweepCx, Unit};
+use super::{Candidates, Dispatch, Kind, Measured, PlanFacts, Problem, Spec, SweepCx, Unit};
 use crate::codegen::{OpCode, OpDef, Source};
 use crate::graph::{Edit, Graph, NodeId};
 use crate::nvcc::library::KernelLibrary;
@@ -29,6 +31,14 @@ pub struct FakeProblem {
 pub struct FakeSpec {
     pub name: String,
     pub arch: Arch,
+}
+
+/// How many kernels a fake problem's first round has (fewer under `--candidates`).
+pub const CANDIDATES: usize = 6;
+
+/// The name of a fake problem's first-round kernel `i`.
+pub fn kernel(flops: u64, i: usize) -> String {
+    format!("f{flops}_k{i}")
 }
 
 /// A fake problem of `flops` operations, erased.
@@ -145,8 +155,32 @@ impl Kind for Fake {
     fn dispatch(&self, _s: &Spec) -> Dispatch {
         unreachable!("the fake kind has no kernels")
     }
-    fn candidates(&self, _p: &Problem, _cx: &mut SweepCx) -> Result<Candidates, String> {
-        Err("the fake kind has no kernels".into())
+    fn candidates(&self, p: &Problem, cx: &mut SweepCx) -> Result<Candidates, String> {
+        let flops = fake_problem(p).flops;
+        let n = cx.max_candidates.unwrap_or(CANDIDATES).min(CANDIDATES);
+        let specs: Vec<Spec> = (0..CANDIDATES)
+            .map(|i| kernel(flops, i))
+            .filter(|k| !cx.failed.contains(k))
+            .take(n)
+            .map(|k| spec(&k, cx.arch))
+            .collect();
+        Ok(Candidates::Kernels { specs, space: None })
+    }
+    fn rounds(&self) -> &'static [&'static str] {
+        &["_again"]
+    }
+    fn round(&self, _i: usize, _p: &Problem, measured: &[Measured], cx: &SweepCx) -> Vec<Spec> {
+        let mut timed: Vec<(f64, String)> = measured
+            .iter()
+            .filter_map(|m| Some((m.ms?, m.spec.name())))
+            .filter(|(_, k)| !k.ends_with("_r"))
+            .collect();
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        timed
+            .into_iter()
+            .take(cx.refine.min(2))
+            .map(|(_, k)| spec(&format!("{k}_r"), cx.arch))
+            .collect()
     }
     fn bench<'l>(
         &self,

@@ -221,6 +221,85 @@ fn compile_cached(
     Ok((obj, false))
 }
 
+/// What this process's compiles have cost so far (`tally`): the units compiled (objects the
+/// cache did not hold, the op library's C++ among them), the kernels in them, and the wall time
+/// during which at least one compile ran, so compiles side by side count once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Tally {
+    pub units: usize,
+    pub kernels: usize,
+    pub seconds: f64,
+}
+
+impl Tally {
+    /// What was compiled between `before` and this tally.
+    pub fn since(self, before: Tally) -> Tally {
+        Tally {
+            units: self.units.saturating_sub(before.units),
+            kernels: self.kernels.saturating_sub(before.kernels),
+            seconds: (self.seconds - before.seconds).max(0.0),
+        }
+    }
+}
+
+/// The counters behind `tally`: compiles running now and since when, and what finished.
+struct Busy {
+    done: Tally,
+    running: usize,
+    since: Option<std::time::Instant>,
+}
+
+static BUSY: Mutex<Busy> = Mutex::new(Busy {
+    done: Tally {
+        units: 0,
+        kernels: 0,
+        seconds: 0.0,
+    },
+    running: 0,
+    since: None,
+});
+
+fn busy() -> std::sync::MutexGuard<'static, Busy> {
+    BUSY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The compiles of this process so far (the one in flight counted up to now).
+pub fn tally() -> Tally {
+    let b = busy();
+    let running = b.since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    Tally {
+        seconds: b.done.seconds + running,
+        ..b.done
+    }
+}
+
+/// One compile in flight, counted into `tally` while it lives.
+struct Compiling;
+
+impl Compiling {
+    fn start() -> Compiling {
+        let mut b = busy();
+        if b.running == 0 {
+            b.since = Some(std::time::Instant::now());
+        }
+        b.running += 1;
+        Compiling
+    }
+}
+
+impl Drop for Compiling {
+    fn drop(&mut self) {
+        let mut b = busy();
+        b.running -= 1;
+        b.done.units += 1;
+        if b.running == 0 {
+            if let Some(t) = b.since.take() {
+                b.done.seconds += t.elapsed().as_secs_f64();
+            }
+        }
+    }
+}
+
 /// Compiles `source` (written at `src`) with `cmd` into `out`: through sccache where it is in
 /// use, else (or where sccache itself fails) directly.
 fn compile_to(
@@ -230,6 +309,7 @@ fn compile_to(
     src: &Path,
     out: &Path,
 ) -> Result<(), BuildError> {
+    let _counted = Compiling::start();
     let what = format!("compiling {}", source.file_name);
     if let Some(s) = tc.sccache() {
         match s.compile(&cmd, source, src, out) {
@@ -521,6 +601,11 @@ pub fn compile_objects(
         ),
     );
     let mut compiled = 0;
+    for (unit, (_, was_cached)) in &built {
+        if !was_cached {
+            busy().done.kernels += unit.len();
+        }
+    }
     for (unit, (obj, was_cached)) in built {
         if was_cached {
             cached += unit.len();

@@ -63,6 +63,20 @@ impl Toolchain {
         })
     }
 
+    /// A toolchain of paths alone, for tests that compile nothing: no sccache, and an nvcc that
+    /// is not there (its version reads "unknown").
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Toolchain {
+        Toolchain {
+            nvcc: "/nonexistent/cuda/bin/nvcc".into(),
+            cuda_home: "/nonexistent/cuda".into(),
+            cutlass: "/nonexistent/cutlass".into(),
+            torch: "/nonexistent/torch".into(),
+            sccache: Err("off".into()),
+            nvcc_version: OnceLock::new(),
+        }
+    }
+
     /// sccache where compiles go through it now (found, its server answering, no request failed).
     pub(super) fn sccache(&self) -> Option<&Sccache> {
         self.sccache.as_deref().ok().filter(|s| s.ready())

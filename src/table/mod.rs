@@ -81,6 +81,19 @@ pub struct TableKey {
     pub shape: String,
 }
 
+/// How far apart two shapes are: the sum over their dims of |ln(a/b)|; infinite where either
+/// does not parse or they differ in rank.
+fn shape_distance(a: &str, b: &str) -> f64 {
+    match (parse_shape(a), parse_shape(b)) {
+        (Some(a), Some(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| ((*x as f64) / (*y as f64)).ln().abs())
+            .sum(),
+        _ => f64::INFINITY,
+    }
+}
+
 /// Parses `MxNxK` into its dims.
 pub fn parse_shape(s: &str) -> Option<Vec<i64>> {
     let dims: Result<Vec<i64>, _> = s.split('x').map(str::parse::<i64>).collect();
@@ -347,13 +360,20 @@ impl Entry {
         &self.runs[self.winner_run].provenance
     }
 
-    /// The runs a sweep measured where `here` holds, when each of them is a checkpoint of a sweep
-    /// that stopped before its last round (`Run::partial`) and none there finished: what a
-    /// resumed sweep starts from. None where a run there finished or none ran there.
+    /// The checkpoints where `here` holds (`Run::partial`): the runs of a sweep stopped before its
+    /// last round, by a timeout, a kill or a quick compose (which measures a sweep's first
+    /// candidates alone), that a resumed sweep starts from. None where no run there is one. A
+    /// finished run there beside them is another realization's (the table's leading kernels timed
+    /// before the sweep began, or a bucket neighbour's winner): a sweep's record replaces its
+    /// checkpoints (`merged`), so none outlives the sweep that left it.
     pub fn unfinished_at(&self, here: impl Fn(&Provenance) -> bool) -> Option<Vec<Run>> {
-        let local: Vec<&Run> = self.runs.iter().filter(|r| here(&r.provenance)).collect();
-        (!local.is_empty() && local.iter().all(|r| r.partial))
-            .then(|| local.into_iter().cloned().collect())
+        let local: Vec<Run> = self
+            .runs
+            .iter()
+            .filter(|r| r.partial && here(&r.provenance))
+            .cloned()
+            .collect();
+        (!local.is_empty()).then_some(local)
     }
 
     /// The entry as a GPU where `here` holds should use it: the winner among the runs measured
@@ -688,26 +708,28 @@ impl Table {
     /// alignment-1 kernel would run an aligned shape slower than its own space's; a TMA kernel
     /// cannot run a ragged one at all).
     pub fn bucket_match(&self, key: &TableKey, alignment: u32) -> Option<&Entry> {
-        let dims = parse_shape(&key.shape)?;
-        let distance = |e: &Entry| -> f64 {
-            parse_shape(&e.key.shape)
-                .map(|d| {
-                    d.iter()
-                        .zip(&dims)
-                        .map(|(a, b)| ((*a as f64) / (*b as f64)).ln().abs())
-                        .sum()
-                })
-                .unwrap_or(f64::INFINITY)
-        };
-        self.entries
+        self.nearest(key, alignment)
+            .into_iter()
+            .find(|e| e.key.bucket() == key.bucket())
+    }
+
+    /// The other entries of `key`'s family (`TableKey::same_family`) and alignment class, nearest
+    /// first by the log-distance of their shapes (the sum over dims of |ln(a/b)|; ties in the
+    /// table's order). Empty where the shape does not parse.
+    pub fn nearest(&self, key: &TableKey, alignment: u32) -> Vec<&Entry> {
+        if parse_shape(&key.shape).is_none() {
+            return vec![];
+        }
+        let mut near: Vec<(f64, &Entry)> = self
+            .entries
             .iter()
             .filter(|e| {
-                e.key.same_family(key)
-                    && e.key.bucket() == key.bucket()
-                    && e.key != *key
-                    && e.problem.alignment() == alignment
+                e.key.same_family(key) && e.key != *key && e.problem.alignment() == alignment
             })
-            .min_by(|a, b| distance(a).partial_cmp(&distance(b)).unwrap())
+            .map(|e| (shape_distance(&e.key.shape, &key.shape), e))
+            .collect();
+        near.sort_by(|a, b| a.0.total_cmp(&b.0));
+        near.into_iter().map(|(_, e)| e).collect()
     }
 }
 
@@ -749,7 +771,31 @@ impl Tables {
         Lookup::Miss
     }
 
-    /// Adds an entry to the user table on disk (under its lock) and here.
+    /// The winners (kernel names: `Spec::kernel_name`) of the `n` entries nearest `key` in its
+    /// family and alignment class (`Table::nearest`), the user table's before the shipped one's
+    /// at equal distance: what the table knows wins near a shape it misses, for a quick sweep to
+    /// try first.
+    pub fn nearby_winners(&self, key: &TableKey, problem: &Problem, n: usize) -> Vec<String> {
+        let mut near: Vec<&Entry> = self.user.nearest(key, problem.alignment());
+        near.extend(self.shipped.nearest(key, problem.alignment()));
+        // Stable: the user's first among equals.
+        near.sort_by(|a, b| {
+            shape_distance(&a.key.shape, &key.shape)
+                .total_cmp(&shape_distance(&b.key.shape, &key.shape))
+        });
+        let mut out: Vec<String> = Vec::new();
+        for e in near {
+            let k = e.winner_spec.kernel_name();
+            if !out.contains(&k) {
+                out.push(k);
+            }
+            if out.len() >= n {
+                break;
+            }
+        }
+        out
+    }
+
     /// Learns validity rules from every failure of `run`, a sweep on `key`, into the user table.
     pub fn learn(&mut self, key: &TableKey, run: &Run) -> Result<usize, TableError> {
         let mut n = 0;
@@ -771,6 +817,7 @@ impl Tables {
             .collect()
     }
 
+    /// Adds an entry to the user table on disk (under its lock) and here.
     pub fn record(&mut self, entry: Entry) -> Result<(), TableError> {
         self.user = Table::update(&self.user_path, |t| {
             t.insert_merged(entry);

@@ -112,6 +112,48 @@ fn round_trip_keeps_every_field() {
     );
 }
 
+/// What the tables know wins near a shape they miss: the winners of the nearest entries of its
+/// family and alignment class, nearest first, each kernel once, the user's first among equals.
+#[test]
+fn the_nearby_winners_are_the_nearest_entries_winners_of_the_family() {
+    let mut tables = Tables {
+        user_path: PathBuf::from("/nonexistent/user.json"),
+        user: Table::new(),
+        shipped: Table::new(),
+    };
+    // Shapes M = 128, 256 and 4096 (N 256, K 512): 256 is the nearest to 300, then 128.
+    let (far, m128, m256) = (
+        entry(4096, 3, 0.5, "H100"),
+        entry(128, 0, 0.5, "H100"),
+        entry(256, 2, 0.5, "H100"),
+    );
+    let winner = |e: &Entry| e.winner_spec.kernel_name();
+    assert_ne!(winner(&m128), winner(&m256));
+    tables.user.insert_merged(far.clone());
+    tables.shipped.insert_merged(m128.clone());
+    tables.shipped.insert_merged(m256.clone());
+    let key = |p: &GemmProblem| gemm_key(p, MathType::Tf32, Arch::Sm90);
+    let p = problem(300);
+    let near = tables.nearby_winners(&key(&p), &p.clone().into(), 2);
+    assert_eq!(near, [winner(&m256), winner(&m128)]);
+    assert_eq!(
+        tables.nearby_winners(&key(&p), &p.clone().into(), 5),
+        [winner(&m256), winner(&m128), winner(&far)]
+    );
+    // Another family (no bias): no neighbour.
+    let mut other = problem(300);
+    other.bias = false;
+    assert!(tables
+        .nearby_winners(&key(&other), &other.clone().into(), 2)
+        .is_empty());
+    // The entry at the shape itself is no neighbour (it is a hit).
+    let at = problem(256);
+    assert_eq!(
+        tables.nearby_winners(&key(&at), &at.clone().into(), 1),
+        [winner(&m128)]
+    );
+}
+
 #[test]
 fn keys_bucket_by_powers_of_two_within_one_family() {
     let k = |m: i64| gemm_key(&problem(m), MathType::Tf32, Arch::Sm90);
@@ -663,7 +705,8 @@ fn a_saved_table_is_its_json_one_entry_a_line() {
 
 /// A sweep's checkpoint (its runs so far, `partial`) and its record: the record replaces the
 /// checkpoint in the table, a checkpoint never replaces a finished run, and an entry is
-/// unfinished on a GPU model only while every run there is a checkpoint.
+/// unfinished on a GPU model while a run there is a checkpoint (a finished run beside it being
+/// another realization's, the table's leading kernels timed there before the sweep began).
 #[test]
 fn a_sweeps_checkpoint_is_replaced_by_its_record_and_marks_it_unfinished_until_then() {
     let h100 = "NVIDIA H100 80GB HBM3";
@@ -712,6 +755,14 @@ fn a_sweeps_checkpoint_is_replaced_by_its_record_and_marks_it_unfinished_until_t
     let elsewhere = entry_against(128, 1, 0.6, Some(1.0), "NVIDIA H200");
     let both = checkpoint.merged(&elsewhere);
     assert_eq!(both.unfinished_at(here).map(|r| r.len()), Some(1));
+
+    // Leading kernels timed here before a sweep (their own run, torch timed apart), then the
+    // sweep's checkpoint: the checkpoint alone is what the sweep resumes, until its record.
+    let timed_here = entry_against(128, 2, 0.7, Some(0.9), h100);
+    let swept = timed_here.merged(&checkpoint);
+    assert_eq!(swept.runs.len(), 2);
+    assert_eq!(swept.unfinished_at(here), Some(checkpoint.runs.clone()));
+    assert_eq!(swept.merged(&finished).unfinished_at(here), None);
 
     // On disk: `partial` only where true; a run without it reads as finished.
     let text = serde_json::to_string(&finished.runs[0]).unwrap();
