@@ -1284,6 +1284,8 @@ mod tests {
     struct Recorder {
         /// (library name, or "objects" for a batch into the cache; the kernels asked for).
         calls: Mutex<Vec<(String, Vec<String>)>>,
+        /// Torch op objects asked for (beside a batch, so apart from `calls`' order).
+        op_objects: std::sync::atomic::AtomicUsize,
     }
 
     impl Recorder {
@@ -1329,6 +1331,16 @@ mod tests {
                 compiled: specs.len(),
                 cached: 0,
             })
+        }
+        fn op_object(
+            &self,
+            _tc: &Toolchain,
+            _arch: Arch,
+            _opts: &nvcc::BuildOptions,
+        ) -> Result<(), BuildError> {
+            self.op_objects
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
         }
     }
 
@@ -1588,13 +1600,26 @@ mod tests {
             assert!(e.unfinished_at(|_| true).is_none());
         }
 
-        // Another full phase: every problem a hit, nothing compiled or measured.
+        // Another full phase: every problem a hit, nothing measured; the winners alone compiled
+        // (for the library), no sweep's.
         let compiler = Recorder::default();
         let again = bed.phase(false, &compiler);
-        assert!(compiler
-            .take()
+        let calls = compiler.take();
+        assert!(calls.iter().all(|(what, _)| what != "libsweep.so"));
+        let compiled: Vec<String> = calls
             .iter()
-            .all(|(what, _)| what != "objects" && what != "libsweep.so"));
+            .filter(|(what, _)| what == "objects")
+            .flat_map(|(_, k)| k.clone())
+            .collect();
+        assert_eq!(
+            sorted(compiled),
+            sorted(
+                flops
+                    .iter()
+                    .map(|&f| format!("{}_r", crate::kinds::fake::kernel(f, 5)))
+                    .collect()
+            )
+        );
         assert!(bed.timed().is_empty());
         assert!(again
             .done
@@ -1603,7 +1628,8 @@ mod tests {
     }
 
     /// A quick compose over a table a quick compose left takes its checkpoints as they stand:
-    /// nothing compiled or measured, each still a sweep left for the full phase.
+    /// nothing measured, their winners alone compiled (for the library), each still a sweep left
+    /// for the full phase.
     #[test]
     fn a_second_quick_phase_takes_the_checkpoints_as_they_stand() {
         let dir = tempfile::tempdir().unwrap();
@@ -1612,7 +1638,13 @@ mod tests {
         bed.timed();
         let compiler = Recorder::default();
         let again = bed.phase(true, &compiler);
-        assert!(compiler.take().is_empty());
+        let calls = compiler.take();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert_eq!(
+            sorted(calls[0].1.clone()),
+            kernels(&[1000, 2000], 1..2),
+            "the checkpoints' winners, compiled together for the library"
+        );
         assert!(bed.timed().is_empty());
         for slot in again.done.values() {
             assert!(slot.realized.cut);
@@ -1624,6 +1656,44 @@ mod tests {
                 .unwrap()
                 .winner
                 .ends_with("_k1"));
+        }
+    }
+
+    /// A quick phase over finished sweeps measured on this GPU times nothing, and compiles the
+    /// winners it takes in one batch, with the library's torch op object beside it: the library
+    /// build after it finds everything compiled.
+    #[test]
+    fn a_quick_phase_over_table_hits_compiles_their_winners_and_the_torch_ops_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let bed = Bed::new(dir.path(), &[1000, 2000]);
+        bed.phase(true, &Recorder::default());
+        let full = bed.phase(false, &Recorder::default());
+        bed.timed();
+        let winners: Vec<String> = sorted(
+            full.done
+                .values()
+                .map(|s| s.realized.entry.as_ref().unwrap().winner_spec.name())
+                .collect(),
+        );
+        let compiler = Recorder::default();
+        let again = bed.phase(true, &compiler);
+        let calls = compiler.take();
+        assert_eq!(calls.len(), 1, "one batch: {calls:?}");
+        assert_eq!(calls[0].0, "objects");
+        assert_eq!(sorted(calls[0].1.clone()), winners);
+        assert_eq!(
+            compiler
+                .op_objects
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert!(
+            bed.timed().is_empty(),
+            "a finished sweep is not timed again"
+        );
+        for slot in again.done.values() {
+            assert!(!slot.realized.cut);
+            assert!(matches!(slot.realized.how, Realization::Hit { .. }));
         }
     }
 

@@ -54,6 +54,14 @@ pub trait Compiler: Sync {
         specs: &[Spec],
         opts: &nvcc::BuildOptions,
     ) -> Result<nvcc::Objects, BuildError>;
+    /// The library's torch op object for `arch` compiled into the object cache
+    /// (`nvcc::compile_op_object`).
+    fn op_object(
+        &self,
+        tc: &Toolchain,
+        arch: Arch,
+        opts: &nvcc::BuildOptions,
+    ) -> Result<(), BuildError>;
 }
 
 /// nvcc, as every command compiles.
@@ -79,6 +87,14 @@ impl Compiler for Nvcc {
         opts: &nvcc::BuildOptions,
     ) -> Result<nvcc::Objects, BuildError> {
         nvcc::compile_objects(tc, specs, opts)
+    }
+    fn op_object(
+        &self,
+        tc: &Toolchain,
+        arch: Arch,
+        opts: &nvcc::BuildOptions,
+    ) -> Result<(), BuildError> {
+        nvcc::compile_op_object(tc, arch, opts).map(|_| ())
     }
 }
 
@@ -861,6 +877,7 @@ pub(super) fn prefetch(
     let mut missed = 0;
     let mut again = 0;
     let mut resumed = 0;
+    let mut hits = 0;
     let here = here(cx);
     // A model's layers repeat their problems: each distinct one once.
     let mut seen = BTreeSet::new();
@@ -876,8 +893,12 @@ pub(super) fn prefetch(
             Lookup::Miss => {}
             Lookup::Exact { entry, .. } => {
                 if let Some(done) = unfinished_here(here.as_ref(), &entry) {
-                    // A quick realization takes it as it stands; a full one resumes its sweep.
-                    if !cx.quick {
+                    // A quick realization takes it as it stands (its winner compiled with the
+                    // rest); a full one resumes its sweep.
+                    if cx.quick {
+                        specs.push(entry.winner_spec.clone());
+                        hits += 1;
+                    } else {
                         let inputs = SweepInputs::new(cx, tables, &key, problem, &done);
                         let found =
                             first_candidates(cx, &inputs, &mut builtin, problem, math, &key)?;
@@ -892,6 +913,11 @@ pub(super) fn prefetch(
                 let leading = to_time_here(here.as_ref(), &entry).map(|(_, l)| l);
                 if !new.is_empty() || leading.is_some() {
                     again += 1;
+                } else {
+                    // A winner taken as it stands goes into the library: compiled here with the
+                    // rest rather than alone after them.
+                    specs.push(entry.winner_spec.clone());
+                    hits += 1;
                 }
                 specs.extend(new);
                 specs.extend(leading.unwrap_or_default());
@@ -912,35 +938,86 @@ pub(super) fn prefetch(
             specs.extend(first);
         }
     }
-    let first = if cx.quick {
-        format!("the first {QUICK_CANDIDATES} candidates")
+    // Says what the batch holds, the parts there are.
+    let mut parts = Vec::new();
+    if missed > 0 {
+        let first = if cx.quick {
+            format!("the first {QUICK_CANDIDATES} candidates")
+        } else {
+            "the first candidates".to_string()
+        };
+        parts.push(format!(
+            "{first} of the {missed} distinct problem(s) the tables miss"
+        ));
+    }
+    if resumed > 0 {
+        parts.push(format!(
+            "the rest of the first rounds of the {resumed} sweep(s) to finish"
+        ));
+    }
+    if again > 0 {
+        parts.push(format!(
+            "the leading kernels of the {again} to re-verify here"
+        ));
+    }
+    if hits > 0 {
+        parts.push(format!("the winners of the {hits} taken as they stand"));
+    }
+    parts.push("the library's torch ops".to_string());
+    let last = parts.pop().unwrap_or_default();
+    let line = if parts.is_empty() {
+        format!("prefetch: compiling {last}")
     } else {
-        "the first candidates".to_string()
+        format!(
+            "prefetch: compiling together {}, and {last}",
+            parts.join(", ")
+        )
     };
-    let resuming = if resumed > 0 {
-        format!(", the rest of the first rounds of the {resumed} sweep(s) to finish")
+    if seen.is_empty() {
+        return Ok(());
+    }
+    // Where every problem is a hit taken as it stands, the batch is the library's own kernels:
+    // their sources go where the library's do, and no sweep folder is made.
+    let folder = if missed + again + resumed == 0 {
+        ""
     } else {
-        String::new()
+        "prefetch"
     };
-    let line = format!(
-        "prefetch: compiling together {first} of the {missed} distinct problem(s) the tables miss{resuming} and the leading kernels of the {again} to re-verify here"
-    );
-    compile_ahead(
-        cx,
-        specs,
-        Batch {
-            folder: "prefetch",
-            at_least: 2,
-            line: Some(&line),
-            jobs: cx.opts.jobs,
-            behind: false,
-        },
-    )
+    // The library's torch op object is a host compile as long as a kernel's: built beside the
+    // batch, the library build after the patterns finds it done.
+    let build = opts.build(&batch_dir(cx, folder));
+    std::thread::scope(|scope| {
+        let op = scope.spawn(|| cx.compiler.op_object(cx.tc, opts.arch, &build));
+        let kernels = compile_ahead(
+            cx,
+            specs,
+            Batch {
+                folder,
+                at_least: 1,
+                line: Some(&line),
+                jobs: cx.opts.jobs,
+                behind: false,
+            },
+        );
+        // A failure here is the library build's to report, where it compiles the object again.
+        let _ = op.join().expect("the torch op compile does not panic");
+        kernels
+    })
+}
+
+/// Where a batch's sources go: `folder` under sweeps/, or, for "", the output folder (the
+/// library's own).
+fn batch_dir(cx: RealizeCtx, folder: &str) -> std::path::PathBuf {
+    if folder.is_empty() {
+        cx.opts.out_dir.clone()
+    } else {
+        cx.opts.out_dir.join("sweeps").join(folder)
+    }
 }
 
 /// How `compile_ahead` builds its batch.
 struct Batch<'a> {
-    /// Under sweeps/.
+    /// Under sweeps/ ("": the output folder, `batch_dir`).
     folder: &'a str,
     /// Nothing is built for fewer kernels.
     at_least: usize,
@@ -972,7 +1049,7 @@ fn compile_ahead(cx: RealizeCtx, mut specs: Vec<Spec>, batch: Batch) -> Result<(
     if let Some(line) = line {
         nvcc::progress_line(show, format_args!("{line}"));
     }
-    let dir = cx.opts.out_dir.join("sweeps").join(folder);
+    let dir = batch_dir(cx, folder);
     let build = nvcc::BuildOptions {
         jobs,
         show_progress: show && !behind,

@@ -648,6 +648,29 @@ pub fn compile_objects(
 /// `opts.out_dir/<lib_name>`, one library with its dispatch table and the torch op (compiled
 /// beside the kernels: it does not depend on them). Kernels that fail to compile are left out
 /// (with every variant of them) and reported in `Built::failures`.
+/// Compiles the library's torch op object (the kinds' torch ops for `arch`, a host compile
+/// against torch's headers, the better part of a minute) into the build cache, where
+/// `build_library` takes it; a compose starts it beside its first kernels. Returns the object
+/// and whether it was cached.
+pub fn compile_op_object(
+    tc: &Toolchain,
+    arch: Arch,
+    opts: &BuildOptions,
+) -> Result<(PathBuf, bool), BuildError> {
+    let src_dir = opts.out_dir.join("src");
+    std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
+    let include = include_dir(&opts.cache)?;
+    let op = render_op_library(opts.kinds, arch);
+    compile_cached(
+        tc,
+        &src_dir,
+        &opts.cache,
+        &op,
+        tc.cxx_command(&include),
+        "torch_op",
+    )
+}
+
 pub fn build_library(
     tc: &Toolchain,
     specs: &[impl Clone + Into<Spec>],
@@ -669,18 +692,8 @@ pub fn build_library(
     let src_dir = out_dir.join("src");
     std::fs::create_dir_all(&src_dir).map_err(io(&src_dir))?;
     let include = include_dir(cache)?;
-    let op = render_op_library(opts.kinds, arch);
     let (objects, op_obj) = std::thread::scope(|scope| {
-        let op_obj = scope.spawn(|| {
-            compile_cached(
-                tc,
-                &src_dir,
-                cache,
-                &op,
-                tc.cxx_command(&include),
-                "torch_op",
-            )
-        });
+        let op_obj = scope.spawn(|| compile_op_object(tc, arch, opts));
         let objects = compile_objects(tc, &specs, opts);
         (
             objects,
