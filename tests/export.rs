@@ -62,6 +62,56 @@ fn zoo_programs_discover_the_patterns_of_their_traces() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A program after `run_decompositions()` (export's ATEN dialect) keeps its shapes through the
+/// causal mask, whose `full(size, True)` TorchScript has no bool Scalar for (an int with the dtype
+/// bool): discover finds every GEMM of GPT-2 with no shape unknown, and a bool `full` with no
+/// dtype computes a bool tensor as the program does.
+#[test]
+fn an_aten_dialect_program_keeps_its_shapes_and_a_bool_full_stays_bool() {
+    let dir = tempfile::tempdir().unwrap();
+    let (aten, full, full_pt) = (
+        dir.path().join("gpt2_aten.pt2"),
+        dir.path().join("full.pt2"),
+        dir.path().join("full.pt"),
+    );
+    run_python(&format!(
+        r#"
+import torch
+ep = torch.export.load({gpt2:?}).run_decompositions()
+torch.export.save(ep, {aten:?})
+class M(torch.nn.Module):
+    def forward(self, x):
+        return torch.full(x.shape, True) & (x > 0)
+torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), {full:?})
+print("ok")
+"#,
+        gpt2 = zoo_fixtures().join("gpt2.pt2").display().to_string(),
+        aten = aten.display().to_string(),
+        full = full.display().to_string(),
+    ));
+    let p = plan(&aten);
+    assert_eq!(p["source"]["dialect"], "ATEN");
+    let shapes = p["shapes"].as_str().unwrap_or_default();
+    assert!(!shapes.contains("unknown"), "{shapes}");
+    assert_eq!(p["unmatched_gemms"].as_array().map(Vec::len), Some(0));
+    let k = kinds(&p);
+    assert!(k.get("gemm").copied().unwrap_or(0) >= 8, "{k:?}");
+
+    torch::save_torchscript(&full, &full_pt).unwrap();
+    let said = run_python(&format!(
+        r#"
+import torch
+x = torch.randn(2, 3)
+want = torch.export.load({full:?}).module()(x)
+have = torch.jit.load({full_pt:?})(x)
+print(have.dtype, want.dtype, torch.equal(have, want))
+"#,
+        full = full.display().to_string(),
+        full_pt = full_pt.display().to_string(),
+    ));
+    assert_eq!(said, "torch.bool torch.bool True");
+}
+
 /// A table hit composes linear.pt2 into composed.pt2: the program with the linear replaced by a
 /// call of fact::gemm, which loads with the op library and computes the original on the CPU (the
 /// op's fallback) at the sample's batch and at another one (the batch is dynamic).

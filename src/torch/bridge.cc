@@ -452,16 +452,30 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
     env[g.inputs()[i + 1]] = at::empty(shape, at::TensorOptions().dtype(dt).device(at::kMeta));
   }
   std::vector<std::string> cpu_ops, unknown_ops;
+  // The first node whose outputs stay unknown though its inputs are known, and why: where the
+  // unknown shapes start (a failed run is `failure`'s).
+  std::string first_unknown;
+  auto unknown = [&](Node* n, const char* why) {
+    unknown_ops.push_back(n->kind().toQualString());
+    if (first_unknown.empty() && why != nullptr) {
+      first_unknown = std::string(n->kind().toQualString()) + " (" + why + ")";
+      if (!n->scopeName().empty()) first_unknown += " in " + n->scopeName();
+    }
+  };
   for (Node* n : g.nodes()) {
-    bool ready = n->blocks().empty();
-    for (Value* v : n->inputs()) ready = ready && env.count(v);
-    if (!ready) {
-      unknown_ops.push_back(n->kind().toQualString());
+    bool inputs_known = true;
+    for (Value* v : n->inputs()) inputs_known = inputs_known && env.count(v);
+    if (!inputs_known) {
+      unknown(n, nullptr);
+      continue;
+    }
+    if (!n->blocks().empty()) {
+      unknown(n, "control flow");
       continue;
     }
     switch (run_plumbing(n, env, as_meta)) {
       case Plumbing::Done: continue;
-      case Plumbing::Failed: unknown_ops.push_back(n->kind().toQualString()); continue;
+      case Plumbing::Failed: unknown(n, "its list or tuple does not unpack"); continue;
       case Plumbing::None: break;
     }
     // A device argument (a traced `device=x.device`, a `.to("cuda")`) names where the tensors of
@@ -476,7 +490,7 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
       for (size_t i = 0; i < n->outputs().size(); ++i) env[n->outputs()[i]] = map_tensors(stack[i], as_meta);
     };
     if (n->maybeOperator() == nullptr) {
-      unknown_ops.push_back(n->kind().toQualString());
+      unknown(n, "no operator of this signature is registered");
       continue;
     }
     try {
@@ -509,7 +523,10 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
     for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
     return s;
   };
-  if (!unknown_ops.empty()) note += "shapes unknown after: " + list(unknown_ops) + "; ";
+  if (!unknown_ops.empty()) {
+    note += "shapes unknown after: " + list(unknown_ops) + "; ";
+    if (!first_unknown.empty()) note += "the first: " + first_unknown + "; ";
+  }
   if (!cpu_ops.empty()) note += "ran on CPU for shapes (no meta kernel): " + list(cpu_ops);
   std::unordered_map<const Value*, at::Tensor> shapes;
   for (const auto& [v, iv] : env) {

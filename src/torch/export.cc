@@ -149,6 +149,12 @@ Value* wrapped_number(Graph& g, const at::Tensor& t) {
 }
 
 // A name TorchScript keeps as a value's debug name (it refuses integers).
+// A Scalar (or Scalar?) argument.
+bool is_number_type(const c10::TypePtr& t) {
+  if (auto o = t->cast<c10::OptionalType>()) return is_number_type(o->getElementType());
+  return t->kind() == c10::TypeKind::NumberType;
+}
+
 bool valid_name(const std::string& s) { return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])); }
 
 struct Builder {
@@ -185,6 +191,9 @@ struct Builder {
         return g.insertConstant(a.floats.at(0));
       case ExportArgKind::Bool:
         if (is_tensor_type(type)) return wrapped_number(g, at::scalar_tensor(static_cast<bool>(a.bools.at(0)), at::kBool));
+        // A Scalar is a number to TorchScript, which a bool is not (export writes full's True
+        // as one): the same value as an int, where `add` makes the op's dtype say bool.
+        if (is_number_type(type)) return g.insertConstant(static_cast<int64_t>(a.bools.at(0) ? 1 : 0));
         return g.insertConstant(static_cast<bool>(a.bools.at(0)));
       case ExportArgKind::Ints: {
         const bool symbolic = std::any_of(a.names.begin(), a.names.end(), [](const auto& n) { return !n.empty(); });
@@ -225,6 +234,11 @@ struct Builder {
     }
     std::vector<Value*> inputs;
     size_t next = 0;
+    // A bool given as a Scalar becomes an int (`value`), which only an op whose dtype argument
+    // then says bool computes as eagerly (full(size, True) is a bool tensor); any other op keeps
+    // no operator, and the shapes after it stay unknown rather than wrong.
+    const auto dtype_at = schema.argumentIndexWithName("dtype");
+    bool bool_scalar = false;
     for (const c10::Argument& formal : schema.arguments()) {
       const Arg* a = nullptr;
       auto it = by_name.find(formal.name());
@@ -234,7 +248,10 @@ struct Builder {
       } else if (!formal.kwarg_only() && next < positional.size()) {
         a = positional[next++];
       }
-      if (a != nullptr) {
+      if (a != nullptr && a->kind == ExportArgKind::Bool && is_number_type(formal.type()) && !dtype_at) {
+        inputs.push_back(g.insertConstant(static_cast<bool>(a->bools.at(0))));
+      } else if (a != nullptr) {
+        bool_scalar = bool_scalar || (a->kind == ExportArgKind::Bool && is_number_type(formal.type()));
         inputs.push_back(value(*a, formal));
       } else if (formal.default_value()) {
         inputs.push_back(g.insertConstant(*formal.default_value()));
@@ -245,6 +262,11 @@ struct Builder {
     if (!by_name.empty() || next < positional.size()) {
       throw std::runtime_error(label + " gets an argument its schema does not name (" +
                                (by_name.empty() ? "a positional one" : by_name.begin()->first) + ")");
+    }
+    if (bool_scalar && dtype_at && inputs[*dtype_at]->type()->kind() == c10::TypeKind::NoneType) {
+      Node* none = inputs[*dtype_at]->node();
+      inputs[*dtype_at] = g.insertConstant(static_cast<int64_t>(at::kBool));
+      if (none->output()->uses().empty()) none->destroy();
     }
     const size_t nouts = schema.returns().size();
     Node* node = g.create(c10::Symbol::fromQualString(n.op), inputs, nouts);
