@@ -160,6 +160,46 @@ print("ok")
         orig = fixture("linear.pt2").display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");
+    // Under --no-bench the TorchScript copies are written only when asked for
+    // (--torchscript-copy), and the composed copy computes what the program does.
+    let copies = |dir: &Path, extra: &[&str]| {
+        let o = fact()
+            .env("FACT_TABLE", &user)
+            .env("FACT_SHIPPED_TABLE", dir.with_file_name("none.json"))
+            .args(["compose", "--json", "--no-bench"])
+            .args(extra)
+            .arg("--out")
+            .arg(dir)
+            .arg(fixture("linear.pt2"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        dir.join("torchscript").join("composed.pt")
+    };
+    assert!(!copies(&dir.path().join("plain"), &[]).exists());
+    let ts = copies(&dir.path().join("copied"), &["--torchscript-copy"]);
+    let script = format!(
+        r#"
+import torch
+torch.ops.load_library({lib:?})
+ts = torch.jit.load({ts:?})
+orig = torch.export.load({orig:?}).module()
+x = torch.randn(7, 64)
+with torch.no_grad():
+    a, b = ts(x), orig(x)
+assert torch.equal(a, b), (a - b).abs().max()
+print("ok")
+"#,
+        lib = dir
+            .path()
+            .join("copied")
+            .join("libfact_ops.so")
+            .display()
+            .to_string(),
+        ts = ts.display().to_string(),
+        orig = fixture("linear.pt2").display().to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
     // The plan says the batch is dynamic and where it was tuned.
     let plan = plan(&fixture("linear.pt2"));
     let dynamic = plan["source"]["dynamic"].as_array().unwrap();

@@ -11,7 +11,8 @@ sequence dynamic where the model allows), composed from its .pt2 by the fact CLI
   kernel and fallback calls with the fallbacks' reasons;
 - at the zoo shape, in one measuring process: the exported program eagerly (eager_ms),
   torch.compile of the model (compile_ms), the composed program eagerly (fact_pt2_ms) and under
-  torch.compile (fact_pt2_compile_ms) (--no-zoo-modes skips these), and with --aoti the
+  torch.compile (fact_pt2_compile_ms) and the same composition as TorchScript (fact_ts_ms: the
+  compose's --torchscript-copy on the same op library) (--no-zoo-modes skips these), and with --aoti the
   AOTInductor packages of the original program (aoti_orig_ms) and of the composed one (aoti_ms),
   timed in turns with the composed program, and the composed package run from C++
   (examples/aoti_run.cpp); each mode with its error against fp64, timed in turns
@@ -126,7 +127,7 @@ def compose_stage(out, model, fact, fact_args, timeout):
     """fact compose of the program; its wall time, and the nvcc time and kernels its log reports."""
     d = out / "fact" / model.name
     logf = out / "logs" / f"{model.name}.compose.log"
-    cmd = [fact, "compose", str(out / "models" / f"{model.name}.pt2"), "--out", str(d), "--no-bench", "--json"] + fact_args
+    cmd = [fact, "compose", str(out / "models" / f"{model.name}.pt2"), "--out", str(d), "--no-bench", "--torchscript-copy", "--json"] + fact_args
     start = time.monotonic()
     with open(logf, "w") as err, open(out / "logs" / f"{model.name}.compose.json", "w") as so:
         p = subprocess.run(cmd, stdout=so, stderr=err, timeout=timeout)
@@ -252,7 +253,7 @@ def measure_child(out, name, aoti, zoo_modes, deadline):
 
     with torch.no_grad():
         if zoo_modes:
-            zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, flush, name)
+            zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, flush, name, d)
         if aoti and time.monotonic() < deadline:
             packaged = {}
 
@@ -300,13 +301,18 @@ def measure_child(out, name, aoti, zoo_modes, deadline):
                 stage("aoti_cpp", from_cpp)
 
 
-def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, flush, name):
+def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, flush, name, d):
     """The zoo shape's modes: the program eagerly, torch.compile of the model, the composed program
-    eagerly and under torch.compile, fact's calls, all timed in turns."""
+    eagerly and under torch.compile, the same composition as TorchScript (the compose's
+    torchscript/composed.pt, on the same op library: fact_ts_ms), fact's calls, all timed in
+    turns."""
     stage("eager", lambda: mode("eager_ms", original))
     stage("compile", lambda: mode("compile_ms", torch.compile(wrapper), "compile_s"))
     stage("fact_pt2", lambda: mode("fact_pt2_ms", composed))
     stage("fact_pt2_compile", lambda: mode("fact_pt2_compile_ms", torch.compile(composed), "fact_pt2_compile_s"))
+    ts = d / "torchscript" / "composed.pt"
+    if ts.exists():
+        stage("fact_ts", lambda: mode("fact_ts_ms", torch.jit.load(str(ts), map_location="cuda")))
 
     def counters():
         rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"] = lib.counted(composed, zoo)
@@ -318,7 +324,7 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
         rec["timing"] = f"interleaved: {', '.join(timed)} in turns, {ITERATIONS} iterations, L2 flushed, median"
 
     stage("timing", timing)
-    log(name, {k: rec.get(k) for k in ("eager_ms", "compile_ms", "fact_pt2_ms", "fact_pt2_compile_ms")})
+    log(name, {k: rec.get(k) for k in ("eager_ms", "compile_ms", "fact_pt2_ms", "fact_pt2_compile_ms", "fact_ts_ms")})
 
 
 def grid_child(out, name, side, shapes, deadline):

@@ -137,6 +137,11 @@ enum Command {
         /// input only) or torchscript (composed.pt). Default: the input's.
         #[arg(long)]
         format: Option<String>,
+        /// With a pt2 output, also write its TorchScript copies (torchscript/original.pt and
+        /// torchscript/composed.pt, the same edits on the same op library), as the benchmark does,
+        /// under --no-bench too: the two runtimes of one composition, for a measuring harness.
+        #[arg(long)]
+        torchscript_copy: bool,
         /// Stop after the quick phase: the tables' winners and, where they miss, the best of each
         /// sweep's first 2 candidates, composed and written; `fact tune OUT` runs the full sweeps
         /// later and rewrites the output where a winner changes.
@@ -368,6 +373,7 @@ pub fn main() -> Result<()> {
             without,
             fuse_siblings,
             format,
+            torchscript_copy,
             quick,
             json,
         } => {
@@ -401,7 +407,7 @@ pub fn main() -> Result<()> {
                 gpus: gpus.parse().map_err(anyhow::Error::msg)?,
                 matching: MatchOptions { fuse_siblings },
                 format,
-                torchscript_copies: !no_bench,
+                torchscript_copies: !no_bench || torchscript_copy,
                 phases: if quick {
                     compose::Phases::Quick
                 } else {
