@@ -126,10 +126,22 @@ pub fn fact() -> Command {
 /// `fact compose --json --out OUT_DIR MODEL` with `user_table` as the only pattern table (the
 /// shipped one pointed away); asserts it succeeded and returns its JSON.
 pub fn compose_json(user_table: &Path, model: &Path, out_dir: &Path) -> serde_json::Value {
+    compose_json_with(user_table, model, out_dir, &[])
+}
+
+/// `compose_json` with more of compose's options (`extra`).
+pub fn compose_json_with(
+    user_table: &Path,
+    model: &Path,
+    out_dir: &Path,
+    extra: &[&str],
+) -> serde_json::Value {
     let out = fact()
         .env("FACT_TABLE", user_table)
         .env("FACT_SHIPPED_TABLE", out_dir.with_file_name("none.json"))
-        .args(["compose", "--json", "--out"])
+        .args(["compose", "--json"])
+        .args(extra)
+        .arg("--out")
         .arg(out_dir)
         .arg(model)
         .output()

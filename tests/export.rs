@@ -2,7 +2,7 @@
 //! `.pt2` programs that load and compute the original on the CPU, and bad archives get errors that
 //! name the fix with nothing written.
 
-use crate::common::{compose_json, fact, fixture, run_python, zoo_fixtures};
+use crate::common::{compose_json, compose_json_with, fact, fixture, run_python, zoo_fixtures};
 use fact::torch;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -163,21 +163,14 @@ print("ok")
     // Under --no-bench the TorchScript copies are written only when asked for
     // (--torchscript-copy), and the composed copy computes what the program does.
     let copies = |dir: &Path, extra: &[&str]| {
-        let o = fact()
-            .env("FACT_TABLE", &user)
-            .env("FACT_SHIPPED_TABLE", dir.with_file_name("none.json"))
-            .args(["compose", "--json", "--no-bench"])
-            .args(extra)
-            .arg("--out")
-            .arg(dir)
-            .arg(fixture("linear.pt2"))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        compose_json_with(&user, &fixture("linear.pt2"), dir, extra);
         dir.join("torchscript").join("composed.pt")
     };
-    assert!(!copies(&dir.path().join("plain"), &[]).exists());
-    let ts = copies(&dir.path().join("copied"), &["--torchscript-copy"]);
+    assert!(!copies(&dir.path().join("plain"), &["--no-bench"]).exists());
+    let ts = copies(
+        &dir.path().join("copied"),
+        &["--no-bench", "--torchscript-copy"],
+    );
     let script = format!(
         r#"
 import torch

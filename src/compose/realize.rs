@@ -938,6 +938,9 @@ pub(super) fn prefetch(
             specs.extend(first);
         }
     }
+    if seen.is_empty() {
+        return Ok(());
+    }
     // Says what the batch holds, the parts there are.
     let mut parts = Vec::new();
     if missed > 0 {
@@ -973,9 +976,6 @@ pub(super) fn prefetch(
             parts.join(", ")
         )
     };
-    if seen.is_empty() {
-        return Ok(());
-    }
     // Where every problem is a hit taken as it stands, the batch is the library's own kernels:
     // their sources go where the library's do, and no sweep folder is made.
     let folder = if missed + again + resumed == 0 {

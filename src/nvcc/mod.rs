@@ -601,11 +601,6 @@ pub fn compile_objects(
         ),
     );
     let mut compiled = 0;
-    for (unit, (_, was_cached)) in &built {
-        if !was_cached {
-            busy().done.kernels += unit.len();
-        }
-    }
     for (unit, (obj, was_cached)) in built {
         if was_cached {
             cached += unit.len();
@@ -614,6 +609,7 @@ pub fn compile_objects(
         }
         objects.push((unit, obj));
     }
+    busy().done.kernels += compiled;
     let failures: Vec<CompileFailure> = failed
         .into_iter()
         .map(|(i, log)| {
@@ -644,10 +640,6 @@ pub fn compile_objects(
     })
 }
 
-/// Renders, compiles and links `specs` (GEMM variants and other kinds' kernels) into
-/// `opts.out_dir/<lib_name>`, one library with its dispatch table and the torch op (compiled
-/// beside the kernels: it does not depend on them). Kernels that fail to compile are left out
-/// (with every variant of them) and reported in `Built::failures`.
 /// Compiles the library's torch op object (the kinds' torch ops for `arch`, a host compile
 /// against torch's headers, the better part of a minute) into the build cache, where
 /// `build_library` takes it; a compose starts it beside its first kernels. Returns the object
@@ -671,6 +663,10 @@ pub fn compile_op_object(
     )
 }
 
+/// Renders, compiles and links `specs` (GEMM variants and other kinds' kernels) into
+/// `opts.out_dir/<lib_name>`, one library with its dispatch table and the torch op (compiled
+/// beside the kernels: it does not depend on them). Kernels that fail to compile are left out
+/// (with every variant of them) and reported in `Built::failures`.
 pub fn build_library(
     tc: &Toolchain,
     specs: &[impl Clone + Into<Spec>],

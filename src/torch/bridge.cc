@@ -68,15 +68,14 @@ class FileSink {
   explicit FileSink(const std::string& path) : path_(path), file_(path, std::ios::binary | std::ios::trunc) {
     if (!file_) throw std::runtime_error("cannot open " + path + " for writing: " + std::strerror(errno));
   }
-  size_t operator()(const void* buf, size_t n) {
-    if (error_.empty()) {
-      file_.write(static_cast<const char*>(buf), static_cast<std::streamsize>(n));
-      if (!file_) error_ = std::strerror(errno);
-    }
-    return n;
-  }
   std::function<size_t(const void*, size_t)> writer() {
-    return [this](const void* buf, size_t n) { return (*this)(buf, n); };
+    return [this](const void* buf, size_t n) {
+      if (error_.empty()) {
+        file_.write(static_cast<const char*>(buf), static_cast<std::streamsize>(n));
+        if (!file_) error_ = std::strerror(errno);
+      }
+      return n;
+    };
   }
   void finish() {
     if (error_.empty()) {

@@ -191,9 +191,6 @@ struct Builder {
         return g.insertConstant(a.floats.at(0));
       case ExportArgKind::Bool:
         if (is_tensor_type(type)) return wrapped_number(g, at::scalar_tensor(static_cast<bool>(a.bools.at(0)), at::kBool));
-        // A Scalar is a number to TorchScript, which a bool is not (export writes full's True
-        // as one): the same value as an int, where `add` makes the op's dtype say bool.
-        if (is_number_type(type)) return g.insertConstant(static_cast<int64_t>(a.bools.at(0) ? 1 : 0));
         return g.insertConstant(static_cast<bool>(a.bools.at(0)));
       case ExportArgKind::Ints: {
         const bool symbolic = std::any_of(a.names.begin(), a.names.end(), [](const auto& n) { return !n.empty(); });
@@ -234,8 +231,8 @@ struct Builder {
     }
     std::vector<Value*> inputs;
     size_t next = 0;
-    // A bool given as a Scalar becomes an int (`value`), which only an op whose dtype argument
-    // then says bool computes as eagerly (full(size, True) is a bool tensor); any other op keeps
+    // A bool given as a Scalar becomes an int only for an op whose dtype argument
+    // then says bool, which computes as eagerly (full(size, True) is a bool tensor); any other op keeps
     // no operator, and the shapes after it stay unknown rather than wrong.
     const auto dtype_at = schema.argumentIndexWithName("dtype");
     bool bool_scalar = false;
@@ -248,10 +245,12 @@ struct Builder {
       } else if (!formal.kwarg_only() && next < positional.size()) {
         a = positional[next++];
       }
-      if (a != nullptr && a->kind == ExportArgKind::Bool && is_number_type(formal.type()) && !dtype_at) {
-        inputs.push_back(g.insertConstant(static_cast<bool>(a->bools.at(0))));
+      if (a != nullptr && a->kind == ExportArgKind::Bool && is_number_type(formal.type()) && dtype_at) {
+        // A Scalar is a number to TorchScript, which a bool is not: the same value as an int,
+        // the dtype made bool below.
+        bool_scalar = true;
+        inputs.push_back(g.insertConstant(static_cast<int64_t>(a->bools.at(0) ? 1 : 0)));
       } else if (a != nullptr) {
-        bool_scalar = bool_scalar || (a->kind == ExportArgKind::Bool && is_number_type(formal.type()));
         inputs.push_back(value(*a, formal));
       } else if (formal.default_value()) {
         inputs.push_back(g.insertConstant(*formal.default_value()));
