@@ -61,9 +61,9 @@ def write_json(path, obj):
     tmp.replace(path)
 
 
-def run_logged(cmd, log_path, timeout_s, stdout_path=None):
+def run_logged(cmd, log_path, timeout_s, stdout_path=None, env=None):
     """Runs cmd from the repo root in a process group of its own, its output in log_path (stdout
-    apart in stdout_path when given). Returns (exit code, or None when it ran past timeout_s;
+    apart in stdout_path when given), in `env` (None: this process's environment). Returns (exit code, or None when it ran past timeout_s;
     seconds). The group is killed when the command overruns or this process is stopped while
     waiting (SIGINT, or SIGTERM through the caller's handler)."""
     with open(log_path, "w") as out:
@@ -72,8 +72,8 @@ def run_logged(cmd, log_path, timeout_s, stdout_path=None):
         stdout = open(stdout_path, "w") if stdout_path else out
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=stdout, stderr=subprocess.STDOUT if stdout is out else out,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=stdout,
+                                    stderr=subprocess.STDOUT if stdout is out else out, start_new_session=True)
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

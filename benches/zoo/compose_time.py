@@ -101,6 +101,25 @@ def fact_commit(fact):
     return m.group(1) if m else None
 
 
+def resolve(spec):
+    """A zoo model by name, or `NAME@BxT` (`NAME@B` for images): the model at another batch and
+    sequence length, so that its problems are new to the shipped table (issue 53's models new to
+    the table); its files and rows are named by the spec."""
+    import dataclasses
+
+    name, _, shape = spec.partition("@")
+    known = models.by_name()
+    if name not in known:
+        raise SystemExit(f"unknown zoo model {name!r}: the zoo has {', '.join(known)}")
+    model = known[name]
+    if not shape:
+        return model
+    batch, _, seq = shape.partition("x")
+    if (model.seq is None) != (not seq):
+        raise SystemExit(f"{spec}: give {name} as {name}@{'B' if model.seq is None else 'BxT'}")
+    return dataclasses.replace(model, name=spec, batch=int(batch), seq=int(seq) if seq else None)
+
+
 def inputs_for(model, ci, device):
     """The model's inputs, float ones in bf16 (as benches/zoo/run.py's bf16 policy has them)."""
     import torch
@@ -115,7 +134,7 @@ def inputs_for(model, ci, device):
 def child_export(out, name, ci):
     import torch
 
-    model = models.by_name()[name]
+    model = resolve(name)
     device = "cpu" if ci else "cuda"
     start = time.monotonic()
     module = models.build(model, ci=ci, device=device, dtype=torch.bfloat16)
@@ -133,7 +152,7 @@ def child_measure(out, name, folder):
     sys.path.insert(0, str(REPO / "benches" / "device"))
     from harness import compile_timed, flush_buffer, time_interleaved
 
-    model = models.by_name()[name]
+    model = resolve(name)
     folder = Path(folder)
     res = {}
     path = out / "work" / f"{name}.{folder.name}.measure.json"
@@ -284,8 +303,9 @@ def run_model(args, model, deadline, env0):
 
     if not args.no_warm and rc == 0:
         cmd = compose_cmd(warm_dir)
+        # The cold compose's environment: its build cache and user table are what make this one warm.
         rc_w, wall = run_logged(cmd, out / "logs" / f"{name}.warm.log", deadline.timeout(args.compose_timeout),
-                                stdout_path=out / "logs" / f"{name}.warm.json")
+                                stdout_path=out / "logs" / f"{name}.warm.json", env=env)
         warm = read_json(warm_dir / "compose.json")
         if rc_w == 0 and warm:
             row("warm", wall_s=wall, nvcc_s=sum(p["nvcc_s"] for p in warm.get("phases", [])),
@@ -317,7 +337,8 @@ def run_model(args, model, deadline, env0):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--models", default="gpt2", help="comma-separated zoo models (`python3 benches/zoo/models.py --list`)")
+    ap.add_argument("--models", default="gpt2", help="comma-separated zoo models (`python3 benches/zoo/models.py --list`), "
+                    "each NAME or NAME@BxT (NAME@B for images) for the model at another batch and length")
     ap.add_argument("--fact", type=Path, default=REPO / ".device" / "fact", help="the fact binary")
     ap.add_argument("--fact-args", default="", help="extra arguments for fact compose, e.g. '--jobs 16'")
     ap.add_argument("--budget-s", type=float, default=540, help="seconds for the whole call")
@@ -345,7 +366,7 @@ def main():
         ap.error(f"{args.fact} not found: stage the fact binary or pass --fact")
     env0 = {"gpu": None if args.dry_run else gpu_name(), "commit": fact_commit(args.fact)}
     deadline = Deadline(args.budget_s)
-    for model in models.select(args.models):
+    for model in [resolve(spec) for spec in args.models.split(",")]:
         if deadline.left() <= 0:
             log(f"budget of {args.budget_s:.0f} s spent: {model.name} not started")
             break
