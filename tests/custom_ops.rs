@@ -278,6 +278,39 @@ print("ok")
     assert_eq!(run_python(&script), "ok");
 }
 
+/// A causal mask that three attention calls read, computed from the sizes as Hugging Face's
+/// decoders compute theirs: compiled, Inductor writes it once (fact::attention is tagged
+/// flexible_layout; under torch's default for custom ops, exact strides, it writes this mask
+/// once for each call).
+#[test]
+fn a_compiled_program_computes_a_mask_its_attention_calls_share_once() {
+    let script = format!(
+        r#"{preamble}
+from torch._inductor.utils import run_and_get_code
+B, H, T, D = 2, 4, 5, 8
+def fn(x):
+    q = x.view(B, T, H, D).transpose(1, 2)
+    i = torch.arange(T)
+    pos = i[None, :].expand(B, T)
+    # The packed-sequence check transformers' masks hold: a sequence starts where positions restart.
+    seq = torch.cumsum(torch.diff(pos, dim=-1, prepend=pos[:, :1] - 1) != 1, -1)
+    mask = (i[None, :] <= i[:, None])[None, None] & (seq[:, None, :, None] == seq[:, None, None, :])
+    for _ in range(3):
+        q = torch.ops.fact.attention(q, q, q, mask, None, "sdpa;mask=bool;class=causal;static", "k") + 1
+    return q
+x = torch.randn(B, T, H * D)
+got, code = run_and_get_code(torch.compile(fn, fullgraph=True), x)
+assert code[0].count("torch.ops.fact.attention.default(") == 3, code[0]
+masks = [l for l in code[0].splitlines() if "empty_strided_cpu(" in l and "torch.bool" in l]
+assert len(masks) == 1, masks
+assert torch.allclose(got, fn(x), atol=1e-5)
+print("ok")
+"#,
+        preamble = preamble()
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
 /// A module of fact ops (a LayerNorm, sibling linears, a GEMM with an epilogue) exported with
 /// dynamic batch and sequence dims holds them as calls, saves, loads and runs as the module does
 /// at other sizes; AOTInductor packages it and its runner calls them through the dispatcher.

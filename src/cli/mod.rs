@@ -30,7 +30,7 @@ use tables::{knowledge_command, table_command, KnowledgeCommand, TableCommand};
 #[command(
     name = "fact",
     version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FACT_COMMIT"), ")"),
-    about = "Makes TorchScript models faster with tuned CUTLASS kernels"
+    about = "Makes PyTorch models (TorchScript archives and torch.export programs) faster with tuned CUTLASS kernels"
 )]
 struct Cli {
     #[command(subcommand)]

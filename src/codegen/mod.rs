@@ -180,6 +180,11 @@ pub struct OpDef {
     pub schema: &'static str,
     pub function: &'static str,
     pub meta: Option<&'static str>,
+    /// Tagged `flexible_layout`: torch.compile and AOTInductor may hand the op its inputs in any
+    /// layout (it reads any strides, copying where a kernel cannot). Under torch's default for
+    /// custom ops (exact strides) Inductor copies a tensor it computes into a buffer of its own for
+    /// each op that reads it: a causal mask every attention call reads is written once a layer.
+    pub flexible_layout: bool,
 }
 
 /// A kind's section of the torch op library: `prelude` before the library's anonymous namespace
@@ -212,12 +217,14 @@ pub const FRAME_OPS: &[OpDef] = &[
         schema: "memo_get(int site, Tensor[] shapes, Tensor[] state) -> Tensor[]",
         function: "memo_get",
         meta: None,
+        flexible_layout: false,
     },
     OpDef {
         name: "memo_put",
         schema: "memo_put(int site, Tensor[] shapes, Tensor[] state, Tensor[] values) -> Tensor[]",
         function: "memo_put",
         meta: None,
+        flexible_layout: false,
     },
 ];
 
@@ -264,7 +271,14 @@ pub fn render_torch_op(
     vars["all"] = json!((1u32 << (switches.len() + 1)) - 1);
     vars["ops"] = json!(ops
         .iter()
-        .map(|o| json!({ "name": o.name, "schema": o.schema, "function": o.function, "meta": o.meta }))
+        .map(|o| {
+            let tags = if o.flexible_layout {
+                "at::Tag::pt2_compliant_tag, at::Tag::flexible_layout"
+            } else {
+                "at::Tag::pt2_compliant_tag"
+            };
+            json!({ "name": o.name, "schema": o.schema, "function": o.function, "meta": o.meta, "tags": tags })
+        })
         .collect::<Vec<_>>());
     vars["sections"] = json!(sections
         .iter()

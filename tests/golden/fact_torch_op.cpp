@@ -3183,7 +3183,7 @@ constexpr char k_linears4[] = "fact::linears4";
 // A fragment that defines the schemas only where they are missing: the fact CLI defines them
 // before it saves a rewritten graph, and may load this library into the same process afterwards.
 // An op with a meta function is tagged pt2_compliant (torch.library.opcheck passes on it, as
-// torch.library.custom_op's are).
+// torch.library.custom_op's are); one that reads any layout, flexible_layout as well.
 TORCH_LIBRARY_FRAGMENT(fact, m) {
   if (!c10::Dispatcher::singleton().findSchema({"fact::gemm", ""}).has_value()) {
     m.def("gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -3192,7 +3192,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
     m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::attention", ""}).has_value()) {
-    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None, Tensor? plus=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+    m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None, Tensor? plus=None) -> Tensor", {at::Tag::pt2_compliant_tag, at::Tag::flexible_layout});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::layernorm", ""}).has_value()) {
     m.def("layernorm(Tensor x, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});

@@ -252,6 +252,7 @@ impl TypedKind for Attention {
             schema: ATTENTION_OP_SCHEMA,
             function: "attention",
             meta: Some("attention_meta"),
+            flexible_layout: true,
         }]
     }
     fn op_code(&self, arch: Arch) -> OpCode {

@@ -307,6 +307,7 @@ impl TypedKind for Conv {
             schema: CONV_OP_SCHEMA,
             function: "conv",
             meta: Some("conv_meta"),
+            flexible_layout: false,
         }]
     }
     fn op_code(&self, arch: Arch) -> OpCode {

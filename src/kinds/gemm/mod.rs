@@ -335,12 +335,14 @@ impl TypedKind for Gemm {
                 schema: GEMM_OP_SCHEMA,
                 function: "gemm",
                 meta: Some("gemm_meta"),
+                flexible_layout: false,
             },
             OpDef {
                 name: "gemm_ep",
                 schema: GEMM_EP_OP_SCHEMA,
                 function: "gemm_ep",
                 meta: Some("gemm_ep_meta"),
+                flexible_layout: false,
             },
         ]
     }

@@ -268,6 +268,7 @@ impl TypedKind for Glu {
             schema: GLU_OP_SCHEMA,
             function: "glu",
             meta: Some("glu_meta"),
+            flexible_layout: false,
         }]
     }
     fn op_code(&self, arch: Arch) -> OpCode {

@@ -194,6 +194,7 @@ impl TypedKind for Grn {
             schema: GRN_OP_SCHEMA,
             function: "grn",
             meta: Some("grn_meta"),
+            flexible_layout: false,
         }]
     }
     fn op_code(&self, arch: Arch) -> OpCode {

@@ -210,24 +210,28 @@ impl TypedKind for LayerNorm {
                 schema: LAYERNORM_OP_SCHEMA,
                 function: "layernorm",
                 meta: Some("layernorm_meta"),
+                flexible_layout: false,
             },
             OpDef {
                 name: "layernorm_written",
                 schema: LAYERNORM_WRITTEN_OP_SCHEMA,
                 function: "layernorm_written",
                 meta: Some("layernorm_written_meta"),
+                flexible_layout: false,
             },
             OpDef {
                 name: "layernorm_add",
                 schema: LAYERNORM_ADD_OP_SCHEMA,
                 function: "layernorm_add",
                 meta: Some("layernorm_add_meta"),
+                flexible_layout: false,
             },
             OpDef {
                 name: "layernorm_add_sum",
                 schema: LAYERNORM_ADD_SUM_OP_SCHEMA,
                 function: "layernorm_add_sum",
                 meta: Some("layernorm_add_sum_meta"),
+                flexible_layout: false,
             },
         ]
     }

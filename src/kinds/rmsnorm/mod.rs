@@ -205,18 +205,21 @@ impl TypedKind for RmsNorm {
                 schema: RMSNORM_OP_SCHEMA,
                 function: "rmsnorm",
                 meta: Some("rmsnorm_meta"),
+                flexible_layout: false,
             },
             OpDef {
                 name: "rmsnorm_add",
                 schema: RMSNORM_ADD_OP_SCHEMA,
                 function: "rmsnorm_add",
                 meta: Some("rmsnorm_add_meta"),
+                flexible_layout: false,
             },
             OpDef {
                 name: "rmsnorm_add_sum",
                 schema: RMSNORM_ADD_SUM_OP_SCHEMA,
                 function: "rmsnorm_add_sum",
                 meta: Some("rmsnorm_add_sum_meta"),
+                flexible_layout: false,
             },
         ]
     }

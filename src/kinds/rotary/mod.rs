@@ -191,12 +191,14 @@ impl TypedKind for Rotary {
                 schema: ROTARY_OP_SCHEMA,
                 function: "rotary",
                 meta: Some("rotary_meta"),
+                flexible_layout: false,
             },
             OpDef {
                 name: "rotary_qk",
                 schema: ROTARY_QK_OP_SCHEMA,
                 function: "rotary_qk",
                 meta: Some("rotary_qk_meta"),
+                flexible_layout: false,
             },
         ]
     }

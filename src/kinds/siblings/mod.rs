@@ -46,18 +46,21 @@ const OPS: [OpDef; 3] = [
         schema: "linears2(Tensor x, Tensor w, Tensor? b, int n0, int n1, str kernel) -> (Tensor, Tensor)",
         function: "linears2",
         meta: Some("linears2_meta"),
+        flexible_layout: false,
     },
     OpDef {
         name: "linears3",
         schema: "linears3(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, str kernel) -> (Tensor, Tensor, Tensor)",
         function: "linears3",
         meta: Some("linears3_meta"),
+        flexible_layout: false,
     },
     OpDef {
         name: "linears4",
         schema: "linears4(Tensor x, Tensor w, Tensor? b, int n0, int n1, int n2, int n3, str kernel) -> (Tensor, Tensor, Tensor, Tensor)",
         function: "linears4",
         meta: Some("linears4_meta"),
+        flexible_layout: false,
     },
 ];
 
