@@ -184,6 +184,8 @@ pub struct OpDef {
     /// layout (it reads any strides, copying where a kernel cannot). Under torch's default for
     /// custom ops (exact strides) Inductor copies a tensor it computes into a buffer of its own for
     /// each op that reads it: a causal mask every attention call reads is written once a layer.
+    /// Only for an op whose outputs' layout does not follow its inputs' strides: Inductor lays
+    /// the outputs out from the graph's example inputs, not from the layouts it chooses.
     pub flexible_layout: bool,
 }
 
