@@ -240,7 +240,7 @@ def run_model(args, model, deadline, env0):
         write_json(out / "compose" / f"{name}.meta.json", meta)
 
     def child(kind, extra, timeout, log_name):
-        cmd = [sys.executable, str(Path(__file__).resolve()), str(out), "--child", kind, name] + extra
+        cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(out), "--child", kind, name] + extra
         rc, _ = run_logged(cmd, out / "logs" / log_name, deadline.timeout(timeout))
         return rc
 

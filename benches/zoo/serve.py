@@ -223,6 +223,7 @@ def measure_child(out, name, aoti, zoo_modes, deadline):
     torch.set_float32_matmul_precision("high")
 
     def stage(key, fn):
+        log(name, key)
         try:
             fn()
         except Exception as e:  # noqa: BLE001 -- recorded; the other stages run
@@ -394,7 +395,7 @@ def serving_grid(out, model, rec, sides, deadline):
             if not left:
                 break
             arg = ",".join(f"{b}x{t}" if t else f"{b}" for b, t in left)
-            cmd = [sys.executable, str(Path(__file__).resolve()), str(out), "--grid-child", name, side, arg,
+            cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(out), "--grid-child", name, side, arg,
                    "--budget-s", str(max(10, deadline - time.monotonic()))]
             with open(out / "logs" / f"{name}.grid.{side}.log", "a") as f:
                 p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(30, deadline - time.monotonic() + 30))
@@ -478,7 +479,7 @@ def main():
             # packages about 1.5 and 4 minutes.
             if args.grid:
                 serving_grid(args.out, model, rec, ("fact",), deadline - (0 if args.no_zoo_modes else 90) - (240 if args.aoti else 0))
-            cmd = [sys.executable, str(Path(__file__).resolve()), str(args.out), "--child", model.name,
+            cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(args.out), "--child", model.name,
                    "--budget-s", str(max(30, deadline - time.monotonic()))] + (["--aoti"] if args.aoti else []) + (["--no-zoo-modes"] if args.no_zoo_modes else [])
             with open(args.out / "logs" / f"{model.name}.measure.log", "w") as f:
                 p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(60, deadline - time.monotonic() + 30))
