@@ -205,7 +205,8 @@ print("ok")
 
 /// Every zoo program composed with each of its patterns replaced (kernel "a", which the library
 /// does not hold, so every call takes its fallback) loads with torch.export.load and computes
-/// the original program's output on the CPU, a text program's at its sample's length and at 37.
+/// the original program's output on the CPU, a text program's at its sample's length and at 37;
+/// the programs of every attention form also under torch.compile.
 #[test]
 fn zoo_programs_composed_compute_the_originals_on_the_cpu() {
     let tc = fact::nvcc::Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
@@ -270,6 +271,7 @@ fn zoo_programs_composed_compute_the_originals_on_the_cpu() {
 import torch
 torch.ops.load_library({lib:?})
 bad = []
+COMPILED = {{"gpt2", "llama", "gptj", "falcon", "gpt_neo", "codegen", "bert", "t5_encoder", "mpnet", "mpt", "beit", "swin_t"}}
 for name, orig, composed, calls in [{cases}]:
     ep = torch.export.load(composed)
     got = sum(1 for n in ep.graph.nodes if n.op == "call_function" and str(n.target).startswith("fact."))
@@ -283,6 +285,13 @@ for name, orig, composed, calls in [{cases}]:
     err = ((have.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
     if not err <= 1e-5:
         bad.append(f"{{name}}: relative error {{err}}")
+    # Under torch.compile, where Inductor lays out what it hands fact's ops (each attention form).
+    if name in COMPILED:
+        with torch.no_grad():
+            compiled = torch.compile(ep.module())(*args, **kwargs)
+        err = ((compiled.double() - have.double()).norm() / have.double().norm().clamp_min(1e-30)).item()
+        if not err <= 1e-5:
+            bad.append(f"{{name}}: relative error {{err}} under torch.compile")
     # A text program's sequence is dynamic: at an odd length too, where the original runs there.
     if args and all(a.dim() == 2 and a.shape[1] > 37 for a in args):
         short = tuple(a[:, :37] for a in args)
