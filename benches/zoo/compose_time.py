@@ -108,10 +108,7 @@ def resolve(spec):
     import dataclasses
 
     name, _, shape = spec.partition("@")
-    known = models.by_name()
-    if name not in known:
-        raise SystemExit(f"unknown zoo model {name!r}: the zoo has {', '.join(known)}")
-    model = known[name]
+    model = models.select(name)[0]
     if not shape:
         return model
     batch, _, seq = shape.partition("x")
