@@ -64,8 +64,9 @@ def write_json(path, obj):
 def run_logged(cmd, log_path, timeout_s, stdout_path=None, env=None):
     """Runs cmd from the repo root in a process group of its own, in `env` (None: this process's
     environment), its output in log_path (stdout apart in stdout_path when given). Returns (exit
-    code, or None when it ran past timeout_s; seconds). The group is killed when the command overruns or this process is stopped while
-    waiting (SIGINT, or SIGTERM through the caller's handler)."""
+    code, or None when it ran past timeout_s; seconds). The group is killed when the command
+    overruns or this process is interrupted while waiting (SIGINT, or SIGTERM through the caller's
+    handler)."""
     with open(log_path, "w") as out:
         out.write(f"$ {shlex.join(cmd)}\n")
         out.flush()
