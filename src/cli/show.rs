@@ -145,7 +145,7 @@ fn print_phases(r: &ComposeReport, out_dir: &Path) {
     }
     if r.phase == compose::Phase::Quick && r.sweeps_left > 0 {
         println!(
-            "  quick: {} sweep(s) left; `fact tune {}` runs them and rewrites what they change",
+            "  quick: {} problem(s) left to the full phase (sweeps, winners measured on another GPU); `fact tune {}` runs it and rewrites what it changes",
             r.sweeps_left,
             out_dir.display()
         );

@@ -282,7 +282,7 @@ impl Realization {
                     if *reverified {
                         ", re-verified"
                     } else {
-                        ", unverified"
+                        ", not yet timed here"
                     }
                 )
             }
@@ -370,7 +370,8 @@ pub struct ComposeReport {
     /// The phase the output is of: quick where sweeps were left for `fact tune`, full otherwise.
     #[serde(default)]
     pub phase: Phase,
-    /// Distinct problems whose sweep the quick phase cut short and no full phase ran yet.
+    /// Distinct problems the quick phase left to a full one that has not run yet: sweeps it cut
+    /// short, and table winners measured on another GPU that it took without timing them here.
     #[serde(default)]
     pub sweeps_left: usize,
     /// Each phase run for this output, in order: what it took.
@@ -723,7 +724,7 @@ struct Realizations {
     /// The winners substituted, by name.
     winners: BTreeMap<String, Spec>,
     compile_failures: Vec<CompileFailure>,
-    /// Distinct problems the phase left to a full sweep (`Realized::cut`).
+    /// Distinct problems the phase left to a full one (`Realized::cut`).
     left: usize,
     /// Distinct problems it swept.
     swept: usize,
@@ -1050,7 +1051,7 @@ pub fn compose(
         phase_line(
             opts,
             format_args!(
-                "phase 1 of 2 done in {:.0} s ({written}); --quick: {} sweep(s) left, `fact tune {}` runs them",
+                "phase 1 of 2 done in {:.0} s ({written}); --quick: {} problem(s) left to the full phase, `fact tune {}` runs it",
                 report.seconds,
                 r.left,
                 opts.out_dir.display()
@@ -1062,7 +1063,13 @@ pub fn compose(
         opts,
         format_args!("phase 1 of 2 done in {:.0} s ({written})", report.seconds),
     );
-    full_phase(&front, opts, report, r.left, start)
+    // The full phase counts down its sweeps; what else the quick phase left (winners measured on
+    // another GPU, timed here) takes seconds.
+    let sweeps = {
+        let tables = realize::lock(&front.tables);
+        realize::sweeps_left(front.cx(opts, false), &tables, &front.problems)
+    };
+    full_phase(&front, opts, report, sweeps, start)
 }
 
 /// `fact tune DIR`: the full phase over an output a quick compose wrote (`before`, its
@@ -1694,6 +1701,91 @@ mod tests {
         for slot in again.done.values() {
             assert!(!slot.realized.cut);
             assert!(matches!(slot.realized.how, Realization::Hit { .. }));
+        }
+    }
+
+    /// The user table's runs as measured on `device` with CUTLASS `cutlass` (another GPU's table).
+    fn measured_elsewhere(bed: &Bed, device: &str, cutlass: &str) {
+        let mut table = bed.user_table();
+        for e in &mut table.entries {
+            for r in &mut e.runs {
+                r.provenance.device.name = device.into();
+                r.provenance.cutlass = cutlass.into();
+            }
+        }
+        table.save(&bed.opts.user_table).unwrap();
+    }
+
+    /// A quick phase over winners measured on another GPU model with this CUTLASS takes them as
+    /// they stand, timing nothing here, and leaves each to the full phase, which times the
+    /// leading kernels here before use.
+    #[test]
+    fn a_quick_phase_takes_another_gpus_winners_as_they_stand_and_the_full_phase_times_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let bed = Bed::new(dir.path(), &[1000, 2000]);
+        let full = bed.phase(false, &Recorder::default());
+        bed.timed();
+        let winners: Vec<String> = sorted(
+            full.done
+                .values()
+                .map(|s| s.realized.entry.as_ref().unwrap().winner_spec.name())
+                .collect(),
+        );
+        let cutlass = bed.tc.cutlass_version();
+        measured_elsewhere(&bed, "H200", &cutlass);
+
+        let compiler = Recorder::default();
+        let quick = bed.phase(true, &compiler);
+        let calls = compiler.take();
+        assert_eq!(calls.len(), 1, "one batch: {calls:?}");
+        assert_eq!(sorted(calls[0].1.clone()), winners, "the winners alone");
+        assert!(bed.timed().is_empty(), "nothing timed in the quick phase");
+        for slot in quick.done.values() {
+            assert!(slot.realized.cut, "left to the full phase");
+            match &slot.realized.how {
+                Realization::Hit {
+                    measured_on: Some(on),
+                    reverified: false,
+                    ..
+                } => assert!(on.starts_with("H200"), "{on}"),
+                other => panic!("{other:?}"),
+            }
+        }
+
+        let again = bed.phase(false, &Recorder::default());
+        assert!(!bed.timed().is_empty(), "the full phase times them here");
+        for slot in again.done.values() {
+            assert!(!slot.realized.cut);
+            assert!(matches!(
+                slot.realized.how,
+                Realization::Hit {
+                    reverified: true,
+                    ..
+                }
+            ));
+        }
+    }
+
+    /// A winner measured with another CUTLASS is no kernel this compose has checked: the quick
+    /// phase times its leading kernels here as a full one would.
+    #[test]
+    fn a_quick_phase_times_winners_of_another_cutlass_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let bed = Bed::new(dir.path(), &[1000]);
+        bed.phase(false, &Recorder::default());
+        bed.timed();
+        measured_elsewhere(&bed, "H100", "0.0.1");
+        let quick = bed.phase(true, &Recorder::default());
+        assert!(!bed.timed().is_empty());
+        for slot in quick.done.values() {
+            assert!(!slot.realized.cut);
+            assert!(matches!(
+                slot.realized.how,
+                Realization::Hit {
+                    reverified: true,
+                    ..
+                }
+            ));
         }
     }
 

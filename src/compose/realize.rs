@@ -207,6 +207,33 @@ fn to_time_here(here: Option<&Provenance>, entry: &Entry) -> Option<(String, Vec
     ))
 }
 
+/// Where a quick realization takes an exact hit as it stands, though a full one would time kernels
+/// here first (its leading kernels were measured on another GPU model, or its kind gained a family
+/// since: `has_new_families`): the GPU and CUTLASS its winner was measured with. Only for a winner
+/// measured with this CUTLASS on another GPU of the arch: it passed its fp64 check there and
+/// computes the same here, and what may differ here is its rank, which the full phase settles
+/// (the realization is `cut`). A winner of another CUTLASS is re-verified in the quick phase too.
+fn quick_as_it_stands(
+    cx: RealizeCtx,
+    here: Option<&Provenance>,
+    entry: &Entry,
+    has_new_families: bool,
+) -> Option<String> {
+    let h = here.filter(|_| cx.quick)?;
+    let winner = entry.winner_provenance();
+    if winner.cutlass != h.cutlass {
+        return None;
+    }
+    match to_time_here(here, entry) {
+        Some((on, _)) => Some(on),
+        None if has_new_families => Some(format!(
+            "{} with CUTLASS {}",
+            winner.device.name, winner.cutlass
+        )),
+        None => None,
+    }
+}
+
 /// How many kernels of a family its entry never tried a table hit times (`untried_families`).
 const FAMILY_KERNELS: usize = 4;
 
@@ -479,8 +506,9 @@ pub struct Realized {
     pub how: Realization,
     pub entry: Option<Entry>,
     pub failures: Vec<CompileFailure>,
-    /// A quick realization left the problem's sweep to a full one (`RealizeCtx::quick`): it
-    /// measured a sweep's first candidates alone, or took the entry such a sweep left.
+    /// A quick realization left the problem to a full one (`RealizeCtx::quick`): it measured a
+    /// sweep's first candidates alone, took the entry such a sweep left, or took a winner
+    /// measured on another GPU without timing it here (`quick_as_it_stands`).
     pub cut: bool,
 }
 
@@ -565,6 +593,25 @@ pub fn realize(
     match found {
         Lookup::Exact { mut entry, table } => {
             let new = new_families(cx, here.as_ref(), problem, math, &entry);
+            if let Some(on) = quick_as_it_stands(cx, here.as_ref(), &entry, !new.is_empty()) {
+                nvcc::progress_line(
+                    opts.progress,
+                    format_args!(
+                        "{key}: {} from the {table} table, measured on {on}, taken as it stands; the full phase times its leading kernels here",
+                        entry.winner
+                    ),
+                );
+                return Ok(Realized {
+                    how: Realization::Hit {
+                        table: table.into(),
+                        measured_on: Some(on),
+                        reverified: false,
+                    },
+                    entry: Some(for_here(here.as_ref(), entry)),
+                    failures: vec![],
+                    cut: true,
+                });
+            }
             let mut family_failures = vec![];
             if !new.is_empty() {
                 let families: BTreeSet<String> = new.iter().map(Spec::family).collect();
@@ -910,6 +957,12 @@ pub(super) fn prefetch(
                     continue;
                 }
                 let new = new_families(cx, here.as_ref(), problem, math, &entry);
+                if quick_as_it_stands(cx, here.as_ref(), &entry, !new.is_empty()).is_some() {
+                    // Its winner as `realize` takes it; the leading kernels wait for the full phase.
+                    specs.push(for_here(here.as_ref(), entry).winner_spec);
+                    hits += 1;
+                    continue;
+                }
                 let leading = to_time_here(here.as_ref(), &entry).map(|(_, l)| l);
                 if !new.is_empty() || leading.is_some() {
                     again += 1;
