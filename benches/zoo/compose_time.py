@@ -237,7 +237,8 @@ def run_model(args, model, deadline, env0):
         write_json(out / "compose" / f"{name}.meta.json", meta)
 
     def child(kind, extra, timeout, log_name):
-        cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(out), "--child", kind, name] + extra
+        # The extra positionals go beside OUT: argparse takes every positional at the first one.
+        cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(out)] + extra + ["--child", kind, name]
         rc, _ = run_logged(cmd, out / "logs" / log_name, deadline.timeout(timeout))
         return rc
 

@@ -1766,6 +1766,78 @@ mod tests {
         }
     }
 
+    /// A table hit whose runs on this GPU model rank another kernel first than the entry's
+    /// winner over every GPU's runs: the prefetch batch compiles this model's winner, the one the
+    /// realization takes, so the library build after it finds every kernel compiled.
+    #[test]
+    fn the_prefetch_compiles_the_winner_this_gpu_model_takes() {
+        let dir = tempfile::tempdir().unwrap();
+        let bed = Bed::new(dir.path(), &[1000, 2000]);
+        bed.phase(false, &Recorder::default());
+        bed.timed();
+        // An H200 run of the same kernels, where the H100's winner is slow and its runner-up
+        // fast, so the entry over both runs crowns the runner-up.
+        let mut table = bed.user_table();
+        let mut h100_winners = vec![];
+        for e in &mut table.entries {
+            let h100 = e.runs[0].clone();
+            let mut timed: Vec<(f64, String)> = h100
+                .candidates
+                .iter()
+                .filter_map(|c| Some((c.outcome.median_ms()?, c.kernel.clone())))
+                .collect();
+            timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (winner, second) = (timed[0].1.clone(), timed[1].1.clone());
+            let mut h200 = h100.clone();
+            h200.provenance.device.name = "H200".into();
+            h200.provenance.device.uuid = Some("GPU-H200".into());
+            for c in &mut h200.candidates {
+                if let crate::tune::Outcome::Ok { timing, .. } = &mut c.outcome {
+                    if c.kernel == winner {
+                        timing.median_ms *= 2.0;
+                    } else if c.kernel == second {
+                        timing.median_ms *= 0.5;
+                    }
+                }
+            }
+            e.runs.push(h200);
+            *e = crate::table::Entry::from_runs(e.key.clone(), e.problem.clone(), e.runs.clone())
+                .unwrap();
+            assert_eq!(
+                e.winner, second,
+                "the entry over both runs crowns the runner-up"
+            );
+            h100_winners.push(winner);
+        }
+        table.save(&bed.opts.user_table).unwrap();
+
+        let compiler = Recorder::default();
+        let quick = bed.phase(true, &compiler);
+        let calls = compiler.take();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        let taken: Vec<String> = sorted(
+            quick
+                .done
+                .values()
+                .map(|s| s.realized.entry.as_ref().unwrap().winner_spec.name())
+                .collect(),
+        );
+        assert_eq!(sorted(calls[0].1.clone()), taken);
+        let kernels: Vec<String> = sorted(
+            quick
+                .done
+                .values()
+                .map(|s| s.realized.entry.as_ref().unwrap().winner.clone())
+                .collect(),
+        );
+        assert_eq!(
+            kernels,
+            sorted(h100_winners),
+            "this GPU model's own winners"
+        );
+        assert!(bed.timed().is_empty());
+    }
+
     /// A winner measured with another CUTLASS is no kernel this compose has checked: the quick
     /// phase times its leading kernels here as a full one would.
     #[test]

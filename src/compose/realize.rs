@@ -968,8 +968,11 @@ pub(super) fn prefetch(
                     again += 1;
                 } else {
                     // A winner taken as it stands goes into the library: compiled here with the
-                    // rest rather than alone after them.
-                    specs.push(entry.winner_spec.clone());
+                    // rest rather than alone after them. The one `realize` takes: this GPU
+                    // model's (`for_here`), which another model's runs in the entry may not rank
+                    // first (a Llama-style decoder's library then compiled one unit, 37 s, after
+                    // the batch).
+                    specs.push(for_here(here.as_ref(), entry.clone()).winner_spec);
                     hits += 1;
                 }
                 specs.extend(new);
