@@ -311,9 +311,10 @@ print("ok")
     assert_eq!(run_python(&script), "ok");
 }
 
-/// A module of fact ops (a LayerNorm, sibling linears, a GEMM with an epilogue) exported with
-/// dynamic batch and sequence dims holds them as calls, saves, loads and runs as the module does
-/// at other sizes; AOTInductor packages it and its runner calls them through the dispatcher.
+/// A module of fact ops (a LayerNorm, sibling linears, GEMMs with an epilogue, one reading no
+/// leaves as GPT-2's MLP does) exported with dynamic batch and sequence dims holds them as calls,
+/// saves, loads and runs as the module does at other sizes; AOTInductor packages it and its runner
+/// calls them through the dispatcher (whose proxy executor passes an empty leaf list as None).
 #[test]
 fn an_exported_module_of_fact_ops_saves_loads_runs_and_packages() {
     let dir = tempfile::tempdir().unwrap();
@@ -329,12 +330,13 @@ class M(torch.nn.Module):
         h = torch.ops.fact.layernorm(x, [16], self.g, self.beta, 1e-5, "k")
         y0, y1 = torch.ops.fact.linears2(h, self.w, self.b, 4, 8, "k")
         y = torch.ops.fact.gemm_ep(h, self.w[:8], None, [y1], "linear", "leaves=full;v1=add(v0,l0);v2=gelu(v1)", "k")
-        return y * y0.sum(-1, keepdim=True)
+        z = torch.ops.fact.gemm_ep(h, self.w[:4], None, [], "linear", "leaves=;v1=gelu_tanh(v0)", "k")
+        return y * y0.sum(-1, keepdim=True) + z.sum(-1, keepdim=True)
 m = M().eval()
 x = torch.randn(2, 5, 16)
 program = torch.export.export(m, (x,), dynamic_shapes=({{0: Dim.DYNAMIC, 1: Dim.DYNAMIC}},), strict=False)
 calls = [str(n.target) for n in program.graph.nodes if str(n.target).startswith("fact.")]
-assert calls == ["fact.layernorm.default", "fact.linears2.default", "fact.gemm_ep.default"], calls
+assert calls == ["fact.layernorm.default", "fact.linears2.default", "fact.gemm_ep.default", "fact.gemm_ep.default"], calls
 torch.export.save(program, {saved:?})
 loaded = torch.export.load({saved:?}).module()
 package = torch._inductor.aoti_compile_and_package(program, package_path={package:?})

@@ -1240,9 +1240,12 @@ at::Tensor gemm_ep_fallback(const EpCall& c, const at::Tensor& a, const at::Tens
   return turn(kernel_packed(a, interpret(*c.program, original(a, b, bias, c.o.op), leaves)), c.o.perm);
 }
 
+// `leaves` is optional in the schema only for AOTInductor, whose proxy executor hands an empty
+// tensor list over as None (a program without leaves); None is read as no leaves.
 at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
-                   at::TensorList given, c10::string_view origin, c10::string_view epilogue,
+                   std::optional<at::TensorList> leaves_or_none, c10::string_view origin, c10::string_view epilogue,
                    c10::string_view kernel) {
+  const at::TensorList given = leaves_or_none.value_or(at::TensorList());
   const EpCall c = ep_call(given, origin, epilogue);
   const at::TensorList leaves = c.o.perm.empty() ? given : at::TensorList(c.unturned);
   Launch l;
@@ -1258,8 +1261,9 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
 }
 
 at::Tensor gemm_ep_meta(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
-                        at::TensorList given, c10::string_view origin, c10::string_view epilogue,
-                        c10::string_view kernel) {
+                        std::optional<at::TensorList> leaves_or_none, c10::string_view origin,
+                        c10::string_view epilogue, c10::string_view kernel) {
+  const at::TensorList given = leaves_or_none.value_or(at::TensorList());
   const EpCall c = ep_call(given, origin, epilogue);
   return gemm_ep_fallback(c, a, b, bias, c.o.perm.empty() ? given : at::TensorList(c.unturned));
 }
@@ -3126,6 +3130,7 @@ bool needs_grad(const std::optional<at::Tensor>& t) { return t.has_value() && ne
 bool needs_grad(at::TensorList ts) {
   return std::any_of(ts.begin(), ts.end(), [](const at::Tensor& t) { return needs_grad(t); });
 }
+bool needs_grad(const std::optional<at::TensorList>& ts) { return ts.has_value() && needs_grad(*ts); }
 template <class T>
 bool needs_grad(const T&) {
   return false;
@@ -3189,7 +3194,7 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
     m.def("gemm(Tensor a, Tensor b, Tensor? bias, str origin, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::gemm_ep", ""}).has_value()) {
-    m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
+    m.def("gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[]? leaves, str origin, str epilogue, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::attention", ""}).has_value()) {
     m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor? scale, str form, str kernel, Tensor? cond=None, Tensor? fill=None, Tensor? window=None, Tensor? plus=None) -> Tensor", {at::Tag::pt2_compliant_tag, at::Tag::flexible_layout});

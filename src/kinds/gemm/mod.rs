@@ -50,7 +50,7 @@ pub const GEMM_OP_SCHEMA: &str =
 /// The schema of the fused GEMM + epilogue op: `epilogue` is the program's text
 /// (`epilogue`), run over the GEMM's result and `leaves`.
 pub const GEMM_EP_OP_SCHEMA: &str =
-    "gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[] leaves, str origin, str epilogue, str kernel) -> Tensor";
+    "gemm_ep(Tensor a, Tensor b, Tensor? bias, Tensor[]? leaves, str origin, str epilogue, str kernel) -> Tensor";
 
 /// The GEMM kind.
 pub struct Gemm;
