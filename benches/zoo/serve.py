@@ -467,7 +467,7 @@ def main():
             c = compose_stage(args.out, model, args.fact, args.fact_args.split(), max(60, deadline - time.monotonic()))
             rec["compose_s"] = c["wall_s"]
             comp = {"model": model.name, "policy": "bf16", "gpu": rec["gpu"], "cores": os.cpu_count(), "fact_commit": commit,
-                    "phase": "full", **c}
+                    "phase": "quick" if "--quick" in args.fact_args.split() else "full", **c}
             write_json(args.out / "compose" / f"{model.name}.json", comp)
             write_json(rec_path, rec)
             if c["exit"] != 0:
