@@ -10,7 +10,7 @@ use serde_json::json;
 use sha2::Digest;
 use std::sync::OnceLock;
 
-const DISPATCH: &str = include_str!("../../templates/dispatch.cu.hbs");
+const DISPATCH: &str = include_str!("../../templates/dispatch.cpp.hbs");
 const TORCH_OP: &str = include_str!("../../templates/torch_op.cpp.hbs");
 
 /// The partial the norm kinds' kernels share for the residual add before the norm
@@ -162,7 +162,7 @@ pub fn render_dispatch(entries: &[DispatchEntry]) -> Source {
         )
         .expect("dispatch renders");
     Source {
-        file_name: "fact_dispatch.cu".into(),
+        file_name: "fact_dispatch.cpp".into(),
         text,
     }
 }

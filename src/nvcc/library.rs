@@ -44,7 +44,7 @@ pub struct KernelLibrary {
 
 impl KernelLibrary {
     pub fn open(path: &Path) -> Result<KernelLibrary, String> {
-        // SAFETY: the library is one fact built from templates/dispatch.cu.hbs; its initialisers
+        // SAFETY: the library is one fact built from templates/dispatch.cpp.hbs; its initialisers
         // only register the fact::gemm op with torch.
         let lib = unsafe { libloading::Library::new(path) }
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;

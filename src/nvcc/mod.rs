@@ -717,7 +717,7 @@ pub fn build_library(
         &src_dir,
         cache,
         &dispatch,
-        tc.nvcc_command(arch, &include),
+        tc.host_command(&include),
         "dispatch",
     )?;
 

@@ -1156,7 +1156,7 @@ mod tests {
     #[test]
     fn dispatch_render_is_golden() {
         let d = crate::kinds::render_dispatch(&[spec(true).into(), spec(false).into()]);
-        expect_test::expect_file!["../../../tests/golden/fact_dispatch.cu"].assert_eq(&d.text);
+        expect_test::expect_file!["../../../tests/golden/fact_dispatch.cpp"].assert_eq(&d.text);
     }
 
     #[test]

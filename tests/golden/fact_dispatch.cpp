@@ -1,8 +1,9 @@
-// generated from templates/dispatch.cu.hbs; do not edit
+// generated from templates/dispatch.cpp.hbs; do not edit
 // The dispatch table of one kernel library, looked up by index or name: 2 kernels of every
 // pattern kind, each called with lists of tensors and scalars (include/fact_kernels.h). A GEMM
 // variant is a compiled kernel plus its launch knobs, which the table passes the kernel; several
-// variants may share one kernel.
+// variants may share one kernel. Host code alone: the host compiler builds it, in a fraction of
+// nvcc's time for a unit without device code (every sweep's library has one).
 #include "fact_kernels.h"
 
 #include <cuda_runtime.h>
