@@ -117,6 +117,36 @@ pub fn build_all(
     built
 }
 
+/// The device code entries of every CUDA fat binary in `bytes` (an object or a library), as
+/// (kind, SM version): kind 1 is PTX, 2 a cubin. nvcc compresses their payloads, so the PTX text
+/// itself cannot be searched for; the entry headers say what each holds (fatbin header: magic
+/// 0xBA55ED50, its size at byte 6, the entries' size at 8; an entry: kind at 0, its header size
+/// at 4, its padded payload size at 8, the SM version at 28).
+pub fn fatbin_entries(bytes: &[u8]) -> Vec<(u16, u32)> {
+    let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+    let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
+    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+    let magic = 0xBA55_ED50u32.to_le_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(at) = bytes[i..].windows(4).position(|w| w == magic) {
+        let start = i + at;
+        let body = start + u16_at(start + 6) as usize;
+        let end = (body + u64_at(start + 8) as usize).min(bytes.len());
+        let mut p = body;
+        while p + 32 <= end {
+            out.push((u16_at(p), u32_at(p + 28)));
+            let step = u32_at(p + 4) as usize + u32_at(p + 8) as usize;
+            if step == 0 {
+                break;
+            }
+            p += step;
+        }
+        i = end.max(start + 4);
+    }
+    out
+}
+
 pub fn fact() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fact"));
     c.env("FACT_CACHE_DIR", cache_dir());
