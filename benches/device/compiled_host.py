@@ -4,8 +4,10 @@ program compiled (default, without Inductor's size asserts, reduce-overhead, fre
 if the budget allows, Inductor's C++ wrapper), and torch.compile of the model (default and
 reduce-overhead). For each: the time of one forward from an idle GPU timed in turns
 (harness.time_interleaved: L2 flushed, CUDA events, medians), its host issue time and GPU span
-(harness.cold_call), and its error against the TorchScript copy; for the default compile, the host
-time spent inside fact's ops (each op wrapped with a timer) and the syncs a warm forward makes.
+(harness.cold_call), its error against the TorchScript copy, and for four of them the GPU's
+timeline of a forward (`timeline`: the wait for its first kernel, the gaps between kernels); for
+the default compile, the host time spent inside fact's ops (each op wrapped with a timer) and the
+syncs a warm forward makes.
 
 From the repository root on the GPU machine, after `source .device/env.sh`, on an output composed
 with --torchscript-copy (benches/zoo/serve.py writes one per model under OUT/fact/NAME):
@@ -33,6 +35,47 @@ from harness import cold_call, flush_buffer, rel_err, time_interleaved  # noqa: 
 
 # fact's ops a composed transformer calls, wrapped to time the host inside them.
 OPS = ("gemm", "gemm_ep", "layernorm", "attention", "rmsnorm", "rotary_qk", "glu")
+
+
+def timeline(fn, inputs, flush, iters=5):
+    """The GPU's view of one forward started from an idle GPU, from a profile of CUDA activity
+    alone (no host ops recorded, so the host runs at its own pace): after the L2 flush and a
+    marker kernel, how long the GPU waits for the forward's first kernel (`front_ms`), the idle time between its
+    kernels (`gaps_ms`), its kernels' time (`kernels_ms`) and first start to last end (`span_ms`),
+    medians over `iters` forwards."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flush.zero_()
+            # A marker no forward launches (the forwards' own memsets and fills would pass for
+            # the flush): the GPU's last kernel before the call.
+            torch.cuda._sleep(1000)
+            fn(*inputs)
+            torch.cuda.synchronize()
+    events = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    starts = [i for i, e in enumerate(events) if "spin_kernel" in e.name]
+    rows = []
+    for a, b in zip(starts, starts[1:] + [len(events)]):
+        flush_end = events[a].time_range.end
+        forward = events[a + 1:b]
+        if not forward:
+            continue
+        gaps = sum(max(0, y.time_range.start - x.time_range.end) for x, y in zip(forward, forward[1:]))
+        rows.append({
+            "front_ms": (forward[0].time_range.start - flush_end) / 1e3,
+            "gaps_ms": gaps / 1e3,
+            "kernels_ms": sum(e.time_range.end - e.time_range.start for e in forward) / 1e3,
+            "span_ms": (forward[-1].time_range.end - forward[0].time_range.start) / 1e3,
+            "kernels": len(forward),
+        })
+    return {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]} if rows else {}
 
 
 def main():
@@ -140,6 +183,16 @@ def main():
     res["cold"] = {k: cold_call(f, inputs) for k, f in fns.items()}
     save()
     print("cold", res["cold"], flush=True)
+    res["timeline"] = {}
+    for key in ("fact_ts", "pt2_compile", "pt2_compile_ro", "compile"):
+        if key in fns:
+            try:
+                res["timeline"][key] = timeline(fns[key], inputs, flush)
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                res["errors"]["timeline_" + key] = str(e)[:300]
+    save()
+    print("timeline", res["timeline"], flush=True)
     add("pt2_compile_cpp_wrapper", lambda: torch.compile(load(), options={"cpp_wrapper": True}), share=0.7)
     if "pt2_compile_cpp_wrapper" in fns:
         f = fns["pt2_compile_cpp_wrapper"]
