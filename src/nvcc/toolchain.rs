@@ -193,17 +193,7 @@ impl Toolchain {
     /// compiler with fact's and CUDA's headers. nvcc took 1.9 s for one (its device passes run
     /// on an empty device unit), the host compiler 0.4 s, and each sweep's library has one.
     pub(super) fn host_command(&self, include: &Path) -> Command {
-        let tool = cc::Build::new()
-            .cpp(true)
-            .target("x86_64-unknown-linux-gnu")
-            .host("x86_64-unknown-linux-gnu")
-            .opt_level(2)
-            .debug(false)
-            .cargo_metadata(false)
-            .cargo_warnings(false)
-            .warnings(false)
-            .pic(true)
-            .flag("-std=c++17")
+        let tool = host_build()
             .flag("-DNDEBUG")
             .include(include)
             .include(self.cuda_home.join("include"))
@@ -211,18 +201,9 @@ impl Toolchain {
         tool.to_command()
     }
 
+    /// The host compile of the op library's torch ops: against torch's headers and ABI.
     pub(super) fn cxx_command(&self, include: &Path) -> Command {
-        let tool = cc::Build::new()
-            .cpp(true)
-            .target("x86_64-unknown-linux-gnu")
-            .host("x86_64-unknown-linux-gnu")
-            .opt_level(2)
-            .debug(false)
-            .cargo_metadata(false)
-            .cargo_warnings(false)
-            .warnings(false)
-            .pic(true)
-            .flag("-std=c++17")
+        let tool = host_build()
             .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
             .flag("-DGLOG_USE_GLOG_EXPORT")
             .include(include)
@@ -232,6 +213,23 @@ impl Toolchain {
             .get_compiler();
         tool.to_command()
     }
+}
+
+/// What every host (not nvcc) compile shares: C++17, -O2, position-independent, cc's cargo
+/// output off.
+fn host_build() -> cc::Build {
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .target("x86_64-unknown-linux-gnu")
+        .host("x86_64-unknown-linux-gnu")
+        .opt_level(2)
+        .debug(false)
+        .cargo_metadata(false)
+        .cargo_warnings(false)
+        .warnings(false)
+        .pic(true)
+        .flag("-std=c++17");
+    b
 }
 
 /// The release `nvcc --version` states (its child process: the reason `nvcc_version` keeps it).
