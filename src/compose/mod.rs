@@ -1063,13 +1063,7 @@ pub fn compose(
         opts,
         format_args!("phase 1 of 2 done in {:.0} s ({written})", report.seconds),
     );
-    // The full phase counts down its sweeps; what else the quick phase left (winners measured on
-    // another GPU, timed here) takes seconds.
-    let sweeps = {
-        let tables = realize::lock(&front.tables);
-        realize::sweeps_left(front.cx(opts, false), &tables, &front.problems)
-    };
-    full_phase(&front, opts, report, sweeps, start)
+    full_phase(&front, opts, report, start)
 }
 
 /// `fact tune DIR`: the full phase over an output a quick compose wrote (`before`, its
@@ -1096,24 +1090,24 @@ pub fn tune(before: ComposeReport, opts: &Options) -> Result<ComposeReport, Comp
             ),
         );
     }
-    let left = {
-        let tables = realize::lock(&front.tables);
-        realize::sweeps_left(front.cx(opts, false), &tables, &front.problems)
-    };
-    full_phase(&front, opts, before, left, start)
+    full_phase(&front, opts, before, start)
 }
 
 /// The full phase after `before` (the quick phase's report, or compose.json of a quick compose
-/// for `fact tune`), `left` sweeps to run: every pattern realized in full, the outputs rewritten
-/// only where a winner changed (else left as they are, byte for byte), compose.json saying what
-/// changed and what each phase took.
+/// for `fact tune`): every pattern realized in full, the outputs rewritten only where a winner
+/// changed (else left as they are, byte for byte), compose.json saying what changed and what each
+/// phase took. Its countdown counts the sweeps left (`realize::sweeps_left`); what else the quick
+/// phase left (winners measured on another GPU, timed here) takes seconds.
 fn full_phase(
     front: &Front,
     opts: &Options,
     before: ComposeReport,
-    left: usize,
     start: std::time::Instant,
 ) -> Result<ComposeReport, ComposeError> {
+    let left = {
+        let tables = realize::lock(&front.tables);
+        realize::sweeps_left(front.cx(opts, false), &tables, &front.problems)
+    };
     phase_line(
         opts,
         format_args!("phase 2 of 2: the full sweeps, {left} sweep(s) left"),
@@ -1490,6 +1484,17 @@ mod tests {
         v
     }
 
+    /// The spec names of the winners a phase's realizations took, sorted.
+    fn winner_specs(phase: &schedule::AllRealized) -> Vec<String> {
+        sorted(
+            phase
+                .done
+                .values()
+                .map(|s| s.realized.entry.as_ref().unwrap().winner_spec.name())
+                .collect(),
+        )
+    }
+
     fn kernels(flops: &[u64], first: std::ops::Range<usize>) -> Vec<String> {
         sorted(
             flops
@@ -1676,12 +1681,7 @@ mod tests {
         bed.phase(true, &Recorder::default());
         let full = bed.phase(false, &Recorder::default());
         bed.timed();
-        let winners: Vec<String> = sorted(
-            full.done
-                .values()
-                .map(|s| s.realized.entry.as_ref().unwrap().winner_spec.name())
-                .collect(),
-        );
+        let winners = winner_specs(&full);
         let compiler = Recorder::default();
         let again = bed.phase(true, &compiler);
         let calls = compiler.take();
@@ -1725,12 +1725,7 @@ mod tests {
         let bed = Bed::new(dir.path(), &[1000, 2000]);
         let full = bed.phase(false, &Recorder::default());
         bed.timed();
-        let winners: Vec<String> = sorted(
-            full.done
-                .values()
-                .map(|s| s.realized.entry.as_ref().unwrap().winner_spec.name())
-                .collect(),
-        );
+        let winners = winner_specs(&full);
         let cutlass = bed.tc.cutlass_version();
         measured_elsewhere(&bed, "H200", &cutlass);
 
@@ -1815,13 +1810,7 @@ mod tests {
         let quick = bed.phase(true, &compiler);
         let calls = compiler.take();
         assert_eq!(calls.len(), 1, "{calls:?}");
-        let taken: Vec<String> = sorted(
-            quick
-                .done
-                .values()
-                .map(|s| s.realized.entry.as_ref().unwrap().winner_spec.name())
-                .collect(),
-        );
+        let taken = winner_specs(&quick);
         assert_eq!(sorted(calls[0].1.clone()), taken);
         let kernels: Vec<String> = sorted(
             quick

@@ -957,26 +957,24 @@ pub(super) fn prefetch(
                     continue;
                 }
                 let new = new_families(cx, here.as_ref(), problem, math, &entry);
-                if quick_as_it_stands(cx, here.as_ref(), &entry, !new.is_empty()).is_some() {
-                    // Its winner as `realize` takes it; the leading kernels wait for the full phase.
-                    specs.push(for_here(here.as_ref(), entry).winner_spec);
-                    hits += 1;
-                    continue;
-                }
+                // A quick realization takes another GPU model's winner as it stands; the leading
+                // kernels wait for the full phase.
+                let timed_later =
+                    quick_as_it_stands(cx, here.as_ref(), &entry, !new.is_empty()).is_some();
                 let leading = to_time_here(here.as_ref(), &entry).map(|(_, l)| l);
-                if !new.is_empty() || leading.is_some() {
+                if !timed_later && (!new.is_empty() || leading.is_some()) {
                     again += 1;
+                    specs.extend(new);
+                    specs.extend(leading.unwrap_or_default());
                 } else {
                     // A winner taken as it stands goes into the library: compiled here with the
                     // rest rather than alone after them. The one `realize` takes: this GPU
                     // model's (`for_here`), which another model's runs in the entry may not rank
                     // first (a Llama-style decoder's library then compiled one unit, 37 s, after
                     // the batch).
-                    specs.push(for_here(here.as_ref(), entry.clone()).winner_spec);
+                    specs.push(for_here(here.as_ref(), entry).winner_spec);
                     hits += 1;
                 }
-                specs.extend(new);
-                specs.extend(leading.unwrap_or_default());
                 continue;
             }
             Lookup::Bucket { entry, .. } => {
