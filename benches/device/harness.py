@@ -74,7 +74,7 @@ def run_logged(cmd, log_path, timeout_s, stdout_path=None, env=None):
         start = time.monotonic()
         try:
             proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=stdout,
-                                    stderr=subprocess.STDOUT if stdout is out else out, start_new_session=True)
+                                    stderr=subprocess.STDOUT if stdout is out else out, process_group=0)
             try:
                 rc = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

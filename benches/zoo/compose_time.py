@@ -181,7 +181,7 @@ def compose_streaming(cmd, env, log_path, stdout_path, timeout_s, on_line):
         log_file.write(f"$ {shlex.join(cmd)}\n")
         log_file.flush()
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+                                process_group=0)
 
         def pump():
             for line in proc.stderr:
