@@ -525,6 +525,39 @@ print("ok")
     );
 }
 
+/// fact.load_library registers the library's ops with Inductor, so that compiling a program
+/// never takes Inductor's implicit fallback for them: that path formats the call's arguments (IR
+/// trees, here a deep chain of pointwise ops) into a log line whatever the log level, which took
+/// minutes on a composed Qwen2. The memo ops, traced through before Inductor, are left alone.
+#[test]
+fn the_python_package_registers_the_ops_with_inductor() {
+    let script = format!(
+        r#"import torch, fact
+import torch._inductor.exc as exc
+from torch._inductor.lowering import lowerings
+fact.load_library({lib:?})
+fact.load_library({lib:?})  # once is enough; a second call changes nothing
+assert torch.ops.fact.gemm.default in lowerings and torch.ops.fact.memo_get.default not in lowerings
+def implicit(target, args, kwargs):
+    raise AssertionError(f"Inductor took its implicit fallback for {{target}}")
+exc.OperatorIssue.operator_str = staticmethod(implicit)
+torch._inductor.config.fx_graph_cache = False
+torch._functorch.config.enable_autograd_cache = False
+def fn(x, w, b):
+    for _ in range(30):
+        x = torch.sin(x) * 0.9 + 0.1
+    return torch.ops.fact.gemm(x, w, b, "linear", "k")
+x, w, b = torch.randn(2, 5, 16), torch.randn(8, 16), torch.randn(8)
+with torch.no_grad():
+    assert torch.allclose(torch.compile(fn, fullgraph=True)(x, w, b), fn(x, w, b), atol=1e-5)
+print("ok")
+"#,
+        lib = op_library().display().to_string()
+    );
+    let (ok, stdout, stderr) = run_python_env(&script, &[]);
+    assert!(ok && stdout.trim() == "ok", "{stdout}\n{stderr}");
+}
+
 /// fact.load of a folder without an op library or without a composed program says what is
 /// missing; the package's CLI is FACT_BIN where set.
 #[test]

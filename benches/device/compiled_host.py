@@ -93,7 +93,7 @@ def main():
         args.out.write_text(json.dumps(res, indent=1))
 
     torch.set_grad_enabled(False)
-    torch.ops.load_library(str(d / "libfact_ops.so"))
+    serve.fact.load_library(d / "libfact_ops.so")
     m = models.by_name()[args.model]
     inputs = serve.inputs_at(m, m.batch, m.seq, models.SEED)
     res["shape"] = [m.batch, m.seq]

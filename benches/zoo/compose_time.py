@@ -63,6 +63,8 @@ import models
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benches" / "device"))
+sys.path.insert(0, str(REPO / "python"))
+import fact  # noqa: E402 -- fact's Python package: its load_library readies the ops for Inductor too
 from harness import FACT_PRECISION, log, run_logged, write_json  # noqa: E402 -- the shared harness
 
 POLICY = "bf16"
@@ -149,6 +151,8 @@ def child_measure(out, name, folder):
     import torch
 
     sys.path.insert(0, str(REPO / "benches" / "device"))
+sys.path.insert(0, str(REPO / "python"))
+import fact  # noqa: E402 -- fact's Python package: its load_library readies the ops for Inductor too
     from harness import compile_timed, flush_buffer, time_interleaved
 
     model = resolve(name)
@@ -158,7 +162,7 @@ def child_measure(out, name, folder):
     wrapper = models.build(model, ci=False, device="cuda", dtype=torch.bfloat16)
     inputs = inputs_for(model, False, "cuda")
     with torch.no_grad():
-        torch.ops.load_library(str(folder / "libfact_ops.so"))
+        fact.load_library(folder / "libfact_ops.so")
         fact_module = torch.export.load(str(folder / "composed.pt2")).module()
         fact_module(*inputs)
         compiled, res["compile_s"] = compile_timed(wrapper, inputs)

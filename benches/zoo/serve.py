@@ -45,6 +45,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "device"))
+# fact's Python package (python/fact): its load_library readies the ops for Inductor too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+import fact  # noqa: E402
 import models  # noqa: E402
 from harness import ITERATIONS, VERIFY_INPUTS, flush_buffer, rel_err, time_interleaved, write_json  # noqa: E402
 
@@ -151,7 +154,7 @@ class Library:
     """The composed program's op library: its call counters through ctypes."""
 
     def __init__(self, path):
-        torch.ops.load_library(str(path))
+        fact.load_library(path)
         self.so = ctypes.CDLL(str(path))
         self.so.fact_op_stats.restype = ctypes.c_char_p
 
@@ -293,7 +296,7 @@ def measure_child(out, name, aoti, zoo_modes, deadline):
                                 f"-L{t}/lib", f"-Wl,-rpath,{t}/lib", "-ltorch", "-ltorch_cpu", "-ltorch_cuda", "-lc10", "-ldl",
                                 "-o", str(exe)], check=True, timeout=240)
                 run = subprocess.run([str(exe), str(d / "libfact_ops.so"), str(out / "work" / f"{name}_aoti.pt2"), str(model.batch),
-                                      str(model.seq or 1)], capture_output=True, text=True, timeout=120)
+                                      str(model.seq or 1), str(model.vocab)] + (["mask"] if model.padding_mask else []), capture_output=True, text=True, timeout=120)
                 rec["aoti_cpp"] = (run.stdout + run.stderr).strip()[:300]
                 if run.returncode != 0:
                     raise RuntimeError(f"examples/aoti_run exited with {run.returncode}: {rec['aoti_cpp']}")

@@ -5,6 +5,11 @@
     out = model(ids)
     fact.stats("fact-out/GPT2LMHeadModel")  # which kernels ran, which calls fell back
 
+A composed program written elsewhere loads with `fact.load(folder)`, or `fact.load_library(lib)`
+then `torch.export.load("composed.pt2").module()`. Load the op library through this package rather
+than with `torch.ops.load_library` alone when the program goes to torch.compile or AOTInductor:
+it also registers fact's ops with Inductor (`load_library` says why).
+
 `compose` exports the module with torch.export, saves the program as `model.pt2` in the output
 folder, runs the fact CLI on it (`fact compose model.pt2 --out OUT`), printing its progress and
 errors as the CLI prints them, and returns the composed program `load` reads back from the
@@ -24,7 +29,7 @@ import sys
 import threading
 from pathlib import Path
 
-__all__ = ["ComposeError", "cli", "compose", "load", "stats"]
+__all__ = ["ComposeError", "cli", "compose", "load", "load_library", "stats"]
 
 _REPO = Path(__file__).resolve().parents[2]
 # Op libraries this process loaded, by resolved path: torch registers a library's ops once.
@@ -144,15 +149,44 @@ def _library(out_or_lib):
     return path / "libfact_ops.so" if path.is_dir() else path
 
 
-def _load_library(lib):
+def load_library(lib):
+    """Loads an op library (`libfact_ops.so`, or the output folder holding it) into this process
+    once, and registers its ops with Inductor as extern calls, each with the layout constraint its
+    tags give: what Inductor itself does for a custom op it has no lowering for, on the first call
+    it lowers. Inductor's own path formats that call's arguments into a log line whether or not the
+    log is on, and the arguments of an op deep in a program are IR trees whose text grows with the
+    program: compiling Qwen2's composed program (bf16, H200) spent minutes there."""
     import torch
 
+    lib = _library(lib)
     key = str(lib.resolve())
     if key not in _LOADED:
         if not lib.is_file():
             raise FileNotFoundError(f"no op library at {lib}: compose writes libfact_ops.so into its output folder")
         torch.ops.load_library(key)
         _LOADED.add(key)
+    _register_with_inductor()
+
+
+def _register_with_inductor():
+    import torch
+
+    try:
+        from torch._inductor.lowering import lowerings, make_fallback, tag_to_layout_constraint
+        from torch._library.utils import get_layout_constraint_tag
+    except ImportError:  # a torch without these: Inductor registers the ops itself, as it lowers them
+        return
+    for name in torch._C._dispatch_get_all_op_names():
+        # The memo ops have no Meta kernel: they are CompositeImplicitAutograd, traced through
+        # before Inductor sees the graph.
+        if not name.startswith("fact::") or not torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta"):
+            continue
+        packet = getattr(torch.ops.fact, name.split("::", 1)[1])
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            if op not in lowerings:
+                constraint = tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+                make_fallback(op, layout_constraint=constraint, warn=False)
 
 
 def load(out):
@@ -162,7 +196,7 @@ def load(out):
     import torch
 
     out = Path(out)
-    _load_library(out / "libfact_ops.so")
+    load_library(out / "libfact_ops.so")
     if (out / "composed.pt2").is_file():
         return torch.export.load(str(out / "composed.pt2")).module()
     if (out / "composed.pt").is_file():
@@ -175,7 +209,7 @@ def stats(out_or_lib):
     `{kernel: {"ran": n, "copied": n, "fell_back": n, "why": "..."}}`: the calls of this process
     since the library was loaded. Loads the library if this process has not."""
     lib = _library(out_or_lib)
-    _load_library(lib)
+    load_library(lib)
     so = ctypes.CDLL(str(lib.resolve()))
     so.fact_op_stats.restype = ctypes.c_char_p
     return json.loads(so.fact_op_stats())
