@@ -5,9 +5,9 @@ sequence dynamic where the model allows), composed from its .pt2 by the fact CLI
 - with --grid, at every shape of the serving grid (decoders and encoders B x T in 1x1, 1x37,
   1x128, 1x1024, 4x333, 8x549 and the zoo's; images B in 1, 8 and the zoo's), in two processes of
   their own (a process that dies is started again past its shape): torch's (the traced module,
-  torch.compile default and mode="reduce-overhead") and fact's (the composed program eagerly and
+  torch.compile default and mode="reduce-overhead") and fact's (the composed program eagerly,
   captured in a CUDA graph after one warm-up call at the shape, replays fed new input values
-  copied into the captured buffers), each mode with its error against fp64, and the op library's
+  copied into the captured buffers, and under torch.compile mode="reduce-overhead"), each mode with its error against fp64, and the op library's
   kernel and fallback calls with the fallbacks' reasons;
 - at the zoo shape, in one measuring process: the exported program eagerly (eager_ms),
   torch.compile of the model (compile_ms), the composed program eagerly (fact_pt2_ms) and under
@@ -353,7 +353,12 @@ def grid_child(out, name, side, shapes, deadline):
     else:
         lib = Library(out / "fact" / name / "libfact_ops.so")
         composed = torch.export.load(str(out / "fact" / name / "composed.pt2")).module()
-        modes = {"fact_ms": lambda xs: composed, "fact_graph_ms": lambda xs: graphed(composed, xs)}
+        # The composed program under torch.compile's reduce-overhead too: Inductor fuses the ops
+        # between fact's calls into fewer kernels, and the CUDA graph replays them; where a shape
+        # is launch-bound, fewer kernels is what is left to gain.
+        compiled_ro = torch.compile(composed, mode="reduce-overhead")
+        modes = {"fact_ms": lambda xs: composed, "fact_graph_ms": lambda xs: graphed(composed, xs),
+                 "fact_compile_ro_ms": lambda xs: compiled_ro}
     for batch, seq in shapes:
         if time.monotonic() > deadline:
             break
