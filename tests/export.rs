@@ -206,8 +206,8 @@ print("ok")
 /// Every zoo program composed with each of its patterns replaced (kernel "a", which the library
 /// does not hold, so every call takes its fallback) loads with torch.export.load and computes
 /// the original program's output on the CPU, a text program's at its sample's length and at 37;
-/// the programs of every attention form also under torch.compile (the op library loaded by the
-/// Python package, as a user loads it for torch.compile).
+/// every program also under torch.compile, where torch checks each op's output against its meta
+/// function (the op library loaded by the Python package, as a user loads it for torch.compile).
 #[test]
 fn zoo_programs_composed_compute_the_originals_on_the_cpu() {
     let tc = fact::nvcc::Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
@@ -272,8 +272,11 @@ fn zoo_programs_composed_compute_the_originals_on_the_cpu() {
 import torch
 import fact
 fact.load_library({lib:?})  # as a user loads it for torch.compile
+# Inductor's caches key a compiled graph by the graph, not by the op library's code: one compiled
+# against an earlier build of these ops would be taken for this one.
+torch._inductor.config.fx_graph_cache = False
+torch._functorch.config.enable_autograd_cache = False
 bad = []
-COMPILED = {{"gpt2", "llama", "qwen2", "gptj", "falcon", "gpt_neo", "codegen", "bert", "t5_encoder", "mpnet", "mpt", "beit", "swin_t"}}
 for name, orig, composed, calls in [{cases}]:
     ep = torch.export.load(composed)
     got = sum(1 for n in ep.graph.nodes if n.op == "call_function" and str(n.target).startswith("fact."))
@@ -287,13 +290,16 @@ for name, orig, composed, calls in [{cases}]:
     err = ((have.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
     if not err <= 1e-5:
         bad.append(f"{{name}}: relative error {{err}}")
-    # Under torch.compile, where Inductor lays out what it hands fact's ops (each attention form).
-    if name in COMPILED:
+    # Under torch.compile, where Inductor lays out what it hands fact's ops and checks what they
+    # hand back against their meta functions.
+    try:
         with torch.no_grad():
             compiled = torch.compile(ep.module())(*args, **kwargs)
         err = ((compiled.double() - have.double()).norm() / have.double().norm().clamp_min(1e-30)).item()
         if not err <= 1e-5:
             bad.append(f"{{name}}: relative error {{err}} under torch.compile")
+    except Exception as e:
+        bad.append(f"{{name}}: under torch.compile: {{type(e).__name__}}: {{str(e).splitlines()[0][:300]}}")
     # A text program's sequence is dynamic: at an odd length too, where the original runs there.
     if args and all(a.dim() == 2 and a.shape[1] > 37 for a in args):
         short = tuple(a[:, :37] for a in args)

@@ -2577,8 +2577,8 @@ at::Tensor glu_meta(const at::Tensor& x, const at::Tensor& w_gate, const std::op
 // "act:NAME", and "out:cl" or "out:nchw": the layout the output is handed back in (channels-last
 // where every reader takes it, the chain's end otherwise). On CUDA the output lies so whichever
 // path computed it (the fallback's result copied where it lies otherwise; frame: kernel_layout);
-// elsewhere "out:cl" hands back what the graph's ops gave. The meta function runs the fallback on
-// Meta tensors.
+// elsewhere "out:cl" hands back what the graph's ops gave, in x's memory format. The meta
+// function runs the fallback on Meta tensors.
 
 struct ConvForm {
   bool conv2d = true;
@@ -2665,7 +2665,11 @@ at::Tensor conv_replay(const at::Tensor& x, const at::Tensor& weight, const std:
   // The chain's end: a reader that needs torch's default strides gets them, whatever layout x came
   // in; elsewhere on CUDA the kernels' channels-last.
   if (!f.out_cl) return y.contiguous();
-  if (!kernel_layout(x)) return y;
+  // Off CUDA, in x's memory format: the CPU's convolutions hand back a channels-last x's output
+  // channels-last (the depthwise ones too), where torch's meta functions need not (they pack a
+  // depthwise convolution's), and torch.compile checks the op's output against this function run
+  // on Meta tensors.
+  if (!kernel_layout(x)) return y.contiguous(x.suggest_memory_format());
   if (y.dim() != 4) return laid_packed(y);
   const c10::SymInt &c = y.sym_size(1), &h = y.sym_size(2), &w = y.sym_size(3);
   return laid_out(y, c10::SymDimVector{c * h * w, 1, w * c, c});
