@@ -151,8 +151,6 @@ def child_measure(out, name, folder):
     import torch
 
     sys.path.insert(0, str(REPO / "benches" / "device"))
-sys.path.insert(0, str(REPO / "python"))
-import fact  # noqa: E402 -- fact's Python package: its load_library readies the ops for Inductor too
     from harness import compile_timed, flush_buffer, time_interleaved
 
     model = resolve(name)
