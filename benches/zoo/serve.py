@@ -3,12 +3,13 @@ model (benches/zoo/models.py) is built on the GPU in bf16, exported with torch.e
 sequence dynamic where the model allows), composed from its .pt2 by the fact CLI, and then:
 
 - with --grid, at every shape of the serving grid (decoders and encoders B x T in 1x1, 1x37,
-  1x128, 1x1024, 4x333, 8x549, 8x576 and the zoo's; images B in 1, 8 and the zoo's), in two processes of
-  their own (a process that dies is started again past its shape): torch's (the traced module,
-  torch.compile default and mode="reduce-overhead") and fact's (the composed program eagerly,
-  captured in a CUDA graph after one warm-up call at the shape, replays fed new input values
-  copied into the captured buffers, and under torch.compile mode="reduce-overhead"), each mode with its error against fp64, and the op library's
-  kernel and fallback calls with the fallbacks' reasons;
+  1x128, 1x1024, 4x333, 8x549, 8x576 and the zoo's; images B in 1, 8 and the zoo's), in two
+  processes of their own (a process that dies is started again past its shape): torch's (the
+  traced module, torch.compile default and mode="reduce-overhead") and fact's (the composed
+  program eagerly, captured in a CUDA graph after one warm-up call at the shape, replays fed new
+  input values copied into the captured buffers, and under torch.compile mode="reduce-overhead"),
+  each mode with its error against fp64, and the op library's kernel and fallback calls with the
+  fallbacks' reasons;
 - at the zoo shape, in one measuring process: the exported program eagerly (eager_ms),
   torch.compile of the model (compile_ms), the composed program eagerly (fact_pt2_ms) and under
   torch.compile (fact_pt2_compile_ms) and the same composition as TorchScript (fact_ts_ms: the

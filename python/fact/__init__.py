@@ -165,7 +165,7 @@ def load_library(lib):
             raise FileNotFoundError(f"no op library at {lib}: compose writes libfact_ops.so into its output folder")
         torch.ops.load_library(key)
         _LOADED.add(key)
-    _register_with_inductor()
+        _register_with_inductor()
 
 
 def _register_with_inductor():
