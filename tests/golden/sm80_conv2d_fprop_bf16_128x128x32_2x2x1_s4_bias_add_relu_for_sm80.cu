@@ -220,7 +220,7 @@ extern "C" __attribute__((weak)) size_t fact_k_sm80_conv2d_fprop_bf16_128x128x32
   return Conv::get_workspace_size(make_arguments(c));
 }
 
-extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_run(const FactOpArgs* fact_args, const FactKnobs*,
+extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_run(const FactOpArgs* fact_args, const FactKnobs* knobs,
                                                              void* workspace, size_t workspace_size, void* stream) {
   using namespace sm80_conv2d_fprop_bf16_128x128x32_2x2x1_s4_bias_add_relu_for_sm80_ns;
   Call c;
@@ -228,5 +228,6 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_bf16_128x128x3
   auto args = make_arguments(c);
   if (Conv::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
   if (Conv::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  (void)knobs;
   return launch(args, workspace, static_cast<cudaStream_t>(stream));
 }

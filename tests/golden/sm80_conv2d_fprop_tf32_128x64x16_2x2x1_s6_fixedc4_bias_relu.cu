@@ -220,7 +220,7 @@ extern "C" __attribute__((weak)) size_t fact_k_sm80_conv2d_fprop_tf32_128x64x16_
   return Conv::get_workspace_size(make_arguments(c));
 }
 
-extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_tf32_128x64x16_2x2x1_s6_fixedc4_bias_relu_run(const FactOpArgs* fact_args, const FactKnobs*,
+extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_tf32_128x64x16_2x2x1_s6_fixedc4_bias_relu_run(const FactOpArgs* fact_args, const FactKnobs* knobs,
                                                              void* workspace, size_t workspace_size, void* stream) {
   using namespace sm80_conv2d_fprop_tf32_128x64x16_2x2x1_s6_fixedc4_bias_relu_ns;
   Call c;
@@ -228,5 +228,6 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm80_conv2d_fprop_tf32_128x64x16
   auto args = make_arguments(c);
   if (Conv::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
   if (Conv::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
+  (void)knobs;
   return launch(args, workspace, static_cast<cudaStream_t>(stream));
 }

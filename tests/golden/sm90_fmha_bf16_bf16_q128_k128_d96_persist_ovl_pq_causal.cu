@@ -74,6 +74,95 @@ int sm_count() {
   });
 }
 
+// A call as its kernel's Params depend on it: every tensor's data, dtype, sizes and strides, the
+// scalars, the knobs, the workspace and the device, as words. The Params of an sm90 kernel hold
+// TMA descriptors, and CUTLASS encodes each anew on every call, through a driver entry point it
+// looks up by name each time: microseconds of host time per launch, which the GPU waits for
+// behind a short kernel. A forward calls each kernel with the same few calls every time (the
+// caching allocator hands the same addresses back), so they are kept per call (`kept_params`).
+struct CallKey {
+  static constexpr int kWords = 160;
+  int64_t words[kWords];
+  int size = 0;
+  uint64_t hash = 1469598103934665603ull;
+  bool push(int64_t w) {
+    if (size == kWords) return false;
+    words[size++] = w;
+    hash = (hash ^ static_cast<uint64_t>(w)) * 1099511628211ull;
+    return true;
+  }
+  bool operator==(const CallKey& o) const {
+    if (size != o.size || hash != o.hash) return false;
+    for (int i = 0; i < size; ++i) {
+      if (words[i] != o.words[i]) return false;
+    }
+    return true;
+  }
+};
+
+// The key of a call; false where it does not fit in one (nothing is kept for it).
+inline bool call_key(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
+  int device = 0;
+  if (a == nullptr || cudaGetDevice(&device) != cudaSuccess) return false;
+  bool ok = key.push(device) && key.push(reinterpret_cast<intptr_t>(workspace)) && key.push(a->num_tensors) &&
+            key.push(a->num_scalars);
+  for (int32_t i = 0; ok && i < a->num_tensors; ++i) {
+    const FactTensor& t = a->tensors[i];
+    const int rank = t.rank < 0 ? 0 : t.rank > FACT_MAX_RANK ? FACT_MAX_RANK : t.rank;
+    ok = key.push(reinterpret_cast<intptr_t>(t.data)) && key.push((int64_t{t.dtype} << 32) | uint32_t(t.rank));
+    for (int d = 0; ok && d < rank; ++d) ok = key.push(t.sizes[d]) && key.push(t.strides[d]);
+  }
+  for (int32_t i = 0; ok && i < a->num_scalars; ++i) {
+    int64_t bits = 0;
+    static_assert(sizeof(bits) == sizeof(double), "a scalar is one word");
+    __builtin_memcpy(&bits, &a->scalars[i], sizeof(bits));
+    ok = key.push(bits);
+  }
+  if (ok && knobs != nullptr) ok = key.push(knobs->splits) && key.push(knobs->raster) && key.push(knobs->swizzle);
+  return ok;
+}
+
+// `params` for the call `key` names: those kept for it, else `make()`'s, then kept. A table of
+// kSlots per kernel (two ways per hash), shared by the process's threads behind a spin lock
+// (launches from several threads are rare, and each holds it for a copy).
+template <class Kernel, class Make>
+typename Kernel::Params kept_params(const CallKey* key, Make make) {
+  if (key == nullptr) return make();
+  struct Slot {
+    CallKey key;
+    typename Kernel::Params params;
+    uint64_t used = 0;
+  };
+  constexpr uint64_t kSlots = 128;
+  static std::atomic_flag lock = ATOMIC_FLAG_INIT;
+  static Slot* slots = nullptr;
+  static uint64_t clock = 0;
+  struct Hold {
+    Hold() { while (lock.test_and_set(std::memory_order_acquire)) {} }
+    ~Hold() { lock.clear(std::memory_order_release); }
+  };
+  const uint64_t at = (key->hash % kSlots) & ~uint64_t{1};
+  {
+    const Hold hold;
+    if (slots != nullptr) {
+      for (uint64_t i = at; i < at + 2; ++i) {
+        if (slots[i].used != 0 && slots[i].key == *key) {
+          slots[i].used = ++clock;
+          return slots[i].params;
+        }
+      }
+    }
+  }
+  const typename Kernel::Params params = make();
+  const Hold hold;
+  if (slots == nullptr) slots = new Slot[kSlots];
+  Slot& s = slots[slots[at].used <= slots[at + 1].used ? at : at + 1];
+  s.key = *key;
+  s.params = params;
+  s.used = ++clock;
+  return params;
+}
+
 using namespace cute;
 
 using Element = cutlass::bfloat16_t;
@@ -531,7 +620,11 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm90_fmha_bf16_bf16_q128_k128_d9
   typename Kernel::Arguments args;
   if (!fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::make_arguments(a, workspace, args)) return FACT_CANNOT_IMPLEMENT;
   if (workspace == nullptr || workspace_size < fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::lse_bytes(a)) return FACT_WORKSPACE_TOO_SMALL;
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  // The arguments are a function of the call and the workspace alone: kept per call.
+  fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::CallKey key;
+  const bool keyed = fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::call_key(a, nullptr, workspace, key);
+  const typename Kernel::Params params = fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::kept_params<Kernel>(
+      keyed ? &key : nullptr, [&] { return Kernel::to_underlying_arguments(args, workspace); });
   constexpr auto kernel = cutlass::device_kernel<Kernel>;
   constexpr int smem = Kernel::SharedStorageSize;
   if (!fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::smem_opt_in<Kernel>(reinterpret_cast<const void*>(kernel), smem)) return FACT_INIT_FAILED;

@@ -148,19 +148,118 @@ int sm_count() {
   });
 }
 
+// A call as its kernel's Params depend on it: every tensor's data, dtype, sizes and strides, the
+// scalars, the knobs, the workspace and the device, as words. The Params of an sm90 kernel hold
+// TMA descriptors, and CUTLASS encodes each anew on every call, through a driver entry point it
+// looks up by name each time: microseconds of host time per launch, which the GPU waits for
+// behind a short kernel. A forward calls each kernel with the same few calls every time (the
+// caching allocator hands the same addresses back), so they are kept per call (`kept_params`).
+struct CallKey {
+  static constexpr int kWords = 160;
+  int64_t words[kWords];
+  int size = 0;
+  uint64_t hash = 1469598103934665603ull;
+  bool push(int64_t w) {
+    if (size == kWords) return false;
+    words[size++] = w;
+    hash = (hash ^ static_cast<uint64_t>(w)) * 1099511628211ull;
+    return true;
+  }
+  bool operator==(const CallKey& o) const {
+    if (size != o.size || hash != o.hash) return false;
+    for (int i = 0; i < size; ++i) {
+      if (words[i] != o.words[i]) return false;
+    }
+    return true;
+  }
+};
+
+// The key of a call; false where it does not fit in one (nothing is kept for it).
+inline bool call_key(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
+  int device = 0;
+  if (a == nullptr || cudaGetDevice(&device) != cudaSuccess) return false;
+  bool ok = key.push(device) && key.push(reinterpret_cast<intptr_t>(workspace)) && key.push(a->num_tensors) &&
+            key.push(a->num_scalars);
+  for (int32_t i = 0; ok && i < a->num_tensors; ++i) {
+    const FactTensor& t = a->tensors[i];
+    const int rank = t.rank < 0 ? 0 : t.rank > FACT_MAX_RANK ? FACT_MAX_RANK : t.rank;
+    ok = key.push(reinterpret_cast<intptr_t>(t.data)) && key.push((int64_t{t.dtype} << 32) | uint32_t(t.rank));
+    for (int d = 0; ok && d < rank; ++d) ok = key.push(t.sizes[d]) && key.push(t.strides[d]);
+  }
+  for (int32_t i = 0; ok && i < a->num_scalars; ++i) {
+    int64_t bits = 0;
+    static_assert(sizeof(bits) == sizeof(double), "a scalar is one word");
+    __builtin_memcpy(&bits, &a->scalars[i], sizeof(bits));
+    ok = key.push(bits);
+  }
+  if (ok && knobs != nullptr) ok = key.push(knobs->splits) && key.push(knobs->raster) && key.push(knobs->swizzle);
+  return ok;
+}
+
+// `params` for the call `key` names: those kept for it, else `make()`'s, then kept. A table of
+// kSlots per kernel (two ways per hash), shared by the process's threads behind a spin lock
+// (launches from several threads are rare, and each holds it for a copy).
+template <class Kernel, class Make>
+typename Kernel::Params kept_params(const CallKey* key, Make make) {
+  if (key == nullptr) return make();
+  struct Slot {
+    CallKey key;
+    typename Kernel::Params params;
+    uint64_t used = 0;
+  };
+  constexpr uint64_t kSlots = 128;
+  static std::atomic_flag lock = ATOMIC_FLAG_INIT;
+  static Slot* slots = nullptr;
+  static uint64_t clock = 0;
+  struct Hold {
+    Hold() { while (lock.test_and_set(std::memory_order_acquire)) {} }
+    ~Hold() { lock.clear(std::memory_order_release); }
+  };
+  const uint64_t at = (key->hash % kSlots) & ~uint64_t{1};
+  {
+    const Hold hold;
+    if (slots != nullptr) {
+      for (uint64_t i = at; i < at + 2; ++i) {
+        if (slots[i].used != 0 && slots[i].key == *key) {
+          slots[i].used = ++clock;
+          return slots[i].params;
+        }
+      }
+    }
+  }
+  const typename Kernel::Params params = make();
+  const Hold hold;
+  if (slots == nullptr) slots = new Slot[kSlots];
+  Slot& s = slots[slots[at].used <= slots[at + 1].used ? at : at + 1];
+  s.key = *key;
+  s.params = params;
+  s.used = ++clock;
+  return params;
+}
+
 // Runs CUTLASS 3.x adapter `Op` (GemmUniversalAdapter, ConvUniversalAdapter) of kernel `Kernel` on
-// `args`: the adapter's initialize (the kernel's workspace, then its Params) without the shared
-// memory attribute it sets on every call, which smem_opt_in sets once per device, then the
-// adapter's static run (the cluster launch for sm90 kernels). A FACT_ status.
+// `args`: the adapter's initialize (the kernel's workspace, then its Params: kept per call where
+// `key` names the call `args` were made from alone, see `kept_params`) without the shared memory
+// attribute it sets on every call, which smem_opt_in sets once per device, then the adapter's
+// static run (the cluster launch for sm90 kernels). A FACT_ status.
 template <class Op, class Kernel>
-int32_t launch_adapter(const typename Op::Arguments& args, void* workspace, cudaStream_t stream) {
+int32_t launch_adapter(const typename Op::Arguments& args, void* workspace, cudaStream_t stream,
+                       const CallKey* key = nullptr) {
   if (!smem_opt_in<Kernel>(reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>),
                            static_cast<int>(Kernel::SharedStorageSize))) {
     return FACT_INIT_FAILED;
   }
   if (Kernel::initialize_workspace(args, workspace, stream, nullptr) != cutlass::Status::kSuccess) return FACT_INIT_FAILED;
-  typename Kernel::Params params = Kernel::to_underlying_arguments(args, workspace);
+  // Non-const: the adapter's static run takes it by reference.
+  typename Kernel::Params params =
+      kept_params<Kernel>(key, [&] { return Kernel::to_underlying_arguments(args, workspace); });
   return Op::run(params, stream) == cutlass::Status::kSuccess ? FACT_OK : FACT_LAUNCH_FAILED;
+}
+
+// `key` for launch_adapter where the call's arguments are a function of `a`, `knobs` and the
+// workspace alone, else NULL (then nothing is kept).
+inline const CallKey* key_of(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
+  return call_key(a, knobs, workspace, key) ? &key : nullptr;
 }
 
 // Operands and output share a type except in the split families, whose parts are narrower than
@@ -298,5 +397,7 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm90_gemm_crr_tf32_f32_128x128x3
   auto args = make_arguments(p, p.a, p.b, 0.0f);
   if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return FACT_CANNOT_IMPLEMENT;
   if (Gemm::get_workspace_size(args) > workspace_size) return FACT_WORKSPACE_TOO_SMALL;
-  return launch_adapter<Gemm, GemmKernel>(args, workspace, static_cast<cudaStream_t>(stream));
+  CallKey key;
+  return launch_adapter<Gemm, GemmKernel>(args, workspace, static_cast<cudaStream_t>(stream),
+                                          key_of(fact_args, knobs, workspace, key));
 }
