@@ -31,6 +31,7 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -46,6 +47,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -238,6 +240,32 @@ bool parse_number(const std::string& s, double& out) {
   return end == s.c_str() + s.size();
 }
 
+// A text's hash (FNV-1a), for the per-text caches below.
+uint64_t text_hash(c10::string_view text) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
+// `parse(text)`, kept per text (by content, as find_kernel's names) and per thread: an op's form
+// or dtypes are the same few constant strings on every forward, parsed once each. A text that
+// fails to parse (parse throws) is not kept.
+template <class T, class Parse>
+T parsed(c10::string_view text, Parse parse) {
+  struct Slot {
+    std::string text;
+    std::optional<T> value;
+  };
+  constexpr size_t kSlots = 64;
+  thread_local Slot slots[kSlots];
+  Slot& s = slots[text_hash(text) % kSlots];
+  if (s.value.has_value() && c10::string_view(s.text) == text) return *s.value;
+  T value = parse(text);
+  s.text = std::string(text);
+  s.value = value;
+  return value;
+}
+
 // A tensor as a kernel reads it (include/fact_kernels.h): its data, dtype, sizes and strides.
 FactTensor fact_tensor(const at::Tensor& t) {
   FactTensor ft{};
@@ -351,11 +379,13 @@ struct ResidualDtypes {
 };
 
 ResidualDtypes residual_dtypes(c10::string_view text, const char* op) {
-  const std::vector<std::string> parts = split(std::string(text), ',');
-  ResidualDtypes d{};
-  TORCH_CHECK(parts.size() == 2 && parse_dtype(parts[0], d.sum) && parse_dtype(parts[1], d.norm), "fact::", op,
-              ": dtypes '", std::string(text), "' are not <sum>,<norm> (a rewrite from another fact version?)");
-  return d;
+  return parsed<ResidualDtypes>(text, [op](c10::string_view text) {
+    const std::vector<std::string> parts = split(std::string(text), ',');
+    ResidualDtypes d{};
+    TORCH_CHECK(parts.size() == 2 && parse_dtype(parts[0], d.sum) && parse_dtype(parts[1], d.norm), "fact::", op,
+                ": dtypes '", std::string(text), "' are not <sum>,<norm> (a rewrite from another fact version?)");
+    return d;
+  });
 }
 
 // The add as the graph computes it: each operand cast to the sum's dtype (exact where that widens, as
@@ -417,24 +447,24 @@ ResidualOutputs residual_outputs(const at::Tensor& like, const std::vector<int64
 }
 
 // The dispatch table's index of kernel `name`, -1 for none. A composed module calls each op with
-// the same constant strings on every forward, so the answer is kept per string (by its address and
-// length, checked against the table's name, so a reused address finds no stale index); the table's
-// own lookup compares names one by one.
+// the same constant strings on every forward, so the answer is kept per name; by its content, not
+// its address, since a call from Python (torch.compile's wrapper, an exported program) hands the
+// op a new copy of each string every time. The table's own lookup compares names one by one.
 int32_t find_kernel(c10::string_view name) {
   struct Slot {
-    const char* data = nullptr;
-    size_t size = 0;
+    uint64_t hash = 0;
     int32_t index = -1;
   };
   constexpr size_t kSlots = 256;
   thread_local Slot slots[kSlots];
-  Slot& s = slots[(reinterpret_cast<uintptr_t>(name.data()) >> 4) % kSlots];
-  if (s.index >= 0 && s.data == name.data() && s.size == name.size()) {
+  const uint64_t h = text_hash(name);
+  Slot& s = slots[h % kSlots];
+  if (s.index >= 0 && s.hash == h) {
     const char* kept = fact_kernel_info(s.index)->name;
-    if (std::memcmp(kept, name.data(), name.size()) == 0 && kept[name.size()] == '\0') return s.index;
+    if (std::strncmp(kept, name.data(), name.size()) == 0 && kept[name.size()] == '\0') return s.index;
   }
   const int32_t index = fact_kernel_find(std::string(name).c_str());
-  if (index >= 0) s = Slot{name.data(), name.size(), index};
+  if (index >= 0) s = Slot{h, index};
   return index;
 }
 
@@ -1172,7 +1202,7 @@ struct EpOrigin {
   std::vector<int64_t> perm;  // empty: not turned
 };
 
-EpOrigin parse_ep_origin(c10::string_view text) {
+EpOrigin read_ep_origin(c10::string_view text) {
   const std::string s(text);
   const size_t semi = s.find(";perm=");
   if (semi == std::string::npos) {
@@ -1198,6 +1228,9 @@ EpOrigin parse_ep_origin(c10::string_view text) {
   }
   return o;
 }
+
+// An origin is one of a few constant strings a composed module passes on every call: read once each.
+EpOrigin parse_ep_origin(c10::string_view text) { return parsed<EpOrigin>(text, read_ep_origin); }
 
 // A leaf given in the graph's (permuted) order, in the GEMM's: leading ones to the output's rank,
 // then the inverse permutation (a view: the kernel path packs it as any leaf).
@@ -1291,7 +1324,10 @@ at::Tensor gemm_ep_meta(const at::Tensor& a, const at::Tensor& b, const std::opt
 // itself, whatever it holds, unless SDPA's where names the class by its condition) and "static" (the
 // graph computes the mask from the inputs' sizes alone, so its class is one per shape).
 // The output lies as the kernels write it, [B,Tq,H,D] memory viewed as [B,H,Tq,D] (the graph's
-// transpose(1, 2) and reshape to [B,Tq,H*D] after it then move nothing), [B,Tq,D] packed, on every
+// transpose(1, 2) and reshape to [B,Tq,H*D] after it then move nothing), or in the memory order
+// "out=a,b,c,d" names (dims of [B,H,Tq,D] outermost first: the order the graph recorded for SDPA's
+// output, which lays it out as q's, where the graph after it relies on that, as torchvision's
+// MultiheadAttention's view of [Tq,B,H,D] memory does), [B,Tq,D] packed, on every
 // device (not only on CUDA, as other kinds' outputs: frame, kernel_layout): SDPA lays its output
 // out as the backend torch picks for the call does, which no meta function can say. The fallback's
 // result is copied into that layout where it lies otherwise, which changes no value, nor what the
@@ -1322,9 +1358,11 @@ struct Form {
   // masked_fill value where it is not -inf.
   double fill = 0.0;
   bool has_fill = false;
+  // The output's memory order over [B,H,Tq,D], outermost first (the kernels' unless "out=").
+  std::array<int64_t, 4> order{0, 2, 1, 3};
 };
 
-Form parse_form(c10::string_view text) {
+Form read_form(c10::string_view text) {
   Form f;
   const std::vector<std::string> parts = split(std::string(text), ';');
   auto bad = [&] { TORCH_CHECK(false, "fact::attention: bad form '", std::string(text), "'"); };
@@ -1372,6 +1410,18 @@ Form parse_form(c10::string_view text) {
       f.mask = val;
     } else if (key == "repeat" && parse_index(val, groups) && groups >= 2) {
       f.repeat = static_cast<int64_t>(groups);
+    } else if (key == "out") {
+      const std::vector<std::string> dims = split(val, ',');
+      std::array<bool, 4> seen{};
+      if (dims.size() != 4) bad();
+      for (size_t i = 0; i < 4; ++i) {
+        size_t dim = 0;
+        if (!parse_index(dims[i], dim) || dim > 3 || seen[dim]) bad();
+        seen[dim] = true;
+        f.order[i] = static_cast<int64_t>(dim);
+      }
+      // The kernels write D at unit stride.
+      if (f.order[3] != 3) bad();
     } else if (key == "static" && eq == std::string::npos) {
       f.static_mask = true;
     } else if (key == "class" && (f.sdpa || f.mask == "add")) {
@@ -1416,6 +1466,9 @@ Form parse_form(c10::string_view text) {
   return f;
 }
 
+// A form is one of a few constant strings a composed module passes on every call: read once each.
+Form parse_form(c10::string_view text) { return parsed<Form>(text, read_form); }
+
 // The tensor masked_fill fills, as the graph derived it from `mask`.
 at::Tensor filled(const Form& f, const at::Tensor& mask) {
   if (f.mask == "not") return at::bitwise_not(mask);
@@ -1450,8 +1503,9 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
     }
     const std::optional<double> sdpa_scale = f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt;
     // On Meta tensors (the meta function's), SDPA's math: the same sizes and dtype, without asking
-    // which backend the tensors' device would run.
-    if (q.is_meta()) {
+    // which backend the tensors' device would run. Under CUDA graph capture too: the backend SDPA
+    // picks for a masked call (cuDNN's) fails to allocate while the stream captures.
+    if (q.is_meta() || (q.is_cuda() && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)) {
       return std::get<0>(at::_scaled_dot_product_attention_math(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
                                                                 dense, 0.0, f.causal, std::nullopt, sdpa_scale, f.gqa));
     }
@@ -1487,11 +1541,21 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   return at::matmul(p, vr);
 }
 
+// The strides of a [B,H,Tq,D] output of `sizes` in the form's memory order.
+c10::SymDimVector out_strides(const Form& f, c10::SymIntArrayRef sizes) {
+  c10::SymDimVector strides(4);
+  c10::SymInt step = 1;
+  for (int64_t i = 3; i >= 0; --i) {
+    strides[f.order[i]] = step;
+    step *= sizes[f.order[i]];
+  }
+  return strides;
+}
+
 // The fallback's result in the layout the kernels write (above).
-at::Tensor attention_laid_out(const at::Tensor& y) {
+at::Tensor attention_laid_out(const Form& f, const at::Tensor& y) {
   if (y.dim() != 4) return laid_packed(y);
-  const c10::SymInt &h = y.sym_size(1), &t = y.sym_size(2), &d = y.sym_size(3);
-  return laid_out(y, c10::SymDimVector{t * h * d, d, h * d, 1});
+  return laid_out(y, out_strides(f, y.sym_sizes()));
 }
 
 fact_mask::MaskMode mask_mode(const Form& f) {
@@ -1523,8 +1587,11 @@ std::vector<ClassifiedMask> classified_masks;
 constexpr size_t kMaskCache = 4;
 
 // The class of `mask` against the scores [b, h, tq, tk] (q of rank `q_rank`), from the cache or
-// classified now (one pass on its device and one host sync).
-fact_mask::MaskValue mask_value(const at::Tensor& mask, fact_mask::MaskMode mode, bool by_shape, int64_t q_rank,
+// classified now (one pass on its device and one host sync); nullopt where it must be classified
+// while the stream captures a CUDA graph, which can neither wait for the device nor replay a
+// class read on the host against the masks later replays hold (the op falls back: torch's ops
+// capture). A static mask classified at its shape before, on the warm-up call, is a hit.
+std::optional<fact_mask::MaskValue> mask_value(const at::Tensor& mask, fact_mask::MaskMode mode, bool by_shape, int64_t q_rank,
                                 int64_t b, int64_t h, int64_t tq, int64_t tk) {
   const int64_t dims[5] = {q_rank, b, h, tq, tk};
   auto same = [&](const ClassifiedMask& c) {
@@ -1544,6 +1611,7 @@ fact_mask::MaskValue mask_value(const at::Tensor& mask, fact_mask::MaskMode mode
       }
     }
   }
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return std::nullopt;
   ClassifiedMask c{mask, mask._version(), mode, {q_rank, b, h, tq, tk}, by_shape,
                    fact_mask::classify(mask, mode, q_rank, b, h, tq, tk)};
   std::lock_guard<std::mutex> lock(masks_mutex);
@@ -1678,8 +1746,14 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
     // The where form: the fill masks the cells (the rule read it as a constant at or below the
     // bound), so the condition is one more bool mask (beside a bias, the only one).
     const auto cond_value = [&] { return mask_value(*cond, fact_mask::MaskMode::Bool, f.static_mask, q.dim(), b, h, tq, tk); };
-    fact_mask::MaskValue m = f.bias ? cond_value() : mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
-    if (f.where && !f.bias) m = both(m, cond_value());
+    const std::optional<fact_mask::MaskValue> read =
+        f.bias ? cond_value() : mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
+    const std::optional<fact_mask::MaskValue> also = f.where && !f.bias ? cond_value() : read;
+    if (!read.has_value() || !also.has_value()) {
+      return why = "a mask read anew each forward, under CUDA graph capture (its class is read on the host)", at::Tensor();
+    }
+    fact_mask::MaskValue m = *read;
+    if (f.where && !f.bias) m = both(m, *also);
     if (!kernel_takes(f.kernel_class, m.cls, tk)) {
       switch (m.cls) {
         case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();
@@ -1725,19 +1799,38 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   }
   if (f.sdpa && f.scale_op == 0) scale = 1.0 / std::sqrt(static_cast<double>(d));
   c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = at::empty({b, tq, h, d}, q.options()).transpose(1, 2);
+  // The output in the form's memory order; a kernel that writes only its own ([B,Tq,H,D], the
+  // sm80 kernels) writes that, and the op copies it into the form's order (counted as a copy).
+  const std::array<int64_t, 4> sizes{b, h, tq, d};
+  auto allocate = [&](const std::array<int64_t, 4>& order) {
+    std::array<int64_t, 4> memory{}, back{};
+    for (int64_t i = 0; i < 4; ++i) {
+      memory[i] = sizes[order[i]];
+      back[order[i]] = i;
+    }
+    return at::empty(memory, q.options()).permute(back);
+  };
+  const at::Tensor out = allocate(f.order);
   // The kernel ABI: q, k, v (k/v with their own heads), out, the scale factor, each sequence's
   // key length and the bias (NULL data when absent).
-  const FactTensor tensors[7] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
-                                 factor.defined() ? fact_tensor(factor) : FactTensor{},
-                                 padded ? fact_tensor(lengths) : FactTensor{},
-                                 bias.defined() ? fact_tensor(bias) : FactTensor{}};
+  FactTensor tensors[7] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
+                           factor.defined() ? fact_tensor(factor) : FactTensor{},
+                           padded ? fact_tensor(lengths) : FactTensor{},
+                           bias.defined() ? fact_tensor(bias) : FactTensor{}};
   const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
   const FactOpArgs args{tensors, 7, scalars, 3};
-  if (!launch_kernel(index, args, q, kernel, "attention")) {
-    return why = "the kernel cannot implement these shapes, strides or alignments", at::Tensor();
+  if (launch_kernel(index, args, q, kernel, "attention")) return q.dim() == 4 ? out : out.squeeze(1);
+  constexpr std::array<int64_t, 4> kKernels{0, 2, 1, 3};
+  if (f.order != kKernels) {
+    const at::Tensor own = allocate(kKernels);
+    tensors[3] = fact_tensor(own);
+    if (launch_kernel(index, args, q, kernel, "attention")) {
+      copied = true;
+      out.copy_(own);
+      return q.dim() == 4 ? out : out.squeeze(1);
+    }
   }
-  return q.dim() == 4 ? out : out.squeeze(1);
+  return why = "the kernel cannot implement these shapes, strides or alignments", at::Tensor();
 }
 
 // The form of a call, checked against the operands it passes.
@@ -1774,7 +1867,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     }
   }
   count_fell_back(kernel, why);
-  return attention_laid_out(attention_original(f, q, k, v, mask, scale, cond, fill, window, plus));
+  return attention_laid_out(f, attention_original(f, q, k, v, mask, scale, cond, fill, window, plus));
 }
 
 at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -1783,7 +1876,7 @@ at::Tensor attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const std::optional<at::Tensor>& fill, const std::optional<at::Tensor>& window,
                           const std::optional<at::Tensor>& plus) {
   const Form f = checked_form(form, mask, scale, cond, fill, window, plus);
-  return attention_laid_out(attention_original(f, q, k, v, mask, scale, cond, fill, window, plus));
+  return attention_laid_out(f, attention_original(f, q, k, v, mask, scale, cond, fill, window, plus));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2590,7 +2683,7 @@ struct ConvForm {
   bool out_cl = false;
 };
 
-ConvForm conv_form(c10::string_view text) {
+ConvForm read_conv_form(c10::string_view text) {
   ConvForm f;
   for (const std::string& part : split(std::string(text), ';')) {
     const std::vector<std::string> fields = split(part, ':');
@@ -2618,6 +2711,9 @@ ConvForm conv_form(c10::string_view text) {
   }
   return f;
 }
+
+// A form is one of a few constant strings a composed module passes on every call: read once each.
+ConvForm conv_form(c10::string_view text) { return parsed<ConvForm>(text, read_conv_form); }
 
 // The activation the graph applied, by its name in the form.
 at::Tensor conv_act(const at::Tensor& y, const std::string& act) {

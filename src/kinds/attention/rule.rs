@@ -153,6 +153,11 @@ pub struct AttentionMatch {
     /// the scores' lowest value (MPT's finfo.min), which masks a cell as -inf does wherever a
     /// query sees some key (the op's classification sends the other masks to the fallback).
     pub fill: Option<f64>,
+    /// The memory order of the output [B,H,Tq,D] as the graph recorded it (dims outermost
+    /// first), where it is not the kernels' [B,Tq,H,D] (0, 2, 1, 3): SDPA's CUDA kernels lay
+    /// their output out as q's, and the graph after it may rely on that (an exported program
+    /// records a `view` where the layout allowed one). The op lays its output out so.
+    pub out_order: Option<[usize; 4]>,
     pub problem: AttentionProblem,
 }
 
@@ -197,6 +202,14 @@ impl AttentionMatch {
     /// (`causal` alone is SDPA's is_causal, `gqa` its enable_gqa, `repeat=G` k and v repeated
     /// by the graph, which the op's fallback repeats the same way).
     pub fn form(&self) -> String {
+        let mut f = self.form_of_call();
+        if let Some(o) = self.out_order {
+            f.push_str(&format!(";out={},{},{},{}", o[0], o[1], o[2], o[3]));
+        }
+        f
+    }
+
+    fn form_of_call(&self) -> String {
         match self.scale {
             Scale::Sdpa(s) => {
                 let mut f = "sdpa".to_string();
@@ -648,6 +661,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
     let problem = problem(g, [q, k, v], form)?;
     nodes.sort();
     nodes.dedup();
+    let out_order = out_order(g, &nodes);
     Some(AttentionMatch {
         nodes,
         q,
@@ -667,6 +681,7 @@ fn explicit(cx: &Ctx, softmax: NodeId) -> Option<AttentionMatch> {
         softmax_f32,
         plus,
         fill,
+        out_order,
         problem,
     })
 }
@@ -1015,6 +1030,7 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
     })?;
     nodes.sort();
     nodes.dedup();
+    let out_order = out_order(g, &nodes);
     Ok(AttentionMatch {
         nodes,
         q,
@@ -1034,8 +1050,37 @@ fn sdpa(cx: &Ctx, n: NodeId) -> Result<AttentionMatch, String> {
         softmax_f32: false,
         plus: None,
         fill: None,
+        out_order,
         problem,
     })
+}
+
+/// The memory order (dims outermost first) of the output of the last of `nodes` where the graph
+/// recorded one for a 4-d output that is neither the kernels' (0, 2, 1, 3) nor packed (0, 1, 2, 3),
+/// with D innermost (the kernels write D at unit stride); None otherwise. A packed output keeps
+/// the kernels' order, as it always has: what a graph does after it (transpose(1, 2), then a copy
+/// or a reshape) reads either alike, and the kernels' needs no copy there. A dim of one lies
+/// anywhere: it keeps its place in the kernels' order, and the others take the slots left in the
+/// order of their strides.
+fn out_order(g: &Graph, nodes: &[NodeId]) -> Option<[usize; 4]> {
+    const KERNELS: [usize; 4] = [0, 2, 1, 3];
+    let out = *g.nodes[*nodes.last()?].outputs.first()?;
+    let t = g.tensor(out)?;
+    if t.shape.len() != 4 || t.strides.len() != 4 {
+        return None;
+    }
+    let mut moving: Vec<usize> = KERNELS.iter().copied().filter(|&d| t.shape[d] != 1).collect();
+    // Larger strides outermost; equal ones keep the kernels' order (a stable sort).
+    moving.sort_by_key(|&d| std::cmp::Reverse(t.strides[d]));
+    let mut order = KERNELS;
+    let mut next = moving.into_iter();
+    for slot in order.iter_mut() {
+        if t.shape[*slot] != 1 {
+            *slot = next.next()?;
+        }
+    }
+    let unit_d = t.shape[3] == 1 || t.strides[3] == 1;
+    (order != KERNELS && order != [0, 1, 2, 3] && order[3] == 3 && unit_d).then_some(order)
 }
 
 /// SDPA's float mask as Hugging Face's SDPA integration makes it for a position bias (T5's
@@ -2147,6 +2192,33 @@ mod tests {
             a.k,
             tiled.values.iter().position(|v| v.name == "kr").unwrap()
         );
+    }
+
+    #[test]
+    fn the_output_keeps_the_memory_order_the_graph_recorded() {
+        let g = |out: &str| {
+            Graph::parse(&format!(
+                "graph(%q: bf16[32,12,197,64], %k: bf16[32,12,197,64], %v: bf16[32,12,197,64]):
+                   %f = prim::Constant[False]()
+                   %p = prim::Constant[0.]()
+                   %none = prim::Constant[None]()
+                   %y = aten::scaled_dot_product_attention(%q, %k, %v, %none, %p, %f, %none, %f) : {out}
+                   return (%y)"
+            ))
+            .unwrap()
+        };
+        let form = |out: &str| match_attention(&g(out))[0].form();
+        // torchvision's MultiheadAttention: q is a view of [T, B*H, D], and SDPA's output lies
+        // as q does, [T,B,H,D] memory; the exported graph then views it without a copy.
+        assert_eq!(form("bf16[32,12,197,64]{768,64,24576,1}"), "sdpa;out=2,0,1,3");
+        // The kernels' own order, packed [B,H,T,D] (which keeps the kernels'), and nothing recorded.
+        assert_eq!(form("bf16[32,12,197,64]{151296,64,768,1}"), "sdpa");
+        assert_eq!(form("bf16[32,12,197,64]{151296,12608,64,1}"), "sdpa");
+        assert_eq!(form("bf16[32,12,197,64]"), "sdpa");
+        // A batch of one lies anywhere: what the other dims say decides.
+        assert_eq!(form("bf16[1,12,197,64]{768,64,768,1}"), "sdpa");
+        // D not innermost: no order a kernel writes (the kernels' own stays).
+        assert_eq!(form("bf16[32,12,197,64]{151296,64,1,197}"), "sdpa");
     }
 
     #[test]
