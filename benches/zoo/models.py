@@ -82,6 +82,8 @@ class Model:
     padding_mask: bool = False
     ci_layers: int = CI_LAYERS
     notes: list = field(default_factory=list)
+    # The longest sequence the model takes (absolute position embeddings), None for no limit.
+    max_seq: int | None = None
 
     def sizes(self, ci):
         return (CI_BATCH, CI_SEQ) if ci else (self.batch, self.seq)
@@ -496,14 +498,14 @@ MODELS = [
     Model("gpt_neo", "gpt_neo", "GPTNeoForCausalLM: GPT-Neo-125m, global and local attention in turn, 12 layers (held out)", gpt_neo, 8, 512, vocab=50257, ci_vocab=CI_VOCAB),
     Model("codegen", "codegen", "CodeGenForCausalLM: CodeGen-350M's dims, the scale after the added mask, parallel block, 4 layers (held out)", codegen, 4, 1024, vocab=51200, ci_vocab=CI_VOCAB),
     Model("opt", "opt", "OPTForCausalLM(OPTConfig()): OPT-125m, 12 layers", opt, 8, 512, vocab=50272, ci_vocab=CI_VOCAB),
-    Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True),
+    Model("bert", "bert", "BertModel(BertConfig()): BERT-base, padding mask passed in", bert, 32, 512, vocab=30522, ci_vocab=CI_VOCAB, padding_mask=True, max_seq=512),
     Model("t5_encoder", "t5", "T5EncoderModel: t5-base's dims, relative position bias in SDPA's float mask, padding mask passed in, 12 layers (held out)", t5_encoder, 16, 512, vocab=32128, ci_vocab=CI_VOCAB, padding_mask=True),
     Model("vit_b_16", "vit", "torchvision vit_b_16 (nn.MultiheadAttention)", vit_b_16, 32, None),
     Model("resnet50", "resnet", "torchvision resnet50", resnet50, 32, None, ci_layers=1),
     Model("mobilenet_v3_large", "mobilenet", "torchvision mobilenet_v3_large (depthwise, SE, hardswish)", mobilenet_v3_large, 32, None, ci_layers=15),
     Model("mobilenet_v2", "mobilenet_v2", "torchvision mobilenet_v2 (depthwise, ReLU6) (held out)", mobilenet_v2, 32, None, ci_layers=17),
     Model("convnext_tiny", "convnext", "torchvision convnext_tiny (depthwise 7x7, LayerNorm, Linear MLP)", convnext_tiny, 32, None, ci_layers=1),
-    Model("mpnet", "mpnet", "MPNetModel: MPNet-base, a relative position bias and the padding mask added in turn in eager attention, padding mask passed in (held out)", mpnet, 32, 512, vocab=30527, ci_vocab=CI_VOCAB, padding_mask=True),
+    Model("mpnet", "mpnet", "MPNetModel: MPNet-base, a relative position bias and the padding mask added in turn in eager attention, padding mask passed in (held out)", mpnet, 32, 512, vocab=30527, ci_vocab=CI_VOCAB, padding_mask=True, max_seq=512),
     Model("mpt", "mpt", "MptForCausalLM: hidden 2048, 16 heads of 128, ALiBi before a causal fill, 4 layers (held out)", mpt, 4, 1024, vocab=50368, ci_vocab=CI_VOCAB),
     Model("convnextv2", "convnextv2", "ConvNextV2Model: ConvNeXt V2-tiny, Global Response Normalization in every block (held out)", convnextv2, 32, None),
     Model("beit", "beit", "BeitModel: BEiT-base, a relative position bias per layer through SDPA's mask (held out)", beit, 32, None),
