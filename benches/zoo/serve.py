@@ -356,12 +356,11 @@ def grid_child(out, name, side, shapes, deadline):
     else:
         lib = Library(out / "fact" / name / "libfact_ops.so")
         composed = torch.export.load(str(out / "fact" / name / "composed.pt2")).module()
-        # The composed program under torch.compile's reduce-overhead too: Inductor fuses the ops
-        # between fact's calls into fewer kernels, and the CUDA graph replays them; where a shape
-        # is launch-bound, fewer kernels is what is left to gain.
-        compiled_ro = torch.compile(composed, mode="reduce-overhead")
-        modes = {"fact_ms": lambda xs: composed, "fact_graph_ms": lambda xs: graphed(composed, xs),
-                 "fact_compile_ro_ms": lambda xs: compiled_ro}
+        # Not the composed program under torch.compile's reduce-overhead: its CUDA graph trees
+        # refuse a program whose ops keep tensors of the graphs' pool past a call (fact's memo and
+        # its classified masks do: "Detected 2 tensor(s) in the cudagraph pool not tracked as
+        # outputs"), which every model with a memo or a mask hits.
+        modes = {"fact_ms": lambda xs: composed, "fact_graph_ms": lambda xs: graphed(composed, xs)}
         # The TorchScript copy compose wrote beside the program (same op library): the composition
         # without the exported program's Python interpreter, which is the host time at small shapes.
         ts_copy = out / "fact" / name / "torchscript" / "composed.pt"
