@@ -15,6 +15,7 @@ mod gemm_ep;
 mod glu;
 mod grn;
 mod ingest;
+mod kept_params;
 mod layernorm;
 mod layers;
 mod layouts;

@@ -100,10 +100,10 @@ struct CallKey {
   }
 };
 
-// The key of a call; false where it does not fit in one (nothing is kept for it).
-inline bool call_key(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
-  int device = 0;
-  if (a == nullptr || cudaGetDevice(&device) != cudaSuccess) return false;
+// The key of a call on `device`; false where it does not fit in one (nothing is kept for it).
+inline bool device_call_key(int device, const FactOpArgs* a, const FactKnobs* knobs, const void* workspace,
+                            CallKey& key) {
+  if (a == nullptr) return false;
   bool ok = key.push(device) && key.push(reinterpret_cast<intptr_t>(workspace)) && key.push(a->num_tensors) &&
             key.push(a->num_scalars);
   for (int32_t i = 0; ok && i < a->num_tensors; ++i) {
@@ -120,6 +120,12 @@ inline bool call_key(const FactOpArgs* a, const FactKnobs* knobs, const void* wo
   }
   if (ok && knobs != nullptr) ok = key.push(knobs->splits) && key.push(knobs->raster) && key.push(knobs->swizzle);
   return ok;
+}
+
+// The key of a call on the current device.
+inline bool call_key(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
+  int device = 0;
+  return cudaGetDevice(&device) == cudaSuccess && device_call_key(device, a, knobs, workspace, key);
 }
 
 // `params` for the call `key` names: those kept for it, else `make()`'s, then kept. A table of
@@ -141,7 +147,13 @@ typename Kernel::Params kept_params(const CallKey* key, Make make) {
     Hold() { while (lock.test_and_set(std::memory_order_acquire)) {} }
     ~Hold() { lock.clear(std::memory_order_release); }
   };
-  const uint64_t at = (key->hash % kSlots) & ~uint64_t{1};
+  // The hash's high bits mixed into its low ones first: FNV's low bits see only the words' low
+  // bits, which aligned addresses and sizes leave alike (every call would share one set).
+  uint64_t h = key->hash;
+  h = (h ^ (h >> 33)) * 0xff51afd7ed558ccdull;
+  h = (h ^ (h >> 33)) * 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  const uint64_t at = (h % kSlots) & ~uint64_t{1};
   {
     const Hold hold;
     if (slots != nullptr) {
