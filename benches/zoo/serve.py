@@ -7,9 +7,12 @@ sequence dynamic where the model allows), composed from its .pt2 by the fact CLI
   processes of their own (a process that dies is started again past its shape): torch's (the
   traced module, torch.compile default and mode="reduce-overhead") and fact's (the composed
   program eagerly, captured in a CUDA graph after one warm-up call at the shape, replays fed new
-  input values copied into the captured buffers, and under torch.compile mode="reduce-overhead"),
-  each mode with its error against fp64, and the op library's kernel and fallback calls with the
-  fallbacks' reasons;
+  input values copied into the captured buffers, and its TorchScript copy), each mode with its
+  error against fp64, and the op library's kernel and fallback calls with the fallbacks' reasons;
+- with --capture, only the capture check at the zoo shape: the composed program and its
+  TorchScript copy each captured after a warm-up call, replayed on fresh inputs and compared with
+  the uncaptured module on the same inputs, with the calls that fell back while capturing
+  (OUT/captures/NAME.json; nothing is timed);
 - at the zoo shape, in one measuring process: the exported program eagerly (eager_ms),
   torch.compile of the model (compile_ms), the composed program eagerly (fact_pt2_ms) and under
   torch.compile (fact_pt2_compile_ms) and the same composition as TorchScript (fact_ts_ms: the
@@ -22,7 +25,7 @@ sequence dynamic where the model allows), composed from its .pt2 by the fact CLI
 From the repository root on the GPU machine, after `source .device/env.sh`:
 
     python3 benches/zoo/serve.py OUT --models gpt2 [--fact .device/fact] [--fact-args '--jobs 16']
-        [--grid] [--aoti] [--no-zoo-modes] [--budget-s 540]
+        [--grid] [--aoti] [--no-zoo-modes] [--capture] [--budget-s 540]
 
 Records (JSON), each written as soon as it is known, so a stopped call keeps what it measured:
 OUT/records/NAME.json (the zoo shape), OUT/shapes/NAME.json (one row per grid shape, the fields
@@ -174,10 +177,10 @@ class Library:
         return ran, fell, why
 
 
-def graphed(fn, inputs):
+def graphed(fn, inputs, before_capture=None):
     """fn captured in a CUDA graph at these inputs' shapes (one warm-up call first, on a side
-    stream as torch.cuda.graph asks): a callable that copies its inputs into the captured buffers
-    and replays, returning the captured output."""
+    stream as torch.cuda.graph asks; then `before_capture()`, where given): a callable that copies
+    its inputs into the captured buffers and replays, returning the captured output."""
     static = [x.clone() for x in inputs]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -185,6 +188,8 @@ def graphed(fn, inputs):
         fn(*static)
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+    if before_capture is not None:
+        before_capture()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         out = fn(*static)
@@ -216,6 +221,50 @@ class Reference:
                 self.outputs[(batch, seq, i)] = self.module(*[x.double() if x.is_floating_point() else x for x in xs])
             worst = max(worst, rel_err(fn(*xs), self.outputs[(batch, seq, i)]))
         return worst
+
+
+def capture_child(out, name):
+    """The capture check of one composed model at its zoo shape, in this process: the composed
+    program and its TorchScript copy each captured in a CUDA graph after one warm-up call
+    (`graphed`), then replayed on fresh inputs, each replay against the uncaptured module's output
+    on the same inputs; the calls that fell back while capturing, and why. A row per runtime in
+    captures/NAME.json."""
+    model = models.by_name()[name]
+    lib = Library(out / "fact" / name / "libfact_ops.so")
+    torch.set_grad_enabled(False)
+    d = out / "fact" / name
+    loads = {"pt2": lambda: torch.export.load(str(d / "composed.pt2")).module()}
+    if (d / "torchscript" / "composed.pt").exists():
+        loads["ts"] = lambda: torch.jit.load(str(d / "torchscript" / "composed.pt"), map_location="cuda")
+    rows = []
+    path = out / "captures" / f"{name}.json"
+    for key, load in loads.items():
+        row = {"model": name, "runtime": key, "shape": f"{model.batch}x{model.seq}" if model.seq else f"{model.batch}",
+               "errors": {}}
+        rows.append(row)
+        try:
+            fn = load()
+            xs = inputs_at(model, model.batch, model.seq, models.SEED)
+            fn(*xs)
+            torch.cuda.synchronize()
+            replay = graphed(fn, xs, before_capture=lib.so.fact_op_stats_reset)
+            stats = json.loads(lib.so.fact_op_stats())
+            row["captured_kernel_calls"] = sum(c["ran"] for c in stats.values())
+            row["captured_fallback_calls"] = sum(c["fell_back"] for c in stats.values())
+            row["fallback_why"] = sorted({c["why"] for c in stats.values() if c.get("why")})
+            worst = 0.0
+            for i in range(VERIFY_INPUTS):
+                fresh = inputs_at(model, model.batch, model.seq, 2000 + i)
+                want = fn(*fresh).float()
+                worst = max(worst, rel_err(replay(*fresh).float(), want))
+            row["replay_vs_uncaptured"] = worst
+            row["ok"] = worst <= 3e-2
+        except Exception as e:  # noqa: BLE001 -- the row says which runtime failed and why
+            traceback.print_exc()
+            row["ok"] = False
+            row["errors"]["capture"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+        write_json(path, rows)
+        log(name, "capture", key, {k: row.get(k) for k in ("ok", "replay_vs_uncaptured", "captured_fallback_calls")})
 
 
 def measure_child(out, name, aoti, zoo_modes, deadline):
@@ -451,12 +500,18 @@ def main():
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--grid-child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--no-zoo-modes", action="store_true", help="skip the zoo shape's eager and compile modes (measured earlier)")
+    ap.add_argument("--capture", action="store_true",
+                    help="only the capture check at the zoo shape (captures/NAME.json), after the compose")
+    ap.add_argument("--capture-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget_s
-    for sub in ("models", "fact", "logs", "records", "shapes", "compose", "work"):
+    for sub in ("models", "fact", "logs", "records", "shapes", "compose", "work", "captures"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)
     if args.child:
         measure_child(args.out, args.child, args.aoti, not args.no_zoo_modes, deadline)
+        return
+    if args.capture_child:
+        capture_child(args.out, args.capture_child)
         return
     if args.grid_child:
         name, side, shapes = args.grid_child
@@ -489,6 +544,15 @@ def main():
             if c["exit"] != 0:
                 rec["errors"]["compose"] = c["error"]
                 write_json(rec_path, rec)
+                continue
+            if args.capture:
+                log(model.name, "capture")
+                cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(args.out), "--capture-child", model.name]
+                with open(args.out / "logs" / f"{model.name}.capture.log", "w") as f:
+                    p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(60, deadline - time.monotonic() + 30))
+                if p.returncode != 0:
+                    rec["errors"]["capture"] = f"the capture child exited with {p.returncode} (logs/{model.name}.capture.log)"
+                    write_json(rec_path, rec)
                 continue
             log(model.name, "measure")
             # The grid first; its processes leave the zoo shape's modes and the AOTInductor
