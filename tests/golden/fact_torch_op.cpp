@@ -1358,7 +1358,8 @@ struct Form {
   // masked_fill value where it is not -inf.
   double fill = 0.0;
   bool has_fill = false;
-  // The output's memory order over [B,H,Tq,D], outermost first (the kernels' unless "out=").
+  // The output's memory order over [B,H,Tq,D], outermost first (the kernels', [B,Tq,H,D], unless
+  // "out=").
   std::array<int64_t, 4> order{0, 2, 1, 3};
 };
 
@@ -1469,6 +1470,9 @@ Form read_form(c10::string_view text) {
 // A form is one of a few constant strings a composed module passes on every call: read once each.
 Form parse_form(c10::string_view text) { return parsed<Form>(text, read_form); }
 
+// Whether the current stream is capturing a CUDA graph.
+bool capturing() { return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None; }
+
 // The tensor masked_fill fills, as the graph derived it from `mask`.
 at::Tensor filled(const Form& f, const at::Tensor& mask) {
   if (f.mask == "not") return at::bitwise_not(mask);
@@ -1505,7 +1509,7 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
     // On Meta tensors (the meta function's), SDPA's math: the same sizes and dtype, without asking
     // which backend the tensors' device would run. Under CUDA graph capture too: the backend SDPA
     // picks for a masked call (cuDNN's) fails to allocate while the stream captures.
-    if (q.is_meta() || (q.is_cuda() && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)) {
+    if (q.is_meta() || (q.is_cuda() && capturing())) {
       return std::get<0>(at::_scaled_dot_product_attention_math(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
                                                                 dense, 0.0, f.causal, std::nullopt, sdpa_scale, f.gqa));
     }
@@ -1541,13 +1545,16 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
   return at::matmul(p, vr);
 }
 
-// The strides of a [B,H,Tq,D] output of `sizes` in the form's memory order.
-c10::SymDimVector out_strides(const Form& f, c10::SymIntArrayRef sizes) {
+// The kernels' memory order over [B,H,Tq,D]: [B,Tq,H,D].
+constexpr std::array<int64_t, 4> kKernelsOrder{0, 2, 1, 3};
+
+// The strides of a [B,H,Tq,D] output of `sizes` in memory order `order` (outermost first).
+c10::SymDimVector out_strides(const std::array<int64_t, 4>& order, c10::SymIntArrayRef sizes) {
   c10::SymDimVector strides(4);
   c10::SymInt step = 1;
   for (int64_t i = 3; i >= 0; --i) {
-    strides[f.order[i]] = step;
-    step *= sizes[f.order[i]];
+    strides[order[i]] = step;
+    step *= sizes[order[i]];
   }
   return strides;
 }
@@ -1555,7 +1562,7 @@ c10::SymDimVector out_strides(const Form& f, c10::SymIntArrayRef sizes) {
 // The fallback's result in the layout the kernels write (above).
 at::Tensor attention_laid_out(const Form& f, const at::Tensor& y) {
   if (y.dim() != 4) return laid_packed(y);
-  return laid_out(y, out_strides(f, y.sym_sizes()));
+  return laid_out(y, out_strides(f.order, y.sym_sizes()));
 }
 
 fact_mask::MaskMode mask_mode(const Form& f) {
@@ -1611,7 +1618,7 @@ std::optional<fact_mask::MaskValue> mask_value(const at::Tensor& mask, fact_mask
       }
     }
   }
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return std::nullopt;
+  if (capturing()) return std::nullopt;
   ClassifiedMask c{mask, mask._version(), mode, {q_rank, b, h, tq, tk}, by_shape,
                    fact_mask::classify(mask, mode, q_rank, b, h, tq, tk)};
   std::lock_guard<std::mutex> lock(masks_mutex);
@@ -1746,14 +1753,16 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
     // The where form: the fill masks the cells (the rule read it as a constant at or below the
     // bound), so the condition is one more bool mask (beside a bias, the only one).
     const auto cond_value = [&] { return mask_value(*cond, fact_mask::MaskMode::Bool, f.static_mask, q.dim(), b, h, tq, tk); };
-    const std::optional<fact_mask::MaskValue> read =
+    std::optional<fact_mask::MaskValue> read =
         f.bias ? cond_value() : mask_value(*mask, mask_mode(f), f.static_mask, q.dim(), b, h, tq, tk);
-    const std::optional<fact_mask::MaskValue> also = f.where && !f.bias ? cond_value() : read;
-    if (!read.has_value() || !also.has_value()) {
+    if (read.has_value() && f.where && !f.bias) {
+      const std::optional<fact_mask::MaskValue> c = cond_value();
+      read = c.has_value() ? std::optional<fact_mask::MaskValue>(both(*read, *c)) : std::nullopt;
+    }
+    if (!read.has_value()) {
       return why = "a mask read anew each forward, under CUDA graph capture (its class is read on the host)", at::Tensor();
     }
-    fact_mask::MaskValue m = *read;
-    if (f.where && !f.bias) m = both(m, *also);
+    const fact_mask::MaskValue m = *read;
     if (!kernel_takes(f.kernel_class, m.cls, tk)) {
       switch (m.cls) {
         case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();
@@ -1801,14 +1810,9 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   c10::cuda::CUDAGuard guard(q.device());
   // The output in the form's memory order; a kernel that writes only its own ([B,Tq,H,D], the
   // sm80 kernels) writes that, and the op copies it into the form's order (counted as a copy).
-  const std::array<int64_t, 4> sizes{b, h, tq, d};
+  const c10::SymDimVector sizes{b, h, tq, d};
   auto allocate = [&](const std::array<int64_t, 4>& order) {
-    std::array<int64_t, 4> memory{}, back{};
-    for (int64_t i = 0; i < 4; ++i) {
-      memory[i] = sizes[order[i]];
-      back[order[i]] = i;
-    }
-    return at::empty(memory, q.options()).permute(back);
+    return at::empty_strided_symint(sizes, out_strides(order, sizes), q.options());
   };
   const at::Tensor out = allocate(f.order);
   // The kernel ABI: q, k, v (k/v with their own heads), out, the scale factor, each sequence's
@@ -1820,9 +1824,8 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
   const FactOpArgs args{tensors, 7, scalars, 3};
   if (launch_kernel(index, args, q, kernel, "attention")) return q.dim() == 4 ? out : out.squeeze(1);
-  constexpr std::array<int64_t, 4> kKernels{0, 2, 1, 3};
-  if (f.order != kKernels) {
-    const at::Tensor own = allocate(kKernels);
+  if (f.order != kKernelsOrder) {
+    const at::Tensor own = allocate(kKernelsOrder);
     tensors[3] = fact_tensor(own);
     if (launch_kernel(index, args, q, kernel, "attention")) {
       copied = true;

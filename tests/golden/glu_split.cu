@@ -204,10 +204,12 @@ inline bool device_call_key(int device, const FactOpArgs* a, const FactKnobs* kn
   return ok;
 }
 
-// The key of a call on the current device.
-inline bool call_key(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
+// The key of a call on the current device, for `kept_params`: `&key`, or NULL where the call has
+// none (then nothing is kept). Only for a call whose arguments are a function of `a`, `knobs` and
+// the workspace alone.
+inline const CallKey* key_of(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
   int device = 0;
-  return cudaGetDevice(&device) == cudaSuccess && device_call_key(device, a, knobs, workspace, key);
+  return cudaGetDevice(&device) == cudaSuccess && device_call_key(device, a, knobs, workspace, key) ? &key : nullptr;
 }
 
 // `params` for the call `key` names: those kept for it, else `make()`'s, then kept. A table of
@@ -274,12 +276,6 @@ int32_t launch_adapter(const typename Op::Arguments& args, void* workspace, cuda
   typename Kernel::Params params =
       kept_params<Kernel>(key, [&] { return Kernel::to_underlying_arguments(args, workspace); });
   return Op::run(params, stream) == cutlass::Status::kSuccess ? FACT_OK : FACT_LAUNCH_FAILED;
-}
-
-// `key` for launch_adapter where the call's arguments are a function of `a`, `knobs` and the
-// workspace alone, else NULL (then nothing is kept).
-inline const CallKey* key_of(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
-  return call_key(a, knobs, workspace, key) ? &key : nullptr;
 }
 
 // Operands and output share a type except in the split families, whose parts are narrower than

@@ -122,10 +122,12 @@ inline bool device_call_key(int device, const FactOpArgs* a, const FactKnobs* kn
   return ok;
 }
 
-// The key of a call on the current device.
-inline bool call_key(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
+// The key of a call on the current device, for `kept_params`: `&key`, or NULL where the call has
+// none (then nothing is kept). Only for a call whose arguments are a function of `a`, `knobs` and
+// the workspace alone.
+inline const CallKey* key_of(const FactOpArgs* a, const FactKnobs* knobs, const void* workspace, CallKey& key) {
   int device = 0;
-  return cudaGetDevice(&device) == cudaSuccess && device_call_key(device, a, knobs, workspace, key);
+  return cudaGetDevice(&device) == cudaSuccess && device_call_key(device, a, knobs, workspace, key) ? &key : nullptr;
 }
 
 // `params` for the call `key` names: those kept for it, else `make()`'s, then kept. A table of
@@ -634,9 +636,8 @@ extern "C" __attribute__((weak)) int32_t fact_k_sm90_fmha_bf16_bf16_q128_k128_d9
   if (workspace == nullptr || workspace_size < fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::lse_bytes(a)) return FACT_WORKSPACE_TOO_SMALL;
   // The arguments are a function of the call and the workspace alone: kept per call.
   fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::CallKey key;
-  const bool keyed = fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::call_key(a, nullptr, workspace, key);
   const typename Kernel::Params params = fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::kept_params<Kernel>(
-      keyed ? &key : nullptr, [&] { return Kernel::to_underlying_arguments(args, workspace); });
+      fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::key_of(a, nullptr, workspace, key), [&] { return Kernel::to_underlying_arguments(args, workspace); });
   constexpr auto kernel = cutlass::device_kernel<Kernel>;
   constexpr int smem = Kernel::SharedStorageSize;
   if (!fact_sm90_fmha_bf16_bf16_q128_k128_d96_persist_ovl_pq_causal::smem_opt_in<Kernel>(reinterpret_cast<const void*>(kernel), smem)) return FACT_INIT_FAILED;
