@@ -65,6 +65,17 @@ def log(*args):
     print(f"[{datetime.datetime.now():%H:%M:%S}]", *args, flush=True)
 
 
+def said(e, width=200):
+    """An exception as a record's errors hold it: its type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:width] if text else ''}"
+
+
+def ts_copy(out, name):
+    """Where compose's --torchscript-copy of NAME's composition lies (the same op library)."""
+    return out / "fact" / name / "torchscript" / "composed.pt"
+
+
 def grid(model):
     """The serving shapes of `model`: (batch, seq) pairs, seq None for images; the zoo's last.
     Lengths past what the model takes (BERT's 512 positions) are left out."""
@@ -234,8 +245,8 @@ def capture_child(out, name):
     torch.set_grad_enabled(False)
     d = out / "fact" / name
     loads = {"pt2": lambda: torch.export.load(str(d / "composed.pt2")).module()}
-    if (d / "torchscript" / "composed.pt").exists():
-        loads["ts"] = lambda: torch.jit.load(str(d / "torchscript" / "composed.pt"), map_location="cuda")
+    if ts_copy(out, name).exists():
+        loads["ts"] = lambda: torch.jit.load(str(ts_copy(out, name)), map_location="cuda")
     rows = []
     path = out / "captures" / f"{name}.json"
     for key, load in loads.items():
@@ -262,7 +273,7 @@ def capture_child(out, name):
         except Exception as e:  # noqa: BLE001 -- the row says which runtime failed and why
             traceback.print_exc()
             row["ok"] = False
-            row["errors"]["capture"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            row["errors"]["capture"] = said(e)
         write_json(path, rows)
         log(name, "capture", key, {k: row.get(k) for k in ("ok", "replay_vs_uncaptured", "captured_fallback_calls")})
 
@@ -283,7 +294,7 @@ def measure_child(out, name, aoti, zoo_modes, deadline):
             fn()
         except Exception as e:  # noqa: BLE001 -- recorded; the other stages run
             traceback.print_exc()
-            rec["errors"][key] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            rec["errors"][key] = said(e, 300)
         write_json(rec_path, rec)
 
     wrapper = models.build(model, ci=False, device="cuda", dtype=DTYPE)
@@ -366,7 +377,7 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
     stage("compile", lambda: mode("compile_ms", torch.compile(wrapper), "compile_s"))
     stage("fact_pt2", lambda: mode("fact_pt2_ms", composed))
     stage("fact_pt2_compile", lambda: mode("fact_pt2_compile_ms", torch.compile(composed), "fact_pt2_compile_s"))
-    ts = d / "torchscript" / "composed.pt"
+    ts = ts_copy(out, name)
     if ts.exists():
         stage("fact_ts", lambda: mode("fact_ts_ms", torch.jit.load(str(ts), map_location="cuda")))
 
@@ -406,15 +417,15 @@ def grid_child(out, name, side, shapes, deadline):
         lib = Library(out / "fact" / name / "libfact_ops.so")
         composed = torch.export.load(str(out / "fact" / name / "composed.pt2")).module()
         # Not the composed program under torch.compile's reduce-overhead: its CUDA graph trees
-        # refuse a program whose ops keep tensors of the graphs' pool past a call (fact's memo and
-        # its classified masks do: "Detected 2 tensor(s) in the cudagraph pool not tracked as
-        # outputs"), which every model with a memo or a mask hits.
+        # refuse a program whose ops keep tensors of the graphs' pool past a call, which fact's
+        # memo and its classified masks do where they first fill during the trees' warm-up
+        # ("Detected 2 tensor(s) in the cudagraph pool not tracked as outputs"), as they did at
+        # every shape of every model with a memo or a mask here, after the graph capture above.
         modes = {"fact_ms": lambda xs: composed, "fact_graph_ms": lambda xs: graphed(composed, xs)}
         # The TorchScript copy compose wrote beside the program (same op library): the composition
         # without the exported program's Python interpreter, which is the host time at small shapes.
-        ts_copy = out / "fact" / name / "torchscript" / "composed.pt"
-        if ts_copy.exists():
-            scripted = torch.jit.load(str(ts_copy), map_location="cuda")
+        if ts_copy(out, name).exists():
+            scripted = torch.jit.load(str(ts_copy(out, name)), map_location="cuda")
             modes["fact_ts_ms"] = lambda xs: scripted
     for batch, seq in shapes:
         if time.monotonic() > deadline:
@@ -434,14 +445,14 @@ def grid_child(out, name, side, shapes, deadline):
                 fns[key] = fn
             except Exception as e:  # noqa: BLE001 -- the row says which mode failed and why
                 traceback.print_exc()
-                row["errors"][key] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+                row["errors"][key] = said(e)
             write_json(path, rows)
         if side == "fact":
             row["kernel_calls"], row["fallback_calls"], row["fallback_why"] = lib.counted(composed, xs)
         try:
             row.update({k: round(v, 4) for k, v in time_interleaved(fns, xs, flush).items()})
         except Exception as e:  # noqa: BLE001
-            row["errors"]["timing"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+            row["errors"]["timing"] = said(e)
         write_json(path, rows)
         log(name, side, shape, {k: v for k, v in row.items() if k.endswith("_ms") or k.endswith("_calls")})
 
@@ -574,7 +585,7 @@ def main():
             write_json(args.out / "compose" / f"{model.name}.json", comp)
         except Exception as e:  # noqa: BLE001 -- one model's failure is recorded, the next runs
             traceback.print_exc()
-            rec["errors"]["run"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            rec["errors"]["run"] = said(e, 300)
             write_json(rec_path, rec)
 
 
