@@ -1473,6 +1473,15 @@ Form parse_form(c10::string_view text) { return parsed<Form>(text, read_form); }
 // Whether the current stream is capturing a CUDA graph.
 bool capturing() { return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None; }
 
+// cuDNN's SDPA turned off while it lives (the user's choice restored after).
+struct NoCudnnSdpa {
+  bool was = at::globalContext().userEnabledCuDNNSDP();
+  NoCudnnSdpa() { at::globalContext().setSDPUseCuDNN(false); }
+  ~NoCudnnSdpa() { at::globalContext().setSDPUseCuDNN(was); }
+  NoCudnnSdpa(const NoCudnnSdpa&) = delete;
+  NoCudnnSdpa& operator=(const NoCudnnSdpa&) = delete;
+};
+
 // The tensor masked_fill fills, as the graph derived it from `mask`.
 at::Tensor filled(const Form& f, const at::Tensor& mask) {
   if (f.mask == "not") return at::bitwise_not(mask);
@@ -1507,12 +1516,15 @@ at::Tensor attention_original(const Form& f, const at::Tensor& q, const at::Tens
     }
     const std::optional<double> sdpa_scale = f.scale_op == 's' ? std::optional<double>(f.scale) : std::nullopt;
     // On Meta tensors (the meta function's), SDPA's math: the same sizes and dtype, without asking
-    // which backend the tensors' device would run. Under CUDA graph capture too: the backend SDPA
-    // picks for a masked call (cuDNN's) fails to allocate while the stream captures.
-    if (q.is_meta() || (q.is_cuda() && capturing())) {
+    // which backend the tensors' device would run.
+    if (q.is_meta()) {
       return std::get<0>(at::_scaled_dot_product_attention_math(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat),
                                                                 dense, 0.0, f.causal, std::nullopt, sdpa_scale, f.gqa));
     }
+    // Under CUDA graph capture, the backend SDPA picks for a masked call (cuDNN's) fails to
+    // allocate while the stream captures: torch picks among the others (mem-efficient takes a mask).
+    std::optional<NoCudnnSdpa> no_cudnn;
+    if (q.is_cuda() && capturing()) no_cudnn.emplace();
     return at::scaled_dot_product_attention(q, repeat_heads(k, f.repeat), repeat_heads(v, f.repeat), dense, 0.0,
                                             f.causal, sdpa_scale, f.gqa);
   }
