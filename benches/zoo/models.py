@@ -364,7 +364,10 @@ def mpnet(ci):
     # MPNet-base (a held-out family; all-mpnet-base-v2's encoder): BERT-base's dims, no pooler,
     # each layer's eager attention adding the relative position bias (computed once, from the
     # positions alone) and then the padding mask to its scores.
-    config = MPNetConfig(num_hidden_layers=layers(ci, 12), **({"vocab_size": CI_VOCAB} if ci else {}))
+    # 514 positions as MPNet-base has (MPNetConfig says 512): positions start after the pad id, 1,
+    # so 512 tokens reach position 513.
+    config = MPNetConfig(num_hidden_layers=layers(ci, 12), max_position_embeddings=514,
+                         **({"vocab_size": CI_VOCAB} if ci else {}))
     return Encoder(MPNetModel(config, add_pooling_layer=False))
 
 
