@@ -683,10 +683,7 @@ fn lower_arg(a: &NamedArgument) -> Result<ffi::ExportArg, String> {
         }
         Argument::AsDevice(d) => {
             out = export_arg(name, K::Device);
-            out.text = match d.index {
-                Some(i) => format!("{}:{i}", d.kind),
-                None => d.kind.clone(),
-            };
+            out.text = device_text(d);
         }
         other => return Err(format!("argument {name} ({})", other.what())),
     }
@@ -819,7 +816,9 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
                 .map(|o| o.defined_names().into_iter().next().unwrap_or_default())
                 .collect()
         };
-        let (op, overload, args, outputs) = respell(op, overload, args, outputs, &read);
+        let device_of = |v: &str| g.tensor_values.get(v).map(|m| device_text(&m.device));
+        let (op, overload, args, outputs) =
+            respell(op, overload, args, outputs, &read, &device_of);
         let (op, overload, args) = alias_as_slice(g, op, overload, args);
         nodes.push(ffi::ExportNode {
             op,
@@ -851,8 +850,10 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
 
 /// Export's spellings that TorchScript writes as another op, read as a trace writes them, so the
 /// rules read them as they read a trace:
-/// - `to.dtype_layout` with a dtype is `to.dtype` (the device is the program's one device; the
-///   layout strided), and so is `_to_copy` with a dtype (run_decompositions' cast);
+/// - `to.dtype_layout` with a dtype is `to.dtype` (the layout strided, and the device none or
+///   the one its tensor is on), and so is `_to_copy` with a dtype (run_decompositions' cast); a
+///   move to another device (BEiT's and MPNet's positions, made on the CPU) keeps its spelling,
+///   device and all;
 /// - run_decompositions' `convolution` is `_convolution` with a trace's flags,
 ///   `native_layer_norm` and `_native_batch_norm_legit_no_training` whose statistics nothing reads
 ///   are `layer_norm` and `batch_norm` (eval), and `_softmax` without its half-to-float is
@@ -863,6 +864,7 @@ fn respell(
     mut args: Vec<ffi::ExportArg>,
     mut outputs: Vec<String>,
     read: &std::collections::HashSet<String>,
+    device_of: &dyn Fn(&str) -> Option<String>,
 ) -> (String, String, Vec<ffi::ExportArg>, Vec<String>) {
     use ffi::ExportArgKind as K;
     let has = |args: &[ffi::ExportArg], name: &str, kind: K| {
@@ -882,7 +884,17 @@ fn respell(
             let strided = args
                 .iter()
                 .all(|a| a.name != "layout" || a.kind == K::None || a.ints == [0]);
-            if has(&args, "dtype", K::ScalarType) && strided {
+            let stays = args.iter().all(|a| {
+                a.name != "device" || a.kind == K::None || {
+                    let from = args
+                        .iter()
+                        .find(|s| s.name == "self" && s.kind == K::Tensor)
+                        .and_then(|s| s.names.first())
+                        .and_then(|v| device_of(v));
+                    from.is_some_and(|f| same_device(&f, &a.text))
+                }
+            });
+            if has(&args, "dtype", K::ScalarType) && strided && stays {
                 let keep = ["self", "dtype", "non_blocking", "copy", "memory_format"];
                 let args = args
                     .into_iter()
@@ -927,6 +939,21 @@ fn respell(
         _ => {}
     }
     (op, overload, args, outputs)
+}
+
+/// A device as torch::Device parses it ("cuda:0", "cpu").
+fn device_text(d: &schema::Device) -> String {
+    match d.index {
+        Some(i) => format!("{}:{i}", d.kind),
+        None => d.kind.clone(),
+    }
+}
+
+/// Whether two devices' texts name one device (a type without an index is its current one).
+fn same_device(a: &str, b: &str) -> bool {
+    let (ak, ai) = a.split_once(':').map_or((a, None), |(k, i)| (k, Some(i)));
+    let (bk, bi) = b.split_once(':').map_or((b, None), |(k, i)| (k, Some(i)));
+    ak == bk && (ai.is_none() || bi.is_none() || ai == bi)
 }
 
 /// The values an argument reads.
@@ -1032,6 +1059,43 @@ mod tests {
             Some(("aten::mul".into(), "int".into()))
         );
         assert_eq!(op_of("builtins.getattr"), None);
+    }
+
+    #[test]
+    fn a_cast_reads_as_to_dtype_unless_it_moves_its_tensor_to_another_device() {
+        use ffi::ExportArgKind as K;
+        let cast = |device: Option<&str>| {
+            let mut x = export_arg("self", K::Tensor);
+            x.names = vec!["pos".into()];
+            let mut dtype = export_arg("dtype", K::ScalarType);
+            dtype.text = "i64".into();
+            let mut args = vec![x, dtype];
+            if let Some(d) = device {
+                let mut a = export_arg("device", K::Device);
+                a.text = d.into();
+                args.push(a);
+            }
+            respell(
+                "aten::to".into(),
+                "dtype_layout".into(),
+                args,
+                vec!["out".into()],
+                &Default::default(),
+                &|v: &str| (v == "pos").then(|| "cpu".to_string()),
+            )
+        };
+        for same in [None, Some("cpu")] {
+            let (op, overload, args, _) = cast(same);
+            assert_eq!((op.as_str(), overload.as_str()), ("aten::to", "dtype"));
+            assert!(args.iter().all(|a| a.name != "device"));
+        }
+        // MPNet's relative positions, made on the CPU and moved to the GPU: a trace's `to.dtype`
+        // would leave them on the CPU.
+        let (op, overload, args, _) = cast(Some("cuda:0"));
+        assert_eq!((op.as_str(), overload.as_str()), ("aten::to", "dtype_layout"));
+        assert!(args.iter().any(|a| a.name == "device" && a.text == "cuda:0"));
+        assert!(same_device("cuda", "cuda:0") && same_device("cuda:1", "cuda:1"));
+        assert!(!same_device("cuda:0", "cuda:1") && !same_device("cpu", "cuda"));
     }
 
     #[test]
