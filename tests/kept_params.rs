@@ -131,7 +131,11 @@ fn a_kernel_keeps_params_per_call_and_never_hands_one_call_another_s() {
         .arg(&exe)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let run = Command::new(&exe).output().unwrap();
     let said = String::from_utf8_lossy(&run.stdout);
     assert!(run.status.success() && said.trim() == "ok", "{said}");

@@ -1069,7 +1069,11 @@ fn out_order(g: &Graph, nodes: &[NodeId]) -> Option<[usize; 4]> {
     if t.shape.len() != 4 || t.strides.len() != 4 {
         return None;
     }
-    let mut moving: Vec<usize> = KERNELS.iter().copied().filter(|&d| t.shape[d] != 1).collect();
+    let mut moving: Vec<usize> = KERNELS
+        .iter()
+        .copied()
+        .filter(|&d| t.shape[d] != 1)
+        .collect();
     // Larger strides outermost; equal ones keep the kernels' order (a stable sort).
     moving.sort_by_key(|&d| std::cmp::Reverse(t.strides[d]));
     let mut order = KERNELS;
@@ -2210,7 +2214,10 @@ mod tests {
         let form = |out: &str| match_attention(&g(out))[0].form();
         // torchvision's MultiheadAttention: q is a view of [T, B*H, D], and SDPA's output lies
         // as q does, [T,B,H,D] memory; the exported graph then views it without a copy.
-        assert_eq!(form("bf16[32,12,197,64]{768,64,24576,1}"), "sdpa;out=2,0,1,3");
+        assert_eq!(
+            form("bf16[32,12,197,64]{768,64,24576,1}"),
+            "sdpa;out=2,0,1,3"
+        );
         // The kernels' own order, packed [B,H,T,D] (which keeps the kernels'), and nothing recorded.
         assert_eq!(form("bf16[32,12,197,64]{151296,64,768,1}"), "sdpa");
         assert_eq!(form("bf16[32,12,197,64]{151296,12608,64,1}"), "sdpa");
