@@ -314,7 +314,8 @@ print("ok")
 /// A module of fact ops (a LayerNorm, sibling linears, GEMMs with an epilogue, one reading no
 /// leaves as GPT-2's MLP does) exported with dynamic batch and sequence dims holds them as calls,
 /// saves, loads and runs as the module does at other sizes; AOTInductor packages it and its runner
-/// calls them through the dispatcher (whose proxy executor passes an empty leaf list as None).
+/// calls them through the dispatcher (whose proxy executor passes an empty leaf list as None), or,
+/// with their C shims registered (`fact.use_c_shims`), through those.
 #[test]
 fn an_exported_module_of_fact_ops_saves_loads_runs_and_packages() {
     let dir = tempfile::tempdir().unwrap();
@@ -346,11 +347,26 @@ with torch.no_grad():
         want = m(x)
         assert torch.allclose(loaded(x), want, atol=1e-5)
         assert torch.allclose(runner(x), want, atol=1e-5)
+# With the ops' C shims registered, a package calls them directly: two results, an empty leaf
+# list and None among them.
+import fact, zipfile
+shimmed = fact.use_c_shims({lib:?})
+assert {{"layernorm", "gemm_ep", "linears2"}} <= set(shimmed), shimmed
+shims = torch._inductor.aoti_compile_and_package(program, package_path={shims:?})
+with zipfile.ZipFile(shims) as z:
+    code = "".join(z.read(n).decode(errors="replace") for n in z.namelist() if n.endswith(".cpp"))
+assert all(f"aoti_torch_cpu_{{op}}(" in code for op in ("layernorm", "linears2", "gemm_ep")), [n for n in zipfile.ZipFile(shims).namelist()]
+runner = torch._inductor.aoti_load_package(shims)
+with torch.no_grad():
+    for x in (torch.randn(3, 7, 16), torch.randn(4, 2, 16)):
+        assert torch.allclose(runner(x), m(x), atol=1e-5)
 print("ok")
 "#,
         preamble = preamble(),
+        lib = op_library().display().to_string(),
         saved = dir.path().join("m.pt2").display().to_string(),
         package = dir.path().join("m_aoti.pt2").display().to_string(),
+        shims = dir.path().join("m_shims.pt2").display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");
 }

@@ -193,6 +193,29 @@ print("ok")
         orig = fixture("linear.pt2").display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");
+    // Under Inductor's C++ wrapper, with the library's C shims registered, the wrapper calls the
+    // op's shim directly, not through Python, and computes what the program does.
+    let script = format!(
+        r#"
+import torch
+import fact
+from torch._inductor.utils import run_and_get_code
+torch._inductor.config.fx_graph_cache = False
+assert "gemm" in fact.use_c_shims({lib:?}), "gemm has no shim"
+m = torch.export.load({composed:?}).module()
+x = torch.randn(7, 64)
+with torch.no_grad():
+    want = m(x)
+    got, code = run_and_get_code(torch.compile(m, options={{"cpp_wrapper": True}}), x)
+code = "\n".join(code)
+assert "aoti_torch_cpu_gemm(" in code and '"torch.ops.fact.' not in code, code[-3000:]
+assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
+print("ok")
+"#,
+        lib = lib.display().to_string(),
+        composed = composed.display().to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
     // The plan says the batch is dynamic and where it was tuned.
     let plan = plan(&fixture("linear.pt2"));
     let dynamic = plan["source"]["dynamic"].as_array().unwrap();
@@ -269,9 +292,13 @@ fn zoo_programs_composed_compute_the_originals_on_the_cpu() {
         }
         let script = format!(
             r#"
+import re
 import torch
 import fact
+from torch._inductor.utils import run_and_get_code
 fact.load_library({lib:?})  # as a user loads it for torch.compile
+# And the ops' C shims, which only Inductor's C++ wrapper calls (the programs named below).
+shimmed = fact.use_c_shims({lib:?})
 # Inductor's caches key a compiled graph by the graph, not by the op library's code: one compiled
 # against an earlier build of these ops would be taken for this one.
 torch._inductor.config.fx_graph_cache = False
@@ -300,6 +327,22 @@ for name, orig, composed, calls in [{cases}]:
             bad.append(f"{{name}}: relative error {{err}} under torch.compile")
     except Exception as e:
         bad.append(f"{{name}}: under torch.compile: {{type(e).__name__}}: {{str(e).splitlines()[0][:300]}}")
+    # Under the C++ wrapper, which calls each fact op's C shim (a decoder's GEMMs, norms, GLU,
+    # rotary and attention; an encoder's GEMM epilogues; a CNN's convolutions and their int lists).
+    if name in ("llama", "bert", "convnext_tiny"):
+        try:
+            with torch.no_grad():
+                compiled, code = run_and_get_code(torch.compile(ep.module(), options={{"cpp_wrapper": True}}), *args, **kwargs)
+            code = "\n".join(code)
+            through_python = sorted(set(re.findall(r'"torch\.ops\.(fact\.\w+)', code)))
+            if through_python or "aoti_torch_cpu_" not in code:
+                bad.append(f"{{name}}: the C++ wrapper calls {{through_python or 'no shim'}} through Python")
+            err = ((compiled.double() - have.double()).norm() / have.double().norm().clamp_min(1e-30)).item()
+            if not err <= 1e-5:
+                bad.append(f"{{name}}: relative error {{err}} under the C++ wrapper")
+        except Exception as e:
+            said = [l for l in str(e).splitlines() if "error" in l.lower()][:3] or str(e).splitlines()[:1]
+            bad.append(f"{{name}}: under the C++ wrapper: {{type(e).__name__}}: {{' / '.join(said)[:900]}}")
     # A text program's sequence is dynamic: at an odd length too, where the original runs there.
     if args and all(a.dim() == 2 and a.shape[1] > 37 for a in args):
         short = tuple(a[:, :37] for a in args)
@@ -374,8 +417,13 @@ torch.export.save(ep, {original:?})
         .find(|k| k.name() == "attention")
         .unwrap();
     let edits = kind.edits(&g, &attention);
-    torch::rewrite_and_write_pt2(&original, &composed, &edits, &fact::kinds::registry::op_schemas())
-        .unwrap();
+    torch::rewrite_and_write_pt2(
+        &original,
+        &composed,
+        &edits,
+        &fact::kinds::registry::op_schemas(),
+    )
+    .unwrap();
     let said = run_python(&format!(
         r#"
 import torch

@@ -29,7 +29,7 @@ import sys
 import threading
 from pathlib import Path
 
-__all__ = ["ComposeError", "cli", "compose", "load", "load_library", "stats"]
+__all__ = ["ComposeError", "cli", "compose", "load", "load_library", "stats", "use_c_shims"]
 
 _REPO = Path(__file__).resolve().parents[2]
 # Op libraries this process loaded, by resolved path: torch registers a library's ops once.
@@ -187,6 +187,37 @@ def _register_with_inductor():
             if op not in lowerings:
                 constraint = tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
                 make_fallback(op, layout_constraint=constraint, warn=False)
+
+
+def use_c_shims(lib):
+    """Has Inductor's C++ wrappers (`torch.compile(..., options={"cpp_wrapper": True})`, and
+    AOTInductor packages compiled and loaded in this process) call fact's ops through the C shims
+    the op library exports, as they call torch's own ops, instead of through Python (a C++
+    wrapper's default for a custom op) or the dispatcher's boxed path (AOTInductor's proxy
+    executor). Loads the library (`load_library`) and makes its symbols global in this process,
+    so that the compiled wrappers link against them. An op whose shim name torch's own shim
+    headers declare is left to the default path. Returns the ops registered, by name."""
+    import torch
+
+    lib = _library(lib)
+    load_library(lib)
+    handle = ctypes.CDLL(str(lib.resolve()), mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+    if not hasattr(handle, "fact_c_shims"):
+        return []  # a library composed before the ops had shims
+    handle.fact_c_shims.restype = ctypes.c_char_p
+    shims = json.loads(handle.fact_c_shims())
+    headers = Path(torch.__file__).parent / "include/torch/csrc/inductor/aoti_torch/generated"
+    torch_shims = "".join(h.read_text() for h in sorted(headers.glob("c_shim_*.h")))
+    config = torch._inductor.config.aot_inductor
+    registered = dict(config.custom_ops_to_c_shims)
+    done = []
+    for name, declarations in sorted(shims.items()):
+        if any(f"aoti_torch_{device}_{name}(" in torch_shims for device in ("cpu", "cuda")):
+            continue
+        registered[getattr(torch.ops.fact, name).default] = declarations
+        done.append(name)
+    config.custom_ops_to_c_shims = registered
+    return done
 
 
 def load(out):

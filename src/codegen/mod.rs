@@ -197,6 +197,96 @@ pub struct OpCode {
     pub body: String,
 }
 
+/// An op's C shim: the C function Inductor's C++ wrappers (torch.compile's `cpp_wrapper`,
+/// AOTInductor) call in place of a call through Python or the dispatcher, once the op is
+/// registered in `torch._inductor.config.aot_inductor.custom_ops_to_c_shims`
+/// (`fact.use_c_shims`). Its parameters follow torch's c-shim convention, as Inductor passes
+/// them: a tensor as a handle, an optional one as a pointer to one (null for None), a list as a
+/// pointer and a length, a str as a C string, each result through `ret0`, `ret1`, ... An optional
+/// list is a pointer to the list's pointer, null for None; Inductor passes an empty one as a
+/// pointer to a `nullptr_t`, so the parameter is `const void*` and its pointer is read only when
+/// the length is not 0. `params` declares them; `body` calls the op's `function` with them and
+/// hands its results back. None for an op whose schema has a type outside that convention or
+/// returns anything but tensors.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CShim {
+    pub params: String,
+    pub body: String,
+}
+
+pub fn c_shim(schema: &str, function: &str) -> Option<CShim> {
+    let (_, rest) = schema.split_once('(')?;
+    let (args, ret) = rest.rsplit_once(") -> ")?;
+    let ret = ret.trim();
+    let results = if ret == "Tensor" {
+        1
+    } else {
+        let inner = ret.strip_prefix('(')?.strip_suffix(')')?;
+        let parts: Vec<&str> = inner.split(", ").collect();
+        if !parts.iter().all(|p| p.trim() == "Tensor") {
+            return None;
+        }
+        parts.len()
+    };
+    let (mut params, mut call) = (Vec::new(), Vec::new());
+    for arg in args.split(", ") {
+        let arg = arg.split('=').next()?.trim();
+        if arg == "*" {
+            continue;
+        }
+        let (ty, name) = arg.rsplit_once(' ')?;
+        let (param, value) = match ty.trim() {
+            "Tensor" => (
+                format!("AtenTensorHandle {name}"),
+                format!("fact_shim::tensor({name})"),
+            ),
+            "Tensor?" => (
+                format!("AtenTensorHandle* {name}"),
+                format!("fact_shim::optional({name})"),
+            ),
+            "Tensor[]" => (
+                format!("const AtenTensorHandle* {name}, int64_t {name}_len_"),
+                format!("at::TensorList(fact_shim::list({name}, {name}_len_))"),
+            ),
+            "Tensor[]?" => (
+                format!("const void* {name}, int64_t {name}_len_"),
+                format!("fact_shim::optional_list({name}, {name}_len_)"),
+            ),
+            "int[]" => (
+                format!("const int64_t* {name}, int64_t {name}_len_"),
+                format!("at::IntArrayRef({name}, {name}_len_)"),
+            ),
+            "int" => (format!("int64_t {name}"), name.to_string()),
+            "float" => (format!("double {name}"), name.to_string()),
+            "bool" => (format!("int32_t {name}"), format!("{name} != 0")),
+            "str" => (
+                format!("const char* {name}"),
+                format!("c10::string_view({name})"),
+            ),
+            _ => return None,
+        };
+        params.push(param);
+        call.push(value);
+    }
+    params.extend((0..results).map(|i| format!("AtenTensorHandle* ret{i}")));
+    let call = format!("{function}({})", call.join(", "));
+    let body = if results == 1 {
+        format!("*ret0 = torch::aot_inductor::new_tensor_handle({call});")
+    } else {
+        let mut b = format!("auto r = {call};");
+        for i in 0..results {
+            b.push_str(&format!(
+                " *ret{i} = torch::aot_inductor::new_tensor_handle(std::move(std::get<{i}>(r)));"
+            ));
+        }
+        b
+    };
+    Some(CShim {
+        params: params.join(", "),
+        body,
+    })
+}
+
 /// The variables every op section renders with: the library's arch and the devices that run it.
 pub fn op_vars(arch: crate::types::Arch) -> serde_json::Value {
     let names: Vec<String> = arch
@@ -279,9 +369,26 @@ pub fn render_torch_op(
             } else {
                 "at::Tag::pt2_compliant_tag"
             };
-            json!({ "name": o.name, "schema": o.schema, "function": o.function, "meta": o.meta, "tags": tags })
+            // Only an op with a meta function is one Inductor compiles a call of.
+            let shim = o.meta.and_then(|_| c_shim(o.schema, o.function));
+            json!({ "name": o.name, "schema": o.schema, "function": o.function, "meta": o.meta, "tags": tags,
+                    "shim": shim.map(|c| json!({ "params": c.params, "body": c.body })) })
         })
         .collect::<Vec<_>>());
+    // What `fact.use_c_shims` registers: each shimmed op's declarations, one per device.
+    let shims: serde_json::Map<String, serde_json::Value> = ops
+        .iter()
+        .filter(|o| o.meta.is_some())
+        .filter_map(|o| {
+            let c = c_shim(o.schema, o.function)?;
+            let decls: Vec<String> = ["cpu", "cuda"]
+                .iter()
+                .map(|d| format!("AOTITorchError aoti_torch_{d}_{}({})", o.name, c.params))
+                .collect();
+            Some((o.name.to_string(), json!(decls)))
+        })
+        .collect();
+    vars["shims_json"] = json!(serde_json::to_string(&shims).expect("shims serialize"));
     vars["sections"] = json!(sections
         .iter()
         .map(|(_, code)| json!({ "prelude": code.prelude, "body": code.body }))
@@ -292,5 +399,47 @@ pub fn render_torch_op(
     Source {
         file_name: "fact_torch_op.cpp".into(),
         text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shim_takes_each_argument_as_inductor_passes_it_and_hands_back_each_result() {
+        let c = c_shim(
+            "op(Tensor a, Tensor? b, Tensor[] xs, Tensor[]? ys, int[] dims, int n, float eps, bool on, str kernel) -> (Tensor, Tensor)",
+            "op_fn",
+        )
+        .unwrap();
+        assert_eq!(
+            c.params,
+            "AtenTensorHandle a, AtenTensorHandle* b, const AtenTensorHandle* xs, int64_t xs_len_, \
+             const void* ys, int64_t ys_len_, const int64_t* dims, int64_t dims_len_, int64_t n, \
+             double eps, int32_t on, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1"
+        );
+        assert!(c.body.starts_with(
+            "auto r = op_fn(fact_shim::tensor(a), fact_shim::optional(b), \
+             at::TensorList(fact_shim::list(xs, xs_len_)), fact_shim::optional_list(ys, ys_len_), \
+             at::IntArrayRef(dims, dims_len_), n, eps, on != 0, c10::string_view(kernel));"
+        ));
+        assert!(c.body.contains(
+            "*ret1 = torch::aot_inductor::new_tensor_handle(std::move(std::get<1>(r)));"
+        ));
+        // A default and the keyword-only marker change nothing; one result is handed back whole.
+        let one = c_shim("g(Tensor x, *, Tensor? c=None) -> Tensor", "g").unwrap();
+        assert_eq!(
+            one.params,
+            "AtenTensorHandle x, AtenTensorHandle* c, AtenTensorHandle* ret0"
+        );
+        assert_eq!(
+            one.body,
+            "*ret0 = torch::aot_inductor::new_tensor_handle(g(fact_shim::tensor(x), fact_shim::optional(c)));"
+        );
+        // Outside the convention: no shim, and the op keeps Inductor's default call.
+        assert_eq!(c_shim("h(Tensor x, int? n) -> Tensor", "h"), None);
+        assert_eq!(c_shim("h(Tensor x) -> Tensor[]", "h"), None);
+        assert_eq!(c_shim("h(Tensor x) -> (Tensor, int)", "h"), None);
     }
 }

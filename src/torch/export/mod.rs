@@ -817,8 +817,7 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
                 .collect()
         };
         let device_of = |v: &str| g.tensor_values.get(v).map(|m| device_text(&m.device));
-        let (op, overload, args, outputs) =
-            respell(op, overload, args, outputs, &read, &device_of);
+        let (op, overload, args, outputs) = respell(op, overload, args, outputs, &read, &device_of);
         let (op, overload, args) = alias_as_slice(g, op, overload, args);
         nodes.push(ffi::ExportNode {
             op,
@@ -1092,8 +1091,13 @@ mod tests {
         // MPNet's relative positions, made on the CPU and moved to the GPU: a trace's `to.dtype`
         // would leave them on the CPU.
         let (op, overload, args, _) = cast(Some("cuda:0"));
-        assert_eq!((op.as_str(), overload.as_str()), ("aten::to", "dtype_layout"));
-        assert!(args.iter().any(|a| a.name == "device" && a.text == "cuda:0"));
+        assert_eq!(
+            (op.as_str(), overload.as_str()),
+            ("aten::to", "dtype_layout")
+        );
+        assert!(args
+            .iter()
+            .any(|a| a.name == "device" && a.text == "cuda:0"));
         assert!(same_device("cuda", "cuda:0") && same_device("cuda:1", "cuda:1"));
         assert!(!same_device("cuda:0", "cuda:1") && !same_device("cpu", "cuda"));
     }
