@@ -374,15 +374,31 @@ def measure_child(out, name, aoti, zoo_modes, deadline):
 def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, flush, name, d):
     """The zoo shape's modes: the program eagerly, torch.compile of the model, the composed program
     eagerly and under torch.compile, the same composition as TorchScript (the compose's
-    torchscript/composed.pt, on the same op library: fact_ts_ms), fact's calls, all timed in
-    turns."""
+    torchscript/composed.pt, on the same op library: fact_ts_ms), the model and the composed
+    program under Inductor's C++ wrapper (compile_cpp_ms, fact_pt2_cpp_ms: fact's ops on their C
+    shims), fact's calls, all timed in turns."""
     stage("eager", lambda: mode("eager_ms", original))
     stage("compile", lambda: mode("compile_ms", torch.compile(wrapper), "compile_s"))
     stage("fact_pt2", lambda: mode("fact_pt2_ms", composed))
     stage("fact_pt2_compile", lambda: mode("fact_pt2_compile_ms", torch.compile(composed), "fact_pt2_compile_s"))
-    ts = ts_copy(out, name)
+    ts = d / "torchscript" / "composed.pt"  # ts_copy's path: d is the composed output
     if ts.exists():
         stage("fact_ts", lambda: mode("fact_ts_ms", torch.jit.load(str(ts), map_location="cuda")))
+    # Inductor's C++ wrapper: the model's graph, and the composed program's with fact's ops called
+    # through their C shims (fact.use_c_shims). The shims are registered for that compile only, so
+    # the AOTInductor packages after it keep the proxy executor their records were taken with.
+    stage("compile_cpp", lambda: mode("compile_cpp_ms", torch.compile(wrapper, options={"cpp_wrapper": True}), "compile_cpp_s"))
+
+    def fact_cpp():
+        config = torch._inductor.config.aot_inductor
+        kept = dict(config.custom_ops_to_c_shims)
+        rec["c_shims"] = fact.use_c_shims(d / "libfact_ops.so")
+        try:
+            mode("fact_pt2_cpp_ms", torch.compile(composed, options={"cpp_wrapper": True}), "fact_pt2_cpp_s")
+        finally:
+            config.custom_ops_to_c_shims = kept
+
+    stage("fact_pt2_cpp", fact_cpp)
 
     def counters():
         rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"] = lib.counted(composed, zoo)
@@ -394,7 +410,7 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
         rec["timing"] = f"interleaved: {', '.join(timed)} in turns, {ITERATIONS} iterations, L2 flushed, median"
 
     stage("timing", timing)
-    log(name, {k: rec.get(k) for k in ("eager_ms", "compile_ms", "fact_pt2_ms", "fact_pt2_compile_ms", "fact_ts_ms")})
+    log(name, {k: rec.get(k) for k in ("eager_ms", "compile_ms", "fact_pt2_ms", "fact_pt2_compile_ms", "fact_ts_ms", "compile_cpp_ms", "fact_pt2_cpp_ms")})
 
 
 def grid_child(out, name, side, shapes, deadline):
