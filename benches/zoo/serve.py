@@ -73,7 +73,12 @@ def said(e, width=200):
 
 def ts_copy(out, name):
     """Where compose's --torchscript-copy of NAME's composition lies (the same op library)."""
-    return out / "fact" / name / "torchscript" / "composed.pt"
+    return composed_ts(out / "fact" / name)
+
+
+def composed_ts(d):
+    """The TorchScript copy beside the composed output folder `d`."""
+    return d / "torchscript" / "composed.pt"
 
 
 def grid(model):
@@ -381,7 +386,7 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
     stage("compile", lambda: mode("compile_ms", torch.compile(wrapper), "compile_s"))
     stage("fact_pt2", lambda: mode("fact_pt2_ms", composed))
     stage("fact_pt2_compile", lambda: mode("fact_pt2_compile_ms", torch.compile(composed), "fact_pt2_compile_s"))
-    ts = d / "torchscript" / "composed.pt"  # ts_copy's path: d is the composed output
+    ts = composed_ts(d)
     if ts.exists():
         stage("fact_ts", lambda: mode("fact_ts_ms", torch.jit.load(str(ts), map_location="cuda")))
     # Inductor's C++ wrapper: the model's graph, and the composed program's with fact's ops called

@@ -361,26 +361,30 @@ pub fn render_torch_op(
     vars["device_check"] = json!(check.join(" || "));
     vars["kinds"] = json!(kinds);
     vars["all"] = json!((1u32 << (switches.len() + 1)) - 1);
+    // Only an op with a meta function is one Inductor compiles a call of.
+    let shims: Vec<Option<CShim>> = ops
+        .iter()
+        .map(|o| o.meta.and_then(|_| c_shim(o.schema, o.function)))
+        .collect();
     vars["ops"] = json!(ops
         .iter()
-        .map(|o| {
+        .zip(&shims)
+        .map(|(o, shim)| {
             let tags = if o.flexible_layout {
                 "at::Tag::pt2_compliant_tag, at::Tag::flexible_layout"
             } else {
                 "at::Tag::pt2_compliant_tag"
             };
-            // Only an op with a meta function is one Inductor compiles a call of.
-            let shim = o.meta.and_then(|_| c_shim(o.schema, o.function));
             json!({ "name": o.name, "schema": o.schema, "function": o.function, "meta": o.meta, "tags": tags,
-                    "shim": shim.map(|c| json!({ "params": c.params, "body": c.body })) })
+                    "shim": shim.as_ref().map(|c| json!({ "params": c.params, "body": c.body })) })
         })
         .collect::<Vec<_>>());
     // What `fact.use_c_shims` registers: each shimmed op's declarations, one per device.
     let shims: serde_json::Map<String, serde_json::Value> = ops
         .iter()
-        .filter(|o| o.meta.is_some())
-        .filter_map(|o| {
-            let c = c_shim(o.schema, o.function)?;
+        .zip(&shims)
+        .filter_map(|(o, shim)| {
+            let c = shim.as_ref()?;
             let decls: Vec<String> = ["cpu", "cuda"]
                 .iter()
                 .map(|d| format!("AOTITorchError aoti_torch_{d}_{}({})", o.name, c.params))

@@ -883,15 +883,15 @@ fn respell(
             let strided = args
                 .iter()
                 .all(|a| a.name != "layout" || a.kind == K::None || a.ints == [0]);
+            let from = args
+                .iter()
+                .find(|a| a.name == "self" && a.kind == K::Tensor)
+                .and_then(|a| a.names.first())
+                .and_then(|v| device_of(v));
             let stays = args.iter().all(|a| {
-                a.name != "device" || a.kind == K::None || {
-                    let from = args
-                        .iter()
-                        .find(|s| s.name == "self" && s.kind == K::Tensor)
-                        .and_then(|s| s.names.first())
-                        .and_then(|v| device_of(v));
-                    from.is_some_and(|f| same_device(&f, &a.text))
-                }
+                a.name != "device"
+                    || a.kind == K::None
+                    || from.as_deref().is_some_and(|f| same_device(f, &a.text))
             });
             if has(&args, "dtype", K::ScalarType) && strided && stays {
                 let keep = ["self", "dtype", "non_blocking", "copy", "memory_format"];
