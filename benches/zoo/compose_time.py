@@ -231,7 +231,7 @@ def run_model(args, model, deadline, env0):
     rows = {}
     meta = {"model": name, "policy": POLICY, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commands": {}, "errors": {}}
-    base = {"model": name, "policy": POLICY, "gpu": env0["gpu"], "cores": os.cpu_count(), "fact_commit": env0["commit"]}
+    base = {"model": name, "policy": POLICY, "gpu": env0["gpu"], "cores": len(os.sched_getaffinity(0)), "fact_commit": env0["commit"]}
 
     def row(phase, **fields):
         r = rows.setdefault(phase, {k: None for k in FIELDS} | base | {"phase": phase})
