@@ -193,20 +193,32 @@ print("ok")
         orig = fixture("linear.pt2").display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");
-    // Under Inductor's C++ wrapper, with the library's C shims registered, the wrapper calls the
-    // op's shim directly, not through Python, and computes what the program does.
+    // fact.compile: Inductor's C++ wrapper with the library's C shims registered, which calls the
+    // op's shim directly, not through Python, and computes what the program does; before any
+    // library is loaded it names the fix, and it refuses a mode (torch.compile takes no options
+    // with one).
     let script = format!(
         r#"
 import torch
 import fact
 from torch._inductor.utils import run_and_get_code
 torch._inductor.config.fx_graph_cache = False
-assert "gemm" in fact.use_c_shims({lib:?}), "gemm has no shim"
+try:
+    fact.compile(torch.nn.Linear(2, 2))
+    raise SystemExit("fact.compile ran with no op library loaded")
+except RuntimeError as e:
+    assert "fact.load" in str(e), e
+fact.load_library({lib:?})
 m = torch.export.load({composed:?}).module()
+try:
+    fact.compile(m, mode="reduce-overhead")
+    raise SystemExit("fact.compile took a mode")
+except ValueError as e:
+    assert "torch.compile(program, mode=" in str(e), e
 x = torch.randn(7, 64)
 with torch.no_grad():
     want = m(x)
-    got, code = run_and_get_code(torch.compile(m, options={{"cpp_wrapper": True}}), x)
+    got, code = run_and_get_code(fact.compile(m), x)
 code = "\n".join(code)
 assert "aoti_torch_cpu_gemm(" in code and '"torch.ops.fact.' not in code, code[-3000:]
 assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()
