@@ -112,6 +112,29 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
         (0, 1),
         "a kernel compiles once, whatever the output folder"
     );
+    // A library linked from the same objects is taken as it is (not linked again: the same
+    // file); one of other kernels is linked, and so is the first set again after it.
+    use std::os::unix::fs::MetadataExt;
+    let inode = |p: &std::path::Path| std::fs::metadata(p).unwrap().ino();
+    let build = |specs: &[KernelSpec]| {
+        nvcc::build_library(&tc, specs, "libt.so", &build_options(again.path(), 2)).unwrap()
+    };
+    // (Each library's inode read as it is built: they share one path.)
+    let first = inode(&rebuilt.library);
+    assert_eq!(
+        inode(&build(&[good_spec()]).library),
+        first,
+        "linked again from the same objects"
+    );
+    let other = build(&[good_spec(), accurate_spec()]);
+    let other_inode = inode(&other.library);
+    assert_ne!(other_inode, first);
+    assert_eq!(crate::common::open_kernels(&other.library).len(), 2);
+    let back = inode(&build(&[good_spec()]).library);
+    assert_ne!(back, other_inode, "a stamp of other objects");
+    // Without its stamp (a link stopped midway) the library is linked again.
+    std::fs::remove_file(again.path().join("libt.so.inputs")).unwrap();
+    assert_ne!(inode(&build(&[good_spec()]).library), back);
 
     let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), 3);

@@ -1522,6 +1522,19 @@ mod tests {
         let first = kernels(&flops, 0..QUICK_CANDIDATES);
         assert_eq!(calls[0].0, "objects", "the prefetch batch comes first");
         assert_eq!(sorted(calls[0].1.clone()), first);
+        // Then each sweep's library, linked ahead of the measurements (`link_ahead`).
+        let mut ahead: Vec<Vec<String>> = calls[1..3]
+            .iter()
+            .map(|(name, k)| {
+                assert_eq!(name, "libsweep.so", "{calls:?}");
+                sorted(k.clone())
+            })
+            .collect();
+        ahead.sort();
+        assert_eq!(
+            ahead,
+            flops.map(|f| kernels(&[f], 0..QUICK_CANDIDATES)).to_vec()
+        );
         assert!(
             calls
                 .iter()

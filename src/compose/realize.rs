@@ -925,6 +925,8 @@ pub(super) fn prefetch(
     let mut again = 0;
     let mut resumed = 0;
     let mut hits = 0;
+    // The quick sweeps' libraries, linked side by side after the batch (`link_ahead`).
+    let mut sweep_libraries: Vec<(TableKey, Vec<Spec>)> = Vec::new();
     let here = here(cx);
     // A model's layers repeat their problems: each distinct one once.
     let mut seen = BTreeSet::new();
@@ -989,6 +991,9 @@ pub(super) fn prefetch(
         let found = first_candidates(cx, &inputs, &mut builtin, problem, math, &key)?;
         missed += 1;
         if let Candidates::Kernels { specs: first, .. } = found {
+            if cx.quick && cx.gpu {
+                sweep_libraries.push((key.clone(), first.clone()));
+            }
             specs.extend(first);
         }
     }
@@ -1056,7 +1061,49 @@ pub(super) fn prefetch(
         // A failure here is the library build's to report, where it compiles the object again.
         let _ = op.join().expect("the torch op compile does not panic");
         kernels
-    })
+    })?;
+    link_ahead(cx, &sweep_libraries);
+    Ok(())
+}
+
+/// Links each quick sweep's library (its first candidates, compiled by the batch) into its sweep
+/// folder, side by side on the compose's jobs, before the sweeps measure one at a time: each
+/// sweep then finds its library linked (`nvcc::build_library`'s stamp) and goes straight to its
+/// GPU. A sweep library's host part (its dispatch table, the link against torch) takes about a
+/// second, and a model new to the tables has a sweep for each distinct problem (a Llama-style
+/// decoder nine), which its quick phase otherwise links in turn. Failures are left to the sweeps,
+/// which build again and report them.
+fn link_ahead(cx: RealizeCtx, sweeps: &[(TableKey, Vec<Spec>)]) {
+    if sweeps.is_empty() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = cx.opts.jobs.clamp(1, sweeps.len());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((key, specs)) = sweeps.get(i) else {
+                    break;
+                };
+                let build = nvcc::BuildOptions {
+                    jobs: 1,
+                    show_progress: false,
+                    ..cx.opts.build(&sweep_dir(cx.opts, key, ""))
+                };
+                let _ = cx.compiler.library(cx.tc, specs, "libsweep.so", &build);
+            });
+        }
+    });
+    nvcc::progress_line(
+        cx.opts.progress,
+        format_args!(
+            "linked the {} quick sweeps' libraries in {:.0} s",
+            sweeps.len(),
+            started.elapsed().as_secs_f64()
+        ),
+    );
 }
 
 /// Where a batch's sources go: `folder` under sweeps/, or, for "", the output folder (the

@@ -723,6 +723,35 @@ pub fn build_library(
 
     let library = out_dir.join(lib_name);
     let torch_lib = tc.torch.join("lib");
+    // What the link reads, each object named by its content (the cache's names) and the link's
+    // own inputs: a library already linked from these (its stamp beside it says so) is taken as
+    // it is. A compose links each quick sweep's library while the cores are free (`prefetch`),
+    // and the sweep then finds it linked.
+    let mut inputs: Vec<String> = objects.iter().map(|o| o.display().to_string()).collect();
+    inputs.push(dispatch_obj.display().to_string());
+    inputs.push(op_obj.display().to_string());
+    inputs.push(torch_lib.display().to_string());
+    inputs.push(format!("{:?}", tc.cudart()));
+    // The link's flags are this build's.
+    inputs.push(concat!(env!("CARGO_PKG_VERSION"), " ", env!("FACT_COMMIT")).to_string());
+    let stamp_text = inputs.join("\n");
+    let stamp = out_dir.join(format!("{lib_name}.inputs"));
+    if library.is_file() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&stamp_text) {
+        return Ok(Built {
+            library,
+            kernels,
+            failures,
+            compiled,
+            cached,
+            seconds: start.elapsed().as_secs_f64(),
+        });
+    }
+    // Gone before the link and written after it: a link stopped midway never leaves a stamp
+    // that vouches for another library.
+    match std::fs::remove_file(&stamp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&stamp)(e)),
+        _ => {}
+    }
     // Linked beside its place and renamed into it: a process that loaded the previous library
     // keeps it, and a build stopped midway leaves the previous one whole.
     atomic::write_with(
@@ -761,6 +790,7 @@ pub fn build_library(
         },
         io(&library),
     )?;
+    atomic::write(&stamp, &stamp_text).map_err(io(&stamp))?;
     Ok(Built {
         library,
         kernels,
