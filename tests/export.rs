@@ -110,6 +110,42 @@ print(have.dtype, want.dtype, torch.equal(have, want))
         full_pt = full_pt.display().to_string(),
     ));
     assert_eq!(said, "torch.bool torch.bool True");
+
+    // A number given where the op takes a tensor is written as its Scalar overload's number, not
+    // as a tensor constant, which `torch.jit.load(..., map_location="cuda")` would move to the GPU
+    // away from the CPU tensor it meets (BEiT's relative positions, made on the CPU).
+    let (numbers, numbers_pt) = (
+        dir.path().join("numbers.pt2"),
+        dir.path().join("numbers.pt"),
+    );
+    run_python(&format!(
+        r#"
+import torch
+class M(torch.nn.Module):
+    def forward(self, x):
+        pos = torch.arange(x.shape[-1])
+        pos.add_(13)
+        return x * 0.5 + (pos * 2).to(x.dtype) ** 2
+torch.export.save(torch.export.export(M(), (torch.randn(2, 3),)), {numbers:?})
+print("ok")
+"#,
+        numbers = numbers.display().to_string(),
+    ));
+    torch::save_torchscript(&numbers, &numbers_pt).unwrap();
+    let said = run_python(&format!(
+        r#"
+import torch
+x = torch.randn(2, 3)
+want = torch.export.load({numbers:?}).module()(x)
+ts = torch.jit.load({numbers_pt:?})
+have = ts(x)
+assert "CONSTANTS" not in ts.code, ts.code
+print(torch.equal(have, want))
+"#,
+        numbers = numbers.display().to_string(),
+        numbers_pt = numbers_pt.display().to_string(),
+    ));
+    assert_eq!(said, "True");
 }
 
 /// A table hit composes linear.pt2 into composed.pt2: the program with the linear replaced by a

@@ -157,6 +157,48 @@ bool is_number_type(const c10::TypePtr& t) {
 
 bool valid_name(const std::string& s) { return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])); }
 
+// A Python number passed where `schema` takes a Tensor, given to the overload of the same op that
+// takes a Scalar there (add_.Tensor(x, 13) as add_.Scalar, pow.Tensor_Tensor as Tensor_Scalar),
+// where there is one: every argument named and typed alike but those numbers. ATen computes the
+// Scalar overload through the same wrapped number, so the result is the same; but a wrapped-number
+// tensor written as a constant of a TorchScript module loses its flag, and
+// torch.jit.load(..., map_location="cuda") moves it to the GPU, where a CPU tensor the program
+// makes (BEiT's relative positions) can no longer take it. Else `schema` itself.
+const c10::FunctionSchema& scalar_overload(const OpNode& n, const c10::FunctionSchema& schema,
+                                           const std::vector<const Arg*>& positional,
+                                           const std::unordered_map<std::string, const Arg*>& by_name) {
+  const auto& formals = schema.arguments();
+  std::vector<bool> number(formals.size(), false);
+  size_t next = 0;
+  bool any = false;
+  for (size_t i = 0; i < formals.size(); ++i) {
+    const Arg* a = nullptr;
+    auto it = by_name.find(formals[i].name());
+    if (it != by_name.end()) {
+      a = it->second;
+    } else if (!formals[i].kwarg_only() && next < positional.size()) {
+      a = positional[next++];
+    }
+    number[i] = a != nullptr && (a->kind == ExportArgKind::Int || a->kind == ExportArgKind::Float) &&
+                formals[i].type()->kind() == c10::TypeKind::TensorType;
+    any = any || number[i];
+  }
+  if (!any) return schema;
+  for (const auto& o : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(n.op))) {
+    const auto& alt = o->schema().arguments();
+    if (alt.size() != formals.size() || o->schema().returns().size() != schema.returns().size()) continue;
+    bool fits = true;
+    for (size_t i = 0; i < alt.size() && fits; ++i) {
+      // By name and in order (a graph's inputs are positional); add_.Tensor's alpha is
+      // keyword-only where add_.Scalar's is not.
+      fits = alt[i].name() == formals[i].name() &&
+             (number[i] ? alt[i].type()->kind() == c10::TypeKind::NumberType : *alt[i].type() == *formals[i].type());
+    }
+    if (fits) return o->schema();
+  }
+  return schema;
+}
+
 struct Builder {
   Graph& g;
   std::unordered_map<std::string, Value*> env;
@@ -218,7 +260,6 @@ struct Builder {
 
   void add(const OpNode& n) {
     const auto op = find_operator(n.op, n.overload);
-    const c10::FunctionSchema& schema = op->schema();
     const std::string label = n.op + (n.overload.empty() ? "" : "." + n.overload);
     std::vector<const Arg*> positional;
     std::unordered_map<std::string, const Arg*> by_name;
@@ -229,6 +270,7 @@ struct Builder {
         by_name[a.name] = &a;
       }
     }
+    const c10::FunctionSchema& schema = scalar_overload(n, op->schema(), positional, by_name);
     std::vector<Value*> inputs;
     size_t next = 0;
     // A bool given as a Scalar becomes an int only for an op whose dtype argument
