@@ -99,6 +99,7 @@ pub fn build_options(dir: &Path, jobs: usize) -> BuildOptions {
         jobs,
         show_progress: false,
         kinds: fact::kinds::registry::KINDS,
+        reuse_linked: false,
     }
 }
 

@@ -117,10 +117,15 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     use std::os::unix::fs::MetadataExt;
     let inode = |p: &std::path::Path| std::fs::metadata(p).unwrap().ino();
     let build = |specs: &[KernelSpec]| {
-        nvcc::build_library(&tc, specs, "libt.so", &build_options(again.path(), 2)).unwrap()
+        let opts = nvcc::BuildOptions {
+            reuse_linked: true,
+            ..build_options(again.path(), 2)
+        };
+        nvcc::build_library(&tc, specs, "libt.so", &opts).unwrap()
     };
-    // (Each library's inode read as it is built: they share one path.)
-    let first = inode(&rebuilt.library);
+    // (Each library's inode read as it is built: they share one path.) Linked once with its
+    // stamp, then taken as it is.
+    let first = inode(&build(&[good_spec()]).library);
     assert_eq!(
         inode(&build(&[good_spec()]).library),
         first,
@@ -133,8 +138,19 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     let back = inode(&build(&[good_spec()]).library);
     assert_ne!(back, other_inode, "a stamp of other objects");
     // Without its stamp (a link stopped midway) the library is linked again.
-    std::fs::remove_file(again.path().join("libt.so.inputs")).unwrap();
-    assert_ne!(inode(&build(&[good_spec()]).library), back);
+    std::fs::remove_file(again.path().join(".libt.so.inputs")).unwrap();
+    let relinked = inode(&build(&[good_spec()]).library);
+    assert_ne!(relinked, back);
+    // A build that does not reuse (a composed output's library) links anew and leaves no stamp.
+    let anew = nvcc::build_library(
+        &tc,
+        &[good_spec()],
+        "libt.so",
+        &build_options(again.path(), 2),
+    )
+    .unwrap();
+    assert_ne!(inode(&anew.library), relinked);
+    assert!(!again.path().join(".libt.so.inputs").exists());
 
     let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), 3);

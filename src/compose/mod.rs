@@ -232,6 +232,16 @@ impl Options {
             jobs: self.jobs,
             show_progress: self.progress,
             kinds: registry::KINDS,
+            reuse_linked: false,
+        }
+    }
+
+    /// A sweep library's build: one linked ahead from the same objects is taken as it is
+    /// (`link_ahead`).
+    fn sweep_build(&self, dir: &Path) -> nvcc::BuildOptions {
+        nvcc::BuildOptions {
+            reuse_linked: true,
+            ..self.build(dir)
         }
     }
 }

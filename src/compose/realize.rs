@@ -335,7 +335,7 @@ fn measure(
     let key = TableKey::of(problem, math, opts.arch);
     let built = cx
         .compiler
-        .library(tc, candidates, "libsweep.so", &opts.build(dir))?;
+        .library(tc, candidates, "libsweep.so", &opts.sweep_build(dir))?;
     // Measurements run side by side where there are several GPUs, whose bars would draw over
     // each other: lines then, on a terminal too.
     let lines = pool.gpus().len() > 1;
@@ -1090,7 +1090,7 @@ fn link_ahead(cx: RealizeCtx, sweeps: &[(TableKey, Vec<Spec>)]) {
                 let build = nvcc::BuildOptions {
                     jobs: 1,
                     show_progress: false,
-                    ..cx.opts.build(&sweep_dir(cx.opts, key, ""))
+                    ..cx.opts.sweep_build(&sweep_dir(cx.opts, key, ""))
                 };
                 let _ = cx.compiler.library(cx.tc, specs, "libsweep.so", &build);
             });
@@ -1709,7 +1709,7 @@ fn compile_only(cx: RealizeCtx, candidates: &[Spec], dir: &Path) -> Result<Reali
     let RealizeCtx { opts, tc, .. } = cx;
     let built = cx
         .compiler
-        .library(tc, candidates, "libsweep.so", &opts.build(dir))?;
+        .library(tc, candidates, "libsweep.so", &opts.sweep_build(dir))?;
     Ok(Realized {
         how: Realization::Compiled {
             candidates: candidates.len(),

@@ -480,6 +480,10 @@ pub struct BuildOptions {
     /// The kinds a library holds the torch ops of and checks its kernels with
     /// (`Kind::check_library`): the registry's, `kinds::registry::KINDS`.
     pub kinds: &'static [&'static dyn Kind],
+    /// Take a library already linked here from the same objects (the stamp beside it says so) as
+    /// it is, and stamp what is linked: for sweep libraries, which a quick phase links ahead of
+    /// its sweeps (`compose::realize::link_ahead`). A composed output's library is linked anew.
+    pub reuse_linked: bool,
 }
 
 /// Compiles the kernels of `specs` to objects in the build cache (what is cached already is
@@ -735,8 +739,11 @@ pub fn build_library(
     // The link's flags are this build's.
     inputs.push(concat!(env!("CARGO_PKG_VERSION"), " ", env!("FACT_COMMIT")).to_string());
     let stamp_text = inputs.join("\n");
-    let stamp = out_dir.join(format!("{lib_name}.inputs"));
-    if library.is_file() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&stamp_text) {
+    let stamp = out_dir.join(format!(".{lib_name}.inputs"));
+    if opts.reuse_linked
+        && library.is_file()
+        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&stamp_text)
+    {
         return Ok(Built {
             library,
             kernels,
@@ -790,7 +797,9 @@ pub fn build_library(
         },
         io(&library),
     )?;
-    atomic::write(&stamp, &stamp_text).map_err(io(&stamp))?;
+    if opts.reuse_linked {
+        atomic::write(&stamp, &stamp_text).map_err(io(&stamp))?;
+    }
     Ok(Built {
         library,
         kernels,
