@@ -421,7 +421,7 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
 def grid_child(out, name, side, shapes, deadline):
     """One side of the serving grid in this process: "torch" (the traced module, torch.compile
     default and mode="reduce-overhead") or "fact" (the composed program eagerly and in a CUDA
-    graph, with its calls), each mode's error against fp64 and its time at every shape of
+    graph, with its calls, and under fact.compile eagerly and in a CUDA graph), each mode's error against fp64 and its time at every shape of
     `shapes` in turn; rows appended to shapes/NAME.SIDE.json as each shape finishes, so a process
     that dies keeps the shapes before."""
     model = models.by_name()[name]
@@ -446,6 +446,12 @@ def grid_child(out, name, side, shapes, deadline):
         # ("Detected 2 tensor(s) in the cudagraph pool not tracked as outputs"), as they did at
         # every shape of every model with a memo or a mask here, after the graph capture above.
         modes = {"fact_ms": lambda xs: composed, "fact_graph_ms": lambda xs: graphed(composed, xs)}
+        # fact.compile: Inductor fuses the ops around fact's (embeddings, casts, adds), called from
+        # its C++ wrapper; and that compiled program captured in a CUDA graph as the composed one
+        # is, where the fused glue leaves the graph fewer kernels to replay.
+        compiled = fact.compile(composed)
+        modes["fact_compile_ms"] = lambda xs: compiled
+        modes["fact_compile_graph_ms"] = lambda xs: graphed(compiled, xs)
         # The TorchScript copy compose wrote beside the program (same op library): the composition
         # without the exported program's Python interpreter, which is the host time at small shapes.
         if ts_copy(out, name).exists():
