@@ -1045,7 +1045,7 @@ pub(super) fn prefetch(
     // The library's torch op object is a host compile as long as a kernel's: built beside the
     // batch, the library build after the patterns finds it done.
     let build = opts.build(&batch_dir(cx, folder));
-    std::thread::scope(|scope| {
+    let failed = std::thread::scope(|scope| {
         let op = scope.spawn(|| cx.compiler.op_object(cx.tc, opts.arch, &build));
         let kernels = compile_ahead(
             cx,
@@ -1062,6 +1062,9 @@ pub(super) fn prefetch(
         let _ = op.join().expect("the torch op compile does not panic");
         kernels
     })?;
+    // A sweep with a kernel that failed compiles it again itself (and reports it): linking it
+    // ahead would compile it once more, on every core's critical path.
+    sweep_libraries.retain(|(_, specs)| specs.iter().all(|s| !failed.contains(&s.kernel_name())));
     link_ahead(cx, &sweep_libraries);
     Ok(())
 }
@@ -1132,8 +1135,12 @@ struct Batch<'a> {
 }
 
 /// Compiles `specs`, each kernel once, into the object cache in one nvcc batch. Failures are
-/// left to the sweeps that meet them to report.
-fn compile_ahead(cx: RealizeCtx, mut specs: Vec<Spec>, batch: Batch) -> Result<(), ComposeError> {
+/// left to the sweeps that meet them to report; the names of the kernels that failed are returned.
+fn compile_ahead(
+    cx: RealizeCtx,
+    mut specs: Vec<Spec>,
+    batch: Batch,
+) -> Result<BTreeSet<String>, ComposeError> {
     let Batch {
         folder,
         at_least,
@@ -1144,7 +1151,7 @@ fn compile_ahead(cx: RealizeCtx, mut specs: Vec<Spec>, batch: Batch) -> Result<(
     let mut seen = BTreeSet::new();
     specs.retain(|s| seen.insert(s.kernel_name()));
     if specs.is_empty() || specs.len() < at_least {
-        return Ok(());
+        return Ok(BTreeSet::new());
     }
     let show = cx.opts.progress;
     if let Some(line) = line {
@@ -1176,7 +1183,7 @@ fn compile_ahead(cx: RealizeCtx, mut specs: Vec<Spec>, batch: Batch) -> Result<(
             built.failures.len()
         );
     }
-    Ok(())
+    Ok(built.failures.into_iter().map(|f| f.kernel).collect())
 }
 
 /// A sweep's first round: its kernels measured (a run per GPU), with what they came from.
@@ -1545,7 +1552,7 @@ pub(super) fn measure_ahead<'s>(
             jobs,
             behind: true,
         };
-        compile_ahead(cx, specs, batch)
+        compile_ahead(cx, specs, batch).map(|_| ())
     })))
 }
 
