@@ -1297,6 +1297,8 @@ mod tests {
         calls: Mutex<Vec<(String, Vec<String>)>>,
         /// Torch op objects asked for (beside a batch, so apart from `calls`' order).
         op_objects: std::sync::atomic::AtomicUsize,
+        /// Kernels a batch into the cache fails to compile (each reported as a failure).
+        failing: Vec<String>,
     }
 
     impl Recorder {
@@ -1335,11 +1337,23 @@ mod tests {
         ) -> Result<nvcc::Objects, BuildError> {
             realize::lock(&self.calls)
                 .push(("objects".into(), specs.iter().map(Spec::name).collect()));
+            let (bad, good): (Vec<Spec>, Vec<Spec>) = specs
+                .iter()
+                .cloned()
+                .partition(|s| self.failing.contains(&s.kernel_name()));
             Ok(nvcc::Objects {
-                kernels: specs.to_vec(),
+                compiled: good.len(),
+                kernels: good,
                 objects: vec![],
-                failures: vec![],
-                compiled: specs.len(),
+                failures: bad
+                    .iter()
+                    .map(|s| nvcc::CompileFailure {
+                        kernel: s.kernel_name(),
+                        source: PathBuf::new(),
+                        command: String::new(),
+                        log: "error: scripted".into(),
+                    })
+                    .collect(),
                 cached: 0,
             })
         }
@@ -1665,6 +1679,29 @@ mod tests {
     /// A quick compose over a table a quick compose left takes its checkpoints as they stand:
     /// nothing measured, their winners alone compiled (for the library), each still a sweep left
     /// for the full phase.
+    /// A sweep whose first candidate failed in the prefetch batch is not linked ahead (it would
+    /// compile that kernel again on every sweep's critical path): it builds and reports it itself;
+    /// the other sweep's library is linked ahead.
+    #[test]
+    fn a_quick_sweep_with_a_kernel_that_failed_in_the_batch_is_not_linked_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let bed = Bed::new(dir.path(), &[1000, 2000]);
+        let compiler = Recorder {
+            failing: vec![crate::kinds::fake::kernel(1000, 0)],
+            ..Recorder::default()
+        };
+        bed.phase(true, &compiler);
+        let calls = compiler.take();
+        assert_eq!(calls[0].0, "objects", "{calls:?}");
+        assert_eq!(calls[1].0, "libsweep.so", "{calls:?}");
+        assert_eq!(
+            sorted(calls[1].1.clone()),
+            kernels(&[2000], 0..QUICK_CANDIDATES),
+            "only the sweep whose kernels all compiled is linked ahead: {calls:?}"
+        );
+        assert_ne!(calls[2].1, calls[1].1, "{calls:?}");
+    }
+
     #[test]
     fn a_second_quick_phase_takes_the_checkpoints_as_they_stand() {
         let dir = tempfile::tempdir().unwrap();
