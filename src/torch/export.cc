@@ -157,28 +157,53 @@ bool is_number_type(const c10::TypePtr& t) {
 
 bool valid_name(const std::string& s) { return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])); }
 
-// A Python number passed where `schema` takes a Tensor, given to the overload of the same op that
-// takes a Scalar there (add_.Tensor(x, 13) as add_.Scalar, pow.Tensor_Tensor as Tensor_Scalar),
-// where there is one: every argument named and typed alike but those numbers. ATen computes the
-// Scalar overload through the same wrapped number, so the result is the same; but a wrapped-number
-// tensor written as a constant of a TorchScript module loses its flag, and
-// torch.jit.load(..., map_location="cuda") moves it to the GPU, where a CPU tensor the program
-// makes (BEiT's relative positions) can no longer take it. Else `schema` itself.
-const c10::FunctionSchema& scalar_overload(const OpNode& n, const c10::FunctionSchema& schema,
-                                           const std::vector<const Arg*>& positional,
-                                           const std::unordered_map<std::string, const Arg*>& by_name) {
-  const auto& formals = schema.arguments();
-  std::vector<bool> number(formals.size(), false);
+// Each formal of `schema` with the argument `n` gives it (null where none), bound as a call binds
+// them: by name, else the next positional one for a formal that is not keyword-only. An argument
+// no formal takes is refused.
+std::vector<const Arg*> bind(const OpNode& n, const c10::FunctionSchema& schema, const std::string& label) {
+  std::vector<const Arg*> positional;
+  std::unordered_map<std::string, const Arg*> by_name;
+  for (const Arg& a : n.args) {
+    if (a.name.empty()) {
+      positional.push_back(&a);
+    } else {
+      by_name[a.name] = &a;
+    }
+  }
+  std::vector<const Arg*> bound;
   size_t next = 0;
-  bool any = false;
-  for (size_t i = 0; i < formals.size(); ++i) {
+  for (const c10::Argument& formal : schema.arguments()) {
     const Arg* a = nullptr;
-    auto it = by_name.find(formals[i].name());
+    auto it = by_name.find(formal.name());
     if (it != by_name.end()) {
       a = it->second;
-    } else if (!formals[i].kwarg_only() && next < positional.size()) {
+      by_name.erase(it);
+    } else if (!formal.kwarg_only() && next < positional.size()) {
       a = positional[next++];
     }
+    bound.push_back(a);
+  }
+  if (!by_name.empty() || next < positional.size()) {
+    throw std::runtime_error(label + " gets an argument its schema does not name (" +
+                             (by_name.empty() ? "a positional one" : by_name.begin()->first) + ")");
+  }
+  return bound;
+}
+
+// A Python number passed where `schema` takes a Tensor (`bound`: its arguments), given to the
+// overload of the same op that takes a Scalar there (add_.Tensor(x, 13) as add_.Scalar,
+// pow.Tensor_Tensor as Tensor_Scalar), where there is one: every argument named and typed alike,
+// in order, but those numbers. ATen computes the Scalar overload through the same wrapped number,
+// so the result is the same; but a wrapped-number tensor written as a constant of a TorchScript
+// module loses its flag, and torch.jit.load(..., map_location="cuda") moves it to the GPU, where a
+// CPU tensor the program makes (BEiT's relative positions) can no longer take it. Else `schema`.
+const c10::FunctionSchema& scalar_overload(const OpNode& n, const c10::FunctionSchema& schema,
+                                           const std::vector<const Arg*>& bound) {
+  const auto& formals = schema.arguments();
+  std::vector<bool> number(formals.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < formals.size(); ++i) {
+    const Arg* a = bound[i];
     number[i] = a != nullptr && (a->kind == ExportArgKind::Int || a->kind == ExportArgKind::Float) &&
                 formals[i].type()->kind() == c10::TypeKind::TensorType;
     any = any || number[i];
@@ -190,7 +215,7 @@ const c10::FunctionSchema& scalar_overload(const OpNode& n, const c10::FunctionS
     bool fits = true;
     for (size_t i = 0; i < alt.size() && fits; ++i) {
       // By name and in order (a graph's inputs are positional); add_.Tensor's alpha is
-      // keyword-only where add_.Scalar's is not.
+      // keyword-only where add_.Scalar's is not, and the arguments stay bound as `schema` binds them.
       fits = alt[i].name() == formals[i].name() &&
              (number[i] ? alt[i].type()->kind() == c10::TypeKind::NumberType : *alt[i].type() == *formals[i].type());
     }
@@ -261,32 +286,18 @@ struct Builder {
   void add(const OpNode& n) {
     const auto op = find_operator(n.op, n.overload);
     const std::string label = n.op + (n.overload.empty() ? "" : "." + n.overload);
-    std::vector<const Arg*> positional;
-    std::unordered_map<std::string, const Arg*> by_name;
-    for (const Arg& a : n.args) {
-      if (a.name.empty()) {
-        positional.push_back(&a);
-      } else {
-        by_name[a.name] = &a;
-      }
-    }
-    const c10::FunctionSchema& schema = scalar_overload(n, op->schema(), positional, by_name);
+    const std::vector<const Arg*> bound = bind(n, op->schema(), label);
+    // The Scalar overload, where one takes the numbers, has the same formals in the same order.
+    const c10::FunctionSchema& schema = scalar_overload(n, op->schema(), bound);
     std::vector<Value*> inputs;
-    size_t next = 0;
     // A bool given as a Scalar becomes an int only for an op whose dtype argument
     // then says bool, which computes as eagerly (full(size, True) is a bool tensor); any other op keeps
     // no operator, and the shapes after it stay unknown rather than wrong.
     const auto dtype_at = schema.argumentIndexWithName("dtype");
     bool bool_scalar = false;
-    for (const c10::Argument& formal : schema.arguments()) {
-      const Arg* a = nullptr;
-      auto it = by_name.find(formal.name());
-      if (it != by_name.end()) {
-        a = it->second;
-        by_name.erase(it);
-      } else if (!formal.kwarg_only() && next < positional.size()) {
-        a = positional[next++];
-      }
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const c10::Argument& formal = schema.arguments()[i];
+      const Arg* a = bound[i];
       if (a != nullptr && a->kind == ExportArgKind::Bool && is_number_type(formal.type()) && dtype_at) {
         // A Scalar is a number to TorchScript, which a bool is not: the same value as an int,
         // the dtype made bool below.
@@ -299,10 +310,6 @@ struct Builder {
       } else {
         throw std::runtime_error(label + " gets no argument " + formal.name() + ", which has no default");
       }
-    }
-    if (!by_name.empty() || next < positional.size()) {
-      throw std::runtime_error(label + " gets an argument its schema does not name (" +
-                               (by_name.empty() ? "a positional one" : by_name.begin()->first) + ")");
     }
     if (bool_scalar && dtype_at && inputs[*dtype_at]->type()->kind() == c10::TypeKind::NoneType) {
       Node* none = inputs[*dtype_at]->node();
