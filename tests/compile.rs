@@ -100,13 +100,16 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     assert!(f.to_string().contains("\n    "), "the log is indented");
 
     let again = tempfile::tempdir().unwrap();
-    let rebuilt = nvcc::build_library(
-        &tc,
-        &[good_spec()],
-        "libt.so",
-        &build_options(again.path(), 2),
-    )
-    .unwrap();
+    // A library of `specs` in `again`, taking one linked from the same objects as it is where
+    // `reuse_linked` says so (a sweep library's build).
+    let build = |specs: &[KernelSpec], reuse_linked: bool| {
+        let opts = nvcc::BuildOptions {
+            reuse_linked,
+            ..build_options(again.path(), 2)
+        };
+        nvcc::build_library(&tc, specs, "libt.so", &opts).unwrap()
+    };
+    let rebuilt = build(&[good_spec()], false);
     assert_eq!(
         (rebuilt.compiled, rebuilt.cached),
         (0, 1),
@@ -116,41 +119,28 @@ fn library_compiles_and_a_failing_kernel_costs_only_itself() {
     // file); one of other kernels is linked, and so is the first set again after it.
     use std::os::unix::fs::MetadataExt;
     let inode = |p: &std::path::Path| std::fs::metadata(p).unwrap().ino();
-    let build = |specs: &[KernelSpec]| {
-        let opts = nvcc::BuildOptions {
-            reuse_linked: true,
-            ..build_options(again.path(), 2)
-        };
-        nvcc::build_library(&tc, specs, "libt.so", &opts).unwrap()
-    };
+    let stamp = again.path().join(".libt.so.inputs");
     // (Each library's inode read as it is built: they share one path.) Linked once with its
     // stamp, then taken as it is.
-    let first = inode(&build(&[good_spec()]).library);
+    let first = inode(&build(&[good_spec()], true).library);
     assert_eq!(
-        inode(&build(&[good_spec()]).library),
+        inode(&build(&[good_spec()], true).library),
         first,
         "linked again from the same objects"
     );
-    let other = build(&[good_spec(), accurate_spec()]);
+    let other = build(&[good_spec(), accurate_spec()], true);
     let other_inode = inode(&other.library);
     assert_ne!(other_inode, first);
     assert_eq!(crate::common::open_kernels(&other.library).len(), 2);
-    let back = inode(&build(&[good_spec()]).library);
+    let back = inode(&build(&[good_spec()], true).library);
     assert_ne!(back, other_inode, "a stamp of other objects");
     // Without its stamp (a link stopped midway) the library is linked again.
-    std::fs::remove_file(again.path().join(".libt.so.inputs")).unwrap();
-    let relinked = inode(&build(&[good_spec()]).library);
+    std::fs::remove_file(&stamp).unwrap();
+    let relinked = inode(&build(&[good_spec()], true).library);
     assert_ne!(relinked, back);
     // A build that does not reuse (a composed output's library) links anew and leaves no stamp.
-    let anew = nvcc::build_library(
-        &tc,
-        &[good_spec()],
-        "libt.so",
-        &build_options(again.path(), 2),
-    )
-    .unwrap();
-    assert_ne!(inode(&anew.library), relinked);
-    assert!(!again.path().join(".libt.so.inputs").exists());
+    assert_ne!(inode(&build(&[good_spec()], false).library), relinked);
+    assert!(!stamp.exists());
 
     let lib = crate::common::open_kernels(&built.library);
     assert_eq!(lib.len(), 3);

@@ -421,9 +421,9 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
 def grid_child(out, name, side, shapes, deadline):
     """One side of the serving grid in this process: "torch" (the traced module, torch.compile
     default and mode="reduce-overhead") or "fact" (the composed program eagerly and in a CUDA
-    graph, with its calls, and under fact.compile eagerly and in a CUDA graph), each mode's error against fp64 and its time at every shape of
-    `shapes` in turn; rows appended to shapes/NAME.SIDE.json as each shape finishes, so a process
-    that dies keeps the shapes before."""
+    graph, with its calls, and under fact.compile eagerly and in a CUDA graph), each mode's error
+    against fp64 and its time at every shape of `shapes` in turn; rows appended to
+    shapes/NAME.SIDE.json as each shape finishes, so a process that dies keeps the shapes before."""
     model = models.by_name()[name]
     path = out / "shapes" / f"{name}.{side}.json"
     rows = json.loads(path.read_text()) if path.exists() else []

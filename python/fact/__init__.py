@@ -6,8 +6,8 @@
     fact.stats("fact-out/GPT2LMHeadModel")  # which kernels ran, which calls fell back
 
 Under torch.compile, `fact.compile(model)` compiles it with Inductor's C++ wrapper calling fact's
-ops directly (`compile` says why). A composed program written elsewhere loads with `fact.load(folder)`, or `fact.load_library(lib)`
-then `torch.export.load("composed.pt2").module()`. Load the op library through this package rather
+ops directly (`compile` says why). A composed program written elsewhere loads with
+`fact.load(folder)`, or `fact.load_library(lib)` then `torch.export.load("composed.pt2").module()`. Load the op library through this package rather
 than with `torch.ops.load_library` alone when the program goes to torch.compile or AOTInductor:
 it also registers fact's ops with Inductor (`load_library` says why).
 

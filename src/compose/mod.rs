@@ -1676,9 +1676,6 @@ mod tests {
             .all(|s| matches!(s.realized.how, Realization::Hit { .. }) && !s.realized.cut));
     }
 
-    /// A quick compose over a table a quick compose left takes its checkpoints as they stand:
-    /// nothing measured, their winners alone compiled (for the library), each still a sweep left
-    /// for the full phase.
     /// A sweep whose first candidate failed in the prefetch batch is not linked ahead (it would
     /// compile that kernel again on every sweep's critical path): it builds and reports it itself;
     /// the other sweep's library is linked ahead.
@@ -1702,6 +1699,9 @@ mod tests {
         assert_ne!(calls[2].1, calls[1].1, "{calls:?}");
     }
 
+    /// A quick compose over a table a quick compose left takes its checkpoints as they stand:
+    /// nothing measured, their winners alone compiled (for the library), each still a sweep left
+    /// for the full phase.
     #[test]
     fn a_second_quick_phase_takes_the_checkpoints_as_they_stand() {
         let dir = tempfile::tempdir().unwrap();

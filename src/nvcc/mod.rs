@@ -728,9 +728,9 @@ pub fn build_library(
     let library = out_dir.join(lib_name);
     let torch_lib = tc.torch.join("lib");
     // What the link reads, each object named by its content (the cache's names) and the link's
-    // own inputs: a library already linked from these (its stamp beside it says so) is taken as
-    // it is. A compose links each quick sweep's library while the cores are free (`prefetch`),
-    // and the sweep then finds it linked.
+    // own inputs: a sweep library already linked from these (its stamp beside it says so) is
+    // taken as it is. A quick phase links its sweeps' libraries side by side (`link_ahead`), and
+    // each sweep then finds its own linked.
     let mut inputs: Vec<String> = objects.iter().map(|o| o.display().to_string()).collect();
     inputs.push(dispatch_obj.display().to_string());
     inputs.push(op_obj.display().to_string());
@@ -740,65 +740,57 @@ pub fn build_library(
     inputs.push(concat!(env!("CARGO_PKG_VERSION"), " ", env!("FACT_COMMIT")).to_string());
     let stamp_text = inputs.join("\n");
     let stamp = out_dir.join(format!(".{lib_name}.inputs"));
-    if opts.reuse_linked
+    let linked = opts.reuse_linked
         && library.is_file()
-        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&stamp_text)
-    {
-        return Ok(Built {
-            library,
-            kernels,
-            failures,
-            compiled,
-            cached,
-            seconds: start.elapsed().as_secs_f64(),
-        });
-    }
-    // Gone before the link and written after it: a link stopped midway never leaves a stamp
-    // that vouches for another library.
-    match std::fs::remove_file(&stamp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&stamp)(e)),
-        _ => {}
-    }
-    // Linked beside its place and renamed into it: a process that loaded the previous library
-    // keeps it, and a build stopped midway leaves the previous one whole.
-    atomic::write_with(
-        &library,
-        |tmp| {
-            let mut link = Command::new("c++");
-            link.arg("-shared")
-                .arg("-o")
-                .arg(tmp)
-                .args(&objects)
-                .arg(&dispatch_obj)
-                .arg(&op_obj);
-            link.arg(format!("-L{}", torch_lib.display()));
-            link.arg(format!("-Wl,-rpath,{}", torch_lib.display()));
-            // torch_cuda and c10_cuda are needed for their static initialisers even where no
-            // symbol is.
-            link.arg("-Wl,--no-as-needed");
-            for l in ["torch", "torch_cpu", "torch_cuda", "c10", "c10_cuda"] {
-                link.arg(format!("-l{l}"));
-            }
-            match tc.cudart() {
-                Some(p) => {
-                    link.arg(&p);
-                    if let Some(d) = p.parent() {
-                        link.arg(format!("-Wl,-rpath,{}", d.display()));
+        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&stamp_text);
+    if !linked {
+        // Gone before the link and written after it: a link stopped midway never leaves a stamp
+        // that vouches for another library.
+        match std::fs::remove_file(&stamp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&stamp)(e)),
+            _ => {}
+        }
+        // Linked beside its place and renamed into it: a process that loaded the previous
+        // library keeps it, and a build stopped midway leaves the previous one whole.
+        atomic::write_with(
+            &library,
+            |tmp| {
+                let mut link = Command::new("c++");
+                link.arg("-shared")
+                    .arg("-o")
+                    .arg(tmp)
+                    .args(&objects)
+                    .arg(&dispatch_obj)
+                    .arg(&op_obj);
+                link.arg(format!("-L{}", torch_lib.display()));
+                link.arg(format!("-Wl,-rpath,{}", torch_lib.display()));
+                // torch_cuda and c10_cuda are needed for their static initialisers even where no
+                // symbol is.
+                link.arg("-Wl,--no-as-needed");
+                for l in ["torch", "torch_cpu", "torch_cuda", "c10", "c10_cuda"] {
+                    link.arg(format!("-l{l}"));
+                }
+                match tc.cudart() {
+                    Some(p) => {
+                        link.arg(&p);
+                        if let Some(d) = p.parent() {
+                            link.arg(format!("-Wl,-rpath,{}", d.display()));
+                        }
+                    }
+                    None => {
+                        link.arg("-lcudart");
                     }
                 }
-                None => {
-                    link.arg("-lcudart");
-                }
-            }
-            // Bind the library's own symbols inside it, so the dispatch table never resolves to
-            // another fact library's that happens to be loaded in the same process.
-            link.arg("-Wl,-Bsymbolic");
-            run(link, "linking the kernel library")
-        },
-        io(&library),
-    )?;
-    if opts.reuse_linked {
-        atomic::write(&stamp, &stamp_text).map_err(io(&stamp))?;
+                // Bind the library's own symbols inside it, so the dispatch table never resolves to
+                // another fact library's that happens to be loaded in the same process.
+                link.arg("-Wl,-Bsymbolic");
+                run(link, "linking the kernel library")
+            },
+            io(&library),
+        )?;
+        if opts.reuse_linked {
+            atomic::write(&stamp, &stamp_text).map_err(io(&stamp))?;
+        }
     }
     Ok(Built {
         library,
