@@ -38,7 +38,7 @@ def beside_max_autotune(r):
 
 def latest(results, gpu):
     """Per (model, policy): the latest record with fact and torch.compile, and the latest with
-    fact and max-autotune (often another call: max-autotune compiles for minutes)."""
+    fact and max-autotune (often another record: max-autotune compiles for minutes)."""
     best, auto = {}, {}
     for path in sorted(results.glob("**/records/*.json")):
         if "standing" in path.parts:
