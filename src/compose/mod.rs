@@ -1014,7 +1014,8 @@ pub fn compose(
         phase_line(
             opts,
             format_args!(
-                "phase 1 of 2: the tables' winners and the first {QUICK_CANDIDATES} candidates of each sweep, composed first"
+                "phase 1 of 2: the tables' winners and {} of each sweep, composed first",
+                realize::quick_words(realize::quick_count(opts.max_candidates))
             ),
         );
     }

@@ -102,6 +102,23 @@ impl Compiler for Nvcc {
 /// among the kind's candidates and the estimate's best, or the estimate's best two.
 pub const QUICK_CANDIDATES: usize = 2;
 
+/// How many of a sweep's first round its quick phase measures: `QUICK_CANDIDATES`, fewer where
+/// --candidates asks for fewer.
+pub fn quick_count(max_candidates: Option<usize>) -> usize {
+    max_candidates
+        .unwrap_or(QUICK_CANDIDATES)
+        .clamp(1, QUICK_CANDIDATES)
+}
+
+/// "the first candidate" or "the first N candidates", as the quick phase's lines say.
+pub fn quick_words(n: usize) -> String {
+    if n == 1 {
+        "the first candidate".to_string()
+    } else {
+        format!("the first {n} candidates")
+    }
+}
+
 /// A quick sweep's kernels: of `specs` (a kind's first round, best estimate first), the winners
 /// the tables hold near the problem (`nearby`: kernel names, nearest first) that are among them
 /// and the estimate's best, taken in turn, `n` in all. A nearby winner outside `specs` (pruned
@@ -798,11 +815,7 @@ impl Effort {
         }
         Effort {
             refine: 0,
-            cut: Some(
-                full.max_candidates
-                    .unwrap_or(QUICK_CANDIDATES)
-                    .clamp(1, QUICK_CANDIDATES),
-            ),
+            cut: Some(quick_count(full.max_candidates)),
             ..full
         }
     }
@@ -1004,7 +1017,7 @@ pub(super) fn prefetch(
     let mut parts = Vec::new();
     if missed > 0 {
         let first = if cx.quick {
-            format!("the first {QUICK_CANDIDATES} candidates")
+            quick_words(quick_count(cx.opts.max_candidates))
         } else {
             "the first candidates".to_string()
         };
@@ -1853,6 +1866,14 @@ mod tests {
         );
         opts.max_candidates = Some(1);
         assert_eq!(Effort::of(&opts, false, true).cut, Some(1));
+    }
+
+    /// The quick phase's lines name the count it measures: --candidates 1 says one candidate.
+    #[test]
+    fn the_quick_phase_says_how_many_candidates_it_measures() {
+        assert_eq!(quick_words(quick_count(None)), "the first 2 candidates");
+        assert_eq!(quick_words(quick_count(Some(1))), "the first candidate");
+        assert_eq!(quick_words(quick_count(Some(8))), "the first 2 candidates");
     }
 
     /// Of a kind's first round, a quick sweep takes the nearest table winner among it and the
