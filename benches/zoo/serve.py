@@ -243,7 +243,9 @@ def capture_child(out, name):
     """The capture check of one composed model at its zoo shape, in this process: the original
     program, the composed one and its TorchScript copy each captured in a CUDA graph after one warm-up call
     (`graphed`), then replayed on fresh inputs, each replay against the uncaptured module's output
-    on the same inputs; the calls that fell back while capturing, and why. A row per runtime in
+    on the same inputs; the calls that fell back while capturing, and why. The warm-up call's
+    output is checked against the original program's (`uncaptured_vs_original`), so a runtime that
+    runs but cannot be captured still says whether it computes the model. A row per runtime in
     captures/NAME.json, the original program's first (a model that cannot be captured itself)."""
     model = models.by_name()[name]
     lib = Library(out / "fact" / name / "libfact_ops.so")
@@ -257,6 +259,7 @@ def capture_child(out, name):
         loads["ts"] = lambda: torch.jit.load(str(ts_copy(out, name)), map_location="cuda")
     rows = []
     path = out / "captures" / f"{name}.json"
+    original = None  # the original program's uncaptured output, which each runtime's is checked against
     for key, load in loads.items():
         row = {"model": name, "runtime": key, "shape": f"{model.batch}x{model.seq}" if model.seq else f"{model.batch}",
                "errors": {}}
@@ -264,8 +267,12 @@ def capture_child(out, name):
         try:
             fn = load()
             xs = inputs_at(model, model.batch, model.seq, models.SEED)
-            fn(*xs)
+            first = fn(*xs).float()
             torch.cuda.synchronize()
+            if key == "original":
+                original = first
+            elif original is not None:
+                row["uncaptured_vs_original"] = rel_err(first, original)
             replay = graphed(fn, xs, before_capture=lib.so.fact_op_stats_reset)
             stats = json.loads(lib.so.fact_op_stats())
             row["captured_kernel_calls"] = sum(c["ran"] for c in stats.values())
