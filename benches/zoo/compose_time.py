@@ -36,7 +36,9 @@ start, loading and planning included; phase 2's its own); the warm row's wall_s 
 command as the harness timed it, its fact_ms, fact_compile_ms and compile times null (its kernels are the full
 phase's). A cold compose whose every pattern the tables answer has no full phase: its quick row
 is the final model. compose/NAME.meta.json keeps what the rows do not: commands, the export's
-seconds, the cold command's whole wall, errors. Both are written after every stage, so a call
+seconds, the cold command's whole wall, errors, and host_load (the process's cores, the host's,
+and its load averages when the cold compose started, when phase 1 was done and when it ended:
+whether another job shared the host). Both are written after every stage, so a call
 cut short by its budget keeps what it measured. --budget-s (default 540, a 9-minute device call
 for one model) bounds the whole call: a stage gets what is left of it, and the warm compose runs
 before the measurements.
@@ -289,11 +291,16 @@ def run_model(args, model, deadline, env0):
                 if (fact_dir / f).exists():
                     shutil.copy2(fact_dir / f, quick_dir / f)
             meta["phase_one_seen_s"] = time.monotonic() - started
+            meta["host_load"]["phase_one_done"] = os.getloadavg()
 
+    # The host's load averages (1, 5, 15 min) around the cold compose: a compile batch on cores
+    # another job shares runs slower, and the record says whether one did.
+    meta["host_load"] = {"cores": len(os.sched_getaffinity(0)), "host_cpus": os.cpu_count(), "cold_start": os.getloadavg()}
     started = time.monotonic()
     rc, meta["cold_wall_s"] = compose_streaming(cold, env, out / "logs" / f"{name}.cold.log",
                                                 out / "logs" / f"{name}.cold.json", deadline.timeout(args.compose_timeout),
                                                 on_line)
+    meta["host_load"]["cold_end"] = os.getloadavg()
     report = read_json(fact_dir / "compose.json")
     if rc != 0:
         meta["errors"]["cold"] = f"fact compose exited with {rc} after {meta['cold_wall_s']:.0f} s (logs/{name}.cold.log)"
