@@ -1082,6 +1082,38 @@ pub(super) fn prefetch(
     Ok(())
 }
 
+/// `f` of each of `items`, on up to `workers` threads (at least one) each taking the next item in
+/// turn, the results in the items' order.
+fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..workers.clamp(1, items.len().max(1)))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let Some(item) = items.get(i) else {
+                            return mine;
+                        };
+                        mine.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        let mut all: Vec<(usize, R)> = threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("a worker thread panicked"))
+            .collect();
+        all.sort_by_key(|(i, _)| *i);
+        all.into_iter().map(|(_, r)| r).collect()
+    })
+}
+
 /// Links each quick sweep's library (its first candidates, compiled by the batch) into its sweep
 /// folder, side by side on the compose's jobs, before the sweeps measure one at a time: each
 /// sweep then finds its library linked (`nvcc::build_library`'s stamp) and goes straight to its
@@ -1094,23 +1126,13 @@ fn link_ahead(cx: RealizeCtx, sweeps: &[(TableKey, Vec<Spec>)]) {
         return;
     }
     let started = std::time::Instant::now();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let threads = cx.opts.jobs.clamp(1, sweeps.len());
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((key, specs)) = sweeps.get(i) else {
-                    break;
-                };
-                let build = nvcc::BuildOptions {
-                    jobs: 1,
-                    show_progress: false,
-                    ..cx.opts.sweep_build(&sweep_dir(cx.opts, key, ""))
-                };
-                let _ = cx.compiler.library(cx.tc, specs, "libsweep.so", &build);
-            });
-        }
+    in_parallel(sweeps, cx.opts.jobs, |(key, specs)| {
+        let build = nvcc::BuildOptions {
+            jobs: 1,
+            show_progress: false,
+            ..cx.opts.sweep_build(&sweep_dir(cx.opts, key, ""))
+        };
+        let _ = cx.compiler.library(cx.tc, specs, "libsweep.so", &build);
     });
     nvcc::progress_line(
         cx.opts.progress,
@@ -1506,30 +1528,10 @@ pub(super) fn measure_ahead<'s>(
         return Ok(None);
     }
     nvcc::progress_line(opts.progress, format_args!("measuring ahead: the first rounds of {} sweeps, then their sibling rounds compile together", sweeps.len()));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let rounds: Vec<Result<Round, ComposeError>> = std::thread::scope(|s| {
-        let workers = cx.pool.gpus().len().max(1);
-        let threads: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        let Some((p, math, key, done)) = sweeps.get(i) else {
-                            return mine;
-                        };
-                        mine.push((i, first_round(cx, sh, p, *math, key, done.clone())));
-                    }
-                })
-            })
-            .collect();
-        let mut all: Vec<(usize, Result<Round, ComposeError>)> = threads
-            .into_iter()
-            .flat_map(|t| t.join().expect("a measuring thread panicked"))
-            .collect();
-        all.sort_by_key(|(i, _)| *i);
-        all.into_iter().map(|(_, r)| r).collect()
-    });
+    let rounds: Vec<Result<Round, ComposeError>> =
+        in_parallel(&sweeps, cx.pool.gpus().len(), |(p, math, key, done)| {
+            first_round(cx, sh, p, *math, key, done.clone())
+        });
     let mut specs: Vec<Spec> = Vec::new();
     let mut first = BTreeMap::new();
     for ((p, math, key, _), round) in sweeps.into_iter().zip(rounds) {
