@@ -37,7 +37,7 @@ def main():
         (args.out / sub).mkdir(parents=True, exist_ok=True)
     model = models.by_name()[args.model]
     rec = {"model": model.name, "gpu": torch.cuda.get_device_name(), "fact_commit": serve.fact_version(args.fact),
-           "shape": f"{model.batch}x{model.seq}" if model.seq else f"{model.batch}", "variants": {}, "errors": {}}
+           "shape": serve.shape_label(model.batch, model.seq), "variants": {}, "errors": {}}
     path = args.out / f"{model.name}.front.json"
     torch.set_float32_matmul_precision("high")
     torch.set_grad_enabled(False)

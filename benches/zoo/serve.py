@@ -71,6 +71,11 @@ def said(e, width=200):
     return f"{type(e).__name__}: {text.splitlines()[0][:width] if text else ''}"
 
 
+def shape_label(batch, seq):
+    """A grid shape as the records name it: "BxT" for text, "B" for an image batch."""
+    return f"{batch}x{seq}" if seq else f"{batch}"
+
+
 def ts_copy(out, name):
     """Where compose's --torchscript-copy of NAME's composition lies (the same op library)."""
     return composed_ts(out / "fact" / name)
@@ -261,7 +266,7 @@ def capture_child(out, name):
     path = out / "captures" / f"{name}.json"
     original = None  # the original program's uncaptured output, which each runtime's is checked against
     for key, load in loads.items():
-        row = {"model": name, "runtime": key, "shape": f"{model.batch}x{model.seq}" if model.seq else f"{model.batch}",
+        row = {"model": name, "runtime": key, "shape": shape_label(model.batch, model.seq),
                "errors": {}}
         rows.append(row)
         try:
@@ -467,7 +472,7 @@ def grid_child(out, name, side, shapes, deadline):
     for batch, seq in shapes:
         if time.monotonic() > deadline:
             break
-        shape = f"{batch}x{seq}" if seq else f"{batch}"
+        shape = shape_label(batch, seq)
         log(name, side, shape)
         row = {"shape": shape, "errors": {}}
         rows.append(row)
@@ -504,10 +509,10 @@ def serving_grid(out, model, rec, sides, deadline):
         path = out / "shapes" / f"{name}.{side}.json"
         while time.monotonic() < deadline:
             done = [r["shape"] for r in json.loads(path.read_text())] if path.exists() else []
-            left = [s for s in shapes if (f"{s[0]}x{s[1]}" if s[1] else f"{s[0]}") not in done]
+            left = [s for s in shapes if shape_label(*s) not in done]
             if not left:
                 break
-            arg = ",".join(f"{b}x{t}" if t else f"{b}" for b, t in left)
+            arg = ",".join(shape_label(b, t) for b, t in left)
             cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(out), "--grid-child", name, side, arg,
                    "--budget-s", str(max(10, deadline - time.monotonic()))]
             with open(out / "logs" / f"{name}.grid.{side}.log", "a") as f:
@@ -518,7 +523,7 @@ def serving_grid(out, model, rec, sides, deadline):
                     rows[-1]["errors"]["process"] = f"the {side} process died here (exit {p.returncode}); the shapes after it ran in a new one"
                 else:
                     first = left[0]
-                    rows.append({"shape": f"{first[0]}x{first[1]}" if first[1] else f"{first[0]}",
+                    rows.append({"shape": shape_label(*first),
                                  "errors": {"process": f"the {side} process died before this shape's first mode finished (exit {p.returncode})"}})
                 write_json(path, rows)
     joined = []
@@ -526,9 +531,9 @@ def serving_grid(out, model, rec, sides, deadline):
                                               if (out / "shapes" / f"{name}.{side}.json").exists() else [])}
              for side in ("torch", "fact")}
     for b, t in shapes:
-        shape = f"{b}x{t}" if t else f"{b}"
+        shape = shape_label(b, t)
         row = {"model": name, "policy": "bf16", "gpu": rec.get("gpu"), "fact_commit": rec.get("fact_commit"),
-               "composed_at": f"{model.batch}x{model.seq}" if model.seq else f"{model.batch}", "shape": shape, "errors": {}}
+               "composed_at": shape_label(model.batch, model.seq), "shape": shape, "errors": {}}
         for side in ("torch", "fact"):
             r = sides[side].get(shape, {})
             row.update({k: v for k, v in r.items() if k not in ("shape", "errors")})
