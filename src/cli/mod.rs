@@ -143,7 +143,7 @@ enum Command {
         #[arg(long)]
         torchscript_copy: bool,
         /// Stop after the quick phase: the tables' winners and, where they miss, the best of each
-        /// sweep's first 2 candidates, composed and written; `fact tune OUT` runs the full sweeps
+        /// sweep's first 1-2 candidates, composed and written; `fact tune OUT` runs the full sweeps
         /// later and rewrites the output where a winner changes.
         #[arg(long)]
         quick: bool,
@@ -586,6 +586,7 @@ pub fn main() -> Result<()> {
                 pool: &pool,
                 light: &light,
                 quick: false,
+                singles: &light,
             };
             let sh = compose::Shared {
                 tables: &tables,

@@ -411,6 +411,42 @@ pub fn light_keys(plan: &plan::Plan, opts: &Options) -> BTreeSet<TableKey> {
         .collect()
 }
 
+/// The quick sweeps cut to their first candidate (`RealizeCtx::singles`): the quick batch gives a
+/// second candidate only to as many sweeps as fit, with one unit for each distinct problem's first
+/// kernel and one for the torch ops, in half the build jobs, the largest shares of the model's
+/// time first. A unit compiles more slowly the more run beside it (cicc contends for the host's
+/// memory): on a 16-core H200 host a quick batch of 8 units took 58 s and one of 16 took 74 s,
+/// where the second candidates bought the model 0.2% (benches/results/compose/README.md).
+/// `--candidates` sets every sweep's count itself: none is cut here.
+pub fn quick_singles(plan: &plan::Plan, opts: &Options, tables: &Tables) -> BTreeSet<TableKey> {
+    if opts.max_candidates.is_some() {
+        return BTreeSet::new();
+    }
+    let shares = problem_shares(plan, opts);
+    let missed: BTreeMap<TableKey, f64> = plan
+        .patterns
+        .iter()
+        .filter_map(|p| {
+            let key = TableKey::of(&p.problem, p.problem.math(opts.precision)?, opts.arch);
+            matches!(tables.lookup(&key, &p.problem), Lookup::Miss).then(|| {
+                let share = shares.get(&key).copied().unwrap_or(0.0);
+                (key, share)
+            })
+        })
+        .collect();
+    singles_of(missed, shares.len() + 1, opts.jobs)
+}
+
+/// Of the sweeps `missed` (each with its share of the model's estimated time), those left with
+/// one candidate where `units` first kernels already fill the batch: the second candidates take
+/// the rest of half of `jobs`, the largest shares first.
+fn singles_of(missed: BTreeMap<TableKey, f64>, units: usize, jobs: usize) -> BTreeSet<TableKey> {
+    let room = (jobs / 2).saturating_sub(units);
+    let mut by_share: Vec<(TableKey, f64)> = missed.into_iter().collect();
+    by_share.sort_by(|a, b| b.1.total_cmp(&a.1));
+    by_share.into_iter().skip(room).map(|(k, _)| k).collect()
+}
+
 /// The plan's distinct problems by table key, each with its patterns' share of the model's
 /// estimated time summed.
 fn problem_shares(plan: &plan::Plan, opts: &Options) -> BTreeMap<TableKey, f64> {
@@ -578,6 +614,7 @@ struct Front<'m> {
     pool: Pool,
     gpu_notes: Vec<String>,
     light: BTreeSet<TableKey>,
+    singles: BTreeSet<TableKey>,
     tables: Mutex<Tables>,
     steward: Mutex<Steward>,
 }
@@ -646,6 +683,7 @@ impl<'m> Front<'m> {
                 ),
             );
         }
+        let singles = quick_singles(&the_plan, opts, &tables);
         Ok(Front {
             model,
             graph,
@@ -661,6 +699,7 @@ impl<'m> Front<'m> {
             pool,
             gpu_notes,
             light,
+            singles,
             tables: Mutex::new(tables),
             steward: Mutex::new(steward),
         })
@@ -675,6 +714,7 @@ impl<'m> Front<'m> {
             pool: &self.pool,
             light: &self.light,
             quick,
+            singles: &self.singles,
         }
     }
 
@@ -1011,11 +1051,18 @@ pub fn compose(
     let front = Front::load(model, inputs, opts)?;
     let quick_first = front.gpu || opts.phases == Phases::Quick;
     if quick_first {
+        let first = realize::quick_words(realize::quick_count(opts.max_candidates));
+        let cut = match front.singles.len() {
+            0 => String::new(),
+            n => format!(
+                " ({n} of the smaller cut to their first, so the batch fills half of the {} build jobs)",
+                opts.jobs
+            ),
+        };
         phase_line(
             opts,
             format_args!(
-                "phase 1 of 2: the tables' winners and {} of each sweep, composed first",
-                realize::quick_words(realize::quick_count(opts.max_candidates))
+                "phase 1 of 2: the tables' winners and {first} of each sweep{cut}, composed first"
             ),
         );
     }
@@ -1431,6 +1478,7 @@ mod tests {
         pool: Pool,
         gpu: &'static Scripted,
         light: BTreeSet<TableKey>,
+        singles: BTreeSet<TableKey>,
         problems: Vec<Problem>,
         chains: Vec<Chain>,
     }
@@ -1469,6 +1517,7 @@ mod tests {
                 ),
                 gpu,
                 light: BTreeSet::new(),
+                singles: BTreeSet::new(),
                 problems,
                 chains,
             }
@@ -1484,6 +1533,7 @@ mod tests {
                 pool: &self.pool,
                 light: &self.light,
                 quick,
+                singles: &self.singles,
             };
             let tables =
                 Mutex::new(Tables::load(&self.opts.user_table, &self.opts.shipped_table).unwrap());
@@ -1698,6 +1748,66 @@ mod tests {
             "only the sweep whose kernels all compiled is linked ahead: {calls:?}"
         );
         assert_ne!(calls[2].1, calls[1].1, "{calls:?}");
+    }
+
+    /// A quick sweep cut to one candidate (`quick_singles`) compiles and measures its first
+    /// alone; the full phase resumes it as it resumes any other, with the rest of its first round.
+    #[test]
+    fn a_single_quick_sweep_measures_its_first_candidate_and_the_full_phase_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bed = Bed::new(dir.path(), &[1000, 2000]);
+        let p = &bed.problems[1];
+        let math = p.math(bed.opts.precision).unwrap();
+        bed.singles.insert(TableKey::of(p, math, bed.opts.arch));
+
+        let compiler = Recorder::default();
+        let quick = bed.phase(true, &compiler);
+        let calls = compiler.take();
+        let mut first = kernels(&[1000], 0..QUICK_CANDIDATES);
+        first.extend(kernels(&[2000], 0..1));
+        assert_eq!(sorted(calls[0].1.clone()), sorted(first.clone()));
+        assert_eq!(sorted(bed.timed()), sorted(first));
+        let counts: BTreeSet<usize> = quick
+            .done
+            .values()
+            .map(|s| match s.realized.how {
+                Realization::Tuned { candidates, .. } => candidates,
+                _ => panic!("{:?}", s.realized.how),
+            })
+            .collect();
+        assert_eq!(counts, BTreeSet::from([1, QUICK_CANDIDATES]));
+
+        let compiler = Recorder::default();
+        let full = bed.phase(false, &compiler);
+        let calls = compiler.take();
+        let mut rest = kernels(&[1000], QUICK_CANDIDATES..crate::kinds::fake::CANDIDATES);
+        rest.extend(kernels(&[2000], 1..crate::kinds::fake::CANDIDATES));
+        assert_eq!(sorted(calls[0].1.clone()), sorted(rest));
+        for slot in full.done.values() {
+            assert!(matches!(
+                slot.realized.how,
+                Realization::Tuned { candidates: 8, quick: false, .. }
+            ));
+        }
+    }
+
+    /// The second candidates fill what the first kernels leave of half the build jobs, the
+    /// largest shares first; where the first kernels fill it, every sweep measures one.
+    #[test]
+    fn quick_second_candidates_fill_half_the_jobs_the_largest_shares_first() {
+        let key = |i: u64| {
+            let p = crate::kinds::fake::problem(i);
+            TableKey::of(&p, MathType::Bf16, Arch::Sm90)
+        };
+        let missed: BTreeMap<TableKey, f64> =
+            [(key(1), 0.1), (key(2), 0.4), (key(3), 0.2)].into_iter().collect();
+        // Half of 16 jobs is 8 units; 6 first kernels and the torch ops leave room for two.
+        assert_eq!(
+            singles_of(missed.clone(), 6, 16),
+            BTreeSet::from([key(1)])
+        );
+        assert_eq!(singles_of(missed.clone(), 9, 16).len(), 3);
+        assert!(singles_of(missed, 4, 64).is_empty());
     }
 
     /// A quick compose over a table a quick compose left takes its checkpoints as they stand:

@@ -34,6 +34,9 @@ pub struct RealizeCtx<'a> {
     /// there, its runs left in the user table as checkpoints (`Run::partial`) for a full
     /// realization to resume; an entry such a sweep left is used as it stands.
     pub quick: bool,
+    /// The quick sweeps cut to their first candidate alone (`compose::quick_singles`): the
+    /// quick batch's second candidates fill spare build jobs only.
+    pub singles: &'a BTreeSet<TableKey>,
 }
 
 /// How realizations compile kernels: `nvcc::build_library` and `nvcc::compile_objects`, or in
@@ -116,6 +119,21 @@ pub fn quick_words(n: usize) -> String {
         "the first candidate".to_string()
     } else {
         format!("the first {n} candidates")
+    }
+}
+
+/// What a quick batch compiles for the `missed` problems the tables miss: the first `n`
+/// candidates of each, `singles` of them cut to their first (`RealizeCtx::singles`).
+pub fn quick_batch_words(n: usize, missed: usize, singles: usize) -> String {
+    let of = format!("the {missed} distinct problem(s) the tables miss");
+    match singles.min(missed) {
+        0 => format!("{} of {of}", quick_words(n)),
+        s if s == missed || n == 1 => format!("the first candidate of {of}"),
+        s => format!(
+            "{} of {} and the first candidate of {s} of {of}",
+            quick_words(n),
+            missed - s
+        ),
     }
 }
 
@@ -791,8 +809,9 @@ struct Effort {
 impl Effort {
     /// `--candidates` and `--refine`, or for a light sweep at most `LIGHT_BUDGET` first
     /// candidates and no later rounds; a quick sweep (`quick`) cut to `QUICK_CANDIDATES` of
-    /// that first round (fewer where `--candidates` asks for fewer), with no later rounds.
-    fn of(opts: &Options, light: bool, quick: bool) -> Effort {
+    /// that first round (fewer where `--candidates` asks for fewer, one where `single`), with
+    /// no later rounds.
+    fn of(opts: &Options, light: bool, quick: bool, single: bool) -> Effort {
         let full = if light {
             Effort {
                 max_candidates: Some(
@@ -815,7 +834,11 @@ impl Effort {
         }
         Effort {
             refine: 0,
-            cut: Some(quick_count(full.max_candidates)),
+            cut: Some(if single {
+                1
+            } else {
+                quick_count(full.max_candidates)
+            }),
             ..full
         }
     }
@@ -833,7 +856,12 @@ impl SweepInputs {
         done: &[Run],
     ) -> SweepInputs {
         let cutlass = cx.tc.cutlass_version();
-        let effort = Effort::of(cx.opts, cx.light.contains(key), cx.quick);
+        let effort = Effort::of(
+            cx.opts,
+            cx.light.contains(key),
+            cx.quick,
+            cx.singles.contains(key),
+        );
         let mut space = cx.opts.space.clone();
         if let Some(n) = effort.max_candidates {
             space.budget = n.max(1);
@@ -938,6 +966,7 @@ pub(super) fn prefetch(
     let mut again = 0;
     let mut resumed = 0;
     let mut hits = 0;
+    let mut singles = 0;
     // The quick sweeps' libraries, linked side by side after the batch (`link_ahead`).
     let mut sweep_libraries: Vec<(TableKey, Vec<Spec>)> = Vec::new();
     let here = here(cx);
@@ -1003,6 +1032,9 @@ pub(super) fn prefetch(
         let inputs = SweepInputs::new(cx, tables, &key, problem, &[]);
         let found = first_candidates(cx, &inputs, &mut builtin, problem, math, &key)?;
         missed += 1;
+        if cx.quick && cx.singles.contains(&key) {
+            singles += 1;
+        }
         if let Candidates::Kernels { specs: first, .. } = found {
             if cx.quick && cx.gpu {
                 sweep_libraries.push((key.clone(), first.clone()));
@@ -1016,14 +1048,11 @@ pub(super) fn prefetch(
     // Says what the batch holds, the parts there are.
     let mut parts = Vec::new();
     if missed > 0 {
-        let first = if cx.quick {
-            quick_words(quick_count(cx.opts.max_candidates))
+        parts.push(if cx.quick {
+            quick_batch_words(quick_count(cx.opts.max_candidates), missed, singles)
         } else {
-            "the first candidates".to_string()
-        };
-        parts.push(format!(
-            "{first} of the {missed} distinct problem(s) the tables miss"
-        ));
+            format!("the first candidates of the {missed} distinct problem(s) the tables miss")
+        });
     }
     if resumed > 0 {
         parts.push(format!(
@@ -1828,25 +1857,25 @@ mod tests {
         let mut opts = crate::compose::test_options();
         opts.refine = 4;
         opts.max_candidates = None;
-        let full = Effort::of(&opts, false, false);
+        let full = Effort::of(&opts, false, false, false);
         assert_eq!(
             (full.max_candidates, full.refine, full.cut),
             (None, 4, None)
         );
-        let light = Effort::of(&opts, true, false);
+        let light = Effort::of(&opts, true, false, false);
         assert_eq!(
             (light.max_candidates, light.refine),
             (Some(LIGHT_BUDGET), 0)
         );
         // --candidates below the light budget stands.
         opts.max_candidates = Some(2);
-        assert_eq!(Effort::of(&opts, true, false).max_candidates, Some(2));
+        assert_eq!(Effort::of(&opts, true, false, false).max_candidates, Some(2));
         opts.max_candidates = Some(8);
         assert_eq!(
-            Effort::of(&opts, true, false).max_candidates,
+            Effort::of(&opts, true, false, false).max_candidates,
             Some(LIGHT_BUDGET)
         );
-        assert_eq!(Effort::of(&opts, false, false).max_candidates, Some(8));
+        assert_eq!(Effort::of(&opts, false, false, false).max_candidates, Some(8));
     }
 
     /// A quick sweep derives the first round a full one would (so the full one resumes it) and
@@ -1856,18 +1885,23 @@ mod tests {
     fn a_quick_sweep_cuts_the_full_first_round_to_its_first_candidates() {
         let mut opts = crate::compose::test_options();
         opts.max_candidates = None;
-        let quick = Effort::of(&opts, false, true);
+        let quick = Effort::of(&opts, false, true, false);
         assert_eq!(
             (quick.max_candidates, quick.refine, quick.cut),
             (None, 0, Some(QUICK_CANDIDATES))
         );
-        let light = Effort::of(&opts, true, true);
+        let light = Effort::of(&opts, true, true, false);
         assert_eq!(
             (light.max_candidates, light.cut),
             (Some(LIGHT_BUDGET), Some(QUICK_CANDIDATES))
         );
         opts.max_candidates = Some(1);
-        assert_eq!(Effort::of(&opts, false, true).cut, Some(1));
+        assert_eq!(Effort::of(&opts, false, true, false).cut, Some(1));
+        // A single measures one candidate of the same first round; a full sweep ignores it.
+        opts.max_candidates = None;
+        let single = Effort::of(&opts, false, true, true);
+        assert_eq!((single.max_candidates, single.cut), (None, Some(1)));
+        assert_eq!(Effort::of(&opts, false, false, true).cut, None);
     }
 
     /// The quick phase's lines name the count it measures: --candidates 1 says one candidate.
@@ -1876,6 +1910,18 @@ mod tests {
         assert_eq!(quick_words(quick_count(None)), "the first 2 candidates");
         assert_eq!(quick_words(quick_count(Some(1))), "the first candidate");
         assert_eq!(quick_words(quick_count(Some(8))), "the first 2 candidates");
+        assert_eq!(
+            quick_batch_words(2, 9, 0),
+            "the first 2 candidates of the 9 distinct problem(s) the tables miss"
+        );
+        assert_eq!(
+            quick_batch_words(2, 9, 3),
+            "the first 2 candidates of 6 and the first candidate of 3 of the 9 distinct problem(s) the tables miss"
+        );
+        assert_eq!(
+            quick_batch_words(2, 9, 9),
+            "the first candidate of the 9 distinct problem(s) the tables miss"
+        );
     }
 
     /// Of a kind's first round, a quick sweep takes the nearest table winner among it and the
