@@ -418,10 +418,12 @@ pub fn light_keys(plan: &plan::Plan, opts: &Options) -> BTreeSet<TableKey> {
 /// memory): on a 16-core H200 host a quick batch of 8 units took 58 s and one of 16 took 74 s,
 /// where the second candidates bought the model 0.2% (benches/results/compose/README.md).
 /// `--candidates` sets every sweep's count itself: none is cut here.
-pub fn quick_singles(plan: &plan::Plan, opts: &Options, tables: &Tables) -> BTreeSet<TableKey> {
-    if opts.max_candidates.is_some() {
-        return BTreeSet::new();
-    }
+/// Also returns how many quick sweeps there are (the problems the tables miss).
+pub fn quick_singles(
+    plan: &plan::Plan,
+    opts: &Options,
+    tables: &Tables,
+) -> (BTreeSet<TableKey>, usize) {
     let shares = problem_shares(plan, opts);
     let missed: BTreeMap<TableKey, f64> = plan
         .patterns
@@ -434,7 +436,28 @@ pub fn quick_singles(plan: &plan::Plan, opts: &Options, tables: &Tables) -> BTre
             })
         })
         .collect();
-    singles_of(missed, shares.len() + 1, opts.jobs)
+    let sweeps = missed.len();
+    if opts.max_candidates.is_some() {
+        return (BTreeSet::new(), sweeps);
+    }
+    (singles_of(missed, shares.len() + 1, opts.jobs), sweeps)
+}
+
+/// What the quick phase measures of its `sweeps`, `singles` of them cut to their first candidate
+/// (`quick_singles`), as its first line says.
+fn quick_phase_words(opts: &Options, sweeps: usize, singles: usize) -> String {
+    let first = realize::quick_words(realize::quick_count(opts.max_candidates));
+    let jobs = opts.jobs;
+    match singles {
+        0 => format!("{first} of each sweep"),
+        s if s >= sweeps => format!(
+            "the first candidate of each sweep (their first kernels fill half of the {jobs} build jobs)"
+        ),
+        s => format!(
+            "{first} of {} sweep(s) and the first of the other {s} (so the batch fills half of the {jobs} build jobs)",
+            sweeps - s
+        ),
+    }
 }
 
 /// Of the sweeps `missed` (each with its share of the model's estimated time), those left with
@@ -615,6 +638,8 @@ struct Front<'m> {
     gpu_notes: Vec<String>,
     light: BTreeSet<TableKey>,
     singles: BTreeSet<TableKey>,
+    /// The sweeps a quick phase runs (the problems the tables miss).
+    quick_sweeps: usize,
     tables: Mutex<Tables>,
     steward: Mutex<Steward>,
 }
@@ -683,7 +708,7 @@ impl<'m> Front<'m> {
                 ),
             );
         }
-        let singles = quick_singles(&the_plan, opts, &tables);
+        let (singles, quick_sweeps) = quick_singles(&the_plan, opts, &tables);
         Ok(Front {
             model,
             graph,
@@ -700,6 +725,7 @@ impl<'m> Front<'m> {
             gpu_notes,
             light,
             singles,
+            quick_sweeps,
             tables: Mutex::new(tables),
             steward: Mutex::new(steward),
         })
@@ -1051,18 +1077,11 @@ pub fn compose(
     let front = Front::load(model, inputs, opts)?;
     let quick_first = front.gpu || opts.phases == Phases::Quick;
     if quick_first {
-        let first = realize::quick_words(realize::quick_count(opts.max_candidates));
-        let cut = match front.singles.len() {
-            0 => String::new(),
-            n => format!(
-                " ({n} of the smaller cut to their first, so the batch fills half of the {} build jobs)",
-                opts.jobs
-            ),
-        };
         phase_line(
             opts,
             format_args!(
-                "phase 1 of 2: the tables' winners and {first} of each sweep{cut}, composed first"
+                "phase 1 of 2: the tables' winners and {}, composed first",
+                quick_phase_words(opts, front.quick_sweeps, front.singles.len())
             ),
         );
     }
@@ -1808,6 +1827,17 @@ mod tests {
         );
         assert_eq!(singles_of(missed.clone(), 9, 16).len(), 3);
         assert!(singles_of(missed, 4, 64).is_empty());
+        let mut opts = test_options();
+        opts.jobs = 16;
+        assert_eq!(quick_phase_words(&opts, 3, 0), "the first 2 candidates of each sweep");
+        assert_eq!(
+            quick_phase_words(&opts, 3, 1),
+            "the first 2 candidates of 2 sweep(s) and the first of the other 1 (so the batch fills half of the 16 build jobs)"
+        );
+        assert_eq!(
+            quick_phase_words(&opts, 3, 3),
+            "the first candidate of each sweep (their first kernels fill half of the 16 build jobs)"
+        );
     }
 
     /// A quick compose over a table a quick compose left takes its checkpoints as they stand:
