@@ -1805,7 +1805,11 @@ mod tests {
         for slot in full.done.values() {
             assert!(matches!(
                 slot.realized.how,
-                Realization::Tuned { candidates: 8, quick: false, .. }
+                Realization::Tuned {
+                    candidates: 8,
+                    quick: false,
+                    ..
+                }
             ));
         }
     }
@@ -1818,18 +1822,19 @@ mod tests {
             let p = crate::kinds::fake::problem(i);
             TableKey::of(&p, MathType::Bf16, Arch::Sm90)
         };
-        let missed: BTreeMap<TableKey, f64> =
-            [(key(1), 0.1), (key(2), 0.4), (key(3), 0.2)].into_iter().collect();
+        let missed: BTreeMap<TableKey, f64> = [(key(1), 0.1), (key(2), 0.4), (key(3), 0.2)]
+            .into_iter()
+            .collect();
         // Half of 16 jobs is 8 units; 6 first kernels and the torch ops leave room for two.
-        assert_eq!(
-            singles_of(missed.clone(), 6, 16),
-            BTreeSet::from([key(1)])
-        );
+        assert_eq!(singles_of(missed.clone(), 6, 16), BTreeSet::from([key(1)]));
         assert_eq!(singles_of(missed.clone(), 9, 16).len(), 3);
         assert!(singles_of(missed, 4, 64).is_empty());
         let mut opts = test_options();
         opts.jobs = 16;
-        assert_eq!(quick_phase_words(&opts, 3, 0), "the first 2 candidates of each sweep");
+        assert_eq!(
+            quick_phase_words(&opts, 3, 0),
+            "the first 2 candidates of each sweep"
+        );
         assert_eq!(
             quick_phase_words(&opts, 3, 1),
             "the first 2 candidates of 2 sweep(s) and the first of the other 1 (so the batch fills half of the 16 build jobs)"

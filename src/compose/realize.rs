@@ -1869,13 +1869,19 @@ mod tests {
         );
         // --candidates below the light budget stands.
         opts.max_candidates = Some(2);
-        assert_eq!(Effort::of(&opts, true, false, false).max_candidates, Some(2));
+        assert_eq!(
+            Effort::of(&opts, true, false, false).max_candidates,
+            Some(2)
+        );
         opts.max_candidates = Some(8);
         assert_eq!(
             Effort::of(&opts, true, false, false).max_candidates,
             Some(LIGHT_BUDGET)
         );
-        assert_eq!(Effort::of(&opts, false, false, false).max_candidates, Some(8));
+        assert_eq!(
+            Effort::of(&opts, false, false, false).max_candidates,
+            Some(8)
+        );
     }
 
     /// A quick sweep derives the first round a full one would (so the full one resumes it) and
