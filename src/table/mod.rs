@@ -422,11 +422,13 @@ impl Entry {
         specs
     }
 
+    /// Torch's time in the winner's run, as decisions read it (`Timing::judged_ms`: a disturbed
+    /// baseline counts its fastest sample).
     pub fn baseline_ms(&self) -> Option<f64> {
         self.runs[self.winner_run]
             .baseline
             .as_ref()
-            .map(|b| b.median_ms)
+            .map(Timing::judged_ms)
     }
 
     /// Whether torch ran faster than the winner in the winner's own run.

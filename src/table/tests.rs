@@ -390,6 +390,22 @@ fn a_winner_loses_to_torch_only_against_its_own_run() {
     );
 }
 
+/// A disturbed torch time (samples spread past `DISTURBED_SPREAD`) counts its fastest sample: the
+/// vit_b_16 attention entry's H200 run, whose torch median was twice its fastest sample, leaves
+/// the pattern to torch; the same times clean keep the kernel.
+#[test]
+fn a_disturbed_torch_time_counts_its_fastest_sample() {
+    let mut e = entry_against(128, 0, 0.0564, Some(0.0602), "H200");
+    assert!(!e.loses_to_torch());
+    let b = e.runs[e.winner_run].baseline.as_mut().unwrap();
+    b.min_ms = 0.0300;
+    b.spread = 0.45;
+    assert_eq!(e.baseline_ms(), Some(0.0300));
+    assert!(e.loses_to_torch());
+    e.runs[e.winner_run].baseline.as_mut().unwrap().spread = 0.05;
+    assert_eq!(e.baseline_ms(), Some(0.0602));
+}
+
 #[test]
 fn an_entry_with_a_spec_this_build_does_not_know_is_named_and_the_table_left_intact() {
     let mut t = Table::new();
