@@ -215,8 +215,8 @@ impl Run {
 }
 
 /// How timings compare across `runs` (`Entry::from_runs`, `Entry::leading_specs`): a candidate's
-/// time over torch's in its own run where every run with a verified candidate has a baseline,
-/// else its time alone. `score(run, ms)`.
+/// time over torch's in its own run (`Timing::judged_ms`) where every run with a verified
+/// candidate has a baseline, else its time alone. `score(run, ms)`.
 struct Scorer(Vec<Option<f64>>);
 
 impl Scorer {
@@ -224,7 +224,7 @@ impl Scorer {
         let baseline = |r: &Run| {
             r.baseline
                 .as_ref()
-                .map(|b| b.median_ms)
+                .map(Timing::judged_ms)
                 .filter(|ms| *ms > 0.0)
         };
         let relative = runs
