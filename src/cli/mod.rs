@@ -94,7 +94,7 @@ enum Command {
         /// Parallel compile jobs (default: all cores).
         #[arg(long)]
         jobs: Option<usize>,
-        /// Compile and tune at most this many kernels per pattern (default 12, best estimate first; the best 3 of each family always).
+        /// Compile and tune at most this many kernels per pattern (default 12, best estimate first; the best 2 of each family and kernel schedule always).
         #[arg(long)]
         candidates: Option<usize>,
         /// Tune launch knobs (raster, swizzle, K splits) of this many of each sweep's fastest kernels,
