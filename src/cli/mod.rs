@@ -212,7 +212,7 @@ enum Command {
         /// tunes sm80 kernels too, through their PTX.
         #[arg(long)]
         arch: Option<String>,
-        /// Compile and tune at most this many kernels (default 12, best estimate first; the best 3 of each family always).
+        /// Compile and tune at most this many kernels (default 12, best estimate first; the best 2 of each family and kernel schedule always).
         #[arg(long)]
         candidates: Option<usize>,
         /// Tune launch knobs (raster, swizzle, K splits) of this many of the fastest kernels, and
