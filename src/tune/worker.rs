@@ -273,8 +273,33 @@ pub fn run_sweep(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tune::fake::{gpu, request};
     use crate::tune::BenchError;
+
+    fn h200() -> Gpu {
+        Gpu {
+            index: 0,
+            pin: "0".into(),
+            info: DeviceInfo {
+                name: "H200".into(),
+                ..Default::default()
+            },
+            capability: (9, 0),
+        }
+    }
+
+    /// One variant of a problem of a 4096³ GEMM's flops (the bench opens no library).
+    fn request() -> Request {
+        Request {
+            library: "/nonexistent/libsweep.so".into(),
+            problem: crate::kinds::fake::problem(2 * 4096 * 4096 * 4096),
+            math: MathType::Bf16,
+            precision: Precision::Tf32,
+            protocol: Protocol::default(),
+            variants: vec![0],
+            baseline: true,
+            gpu_uuid: None,
+        }
+    }
 
     /// Torch's op timed first at a GPU's low clock (half its samples at twice the time), then
     /// clean, around one variant.
@@ -317,13 +342,7 @@ mod tests {
                 Ok(())
             }
         }
-        let r = run_sweep(
-            &InProcess,
-            &gpu(0, "H200", (9, 0)),
-            request(vec![0]),
-            &|_| {},
-        )
-        .unwrap();
+        let r = run_sweep(&InProcess, &h200(), request(), &|_| {}).unwrap();
         let b = r.baseline.unwrap();
         assert_eq!(b.median_ms, 0.024);
         assert!(b.judged_ms() < 0.056, "the kernel loses to torch");
