@@ -576,17 +576,17 @@ pub fn main() -> Result<()> {
                 eprintln!("gpus: {n}");
             }
             let cache_mark = tc.sccache_mark();
-            // One problem, asked for by name: its sweep is a full one.
-            let light = std::collections::BTreeSet::new();
+            // One problem, asked for by name: its sweep is a full one (no light or quick cut).
+            let none = std::collections::BTreeSet::new();
             let cx = compose::RealizeCtx {
                 opts: &opts,
                 tc: &tc,
                 compiler: &compose::NVCC,
                 gpu,
                 pool: &pool,
-                light: &light,
+                light: &none,
                 quick: false,
-                singles: &light,
+                singles: &none,
             };
             let sh = compose::Shared {
                 tables: &tables,
