@@ -14,6 +14,8 @@ code paths as the GPU ones with two cuts, so the fixtures stay small and quick t
 depth (CI_LAYERS layers or blocks per stage) and, where an embedding would dominate the file, the
 vocabulary (CI_VOCAB, a multiple of 64 like the real ones). GPT-2 keeps its odd 50257: its lm_head
 is 768x50257 in the plan, as users have it. Sequences are CI_SEQ tokens.
+Each file holds a weight once: the blocks after the first in a list of blocks share its parameters
+(share_repeated_blocks), which leaves the graph and every shape as they were.
 """
 import argparse
 import json
@@ -543,7 +545,29 @@ def build(model, ci, device="cpu", dtype=torch.float32):
         for p in module.parameters():
             if p.dim() >= 2 and not p.any():
                 p.normal_(0.0, 0.02)
+    if ci:
+        share_repeated_blocks(module)
     return module.to(device=device, dtype=dtype)
+
+
+def share_repeated_blocks(module):
+    """Under --ci, the blocks after the first in each list of blocks (a ModuleList or Sequential
+    of one class) take the first one's parameters wherever name and shape agree. The graph and
+    every shape stay as they were; the fixture files hold each weight once, which roughly halves
+    them (two layers a decoder), and CI's disk is not always roomy."""
+    lists = [m for m in module.modules() if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential))]
+    for blocks in lists:
+        children = list(blocks.children())
+        if len(children) < 2 or len({type(c) for c in children}) != 1:
+            continue
+        first = dict(children[0].named_parameters())
+        for child in children[1:]:
+            for name, p in list(child.named_parameters()):
+                q = first.get(name)
+                if q is None or q is p or q.shape != p.shape or q.dtype != p.dtype:
+                    continue
+                owner, _, leaf = name.rpartition(".")
+                setattr(child.get_submodule(owner) if owner else child, leaf, q)
 
 
 def describe_inputs(inputs):
