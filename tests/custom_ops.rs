@@ -173,6 +173,11 @@ CASES = {
         ("addcmul", (r(B, 5, 5, C), r(C), r(C), "1e-06", "addcmul", "k")),
         ("channels-last view", (r(B, C, 5, 5).permute(0, 2, 3, 1), r(C), r(C), "1e-06", "hf", "k")),
     ],
+    "patch_conv": [
+        ("bias", (r(B, 3, 8, 8), r(8, 3, 4, 4), r(8), 4, 4, "k")),
+        ("no bias, rows and columns past the last patch", (r(B, 3, 9, 10), r(8, 3, 2, 2), None, 2, 2, "k")),
+        ("channels-last x", (r(B, 4, 8, 8).contiguous(memory_format=cl), r(8, 4, 4, 2), None, 4, 2, "k")),
+    ],
     "linears2": [("bias", (xs, r(12, C), r(12), 4, 8, "k")), ("no bias", (xs, r(12, C), None, 8, 4, "k"))],
     "linears3": [("bias", (xs, r(12, C), r(12), 4, 4, 4, "k"))],
     "linears4": [("no bias, 2-d x", (r(T, C), r(10, C), None, 1, 2, 3, 4, "k"))],

@@ -23,6 +23,7 @@ mod memo;
 mod native_mha;
 mod outputs;
 mod padding;
+mod patch;
 mod phases;
 mod plan;
 mod rmsnorm;

@@ -67,6 +67,11 @@ enum Command {
         /// concatenated weights. Off by default: not yet measured on a GPU.
         #[arg(long)]
         fuse_siblings: bool,
+        /// Run patch embeddings (a convolution whose filter is its stride, unpadded: ViT's,
+        /// Swin's, ConvNeXt's stem) as one GEMM over the image cut into patches. Off by default:
+        /// not yet measured on a GPU.
+        #[arg(long)]
+        patch_conv: bool,
         #[arg(long)]
         json: bool,
     },
@@ -133,6 +138,11 @@ enum Command {
         /// concatenated weights. Off by default: not yet measured on a GPU.
         #[arg(long)]
         fuse_siblings: bool,
+        /// Run patch embeddings (a convolution whose filter is its stride, unpadded: ViT's,
+        /// Swin's, ConvNeXt's stem) as one GEMM over the image cut into patches. Off by default:
+        /// not yet measured on a GPU.
+        #[arg(long)]
+        patch_conv: bool,
         /// The composed output's format: pt2 (composed.pt2, a torch.export program; from a .pt2
         /// input only) or torchscript (composed.pt). Default: the input's.
         #[arg(long)]
@@ -372,6 +382,7 @@ pub fn main() -> Result<()> {
             save_report,
             without,
             fuse_siblings,
+            patch_conv,
             format,
             torchscript_copy,
             quick,
@@ -405,7 +416,10 @@ pub fn main() -> Result<()> {
                 light_share,
                 keep_slower,
                 gpus: gpus.parse().map_err(anyhow::Error::msg)?,
-                matching: MatchOptions { fuse_siblings },
+                matching: MatchOptions {
+                    fuse_siblings,
+                    patch_conv,
+                },
                 format,
                 torchscript_copies: !no_bench || torchscript_copy,
                 phases: if quick {
@@ -646,6 +660,7 @@ pub fn main() -> Result<()> {
             arch,
             agent,
             fuse_siblings,
+            patch_conv,
             json,
         } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
@@ -659,7 +674,10 @@ pub fn main() -> Result<()> {
                 .with_context(|| format!("discovering {}", model.display()))?;
             let matches = crate::kinds::registry::match_patterns_with(
                 &graph,
-                &MatchOptions { fuse_siblings },
+                &MatchOptions {
+                    fuse_siblings,
+                    patch_conv,
+                },
             );
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;
             let mut steward = options(PathBuf::new(), precision, arch, &agent)?.steward();

@@ -152,7 +152,7 @@ pub struct Options {
     pub agent_timeout: std::time::Duration,
     /// The GPUs that tune (`--gpus`): all visible ones that run the arch's kernels by default.
     pub gpus: GpuChoice,
-    /// The kinds matched beyond the default ones (`--fuse-siblings`).
+    /// The kinds matched beyond the default ones (`--fuse-siblings`, `--patch-conv`).
     pub matching: registry::MatchOptions,
     /// The composed output's format; None: the input's.
     pub format: Option<Format>,
@@ -565,6 +565,8 @@ pub struct Asked {
     pub light_share: f64,
     pub keep_slower: bool,
     pub fuse_siblings: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub patch_conv: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
 }
@@ -578,6 +580,7 @@ impl Default for Asked {
             light_share: 0.0,
             keep_slower: false,
             fuse_siblings: false,
+            patch_conv: false,
             agent: None,
         }
     }
@@ -592,6 +595,7 @@ impl Options {
             light_share: self.light_share,
             keep_slower: self.keep_slower,
             fuse_siblings: self.matching.fuse_siblings,
+            patch_conv: self.matching.patch_conv,
             agent: self.agent.clone(),
         }
     }
@@ -605,6 +609,7 @@ impl Options {
             keep_slower: a.keep_slower,
             matching: registry::MatchOptions {
                 fuse_siblings: a.fuse_siblings,
+                patch_conv: a.patch_conv,
             },
             agent: a.agent.clone(),
             ..self

@@ -21,6 +21,7 @@ pub mod gemm;
 pub mod glu;
 pub mod grn;
 pub mod layernorm;
+pub mod patch;
 pub mod registry;
 pub mod rmsnorm;
 pub mod rotary;

@@ -11,8 +11,8 @@
 
 use super::TypedKind;
 use super::{
-    attention, conv, gemm, glu, grn, layernorm, match_kinds, render_op_library, rmsnorm, rotary,
-    siblings, Kind, Patterns, Problem, Spec,
+    attention, conv, gemm, glu, grn, layernorm, match_kinds, patch, render_op_library, rmsnorm,
+    rotary, siblings, Kind, Patterns, Problem, Spec,
 };
 use crate::codegen::{self, Source};
 use crate::graph::{Graph, NodeId};
@@ -30,23 +30,36 @@ pub static KINDS: &[&dyn Kind] = &[
     &rmsnorm::RmsNorm,
     &rotary::Rotary,
     &glu::Glu,
+    // Before the convolutions: a patch embedding's site is its convolution's, and the cover
+    // breaks that tie by this order (patch/rule.rs).
+    &patch::Patch,
     &conv::Conv,
     &grn::Grn,
     &siblings::Siblings,
 ];
 
 /// Which kinds' rules take part in the cover beyond the default ones: kinds that stay off until a
-/// GPU has measured them are asked for here (compose's and discover's `--fuse-siblings`).
+/// GPU has measured them are asked for here (compose's and discover's `--fuse-siblings` and
+/// `--patch-conv`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MatchOptions {
     /// Sibling linears (q, k, v over one x) as one GEMM (`kinds::siblings`); unmeasured.
     pub fuse_siblings: bool,
+    /// Patch embeddings (a convolution whose filter is its stride) as one GEMM
+    /// (`kinds::patch`); unmeasured.
+    pub patch_conv: bool,
 }
 
 impl MatchOptions {
     /// Whether kind `k`'s rules take part.
     pub fn enables(&self, k: &dyn Kind) -> bool {
-        k.name() != TypedKind::name(&siblings::Siblings) || self.fuse_siblings
+        if k.name() == TypedKind::name(&siblings::Siblings) {
+            self.fuse_siblings
+        } else if k.name() == TypedKind::name(&patch::Patch) {
+            self.patch_conv
+        } else {
+            true
+        }
     }
 }
 

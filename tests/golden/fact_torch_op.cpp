@@ -1,6 +1,6 @@
 // generated from templates/torch_op.cpp.hbs; do not edit
 // The torch custom ops that composed modules call, each pattern kind's in its section below:
-//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_written, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::conv, fact::grn, fact::linears2, fact::linears3, fact::linears4, fact::memo_get, fact::memo_put
+//   fact::gemm, fact::gemm_ep, fact::attention, fact::layernorm, fact::layernorm_written, fact::layernorm_add, fact::layernorm_add_sum, fact::rmsnorm, fact::rmsnorm_add, fact::rmsnorm_add_sum, fact::rotary, fact::rotary_qk, fact::glu, fact::patch_conv, fact::conv, fact::grn, fact::linears2, fact::linears3, fact::linears4, fact::memo_get, fact::memo_put
 // Each runs the named kernel of this library when the call fits it (CUDA tensors on a device that
 // runs sm90, and what its section says) and otherwise falls back to the original aten ops (its
 // section says which), so a composed module never computes a different function than the one it
@@ -490,7 +490,7 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
 // The pattern kinds a user or fact bench can turn off, so their calls run the original ops:
 // FACT_DISABLE=1 (or "all") in the environment turns every kind off (and the memo: "memo"), FACT_DISABLE=attention,epilogue
 // the kinds named (read once per process); fact_disable() sets the same at run time.
-enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kConvKind = 128, kGrnKind = 256, kSiblingsKind = 512, kMemoKind = 1024, kAllKinds = 2047 };
+enum KindBit : unsigned { kGemmKind = 1, kEpilogueKind = 2, kAttentionKind = 4, kLayernormKind = 8, kRmsnormKind = 16, kRotaryKind = 32, kGluKind = 64, kPatchKind = 128, kConvKind = 256, kGrnKind = 512, kSiblingsKind = 1024, kMemoKind = 2048, kAllKinds = 4095 };
 
 // The bits of a comma-separated list of kind names; false on a name that is no kind.
 bool parse_kinds(const std::string& text, unsigned& bits) {
@@ -503,6 +503,7 @@ bool parse_kinds(const std::string& text, unsigned& bits) {
     else if (name == "rmsnorm") bits |= kRmsnormKind;
     else if (name == "rotary") bits |= kRotaryKind;
     else if (name == "glu") bits |= kGluKind;
+    else if (name == "patch") bits |= kPatchKind;
     else if (name == "conv") bits |= kConvKind;
     else if (name == "grn") bits |= kGrnKind;
     else if (name == "siblings") bits |= kSiblingsKind;
@@ -520,7 +521,7 @@ std::atomic<unsigned>& disabled_kinds() {
     unsigned b = 0;
     if (!parse_kinds(v, b)) {
       // Safer to run torch's ops everywhere than to guess which kind was meant.
-      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, grn, siblings, memo, all); every fact op falls back\n", v);
+      std::fprintf(stderr, "fact: FACT_DISABLE=%s names no pattern kind (gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, patch, conv, grn, siblings, memo, all); every fact op falls back\n", v);
       return unsigned(kAllKinds);
     }
     return b;
@@ -2673,6 +2674,102 @@ at::Tensor glu_meta(const at::Tensor& x, const at::Tensor& w_gate, const std::op
 }
 
 // ---------------------------------------------------------------------------------------------
+// A patch embedding as one GEMM: `fact::patch_conv(x, w, b, r, s, kernel)` returns conv2d(x, w, b,
+// stride = [r, s]) for w [K, C, r, s], no padding. The kernel is a GEMM kind kernel: x cut into
+// its whole patches, [N*P*Q, C*r*s] row-major (one copy; rows and columns past the last whole
+// patch are not read, as the convolution reads none of them), times the weight as it lies
+// ([K, C*r*s] row-major is the weight's own memory), plus the bias, written [N*P*Q, K]; the output
+// is handed back packed NCHW (one transposing copy), as torch's convolution of a packed x lays it
+// out. The fallback is torch's convolution, its output packed too; the meta function runs it on
+// Meta tensors.
+
+// Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with
+// the reason in `why`.
+at::Tensor patch_conv_kernel(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t r,
+                             int64_t s, c10::string_view kernel, std::string& why) {
+  const bool has_b = b.has_value() && b->defined();
+  if (!x.is_cuda() || w.device() != x.device() || (has_b && b->device() != x.device())) {
+    return why = "not CUDA tensors of one device", at::Tensor();
+  }
+  if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (has_b && b->requires_grad()))) {
+    return why = "autograd (the kernel has no backward)", at::Tensor();
+  }
+  if (*dtype_name(x.scalar_type()) == '\0') return why = "not an f32, bf16 or f16 tensor", at::Tensor();
+  if (w.scalar_type() != x.scalar_type() || (has_b && b->scalar_type() != x.scalar_type())) {
+    return why = "mixed dtypes", at::Tensor();
+  }
+  if (x.dim() != 4 || w.dim() != 4 || w.size(1) != x.size(1) || w.size(2) != r || w.size(3) != s) {
+    return why = "x is not [N,C,H,W] or w not [K,C,r,s] of its C", at::Tensor();
+  }
+  if (!w.is_contiguous() || (has_b && !b->is_contiguous())) {
+    return why = "a weight or bias that is not packed", at::Tensor();
+  }
+  const int64_t n = x.size(0), c = x.size(1), rows = x.size(2) / r, cols = x.size(3) / s, k_out = w.size(0);
+  const int64_t m = n * rows * cols, k = c * r * s;
+  if (m == 0 || k_out == 0) return why = "an empty tensor", at::Tensor();
+  if (reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 != 0) {
+    return why = "a weight that does not start at a 16-byte boundary", at::Tensor();
+  }
+  const int32_t index = find_kernel(kernel);
+  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  const auto* props = at::cuda::getDeviceProperties(x.device().index());
+  if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
+  c10::cuda::CUDAGuard guard(x.device());
+  // [N, P, Q, C, r, s]: each patch a row in the weight's (c, r, s) order. The copy is torch's.
+  at::Tensor patches = at::empty({m, k}, x.options());
+  patches.view({n, rows, cols, c, r, s})
+      .copy_(x.narrow(2, 0, rows * r).narrow(3, 0, cols * s).view({n, c, rows, r, cols, s}).permute({0, 2, 4, 1, 3, 5}));
+  at::Tensor out = at::empty({m, k_out}, x.options());
+  // The GEMM kind's call: a = the patches as [1, M, K] row-major, B = w^T as [1, K, N]
+  // column-major (w's own memory), the bias, out as [1, M, N].
+  auto matrix = [](const at::Tensor& t, int64_t rows, int64_t cols, bool row_major) {
+    FactTensor ft = fact_tensor(t);
+    ft.rank = 3;
+    ft.sizes[0] = 1;
+    ft.sizes[1] = rows;
+    ft.sizes[2] = cols;
+    ft.strides[0] = rows * cols;
+    ft.strides[1] = row_major ? cols : 1;
+    ft.strides[2] = row_major ? 1 : rows;
+    return ft;
+  };
+  const FactTensor tensors[4] = {matrix(patches, m, k, true), matrix(w, k, k_out, false),
+                                 has_b ? fact_tensor(*b) : FactTensor{}, matrix(out, m, k_out, true)};
+  const FactOpArgs args{tensors, 4, nullptr, 0};
+  if (!launch_kernel(index, args, x, kernel, "patch_conv")) {
+    return why = "the kernel cannot implement this shape or alignment", at::Tensor();
+  }
+  return out.view({n, rows, cols, k_out}).permute({0, 3, 1, 2}).contiguous();
+}
+
+// The replaced convolution, as the graph ran it, packed as the kernel path hands its output back
+// on every device: a channels-last x makes torch's CPU convolution write channels-last, which its
+// meta function does not say (the values are the convolution's, bit for bit).
+at::Tensor patch_conv_replay(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t r,
+                             int64_t s) {
+  return laid_packed(at::conv2d(x, w, b, {r, s}));
+}
+
+at::Tensor patch_conv(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t r,
+                      int64_t s, c10::string_view kernel) {
+  std::string why = "patch is turned off (FACT_DISABLE or fact_disable)";
+  if (!disabled(kPatchKind)) {
+    at::Tensor y = patch_conv_kernel(x, w, b, r, s, kernel, why);
+    if (y.defined()) {
+      count_ran(kernel, false);
+      return y;
+    }
+  }
+  count_fell_back(kernel, why);
+  return patch_conv_replay(x, w, b, r, s);
+}
+
+at::Tensor patch_conv_meta(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, int64_t r,
+                           int64_t s, c10::string_view kernel) {
+  return patch_conv_replay(x, w, b, r, s);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Convolutions: `fact::conv` runs an implicit-GEMM fprop kernel over channels-last tensors in
 // place of a convolution and the eval-mode BatchNorm, residual add and activation after it. It
 // takes the graph's own operands (x, the convolution's weight, bias and arguments, the
@@ -3220,7 +3317,7 @@ extern "C" const char* fact_op_stats(void) {
   return text.c_str();
 }
 
-// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, conv, grn, siblings, memo, all) off
+// Turns the pattern kinds named (comma-separated: gemm, epilogue, attention, layernorm, rmsnorm, rotary, glu, patch, conv, grn, siblings, memo, all) off
 // and every other kind on; "" turns all on. Returns -1, changing nothing, on a name that is no kind.
 extern "C" int32_t fact_disable(const char* kinds) {
   unsigned bits = 0;
@@ -3293,6 +3390,7 @@ constexpr char k_rmsnorm_add_sum[] = "fact::rmsnorm_add_sum";
 constexpr char k_rotary[] = "fact::rotary";
 constexpr char k_rotary_qk[] = "fact::rotary_qk";
 constexpr char k_glu[] = "fact::glu";
+constexpr char k_patch_conv[] = "fact::patch_conv";
 constexpr char k_conv[] = "fact::conv";
 constexpr char k_grn[] = "fact::grn";
 constexpr char k_linears2[] = "fact::linears2";
@@ -3344,6 +3442,9 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::glu", ""}).has_value()) {
     m.def("glu(Tensor x, Tensor w_gate, Tensor? b_gate, Tensor? w_up, Tensor? b_up, Tensor w, Tensor? b, str act, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
+  }
+  if (!c10::Dispatcher::singleton().findSchema({"fact::patch_conv", ""}).has_value()) {
+    m.def("patch_conv(Tensor x, Tensor w, Tensor? b, int r, int s, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
   }
   if (!c10::Dispatcher::singleton().findSchema({"fact::conv", ""}).has_value()) {
     m.def("conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, Tensor? bn_mean, Tensor? bn_var, Tensor? residual, Tensor w_kernel, Tensor? b_kernel, str form, str kernel) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -3418,6 +3519,10 @@ TORCH_LIBRARY_FRAGMENT(fact, m) {
   m.impl("glu", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(glu)));
   m.impl("glu", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(glu_meta)));
   m.impl("glu", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_glu, glu>::autograd))));
+  m.impl("patch_conv", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(patch_conv)));
+  m.impl("patch_conv", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(patch_conv)));
+  m.impl("patch_conv", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(patch_conv_meta)));
+  m.impl("patch_conv", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN((Registered<k_patch_conv, patch_conv>::autograd))));
   m.impl("conv", torch::dispatch(c10::DispatchKey::CPU, TORCH_FN(conv)));
   m.impl("conv", torch::dispatch(c10::DispatchKey::CUDA, TORCH_FN(conv)));
   m.impl("conv", torch::dispatch(c10::DispatchKey::Meta, TORCH_FN(conv_meta)));
@@ -3544,6 +3649,12 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_
 extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cuda_glu(AtenTensorHandle x, AtenTensorHandle w_gate, AtenTensorHandle* b_gate, AtenTensorHandle* w_up, AtenTensorHandle* b_up, AtenTensorHandle w, AtenTensorHandle* b, const char* act, const char* kernel, AtenTensorHandle* ret0) {
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ *ret0 = torch::aot_inductor::new_tensor_handle(glu(fact_shim::tensor(x), fact_shim::tensor(w_gate), fact_shim::optional(b_gate), fact_shim::optional(w_up), fact_shim::optional(b_up), fact_shim::tensor(w), fact_shim::optional(b), c10::string_view(act), c10::string_view(kernel))); });
 }
+extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_patch_conv(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t r, int64_t s, const char* kernel, AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ *ret0 = torch::aot_inductor::new_tensor_handle(patch_conv(fact_shim::tensor(x), fact_shim::tensor(w), fact_shim::optional(b), r, s, c10::string_view(kernel))); });
+}
+extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cuda_patch_conv(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t r, int64_t s, const char* kernel, AtenTensorHandle* ret0) {
+  AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ *ret0 = torch::aot_inductor::new_tensor_handle(patch_conv(fact_shim::tensor(x), fact_shim::tensor(w), fact_shim::optional(b), r, s, c10::string_view(kernel))); });
+}
 extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cpu_conv(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, const int64_t* stride, int64_t stride_len_, const int64_t* padding, int64_t padding_len_, const int64_t* dilation, int64_t dilation_len_, int64_t groups, AtenTensorHandle* bn_weight, AtenTensorHandle* bn_bias, AtenTensorHandle* bn_mean, AtenTensorHandle* bn_var, AtenTensorHandle* residual, AtenTensorHandle w_kernel, AtenTensorHandle* b_kernel, const char* form, const char* kernel, AtenTensorHandle* ret0) {
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ *ret0 = torch::aot_inductor::new_tensor_handle(conv(fact_shim::tensor(x), fact_shim::tensor(weight), fact_shim::optional(bias), at::IntArrayRef(stride, stride_len_), at::IntArrayRef(padding, padding_len_), at::IntArrayRef(dilation, dilation_len_), groups, fact_shim::optional(bn_weight), fact_shim::optional(bn_bias), fact_shim::optional(bn_mean), fact_shim::optional(bn_var), fact_shim::optional(residual), fact_shim::tensor(w_kernel), fact_shim::optional(b_kernel), c10::string_view(form), c10::string_view(kernel))); });
 }
@@ -3575,4 +3686,4 @@ extern "C" __attribute__((visibility("default"))) AOTITorchError aoti_torch_cuda
   AOTI_TORCH_CONVERT_EXCEPTION_TO_ERROR_CODE({ auto r = linears4(fact_shim::tensor(x), fact_shim::tensor(w), fact_shim::optional(b), n0, n1, n2, n3, c10::string_view(kernel)); *ret0 = torch::aot_inductor::new_tensor_handle(std::move(std::get<0>(r))); *ret1 = torch::aot_inductor::new_tensor_handle(std::move(std::get<1>(r))); *ret2 = torch::aot_inductor::new_tensor_handle(std::move(std::get<2>(r))); *ret3 = torch::aot_inductor::new_tensor_handle(std::move(std::get<3>(r))); });
 }
 
-extern "C" const char* fact_c_shims(void) { return R"fact_shims({"attention":["AOTITorchError aoti_torch_cpu_attention(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle v, AtenTensorHandle* mask, AtenTensorHandle* scale, const char* form, const char* kernel, AtenTensorHandle* cond, AtenTensorHandle* fill, AtenTensorHandle* window, AtenTensorHandle* plus, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_attention(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle v, AtenTensorHandle* mask, AtenTensorHandle* scale, const char* form, const char* kernel, AtenTensorHandle* cond, AtenTensorHandle* fill, AtenTensorHandle* window, AtenTensorHandle* plus, AtenTensorHandle* ret0)"],"conv":["AOTITorchError aoti_torch_cpu_conv(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, const int64_t* stride, int64_t stride_len_, const int64_t* padding, int64_t padding_len_, const int64_t* dilation, int64_t dilation_len_, int64_t groups, AtenTensorHandle* bn_weight, AtenTensorHandle* bn_bias, AtenTensorHandle* bn_mean, AtenTensorHandle* bn_var, AtenTensorHandle* residual, AtenTensorHandle w_kernel, AtenTensorHandle* b_kernel, const char* form, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_conv(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, const int64_t* stride, int64_t stride_len_, const int64_t* padding, int64_t padding_len_, const int64_t* dilation, int64_t dilation_len_, int64_t groups, AtenTensorHandle* bn_weight, AtenTensorHandle* bn_bias, AtenTensorHandle* bn_mean, AtenTensorHandle* bn_var, AtenTensorHandle* residual, AtenTensorHandle w_kernel, AtenTensorHandle* b_kernel, const char* form, const char* kernel, AtenTensorHandle* ret0)"],"gemm":["AOTITorchError aoti_torch_cpu_gemm(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* bias, const char* origin, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_gemm(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* bias, const char* origin, const char* kernel, AtenTensorHandle* ret0)"],"gemm_ep":["AOTITorchError aoti_torch_cpu_gemm_ep(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* bias, const void* leaves, int64_t leaves_len_, const char* origin, const char* epilogue, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_gemm_ep(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* bias, const void* leaves, int64_t leaves_len_, const char* origin, const char* epilogue, const char* kernel, AtenTensorHandle* ret0)"],"glu":["AOTITorchError aoti_torch_cpu_glu(AtenTensorHandle x, AtenTensorHandle w_gate, AtenTensorHandle* b_gate, AtenTensorHandle* w_up, AtenTensorHandle* b_up, AtenTensorHandle w, AtenTensorHandle* b, const char* act, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_glu(AtenTensorHandle x, AtenTensorHandle w_gate, AtenTensorHandle* b_gate, AtenTensorHandle* w_up, AtenTensorHandle* b_up, AtenTensorHandle w, AtenTensorHandle* b, const char* act, const char* kernel, AtenTensorHandle* ret0)"],"grn":["AOTITorchError aoti_torch_cpu_grn(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle bias, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_grn(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle bias, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)"],"layernorm":["AOTITorchError aoti_torch_cpu_layernorm(AtenTensorHandle x, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_layernorm(AtenTensorHandle x, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* kernel, AtenTensorHandle* ret0)"],"layernorm_add":["AOTITorchError aoti_torch_cpu_layernorm_add(AtenTensorHandle a, AtenTensorHandle b, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* dtypes, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_layernorm_add(AtenTensorHandle a, AtenTensorHandle b, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* dtypes, const char* kernel, AtenTensorHandle* ret0)"],"layernorm_add_sum":["AOTITorchError aoti_torch_cpu_layernorm_add_sum(AtenTensorHandle a, AtenTensorHandle b, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* dtypes, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)","AOTITorchError aoti_torch_cuda_layernorm_add_sum(AtenTensorHandle a, AtenTensorHandle b, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* dtypes, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"],"layernorm_written":["AOTITorchError aoti_torch_cpu_layernorm_written(AtenTensorHandle x, AtenTensorHandle* weight, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_layernorm_written(AtenTensorHandle x, AtenTensorHandle* weight, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)"],"linears2":["AOTITorchError aoti_torch_cpu_linears2(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)","AOTITorchError aoti_torch_cuda_linears2(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"],"linears3":["AOTITorchError aoti_torch_cpu_linears3(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, int64_t n2, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1, AtenTensorHandle* ret2)","AOTITorchError aoti_torch_cuda_linears3(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, int64_t n2, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1, AtenTensorHandle* ret2)"],"linears4":["AOTITorchError aoti_torch_cpu_linears4(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, int64_t n2, int64_t n3, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1, AtenTensorHandle* ret2, AtenTensorHandle* ret3)","AOTITorchError aoti_torch_cuda_linears4(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, int64_t n2, int64_t n3, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1, AtenTensorHandle* ret2, AtenTensorHandle* ret3)"],"rmsnorm":["AOTITorchError aoti_torch_cpu_rmsnorm(AtenTensorHandle x, AtenTensorHandle* weight, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_rmsnorm(AtenTensorHandle x, AtenTensorHandle* weight, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)"],"rmsnorm_add":["AOTITorchError aoti_torch_cpu_rmsnorm_add(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* weight, const char* eps, const char* form, const char* dtypes, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_rmsnorm_add(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* weight, const char* eps, const char* form, const char* dtypes, const char* kernel, AtenTensorHandle* ret0)"],"rmsnorm_add_sum":["AOTITorchError aoti_torch_cpu_rmsnorm_add_sum(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* weight, const char* eps, const char* form, const char* dtypes, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)","AOTITorchError aoti_torch_cuda_rmsnorm_add_sum(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* weight, const char* eps, const char* form, const char* dtypes, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"],"rotary":["AOTITorchError aoti_torch_cpu_rotary(AtenTensorHandle x, AtenTensorHandle cos, AtenTensorHandle sin, int64_t rotary_dim, int64_t form, int64_t layout, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_rotary(AtenTensorHandle x, AtenTensorHandle cos, AtenTensorHandle sin, int64_t rotary_dim, int64_t form, int64_t layout, const char* kernel, AtenTensorHandle* ret0)"],"rotary_qk":["AOTITorchError aoti_torch_cpu_rotary_qk(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle cos, AtenTensorHandle sin, int64_t rotary_dim, int64_t form, int64_t layout, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)","AOTITorchError aoti_torch_cuda_rotary_qk(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle cos, AtenTensorHandle sin, int64_t rotary_dim, int64_t form, int64_t layout, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"]})fact_shims"; }
+extern "C" const char* fact_c_shims(void) { return R"fact_shims({"attention":["AOTITorchError aoti_torch_cpu_attention(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle v, AtenTensorHandle* mask, AtenTensorHandle* scale, const char* form, const char* kernel, AtenTensorHandle* cond, AtenTensorHandle* fill, AtenTensorHandle* window, AtenTensorHandle* plus, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_attention(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle v, AtenTensorHandle* mask, AtenTensorHandle* scale, const char* form, const char* kernel, AtenTensorHandle* cond, AtenTensorHandle* fill, AtenTensorHandle* window, AtenTensorHandle* plus, AtenTensorHandle* ret0)"],"conv":["AOTITorchError aoti_torch_cpu_conv(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, const int64_t* stride, int64_t stride_len_, const int64_t* padding, int64_t padding_len_, const int64_t* dilation, int64_t dilation_len_, int64_t groups, AtenTensorHandle* bn_weight, AtenTensorHandle* bn_bias, AtenTensorHandle* bn_mean, AtenTensorHandle* bn_var, AtenTensorHandle* residual, AtenTensorHandle w_kernel, AtenTensorHandle* b_kernel, const char* form, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_conv(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle* bias, const int64_t* stride, int64_t stride_len_, const int64_t* padding, int64_t padding_len_, const int64_t* dilation, int64_t dilation_len_, int64_t groups, AtenTensorHandle* bn_weight, AtenTensorHandle* bn_bias, AtenTensorHandle* bn_mean, AtenTensorHandle* bn_var, AtenTensorHandle* residual, AtenTensorHandle w_kernel, AtenTensorHandle* b_kernel, const char* form, const char* kernel, AtenTensorHandle* ret0)"],"gemm":["AOTITorchError aoti_torch_cpu_gemm(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* bias, const char* origin, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_gemm(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* bias, const char* origin, const char* kernel, AtenTensorHandle* ret0)"],"gemm_ep":["AOTITorchError aoti_torch_cpu_gemm_ep(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* bias, const void* leaves, int64_t leaves_len_, const char* origin, const char* epilogue, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_gemm_ep(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* bias, const void* leaves, int64_t leaves_len_, const char* origin, const char* epilogue, const char* kernel, AtenTensorHandle* ret0)"],"glu":["AOTITorchError aoti_torch_cpu_glu(AtenTensorHandle x, AtenTensorHandle w_gate, AtenTensorHandle* b_gate, AtenTensorHandle* w_up, AtenTensorHandle* b_up, AtenTensorHandle w, AtenTensorHandle* b, const char* act, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_glu(AtenTensorHandle x, AtenTensorHandle w_gate, AtenTensorHandle* b_gate, AtenTensorHandle* w_up, AtenTensorHandle* b_up, AtenTensorHandle w, AtenTensorHandle* b, const char* act, const char* kernel, AtenTensorHandle* ret0)"],"grn":["AOTITorchError aoti_torch_cpu_grn(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle bias, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_grn(AtenTensorHandle x, AtenTensorHandle weight, AtenTensorHandle bias, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)"],"layernorm":["AOTITorchError aoti_torch_cpu_layernorm(AtenTensorHandle x, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_layernorm(AtenTensorHandle x, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* kernel, AtenTensorHandle* ret0)"],"layernorm_add":["AOTITorchError aoti_torch_cpu_layernorm_add(AtenTensorHandle a, AtenTensorHandle b, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* dtypes, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_layernorm_add(AtenTensorHandle a, AtenTensorHandle b, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* dtypes, const char* kernel, AtenTensorHandle* ret0)"],"layernorm_add_sum":["AOTITorchError aoti_torch_cpu_layernorm_add_sum(AtenTensorHandle a, AtenTensorHandle b, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* dtypes, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)","AOTITorchError aoti_torch_cuda_layernorm_add_sum(AtenTensorHandle a, AtenTensorHandle b, const int64_t* normalized_shape, int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps, const char* dtypes, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"],"layernorm_written":["AOTITorchError aoti_torch_cpu_layernorm_written(AtenTensorHandle x, AtenTensorHandle* weight, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_layernorm_written(AtenTensorHandle x, AtenTensorHandle* weight, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)"],"linears2":["AOTITorchError aoti_torch_cpu_linears2(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)","AOTITorchError aoti_torch_cuda_linears2(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"],"linears3":["AOTITorchError aoti_torch_cpu_linears3(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, int64_t n2, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1, AtenTensorHandle* ret2)","AOTITorchError aoti_torch_cuda_linears3(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, int64_t n2, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1, AtenTensorHandle* ret2)"],"linears4":["AOTITorchError aoti_torch_cpu_linears4(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, int64_t n2, int64_t n3, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1, AtenTensorHandle* ret2, AtenTensorHandle* ret3)","AOTITorchError aoti_torch_cuda_linears4(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t n0, int64_t n1, int64_t n2, int64_t n3, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1, AtenTensorHandle* ret2, AtenTensorHandle* ret3)"],"patch_conv":["AOTITorchError aoti_torch_cpu_patch_conv(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t r, int64_t s, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_patch_conv(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* b, int64_t r, int64_t s, const char* kernel, AtenTensorHandle* ret0)"],"rmsnorm":["AOTITorchError aoti_torch_cpu_rmsnorm(AtenTensorHandle x, AtenTensorHandle* weight, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_rmsnorm(AtenTensorHandle x, AtenTensorHandle* weight, const char* eps, const char* form, const char* kernel, AtenTensorHandle* ret0)"],"rmsnorm_add":["AOTITorchError aoti_torch_cpu_rmsnorm_add(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* weight, const char* eps, const char* form, const char* dtypes, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_rmsnorm_add(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* weight, const char* eps, const char* form, const char* dtypes, const char* kernel, AtenTensorHandle* ret0)"],"rmsnorm_add_sum":["AOTITorchError aoti_torch_cpu_rmsnorm_add_sum(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* weight, const char* eps, const char* form, const char* dtypes, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)","AOTITorchError aoti_torch_cuda_rmsnorm_add_sum(AtenTensorHandle a, AtenTensorHandle b, AtenTensorHandle* weight, const char* eps, const char* form, const char* dtypes, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"],"rotary":["AOTITorchError aoti_torch_cpu_rotary(AtenTensorHandle x, AtenTensorHandle cos, AtenTensorHandle sin, int64_t rotary_dim, int64_t form, int64_t layout, const char* kernel, AtenTensorHandle* ret0)","AOTITorchError aoti_torch_cuda_rotary(AtenTensorHandle x, AtenTensorHandle cos, AtenTensorHandle sin, int64_t rotary_dim, int64_t form, int64_t layout, const char* kernel, AtenTensorHandle* ret0)"],"rotary_qk":["AOTITorchError aoti_torch_cpu_rotary_qk(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle cos, AtenTensorHandle sin, int64_t rotary_dim, int64_t form, int64_t layout, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)","AOTITorchError aoti_torch_cuda_rotary_qk(AtenTensorHandle q, AtenTensorHandle k, AtenTensorHandle cos, AtenTensorHandle sin, int64_t rotary_dim, int64_t form, int64_t layout, const char* kernel, AtenTensorHandle* ret0, AtenTensorHandle* ret1)"]})fact_shims"; }

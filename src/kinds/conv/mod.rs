@@ -23,7 +23,8 @@ pub use layout::{nchw_reader, x_source, Source, Substituted};
 pub use problem::{ConvAct, ConvProblem};
 pub use render::{op_code, render, signature};
 pub use rule::{
-    match_convs, refusals, substituted, with_layout, BatchNorm, ConvCall, ConvMatch, ConvRule,
+    conv_call, conv_nodes, match_convs, refusals, substituted, with_layout, BatchNorm, ConvCall,
+    ConvMatch, ConvRule,
 };
 pub use spec::{
     candidates, estimate, is_depthwise, is_pointwise, kernels_take, refusal, ConvSpec, Depthwise,

@@ -149,7 +149,7 @@ pub fn with_layout(g: &Graph, readers: &[Vec<NodeId>], subs: &Substituted, m: &m
 }
 
 /// The top-level convolution nodes, matched or not.
-fn conv_nodes(g: &Graph) -> impl Iterator<Item = NodeId> + '_ {
+pub fn conv_nodes(g: &Graph) -> impl Iterator<Item = NodeId> + '_ {
     (0..g.nodes.len()).filter(|&n| {
         g.nodes[n].depth == 0
             && matches!(
@@ -210,7 +210,7 @@ fn channel_param(
 }
 
 /// The convolution at `n` as the rule reads it, or why it stays torch's.
-pub(super) fn conv_call(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
+pub fn conv_call(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
     let node = &g.nodes[n];
     let i = &node.inputs;
     // (x, w, b, stride, padding, dilation, transposed, output_padding, groups, ...) or

@@ -1,0 +1,282 @@
+//! Patch embeddings as one GEMM, one kind: a convolution whose filter is its stride, unpadded
+//! (rule.rs), computed as x cut into patches times the weight. The op,
+//! `fact::patch_conv(x, w, b?, r, s, kernel)`, cuts x into a [N·P·Q, C·R·S] buffer (one copy),
+//! runs a GEMM kind kernel against the weight as it lies ([K, C·R·S] is the weight's own memory),
+//! and hands the output back in torch's default strides (one transposing copy); it falls back to
+//! torch's convolution. This file is the kind as the stages see it (`Patch`), with its plan notes
+//! and its graph edit.
+//!
+//! Like the sibling linears, the kind is built over the GEMM kind: its kernels are GEMM kernels
+//! (the GEMM kind's spec, candidate space, rounds, validity rules and renders, for
+//! `PatchProblem::gemm_problem`), so its winners share the GEMM kind's build cache. What is its
+//! own is the problem (the table key, whose baseline is torch's convolution: problem.rs), the
+//! bench (bench.rs: the op's copies timed with the kernel), the edit and the op.
+//!
+//! The kind is off unless asked (`--patch-conv`, `registry::MatchOptions`): no GPU has yet
+//! measured it against cuDNN.
+
+mod bench;
+mod problem;
+mod rule;
+
+pub use bench::PatchBench;
+pub use problem::PatchProblem;
+pub use rule::{match_patches, patch, PatchMatch, PatchRule};
+
+use super::{Candidates, Dispatch, Measured, PlanFacts, Product, Spec, SweepCx, TypedKind};
+use super::{Unit, Work};
+use crate::codegen::{self, OpCode, OpDef, Source};
+use crate::graph::{Edit, Graph, NodeId, Operand};
+use crate::kinds::gemm::{Gemm, KernelSpec};
+use crate::nvcc::library::KernelLibrary;
+use crate::rules::{PatternKind, Rule};
+use crate::space::validity::FailureKind;
+use crate::tune::{Bench, Protocol};
+use crate::types::{Arch, DType, MathType, Precision};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What users call patch-embedding patterns (`FACT_DISABLE=patch`).
+pub const PATCH: PatternKind = PatternKind::new("patch");
+
+const OP: &str = include_str!("patch_op.cpp.hbs");
+
+const OPS: [OpDef; 1] = [OpDef {
+    name: "patch_conv",
+    schema: "patch_conv(Tensor x, Tensor w, Tensor? b, int r, int s, str kernel) -> Tensor",
+    function: "patch_conv",
+    meta: Some("patch_conv_meta"),
+    flexible_layout: false,
+}];
+
+/// The patch-embedding kind.
+pub struct Patch;
+
+impl From<PatchProblem> for super::Problem {
+    fn from(p: PatchProblem) -> super::Problem {
+        super::Problem::new(&Patch, p)
+    }
+}
+
+/// The patches-times-weight GEMM as the GEMM kind's problem.
+fn gemm(p: &PatchProblem) -> super::Problem {
+    p.gemm_problem().into()
+}
+
+impl TypedKind for Patch {
+    type Match = PatchMatch;
+    type Problem = PatchProblem;
+    /// Its kernels are GEMM kernels: the specs its sweeps make are the GEMM kind's, so the spec
+    /// methods below are the GEMM kind's too.
+    type Spec = KernelSpec;
+
+    fn name(&self) -> &'static str {
+        "patch"
+    }
+    fn pattern_kinds(&self) -> &'static [PatternKind] {
+        &[PATCH]
+    }
+    fn letter(&self) -> char {
+        'p'
+    }
+
+    fn rules(&self) -> &'static [&'static dyn Rule] {
+        &[&PatchRule]
+    }
+    fn problem_of(&self, m: &PatchMatch) -> PatchProblem {
+        m.problem.clone()
+    }
+    fn node_of(&self, m: &PatchMatch) -> NodeId {
+        m.conv
+    }
+    fn origin_of(&self, _m: &PatchMatch) -> &'static str {
+        "convolution"
+    }
+    fn plan_facts(&self, m: &PatchMatch, math: Option<MathType>, _arch: Arch) -> PlanFacts {
+        let p = &m.problem;
+        let (rows, cols, k) = p.gemm_dims();
+        PlanFacts {
+            name: format!(
+                "patch embedding {}x{}x{}x{} by {}x{} to {}",
+                p.images, p.in_channels, p.height, p.width, p.patch[0], p.patch[1], p.out_channels
+            ),
+            origin: "convolution".into(),
+            operands: std::iter::once(m.x)
+                .chain([m.weight])
+                .chain(m.bias)
+                .collect(),
+            notes: math
+                .map(|math| {
+                    vec![
+                        format!(
+                            "one GEMM {rows}x{cols}x{k} over x cut into patches (one copy) and the weight as it lies; {} products",
+                            math.short_name()
+                        ),
+                        "the output handed back in torch's default strides (one transposing copy); unmeasured: on only with --patch-conv".into(),
+                    ]
+                })
+                .unwrap_or_default(),
+            pad: None,
+        }
+    }
+    fn products(&self, m: &PatchMatch) -> Vec<Product> {
+        let (_, _, k) = m.problem.gemm_dims();
+        vec![Product {
+            node: m.conv,
+            flops: m.problem.flops(),
+            k,
+        }]
+    }
+    /// Three kernels: the cut (x read, the patches written), the GEMM (the patches and the
+    /// weight read, its output written) and the transposing copy (read and written again).
+    fn work(&self, m: &PatchMatch, _math: MathType) -> Option<Work> {
+        let p = &m.problem;
+        let (rows, cols, k) = p.gemm_dims();
+        let bytes = p.dtype.bytes() as f64;
+        let x = (p.images * p.in_channels * p.height * p.width) as f64 * bytes;
+        let patches = (rows * k) as f64 * bytes;
+        let w = (cols * k) as f64 * bytes;
+        let out = (rows * cols) as f64 * bytes;
+        Some(Work {
+            products: self.products(m),
+            bytes: x + 2.0 * patches + w + 3.0 * out,
+            launches: 3,
+            note: "x cut into patches, one GEMM, the output transposed to NCHW".into(),
+        })
+    }
+    fn edit(&self, g: &Graph, m: &PatchMatch, kernel: &str) -> Edit {
+        edit(g, m, kernel)
+    }
+
+    fn problem_from_rule(
+        &self,
+        rule: &str,
+        dims: &[i64],
+        dtype: DType,
+    ) -> Option<Result<PatchProblem, String>> {
+        rule.starts_with("patch_conv")
+            .then(|| PatchProblem::from_rule(rule, dims, dtype))
+    }
+    fn rule_ids(&self) -> &'static str {
+        "patch_conv or patch_conv_bias (NxHxWxCxKxRxS)"
+    }
+    fn rule_id(&self, p: &PatchProblem) -> String {
+        p.rule_id()
+    }
+    fn shape_key(&self, p: &PatchProblem) -> String {
+        p.shape_key()
+    }
+    fn flops(&self, p: &PatchProblem) -> f64 {
+        p.flops()
+    }
+    fn dtype(&self, p: &PatchProblem) -> DType {
+        p.dtype
+    }
+    /// The GEMM's class: its kernels are that GEMM's.
+    fn alignment(&self, p: &PatchProblem) -> u32 {
+        p.gemm_problem().alignment(16 / p.dtype.bytes() as u32)
+    }
+    fn math(&self, p: &PatchProblem, precision: Precision) -> Option<MathType> {
+        MathType::for_tensor(p.dtype, precision)
+    }
+    fn pattern_kind(&self, _p: &PatchProblem) -> PatternKind {
+        PATCH
+    }
+
+    fn spec_name(&self, s: &KernelSpec) -> String {
+        TypedKind::spec_name(&Gemm, s)
+    }
+    fn kernel_name(&self, s: &KernelSpec) -> String {
+        TypedKind::kernel_name(&Gemm, s)
+    }
+    fn kernel(&self, s: &KernelSpec) -> KernelSpec {
+        TypedKind::kernel(&Gemm, s)
+    }
+    fn spec_arch(&self, s: &KernelSpec) -> Arch {
+        TypedKind::spec_arch(&Gemm, s)
+    }
+    fn spec_dtype(&self, s: &KernelSpec) -> DType {
+        TypedKind::spec_dtype(&Gemm, s)
+    }
+    fn render(&self, s: &KernelSpec) -> Source {
+        TypedKind::render(&Gemm, s)
+    }
+    fn unit(&self, s: &KernelSpec) -> Unit {
+        TypedKind::unit(&Gemm, s)
+    }
+    fn dispatch(&self, s: &KernelSpec) -> Dispatch {
+        TypedKind::dispatch(&Gemm, s)
+    }
+    fn spec_family(&self, s: &KernelSpec) -> String {
+        TypedKind::spec_family(&Gemm, s)
+    }
+    fn features(
+        &self,
+        s: &KernelSpec,
+        failure: FailureKind,
+    ) -> Option<BTreeMap<String, serde_json::Value>> {
+        TypedKind::features(&Gemm, s, failure)
+    }
+
+    /// The GEMM kind's sweep of the patches-times-weight GEMM: its first round, retry and rounds.
+    fn candidates(&self, p: &PatchProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
+        super::Kind::candidates(&Gemm, &gemm(p), cx)
+    }
+    fn retry(
+        &self,
+        p: &PatchProblem,
+        cx: &mut SweepCx,
+        failures: &[(String, String)],
+        avoid: &BTreeSet<String>,
+    ) -> Option<Vec<Spec>> {
+        super::Kind::retry(&Gemm, &gemm(p), cx, failures, avoid)
+    }
+    fn rounds(&self) -> &'static [&'static str] {
+        super::Kind::rounds(&Gemm)
+    }
+    fn round(&self, i: usize, p: &PatchProblem, measured: &[Measured], cx: &SweepCx) -> Vec<Spec> {
+        super::Kind::round(&Gemm, i, &gemm(p), measured, cx)
+    }
+    fn learns(&self) -> bool {
+        super::Kind::learns(&Gemm)
+    }
+    fn bench<'l>(
+        &self,
+        lib: &'l KernelLibrary,
+        p: &PatchProblem,
+        protocol: Protocol,
+    ) -> Result<Box<dyn Bench + 'l>, String> {
+        Ok(Box::new(PatchBench::new(lib, p.clone(), protocol)?))
+    }
+
+    fn ops(&self) -> &'static [OpDef] {
+        &OPS
+    }
+    fn op_code(&self, arch: Arch) -> OpCode {
+        let body = codegen::templates(&[], &[("op", OP)])
+            .render("op", &codegen::op_vars(arch))
+            .expect("the patch op renders");
+        OpCode {
+            prelude: String::new(),
+            body,
+        }
+    }
+}
+
+/// The match's graph rewrite (`Kind::edit`): `fact::patch_conv(x, w, b?, r, s, kernel)` in place
+/// of the convolution, on the module's own weight and bias.
+pub fn edit(g: &Graph, m: &PatchMatch, kernel: &str) -> Edit {
+    Edit {
+        node: m.conv as u32,
+        expect_kind: g.nodes[m.conv].kind.clone(),
+        op: "fact::patch_conv".into(),
+        operands: vec![
+            Operand::value(m.x),
+            Operand::value(m.weight),
+            Operand::optional(m.bias),
+            Operand::int(m.problem.patch[0]),
+            Operand::int(m.problem.patch[1]),
+            Operand::text(kernel),
+        ],
+        ..Default::default()
+    }
+}

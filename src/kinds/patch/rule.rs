@@ -1,0 +1,176 @@
+//! Patch-embedding rule: `patch_conv[_bias]`.
+//!
+//! y[n,k,p,q] = Σ_{c,r,s} x[n,c,p·R+r,q·S+s]·w[k,c,r,s] (+ b[k]) for a 2-D convolution whose
+//! stride equals its filter [R,S], with no padding, dilation 1 and groups 1: the patch
+//! embeddings of ViT, DeiT, BEiT and Swin, ConvNeXt's stem. The graph writes it as the
+//! convolution kind reads any convolution (`conv::conv_call`: `aten::_convolution` of a traced
+//! `nn.Conv2d` or export's `convolution`, `aten::conv2d`), its weight and bias module parameters
+//! of x's dtype. Each output pixel reads one patch and no other, so the convolution is one GEMM
+//! over the image cut into patches, with no implicit-GEMM gather and none of the layout
+//! conversions torch's convolution makes around its 3-channel input.
+//!
+//! The convolution kind matches the same node; the cover's sites are equal (one node), and the
+//! registry lists this kind first, so where compose is asked for it (`--patch-conv`,
+//! `registry::MatchOptions`) it takes the node. A convolution followed by a BatchNorm or an
+//! activation the convolution kind would fold is left to that kind (its site is larger).
+
+use super::problem::PatchProblem;
+use super::PATCH;
+use crate::graph::{Graph, NodeId, ValueId};
+use crate::kinds::conv::{conv_call, conv_nodes};
+use crate::rules::{boxed, Match, PatternKind, Rule};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct PatchMatch {
+    pub conv: NodeId,
+    pub x: ValueId,
+    pub weight: ValueId,
+    pub bias: Option<ValueId>,
+    pub problem: PatchProblem,
+}
+
+impl Match for PatchMatch {
+    fn nodes(&self) -> Vec<NodeId> {
+        vec![self.conv]
+    }
+}
+
+/// The patch-embedding rule.
+pub struct PatchRule;
+
+impl Rule for PatchRule {
+    fn name(&self) -> &'static str {
+        "patch_conv"
+    }
+    fn kind(&self) -> PatternKind {
+        PATCH
+    }
+    fn find(&self, g: &Graph) -> Vec<Box<dyn Match>> {
+        boxed(match_patches(g))
+    }
+}
+
+/// Every top-level convolution that is a patch embedding.
+pub fn match_patches(g: &Graph) -> Vec<PatchMatch> {
+    conv_nodes(g).filter_map(|n| patch(g, n).ok()).collect()
+}
+
+/// The convolution at `n` as a patch embedding, or why it is none.
+pub fn patch(g: &Graph, n: NodeId) -> Result<PatchMatch, String> {
+    let (call, conv) = conv_call(g, n)?;
+    if conv.groups != 1 {
+        return Err(format!(
+            "groups = {} (a patch embedding has one)",
+            conv.groups
+        ));
+    }
+    if conv.filter != conv.stride || conv.padding != [0, 0] || conv.dilation != [1, 1] {
+        return Err(format!(
+            "filter {:?}, stride {:?}, padding {:?}, dilation {:?}: patches are a filter's own stride apart, unpadded",
+            conv.filter, conv.stride, conv.padding, conv.dilation
+        ));
+    }
+    let problem = PatchProblem {
+        images: conv.images,
+        height: conv.height,
+        width: conv.width,
+        in_channels: conv.in_channels,
+        out_channels: conv.out_channels,
+        patch: conv.filter,
+        dtype: conv.dtype,
+        bias: call.bias.is_some(),
+    };
+    problem.check()?;
+    Ok(PatchMatch {
+        conv: n,
+        x: call.x,
+        weight: call.weight,
+        bias: call.bias,
+        problem,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::DType;
+
+    /// One convolution of `x` (bf16[2,3,H,W]) by `w` (bf16[64,3,R,S]) written `conv`, its output
+    /// `y` of sizes `y`.
+    fn graph(x: &str, w: &str, conv: &str, y: &str) -> Graph {
+        Graph::parse(&format!(
+            "graph(%self: M, %x: bf16[{x}], %wx: bf16[{w}]):
+               %none = prim::Constant[None]()
+               %f = prim::Constant[False]()
+               %t = prim::Constant[True]()
+               %zero = prim::Constant[0]()
+               %one = prim::Constant[1]()
+               %four = prim::Constant[4]()
+               %sixteen = prim::Constant[16]()
+               %l0 = prim::ListConstruct(%zero, %zero) : List_int_
+               %l1 = prim::ListConstruct(%one, %one) : List_int_
+               %l4 = prim::ListConstruct(%four, %four) : List_int_
+               %l16 = prim::ListConstruct(%sixteen, %sixteen) : List_int_
+               %m = prim::GetAttr[name=\"m\"](%self) : Block
+               %w = prim::GetAttr[name=\"w\"](%m) : bf16[{w}]
+               %b = prim::GetAttr[name=\"b\"](%m) : bf16[64]
+               %y = {conv} : bf16[{y}]
+               return (%y)"
+        ))
+        .unwrap()
+    }
+
+    const VIT: &str =
+        "aten::_convolution(%x, %w, %b, %l16, %l0, %l1, %f, %l0, %one, %f, %f, %t, %t)";
+
+    #[test]
+    fn a_vit_patch_embedding_is_one_patch_conv() {
+        let g = graph("2,3,224,224", "64,3,16,16", VIT, "2,64,14,14");
+        let found = match_patches(&g);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        let m = &found[0];
+        assert_eq!(m.problem.rule_id(), "patch_conv_bias");
+        assert_eq!(m.problem.shape_key(), "2x224x224x3x64x16x16");
+        assert_eq!(m.problem.dtype, DType::Bf16);
+        assert_eq!(m.problem.gemm_dims(), (2 * 196, 64, 768));
+        let name = |v: ValueId| g.values[v].name.as_str();
+        assert_eq!((name(m.x), name(m.weight)), ("x", "w"));
+        assert_eq!(m.bias.map(name), Some("b"));
+        // conv2d's form without a bias, a 4x4 stem over an odd image (the last row dropped).
+        let g = graph(
+            "2,3,57,56",
+            "64,3,4,4",
+            "aten::conv2d(%x, %w, %none, %l4, %l0, %l1, %one)",
+            "2,64,14,14",
+        );
+        let m = &match_patches(&g)[0];
+        assert_eq!(m.problem.rule_id(), "patch_conv");
+        assert_eq!(m.problem.output(), [14, 14]);
+        assert_eq!(m.bias, None);
+    }
+
+    #[test]
+    fn other_convolutions_are_no_patch_embedding_and_say_why() {
+        let why = |w: &str, conv: &str, y: &str| {
+            let g = graph("2,3,224,224", w, conv, y);
+            let n = g.values[g.values.iter().position(|v| v.name == "y").unwrap()]
+                .producer
+                .unwrap();
+            assert!(match_patches(&g).is_empty(), "{conv}");
+            patch(&g, n).unwrap_err()
+        };
+        // A stride other than the filter, padding, dilation.
+        let s = "aten::conv2d(%x, %w, %b, %l1, %l0, %l1, %one)";
+        assert!(why("64,3,4,4", s, "2,64,221,221").contains("stride [1, 1]"));
+        let p = "aten::conv2d(%x, %w, %b, %l4, %l1, %l1, %one)";
+        assert!(why("64,3,4,4", p, "2,64,56,56").contains("padding [1, 1]"));
+        // A weight the graph computes (the convolution kind's own reason).
+        let g = graph(
+            "2,3,224,224",
+            "64,3,16,16",
+            "aten::conv2d(%x, %wx, %b, %l16, %l0, %l1, %one)",
+            "2,64,14,14",
+        );
+        assert!(match_patches(&g).is_empty());
+    }
+}

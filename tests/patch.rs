@@ -1,0 +1,165 @@
+//! The patch-embedding kind without a GPU: a fixture composed with `--patch-conv` from a test
+//! table: `fact::patch_conv` in the graph where each patch embedding's convolution was, on the
+//! module's own weight and bias, and the op's fallback computing exactly what the convolution
+//! did, counted with the reason, when the kind is off and on CPU tensors; without the flag the
+//! same model plans the convolution kind's patterns.
+//! Fixture: patch_embeds.pt (x [2, 3, 32, 34]: ViT-style 8x8 patches to 64 channels with a bias,
+//! then flattened to tokens; a 4x4 stem to 32 channels without one).
+
+use crate::common::{fact, fixture, run_python, sample_op_entry};
+use fact::kinds::gemm::gemm_candidates;
+use fact::kinds::patch::PatchProblem;
+use fact::kinds::{Problem, Spec};
+use fact::table::Table;
+use fact::types::{Arch, DType, MathType};
+use std::path::Path;
+
+/// The plan's rules for `model` with `extra` arguments, sorted.
+fn plan_rules(model: &Path, extra: &[&str]) -> Vec<String> {
+    let out = fact()
+        .args(["discover", "--json"])
+        .args(extra)
+        .arg(model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut rules: Vec<String> = v["plan"]["patterns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap().to_string())
+        .collect();
+    rules.sort();
+    rules
+}
+
+/// The fixture's two patch embeddings under the default tf32 policy, each with the GEMM kind's
+/// first candidate for its GEMM as the winner (test data, not a measurement).
+fn test_table() -> (Table, Vec<String>) {
+    let p = |out_channels: i64, patch: i64, bias: bool| PatchProblem {
+        images: 2,
+        height: 32,
+        width: 34,
+        in_channels: 3,
+        out_channels,
+        patch: [patch, patch],
+        dtype: DType::F32,
+        bias,
+    };
+    let mut t = Table::new();
+    let mut kernels = Vec::new();
+    for problem in [p(64, 8, true), p(32, 4, false)] {
+        let spec = gemm_candidates(&problem.gemm_problem(), MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .next()
+            .expect("a GEMM kernel for the patches' GEMM");
+        kernels.push(spec.name());
+        t.insert_merged(sample_op_entry(
+            &Problem::from(problem),
+            &Spec::from(spec),
+            MathType::Tf32,
+            0.002,
+            "test table (not a measurement)",
+        ));
+    }
+    (t, kernels)
+}
+
+#[test]
+fn patch_embeddings_compose_to_patch_conv_whose_fallback_is_the_convolution() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    let (table, kernels) = test_table();
+    table.save(&user).unwrap();
+    let model = fixture("patch_embeds.pt");
+
+    // Off by default: the convolution kind plans both; asked, the patch kind takes them.
+    assert_eq!(
+        plan_rules(&model, &[]),
+        ["conv2d_s4_p0_d1", "conv2d_s8_p0_d1_bias"]
+    );
+    assert_eq!(
+        plan_rules(&model, &["--patch-conv"]),
+        ["patch_conv", "patch_conv_bias"]
+    );
+
+    let out_dir = dir.path().join("out");
+    let out = fact()
+        .env("FACT_TABLE", &user)
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .args(["compose", "--json", "--out"])
+        .arg(&out_dir)
+        .args(["--patch-conv"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let patterns = v["compose"]["patterns"].as_array().unwrap();
+    let rules: Vec<&str> = patterns
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(rules, ["patch_conv_bias", "patch_conv"], "{patterns:?}");
+    for (p, kernel) in patterns.iter().zip(&kernels) {
+        assert_eq!(p["kind"], "patch");
+        assert_eq!(
+            (p["realization"]["how"].as_str(), p["kernel"].as_str()),
+            (Some("hit"), Some(kernel.as_str())),
+            "{p}"
+        );
+    }
+    let lib = out_dir.join("libfact_ops.so");
+    let composed = out_dir.join("composed.pt");
+    let script = format!(
+        r#"
+import collections, ctypes, json, os
+os.environ["FACT_DISABLE"] = "patch"
+import torch
+torch.ops.load_library({lib:?})
+m = torch.jit.load({composed:?})
+graph = str(m.forward.graph)
+assert graph.count("fact::patch_conv(") == 2, graph
+assert "aten::_convolution" not in graph, graph
+orig = torch.jit.load({orig:?})
+{op_lib}
+# Rows and columns past the last whole patch, at another batch too.
+xs = [torch.randn(2, 3, 32, 34), torch.randn(3, 3, 35, 33)]
+
+def check(x):
+    with torch.no_grad():
+        got, want = m(x), orig(x)
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride() and torch.equal(g, w), (g - w).abs().max()
+    stats = json.loads(so.fact_op_stats())
+    so.fact_op_stats_reset()
+    return {{k: stats[k] for k in {kernels:?}}}
+
+calls = collections.Counter({kernels:?})
+for x in xs:
+    off = check(x)
+    assert off == {{k: {{"ran": 0, "copied": 0, "fell_back": n, "why": "patch is turned off (FACT_DISABLE or fact_disable)"}} for k, n in calls.items()}}, off
+assert so.fact_disable(b"") == 0
+for x in xs:
+    cpu = check(x)
+    assert cpu == {{k: {{"ran": 0, "copied": 0, "fell_back": n, "why": "not CUDA tensors of one device"}} for k, n in calls.items()}}, cpu
+print("ok")
+"#,
+        lib = lib.display().to_string(),
+        op_lib = crate::common::op_lib_python(&lib.display().to_string()),
+        composed = composed.display().to_string(),
+        orig = model.display().to_string(),
+        kernels = kernels,
+    );
+    assert_eq!(run_python(&script), "ok");
+}
