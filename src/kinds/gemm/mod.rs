@@ -10,12 +10,14 @@
 
 pub mod bench;
 pub mod epilogue;
+mod over;
 pub mod render;
 pub mod rule;
 pub mod space;
 pub mod sweep;
 
 pub use epilogue::{match_epilogue, EpOp, Epilogue, EpilogueRule, LeafKind};
+pub(crate) use over::over_gemm;
 pub use rule::{
     major, match_gemms, EpilogueMatch, GemmLayout, GemmMatch, GemmOrigin, GemmProblem, GemmRule,
     Major,

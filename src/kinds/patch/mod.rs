@@ -23,17 +23,14 @@ pub use bench::PatchBench;
 pub use problem::PatchProblem;
 pub use rule::{match_patches, patch, PatchMatch, PatchRule};
 
-use super::{Candidates, Dispatch, Measured, PlanFacts, Product, Spec, SweepCx, TypedKind};
-use super::{Unit, Work};
-use crate::codegen::{self, OpCode, OpDef, Source};
+use super::{PlanFacts, Product, TypedKind, Work};
+use crate::codegen::{self, OpCode, OpDef};
 use crate::graph::{Edit, Graph, NodeId, Operand};
-use crate::kinds::gemm::{Gemm, KernelSpec};
+use crate::kinds::gemm::KernelSpec;
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{PatternKind, Rule};
-use crate::space::validity::FailureKind;
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
-use std::collections::{BTreeMap, BTreeSet};
 
 /// What users call patch-embedding patterns (`FACT_DISABLE=patch`).
 pub const PATCH: PatternKind = PatternKind::new("patch");
@@ -182,63 +179,8 @@ impl TypedKind for Patch {
         PATCH
     }
 
-    fn spec_name(&self, s: &KernelSpec) -> String {
-        TypedKind::spec_name(&Gemm, s)
-    }
-    fn kernel_name(&self, s: &KernelSpec) -> String {
-        TypedKind::kernel_name(&Gemm, s)
-    }
-    fn kernel(&self, s: &KernelSpec) -> KernelSpec {
-        TypedKind::kernel(&Gemm, s)
-    }
-    fn spec_arch(&self, s: &KernelSpec) -> Arch {
-        TypedKind::spec_arch(&Gemm, s)
-    }
-    fn spec_dtype(&self, s: &KernelSpec) -> DType {
-        TypedKind::spec_dtype(&Gemm, s)
-    }
-    fn render(&self, s: &KernelSpec) -> Source {
-        TypedKind::render(&Gemm, s)
-    }
-    fn unit(&self, s: &KernelSpec) -> Unit {
-        TypedKind::unit(&Gemm, s)
-    }
-    fn dispatch(&self, s: &KernelSpec) -> Dispatch {
-        TypedKind::dispatch(&Gemm, s)
-    }
-    fn spec_family(&self, s: &KernelSpec) -> String {
-        TypedKind::spec_family(&Gemm, s)
-    }
-    fn features(
-        &self,
-        s: &KernelSpec,
-        failure: FailureKind,
-    ) -> Option<BTreeMap<String, serde_json::Value>> {
-        TypedKind::features(&Gemm, s, failure)
-    }
+    crate::kinds::gemm::over_gemm!(PatchProblem, gemm);
 
-    /// The GEMM kind's sweep of the patches-times-weight GEMM: its first round, retry and rounds.
-    fn candidates(&self, p: &PatchProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        super::Kind::candidates(&Gemm, &gemm(p), cx)
-    }
-    fn retry(
-        &self,
-        p: &PatchProblem,
-        cx: &mut SweepCx,
-        failures: &[(String, String)],
-        avoid: &BTreeSet<String>,
-    ) -> Option<Vec<Spec>> {
-        super::Kind::retry(&Gemm, &gemm(p), cx, failures, avoid)
-    }
-    fn rounds(&self) -> &'static [&'static str] {
-        super::Kind::rounds(&Gemm)
-    }
-    fn round(&self, i: usize, p: &PatchProblem, measured: &[Measured], cx: &SweepCx) -> Vec<Spec> {
-        super::Kind::round(&Gemm, i, &gemm(p), measured, cx)
-    }
-    fn learns(&self) -> bool {
-        super::Kind::learns(&Gemm)
-    }
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,

@@ -23,16 +23,14 @@ pub use bench::SiblingsBench;
 pub use problem::{SiblingsProblem, MAX_SIBLINGS};
 pub use rule::{match_siblings, SiblingsMatch, SiblingsRule};
 
-use super::{Candidates, Dispatch, Measured, PlanFacts, Product, Spec, SweepCx, TypedKind, Unit};
-use crate::codegen::{self, OpCode, OpDef, Source};
+use super::{PlanFacts, Product, TypedKind};
+use crate::codegen::{self, OpCode, OpDef};
 use crate::graph::{Edit, Graph, NodeId, Operand};
-use crate::kinds::gemm::{Gemm, KernelSpec};
+use crate::kinds::gemm::KernelSpec;
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{PatternKind, Rule};
-use crate::space::validity::FailureKind;
 use crate::tune::{Bench, Protocol};
 use crate::types::{Arch, DType, MathType, Precision};
-use std::collections::{BTreeMap, BTreeSet};
 
 /// What users call sibling-linear patterns (`FACT_DISABLE=siblings`).
 pub const SIBLINGS: PatternKind = PatternKind::new("siblings");
@@ -195,69 +193,8 @@ impl TypedKind for Siblings {
         SIBLINGS
     }
 
-    fn spec_name(&self, s: &KernelSpec) -> String {
-        TypedKind::spec_name(&Gemm, s)
-    }
-    fn kernel_name(&self, s: &KernelSpec) -> String {
-        TypedKind::kernel_name(&Gemm, s)
-    }
-    fn kernel(&self, s: &KernelSpec) -> KernelSpec {
-        TypedKind::kernel(&Gemm, s)
-    }
-    fn spec_arch(&self, s: &KernelSpec) -> Arch {
-        TypedKind::spec_arch(&Gemm, s)
-    }
-    fn spec_dtype(&self, s: &KernelSpec) -> DType {
-        TypedKind::spec_dtype(&Gemm, s)
-    }
-    fn render(&self, s: &KernelSpec) -> Source {
-        TypedKind::render(&Gemm, s)
-    }
-    fn unit(&self, s: &KernelSpec) -> Unit {
-        TypedKind::unit(&Gemm, s)
-    }
-    fn dispatch(&self, s: &KernelSpec) -> Dispatch {
-        TypedKind::dispatch(&Gemm, s)
-    }
-    fn spec_family(&self, s: &KernelSpec) -> String {
-        TypedKind::spec_family(&Gemm, s)
-    }
-    fn features(
-        &self,
-        s: &KernelSpec,
-        failure: FailureKind,
-    ) -> Option<BTreeMap<String, serde_json::Value>> {
-        TypedKind::features(&Gemm, s, failure)
-    }
+    crate::kinds::gemm::over_gemm!(SiblingsProblem, gemm);
 
-    /// The GEMM kind's sweep of the concatenated GEMM: its first round, retry and rounds.
-    fn candidates(&self, p: &SiblingsProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
-        super::Kind::candidates(&Gemm, &gemm(p), cx)
-    }
-    fn retry(
-        &self,
-        p: &SiblingsProblem,
-        cx: &mut SweepCx,
-        failures: &[(String, String)],
-        avoid: &BTreeSet<String>,
-    ) -> Option<Vec<Spec>> {
-        super::Kind::retry(&Gemm, &gemm(p), cx, failures, avoid)
-    }
-    fn rounds(&self) -> &'static [&'static str] {
-        super::Kind::rounds(&Gemm)
-    }
-    fn round(
-        &self,
-        i: usize,
-        p: &SiblingsProblem,
-        measured: &[Measured],
-        cx: &SweepCx,
-    ) -> Vec<Spec> {
-        super::Kind::round(&Gemm, i, &gemm(p), measured, cx)
-    }
-    fn learns(&self) -> bool {
-        super::Kind::learns(&Gemm)
-    }
     fn bench<'l>(
         &self,
         lib: &'l KernelLibrary,
