@@ -9,6 +9,13 @@
 //! over the image cut into patches, with no implicit-GEMM gather and none of the layout
 //! conversions torch's convolution makes around its 3-channel input.
 //!
+//! The op copies x into patches and hands its output back NCHW, so where the convolution kind
+//! reads x in place and keeps a channels-last chain going, that kind stays the better one: a
+//! pointwise (1x1) convolution (its 1x1 family), and a convolution whose x lies channels-last
+//! (ConvNeXt's downsampling, after its LayerNorm2d's permute back) or comes from a convolution
+//! chain the convolution kind keeps channels-last (`conv::x_source`) are no patch embeddings
+//! here. A patch embedding reads the image as the model is given it, NCHW.
+//!
 //! The convolution kind matches the same node; the cover's sites are equal (one node), and the
 //! registry lists this kind first, so where compose is asked for it (`--patch-conv`,
 //! `registry::MatchOptions`) it takes the node. A convolution followed by a BatchNorm or an
@@ -17,7 +24,9 @@
 use super::problem::PatchProblem;
 use super::PATCH;
 use crate::graph::{Graph, NodeId, ValueId};
-use crate::kinds::conv::{conv_call, conv_nodes};
+use crate::kinds::conv::{
+    conv_call, conv_nodes, kernels_take, match_convs, substituted, x_source, Source, Substituted,
+};
 use crate::rules::{boxed, Match, PatternKind, Rule};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -52,11 +61,32 @@ impl Rule for PatchRule {
 
 /// Every top-level convolution that is a patch embedding.
 pub fn match_patches(g: &Graph) -> Vec<PatchMatch> {
-    conv_nodes(g).filter_map(|n| patch(g, n).ok()).collect()
+    let (readers, chains) = layouts(g);
+    conv_nodes(g)
+        .filter_map(|n| patch_in(g, &readers, &chains, n).ok())
+        .collect()
 }
 
 /// The convolution at `n` as a patch embedding, or why it is none.
 pub fn patch(g: &Graph, n: NodeId) -> Result<PatchMatch, String> {
+    let (readers, chains) = layouts(g);
+    patch_in(g, &readers, &chains, n)
+}
+
+/// The graph's readers, and the nodes of the convolution kind's chains that kernels take: what
+/// `x_source` reads to tell where x comes from.
+fn layouts(g: &Graph) -> (Vec<Vec<NodeId>>, Substituted) {
+    let convs = match_convs(g);
+    let chains = substituted(convs.iter().filter(|m| kernels_take(&m.problem)));
+    (g.readers(), chains)
+}
+
+fn patch_in(
+    g: &Graph,
+    readers: &[Vec<NodeId>],
+    chains: &Substituted,
+    n: NodeId,
+) -> Result<PatchMatch, String> {
     let (call, conv) = conv_call(g, n)?;
     if conv.groups != 1 {
         return Err(format!(
@@ -69,6 +99,24 @@ pub fn patch(g: &Graph, n: NodeId) -> Result<PatchMatch, String> {
             "filter {:?}, stride {:?}, padding {:?}, dilation {:?}: patches are a filter's own stride apart, unpadded",
             conv.filter, conv.stride, conv.padding, conv.dilation
         ));
+    }
+    if conv.filter == [1, 1] {
+        return Err(
+            "a pointwise convolution: the convolution kind's 1x1 family reads x in place".into(),
+        );
+    }
+    match x_source(g, readers, chains, call.x) {
+        Source::Nchw(_) => {}
+        Source::Strided(op) => {
+            return Err(format!(
+                "x comes channels-last from {op}: the convolution kind reads it in place, where this op would copy it"
+            ))
+        }
+        Source::Chain(p) => {
+            return Err(format!(
+                "x comes channels-last from the convolution at node {p}: the convolution kind keeps its chain, where this op would copy x"
+            ))
+        }
     }
     let problem = PatchProblem {
         images: conv.images,
@@ -164,6 +212,9 @@ mod tests {
         assert!(why("64,3,4,4", s, "2,64,221,221").contains("stride [1, 1]"));
         let p = "aten::conv2d(%x, %w, %b, %l4, %l1, %l1, %one)";
         assert!(why("64,3,4,4", p, "2,64,56,56").contains("padding [1, 1]"));
+        // A pointwise convolution.
+        let pw = "aten::conv2d(%x, %w, %b, %l1, %l0, %l1, %one)";
+        assert!(why("64,3,1,1", pw, "2,64,224,224").contains("pointwise"));
         // A weight the graph computes (the convolution kind's own reason).
         let g = graph(
             "2,3,224,224",
@@ -172,5 +223,36 @@ mod tests {
             "2,64,14,14",
         );
         assert!(match_patches(&g).is_empty());
+    }
+    #[test]
+    fn x_lying_channels_last_stays_the_convolution_kinds() {
+        // ConvNeXt's downsampling: x is the permute back from NHWC after a LayerNorm, recorded
+        // with channels-last strides.
+        let g = Graph::parse(
+            "graph(%self: M, %h: bf16[2,56,56,96]):
+               %f = prim::Constant[False]()
+               %t = prim::Constant[True]()
+               %zero = prim::Constant[0]()
+               %one = prim::Constant[1]()
+               %two = prim::Constant[2]()
+               %three = prim::Constant[3]()
+               %l0 = prim::ListConstruct(%zero, %zero) : List_int_
+               %l1 = prim::ListConstruct(%one, %one) : List_int_
+               %l2 = prim::ListConstruct(%two, %two) : List_int_
+               %q = prim::ListConstruct(%zero, %three, %one, %two) : List_int_
+               %x = aten::permute(%h, %q) : bf16[2,96,56,56]{301056,1,5376,96}
+               %m = prim::GetAttr[name=\"m\"](%self) : Block
+               %w = prim::GetAttr[name=\"w\"](%m) : bf16[192,96,2,2]
+               %b = prim::GetAttr[name=\"b\"](%m) : bf16[192]
+               %y = aten::_convolution(%x, %w, %b, %l2, %l0, %l1, %f, %l0, %one, %f, %f, %t, %t) : bf16[2,192,28,28]
+               return (%y)",
+        )
+        .unwrap();
+        assert!(match_patches(&g).is_empty());
+        let n = g.values[g.values.iter().position(|v| v.name == "y").unwrap()]
+            .producer
+            .unwrap();
+        let why = patch(&g, n).unwrap_err();
+        assert!(why.contains("channels-last from aten::permute"), "{why}");
     }
 }
