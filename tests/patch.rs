@@ -3,10 +3,13 @@
 //! module's own weight and bias, and the op's fallback computing exactly what the convolution
 //! did, counted with the reason, when the kind is off and on CPU tensors; without the flag the
 //! same model plans the convolution kind's patterns.
-//! Fixture: patch_embeds.pt (x [2, 3, 32, 34]: ViT-style 8x8 patches to 64 channels with a bias,
-//! then flattened to tokens; a 4x4 stem to 32 channels without one).
+//! The same model exported (`.pt2`) composes to a program that runs eagerly, under torch.compile
+//! and under Inductor's C++ wrapper, which calls the op's C shim.
+//! Fixture: patch_embeds.pt and .pt2 (x [2, 3, 32, 34], the batch dynamic in the program:
+//! ViT-style 8x8 patches to 64 channels with a bias, then flattened to tokens; a 4x4 stem to 32
+//! channels without one).
 
-use crate::common::{fact, fixture, run_python, sample_op_entry};
+use crate::common::{compose_json_with, fact, fixture, run_python, sample_op_entry};
 use fact::kinds::gemm::gemm_candidates;
 use fact::kinds::patch::PatchProblem;
 use fact::kinds::{Problem, Spec};
@@ -89,21 +92,7 @@ fn patch_embeddings_compose_to_patch_conv_whose_fallback_is_the_convolution() {
     );
 
     let out_dir = dir.path().join("out");
-    let out = fact()
-        .env("FACT_TABLE", &user)
-        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
-        .args(["compose", "--json", "--out"])
-        .arg(&out_dir)
-        .args(["--patch-conv"])
-        .arg(&model)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = compose_json_with(&user, &model, &out_dir, &["--patch-conv"]);
     let patterns = v["compose"]["patterns"].as_array().unwrap();
     let rules: Vec<&str> = patterns
         .iter()
@@ -160,6 +149,63 @@ print("ok")
         composed = composed.display().to_string(),
         orig = model.display().to_string(),
         kernels = kernels,
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+#[test]
+fn a_composed_pt2_program_runs_patch_conv_eagerly_compiled_and_through_its_c_shim() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    test_table().0.save(&user).unwrap();
+    let model = fixture("patch_embeds.pt2");
+    let out_dir = dir.path().join("out");
+    let v = compose_json_with(&user, &model, &out_dir, &["--patch-conv", "--no-bench"]);
+    assert_eq!(v["compose"]["format"], "pt2");
+    let rules: Vec<&str> = v["compose"]["patterns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(rules, ["patch_conv_bias", "patch_conv"], "{v}");
+    let script = format!(
+        r#"
+import re
+import torch
+import fact
+from torch._inductor.utils import run_and_get_code
+fact.load_library({lib:?})
+fact.use_c_shims({lib:?})
+# Inductor's caches key a compiled graph by the graph, not by the op library's code.
+torch._inductor.config.fx_graph_cache = False
+torch._functorch.config.enable_autograd_cache = False
+ep = torch.export.load({composed:?})
+targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+assert targets.count("fact.patch_conv.default") == 2 and "aten.conv2d.default" not in targets, targets
+orig = torch.export.load({orig:?}).module()
+# Another batch than the sample's: the program's batch is dynamic.
+x = torch.randn(3, 3, 32, 34)
+with torch.no_grad():
+    want = orig(x)
+    have = ep.module()(x)
+    for h, w in zip(have, want):
+        assert torch.equal(h, w), (h - w).abs().max()
+    compiled = torch.compile(ep.module())(x)
+    for c, w in zip(compiled, want):
+        err = ((c.double() - w.double()).norm() / w.double().norm()).item()
+        assert err <= 1e-5, err
+    compiled, code = run_and_get_code(torch.compile(ep.module(), options={{"cpp_wrapper": True}}), x)
+code = "\n".join(code)
+assert "aoti_torch_cpu_patch_conv(" in code and '"torch.ops.fact.' not in code, code[-3000:]
+for c, w in zip(compiled, want):
+    err = ((c.double() - w.double()).norm() / w.double().norm()).item()
+    assert err <= 1e-5, err
+print("ok")
+"#,
+        lib = out_dir.join("libfact_ops.so").display().to_string(),
+        composed = out_dir.join("composed.pt2").display().to_string(),
+        orig = model.display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");
 }
