@@ -25,7 +25,8 @@ use super::problem::PatchProblem;
 use super::PATCH;
 use crate::graph::{Graph, NodeId, ValueId};
 use crate::kinds::conv::{
-    conv_call, conv_nodes, kernels_take, match_convs, substituted, x_source, Source, Substituted,
+    conv_call, conv_nodes, kernels_take, match_convs, substituted, x_source, ConvCall, ConvProblem,
+    Source, Substituted,
 };
 use crate::rules::{boxed, Match, PatternKind, Rule};
 
@@ -59,18 +60,28 @@ impl Rule for PatchRule {
     }
 }
 
-/// Every top-level convolution that is a patch embedding.
+/// Every top-level convolution that is a patch embedding. Where x comes from is asked only of
+/// those whose own arguments make one (a CNN has none), since that matches every convolution
+/// chain of the graph (`layouts`).
 pub fn match_patches(g: &Graph) -> Vec<PatchMatch> {
+    let candidates: Vec<(NodeId, ConvCall, ConvProblem)> = conv_nodes(g)
+        .filter_map(|n| shaped(g, n).ok().map(|(call, conv)| (n, call, conv)))
+        .collect();
+    if candidates.is_empty() {
+        return Vec::new();
+    }
     let (readers, chains) = layouts(g);
-    conv_nodes(g)
-        .filter_map(|n| patch_in(g, &readers, &chains, n).ok())
+    candidates
+        .into_iter()
+        .filter_map(|(n, call, conv)| patch_in(g, &readers, &chains, n, call, conv).ok())
         .collect()
 }
 
 /// The convolution at `n` as a patch embedding, or why it is none.
 pub fn patch(g: &Graph, n: NodeId) -> Result<PatchMatch, String> {
+    let (call, conv) = shaped(g, n)?;
     let (readers, chains) = layouts(g);
-    patch_in(g, &readers, &chains, n)
+    patch_in(g, &readers, &chains, n, call, conv)
 }
 
 /// The graph's readers, and the nodes of the convolution kind's chains that kernels take: what
@@ -81,12 +92,9 @@ fn layouts(g: &Graph) -> (Vec<Vec<NodeId>>, Substituted) {
     (g.readers(), chains)
 }
 
-fn patch_in(
-    g: &Graph,
-    readers: &[Vec<NodeId>],
-    chains: &Substituted,
-    n: NodeId,
-) -> Result<PatchMatch, String> {
+/// The convolution at `n` if its own arguments make it a patch embedding: groups 1, the stride
+/// its filter, no padding or dilation, and no 1x1.
+fn shaped(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
     let (call, conv) = conv_call(g, n)?;
     if conv.groups != 1 {
         return Err(format!(
@@ -105,6 +113,18 @@ fn patch_in(
             "a pointwise convolution: the convolution kind's 1x1 family reads x in place".into(),
         );
     }
+    Ok((call, conv))
+}
+
+/// A shaped convolution as a patch embedding where x lies NCHW.
+fn patch_in(
+    g: &Graph,
+    readers: &[Vec<NodeId>],
+    chains: &Substituted,
+    n: NodeId,
+    call: ConvCall,
+    conv: ConvProblem,
+) -> Result<PatchMatch, String> {
     match x_source(g, readers, chains, call.x) {
         Source::Nchw(_) => {}
         Source::Strided(op) => {
