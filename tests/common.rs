@@ -185,6 +185,55 @@ pub fn compose_json_with(
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `fact discover --json MODEL` with `extra` arguments: the plan's rule ids, sorted.
+pub fn plan_rules(model: &Path, extra: &[&str]) -> Vec<String> {
+    let out = fact()
+        .args(["discover", "--json"])
+        .args(extra)
+        .arg(model)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut rules: Vec<String> = v["plan"]["patterns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap().to_string())
+        .collect();
+    rules.sort();
+    rules
+}
+
+/// A table for problems of a kind built over the GEMM kind (each with the GEMM its kernels
+/// compute), under the default tf32 policy, each entry's winner the GEMM kind's first candidate
+/// for its GEMM (test data, not a measurement); and those kernels' names, in order.
+pub fn first_gemm_kernels_table(
+    problems: impl IntoIterator<Item = (Problem, GemmProblem)>,
+) -> (fact::table::Table, Vec<String>) {
+    let mut t = fact::table::Table::new();
+    let mut kernels = Vec::new();
+    for (problem, gemm) in problems {
+        let spec = fact::kinds::gemm::gemm_candidates(&gemm, MathType::Tf32, Arch::Sm90)
+            .into_iter()
+            .next()
+            .expect("a GEMM kernel for the problem's GEMM");
+        kernels.push(spec.name());
+        t.insert_merged(sample_op_entry(
+            &problem,
+            &Spec::from(spec),
+            MathType::Tf32,
+            0.002,
+            "test table (not a measurement)",
+        ));
+    }
+    (t, kernels)
+}
+
 /// A table entry whose one run timed `spec` at `ms` on `device`: test data, never a measurement.
 pub fn sample_entry(problem: &GemmProblem, spec: &KernelSpec, ms: f64, device: &str) -> Entry {
     sample_op_entry(

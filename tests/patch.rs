@@ -9,37 +9,11 @@
 //! ViT-style 8x8 patches to 64 channels with a bias, then flattened to tokens; a 4x4 stem to 32
 //! channels without one).
 
-use crate::common::{compose_json_with, fact, fixture, run_python, sample_op_entry};
-use fact::kinds::gemm::gemm_candidates;
+use crate::common::{compose_json_with, first_gemm_kernels_table, fixture, plan_rules, run_python};
 use fact::kinds::patch::PatchProblem;
-use fact::kinds::{Problem, Spec};
+use fact::kinds::Problem;
 use fact::table::Table;
-use fact::types::{Arch, DType, MathType};
-use std::path::Path;
-
-/// The plan's rules for `model` with `extra` arguments, sorted.
-fn plan_rules(model: &Path, extra: &[&str]) -> Vec<String> {
-    let out = fact()
-        .args(["discover", "--json"])
-        .args(extra)
-        .arg(model)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let mut rules: Vec<String> = v["plan"]["patterns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["rule"].as_str().unwrap().to_string())
-        .collect();
-    rules.sort();
-    rules
-}
+use fact::types::DType;
 
 /// The fixture's two patch embeddings under the default tf32 policy, each with the GEMM kind's
 /// first candidate for its GEMM as the winner (test data, not a measurement).
@@ -54,23 +28,9 @@ fn test_table() -> (Table, Vec<String>) {
         dtype: DType::F32,
         bias,
     };
-    let mut t = Table::new();
-    let mut kernels = Vec::new();
-    for problem in [p(64, 8, true), p(32, 4, false)] {
-        let spec = gemm_candidates(&problem.gemm_problem(), MathType::Tf32, Arch::Sm90)
-            .into_iter()
-            .next()
-            .expect("a GEMM kernel for the patches' GEMM");
-        kernels.push(spec.name());
-        t.insert_merged(sample_op_entry(
-            &Problem::from(problem),
-            &Spec::from(spec),
-            MathType::Tf32,
-            0.002,
-            "test table (not a measurement)",
-        ));
-    }
-    (t, kernels)
+    first_gemm_kernels_table(
+        [p(64, 8, true), p(32, 4, false)].map(|p| (Problem::from(p.clone()), p.gemm_problem())),
+    )
 }
 
 #[test]

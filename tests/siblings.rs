@@ -6,32 +6,11 @@
 //! Fixture: qkv_projections.pt (q, k, v of widths 64, 32, 32 off x [2, 8, 64] without biases;
 //! biased k and v of 32 off y).
 
-use crate::common::{fact, fixture, run_python, sample_op_entry};
-use fact::kinds::gemm::gemm_candidates;
+use crate::common::{compose_json_with, first_gemm_kernels_table, fixture, plan_rules, run_python};
 use fact::kinds::siblings::SiblingsProblem;
-use fact::kinds::{Problem, Spec};
+use fact::kinds::Problem;
 use fact::table::Table;
-use fact::types::{Arch, DType, MathType};
-use std::path::Path;
-
-/// `fact compose --json --out OUT_DIR MODEL` with `user_table` alone and `extra` arguments.
-fn compose(user_table: &Path, model: &Path, out_dir: &Path, extra: &[&str]) -> serde_json::Value {
-    let out = fact()
-        .env("FACT_TABLE", user_table)
-        .env("FACT_SHIPPED_TABLE", out_dir.with_file_name("none.json"))
-        .args(["compose", "--json", "--out"])
-        .arg(out_dir)
-        .args(extra)
-        .arg(model)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+use fact::types::DType;
 
 /// The fixture's two groups under the default tf32 policy, each with the GEMM kind's first
 /// candidate for its concatenated GEMM as the winner (test data, not a measurement).
@@ -43,23 +22,10 @@ fn test_table() -> (Table, Vec<String>) {
         dtype: DType::F32,
         bias,
     };
-    let mut t = Table::new();
-    let mut kernels = Vec::new();
-    for problem in [p(vec![64, 32, 32], false), p(vec![32, 32], true)] {
-        let spec = gemm_candidates(&problem.gemm_problem(), MathType::Tf32, Arch::Sm90)
-            .into_iter()
-            .next()
-            .expect("a GEMM kernel for the concatenated GEMM");
-        kernels.push(spec.name());
-        t.insert_merged(sample_op_entry(
-            &Problem::from(problem),
-            &Spec::from(spec),
-            MathType::Tf32,
-            0.002,
-            "test table (not a measurement)",
-        ));
-    }
-    (t, kernels)
+    first_gemm_kernels_table(
+        [p(vec![64, 32, 32], false), p(vec![32, 32], true)]
+            .map(|p| (Problem::from(p.clone()), p.gemm_problem())),
+    )
 }
 
 #[test]
@@ -71,30 +37,8 @@ fn fused_siblings_compose_to_one_op_whose_fallback_is_the_graphs_linears() {
     let model = fixture("qkv_projections.pt");
 
     // Off by default: discover plans five plain GEMMs; asked, two groups.
-    let plan_rules = |extra: &[&str]| -> Vec<String> {
-        let out = fact()
-            .args(["discover", "--json"])
-            .args(extra)
-            .arg(&model)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let mut rules: Vec<String> = v["plan"]["patterns"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["rule"].as_str().unwrap().to_string())
-            .collect();
-        rules.sort();
-        rules
-    };
     assert_eq!(
-        plan_rules(&[]),
+        plan_rules(&model, &[]),
         [
             "gemm_rcr",
             "gemm_rcr",
@@ -104,12 +48,12 @@ fn fused_siblings_compose_to_one_op_whose_fallback_is_the_graphs_linears() {
         ]
     );
     assert_eq!(
-        plan_rules(&["--fuse-siblings"]),
+        plan_rules(&model, &["--fuse-siblings"]),
         ["siblings_rcr", "siblings_rcr_bias"]
     );
 
     let out_dir = dir.path().join("out");
-    let v = compose(&user, &model, &out_dir, &["--fuse-siblings"]);
+    let v = compose_json_with(&user, &model, &out_dir, &["--fuse-siblings"]);
     let patterns = v["compose"]["patterns"].as_array().unwrap();
     let rules: Vec<&str> = patterns
         .iter()
