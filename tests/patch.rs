@@ -6,8 +6,8 @@
 //! The same model exported (`.pt2`) composes to a program that runs eagerly, under torch.compile
 //! and under Inductor's C++ wrapper, which calls the op's C shim.
 //! Fixture: patch_embeds.pt and .pt2 (x [2, 3, 32, 34], the batch dynamic in the program:
-//! ViT-style 8x8 patches to 64 channels with a bias, then flattened to tokens; a 4x4 stem to 32
-//! channels without one).
+//! ViT-style 8x8 patches to 64 channels with a bias, then flattened to tokens that a linear reads;
+//! a 4x4 stem to 32 channels without one).
 
 use crate::common::{compose_json_with, first_gemm_kernels_table, fixture, plan_rules, run_python};
 use fact::kinds::patch::PatchProblem;
@@ -33,6 +33,35 @@ fn test_table() -> (Table, Vec<String>) {
     )
 }
 
+/// The compose report's patch patterns, after checking that every pattern of the plan (the
+/// head's GEMM too, which the test table leaves untuned) has a plan id of its own and a
+/// realization: a GEMM's id and a patch embedding's once collided, and compose realized one
+/// problem twice and then found no realization for the other.
+fn patch_patterns(v: &serde_json::Value) -> Vec<serde_json::Value> {
+    let patterns = v["compose"]["patterns"].as_array().unwrap();
+    let ids: std::collections::BTreeSet<&str> =
+        patterns.iter().map(|p| p["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), patterns.len(), "{patterns:?}");
+    let rules: Vec<&str> = patterns
+        .iter()
+        .map(|p| p["rule"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        rules,
+        ["gemm_rcr_bias", "patch_conv_bias", "patch_conv"],
+        "{patterns:?}"
+    );
+    assert!(
+        patterns.iter().all(|p| p["realization"]["how"].is_string()),
+        "{patterns:?}"
+    );
+    patterns
+        .iter()
+        .filter(|p| p["kind"] == "patch")
+        .cloned()
+        .collect()
+}
+
 #[test]
 fn patch_embeddings_compose_to_patch_conv_whose_fallback_is_the_convolution() {
     let dir = tempfile::tempdir().unwrap();
@@ -44,21 +73,16 @@ fn patch_embeddings_compose_to_patch_conv_whose_fallback_is_the_convolution() {
     // Off by default: the convolution kind plans both; asked, the patch kind takes them.
     assert_eq!(
         plan_rules(&model, &[]),
-        ["conv2d_s4_p0_d1", "conv2d_s8_p0_d1_bias"]
+        ["conv2d_s4_p0_d1", "conv2d_s8_p0_d1_bias", "gemm_rcr_bias"]
     );
     assert_eq!(
         plan_rules(&model, &["--patch-conv"]),
-        ["patch_conv", "patch_conv_bias"]
+        ["gemm_rcr_bias", "patch_conv", "patch_conv_bias"]
     );
 
     let out_dir = dir.path().join("out");
     let v = compose_json_with(&user, &model, &out_dir, &["--patch-conv"]);
-    let patterns = v["compose"]["patterns"].as_array().unwrap();
-    let rules: Vec<&str> = patterns
-        .iter()
-        .map(|p| p["rule"].as_str().unwrap())
-        .collect();
-    assert_eq!(rules, ["patch_conv_bias", "patch_conv"], "{patterns:?}");
+    let patterns = patch_patterns(&v);
     for (p, kernel) in patterns.iter().zip(&kernels) {
         assert_eq!(p["kind"], "patch");
         assert_eq!(
@@ -122,13 +146,7 @@ fn a_composed_pt2_program_runs_patch_conv_eagerly_compiled_and_through_its_c_shi
     let out_dir = dir.path().join("out");
     let v = compose_json_with(&user, &model, &out_dir, &["--patch-conv", "--no-bench"]);
     assert_eq!(v["compose"]["format"], "pt2");
-    let rules: Vec<&str> = v["compose"]["patterns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["rule"].as_str().unwrap())
-        .collect();
-    assert_eq!(rules, ["patch_conv_bias", "patch_conv"], "{v}");
+    patch_patterns(&v);
     let script = format!(
         r#"
 import re

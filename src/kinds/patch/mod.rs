@@ -73,7 +73,7 @@ impl TypedKind for Patch {
         &[PATCH]
     }
     fn letter(&self) -> char {
-        'p'
+        'v'
     }
 
     fn rules(&self) -> &'static [&'static dyn Rule] {
