@@ -38,6 +38,8 @@ ABLATION_KINDS = {
     "rmsnorm": ("fact::rmsnorm",),
     "rotary": ("fact::rotary", "fact::rotary_qk"),
     "conv": ("fact::conv",),
+    "patch": ("fact::patch_conv",),
+    "grn": ("fact::grn",),
     "glu": ("fact::glu",),
     "siblings": ("fact::linears2", "fact::linears3", "fact::linears4"),
     # Not a pattern kind: the frame's memo of what the shapes and buffers fix (fact_disable("memo")).
