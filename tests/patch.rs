@@ -1,8 +1,9 @@
-//! The patch-embedding kind without a GPU: a fixture composed with `--patch-conv` from a test
-//! table: `fact::patch_conv` in the graph where each patch embedding's convolution was, on the
-//! module's own weight and bias, and the op's fallback computing exactly what the convolution
-//! did, counted with the reason, when the kind is off and on CPU tensors; without the flag the
-//! same model plans the convolution kind's patterns.
+//! The patch-embedding kind without a GPU: a fixture composed from a test table has
+//! `fact::patch_conv` where each patch embedding's convolution was, on the module's own weight
+//! and bias, and the op's fallback computes exactly what the convolution did, counted with the
+//! reason, when the kind is turned off and on CPU tensors; with `--no-patch-conv` the same model
+//! plans the convolution kind's patterns, and a patch embedding torch's convolution beats falls
+//! to the convolution kind's pattern.
 //! The same model exported (`.pt2`) composes to a program that runs eagerly, under torch.compile
 //! and under Inductor's C++ wrapper, which calls the op's C shim.
 //! Fixture: patch_embeds.pt and .pt2 (x [2, 3, 32, 34], the batch dynamic in the program:
@@ -70,18 +71,18 @@ fn patch_embeddings_compose_to_patch_conv_whose_fallback_is_the_convolution() {
     table.save(&user).unwrap();
     let model = fixture("patch_embeds.pt");
 
-    // Off by default: the convolution kind plans both; asked, the patch kind takes them.
+    // On by default; --no-patch-conv leaves both to the convolution kind.
     assert_eq!(
-        plan_rules(&model, &[]),
+        plan_rules(&model, &["--no-patch-conv"]),
         ["conv2d_s4_p0_d1", "conv2d_s8_p0_d1_bias", "gemm_rcr_bias"]
     );
     assert_eq!(
-        plan_rules(&model, &["--patch-conv"]),
+        plan_rules(&model, &[]),
         ["gemm_rcr_bias", "patch_conv", "patch_conv_bias"]
     );
 
     let out_dir = dir.path().join("out");
-    let v = compose_json_with(&user, &model, &out_dir, &["--patch-conv"]);
+    let v = compose_json_with(&user, &model, &out_dir, &[]);
     let patterns = patch_patterns(&v);
     for (p, kernel) in patterns.iter().zip(&kernels) {
         assert_eq!(p["kind"], "patch");
@@ -144,7 +145,7 @@ fn a_composed_pt2_program_runs_patch_conv_eagerly_compiled_and_through_its_c_shi
     test_table().0.save(&user).unwrap();
     let model = fixture("patch_embeds.pt2");
     let out_dir = dir.path().join("out");
-    let v = compose_json_with(&user, &model, &out_dir, &["--patch-conv", "--no-bench"]);
+    let v = compose_json_with(&user, &model, &out_dir, &["--no-bench"]);
     assert_eq!(v["compose"]["format"], "pt2");
     patch_patterns(&v);
     let script = format!(
@@ -183,6 +184,110 @@ print("ok")
 "#,
         lib = out_dir.join("libfact_ops.so").display().to_string(),
         composed = out_dir.join("composed.pt2").display().to_string(),
+        orig = model.display().to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+/// A patch embedding whose GEMM kernel torch's convolution beats (in the table: the stem's entry
+/// times its kernel slower than its baseline) falls to the convolution kind's pattern of the same
+/// node, which its own table entry realizes; the ViT-style embedding stays `fact::patch_conv`.
+#[test]
+fn a_patch_embedding_torch_beats_falls_to_the_convolution_kinds_pattern() {
+    use fact::kinds::conv::candidates;
+    use fact::types::{Arch, MathType};
+    let model = fixture("patch_embeds.pt");
+    let (g, _) = fact::torch::load_graph(&model, &[]).unwrap();
+    let stem = fact::kinds::patch::match_patches(&g)
+        .into_iter()
+        .find(|m| !m.problem.bias)
+        .expect("the stem's patch embedding");
+    let alone = stem
+        .alone
+        .clone()
+        .expect("the convolution kind's match of the stem");
+    assert_eq!(fact::rules::Match::nodes(&alone), [stem.conv]);
+
+    let (mut table, kernels) = test_table();
+    let key = fact::table::TableKey::of(
+        &Problem::from(stem.problem.clone()),
+        MathType::Tf32,
+        Arch::Sm90,
+    );
+    let entry = table
+        .entries
+        .iter_mut()
+        .find(|e| e.key == key)
+        .expect("the stem's entry");
+    // torch's convolution twice as fast as the kernel.
+    let mut baseline = entry.runs[0].baseline.clone().unwrap();
+    baseline.median_ms /= 2.0;
+    baseline.min_ms /= 2.0;
+    baseline.max_ms /= 2.0;
+    let runs = entry.runs.iter().cloned().map(|mut r| {
+        r.baseline = Some(baseline.clone());
+        r
+    });
+    let slower =
+        fact::table::Entry::from_runs(entry.key.clone(), entry.problem.clone(), runs.collect())
+            .unwrap();
+    *entry = slower;
+    let conv_spec = candidates(&alone.problem, MathType::Tf32, Arch::Sm90)
+        .unwrap()
+        .remove(0);
+    table.insert_merged(crate::common::sample_op_entry(
+        &Problem::from(alone.problem.clone()),
+        &fact::kinds::Spec::from(conv_spec.clone()),
+        MathType::Tf32,
+        0.001,
+        "test table (not a measurement)",
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    table.save(&user).unwrap();
+    let out_dir = dir.path().join("out");
+    let v = compose_json_with(&user, &model, &out_dir, &["--no-bench"]);
+    let patterns = v["compose"]["patterns"].as_array().unwrap();
+    let realized: Vec<(&str, &str, Option<&str>)> = patterns
+        .iter()
+        .map(|p| {
+            (
+                p["kind"].as_str().unwrap(),
+                p["rule"].as_str().unwrap(),
+                p["kernel"].as_str(),
+            )
+        })
+        .filter(|(kind, _, _)| *kind != "gemm")
+        .collect();
+    assert_eq!(
+        realized,
+        [
+            ("patch", "patch_conv_bias", Some(kernels[0].as_str())),
+            ("conv", "conv2d_s4_p0_d1", Some(conv_spec.name().as_str())),
+        ],
+        "{patterns:?}"
+    );
+    assert!(
+        v.to_string()
+            .contains("the patch embedding as one GEMM is left to torch"),
+        "compose's notes say what fell back: {v}"
+    );
+    let script = format!(
+        r#"
+import torch
+torch.ops.load_library({lib:?})
+m = torch.jit.load({composed:?})
+graph = str(m.forward.graph)
+assert graph.count("fact::patch_conv(") == 1 and graph.count("fact::conv(") == 1, graph
+orig = torch.jit.load({orig:?})
+x = torch.randn(2, 3, 32, 34)
+with torch.no_grad():
+    for g, w in zip(m(x), orig(x)):
+        assert g.shape == w.shape and torch.allclose(g, w, rtol=1e-5, atol=1e-5), (g - w).abs().max()
+print("ok")
+"#,
+        lib = out_dir.join("libfact_ops.so").display().to_string(),
+        composed = out_dir.join("composed.pt").display().to_string(),
         orig = model.display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");

@@ -334,13 +334,13 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr_bias_ep_add", 2),
             ("layernorm_affine", 2),
         ],
-        // The 16x16 stride-16 patch embedding, a convolution with bias. The position
+        // The 16x16 stride-16 patch embedding, a convolution with bias (the patch kind's). The position
         // embedding's add stays torch's: its sum is read again (the first residual) through the
         // eval dropout before ln_1, which the add's call could not take over (rules::residual).
         once: &[
             ("layernorm_affine", 1),
             ("gemm_rcr_bias", 1),
-            ("conv2d_s16_p0_d1_bias", 1),
+            ("patch_conv_bias", 1),
         ],
         wanted: &[],
         kv_heads: None,
@@ -430,7 +430,8 @@ const EXPECT: &[Expect] = &[
         model: "convnext_tiny",
         // One block per stage under --ci: its LayerNorm over channels and Linear-GELU-Linear;
         // the stem's, downsamplers' and head's LayerNorm2d (a permuted layer_norm); the head.
-        // The stem's 4x4 s4 and the downsamplers' 2x2 s2 convolutions with bias; each block's
+        // The stem's 4x4 s4 convolution with bias (the patch kind's: x is the NCHW image) and the
+        // downsamplers' 2x2 s2 ones (the convolution kind's: x channels-last); each block's
         // 7x7 depthwise convolution with its bias (groups = C; the permute after it is no
         // epilogue op). Each block's second linear takes the permute back to NCHW, the layer
         // scale and the residual (a turned epilogue: mul by a row, add a full-size leaf).
@@ -440,7 +441,7 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr_bias_ep_gelu", 4),
             ("gemm_rcr_bias_ep_mul_add", 4),
             ("gemm_rcr_bias", 1),
-            ("conv2d_s4_p0_d1_bias", 1),
+            ("patch_conv_bias", 1),
             ("conv2d_s2_p0_d1_bias", 3),
             ("conv2d_s1_p3_d1_g96_bias", 1),
             ("conv2d_s1_p3_d1_g192_bias", 1),
@@ -503,7 +504,7 @@ const EXPECT: &[Expect] = &[
             ("gemm_rcr_bias_ep_gelu", 4),
             ("gemm_rcr_bias_ep_add", 4),
             ("layernorm_affine", 8),
-            ("conv2d_s4_p0_d1_bias", 1),
+            ("patch_conv_bias", 1),
             ("conv2d_s2_p0_d1_bias", 3),
             ("conv2d_s1_p3_d1_g96_bias", 1),
             ("conv2d_s1_p3_d1_g192_bias", 1),
@@ -528,7 +529,7 @@ const EXPECT: &[Expect] = &[
             ("layernorm_affine", 2),
             ("sdpa_bias", 1),
         ],
-        once: &[("conv2d_s16_p0_d1_bias", 1)],
+        once: &[("patch_conv_bias", 1)],
         wanted: &[],
         kv_heads: None,
     },
@@ -548,7 +549,7 @@ const EXPECT: &[Expect] = &[
             ("attention_bias_windows49", 1),
             ("attention_bias_windows16", 1),
             ("attention_bias_windows4", 1),
-            ("conv2d_s4_p0_d1_bias", 1),
+            ("patch_conv_bias", 1),
             ("gemm_rcr", 7),
             ("gemm_rcr_bias", 25),
             ("gemm_rcr_bias_ep_gelu", 8),
@@ -575,7 +576,7 @@ const EXPECT: &[Expect] = &[
             ("attention_bias_windows64", 1),
             ("attention_bias_windows16", 1),
             ("attention_bias_windows4", 1),
-            ("conv2d_s4_p0_d1_bias", 1),
+            ("patch_conv_bias", 1),
             ("gemm_rcr", 3),
             ("gemm_rcr_bias", 17),
             ("gemm_rcr_bias_ep_add", 8),

@@ -516,7 +516,18 @@ def serving_grid(out, model, rec, sides, deadline):
             cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(out), "--grid-child", name, side, arg,
                    "--budget-s", str(max(10, deadline - time.monotonic()))]
             with open(out / "logs" / f"{name}.grid.{side}.log", "a") as f:
-                p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(30, deadline - time.monotonic() + 30))
+                try:
+                    p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(30, deadline - time.monotonic() + 30))
+                except subprocess.TimeoutExpired:
+                    # The call's budget is spent: the shapes not yet measured stay unmeasured.
+                    rows = json.loads(path.read_text()) if path.exists() else []
+                    measured = {r["shape"] for r in rows}
+                    stopped = next((s for s in left if shape_label(*s) not in measured), None)
+                    if stopped:
+                        rows.append({"shape": shape_label(*stopped),
+                                     "errors": {"process": f"the {side} process ran past the call's budget and was stopped here"}})
+                        write_json(path, rows)
+                    break
             if p.returncode != 0:
                 rows = json.loads(path.read_text()) if path.exists() else []
                 if rows and rows[-1]["shape"] not in done:
@@ -627,6 +638,9 @@ def main():
             write_json(args.out / "compose" / f"{model.name}.json", comp)
         except Exception as e:  # noqa: BLE001 -- one model's failure is recorded, the next runs
             traceback.print_exc()
+            # The children write the record too: what they measured is kept.
+            if rec_path.exists():
+                rec = json.loads(rec_path.read_text())
             rec["errors"]["run"] = said(e, 300)
             write_json(rec_path, rec)
 

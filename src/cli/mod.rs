@@ -67,11 +67,11 @@ enum Command {
         /// concatenated weights. Off by default: not yet measured on a GPU.
         #[arg(long)]
         fuse_siblings: bool,
-        /// Run patch embeddings (a convolution whose filter is its stride, unpadded: ViT's,
-        /// Swin's, ConvNeXt's stem) as one GEMM over the image cut into patches. Off by default:
-        /// not yet measured on a GPU.
+        /// Leave patch embeddings (a convolution whose filter is its stride, unpadded: ViT's,
+        /// Swin's, ConvNeXt's stem) to the convolution kind, where by default each is one GEMM
+        /// over the image cut into patches.
         #[arg(long)]
-        patch_conv: bool,
+        no_patch_conv: bool,
         #[arg(long)]
         json: bool,
     },
@@ -138,11 +138,11 @@ enum Command {
         /// concatenated weights. Off by default: not yet measured on a GPU.
         #[arg(long)]
         fuse_siblings: bool,
-        /// Run patch embeddings (a convolution whose filter is its stride, unpadded: ViT's,
-        /// Swin's, ConvNeXt's stem) as one GEMM over the image cut into patches. Off by default:
-        /// not yet measured on a GPU.
+        /// Leave patch embeddings (a convolution whose filter is its stride, unpadded: ViT's,
+        /// Swin's, ConvNeXt's stem) to the convolution kind, where by default each is one GEMM
+        /// over the image cut into patches.
         #[arg(long)]
-        patch_conv: bool,
+        no_patch_conv: bool,
         /// The composed output's format: pt2 (composed.pt2, a torch.export program; from a .pt2
         /// input only) or torchscript (composed.pt). Default: the input's.
         #[arg(long)]
@@ -382,7 +382,7 @@ pub fn main() -> Result<()> {
             save_report,
             without,
             fuse_siblings,
-            patch_conv,
+            no_patch_conv,
             format,
             torchscript_copy,
             quick,
@@ -418,7 +418,7 @@ pub fn main() -> Result<()> {
                 gpus: gpus.parse().map_err(anyhow::Error::msg)?,
                 matching: MatchOptions {
                     fuse_siblings,
-                    patch_conv,
+                    patch_conv: !no_patch_conv,
                 },
                 format,
                 torchscript_copies: !no_bench || torchscript_copy,
@@ -660,7 +660,7 @@ pub fn main() -> Result<()> {
             arch,
             agent,
             fuse_siblings,
-            patch_conv,
+            no_patch_conv,
             json,
         } => {
             let precision: Precision = precision.parse().map_err(anyhow::Error::msg)?;
@@ -676,7 +676,7 @@ pub fn main() -> Result<()> {
                 &graph,
                 &MatchOptions {
                     fuse_siblings,
-                    patch_conv,
+                    patch_conv: !no_patch_conv,
                 },
             );
             let tables = Tables::load(&table::user_table_path(), &table::shipped_table_path())?;

@@ -152,7 +152,7 @@ pub struct Options {
     pub agent_timeout: std::time::Duration,
     /// The GPUs that tune (`--gpus`): all visible ones that run the arch's kernels by default.
     pub gpus: GpuChoice,
-    /// The kinds matched beyond the default ones (`--fuse-siblings`, `--patch-conv`).
+    /// The kinds matched (`--fuse-siblings`, `--no-patch-conv`).
     pub matching: registry::MatchOptions,
     /// The composed output's format; None: the input's.
     pub format: Option<Format>,
@@ -565,7 +565,9 @@ pub struct Asked {
     pub light_share: f64,
     pub keep_slower: bool,
     pub fuse_siblings: bool,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// The patch kind: on unless `--no-patch-conv`. A compose.json written while the kind was
+    /// off unless asked holds no field where it was off, and reads back off.
+    #[serde(default)]
     pub patch_conv: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
@@ -580,7 +582,7 @@ impl Default for Asked {
             light_share: 0.0,
             keep_slower: false,
             fuse_siblings: false,
-            patch_conv: false,
+            patch_conv: true,
             agent: None,
         }
     }
@@ -852,7 +854,7 @@ fn realize_phase(
     // Matched again for each phase: a phase's fallbacks replace patterns (below).
     let mut found = registry::match_patterns_with(&front.graph, &opts.matching);
     // Each pattern's problem, then the smaller ones it falls back to where the larger gets no
-    // kernel (a fused GEMM: the GEMM alone).
+    // kernel, or none faster than torch (a fused GEMM: the GEMM alone).
     let chains: Vec<Chain> = front
         .order
         .iter()
@@ -2135,15 +2137,24 @@ mod tests {
         opts.light_share = 0.02;
         opts.keep_slower = true;
         opts.matching.fuse_siblings = true;
+        opts.matching.patch_conv = false;
         let asked = opts.asked();
         let text = serde_json::to_string(&asked).unwrap();
         let back: Asked = serde_json::from_str(&text).unwrap();
         let again = test_options().asking(&back);
         assert_eq!(again.asked(), asked);
         assert_eq!((again.max_candidates, again.refine), (Some(3), 1));
-        // A report from before: what compose asks by default.
+        // A report from before: what compose asked by default then, when the patch kind was
+        // off unless asked.
         let old: Asked = serde_json::from_str("{}").unwrap();
-        assert_eq!(old, Asked::default());
+        assert_eq!(
+            old,
+            Asked {
+                patch_conv: false,
+                ..Asked::default()
+            }
+        );
+        assert!(Asked::default().patch_conv && test_options().asked().patch_conv);
         assert_eq!(
             test_options().asking(&Asked::default()).asked(),
             test_options().asked()

@@ -1,12 +1,13 @@
 //! Realizing a plan's patterns side by side: one realization at a time per GPU, each distinct
 //! problem once (patterns of twelve layers share a handful), in the plan's order except that
 //! while the sibling rounds' batch compiles (`measure_ahead`), the patterns that need nothing of
-//! it go first, so the GPUs measure while nvcc compiles. A pattern whose problem gets no kernel
-//! goes on to the smaller pattern it falls back to (`Kind::unfused`), as one chain. What a
+//! it go first, so the GPUs measure while nvcc compiles. A pattern whose problem gets no kernel,
+//! or none faster than torch, goes on to the smaller pattern it falls back to (`Kind::unfused`),
+//! as one chain. What a
 //! realization does with the tables and the agent is `realize`'s; here is only who runs what
 //! when, and the first error stops every realization not yet started.
 
-use super::realize::{lock, realize, Ahead, RealizeCtx, Realized, Shared};
+use super::realize::{finish, lock, realize, Ahead, RealizeCtx, Realized, Shared};
 use super::{ComposeError, ProblemKey, Realization};
 use crate::kinds::{Found, Problem};
 use crate::nvcc;
@@ -239,10 +240,13 @@ pub(super) fn realize_all(
             cx.opts.progress,
             format_args!("pattern {id}: {} {}", p.rule_id(), p.shape_key()),
         );
-        let r = realize(cx, sh, p, ahead)?;
+        let mut r = realize(cx, sh, p, ahead)?;
         if let Some(c) = countdown.filter(|_| matches!(r.how, Realization::Tuned { .. })) {
             c.swept(&format!("{} {}", p.rule_id(), p.shape_key()));
         }
+        // A winner slower than torch is left to torch here, so that its chain goes on to the
+        // smaller pattern, which may still beat torch's ops.
+        finish(cx.opts, &mut r);
         Ok(r)
     })
 }

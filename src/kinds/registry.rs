@@ -38,16 +38,26 @@ pub static KINDS: &[&dyn Kind] = &[
     &siblings::Siblings,
 ];
 
-/// Which kinds' rules take part in the cover beyond the default ones: kinds that stay off until a
-/// GPU has measured them are asked for here (compose's and discover's `--fuse-siblings` and
-/// `--patch-conv`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Which kinds' rules take part in the cover: a kind that stays off until a GPU has measured it
+/// is asked for here, and one that is on can be turned off (compose's and discover's
+/// `--fuse-siblings` and `--no-patch-conv`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatchOptions {
-    /// Sibling linears (q, k, v over one x) as one GEMM (`kinds::siblings`); unmeasured.
+    /// Sibling linears (q, k, v over one x) as one GEMM (`kinds::siblings`); unmeasured, off.
     pub fuse_siblings: bool,
     /// Patch embeddings (a convolution whose filter is its stride) as one GEMM
-    /// (`kinds::patch`); unmeasured.
+    /// (`kinds::patch`); on.
     pub patch_conv: bool,
+}
+
+impl Default for MatchOptions {
+    /// What compose and discover match unless told otherwise.
+    fn default() -> MatchOptions {
+        MatchOptions {
+            fuse_siblings: false,
+            patch_conv: true,
+        }
+    }
 }
 
 impl MatchOptions {
@@ -125,7 +135,7 @@ pub fn match_patterns(g: &Graph) -> Patterns {
     match_patterns_with(g, &MatchOptions::default())
 }
 
-/// The same with the kinds `opts` enables beyond the default ones.
+/// The same with the kinds `opts` enables.
 pub fn match_patterns_with(g: &Graph, opts: &MatchOptions) -> Patterns {
     let kinds: Vec<&'static dyn Kind> =
         KINDS.iter().copied().filter(|k| opts.enables(*k)).collect();

@@ -12,8 +12,9 @@
 //! own is the problem (the table key, whose baseline is torch's convolution: problem.rs), the
 //! bench (bench.rs: the op's copies timed with the kernel), the edit and the op.
 //!
-//! The kind is off unless asked (`--patch-conv`, `registry::MatchOptions`): no GPU has yet
-//! measured it against cuDNN.
+//! The kind is on unless `--no-patch-conv` (`registry::MatchOptions`). Where no GEMM kernel
+//! beats torch's convolution for a problem, compose realizes the convolution kind's pattern of
+//! the same node instead (`unfused`), and that one's kernel or torch runs it.
 
 mod bench;
 mod problem;
@@ -23,7 +24,7 @@ pub use bench::PatchBench;
 pub use problem::PatchProblem;
 pub use rule::{match_patches, patch, PatchMatch, PatchRule};
 
-use super::{PlanFacts, Product, TypedKind, Work};
+use super::{PlanFacts, Product, TypedKind, Unfused, Work};
 use crate::codegen::{self, OpCode, OpDef};
 use crate::graph::{Edit, Graph, NodeId, Operand};
 use crate::kinds::gemm::KernelSpec;
@@ -108,12 +109,20 @@ impl TypedKind for Patch {
                             "one GEMM {rows}x{cols}x{k} over x cut into patches (one copy) and the weight as it lies; {} products",
                             math.short_name()
                         ),
-                        "the output handed back in torch's default strides (one transposing copy); unmeasured: on only with --patch-conv".into(),
+                        "the output handed back in torch's default strides (one transposing copy); where torch's convolution is faster, the convolution kind's pattern instead".into(),
                     ]
                 })
                 .unwrap_or_default(),
             pad: None,
         }
+    }
+    fn unfused(&self, m: &PatchMatch) -> Option<Unfused> {
+        m.alone.clone().map(|c| Unfused {
+            kind: &super::conv::Conv,
+            found: Box::new(c),
+            what: "the patch embedding as one GEMM",
+            instead: "the convolution kind's pattern",
+        })
     }
     fn products(&self, m: &PatchMatch) -> Vec<Product> {
         let (_, _, k) = m.problem.gemm_dims();

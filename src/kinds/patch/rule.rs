@@ -17,16 +17,16 @@
 //! here. A patch embedding reads the image as the model is given it, NCHW.
 //!
 //! The convolution kind matches the same node; the cover's sites are equal (one node), and the
-//! registry lists this kind first, so where compose is asked for it (`--patch-conv`,
-//! `registry::MatchOptions`) it takes the node. A convolution followed by a BatchNorm or an
+//! registry lists this kind first, so unless `--no-patch-conv` (`registry::MatchOptions`) it
+//! takes the node, keeping the convolution kind's match of it as what compose falls back to. A convolution followed by a BatchNorm or an
 //! activation the convolution kind would fold is left to that kind (its site is larger).
 
 use super::problem::PatchProblem;
 use super::PATCH;
 use crate::graph::{Graph, NodeId, ValueId};
 use crate::kinds::conv::{
-    conv_call, conv_nodes, kernels_take, match_convs, substituted, x_source, ConvCall, ConvProblem,
-    Source, Substituted,
+    conv_call, conv_nodes, kernels_take, match_convs, substituted, x_source, ConvCall, ConvMatch,
+    ConvProblem, Source, Substituted,
 };
 use crate::rules::{boxed, Match, PatternKind, Rule};
 
@@ -37,6 +37,10 @@ pub struct PatchMatch {
     pub weight: ValueId,
     pub bias: Option<ValueId>,
     pub problem: PatchProblem,
+    /// The convolution kind's match of the convolution alone, which compose realizes instead
+    /// when no GEMM kernel beats torch here (`Kind::unfused`): a 4x4 stem's two copies can cost
+    /// more than the GEMM saves, and the convolution kind's kernel reads x in place.
+    pub alone: Option<ConvMatch>,
 }
 
 impl Match for PatchMatch {
@@ -62,7 +66,7 @@ impl Rule for PatchRule {
 
 /// Every top-level convolution that is a patch embedding. Where x comes from is asked only of
 /// those whose own arguments make one (a CNN has none), since that matches every convolution
-/// chain of the graph (`layouts`).
+/// chain of the graph (`Convs::of`).
 pub fn match_patches(g: &Graph) -> Vec<PatchMatch> {
     let candidates: Vec<(NodeId, ConvCall, ConvProblem)> = conv_nodes(g)
         .filter_map(|n| shaped(g, n).ok().map(|(call, conv)| (n, call, conv)))
@@ -70,26 +74,45 @@ pub fn match_patches(g: &Graph) -> Vec<PatchMatch> {
     if candidates.is_empty() {
         return Vec::new();
     }
-    let (readers, chains) = layouts(g);
+    let convs = Convs::of(g);
     candidates
         .into_iter()
-        .filter_map(|(n, call, conv)| patch_in(g, &readers, &chains, n, call, conv).ok())
+        .filter_map(|(n, call, conv)| patch_in(g, &convs, n, call, conv).ok())
         .collect()
 }
 
 /// The convolution at `n` as a patch embedding, or why it is none.
 pub fn patch(g: &Graph, n: NodeId) -> Result<PatchMatch, String> {
     let (call, conv) = shaped(g, n)?;
-    let (readers, chains) = layouts(g);
-    patch_in(g, &readers, &chains, n, call, conv)
+    patch_in(g, &Convs::of(g), n, call, conv)
 }
 
-/// The graph's readers, and the nodes of the convolution kind's chains that kernels take: what
-/// `x_source` reads to tell where x comes from.
-fn layouts(g: &Graph) -> (Vec<Vec<NodeId>>, Substituted) {
-    let convs = match_convs(g);
-    let chains = substituted(convs.iter().filter(|m| kernels_take(&m.problem)));
-    (g.readers(), chains)
+/// What the convolution kind makes of the graph: its matches, the nodes of its chains that
+/// kernels take and the graph's readers (what `x_source` reads to tell where x comes from).
+struct Convs {
+    matches: Vec<ConvMatch>,
+    chains: Substituted,
+    readers: Vec<Vec<NodeId>>,
+}
+
+impl Convs {
+    fn of(g: &Graph) -> Convs {
+        let matches = match_convs(g);
+        let chains = substituted(matches.iter().filter(|m| kernels_take(&m.problem)));
+        Convs {
+            matches,
+            chains,
+            readers: g.readers(),
+        }
+    }
+
+    /// The convolution kind's match of the convolution at `n` alone.
+    fn alone(&self, n: NodeId) -> Option<ConvMatch> {
+        self.matches
+            .iter()
+            .find(|m| m.conv.node == n && m.nodes() == [n])
+            .cloned()
+    }
 }
 
 /// The convolution at `n` if its own arguments make it a patch embedding: groups 1, the stride
@@ -119,13 +142,12 @@ fn shaped(g: &Graph, n: NodeId) -> Result<(ConvCall, ConvProblem), String> {
 /// A shaped convolution as a patch embedding where x lies NCHW.
 fn patch_in(
     g: &Graph,
-    readers: &[Vec<NodeId>],
-    chains: &Substituted,
+    convs: &Convs,
     n: NodeId,
     call: ConvCall,
     conv: ConvProblem,
 ) -> Result<PatchMatch, String> {
-    match x_source(g, readers, chains, call.x) {
+    match x_source(g, &convs.readers, &convs.chains, call.x) {
         Source::Nchw(_) => {}
         Source::Strided(op) => {
             return Err(format!(
@@ -155,6 +177,7 @@ fn patch_in(
         weight: call.weight,
         bias: call.bias,
         problem,
+        alone: convs.alone(n),
     })
 }
 
