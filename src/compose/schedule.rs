@@ -13,6 +13,7 @@ use crate::kinds::{Found, Problem};
 use crate::nvcc;
 use crate::table::TableKey;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
 /// A pattern's problem and the smaller ones it falls back to, in turn (`Kind::unfused`).
@@ -56,6 +57,9 @@ pub(super) struct Slot {
 pub(super) struct AllRealized {
     pub done: BTreeMap<ProblemKey, Slot>,
     pub steps: Vec<usize>,
+    /// How many of the distinct problems were swept, those whose winner then lost to torch too
+    /// (`finish` leaves them to torch as it realizes them, so `done` no longer says it).
+    pub swept: usize,
 }
 
 enum State {
@@ -235,20 +239,26 @@ pub(super) fn realize_all(
         })
         .collect();
     let workers = cx.pool.gpus().len().max(1);
-    schedule(chains, gated, workers, ahead, &|id, p| {
+    let swept = AtomicUsize::new(0);
+    let mut all = schedule(chains, gated, workers, ahead, &|id, p| {
         nvcc::progress_line(
             cx.opts.progress,
             format_args!("pattern {id}: {} {}", p.rule_id(), p.shape_key()),
         );
         let mut r = realize(cx, sh, p, ahead)?;
-        if let Some(c) = countdown.filter(|_| matches!(r.how, Realization::Tuned { .. })) {
-            c.swept(&format!("{} {}", p.rule_id(), p.shape_key()));
+        if matches!(r.how, Realization::Tuned { .. }) {
+            swept.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = countdown {
+                c.swept(&format!("{} {}", p.rule_id(), p.shape_key()));
+            }
         }
         // A winner slower than torch is left to torch here, so that its chain goes on to the
         // smaller pattern, which may still beat torch's ops.
         finish(cx.opts, &mut r);
         Ok(r)
-    })
+    })?;
+    all.swept = swept.into_inner();
+    Ok(all)
 }
 
 /// `realize_all` over `realize_one`, on `workers` threads; `gated[i]`: chain i's first problem
@@ -290,6 +300,7 @@ fn schedule(
     Ok(AllRealized {
         done,
         steps: board.steps.into_inner().unwrap_or_else(|e| e.into_inner()),
+        swept: 0,
     })
 }
 

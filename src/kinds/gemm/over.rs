@@ -1,6 +1,7 @@
 //! The `TypedKind` methods of a kind built over the GEMM kind (`type Spec = KernelSpec`): the
-//! sibling linears and the patch embeddings. Their kernels are GEMM kernels, so a spec's name,
-//! render, compile unit, dispatch, family and failure features are the GEMM kind's, and a sweep
+//! sibling linears and the patch embeddings. Their kernels are GEMM kernels, so a problem's
+//! alignment class and math and a spec's name, render, compile unit, dispatch, family and
+//! failure features are the GEMM kind's, and a sweep
 //! is the GEMM kind's sweep (first round, retry, later rounds) of the GEMM the kind's problem
 //! computes. What stays the kind's own is written in its impl beside the invocation: the match,
 //! the problem (its table key), the bench, the edit and the op.
@@ -9,6 +10,18 @@
 /// `Problem` is `$problem` and whose GEMM, as the GEMM kind's erased problem, `$gemm(p)` gives.
 macro_rules! over_gemm {
     ($problem:ty, $gemm:expr) => {
+        /// The GEMM's alignment class and math: its kernels are that GEMM's.
+        fn alignment(&self, p: &$problem) -> u32 {
+            $gemm(p).alignment()
+        }
+        fn math(
+            &self,
+            p: &$problem,
+            precision: $crate::types::Precision,
+        ) -> Option<$crate::types::MathType> {
+            $gemm(p).math(precision)
+        }
+
         fn spec_name(&self, s: &$crate::kinds::gemm::KernelSpec) -> String {
             $crate::kinds::TypedKind::spec_name(&$crate::kinds::gemm::Gemm, s)
         }

@@ -31,7 +31,7 @@ use crate::kinds::gemm::KernelSpec;
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{PatternKind, Rule};
 use crate::tune::{Bench, Protocol};
-use crate::types::{Arch, DType, MathType, Precision};
+use crate::types::{Arch, DType, MathType};
 
 /// What users call patch-embedding patterns (`FACT_DISABLE=patch`).
 pub const PATCH: PatternKind = PatternKind::new("patch");
@@ -176,13 +176,6 @@ impl TypedKind for Patch {
     }
     fn dtype(&self, p: &PatchProblem) -> DType {
         p.dtype
-    }
-    /// The GEMM's class: its kernels are that GEMM's.
-    fn alignment(&self, p: &PatchProblem) -> u32 {
-        p.gemm_problem().alignment(16 / p.dtype.bytes() as u32)
-    }
-    fn math(&self, p: &PatchProblem, precision: Precision) -> Option<MathType> {
-        MathType::for_tensor(p.dtype, precision)
     }
     fn pattern_kind(&self, _p: &PatchProblem) -> PatternKind {
         PATCH

@@ -30,7 +30,7 @@ use crate::kinds::gemm::KernelSpec;
 use crate::nvcc::library::KernelLibrary;
 use crate::rules::{PatternKind, Rule};
 use crate::tune::{Bench, Protocol};
-use crate::types::{Arch, DType, MathType, Precision};
+use crate::types::{Arch, DType, MathType};
 
 /// What users call sibling-linear patterns (`FACT_DISABLE=siblings`).
 pub const SIBLINGS: PatternKind = PatternKind::new("siblings");
@@ -181,13 +181,6 @@ impl TypedKind for Siblings {
     }
     fn dtype(&self, p: &SiblingsProblem) -> DType {
         p.dtype
-    }
-    /// The concatenated GEMM's class: its kernels are that GEMM's.
-    fn alignment(&self, p: &SiblingsProblem) -> u32 {
-        p.gemm_problem().alignment(16 / p.dtype.bytes() as u32)
-    }
-    fn math(&self, p: &SiblingsProblem, precision: Precision) -> Option<MathType> {
-        MathType::for_tensor(p.dtype, precision)
     }
     fn pattern_kind(&self, _p: &SiblingsProblem) -> PatternKind {
         SIBLINGS
