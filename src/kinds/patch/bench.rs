@@ -52,8 +52,7 @@ impl Operands {
             .narrow(3, 0, cols * pw)
             .view([p.images, p.in_channels, rows, ph, cols, pw])
             .permute([0, 2, 4, 1, 3, 5]);
-        let _ = self
-            .patches
+        self.patches
             .view([p.images, rows, cols, p.in_channels, ph, pw])
             .copy_(&x);
     }

@@ -100,7 +100,7 @@ impl PatchProblem {
             self.patch[0],
             self.patch[1],
         ];
-        if dims.iter().any(|&d| d <= 0) || self.output().iter().any(|&d| d == 0) {
+        if dims.iter().any(|&d| d <= 0) || self.output().contains(&0) {
             return Err(format!(
                 "a patch embedding's sizes are positive and its image holds a whole patch: {}",
                 self.shape_key()
