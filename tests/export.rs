@@ -230,9 +230,9 @@ print("ok")
     );
     assert_eq!(run_python(&script), "ok");
     // fact.compile: Inductor's C++ wrapper with the library's C shims registered, which calls the
-    // op's shim directly, not through Python, and computes what the program does; before any
-    // library is loaded it names the fix, and it refuses a mode (torch.compile takes no options
-    // with one).
+    // op's shim directly, not through Python, and computes what the program does, with the
+    // exported module's Python input hook off; before any library is loaded it names the fix,
+    // and it refuses a mode (torch.compile takes no options with one).
     let script = format!(
         r#"
 import torch
@@ -255,6 +255,9 @@ x = torch.randn(7, 64)
 with torch.no_grad():
     want = m(x)
     got, code = run_and_get_code(fact.compile(m), x)
+# The exported module's own Python input check is off under fact.compile (the compiled code's
+# guards check the inputs); its range constraints run in the graph.
+assert hasattr(m, "_guards_fn") and m.validate_inputs is False, m.validate_inputs
 code = "\n".join(code)
 assert "aoti_torch_cpu_gemm(" in code and '"torch.ops.fact.' not in code, code[-3000:]
 assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (got - want).abs().max()

@@ -229,7 +229,14 @@ def compile(program, options=None, **kwargs):
     transformers run 1.39x torch.compile (geomean of five, H200 bf16) against 1.27x with the
     default wrapper (benches/results/zoo/export/README.md). `options` and the other arguments are
     torch.compile's; a `mode` cannot be combined with options (torch.compile's rule): for a CUDA
-    graph, which issues no op from the host, use `torch.compile(program, mode="reduce-overhead")`."""
+    graph, which issues no op from the host, use `torch.compile(program, mode="reduce-overhead")`.
+
+    A program `torch.export.load(...).module()` gave checks the structure of its inputs in a
+    Python hook before every call (`validate_inputs`); fact.compile turns that check off on
+    `program`, as the compiled code's guards check every call's inputs again (a change of structure
+    recompiles and fails there) and the hook cost about 0.08 ms a call before the compiled code
+    starts (benches/results/zoo/export/README.md). The export's range constraints stay: they run in
+    the graph (`_guards_fn`)."""
     import torch
 
     if "mode" in kwargs:
@@ -240,6 +247,8 @@ def compile(program, options=None, **kwargs):
                            "with fact.load(folder) (or fact.load_library(lib)) first")
     for lib in sorted(_LOADED):
         use_c_shims(lib)
+    if getattr(program, "validate_inputs", None) is True and hasattr(program, "_guards_fn"):
+        program.validate_inputs = False
     return torch.compile(program, options={"cpp_wrapper": True, **(options or {})}, **kwargs)
 
 
