@@ -401,9 +401,10 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
     ts = composed_ts(d)
     if ts.exists():
         stage("fact_ts", lambda: mode("fact_ts_ms", torch.jit.load(str(ts), map_location="cuda")))
-    # Inductor's C++ wrapper: the model's graph, and the composed program's with fact's ops called
-    # through their C shims (fact.use_c_shims). The shims are registered for that compile only, so
-    # the AOTInductor packages after it keep the proxy executor their records were taken with.
+    # Inductor's C++ wrapper: the model's graph, and the composed program's under fact.compile
+    # (fact's ops called through their C shims, the exported module's Python input check off). The
+    # shims are registered for that compile only, so the AOTInductor packages after it keep the
+    # proxy executor their records were taken with.
     stage("compile_cpp", lambda: mode("compile_cpp_ms", torch.compile(wrapper, options={"cpp_wrapper": True}), "compile_cpp_s"))
 
     def fact_cpp():
@@ -411,7 +412,7 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
         kept = dict(config.custom_ops_to_c_shims)
         rec["c_shims"] = fact.use_c_shims(d / "libfact_ops.so")
         try:
-            mode("fact_pt2_cpp_ms", torch.compile(composed, options={"cpp_wrapper": True}), "fact_pt2_cpp_s")
+            mode("fact_pt2_cpp_ms", fact.compile(composed), "fact_pt2_cpp_s")
         finally:
             config.custom_ops_to_c_shims = kept
 
