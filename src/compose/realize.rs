@@ -137,17 +137,33 @@ pub fn quick_batch_words(n: usize, missed: usize, singles: usize) -> String {
     }
 }
 
-/// A quick sweep's kernels: of `specs` (a kind's first round, best estimate first), the winners
-/// the tables hold near the problem (`nearby`: kernel names, nearest first) that are among them
-/// and the estimate's best, taken in turn, `n` in all. A nearby winner outside `specs` (pruned
-/// for this shape, or beyond the budget) is not taken: the kind's own checks stand.
-pub(super) fn quick_cut(specs: Vec<Spec>, nearby: &[String], n: usize) -> Vec<Spec> {
-    let near: Vec<usize> = nearby
-        .iter()
-        .filter_map(|k| specs.iter().position(|s| s.kernel_name() == *k))
-        .collect();
+/// A quick sweep's kernels: the winners the tables hold near the problem (`nearby`: kernels,
+/// nearest first) and the estimate's best of `specs` (a kind's first round, best estimate first),
+/// taken in turn, `n` in all. A nearby winner is taken as the first round holds it, else where the
+/// kind admits it (`admits`: `Kind::admits`, its own checks); one it does not admit is not taken.
+/// The first round is cut by its estimate, which ranks some tiles that win ahead of others that
+/// win (stream-K before the 128x192 data-parallel kernels that won every nearby N = 768 GEMM of
+/// the shipped table, and lost to cuBLAS where the estimate's stream-K ran alone: vit_b_16's
+/// 6304x768x768 in 0.0246 ms against 0.0176, benches/results/zoo/export/README.md).
+pub(super) fn quick_cut(
+    mut specs: Vec<Spec>,
+    nearby: &[Spec],
+    n: usize,
+    admits: impl Fn(&Spec) -> bool,
+) -> Vec<Spec> {
+    let first_round = specs.len();
+    let mut near: Vec<usize> = Vec::new();
+    for k in nearby {
+        let name = k.kernel_name();
+        if let Some(i) = specs.iter().position(|s| s.kernel_name() == name) {
+            near.push(i);
+        } else if admits(k) {
+            specs.push(k.clone());
+            near.push(specs.len() - 1);
+        }
+    }
     let mut order: Vec<usize> = Vec::new();
-    let (mut a, mut b) = (near.into_iter(), 0..specs.len());
+    let (mut a, mut b) = (near.into_iter(), 0..first_round);
     while order.len() < n {
         let from_table = a.by_ref().find(|i| !order.contains(i));
         if let Some(i) = from_table {
@@ -793,7 +809,7 @@ struct SweepInputs {
     effort: Effort,
     /// The winners the tables hold near the problem, nearest first, where the sweep is cut
     /// (`Effort::cut`): what it measures first (`quick_cut`).
-    nearby: Vec<String>,
+    nearby: Vec<Spec>,
 }
 
 /// How hard a sweep looks: its first round's size, how many of its kernels it measures (a quick
@@ -920,10 +936,15 @@ fn first_candidates(
             detail,
         })?;
     Ok(match (found, inputs.effort.cut) {
-        (Candidates::Kernels { specs, space }, Some(n)) => Candidates::Kernels {
-            specs: quick_cut(specs, &inputs.nearby, n),
-            space,
-        },
+        (Candidates::Kernels { specs, space }, Some(n)) => {
+            let cx = inputs.cx(cx, math, steward);
+            Candidates::Kernels {
+                specs: quick_cut(specs, &inputs.nearby, n, |s| {
+                    problem.kind().admits(problem, s, &cx)
+                }),
+                space,
+            }
+        }
         (found, _) => found,
     })
 }
@@ -1930,29 +1951,56 @@ mod tests {
         );
     }
 
-    /// Of a kind's first round, a quick sweep takes the nearest table winner among it and the
-    /// estimate's best in turn; a winner the kind did not offer is not taken.
+    /// A quick sweep takes the nearest table winners and the estimate's best of the kind's first
+    /// round in turn; a winner the first round does not hold is taken only where the kind admits
+    /// it.
     #[test]
     fn a_quick_sweep_takes_the_nearby_winner_and_the_estimates_best() {
-        let specs: Vec<Spec> = (0..6)
-            .map(|i| crate::kinds::fake::spec(&format!("k{i}"), Arch::Sm90))
-            .collect();
+        let spec = |i: usize| crate::kinds::fake::spec(&format!("k{i}"), Arch::Sm90);
+        let specs: Vec<Spec> = (0..6).map(spec).collect();
         let names = |v: Vec<Spec>| v.iter().map(Spec::name).collect::<Vec<_>>();
-        assert_eq!(names(quick_cut(specs.clone(), &[], 2)), ["k0", "k1"]);
-        let near = ["k4".to_string(), "k2".to_string()];
-        assert_eq!(names(quick_cut(specs.clone(), &near, 2)), ["k4", "k0"]);
+        let none = |_: &Spec| false;
+        let any = |_: &Spec| true;
+        assert_eq!(names(quick_cut(specs.clone(), &[], 2, none)), ["k0", "k1"]);
+        let near = [spec(4), spec(2)];
         assert_eq!(
-            names(quick_cut(specs.clone(), &near, 4)),
+            names(quick_cut(specs.clone(), &near, 2, none)),
+            ["k4", "k0"]
+        );
+        assert_eq!(
+            names(quick_cut(specs.clone(), &near, 4, none)),
             ["k4", "k0", "k2", "k1"]
         );
         // The nearest winner is the estimate's best: the next one by estimate joins it.
-        let best = ["k0".to_string()];
-        assert_eq!(names(quick_cut(specs.clone(), &best, 2)), ["k0", "k1"]);
-        // Pruned here: the estimate's order alone.
-        let gone = ["k9".to_string()];
-        assert_eq!(names(quick_cut(specs.clone(), &gone, 2)), ["k0", "k1"]);
-        assert_eq!(names(quick_cut(specs[..1].to_vec(), &near, 2)), ["k0"]);
-        assert!(quick_cut(vec![], &near, 2).is_empty());
+        let best = [spec(0)];
+        assert_eq!(
+            names(quick_cut(specs.clone(), &best, 2, none)),
+            ["k0", "k1"]
+        );
+        // Outside the first round: taken where the kind admits it, else the estimate's order.
+        let outside = [spec(9)];
+        assert_eq!(
+            names(quick_cut(specs.clone(), &outside, 2, none)),
+            ["k0", "k1"]
+        );
+        assert_eq!(
+            names(quick_cut(specs.clone(), &outside, 2, any)),
+            ["k9", "k0"]
+        );
+        assert_eq!(names(quick_cut(specs.clone(), &outside, 1, any)), ["k9"]);
+        // An admitted outsider never displaces the estimate's own beyond its turn.
+        assert_eq!(
+            names(quick_cut(specs.clone(), &[spec(9), spec(8)], 3, |s| s
+                .name()
+                == "k8")),
+            ["k8", "k0", "k1"]
+        );
+        assert_eq!(
+            names(quick_cut(specs[..1].to_vec(), &near, 2, none)),
+            ["k0"]
+        );
+        assert_eq!(names(quick_cut(vec![], &outside, 2, any)), ["k9"]);
+        assert!(quick_cut(vec![], &near, 2, none).is_empty());
     }
     use crate::kinds::gemm::space::{gemm_candidates, KernelSpec};
     use crate::kinds::gemm::{GemmLayout, GemmProblem};

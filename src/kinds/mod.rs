@@ -193,6 +193,14 @@ pub trait Kind: Sync + 'static {
     fn space_now(&self, _p: &Problem, _math: MathType, _arch: Arch) -> Vec<Spec> {
         vec![]
     }
+    /// Whether `s`, a kernel the tables saw win on another shape of `p`'s family (a quick sweep's
+    /// nearby winner, `compose::realize::quick_cut`), runs `p` by the kind's own checks (validity,
+    /// fit, the rules the tables learned, the kernels known to fail) though its first round does
+    /// not hold it. False (the default) for a kind that does not check: only its first round's
+    /// kernels are taken.
+    fn admits(&self, _p: &Problem, _s: &Spec, _cx: &SweepCx) -> bool {
+        false
+    }
     /// After a first round in which no kernel passed: one more set (`failures`: each kernel
     /// with its outcome; `avoid`: every kernel tried or known to fail), or None.
     fn retry(

@@ -105,6 +105,9 @@ pub trait TypedKind: Sync + 'static {
     fn space_now(&self, _p: &Self::Problem, _math: MathType, _arch: Arch) -> Vec<Spec> {
         vec![]
     }
+    fn admits(&self, _p: &Self::Problem, _s: &Spec, _cx: &SweepCx) -> bool {
+        false
+    }
     fn retry(
         &self,
         _p: &Self::Problem,
@@ -283,6 +286,9 @@ impl<K: TypedKind> Kind for K {
     }
     fn space_now(&self, p: &Problem, math: MathType, arch: Arch) -> Vec<Spec> {
         TypedKind::space_now(self, problem_of::<K>(p), math, arch)
+    }
+    fn admits(&self, p: &Problem, s: &Spec, cx: &SweepCx) -> bool {
+        TypedKind::admits(self, problem_of::<K>(p), s, cx)
     }
     fn retry(
         &self,

@@ -773,11 +773,11 @@ impl Tables {
         Lookup::Miss
     }
 
-    /// The winners (kernel names: `Spec::kernel_name`) of the `n` entries nearest `key` in its
-    /// family and alignment class (`Table::nearest`), the user table's before the shipped one's
-    /// at equal distance: what the table knows wins near a shape it misses, for a quick sweep to
-    /// try first.
-    pub fn nearby_winners(&self, key: &TableKey, problem: &Problem, n: usize) -> Vec<String> {
+    /// The winners' kernels (`Spec::kernel`: without launch knobs, distinct kernel names) of the
+    /// `n` entries nearest `key` in its family and alignment class (`Table::nearest`), the user
+    /// table's before the shipped one's at equal distance: what the table knows wins near a shape
+    /// it misses, for a quick sweep to try first.
+    pub fn nearby_winners(&self, key: &TableKey, problem: &Problem, n: usize) -> Vec<Spec> {
         let mut near: Vec<&Entry> = self.user.nearest(key, problem.alignment());
         near.extend(self.shipped.nearest(key, problem.alignment()));
         // Stable: the user's first among equals.
@@ -785,10 +785,10 @@ impl Tables {
             shape_distance(&a.key.shape, &key.shape)
                 .total_cmp(&shape_distance(&b.key.shape, &key.shape))
         });
-        let mut out: Vec<String> = Vec::new();
+        let mut out: Vec<Spec> = Vec::new();
         for e in near {
-            let k = e.winner_spec.kernel_name();
-            if !out.contains(&k) {
+            let k = e.winner_spec.kernel();
+            if !out.iter().any(|o| o.kernel_name() == k.kernel_name()) {
                 out.push(k);
             }
             if out.len() >= n {

@@ -134,10 +134,13 @@ fn the_nearby_winners_are_the_nearest_entries_winners_of_the_family() {
     tables.shipped.insert_merged(m256.clone());
     let key = |p: &GemmProblem| gemm_key(p, MathType::Tf32, Arch::Sm90);
     let p = problem(300);
+    let names = |v: Vec<crate::kinds::Spec>| v.iter().map(|s| s.kernel_name()).collect::<Vec<_>>();
     let near = tables.nearby_winners(&key(&p), &p.clone().into(), 2);
-    assert_eq!(near, [winner(&m256), winner(&m128)]);
+    assert_eq!(names(near.clone()), [winner(&m256), winner(&m128)]);
+    // Each as its kernel, without the launch knobs it won with.
+    assert!(near.iter().all(|s| s.name() == s.kernel().name()));
     assert_eq!(
-        tables.nearby_winners(&key(&p), &p.clone().into(), 5),
+        names(tables.nearby_winners(&key(&p), &p.clone().into(), 5)),
         [winner(&m256), winner(&m128), winner(&far)]
     );
     // Another family (no bias): no neighbour.
@@ -149,7 +152,7 @@ fn the_nearby_winners_are_the_nearest_entries_winners_of_the_family() {
     // The entry at the shape itself is no neighbour (it is a hit).
     let at = problem(256);
     assert_eq!(
-        tables.nearby_winners(&key(&at), &at.clone().into(), 1),
+        names(tables.nearby_winners(&key(&at), &at.clone().into(), 1)),
         [winner(&m128)]
     );
 }

@@ -65,6 +65,14 @@ macro_rules! over_gemm {
         ) -> Result<$crate::kinds::Candidates, String> {
             $crate::kinds::Kind::candidates(&$crate::kinds::gemm::Gemm, &$gemm(p), cx)
         }
+        fn admits(
+            &self,
+            p: &$problem,
+            s: &$crate::kinds::Spec,
+            cx: &$crate::kinds::SweepCx,
+        ) -> bool {
+            $crate::kinds::Kind::admits(&$crate::kinds::gemm::Gemm, &$gemm(p), s, cx)
+        }
         fn retry(
             &self,
             p: &$problem,

@@ -189,3 +189,89 @@ fn numeric_rules_stay_with_their_shape_and_knobs() {
         "other knobs are another variant"
     );
 }
+
+/// A quick sweep's nearby winner outside the first round (`Kind::admits`): a 128x192 tile, which
+/// only the sibling round derives, runs vit_b_16's out-projection; a kernel that fits another
+/// problem, one of another arch, one that failed before and one a learned rule rejects do not.
+#[test]
+fn a_nearby_winner_outside_the_first_round_is_admitted_by_the_first_rounds_checks() {
+    use crate::agent::Steward;
+    use crate::kinds::{Kind, Spec, SweepCx};
+    use std::collections::BTreeSet;
+    let p = GemmProblem {
+        m: 6304,
+        n: 768,
+        k: 768,
+        layout: GemmLayout::Rcr,
+        dtype: DType::Bf16,
+        bias: true,
+        batch: 1,
+        epilogue: None,
+        padded_from: None,
+    };
+    let first = gemm_candidates(&p, MathType::Bf16, Arch::Sm90);
+    assert!(
+        first.iter().all(|k| k.tile[1] != 192),
+        "the first round holds no 128x192 tile"
+    );
+    let wide = first
+        .iter()
+        .flat_map(|k| k.tile_siblings(&p))
+        .next()
+        .expect("a 128x192 sibling of a first-round kernel");
+    let scope = crate::kinds::gemm::scope(&p, MathType::Bf16, Arch::Sm90, "4.2.0.0");
+    let space = crate::space::SpaceOptions::default();
+    let mut steward = Steward::builtin();
+    let admits =
+        |k: &KernelSpec, rules: &[Rule], failed: &BTreeSet<String>, steward: &mut Steward| {
+            let cx = SweepCx {
+                arch: Arch::Sm90,
+                math: MathType::Bf16,
+                cutlass: "4.2.0.0",
+                rules,
+                scope: &scope,
+                failed,
+                space: &space,
+                max_candidates: None,
+                refine: 0,
+                steward,
+            };
+            Kind::admits(
+                &crate::kinds::gemm::Gemm,
+                &p.clone().into(),
+                &Spec::from(k.clone()),
+                &cx,
+            )
+        };
+    let none = BTreeSet::new();
+    assert!(admits(&wide, &[], &none, &mut steward));
+    let unbiased = KernelSpec {
+        bias: false,
+        ..wide.clone()
+    };
+    assert!(
+        !admits(&unbiased, &[], &none, &mut steward),
+        "no bias: another problem's kernel"
+    );
+    let sm80 = KernelSpec {
+        arch: Arch::Sm80,
+        ..wide.clone()
+    };
+    assert!(!admits(&sm80, &[], &none, &mut steward));
+    let failed: BTreeSet<String> = [wide.kernel_name()].into();
+    assert!(!admits(&wide, &[], &failed, &mut steward));
+    let mut rules = vec![];
+    learn(
+        &mut rules,
+        &scope,
+        FailureKind::Compile,
+        &wide,
+        "error: static_assert failed",
+        &[],
+    );
+    assert!(rejecting(&rules, &scope, &wide).is_some());
+    assert!(
+        !admits(&wide, &rules, &none, &mut steward),
+        "a learned rule keeps it out"
+    );
+}
