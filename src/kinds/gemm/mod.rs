@@ -303,19 +303,16 @@ impl TypedKind for Gemm {
     fn candidates(&self, p: &GemmProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         sweep::first_round(p, cx)
     }
-    /// A kernel of this arch that CUTLASS can build (`invalid_reason`), that fits the problem's
-    /// dtype, layout, bias, epilogue and alignment, that no learned rule rejects for this sweep's
-    /// scope and that has not failed before: what the first round asks of its own kernels, less
-    /// the estimate's cut (a tile outside the first round, the sibling round's 128x192, is
-    /// admitted).
+    /// A kernel an agent's proposal would pass as (`sweep::check_kernel`: this arch and math,
+    /// a valid instantiation that fits the problem, not failed before, its compiled kernel
+    /// neither) that no learned rule rejects for this sweep's scope: what the first round asks of
+    /// its own kernels, less the estimate's cut (a tile outside the first round, the sibling
+    /// round's 128x192, is admitted).
     fn admits(&self, p: &GemmProblem, s: &Spec, cx: &SweepCx) -> bool {
         s.get::<KernelSpec>().is_some_and(|k| {
-            k.arch == cx.arch
-                && k.invalid_reason().is_none()
-                && k.fits(p)
-                && rejecting(cx.rules, cx.scope, k).is_none()
+            sweep::check_kernel(k, p, cx.math, cx.arch, cx.failed).is_ok()
                 && !cx.failed.contains(&k.kernel_name())
-                && !cx.failed.contains(&k.name())
+                && rejecting(cx.rules, cx.scope, k).is_none()
         })
     }
     fn retry(

@@ -128,6 +128,20 @@ pub fn check_candidate(
 ) -> Result<KernelSpec, String> {
     let spec: KernelSpec =
         serde_json::from_value(v.clone()).map_err(|e| format!("not a KernelSpec: {e}"))?;
+    check_kernel(&spec, p, math, arch, failed)?;
+    Ok(spec)
+}
+
+/// Why `spec` cannot run `p` under `math` on `arch` (target, instantiation, fit), or is known to
+/// fail (`failed`), if so: what an agent's proposal and a table's nearby winner (`Kind::admits`)
+/// are both held to.
+pub fn check_kernel(
+    spec: &KernelSpec,
+    p: &GemmProblem,
+    math: MathType,
+    arch: Arch,
+    failed: &BTreeSet<String>,
+) -> Result<(), String> {
     if spec.arch != arch || spec.math != math {
         return Err(format!(
             "targets {} {}, the pattern needs {} {}",
@@ -153,7 +167,7 @@ pub fn check_candidate(
             spec.name()
         ));
     }
-    Ok(spec)
+    Ok(())
 }
 
 /// Round `i` after the first (`ROUNDS`): 0 the sibling round of the `min(refine, 3)` fastest
