@@ -410,6 +410,58 @@ print("ok")
     assert_eq!(run_python(&script), "ok");
 }
 
+/// A kernel operand of two kernels by rows ("SMALL@R;KERNEL", compose's small rows): a call of at
+/// most R rows runs SMALL, or torch's ops where SMALL is "torch" (counted under KERNEL as
+/// "torch", no fallback); others run KERNEL. On the CPU every kernel falls back, which the
+/// counters tell apart.
+/// A malformed operand is an error that names the form.
+#[test]
+fn a_kernel_operand_by_rows_runs_each_call_on_its_rows_choice() {
+    let script = format!(
+        r#"{preamble}import ctypes, json
+so = ctypes.CDLL({lib:?})
+so.fact_op_stats.restype = ctypes.c_char_p
+F = torch.nn.functional
+few, many = torch.randn(1, 3, 16), torch.randn(2, 5, 16)
+w, b = torch.randn(8, 16), torch.randn(8)
+wg, wu = torch.randn(16, 16), torch.randn(16, 16)
+both = torch.cat([wg.view(2, 8, 16), wu.view(2, 8, 16)], 1).view(32, 16)
+torch.set_grad_enabled(False)
+def stats():
+    s = json.loads(so.fact_op_stats())
+    so.fact_op_stats_reset()
+    return s
+stats()
+for x in (few, many):
+    assert torch.allclose(torch.ops.fact.gemm(x, w, b, "linear", "torch@4;big"), F.linear(x, w, b), atol=1e-5)
+    y = torch.ops.fact.gemm_ep(x, w, b, [], "linear", "leaves=;v1=gelu(v0)", "torch@4;big")
+    assert torch.allclose(y, F.gelu(F.linear(x, w, b)), atol=1e-5)
+    y = torch.ops.fact.glu(x, wg, None, wu, None, both, None, "silu", "torch@4;big")
+    assert torch.allclose(y, F.silu(F.linear(x, wg)) * F.linear(x, wu), atol=1e-5)
+    s = stats()
+    if x is few:
+        assert s == {{"big": {{"ran": 0, "copied": 0, "fell_back": 0, "torch": 3}}}}, s
+    else:
+        assert s == {{"big": {{"ran": 0, "copied": 0, "fell_back": 3, "why": "not CUDA tensors of one device"}}}}, s
+torch.ops.fact.gemm(few, w, b, "linear", "small@3;big")
+torch.ops.fact.gemm(many, w, b, "linear", "small@3;big")
+s = stats()
+assert s["small"]["fell_back"] == 1 and s["big"]["fell_back"] == 1, s
+for bad in ("small@;big", "small@x;big", "@4;big", "small@4;", "small@4"):
+    try:
+        torch.ops.fact.gemm(few, w, b, "linear", bad)
+    except RuntimeError as e:
+        assert "malformed kernel operand" in str(e) and "SMALL@ROWS;KERNEL" in str(e), e
+    else:
+        raise AssertionError(bad)
+print("ok")
+"#,
+        preamble = preamble(),
+        lib = op_library().display().to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
 /// Runs `script` with the venv's python and `env`; returns its exit status and both outputs.
 fn run_python_env(script: &str, env: &[(&str, &Path)]) -> (bool, String, String) {
     let mut c = Command::new(python());

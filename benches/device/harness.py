@@ -246,7 +246,8 @@ class OpLibrary:
 
     def stats(self):
         """{kernel: {ran, copied, fell_back, why?}} since the library was loaded or last reset: a
-        call the kernel could not implement ran the original ops and counts as fell_back."""
+        call the kernel could not implement ran the original ops and counts as fell_back; a call
+        of few rows whose kernel operand chose torch's ops (compose's small rows) as torch."""
         return json.loads(self.lib.fact_op_stats())
 
     def reset(self):

@@ -86,9 +86,13 @@ def composed_ts(d):
     return d / "torchscript" / "composed.pt"
 
 
-def grid(model):
+def grid(model, only=None):
     """The serving shapes of `model`: (batch, seq) pairs, seq None for images; the zoo's last.
-    Lengths past what the model takes (BERT's 512 positions) are left out."""
+    Lengths past what the model takes (BERT's 512 positions) are left out, and with `only` (labels
+    as shape_label writes them) every shape it does not name but the zoo's."""
+    if only:
+        keep = set(only.split(","))
+        return [s for s in grid(model) if shape_label(*s) in keep or s == (model.batch, model.seq)]
     if model.seq is None:
         shapes = [(b, None) for b in IMAGE_GRID]
     else:
@@ -186,7 +190,8 @@ class Library:
         self.so.fact_op_stats.restype = ctypes.c_char_p
 
     def counted(self, fn, inputs):
-        """fn(*inputs) once: (kernel calls, fallback calls, the fallbacks' reasons)."""
+        """fn(*inputs) once: (kernel calls, fallback calls, the fallbacks' reasons, the calls of
+        few rows that ran torch's ops by the composition's choice: compose's small rows)."""
         torch.cuda.synchronize()
         self.so.fact_op_stats_reset()
         fn(*inputs)
@@ -195,7 +200,7 @@ class Library:
         ran = sum(c["ran"] for c in stats.values())
         fell = sum(c["fell_back"] for c in stats.values())
         why = sorted({c["why"] for c in stats.values() if c.get("why")})
-        return ran, fell, why
+        return ran, fell, why, sum(c.get("torch", 0) for c in stats.values())
 
 
 def graphed(fn, inputs, before_capture=None):
@@ -419,7 +424,7 @@ def zoo_shape(rec, stage, mode, original, wrapper, composed, lib, timed, zoo, fl
     stage("fact_pt2_cpp", fact_cpp)
 
     def counters():
-        rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"] = lib.counted(composed, zoo)
+        rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"], rec["torch_calls"] = lib.counted(composed, zoo)
 
     stage("counters", counters)
 
@@ -491,7 +496,7 @@ def grid_child(out, name, side, shapes, deadline):
                 row["errors"][key] = said(e)
             write_json(path, rows)
         if side == "fact":
-            row["kernel_calls"], row["fallback_calls"], row["fallback_why"] = lib.counted(composed, xs)
+            row["kernel_calls"], row["fallback_calls"], row["fallback_why"], row["torch_calls"] = lib.counted(composed, xs)
         try:
             row.update({k: round(v, 4) for k, v in time_interleaved(fns, xs, flush).items()})
         except Exception as e:  # noqa: BLE001
@@ -500,12 +505,12 @@ def grid_child(out, name, side, shapes, deadline):
         log(name, side, shape, {k: v for k, v in row.items() if k.endswith("_ms") or k.endswith("_calls")})
 
 
-def serving_grid(out, model, rec, sides, deadline):
+def serving_grid(out, model, rec, sides, deadline, only=None):
     """The grid's rows (shapes/NAME.json): each side measured by child processes, a side's
     process that dies restarted past the shape it died at (which says so), then the sides joined
     shape by shape with the record's model, GPU and commit."""
     name = model.name
-    shapes = grid(model)
+    shapes = grid(model, only)
     for side in sides:
         path = out / "shapes" / f"{name}.{side}.json"
         while time.monotonic() < deadline:
@@ -560,6 +565,7 @@ def main():
     ap.add_argument("--fact", default=".device/fact")
     ap.add_argument("--fact-args", default="")
     ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--shapes", help="with --grid, only these shapes and the zoo's (comma-separated, as 1x37)")
     ap.add_argument("--aoti", action="store_true")
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -623,7 +629,7 @@ def main():
             # The grid first; its processes leave the zoo shape's modes and the AOTInductor
             # packages about 1.5 and 4 minutes.
             if args.grid:
-                serving_grid(args.out, model, rec, ("fact",), deadline - (0 if args.no_zoo_modes else 90) - (240 if args.aoti else 0))
+                serving_grid(args.out, model, rec, ("fact",), deadline - (0 if args.no_zoo_modes else 90) - (240 if args.aoti else 0), args.shapes)
             cmd = [sys.executable, "-u", str(Path(__file__).resolve()), str(args.out), "--child", model.name,
                    "--budget-s", str(max(30, deadline - time.monotonic()))] + (["--aoti"] if args.aoti else []) + (["--no-zoo-modes"] if args.no_zoo_modes else [])
             with open(args.out / "logs" / f"{model.name}.measure.log", "w") as f:
@@ -633,7 +639,7 @@ def main():
                 rec["errors"]["measure"] = f"the measuring child exited with {p.returncode} (logs/{model.name}.measure.log)"
                 write_json(rec_path, rec)
             if args.grid:
-                serving_grid(args.out, model, json.loads(rec_path.read_text()), ("torch",), deadline)
+                serving_grid(args.out, model, json.loads(rec_path.read_text()), ("torch",), deadline, args.shapes)
             rec = json.loads(rec_path.read_text())
             comp["fact_ms"], comp["compile_ms"], comp["compile_s"] = rec.get("fact_pt2_ms"), rec.get("compile_ms"), rec.get("compile_s")
             write_json(args.out / "compose" / f"{model.name}.json", comp)

@@ -269,8 +269,9 @@ def load(out):
 
 def stats(out_or_lib):
     """The call counters of an op library (an output folder, or the library itself), as
-    `{kernel: {"ran": n, "copied": n, "fell_back": n, "why": "..."}}`: the calls of this process
-    since the library was loaded. Loads the library if this process has not."""
+    `{kernel: {"ran": n, "copied": n, "fell_back": n, "why": "..."}}` (and `"torch": n` where calls
+    of few rows ran torch's ops by the composition's choice, compose's small rows): the calls of
+    this process since the library was loaded. Loads the library if this process has not."""
     lib = _library(out_or_lib)
     load_library(lib)
     so = ctypes.CDLL(str(lib.resolve()))

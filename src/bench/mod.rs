@@ -544,6 +544,7 @@ mod tests {
                 copied: 0,
                 fell_back: 0,
                 why: None,
+                torch: 0,
             },
         );
         calls.insert(
@@ -553,6 +554,7 @@ mod tests {
                 copied: 0,
                 fell_back: 36,
                 why: Some("the mask is not the causal one".into()),
+                torch: 0,
             },
         );
         assert!(never_ran(&["k1".into()], &calls).is_ok());

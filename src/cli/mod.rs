@@ -143,6 +143,12 @@ enum Command {
         /// over the image cut into patches.
         #[arg(long)]
         no_patch_conv: bool,
+        /// Whether each GEMM-like pattern also gets a kernel tuned at 128 rows, which its op runs
+        /// on calls of at most 256 rows (a decode step, a short prompt; torch's ops where they
+        /// measured faster there): on, off, or auto (on for a .pt2 program with a dynamic dim).
+        /// Only where a GPU tunes.
+        #[arg(long, default_value = "auto")]
+        small_rows: String,
         /// The composed output's format: pt2 (composed.pt2, a torch.export program; from a .pt2
         /// input only) or torchscript (composed.pt). Default: the input's.
         #[arg(long)]
@@ -343,6 +349,7 @@ fn options(
         format: None,
         torchscript_copies: false,
         phases: compose::Phases::Both,
+        small_rows: compose::SmallRows::Auto,
     })
 }
 
@@ -383,6 +390,7 @@ pub fn main() -> Result<()> {
             without,
             fuse_siblings,
             no_patch_conv,
+            small_rows,
             format,
             torchscript_copy,
             quick,
@@ -420,6 +428,7 @@ pub fn main() -> Result<()> {
                     fuse_siblings,
                     patch_conv: !no_patch_conv,
                 },
+                small_rows: small_rows.parse().map_err(anyhow::Error::msg)?,
                 format,
                 torchscript_copies: !no_bench || torchscript_copy,
                 phases: if quick {

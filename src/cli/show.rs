@@ -201,6 +201,20 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
         for c in &p.copies {
             println!("     copy: {c}");
         }
+        if let Some(s) = &p.small_rows {
+            let runs = match s.choice() {
+                Some("torch") => "torch's ops (faster there)",
+                Some(k) => k,
+                None => "the pattern's own kernel (nothing measured there)",
+            };
+            println!(
+                "     up to {} rows: {runs}  ({} ms, torch {} ms at {} rows)",
+                s.upto,
+                fmt_ms(s.kernel_ms),
+                fmt_ms(s.torch_ms),
+                s.rows
+            );
+        }
     }
     print_unmatched_gemms(&r.unmatched_gemms);
     print_phases(r, out_dir);

@@ -161,6 +161,99 @@ pub struct Options {
     pub torchscript_copies: bool,
     /// Both phases, or the quick one alone (`--quick`).
     pub phases: Phases,
+    /// Whether the GEMM-like patterns get a second kernel for calls of few rows (`SmallRows`).
+    pub small_rows: SmallRows,
+}
+
+/// The rows a GEMM-like pattern (`Kind::rows`) is realized again at, for the calls a server sends
+/// at small batches and lengths (a decode step, a short prompt): a kernel tuned at the model's
+/// batch and sequence has tiles that fill few of the GPU's SMs there (GPT-2's at one row ran
+/// 15 µs a GEMM on an H200, cuBLAS 4 µs), while one tuned here streams the weights on many.
+pub const SMALL_ROWS: i64 = 128;
+/// The most rows a call may have to run the small-rows kernel: past it, the pattern's own.
+pub const SMALL_ROWS_UPTO: i64 = 256;
+/// A pattern of fewer rows than this is tuned near the small calls already: no second kernel.
+pub const SMALL_ROWS_FROM: i64 = 1024;
+
+/// Whether compose realizes each GEMM-like pattern again at `SMALL_ROWS` rows, its op running
+/// that kernel (or torch's ops, where they measured faster there) on calls of at most
+/// `SMALL_ROWS_UPTO` rows: on, off, or (auto, the default) where the input is a `.pt2` program
+/// exported with a dynamic dim, whose calls come at other shapes than the sample's. Either way
+/// only where a GPU tunes: without one nothing measures the choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmallRows {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for SmallRows {
+    type Err = String;
+    fn from_str(s: &str) -> Result<SmallRows, String> {
+        match s {
+            "auto" => Ok(SmallRows::Auto),
+            "on" => Ok(SmallRows::On),
+            "off" => Ok(SmallRows::Off),
+            _ => Err(format!("--small-rows takes auto, on or off, not '{s}'")),
+        }
+    }
+}
+
+impl SmallRows {
+    /// Whether a model read by `source` gets the small-rows kernels.
+    pub fn wanted(self, source: &torch::FrontEnd) -> bool {
+        match self {
+            SmallRows::On => true,
+            SmallRows::Off => false,
+            SmallRows::Auto => !source.dynamic.is_empty(),
+        }
+    }
+}
+
+/// The small-rows problem of each pattern that gets one (by pattern id): a GEMM-like problem of
+/// at least `SMALL_ROWS_FROM` rows at `SMALL_ROWS`.
+fn small_rows_problems(order: &[String], problems: &[Problem]) -> BTreeMap<String, Problem> {
+    order
+        .iter()
+        .zip(problems)
+        .filter(|(_, p)| p.kind().rows(p).is_some_and(|m| m >= SMALL_ROWS_FROM))
+        .filter_map(|(id, p)| Some((id.clone(), p.kind().at_rows(p, SMALL_ROWS)?)))
+        .collect()
+}
+
+/// The kernel operand of a pattern with a small-rows kernel: its op runs `small` ("torch": torch's
+/// ops) on calls of at most `SMALL_ROWS_UPTO` rows and `kernel` on the others (the op libraries'
+/// `kernel_for_rows` reads it).
+pub fn kernel_by_rows(small: &str, kernel: &str) -> String {
+    format!("{small}@{SMALL_ROWS_UPTO};{kernel}")
+}
+
+/// What a pattern runs on calls of at most `upto` rows: the kernel of its problem at `rows` rows,
+/// or torch's ops (`kernel` None) where they measured faster there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SmallRowsReport {
+    pub rows: i64,
+    pub upto: i64,
+    pub key: Option<TableKey>,
+    pub realization: Realization,
+    pub kernel: Option<String>,
+    pub kernel_ms: Option<f64>,
+    pub torch_ms: Option<f64>,
+}
+
+impl SmallRowsReport {
+    /// The op's choice at small rows, where it has one: the kernel, or torch's ops where the
+    /// realization measured them faster; None where it measured neither (left to a full phase, or
+    /// no kernel passed), and the pattern's own kernel runs every call.
+    pub fn choice(&self) -> Option<&str> {
+        match (&self.kernel, &self.realization) {
+            (Some(k), _) => Some(k),
+            (None, Realization::Skipped { .. }) if self.torch_ms.is_some() => Some("torch"),
+            _ => None,
+        }
+    }
 }
 
 /// The format of a composed output.
@@ -335,6 +428,9 @@ pub struct PatternReport {
     /// Operands whose strides fit no layout: the op copies them on every call (`kinds::gemm::GemmMatch`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<String>,
+    /// What runs the pattern's calls of few rows (`SmallRows`), where it has a kernel for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub small_rows: Option<SmallRowsReport>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -571,6 +667,8 @@ pub struct Asked {
     pub patch_conv: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
+    #[serde(default)]
+    pub small_rows: SmallRows,
 }
 
 impl Default for Asked {
@@ -584,6 +682,7 @@ impl Default for Asked {
             fuse_siblings: false,
             patch_conv: true,
             agent: None,
+            small_rows: SmallRows::Auto,
         }
     }
 }
@@ -599,6 +698,7 @@ impl Options {
             fuse_siblings: self.matching.fuse_siblings,
             patch_conv: self.matching.patch_conv,
             agent: self.agent.clone(),
+            small_rows: self.small_rows,
         }
     }
 
@@ -614,6 +714,7 @@ impl Options {
                 patch_conv: a.patch_conv,
             },
             agent: a.agent.clone(),
+            small_rows: a.small_rows,
             ..self
         }
     }
@@ -641,6 +742,8 @@ struct Front<'m> {
     plan: plan::Plan,
     order: Vec<String>,
     problems: Vec<Problem>,
+    /// The small-rows problem of each pattern that gets one, by pattern id (`SmallRows`).
+    small: BTreeMap<String, Problem>,
     pool: Pool,
     gpu_notes: Vec<String>,
     light: BTreeSet<TableKey>,
@@ -685,12 +788,29 @@ impl<'m> Front<'m> {
             assumed_speedup: 1.05,
         };
         let mut the_plan = plan::plan(&graph, &found, &plan_opts, Some(&tables), &mut steward);
+        let small_rows = opts.small_rows.wanted(&source);
         the_plan.source = source;
         let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
         let problems: Vec<Problem> = order
             .iter()
             .map(|id| found.get(id).expect("plan ids name patterns").problem())
             .collect();
+        // Only where a GPU measures them: a small-rows kernel runs only where it measured faster
+        // than the pattern's own choice at those rows, which nothing else tells.
+        let small = if small_rows && gpu {
+            small_rows_problems(&order, &problems)
+        } else {
+            BTreeMap::new()
+        };
+        if !small.is_empty() {
+            nvcc::progress_line(
+                opts.progress,
+                format_args!(
+                    "small rows: {} GEMM-like patterns get a second kernel, tuned at {SMALL_ROWS} rows, for calls of at most {SMALL_ROWS_UPTO} (--small-rows off: none)",
+                    small.len()
+                ),
+            );
+        }
         let (pool, gpu_notes) = gpu_pool(opts, gpu)?;
         for n in &gpu_notes {
             nvcc::progress_line(opts.progress, format_args!("gpus: {n}"));
@@ -728,6 +848,7 @@ impl<'m> Front<'m> {
             plan: the_plan,
             order,
             problems,
+            small,
             pool,
             gpu_notes,
             light,
@@ -855,14 +976,30 @@ fn realize_phase(
     let mut found = registry::match_patterns_with(&front.graph, &opts.matching);
     // Each pattern's problem, then the smaller ones it falls back to where the larger gets no
     // kernel, or none faster than torch (a fused GEMM: the GEMM alone).
-    let chains: Vec<Chain> = front
+    let mut chains: Vec<Chain> = front
         .order
         .iter()
         .map(|id| Chain::of(found.get(id).expect("plan ids name patterns")))
         .collect();
+    // Each small-rows problem after them, a chain of its own: where it gets no kernel faster
+    // than torch, torch's ops run those calls.
+    chains.extend(front.order.iter().filter_map(|id| {
+        let p = front.small.get(id)?;
+        Some(Chain::alone(
+            format!("{id} at {SMALL_ROWS} rows"),
+            p.clone(),
+        ))
+    }));
+    let problems: Vec<Problem> = front
+        .problems
+        .iter()
+        .chain(front.small.values())
+        .cloned()
+        .collect();
     let cx = front.cx(opts, quick);
-    let realized = realize_chains(cx, front.shared(), &front.problems, &chains, countdown)?;
-    let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>)> = BTreeMap::new();
+    let realized = realize_chains(cx, front.shared(), &problems, &chains, countdown)?;
+    let mut done: BTreeMap<ProblemKey, (Realization, Option<Entry>, Option<Entry>)> =
+        BTreeMap::new();
     let mut compile_failures = Vec::new();
     {
         let mut steward = realize::lock(&front.steward);
@@ -896,17 +1033,42 @@ fn realize_phase(
     for (pk, r) in realized.done {
         let r = r.realized;
         compile_failures.extend(r.failures);
-        done.insert(pk, (r.how, r.entry));
+        done.insert(pk, (r.how, r.entry, r.lost.map(|e| *e)));
     }
 
     let mut patterns = Vec::new();
     let mut winners: BTreeMap<String, Spec> = BTreeMap::new();
     for f in &found.found {
         let problem = f.problem();
-        let (how, entry) = &done[&ProblemKey::of(&problem)];
+        let (how, entry, _) = &done[&ProblemKey::of(&problem)];
         if let Some(e) = entry {
             winners.insert(e.winner.clone(), e.winner_spec.clone());
         }
+        // The small-rows kernel, where the pattern realized is the one planned (not a smaller
+        // one it fell back to) and has a kernel of its own.
+        let small_rows = front
+            .small
+            .get(&f.id)
+            .filter(|sp| {
+                entry.is_some()
+                    && problem.kind().at_rows(&problem, SMALL_ROWS).as_ref() == Some(*sp)
+            })
+            .and_then(|sp| {
+                let (how, entry, lost) = done.get(&ProblemKey::of(sp))?;
+                if let Some(e) = entry {
+                    winners.insert(e.winner.clone(), e.winner_spec.clone());
+                }
+                let measured = entry.as_ref().or(lost.as_ref());
+                Some(SmallRowsReport {
+                    rows: SMALL_ROWS,
+                    upto: SMALL_ROWS_UPTO,
+                    key: measured.map(|e| e.key.clone()),
+                    realization: how.clone(),
+                    kernel: entry.as_ref().map(|e| e.winner.clone()),
+                    kernel_ms: measured.map(|e| e.winner_ms),
+                    torch_ms: measured.and_then(Entry::baseline_ms),
+                })
+            });
         patterns.push(PatternReport {
             id: f.id.clone(),
             node: f.node(),
@@ -920,6 +1082,7 @@ fn realize_phase(
             kernel_ms: entry.as_ref().map(|e| e.winner_ms),
             torch_ms: entry.as_ref().and_then(Entry::baseline_ms),
             copies: f.copies(),
+            small_rows,
         });
     }
     Ok(Realizations {
@@ -969,16 +1132,29 @@ fn write_outputs(
             ),
         };
     }
-    let chosen: Vec<(&crate::kinds::Found, &str)> = r
+    // Nor a small-rows kernel: the pattern's own runs those calls.
+    for s in r.patterns.iter_mut().filter_map(|p| p.small_rows.as_mut()) {
+        if let Some(k) = s.kernel.take_if(|k| !in_lib.contains(k)) {
+            s.realization = Realization::Skipped {
+                reason: format!("the winner {k} failed to compile here"),
+            };
+            s.torch_ms = None;
+        }
+    }
+    let chosen: Vec<(&crate::kinds::Found, String)> = r
         .found
         .found
         .iter()
         .zip(&r.patterns)
         .filter_map(|(f, p)| {
-            p.kernel
-                .as_deref()
-                .filter(|k| in_lib.contains(*k))
-                .map(|k| (f, k))
+            let k = p.kernel.as_deref().filter(|k| in_lib.contains(*k))?;
+            Some((
+                f,
+                match p.small_rows.as_ref().and_then(SmallRowsReport::choice) {
+                    Some(small) => kernel_by_rows(small, k),
+                    None => k.to_string(),
+                },
+            ))
         })
         .collect();
     // Each kind's edits are made together (`Kind::edits`), kinds in the order they appear.
@@ -993,7 +1169,7 @@ fn write_outputs(
         let mine: Vec<(&dyn crate::rules::Match, &str)> = chosen
             .iter()
             .filter(|(f, _)| f.kind.name() == kind.name())
-            .map(|(f, k)| (&*f.found, *k))
+            .map(|(f, k)| (&*f.found, k.as_str()))
             .collect();
         edits.extend(kind.edits(&front.graph, &mine));
     }
@@ -1037,9 +1213,13 @@ fn save_report(opts: &Options, report: &ComposeReport) -> Result<(), ComposeErro
 /// Whether a composition of `after`'s kernels differs from the one `before` describes: some
 /// pattern's kernel differs (a pattern left to torch has none).
 fn winners_changed(before: &[PatternReport], after: &[PatternReport]) -> bool {
-    let kernels = |ps: &[PatternReport]| -> BTreeMap<String, Option<String>> {
+    // The op's kernel operand: a small-rows choice changes it as the pattern's own kernel does.
+    let kernels = |ps: &[PatternReport]| -> BTreeMap<String, (Option<String>, Option<String>)> {
         ps.iter()
-            .map(|p| (p.id.clone(), p.kernel.clone()))
+            .map(|p| {
+                let small = p.small_rows.as_ref().and_then(SmallRowsReport::choice);
+                (p.id.clone(), (p.kernel.clone(), small.map(str::to_string)))
+            })
             .collect()
     };
     kernels(before) != kernels(after)
@@ -1280,6 +1460,7 @@ pub(crate) fn test_options() -> Options {
         format: None,
         torchscript_copies: false,
         phases: Phases::Both,
+        small_rows: SmallRows::Auto,
     }
 }
 
@@ -2076,7 +2257,115 @@ mod tests {
             kernel_ms: ms,
             torch_ms: None,
             copies: vec![],
+            small_rows: None,
         }
+    }
+
+    fn gemm_problem(m: i64, batch: i64) -> Problem {
+        crate::kinds::gemm::GemmProblem {
+            m,
+            n: 768,
+            k: 3072,
+            layout: crate::kinds::gemm::GemmLayout::Rcr,
+            dtype: crate::types::DType::Bf16,
+            bias: true,
+            batch,
+            epilogue: None,
+            padded_from: None,
+        }
+        .into()
+    }
+
+    #[test]
+    fn gemm_like_patterns_of_many_rows_get_a_problem_at_few_rows() {
+        let order: Vec<String> = ["g1", "g2", "bmm", "ln"].map(String::from).to_vec();
+        let problems = vec![
+            gemm_problem(8192, 1),
+            gemm_problem(SMALL_ROWS_FROM - 8, 1),
+            gemm_problem(8192, 12),
+            crate::kinds::fake::problem(1000),
+        ];
+        let small = small_rows_problems(&order, &problems);
+        // Only the one GEMM tuned at many rows; a batched GEMM's rows are not the batch's alone,
+        // and the fake kind has no rows.
+        assert_eq!(small.keys().collect::<Vec<_>>(), ["g1"]);
+        assert_eq!(small["g1"], gemm_problem(SMALL_ROWS, 1));
+    }
+
+    #[test]
+    fn small_rows_are_asked_for_dynamic_programs_unless_told() {
+        let dynamic = torch::FrontEnd {
+            dynamic: vec!["x dim 0: batch in [1, 64]".into()],
+            ..Default::default()
+        };
+        let fixed = torch::FrontEnd::default();
+        assert!(SmallRows::Auto.wanted(&dynamic) && !SmallRows::Auto.wanted(&fixed));
+        assert!(SmallRows::On.wanted(&fixed) && !SmallRows::Off.wanted(&dynamic));
+        assert_eq!("off".parse::<SmallRows>(), Ok(SmallRows::Off));
+        assert!("small"
+            .parse::<SmallRows>()
+            .unwrap_err()
+            .contains("auto, on or off"));
+    }
+
+    fn small(
+        kernel: Option<&str>,
+        realization: Realization,
+        torch_ms: Option<f64>,
+    ) -> SmallRowsReport {
+        SmallRowsReport {
+            rows: SMALL_ROWS,
+            upto: SMALL_ROWS_UPTO,
+            key: None,
+            realization,
+            kernel: kernel.map(str::to_string),
+            kernel_ms: Some(0.01),
+            torch_ms,
+        }
+    }
+
+    #[test]
+    fn the_op_runs_the_small_rows_kernel_or_torch_where_it_measured_faster() {
+        let tuned = Realization::Tuned {
+            candidates: 2,
+            failed: 0,
+            quick: true,
+        };
+        let lost = Realization::Skipped {
+            reason: "the winner k is slower than torch".into(),
+        };
+        assert_eq!(
+            small(Some("k128"), tuned.clone(), Some(0.02)).choice(),
+            Some("k128")
+        );
+        assert_eq!(
+            small(None, lost.clone(), Some(0.005)).choice(),
+            Some("torch")
+        );
+        // Nothing measured against torch (no kernel passed, or it failed to build): the
+        // pattern's own kernel runs every call.
+        assert_eq!(small(None, lost, None).choice(), None);
+        assert_eq!(
+            kernel_by_rows("k128", "k8192"),
+            format!("k128@{SMALL_ROWS_UPTO};k8192")
+        );
+    }
+
+    #[test]
+    fn a_changed_small_rows_choice_rewrites_the_outputs() {
+        let before = vec![pattern("g", Some("k"), Some(0.1))];
+        let mut after = before.clone();
+        assert!(!winners_changed(&before, &after));
+        after[0].small_rows = Some(small(
+            Some("k128"),
+            Realization::Tuned {
+                candidates: 4,
+                failed: 0,
+                quick: false,
+            },
+            Some(0.02),
+        ));
+        assert!(winners_changed(&before, &after));
     }
 
     /// The full phase rewrites the outputs only where some pattern's kernel changed (a pattern

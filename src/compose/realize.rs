@@ -561,6 +561,8 @@ pub struct Realized {
     /// sweep's first candidates alone, took the entry such a sweep left, or took a winner
     /// measured on another GPU without timing it here (`quick_as_it_stands`).
     pub cut: bool,
+    /// The entry whose winner `finish` left to torch, slower than torch's ops.
+    pub lost: Option<Box<Entry>>,
 }
 
 impl Realized {
@@ -571,6 +573,7 @@ impl Realized {
             entry: None,
             failures: vec![],
             cut: false,
+            lost: None,
         }
     }
 }
@@ -623,6 +626,7 @@ pub fn realize(
                     entry: Some(for_here(here.as_ref(), entry.clone())),
                     failures: vec![],
                     cut: true,
+                    lost: None,
                 });
             }
             // Measured ahead by this compose (its checkpoint is the entry), or left by a quick
@@ -661,6 +665,7 @@ pub fn realize(
                     entry: Some(for_here(here.as_ref(), entry)),
                     failures: vec![],
                     cut: true,
+                    lost: None,
                 });
             }
             let mut family_failures = vec![];
@@ -720,6 +725,7 @@ pub fn realize(
                     entry: Some(fresh),
                     failures,
                     cut: false,
+                    lost: None,
                 });
             }
             let how = Realization::Hit {
@@ -732,6 +738,7 @@ pub fn realize(
                 entry: Some(for_here(here.as_ref(), entry)),
                 failures: family_failures,
                 cut: false,
+                lost: None,
             })
         }
         Lookup::Bucket { entry, table } if cx.gpu => {
@@ -768,6 +775,7 @@ pub fn realize(
                     entry: Some(fresh),
                     failures,
                     cut: false,
+                    lost: None,
                 }),
                 None => sweep(),
             }
@@ -1773,6 +1781,7 @@ fn quick_record(
         entry,
         failures,
         cut: true,
+        lost: None,
     })
 }
 
@@ -1790,6 +1799,7 @@ fn compile_only(cx: RealizeCtx, candidates: &[Spec], dir: &Path) -> Result<Reali
         entry: None,
         failures: built.failures,
         cut: cx.quick,
+        lost: None,
     })
 }
 
@@ -1829,6 +1839,7 @@ fn record_sweep(
             entry: None,
             failures,
             cut: false,
+            lost: None,
         });
     };
     let _ = crate::atomic::write(
@@ -1847,6 +1858,7 @@ fn record_sweep(
         entry: merged,
         failures,
         cut: false,
+        lost: None,
     })
 }
 
@@ -1865,7 +1877,7 @@ pub(super) fn finish(opts: &Options, r: &mut Realized) {
                 e.baseline_ms().unwrap_or_default()
             ),
         };
-        r.entry = None;
+        r.lost = r.entry.take().map(Box::new);
     }
 }
 

@@ -27,6 +27,16 @@ pub(super) struct Chain {
 }
 
 impl Chain {
+    /// A problem of its own, with no smaller one to fall back to.
+    pub fn alone(id: String, p: Problem) -> Chain {
+        Chain {
+            id,
+            keys: vec![ProblemKey::of(&p)],
+            problems: vec![p],
+            falls: vec![],
+        }
+    }
+
     pub fn of(f: &Found) -> Chain {
         let mut problems = vec![f.problem()];
         let mut falls = vec![];
@@ -350,6 +360,7 @@ mod tests {
             entry: None,
             failures: vec![],
             cut: false,
+            lost: None,
         }
     }
 

@@ -193,6 +193,17 @@ pub trait Kind: Sync + 'static {
     fn space_now(&self, _p: &Problem, _math: MathType, _arch: Arch) -> Vec<Spec> {
         vec![]
     }
+    /// The rows `p`'s kernel runs over (a GEMM's M, x's rows of a gated MLP), where they are
+    /// the model's batch and sequence (None: the kind's problems have no such dim, or a batched
+    /// GEMM's rows are not the only dim they drive). Compose realizes such a problem again at
+    /// few rows (`at_rows`), for the calls a server sends at small batches and lengths.
+    fn rows(&self, _p: &Problem) -> Option<i64> {
+        None
+    }
+    /// `p` at `rows` rows, all else the same; None where `rows` is None.
+    fn at_rows(&self, _p: &Problem, _rows: i64) -> Option<Problem> {
+        None
+    }
     /// Whether `s`, a kernel the tables saw win on another shape of `p`'s family (a quick sweep's
     /// nearby winner, `compose::realize::quick_cut`), runs `p` by the kind's own checks (validity,
     /// fit, the rules the tables learned, the kernels known to fail) though its first round does

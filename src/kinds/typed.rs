@@ -108,6 +108,12 @@ pub trait TypedKind: Sync + 'static {
     fn admits(&self, _p: &Self::Problem, _s: &Spec, _cx: &SweepCx) -> bool {
         false
     }
+    fn rows(&self, _p: &Self::Problem) -> Option<i64> {
+        None
+    }
+    fn at_rows(&self, _p: &Self::Problem, _rows: i64) -> Option<Self::Problem> {
+        None
+    }
     fn retry(
         &self,
         _p: &Self::Problem,
@@ -289,6 +295,12 @@ impl<K: TypedKind> Kind for K {
     }
     fn admits(&self, p: &Problem, s: &Spec, cx: &SweepCx) -> bool {
         TypedKind::admits(self, problem_of::<K>(p), s, cx)
+    }
+    fn rows(&self, p: &Problem) -> Option<i64> {
+        TypedKind::rows(self, problem_of::<K>(p))
+    }
+    fn at_rows(&self, p: &Problem, rows: i64) -> Option<Problem> {
+        TypedKind::at_rows(self, problem_of::<K>(p), rows).map(Into::into)
     }
     fn retry(
         &self,

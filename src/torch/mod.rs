@@ -802,6 +802,14 @@ pub struct OpCalls {
     /// Why the last call that fell back did, where the op says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// Calls of few rows that ran torch's ops by their kernel operand's choice (compose's small
+    /// rows: torch measured faster there); no fallback.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub torch: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A handle on the op library this process loaded with `load_op_library`, for its C functions.

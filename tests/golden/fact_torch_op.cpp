@@ -267,6 +267,51 @@ T parsed(c10::string_view text, Parse parse) {
   return value;
 }
 
+// A kernel operand names one kernel, or two by the call's rows (compose's small rows):
+// "SMALL@R;KERNEL" runs SMALL on a call of at most R rows and KERNEL on the others; a SMALL of
+// "torch" runs torch's ops there, which measured faster at those rows. Kernel names hold no '@'.
+struct ByRows {
+  size_t small_end = 0, kernel_at = 0;
+  int64_t upto = 0;
+};
+
+ByRows read_by_rows(c10::string_view text) {
+  const std::string s(text);
+  const size_t at = s.find('@'), semi = s.find(';', at);
+  size_t upto = 0;
+  TORCH_CHECK(at > 0 && semi != std::string::npos && semi + 1 < s.size() &&
+                  parse_index(s.substr(at + 1, semi - at - 1), upto),
+              "fact: malformed kernel operand '", s, "' (a kernel's name, or SMALL@ROWS;KERNEL)");
+  return {at, semi + 1, static_cast<int64_t>(upto)};
+}
+
+// The rows of x [.., K], the product of its leading dims; past any bound where its sizes are
+// symbolic (a compiler's trace, which never runs a kernel).
+int64_t rows_of(const at::Tensor& x) {
+  if (x.dim() < 1) return 0;
+  const std::optional<int64_t> n = x.sym_numel().maybe_as_int(), k = x.sym_size(-1).maybe_as_int();
+  if (!n.has_value() || !k.has_value()) return std::numeric_limits<int64_t>::max();
+  return *k > 0 ? *n / *k : 0;
+}
+
+// The kernel, or "torch", that runs a call of `rows` rows.
+c10::string_view kernel_at_rows(c10::string_view text, int64_t rows) {
+  if (text.find('@') == c10::string_view::npos) return text;
+  const ByRows b = parsed<ByRows>(text, read_by_rows);
+  return rows <= b.upto ? text.substr(0, b.small_end) : text.substr(b.kernel_at);
+}
+
+// The kernel, or "torch", that runs a call whose rows are x's (`rows_of`).
+c10::string_view kernel_for_rows(c10::string_view text, const at::Tensor& x) {
+  if (text.find('@') == c10::string_view::npos) return text;
+  return kernel_at_rows(text, rows_of(x));
+}
+
+// The kernel operand's name for the op's counters: the kernel of calls of any rows.
+c10::string_view kernel_counted(c10::string_view text) {
+  return kernel_at_rows(text, std::numeric_limits<int64_t>::max());
+}
+
 // A tensor as a kernel reads it (include/fact_kernels.h): its data, dtype, sizes and strides.
 FactTensor fact_tensor(const at::Tensor& t) {
   FactTensor ft{};
@@ -540,7 +585,7 @@ bool disabled(unsigned kind) {
 // Calls per kernel: how many ran it (of those, how many on a copied operand) and how many fell
 // back to the original ops (with the reason of the last fallback, where the op knows it).
 struct Counts {
-  uint64_t ran = 0, copied = 0, fell_back = 0;
+  uint64_t ran = 0, copied = 0, fell_back = 0, torch = 0;
   std::string why;
 };
 std::mutex stats_mutex;
@@ -571,6 +616,13 @@ void count_ran(c10::string_view kernel, bool copied) {
   RanCounts& c = ran_counts()[index];
   c.ran.fetch_add(1, std::memory_order_relaxed);
   if (copied) c.copied.fetch_add(1, std::memory_order_relaxed);
+}
+
+// A call of few rows that ran torch's ops by its kernel operand's choice (`kernel_at_rows`):
+// no fallback, the op did what compose measured fastest.
+void count_torch(c10::string_view kernel) {
+  std::lock_guard<std::mutex> lock(stats_mutex);
+  stats[std::string(kernel)].torch += 1;
 }
 
 void count_fell_back(c10::string_view kernel, const std::string& why = "") {
@@ -1178,14 +1230,18 @@ at::Tensor gemm_fallback(const at::Tensor& a, const at::Tensor& b, const std::op
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
                 c10::string_view origin, c10::string_view kernel) {
   const Origin o = parse_origin(origin, b, bias);
+  const c10::string_view run = kernel_for_rows(kernel, a);
   Launch l;
   if (disabled(kGemmKind)) {
     l.why = "gemm is turned off (FACT_DISABLE or fact_disable)";
-  } else if (prepare(l, a, b, bias, o.op, kernel, "") && launch(l, kernel, "gemm")) {
-    count_ran(kernel, l.copied);
+  } else if (run == "torch") {
+    count_torch(kernel_counted(kernel));
+    return gemm_fallback(a, b, bias, o);
+  } else if (prepare(l, a, b, bias, o.op, run, "") && launch(l, run, "gemm")) {
+    count_ran(run, l.copied);
     return o.n < 0 ? l.out : l.out.narrow(-1, 0, o.n);
   }
-  count_fell_back(kernel, l.why);
+  count_fell_back(run == "torch" ? kernel_counted(kernel) : run, l.why);
   return gemm_fallback(a, b, bias, o);
 }
 
@@ -1283,15 +1339,19 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
   const at::TensorList given = leaves_or_none.value_or(at::TensorList());
   const EpCall c = ep_call(given, origin, epilogue);
   const at::TensorList leaves = c.o.perm.empty() ? given : at::TensorList(c.unturned);
+  const c10::string_view run = kernel_for_rows(kernel, a);
   Launch l;
   if (disabled(kEpilogueKind)) {
     l.why = "epilogue is turned off (FACT_DISABLE or fact_disable)";
-  } else if (prepare(l, a, b, bias, c.o.op, kernel, epilogue) && bind_leaves(l, *c.program, leaves) &&
-             launch(l, kernel, "gemm_ep")) {
-    count_ran(kernel, l.copied);
+  } else if (run == "torch") {
+    count_torch(kernel_counted(kernel));
+    return gemm_ep_fallback(c, a, b, bias, leaves);
+  } else if (prepare(l, a, b, bias, c.o.op, run, epilogue) && bind_leaves(l, *c.program, leaves) &&
+             launch(l, run, "gemm_ep")) {
+    count_ran(run, l.copied);
     return turn(l.out, c.o.perm);
   }
-  count_fell_back(kernel, l.why);
+  count_fell_back(run == "torch" ? kernel_counted(kernel) : run, l.why);
   return gemm_ep_fallback(c, a, b, bias, leaves);
 }
 
@@ -2656,14 +2716,19 @@ at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optiona
                const std::optional<at::Tensor>& w_up, const std::optional<at::Tensor>& b_up, const at::Tensor& w,
                const std::optional<at::Tensor>& b, c10::string_view act, c10::string_view kernel) {
   std::string why = "glu is turned off (FACT_DISABLE or fact_disable)";
+  const c10::string_view run = kernel_for_rows(kernel, x);
+  if (!disabled(kGluKind) && run == "torch") {
+    count_torch(kernel_counted(kernel));
+    return glu_replay(x, w_gate, b_gate, w_up, b_up, act);
+  }
   if (!disabled(kGluKind)) {
-    at::Tensor out = glu_kernel(x, w, b, kernel, why);
+    at::Tensor out = glu_kernel(x, w, b, run, why);
     if (out.defined()) {
-      count_ran(kernel, false);
+      count_ran(run, false);
       return out;
     }
   }
-  count_fell_back(kernel, why);
+  count_fell_back(run == "torch" ? kernel_counted(kernel) : run, why);
   return glu_replay(x, w_gate, b_gate, w_up, b_up, act);
 }
 
@@ -3291,7 +3356,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linears4(const at::Te
 // The call counts since the library was loaded (or last reset) as JSON,
 // {"kernel": {"ran": n, "copied": n, "fell_back": n, "why": "..."}, ...} ("copied" counts the calls
 // among "ran" whose operands had to be copied into the kernel's layout; "why", present after a
-// fallback whose reason the op knows, is the last one's); valid until the next call.
+// fallback whose reason the op knows, is the last one's; "torch", present where nonzero, the calls
+// of few rows whose kernel operand chose torch's ops, `count_torch`); valid until the next call.
 extern "C" const char* fact_op_stats(void) {
   static thread_local std::string text;
   std::lock_guard<std::mutex> lock(stats_mutex);
@@ -3309,6 +3375,7 @@ extern "C" const char* fact_op_stats(void) {
     if (text.size() > 1) text += ",";
     text += "\"" + kernel + "\":{\"ran\":" + std::to_string(c.ran) + ",\"copied\":" + std::to_string(c.copied) +
             ",\"fell_back\":" + std::to_string(c.fell_back);
+    if (c.torch > 0) text += ",\"torch\":" + std::to_string(c.torch);
     // Reasons are fixed texts of this file: no quoting needed.
     if (!c.why.empty()) text += ",\"why\":\"" + c.why + "\"";
     text += "}";

@@ -308,6 +308,16 @@ impl TypedKind for Gemm {
     /// neither) that no learned rule rejects for this sweep's scope: what the first round asks of
     /// its own kernels, less the estimate's cut (a tile outside the first round, the sibling
     /// round's 128x192, is admitted).
+    /// M, where the GEMM is one (a batched GEMM's L and M are the batch and sequence both).
+    fn rows(&self, p: &GemmProblem) -> Option<i64> {
+        (p.batch == 1).then_some(p.m)
+    }
+    fn at_rows(&self, p: &GemmProblem, rows: i64) -> Option<GemmProblem> {
+        (p.batch == 1).then(|| GemmProblem {
+            m: rows,
+            ..p.clone()
+        })
+    }
     fn admits(&self, p: &GemmProblem, s: &Spec, cx: &SweepCx) -> bool {
         s.get::<KernelSpec>().is_some_and(|k| {
             sweep::check_kernel(k, p, cx.math, cx.arch, cx.failed).is_ok()

@@ -275,3 +275,28 @@ fn a_nearby_winner_outside_the_first_round_is_admitted_by_the_first_rounds_check
         "a learned rule keeps it out"
     );
 }
+
+#[test]
+fn a_gemms_rows_are_its_m_and_a_batched_gemm_has_none() {
+    use crate::kinds::{gemm::Gemm, Kind, Problem};
+    let p: Problem = problem().into();
+    assert_eq!(Gemm.rows(&p), Some(4096));
+    let small = Gemm.at_rows(&p, 128).expect("a GEMM of one batch has rows");
+    assert_eq!(
+        small,
+        GemmProblem {
+            m: 128,
+            ..problem()
+        }
+        .into()
+    );
+    let batched: Problem = GemmProblem {
+        batch: 12,
+        ..problem()
+    }
+    .into();
+    assert_eq!(
+        (Gemm.rows(&batched), Gemm.at_rows(&batched, 128)),
+        (None, None)
+    );
+}

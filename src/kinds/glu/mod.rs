@@ -218,6 +218,15 @@ impl TypedKind for Glu {
 
     /// The fused and split forms of the GEMM kind's best kernels for the concatenated GEMM
     /// (`spec::candidates`), no agent.
+    fn rows(&self, p: &GluProblem) -> Option<i64> {
+        Some(p.m)
+    }
+    fn at_rows(&self, p: &GluProblem, rows: i64) -> Option<GluProblem> {
+        Some(GluProblem {
+            m: rows,
+            ..p.clone()
+        })
+    }
     fn candidates(&self, p: &GluProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         let mut specs: Vec<Spec> = candidates(p, cx.math, cx.arch)
             .into_iter()

@@ -116,6 +116,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_gated_mlps_rows_are_xs() {
+        use crate::kinds::{glu::Glu, Kind, Problem};
+        let p = GluProblem {
+            m: 4096,
+            inter: 5632,
+            k: 2048,
+            dtype: DType::Bf16,
+            act: Act::Silu,
+            bias: false,
+        };
+        let erased: Problem = p.clone().into();
+        assert_eq!(Glu.rows(&erased), Some(4096));
+        assert_eq!(
+            Glu.at_rows(&erased, 128),
+            Some(GluProblem { m: 128, ..p }.into())
+        );
+    }
+
+    #[test]
     fn rule_ids_and_shapes_round_trip() {
         for act in [Act::Silu, Act::GeluTanh, Act::Gelu] {
             for bias in [false, true] {
