@@ -1885,6 +1885,40 @@ pub(super) fn finish(opts: &Options, r: &mut Realized) {
 mod tests {
     use super::*;
 
+    /// A winner slower than torch is left to torch, and the entry that says so is kept beside
+    /// (`lost`): compose's small rows read torch's win at few rows from it.
+    #[test]
+    fn finish_leaves_a_slower_winner_to_torch_and_keeps_its_entry() {
+        let kernels = six_kernels();
+        let key = TableKey::of(&Problem::from(problem()), MathType::Tf32, Arch::Sm90);
+        let mut entry = Entry::from_runs(key, problem(), two_gpu_runs(&kernels)).unwrap();
+        entry.winner_ms = 2.0;
+        assert!(entry.loses_to_torch());
+        let realized = |entry: &Entry| Realized {
+            how: Realization::Tuned {
+                candidates: 6,
+                failed: 1,
+                quick: false,
+            },
+            entry: Some(entry.clone()),
+            failures: vec![],
+            cut: false,
+            lost: None,
+        };
+        let mut opts = crate::compose::test_options();
+        let mut r = realized(&entry);
+        finish(&opts, &mut r);
+        assert!(
+            matches!(&r.how, Realization::Skipped { reason } if reason.contains("slower than torch"))
+        );
+        assert!(r.entry.is_none());
+        assert_eq!(r.lost.as_deref(), Some(&entry));
+        opts.keep_slower = true;
+        let mut kept = realized(&entry);
+        finish(&opts, &mut kept);
+        assert!(kept.entry.is_some() && kept.lost.is_none());
+    }
+
     #[test]
     fn a_light_sweep_takes_at_most_four_first_candidates_and_no_later_rounds() {
         let mut opts = crate::compose::test_options();
