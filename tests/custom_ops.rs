@@ -30,6 +30,15 @@ fn op_library() -> &'static Path {
     })
 }
 
+/// `preamble()` with the op library's call counters at hand: `so.fact_op_stats()` (JSON).
+fn counters_preamble() -> String {
+    format!(
+        "{}import ctypes, json\nso = ctypes.CDLL({:?})\nso.fact_op_stats.restype = ctypes.c_char_p\n",
+        preamble(),
+        op_library().display().to_string()
+    )
+}
+
 /// Python that imports torch and loads the op library.
 fn preamble() -> String {
     format!(
@@ -382,10 +391,7 @@ print("ok")
 #[test]
 fn autograd_records_through_the_original_ops() {
     let script = format!(
-        r#"{preamble}import ctypes, json
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-x = torch.randn(2, 5, 16, requires_grad=True)
+        r#"{preamble}x = torch.randn(2, 5, 16, requires_grad=True)
 w = torch.randn(8, 16, requires_grad=True)
 g = torch.randn(16, requires_grad=True)
 def loss(norm, linear):
@@ -404,8 +410,7 @@ stats = json.loads(so.fact_op_stats())
 assert stats["gemm"] == {{"ran": 0, "copied": 0, "fell_back": 2, "why": "not CUDA tensors of one device"}}, stats
 print("ok")
 "#,
-        preamble = preamble(),
-        lib = op_library().display().to_string(),
+        preamble = counters_preamble(),
     );
     assert_eq!(run_python(&script), "ok");
 }
@@ -418,10 +423,7 @@ print("ok")
 #[test]
 fn a_kernel_operand_by_rows_runs_each_call_on_its_rows_choice() {
     let script = format!(
-        r#"{preamble}import ctypes, json
-so = ctypes.CDLL({lib:?})
-so.fact_op_stats.restype = ctypes.c_char_p
-F = torch.nn.functional
+        r#"{preamble}F = torch.nn.functional
 few, many = torch.randn(1, 3, 16), torch.randn(2, 5, 16)
 w, b = torch.randn(8, 16), torch.randn(8)
 wg, wu = torch.randn(16, 16), torch.randn(16, 16)
@@ -456,8 +458,7 @@ for bad in ("small@;big", "small@x;big", "@4;big", "small@4;", "small@4"):
         raise AssertionError(bad)
 print("ok")
 "#,
-        preamble = preamble(),
-        lib = op_library().display().to_string(),
+        preamble = counters_preamble(),
     );
     assert_eq!(run_python(&script), "ok");
 }

@@ -600,5 +600,8 @@ print("ok")
     assert!(e.contains("--format pt2 needs a .pt2 input"), "{e}");
     // A --small-rows value that is none of its three.
     let e = refused(&["compose", "--small-rows", "yes"], &fixture("linear.pt2"));
-    assert!(e.contains("--small-rows takes auto, on or off, not 'yes'"), "{e}");
+    assert!(
+        e.contains("--small-rows takes auto, on or off, not 'yes'"),
+        "{e}"
+    );
 }

@@ -2717,11 +2717,11 @@ at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optiona
                const std::optional<at::Tensor>& b, c10::string_view act, c10::string_view kernel) {
   std::string why = "glu is turned off (FACT_DISABLE or fact_disable)";
   const c10::string_view run = kernel_for_rows(kernel, x);
-  if (!disabled(kGluKind) && run == "torch") {
-    count_torch(kernel_counted(kernel));
-    return glu_replay(x, w_gate, b_gate, w_up, b_up, act);
-  }
   if (!disabled(kGluKind)) {
+    if (run == "torch") {
+      count_torch(kernel_counted(kernel));
+      return glu_replay(x, w_gate, b_gate, w_up, b_up, act);
+    }
     at::Tensor out = glu_kernel(x, w, b, run, why);
     if (out.defined()) {
       count_ran(run, false);
