@@ -513,30 +513,41 @@ pub fn light_keys(plan: &plan::Plan, opts: &Options) -> BTreeSet<TableKey> {
 /// time first. A unit compiles more slowly the more run beside it (cicc contends for the host's
 /// memory): on a 16-core H200 host a quick batch of 8 units took 58 s and one of 16 took 74 s,
 /// where the second candidates bought the model 0.2% (benches/results/compose/README.md).
+/// The `small` rows problems (`small_rows_problems`) count as units too, each with no share of
+/// the plan's time: they are the first cut, since a call of few rows that their kernel does not
+/// serve still runs torch's ops or the pattern's own kernel.
 /// `--candidates` sets every sweep's count itself: none is cut here.
 /// Also returns how many quick sweeps there are (the problems the tables miss).
 pub fn quick_singles(
     plan: &plan::Plan,
+    small: &BTreeMap<String, Problem>,
     opts: &Options,
     tables: &Tables,
 ) -> (BTreeSet<TableKey>, usize) {
     let shares = problem_shares(plan, opts);
-    let missed: BTreeMap<TableKey, f64> = plan
+    let mut missed: BTreeMap<TableKey, f64> = BTreeMap::new();
+    let mut units: BTreeSet<TableKey> = shares.keys().cloned().collect();
+    let problems = plan
         .patterns
         .iter()
-        .filter_map(|p| {
-            let key = TableKey::of(&p.problem, p.problem.math(opts.precision)?, opts.arch);
-            matches!(tables.lookup(&key, &p.problem), Lookup::Miss).then(|| {
-                let share = shares.get(&key).copied().unwrap_or(0.0);
-                (key, share)
-            })
-        })
-        .collect();
+        .map(|p| &p.problem)
+        .chain(small.values());
+    for problem in problems {
+        let Some(math) = problem.math(opts.precision) else {
+            continue;
+        };
+        let key = TableKey::of(problem, math, opts.arch);
+        units.insert(key.clone());
+        if matches!(tables.lookup(&key, problem), Lookup::Miss) {
+            let share = shares.get(&key).copied().unwrap_or(0.0);
+            missed.insert(key, share);
+        }
+    }
     let sweeps = missed.len();
     if opts.max_candidates.is_some() {
         return (BTreeSet::new(), sweeps);
     }
-    (singles_of(missed, shares.len() + 1, opts.jobs), sweeps)
+    (singles_of(missed, units.len() + 1, opts.jobs), sweeps)
 }
 
 /// What the quick phase measures of its `sweeps`, `singles` of them cut to their first candidate
@@ -835,7 +846,7 @@ impl<'m> Front<'m> {
                 ),
             );
         }
-        let (singles, quick_sweeps) = quick_singles(&the_plan, opts, &tables);
+        let (singles, quick_sweeps) = quick_singles(&the_plan, &small, opts, &tables);
         Ok(Front {
             model,
             graph,
@@ -1538,6 +1549,57 @@ mod tests {
         assert_eq!(light_keys(&the_plan, &opts).len(), 1);
         opts.light_share = 0.0;
         assert!(light_keys(&the_plan, &opts).is_empty());
+    }
+
+    /// The small-rows problems are units of the quick batch too, and the first cut to one
+    /// candidate: they have no share of the plan's time.
+    #[test]
+    fn small_rows_problems_count_in_the_quick_batch_and_are_cut_first() {
+        let g = crate::graph::Graph::parse(
+            "graph(%x: f32[8192,4096], %w: f32[4096,4096]):
+               %none = prim::Constant[None]()
+               %y0 = aten::linear(%x, %w, %none) : f32[8192,4096]
+               %y1 = aten::linear(%y0, %w, %none) : f32[8192,4096]
+               return (%y1)",
+        )
+        .unwrap();
+        let found = registry::match_patterns(&g);
+        let plan_opts = PlanOptions {
+            arch: Arch::Sm90,
+            precision: Precision::Tf32,
+            assumed_speedup: 1.05,
+        };
+        let the_plan = plan::plan(&g, &found, &plan_opts, None, &mut Steward::builtin());
+        let order: Vec<String> = the_plan.patterns.iter().map(|p| p.id.clone()).collect();
+        let problems: Vec<Problem> = the_plan
+            .patterns
+            .iter()
+            .map(|p| p.problem.clone())
+            .collect();
+        let small = small_rows_problems(&order, &problems);
+        assert_eq!(small.len(), 2, "both projections have 8192 rows");
+        let dir = tempfile::tempdir().unwrap();
+        let tables = Tables::load(
+            &dir.path().join("user.json"),
+            &dir.path().join("shipped.json"),
+        )
+        .unwrap();
+        let mut opts = test_options();
+        opts.max_candidates = None;
+        let key_of = |p: &Problem| TableKey::of(p, p.math(opts.precision).unwrap(), opts.arch);
+        // One distinct problem at each size: with the torch ops, 3 units of half of 8 jobs.
+        opts.jobs = 8;
+        let (singles, sweeps) = quick_singles(&the_plan, &small, &opts, &tables);
+        assert_eq!(sweeps, 2);
+        let small_key = key_of(small.values().next().unwrap());
+        assert_eq!(singles, BTreeSet::from([small_key]));
+        // Without them the plan's sweep alone fills the batch's room, and keeps both candidates.
+        let (singles, sweeps) = quick_singles(&the_plan, &BTreeMap::new(), &opts, &tables);
+        assert_eq!((singles.len(), sweeps), (0, 1));
+        // Where the first kernels fill half of the jobs, every sweep measures one.
+        opts.jobs = 6;
+        let (singles, _) = quick_singles(&the_plan, &small, &opts, &tables);
+        assert_eq!(singles.len(), 2);
     }
 
     /// A compiler that compiles nothing: it says which kernels each call was asked for, and
