@@ -9,6 +9,7 @@
 //! the writer (write.rs) edits, so a composed program keeps every node fact did not replace
 //! verbatim. Never touches the GPU.
 
+mod mha;
 pub mod schema;
 pub mod write;
 
@@ -285,32 +286,34 @@ fn writes_in_place(target: &str) -> bool {
         .is_some_and(|name| name.ends_with('_') && !name.starts_with('_'))
 }
 
+/// Names read by a node's inputs (any tensor or symbolic argument, nested lists included), into
+/// `out`.
+fn reads(v: &Json, out: &mut std::collections::HashSet<String>) {
+    match v {
+        Json::Object(map) => {
+            for (k, child) in map {
+                if k == "metadata" {
+                    continue;
+                }
+                if (k == "name" || k == "as_name") && !map.contains_key("arg") {
+                    if let Some(s) = child.as_str() {
+                        out.insert(s.to_string());
+                    }
+                } else {
+                    reads(child, out);
+                }
+            }
+        }
+        Json::Array(items) => items.iter().for_each(|c| reads(c, out)),
+        _ => {}
+    }
+}
+
 /// The nodes whose outputs something reads (a later node or the graph's outputs), in order: a
 /// trace keeps only those (a Hugging Face pooler whose output the wrapper drops is not traced),
 /// and export keeps them all. Nodes that write in place stay.
 fn without_dead_nodes(nodes: Vec<Json>, outputs: &Json) -> Vec<Json> {
     let mut read: std::collections::HashSet<String> = arg_names(outputs).into_iter().collect();
-    // Names read by a node's inputs (any tensor or symbolic argument, nested lists included).
-    fn reads(v: &Json, out: &mut std::collections::HashSet<String>) {
-        match v {
-            Json::Object(map) => {
-                for (k, child) in map {
-                    if k == "metadata" {
-                        continue;
-                    }
-                    if (k == "name" || k == "as_name") && !map.contains_key("arg") {
-                        if let Some(s) = child.as_str() {
-                            out.insert(s.to_string());
-                        }
-                    } else {
-                        reads(child, out);
-                    }
-                }
-            }
-            Json::Array(items) => items.iter().for_each(|c| reads(c, out)),
-            _ => {}
-        }
-    }
     let mut keep = vec![false; nodes.len()];
     for (i, n) in nodes.iter().enumerate().rev() {
         let target = n["target"].as_str().unwrap_or_default();
@@ -409,6 +412,7 @@ pub fn read(path: &Path, records: &[String]) -> Result<Program, ExportError> {
         ));
     }
     let through = normalise_graph(&mut json["graph_module"]["graph"], &p)?;
+    mha::batch_first_mha(&mut json["graph_module"]["graph"]);
     rename_values(
         &mut json["graph_module"]["signature"]["output_specs"],
         &through,
