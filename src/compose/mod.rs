@@ -2060,6 +2060,72 @@ mod tests {
         }
     }
 
+    /// A fused pattern's kernels slower than torch: fake problem 3000's (torch takes 1 ms).
+    fn fused_loses(name: &str) -> f64 {
+        if name.starts_with("f3000_") {
+            2.0
+        } else {
+            ms_by_name(name)
+        }
+    }
+
+    /// Where a fused pattern loses to torch in the quick phase, the smaller pattern it falls back
+    /// to is not realized when no table holds it exactly (its kernels would compile alone after
+    /// the prefetch): it is left to torch, cut, and the full phase sweeps it. A problem some pattern
+    /// realizes as its own is swept as ever.
+    #[test]
+    fn a_quick_phase_leaves_an_untabled_fallback_to_the_full_phase() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bed = Bed::new(dir.path(), &[3000, 1000]);
+        let gpu: &'static Scripted = Box::leak(Box::new(Scripted {
+            ms: fused_loses,
+            timed: Mutex::new(vec![]),
+        }));
+        bed.gpu = gpu;
+        bed.pool = Pool::new(
+            vec![crate::tune::fake::gpu(0, "H100", (9, 0))],
+            Box::new(gpu),
+        );
+        let (fused, alone, own) = (
+            crate::kinds::fake::problem(3000),
+            crate::kinds::fake::problem(4000),
+            crate::kinds::fake::problem(1000),
+        );
+        // p0 falls back to 4000, which no pattern has as its own; p1 (1000) is its own.
+        bed.chains = vec![
+            Chain {
+                id: "p0".into(),
+                keys: vec![ProblemKey::of(&fused), ProblemKey::of(&alone)],
+                problems: vec![fused.clone(), alone.clone()],
+                falls: vec![("the fused epilogue", "the GEMM alone")],
+            },
+            Chain::alone("p1".into(), own.clone()),
+        ];
+
+        let compiler = Recorder::default();
+        let quick = bed.phase(true, &compiler);
+        let built: Vec<String> = compiler.take().into_iter().flat_map(|c| c.1).collect();
+        assert!(
+            !built.iter().any(|k| k.starts_with("f4000_")),
+            "the fallback compiled in the quick phase: {built:?}"
+        );
+        assert_eq!(quick.steps, [1, 0]);
+        let slot = &quick.done[&ProblemKey::of(&alone)];
+        assert!(slot.skipped && slot.realized.cut, "{:?}", slot.realized.how);
+        assert!(matches!(
+            quick.done[&ProblemKey::of(&own)].realized.how,
+            Realization::Tuned { .. }
+        ));
+
+        let compiler = Recorder::default();
+        let full = bed.phase(false, &compiler);
+        assert_eq!(full.steps, [1, 0]);
+        assert!(matches!(
+            full.done[&ProblemKey::of(&alone)].realized.how,
+            Realization::Tuned { quick: false, .. }
+        ));
+    }
+
     /// The second candidates fill what the first kernels leave of half the build jobs, the
     /// largest shares first; where the first kernels fill it, every sweep measures one.
     #[test]

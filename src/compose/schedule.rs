@@ -11,8 +11,8 @@ use super::realize::{finish, lock, realize, Ahead, RealizeCtx, Realized, Shared}
 use super::{ComposeError, ProblemKey, Realization};
 use crate::kinds::{Found, Problem};
 use crate::nvcc;
-use crate::table::TableKey;
-use std::collections::BTreeMap;
+use crate::table::{Lookup, TableKey};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 
@@ -250,11 +250,26 @@ pub(super) fn realize_all(
         .collect();
     let workers = cx.pool.gpus().len().max(1);
     let swept = AtomicUsize::new(0);
+    // The problems some chain realizes as its own pattern's; the others are only fallen back to.
+    let own: BTreeSet<&ProblemKey> = chains.iter().filter_map(|c| c.keys.first()).collect();
     let mut all = schedule(chains, gated, workers, ahead, &|id, p| {
         nvcc::progress_line(
             cx.opts.progress,
             format_args!("pattern {id}: {} {}", p.rule_id(), p.shape_key()),
         );
+        // A quick phase does not realize a smaller pattern no table holds: its kernels are in no
+        // prefetch batch, so the sweep would compile alone after it (vit_b_16's plain
+        // 6304x768x3072 GEMM, after its fused one lost to torch: 43 s of a 90 s first compose).
+        // Its region runs torch's ops, as the fused pattern's measured faster, until the full
+        // phase realizes it.
+        if cx.quick && !own.contains(&ProblemKey::of(p)) && untabled(cx, sh, p) {
+            let mut r = Realized::skipped(
+                "a smaller pattern fallen back to that no table holds: the full phase (fact tune) sweeps it"
+                    .into(),
+            );
+            r.cut = true;
+            return Ok(r);
+        }
         let mut r = realize(cx, sh, p, ahead)?;
         if matches!(r.how, Realization::Tuned { .. }) {
             swept.fetch_add(1, Ordering::Relaxed);
@@ -269,6 +284,16 @@ pub(super) fn realize_all(
     })?;
     all.swept = swept.into_inner();
     Ok(all)
+}
+
+/// Whether no table holds `p` itself: a sweep, or a neighbour's winner verified at its shape,
+/// realizes it, either compiling kernels no prefetch batch held.
+fn untabled(cx: RealizeCtx, sh: Shared, p: &Problem) -> bool {
+    let Some(math) = p.math(cx.opts.precision) else {
+        return false;
+    };
+    let key = TableKey::of(p, math, cx.opts.arch);
+    !matches!(lock(sh.tables).lookup(&key, p), Lookup::Exact { .. })
 }
 
 /// `realize_all` over `realize_one`, on `workers` threads; `gated[i]`: chain i's first problem
