@@ -94,21 +94,6 @@ fn shape_distance(a: &str, b: &str) -> f64 {
     }
 }
 
-/// How much larger or smaller on any dim a table entry's shape may be for its winner to be tried
-/// first at another shape (`Tables::nearby_winners`).
-pub const NEARBY_SPAN: f64 = 8.0;
-
-/// Whether shapes `a` and `b` have as many dims and differ by at most `span` times on each.
-fn within_span(a: &str, b: &str, span: f64) -> bool {
-    match (parse_shape(a), parse_shape(b)) {
-        (Some(a), Some(b)) if a.len() == b.len() => a
-            .iter()
-            .zip(&b)
-            .all(|(x, y)| ((*x as f64) / (*y as f64)).ln().abs() <= span.ln() + 1e-9),
-        _ => false,
-    }
-}
-
 /// Parses `MxNxK` into its dims.
 pub fn parse_shape(s: &str) -> Option<Vec<i64>> {
     let dims: Result<Vec<i64>, _> = s.split('x').map(str::parse::<i64>).collect();
@@ -791,14 +776,10 @@ impl Tables {
     /// The winners' kernels (`Spec::kernel`: without launch knobs, distinct kernel names) of the
     /// `n` entries nearest `key` in its family and alignment class (`Table::nearest`), the user
     /// table's before the shipped one's at equal distance: what the table knows wins near a shape
-    /// it misses, for a quick sweep to try first. An entry more than `NEARBY_SPAN` times larger or
-    /// smaller on a dim is not near: its winner's tile was chosen for another grid (the 128x192
-    /// winners of 4096-row GEMMs, tried at 128 rows, put 4 CTAs on an H200 and lost to cuBLAS,
-    /// where the estimate's 64x64 kernels tied or beat it: benches/results/zoo/shapes/README.md).
+    /// it misses, for a quick sweep to try first.
     pub fn nearby_winners(&self, key: &TableKey, problem: &Problem, n: usize) -> Vec<Spec> {
         let mut near: Vec<&Entry> = self.user.nearest(key, problem.alignment());
         near.extend(self.shipped.nearest(key, problem.alignment()));
-        near.retain(|e| within_span(&e.key.shape, &key.shape, NEARBY_SPAN));
         // Stable: the user's first among equals.
         near.sort_by(|a, b| {
             shape_distance(&a.key.shape, &key.shape)
