@@ -312,6 +312,12 @@ c10::string_view kernel_counted(c10::string_view text) {
   return kernel_at_rows(text, std::numeric_limits<int64_t>::max());
 }
 
+// The name a call that did not run `run` (the kernel its rows chose, or "torch") falls back
+// under: torch's choice counts under the operand's kernel of calls of any rows.
+c10::string_view fell_back_as(c10::string_view run, c10::string_view kernel) {
+  return run == "torch" ? kernel_counted(kernel) : run;
+}
+
 // A tensor as a kernel reads it (include/fact_kernels.h): its data, dtype, sizes and strides.
 FactTensor fact_tensor(const at::Tensor& t) {
   FactTensor ft{};
@@ -1241,7 +1247,7 @@ at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, const std::optional<at
     count_ran(run, l.copied);
     return o.n < 0 ? l.out : l.out.narrow(-1, 0, o.n);
   }
-  count_fell_back(run == "torch" ? kernel_counted(kernel) : run, l.why);
+  count_fell_back(fell_back_as(run, kernel), l.why);
   return gemm_fallback(a, b, bias, o);
 }
 
@@ -1351,7 +1357,7 @@ at::Tensor gemm_ep(const at::Tensor& a, const at::Tensor& b, const std::optional
     count_ran(run, l.copied);
     return turn(l.out, c.o.perm);
   }
-  count_fell_back(run == "torch" ? kernel_counted(kernel) : run, l.why);
+  count_fell_back(fell_back_as(run, kernel), l.why);
   return gemm_ep_fallback(c, a, b, bias, leaves);
 }
 
@@ -2728,7 +2734,7 @@ at::Tensor glu(const at::Tensor& x, const at::Tensor& w_gate, const std::optiona
       return out;
     }
   }
-  count_fell_back(run == "torch" ? kernel_counted(kernel) : run, why);
+  count_fell_back(fell_back_as(run, kernel), why);
   return glu_replay(x, w_gate, b_gate, w_up, b_up, act);
 }
 

@@ -144,7 +144,7 @@ mod tests {
             "at::silu(g)",
             "at::gelu(g, \"tanh\")",
             "at::linear(x, w_gate, b_gate)",
-            "count_fell_back(run == \"torch\" ? kernel_counted(kernel) : run, why)",
+            "count_fell_back(fell_back_as(run, kernel), why)",
         ] {
             assert!(body.contains(call), "{call}");
         }
