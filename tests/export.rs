@@ -26,27 +26,29 @@ fn plan(model: &Path) -> serde_json::Value {
     serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["plan"].clone()
 }
 
-/// Patterns of a plan counted by kind (the problem's kind).
-fn kinds(plan: &serde_json::Value) -> BTreeMap<String, usize> {
+/// Patterns of a plan counted by `what` of each.
+fn counted(
+    plan: &serde_json::Value,
+    what: impl Fn(&fact::plan::PlannedPattern) -> String,
+) -> BTreeMap<String, usize> {
     let plan: fact::plan::Plan =
         serde_json::from_value(plan.clone()).expect("discover --json's plan");
     let mut out = BTreeMap::new();
     for p in &plan.patterns {
-        *out.entry(p.problem.kind().name().to_string()).or_insert(0) += 1;
+        *out.entry(what(p)).or_insert(0) += 1;
     }
     out
+}
+
+/// Patterns of a plan counted by kind (the problem's kind).
+fn kinds(plan: &serde_json::Value) -> BTreeMap<String, usize> {
+    counted(plan, |p| p.problem.kind().name().to_string())
 }
 
 /// Patterns of a plan counted by rule (the rule id names the kind and what it fuses: an epilogue,
 /// a residual taken by a GEMM or by a norm).
 fn rules(plan: &serde_json::Value) -> BTreeMap<String, usize> {
-    let plan: fact::plan::Plan =
-        serde_json::from_value(plan.clone()).expect("discover --json's plan");
-    let mut out = BTreeMap::new();
-    for p in &plan.patterns {
-        *out.entry(p.rule.clone()).or_insert(0) += 1;
-    }
-    out
+    counted(plan, |p| p.rule.clone())
 }
 
 /// Every zoo model exports (`benches/zoo/models.py --ci`), and discover on its `.pt2` program

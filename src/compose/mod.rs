@@ -526,7 +526,8 @@ pub fn quick_singles(
 ) -> (BTreeSet<TableKey>, usize) {
     let shares = problem_shares(plan, opts);
     let mut missed: BTreeMap<TableKey, f64> = BTreeMap::new();
-    let mut units: BTreeSet<TableKey> = shares.keys().cloned().collect();
+    // One unit for each distinct problem's first kernel, the plan's and the small rows' alike.
+    let mut units: BTreeSet<TableKey> = BTreeSet::new();
     let problems = plan
         .patterns
         .iter()
