@@ -4,9 +4,10 @@ idle GPU) as its TorchScript copy, under fact.compile, under the same options wi
 module's Python input check left on (`validate_inputs`, which fact.compile turns off), under the
 default Python wrapper, and torch.compile of the model; each checked against the
 TorchScript copy first, each with its host issue time and GPU span (harness.cold_call). Dynamo's
-guard filters (`guard_filter_fn`) are not varied here: a second torch.compile of the same code
-with only the filter changed reuses the first one's compiled entry (its first call takes 0.01 s),
-so a filter is measured only in a process of its own.
+guard filters (`guard_filter_fn`: none, all nn modules' guards skipped, every guard skipped) are
+varied each on a program loaded anew: dynamo keeps compiled entries per code object, and a second
+torch.compile of the same program with only the filter changed would reuse the first one's entry
+(`first_call_s` says whether a variant compiled).
 
     python3 benches/device/compile_front.py OUT --model gpt2 [--fact .device/fact]
 
@@ -53,9 +54,16 @@ def main():
     scripted = torch.jit.load(str(serve.ts_copy(args.out, model.name)), map_location="cuda")
     wrapper = models.build(model, ci=False, device="cuda", dtype=serve.DTYPE)
     xs = serve.inputs_at(model, model.batch, model.seq, models.SEED)
+    def loaded():
+        return torch.export.load(str(d / "composed.pt2")).module()
+
     variants = {
         "fact_ts": lambda: scripted,
         "fact_compile": lambda: fact.compile(composed),
+        "fact_compile_skip_nn_guards": lambda: fact.compile(
+            loaded(), options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}),
+        "fact_compile_skip_all_guards": lambda: fact.compile(
+            loaded(), options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe}),
         "fact_compile_validating": lambda: torch.compile(validating, options={"cpp_wrapper": True}),
         "fact_compile_python_wrapper": lambda: torch.compile(composed),
         "compile": lambda: torch.compile(wrapper),

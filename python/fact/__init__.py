@@ -236,7 +236,12 @@ def compile(program, options=None, **kwargs):
     `program`, as the compiled code's guards check every call's inputs again (a change of structure
     recompiles and fails there) and the hook cost about 0.08 ms a call before the compiled code
     starts (benches/results/zoo/export/README.md). The export's range constraints stay: they run in
-    the graph (`_guards_fn`)."""
+    the graph (`_guards_fn`).
+
+    Every dynamo guard stays; most of what a compiled call still spends beyond the composed
+    TorchScript is their evaluation. A user who never reassigns the program's attributes can drop
+    the guards on its modules: `options={"guard_filter_fn":
+    torch.compiler.skip_guard_on_all_nn_modules_unsafe}` (docs/python.md, with what it measured)."""
     import torch
 
     if "mode" in kwargs:
