@@ -289,6 +289,21 @@ print("ok")
         dynamic[0].as_str().unwrap().contains("tuned at 32"),
         "{plan}"
     );
+    // Its range (Dim.AUTO, unbounded) reaches past the sample: the plan says to export larger.
+    assert_eq!(plan["source"]["past_sample"], true, "{plan}");
+    let dir = tempfile::tempdir().unwrap();
+    let shown = fact()
+        .env("FACT_TABLE", dir.path().join("t.json"))
+        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
+        .arg("discover")
+        .arg(fixture("linear.pt2"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.status.success() && text.contains("export at the largest batch and length you serve"),
+        "{text}"
+    );
 }
 
 /// Every zoo program composed with each of its patterns replaced (kernel "a", which the library

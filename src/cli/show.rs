@@ -30,6 +30,11 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
             "dynamic: {}; each pattern is tuned at the sample's sizes, and its kernel runs every size in the range it implements, falling back to torch's ops for the others (counted per call: fact_op_stats)",
             plan.source.dynamic.join("; ")
         );
+        if plan.source.past_sample {
+            println!(
+                "a call past the sample's sizes runs kernels tuned at fewer rows, which can lose there (wave quantization): export at the largest batch and length you serve (docs/export.md)"
+            );
+        }
     }
     println!(
         "cost model: {:.3} ms estimated (tf32 {} TFLOP/s, bf16 {} TFLOP/s, DRAM {} TB/s, {} us a launch)",

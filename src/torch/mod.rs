@@ -663,6 +663,11 @@ pub struct FrontEnd {
     /// Each dynamic dim, described (`export::DynamicDim::describe`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dynamic: Vec<String>,
+    /// Whether a dynamic dim's range reaches past the sample's size: calls there run kernels
+    /// tuned at fewer rows, which lose to wave quantization where their tiles fit the sample's
+    /// rows (export.md, "Dynamic dims").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub past_sample: bool,
 }
 
 impl FrontEnd {
@@ -677,11 +682,13 @@ impl FrontEnd {
                     .unwrap_or("TRAINING")
                     .to_string(),
                 dynamic: p.dynamic.iter().map(export::DynamicDim::describe).collect(),
+                past_sample: p.dynamic.iter().any(export::DynamicDim::past_sample),
             },
             None => FrontEnd {
                 format: "torchscript".into(),
                 dialect: String::new(),
                 dynamic: vec![],
+                past_sample: false,
             },
         })
     }

@@ -45,6 +45,11 @@ pub struct DynamicDim {
 }
 
 impl DynamicDim {
+    /// Whether the range holds sizes above the sample's (an unbounded one does).
+    pub fn past_sample(&self) -> bool {
+        self.max.is_none_or(|m| m > self.sample)
+    }
+
     /// `input 1 dim 0 (s23) in [2, inf), tuned at 8`.
     pub fn describe(&self) -> String {
         let max = self.max.map_or("inf)".to_string(), |m| format!("{m}]"));
@@ -1042,6 +1047,24 @@ pub fn sample_shapes(p: &Program) -> Result<Vec<(Vec<i64>, String)>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_range_above_the_sample_reaches_past_it_and_a_bounded_one_at_it_does_not() {
+        let dim = |max: Option<i64>| DynamicDim {
+            input: 0,
+            dim: 0,
+            symbol: "s0".into(),
+            min: Some(1),
+            max,
+            sample: 32,
+        };
+        assert!(dim(None).past_sample() && dim(Some(33)).past_sample());
+        assert!(!dim(Some(32)).past_sample());
+        assert_eq!(
+            dim(None).describe(),
+            "input 1 dim 0 (s0) in [1, inf), tuned at 32"
+        );
+    }
 
     #[test]
     fn targets_read_as_torchscript_ops() {
