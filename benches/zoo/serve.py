@@ -25,7 +25,11 @@ sequence dynamic where the model allows), composed from its .pt2 by the fact CLI
 From the repository root on the GPU machine, after `source .device/env.sh`:
 
     python3 benches/zoo/serve.py OUT --models gpt2 [--fact .device/fact] [--fact-args '--jobs 16']
-        [--grid] [--aoti] [--no-zoo-modes] [--capture] [--budget-s 540]
+        [--grid] [--aoti] [--no-zoo-modes] [--capture] [--budget-s 540] [--composed-at 8x576]
+
+--composed-at BxT (or B for images) exports and composes each model at that shape instead of the
+zoo's, which it then stands for everywhere here: in the grid, in the records' `composed_at`, at
+"the zoo shape" above.
 
 Records (JSON), each written as soon as it is known, so a stopped call keeps what it measured:
 OUT/records/NAME.json (the zoo shape), OUT/shapes/NAME.json (one row per grid shape, the fields
@@ -35,6 +39,7 @@ after it), and logs under OUT/logs.
 """
 import argparse
 import ctypes
+import dataclasses
 import datetime
 import json
 import os
@@ -53,12 +58,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "device"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 import fact  # noqa: E402
 import models  # noqa: E402
+
+# --composed-at, for this process and the children it starts (they inherit the environment).
+COMPOSED_AT = "FACT_SERVE_COMPOSED_AT"
 from harness import ITERATIONS, VERIFY_INPUTS, flush_buffer, rel_err, time_interleaved, write_json  # noqa: E402
 
 DTYPE = torch.bfloat16
 # 8 x 576, the next multiple of 64 after 8 x 549: what 549's tail tiles cost against their share of work.
 TEXT_GRID = [(1, 1), (1, 37), (1, 128), (1, 1024), (4, 333), (8, 549), (8, 576)]
 IMAGE_GRID = [1, 8]
+
+
+def parse_shape(text):
+    """(batch, seq) of `BxT`, (batch, None) of `B`."""
+    b, _, t = text.partition("x")
+    return (int(b), int(t)) if t else (int(b), None)
+
+
+def at_shape(model):
+    """The zoo model, at the shape --composed-at names where one does."""
+    at = os.environ.get(COMPOSED_AT)
+    if not at:
+        return model
+    batch, seq = parse_shape(at)
+    if (seq is None) != (model.seq is None):
+        raise SystemExit(f"--composed-at {at}: {model.name} takes {'B x T' if model.seq else 'a batch alone'}")
+    return dataclasses.replace(model, batch=batch, seq=seq)
+
+
+def zoo_model(name):
+    return at_shape(models.by_name()[name])
 
 
 def log(*args):
@@ -89,7 +118,8 @@ def composed_ts(d):
 def grid(model, only=None):
     """The serving shapes of `model`: (batch, seq) pairs, seq None for images; the zoo's last.
     Lengths past what the model takes (BERT's 512 positions) are left out, and with `only` (labels
-    as shape_label writes them) every shape it does not name but the zoo's."""
+    as shape_label writes them) every shape it does not name but the zoo's. Under --composed-at
+    the zoo model's own shape stays in the grid beside the one composed at."""
     if only:
         keep = set(only.split(","))
         return [s for s in grid(model) if shape_label(*s) in keep or s == (model.batch, model.seq)]
@@ -97,8 +127,10 @@ def grid(model, only=None):
         shapes = [(b, None) for b in IMAGE_GRID]
     else:
         shapes = [(b, t) for b, t in TEXT_GRID if model.max_seq is None or t <= model.max_seq]
+    own = models.by_name()[model.name]
+    shapes.append((own.batch, own.seq))
     zoo = (model.batch, model.seq)
-    return [s for s in shapes if s != zoo] + [zoo]
+    return list(dict.fromkeys(s for s in shapes if s != zoo)) + [zoo]
 
 
 def inputs_at(model, batch, seq, seed):
@@ -257,7 +289,7 @@ def capture_child(out, name):
     output is checked against the original program's (`uncaptured_vs_original`), so a runtime that
     runs but cannot be captured still says whether it computes the model. A row per runtime in
     captures/NAME.json, the original program's first (a model that cannot be captured itself)."""
-    model = models.by_name()[name]
+    model = zoo_model(name)
     lib = Library(out / "fact" / name / "libfact_ops.so")
     torch.set_grad_enabled(False)
     d = out / "fact" / name
@@ -305,7 +337,7 @@ def capture_child(out, name):
 
 def measure_child(out, name, aoti, zoo_modes, deadline):
     """One model's measurements in this process (it holds one fact op library)."""
-    model = models.by_name()[name]
+    model = zoo_model(name)
     rec_path = out / "records" / f"{name}.json"
     rec = json.loads(rec_path.read_text()) if rec_path.exists() else {}
     rec.setdefault("errors", {})
@@ -442,7 +474,7 @@ def grid_child(out, name, side, shapes, deadline):
     graph, with its calls, and under fact.compile eagerly and in a CUDA graph), each mode's error
     against fp64 and its time at every shape of `shapes` in turn; rows appended to
     shapes/NAME.SIDE.json as each shape finishes, so a process that dies keeps the shapes before."""
-    model = models.by_name()[name]
+    model = zoo_model(name)
     path = out / "shapes" / f"{name}.{side}.json"
     rows = json.loads(path.read_text()) if path.exists() else []
     torch.set_float32_matmul_precision("high")
@@ -574,7 +606,11 @@ def main():
     ap.add_argument("--capture", action="store_true",
                     help="only the capture check at the zoo shape (captures/NAME.json), after the compose")
     ap.add_argument("--capture-child", help=argparse.SUPPRESS)
+    ap.add_argument("--composed-at", help="export and compose at this shape (BxT, or B for images) instead of the zoo's")
     args = ap.parse_args()
+    if args.composed_at:
+        parse_shape(args.composed_at)
+        os.environ[COMPOSED_AT] = args.composed_at
     deadline = time.monotonic() + args.budget_s
     for sub in ("models", "fact", "logs", "records", "shapes", "compose", "work", "captures"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)
@@ -586,14 +622,14 @@ def main():
         return
     if args.grid_child:
         name, side, shapes = args.grid_child
-        parsed = [(int(b), int(t)) if t else (int(b), None) for b, _, t in (s.partition("x") for s in shapes.split(","))]
+        parsed = [parse_shape(s) for s in shapes.split(",")]
         grid_child(args.out, name, side, parsed, deadline)
         return
     import transformers
 
     transformers.logging.set_verbosity_error()
     commit = fact_version(args.fact)
-    for model in models.select(args.models):
+    for model in map(at_shape, models.select(args.models)):
         if time.monotonic() > deadline:
             log("budget spent before", model.name)
             break
