@@ -239,8 +239,8 @@ def compile(program, options=None, **kwargs):
     the graph (`_guards_fn`).
 
     Every dynamo guard stays; most of what a compiled call still spends beyond the composed
-    TorchScript is their evaluation. A user who never reassigns the program's attributes can drop
-    the guards on its modules: `options={"guard_filter_fn":
+    TorchScript is their evaluation. A user whose program keeps its structure (no weight replaced
+    by one of another shape or dtype, no submodule replaced) can drop the guards on its modules: `options={"guard_filter_fn":
     torch.compiler.skip_guard_on_all_nn_modules_unsafe}` (docs/python.md, with what it measured)."""
     import torch
 

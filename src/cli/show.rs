@@ -32,7 +32,7 @@ pub(super) fn print_plan(model: &Path, inputs: &[InputShape], plan: &Plan) {
         );
         if plan.source.past_sample {
             println!(
-                "a call past the sample's sizes runs kernels tuned at fewer rows, which can lose there (wave quantization): export at the largest batch and length you serve (docs/export.md)"
+                "a call past the sample's sizes runs kernels tuned at the sample's, which can lose there (a GEMM's tiles fill the GPU's waves at the rows they were tuned at): export at the largest batch and length you serve (docs/export.md)"
             );
         }
     }

@@ -664,8 +664,8 @@ pub struct FrontEnd {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dynamic: Vec<String>,
     /// Whether a dynamic dim's range reaches past the sample's size: calls there run kernels
-    /// tuned at fewer rows, which lose to wave quantization where their tiles fit the sample's
-    /// rows (export.md, "Dynamic dims").
+    /// tuned at the sample's, whose tiles may fill the GPU's waves there and not past it
+    /// (export.md, "Dynamic dims").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub past_sample: bool,
 }
