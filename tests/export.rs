@@ -9,11 +9,18 @@ use std::path::Path;
 
 /// `fact discover --json` of `model` with no pattern tables: the plan.
 fn plan(model: &Path) -> serde_json::Value {
+    let out = discover(model, &["--json"]);
+    serde_json::from_slice::<serde_json::Value>(&out).unwrap()["plan"].clone()
+}
+
+/// What `fact discover MODEL [args]` printed, from empty tables, asserting it succeeded.
+fn discover(model: &Path, args: &[&str]) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let out = fact()
         .env("FACT_TABLE", dir.path().join("t.json"))
         .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
-        .args(["discover", "--json"])
+        .arg("discover")
+        .args(args)
         .arg(model)
         .output()
         .unwrap();
@@ -23,7 +30,7 @@ fn plan(model: &Path) -> serde_json::Value {
         model.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["plan"].clone()
+    out.stdout
 }
 
 /// Patterns of a plan counted by `what` of each.
@@ -291,17 +298,10 @@ print("ok")
     );
     // Its range (Dim.AUTO, unbounded) reaches past the sample: the plan says to export larger.
     assert_eq!(plan["source"]["past_sample"], true, "{plan}");
-    let dir = tempfile::tempdir().unwrap();
-    let shown = fact()
-        .env("FACT_TABLE", dir.path().join("t.json"))
-        .env("FACT_SHIPPED_TABLE", dir.path().join("none.json"))
-        .arg("discover")
-        .arg(fixture("linear.pt2"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&shown.stdout);
+    let shown = discover(&fixture("linear.pt2"), &[]);
+    let text = String::from_utf8_lossy(&shown);
     assert!(
-        shown.status.success() && text.contains("export at the largest batch and length you serve"),
+        text.contains("export at the largest batch and length you serve"),
         "{text}"
     );
 }

@@ -58,12 +58,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "device"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 import fact  # noqa: E402
 import models  # noqa: E402
-
-# --composed-at, for this process and the children it starts (they inherit the environment).
-COMPOSED_AT = "FACT_SERVE_COMPOSED_AT"
 from harness import ITERATIONS, VERIFY_INPUTS, flush_buffer, rel_err, time_interleaved, write_json  # noqa: E402
 
 DTYPE = torch.bfloat16
+# --composed-at, for this process and the children it starts (they inherit the environment).
+COMPOSED_AT = "FACT_SERVE_COMPOSED_AT"
 # 8 x 576, the next multiple of 64 after 8 x 549: what 549's tail tiles cost against their share of work.
 TEXT_GRID = [(1, 1), (1, 37), (1, 128), (1, 1024), (4, 333), (8, 549), (8, 576)]
 IMAGE_GRID = [1, 8]
