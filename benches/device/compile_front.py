@@ -7,9 +7,12 @@ TorchScript copy first, each with its host issue time and GPU span (harness.cold
 guard filters (`guard_filter_fn`: none, all nn modules' guards skipped, every guard skipped) are
 varied each on a program loaded anew: dynamo keeps compiled entries per code object, and a second
 torch.compile of the same program with only the filter changed would reuse the first one's entry
-(`first_call_s` says whether a variant compiled).
+(`first_call_s` says whether a variant compiled). `fact_inductor*` compile the composed program
+with Inductor alone (`torch._inductor.standalone_compile`, the graph's own dynamic shapes): no
+dynamo, so no guards and no check of the inputs' dtypes or ranges; it bounds what any front
+could save.
 
-    python3 benches/device/compile_front.py OUT --model gpt2 [--fact .device/fact]
+    python3 benches/device/compile_front.py OUT --model gpt2 [--fact .device/fact] [--only a,b]
 
 OUT/NAME.front.json is rewritten after every variant."""
 import argparse
@@ -29,11 +32,19 @@ import models  # noqa: E402
 from harness import cold_call, flush_buffer, rel_err, time_interleaved, write_json  # noqa: E402
 
 
+def standalone(program, xs, options):
+    """The composed program compiled by Inductor without dynamo, fact's ops on their C shims."""
+    for lib in sorted(fact._LOADED):
+        fact.use_c_shims(lib)
+    return torch._inductor.standalone_compile(program, list(xs), dynamic_shapes="from_graph", options={"config_patches": options})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--model", default="gpt2")
     ap.add_argument("--fact", default=".device/fact")
+    ap.add_argument("--only", help="comma-separated variants to time (default: all)")
     args = ap.parse_args()
     for sub in ("models", "fact", "logs"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)
@@ -69,7 +80,12 @@ def main():
         "fact_compile_validating": lambda: torch.compile(validating, options={"cpp_wrapper": True}),
         "fact_compile_python_wrapper": lambda: torch.compile(composed),
         "compile": lambda: torch.compile(wrapper),
+        "fact_inductor": lambda: standalone(loaded(), xs, {"cpp_wrapper": True}),
+        "fact_inductor_python_wrapper": lambda: standalone(loaded(), xs, {}),
     }
+    if args.only:
+        keep = set(args.only.split(","))
+        variants = {k: v for k, v in variants.items() if k in keep or k == "fact_ts"}
     want = scripted(*xs).float()
     fns = {}
     for key, make in variants.items():
