@@ -220,6 +220,18 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
                 s.rows
             );
         }
+        if let Some(s) = &p.steady {
+            println!(
+                "     past the sample's rows: this kernel, not the winner {} ({:.4} against {:.4} ms at {} rows; over {} rows {:.4} against {:.4} ms by their waves)",
+                s.winner,
+                s.kernel_ms,
+                s.winner_ms,
+                s.rows[0],
+                s.rows.iter().map(i64::to_string).collect::<Vec<_>>().join(", "),
+                s.weighed_ms,
+                s.winner_weighed_ms
+            );
+        }
     }
     print_unmatched_gemms(&r.unmatched_gemms);
     print_phases(r, out_dir);

@@ -29,6 +29,7 @@ use thiserror::Error;
 
 mod realize;
 mod schedule;
+pub mod steady;
 
 use realize::{measure_ahead, prefetch};
 pub use realize::{
@@ -431,6 +432,10 @@ pub struct PatternReport {
     /// What runs the pattern's calls of few rows (`SmallRows`), where it has a kernel for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub small_rows: Option<SmallRowsReport>,
+    /// Where the pattern runs another kernel than the sample's winner, one that holds up on
+    /// calls of more rows than the sample's (`steady`), and the figures that chose it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steady: Option<steady::SteadyChoice>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -1053,8 +1058,16 @@ fn realize_phase(
     for f in &found.found {
         let problem = f.problem();
         let (how, entry, _) = &done[&ProblemKey::of(&problem)];
+        // Where calls may bring more rows than the sample's, a kernel that holds up past them.
+        let steady = entry
+            .as_ref()
+            .filter(|_| front.plan.source.past_sample)
+            .and_then(|e| steady::steady(e, &problem));
         if let Some(e) = entry {
-            winners.insert(e.winner.clone(), e.winner_spec.clone());
+            match &steady {
+                Some(p) => winners.insert(p.kernel.clone(), p.spec.clone()),
+                None => winners.insert(e.winner.clone(), e.winner_spec.clone()),
+            };
         }
         // The small-rows kernel, where the pattern realized is the one planned (not a smaller
         // one it fell back to) and has a kernel of its own.
@@ -1090,11 +1103,18 @@ fn realize_phase(
             problem,
             key: entry.as_ref().map(|e| e.key.clone()),
             realization: how.clone(),
-            kernel: entry.as_ref().map(|e| e.winner.clone()),
-            kernel_ms: entry.as_ref().map(|e| e.winner_ms),
+            kernel: match &steady {
+                Some(p) => Some(p.kernel.clone()),
+                None => entry.as_ref().map(|e| e.winner.clone()),
+            },
+            kernel_ms: match &steady {
+                Some(p) => Some(p.choice.kernel_ms),
+                None => entry.as_ref().map(|e| e.winner_ms),
+            },
             torch_ms: entry.as_ref().and_then(Entry::baseline_ms),
             copies: f.copies(),
             small_rows,
+            steady: steady.map(|p| p.choice),
         });
     }
     Ok(Realizations {
@@ -2387,6 +2407,7 @@ mod tests {
             torch_ms: None,
             copies: vec![],
             small_rows: None,
+            steady: None,
         }
     }
 

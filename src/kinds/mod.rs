@@ -204,6 +204,13 @@ pub trait Kind: Sync + 'static {
     fn at_rows(&self, _p: &Problem, _rows: i64) -> Option<Problem> {
         None
     }
+    /// The waves kernel `s` runs `p` in over its arch's SMs, where the kind counts them (the
+    /// GEMM-like kinds: output tiles, times K splits, over the SMs, rounded up where they run in
+    /// rounds, not where stream-K balances them). Compose weighs how a measured kernel's time
+    /// moves with `p`'s rows by it (`compose::steady`).
+    fn waves(&self, _p: &Problem, _s: &Spec) -> Option<f64> {
+        None
+    }
     /// Whether `s`, a kernel the tables saw win on another shape of `p`'s family (a quick sweep's
     /// nearby winner, `compose::realize::quick_cut`), runs `p` by the kind's own checks (validity,
     /// fit, the rules the tables learned, the kernels known to fail) though its first round does

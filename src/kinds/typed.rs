@@ -114,6 +114,9 @@ pub trait TypedKind: Sync + 'static {
     fn at_rows(&self, _p: &Self::Problem, _rows: i64) -> Option<Self::Problem> {
         None
     }
+    fn waves(&self, _p: &Self::Problem, _s: &Spec) -> Option<f64> {
+        None
+    }
     fn retry(
         &self,
         _p: &Self::Problem,
@@ -301,6 +304,9 @@ impl<K: TypedKind> Kind for K {
     }
     fn at_rows(&self, p: &Problem, rows: i64) -> Option<Problem> {
         TypedKind::at_rows(self, problem_of::<K>(p), rows).map(Into::into)
+    }
+    fn waves(&self, p: &Problem, s: &Spec) -> Option<f64> {
+        TypedKind::waves(self, problem_of::<K>(p), s)
     }
     fn retry(
         &self,

@@ -303,11 +303,6 @@ impl TypedKind for Gemm {
     fn candidates(&self, p: &GemmProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         sweep::first_round(p, cx)
     }
-    /// A kernel an agent's proposal would pass as (`sweep::check_kernel`: this arch and math,
-    /// a valid instantiation that fits the problem, not failed before, its compiled kernel
-    /// neither) that no learned rule rejects for this sweep's scope: what the first round asks of
-    /// its own kernels, less the estimate's cut (a tile outside the first round, the sibling
-    /// round's 128x192, is admitted).
     /// M, where the GEMM is one (a batched GEMM's L and M are the batch and sequence both).
     fn rows(&self, p: &GemmProblem) -> Option<i64> {
         (p.batch == 1).then_some(p.m)
@@ -318,6 +313,14 @@ impl TypedKind for Gemm {
             ..p.clone()
         })
     }
+    fn waves(&self, p: &GemmProblem, s: &Spec) -> Option<f64> {
+        Some(space::estimate::waves(s.get::<KernelSpec>()?, p))
+    }
+    /// A kernel an agent's proposal would pass as (`sweep::check_kernel`: this arch and math,
+    /// a valid instantiation that fits the problem, not failed before, its compiled kernel
+    /// neither) that no learned rule rejects for this sweep's scope: what the first round asks of
+    /// its own kernels, less the estimate's cut (a tile outside the first round, the sibling
+    /// round's 128x192, is admitted).
     fn admits(&self, p: &GemmProblem, s: &Spec, cx: &SweepCx) -> bool {
         s.get::<KernelSpec>().is_some_and(|k| {
             sweep::check_kernel(k, p, cx.math, cx.arch, cx.failed).is_ok()

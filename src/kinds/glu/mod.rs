@@ -216,8 +216,6 @@ impl TypedKind for Glu {
         }
     }
 
-    /// The fused and split forms of the GEMM kind's best kernels for the concatenated GEMM
-    /// (`spec::candidates`), no agent.
     fn rows(&self, p: &GluProblem) -> Option<i64> {
         Some(p.m)
     }
@@ -227,6 +225,15 @@ impl TypedKind for Glu {
             ..p.clone()
         })
     }
+    /// The concatenated GEMM's (`spec::gemm_problem`), the work the rows drive in either form.
+    fn waves(&self, p: &GluProblem, s: &Spec) -> Option<f64> {
+        Some(crate::kinds::gemm::space::estimate::waves(
+            &s.get::<GluSpec>()?.gemm,
+            &gemm_problem(p),
+        ))
+    }
+    /// The fused and split forms of the GEMM kind's best kernels for the concatenated GEMM
+    /// (`spec::candidates`), no agent.
     fn candidates(&self, p: &GluProblem, cx: &mut SweepCx) -> Result<Candidates, String> {
         let mut specs: Vec<Spec> = candidates(p, cx.math, cx.arch)
             .into_iter()

@@ -104,6 +104,17 @@ fn tiles(k: &KernelSpec, p: &GemmProblem) -> f64 {
     (mm / k.tile[0] as f64).ceil() * (nn / k.tile[1] as f64).ceil() * p.batch as f64
 }
 
+/// The waves `k` runs `p` in over its arch's SMs: its work units (tiles times K splits) over the
+/// SMs, rounded up where they run in rounds (a last wave that leaves SMs idle costs a whole one),
+/// as they are where stream-K balances them.
+pub fn waves(k: &KernelSpec, p: &GemmProblem) -> f64 {
+    let units = tiles(k, p) * k.knobs.splits.max(1) as f64;
+    match k.scheduler {
+        TileScheduler::StreamK if k.knobs.splits <= 1 => units / sms(k),
+        _ => (units / sms(k)).ceil(),
+    }
+}
+
 /// Milliseconds for one CTA to compute a tile over `kt` of K.
 fn tile_ms(k: &KernelSpec, kt: f64) -> f64 {
     let (tm, tn, tk) = (k.tile[0] as f64, k.tile[1] as f64, k.tile[2] as f64);
@@ -279,6 +290,23 @@ mod tests {
         // ... while one more tile than 4 full waves costs a fifth wave.
         let c = estimate_ms(&k, &problem(4096 + 256, 4096 + 128, 4096));
         assert!(c / b > 1.15, "{b} {c}");
+    }
+
+    #[test]
+    fn waves_round_up_where_tiles_run_in_rounds_and_not_under_stream_k() {
+        let p = problem(4096, 4096 + 128, 4096);
+        let ks = kernels(&p);
+        let k = |s: TileScheduler| {
+            ks.iter()
+                .find(|k| k.tile[..2] == [128, 256] && k.scheduler == s && k.knobs.splits <= 1)
+                .unwrap()
+        };
+        // 4224/128 x 4096/256 = 33 x 16 = 528 tiles on 132 SMs: 4 waves exactly; one tile row
+        // more, 544: a fifth, where stream-K spreads the 16 extra tiles over the SMs.
+        assert_eq!(waves(k(TileScheduler::Persistent), &p), 4.0);
+        let more = problem(4096, 4096 + 256, 4096);
+        assert_eq!(waves(k(TileScheduler::Persistent), &more), 5.0);
+        assert!((waves(k(TileScheduler::StreamK), &more) - 544.0 / 132.0).abs() < 1e-9);
     }
 
     #[test]
