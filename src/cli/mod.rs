@@ -149,6 +149,11 @@ enum Command {
         /// Only where a GPU tunes.
         #[arg(long, default_value = "auto")]
         small_rows: String,
+        /// Where a .pt2 program's dynamic dims reach past the sample's: whether a GEMM-like
+        /// pattern runs, instead of the sample's winner, a kernel measured within 3% of it there
+        /// whose waves hold up on calls of up to a quarter more rows (on), or the winner (off).
+        #[arg(long, default_value = "on")]
+        steady: String,
         /// The composed output's format: pt2 (composed.pt2, a torch.export program; from a .pt2
         /// input only) or torchscript (composed.pt). Default: the input's.
         #[arg(long)]
@@ -350,6 +355,7 @@ fn options(
         torchscript_copies: false,
         phases: compose::Phases::Both,
         small_rows: compose::SmallRows::Auto,
+        steady: true,
     })
 }
 
@@ -391,6 +397,7 @@ pub fn main() -> Result<()> {
             fuse_siblings,
             no_patch_conv,
             small_rows,
+            steady,
             format,
             torchscript_copy,
             quick,
@@ -429,6 +436,11 @@ pub fn main() -> Result<()> {
                     patch_conv: !no_patch_conv,
                 },
                 small_rows: small_rows.parse().map_err(anyhow::Error::msg)?,
+                steady: match steady.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => anyhow::bail!("--steady takes on or off, not '{steady}'"),
+                },
                 format,
                 torchscript_copies: !no_bench || torchscript_copy,
                 phases: if quick {

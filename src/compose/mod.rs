@@ -164,6 +164,9 @@ pub struct Options {
     pub phases: Phases,
     /// Whether the GEMM-like patterns get a second kernel for calls of few rows (`SmallRows`).
     pub small_rows: SmallRows,
+    /// Whether a pattern may run a kernel steadier past the sample's rows than its winner, where
+    /// the program's dims reach past the sample (`steady`; `--steady`).
+    pub steady: bool,
 }
 
 /// The rows a GEMM-like pattern (`Kind::rows`) is realized again at, for the calls a server sends
@@ -686,6 +689,13 @@ pub struct Asked {
     pub agent: Option<String>,
     #[serde(default)]
     pub small_rows: SmallRows,
+    /// Whether patterns may run a kernel steadier past the sample than its winner (`steady`).
+    #[serde(default = "on")]
+    pub steady: bool,
+}
+
+fn on() -> bool {
+    true
 }
 
 impl Default for Asked {
@@ -700,6 +710,7 @@ impl Default for Asked {
             patch_conv: true,
             agent: None,
             small_rows: SmallRows::Auto,
+            steady: true,
         }
     }
 }
@@ -716,6 +727,7 @@ impl Options {
             patch_conv: self.matching.patch_conv,
             agent: self.agent.clone(),
             small_rows: self.small_rows,
+            steady: self.steady,
         }
     }
 
@@ -732,6 +744,7 @@ impl Options {
             },
             agent: a.agent.clone(),
             small_rows: a.small_rows,
+            steady: a.steady,
             ..self
         }
     }
@@ -1061,7 +1074,7 @@ fn realize_phase(
         // Where calls may bring more rows than the sample's, a kernel that holds up past them.
         let steady = entry
             .as_ref()
-            .filter(|_| front.plan.source.past_sample)
+            .filter(|_| opts.steady && front.plan.source.past_sample)
             .and_then(|e| steady::steady(e, &problem));
         if let Some(e) = entry {
             match &steady {
@@ -1493,6 +1506,7 @@ pub(crate) fn test_options() -> Options {
         torchscript_copies: false,
         phases: Phases::Both,
         small_rows: SmallRows::Auto,
+        steady: true,
     }
 }
 
