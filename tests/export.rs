@@ -633,6 +633,9 @@ print("ok")
         e.contains("--small-rows takes auto, on or off, not 'yes'"),
         "{e}"
     );
+    // Nor a --steady value that is none of its two.
+    let e = refused(&["compose", "--steady", "auto"], &fixture("linear.pt2"));
+    assert!(e.contains("--steady takes on or off, not 'auto'"), "{e}");
 }
 
 /// A batch-first `nn.MultiheadAttention` block (torchvision's ViT encoder layer: LayerNorm,

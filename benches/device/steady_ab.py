@@ -2,15 +2,18 @@
 model exported at its zoo shape, composed twice from the same user table (`--steady on` and
 `--steady off`), then each composition's TorchScript copy timed at the grid's shapes in its own
 process (two op libraries cannot share one), in turns A B A B, each checked against the traced
-original first.
+original first. `--against-compile` then times the `--steady on` composition's TorchScript copy
+against torch.compile of the model in one process (torch.compile's output the reference).
 
-    python3 benches/device/steady_ab.py OUT --model llama --shapes 8x549,8x576,4x1024
+    python3 benches/device/steady_ab.py OUT --model llama --shapes 8x549,8x576,4x1024 [--against-compile]
 
-OUT/NAME.steady.json holds every process's medians (L2 flushed, 30 iterations) per shape."""
+OUT/NAME.steady.json holds every process's medians (L2 flushed, 30 iterations) per shape;
+OUT/NAME.steady_ratio.json the ratios."""
 import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -40,6 +43,31 @@ def child(folder, shapes, model):
     return out
 
 
+def against_compile(folder, shapes, model, path, fact_bin):
+    """The composition in `folder` as TorchScript against torch.compile of the model, in turns."""
+    torch.set_float32_matmul_precision("high")
+    fact.load_library(Path(folder) / "libfact_ops.so")
+    ts = torch.jit.load(str(Path(folder) / "torchscript" / "composed.pt"), map_location="cuda")
+    compiled = torch.compile(models.build(model, ci=False, device="cuda", dtype=serve.DTYPE))
+    rec = {"model": model.name, "gpu": torch.cuda.get_device_name(), "fact_commit": serve.fact_version(fact_bin),
+           "composed_at": serve.shape_label(model.batch, model.seq), "steady": "on", "shapes": {}}
+    flush = flush_buffer()
+    for s in shapes:
+        b, t = (int(x) for x in s.split("x"))
+        xs = serve.inputs_at(model, b, t, models.SEED)
+        start = time.monotonic()
+        want = compiled(*xs)
+        torch.cuda.synchronize()
+        first = time.monotonic() - start
+        err = rel_err(ts(*xs).float(), want.float())
+        ms = time_interleaved({"ts": ts, "compile": compiled}, xs, flush)
+        rec["shapes"][s] = {"fact_ts_ms": round(ms["ts"], 4), "compile_ms": round(ms["compile"], 4),
+                            "ratio": round(ms["compile"] / ms["ts"], 3), "err_ts_vs_compile": err,
+                            "compile_first_s": round(first, 1)}
+        print(s, rec["shapes"][s], flush=True)
+        write_json(path, rec)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -47,6 +75,7 @@ def main():
     ap.add_argument("--shapes", default="8x549,8x576,4x1024")
     ap.add_argument("--fact", default=".device/fact")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--against-compile", action="store_true")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     model = models.by_name()[args.model]
@@ -68,6 +97,7 @@ def main():
         with open(args.out / "logs" / f"{steady}.log", "w") as err, open(folder.with_suffix(".json"), "w") as so:
             p = subprocess.run(cmd, stdout=so, stderr=err)
         comp = json.loads(folder.with_suffix(".json").read_text())
+        comp = comp.get("compose", comp)
         rec["compose"][steady] = {
             "exit": p.returncode,
             "kernels": sorted({pt["kernel"] for pt in comp["patterns"] if pt.get("kernel")}),
@@ -83,6 +113,9 @@ def main():
             rec["runs"].append({"steady": steady, "shapes": res})
             write_json(path, rec)
             print(steady, res, flush=True)
+    if args.against_compile:
+        against_compile(args.out / "fact" / f"{model.name}_on", shapes, model,
+                        args.out / f"{model.name}.steady_ratio.json", args.fact)
 
 
 if __name__ == "__main__":
