@@ -76,13 +76,13 @@ def main():
     ap.add_argument("--fact", default=".device/fact")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--against-compile", action="store_true")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     model = models.by_name()[args.model]
     shapes = args.shapes.split(",")
     torch.set_grad_enabled(False)
     if args.child:
-        print(json.dumps(child(args.child[0], shapes, model)))
+        print(json.dumps(child(args.child, shapes, model)))
         return
     for sub in ("models", "fact", "logs"):
         (args.out / sub).mkdir(parents=True, exist_ok=True)
@@ -108,7 +108,7 @@ def main():
         for steady in ("on", "off"):
             folder = args.out / "fact" / f"{model.name}_{steady}"
             p = subprocess.run([sys.executable, __file__, str(args.out), "--model", model.name, "--shapes", args.shapes,
-                                "--child", str(folder), "x"], capture_output=True, text=True)
+                                "--child", str(folder)], capture_output=True, text=True)
             res = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-2000:]}
             rec["runs"].append({"steady": steady, "shapes": res})
             write_json(path, rec)

@@ -1,15 +1,15 @@
 //! The kernel a GEMM-like pattern runs where a served call may have more rows than the sample it
 //! was tuned at (a `.pt2` program whose dynamic dims reach past the sample). The sample's winner
 //! may sit just under a wave boundary: the Llama-style decoder's 4096-row winners (128 x 128
-//! tiles, 3.9 waves on 132 SMs) ran 7% slower at 4608 rows (4.4 waves, run as 5), where a
-//! kernel on 128 x 192 tiles, as fast at 4096 rows, stayed at 3 waves
-//! (benches/results/zoo/shapes/2026-11-30-h200-4ccd56d/). So among the kernels the winner's own
-//! run measured within `SLACK` of it at the sample, compose takes the one whose time over the
-//! sample's rows and `PAST` rows beyond them is least, each kernel's time at more rows its
-//! measured time scaled by the waves it runs in there (`Kind::waves`). Waves bound a kernel that
-//! is compute-bound per tile; one bound by memory grows more smoothly with the rows, so this
-//! over-weighs a ragged last wave, which only breaks near-ties at the sample. The table keeps the
-//! sample's winner: what was measured is unchanged.
+//! tiles, 3.9 waves on 132 SMs; 256 tiles of 128 x 256, 1.9) ran its 4608-row calls 7% slower
+//! than the kernels tuned there (benches/results/zoo/shapes/2026-11-30-h200-4ccd56d/). So among
+//! the kernels the winner's own run measured within `SLACK` of it at the sample, compose takes
+//! the one whose time over the sample's rows and `PAST` rows beyond them is least, each kernel's
+//! time at more rows its measured time scaled by the waves it runs in there (`Kind::waves`).
+//! Waves bound a kernel that is compute-bound per tile; one bound by memory grows more smoothly
+//! with the rows, so this over-weighs a ragged last wave, which only breaks near-ties at the
+//! sample. The table keeps the sample's winner: what was measured is unchanged. Nothing is
+//! compiled or timed beyond the sweep's own kernels.
 
 use crate::kinds::{Problem, Spec};
 use crate::table::Entry;
