@@ -406,7 +406,7 @@ fn apply(graph: &mut Json, f: Found) {
     let contiguous = || meta(vec![batch.clone(), n(t), n(e)], &[t * e, e, 1], 0);
     new_values.push((merged.clone(), contiguous()));
     new_values.push((f.result.clone(), contiguous()));
-    let after = vec![
+    let after = [
         call(
             "torch.ops.aten.transpose.int",
             vec![tensor_in("self", &y), int_in("dim0", 1), int_in("dim1", 2)],
