@@ -1076,11 +1076,14 @@ fn realize_phase(
             .as_ref()
             .filter(|_| opts.steady && front.plan.source.past_sample)
             .and_then(|e| steady::steady(e, &problem));
-        if let Some(e) = entry {
-            match &steady {
-                Some(p) => winners.insert(p.kernel.clone(), p.spec.clone()),
-                None => winners.insert(e.winner.clone(), e.winner_spec.clone()),
-            };
+        // The kernel the pattern runs, its spec and its time at the sample.
+        let chosen = match (&steady, entry) {
+            (Some(p), _) => Some((p.kernel.clone(), p.spec.clone(), p.choice.kernel_ms)),
+            (None, Some(e)) => Some((e.winner.clone(), e.winner_spec.clone(), e.winner_ms)),
+            (None, None) => None,
+        };
+        if let Some((kernel, spec, _)) = &chosen {
+            winners.insert(kernel.clone(), spec.clone());
         }
         // The small-rows kernel, where the pattern realized is the one planned (not a smaller
         // one it fell back to) and has a kernel of its own.
@@ -1116,14 +1119,8 @@ fn realize_phase(
             problem,
             key: entry.as_ref().map(|e| e.key.clone()),
             realization: how.clone(),
-            kernel: match &steady {
-                Some(p) => Some(p.kernel.clone()),
-                None => entry.as_ref().map(|e| e.winner.clone()),
-            },
-            kernel_ms: match &steady {
-                Some(p) => Some(p.choice.kernel_ms),
-                None => entry.as_ref().map(|e| e.winner_ms),
-            },
+            kernel: chosen.as_ref().map(|(kernel, _, _)| kernel.clone()),
+            kernel_ms: chosen.as_ref().map(|&(_, _, ms)| ms),
             torch_ms: entry.as_ref().and_then(Entry::baseline_ms),
             copies: f.copies(),
             small_rows,

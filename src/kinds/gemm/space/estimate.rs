@@ -175,10 +175,7 @@ fn pass_ms(k: &KernelSpec, p: &GemmProblem, accumulate: bool) -> f64 {
             let fixup = if t < sms { tile_ms(k, 0.0) } else { 0.0 };
             (total / sms).max(tile_ms(k, kk / sms.max(1.0))) + fixup
         }
-        _ => {
-            let units = t * splits;
-            (units / sms).ceil() * tile_ms(k, kk / splits)
-        }
+        _ => waves(k, p) * tile_ms(k, kk / splits),
     };
     let e = k.operand_bytes() as f64;
     let out = p.dtype.bytes() as f64;
