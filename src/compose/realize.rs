@@ -2048,9 +2048,9 @@ mod tests {
         assert_eq!(names(quick_cut(vec![], &outside, 2, any)), ["k9"]);
         assert!(quick_cut(vec![], &near, 2, none).is_empty());
     }
-    use crate::kinds::gemm::space::{gemm_candidates, KernelSpec};
+    use crate::kinds::gemm::space::gemm_candidates;
     use crate::kinds::gemm::{GemmLayout, GemmProblem};
-    use crate::tune::Timing;
+    use crate::table::tests::{ok, timing};
     use crate::types::DType;
 
     fn problem() -> GemmProblem {
@@ -2064,24 +2064,6 @@ mod tests {
             batch: 1,
             epilogue: None,
             padded_from: None,
-        }
-    }
-
-    fn timed(k: &KernelSpec, ms: f64) -> CandidateResult {
-        CandidateResult {
-            kernel: k.name(),
-            spec: k.clone().into(),
-            outcome: Outcome::Ok {
-                max_rel_err: 1e-4,
-                timing: Timing {
-                    median_ms: ms,
-                    min_ms: ms,
-                    max_ms: ms,
-                    spread: 0.0,
-                    samples: 1,
-                },
-                tflops: 1.0,
-            },
         }
     }
 
@@ -2112,7 +2094,7 @@ mod tests {
         let entry = Entry::from_runs(
             TableKey::of(&hit, math, Arch::Sm90),
             hit.clone(),
-            vec![run(vec![timed(&kb, 0.5)])],
+            vec![run(vec![ok(&kb, 0.5)])],
         )
         .unwrap();
         let mut tables = Tables {
@@ -2135,7 +2117,7 @@ mod tests {
             .all(|(_, m, _, done)| *m == math && done.is_empty()));
         // b's entry a checkpoint measured here: its sweep is resumed ahead, from those runs.
         let h100 = crate::table::tests::provenance("H100");
-        let mut partial = run(vec![timed(&kb, 0.5)]);
+        let mut partial = run(vec![ok(&kb, 0.5)]);
         partial.partial = true;
         let hit = Problem::from(b.clone());
         tables.user = crate::table::Table::new();
@@ -2249,14 +2231,8 @@ mod tests {
                 device: crate::tune::fake::gpu(index, "H100", (9, 0)).info,
                 ..crate::table::tests::provenance("H100")
             },
-            baseline: Some(Timing {
-                median_ms: 9.0,
-                min_ms: 9.0,
-                max_ms: 9.0,
-                spread: 0.0,
-                samples: 1,
-            }),
-            candidates: vec![timed(
+            baseline: Some(timing(9.0)),
+            candidates: vec![ok(
                 gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90)
                     .last()
                     .unwrap(),
@@ -2397,7 +2373,7 @@ mod tests {
             .unwrap()
         };
         let ok = |ms: f64| {
-            timed(
+            ok(
                 &gemm_candidates(&problem(), MathType::Tf32, Arch::Sm90)[0],
                 ms,
             )

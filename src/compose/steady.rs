@@ -112,8 +112,8 @@ mod tests {
     use super::*;
     use crate::kinds::gemm::space::{gemm_candidates, KernelSpec, TileScheduler};
     use crate::kinds::gemm::{GemmLayout, GemmProblem};
-    use crate::table::{CandidateResult, Run, TableKey};
-    use crate::tune::{Outcome, Timing};
+    use crate::table::tests::{ok, provenance, timing};
+    use crate::table::{Run, TableKey};
     use crate::types::{Arch, DType, MathType};
 
     /// The Llama-style decoder's projection at 4 x 1024 rows (benches/results/zoo/shapes/).
@@ -144,35 +144,11 @@ mod tests {
         }
     }
 
-    fn ok(k: &KernelSpec, ms: f64) -> CandidateResult {
-        CandidateResult {
-            kernel: k.name(),
-            spec: k.clone().into(),
-            outcome: Outcome::Ok {
-                max_rel_err: 1e-3,
-                timing: Timing {
-                    median_ms: ms,
-                    min_ms: ms,
-                    max_ms: ms,
-                    spread: 0.0,
-                    samples: 10,
-                },
-                tflops: 1.0,
-            },
-        }
-    }
-
     /// An entry of one run over `kernels` (spec, ms) with torch at `torch_ms`.
     fn entry(p: &GemmProblem, kernels: &[(&KernelSpec, f64)], torch_ms: f64) -> Entry {
         let run = Run {
-            provenance: crate::table::tests::provenance("NVIDIA H200"),
-            baseline: Some(Timing {
-                median_ms: torch_ms,
-                min_ms: torch_ms,
-                max_ms: torch_ms,
-                spread: 0.0,
-                samples: 10,
-            }),
+            provenance: provenance("NVIDIA H200"),
+            baseline: Some(timing(torch_ms)),
             candidates: kernels.iter().map(|(k, ms)| ok(k, *ms)).collect(),
             partial: false,
         };

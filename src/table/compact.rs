@@ -206,9 +206,8 @@ mod tests {
     use crate::kinds::gemm::space::{gemm_candidates, KernelSpec};
     use crate::kinds::Spec;
     use crate::table::learning::learn_run;
-    use crate::table::tests::{gemm_key, problem, provenance};
+    use crate::table::tests::{gemm_key, ok, problem, provenance, timing};
     use crate::table::{shipped_table_path, Lookup, TableKey, Tables};
-    use crate::tune::Timing;
     use crate::types::{Arch, MathType};
 
     fn specs(m: i64) -> Vec<KernelSpec> {
@@ -217,31 +216,12 @@ mod tests {
     fn key(m: i64) -> TableKey {
         gemm_key(&problem(m), MathType::Tf32, Arch::Sm90)
     }
-    fn timing(ms: f64) -> Timing {
-        Timing {
-            median_ms: ms,
-            min_ms: ms,
-            max_ms: ms,
-            spread: 0.0,
-            samples: 1,
-        }
-    }
     fn candidate(spec: &KernelSpec, outcome: Outcome) -> CandidateResult {
         CandidateResult {
             kernel: spec.name(),
             spec: Spec::from(spec.clone()),
             outcome,
         }
-    }
-    fn ok(spec: &KernelSpec, ms: f64) -> CandidateResult {
-        candidate(
-            spec,
-            Outcome::Ok {
-                max_rel_err: 1e-4,
-                timing: timing(ms),
-                tflops: 1.0,
-            },
-        )
     }
     fn numeric() -> Outcome {
         Outcome::Numeric {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::kinds::gemm::space::gemm_candidates;
+use crate::kinds::gemm::space::{gemm_candidates, KernelSpec};
 use crate::kinds::gemm::{GemmLayout, GemmProblem};
 use crate::tune::Outcome;
 
@@ -40,6 +40,30 @@ pub(crate) fn provenance(device: &str) -> Provenance {
     }
 }
 
+/// A timing of `ms` every sample.
+pub(crate) fn timing(ms: f64) -> Timing {
+    Timing {
+        median_ms: ms,
+        min_ms: ms,
+        max_ms: ms,
+        spread: 0.0,
+        samples: 1,
+    }
+}
+
+/// `spec` verified and timed at `ms`.
+pub(crate) fn ok(spec: &KernelSpec, ms: f64) -> CandidateResult {
+    CandidateResult {
+        kernel: spec.name(),
+        spec: spec.clone().into(),
+        outcome: Outcome::Ok {
+            max_rel_err: 1e-4,
+            timing: timing(ms),
+            tflops: 1.0,
+        },
+    }
+}
+
 /// An entry for `problem(m)` whose run timed candidate `which` at `ms` (torch at the same time)
 /// and failed another.
 fn entry(m: i64, which: usize, ms: f64, device: &str) -> Entry {
@@ -56,22 +80,6 @@ pub(crate) fn entry_against(
 ) -> Entry {
     let p = problem(m);
     let specs = gemm_candidates(&p, MathType::Tf32, Arch::Sm90);
-    let timing = Timing {
-        median_ms: ms,
-        min_ms: ms,
-        max_ms: ms,
-        spread: 0.0,
-        samples: 1,
-    };
-    let ok = CandidateResult {
-        kernel: specs[which].name(),
-        spec: specs[which].clone().into(),
-        outcome: Outcome::Ok {
-            max_rel_err: 1e-4,
-            timing: timing.clone(),
-            tflops: 1.0,
-        },
-    };
     let bad = CandidateResult {
         kernel: specs[which + 1].name(),
         spec: specs[which + 1].clone().into(),
@@ -83,13 +91,8 @@ pub(crate) fn entry_against(
     let run = Run {
         partial: false,
         provenance: provenance(device),
-        baseline: baseline_ms.map(|b| Timing {
-            median_ms: b,
-            min_ms: b,
-            max_ms: b,
-            ..timing
-        }),
-        candidates: vec![ok, bad],
+        baseline: baseline_ms.map(timing),
+        candidates: vec![ok(&specs[which], ms), bad],
     };
     Entry::from_runs(gemm_key(&p, MathType::Tf32, Arch::Sm90), p, vec![run]).unwrap()
 }
