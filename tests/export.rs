@@ -306,6 +306,86 @@ print("ok")
     );
 }
 
+/// A program that calls another library's custom op (`mylib::scaled`, which fact's libtorch does
+/// not hold) is read past it: its output's shape comes from the program at the sample, so the
+/// linear after it is a pattern; at other input shapes the plan names the op where shapes stop.
+/// Composed from a table hit, the program and its TorchScript copy keep the call, load where the
+/// library is imported and compute the original; compose.json names the op.
+#[test]
+fn a_custom_op_of_another_library_is_read_past_and_kept() {
+    let model = fixture("custom_op.pt2");
+    let p = plan(&model);
+    assert_eq!(p["patterns"].as_array().unwrap().len(), 1, "{p}");
+    assert!(
+        p["patterns"][0]["rule"]
+            .as_str()
+            .unwrap()
+            .starts_with("gemm_rcr_bias"),
+        "{p}"
+    );
+    let elsewhere =
+        String::from_utf8_lossy(&discover(&model, &["--input", "8x64:f32"])).to_string();
+    assert!(
+        elsewhere.contains("mylib::scaled (a custom op of a Python library: its outputs are known at the program's sample only)"),
+        "{elsewhere}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("table.json");
+    crate::compile::table_with(&crate::compile::good_spec())
+        .save(&user)
+        .unwrap();
+    let out_dir = dir.path().join("out");
+    // With its TorchScript copies, as compose writes them for its benchmark on a GPU.
+    let v = compose_json_with(
+        &user,
+        &model,
+        &out_dir,
+        &["--no-bench", "--torchscript-copy"],
+    );
+    assert_eq!(
+        v["compose"]["patterns"][0]["realization"]["how"], "hit",
+        "{v}"
+    );
+    assert_eq!(
+        v["compose"]["custom_ops"],
+        serde_json::json!(["mylib::scaled"]),
+        "{v}"
+    );
+    let script = format!(
+        r#"
+import torch
+@torch.library.custom_op("mylib::scaled", mutates_args=())
+def scaled(x: torch.Tensor, k: float) -> torch.Tensor:
+    return x * k
+@scaled.register_fake
+def _(x, k):
+    return torch.empty_like(x)
+torch.ops.load_library({lib:?})
+ep = torch.export.load({composed:?})
+targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+assert targets == ["mylib.scaled.default", "fact.gemm.default"], targets
+orig = torch.export.load({orig:?}).module()
+ts = torch.jit.load({ts:?})
+for batch in (32, 3):
+    x = torch.randn(batch, 64)
+    with torch.no_grad():
+        a, b, c = ep.module()(x), orig(x), ts(x)
+    assert torch.equal(a, b), (a - b).abs().max()
+    assert torch.equal(c, b), (c - b).abs().max()
+print("ok")
+"#,
+        lib = out_dir.join("libfact_ops.so").display().to_string(),
+        composed = out_dir.join("composed.pt2").display().to_string(),
+        orig = model.display().to_string(),
+        ts = out_dir
+            .join("torchscript/composed.pt")
+            .display()
+            .to_string(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
 /// Every zoo program composed with each of its patterns replaced (kernel "a", which the library
 /// does not hold, so every call takes its fallback) loads with torch.export.load and computes
 /// the original program's output on the CPU, a text program's at its sample's length and at 37;

@@ -3,11 +3,14 @@ them and `fact discover`ed, to find what fact's rules miss in models it was not 
 it reads the plan (patterns by rule, the share of the estimated time left unmatched and where,
 the ops a rule saw and refused with its reason), not timings.
 
-    python benches/zoo/survey.py OUT_DIR [--models a,b] [--fact target/release/fact]
+    python benches/zoo/survey.py OUT_DIR [--models a,b] [--fact target/release/fact] [--export]
 
 Writes OUT_DIR/NAME.pt, OUT_DIR/NAME.plan.json (discover's JSON), OUT_DIR/survey.json (one entry a
 model) and OUT_DIR/survey.md (a table and each model's largest unmatched regions). A model that
 does not build or trace is listed with torch's error: that is the library's limit, not fact's.
+`--export` also exports each family as a user does (`torch.export.export(..., strict=False)`,
+batch and length dynamic where the model allows), discovers OUT_DIR/NAME.pt2, and says whether its
+patterns (rules and counts) are the trace's, and where they differ.
 Sizes are small on purpose (2 layers, vocabulary 1024, T 64, batch 1): the graph's ops, not its
 shapes, are what the survey reads. When a family joins the zoo (benches/zoo/models.py, with its
 expectations in tests/zoo.rs), drop it here.
@@ -106,11 +109,7 @@ def trace(name, path):
     torch.manual_seed(zoo.SEED)
     try:
         module = build().eval()
-        if kind == "image":
-            inputs = (torch.randn(1, 3, 224, 224),)
-        else:
-            ids = torch.randint(0, VOCAB, (1, SEQ))
-            inputs = (ids,) if kind == "causal" else zoo.padding(ids, SEQ)
+        inputs = model_inputs(kind)
         with torch.no_grad():
             torch.jit.trace(module, inputs, strict=False, check_trace=False).save(path)
         return None
@@ -118,9 +117,61 @@ def trace(name, path):
         return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 
 
+def export(name, path):
+    """Exports family `name` into `path` as the zoo exports its models; None, or torch's error."""
+    from torch.export import Dim
+
+    build, kind = FAMILIES[name]
+    torch.manual_seed(zoo.SEED)
+    try:
+        module = build().eval()
+        inputs = model_inputs(kind)
+        dims = {0: Dim.AUTO} if kind == "image" else {0: Dim.AUTO, 1: Dim.AUTO}
+        with torch.no_grad():
+            program = torch.export.export(module, inputs, dynamic_shapes=tuple(dims for _ in inputs), strict=False)
+        torch.export.save(program, path)
+        return None
+    except Exception as e:  # noqa: BLE001 - torch's limit: reported, the survey goes on
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def model_inputs(kind):
+    if kind == "image":
+        return (torch.randn(1, 3, 224, 224),)
+    ids = torch.randint(0, VOCAB, (1, SEQ))
+    return (ids,) if kind == "causal" else zoo.padding(ids, SEQ)
+
+
+def rule_counts(plan):
+    return Counter(re.sub(r"_[0-9a-f]{8}$", "", p["rule"]) for p in plan["patterns"])
+
+
+def discover(fact, path):
+    """discover's plan of `path`, or its error in one line."""
+    run = subprocess.run([fact, "discover", path, "--json"], capture_output=True, text=True)
+    if run.returncode != 0:
+        return None, "fact discover failed: " + " ".join(run.stderr.split())[-300:]
+    return json.loads(run.stdout)["plan"], None
+
+
+def parity(name, out, fact, traced):
+    """The .pt2 side of an entry: export, discover, and the rules whose counts differ from the
+    trace's (`rule: trace -> pt2`)."""
+    path = os.path.join(out, f"{name}.pt2")
+    error = export(name, path)
+    if error is not None:
+        return {"pt2_error": "does not export: " + error}
+    plan, error = discover(fact, path)
+    if error is not None:
+        return {"pt2_error": error}
+    found = rule_counts(plan)
+    diff = [f"{r}: {traced.get(r, 0)} -> {found.get(r, 0)}" for r in sorted(set(traced) | set(found)) if traced.get(r, 0) != found.get(r, 0)]
+    return {"pt2_patterns": dict(sorted(found.items())), "pt2_diff": diff}
+
+
 def summarize(name, plan):
     """One model's entry from discover's JSON plan."""
-    rules = Counter(re.sub(r"_[0-9a-f]{8}$", "", p["rule"]) for p in plan["patterns"])
+    rules = rule_counts(plan)
     return {
         "model": name,
         "patterns": dict(sorted(rules.items())),
@@ -134,6 +185,14 @@ def summarize(name, plan):
     }
 
 
+def pt2_status(e):
+    if "pt2_error" in e:
+        return e["pt2_error"]
+    if "error" in e:
+        return f"{sum(e['pt2_patterns'].values())} patterns (no trace to compare)"
+    return "the trace's patterns" if not e["pt2_diff"] else "differs: " + "; ".join(e["pt2_diff"])
+
+
 def write_md(out, entries):
     lines = [
         "# Held-out survey",
@@ -145,12 +204,17 @@ def write_md(out, entries):
         "| model | patterns by rule | memo share | unmatched share |",
         "|---|---|---|---|",
     ]
+    exported = any("pt2_error" in e or "pt2_patterns" in e for e in entries)
+    if exported:
+        lines[-2] = lines[-2] + " from `.pt2` |"
+        lines[-1] = lines[-1] + "---|"
     for e in entries:
+        pt2 = f" {pt2_status(e)} |" if exported else ""
         if "error" in e:
-            lines.append(f"| {e['model']} | does not trace: {e['error']} | - | - |")
+            lines.append(f"| {e['model']} | does not trace: {e['error']} | - | - |{pt2}")
             continue
         pats = ", ".join(f"{r} {n}" for r, n in e["patterns"].items())
-        lines.append(f"| {e['model']} | {pats} | {e['memo_share']:.0%} | {e['unmatched_share']:.0%} |")
+        lines.append(f"| {e['model']} | {pats} | {e['memo_share']:.0%} | {e['unmatched_share']:.0%} |{pt2}")
     lines.append("")
     for e in entries:
         if "error" in e or not (e["unmatched"] or e["refused"]):
@@ -171,6 +235,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--models", help="comma-separated families (default: all): " + ", ".join(FAMILIES))
     ap.add_argument("--fact", default="target/release/fact")
+    ap.add_argument("--export", action="store_true", help="also export each family and compare its .pt2's patterns with the trace's")
     args = ap.parse_args()
     names = args.models.split(",") if args.models else list(FAMILIES)
     if bad := [n for n in names if n not in FAMILIES]:
@@ -186,18 +251,19 @@ def main():
         path = os.path.join(args.out, f"{name}.pt")
         error = trace(name, path)
         if error is None:
-            run = subprocess.run([args.fact, "discover", path, "--json"], capture_output=True, text=True)
-            if run.returncode != 0:
-                error = "fact discover failed: " + " ".join(run.stderr.split())[-300:]
+            plan, error = discover(args.fact, path)
         if error is not None:
             entries.append({"model": name, "error": error})
         else:
-            plan = json.loads(run.stdout)["plan"]
             with open(os.path.join(args.out, f"{name}.plan.json"), "w") as f:
                 json.dump(plan, f)
             entries.append(summarize(name, plan))
         e = entries[-1]
+        if args.export:
+            e.update(parity(name, args.out, args.fact, e.get("patterns", {})))
         status = e.get("error") or f"{sum(e['patterns'].values())} patterns, {e['unmatched_share']:.0%} unmatched"
+        if args.export:
+            status += "; .pt2: " + pt2_status(e)
         print(f"[{i}/{len(names)}] {name}: {status}", flush=True)
     with open(os.path.join(args.out, "survey.json"), "w") as f:
         json.dump(entries, f, indent=1)

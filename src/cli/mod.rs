@@ -452,7 +452,15 @@ pub fn main() -> Result<()> {
             };
             let report = compose::compose(&model, &inputs, &opts)
                 .with_context(|| format!("composing {}", model.display()))?;
-            let bench = if report.gpu && report.composed.is_some() && !no_bench {
+            // fact's benchmark runs the program without the libraries behind its custom ops.
+            let unbenched = !report.custom_ops.is_empty() && !no_bench;
+            if unbenched && report.gpu && report.composed.is_some() {
+                eprintln!(
+                    "not benchmarked: the program calls {}, which fact's benchmark cannot run without its library; time composed.pt2 where it is imported (docs/export.md)",
+                    report.custom_ops.join(", ")
+                );
+            }
+            let bench = if report.gpu && report.composed.is_some() && !no_bench && !unbenched {
                 Some(benchmark::run_bench(
                     &report,
                     &out_dir,
@@ -523,6 +531,9 @@ pub fn main() -> Result<()> {
             let report = read_report(&dir)?;
             if report.composed.is_none() {
                 bail!("{} holds no composed module (compose ran without a GPU?); run fact compose on a GPU machine", dir.display());
+            }
+            if !report.custom_ops.is_empty() {
+                bail!("{} calls {}, which fact's benchmark cannot run without its library: time composed.pt2 in Python where the library is imported (docs/export.md)", dir.display(), report.custom_ops.join(", "));
             }
             let b = benchmark::run_bench(&report, &dir, save_report.as_deref(), without)?;
             if json {

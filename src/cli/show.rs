@@ -164,6 +164,12 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
         r.precision,
         r.arch
     );
+    if !r.custom_ops.is_empty() {
+        println!(
+            "  custom ops: {} (other libraries': the composed program calls them as the original did; import their library before loading it)",
+            r.custom_ops.join(", ")
+        );
+    }
     if !r.graph_note.is_empty() {
         println!("  shapes: {}", r.graph_note);
     }

@@ -469,6 +469,11 @@ pub struct ComposeReport {
     pub gpu_notes: Vec<String>,
     pub compile_failures: Vec<CompileFailure>,
     pub graph_note: String,
+    /// The custom ops of other libraries the program calls (`graph::is_custom_op`): the composed
+    /// program calls them as the original did, where their library is loaded; fact's own
+    /// benchmark, which runs without it, skips such a program.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub custom_ops: Vec<String>,
     /// GEMMs no rule took (inside control flow, shapes unknown), with the reason.
     #[serde(default)]
     pub unmatched_gemms: Vec<UnmatchedGemm>,
@@ -934,6 +939,7 @@ impl<'m> Front<'m> {
             gpu_notes: self.gpu_notes.clone(),
             compile_failures: r.compile_failures.clone(),
             graph_note: self.graph.note.clone(),
+            custom_ops: self.graph.custom_ops(),
             unmatched_gemms: self.plan.unmatched_gemms.clone(),
             order: self.order.clone(),
             agent: steward.name(),

@@ -241,7 +241,37 @@ pub struct Graph {
     pub note: String,
 }
 
+/// Whether op `kind` (`ns::name`) is a custom op some library registers: not torch's own (its
+/// operators are in every libtorch of its version) nor fact's.
+pub fn is_custom_op(kind: &str) -> bool {
+    let Some((ns, _)) = kind.split_once("::") else {
+        return false;
+    };
+    ![
+        "aten",
+        "prim",
+        "prims",
+        "quantized",
+        "_quantized",
+        "_c10d_functional",
+        "c10d",
+        "fact",
+    ]
+    .contains(&ns)
+}
+
 impl Graph {
+    /// The custom ops the graph calls (`is_custom_op`), each once, sorted.
+    pub fn custom_ops(&self) -> Vec<String> {
+        let ops: std::collections::BTreeSet<&str> = self
+            .nodes
+            .iter()
+            .map(|n| n.kind.as_str())
+            .filter(|k| is_custom_op(k))
+            .collect();
+        ops.into_iter().map(str::to_string).collect()
+    }
+
     pub fn tensor(&self, v: ValueId) -> Option<&TensorInfo> {
         self.values[v].tensor.as_ref()
     }
@@ -507,6 +537,27 @@ fn declare(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn custom_ops_are_other_libraries_ops_each_once() {
+        let g = Graph::parse(
+            "graph(%self: M, %x: f32[8,16]):
+               %a = mylib::scaled(%x)
+               %b = aten::relu(%a)
+               %c = mylib::scaled(%b)
+               %d = fact::gemm(%c)
+               %e = transformers::grouped_mm_fallback(%d)
+               return (%e)",
+        )
+        .unwrap();
+        assert_eq!(
+            g.custom_ops(),
+            ["mylib::scaled", "transformers::grouped_mm_fallback"]
+        );
+        assert!(
+            !is_custom_op("prim::ListConstruct") && !is_custom_op("_c10d_functional::all_reduce")
+        );
+    }
 
     #[test]
     fn parses_text_graph_with_shapes_and_constants() {

@@ -440,6 +440,35 @@ void record_failure(Node* n, const std::unordered_map<const Value*, c10::IValue>
 // first such node, and its outputs stay unknown like those of nodes with sub-blocks or without a
 // registered operator; interpretation goes on, and everything downstream of them stays unknown.
 // The caller decides which it was (src/torch/mod.rs: the archive's own inputs cannot be wrong).
+// A custom op's outputs (a stand-in of export.cc: this libtorch cannot run it) as the program's
+// metadata gives them, where the graph's inputs are the program's sample: false elsewhere.
+bool custom_op_at_sample(Graph& g, Node* n, Env& env) {
+  for (size_t i = 0; i + 1 < g.inputs().size(); ++i) {
+    const std::string key = "fact_sample_" + std::to_string(i);
+    auto it = env.find(g.inputs()[i + 1]);
+    if (!n->hasAttributeS(key) || it == env.end() || !it->second.isTensor() ||
+        it->second.toTensor().sizes().vec() != n->is(c10::Symbol::attr(key))) {
+      return false;
+    }
+  }
+  std::vector<at::Tensor> outs;
+  for (size_t i = 0;; ++i) {
+    const std::string k = std::to_string(i);
+    if (!n->hasAttributeS("fact_sizes_" + k)) break;
+    outs.push_back(at::empty_strided(n->is(c10::Symbol::attr("fact_sizes_" + k)), n->is(c10::Symbol::attr("fact_strides_" + k)),
+                                     at::TensorOptions()
+                                         .dtype(static_cast<at::ScalarType>(n->i(c10::Symbol::attr("fact_dtype_" + k))))
+                                         .device(at::kMeta)));
+  }
+  if (n->outputs().size() == 1 && n->output()->type()->kind() == c10::TypeKind::ListType) {
+    env[n->output()] = c10::IValue(c10::List<at::Tensor>(outs));
+    return true;
+  }
+  if (outs.size() != n->outputs().size()) return false;
+  for (size_t i = 0; i < outs.size(); ++i) env[n->outputs()[i]] = outs[i];
+  return true;
+}
+
 std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& module, Graph& g,
                                                              const rust::Vec<InputSpec>& inputs,
                                                              std::string& note, OpFailure& failure) {
@@ -490,6 +519,10 @@ std::unordered_map<const Value*, at::Tensor> capture_shapes(torch::jit::Module& 
     };
     if (n->maybeOperator() == nullptr) {
       unknown(n, "no operator of this signature is registered");
+      continue;
+    }
+    if (n->hasAttributeS("fact_custom_op")) {
+      if (!custom_op_at_sample(g, n, env)) unknown(n, "a custom op of a Python library: its outputs are known at the program's sample only");
       continue;
     }
     try {

@@ -12,6 +12,7 @@
 
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/runtime/operator.h>
 #include <torch/script.h>
 #include <torch/serialize.h>
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace fact::bridge {
 namespace {
@@ -38,12 +40,18 @@ struct Arg {
   std::string text;
 };
 
+struct Meta {
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+};
+
 struct OpNode {
   std::string op, overload;
   std::vector<Arg> args;
   std::vector<std::string> outputs;
   bool list_output;
   std::string scope;
+  std::vector<Meta> metas;  // a custom op's outputs at the sample (empty for torch's ops)
 };
 
 struct Program {
@@ -52,6 +60,7 @@ struct Program {
   // Tensor constants of at most one element: constants of the graph, not attributes.
   std::vector<bool> inline_constant;
   std::vector<std::string> inputs, outputs;
+  std::vector<std::vector<int64_t>> sample;  // the inputs' sizes at the sample (empty: unknown)
   std::vector<OpNode> nodes;
   std::unordered_map<std::string, at::Tensor> tensors;  // by attribute name
   std::vector<at::Tensor> samples;
@@ -126,13 +135,75 @@ std::vector<at::Tensor> sample_inputs(caffe2::serialize::PyTorchStreamReader& re
   return out;
 }
 
-// The operator `op` with overload `overload` ("" for the default one), JIT-registered or not.
-std::shared_ptr<torch::jit::Operator> find_operator(const std::string& op, const std::string& overload) {
+// The operator `op` with overload `overload` ("" for the default one), JIT-registered or not;
+// null where this libtorch has none.
+std::shared_ptr<torch::jit::Operator> maybe_operator(const std::string& op, const std::string& overload) {
   for (const auto& o : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(op))) {
     if (o->schema().overload_name() == overload) return o;
   }
-  throw std::runtime_error("no operator " + op + (overload.empty() ? "" : "." + overload) +
-                           " in this libtorch: the program comes from another torch version; export it with torch 2.11");
+  return nullptr;
+}
+
+// The schema type of an argument as the program passes it.
+const char* schema_type(ExportArgKind k) {
+  switch (k) {
+    case ExportArgKind::None: return "Tensor?";
+    case ExportArgKind::Tensor: return "Tensor";
+    case ExportArgKind::Tensors: return "Tensor[]";
+    case ExportArgKind::OptionalTensors: return "Tensor?[]";
+    case ExportArgKind::Int: return "int";
+    case ExportArgKind::Ints: return "int[]";
+    case ExportArgKind::SymInt: return "SymInt";
+    case ExportArgKind::Float: return "float";
+    case ExportArgKind::Floats: return "float[]";
+    case ExportArgKind::Bool: return "bool";
+    case ExportArgKind::Bools: return "bool[]";
+    case ExportArgKind::Str: return "str";
+    case ExportArgKind::ScalarType: return "ScalarType";
+    case ExportArgKind::Layout: return "Layout";
+    case ExportArgKind::MemoryFormat: return "MemoryFormat";
+    case ExportArgKind::Device: return "Device";
+    default: throw std::runtime_error("internal: an export argument of unknown kind");
+  }
+}
+
+std::mutex stand_ins_mutex;
+std::unordered_set<std::string> stand_ins;  // the ops stand_in made, by label
+
+bool is_stand_in(const std::string& label) {
+  std::lock_guard<std::mutex> lock(stand_ins_mutex);
+  return stand_ins.count(label) > 0;
+}
+
+// A stand-in for custom op `n.op` (one a Python library registers, which this libtorch does not
+// hold): an operator of the schema the call implies, so the graph holds the call as any other
+// node and the rewrite writes it back as it was. It cannot run here; shapes go on past it from
+// the program's metadata (capture_shapes), and the composed program calls the library's op where
+// the user loads it.
+std::shared_ptr<torch::jit::Operator> stand_in(const OpNode& n, const std::string& label) {
+  std::string schema = n.op + (n.overload.empty() ? "" : "." + n.overload) + "(";
+  for (size_t i = 0; i < n.args.size(); ++i) {
+    const Arg& a = n.args[i];
+    schema += (i ? ", " : "") + std::string(schema_type(a.kind)) + " " + (a.name.empty() ? "arg" + std::to_string(i) : a.name);
+  }
+  schema += ") -> ";
+  if (n.list_output) {
+    schema += "Tensor[]";
+  } else {
+    schema += "(";
+    for (size_t i = 0; i < n.outputs.size(); ++i) schema += i ? ", Tensor" : "Tensor";
+    schema += ")";
+  }
+  std::lock_guard<std::mutex> lock(stand_ins_mutex);
+  if (auto op = maybe_operator(n.op, n.overload)) return op;  // made for an earlier program
+  stand_ins.insert(label);
+  torch::jit::registerOperator(torch::jit::Operator(
+      schema,
+      [label](torch::jit::Stack&) {
+        throw std::runtime_error(label + " is a custom op of a Python library, which runs where that library is loaded");
+      },
+      c10::AliasAnalysisKind::CONSERVATIVE));
+  return maybe_operator(n.op, n.overload);
 }
 
 bool is_tensor_type(const c10::TypePtr& t) {
@@ -283,9 +354,20 @@ struct Builder {
     }
   }
 
-  void add(const OpNode& n) {
-    const auto op = find_operator(n.op, n.overload);
+  void add(const OpNode& n, const std::vector<std::vector<int64_t>>& sample) {
     const std::string label = n.op + (n.overload.empty() ? "" : "." + n.overload);
+    auto op = maybe_operator(n.op, n.overload);
+    const bool custom = !n.metas.empty() && (op == nullptr || is_stand_in(label));
+    if (custom && op == nullptr) op = stand_in(n, label);
+    if (op == nullptr && (n.op.rfind("aten::", 0) == 0 || n.op.rfind("prim::", 0) == 0)) {
+      throw std::runtime_error("no operator " + label +
+                               " in this libtorch: the program comes from another torch version; export it with torch 2.11");
+    }
+    if (op == nullptr) {
+      throw std::runtime_error("the program calls " + label +
+                               ", a custom op of another library, and holds no tensor metadata of its outputs: fact "
+                               "cannot read past it; export the model with that op's plain PyTorch path");
+    }
     const std::vector<const Arg*> bound = bind(n, op->schema(), label);
     // The Scalar overload, where one takes the numbers, has the same formals in the same order.
     const c10::FunctionSchema& schema = scalar_overload(n, op->schema(), bound);
@@ -333,6 +415,17 @@ struct Builder {
         start = end + 1;
       }
       node->setScope(scope);
+    }
+    if (custom) {
+      // What capture_shapes reads: the outputs at the sample, and the sample's input sizes.
+      node->i_(c10::Symbol::attr("fact_custom_op"), 1);
+      for (size_t i = 0; i < n.metas.size(); ++i) {
+        const std::string k = std::to_string(i);
+        node->i_(c10::Symbol::attr("fact_dtype_" + k), static_cast<int64_t>(n.metas[i].dtype));
+        node->is_(c10::Symbol::attr("fact_sizes_" + k), n.metas[i].sizes);
+        node->is_(c10::Symbol::attr("fact_strides_" + k), n.metas[i].strides);
+      }
+      for (size_t i = 0; i < sample.size(); ++i) node->is_(c10::Symbol::attr("fact_sample_" + std::to_string(i)), sample[i]);
     }
     g.insertNode(node);
     auto name = [&](Value* v, const std::string& s) {
@@ -384,7 +477,7 @@ torch::jit::Module build(const Program& p) {
     if (valid_name(name)) v->setDebugName(name);
     b.env[name] = v;
   }
-  for (const OpNode& n : p.nodes) b.add(n);
+  for (const OpNode& n : p.nodes) b.add(n, p.sample);
   if (p.outputs.size() == 1) {
     g->registerOutput(b.named(p.outputs[0]));
   } else {
@@ -432,6 +525,7 @@ void register_export(rust::Str path, const ExportProgram& program) {
     }
     for (const auto& i : program.inputs) prog->inputs.emplace_back(std::string(i));
     for (const auto& o : program.outputs) prog->outputs.emplace_back(std::string(o));
+    for (const ExportTensorMeta& m : program.sample) prog->sample.emplace_back(m.sizes.begin(), m.sizes.end());
     for (const ExportNode& n : program.nodes) {
       OpNode o;
       o.op = std::string(n.op);
@@ -439,6 +533,9 @@ void register_export(rust::Str path, const ExportProgram& program) {
       o.list_output = n.list_output;
       o.scope = std::string(n.scope);
       for (const auto& out : n.outputs) o.outputs.emplace_back(std::string(out));
+      for (const ExportTensorMeta& m : n.metas) {
+        o.metas.push_back({dtype_of(std::string(m.dtype)), {m.sizes.begin(), m.sizes.end()}, {m.strides.begin(), m.strides.end()}});
+      }
       for (const ExportArg& a : n.args) {
         Arg arg;
         arg.name = std::string(a.name);

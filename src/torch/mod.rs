@@ -139,6 +139,16 @@ mod ffi {
         outputs: Vec<String>,
         list_output: bool,
         scope: String,
+        /// For a call of an op outside torch's namespaces (a custom op a Python library
+        /// registers, which this libtorch may not hold): each output's metadata at the sample, so
+        /// shapes go on past it; empty for torch's ops.
+        metas: Vec<ExportTensorMeta>,
+    }
+    /// A tensor's dtype (fact's names), sizes and strides at the program's sample.
+    struct ExportTensorMeta {
+        dtype: String,
+        sizes: Vec<i64>,
+        strides: Vec<i64>,
     }
     /// A parameter, buffer or constant of an exported program: its placeholder's name, its
     /// fully qualified name, the archive record with its bytes and how to read them.
@@ -159,6 +169,8 @@ mod ffi {
     struct ExportProgram {
         state: Vec<ExportState>,
         inputs: Vec<String>,
+        /// The inputs' metadata at the sample (empty where one has none).
+        sample: Vec<ExportTensorMeta>,
         nodes: Vec<ExportNode>,
         outputs: Vec<String>,
     }

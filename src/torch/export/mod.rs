@@ -828,6 +828,16 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
         let device_of = |v: &str| g.tensor_values.get(v).map(|m| device_text(&m.device));
         let (op, overload, args, outputs) = respell(op, overload, args, outputs, &read, &device_of);
         let (op, overload, args) = alias_as_slice(g, op, overload, args);
+        let metas = if !crate::graph::is_custom_op(&op) {
+            vec![]
+        } else {
+            // All or none: a node's outputs are matched to these by position.
+            outputs
+                .iter()
+                .map(|o| tensor_meta(g, o))
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default()
+        };
         nodes.push(ffi::ExportNode {
             op,
             overload,
@@ -835,6 +845,7 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
             outputs,
             list_output,
             scope: scope_of(&n.metadata),
+            metas,
         });
     }
     let mut outputs = Vec::new();
@@ -848,11 +859,29 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
             }
         }
     }
+    let sample = inputs
+        .iter()
+        .map(|i| tensor_meta(g, i))
+        .collect::<Option<Vec<_>>>()
+        .unwrap_or_default();
     Ok(ffi::ExportProgram {
         state,
         inputs,
+        sample,
         nodes,
         outputs,
+    })
+}
+
+/// Value `name`'s dtype, sizes and strides at their hints (None where the program has none).
+fn tensor_meta(g: &schema::Graph, name: &str) -> Option<ffi::ExportTensorMeta> {
+    let m = g.tensor_values.get(name)?;
+    let hints =
+        |v: &[schema::SymInt]| -> Option<Vec<i64>> { v.iter().map(schema::SymInt::hint).collect() };
+    Some(ffi::ExportTensorMeta {
+        dtype: schema::dtype_name(m.dtype)?.to_string(),
+        sizes: hints(&m.sizes)?,
+        strides: hints(&m.strides)?,
     })
 }
 
