@@ -516,12 +516,16 @@ else:
     batch = ({0: torch.export.Dim.DYNAMIC},)
     program = torch.export.export(Composed().eval(), (x,), dynamic_shapes=batch, strict=False)
     torch.export.save(program, os.path.join(out, "composed.pt2"))
+    if "--torchscript-copy" in args:
+        os.makedirs(os.path.join(out, "torchscript"), exist_ok=True)
+        torch.jit.trace(Composed().eval(), x).save(os.path.join(out, "torchscript", "composed.pt"))
 print("composed: 1 pattern, extra args " + " ".join(args[4:]))
 "#;
 
 /// The Python package: fact.compose exports the module, saves model.pt2, runs the CLI with its
-/// output shown as it prints it and returns the program the CLI wrote, loaded (torch.export's or
-/// TorchScript's); a failing CLI, or one that writes no program (no GPU), raises ComposeError with
+/// output shown as it prints it and returns the program the CLI wrote, loaded (a program with its
+/// TorchScript copy as `fact.Composed`, running the copy; without the copy the program; a
+/// TorchScript output as itself); a failing CLI, or one that writes no program (no GPU), raises ComposeError with
 /// what it said; a module in training mode is refused; fact.stats reads the library's counters. The CLI is a stand-in (FACT_BIN):
 /// composing for real needs a GPU.
 #[test]
@@ -543,11 +547,21 @@ x = torch.randn(3, 16)
 out = os.path.join({dir:?}, "linear")
 composed = fact.compose(model, x, dynamic_shapes=({{0: torch.export.Dim.DYNAMIC}},), out=out, args=["--budget", 2])
 assert os.path.isfile(os.path.join(out, "model.pt2"))
-assert isinstance(composed, torch.nn.Module) and not isinstance(composed, torch.jit.ScriptModule)
+# Eagerly the program's TorchScript copy runs; torch.compile gets the program.
+assert isinstance(composed, fact.Composed) and isinstance(composed.script, torch.jit.ScriptModule)
+assert not isinstance(composed.program, torch.jit.ScriptModule)
 with torch.no_grad():
     x = torch.randn(5, 16)
     assert torch.allclose(composed(x), model(x), atol=1e-6)
-assert fact.stats(out)["k"]["fell_back"] == 1, fact.stats(out)
+    assert torch.allclose(composed.program(x), model(x), atol=1e-6)
+assert fact.stats(out)["k"]["fell_back"] == 2, fact.stats(out)
+# Without the copy (compose --no-bench), the program itself.
+os.remove(os.path.join(out, "torchscript", "composed.pt"))
+program = fact.load(out)
+assert not isinstance(program, fact.Composed) and isinstance(program, torch.fx.GraphModule), type(program)
+with torch.no_grad():
+    assert torch.allclose(program(x), model(x), atol=1e-6)
+assert fact.stats(out)["k"]["fell_back"] == 3, fact.stats(out)
 os.environ["FAKE_OUTPUT"] = "pt"
 script = fact.compose(model, (x,), out=os.path.join({dir:?}, "ts"), quiet=True)
 assert isinstance(script, torch.jit.ScriptModule) and "fact::gemm" in str(script.graph)
@@ -586,7 +600,10 @@ print("ok")
     // The CLI's own output, as it printed it (quiet calls print none of theirs).
     assert_eq!(
         stdout.lines().collect::<Vec<_>>(),
-        ["composed: 1 pattern, extra args --budget 2", "ok"],
+        [
+            "composed: 1 pattern, extra args --torchscript-copy --budget 2",
+            "ok"
+        ],
         "{stderr}"
     );
     assert_eq!(

@@ -2,7 +2,7 @@
 
     import fact
     model = fact.compose(model, (ids,))   # export, `fact compose`, load the composed program
-    out = model(ids)
+    out = model(ids)                      # eagerly: its TorchScript copy (`Composed`)
     fact.stats("fact-out/GPT2LMHeadModel")  # which kernels ran, which calls fell back
 
 Under torch.compile, `fact.compile(model)` compiles it with Inductor's C++ wrapper calling fact's
@@ -30,7 +30,7 @@ import sys
 import threading
 from pathlib import Path
 
-__all__ = ["ComposeError", "cli", "compile", "compose", "load", "load_library", "stats", "use_c_shims"]
+__all__ = ["ComposeError", "Composed", "cli", "compile", "compose", "load", "load_library", "stats", "use_c_shims"]
 
 _REPO = Path(__file__).resolve().parents[2]
 # Op libraries this process loaded, by resolved path: torch registers a library's ops once.
@@ -138,7 +138,8 @@ def compose(model, example_inputs, dynamic_shapes=None, out=None, args=(), quiet
     program = torch.export.export(model, tuple(example_inputs), dynamic_shapes=dynamic_shapes, strict=False)
     exported = out / "model.pt2"
     torch.export.save(program, str(exported))
-    command = [*cli(), "compose", str(exported), "--out", str(out), *map(str, args)]
+    # The TorchScript copy is what `load` runs eagerly (`Composed`).
+    command = [*cli(), "compose", str(exported), "--out", str(out), "--torchscript-copy", *map(str, args)]
     printed = _run(command, quiet)
     if not any((out / name).is_file() for name in ("composed.pt2", "composed.pt")):
         raise ComposeError(command, 0, printed[-8:], f"fact compose wrote no composed program into {out}")
@@ -252,6 +253,10 @@ def compile(program, options=None, **kwargs):
                            "with fact.load(folder) (or fact.load_library(lib)) first")
     for lib in sorted(_LOADED):
         use_c_shims(lib)
+    from ._composed import Composed
+
+    if isinstance(program, Composed):
+        program = program.program  # torch.compile takes the program, not its TorchScript copy
     if getattr(program, "validate_inputs", None) is True and hasattr(program, "_guards_fn"):
         program.validate_inputs = False
     return torch.compile(program, options={"cpp_wrapper": True, **(options or {})}, **kwargs)
@@ -259,17 +264,31 @@ def compile(program, options=None, **kwargs):
 
 def load(out):
     """The composed program in the folder `out` (what `fact compose --out out` wrote), with its op
-    library loaded into this process: `composed.pt2` (a torch.export program) as a module, or, where
-    only `composed.pt` is there (a TorchScript output), that ScriptModule."""
+    library loaded into this process: for a `composed.pt2` with its TorchScript copy beside it
+    (`torchscript/composed.pt`, which compose writes on a GPU), a `Composed` that runs the copy
+    eagerly and gives the program as `.program`; without the copy, the program as a module
+    (`torch.export.load(...).module()`); where only `composed.pt` is there (a TorchScript output),
+    that ScriptModule."""
     import torch
 
     out = Path(out)
     load_library(out / "libfact_ops.so")
     if (out / "composed.pt2").is_file():
-        return torch.export.load(str(out / "composed.pt2")).module()
+        from . import _composed
+
+        return _composed.load(out)
     if (out / "composed.pt").is_file():
         return torch.jit.load(str(out / "composed.pt"))
     raise FileNotFoundError(f"no composed program in {out}: compose writes composed.pt2 (or composed.pt) there")
+
+
+def __getattr__(name):
+    # `fact.Composed` without importing torch when the package is imported.
+    if name == "Composed":
+        from ._composed import Composed
+
+        return Composed
+    raise AttributeError(f"module 'fact' has no attribute {name!r}")
 
 
 def stats(out_or_lib):
