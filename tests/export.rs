@@ -670,6 +670,32 @@ fn bad_pt2_archives_get_errors_that_name_the_fix() {
             && e.contains("export and save the model with torch 2.11"),
         "{e}"
     );
+    // An op of torch this libtorch does not have (a program of another torch version).
+    let newer = dir.path().join("newer.pt2");
+    let rename = |target: &str| {
+        format!(
+            r#"n = next(n for n in d["graph_module"]["graph"]["nodes"] if "linear" in n["target"]); n["target"] = "{target}""#
+        )
+    };
+    edited_pt2(&newer, &rename("torch.ops.aten.linear_v2.default"));
+    let e = refused(&["compose"], &newer);
+    assert!(
+        e.contains("no operator aten::linear_v2 in this libtorch")
+            && e.contains("export it with torch 2.11"),
+        "{e}"
+    );
+    // Another library's op whose output the program gives no metadata: nothing to read past it.
+    let blind = dir.path().join("blind.pt2");
+    edited_pt2(
+        &blind,
+        &(rename("torch.ops.mylib.linear.default")
+            + r#"; d["graph_module"]["graph"]["tensor_values"].pop(n["outputs"][0]["as_tensor"]["name"])"#),
+    );
+    let e = refused(&["compose"], &blind);
+    assert!(
+        e.contains("mylib::linear, a custom op of another library, and holds no tensor metadata"),
+        "{e}"
+    );
     // A program exported for training.
     let e = refused(&["compose"], &fixture("dropout_train.pt2"));
     assert!(

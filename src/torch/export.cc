@@ -51,7 +51,8 @@ struct OpNode {
   std::vector<std::string> outputs;
   bool list_output;
   std::string scope;
-  std::vector<Meta> metas;  // a custom op's outputs at the sample (empty for torch's ops)
+  bool custom;              // another library's op (graph::is_custom_op)
+  std::vector<Meta> metas;  // a custom op's outputs at the sample (empty where unknown)
 };
 
 struct Program {
@@ -357,16 +358,16 @@ struct Builder {
   void add(const OpNode& n, const std::vector<std::vector<int64_t>>& sample) {
     const std::string label = n.op + (n.overload.empty() ? "" : "." + n.overload);
     auto op = maybe_operator(n.op, n.overload);
-    const bool custom = !n.metas.empty() && (op == nullptr || is_stand_in(label));
+    const bool custom = n.custom && !n.metas.empty() && (op == nullptr || is_stand_in(label));
     if (custom && op == nullptr) op = stand_in(n, label);
-    if (op == nullptr && (n.op.rfind("aten::", 0) == 0 || n.op.rfind("prim::", 0) == 0)) {
-      throw std::runtime_error("no operator " + label +
-                               " in this libtorch: the program comes from another torch version; export it with torch 2.11");
-    }
-    if (op == nullptr) {
+    if (op == nullptr && n.custom) {
       throw std::runtime_error("the program calls " + label +
                                ", a custom op of another library, and holds no tensor metadata of its outputs: fact "
                                "cannot read past it; export the model with that op's plain PyTorch path");
+    }
+    if (op == nullptr) {
+      throw std::runtime_error("no operator " + label +
+                               " in this libtorch: the program comes from another torch version; export it with torch 2.11");
     }
     const std::vector<const Arg*> bound = bind(n, op->schema(), label);
     // The Scalar overload, where one takes the numbers, has the same formals in the same order.
@@ -532,6 +533,7 @@ void register_export(rust::Str path, const ExportProgram& program) {
       o.overload = std::string(n.overload);
       o.list_output = n.list_output;
       o.scope = std::string(n.scope);
+      o.custom = n.custom;
       for (const auto& out : n.outputs) o.outputs.emplace_back(std::string(out));
       for (const ExportTensorMeta& m : n.metas) {
         o.metas.push_back({dtype_of(std::string(m.dtype)), {m.sizes.begin(), m.sizes.end()}, {m.strides.begin(), m.strides.end()}});

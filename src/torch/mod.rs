@@ -139,9 +139,11 @@ mod ffi {
         outputs: Vec<String>,
         list_output: bool,
         scope: String,
-        /// For a call of an op outside torch's namespaces (a custom op a Python library
-        /// registers, which this libtorch may not hold): each output's metadata at the sample, so
-        /// shapes go on past it; empty for torch's ops.
+        /// A call of an op outside torch's and fact's namespaces (`graph::is_custom_op`: a custom
+        /// op a Python library registers, which this libtorch may not hold).
+        custom: bool,
+        /// For a custom op, each output's metadata at the sample, so shapes go on past it (empty
+        /// where the program holds none, and for torch's ops).
         metas: Vec<ExportTensorMeta>,
     }
     /// A tensor's dtype (fact's names), sizes and strides at the program's sample.

@@ -828,7 +828,8 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
         let device_of = |v: &str| g.tensor_values.get(v).map(|m| device_text(&m.device));
         let (op, overload, args, outputs) = respell(op, overload, args, outputs, &read, &device_of);
         let (op, overload, args) = alias_as_slice(g, op, overload, args);
-        let metas = if !crate::graph::is_custom_op(&op) {
+        let custom = crate::graph::is_custom_op(&op);
+        let metas = if !custom {
             vec![]
         } else {
             // All or none: a node's outputs are matched to these by position.
@@ -845,6 +846,7 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
             outputs,
             list_output,
             scope: scope_of(&n.metadata),
+            custom,
             metas,
         });
     }
