@@ -555,6 +555,10 @@ with torch.no_grad():
     assert torch.allclose(composed(x), model(x), atol=1e-6)
     assert torch.allclose(composed.program(x), model(x), atol=1e-6)
 assert fact.stats(out)["k"]["fell_back"] == 2, fact.stats(out)
+# fact.compile compiles the program, not its TorchScript copy.
+compiled, torch.compile = torch.compile, lambda program, **kwargs: program
+assert fact.compile(composed) is composed.program
+torch.compile = compiled
 # Without the copy (compose --no-bench), the program itself.
 os.remove(os.path.join(out, "torchscript", "composed.pt"))
 program = fact.load(out)

@@ -57,5 +57,8 @@ def load(out):
     out = Path(out)
     pt2, copy = out / "composed.pt2", out / "torchscript" / "composed.pt"
     if copy.is_file():
-        return Composed(torch.jit.load(str(copy), map_location=program_device(pt2)), pt2)
+        device = program_device(pt2)
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            device = "cpu"  # as torch.export.load leaves it: the ops' CPU fallbacks run
+        return Composed(torch.jit.load(str(copy), map_location=device), pt2)
     return torch.export.load(str(pt2)).module()
