@@ -294,19 +294,24 @@ pub(super) fn print_compose(r: &ComposeReport, out_dir: &Path) {
             c.display(),
             l.display()
         );
-        let load = match r.format {
-            compose::Format::Pt2 => "torch.export.load",
-            compose::Format::Torchscript => "torch.jit.load",
-        };
-        let module = match r.format {
-            compose::Format::Pt2 => ".module()",
-            compose::Format::Torchscript => "",
-        };
-        println!(
-            "load in python:  torch.ops.load_library(\"{}\"); m = {load}(\"{}\"){module}",
-            l.display(),
-            c.display()
-        );
+        match (r.format, &r.torchscript) {
+            // fact.load runs the TorchScript copy eagerly: the program's module issues each op
+            // from Python (docs/python.md).
+            (compose::Format::Pt2, Some(_)) => println!(
+                "load in python:  import fact; m = fact.load(\"{}\")  (eagerly its TorchScript copy; m.program: the torch.export program)",
+                c.parent().unwrap_or(out_dir).display()
+            ),
+            (compose::Format::Pt2, None) => println!(
+                "load in python:  torch.ops.load_library(\"{}\"); m = torch.export.load(\"{}\").module()",
+                l.display(),
+                c.display()
+            ),
+            (compose::Format::Torchscript, _) => println!(
+                "load in python:  torch.ops.load_library(\"{}\"); m = torch.jit.load(\"{}\")",
+                l.display(),
+                c.display()
+            ),
+        }
     }
     if let Some(c) = &r.sccache {
         println!("compile cache: {}", c.summary());
