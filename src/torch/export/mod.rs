@@ -761,9 +761,6 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
             .as_ref()
             .or_else(|| g.tensor_values.get(&arg.name))
             .ok_or_else(|| bad(&ps, format!("{fqn} has no tensor metadata")))?;
-        let ints = |v: &[schema::SymInt]| -> Option<Vec<i64>> {
-            v.iter().map(schema::SymInt::hint).collect()
-        };
         state.push(ffi::ExportState {
             name: arg.name.clone(),
             attr: fqn.clone(),
@@ -779,8 +776,9 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
                     )
                 })?
                 .to_string(),
-            sizes: ints(&tm.sizes).ok_or_else(|| bad(&ps, format!("{fqn} has a symbolic size")))?,
-            strides: ints(&tm.strides)
+            sizes: schema::SymInt::hints(&tm.sizes)
+                .ok_or_else(|| bad(&ps, format!("{fqn} has a symbolic size")))?,
+            strides: schema::SymInt::hints(&tm.strides)
                 .ok_or_else(|| bad(&ps, format!("{fqn} has a symbolic stride")))?,
             offset: tm
                 .storage_offset
@@ -878,12 +876,10 @@ pub fn lower(path: &Path, p: &Program) -> Result<ffi::ExportProgram, ExportError
 /// Value `name`'s dtype, sizes and strides at their hints (None where the program has none).
 fn tensor_meta(g: &schema::Graph, name: &str) -> Option<ffi::ExportTensorMeta> {
     let m = g.tensor_values.get(name)?;
-    let hints =
-        |v: &[schema::SymInt]| -> Option<Vec<i64>> { v.iter().map(schema::SymInt::hint).collect() };
     Some(ffi::ExportTensorMeta {
         dtype: schema::dtype_name(m.dtype)?.to_string(),
-        sizes: hints(&m.sizes)?,
-        strides: hints(&m.strides)?,
+        sizes: schema::SymInt::hints(&m.sizes)?,
+        strides: schema::SymInt::hints(&m.strides)?,
     })
 }
 
@@ -1064,7 +1060,7 @@ pub fn sample_shapes(p: &Program) -> Result<Vec<(Vec<i64>, String)>, String> {
                 .tensor_values
                 .get(name)
                 .ok_or_else(|| format!("input {name} has no tensor metadata"))?;
-            let sizes: Option<Vec<i64>> = meta.sizes.iter().map(schema::SymInt::hint).collect();
+            let sizes = schema::SymInt::hints(&meta.sizes);
             let dtype = schema::dtype_name(meta.dtype)
                 .ok_or_else(|| format!("input {name} has dtype code {}", meta.dtype))?;
             Ok((

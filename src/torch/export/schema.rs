@@ -280,6 +280,10 @@ impl SymInt {
             },
         }
     }
+    /// Every value of `v` at the sample (`hint`), or None where one has no hint.
+    pub fn hints(v: &[SymInt]) -> Option<Vec<i64>> {
+        v.iter().map(SymInt::hint).collect()
+    }
     /// The symbol's expression where the size is symbolic (`s23`, `2*s23`).
     pub fn symbol(&self) -> Option<String> {
         match self {
