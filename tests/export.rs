@@ -354,13 +354,9 @@ fn a_custom_op_of_another_library_is_read_past_and_kept() {
     );
     let script = format!(
         r#"
-import torch
-@torch.library.custom_op("mylib::scaled", mutates_args=())
-def scaled(x: torch.Tensor, k: float) -> torch.Tensor:
-    return x * k
-@scaled.register_fake
-def _(x, k):
-    return torch.empty_like(x)
+import sys, torch
+sys.path.insert(0, {fixtures:?})
+import make_models  # registers mylib::scaled, as a user imports the op's library
 torch.ops.load_library({lib:?})
 ep = torch.export.load({composed:?})
 targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
@@ -380,6 +376,10 @@ print("ok")
         orig = model.display().to_string(),
         ts = out_dir
             .join("torchscript/composed.pt")
+            .display()
+            .to_string(),
+        fixtures = crate::common::root()
+            .join("tests/fixtures")
             .display()
             .to_string(),
     );

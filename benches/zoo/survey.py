@@ -103,36 +103,36 @@ FAMILIES = {
 }
 
 
-def trace(name, path):
-    """Traces family `name` into `path`; returns None, or torch's error in one line."""
+def built(name, save):
+    """Builds family `name` (seeded, eval mode) and its inputs and passes them to `save(module,
+    inputs, kind)`; returns None, or torch's error in one line (the library's or torch's limit:
+    reported, the survey goes on)."""
     build, kind = FAMILIES[name]
     torch.manual_seed(zoo.SEED)
     try:
         module = build().eval()
-        inputs = model_inputs(kind)
         with torch.no_grad():
-            torch.jit.trace(module, inputs, strict=False, check_trace=False).save(path)
+            save(module, model_inputs(kind), kind)
         return None
-    except Exception as e:  # the library's or torch's limit: reported, the survey goes on
+    except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def trace(name, path):
+    """Traces family `name` into `path`."""
+    return built(name, lambda m, inputs, _: torch.jit.trace(m, inputs, strict=False, check_trace=False).save(path))
 
 
 def export(name, path):
-    """Exports family `name` into `path` as the zoo exports its models; None, or torch's error."""
+    """Exports family `name` into `path` as the zoo exports its models (batch and length Dim.AUTO)."""
     from torch.export import Dim
 
-    build, kind = FAMILIES[name]
-    torch.manual_seed(zoo.SEED)
-    try:
-        module = build().eval()
-        inputs = model_inputs(kind)
+    def save(module, inputs, kind):
         dims = {0: Dim.AUTO} if kind == "image" else {0: Dim.AUTO, 1: Dim.AUTO}
-        with torch.no_grad():
-            program = torch.export.export(module, inputs, dynamic_shapes=tuple(dims for _ in inputs), strict=False)
+        program = torch.export.export(module, inputs, dynamic_shapes=tuple(dims for _ in inputs), strict=False)
         torch.export.save(program, path)
-        return None
-    except Exception as e:  # noqa: BLE001 - torch's limit: reported, the survey goes on
-        return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+    return built(name, save)
 
 
 def model_inputs(kind):
