@@ -59,8 +59,9 @@ typedef enum FactStatus {
   FACT_LAUNCH_FAILED = 5
 } FactStatus;
 
-/* FACT_I32 only for index tensors (an attention kernel's key lengths). */
-typedef enum FactDtype { FACT_F32 = 0, FACT_BF16 = 1, FACT_F16 = 2, FACT_I32 = 3 } FactDtype;
+/* FACT_I32 only for index tensors (an attention kernel's key lengths), FACT_BOOL (one byte, nonzero
+ * true) only for masks (an attention kernel's bool mask). */
+typedef enum FactDtype { FACT_F32 = 0, FACT_BF16 = 1, FACT_F16 = 2, FACT_I32 = 3, FACT_BOOL = 4 } FactDtype;
 
 /* A tensor as a kernel reads it: sizes and strides in elements. */
 typedef struct FactTensor {

@@ -662,7 +662,8 @@ fn ragged_kernels_compile_into_one_library() {
 /// grouped-query decoder. Then, without a GPU, every kernel's can_implement (host code) against
 /// the six-tensor call of include/fact_kernels.h: grouped heads read in place where the kernel
 /// can (every sm80 kernel, sm90's persistent schedules), key lengths where it takes them (every
-/// sm80 kernel, sm90's `_klen` ones and only those), and any other call refused.
+/// sm80 kernel, sm90's `_klen` ones and only those), the mask a capture gives beside them (sm90's
+/// `_klen` kernels without the causal mask), and any other call refused.
 #[test]
 fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_lengths() {
     use crate::common::{fake_tensor, op_args};
@@ -816,11 +817,61 @@ fn sm90_attention_kernels_build_into_a_library_and_take_grouped_heads_and_key_le
         "q and k/v load from one coordinate here"
     );
     assert!(!can(2, &call(8, 64, true), true));
+    // Under capture the op gives the mask beside the lengths (or alone): [B,H,Tq,Tk], keys at
+    // unit stride, bool or of q's dtype (an added one needs a positive scale known on the host).
+    const BOOL: i32 = 4;
+    let masked = |lengths: bool, dtype: i32, strides: &[i64]| {
+        let mut c = call(8, 64, lengths);
+        c[6] = fake_tensor(0x700000, dtype, &[2, 8, 512, 512], strides);
+        c
+    };
+    let per_query = [512 * 512, 0, 512, 1];
+    assert!(
+        can(2, &masked(true, BOOL, &per_query), false),
+        "a bool mask beside the lengths"
+    );
+    assert!(
+        can(2, &masked(false, BOOL, &per_query), false),
+        "a bool mask alone"
+    );
+    assert!(
+        can(2, &masked(true, BF16, &[512, 0, 0, 1]), false),
+        "an added mask of q's dtype, one row of keys per sequence"
+    );
+    assert!(
+        !can(2, &masked(true, F32, &per_query), false),
+        "an added mask of another dtype"
+    );
+    assert!(
+        !can(
+            2,
+            &masked(true, BOOL, &[2 * 512 * 512, 0, 2 * 512, 2]),
+            false
+        ),
+        "keys not at unit stride"
+    );
+    let mut factored = masked(true, BF16, &per_query);
+    factored[4] = fake_tensor(0x600000, F32, &[1], &[1]);
+    assert!(
+        !can(2, &factored, false),
+        "an added mask under a scale the kernel reads on the device"
+    );
+    let mut narrow = masked(true, BOOL, &per_query);
+    narrow[6].sizes[2] = 256;
+    assert!(!can(2, &narrow, false), "a mask of other sizes");
 
     // sm90, persistent, causal with key lengths, head dim 80 in the 96 tile, grouped.
     assert!(can(3, &call(2, 80, true), true) && can(3, &call(8, 80, true), true));
     assert!(!can(3, &call(2, 80, false), true));
     assert!(!can(3, &call(2, 104, true), true), "past the 96 tile");
+    // A mask to a kernel that does not read one: the causal key-length kernel (its fusion would
+    // mask on top of it), one without lengths, and sm80's without a bias.
+    let mut causal_masked = call(2, 80, true);
+    causal_masked[6] = fake_tensor(0x700000, BOOL, &[2, 8, 512, 512], &per_query);
+    assert!(!can(3, &causal_masked, true));
+    let mut unpadded_masked = call(8, 96, false);
+    unpadded_masked[6] = fake_tensor(0x700000, BOOL, &[2, 8, 512, 512], &per_query);
+    assert!(!can(0, &unpadded_masked, true) && !can(1, &unpadded_masked, true));
 
     // The bias kernel: a bias [B,H,Tq,Tk] of q's dtype, read through its strides (0 where it is
     // broadcast), rows and steps whole 16-byte vectors apart; the others refuse one.

@@ -9,10 +9,10 @@ sequence dynamic where the model allows), composed from its .pt2 by the fact CLI
   program eagerly, captured in a CUDA graph after one warm-up call at the shape, replays fed new
   input values copied into the captured buffers, and its TorchScript copy), each mode with its
   error against fp64, and the op library's kernel and fallback calls with the fallbacks' reasons;
-- with --capture, only the capture check at the zoo shape: the original program, the composed
+- with --capture, the capture check at the zoo shape: the original program, the composed
   one and its TorchScript copy each captured after a warm-up call, replayed on fresh inputs and compared with
   the uncaptured module on the same inputs, with the calls that fell back while capturing
-  (OUT/captures/NAME.json; nothing is timed);
+  (OUT/captures/NAME.json; nothing is timed), and nothing else unless --grid is given too;
 - at the zoo shape, in one measuring process: the exported program eagerly (eager_ms),
   torch.compile of the model (compile_ms), the composed program eagerly (fact_pt2_ms) and under
   torch.compile (fact_pt2_compile_ms) and the same composition as TorchScript (fact_ts_ms: the
@@ -659,7 +659,9 @@ def main():
                 if p.returncode != 0:
                     rec["errors"]["capture"] = f"the capture child exited with {p.returncode} (logs/{model.name}.capture.log)"
                     write_json(rec_path, rec)
-                continue
+                # With --grid, the grid is measured on the same composition after the check.
+                if not args.grid:
+                    continue
             log(model.name, "measure")
             # The grid first; its processes leave the zoo shape's modes and the AOTInductor
             # packages about 1.5 and 4 minutes.

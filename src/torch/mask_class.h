@@ -68,52 +68,65 @@ struct MaskValue {
   at::Tensor lengths;
 };
 
-// The class of `mask` as the scores [B, H, Tq, Tk] see it: broadcast from the right, as SDPA and
-// masked_fill broadcast it (for q of rank 3, `q_rank` 3, the scores are [B, Tq, Tk], one head).
-// A few small ops on the mask's device and one host sync (the flags); a dim of stride 0 (an
-// expand) is read once.
-inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank, int64_t b, int64_t h, int64_t tq,
-                          int64_t tk) {
-  MaskValue general;
-  if (!mask.defined() || tq < 1 || tk < 1 || b < 1 || h < 1 || mask.dim() > q_rank) return general;
+// `mask` as the scores [B, H, Tq, Tk] see it: broadcast from the right, as SDPA and masked_fill
+// broadcast it (for q of rank 3, `q_rank` 3, the scores are [B, Tq, Tk], one head), four dims,
+// each 1 or the scores' own, a dim of stride 0 (an expand) narrowed to one so it is read once;
+// undefined where it does not broadcast so.
+inline at::Tensor as_scores(const at::Tensor& mask, int64_t q_rank, int64_t b, int64_t h, int64_t tq, int64_t tk) {
+  if (!mask.defined() || tq < 1 || tk < 1 || b < 1 || h < 1 || mask.dim() > q_rank) return at::Tensor();
   at::Tensor m = mask;
   while (m.dim() < q_rank) m = m.unsqueeze(0);
   if (q_rank == 3) m = m.unsqueeze(1);
-  if (m.dim() != 4) return general;
+  if (m.dim() != 4) return at::Tensor();
   const int64_t want[4] = {b, h, tq, tk};
   for (int64_t d = 0; d < 4; ++d) {
-    if (m.size(d) != 1 && m.size(d) != want[d]) return general;
+    if (m.size(d) != 1 && m.size(d) != want[d]) return at::Tensor();
     if (m.size(d) > 1 && m.stride(d) == 0) m = m.narrow(d, 0, 1);
   }
-  const at::TensorOptions bools = at::TensorOptions().dtype(at::kBool).device(m.device());
-  at::Tensor vis;
-  at::Tensor valid = at::ones({}, bools);
+  return m;
+}
+
+// Which cells of a mask `as_scores` gave are visible (`vis`), and where each cell is either
+// visible or masked (`valid`, per sequence, [B or 1]): the mode's reading. False where the
+// mask's dtype is not the mode's.
+inline bool visible(const at::Tensor& m, MaskMode mode, at::Tensor& vis, at::Tensor& valid) {
+  valid = at::ones({m.size(0)}, at::TensorOptions().dtype(at::kBool).device(m.device()));
   switch (mode) {
     case MaskMode::Bool:
-      if (m.scalar_type() != at::kBool) return general;
+      if (m.scalar_type() != at::kBool) return false;
       vis = m;
-      break;
-    case MaskMode::Additive: {
-      if (!at::isFloatingType(m.scalar_type())) return general;
+      return true;
+    case MaskMode::Additive:
+      if (!at::isFloatingType(m.scalar_type())) return false;
       vis = m == 0;
-      valid = (vis | (m <= masked_bound(m.scalar_type()))).all();
-      break;
-    }
+      valid = (vis | (m <= masked_bound(m.scalar_type()))).flatten(1).all(-1);
+      return true;
     case MaskMode::Not:
     case MaskMode::Eq0:
     case MaskMode::Fill: {
       const at::Tensor fill = mode == MaskMode::Not ? at::bitwise_not(m) : mode == MaskMode::Eq0 ? at::eq(m, 0) : m;
-      if (fill.scalar_type() != at::kBool) return general;
+      if (fill.scalar_type() != at::kBool) return false;
       vis = at::logical_not(fill);
-      break;
+      return true;
     }
   }
+  return false;
+}
+
+// The class of `mask` as the scores [B, H, Tq, Tk] see it (`as_scores`). A few small ops on the
+// mask's device and one host sync (the flags).
+inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank, int64_t b, int64_t h, int64_t tq,
+                          int64_t tk) {
+  MaskValue general;
+  const at::Tensor m = as_scores(mask, q_rank, b, h, tq, tk);
+  at::Tensor vis, valid;
+  if (!m.defined() || !visible(m, mode, vis, valid)) return general;
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(m.device());
   const at::Tensor j = at::arange(tk, longs);
   const at::Tensor tri = j.view({1, tk}) <= at::arange(tq, longs).view({tq, 1});
   const at::Tensor lengths = vis.select(2, vis.size(2) - 1).select(1, 0).sum(-1);
   const at::Tensor prefix = j.view({1, 1, 1, tk}) < lengths.view({-1, 1, 1, 1});
-  const at::Tensor flags = at::stack({valid.reshape({}), vis.all(), at::eq(vis, tri).all(), at::eq(vis, prefix).all(),
+  const at::Tensor flags = at::stack({valid.all(), vis.all(), at::eq(vis, tri).all(), at::eq(vis, prefix).all(),
                                       at::eq(vis, prefix.logical_and(tri)).all(), (lengths > 0).all()})
                                .to(at::kCPU);
   const bool* f = flags.data_ptr<bool>();
@@ -126,6 +139,23 @@ inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank,
   else return general;
   out.lengths = lengths.to(at::kInt).expand({b}).contiguous();
   return out;
+}
+
+// Per sequence, the keys it sees where its mask (`as_scores`) is a key-padding prefix of at least
+// one key (none masked counts, as Tk), else -1: int32 [B] on the mask's device, from a few ops
+// there and no host sync, so a CUDA graph captures them (a padded kernel given the mask beside
+// them reads the cells of a -1 sequence itself). Undefined where the mask does not broadcast to
+// the scores or is not of the mode's dtype.
+inline at::Tensor prefix_lengths(const at::Tensor& mask, MaskMode mode, int64_t q_rank, int64_t b, int64_t h, int64_t tq,
+                                 int64_t tk) {
+  const at::Tensor m = as_scores(mask, q_rank, b, h, tq, tk);
+  at::Tensor vis, valid;
+  if (!m.defined() || !visible(m, mode, vis, valid)) return at::Tensor();
+  const at::Tensor j = at::arange(tk, at::TensorOptions().dtype(at::kLong).device(m.device()));
+  const at::Tensor lengths = vis.select(2, vis.size(2) - 1).select(1, 0).sum(-1);
+  const at::Tensor prefix = j.view({1, 1, 1, tk}) < lengths.view({-1, 1, 1, 1});
+  const at::Tensor ok = at::eq(vis, prefix).flatten(1).all(-1).logical_and(valid).logical_and(lengths > 0);
+  return at::where(ok, lengths, -1).to(at::kInt).expand({b}).contiguous();
 }
 
 }  // namespace fact_mask

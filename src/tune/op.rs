@@ -13,6 +13,7 @@ pub fn fact_tensor(t: &Tensor) -> FactTensor {
         Kind::BFloat16 => 1,
         Kind::Half => 2,
         Kind::Int => 3,
+        Kind::Bool => 4,
         _ => -1,
     };
     let mut ft = FactTensor {

@@ -125,52 +125,65 @@ struct MaskValue {
   at::Tensor lengths;
 };
 
-// The class of `mask` as the scores [B, H, Tq, Tk] see it: broadcast from the right, as SDPA and
-// masked_fill broadcast it (for q of rank 3, `q_rank` 3, the scores are [B, Tq, Tk], one head).
-// A few small ops on the mask's device and one host sync (the flags); a dim of stride 0 (an
-// expand) is read once.
-inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank, int64_t b, int64_t h, int64_t tq,
-                          int64_t tk) {
-  MaskValue general;
-  if (!mask.defined() || tq < 1 || tk < 1 || b < 1 || h < 1 || mask.dim() > q_rank) return general;
+// `mask` as the scores [B, H, Tq, Tk] see it: broadcast from the right, as SDPA and masked_fill
+// broadcast it (for q of rank 3, `q_rank` 3, the scores are [B, Tq, Tk], one head), four dims,
+// each 1 or the scores' own, a dim of stride 0 (an expand) narrowed to one so it is read once;
+// undefined where it does not broadcast so.
+inline at::Tensor as_scores(const at::Tensor& mask, int64_t q_rank, int64_t b, int64_t h, int64_t tq, int64_t tk) {
+  if (!mask.defined() || tq < 1 || tk < 1 || b < 1 || h < 1 || mask.dim() > q_rank) return at::Tensor();
   at::Tensor m = mask;
   while (m.dim() < q_rank) m = m.unsqueeze(0);
   if (q_rank == 3) m = m.unsqueeze(1);
-  if (m.dim() != 4) return general;
+  if (m.dim() != 4) return at::Tensor();
   const int64_t want[4] = {b, h, tq, tk};
   for (int64_t d = 0; d < 4; ++d) {
-    if (m.size(d) != 1 && m.size(d) != want[d]) return general;
+    if (m.size(d) != 1 && m.size(d) != want[d]) return at::Tensor();
     if (m.size(d) > 1 && m.stride(d) == 0) m = m.narrow(d, 0, 1);
   }
-  const at::TensorOptions bools = at::TensorOptions().dtype(at::kBool).device(m.device());
-  at::Tensor vis;
-  at::Tensor valid = at::ones({}, bools);
+  return m;
+}
+
+// Which cells of a mask `as_scores` gave are visible (`vis`), and where each cell is either
+// visible or masked (`valid`, per sequence, [B or 1]): the mode's reading. False where the
+// mask's dtype is not the mode's.
+inline bool visible(const at::Tensor& m, MaskMode mode, at::Tensor& vis, at::Tensor& valid) {
+  valid = at::ones({m.size(0)}, at::TensorOptions().dtype(at::kBool).device(m.device()));
   switch (mode) {
     case MaskMode::Bool:
-      if (m.scalar_type() != at::kBool) return general;
+      if (m.scalar_type() != at::kBool) return false;
       vis = m;
-      break;
-    case MaskMode::Additive: {
-      if (!at::isFloatingType(m.scalar_type())) return general;
+      return true;
+    case MaskMode::Additive:
+      if (!at::isFloatingType(m.scalar_type())) return false;
       vis = m == 0;
-      valid = (vis | (m <= masked_bound(m.scalar_type()))).all();
-      break;
-    }
+      valid = (vis | (m <= masked_bound(m.scalar_type()))).flatten(1).all(-1);
+      return true;
     case MaskMode::Not:
     case MaskMode::Eq0:
     case MaskMode::Fill: {
       const at::Tensor fill = mode == MaskMode::Not ? at::bitwise_not(m) : mode == MaskMode::Eq0 ? at::eq(m, 0) : m;
-      if (fill.scalar_type() != at::kBool) return general;
+      if (fill.scalar_type() != at::kBool) return false;
       vis = at::logical_not(fill);
-      break;
+      return true;
     }
   }
+  return false;
+}
+
+// The class of `mask` as the scores [B, H, Tq, Tk] see it (`as_scores`). A few small ops on the
+// mask's device and one host sync (the flags).
+inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank, int64_t b, int64_t h, int64_t tq,
+                          int64_t tk) {
+  MaskValue general;
+  const at::Tensor m = as_scores(mask, q_rank, b, h, tq, tk);
+  at::Tensor vis, valid;
+  if (!m.defined() || !visible(m, mode, vis, valid)) return general;
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(m.device());
   const at::Tensor j = at::arange(tk, longs);
   const at::Tensor tri = j.view({1, tk}) <= at::arange(tq, longs).view({tq, 1});
   const at::Tensor lengths = vis.select(2, vis.size(2) - 1).select(1, 0).sum(-1);
   const at::Tensor prefix = j.view({1, 1, 1, tk}) < lengths.view({-1, 1, 1, 1});
-  const at::Tensor flags = at::stack({valid.reshape({}), vis.all(), at::eq(vis, tri).all(), at::eq(vis, prefix).all(),
+  const at::Tensor flags = at::stack({valid.all(), vis.all(), at::eq(vis, tri).all(), at::eq(vis, prefix).all(),
                                       at::eq(vis, prefix.logical_and(tri)).all(), (lengths > 0).all()})
                                .to(at::kCPU);
   const bool* f = flags.data_ptr<bool>();
@@ -183,6 +196,23 @@ inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank,
   else return general;
   out.lengths = lengths.to(at::kInt).expand({b}).contiguous();
   return out;
+}
+
+// Per sequence, the keys it sees where its mask (`as_scores`) is a key-padding prefix of at least
+// one key (none masked counts, as Tk), else -1: int32 [B] on the mask's device, from a few ops
+// there and no host sync, so a CUDA graph captures them (a padded kernel given the mask beside
+// them reads the cells of a -1 sequence itself). Undefined where the mask does not broadcast to
+// the scores or is not of the mode's dtype.
+inline at::Tensor prefix_lengths(const at::Tensor& mask, MaskMode mode, int64_t q_rank, int64_t b, int64_t h, int64_t tq,
+                                 int64_t tk) {
+  const at::Tensor m = as_scores(mask, q_rank, b, h, tq, tk);
+  at::Tensor vis, valid;
+  if (!m.defined() || !visible(m, mode, vis, valid)) return at::Tensor();
+  const at::Tensor j = at::arange(tk, at::TensorOptions().dtype(at::kLong).device(m.device()));
+  const at::Tensor lengths = vis.select(2, vis.size(2) - 1).select(1, 0).sum(-1);
+  const at::Tensor prefix = j.view({1, 1, 1, tk}) < lengths.view({-1, 1, 1, 1});
+  const at::Tensor ok = at::eq(vis, prefix).flatten(1).all(-1).logical_and(valid).logical_and(lengths > 0);
+  return at::where(ok, lengths, -1).to(at::kInt).expand({b}).contiguous();
 }
 
 }  // namespace fact_mask
@@ -327,7 +357,8 @@ FactTensor fact_tensor(const at::Tensor& t) {
   ft.dtype = s == at::kFloat      ? FACT_F32
              : s == at::kBFloat16 ? FACT_BF16
              : s == at::kHalf     ? FACT_F16
-             : s == at::kInt      ? FACT_I32  // an attention kernel's key lengths
+             : s == at::kInt      ? FACT_I32   // an attention kernel's key lengths
+             : s == at::kBool     ? FACT_BOOL  // an attention kernel's bool mask
                                   : -1;
   ft.rank = static_cast<int32_t>(t.dim());
   for (int64_t i = 0; i < t.dim() && i < FACT_MAX_RANK; ++i) {
@@ -1674,12 +1705,17 @@ std::vector<ClassifiedMask> classified_masks;
 constexpr size_t kMaskCache = 4;
 
 // The class of `mask` against the scores [b, h, tq, tk] (q of rank `q_rank`), from the cache or
-// classified now (one pass on its device and one host sync); nullopt where it must be classified
-// while the stream captures a CUDA graph, which can neither wait for the device nor replay a
-// class read on the host against the masks later replays hold (the op falls back: torch's ops
-// capture). A static mask classified at its shape before, on the warm-up call, is a hit.
+// classified now (one pass on its device and one host sync); nullopt for a mask read anew each
+// forward while the stream captures a CUDA graph, which can neither wait for the device nor
+// replay a class read on the host against the masks later replays hold (a padded kernel then
+// reads the mask itself; other calls fall back: torch's ops capture). A static mask classified
+// at its shape before, on the warm-up call, is a hit.
 std::optional<fact_mask::MaskValue> mask_value(const at::Tensor& mask, fact_mask::MaskMode mode, bool by_shape, int64_t q_rank,
                                 int64_t b, int64_t h, int64_t tq, int64_t tk) {
+  // A mask read anew each forward is never a hit while the stream captures: the tensor the warm-up
+  // call classified is the one captured only where it is an input of the graph, whose replays
+  // hold other values.
+  if (!by_shape && capturing()) return std::nullopt;
   const int64_t dims[5] = {q_rank, b, h, tq, tk};
   auto same = [&](const ClassifiedMask& c) {
     const bool layout = c.mask.sizes() == mask.sizes() && c.mask.strides() == mask.strides() &&
@@ -1705,6 +1741,50 @@ std::optional<fact_mask::MaskValue> mask_value(const at::Tensor& mask, fact_mask
   classified_masks.insert(classified_masks.begin(), c);
   if (classified_masks.size() > kMaskCache) classified_masks.pop_back();
   return c.value;
+}
+
+// Each sequence's length where its mask is a key-padding prefix, else -1 (fact_mask::prefix_lengths),
+// computed while the stream captures a CUDA graph: once per mask tensor and capture, so the layers
+// after the first that share a mask read the lengths its call wrote (the graph replays that
+// computation before them). Keyed on the capture's id, so another graph computes its own; held
+// until another capture computes lengths. Holding the mask and the lengths keeps their memory
+// from other tensors of the capture.
+struct CapturedLengths {
+  unsigned long long capture;
+  at::Tensor mask;
+  uint32_t version;
+  fact_mask::MaskMode mode;
+  int64_t dims[5];
+  at::Tensor lengths;
+};
+std::vector<CapturedLengths> captured_lengths;
+
+at::Tensor lengths_in_capture(const at::Tensor& mask, fact_mask::MaskMode mode, int64_t q_rank, int64_t b, int64_t h,
+                              int64_t tq, int64_t tk) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long capture = 0;
+  if (cudaStreamGetCaptureInfo(at::cuda::getCurrentCUDAStream(), &status, &capture) != cudaSuccess ||
+      status != cudaStreamCaptureStatusActive) {
+    return fact_mask::prefix_lengths(mask, mode, q_rank, b, h, tq, tk);
+  }
+  const int64_t dims[5] = {q_rank, b, h, tq, tk};
+  std::lock_guard<std::mutex> lock(masks_mutex);
+  for (const CapturedLengths& c : captured_lengths) {
+    if (c.capture == capture && c.mask.is_same(mask) && c.version == mask._version() && c.mode == mode &&
+        std::equal(dims, dims + 5, c.dims)) {
+      return c.lengths;
+    }
+  }
+  at::Tensor lengths = fact_mask::prefix_lengths(mask, mode, q_rank, b, h, tq, tk);
+  if (!lengths.defined()) return lengths;
+  // An earlier capture's entries are never hits again: their memory goes back to its graph.
+  captured_lengths.erase(std::remove_if(captured_lengths.begin(), captured_lengths.end(),
+                                        [&](const CapturedLengths& c) { return c.capture != capture; }),
+                         captured_lengths.end());
+  captured_lengths.insert(captured_lengths.begin(),
+                          CapturedLengths{capture, mask, static_cast<uint32_t>(mask._version()), mode, {q_rank, b, h, tq, tk}, lengths});
+  if (captured_lengths.size() > kMaskCache) captured_lengths.pop_back();
+  return lengths;
 }
 
 // Two masks applied together (the where form's condition and its added mask): a key is visible
@@ -1772,6 +1852,36 @@ at::Tensor bias_rows(const at::Tensor& mask, int64_t q_rank, int64_t b, int64_t 
   return expanded(rows);
 }
 
+// The mask as a padded kernel without the causal mask reads it where a sequence's length is below
+// 1, under CUDA graph capture: over the scores [B,H,Tq,Tk] (a broadcast dim at stride 0), its keys at unit
+// stride; SDPA's bool mask (a key visible where true) or an additive one of q's dtype (SDPA's
+// float mask, the explicit form's add), which the kernel adds to the scaled scores. Undefined,
+// with the reason in `why`, for any other form: a where, a masked_fill, a bias beside the mask,
+// casts, a scale after the mask or one the graph computes (the kernel divides the added values
+// by a scale it is given).
+at::Tensor mask_cells(const Form& f, const at::Tensor& mask, int64_t q_rank, int64_t b, int64_t h, int64_t tq, int64_t tk,
+                      at::ScalarType dtype, std::string& why) {
+  const bool as_bool = f.mask == "bool" && mask.scalar_type() == at::kBool;
+  const bool as_added = f.mask == "add" && mask.scalar_type() == dtype && !f.scale_tensor;
+  if (f.kernel_class != fact_mask::MaskClass::Padded || !(as_bool || as_added) || f.where || f.bias || f.plus ||
+      f.windows || f.scale_last || f.upcast) {
+    why = "a mask read anew each forward, under CUDA graph capture, of a form the kernel does not read itself (its class is read on the host)";
+    return at::Tensor();
+  }
+  const std::vector<int64_t> scores = q_rank == 4 ? std::vector<int64_t>{b, h, tq, tk} : std::vector<int64_t>{b, tq, tk};
+  if (mask.dim() > q_rank || !at::is_expandable_to(mask.sizes(), scores)) {
+    why = "the mask does not broadcast to the scores";
+    return at::Tensor();
+  }
+  at::Tensor cells = mask.expand(scores);
+  if (q_rank == 3) cells = cells.unsqueeze(1);
+  if (tk > 1 && cells.stride(3) != 1) {
+    why = "a mask read anew each forward, under CUDA graph capture, whose keys are not at unit stride";
+    return at::Tensor();
+  }
+  return cells;
+}
+
 // Runs kernel `kernel` for the call, or returns an undefined tensor when it does not fit, with the
 // reason in `why`.
 at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -1826,6 +1936,10 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
       bias = bias_rows(*added, q.dim(), b, h, tq, tk, 0, copied);
     }
   }
+  const bool padded = f.kernel_class == MaskClass::Padded || f.kernel_class == MaskClass::CausalPadded;
+  const bool causal = f.kernel_class == MaskClass::Causal || f.kernel_class == MaskClass::CausalPadded;
+  // The mask itself, which a padded kernel reads beside the lengths under capture.
+  at::Tensor cells;
   // The class: of the mask (no bias), or of SDPA's where condition beside a bias.
   if (!f.mask.empty() && (!f.bias || f.where)) {
     if (!mask.has_value() || !mask->defined() || mask->device() != q.device()) return why = "the mask is not on q's device", at::Tensor();
@@ -1839,23 +1953,31 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
       const std::optional<fact_mask::MaskValue> c = cond_value();
       read = c.has_value() ? std::optional<fact_mask::MaskValue>(both(*read, *c)) : std::nullopt;
     }
-    if (!read.has_value()) {
+    if (read.has_value()) {
+      const fact_mask::MaskValue m = *read;
+      if (!kernel_takes(f.kernel_class, m.cls, tk)) {
+        switch (m.cls) {
+          case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();
+          case MaskClass::Causal: return why = "the mask is causal (the kernel is built for another mask)", at::Tensor();
+          case MaskClass::Padded: return why = "the mask pads keys (the kernel is built for another mask)", at::Tensor();
+          case MaskClass::CausalPadded: return why = "the mask is causal and pads keys (the kernel is built for another mask)", at::Tensor();
+          case MaskClass::General: return why = "the mask is general (not all-visible, causal or a key-padding prefix)", at::Tensor();
+        }
+      }
+      lengths = m.lengths;
+    } else if (padded) {
+      // Under CUDA graph capture, which can neither wait for a class nor replay one read from
+      // this call's values: each sequence's length where its mask is a key-padding prefix,
+      // computed on the device, and the mask beside them, whose cells the kernel reads itself
+      // for the other sequences, whatever they hold.
+      cells = mask_cells(f, *mask, q.dim(), b, h, tq, tk, q.scalar_type(), why);
+      if (!cells.defined()) return at::Tensor();
+      lengths = lengths_in_capture(*mask, mask_mode(f), q.dim(), b, h, tq, tk);
+      if (!lengths.defined()) return why = "the mask does not broadcast to the scores", at::Tensor();
+    } else {
       return why = "a mask read anew each forward, under CUDA graph capture (its class is read on the host)", at::Tensor();
     }
-    const fact_mask::MaskValue m = *read;
-    if (!kernel_takes(f.kernel_class, m.cls, tk)) {
-      switch (m.cls) {
-        case MaskClass::None: return why = "the mask shows every key (the kernel is built for another mask)", at::Tensor();
-        case MaskClass::Causal: return why = "the mask is causal (the kernel is built for another mask)", at::Tensor();
-        case MaskClass::Padded: return why = "the mask pads keys (the kernel is built for another mask)", at::Tensor();
-        case MaskClass::CausalPadded: return why = "the mask is causal and pads keys (the kernel is built for another mask)", at::Tensor();
-        case MaskClass::General: return why = "the mask is general (not all-visible, causal or a key-padding prefix)", at::Tensor();
-      }
-    }
-    lengths = m.lengths;
   }
-  const bool padded = f.kernel_class == MaskClass::Padded || f.kernel_class == MaskClass::CausalPadded;
-  const bool causal = f.kernel_class == MaskClass::Causal || f.kernel_class == MaskClass::CausalPadded;
   if (padded && !lengths.defined()) return why = "a padded kernel without a mask", at::Tensor();
   double scale = 1.0;
   if (f.scale_op == 'm' || f.scale_op == 's') scale = f.scale;
@@ -1896,11 +2018,12 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   };
   const at::Tensor out = allocate(f.order);
   // The kernel ABI: q, k, v (k/v with their own heads), out, the scale factor, each sequence's
-  // key length and the bias (NULL data when absent).
+  // key length and the bias, or the mask a padded kernel reads where a length is below 1 (NULL
+  // data when absent).
   FactTensor tensors[7] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
                            factor.defined() ? fact_tensor(factor) : FactTensor{},
-                           padded ? fact_tensor(lengths) : FactTensor{},
-                           bias.defined() ? fact_tensor(bias) : FactTensor{}};
+                           lengths.defined() ? fact_tensor(lengths) : FactTensor{},
+                           bias.defined() ? fact_tensor(bias) : cells.defined() ? fact_tensor(cells) : FactTensor{}};
   const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
   const FactOpArgs args{tensors, 7, scalars, 3};
   if (launch_kernel(index, args, q, kernel, "attention")) return q.dim() == 4 ? out : out.squeeze(1);

@@ -10,8 +10,9 @@
 // Hq: query head h reads k/v head h / (Hq/Hkv), in place), out [B,Hq,Tq,D],
 // all read and written through their strides (unit stride along D, the others multiples of 16
 // bytes: TMA), a factor (one fp32 value in device memory, e.g. a divisor the graph computes on the
-// GPU; NULL data when none) and each sequence's key count (int32 [B] in device
-// memory); scalars: scale, causal, and the factor's power
+// GPU; NULL data when none), each sequence's key count (int32 [B] in device
+// memory), and no mask (NULL data);
+// scalars: scale, causal, and the factor's power
 // (1: scale·factor, -1: scale/factor). The kernel reads the factor and the
 // lengths itself so the host never waits for them. The workspace holds the kernel's
 // log-sum-exp rows (fp32 [B,Hq,Tq]).
@@ -186,6 +187,51 @@ using namespace cute;
 using Element = cutlass::bfloat16_t;
 using StrideQKVO = cute::tuple<int, _1, cute::tuple<int, int>>;  // T, D, (B, H)
 
+// The problem as the consumers of a tile see it where the call gives its mask in place of the key
+// lengths (a CUDA graph capture cannot read a mask's class on the host): the fusions read the
+// mask's cells themselves, in every key block. `get` reads it as the problem it derives from.
+template <class P>
+struct MaskedProblem : P {
+  const char* mask;  // the tile's (batch, head) [Tq, Tk] slice; NULL: no mask
+  int64_t mask_q;    // its query stride in elements (0: one row of keys for every query)
+  int kind;          // 1: bool, a key visible where nonzero; 2: added to the scaled scores
+  float inv_scale;   // an added value goes onto the unscaled scores divided by the scale,
+  float lo;          // and no lower than lo, so scale·(score + lo) stays finite (-inf, or torch's
+                     // finfo.min over the scale, would not)
+};
+
+template <class P>
+CUTLASS_DEVICE bool has_mask(P const&) {
+  return false;
+}
+template <class P>
+CUTLASS_DEVICE bool has_mask(MaskedProblem<P> const& p) {
+  return p.mask != nullptr;
+}
+
+// The call's mask on one key block's scores (cells past Tq or Tk are left to the fusion).
+template <class AccQK, class IndexQK, class P>
+CUTLASS_DEVICE void apply_call_mask(AccQK&, IndexQK const&, P const&) {}
+template <class AccQK, class IndexQK, class P>
+CUTLASS_DEVICE void apply_call_mask(AccQK& acc_qk, IndexQK const& index_qk, MaskedProblem<P> const& p) {
+  if (p.mask == nullptr) return;
+  const int tq = get<2>(p), tk = get<3>(p);
+  const uint8_t* visible = reinterpret_cast<const uint8_t*>(p.mask);
+  const Element* added = reinterpret_cast<const Element*>(p.mask);
+  CUTLASS_PRAGMA_UNROLL
+  for (int i = 0; i < size(acc_qk); i++) {
+    auto pos = index_qk(i);
+    const int qi = get<0>(pos), kj = get<1>(pos);
+    if (qi >= tq || kj >= tk) continue;
+    const int64_t at = qi * p.mask_q + kj;
+    if (p.kind == 1) {
+      if (visible[at] == 0) acc_qk(i) = -INFINITY;
+    } else {
+      acc_qk(i) += ::fmaxf(static_cast<float>(added[at]) * p.inv_scale, p.lo);
+    }
+  }
+}
+
 // examples/88's CausalFusion with the keys at or past the sequence's length masked too. The
 // mainloop hands the fusions a problem whose Tk is that length (`keys_of`), so CausalFusion's
 // trip count already stops at the last key block holding a key below it, and that block is among
@@ -271,7 +317,10 @@ struct PairedTileScheduler {
 // and the producer loads k/v head h / group for query head h (`load_kv_maybe_q`); the consumers,
 // the epilogue and the tile order see Hq heads as before.
 // Key lengths: the producer and the consumers take the problem with Tk cut to the sequence's
-// length (`keys_of`), so both count the same key blocks and the fusion masks past it.
+// length (`keys_of`), so both count the same key blocks and the fusion masks past it. Where the
+// call gives its mask beside them (a kernel without the causal mask) and a sequence's length is
+// below 1, Tk stays whole and the consumers' problem carries the tile's slice of the mask
+// (`masked`): a capture computes the lengths on the device, -1 where the mask is no prefix.
 template <class Base>
 struct ScaledMainloop : Base {
   static constexpr bool kKeyLengths = true;
@@ -282,12 +331,18 @@ struct ScaledMainloop : Base {
     int power;
     const int32_t* lengths;
     int group;
+    const void* mask;
+    int mask_kind;
+    int64_t mask_b, mask_h, mask_q;  // strides in elements
   };
   struct Params : Base::Params {
     const float* factor;
     int power;
     const int32_t* lengths;
     int group;
+    const void* mask;
+    int mask_kind;
+    int64_t mask_b, mask_h, mask_q;
   };
 
   // Any query length: the example refuses Tq % Alignment != 0, but TMA zero-fills the rows past Tq
@@ -302,7 +357,8 @@ struct ScaledMainloop : Base {
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const& problem, Arguments const& a, void* workspace) {
-    Params p{Base::to_underlying_arguments(problem, a, workspace), a.factor, a.power, a.lengths, a.group};
+    Params p{Base::to_underlying_arguments(problem, a, workspace), a.factor, a.power, a.lengths, a.group,
+             a.mask, a.mask_kind, a.mask_b, a.mask_h, a.mask_q};
     if (a.group > 1) {
       ProblemShape kv = problem;
       get<1>(kv) = get<1>(problem) / a.group;
@@ -317,10 +373,11 @@ struct ScaledMainloop : Base {
 
   // The problem as tile `blk`'s key loop sees it: with key lengths, Tk is batch b's length, kept
   // within [1, Tk] (the op passes lengths in it; a 0 would leave the producer and the consumers
-  // no key block to agree on).
+  // no key block to agree on); Tk where the mask is read cell by cell (`reads_mask`).
   template <class BlkCoord, class ProblemShape>
   CUTLASS_DEVICE static ProblemShape keys_of(BlkCoord const& blk, Params const& params, ProblemShape const& problem) {
     if constexpr (kKeyLengths) {
+      if (reads_mask(blk, params)) return problem;
       ProblemShape p = problem;
       get<3>(p) = ::max(1, ::min(static_cast<int>(params.lengths[get<2, 0>(blk)]), get<3>(problem)));
       return p;
@@ -343,6 +400,29 @@ struct ScaledMainloop : Base {
     }
   }
 
+  // Whether tile `blk`'s sequence has its mask read cell by cell: a mask given, and no length of
+  // at least 1 for it.
+  template <class BlkCoord>
+  CUTLASS_DEVICE static bool reads_mask(BlkCoord const& blk, Params const& params) {
+    return params.mask != nullptr && (params.lengths == nullptr || params.lengths[get<2, 0>(blk)] < 1);
+  }
+
+  // The consumers' problem: keys_of's, with the tile's slice of the call's mask where it reads it,
+  // against the scale the consumers use (`p`'s).
+  template <class BlkCoord, class ProblemShape>
+  CUTLASS_DEVICE static auto masked(BlkCoord const& blk, Params const& params, typename Base::Params const& p,
+                                    ProblemShape const& problem) {
+    const char* slice = nullptr;
+    if (reads_mask(blk, params)) {
+      const int64_t bytes = params.mask_kind == 1 ? 1 : static_cast<int64_t>(sizeof(Element));
+      slice = static_cast<const char*>(params.mask) +
+              bytes * (get<2, 0>(blk) * params.mask_b + get<2, 1>(blk) * params.mask_h);
+    }
+    const float lo = -1e37f / ::fmaxf(p.scale_softmax_log2, 1.f);
+    return MaskedProblem<ProblemShape>{keys_of(blk, params, problem), slice, params.mask_q, params.mask_kind,
+                                       1.f / p.scale_softmax, lo};
+  }
+
   template <class BlkCoord, class ProblemShape, class... Rest>
   CUTLASS_DEVICE auto compute(BlkCoord const& blk, BlkCoord const& wg, Params const& params, ProblemShape const& problem,
                               Rest&... rest) {
@@ -352,7 +432,7 @@ struct ScaledMainloop : Base {
       p.scale_softmax = params.power > 0 ? p.scale_softmax * f : p.scale_softmax / f;
       p.scale_softmax_log2 = p.scale_softmax * static_cast<float>(M_LOG2E);
     }
-    return overlapped(blk, wg, p, keys_of(blk, params, problem), rest...);
+    return overlapped(blk, wg, p, masked(blk, params, p, problem), rest...);
   }
 
   // One key block's softmax on its scores alone, while the previous block's P·V product still
@@ -562,8 +642,9 @@ int64_t tma_stride(const FactTensor& t, int i) {
 // The kernel's arguments for a call, or false when the call does not fit: shapes, dtypes, the
 // mask the kernel was built for, strides and alignments TMA takes, and CUTLASS's own check.
 bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Arguments& args) {
-  // The seventh tensor, a bias, is sm80_fmha's alone.
-  if (a == nullptr || a->num_tensors != 7 || a->num_scalars != 3 || a->tensors[6].data != nullptr) return false;
+  // The seventh tensor is a key-length kernel's mask, beside the lengths (a bias is
+  // sm80_fmha's alone).
+  if (a == nullptr || a->num_tensors != 7 || a->num_scalars != 3) return false;
   const float* factor = nullptr;
   const FactTensor& f = a->tensors[4];
   if (f.data != nullptr) {
@@ -590,12 +671,30 @@ bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Argum
   // the one-CTA-per-tile schedule loads both from one coordinate.
   if (H % Hkv != 0 || (Hkv != H && !Kernel::kLoadsQSeparately)) return false;
   const FactTensor& len = a->tensors[5];
+  const FactTensor& m = a->tensors[6];
   const int32_t* lengths = nullptr;
-  if ((len.data != nullptr) != kKeyLengths) return false;
-  if (kKeyLengths) {
+  int mask_kind = 0;
+  int64_t mask_strides[3] = {0, 0, 0};
+  // A key-length kernel takes the lengths, the mask or both; another kernel neither.
+  if (kKeyLengths ? (len.data == nullptr && m.data == nullptr) : (len.data != nullptr || m.data != nullptr)) return false;
+  if (len.data != nullptr) {
     if (len.rank != 1 || len.dtype != FACT_I32 || len.sizes[0] != B || (B > 1 && len.strides[0] != 1)) return false;
     if (reinterpret_cast<uintptr_t>(len.data) % sizeof(int32_t) != 0) return false;
     lengths = static_cast<const int32_t*>(len.data);
+  }
+  if (m.data != nullptr) {
+    // The causal fusion would mask on top of a mask that need not be causal.
+    if (kCausal) return false;
+    if (m.rank != 4 || m.sizes[0] != B || m.sizes[1] != H || m.sizes[2] != Tq || m.sizes[3] != Tk) return false;
+    if (Tk > 1 && m.strides[3] != 1) return false;
+    mask_kind = m.dtype == FACT_BOOL ? 1 : m.dtype == 1 ? 2 : 0;
+    // An added mask goes onto the unscaled scores divided by the scale: a positive one known here.
+    if (mask_kind == 0 || (mask_kind == 2 && (f.data != nullptr || !(a->scalars[0] > 0.0)))) return false;
+    if (mask_kind == 2 && reinterpret_cast<uintptr_t>(m.data) % sizeof(Element) != 0) return false;
+    for (int i = 0; i < 3; ++i) {
+      if (m.strides[i] < 0) return false;
+      mask_strides[i] = m.sizes[i] == 1 ? 0 : m.strides[i];
+    }
   }
   // The one-CTA-per-tile grid is (query blocks, B, H).
   if (B > 65535 || H > 65535) return false;
@@ -631,6 +730,11 @@ bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Argum
   mainloop.power = a->scalars[2] > 0 ? 1 : -1;
   mainloop.lengths = lengths;
   mainloop.group = static_cast<int>(H / Hkv);
+  mainloop.mask = m.data;
+  mainloop.mask_kind = mask_kind;
+  mainloop.mask_b = mask_strides[0];
+  mainloop.mask_h = mask_strides[1];
+  mainloop.mask_q = mask_strides[2];
   args = typename Kernel::Arguments{
       {b, h, tq, static_cast<int>(Tk), static_cast<int>(D)},
       mainloop,

@@ -8,7 +8,8 @@
 // Hq: query head h reads k/v head h / (Hq/Hkv), in place), out [B,Hq,Tq,D],
 // all read and written through their strides (unit stride along D, the others multiples of 16
 // bytes: TMA), a factor (one fp32 value in device memory, e.g. a divisor the graph computes on the
-// GPU; NULL data when none) and no key lengths (NULL data); scalars: scale, causal, and the factor's power
+// GPU; NULL data when none), no key lengths and no mask (NULL data);
+// scalars: scale, causal, and the factor's power
 // (1: scale·factor, -1: scale/factor). The kernel reads the factor itself so the host never waits for them. The workspace holds the kernel's
 // log-sum-exp rows (fp32 [B,Hq,Tq]).
 #include "fact_kernels.h"
@@ -261,12 +262,18 @@ struct ScaledMainloop : Base {
     int power;
     const int32_t* lengths;
     int group;
+    const void* mask;
+    int mask_kind;
+    int64_t mask_b, mask_h, mask_q;  // strides in elements
   };
   struct Params : Base::Params {
     const float* factor;
     int power;
     const int32_t* lengths;
     int group;
+    const void* mask;
+    int mask_kind;
+    int64_t mask_b, mask_h, mask_q;
   };
 
   // Any query length: the example refuses Tq % Alignment != 0, but TMA zero-fills the rows past Tq
@@ -281,7 +288,8 @@ struct ScaledMainloop : Base {
 
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const& problem, Arguments const& a, void* workspace) {
-    Params p{Base::to_underlying_arguments(problem, a, workspace), a.factor, a.power, a.lengths, a.group};
+    Params p{Base::to_underlying_arguments(problem, a, workspace), a.factor, a.power, a.lengths, a.group,
+             a.mask, a.mask_kind, a.mask_b, a.mask_h, a.mask_q};
     if (a.group > 1) {
       ProblemShape kv = problem;
       get<1>(kv) = get<1>(problem) / a.group;
@@ -296,10 +304,11 @@ struct ScaledMainloop : Base {
 
   // The problem as tile `blk`'s key loop sees it: with key lengths, Tk is batch b's length, kept
   // within [1, Tk] (the op passes lengths in it; a 0 would leave the producer and the consumers
-  // no key block to agree on).
+  // no key block to agree on); Tk where the mask is read cell by cell (`reads_mask`).
   template <class BlkCoord, class ProblemShape>
   CUTLASS_DEVICE static ProblemShape keys_of(BlkCoord const& blk, Params const& params, ProblemShape const& problem) {
     if constexpr (kKeyLengths) {
+      if (reads_mask(blk, params)) return problem;
       ProblemShape p = problem;
       get<3>(p) = ::max(1, ::min(static_cast<int>(params.lengths[get<2, 0>(blk)]), get<3>(problem)));
       return p;
@@ -322,6 +331,21 @@ struct ScaledMainloop : Base {
     }
   }
 
+  // Whether tile `blk`'s sequence has its mask read cell by cell: a mask given, and no length of
+  // at least 1 for it.
+  template <class BlkCoord>
+  CUTLASS_DEVICE static bool reads_mask(BlkCoord const& blk, Params const& params) {
+    return params.mask != nullptr && (params.lengths == nullptr || params.lengths[get<2, 0>(blk)] < 1);
+  }
+
+  // The consumers' problem: keys_of's, with the tile's slice of the call's mask where it reads it,
+  // against the scale the consumers use (`p`'s).
+  template <class BlkCoord, class ProblemShape>
+  CUTLASS_DEVICE static auto masked(BlkCoord const& blk, Params const& params, typename Base::Params const& p,
+                                    ProblemShape const& problem) {
+    return keys_of(blk, params, problem);
+  }
+
   template <class BlkCoord, class ProblemShape, class... Rest>
   CUTLASS_DEVICE auto compute(BlkCoord const& blk, BlkCoord const& wg, Params const& params, ProblemShape const& problem,
                               Rest&... rest) {
@@ -331,7 +355,7 @@ struct ScaledMainloop : Base {
       p.scale_softmax = params.power > 0 ? p.scale_softmax * f : p.scale_softmax / f;
       p.scale_softmax_log2 = p.scale_softmax * static_cast<float>(M_LOG2E);
     }
-    return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);
+    return Base::compute(blk, wg, p, masked(blk, params, p, problem), rest...);
   }
 };
 
@@ -365,8 +389,9 @@ int64_t tma_stride(const FactTensor& t, int i) {
 // The kernel's arguments for a call, or false when the call does not fit: shapes, dtypes, the
 // mask the kernel was built for, strides and alignments TMA takes, and CUTLASS's own check.
 bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Arguments& args) {
-  // The seventh tensor, a bias, is sm80_fmha's alone.
-  if (a == nullptr || a->num_tensors != 7 || a->num_scalars != 3 || a->tensors[6].data != nullptr) return false;
+  // The seventh tensor is a key-length kernel's mask, beside the lengths (a bias is
+  // sm80_fmha's alone).
+  if (a == nullptr || a->num_tensors != 7 || a->num_scalars != 3) return false;
   const float* factor = nullptr;
   const FactTensor& f = a->tensors[4];
   if (f.data != nullptr) {
@@ -393,12 +418,30 @@ bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Argum
   // the one-CTA-per-tile schedule loads both from one coordinate.
   if (H % Hkv != 0 || (Hkv != H && !Kernel::kLoadsQSeparately)) return false;
   const FactTensor& len = a->tensors[5];
+  const FactTensor& m = a->tensors[6];
   const int32_t* lengths = nullptr;
-  if ((len.data != nullptr) != kKeyLengths) return false;
-  if (kKeyLengths) {
+  int mask_kind = 0;
+  int64_t mask_strides[3] = {0, 0, 0};
+  // A key-length kernel takes the lengths, the mask or both; another kernel neither.
+  if (kKeyLengths ? (len.data == nullptr && m.data == nullptr) : (len.data != nullptr || m.data != nullptr)) return false;
+  if (len.data != nullptr) {
     if (len.rank != 1 || len.dtype != FACT_I32 || len.sizes[0] != B || (B > 1 && len.strides[0] != 1)) return false;
     if (reinterpret_cast<uintptr_t>(len.data) % sizeof(int32_t) != 0) return false;
     lengths = static_cast<const int32_t*>(len.data);
+  }
+  if (m.data != nullptr) {
+    // The causal fusion would mask on top of a mask that need not be causal.
+    if (kCausal) return false;
+    if (m.rank != 4 || m.sizes[0] != B || m.sizes[1] != H || m.sizes[2] != Tq || m.sizes[3] != Tk) return false;
+    if (Tk > 1 && m.strides[3] != 1) return false;
+    mask_kind = m.dtype == FACT_BOOL ? 1 : m.dtype == 1 ? 2 : 0;
+    // An added mask goes onto the unscaled scores divided by the scale: a positive one known here.
+    if (mask_kind == 0 || (mask_kind == 2 && (f.data != nullptr || !(a->scalars[0] > 0.0)))) return false;
+    if (mask_kind == 2 && reinterpret_cast<uintptr_t>(m.data) % sizeof(Element) != 0) return false;
+    for (int i = 0; i < 3; ++i) {
+      if (m.strides[i] < 0) return false;
+      mask_strides[i] = m.sizes[i] == 1 ? 0 : m.strides[i];
+    }
   }
   // The one-CTA-per-tile grid is (query blocks, B, H).
   if (B > 65535 || H > 65535) return false;
@@ -434,6 +477,11 @@ bool make_arguments(const FactOpArgs* a, void* workspace, typename Kernel::Argum
   mainloop.power = a->scalars[2] > 0 ? 1 : -1;
   mainloop.lengths = lengths;
   mainloop.group = static_cast<int>(H / Hkv);
+  mainloop.mask = m.data;
+  mainloop.mask_kind = mask_kind;
+  mainloop.mask_b = mask_strides[0];
+  mainloop.mask_h = mask_strides[1];
+  mainloop.mask_q = mask_strides[2];
   args = typename Kernel::Arguments{
       {b, h, tq, static_cast<int>(Tk), static_cast<int>(D)},
       mainloop,

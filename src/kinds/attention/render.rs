@@ -274,7 +274,7 @@ mod tests {
             text.contains("Epilogue, RotatedTileScheduler, Options...>")
                 && text.contains("Shape<_128, _128, _96>")
                 && text.contains("KernelTmaWarpSpecializedPingpong,\n    cutlass::fmha::kernel::Option<cutlass::fmha::kernel::Tag::kStagesQ, _4>>")
-                && text.contains("return overlapped(blk, wg, p, keys_of(blk, params, problem), rest...);")
+                && text.contains("return overlapped(blk, wg, p, masked(blk, params, p, problem), rest...);")
         );
         assert!(!text.contains("PairedTileScheduler"));
         // Under a causal mask the sweep's order is the paired one.
@@ -303,13 +303,13 @@ mod tests {
                 && text.contains("fact's paired tile order")
                 && !text.contains("RotatedTileScheduler")
                 && text.contains(
-                    "return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);"
+                    "return Base::compute(blk, wg, p, masked(blk, params, p, problem), rest...);"
                 )
         );
         let coop = render(&a).text;
         assert!(
             coop.contains(
-                "return Base::compute(blk, wg, p, keys_of(blk, params, problem), rest...);"
+                "return Base::compute(blk, wg, p, masked(blk, params, p, problem), rest...);"
             ) && !coop.contains("overlapped(")
                 && !coop.contains("kStagesQ")
         );
@@ -412,6 +412,20 @@ mod tests {
                 && full.contains("constexpr bool kKeyLengths = true;")
                 && !full.contains("CausalLengthFusion")
         );
+        // Under capture it reads the call's mask for a sequence without a length: the consumers'
+        // problem carries the mask, and the tail fusion applies it to every key block.
+        assert!(
+            full.contains("struct MaskedProblem : P {")
+                && full.contains("    ResidualFusion::before_softmax(acc_qk, index_qk, problem_size);\n    apply_call_mask(acc_qk, index_qk, problem_size);")
+                && full.contains("    if (has_mask(problem_size)) return get_trip_count(blk_coord, tile_shape, problem_size);")
+                && full.contains("      if (reads_mask(blk, params)) return problem;")
+        );
+        // The causal kernel refuses a mask (its fusion would mask on top of one that need not be
+        // causal) and never applies one.
+        assert!(
+            text.contains("    if (kCausal) return false;")
+                && !text.contains("apply_call_mask(acc_qk, index_qk, problem_size);")
+        );
         // Without lengths the same schedules compile the problem through unchanged.
         let plain = render(&AttentionSpec {
             family: AttentionFamily::Sm90 {
@@ -426,6 +440,7 @@ mod tests {
         .text;
         assert!(
             plain.contains("constexpr bool kKeyLengths = false;")
+                && !plain.contains("MaskedProblem")
                 && !plain.contains("CausalLengthFusion")
                 && plain.contains("cutlass::fmha::collective::CausalFusion, cutlass::gemm::KernelTmaWarpSpecializedPingpong>")
         );
