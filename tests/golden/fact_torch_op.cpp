@@ -2018,11 +2018,11 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   };
   const at::Tensor out = allocate(f.order);
   // The kernel ABI: q, k, v (k/v with their own heads), out, the scale factor, each sequence's
-  // key length and the bias, or the mask a padded kernel reads where a length is below 1 (NULL
-  // data when absent).
+  // key length (a padded kernel's alone: a class of another kernel has lengths too) and the bias,
+  // or the mask a padded kernel reads where a length is below 1 (NULL data when absent).
   FactTensor tensors[7] = {fact_tensor(q4), fact_tensor(k4), fact_tensor(v4), fact_tensor(out),
                            factor.defined() ? fact_tensor(factor) : FactTensor{},
-                           lengths.defined() ? fact_tensor(lengths) : FactTensor{},
+                           padded ? fact_tensor(lengths) : FactTensor{},
                            bias.defined() ? fact_tensor(bias) : cells.defined() ? fact_tensor(cells) : FactTensor{}};
   const double scalars[3] = {scale, causal ? 1.0 : 0.0, f.scale_op == 'd' ? -1.0 : 1.0};
   const FactOpArgs args{tensors, 7, scalars, 3};

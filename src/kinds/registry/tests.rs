@@ -613,6 +613,31 @@ fn torch_op_render_is_golden() {
 }
 
 #[test]
+fn the_attention_op_hands_lengths_to_padded_kernels_alone_and_the_mask_under_capture() {
+    let text = render_torch_op(Arch::Sm90).text;
+    // Every class has lengths (none: Tk, causal: min(Tq, Tk)), but only a padded kernel takes
+    // them: sm90's others refuse any, so handing them over would send every causal call back to
+    // torch's ops.
+    assert!(
+        text.contains("                           padded ? fact_tensor(lengths) : FactTensor{},")
+    );
+    // Under capture a mask read anew each forward is never a classification hit (a graph input's
+    // replays hold other values); a padded kernel gets lengths computed on the device and the mask.
+    assert!(text.contains("  if (!by_shape && capturing()) return std::nullopt;"));
+    assert!(text.contains(
+        "      cells = mask_cells(f, *mask, q.dim(), b, h, tq, tk, q.scalar_type(), why);"
+    ));
+    assert!(text.contains(
+        "      lengths = lengths_in_capture(*mask, mask_mode(f), q.dim(), b, h, tq, tk);"
+    ));
+    assert!(text.contains(
+        "bias.defined() ? fact_tensor(bias) : cells.defined() ? fact_tensor(cells) : FactTensor{}};"
+    ));
+    // The mask's bool dtype reaches the kernels as FACT_BOOL.
+    assert!(text.contains("s == at::kBool     ? FACT_BOOL"));
+}
+
+#[test]
 fn the_op_library_runs_its_kernels_where_its_arch_runs() {
     let sm80 = render_torch_op(Arch::Sm80).text;
     assert!(sm80.contains(
