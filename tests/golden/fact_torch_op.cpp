@@ -170,6 +170,18 @@ inline bool visible(const at::Tensor& m, MaskMode mode, at::Tensor& vis, at::Ten
   return false;
 }
 
+// The keys each sequence sees, counted in the last query row of its first head (`lengths`, [B or
+// 1]), and the key-padding prefix of that many keys over the scores (`cells`, [B or 1, 1, 1, Tk],
+// keys `j`): a mask, as `visible` reads it, is a padding prefix where its cells equal these.
+struct KeyPrefix {
+  at::Tensor lengths;
+  at::Tensor cells;
+};
+inline KeyPrefix key_prefix(const at::Tensor& vis, const at::Tensor& j) {
+  const at::Tensor lengths = vis.select(2, vis.size(2) - 1).select(1, 0).sum(-1);
+  return {lengths, j.view({1, 1, 1, -1}) < lengths.view({-1, 1, 1, 1})};
+}
+
 // The class of `mask` as the scores [B, H, Tq, Tk] see it (`as_scores`). A few small ops on the
 // mask's device and one host sync (the flags).
 inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank, int64_t b, int64_t h, int64_t tq,
@@ -181,8 +193,7 @@ inline MaskValue classify(const at::Tensor& mask, MaskMode mode, int64_t q_rank,
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(m.device());
   const at::Tensor j = at::arange(tk, longs);
   const at::Tensor tri = j.view({1, tk}) <= at::arange(tq, longs).view({tq, 1});
-  const at::Tensor lengths = vis.select(2, vis.size(2) - 1).select(1, 0).sum(-1);
-  const at::Tensor prefix = j.view({1, 1, 1, tk}) < lengths.view({-1, 1, 1, 1});
+  const auto [lengths, prefix] = key_prefix(vis, j);
   const at::Tensor flags = at::stack({valid.all(), vis.all(), at::eq(vis, tri).all(), at::eq(vis, prefix).all(),
                                       at::eq(vis, prefix.logical_and(tri)).all(), (lengths > 0).all()})
                                .to(at::kCPU);
@@ -209,8 +220,7 @@ inline at::Tensor prefix_lengths(const at::Tensor& mask, MaskMode mode, int64_t 
   at::Tensor vis, valid;
   if (!m.defined() || !visible(m, mode, vis, valid)) return at::Tensor();
   const at::Tensor j = at::arange(tk, at::TensorOptions().dtype(at::kLong).device(m.device()));
-  const at::Tensor lengths = vis.select(2, vis.size(2) - 1).select(1, 0).sum(-1);
-  const at::Tensor prefix = j.view({1, 1, 1, tk}) < lengths.view({-1, 1, 1, 1});
+  const auto [lengths, prefix] = key_prefix(vis, j);
   const at::Tensor ok = at::eq(vis, prefix).flatten(1).all(-1).logical_and(valid).logical_and(lengths > 0);
   return at::where(ok, lengths, -1).to(at::kInt).expand({b}).contiguous();
 }
@@ -1868,13 +1878,13 @@ at::Tensor mask_cells(const Form& f, const at::Tensor& mask, int64_t q_rank, int
     why = "a mask read anew each forward, under CUDA graph capture, of a form the kernel does not read itself (its class is read on the host)";
     return at::Tensor();
   }
-  const std::vector<int64_t> scores = q_rank == 4 ? std::vector<int64_t>{b, h, tq, tk} : std::vector<int64_t>{b, tq, tk};
-  if (mask.dim() > q_rank || !at::is_expandable_to(mask.sizes(), scores)) {
+  // Broadcast as the classifier reads it, then stepped by 0 over the scores' dims it lacks.
+  const at::Tensor m = fact_mask::as_scores(mask, q_rank, b, h, tq, tk);
+  if (!m.defined()) {
     why = "the mask does not broadcast to the scores";
     return at::Tensor();
   }
-  at::Tensor cells = mask.expand(scores);
-  if (q_rank == 3) cells = cells.unsqueeze(1);
+  const at::Tensor cells = m.expand({b, h, tq, tk});
   if (tk > 1 && cells.stride(3) != 1) {
     why = "a mask read anew each forward, under CUDA graph capture, whose keys are not at unit stride";
     return at::Tensor();
