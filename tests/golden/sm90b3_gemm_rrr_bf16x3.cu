@@ -260,11 +260,54 @@ typename Kernel::Params kept_params(const CallKey* key, Make make) {
   return params;
 }
 
+template <class Kernel>
+struct ClusterOptIn {};
+
+// Launches `Kernel` on `params` as adapter `Op`'s static run does. An sm90 kernel whose cluster
+// holds more than one CTA is launched here: CUTLASS's ClusterLauncher::launch sets the kernel's
+// non-portable cluster size attribute before every launch (3 us of host time a call, as much as
+// the launch), which is kept per device and so set here once per device. A FACT_ status.
+template <class Op, class Kernel>
+int32_t run_adapter(typename Kernel::Params& params, cudaStream_t stream) {
+  if constexpr (Kernel::ArchTag::kMinComputeCapability == 90) {
+    using Cluster = typename Kernel::DispatchPolicy::ClusterShape;
+    if constexpr (cute::is_static_v<Cluster> && cute::size(Cluster{}) > 1) {
+      const void* kernel = reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>);
+      if (per_device<ClusterOptIn<Kernel>>([&](int) {
+            if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) return 1;
+            (void)cudaGetLastError();
+            return -1;
+          }) < 0) {
+        return FACT_INIT_FAILED;
+      }
+      const dim3 cluster(cute::size<0>(Cluster{}), cute::size<1>(Cluster{}), cute::size<2>(Cluster{}));
+      const dim3 grid = Op::get_grid_shape(params);
+      // The adapter's check: a grid of whole clusters.
+      if (grid.x % cluster.x != 0 || grid.y % cluster.y != 0 || grid.z % cluster.z != 0) return FACT_LAUNCH_FAILED;
+      cudaLaunchAttribute attribute;
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = cluster.x;
+      attribute.val.clusterDim.y = cluster.y;
+      attribute.val.clusterDim.z = cluster.z;
+      cudaLaunchConfig_t config{};
+      config.gridDim = grid;
+      config.blockDim = Kernel::get_block_shape();
+      config.dynamicSmemBytes = static_cast<size_t>(Kernel::SharedStorageSize);
+      config.stream = stream;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      void* kernel_params[] = {&params};
+      return cudaLaunchKernelExC(&config, kernel, kernel_params) == cudaSuccess ? FACT_OK : FACT_LAUNCH_FAILED;
+    }
+  }
+  return Op::run(params, stream) == cutlass::Status::kSuccess ? FACT_OK : FACT_LAUNCH_FAILED;
+}
+
 // Runs CUTLASS 3.x adapter `Op` (GemmUniversalAdapter, ConvUniversalAdapter) of kernel `Kernel` on
 // `args`: the adapter's initialize (the kernel's workspace, then its Params: kept per call where
 // `key` names the call `args` were made from alone, see `kept_params`) without the shared memory
-// attribute it sets on every call, which smem_opt_in sets once per device, then the adapter's
-// static run (the cluster launch for sm90 kernels). A FACT_ status.
+// attribute it sets on every call, which smem_opt_in sets once per device, then the launch
+// (`run_adapter`). A FACT_ status.
 template <class Op, class Kernel>
 int32_t launch_adapter(const typename Op::Arguments& args, void* workspace, cudaStream_t stream,
                        const CallKey* key = nullptr) {
@@ -276,7 +319,7 @@ int32_t launch_adapter(const typename Op::Arguments& args, void* workspace, cuda
   // Non-const: the adapter's static run takes it by reference.
   typename Kernel::Params params =
       kept_params<Kernel>(key, [&] { return Kernel::to_underlying_arguments(args, workspace); });
-  return Op::run(params, stream) == cutlass::Status::kSuccess ? FACT_OK : FACT_LAUNCH_FAILED;
+  return run_adapter<Op, Kernel>(params, stream);
 }
 
 // Operands and output share a type except in the split families, whose parts are narrower than
