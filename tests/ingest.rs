@@ -322,3 +322,55 @@ print(*sums)
     );
     assert_eq!(run_python(&check), "3 1 3 3");
 }
+
+/// The fp64 reference a bench verifies against computes in fp64 throughout: a cast the trace
+/// baked to the dtype it ran in (`x.to(weight.dtype)` before a convolution, as DINOv2 casts its
+/// pixels) and a bf16 tensor constant become fp64, so the copy runs (a bf16 operand beside fp64
+/// weights is refused) and matches the model built in fp64.
+#[test]
+fn the_fp64_copy_computes_in_fp64_through_casts_the_trace_baked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, reference, copy) = (
+        dir.path().join("m.pt"),
+        dir.path().join("ref.pt"),
+        dir.path().join("fp64.pt"),
+    );
+    run_python(&format!(
+        r#"
+import torch
+torch.manual_seed(0)
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 2, stride=2)
+        self.lin = torch.nn.Linear(4, 5)
+    def forward(self, x):
+        y = self.conv(x.to(self.conv.weight.dtype)).flatten(2).transpose(1, 2)
+        h = self.lin(y.to(torch.float32).to(self.lin.weight.dtype))
+        return h * torch.tensor(0.3, dtype=self.lin.weight.dtype)
+m = M().eval()
+x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+torch.jit.trace(m.double(), x).save(r"{reference}")
+torch.jit.trace(m.to(torch.bfloat16), x.to(torch.bfloat16), check_trace=False).save(r"{model}")
+"#,
+        reference = reference.display(),
+        model = model.display()
+    ));
+    torch::save_fp64_copy(&model, &copy).unwrap();
+    let out = run_python(&format!(
+        r#"
+import torch
+torch.manual_seed(1)
+x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+a = torch.jit.load(r"{copy}")(x)
+b = torch.jit.load(r"{reference}")(x)
+print(a.dtype, float((a - b).abs().max() / b.abs().max()))
+"#,
+        copy = copy.display(),
+        reference = reference.display()
+    ));
+    let (dtype, err) = out.rsplit_once(' ').unwrap();
+    assert_eq!(dtype, "torch.float64", "{out}");
+    // bf16 weights made fp64 are the reference's weights rounded once: within bf16's rounding.
+    assert!(err.parse::<f64>().unwrap() < 2e-2, "{out}");
+}

@@ -1720,9 +1720,54 @@ rust::String graph_text(rust::Str path) {
   });
 }
 
+// Whether argument `arg` of a schema takes a dtype (`ScalarType` or `ScalarType?`).
+bool takes_dtype(const c10::Argument& arg) {
+  c10::TypePtr t = arg.real_type();
+  if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+  return t->kind() == c10::TypeKind::ScalarTypeType;
+}
+
+// Every floating dtype the graph's ops are given as a constant, and every floating tensor
+// constant, in fp64. A trace bakes `x.to(weight.dtype)` as a cast to the dtype it ran in (DINOv2
+// casts its pixels so before the patch convolution; decoders their norms' output): kept, the
+// reference would round there and hand fp64 weights a bf16 operand, which convolution and linear
+// refuse.
+void doubled_float_constants(torch::jit::Block* b) {
+  auto g = b->owningGraph();
+  for (Node* n : b->nodes()) {
+    for (torch::jit::Block* sub : n->blocks()) doubled_float_constants(sub);
+    if (n->kind() == c10::prim::Constant && n->output()->type()->cast<c10::TensorType>()) {
+      const at::Tensor t = torch::jit::toIValue(n->output())->toTensor();
+      if (!t.is_floating_point() || t.scalar_type() == at::kDouble) continue;
+      torch::jit::WithInsertPoint guard(n);
+      n->output()->replaceAllUsesWith(g->insertConstant(t.to(at::kDouble)));
+      continue;
+    }
+    const c10::FunctionSchema* schema = n->maybeSchema();
+    if (schema == nullptr) continue;
+    for (size_t i = 0; i < n->inputs().size() && i < schema->arguments().size(); ++i) {
+      if (!takes_dtype(schema->arguments()[i])) continue;
+      const auto iv = torch::jit::toIValue(n->input(i));
+      if (!iv || !iv->isInt()) continue;
+      const auto dtype = static_cast<at::ScalarType>(iv->toInt());
+      if (!at::isFloatingType(dtype) || dtype == at::kDouble) continue;
+      torch::jit::WithInsertPoint guard(n);
+      n->replaceInput(i, g->insertConstant(static_cast<int64_t>(at::kDouble)));
+    }
+  }
+}
+
 void save_fp64_copy(rust::Str path, rust::Str out_path) {
   guarded("cannot make the fp64 copy", [&] {
     auto m = load_module(to_std(path));
+    // Each module type's methods once (instances of one type share them).
+    std::unordered_set<const torch::jit::Graph*> seen;
+    for (const auto& sub : m.modules()) {
+      for (const auto& method : sub.get_methods()) {
+        const std::shared_ptr<torch::jit::Graph> g = method.graph();
+        if (seen.insert(g.get()).second) doubled_float_constants(g->block());
+      }
+    }
     // Only floating state becomes fp64: Module::to(kDouble) would also turn a bool causal mask
     // into doubles, which bitwise_not and masked_fill refuse.
     for (const auto& p : m.named_parameters(/*recurse=*/true)) {
