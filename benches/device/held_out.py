@@ -1,0 +1,188 @@
+"""Models the zoo does not hold, composed as a user composes them: built at a realistic size in
+bf16 on the GPU (random weights), `fact.compose(model, inputs, dynamic_shapes=...)` (torch.export,
+`fact compose`, the composed program loaded), then timed in one process in turns (L2 flushed, CUDA
+events, medians; harness.time_interleaved) after each mode is checked against an fp64 copy of the
+model: the model eagerly, torch.compile of the model (default), the composition as loaded
+(`fact_ms`: its TorchScript copy) and `fact.compile` of it (`fact_compile_ms`), with the op
+library's kernel and fallback calls in one forward.
+
+From the repository root on the GPU machine, after `source .device/env.sh`:
+
+    python3 benches/device/held_out.py OUT [--models mistral,dinov2] [--compose-args=--quick] [--budget-s 540]
+
+Writes OUT/NAME.json as each model finishes (a stopped call keeps what it measured) and the
+compositions under OUT/fact/NAME.
+"""
+import argparse
+import copy
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "benches" / "device"))
+sys.path.insert(0, str(ROOT / "benches" / "zoo"))
+import fact  # noqa: E402
+import models as zoo  # noqa: E402
+from harness import flush_buffer, rel_err, time_interleaved, write_json  # noqa: E402
+
+DTYPE = torch.bfloat16
+
+
+def causal(config, model, **kw):
+    import transformers
+
+    return zoo.CausalLM(getattr(transformers, model)(getattr(transformers, config)(**kw))), "causal"
+
+
+def encoder(config, model, **kw):
+    import transformers
+
+    return zoo.Encoder(getattr(transformers, model)(getattr(transformers, config)(**kw))), "encoder"
+
+
+def hf_image(config, model, **kw):
+    import transformers
+
+    return zoo.HFImage(getattr(transformers, model)(getattr(transformers, config)(**kw))), "image"
+
+
+def vision(name):
+    import torchvision
+
+    return getattr(torchvision.models, name)(), "image"
+
+
+# name -> (builder, batch, seq): sizes a server would run, families absent from the zoo.
+MODELS = {
+    "mistral": (lambda: causal("MistralConfig", "MistralForCausalLM", hidden_size=2048, num_attention_heads=16,
+                               num_key_value_heads=4, intermediate_size=5632, num_hidden_layers=8, vocab_size=32000), 4, 512),
+    "starcoder2": (lambda: causal("Starcoder2Config", "Starcoder2ForCausalLM", hidden_size=2048, num_attention_heads=16,
+                                  num_key_value_heads=4, intermediate_size=8192, num_hidden_layers=8, vocab_size=49152), 4, 512),
+    "granite": (lambda: causal("GraniteConfig", "GraniteForCausalLM", hidden_size=2048, num_attention_heads=16,
+                               num_key_value_heads=8, intermediate_size=5632, num_hidden_layers=8, vocab_size=49152), 4, 512),
+    "roberta": (lambda: encoder("RobertaConfig", "RobertaModel"), 16, 384),
+    "dinov2": (lambda: hf_image("Dinov2Config", "Dinov2Model"), 32, None),
+    "efficientnet_b0": (lambda: vision("efficientnet_b0"), 32, None),
+    "regnet_y_1_6gf": (lambda: vision("regnet_y_1_6gf"), 32, None),
+}
+
+
+def inputs(kind, batch, seq, vocab, seed):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    if kind == "image":
+        return (torch.randn(batch, 3, 224, 224, generator=gen, device="cuda").to(DTYPE),)
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen, device="cuda")
+    return zoo.padding(ids, seq) if kind == "encoder" else (ids,)
+
+
+def dynamic(kind):
+    from torch.export import Dim
+
+    dims = {0: Dim.AUTO} if kind == "image" else {0: Dim.AUTO, 1: Dim.AUTO}
+    return tuple(dims for _ in range(2 if kind == "encoder" else 1))
+
+
+def calls(lib, fn, xs):
+    """(kernel calls, fallback calls, reasons) of one forward."""
+    import ctypes
+
+    so = ctypes.CDLL(str(lib))
+    so.fact_op_stats.restype = ctypes.c_char_p
+    torch.cuda.synchronize()
+    so.fact_op_stats_reset()
+    fn(*xs)
+    torch.cuda.synchronize()
+    stats = json.loads(so.fact_op_stats())
+    ran = sum(s.get("ran", 0) for s in stats.values())
+    fell = sum(s.get("fell_back", 0) for s in stats.values())
+    why = sorted({s["why"] for s in stats.values() if s.get("fell_back") and s.get("why")})
+    return ran, fell, why
+
+
+def run(name, out, compose_args, rec):
+    build, batch, seq = MODELS[name]
+    torch.manual_seed(0)
+    model, kind = build()
+    model = model.eval()
+    vocab = getattr(getattr(getattr(model, "model", None), "config", None), "vocab_size", 1000)
+    ref_model = copy.deepcopy(model).double().cuda()
+    model = model.to(device="cuda", dtype=DTYPE)
+    rec.update(kind=kind, batch=batch, seq=seq, params_m=round(sum(p.numel() for p in model.parameters()) / 1e6, 1))
+    xs = inputs(kind, batch, seq, vocab, 0)
+    start = time.monotonic()
+    with torch.no_grad():
+        composed = fact.compose(model, xs, dynamic_shapes=dynamic(kind), out=out / "fact" / name, args=compose_args, quiet=True)
+    rec["compose_s"] = round(time.monotonic() - start, 1)
+    lib = out / "fact" / name / "libfact_ops.so"
+    modes = {"eager_ms": model}
+    with torch.no_grad():
+        start = time.monotonic()
+        compiled = torch.compile(model)
+        compiled(*xs)
+        rec["compile_s"] = round(time.monotonic() - start, 1)
+        modes["compile_ms"] = compiled
+        modes["fact_ms"] = composed
+        start = time.monotonic()
+        fc = fact.compile(composed)
+        fc(*xs)
+        rec["fact_compile_s"] = round(time.monotonic() - start, 1)
+        modes["fact_compile_ms"] = fc
+        # Checked first, on fresh inputs, against fp64.
+        for k, fn in modes.items():
+            errs = []
+            for seed in (1, 2, 3):
+                x = inputs(kind, batch, seq, vocab, seed)
+                ref = ref_model(*[t.double() if t.is_floating_point() else t for t in x])
+                got = fn(*x)
+                errs.append(rel_err(got[0] if isinstance(got, (tuple, list)) else got, ref[0] if isinstance(ref, (tuple, list)) else ref))
+            rec[k.replace("_ms", "_err")] = max(errs)
+        rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"] = calls(lib, composed, xs)
+        del ref_model
+        torch.cuda.empty_cache()
+        flush = flush_buffer()
+        rec.update({k: round(v, 4) for k, v in time_interleaved(modes, xs, flush).items()})
+    rec["fact_vs_compile"] = round(rec["compile_ms"] / rec["fact_ms"], 3)
+    rec["fact_compile_vs_compile"] = round(rec["compile_ms"] / rec["fact_compile_ms"], 3)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--models", default="mistral,dinov2")
+    ap.add_argument("--compose-args", default="")
+    ap.add_argument("--budget-s", type=float, default=540)
+    args = ap.parse_args()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    deadline = time.monotonic() + args.budget_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run([*fact.cli(), "--version"], capture_output=True, text=True).stdout.strip()
+    for name in args.models.split(","):
+        if time.monotonic() > deadline:
+            print("budget spent before", name, flush=True)
+            break
+        rec = {"model": name, "policy": "bf16", "gpu": torch.cuda.get_device_name(), "fact_commit": commit,
+               "torch": torch.__version__, "date": f"{datetime.date.today()}", "compose_args": args.compose_args}
+        try:
+            run(name, args.out, args.compose_args.split(), rec)
+        except Exception as e:  # noqa: BLE001 -- one model's failure is its record; the next runs
+            traceback.print_exc()
+            rec["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
+        write_json(args.out / f"{name}.json", rec)
+        print(json.dumps({k: rec.get(k) for k in ("model", "compose_s", "eager_ms", "compile_ms", "fact_ms", "fact_compile_ms",
+                                                   "fact_vs_compile", "kernel_calls", "fallback_calls", "error")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
