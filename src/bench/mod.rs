@@ -225,7 +225,8 @@ pub fn bench(opts: &BenchOptions) -> Result<BenchReport, String> {
                     }
                 })
                 .collect();
-            let r = forward(&reference, &up)?;
+            let r = forward(&reference, &up)
+                .map_err(|e| format!("the original's fp64 copy (the reference) failed: {e}"))?;
             let o = forward(&original, &inputs)?;
             let c = forward(&composed, &inputs)?;
             cuda.sync()?;

@@ -461,12 +461,16 @@ pub fn main() -> Result<()> {
                 );
             }
             let bench = if report.gpu && report.composed.is_some() && !no_bench && !unbenched {
-                Some(benchmark::run_bench(
-                    &report,
-                    &out_dir,
-                    save_report.as_deref(),
-                    without,
-                )?)
+                Some(
+                    benchmark::run_bench(&report, &out_dir, save_report.as_deref(), without)
+                        .with_context(|| {
+                            format!(
+                                "the composition is written to {} and its benchmark failed \
+                                 (`--no-bench` composes without it)",
+                                out_dir.display()
+                            )
+                        })?,
+                )
             } else {
                 None
             };
