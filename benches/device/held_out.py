@@ -17,7 +17,6 @@ import argparse
 import copy
 import datetime
 import json
-import os
 import subprocess
 import sys
 import time
@@ -32,47 +31,29 @@ sys.path.insert(0, str(ROOT / "benches" / "device"))
 sys.path.insert(0, str(ROOT / "benches" / "zoo"))
 import fact  # noqa: E402
 import models as zoo  # noqa: E402
+import serve  # noqa: E402
+import survey  # noqa: E402
 from harness import flush_buffer, rel_err, time_interleaved, write_json  # noqa: E402
 
 DTYPE = torch.bfloat16
 
 
-def causal(config, model, **kw):
-    import transformers
-
-    return zoo.CausalLM(getattr(transformers, model)(getattr(transformers, config)(**kw))), "causal"
-
-
-def encoder(config, model, **kw):
-    import transformers
-
-    return zoo.Encoder(getattr(transformers, model)(getattr(transformers, config)(**kw))), "encoder"
-
-
-def hf_image(config, model, **kw):
-    import transformers
-
-    return zoo.HFImage(getattr(transformers, model)(getattr(transformers, config)(**kw))), "image"
-
-
-def vision(name):
-    import torchvision
-
-    return getattr(torchvision.models, name)(), "image"
-
-
-# name -> (builder, batch, seq): sizes a server would run, families absent from the zoo.
+# name -> (builder, kind, batch, seq): sizes a server would run, families absent from the zoo,
+# built as the held-out survey builds its families (at its small sizes).
 MODELS = {
-    "mistral": (lambda: causal("MistralConfig", "MistralForCausalLM", hidden_size=2048, num_attention_heads=16,
-                               num_key_value_heads=4, intermediate_size=5632, num_hidden_layers=8, vocab_size=32000), 4, 512),
-    "starcoder2": (lambda: causal("Starcoder2Config", "Starcoder2ForCausalLM", hidden_size=2048, num_attention_heads=16,
-                                  num_key_value_heads=4, intermediate_size=8192, num_hidden_layers=8, vocab_size=49152), 4, 512),
-    "granite": (lambda: causal("GraniteConfig", "GraniteForCausalLM", hidden_size=2048, num_attention_heads=16,
-                               num_key_value_heads=8, intermediate_size=5632, num_hidden_layers=8, vocab_size=49152), 4, 512),
-    "roberta": (lambda: encoder("RobertaConfig", "RobertaModel"), 16, 384),
-    "dinov2": (lambda: hf_image("Dinov2Config", "Dinov2Model"), 32, None),
-    "efficientnet_b0": (lambda: vision("efficientnet_b0"), 32, None),
-    "regnet_y_1_6gf": (lambda: vision("regnet_y_1_6gf"), 32, None),
+    "mistral": (lambda: survey.causal("MistralConfig", "MistralForCausalLM", hidden_size=2048, num_attention_heads=16,
+                                      num_key_value_heads=4, intermediate_size=5632, num_hidden_layers=8, vocab_size=32000),
+                "causal", 4, 512),
+    "starcoder2": (lambda: survey.causal("Starcoder2Config", "Starcoder2ForCausalLM", hidden_size=2048, num_attention_heads=16,
+                                         num_key_value_heads=4, intermediate_size=8192, num_hidden_layers=8, vocab_size=49152),
+                   "causal", 4, 512),
+    "granite": (lambda: survey.causal("GraniteConfig", "GraniteForCausalLM", hidden_size=2048, num_attention_heads=16,
+                                      num_key_value_heads=8, intermediate_size=5632, num_hidden_layers=8, vocab_size=49152),
+                "causal", 4, 512),
+    "roberta": (lambda: survey.encoder("RobertaConfig", "RobertaModel"), "encoder", 16, 384),
+    "dinov2": (lambda: survey.hf_image("Dinov2Config", "Dinov2Model"), "image", 32, None),
+    "efficientnet_b0": (lambda: survey.vision("efficientnet_b0"), "image", 32, None),
+    "regnet_y_1_6gf": (lambda: survey.vision("regnet_y_1_6gf"), "image", 32, None),
 }
 
 
@@ -92,28 +73,10 @@ def dynamic(kind):
     return tuple(dims for _ in range(2 if kind == "encoder" else 1))
 
 
-def calls(lib, fn, xs):
-    """(kernel calls, fallback calls, reasons) of one forward."""
-    import ctypes
-
-    so = ctypes.CDLL(str(lib))
-    so.fact_op_stats.restype = ctypes.c_char_p
-    torch.cuda.synchronize()
-    so.fact_op_stats_reset()
-    fn(*xs)
-    torch.cuda.synchronize()
-    stats = json.loads(so.fact_op_stats())
-    ran = sum(s.get("ran", 0) for s in stats.values())
-    fell = sum(s.get("fell_back", 0) for s in stats.values())
-    why = sorted({s["why"] for s in stats.values() if s.get("fell_back") and s.get("why")})
-    return ran, fell, why
-
-
 def run(name, out, compose_args, rec):
-    build, batch, seq = MODELS[name]
+    build, kind, batch, seq = MODELS[name]
     torch.manual_seed(0)
-    model, kind = build()
-    model = model.eval()
+    model = build().eval()
     vocab = getattr(getattr(getattr(model, "model", None), "config", None), "vocab_size", 1000)
     ref_model = copy.deepcopy(model).double().cuda()
     model = model.to(device="cuda", dtype=DTYPE)
@@ -146,7 +109,7 @@ def run(name, out, compose_args, rec):
                 got = fn(*x)
                 errs.append(rel_err(got[0] if isinstance(got, (tuple, list)) else got, ref[0] if isinstance(ref, (tuple, list)) else ref))
             rec[k.replace("_ms", "_err")] = max(errs)
-        rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"] = calls(lib, composed, xs)
+        rec["kernel_calls"], rec["fallback_calls"], rec["fallback_why"], _ = serve.Library(lib).counted(composed, xs)
         del ref_model
         torch.cuda.empty_cache()
         flush = flush_buffer()
