@@ -30,6 +30,19 @@ fn op_library() -> &'static Path {
     })
 }
 
+/// A second op library with another RMSNorm kernel (target/custom-ops-2), as a second composition
+/// in the same process has.
+fn second_op_library() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+        let p = RmsNormProblem::new(32, 128, DType::F32, Scale::Weight, false);
+        let spec = candidates(&p, Arch::Sm90).remove(0);
+        let dir = root().join("target/custom-ops-2");
+        build_all(&tc, &[spec], &dir, "libfact_ops.so", 2).library
+    })
+}
+
 /// `preamble()` with the op library's call counters at hand: `so.fact_op_stats()` (JSON).
 fn counters_preamble() -> String {
     format!(
@@ -459,6 +472,43 @@ for bad in ("small@;big", "small@x;big", "@4;big", "small@4;", "small@4"):
 print("ok")
 "#,
         preamble = counters_preamble(),
+    );
+    assert_eq!(run_python(&script), "ok");
+}
+
+/// Two compositions' op libraries in one process: torch keeps the ops of the last one loaded, so its
+/// op code serves the first composition's calls too, and finds their kernels in the first library
+/// (a kernel's name is its identity), counting each call there. On the CPU every call falls back,
+/// so what is checked is where each call counts; a name no library has counts where it ran.
+#[test]
+fn a_second_op_library_serves_the_first_ones_kernels_and_counts_them_there() {
+    let (first, second) = (op_library(), second_op_library());
+    let script = format!(
+        r#"import ctypes, json, torch
+libs = {{}}
+for name, path in (("first", {first:?}), ("second", {second:?})):
+    torch.ops.load_library(path)
+    so = ctypes.CDLL(path)
+    so.fact_op_stats.restype = ctypes.c_char_p
+    so.fact_kernel_info.restype = ctypes.POINTER(ctypes.c_char_p)
+    assert so.fact_kernel_count() == 1
+    libs[name] = (so, so.fact_kernel_info(0)[0].decode())
+(a, ka), (b, kb) = libs["first"], libs["second"]
+assert ka != kb, (ka, kb)
+def stats(so):
+    s = json.loads(so.fact_op_stats())
+    so.fact_op_stats_reset()
+    return s
+x, w = torch.randn(4, 3, 64), torch.randn(64)
+for kernel in (ka, kb, "no_such_kernel", ka):
+    torch.ops.fact.rmsnorm(x, w, "1e-06", "rms_norm", kernel)
+sa, sb = stats(a), stats(b)
+assert set(sa) == {{ka}} and sa[ka]["fell_back"] == 2 and sa[ka]["why"] != "", sa
+assert set(sb) == {{kb, "no_such_kernel"}} and sb[kb]["fell_back"] == 1 and sb["no_such_kernel"]["fell_back"] == 1, sb
+print("ok")
+"#,
+        first = first.display().to_string(),
+        second = second.display().to_string(),
     );
     assert_eq!(run_python(&script), "ok");
 }

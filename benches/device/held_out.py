@@ -8,10 +8,11 @@ library's kernel and fallback calls in one forward.
 
 From the repository root on the GPU machine, after `source .device/env.sh`:
 
-    python3 benches/device/held_out.py OUT [--models mistral,dinov2] [--compose-args=--quick] [--budget-s 540]
+    python3 benches/device/held_out.py OUT [--models mistral,dinov2] [--compose-args=--quick] [--budget-s 540] [--profile]
 
 Writes OUT/NAME.json as each model finishes (a stopped call keeps what it measured) and the
-compositions under OUT/fact/NAME.
+compositions under OUT/fact/NAME. `--profile` adds `profile`: where the GPU time of a forward of
+the composition as loaded and of `fact.compile` goes (harness.kernel_profile, top kernels).
 """
 import argparse
 import copy
@@ -33,7 +34,7 @@ import fact  # noqa: E402
 import models as zoo  # noqa: E402
 import serve  # noqa: E402
 import survey  # noqa: E402
-from harness import flush_buffer, rel_err, time_interleaved, write_json  # noqa: E402
+from harness import flush_buffer, kernel_profile, rel_err, time_interleaved, write_json  # noqa: E402
 
 DTYPE = torch.bfloat16
 
@@ -54,6 +55,19 @@ MODELS = {
     "dinov2": (lambda: survey.hf_image("Dinov2Config", "Dinov2Model"), "image", 32, None),
     "efficientnet_b0": (lambda: survey.vision("efficientnet_b0"), "image", 32, None),
     "regnet_y_1_6gf": (lambda: survey.vision("regnet_y_1_6gf"), "image", 32, None),
+    "gemma2": (lambda: survey.causal("Gemma2Config", "Gemma2ForCausalLM", hidden_size=2048, num_attention_heads=8,
+                                     num_key_value_heads=4, head_dim=256, intermediate_size=8192, num_hidden_layers=8,
+                                     vocab_size=32000),
+               "causal", 4, 512),
+    "phi": (lambda: survey.causal("PhiConfig", "PhiForCausalLM", hidden_size=2048, num_attention_heads=32,
+                                  intermediate_size=8192, num_hidden_layers=8, vocab_size=51200, partial_rotary_factor=0.5),
+            "causal", 4, 512),
+    "bloom": (lambda: survey.causal("BloomConfig", "BloomForCausalLM", hidden_size=2048, n_head=16, n_layer=8,
+                                    vocab_size=32000),
+              "causal", 4, 512),
+    "resnext50_32x4d": (lambda: survey.vision("resnext50_32x4d"), "image", 32, None),
+    "densenet121": (lambda: survey.vision("densenet121"), "image", 32, None),
+    "efficientnet_v2_s": (lambda: survey.vision("efficientnet_v2_s"), "image", 32, None),
 }
 
 
@@ -73,7 +87,7 @@ def dynamic(kind):
     return tuple(dims for _ in range(2 if kind == "encoder" else 1))
 
 
-def run(name, out, compose_args, rec):
+def run(name, out, compose_args, rec, profile):
     build, kind, batch, seq = MODELS[name]
     torch.manual_seed(0)
     model = build().eval()
@@ -114,6 +128,8 @@ def run(name, out, compose_args, rec):
         torch.cuda.empty_cache()
         flush = flush_buffer()
         rec.update({k: round(v, 4) for k, v in time_interleaved(modes, xs, flush).items()})
+        if profile:
+            rec["profile"] = {k: kernel_profile(modes[k], xs, top=40) for k in ("fact_ms", "fact_compile_ms")}
     rec["fact_vs_compile"] = round(rec["compile_ms"] / rec["fact_ms"], 3)
     rec["fact_compile_vs_compile"] = round(rec["compile_ms"] / rec["fact_compile_ms"], 3)
 
@@ -124,6 +140,7 @@ def main():
     ap.add_argument("--models", default="mistral,dinov2")
     ap.add_argument("--compose-args", default="")
     ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     import transformers
 
@@ -138,7 +155,7 @@ def main():
         rec = {"model": name, "policy": "bf16", "gpu": torch.cuda.get_device_name(), "fact_commit": commit,
                "torch": torch.__version__, "date": f"{datetime.date.today()}", "compose_args": args.compose_args}
         try:
-            run(name, args.out, args.compose_args.split(), rec)
+            run(name, args.out, args.compose_args.split(), rec, args.profile)
         except Exception as e:  # noqa: BLE001 -- one model's failure is its record; the next runs
             traceback.print_exc()
             rec["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"

@@ -37,6 +37,9 @@
 #include <torch/library.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 
+#include <dlfcn.h>
+#include <link.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -539,10 +542,147 @@ ResidualOutputs residual_outputs(const at::Tensor& like, const std::vector<int64
   return o;
 }
 
-// The dispatch table's index of kernel `name`, -1 for none. A composed module calls each op with
-// the same constant strings on every forward, so the answer is kept per name; by its content, not
-// its address, since a call from Python (torch.compile's wrapper, an exported program) hands the
-// op a new copy of each string every time. The table's own lookup compares names one by one.
+// Kernels of the other fact op libraries in this process. torch keeps one kernel per op and
+// dispatch key, the last library's to register, and Inductor's C++ wrappers bind an op's C shim to
+// the first library made global: so when a process loads two compositions' libraries, one
+// library's op code serves both. A kernel's name is its identity, so a name missing from this
+// library's table is looked up in every other loaded library of this ABI (each found by its
+// exported table functions, whichever way it was opened) and run from there. A kernel's handle is
+// its index in this table, or kForeign plus its place among the foreign kernels found so far.
+struct ForeignTable {
+  int32_t (*find)(const char*);
+  const FactKernelInfo* (*info)(int32_t);
+  size_t (*workspace_size)(int32_t, const FactOpArgs*);
+  int32_t (*run)(int32_t, const FactOpArgs*, void*, size_t, void*);
+  const char* (*last_error)();
+  // The owner's call counters (`fact_op_count`); null in a library built before they existed.
+  void (*count)(const char*, int32_t, const char*);
+  std::string path;
+};
+struct ForeignKernel {
+  const ForeignTable* table;
+  int32_t index;
+};
+constexpr int32_t kForeign = 1 << 30;
+constexpr int32_t kMaxForeign = 4096;
+std::mutex foreign_mutex;
+ForeignKernel foreign_kernels[kMaxForeign];
+std::atomic<int32_t> foreign_count{0};
+// Under foreign_mutex: handles by name, the names no library held at the last scan, and how many
+// objects the process had loaded then (a new library warrants a new scan).
+std::unordered_map<std::string, int32_t> foreign_by_name;
+std::vector<std::unique_ptr<ForeignTable>> foreign_tables;
+unsigned long long scanned_adds = 0;
+
+// The other fact libraries of this ABI loaded now, each once (by its find function).
+void scan_foreign_tables() {
+  std::vector<std::string> paths;
+  unsigned long long adds = 0;
+  struct Seen {
+    std::vector<std::string>* paths;
+    unsigned long long* adds;
+  } seen{&paths, &adds};
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t size, void* data) {
+        auto* s = static_cast<Seen*>(data);
+        if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds)) *s->adds = info->dlpi_adds;
+        if (info->dlpi_name != nullptr && info->dlpi_name[0] != '\0') s->paths->push_back(info->dlpi_name);
+        return 0;
+      },
+      &seen);
+  scanned_adds = adds;
+  for (const std::string& path : paths) {
+    // Already open: RTLD_NOLOAD opens nothing new, and the handle is kept with the table.
+    void* h = dlopen(path.c_str(), RTLD_NOLOAD | RTLD_LAZY);
+    if (h == nullptr) continue;
+    auto find = reinterpret_cast<int32_t (*)(const char*)>(dlsym(h, "fact_kernel_find"));
+    auto abi = reinterpret_cast<int32_t (*)()>(dlsym(h, "fact_abi_version"));
+    const bool mine = find == &fact_kernel_find;
+    const bool known = std::any_of(foreign_tables.begin(), foreign_tables.end(),
+                                   [&](const std::unique_ptr<ForeignTable>& t) { return t->find == find; });
+    if (find == nullptr || abi == nullptr || mine || known || abi() != FACT_ABI_VERSION) {
+      dlclose(h);
+      continue;
+    }
+    auto t = std::make_unique<ForeignTable>();
+    t->find = find;
+    t->info = reinterpret_cast<const FactKernelInfo* (*)(int32_t)>(dlsym(h, "fact_kernel_info"));
+    t->workspace_size = reinterpret_cast<size_t (*)(int32_t, const FactOpArgs*)>(dlsym(h, "fact_kernel_workspace_size"));
+    t->run = reinterpret_cast<int32_t (*)(int32_t, const FactOpArgs*, void*, size_t, void*)>(dlsym(h, "fact_kernel_run"));
+    t->last_error = reinterpret_cast<const char* (*)()>(dlsym(h, "fact_last_error"));
+    t->count = reinterpret_cast<void (*)(const char*, int32_t, const char*)>(dlsym(h, "fact_op_count"));
+    t->path = path;
+    if (t->info == nullptr || t->workspace_size == nullptr || t->run == nullptr || t->last_error == nullptr) {
+      dlclose(h);
+      continue;
+    }
+    foreign_tables.push_back(std::move(t));
+  }
+}
+
+// The handle of a kernel no entry of this table names, -1 where no other library has it either.
+int32_t find_foreign_kernel(const std::string& name) {
+  std::lock_guard<std::mutex> lock(foreign_mutex);
+  if (auto it = foreign_by_name.find(name); it != foreign_by_name.end()) {
+    if (it->second >= 0) return it->second;
+  }
+  // A name found nowhere is looked for again only once the process has loaded another object.
+  unsigned long long adds = 0;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t size, void* data) {
+        if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds)) {
+          *static_cast<unsigned long long*>(data) = info->dlpi_adds;
+        }
+        return 1;
+      },
+      &adds);
+  if (foreign_by_name.count(name) && adds == scanned_adds) return -1;
+  if (adds != scanned_adds) scan_foreign_tables();
+  int32_t handle = -1;
+  for (const auto& t : foreign_tables) {
+    const int32_t index = t->find(name.c_str());
+    const int32_t n = foreign_count.load(std::memory_order_relaxed);
+    if (index < 0 || n >= kMaxForeign) continue;
+    foreign_kernels[n] = ForeignKernel{t.get(), index};
+    foreign_count.store(n + 1, std::memory_order_release);
+    handle = kForeign + n;
+    break;
+  }
+  foreign_by_name[name] = handle;
+  return handle;
+}
+
+const ForeignKernel* foreign_kernel(int32_t handle) {
+  const int32_t n = handle - kForeign;
+  return handle >= kForeign && n < foreign_count.load(std::memory_order_acquire) ? &foreign_kernels[n] : nullptr;
+}
+
+// What a handle's table says of its kernel (null for none), and the table's run functions.
+const FactKernelInfo* kernel_info(int32_t handle) {
+  if (const ForeignKernel* f = foreign_kernel(handle)) return f->table->info(f->index);
+  return fact_kernel_info(handle);
+}
+
+size_t kernel_workspace_size(int32_t handle, const FactOpArgs* args) {
+  if (const ForeignKernel* f = foreign_kernel(handle)) return f->table->workspace_size(f->index, args);
+  return fact_kernel_workspace_size(handle, args);
+}
+
+int32_t kernel_run(int32_t handle, const FactOpArgs* args, void* ws, size_t ws_size, void* stream) {
+  if (const ForeignKernel* f = foreign_kernel(handle)) return f->table->run(f->index, args, ws, ws_size, stream);
+  return fact_kernel_run(handle, args, ws, ws_size, stream);
+}
+
+const char* kernel_last_error(int32_t handle) {
+  if (const ForeignKernel* f = foreign_kernel(handle)) return f->table->last_error();
+  return fact_last_error();
+}
+
+// The handle of kernel `name` (this table's index, or a foreign kernel's), -1 for none. A composed
+// module calls each op with the same constant strings on every forward, so the answer is kept per
+// name; by its content, not its address, since a call from Python (torch.compile's wrapper, an
+// exported program) hands the op a new copy of each string every time. The table's own lookup
+// compares names one by one.
 int32_t find_kernel(c10::string_view name) {
   struct Slot {
     uint64_t hash = 0;
@@ -553,10 +693,12 @@ int32_t find_kernel(c10::string_view name) {
   const uint64_t h = text_hash(name);
   Slot& s = slots[h % kSlots];
   if (s.index >= 0 && s.hash == h) {
-    const char* kept = fact_kernel_info(s.index)->name;
+    const char* kept = kernel_info(s.index)->name;
     if (std::strncmp(kept, name.data(), name.size()) == 0 && kept[name.size()] == '\0') return s.index;
   }
-  const int32_t index = fact_kernel_find(std::string(name).c_str());
+  const std::string text(name);
+  int32_t index = fact_kernel_find(text.c_str());
+  if (index < 0) index = find_foreign_kernel(text);
   if (index >= 0) s = Slot{h, index};
   return index;
 }
@@ -568,14 +710,14 @@ bool launch_kernel(int32_t index, const FactOpArgs& args, const at::Tensor& like
   // The host path is per call and the GPU waits on it after a short kernel, so it is kept short:
   // no separate can_implement (run checks the call before it launches anything and says
   // FACT_CANNOT_IMPLEMENT), and no workspace allocation where the kernel needs none.
-  const size_t ws_size = fact_kernel_workspace_size(index, &args);
+  const size_t ws_size = kernel_workspace_size(index, &args);
   at::Tensor ws;
   if (ws_size > 0) ws = at::empty({static_cast<int64_t>(ws_size)}, like.options().dtype(at::kByte));
-  const int32_t status = fact_kernel_run(index, &args, ws_size > 0 ? ws.data_ptr() : nullptr, ws_size,
+  const int32_t status = kernel_run(index, &args, ws_size > 0 ? ws.data_ptr() : nullptr, ws_size,
                                          c10::cuda::getCurrentCUDAStream(like.device().index()).stream());
   if (status == FACT_CANNOT_IMPLEMENT) return false;
   TORCH_CHECK(status == FACT_OK, "fact::", op, ": kernel ", std::string(kernel), " failed with status ", status,
-              ": ", fact_last_error());
+              ": ", kernel_last_error(index));
   return true;
 }
 
@@ -650,9 +792,21 @@ RanCounts* ran_counts() {
   return counts.get();
 }
 
+// A call of a foreign kernel (`find_kernel`) counts in its own library's counters, where a caller
+// of `fact_op_stats` on that library (its composition's) looks; what a library built before those
+// counters existed cannot take counts here, by name.
+enum CountWhat : int32_t { kCountRan = 0, kCountRanCopied = 1, kCountFellBack = 2, kCountTorch = 3 };
+bool counted_by_owner(int32_t index, c10::string_view kernel, CountWhat what, const std::string& why) {
+  const ForeignKernel* f = foreign_kernel(index);
+  if (f == nullptr || f->table->count == nullptr) return false;
+  f->table->count(std::string(kernel).c_str(), what, why.c_str());
+  return true;
+}
+
 void count_ran(c10::string_view kernel, bool copied) {
   const int32_t index = find_kernel(kernel);
-  if (index < 0) {
+  if (counted_by_owner(index, kernel, copied ? kCountRanCopied : kCountRan, "")) return;
+  if (index < 0 || index >= kForeign) {
     // Not a kernel of the table (no op gets here): counted by name.
     std::lock_guard<std::mutex> lock(stats_mutex);
     Counts& c = stats[std::string(kernel)];
@@ -668,19 +822,18 @@ void count_ran(c10::string_view kernel, bool copied) {
 // A call of few rows that ran torch's ops by its kernel operand's choice (`kernel_at_rows`):
 // no fallback, the op did what compose measured fastest.
 void count_torch(c10::string_view kernel) {
+  if (counted_by_owner(find_kernel(kernel), kernel, kCountTorch, "")) return;
   std::lock_guard<std::mutex> lock(stats_mutex);
   stats[std::string(kernel)].torch += 1;
 }
 
 void count_fell_back(c10::string_view kernel, const std::string& why = "") {
+  const std::string reason = for_autograd ? "autograd (the kernel has no backward)" : why;
+  if (counted_by_owner(find_kernel(kernel), kernel, kCountFellBack, reason)) return;
   std::lock_guard<std::mutex> lock(stats_mutex);
   Counts& c = stats[std::string(kernel)];
   c.fell_back += 1;
-  if (for_autograd) {
-    c.why = "autograd (the kernel has no backward)";
-  } else if (!why.empty()) {
-    c.why = why;
-  }
+  if (!reason.empty()) c.why = reason;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1114,8 +1267,8 @@ bool prepare(Launch& l, const at::Tensor& a, const at::Tensor& b, const std::opt
     return l.fail("autograd (the kernel has no backward)");
   }
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return l.fail("no such kernel in this library");
-  const FactKernelInfo* info = fact_kernel_info(index);
+  if (index < 0) return l.fail("no op library loaded in this process has the kernel");
+  const FactKernelInfo* info = kernel_info(index);
   if (std::strcmp(info->kind, "gemm") != 0) return l.fail("the kernel is no GEMM");
   // The layout's letters say how the kernel reads a and B ("crr": a column-major, B row-major).
   const char* layout = info->layout;
@@ -1907,7 +2060,7 @@ at::Tensor attention_kernel(const Form& f, const at::Tensor& q, const at::Tensor
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return why = "mixed dtypes", at::Tensor();
   if (q.dim() != k.dim() || q.dim() != v.dim() || (q.dim() != 4 && q.dim() != 3)) return why = "q, k, v not all [B,H,T,D] or [B,T,D]", at::Tensor();
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(q.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   // [B,T,D] is one head.
@@ -2123,7 +2276,7 @@ at::Tensor layernorm_kernel(const at::Tensor& x, at::IntArrayRef normalized_shap
   const int64_t c = x.size(-1);
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   // The leading dims as one: rows one stride apart.
@@ -2245,7 +2398,7 @@ std::tuple<at::Tensor, at::Tensor> layernorm_add_kernel(const at::Tensor& a, con
     return fail("not normalized over the last dim alone");
   }
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return fail("no such kernel in this library");
+  if (index < 0) return fail("no op library loaded in this process has the kernel");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
   c10::cuda::CUDAGuard guard(a.device());
@@ -2406,7 +2559,7 @@ at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& 
   const int64_t c = x.size(-1);
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   // Rows not one stride apart (a norm of each head of q sliced from a fused qkv projection, as
@@ -2491,7 +2644,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const
   if (has_w && weight->device() != a.device()) return fail("not CUDA tensors of one device");
   if (has_w && at::GradMode::is_enabled() && weight->requires_grad()) return fail("autograd (the kernel has no backward)");
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return fail("no such kernel in this library");
+  if (index < 0) return fail("no op library loaded in this process has the kernel");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
   c10::cuda::CUDAGuard guard(a.device());
@@ -2712,7 +2865,7 @@ bool rotary_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& c
   }
   if (!why.empty()) return false;
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", false;
+  if (index < 0) return why = "no op library loaded in this process has the kernel", false;
   const auto* props = at::cuda::getDeviceProperties(q.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", false;
   c10::cuda::CUDAGuard guard(q.device());
@@ -2813,7 +2966,7 @@ at::Tensor glu_kernel(const at::Tensor& x, const at::Tensor& w, const std::optio
   }
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   const int64_t k = x.size(-1), inter = w.size(0) / 2, rows = x.numel() / k;
@@ -2915,7 +3068,7 @@ at::Tensor patch_conv_kernel(const at::Tensor& x, const at::Tensor& w, const std
     return why = "a weight that does not start at a 16-byte boundary", at::Tensor();
   }
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   c10::cuda::CUDAGuard guard(x.device());
@@ -3178,7 +3331,7 @@ at::Tensor conv_kernel(const at::Tensor& x, int64_t in_channels, const at::Tenso
     return why = "a residual of another shape than the output (a broadcast)", at::Tensor();
   }
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   c10::cuda::CUDAGuard guard(x.device());
@@ -3285,7 +3438,7 @@ at::Tensor grn_kernel(const at::Tensor& x, const at::Tensor& weight, const at::T
   if (weight.numel() != c || bias.numel() != c) return why = "the weight or bias is not one value a channel", at::Tensor();
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   c10::cuda::CUDAGuard guard(x.device());
@@ -3358,7 +3511,7 @@ std::vector<at::Tensor> linears_kernel(const at::Tensor& x, const at::Tensor& w,
   }
   if (x.numel() == 0) return why = "an empty tensor", std::vector<at::Tensor>();
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", std::vector<at::Tensor>();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", std::vector<at::Tensor>();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", std::vector<at::Tensor>();
   const int64_t k = x.size(-1), n = w.size(0), m = x.numel() / k;
@@ -3530,6 +3683,22 @@ extern "C" int32_t fact_disable(const char* kinds) {
   if (kinds == nullptr || !parse_kinds(kinds, bits)) return -1;
   disabled_kinds().store(bits, std::memory_order_relaxed);
   return 0;
+}
+
+// One call of kernel `kernel` (a CountWhat; `why` a fallback's reason or ""), made by another fact
+// library's op code that found the kernel in this library's table (`find_kernel`).
+extern "C" void fact_op_count(const char* kernel, int32_t what, const char* why) {
+  const std::string reason = why != nullptr ? why : "";
+  if (what == kCountRan || what == kCountRanCopied) {
+    count_ran(kernel, what == kCountRanCopied);
+  } else if (what == kCountTorch) {
+    count_torch(kernel);
+  } else {
+    std::lock_guard<std::mutex> lock(stats_mutex);
+    Counts& c = stats[std::string(kernel)];
+    c.fell_back += 1;
+    if (!reason.empty()) c.why = reason;
+  }
 }
 
 extern "C" void fact_op_stats_reset(void) {

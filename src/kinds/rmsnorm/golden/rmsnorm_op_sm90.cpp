@@ -79,7 +79,7 @@ at::Tensor rmsnorm_kernel(const at::Tensor& x, const std::optional<at::Tensor>& 
   const int64_t c = x.size(-1);
   if (x.numel() == 0) return why = "an empty tensor", at::Tensor();
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", at::Tensor();
+  if (index < 0) return why = "no op library loaded in this process has the kernel", at::Tensor();
   const auto* props = at::cuda::getDeviceProperties(x.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", at::Tensor();
   // Rows not one stride apart (a norm of each head of q sliced from a fused qkv projection, as
@@ -164,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_add_kernel(const at::Tensor& a, const
   if (has_w && weight->device() != a.device()) return fail("not CUDA tensors of one device");
   if (has_w && at::GradMode::is_enabled() && weight->requires_grad()) return fail("autograd (the kernel has no backward)");
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return fail("no such kernel in this library");
+  if (index < 0) return fail("no op library loaded in this process has the kernel");
   const auto* props = at::cuda::getDeviceProperties(a.device().index());
   if (!runs_here(*props)) return fail("not a device of compute capability 9.0 (an sm90 library)");
   c10::cuda::CUDAGuard guard(a.device());

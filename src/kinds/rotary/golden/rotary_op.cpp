@@ -134,7 +134,7 @@ bool rotary_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& c
   }
   if (!why.empty()) return false;
   const int32_t index = find_kernel(kernel);
-  if (index < 0) return why = "no such kernel in this library", false;
+  if (index < 0) return why = "no op library loaded in this process has the kernel", false;
   const auto* props = at::cuda::getDeviceProperties(q.device().index());
   if (!runs_here(*props)) return why = "not a device of compute capability 9.0 (an sm90 library)", false;
   c10::cuda::CUDAGuard guard(q.device());
