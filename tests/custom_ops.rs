@@ -21,26 +21,22 @@ use std::sync::OnceLock;
 /// a rebuild a link).
 fn op_library() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-        let p = RmsNormProblem::new(32, 64, DType::F32, Scale::Weight, false);
-        let spec = candidates(&p, Arch::Sm90).remove(0);
-        let dir = root().join("target/custom-ops");
-        build_all(&tc, &[spec], &dir, "libfact_ops.so", 2).library
-    })
+    LIB.get_or_init(|| rmsnorm_library(64, "target/custom-ops"))
 }
 
 /// A second op library with another RMSNorm kernel (target/custom-ops-2), as a second composition
 /// in the same process has.
 fn second_op_library() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
-        let p = RmsNormProblem::new(32, 128, DType::F32, Scale::Weight, false);
-        let spec = candidates(&p, Arch::Sm90).remove(0);
-        let dir = root().join("target/custom-ops-2");
-        build_all(&tc, &[spec], &dir, "libfact_ops.so", 2).library
-    })
+    LIB.get_or_init(|| rmsnorm_library(128, "target/custom-ops-2"))
+}
+
+/// A library of one RMSNorm kernel, the first candidate for rows of `cols`, built into `dir`.
+fn rmsnorm_library(cols: i64, dir: &str) -> PathBuf {
+    let tc = Toolchain::discover().expect("./setup provides nvcc, CUTLASS and torch");
+    let p = RmsNormProblem::new(32, cols, DType::F32, Scale::Weight, false);
+    let spec = candidates(&p, Arch::Sm90).remove(0);
+    build_all(&tc, &[spec], &root().join(dir), "libfact_ops.so", 2).library
 }
 
 /// `preamble()` with the op library's call counters at hand: `so.fact_op_stats()` (JSON).

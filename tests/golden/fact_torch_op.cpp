@@ -557,7 +557,6 @@ struct ForeignTable {
   const char* (*last_error)();
   // The owner's call counters (`fact_op_count`); null in a library built before they existed.
   void (*count)(const char*, int32_t, const char*);
-  std::string path;
 };
 struct ForeignKernel {
   const ForeignTable* table;
@@ -574,23 +573,32 @@ std::unordered_map<std::string, int32_t> foreign_by_name;
 std::vector<std::unique_ptr<ForeignTable>> foreign_tables;
 unsigned long long scanned_adds = 0;
 
-// The other fact libraries of this ABI loaded now, each once (by its find function).
-void scan_foreign_tables() {
-  std::vector<std::string> paths;
+// How many objects the process has loaded so far (the loader's count, which only grows).
+unsigned long long objects_added() {
   unsigned long long adds = 0;
-  struct Seen {
-    std::vector<std::string>* paths;
-    unsigned long long* adds;
-  } seen{&paths, &adds};
   dl_iterate_phdr(
       [](struct dl_phdr_info* info, size_t size, void* data) {
-        auto* s = static_cast<Seen*>(data);
-        if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds)) *s->adds = info->dlpi_adds;
-        if (info->dlpi_name != nullptr && info->dlpi_name[0] != '\0') s->paths->push_back(info->dlpi_name);
+        if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds)) {
+          *static_cast<unsigned long long*>(data) = info->dlpi_adds;
+        }
+        return 1;
+      },
+      &adds);
+  return adds;
+}
+
+// The other fact libraries of this ABI loaded now, each once (by its find function).
+void scan_foreign_tables() {
+  scanned_adds = objects_added();
+  std::vector<std::string> paths;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* data) {
+        if (info->dlpi_name != nullptr && info->dlpi_name[0] != '\0') {
+          static_cast<std::vector<std::string>*>(data)->push_back(info->dlpi_name);
+        }
         return 0;
       },
-      &seen);
-  scanned_adds = adds;
+      &paths);
   for (const std::string& path : paths) {
     // Already open: RTLD_NOLOAD opens nothing new, and the handle is kept with the table.
     void* h = dlopen(path.c_str(), RTLD_NOLOAD | RTLD_LAZY);
@@ -611,7 +619,6 @@ void scan_foreign_tables() {
     t->run = reinterpret_cast<int32_t (*)(int32_t, const FactOpArgs*, void*, size_t, void*)>(dlsym(h, "fact_kernel_run"));
     t->last_error = reinterpret_cast<const char* (*)()>(dlsym(h, "fact_last_error"));
     t->count = reinterpret_cast<void (*)(const char*, int32_t, const char*)>(dlsym(h, "fact_op_count"));
-    t->path = path;
     if (t->info == nullptr || t->workspace_size == nullptr || t->run == nullptr || t->last_error == nullptr) {
       dlclose(h);
       continue;
@@ -627,15 +634,7 @@ int32_t find_foreign_kernel(const std::string& name) {
     if (it->second >= 0) return it->second;
   }
   // A name found nowhere is looked for again only once the process has loaded another object.
-  unsigned long long adds = 0;
-  dl_iterate_phdr(
-      [](struct dl_phdr_info* info, size_t size, void* data) {
-        if (size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds)) {
-          *static_cast<unsigned long long*>(data) = info->dlpi_adds;
-        }
-        return 1;
-      },
-      &adds);
+  const unsigned long long adds = objects_added();
   if (foreign_by_name.count(name) && adds == scanned_adds) return -1;
   if (adds != scanned_adds) scan_foreign_tables();
   int32_t handle = -1;
