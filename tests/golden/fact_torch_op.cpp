@@ -630,12 +630,11 @@ void scan_foreign_tables() {
 // The handle of a kernel no entry of this table names, -1 where no other library has it either.
 int32_t find_foreign_kernel(const std::string& name) {
   std::lock_guard<std::mutex> lock(foreign_mutex);
-  if (auto it = foreign_by_name.find(name); it != foreign_by_name.end()) {
-    if (it->second >= 0) return it->second;
-  }
+  const auto seen = foreign_by_name.find(name);
+  if (seen != foreign_by_name.end() && seen->second >= 0) return seen->second;
   // A name found nowhere is looked for again only once the process has loaded another object.
   const unsigned long long adds = objects_added();
-  if (foreign_by_name.count(name) && adds == scanned_adds) return -1;
+  if (seen != foreign_by_name.end() && adds == scanned_adds) return -1;
   if (adds != scanned_adds) scan_foreign_tables();
   int32_t handle = -1;
   for (const auto& t : foreign_tables) {
@@ -3693,10 +3692,7 @@ extern "C" void fact_op_count(const char* kernel, int32_t what, const char* why)
   } else if (what == kCountTorch) {
     count_torch(kernel);
   } else {
-    std::lock_guard<std::mutex> lock(stats_mutex);
-    Counts& c = stats[std::string(kernel)];
-    c.fell_back += 1;
-    if (!reason.empty()) c.why = reason;
+    count_fell_back(kernel, reason);
   }
 }
 
