@@ -31,6 +31,8 @@
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -842,12 +844,23 @@ void count_fell_back(c10::string_view kernel, const std::string& why = "") {
 // before issues none of its ops. The key is everything the subgraph's values can depend on: the
 // metadata of the tensors it reads only the shapes of, the identity, version counter (bumped by
 // every in-place write) and layout of each buffer and parameter it reads, and the modes that change
-// what ops compute (grad, inference, autocast, reduced-precision math, the current stream of each
-// device). An entry holds its state tensors, so no other tensor can take their addresses while it
-// lives.
+// what ops compute (grad, inference, autocast, reduced-precision math). An entry holds its state
+// tensors, so no other tensor can take their addresses while it lives.
+//
+// The stream is not in the key: a server warms up on one stream and captures a CUDA graph on
+// another (torch.cuda.graph's own), and the capture must hit, since a miss would run the subgraph
+// inside the graph (a model that builds its position indices on the CPU and copies them to the GPU
+// cannot be captured at all). A call on another stream than the values were computed on orders
+// itself after them through the entry's event; a capture cannot wait on an event recorded outside
+// it, so it takes the values only where that event has completed (torch.cuda.graph synchronizes
+// the device before it captures) and otherwise computes them in the graph. Values a capture reads
+// are kept for good: the graph holds their addresses.
 struct MemoEntry {
   std::vector<int64_t> key;
   std::vector<at::Tensor> state, values;
+  std::optional<c10::cuda::CUDAStream> stream;  // where the values were computed, for values on a GPU
+  std::shared_ptr<at::cuda::CUDAEvent> done;    // recorded there after them
+  bool captured = false;                        // read by a CUDA graph: never dropped
 };
 constexpr size_t kMemoEntries = 8;  // per site: the shapes a server cycles through
 std::mutex memo_mutex;
@@ -866,7 +879,6 @@ void key_metadata(const at::Tensor& t, std::vector<int64_t>& key) {
     for (int64_t d = 0; d < t.dim(); ++d) key.push_back(t.stride(d));
     key.push_back(t.storage_offset());
   }
-  if (t.is_cuda()) key.push_back(c10::cuda::getCurrentCUDAStream(t.device().index()).id());
 }
 
 // The key of a call, or false where the values must not be kept: memo turned off, or autograd
@@ -895,6 +907,20 @@ bool memo_key(const std::vector<at::Tensor>& shapes, const std::vector<at::Tenso
   return true;
 }
 
+// The device of the first GPU tensor among `values`, if any.
+std::optional<c10::DeviceIndex> gpu_of(const std::vector<at::Tensor>& values) {
+  for (const at::Tensor& v : values) {
+    if (v.defined() && v.is_cuda()) return v.device().index();
+  }
+  return std::nullopt;
+}
+
+bool stream_capturing(const c10::cuda::CUDAStream& s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(s.stream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
 // The values kept for this key at site `site`, or none (the caller computes them and calls
 // memo_put).
 std::vector<at::Tensor> memo_get(int64_t site, std::vector<at::Tensor> shapes, std::vector<at::Tensor> state) {
@@ -903,24 +929,56 @@ std::vector<at::Tensor> memo_get(int64_t site, std::vector<at::Tensor> shapes, s
   std::lock_guard<std::mutex> lock(memo_mutex);
   auto it = memo_sites.find(site);
   if (it == memo_sites.end()) return {};
-  for (const MemoEntry& e : it->second) {
-    if (e.key == key) return e.values;
+  for (MemoEntry& e : it->second) {
+    if (e.key != key) continue;
+    if (!e.stream.has_value()) return e.values;
+    const c10::cuda::CUDAStream now = c10::cuda::getCurrentCUDAStream(e.stream->device_index());
+    if (stream_capturing(now)) {
+      if (now != *e.stream) {
+        // Querying an event is not allowed in a capture of the global mode: relaxed for this call.
+        c10::cuda::CUDAStreamCaptureModeGuard relaxed{cudaStreamCaptureModeRelaxed};
+        if (!e.done->query()) return {};
+      }
+      e.captured = true;
+      return e.values;
+    }
+    if (now != *e.stream) {
+      e.done->block(now);
+      // Their memory must not go to another tensor of their stream before this one has read them.
+      for (const at::Tensor& v : e.values) {
+        if (v.defined() && v.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(v.storage().data_ptr(), now);
+      }
+    }
+    return e.values;
   }
   return {};
 }
 
-// Keeps `values` for this key at site `site` (the oldest entry goes past kMemoEntries) and returns them.
+// Keeps `values` for this key at site `site` (the oldest entry no graph reads goes past
+// kMemoEntries) and returns them. Values computed while the stream captures a graph are not kept:
+// they hold nothing until the graph replays.
 std::vector<at::Tensor> memo_put(int64_t site, std::vector<at::Tensor> shapes, std::vector<at::Tensor> state,
                                  std::vector<at::Tensor> values) {
   std::vector<int64_t> key;
   if (values.empty() || !memo_key(shapes, state, key)) return values;
+  std::optional<c10::cuda::CUDAStream> stream;
+  std::shared_ptr<at::cuda::CUDAEvent> done;
+  if (const std::optional<c10::DeviceIndex> gpu = gpu_of(values)) {
+    stream = c10::cuda::getCurrentCUDAStream(*gpu);
+    if (stream_capturing(*stream)) return values;
+    done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(*stream);
+  }
   std::lock_guard<std::mutex> lock(memo_mutex);
   std::vector<MemoEntry>& entries = memo_sites[site];
   for (const MemoEntry& e : entries) {
     if (e.key == key) return values;
   }
-  if (entries.size() >= kMemoEntries) entries.erase(entries.begin());
-  entries.push_back(MemoEntry{std::move(key), std::move(state), values});
+  if (entries.size() >= kMemoEntries) {
+    auto old = std::find_if(entries.begin(), entries.end(), [](const MemoEntry& e) { return !e.captured; });
+    if (old != entries.end()) entries.erase(old);
+  }
+  entries.push_back(MemoEntry{std::move(key), std::move(state), values, stream, std::move(done)});
   return values;
 }
 
