@@ -806,3 +806,63 @@ print("ok" if have.shape == want.shape and torch.allclose(have, want, atol=1e-5)
     ));
     assert_eq!(said, "ok");
 }
+
+/// BLOOM's attention works over [B·H, T, D] batches (`baddbmm` of ALiBi and the scaled product,
+/// `bmm` of the probabilities and v): the reader spells it over [B,H,T,D] heads, so the explicit
+/// rule takes it with ALiBi as a bias beside the causal mask, and the program it writes still
+/// computes the model at another batch and an odd length.
+#[test]
+fn a_bloom_attention_over_batched_heads_reads_as_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = dir.path().join("bloom.pt2");
+    let written = dir.path().join("bloom_written.pt2");
+    run_python(&format!(
+        r#"
+import torch, transformers
+from torch.export import Dim
+torch.manual_seed(0)
+class LM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        cfg = transformers.BloomConfig(hidden_size=128, n_head=4, n_layer=2, vocab_size=500)
+        self.model = transformers.BloomForCausalLM(cfg)
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False, return_dict=False)[0]
+m = LM().eval()
+ids = torch.randint(0, 500, (2, 48))
+with torch.no_grad():
+    ep = torch.export.export(m, (ids,), dynamic_shapes=({{0: Dim.AUTO, 1: Dim.AUTO}},), strict=False)
+torch.export.save(ep, {original:?})
+"#,
+        original = original.display().to_string(),
+    ));
+    let rules = rules(&plan(&original));
+    assert_eq!(
+        rules.get("attention_causal_bias_keys_batched"),
+        Some(&2),
+        "{rules:?}"
+    );
+    torch::rewrite_and_write_pt2(&original, &written, &[], &[]).unwrap();
+    let said = run_python(&format!(
+        r#"
+import torch
+torch.manual_seed(1)
+a = torch.export.load({original:?}).module()
+b = torch.export.load({written:?}).module()
+bad = []
+for shape in ((3, 48), (1, 37)):
+    ids = torch.randint(0, 500, shape)
+    with torch.no_grad():
+        want, have = a(ids), b(ids)
+    if have.shape != want.shape or not torch.allclose(have, want, atol=1e-4, rtol=1e-4):
+        bad.append(f"{{shape}}: {{(have - want).abs().max()}}")
+targets = [n.target for n in b.graph.nodes if n.op == "call_function"]
+if torch.ops.aten.baddbmm.default in targets or torch.ops.aten.bmm.default in targets:
+    bad.append("the written program still has baddbmm or bmm")
+print("ok" if not bad else "; ".join(bad))
+"#,
+        original = original.display().to_string(),
+        written = written.display().to_string(),
+    ));
+    assert_eq!(said, "ok");
+}

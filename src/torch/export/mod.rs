@@ -9,7 +9,9 @@
 //! the writer (write.rs) edits, so a composed program keeps every node fact did not replace
 //! verbatim. Never touches the GPU.
 
+mod heads_bmm;
 mod mha;
+mod nodes;
 pub mod schema;
 pub mod write;
 
@@ -418,6 +420,7 @@ pub fn read(path: &Path, records: &[String]) -> Result<Program, ExportError> {
     }
     let through = normalise_graph(&mut json["graph_module"]["graph"], &p)?;
     mha::batch_first_mha(&mut json["graph_module"]["graph"]);
+    heads_bmm::heads_bmm(&mut json["graph_module"]["graph"]);
     rename_values(
         &mut json["graph_module"]["signature"]["output_specs"],
         &through,
