@@ -104,8 +104,10 @@ fn find(graph: &Json) -> Option<Found> {
         (xs.len() == 4 && vs.len() == 3 && xs[0] * xs[1] == vs[0] && xs[2..] == vs[1..])
             .then(|| x.to_string())
     };
-    // The view of `value` [B·H, a, b] back to [B,H,a,b] that alone reads it: (its index, sizes).
-    let viewed_back = |value: &str| -> Option<(usize, Vec<Json>)> {
+    // The view of `value` [B·H, a, b] back to `heads` [B,H] and [a,b] that alone reads it, H a
+    // number: (its index, sizes). Row-major, so batch i of the value is head i % H of sequence
+    // i / H of the view.
+    let viewed_back = |value: &str, heads: &[i64]| -> Option<(usize, Vec<Json>)> {
         if !alone(value) {
             return None;
         }
@@ -127,8 +129,13 @@ fn find(graph: &Json) -> Option<Found> {
             })
             .collect();
         let (from, to) = (hints(value)?, hints(out_name(n)?)?);
-        (sizes.len() == 4 && to.len() == 4 && to[0] * to[1] == from[0] && to[2..] == from[1..])
-            .then_some((i, sizes))
+        let fits = sizes.len() == 4
+            && to.len() == 4
+            && to[..2] == heads[..2]
+            && to[0] * to[1] == from[0]
+            && to[2..] == from[1..]
+            && sizes[1]["as_int"].as_i64() == Some(heads[1]);
+        fits.then_some((i, sizes))
     };
     nodes.iter().enumerate().find_map(|(i, n)| match target(n) {
         "torch.ops.aten.baddbmm.default" => {
@@ -149,16 +156,15 @@ fn find(graph: &Json) -> Option<Found> {
             let k4 = heads_of(tensor(t, "self")?)?;
             let bias = tensor(n, "self")?;
             let s3 = out_name(n)?;
-            let (view, sizes) = viewed_back(s3)?;
             let (q, k, b, s) = (hints(&q4)?, hints(&k4)?, hints(bias)?, hints(s3)?);
+            let (view, sizes) = viewed_back(s3, &q)?;
             let fits = q[..2] == k[..2]
                 && q[3] == k[3]
                 && b.len() == 3
                 && b[0] == s[0]
                 && (b[1] == 1 || b[1] == s[1])
                 && b[2] == s[2]
-                && dtype(bias) == dtype(&q4)
-                && sizes[1]["as_int"].as_i64() == Some(q[1]);
+                && dtype(bias) == dtype(&q4);
             fits.then(|| Found::Scores {
                 baddbmm: i,
                 view,
@@ -174,8 +180,8 @@ fn find(graph: &Json) -> Option<Found> {
             let p3 = tensor(n, "self")?;
             let v4 = heads_of(tensor(n, "mat2")?)?;
             let p4 = heads_of(p3)?;
-            let (view, _) = viewed_back(out_name(n)?)?;
             let (p, v) = (hints(&p4)?, hints(&v4)?);
+            let (view, _) = viewed_back(out_name(n)?, &p)?;
             (p[..2] == v[..2] && p[3] == v[2]).then(|| Found::Values {
                 bmm: i,
                 view,
@@ -324,5 +330,201 @@ fn apply(graph: &mut Json, found: Found) {
     graph["nodes"] = Json::Array(out);
     for (k, v) in new_values {
         graph["tensor_values"][k] = v;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value's metadata: dtype code and sizes, contiguous strides.
+    fn meta(dtype: i64, sizes: &[i64]) -> Json {
+        let mut strides = vec![1; sizes.len()];
+        for d in (0..sizes.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * sizes[d + 1];
+        }
+        json!({
+            "dtype": dtype,
+            "sizes": sizes.iter().map(|s| json!({"as_int": s})).collect::<Vec<_>>(),
+            "strides": strides.iter().map(|s| json!({"as_int": s})).collect::<Vec<_>>(),
+            "storage_offset": {"as_int": 0},
+            "device": {"type": "cpu"},
+            "layout": 7,
+        })
+    }
+
+    fn ints_in(name: &str, v: &[i64]) -> Json {
+        json!({"name": name, "arg": {"as_sym_ints": v.iter().map(|i| json!({"as_int": i})).collect::<Vec<_>>()}, "kind": 1})
+    }
+
+    /// BLOOM's attention at B 2, H 4, T 8, D 16 over q, k, v [B,H,T,D] and an ALiBi bias
+    /// [B·H, 1, T] of dtype `bias_dtype` (q's: 7, float32), its output viewed back as `back`.
+    fn bloom(bias_dtype: i64, back: [i64; 4]) -> Json {
+        let m = Json::Null;
+        let nodes = vec![
+            call(
+                "torch.ops.aten.reshape.default",
+                vec![tensor_in("self", "q"), ints_in("shape", &[8, -1, 16])],
+                "q3",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.reshape.default",
+                vec![tensor_in("self", "k"), ints_in("shape", &[8, -1, 16])],
+                "k3",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.transpose.int",
+                vec![
+                    tensor_in("self", "k3"),
+                    int_in("dim0", -1),
+                    int_in("dim1", -2),
+                ],
+                "kt3",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.reshape.default",
+                vec![tensor_in("self", "v"), ints_in("shape", &[8, -1, 16])],
+                "v3",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.baddbmm.default",
+                vec![
+                    tensor_in("self", "alibi"),
+                    tensor_in("batch1", "q3"),
+                    tensor_in("batch2", "kt3"),
+                    json!({"name": "beta", "arg": {"as_float": 1.0}, "kind": 2}),
+                    json!({"name": "alpha", "arg": {"as_float": 0.25}, "kind": 2}),
+                ],
+                "s3",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.view.default",
+                vec![tensor_in("self", "s3"), ints_in("size", &[2, 4, 8, -1])],
+                "s4",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.softmax.int",
+                vec![tensor_in("self", "s4"), int_in("dim", -1)],
+                "p4",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.view.default",
+                vec![tensor_in("self", "p4"), ints_in("size", &[8, 8, -1])],
+                "p3",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.bmm.default",
+                vec![tensor_in("self", "p3"), tensor_in("mat2", "v3")],
+                "o3",
+                &m,
+            ),
+            call(
+                "torch.ops.aten.view.default",
+                vec![tensor_in("self", "o3"), ints_in("size", &back)],
+                "o4",
+                &m,
+            ),
+        ];
+        let values = json!({
+            "q": meta(7, &[2, 4, 8, 16]), "k": meta(7, &[2, 4, 8, 16]), "v": meta(7, &[2, 4, 8, 16]),
+            "alibi": meta(bias_dtype, &[8, 1, 8]),
+            "q3": meta(7, &[8, 8, 16]), "k3": meta(7, &[8, 8, 16]), "kt3": meta(7, &[8, 16, 8]),
+            "v3": meta(7, &[8, 8, 16]), "s3": meta(7, &[8, 8, 8]), "s4": meta(7, &[2, 4, 8, 8]),
+            "p4": meta(7, &[2, 4, 8, 8]), "p3": meta(7, &[8, 8, 8]), "o3": meta(7, &[8, 8, 16]),
+            "o4": meta(7, &back),
+        });
+        json!({"nodes": nodes, "tensor_values": values, "outputs": [{"as_tensor": {"name": "o4"}}]})
+    }
+
+    fn targets(g: &Json) -> Vec<(String, String)> {
+        g["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    target(n).trim_start_matches("torch.ops.aten.").to_string(),
+                    out_name(n).unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn both_products_read_over_heads_under_their_views_names() {
+        let mut g = bloom(7, [2, 4, 8, 16]);
+        assert_eq!(heads_bmm(&mut g), 2);
+        let t = targets(&g);
+        let has = |op: &str, out: &str| t.contains(&(op.to_string(), out.to_string()));
+        assert!(
+            has("add.Tensor", "s4") && has("matmul.default", "o4"),
+            "{t:?}"
+        );
+        assert!(
+            has("mul.Tensor", "s4_scaled") && has("view.default", "s4_bias"),
+            "{t:?}"
+        );
+        assert!(
+            !t.iter()
+                .any(|(op, _)| op.starts_with("baddbmm") || op.starts_with("bmm")),
+            "{t:?}"
+        );
+        // The bias [B·H, 1, T] as [B, H, 1, T]: B's stride is H rows of B·H's.
+        let b = &g["tensor_values"]["s4_bias"];
+        let ints = |k: &str| -> Vec<i64> {
+            b[k].as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["as_int"].as_i64().unwrap())
+                .collect()
+        };
+        assert_eq!(
+            (ints("sizes"), ints("strides")),
+            (vec![2, 4, 1, 8], vec![32, 8, 8, 1])
+        );
+        // k's last two dims swapped for kᵀ.
+        let kt = &g["tensor_values"]["s4_kt"]["strides"];
+        assert_eq!(
+            (kt[2]["as_int"].as_i64(), kt[3]["as_int"].as_i64()),
+            (Some(1), Some(16))
+        );
+    }
+
+    #[test]
+    fn a_bias_of_another_dtype_keeps_the_scores_as_written() {
+        // float16 ALiBi with float32 q: the kernel could not add it, so baddbmm's one rounding stays.
+        let mut g = bloom(5, [2, 4, 8, 16]);
+        assert_eq!(heads_bmm(&mut g), 1);
+        let t = targets(&g);
+        assert!(t.iter().any(|(op, _)| op.starts_with("baddbmm")), "{t:?}");
+    }
+
+    #[test]
+    fn an_output_viewed_back_heads_first_is_left_alone() {
+        // [H, B, T, D] is B·H split the other way: not the heads of p and v.
+        let mut g = bloom(7, [4, 2, 8, 16]);
+        assert_eq!(heads_bmm(&mut g), 1);
+        let t = targets(&g);
+        assert!(t.iter().any(|(op, _)| op.starts_with("bmm")), "{t:?}");
+    }
+
+    #[test]
+    fn a_symbolic_stride_times_heads_keeps_its_hint() {
+        let s = json!({"as_expr": {"expr_str": "Symbol('s70', positive=True, integer=True)", "hint": {"as_int": 64}}});
+        let t = times(&s, 4);
+        assert_eq!(
+            t["as_expr"]["expr_str"],
+            "Mul(Integer(4), Symbol('s70', positive=True, integer=True))"
+        );
+        assert_eq!(t["as_expr"]["hint"]["as_int"], 256);
+        assert_eq!(times(&json!({"as_int": 3}), 4), json!({"as_int": 12}));
     }
 }
