@@ -1,6 +1,6 @@
 fn main() {
     if let Err(e) = fact::cli::main() {
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(fact::cli::exit_code(&e));
     }
 }

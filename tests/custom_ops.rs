@@ -528,14 +528,14 @@ fn run_python_env(script: &str, env: &[(&str, &Path)]) -> (bool, String, String)
 /// and a result on stdout as the CLI does, and writes into --out what compose would: the op
 /// library and a composed program calling it (torch.export's, or TorchScript's where
 /// FAKE_OUTPUT=pt; none, as without a GPU, where FAKE_OUTPUT=none); FAKE_FAIL=1 makes it fail as
-/// the CLI does.
+/// the CLI does, FAKE_FAIL=bench as the CLI does when its benchmark fails after composing (exit 3).
 const FAKE_CLI: &str = r#"#!/usr/bin/env python3
 import os, shutil, sys
 args = sys.argv[1:]
 assert args[0] == "compose" and args[1].endswith("model.pt2") and args[2] == "--out", args
 out = args[3]
 print("compose: reading model.pt2", file=sys.stderr, flush=True)
-if os.environ.get("FAKE_FAIL"):
+if os.environ.get("FAKE_FAIL") == "1":
     print("some log line", file=sys.stderr)
     print("error: no CUDA device: tuning needs a GPU; the plan and the generated sources are in " + out, file=sys.stderr)
     print("    (an indented detail)", file=sys.stderr)
@@ -566,6 +566,9 @@ else:
         os.makedirs(os.path.join(out, "torchscript"), exist_ok=True)
         torch.jit.trace(Composed().eval(), x).save(os.path.join(out, "torchscript", "composed.pt"))
 print("composed: 1 pattern, extra args " + " ".join(args[4:]))
+if os.environ.get("FAKE_FAIL") == "bench":
+    print("error: the composition is written to " + out + " and its benchmark failed (`--no-bench` composes without it): CUDA error: out of memory", file=sys.stderr)
+    sys.exit(3)
 "#;
 
 /// The Python package: fact.compose exports the module, saves model.pt2, runs the CLI with its
@@ -635,6 +638,18 @@ except fact.ComposeError as e:
     assert str(e).splitlines()[1:] == [
         "error: no CUDA device: tuning needs a GPU; the plan and the generated sources are in " + os.path.join({dir:?}, "fails"),
         "    (an indented detail)"], str(e)
+# Composed, and the CLI's own benchmark failed after (exit 3): the composition is loaded, with a warning.
+del os.environ["FAKE_OUTPUT"]
+os.environ["FAKE_FAIL"] = "bench"
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    kept = fact.compose(model, (x,), out=os.path.join({dir:?}, "unbenched"), quiet=True)
+assert isinstance(kept, fact.Composed), type(kept)
+with torch.no_grad():
+    assert torch.allclose(kept(x), model(x), atol=1e-6)
+said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+assert any("its benchmark failed" in m and "CUDA error: out of memory" in m for m in said), said
 try:
     fact.compose(torch.nn.Linear(16, 8), (x,), out=os.path.join({dir:?}, "training"))
     raise AssertionError("no error")

@@ -26,6 +26,31 @@ mod tables;
 use show::{fmt_ms, print_bench, print_compose, print_plan};
 use tables::{knowledge_command, table_command, KnowledgeCommand, TableCommand};
 
+/// The exit status of a compose that wrote its composition and whose own benchmark then failed:
+/// the composition stands (the Python package loads it, with a warning), so a caller can tell
+/// this apart from a compose that wrote nothing (1).
+pub const EXIT_UNBENCHED: i32 = 3;
+
+/// The error of a compose whose benchmark failed after the composition was written (its message
+/// says where the composition is).
+#[derive(Debug)]
+pub struct Unbenched(pub String);
+
+impl std::fmt::Display for Unbenched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The process's exit status for an error `main` returned.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<Unbenched>().is_some() {
+        EXIT_UNBENCHED
+    } else {
+        1
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "fact",
@@ -461,16 +486,28 @@ pub fn main() -> Result<()> {
                 );
             }
             let bench = if report.gpu && report.composed.is_some() && !no_bench && !unbenched {
-                Some(
-                    benchmark::run_bench(&report, &out_dir, save_report.as_deref(), without)
-                        .with_context(|| {
-                            format!(
-                                "the composition is written to {} and its benchmark failed \
-                                 (`--no-bench` composes without it)",
-                                out_dir.display()
-                            )
-                        })?,
-                )
+                match benchmark::run_bench(&report, &out_dir, save_report.as_deref(), without) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        // The composition stands: what was written first, then why the
+                        // benchmark failed.
+                        if json {
+                            println!(
+                                "{}",
+                                serde_json::to_string_pretty(
+                                    &serde_json::json!({ "compose": report, "bench": null })
+                                )?
+                            );
+                        } else {
+                            print_compose(&report, &out_dir);
+                        }
+                        return Err(e.context(Unbenched(format!(
+                            "the composition is written to {} and its benchmark failed \
+                             (`--no-bench` composes without it)",
+                            out_dir.display()
+                        ))));
+                    }
+                }
             } else {
                 None
             };
@@ -755,5 +792,28 @@ pub fn main() -> Result<()> {
                 serde_json::from_str(&body).context("bad tune-worker request")?;
             worker::serve(req).map_err(anyhow::Error::msg)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_benchmark_after_the_composition_exits_apart_from_other_errors() {
+        let cause = anyhow::anyhow!("CUDA error: out of memory");
+        let unbenched = cause.context(Unbenched("the composition is written to out".into()));
+        assert_eq!(exit_code(&unbenched), EXIT_UNBENCHED);
+        assert_eq!(
+            format!("{unbenched:#}"),
+            "the composition is written to out: CUDA error: out of memory"
+        );
+        // Still told apart under a caller's context.
+        assert_eq!(
+            exit_code(&unbenched.context("composing m.pt2")),
+            EXIT_UNBENCHED
+        );
+        let other = anyhow::anyhow!("no such file").context("composing m.pt2");
+        assert_eq!(exit_code(&other), 1);
     }
 }
