@@ -92,30 +92,6 @@ fn main() {
     bake("FACT_DEFAULT_CUDA_HOME", &root.join(".fact/cuda"));
     bake("FACT_DEFAULT_SCCACHE", &root.join(".fact/sccache"));
     println!("cargo:rustc-env=FACT_SOURCE_ROOT={}", root.display());
-    commit(&root);
-}
-
-/// The checkout's commit as `FACT_COMMIT` (`fact --version` and every record that asks it name
-/// the code that ran), "unknown" outside a git checkout. Rebuilt when HEAD or its branch moves.
-fn commit(root: &Path) {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(root)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let hash = git(&["rev-parse", "--short=7", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
-        let dir = root.join(dir);
-        println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
-        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={}", dir.join(branch).display());
-        }
-    }
-    println!("cargo:rustc-env=FACT_COMMIT={hash}");
 }
 
 fn bake(name: &str, path: &Path) {

@@ -51,10 +51,17 @@ pub fn exit_code(e: &anyhow::Error) -> i32 {
     }
 }
 
+/// `fact --version`: the package's version and the commit it was built from (`-dirty` where the
+/// sources differed from it: fact_version).
+fn version() -> &'static str {
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LINE.get_or_init(|| format!("{} ({})", env!("CARGO_PKG_VERSION"), fact_version::COMMIT))
+}
+
 #[derive(Parser)]
 #[command(
     name = "fact",
-    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("FACT_COMMIT"), ")"),
+    version = version(),
     about = "Makes PyTorch models (TorchScript archives and torch.export programs) faster with tuned CUTLASS kernels"
 )]
 struct Cli {

@@ -737,7 +737,11 @@ pub fn build_library(
     inputs.push(torch_lib.display().to_string());
     inputs.push(format!("{:?}", tc.cudart()));
     // The link's flags are this build's.
-    inputs.push(concat!(env!("CARGO_PKG_VERSION"), " ", env!("FACT_COMMIT")).to_string());
+    inputs.push(format!(
+        "{} {}",
+        env!("CARGO_PKG_VERSION"),
+        fact_version::COMMIT
+    ));
     let stamp_text = inputs.join("\n");
     let stamp = out_dir.join(format!(".{lib_name}.inputs"));
     let linked = opts.reuse_linked
