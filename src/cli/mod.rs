@@ -493,30 +493,21 @@ pub fn main() -> Result<()> {
                 );
             }
             let bench = if report.gpu && report.composed.is_some() && !no_bench && !unbenched {
-                match benchmark::run_bench(&report, &out_dir, save_report.as_deref(), without) {
-                    Ok(b) => Some(b),
-                    Err(e) => {
-                        // The composition stands: what was written first, then why the
-                        // benchmark failed.
-                        if json {
-                            println!(
-                                "{}",
-                                serde_json::to_string_pretty(
-                                    &serde_json::json!({ "compose": report, "bench": null })
-                                )?
-                            );
-                        } else {
-                            print_compose(&report, &out_dir);
-                        }
-                        return Err(e.context(Unbenched(format!(
-                            "the composition is written to {} and its benchmark failed \
-                             (`--no-bench` composes without it)",
-                            out_dir.display()
-                        ))));
-                    }
-                }
+                Some(benchmark::run_bench(
+                    &report,
+                    &out_dir,
+                    save_report.as_deref(),
+                    without,
+                ))
             } else {
                 None
+            };
+            // A failed benchmark leaves the composition standing: what was written is printed
+            // first, then why the benchmark failed.
+            let (bench, failed) = match bench {
+                Some(Ok(b)) => (Some(b), None),
+                Some(Err(e)) => (None, Some(e)),
+                None => (None, None),
             };
             if json {
                 println!(
@@ -530,6 +521,13 @@ pub fn main() -> Result<()> {
                 if let Some(b) = &bench {
                     print_bench(b);
                 }
+            }
+            if let Some(e) = failed {
+                return Err(e.context(Unbenched(format!(
+                    "the composition is written to {} and its benchmark failed \
+                     (`--no-bench` composes without it)",
+                    out_dir.display()
+                ))));
             }
             Ok(())
         }

@@ -17,8 +17,7 @@
 //! Each rewrite needs every intermediate read by the chain alone and the sizes at the sample to
 //! agree; anything else is left as exported.
 
-use super::nodes::{arg, call, index, int_in, out_name, target, tensor, tensor_in};
-use super::without_dead_nodes;
+use super::nodes::{arg, call, index, int_in, out_name, rewrite_all, target, tensor, tensor_in};
 use serde_json::{json, Value as Json};
 
 const VIEWS: [&str; 2] = [
@@ -29,17 +28,7 @@ const VIEWS: [&str; 2] = [
 /// Rewrites every [B·H]-batched attention product of `graph` (a program's graph JSON,
 /// normalised); returns how many products.
 pub(super) fn heads_bmm(graph: &mut Json) -> usize {
-    let mut count = 0;
-    // One at a time: each rewrite renumbers the nodes.
-    while let Some(found) = find(graph) {
-        apply(graph, found);
-        count += 1;
-    }
-    if count > 0 {
-        let nodes = graph["nodes"].as_array().cloned().unwrap_or_default();
-        graph["nodes"] = Json::Array(without_dead_nodes(nodes, &graph["outputs"]));
-    }
-    count
+    rewrite_all(graph, find, apply)
 }
 
 enum Found {

@@ -17,25 +17,15 @@
 //! it). Anything else is left as exported.
 
 use super::nodes::{
-    arg, call, index, int, int_in, ints, node_reading, out_name, target, tensor, tensor_in,
+    arg, call, index, int, int_in, ints, node_reading, out_name, rewrite_all, target, tensor,
+    tensor_in,
 };
-use super::without_dead_nodes;
 use serde_json::{json, Value as Json};
 
 /// Rewrites every batch-first self-attention of `graph` (a program's graph JSON, normalised);
 /// returns how many.
 pub(super) fn batch_first_mha(graph: &mut Json) -> usize {
-    let mut count = 0;
-    // One at a time: each rewrite renumbers the nodes.
-    while let Some(found) = find(graph) {
-        apply(graph, found);
-        count += 1;
-    }
-    if count > 0 {
-        let nodes = graph["nodes"].as_array().cloned().unwrap_or_default();
-        graph["nodes"] = Json::Array(without_dead_nodes(nodes, &graph["outputs"]));
-    }
-    count
+    rewrite_all(graph, find, apply)
 }
 
 /// One attention's chain: the nodes it rewrites and the values it reads.

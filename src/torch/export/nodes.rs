@@ -1,7 +1,7 @@
 //! Reading and writing the nodes of a program's graph JSON: what the front end's rewrites
 //! (mha.rs, heads_bmm.rs) share.
 
-use super::{arg_names, reads};
+use super::{arg_names, reads, without_dead_nodes};
 use serde_json::{json, Value as Json};
 use std::collections::{HashMap, HashSet};
 
@@ -90,4 +90,24 @@ pub(super) fn call(op: &str, inputs: Vec<Json>, output: &str, metadata: &Json) -
         "is_hop_single_tensor_return": null,
         "name": output,
     })
+}
+
+/// Applies `apply` to what `find` finds in `graph` until it finds nothing more, one at a time
+/// (each rewrite renumbers the nodes), then drops the nodes the rewrites left unread; returns how
+/// many it applied.
+pub(super) fn rewrite_all<F>(
+    graph: &mut Json,
+    find: impl Fn(&Json) -> Option<F>,
+    apply: impl Fn(&mut Json, F),
+) -> usize {
+    let mut count = 0;
+    while let Some(found) = find(graph) {
+        apply(graph, found);
+        count += 1;
+    }
+    if count > 0 {
+        let nodes = graph["nodes"].as_array().cloned().unwrap_or_default();
+        graph["nodes"] = Json::Array(without_dead_nodes(nodes, &graph["outputs"]));
+    }
+    count
 }
