@@ -866,3 +866,97 @@ print("ok" if not bad else "; ".join(bad))
     ));
     assert_eq!(said, "ok");
 }
+
+/// What a program's forward computes from its state and constants alone is computed once when
+/// the program is written and kept as a buffer of it (a `.pt2` has no memo): BEiT's relative
+/// position bias, gathered from its table by an index the forward builds on the CPU, which no
+/// CUDA graph can capture. A value the dynamic sequence length fixes keeps being computed.
+#[test]
+fn values_of_the_state_alone_are_buffers_of_the_written_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "beit",
+            r#"
+import transformers
+cfg = transformers.BeitConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=64, use_relative_position_bias=True)
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = transformers.BeitModel(cfg, add_pooling_layer=False)
+    def forward(self, x):
+        return self.model(pixel_values=x, return_dict=False)[0]
+x = torch.randn(2, 3, 32, 32)
+dims = ({0: Dim.AUTO},)
+shapes = ((3, 3, 32, 32), (1, 3, 32, 32))
+"#,
+        ),
+        (
+            "positions",
+            r#"
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(7, 4))
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        idx = torch.arange(4)[:, None] - torch.arange(4)[None, :] + 3
+        fixed = self.table[idx].sum(-1)
+        t = x.size(1)
+        pos = torch.arange(t)[:, None] - torch.arange(t)[None, :]
+        return self.lin(x) + fixed.sum() + pos.float().mean()
+x = torch.randn(2, 6, 4)
+dims = ({0: Dim.AUTO, 1: Dim.AUTO},)
+shapes = ((3, 9, 4), (1, 5, 4))
+"#,
+        ),
+    ];
+    for (name, model) in cases {
+        let original = dir.path().join(format!("{name}.pt2"));
+        let written = dir.path().join(format!("{name}_written.pt2"));
+        run_python(&format!(
+            r#"
+import torch
+from torch.export import Dim
+torch.manual_seed(0)
+{model}
+with torch.no_grad():
+    ep = torch.export.export(M().eval(), (x,), dynamic_shapes=dims, strict=False)
+torch.export.save(ep, {original:?})
+"#,
+            original = original.display().to_string(),
+        ));
+        torch::rewrite_and_write_pt2(&original, &written, &[], &[]).unwrap();
+        let said = run_python(&format!(
+            r#"
+import torch
+from torch.export import Dim
+torch.manual_seed(1)
+{model}
+a = torch.export.load({original:?}).module()
+b = torch.export.load({written:?}).module()
+bad = []
+for shape in shapes:
+    x = torch.randn(shape)
+    with torch.no_grad():
+        want, have = a(x), b(x)
+    if have.shape != want.shape or not torch.equal(have, want):
+        bad.append(f"{{shape}}: {{(have - want).abs().max()}}")
+aranges = lambda m: sum(n.target == torch.ops.aten.arange.default for n in m.graph.nodes if n.op == "call_function")
+folded = [k for k, _ in b.named_buffers() if k.startswith("fact_fold_")]
+print("ok" if not bad else "; ".join(bad), aranges(a), aranges(b), len(folded))
+"#,
+            original = original.display().to_string(),
+            written = written.display().to_string(),
+        ));
+        let want = match name {
+            // Every arange gone: the position bias of each of the two layers a buffer, and the
+            // fixed half of the mask beside it (the other half reads the batch).
+            "beit" => "ok 8 0 3",
+            // The fixed index folded, the positions over the sequence kept.
+            _ => "ok 4 2 1",
+        };
+        assert_eq!(said, want, "{name}");
+    }
+}

@@ -1520,6 +1520,24 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
 // The name a rewritten program gives value `v`: the program's own name, the name a call took
 // over (`renamed`), or, for an attribute the rewrite added, its placeholder's (`b_<attribute>`,
 // its bytes added to `buffers` once).
+// A buffer the writer adds: placeholder `name`, attribute `attr`, the bytes of `t`.
+WrittenBuffer written_buffer(const std::string& name, const std::string& attr, const at::Tensor& value) {
+  const at::Tensor t = value.contiguous().cpu();
+  WrittenBuffer b;
+  b.name = name;
+  b.attr = attr;
+  b.dtype = dtype_name(t.scalar_type());
+  for (auto d : t.sizes()) b.sizes.push_back(d);
+  const auto* bytes = static_cast<const uint8_t*>(t.data_ptr());
+  const size_t nbytes = t.numel() * t.element_size();
+  b.data.reserve(nbytes);
+  for (size_t i = 0; i < nbytes; ++i) b.data.push_back(bytes[i]);
+  return b;
+}
+
+// The most bytes a folded memo's values take (`fold_static_values`): past it they are computed.
+constexpr int64_t kMaxFoldBytes = 64 << 20;
+
 std::string written_name(torch::jit::Module& m, const std::string& path, Value* v,
                          const std::unordered_map<const Value*, std::string>& renamed,
                          std::unordered_map<std::string, std::string>& added, rust::Vec<WrittenBuffer>& buffers) {
@@ -1532,18 +1550,8 @@ std::string written_name(torch::jit::Module& m, const std::string& path, Value* 
     if (!own.empty()) return own;
     auto a = added.find(attr);
     if (a != added.end()) return a->second;
-    const at::Tensor t = m.attr(attr).toTensor().contiguous().cpu();
-    WrittenBuffer b;
-    b.name = "b_" + attr;
-    b.attr = attr;
-    b.dtype = dtype_name(t.scalar_type());
-    for (auto d : t.sizes()) b.sizes.push_back(d);
-    const auto* bytes = static_cast<const uint8_t*>(t.data_ptr());
-    const size_t nbytes = t.numel() * t.element_size();
-    b.data.reserve(nbytes);
-    for (size_t i = 0; i < nbytes; ++i) b.data.push_back(bytes[i]);
-    added[attr] = std::string(b.name);
-    buffers.push_back(std::move(b));
+    added[attr] = "b_" + attr;
+    buffers.push_back(written_buffer(added[attr], attr, m.attr(attr).toTensor()));
     return added[attr];
   }
   const std::string name = v->debugName();
@@ -1572,6 +1580,13 @@ ExportRewrite rewrite_export(rust::Str path, const rust::Vec<Edit>& edits, const
     }
     std::unordered_map<std::string, std::string> added;
     ExportRewrite out;
+    // A program has no memo: what its forward computes from its state alone (BEiT's relative
+    // position bias, from a CPU index into its table) is computed here once and kept as a buffer
+    // named as the value was, so the nodes the program keeps read it unchanged.
+    for (const Folded& f : fold_static_values(m, g, kMaxFoldBytes)) {
+      out.buffers.push_back(written_buffer(f.name, f.attr, f.value));
+      added[f.attr] = f.name;
+    }
     auto program_name = [](const Value* v) {
       const std::string& s = v->debugName();
       const bool auto_name = s.empty() || std::all_of(s.begin(), s.end(), [](char c) {

@@ -44,6 +44,21 @@ bool shares_memory(const std::vector<at::Tensor>& ts, const at::Tensor& t);
 // and parameters alone (memo.cc).
 void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<torch::jit::Graph>& g);
 
+// A value the forward computes from the module's buffers, parameters and constants alone, read by
+// a node whose value depends on more (the inputs, or their shapes), computed once here and read
+// from a buffer of the module instead: `name` is the value's name in the graph, `attr` the
+// buffer's attribute (memo.cc).
+struct Folded {
+  std::string name, attr;
+  at::Tensor value;
+};
+
+// Folds every such value of at most `max_bytes` into a buffer of `m`, read where the value was;
+// the nodes that computed it go. A value another computation the forward keeps reads through is
+// not folded, nor one whose nodes fail to run here.
+std::vector<Folded> fold_static_values(torch::jit::Module& m, const std::shared_ptr<torch::jit::Graph>& g,
+                                       int64_t max_bytes);
+
 // The nodes of the top-level block that memoization computes once per key rather than per forward
 // (ops that compute a tensor of their own, fixed by the inputs' shapes and the module's buffers
 // and parameters, not returned); none where the graph reshapes a tensor in place (memo.cc).

@@ -11,6 +11,8 @@
 // through a parameter. The original ops stay in the graph, run where the memo has no entry.
 #include "fact/src/torch/ir.h"
 
+#include <torch/csrc/jit/api/function_impl.h>
+
 #include <algorithm>
 #include <random>
 #include <unordered_map>
@@ -406,6 +408,172 @@ void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& 
     if (!s.nodes.count(n)) continue;
     if (std::all_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return !v->hasUses(); })) n->destroy();
   }
+}
+
+std::vector<Folded> fold_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& g, int64_t max_bytes) {
+  std::vector<Folded> out;
+  if (g->inputs().empty() || !is_module(g->inputs()[0]) || reshapes_in_place(*g)) return out;
+  Value* self = g->inputs()[0];
+  std::vector<Node*> order(g->block()->nodes().begin(), g->block()->nodes().end());
+  const StaticValues s = static_values(m, *g);
+
+  // The static nodes that read no shape, through any of their inputs or the writes of a tensor
+  // they make: their values are the state's and the constants' alone.
+  std::unordered_set<const Node*> fixed;
+  for (Node* n : order) {
+    if (s.nodes.count(n)) fixed.insert(n);
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Node* n : order) {
+      if (!fixed.count(n)) continue;
+      bool ok = std::all_of(n->inputs().begin(), n->inputs().end(),
+                            [&](const Value* v) { return v == self || fixed.count(v->node()) > 0; });
+      if (auto f = s.fresh_of.find(n); ok && f != s.fresh_of.end()) {
+        ok = std::all_of(s.fresh[f->second].begin(), s.fresh[f->second].end(),
+                         [&](const Node* w) { return fixed.count(w) > 0; });
+      }
+      if (!ok) fixed.erase(n), changed = true;
+    }
+  }
+  auto named = [](const Value* v) {
+    const std::string& n = v->debugName();
+    return !n.empty() && !std::all_of(n.begin(), n.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  };
+
+  // The roots: such tensors that a node of another kind reads (the forward, or a static value the
+  // shapes fix, as BEiT adds its fixed position bias to a mask over the batch), each with the
+  // nodes that compute it.
+  struct Root {
+    Value* value;
+    std::vector<Node*> nodes;
+    std::vector<Value*> buffers;
+    at::Tensor tensor;
+  };
+  std::vector<Root> roots;
+  for (Node* n : order) {
+    if (!fixed.count(n) || n->kind() == c10::prim::Constant) continue;
+    for (Value* v : n->outputs()) {
+      if (!is_tensor(v) || s.returned.count(v) || !named(v)) continue;
+      const bool read = std::any_of(v->uses().begin(), v->uses().end(),
+                                    [&](const torch::jit::Use& u) { return !fixed.count(u.user); });
+      if (!read) continue;
+      Root r{v, {}, {}, {}};
+      std::unordered_set<const Node*> seen;
+      std::vector<Node*> todo = {n};
+      while (!todo.empty()) {
+        Node* x = todo.back();
+        todo.pop_back();
+        if (!seen.insert(x).second) continue;
+        if (x->kind() == c10::prim::GetAttr && s.buffers.count(x->output())) {
+          r.buffers.push_back(x->output());
+          continue;
+        }
+        if (auto f = s.fresh_of.find(x); f != s.fresh_of.end()) {
+          for (Node* w : s.fresh[f->second]) todo.push_back(w);
+        }
+        r.nodes.push_back(x);
+        for (Value* in : x->inputs()) {
+          if (in != self) todo.push_back(in->node());
+        }
+      }
+      // A buffer, or views of one, costs nothing to read.
+      if (std::none_of(r.nodes.begin(), r.nodes.end(), computes)) continue;
+      std::unordered_map<const Node*, size_t> pos;
+      for (size_t i = 0; i < order.size(); ++i) pos.emplace(order[i], i);
+      std::sort(r.nodes.begin(), r.nodes.end(), [&](const Node* a, const Node* b) { return pos.at(a) < pos.at(b); });
+      roots.push_back(std::move(r));
+    }
+  }
+
+  // Each root computed here from the module's state: a graph of its nodes alone, run by the
+  // interpreter. One that fails to run, or is larger than `max_bytes`, stays in the forward.
+  for (Root& r : roots) {
+    try {
+      auto eg = std::make_shared<Graph>();
+      Value* me = eg->addInput("self");
+      me->setType(self->type());
+      std::unordered_map<Value*, Value*> env = {{self, me}};
+      for (Value* b : r.buffers) {
+        Value* read = me;
+        const std::vector<std::string> path = attribute_path(*g, b).value();
+        for (const std::string& name : path) read = eg->insertGetAttr(read, name);
+        read->setType(b->type());
+        env[b] = read;
+      }
+      for (Node* n : r.nodes) {
+        Node* c = eg->appendNode(eg->createClone(n, [&](Value* v) {
+          auto it = env.find(v);
+          if (it == env.end()) throw std::runtime_error("a fixed value reads one outside its nodes");
+          return it->second;
+        }));
+        for (size_t i = 0; i < n->outputs().size(); ++i) env[n->output(i)] = c->output(i);
+      }
+      eg->registerOutput(env.at(r.value));
+      torch::jit::GraphFunction fn("fact_fold", eg, nullptr);
+      torch::NoGradGuard no_grad;
+      at::Tensor t = fn({m._ivalue()}).toTensor().detach().contiguous().clone();
+      if (t.numel() * static_cast<int64_t>(t.element_size()) <= max_bytes) r.tensor = std::move(t);
+    } catch (const std::exception&) {
+      // Left to the forward, as without folding.
+    }
+  }
+
+  // A folded value's node must go with the fold (the buffer takes its name): drop each root that
+  // a computation the forward keeps still reads through, until none is.
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    std::unordered_set<const Value*> folded;
+    for (const Root& r : roots) {
+      if (r.tensor.defined()) folded.insert(r.value);
+    }
+    std::unordered_set<const Node*> alive;
+    std::vector<Node*> todo;
+    for (Node* n : order) {
+      if (!fixed.count(n)) continue;
+      for (const Value* o : n->outputs()) {
+        if (folded.count(o)) continue;
+        for (const torch::jit::Use& u : o->uses()) {
+          if (!fixed.count(u.user)) todo.push_back(n);
+        }
+      }
+    }
+    while (!todo.empty()) {
+      Node* n = todo.back();
+      todo.pop_back();
+      if (!alive.insert(n).second) continue;
+      if (auto f = s.fresh_of.find(n); f != s.fresh_of.end()) {
+        for (Node* w : s.fresh[f->second]) todo.push_back(w);
+      }
+      for (Value* v : n->inputs()) {
+        if (fixed.count(v->node())) todo.push_back(v->node());
+      }
+    }
+    for (Root& r : roots) {
+      if (r.tensor.defined() && alive.count(r.value->node())) r.tensor = at::Tensor(), dropped = true;
+    }
+  }
+
+  torch::jit::WithInsertPoint guard(g->block()->nodes().front());
+  for (Root& r : roots) {
+    if (!r.tensor.defined()) continue;
+    const std::string attr = "fact_fold_" + std::to_string(out.size());
+    m.register_buffer(attr, r.tensor);
+    Value* read = g->insertGetAttr(self, attr);
+    read->setType(c10::TensorType::create(r.tensor));
+    const std::vector<torch::jit::Use> uses = r.value->uses();
+    for (const torch::jit::Use& u : uses) {
+      if (!fixed.count(u.user)) u.user->replaceInput(u.offset, read);
+    }
+    out.push_back(Folded{r.value->debugName(), attr, r.tensor});
+  }
+  // The fixed nodes nothing reads any more: every one is pure, so it goes.
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = *it;
+    if (!fixed.count(n)) continue;
+    if (std::all_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return !v->hasUses(); })) n->destroy();
+  }
+  return out;
 }
 
 }  // namespace fact::bridge

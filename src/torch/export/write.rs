@@ -4,7 +4,8 @@
 //! program had is copied from the archive's (normalised) JSON as it was, each call of a fact op is
 //! written as export writes a custom op's call, and the buffers the calls read (padded,
 //! interleaved, folded, concatenated weights) become buffers of the program with their bytes in
-//! the archive. Everything else in the archive (weights, constants, sample inputs, range
+//! the archive, as do the values the forward computed from its state alone (`fold_static_values`
+//! in memo.cc: a program has no memo), each under the name the value had. Everything else in the archive (weights, constants, sample inputs, range
 //! constraints, the signature's other entries) is kept. The archive is written whole (`atomic`):
 //! a killed compose leaves the previous file or none, never a truncated one.
 
@@ -185,7 +186,13 @@ pub fn write(
     let mut new_inputs = Vec::new();
     let mut buffer_bytes = 0u64;
     for (i, b) in rewritten.buffers.iter().enumerate() {
-        let meta = buffer_meta(b, &device)?;
+        // A folded value keeps the device the program computed it on; a weight takes the
+        // weights'.
+        let own = json["graph_module"]["graph"]["tensor_values"]
+            .get(&b.name)
+            .and_then(|m| m.get("device"))
+            .cloned();
+        let meta = buffer_meta(b, own.as_ref().unwrap_or(&device))?;
         let path_name = format!("weight_fact_{i}");
         json["graph_module"]["graph"]["tensor_values"][&b.name] = meta.clone();
         weights_config["config"][&b.attr] = json!({
