@@ -771,6 +771,11 @@ bool has_values(const at::Tensor& t) {
 // data: a mask built from `new_ones(x, ..)` and `x.size(1)` is a function of x's shape alone.
 bool is_tensor(const Value* v) { return v->type()->isSubtypeOf(*c10::TensorType::get()); }
 
+bool program_named(const Value* v) {
+  const std::string& s = v->debugName();
+  return !s.empty() && !std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
 bool reads_metadata_only(const Node* n, size_t i) {
   static const std::unordered_set<std::string> kinds = {
       "aten::size",     "aten::sym_size",  "aten::dim",      "aten::numel",     "prim::device",
@@ -1517,10 +1522,7 @@ rust::String rewrite_and_save(rust::Str path, rust::Str out_path, const rust::Ve
   });
 }
 
-// The name a rewritten program gives value `v`: the program's own name, the name a call took
-// over (`renamed`), or, for an attribute the rewrite added, its placeholder's (`b_<attribute>`,
-// its bytes added to `buffers` once).
-// A buffer the writer adds: placeholder `name`, attribute `attr`, the bytes of `t`.
+// A buffer the writer adds: placeholder `name`, attribute `attr`, the bytes of `value`.
 WrittenBuffer written_buffer(const std::string& name, const std::string& attr, const at::Tensor& value) {
   const at::Tensor t = value.contiguous().cpu();
   WrittenBuffer b;
@@ -1535,9 +1537,12 @@ WrittenBuffer written_buffer(const std::string& name, const std::string& attr, c
   return b;
 }
 
-// The most bytes a folded memo's values take (`fold_static_values`): past it they are computed.
+// The most bytes a folded value takes (`fold_static_values`): a larger one stays in the forward.
 constexpr int64_t kMaxFoldBytes = 64 << 20;
 
+// The name a rewritten program gives value `v`: the program's own name, the name a call took
+// over (`renamed`), or, for an attribute the rewrite added, its placeholder's (`b_<attribute>`,
+// its bytes added to `buffers` once).
 std::string written_name(torch::jit::Module& m, const std::string& path, Value* v,
                          const std::unordered_map<const Value*, std::string>& renamed,
                          std::unordered_map<std::string, std::string>& added, rust::Vec<WrittenBuffer>& buffers) {
@@ -1554,12 +1559,11 @@ std::string written_name(torch::jit::Module& m, const std::string& path, Value* 
     buffers.push_back(written_buffer(added[attr], attr, m.attr(attr).toTensor()));
     return added[attr];
   }
-  const std::string name = v->debugName();
-  if (name.empty() || std::all_of(name.begin(), name.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+  if (!program_named(v)) {
     throw std::runtime_error("a call reads a value the program does not name (made by " +
                              std::string(n->kind().toQualString()) + ")");
   }
-  return name;
+  return v->debugName();
 }
 
 ExportRewrite rewrite_export(rust::Str path, const rust::Vec<Edit>& edits, const rust::Vec<rust::String>& schemas) {
@@ -1587,13 +1591,7 @@ ExportRewrite rewrite_export(rust::Str path, const rust::Vec<Edit>& edits, const
       out.buffers.push_back(written_buffer(f.name, f.attr, f.value));
       added[f.attr] = f.name;
     }
-    auto program_name = [](const Value* v) {
-      const std::string& s = v->debugName();
-      const bool auto_name = s.empty() || std::all_of(s.begin(), s.end(), [](char c) {
-                               return std::isdigit(static_cast<unsigned char>(c));
-                             });
-      return auto_name ? std::string() : s;
-    };
+    auto program_name = [](const Value* v) { return program_named(v) ? v->debugName() : std::string(); };
     for (Node* n : g->nodes()) {
       const auto kind = n->kind();
       if (kind == c10::prim::Constant || kind == c10::prim::ListConstruct || kind == c10::prim::GetAttr ||

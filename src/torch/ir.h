@@ -13,6 +13,10 @@ namespace fact::bridge {
 // Whether `v` is a tensor.
 bool is_tensor(const torch::jit::Value* v);
 
+// Whether `v` has a name of its own, as a program built from a .pt2 names its values (TorchScript
+// numbers the values it makes).
+bool program_named(const torch::jit::Value* v);
+
 // Whether node `n` reads its input `i` only for its metadata (sizes, dtype, device), never its data.
 bool reads_metadata_only(const torch::jit::Node* n, size_t i);
 

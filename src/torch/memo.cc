@@ -221,6 +221,16 @@ struct Memo {
   Node* at = nullptr;
 };
 
+// The nodes of `pure` (static ones: no effect but their outputs) nothing reads any more, last
+// first so that a node's readers go before it.
+void drop_unread(const std::unordered_set<const Node*>& pure, const std::vector<Node*>& order) {
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    Node* n = *it;
+    if (!pure.count(n)) continue;
+    if (std::all_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return !v->hasUses(); })) n->destroy();
+  }
+}
+
 }  // namespace
 
 // Whether the graph changes a tensor's shape in place anywhere: the key reads the shapes where the
@@ -402,12 +412,7 @@ void memoize_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& 
       }
     }
   }
-  // The static nodes nothing reads any more: every one is pure, so it goes.
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* n = *it;
-    if (!s.nodes.count(n)) continue;
-    if (std::all_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return !v->hasUses(); })) n->destroy();
-  }
+  drop_unread(s.nodes, order);
 }
 
 std::vector<Folded> fold_static_values(torch::jit::Module& m, const std::shared_ptr<Graph>& g, int64_t max_bytes) {
@@ -436,10 +441,8 @@ std::vector<Folded> fold_static_values(torch::jit::Module& m, const std::shared_
       if (!ok) fixed.erase(n), changed = true;
     }
   }
-  auto named = [](const Value* v) {
-    const std::string& n = v->debugName();
-    return !n.empty() && !std::all_of(n.begin(), n.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
-  };
+  std::unordered_map<const Node*, size_t> pos;
+  for (size_t i = 0; i < order.size(); ++i) pos.emplace(order[i], i);
 
   // The roots: such tensors that a node of another kind reads (the forward, or a static value the
   // shapes fix, as BEiT adds its fixed position bias to a mask over the batch), each with the
@@ -454,7 +457,7 @@ std::vector<Folded> fold_static_values(torch::jit::Module& m, const std::shared_
   for (Node* n : order) {
     if (!fixed.count(n) || n->kind() == c10::prim::Constant) continue;
     for (Value* v : n->outputs()) {
-      if (!is_tensor(v) || s.returned.count(v) || !named(v)) continue;
+      if (!is_tensor(v) || s.returned.count(v) || !program_named(v)) continue;
       const bool read = std::any_of(v->uses().begin(), v->uses().end(),
                                     [&](const torch::jit::Use& u) { return !fixed.count(u.user); });
       if (!read) continue;
@@ -479,8 +482,6 @@ std::vector<Folded> fold_static_values(torch::jit::Module& m, const std::shared_
       }
       // A buffer, or views of one, costs nothing to read.
       if (std::none_of(r.nodes.begin(), r.nodes.end(), computes)) continue;
-      std::unordered_map<const Node*, size_t> pos;
-      for (size_t i = 0; i < order.size(); ++i) pos.emplace(order[i], i);
       std::sort(r.nodes.begin(), r.nodes.end(), [&](const Node* a, const Node* b) { return pos.at(a) < pos.at(b); });
       roots.push_back(std::move(r));
     }
@@ -567,12 +568,7 @@ std::vector<Folded> fold_static_values(torch::jit::Module& m, const std::shared_
     }
     out.push_back(Folded{r.value->debugName(), attr, r.tensor});
   }
-  // The fixed nodes nothing reads any more: every one is pure, so it goes.
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    Node* n = *it;
-    if (!fixed.count(n)) continue;
-    if (std::all_of(n->outputs().begin(), n->outputs().end(), [](const Value* v) { return !v->hasUses(); })) n->destroy();
-  }
+  drop_unread(fixed, order);
   return out;
 }
 

@@ -5,8 +5,9 @@
 //! written as export writes a custom op's call, and the buffers the calls read (padded,
 //! interleaved, folded, concatenated weights) become buffers of the program with their bytes in
 //! the archive, as do the values the forward computed from its state alone (`fold_static_values`
-//! in memo.cc: a program has no memo), each under the name the value had. Everything else in the archive (weights, constants, sample inputs, range
-//! constraints, the signature's other entries) is kept. The archive is written whole (`atomic`):
+//! in memo.cc: a program has no memo), each under the name the value had. Everything else in the
+//! archive (weights, constants, sample inputs, range constraints, the signature's other entries)
+//! is kept. The archive is written whole (`atomic`):
 //! a killed compose leaves the previous file or none, never a truncated one.
 
 use super::super::ffi;
